@@ -1,0 +1,5 @@
+"""`python -m gpuhop` is the `gpuhop` command."""
+
+from gpuhop.cli.main import main
+
+main()

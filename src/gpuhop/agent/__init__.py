@@ -1,0 +1,1 @@
+"""The agent: a daemon on the GPU host that stores, schedules and supervises jobs."""

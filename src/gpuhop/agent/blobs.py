@@ -1,0 +1,130 @@
+"""Runs in the agent: the content-addressed blob store for synced files.
+
+A blob is stored at `blobs/<first 2 hex>/<sha256>` only after its content was hashed and
+matched its name, by an atomic rename from a temp file on the same filesystem, so a
+half-written or wrong blob is never visible. Stored blobs are read-only (0444) and are only
+ever copied out, never handed to a job directly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from gpuhop.api.framing import FRAME_HEADER
+from gpuhop.api.models import SHA256_RE
+
+
+class BlobError(ValueError):
+    """An upload that does not match what it claims to be."""
+
+
+class BlobStore:
+    def __init__(self, root: Path, tmp: Path, max_blob_size: int = 1 << 40):
+        self.root = root
+        self.tmp = tmp
+        self.max_blob_size = max_blob_size
+
+    def path(self, digest: str) -> Path:
+        if not SHA256_RE.match(digest):
+            raise BlobError(f"{digest!r} is not a sha256 hex digest")
+        return self.root / digest[:2] / digest
+
+    def has(self, digest: str) -> bool:
+        return self.path(digest).is_file()
+
+    def missing(self, digests: list[str]) -> list[str]:
+        seen: set[str] = set()
+        out = []
+        for d in digests:
+            if d not in seen and not self.has(d):
+                out.append(d)
+            seen.add(d)
+        return out
+
+    def copy_to(self, digest: str, dest: Path, executable: bool = False) -> None:
+        """Copy a blob out to `dest` as a new, writable file (the blob stays untouched)."""
+        shutil.copyfile(self.path(digest), dest)
+        os.chmod(dest, 0o755 if executable else 0o644)
+
+    async def receive(self, chunks: AsyncIterator[bytes]) -> tuple[int, int]:
+        """Store every framed blob in an upload stream. Returns (blobs stored, bytes).
+
+        Blobs completed before an error stay stored, so a retried upload sends only the rest.
+        Raises BlobError on a bad frame or a content/hash mismatch.
+        """
+        buf = bytearray()
+        stored = 0
+        total = 0
+        writer: _BlobWriter | None = None
+        async for chunk in chunks:
+            buf += chunk
+            while buf:
+                if writer is None:
+                    if len(buf) < FRAME_HEADER.size:
+                        break
+                    raw, size = FRAME_HEADER.unpack_from(buf)
+                    del buf[: FRAME_HEADER.size]
+                    if size > self.max_blob_size:
+                        raise BlobError(
+                            f"blob {raw.hex()} is {size} bytes, over the limit of"
+                            f" {self.max_blob_size}"
+                        )
+                    writer = _BlobWriter(self, raw.hex(), size)
+                take = min(len(buf), writer.remaining)
+                writer.write(bytes(buf[:take]))
+                del buf[:take]
+                if writer.remaining == 0:
+                    total += writer.finish()
+                    stored += 1
+                    writer = None
+        if writer is not None:
+            writer.abort()
+            raise BlobError(
+                f"upload ended inside blob {writer.digest}: {writer.remaining} bytes missing"
+            )
+        if buf:
+            raise BlobError("upload ended inside a frame header")
+        return stored, total
+
+
+class _BlobWriter:
+    def __init__(self, store: BlobStore, digest: str, size: int):
+        self.store = store
+        self.digest = digest
+        self.remaining = size
+        self.size = size
+        self.hash = hashlib.sha256()
+        fd, name = tempfile.mkstemp(dir=store.tmp, prefix="upload-")
+        self.tmp_path = Path(name)
+        self.file = os.fdopen(fd, "wb")
+
+    def write(self, data: bytes) -> None:
+        self.hash.update(data)
+        self.file.write(data)
+        self.remaining -= len(data)
+
+    def abort(self) -> None:
+        self.file.close()
+        self.tmp_path.unlink(missing_ok=True)
+
+    def finish(self) -> int:
+        self.file.close()
+        actual = self.hash.hexdigest()
+        if actual != self.digest:
+            self.tmp_path.unlink(missing_ok=True)
+            raise BlobError(
+                f"blob {self.digest}: its content hashes to {actual}; the upload was rejected"
+            )
+        dest = self.store.path(self.digest)
+        if dest.exists():
+            self.tmp_path.unlink(missing_ok=True)
+            return 0
+        dest.parent.mkdir(exist_ok=True)
+        os.chmod(self.tmp_path, 0o444)
+        os.replace(self.tmp_path, dest)
+        return self.size

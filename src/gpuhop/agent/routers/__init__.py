@@ -1,0 +1,1 @@
+"""Runs in the agent: thin HTTP routes; each parses, calls one service, returns."""

@@ -1,0 +1,1 @@
+"""Runs in the agent: what each API call does, independent of HTTP."""

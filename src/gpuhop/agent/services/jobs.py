@@ -1,0 +1,268 @@
+"""Runs in the agent: submitting, finding, listing and cancelling jobs; their logs and files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.errors import ApiError, not_found
+from gpuhop.agent.store import AmbiguousJob, JobNotFound, JobRecord
+from gpuhop.api import ArtifactEntry, ErrorCode, JobInfo, JobState, SubmitRequest, validate_relpath
+from gpuhop.home import JobPaths
+
+LOG_CHUNK = 256 * 1024
+METRICS_TAIL_BYTES = 16 * 1024
+
+
+def _dt(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, tz=UTC)
+
+
+def latest_metrics(path: Path) -> dict[str, object] | None:
+    """The last complete JSON line of a job's metrics file."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - METRICS_TAIL_BYTES))
+            tail = f.read()
+    except OSError:
+        return None
+    for line in reversed(tail.splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
+    jp = rt.supervisor.job_paths(job.id)
+    try:
+        log_size = jp.log.stat().st_size
+    except OSError:
+        log_size = 0
+    return JobInfo(
+        id=job.id,
+        name=job.name,
+        state=job.state,
+        command=job.command,
+        gpus=job.gpus,
+        gpu_ids=job.gpu_ids,
+        env=job.env,
+        priority=job.priority,
+        attempt=job.attempt,
+        created_at=_dt(job.created_at),  # type: ignore[arg-type]
+        started_at=_dt(job.started_at),
+        ended_at=_dt(job.ended_at),
+        exit_code=job.exit_code,
+        signal=job.signal,
+        reason=job.reason,
+        log_size=log_size,
+        latest_metrics=latest_metrics(jp.metrics),
+    )
+
+
+def find(rt: AgentContext, ref: str) -> JobRecord:
+    try:
+        return rt.store.resolve(ref)
+    except JobNotFound:
+        raise not_found(f"no job matches {ref!r}") from None
+    except AmbiguousJob as e:
+        raise ApiError(
+            409,
+            ErrorCode.ambiguous,
+            f"{ref!r} matches {len(e.matches)} jobs ({', '.join(e.matches[:5])});"
+            " give more of the id",
+            {"matches": e.matches},
+        ) from None
+
+
+def _check_manifest(req: SubmitRequest) -> None:
+    files: set[str] = set()
+    for entry in req.manifest:
+        if entry.path in files:
+            raise ApiError(400, ErrorCode.bad_path, f"manifest lists {entry.path} twice")
+        files.add(entry.path)
+    for path in files:
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            parent = "/".join(parts[:i])
+            if parent in files:
+                raise ApiError(
+                    400, ErrorCode.bad_path, f"manifest has {parent} as both a file and a directory"
+                )
+
+
+def _check_command(rt: AgentContext, req: SubmitRequest) -> None:
+    head = req.command[0]
+    listed = {e.path for e in req.manifest}
+    if head.endswith(".py") or ("/" in head and not head.startswith("/")):
+        try:
+            rel = validate_relpath(head[2:] if head.startswith("./") else head)
+        except ValueError as e:
+            raise ApiError(400, ErrorCode.bad_path, f"script: {e}") from None
+        if rel not in listed:
+            raise ApiError(
+                400,
+                ErrorCode.bad_request,
+                f"{head} is not among the synced files (is it ignored by .gitignore or"
+                " .gpuhopignore?)",
+            )
+        req.command[0] = rel
+        return
+    if head.startswith("/"):
+        if not os.access(head, os.X_OK):
+            raise ApiError(400, ErrorCode.bad_request, f"{head} is not an executable on the host")
+        return
+    path = req.env.get("PATH", os.environ.get("PATH", os.defpath))
+    if shutil.which(head, path=path) is None:
+        raise ApiError(
+            400, ErrorCode.bad_request, f"command {head!r} was not found on the GPU host"
+        )
+
+
+def submit(rt: AgentContext, req: SubmitRequest) -> JobInfo:
+    _check_manifest(req)
+    total = len(rt.gpus)
+    if req.gpus > total:
+        raise ApiError(
+            400,
+            ErrorCode.unsatisfiable,
+            f"the job asks for {req.gpus} GPU{'s' if req.gpus != 1 else ''}; this host has {total}",
+        )
+    _check_command(rt, req)
+    missing = rt.blobs.missing([e.digest for e in req.manifest])
+    if missing:
+        raise ApiError(
+            409,
+            ErrorCode.missing_blobs,
+            f"{len(missing)} file(s) of the manifest have not been uploaded",
+            {"missing": missing},
+        )
+    job = rt.store.create(
+        command=req.command, env=req.env, gpus=req.gpus, priority=req.priority, name=req.name
+    )
+    jp = rt.supervisor.job_paths(job.id)
+    jp.root.mkdir(parents=True)
+    manifest = [e.model_dump() for e in req.manifest]
+    tmp = jp.root / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest))
+    os.replace(tmp, jp.manifest)
+    rt.wake()
+    return to_info(rt, job)
+
+
+def cancel(rt: AgentContext, ref: str, grace: float) -> JobInfo:
+    job = find(rt, ref)
+    if job.state.finished:
+        raise ApiError(409, ErrorCode.conflict, f"job {job.id} has already {job.state.value}")
+    if job.state == JobState.queued and rt.store.transition(
+        job.id,
+        [JobState.queued],
+        JobState.cancelled,
+        reason="cancelled before it started",
+        cancel_requested=1,
+    ):
+        rt.wake()
+        return to_info(rt, rt.store.get(job.id))
+    rt.supervisor.cancel(rt.store.get(job.id), grace)
+    return to_info(rt, rt.store.get(job.id))
+
+
+async def follow_log(
+    rt: AgentContext, job_id: str, offset: int, follow: bool
+) -> AsyncIterator[bytes]:
+    """Yield the log from byte `offset`; with `follow`, until the job has ended and all is sent."""
+    jp = rt.supervisor.job_paths(job_id)
+    delay = 0.005
+    f = None
+    try:
+        while True:
+            if f is None and jp.log.exists():
+                f = open(jp.log, "rb")  # noqa: SIM115 - closed in finally
+                f.seek(offset)
+            chunk = f.read(LOG_CHUNK) if f is not None else b""
+            if chunk:
+                delay = 0.005
+                yield chunk
+                continue
+            if not follow:
+                return
+            finished = rt.store.get(job_id).state.finished
+            if finished:
+                # The state is recorded after the process ended: one more read gets the rest.
+                if f is None and jp.log.exists():
+                    continue
+                rest = f.read() if f is not None else b""
+                if rest:
+                    yield rest
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.05)
+    finally:
+        if f is not None:
+            f.close()
+
+
+def read_metrics(rt: AgentContext, job_id: str, offset: int) -> tuple[list[dict], int]:
+    """Complete metric lines from byte `offset`, and the offset after the last one."""
+    path = rt.supervisor.job_paths(job_id).metrics
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read(4 * 1024 * 1024)
+    except OSError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    records = []
+    for line in data[:end].splitlines():
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            records.append(value)
+    return records, offset + end
+
+
+def list_artifacts(rt: AgentContext, job_id: str) -> list[ArtifactEntry]:
+    root = rt.supervisor.job_paths(job_id).artifacts
+    out: list[ArtifactEntry] = []
+    if not root.is_dir():
+        return out
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            full = Path(dirpath) / name
+            if full.is_symlink():
+                continue  # a job's links are not followed out of its artifacts dir
+            st = full.stat()
+            out.append(
+                ArtifactEntry(
+                    path=full.relative_to(root).as_posix(), size=st.st_size, mtime=st.st_mtime
+                )
+            )
+    out.sort(key=lambda a: a.path)
+    return out
+
+
+def artifact_path(rt: AgentContext, job_id: str, path: str) -> Path:
+    try:
+        validate_relpath(path)
+    except ValueError as e:
+        raise ApiError(400, ErrorCode.bad_path, str(e)) from None
+    root = JobPaths(rt.paths.job_dir(job_id)).artifacts.resolve()
+    full = root / path
+    if full.is_symlink() or not full.resolve().is_relative_to(root):
+        raise ApiError(400, ErrorCode.bad_path, f"artifact {path} leads out of the artifacts dir")
+    if not full.is_file():
+        raise not_found(f"job {job_id} has no artifact {path}")
+    return full

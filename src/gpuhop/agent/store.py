@@ -1,0 +1,255 @@
+"""Runs in the agent: the job store, SQLite in WAL mode, the source of truth for job state.
+
+Every state change is one UPDATE guarded by the states it may leave, so two threads (or a
+crash between two steps) can never move a job twice. GPUs in use are derived from the jobs
+that hold them, never kept in a second place, so they cannot drift after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuhop.api import JobState
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id            TEXT PRIMARY KEY,
+    name          TEXT,
+    state         TEXT NOT NULL,
+    command       TEXT NOT NULL,
+    env           TEXT NOT NULL,
+    gpus          INTEGER NOT NULL,
+    priority      INTEGER NOT NULL,
+    gpu_ids       TEXT NOT NULL DEFAULT '[]',
+    attempt       INTEGER NOT NULL DEFAULT 1,
+    created_at    REAL NOT NULL,
+    started_at    REAL,
+    ended_at      REAL,
+    exit_code     INTEGER,
+    signal        INTEGER,
+    reason        TEXT,
+    pid           INTEGER,
+    pid_start     TEXT,
+    cancel_requested INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
+"""
+
+ACTIVE_STATES = (JobState.starting, JobState.running)
+
+
+@dataclass
+class JobRecord:
+    id: str
+    name: str | None
+    state: JobState
+    command: list[str]
+    env: dict[str, str]
+    gpus: int
+    priority: int
+    gpu_ids: list[int]
+    attempt: int
+    created_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    pid: int | None = None
+    pid_start: str | None = None
+    cancel_requested: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> JobRecord:
+        return cls(
+            id=row["id"],
+            name=row["name"],
+            state=JobState(row["state"]),
+            command=json.loads(row["command"]),
+            env=json.loads(row["env"]),
+            gpus=row["gpus"],
+            priority=row["priority"],
+            gpu_ids=json.loads(row["gpu_ids"]),
+            attempt=row["attempt"],
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            ended_at=row["ended_at"],
+            exit_code=row["exit_code"],
+            signal=row["signal"],
+            reason=row["reason"],
+            pid=row["pid"],
+            pid_start=row["pid_start"],
+            cancel_requested=bool(row["cancel_requested"]),
+        )
+
+
+class JobNotFound(LookupError):
+    pass
+
+
+class AmbiguousJob(LookupError):
+    def __init__(self, ref: str, matches: list[str]):
+        super().__init__(ref)
+        self.ref = ref
+        self.matches = matches
+
+
+class JobStore:
+    """Thread-safe access to the jobs table. One instance per agent process."""
+
+    def __init__(self, path: Path):
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _query(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, tuple(params)).fetchall()
+
+    def _execute(self, sql: str, params: Iterable[Any] = ()) -> int:
+        with self._lock:
+            return self._db.execute(sql, tuple(params)).rowcount
+
+    def create(
+        self,
+        *,
+        command: list[str],
+        env: dict[str, str],
+        gpus: int,
+        priority: int,
+        name: str | None,
+        now: float | None = None,
+    ) -> JobRecord:
+        now = time.time() if now is None else now
+        with self._lock:
+            while True:
+                job_id = secrets.token_hex(4)
+                try:
+                    self._db.execute(
+                        "INSERT INTO jobs (id, name, state, command, env, gpus, priority,"
+                        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            job_id,
+                            name,
+                            JobState.queued.value,
+                            json.dumps(command),
+                            json.dumps(env),
+                            gpus,
+                            priority,
+                            now,
+                        ),
+                    )
+                    break
+                except sqlite3.IntegrityError:
+                    continue  # id collision: draw again
+        return self.get(job_id)
+
+    def get(self, job_id: str) -> JobRecord:
+        rows = self._query("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        if not rows:
+            raise JobNotFound(job_id)
+        return JobRecord.from_row(rows[0])
+
+    def resolve(self, ref: str) -> JobRecord:
+        """Find a job by full id, unique id prefix, or name (the newest job of that name)."""
+        rows = self._query(
+            "SELECT * FROM jobs WHERE substr(id, 1, ?) = ? ORDER BY created_at",
+            (len(ref), ref.lower()),
+        )
+        if len(rows) == 1:
+            return JobRecord.from_row(rows[0])
+        if len(rows) > 1:
+            exact = [r for r in rows if r["id"] == ref]
+            if exact:
+                return JobRecord.from_row(exact[0])
+            raise AmbiguousJob(ref, [r["id"] for r in rows])
+        rows = self._query(
+            "SELECT * FROM jobs WHERE name = ? ORDER BY created_at DESC LIMIT 1", (ref,)
+        )
+        if rows:
+            return JobRecord.from_row(rows[0])
+        raise JobNotFound(ref)
+
+    def list(self, states: Iterable[JobState] | None = None, limit: int = 1000) -> list[JobRecord]:
+        if states is None:
+            rows = self._query("SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,))
+        else:
+            values = [s.value for s in states]
+            marks = ",".join("?" * len(values))
+            rows = self._query(
+                f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY created_at DESC LIMIT ?",
+                (*values, limit),
+            )
+        return [JobRecord.from_row(r) for r in rows]
+
+    def count(self, state: JobState) -> int:
+        return int(self._query("SELECT count(*) FROM jobs WHERE state = ?", (state.value,))[0][0])
+
+    def gpus_in_use(self) -> dict[int, str]:
+        """GPU index -> id of the job holding it, for jobs that are starting or running."""
+        used: dict[int, str] = {}
+        for job in self.list(ACTIVE_STATES):
+            for gpu in job.gpu_ids:
+                used[gpu] = job.id
+        return used
+
+    def transition(
+        self, job_id: str, from_states: Iterable[JobState], to_state: JobState, **fields: Any
+    ) -> bool:
+        """Move a job to `to_state` if it is in one of `from_states`; set `fields` with it.
+
+        Returns False (and changes nothing) if the job was in another state.
+        """
+        allowed = [s.value for s in from_states]
+        sets = ["state = ?"]
+        params: list[Any] = [to_state.value]
+        for key, value in fields.items():
+            if key not in _UPDATABLE:
+                raise ValueError(f"field {key} cannot be updated")
+            sets.append(f"{key} = ?")
+            params.append(json.dumps(value) if key == "gpu_ids" else value)
+        marks = ",".join("?" * len(allowed))
+        sql = f"UPDATE jobs SET {', '.join(sets)} WHERE id = ? AND state IN ({marks})"
+        return self._execute(sql, (*params, job_id, *allowed)) == 1
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        """Set fields that do not change the state (pid, cancel flag)."""
+        for key in fields:
+            if key not in _UPDATABLE:
+                raise ValueError(f"field {key} cannot be updated")
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self._execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*fields.values(), job_id))
+
+
+_UPDATABLE = frozenset(
+    {
+        "gpu_ids",
+        "started_at",
+        "ended_at",
+        "exit_code",
+        "signal",
+        "reason",
+        "pid",
+        "pid_start",
+        "cancel_requested",
+        "attempt",
+    }
+)

@@ -1,0 +1,265 @@
+"""Runs in the agent: starts each job's process group under a shim and records how it ended.
+
+The agent never runs user code itself. For each job it copies the work dir out of the blob
+store, sets the environment contract, and starts `shim.py` in a new session with stdout and
+stderr going straight to the job's log file. A thread waits on the shim; when it exits, the
+supervisor reads the status the shim wrote, sweeps what is left of the process group, and
+records the outcome in words a user can act on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from gpuhop.agent import procs
+from gpuhop.agent.blobs import BlobStore
+from gpuhop.agent.store import JobRecord, JobStore
+from gpuhop.api import JobState, ManifestEntry
+from gpuhop.home import AgentPaths, JobPaths
+
+log = logging.getLogger("gpuhop.agent")
+
+SHIM = str(Path(__file__).with_name("shim.py"))
+# Variables the agent's own environment must not hand to a job.
+SCRUBBED_ENV = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "GPUHOP_HOME", "GPUHOP_REMOTE")
+
+
+class StartError(Exception):
+    """The job could not be started; the message says why, for the user."""
+
+
+def resolve_command(command: list[str], work: Path, path_env: str, python: str) -> list[str]:
+    """Turn the submitted command into an argv that exec can run from the work dir."""
+    head, rest = command[0], command[1:]
+    if head.endswith(".py"):
+        if not (work / head).is_file():
+            raise StartError(f"script {head} is not in the job's work dir")
+        return [python, head, *rest]
+    if "/" in head:
+        target = Path(head) if head.startswith("/") else work / head
+        if not target.is_file() or not os.access(target, os.X_OK):
+            raise StartError(f"{head} is not an executable file")
+        return [str(target), *rest]
+    found = shutil.which(head, path=path_env)
+    if found is None:
+        raise StartError(f"command {head!r} was not found on the GPU host (PATH={path_env})")
+    return [found, *rest]
+
+
+def job_environment(
+    job: JobRecord, jp: JobPaths, base: dict[str, str] | None = None
+) -> dict[str, str]:
+    """The job's environment: the host's, the job's own variables, then gpuhop's contract."""
+    env = {
+        k: v
+        for k, v in (os.environ if base is None else base).items()
+        if k not in SCRUBBED_ENV and not k.startswith("GPUHOP_")
+    }
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    env.update(job.env)
+    env.update(
+        {
+            "GPUHOP_JOB_ID": job.id,
+            "GPUHOP_ATTEMPT": str(job.attempt),
+            "GPUHOP_ARTIFACTS_DIR": str(jp.artifacts),
+            "GPUHOP_CHECKPOINT_DIR": str(jp.checkpoints),
+            "GPUHOP_METRICS_FILE": str(jp.metrics),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in job.gpu_ids),
+        }
+    )
+    return env
+
+
+class Supervisor:
+    def __init__(
+        self,
+        paths: AgentPaths,
+        store: JobStore,
+        blobs: BlobStore,
+        on_change: Callable[[], None],
+        python: str = sys.executable,
+    ):
+        self.paths = paths
+        self.store = store
+        self.blobs = blobs
+        self.on_change = on_change
+        self.python = python
+        self._lock = threading.Lock()
+        self._killed_after_grace: set[str] = set()
+
+    def job_paths(self, job_id: str) -> JobPaths:
+        return JobPaths(self.paths.job_dir(job_id))
+
+    # -- starting -------------------------------------------------------------------------
+
+    def launch(self, job_id: str) -> None:
+        """Start a job that the scheduler moved to `starting`. Runs in a worker thread."""
+        job = self.store.get(job_id)
+        jp = self.job_paths(job_id)
+        try:
+            self._materialise(jp)
+            env = job_environment(job, jp)
+            argv = resolve_command(job.command, jp.work, env.get("PATH", os.defpath), self.python)
+            with open(jp.log, "ab") as logfile:
+                proc = subprocess.Popen(
+                    [self.python, "-I", "-S", SHIM, str(jp.status), str(jp.shim_pid), "--", *argv],
+                    cwd=jp.work,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=logfile,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except (StartError, OSError) as e:
+            reason = f"could not start: {e}"
+            log.warning("job %s %s", job_id, reason)
+            self.store.transition(
+                job_id, [JobState.starting], JobState.failed, reason=reason, ended_at=time.time()
+            )
+            self.on_change()
+            return
+        self.store.transition(
+            job_id,
+            [JobState.starting],
+            JobState.running,
+            pid=proc.pid,
+            pid_start=procs.start_time(proc.pid),
+            started_at=time.time(),
+        )
+        if self.store.get(job_id).cancel_requested:
+            procs.signal_group(proc.pid, signal.SIGTERM)
+        threading.Thread(
+            target=self._wait_child, args=(job_id, proc), name=f"job-{job_id}", daemon=True
+        ).start()
+        self.on_change()
+
+    def _materialise(self, jp: JobPaths) -> None:
+        entries = [ManifestEntry(**e) for e in json.loads(jp.manifest.read_text())]
+        for d in (jp.work, jp.artifacts, jp.checkpoints):
+            d.mkdir(parents=True, exist_ok=True)
+        work = jp.work.resolve()
+        for entry in entries:
+            dest = work / entry.path
+            # The path was validated at submit; check again where it lands.
+            if not dest.resolve().is_relative_to(work):
+                raise StartError(f"manifest path {entry.path} leads out of the work dir")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            self.blobs.copy_to(entry.digest, dest, entry.executable)
+
+    # -- watching -------------------------------------------------------------------------
+
+    def _wait_child(self, job_id: str, proc: subprocess.Popen[bytes]) -> None:
+        proc.wait()
+        self._finish(job_id, shim_returncode=proc.returncode)
+
+    def _poll_adopted(self, job_id: str, pid: int, started: str | None) -> None:
+        while procs.alive(pid, started):
+            time.sleep(0.5)
+        self._finish(job_id, shim_returncode=None)
+
+    def _finish(self, job_id: str, shim_returncode: int | None) -> None:
+        """Record a job's end from the shim's status file. Safe to call more than once."""
+        job = self.store.get(job_id)
+        jp = self.job_paths(job_id)
+        if job.pid is not None:
+            # Sweep what the job left in its process group (daemons, stuck workers).
+            procs.signal_group(job.pid, signal.SIGKILL)
+        status = _read_json(jp.status)
+        now = time.time()
+        elapsed = procs.describe_duration(now - (job.started_at or now))
+        exit_code = status.get("exit_code") if status else None
+        sig = status.get("signal") if status else None
+        if job.cancel_requested:
+            state = JobState.cancelled
+            how = " (killed after the grace period)" if job_id in self._killed_after_grace else ""
+            reason = f"cancelled after {elapsed}{how}"
+        elif status is None:
+            state = JobState.lost
+            shim = f" (its shim ended with {shim_returncode})" if shim_returncode else ""
+            reason = f"the job's process vanished with no exit status{shim}"
+        elif sig is not None:
+            state = JobState.failed
+            reason = f"{procs.describe_signal(sig)} after {elapsed}"
+        elif exit_code == 0:
+            state = JobState.succeeded
+            reason = f"exited with code 0 after {elapsed}"
+        else:
+            state = JobState.failed
+            reason = f"exited with code {exit_code} after {elapsed}"
+        if status and status.get("ended_at"):
+            now = float(status["ended_at"])
+        self.store.transition(
+            job_id,
+            [JobState.starting, JobState.running],
+            state,
+            exit_code=exit_code,
+            signal=sig,
+            reason=reason,
+            ended_at=now,
+        )
+        self._killed_after_grace.discard(job_id)
+        self.on_change()
+
+    def reattach(self) -> None:
+        """After an agent (re)start: adopt jobs whose shims still run, settle the rest."""
+        for job in self.store.list([JobState.starting, JobState.running]):
+            jp = self.job_paths(job.id)
+            pid, started = job.pid, job.pid_start
+            if pid is None:
+                shim = _read_json(jp.shim_pid)
+                if shim is None:
+                    # The shim never ran: the job never started, so it may start now.
+                    self.store.transition(job.id, [JobState.starting], JobState.queued, gpu_ids=[])
+                    continue
+                pid, started = int(shim["pid"]), procs.start_time(int(shim["pid"]))
+                self.store.transition(
+                    job.id, [JobState.starting], JobState.running, pid=pid, pid_start=started
+                )
+            if procs.alive(pid, started):
+                log.info("re-attached to job %s (pid %d)", job.id, pid)
+                threading.Thread(
+                    target=self._poll_adopted,
+                    args=(job.id, pid, started),
+                    name=f"job-{job.id}",
+                    daemon=True,
+                ).start()
+            else:
+                self._finish(job.id, shim_returncode=None)
+
+    # -- cancelling -----------------------------------------------------------------------
+
+    def cancel(self, job: JobRecord, grace: float) -> None:
+        """Ask a started job to stop: SIGTERM to its group, SIGKILL after `grace` seconds."""
+        self.store.update(job.id, cancel_requested=1)
+        if job.pid is None:
+            return  # still starting: launch() sees the flag once the process exists
+        procs.signal_group(job.pid, signal.SIGTERM)
+        timer = threading.Timer(grace, self._kill_after_grace, args=(job.id, job.pid))
+        timer.daemon = True
+        timer.start()
+
+    def _kill_after_grace(self, job_id: str, pgid: int) -> None:
+        if self.store.get(job_id).state.finished:
+            return
+        self._killed_after_grace.add(job_id)
+        procs.signal_group(pgid, signal.SIGKILL)
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

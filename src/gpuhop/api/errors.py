@@ -1,0 +1,25 @@
+"""Error codes and the error body every 4xx/5xx answer carries. Shared by client and agent."""
+
+from enum import StrEnum
+
+from pydantic import BaseModel
+
+
+class ErrorCode(StrEnum):
+    bad_request = "bad_request"
+    bad_path = "bad_path"
+    bad_blob = "bad_blob"
+    missing_blobs = "missing_blobs"
+    not_found = "not_found"
+    ambiguous = "ambiguous"
+    conflict = "conflict"
+    unsatisfiable = "unsatisfiable"
+    too_large = "too_large"
+    internal = "internal"
+
+
+class ErrorBody(BaseModel):
+    code: ErrorCode
+    message: str
+    # Extra machine-readable detail, e.g. the digests that are missing.
+    detail: dict[str, object] | None = None

@@ -1,0 +1,175 @@
+"""Request and response models of the agent's HTTP API (version 1)."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_MANIFEST_FILES = 200_000
+
+
+def validate_relpath(path: str) -> str:
+    """Return `path` if it is a safe relative POSIX path inside a work dir, else raise ValueError.
+
+    Safe means: not empty, not absolute, no `..`, `.` or empty component, no backslash or NUL.
+    The agent re-checks every path it materialises; this is the first gate.
+    """
+    if not path or len(path) > 4096:
+        raise ValueError(f"path {path!r}: empty or longer than 4096 characters")
+    if "\x00" in path or "\\" in path:
+        raise ValueError(f"path {path!r}: contains a NUL or a backslash")
+    if path.startswith("/"):
+        raise ValueError(f"path {path!r}: absolute paths are not allowed")
+    for part in path.split("/"):
+        if part in ("", ".", ".."):
+            raise ValueError(f"path {path!r}: '..', '.' and empty components are not allowed")
+    return path
+
+
+class JobState(StrEnum):
+    """A job's state. Allowed transitions are listed on each state."""
+
+    queued = "queued"  # -> starting (scheduler allocated it), cancelled
+    starting = "starting"  # -> running (process started), failed (could not start), cancelled
+    running = "running"  # -> succeeded, failed, cancelled, lost
+    succeeded = "succeeded"  # terminal: exit code 0
+    failed = "failed"  # terminal: non-zero exit, a signal, or a start error
+    cancelled = "cancelled"  # terminal: a user asked for it
+    lost = "lost"  # terminal: the process vanished with no exit status while the agent was away
+
+    @property
+    def finished(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES = frozenset(
+    {JobState.succeeded, JobState.failed, JobState.cancelled, JobState.lost}
+)
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ManifestEntry(StrictModel):
+    path: str
+    digest: str
+    size: int = Field(ge=0)
+    executable: bool = False
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: str) -> str:
+        return validate_relpath(v)
+
+    @field_validator("digest")
+    @classmethod
+    def _digest(cls, v: str) -> str:
+        if not SHA256_RE.match(v):
+            raise ValueError("digest must be 64 lowercase hex characters (sha256)")
+        return v
+
+
+class SubmitRequest(StrictModel):
+    """What `gpuhop run` asks for. `command[0]` ending in `.py` runs with the agent's Python."""
+
+    command: list[str] = Field(min_length=1, max_length=4096)
+    manifest: list[ManifestEntry] = Field(default_factory=list, max_length=MAX_MANIFEST_FILES)
+    name: str | None = None
+    gpus: int = Field(default=0, ge=0, le=1024)
+    env: dict[str, str] = Field(default_factory=dict)
+    priority: int = Field(default=0, ge=-100, le=100)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str | None) -> str | None:
+        if v is not None and not NAME_RE.match(v):
+            raise ValueError(
+                "name must be 1-64 characters of letters, digits, '.', '_' or '-',"
+                " starting with a letter or digit"
+            )
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not ENV_KEY_RE.match(key):
+                raise ValueError(f"environment variable name {key!r} is not valid")
+            if key.startswith("GPUHOP_") or key in ("CUDA_VISIBLE_DEVICES", "TF_CONFIG"):
+                raise ValueError(f"environment variable {key} is set by gpuhop and cannot be given")
+            if "\x00" in value:
+                raise ValueError(f"environment variable {key} contains a NUL byte")
+        return v
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, v: list[str]) -> list[str]:
+        if not v[0] or any("\x00" in a for a in v):
+            raise ValueError("command must start with a non-empty program and contain no NUL")
+        return v
+
+
+class JobInfo(BaseModel):
+    id: str
+    name: str | None
+    state: JobState
+    command: list[str]
+    gpus: int
+    gpu_ids: list[int]
+    env: dict[str, str]
+    priority: int
+    attempt: int
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+    exit_code: int | None
+    signal: int | None
+    reason: str | None
+    log_size: int = 0
+    latest_metrics: dict[str, object] | None = None
+
+
+class BlobCheck(StrictModel):
+    digests: list[str] = Field(max_length=MAX_MANIFEST_FILES)
+
+    @field_validator("digests")
+    @classmethod
+    def _digests(cls, v: list[str]) -> list[str]:
+        for d in v:
+            if not SHA256_RE.match(d):
+                raise ValueError(f"{d!r} is not a sha256 hex digest")
+        return v
+
+
+class BlobCheckResult(BaseModel):
+    missing: list[str]
+
+
+class ArtifactEntry(BaseModel):
+    path: str
+    size: int
+    mtime: float
+
+
+class GpuInfo(BaseModel):
+    index: int
+    name: str
+    memory_mb: int
+    job_id: str | None = None
+
+
+class AgentInfo(BaseModel):
+    version: str
+    pid: int
+    home: str
+    gpus: list[GpuInfo]
+    fake_gpus: bool
+    jobs_running: int
+    jobs_queued: int

@@ -1,0 +1,292 @@
+"""Runs on the user's machine: `gpuhop run | ps | show | logs | cancel | pull`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from gpuhop.api import JobInfo, JobState
+from gpuhop.cli.output import (
+    ago,
+    duration,
+    err,
+    exit_code_for,
+    fail,
+    format_metrics,
+    human_bytes,
+    print_json,
+    say,
+    state_text,
+)
+from gpuhop.client import Client, GpuhopError, Job
+
+DEFAULT_PULL_DIR = Path("gpuhop-artifacts")
+
+
+def _client() -> Client:
+    try:
+        return Client()
+    except GpuhopError as e:
+        fail(e.message)
+
+
+def _job(client: Client, ref: str) -> Job:
+    try:
+        return client.job(ref)
+    except GpuhopError as e:
+        fail(e.message)
+
+
+def _parse_env(pairs: list[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            fail(f"--env takes KEY=VALUE, got {pair!r}")
+        env[key] = value
+    return env
+
+
+def _stream(job: Job, offset: int = 0) -> None:
+    out = sys.stdout.buffer
+    for chunk in job.logs(follow=True, offset=offset):
+        out.write(chunk)
+        out.flush()
+
+
+def _follow(job: Job) -> JobInfo:
+    """Stream a job's log until it ends. Ctrl-C detaches; the job goes on."""
+    try:
+        _stream(job)
+        return job.wait()
+    except KeyboardInterrupt:
+        err.print()
+        say(
+            f"detached from job {job.id}; it keeps running.\n"
+            f"  re-attach: gpuhop logs -f {job.id}\n  stop it:   gpuhop cancel {job.id}"
+        )
+        raise typer.Exit(130) from None
+
+
+def _summary(info: JobInfo) -> str:
+    text = f"job {info.id} {state_text(info.state)}"
+    if info.reason:
+        text += f": {info.reason}"
+    if info.latest_metrics:
+        text += f"\n  last metrics: {format_metrics(info.latest_metrics)}"
+    return text
+
+
+def _pull(job: Job, dest: Path) -> None:
+    try:
+        files = job.pull(dest)
+    except GpuhopError as e:
+        fail(f"pulling the artifacts of job {job.id}: {e.message}")
+    size = sum(f.stat().st_size for f in files)
+    if files:
+        say(f"pulled {len(files)} artifact file(s), {human_bytes(size)}, into {dest}")
+    else:
+        say(f"job {job.id} wrote no artifacts (files under $GPUHOP_ARTIFACTS_DIR come back)")
+
+
+def run(
+    command: list[str] = typer.Argument(
+        ...,
+        metavar="SCRIPT.py|COMMAND [ARGS]...",
+        help="A Python script in this directory, or a program on the GPU host, and its arguments.",
+        show_default=False,
+    ),
+    gpus: int = typer.Option(0, "--gpus", "-g", min=0, help="Whole GPUs to give the job."),
+    name: str | None = typer.Option(None, "--name", "-n", help="A name to find the job by."),
+    env: list[str] = typer.Option(
+        [], "--env", "-e", metavar="KEY=VALUE", help="Set an environment variable (repeatable)."
+    ),
+    detach: bool = typer.Option(
+        False, "--detach", "-d", help="Print the job id and return at once."
+    ),
+    pull: Path | None = typer.Option(
+        None, "--pull", metavar="DIR", help="When the job ends, pull its artifacts into DIR."
+    ),
+    workdir: Path = typer.Option(
+        Path("."), "--workdir", "-C", help="The directory to sync (default: this one)."
+    ),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the job's own output."),
+) -> None:
+    """Sync this directory to the GPU host, run a script there, and stream its output.
+
+    Files ignored by .gitignore or .gpuhopignore are not sent; unchanged files are never
+    sent twice. The exit code is the job's own. Ctrl-C detaches; the job keeps running.
+
+    Example: gpuhop run --gpus 1 train.py --epochs 3
+    """
+    client = _client()
+    try:
+        job = client.submit(command, workdir=workdir, gpus=gpus, name=name, env=_parse_env(env))
+    except GpuhopError as e:
+        fail(e.message)
+    stats = client.last_sync
+    if detach:
+        print(job.id)
+        return
+    if not quiet and stats is not None:
+        for warning in stats.warnings:
+            say(f"[yellow]{warning}[/yellow]")
+        sent = (
+            f"{stats.files_sent} new, {human_bytes(stats.bytes_sent)}"
+            if stats.files_sent
+            else "all unchanged"
+        )
+        say(
+            f"synced {stats.files} files ({sent}) in {stats.scan_seconds:.2f}s;"
+            f" job {job.id} {job.state.value}"
+        )
+    info = _follow(job)
+    if not quiet:
+        say(_summary(info))
+    if pull is not None:
+        _pull(job, pull)
+    raise typer.Exit(exit_code_for(info))
+
+
+def ps(
+    state: list[JobState] = typer.Option(
+        [], "--state", "-s", help="Only jobs in this state (repeatable)."
+    ),
+    limit: int = typer.Option(50, "--limit", min=1, help="At most this many jobs, newest first."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+) -> None:
+    """List jobs, newest first."""
+    with _client() as client:
+        try:
+            infos = client.jobs(state or None, limit=limit)
+        except GpuhopError as e:
+            fail(e.message)
+    if json_out:
+        print_json([i.model_dump(mode="json") for i in infos])
+        return
+    if not infos:
+        say("no jobs yet; start one with: gpuhop run train.py")
+        return
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("ID", "NAME", "STATE", "GPUS", "CREATED", "DURATION", "COMMAND"):
+        table.add_column(col, no_wrap=col != "COMMAND")
+    for i in infos:
+        table.add_row(
+            i.id,
+            i.name or "-",
+            state_text(i.state),
+            ",".join(map(str, i.gpu_ids)) or (str(i.gpus) if i.gpus else "-"),
+            ago(i.created_at),
+            duration(i),
+            " ".join(i.command),
+        )
+    from rich.console import Console
+
+    Console(highlight=False).print(table)
+
+
+def show(
+    job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+) -> None:
+    """Show one job: its state, how it ended, GPUs, and latest metrics."""
+    with _client() as client:
+        info = _job(client, job_ref).info
+    if json_out:
+        print_json(info.model_dump(mode="json"))
+        return
+    from rich.console import Console
+
+    out = Console(highlight=False)
+    rows = [
+        ("id", info.id),
+        ("name", info.name or "-"),
+        ("state", state_text(info.state)),
+        ("command", " ".join(info.command)),
+        ("gpus", _gpus_text(info)),
+        ("attempt", str(info.attempt)),
+        ("created", ago(info.created_at)),
+        ("duration", duration(info)),
+        ("result", info.reason or "-"),
+        ("log", human_bytes(info.log_size)),
+        ("metrics", format_metrics(info.latest_metrics)),
+    ]
+    if info.env:
+        rows.insert(4, ("env", " ".join(f"{k}={v}" for k, v in info.env.items())))
+    for key, value in rows:
+        out.print(f"[bold]{key:>9}[/bold]  {value}", soft_wrap=True)
+
+
+def _gpus_text(info: JobInfo) -> str:
+    if info.gpu_ids:
+        return ",".join(map(str, info.gpu_ids))
+    return f"{info.gpus} requested" if info.gpus else "none (CPU)"
+
+
+def logs(
+    job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
+    follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends."),
+) -> None:
+    """Print a job's output (stdout and stderr together)."""
+    with _client() as client:
+        job = _job(client, job_ref)
+        try:
+            if follow:
+                info = _follow(job)
+                say(_summary(info))
+            else:
+                out = sys.stdout.buffer
+                for chunk in job.logs():
+                    out.write(chunk)
+                out.flush()
+        except GpuhopError as e:
+            fail(e.message)
+
+
+def cancel(
+    job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
+    grace: float = typer.Option(
+        10.0, "--grace", min=0, help="Seconds between SIGTERM and SIGKILL."
+    ),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until the job has stopped."),
+) -> None:
+    """Stop a job: SIGTERM to all its processes, then SIGKILL after the grace period."""
+    with _client() as client:
+        job = _job(client, job_ref)
+        try:
+            info = job.cancel(grace=grace)
+            if wait and not info.state.finished:
+                info = job.wait(timeout=grace + 30)
+        except GpuhopError as e:
+            fail(e.message)
+        except TimeoutError as e:
+            fail(str(e))
+        say(_summary(info))
+
+
+def pull(
+    job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
+    output: Path | None = typer.Option(
+        None,
+        "--output",
+        "-o",
+        metavar="DIR",
+        help="Where to put them (default: gpuhop-artifacts/JOB).",
+    ),
+) -> None:
+    """Download the files a job wrote to $GPUHOP_ARTIFACTS_DIR."""
+    with _client() as client:
+        job = _job(client, job_ref)
+        _pull(job, output or DEFAULT_PULL_DIR / job.id)
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True}
+    )(run)
+    for fn in (ps, show, logs, cancel, pull):
+        app.command()(fn)

@@ -1,0 +1,43 @@
+"""Runs on the user's machine: the `gpuhop` entry point and its command groups."""
+
+from __future__ import annotations
+
+import typer
+
+from gpuhop import __version__
+from gpuhop.cli import agent, jobs
+
+app = typer.Typer(
+    name="gpuhop",
+    help=(
+        "Use a remote GPU machine for TensorFlow as if it were local.\n\n"
+        "With no remote configured, commands talk to an agent on this machine (started on"
+        " demand, state in $GPUHOP_HOME), which runs jobs on its GPUs, or on the CPU if it"
+        " has none."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+jobs.register(app)
+app.add_typer(agent.app, name="agent")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpuhop {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    pass
+
+
+def main() -> None:
+    app()

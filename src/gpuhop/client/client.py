@@ -1,0 +1,415 @@
+"""Runs on the user's machine: the Python SDK. The CLI is a thin layer over it.
+
+from gpuhop import Client
+job = Client().submit(["train.py", "--epochs", "3"], gpus=1)
+for chunk in job.logs(follow=True):
+    print(chunk.decode(), end="")
+job.pull("out/")
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import httpx
+
+from gpuhop.api import (
+    AgentInfo,
+    ArtifactEntry,
+    BlobCheckResult,
+    ErrorBody,
+    JobInfo,
+    JobState,
+    ManifestEntry,
+    SubmitRequest,
+    validate_relpath,
+)
+from gpuhop.client.errors import GpuhopError
+from gpuhop.client.sync import FileEntry, ScanResult, SyncError, scan
+from gpuhop.client.transport import local_transport
+from gpuhop.client.upload import frames
+from gpuhop.home import AgentError, AgentPaths, default_home
+
+# Upload in batches so a dropped connection costs at most one batch.
+UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
+# How long a follower keeps trying to reconnect to an agent that went away.
+RECONNECT_PATIENCE = 30.0
+
+Progress = Callable[[int], None]
+
+
+def client_cache_dir() -> Path:
+    env = os.environ.get("GPUHOP_CACHE_DIR")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("gpuhop"))
+
+
+class Client:
+    """A connection to one gpuhop agent (the local one unless told otherwise)."""
+
+    def __init__(
+        self,
+        home: str | os.PathLike[str] | None = None,
+        *,
+        autostart: bool = True,
+        transport: httpx.BaseTransport | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+    ):
+        self.paths = AgentPaths(Path(home).absolute() if home else default_home())
+        self.cache_dir = Path(cache_dir) if cache_dir else client_cache_dir()
+        if transport is None:
+            try:
+                transport = local_transport(self.paths, autostart=autostart)
+            except AgentError as e:
+                raise GpuhopError(str(e), code="unreachable") from None
+        self._http = httpx.Client(
+            transport=transport,
+            base_url="http://gpuhop",
+            timeout=httpx.Timeout(60.0, connect=5.0),
+        )
+        self.last_sync: SyncStats | None = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- plumbing -----------------------------------------------------------------------------
+
+    def _request(self, method: str, url: str, **kwargs: object) -> httpx.Response:
+        try:
+            response = self._http.request(method, url, **kwargs)  # type: ignore[arg-type]
+        except httpx.TransportError as e:
+            raise GpuhopError(
+                f"cannot reach the gpuhop agent at {self.paths.socket}: {e}", code="unreachable"
+            ) from None
+        check(response)
+        return response
+
+    # -- agent --------------------------------------------------------------------------------
+
+    def info(self) -> AgentInfo:
+        return AgentInfo.model_validate(self._request("GET", "/v1/agent").json())
+
+    # -- jobs ---------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        command: str | Sequence[str],
+        *,
+        workdir: str | os.PathLike[str] = ".",
+        gpus: int = 0,
+        name: str | None = None,
+        env: dict[str, str] | None = None,
+        priority: int = 0,
+        on_hash: Progress | None = None,
+        on_upload: Callable[[int, int], None] | None = None,
+    ) -> Job:
+        """Sync `workdir` and queue `command` there. Returns at once with a `Job` handle.
+
+        `command` is a script (`train.py`, run with the host's Python) or a program on the
+        host, with its arguments; a string is split like a shell would.
+        """
+        argv = shlex.split(command) if isinstance(command, str) else list(command)
+        if not argv:
+            raise GpuhopError("no command given", code="bad_request")
+        root = Path(workdir).absolute()
+        argv[0] = _script_in_workdir(argv[0], root)
+        result = self._scan(root, on_hash)
+        if argv[0].endswith(".py") and argv[0] not in {f.path for f in result.files}:
+            raise GpuhopError(
+                f"{argv[0]} is excluded from the sync by .gitignore, .gpuhopignore or gpuhop's"
+                " defaults; un-ignore it (a '!' line in .gpuhopignore) to run it",
+                code="bad_request",
+            )
+        uploaded = self.upload(result.files, on_upload)
+        request = SubmitRequest(
+            command=argv,
+            manifest=[
+                ManifestEntry(path=f.path, digest=f.digest, size=f.size, executable=f.executable)
+                for f in result.files
+            ],
+            name=name,
+            gpus=gpus,
+            env=dict(env or {}),
+            priority=priority,
+        )
+        body = request.model_dump(mode="json")
+        try:
+            response = self._request("POST", "/v1/jobs", json=body)
+        except GpuhopError as e:
+            if e.code != "missing_blobs":
+                raise
+            # Blobs vanished between upload and submit (garbage collection): send them again.
+            self.upload(result.files, on_upload)
+            response = self._request("POST", "/v1/jobs", json=body)
+        self.last_sync = SyncStats(result, *uploaded)
+        return Job(self, JobInfo.model_validate(response.json()))
+
+    def _scan(self, root: Path, on_hash: Progress | None) -> ScanResult:
+        try:
+            return scan(root, self.cache_dir, on_hash)
+        except SyncError as e:
+            raise GpuhopError(str(e), code="bad_request") from None
+
+    def upload(
+        self, files: list[FileEntry], on_upload: Callable[[int, int], None] | None = None
+    ) -> tuple[int, int]:
+        """Send the files the agent lacks. Returns (files sent, bytes sent)."""
+        by_digest = {f.digest: f for f in files}
+        check_body = {"digests": list(by_digest)}
+        result = BlobCheckResult.model_validate(
+            self._request("POST", "/v1/blobs/missing", json=check_body).json()
+        )
+        todo = [by_digest[d] for d in result.missing]
+        total = sum(f.size for f in todo)
+        sent = 0
+        for batch in _batches(todo, UPLOAD_BATCH_BYTES):
+
+            def progress(n: int) -> None:
+                nonlocal sent
+                sent += n
+                if on_upload is not None:
+                    on_upload(sent, total)
+
+            try:
+                self._request(
+                    "POST",
+                    "/v1/blobs/upload",
+                    content=frames(batch, progress),
+                    timeout=httpx.Timeout(600.0, connect=5.0),
+                )
+            except GpuhopError as e:
+                if e.code == "bad_blob":
+                    raise GpuhopError(
+                        f"{e.message} (a file changed while it was being sent? run again)",
+                        code=e.code,
+                        status=e.status,
+                    ) from None
+                raise
+        return len(todo), total
+
+    def job(self, ref: str) -> Job:
+        """A handle on an existing job, by id, unique id prefix, or name."""
+        return Job(self, self._job_info(ref))
+
+    def _job_info(self, ref: str) -> JobInfo:
+        return JobInfo.model_validate(self._request("GET", f"/v1/jobs/{_quote(ref)}").json())
+
+    def jobs(
+        self, states: Sequence[JobState | str] | None = None, limit: int = 200
+    ) -> list[JobInfo]:
+        params: list[tuple[str, str | int]] = [("limit", limit)]
+        params += [("state", JobState(s).value) for s in states or ()]
+        return [
+            JobInfo.model_validate(j)
+            for j in self._request("GET", "/v1/jobs", params=params).json()
+        ]
+
+
+class SyncStats:
+    """What the last submit's sync did."""
+
+    def __init__(self, scan_result: ScanResult, files_sent: int, bytes_sent: int):
+        self.files = len(scan_result.files)
+        self.bytes = scan_result.total_bytes
+        self.hashed = scan_result.hashed
+        self.scan_seconds = scan_result.seconds
+        self.warnings = scan_result.warnings
+        self.files_sent = files_sent
+        self.bytes_sent = bytes_sent
+
+
+class Job:
+    """A handle on one job. `info` is the state as last fetched; `refresh()` fetches again."""
+
+    def __init__(self, client: Client, info: JobInfo):
+        self.client = client
+        self.info = info
+
+    def __repr__(self) -> str:
+        return f"Job({self.id!r}, state={self.info.state.value!r})"
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def state(self) -> JobState:
+        return self.info.state
+
+    def refresh(self) -> JobInfo:
+        self.info = self.client._job_info(self.id)
+        return self.info
+
+    def wait(self, timeout: float | None = None) -> JobInfo:
+        """Block until the job has ended; return its final info. Raises TimeoutError."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.02
+        while not self.refresh().state.finished:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.id} still {self.info.state.value} after {timeout}s")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+        return self.info
+
+    def cancel(self, grace: float = 10.0) -> JobInfo:
+        """Stop the job: SIGTERM to its processes, SIGKILL after `grace` seconds."""
+        response = self.client._request(
+            "POST", f"/v1/jobs/{self.id}/cancel", params={"grace": grace}
+        )
+        self.info = JobInfo.model_validate(response.json())
+        return self.info
+
+    def logs(self, follow: bool = False, offset: int = 0) -> Iterator[bytes]:
+        """The job's output as raw chunks, from byte `offset`.
+
+        With `follow`, keeps streaming until the job has ended; a dropped connection or an
+        agent restart is resumed from the last byte received, so nothing is lost or repeated.
+        """
+        position = offset
+        give_up_at: float | None = None
+        while True:
+            try:
+                with self.client._http.stream(
+                    "GET",
+                    f"/v1/jobs/{self.id}/log",
+                    params={"offset": position, "follow": follow},
+                    timeout=httpx.Timeout(None, connect=5.0),
+                ) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        check(response)
+                    for chunk in response.iter_raw():
+                        position += len(chunk)
+                        give_up_at = None
+                        yield chunk
+                return
+            except (httpx.TransportError, httpx.StreamError) as e:
+                if not follow:
+                    raise GpuhopError(
+                        f"lost the agent while reading logs: {e}", "unreachable"
+                    ) from None
+                now = time.monotonic()
+                give_up_at = give_up_at or now + RECONNECT_PATIENCE
+                if now > give_up_at:
+                    raise GpuhopError(
+                        f"lost the agent while following job {self.id} and could not reconnect"
+                        f" for {RECONNECT_PATIENCE:.0f}s",
+                        code="unreachable",
+                    ) from None
+                time.sleep(0.2)
+
+    def metrics(self, offset: int = 0) -> tuple[list[dict], int]:
+        """Metric records written since byte `offset`, and the offset to ask from next."""
+        data = self.client._request(
+            "GET", f"/v1/jobs/{self.id}/metrics", params={"offset": offset}
+        ).json()
+        return data["records"], data["next_offset"]
+
+    def artifacts(self) -> list[ArtifactEntry]:
+        response = self.client._request("GET", f"/v1/jobs/{self.id}/artifacts")
+        return [ArtifactEntry.model_validate(a) for a in response.json()]
+
+    def pull(
+        self,
+        dest: str | os.PathLike[str],
+        on_file: Callable[[ArtifactEntry], None] | None = None,
+    ) -> list[Path]:
+        """Download the job's artifacts into `dest`. Unchanged files are not fetched again."""
+        root = Path(dest).absolute()
+        root.mkdir(parents=True, exist_ok=True)
+        written = []
+        for art in self.artifacts():
+            try:
+                validate_relpath(art.path)
+            except ValueError as e:
+                raise GpuhopError(f"agent sent a bad artifact path: {e}", "bad_path") from None
+            target = root / art.path
+            if not target.resolve().is_relative_to(root.resolve()):
+                raise GpuhopError(f"artifact {art.path} would land outside {root}", "bad_path")
+            if target.is_file():
+                st = target.stat()
+                if st.st_size == art.size and int(st.st_mtime) == int(art.mtime):
+                    written.append(target)
+                    continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            part = target.with_name(target.name + ".gpuhop-part")
+            with self.client._http.stream(
+                "GET", f"/v1/jobs/{self.id}/artifacts/{_quote(art.path, safe='/')}"
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    check(response)
+                with open(part, "wb") as f:
+                    for chunk in response.iter_bytes(1 << 20):
+                        f.write(chunk)
+            os.utime(part, (art.mtime, art.mtime))
+            os.replace(part, target)
+            written.append(target)
+            if on_file is not None:
+                on_file(art)
+        return written
+
+
+def check(response: httpx.Response) -> None:
+    """Raise GpuhopError with the agent's own words for a 4xx/5xx answer."""
+    if response.status_code < 400:
+        return
+    try:
+        body = ErrorBody.model_validate(response.json())
+        raise GpuhopError(body.message, body.code.value, response.status_code, body.detail)
+    except ValueError:
+        raise GpuhopError(
+            f"the agent answered {response.status_code}: {response.text[:500]}",
+            status=response.status_code,
+        ) from None
+
+
+def _quote(ref: str, safe: str = "") -> str:
+    from urllib.parse import quote
+
+    return quote(ref, safe=safe)
+
+
+def _script_in_workdir(head: str, root: Path) -> str:
+    """Make a script path relative to the work dir; leave program names alone."""
+    if not head.endswith(".py") and "/" not in head:
+        return head
+    path = Path(head)
+    full = path if path.is_absolute() else root / path
+    if head.endswith(".py") and not full.is_file():
+        raise GpuhopError(f"no such script: {head}", code="bad_request")
+    if not full.exists():
+        return head  # a path on the GPU host; the agent checks it
+    try:
+        return full.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        raise GpuhopError(
+            f"{head} is outside the work dir {root}; run gpuhop from a directory that contains it",
+            code="bad_request",
+        ) from None
+
+
+def _batches(files: list[FileEntry], limit: int) -> Iterator[list[FileEntry]]:
+    batch: list[FileEntry] = []
+    size = 0
+    for f in files:
+        if batch and size + f.size > limit:
+            yield batch
+            batch, size = [], 0
+        batch.append(f)
+        size += f.size
+    if batch:
+        yield batch

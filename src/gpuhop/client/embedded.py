@@ -1,0 +1,116 @@
+"""Runs on the user's machine: finds, starts and stops the local (embedded) agent.
+
+The agent is started as its own daemon (`python -m gpuhop.agent`) in a new session, with
+its output in `agent.log`, and reused by every later command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from gpuhop.home import EXIT_MARK, AgentError, AgentPaths, read_pid
+
+
+def socket_answers(path: Path, timeout: float = 1.0) -> bool:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect(str(path))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def ensure_agent(paths: AgentPaths, timeout: float = 30.0) -> int:
+    """Return the pid of the agent of `paths`, starting one if none answers."""
+    pid = read_pid(paths)
+    if pid is not None and socket_answers(paths.socket):
+        return pid
+    return start_background(paths, timeout=timeout)
+
+
+def start_background(paths: AgentPaths, fake_gpus: int | None = None, timeout: float = 30.0) -> int:
+    """Start the agent as a daemon and wait until its socket answers. Returns its pid."""
+    pid = read_pid(paths)
+    if pid is not None and socket_answers(paths.socket):
+        return pid
+    paths.ensure()
+    log_start = paths.logfile.stat().st_size if paths.logfile.exists() else 0
+    cmd = [sys.executable, "-m", "gpuhop.agent", "--home", str(paths.home)]
+    if fake_gpus is not None:
+        cmd += ["--fake-gpus", str(fake_gpus)]
+    with open(paths.logfile, "ab") as logf:
+        # Through a short-lived intermediate (a double fork), so the agent is not our child:
+        # it outlives this process and never lingers as its zombie.
+        subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _DETACH, *cmd],
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            check=True,
+        )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if socket_answers(paths.socket, timeout=0.2):
+            running = read_pid(paths)
+            if running is not None:
+                return running
+        if _log_says_exited(paths.logfile, log_start):
+            running = read_pid(paths)
+            if running is not None and socket_answers(paths.socket):
+                return running  # another client started it first
+            raise AgentError(f"the agent failed to start:\n{_tail(paths.logfile)}")
+        time.sleep(0.02)
+    raise AgentError(f"the agent did not answer within {timeout:.0f}s:\n{_tail(paths.logfile)}")
+
+
+def stop(paths: AgentPaths, timeout: float = 10.0) -> int | None:
+    """Stop the agent (jobs keep running). Returns the pid that was stopped, or None."""
+    pid = read_pid(paths)
+    if pid is None:
+        return None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if read_pid(paths) is None:
+            return pid
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    while read_pid(paths) is not None and time.monotonic() < deadline + 5:
+        time.sleep(0.05)
+    return pid
+
+
+_DETACH = (
+    "import subprocess, sys; "
+    "p = subprocess.Popen(sys.argv[1:], start_new_session=True, close_fds=True); "
+    "sys.exit(0)"
+)
+
+
+def _log_says_exited(logfile: Path, start: int) -> bool:
+    """Whether the agent wrote its exit line (see `gpuhop.agent.__main__`) since `start`."""
+    try:
+        with open(logfile, "rb") as f:
+            f.seek(start)
+            return EXIT_MARK in f.read()
+    except OSError:
+        return False
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no agent log)"

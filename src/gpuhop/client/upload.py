@@ -1,0 +1,30 @@
+"""Runs on the user's machine: the framed upload stream (see `gpuhop.api.framing`).
+
+Files are read from disk in 1 MiB pieces, so memory stays flat whatever their size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from gpuhop.api.framing import FRAME_HEADER
+from gpuhop.client.sync import FileEntry
+
+CHUNK = 1 << 20
+
+
+def frames(
+    files: list[FileEntry], progress: Callable[[int], None] | None = None
+) -> Iterator[bytes]:
+    for f in files:
+        yield FRAME_HEADER.pack(bytes.fromhex(f.digest), f.size)
+        remaining = f.size
+        with open(f.abspath, "rb") as fh:
+            while remaining > 0:
+                data = fh.read(min(CHUNK, remaining))
+                if not data:
+                    break  # shrank since it was hashed: the agent will report the blob short
+                remaining -= len(data)
+                if progress is not None:
+                    progress(len(data))
+                yield data

@@ -1,0 +1,142 @@
+"""Runs in the agent and in the client that starts a local agent: the layout of GPUHOP_HOME."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+# sockaddr_un.sun_path is 108 bytes on Linux, including the terminating NUL.
+MAX_SOCKET_PATH = 107
+
+
+def default_home() -> Path:
+    env = os.environ.get("GPUHOP_HOME")
+    if env:
+        return Path(env).expanduser().absolute()
+    return Path(platformdirs.user_data_dir("gpuhop")).absolute()
+
+
+@dataclass(frozen=True)
+class AgentPaths:
+    """The layout of an agent's state directory. Everything the agent writes lives here."""
+
+    home: Path
+
+    @property
+    def socket(self) -> Path:
+        return self.home / "agent.sock"
+
+    @property
+    def pidfile(self) -> Path:
+        return self.home / "agent.pid"
+
+    @property
+    def lockfile(self) -> Path:
+        return self.home / "agent.lock"
+
+    @property
+    def logfile(self) -> Path:
+        return self.home / "agent.log"
+
+    @property
+    def db(self) -> Path:
+        return self.home / "jobs.db"
+
+    @property
+    def blobs(self) -> Path:
+        return self.home / "blobs"
+
+    @property
+    def tmp(self) -> Path:
+        return self.home / "tmp"
+
+    @property
+    def jobs(self) -> Path:
+        return self.home / "jobs"
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.jobs / job_id
+
+    def ensure(self) -> None:
+        """Create the state dir (0700) and its subdirectories."""
+        self.home.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.home, 0o700)
+        for sub in (self.blobs, self.tmp, self.jobs):
+            sub.mkdir(exist_ok=True)
+        if len(os.fsencode(self.socket)) > MAX_SOCKET_PATH:
+            raise ValueError(
+                f"the agent's socket path {self.socket} is longer than {MAX_SOCKET_PATH} bytes;"
+                " set GPUHOP_HOME to a shorter directory"
+            )
+
+
+@dataclass(frozen=True)
+class JobPaths:
+    """The files of one job, under `<home>/jobs/<id>/`."""
+
+    root: Path
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "output.log"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "artifacts"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest.json"
+
+    @property
+    def status(self) -> Path:
+        """Written by the shim when the job's process ends: its exit status."""
+        return self.root / "status.json"
+
+    @property
+    def shim_pid(self) -> Path:
+        return self.root / "shim.pid"
+
+
+# The agent's last line in agent.log when it exits; a starting client watches for it.
+EXIT_MARK = b"gpuhop agent exited"
+
+
+class AgentError(RuntimeError):
+    """The agent could not be started or reached; the message says why."""
+
+
+def read_pid(paths: AgentPaths) -> int | None:
+    """The pid of the running agent of this state dir, or None."""
+    try:
+        fd = os.open(paths.lockfile, os.O_RDWR)
+    except FileNotFoundError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            return int(paths.pidfile.read_text().strip())
+        except (OSError, ValueError):
+            return None
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None  # nobody holds the lock: no agent runs
+    finally:
+        os.close(fd)

@@ -1,0 +1,91 @@
+"""Runs inside the job: the environment contract gpuhop sets, and metric logging.
+
+No heavy imports (no TensorFlow, no client). Outside gpuhop the same calls work too:
+`artifacts_dir()` is then `./gpuhop-artifacts/local` and metrics are not recorded, so one
+script runs unchanged on a laptop and under `gpuhop run`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+__all__ = [
+    "artifacts_dir",
+    "attempt",
+    "checkpoint_dir",
+    "in_job",
+    "job_id",
+    "log_metrics",
+    "metrics_file",
+]
+
+LOCAL_ARTIFACTS = Path("gpuhop-artifacts") / "local"
+
+
+def in_job() -> bool:
+    """True when this process runs as a gpuhop job."""
+    return "GPUHOP_JOB_ID" in os.environ
+
+
+def job_id() -> str | None:
+    return os.environ.get("GPUHOP_JOB_ID")
+
+
+def attempt() -> int:
+    """Which try of the job this is, 1-based."""
+    return int(os.environ.get("GPUHOP_ATTEMPT", "1"))
+
+
+def _dir(var: str, fallback: Path) -> Path:
+    path = Path(os.environ.get(var) or fallback)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def artifacts_dir() -> Path:
+    """Files written here come back with `gpuhop pull` (or `gpuhop run --pull DIR`)."""
+    return _dir("GPUHOP_ARTIFACTS_DIR", LOCAL_ARTIFACTS)
+
+
+def checkpoint_dir() -> Path:
+    """A directory kept across retries of the same job: put resumable state here."""
+    return _dir("GPUHOP_CHECKPOINT_DIR", LOCAL_ARTIFACTS / "checkpoints")
+
+
+def metrics_file() -> Path | None:
+    value = os.environ.get("GPUHOP_METRICS_FILE")
+    return Path(value) if value else None
+
+
+def _plain(value: object) -> object:
+    """A JSON-friendly number: numpy and tensor scalars become floats, NaN/inf become None."""
+    if isinstance(value, (bool, int, str)) or value is None:
+        return value
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return str(value)
+    return number if math.isfinite(number) else None
+
+
+def log_metrics(*, step: int | None = None, epoch: int | None = None, **values: object) -> None:
+    """Append one record to the job's metrics file (`gpuhop show` prints the latest).
+
+    For custom training loops; the Keras callback in `gpuhop.tf` calls this for you.
+    """
+    path = metrics_file()
+    if path is None:
+        return
+    record: dict[str, object] = {"time": round(time.time(), 3)}
+    if step is not None:
+        record["step"] = int(step)
+    if epoch is not None:
+        record["epoch"] = int(epoch)
+    record.update({k: _plain(v) for k, v in values.items()})
+    # One write of a whole line in append mode: readers never see half a record.
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")

@@ -1,0 +1,140 @@
+"""Fixtures shared by the integration and end-to-end tests: real agents on real sockets.
+
+Every agent a test starts lives in its own temp state dir and is stopped at teardown by
+pid, after every job it still runs has been killed by process group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpuhop.client import Client
+from gpuhop.client.embedded import start_background, stop
+from gpuhop.home import AgentPaths, read_pid
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "examples"
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.02):
+    """Poll `predicate` until it returns something truthy; fail the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout}s: {predicate}")
+        time.sleep(interval)
+
+
+@dataclass
+class Agent:
+    """A real agent process on a Unix socket in a temp state dir."""
+
+    home: Path
+    cache: Path
+    fake_gpus: int | None
+    pid: int = 0
+
+    @property
+    def paths(self) -> AgentPaths:
+        return AgentPaths(self.home)
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUHOP_")}
+        env.update(GPUHOP_HOME=str(self.home), GPUHOP_CACHE_DIR=str(self.cache))
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        return env
+
+    def start(self) -> Agent:
+        self.pid = start_background(self.paths, fake_gpus=self.fake_gpus)
+        return self
+
+    def client(self) -> Client:
+        return Client(self.home, autostart=False, cache_dir=self.cache)
+
+    def cli(
+        self, *args: str, cwd: Path | None = None, timeout: float = 120, **kwargs
+    ) -> subprocess.CompletedProcess[str]:
+        """Run `gpuhop ARGS...` as a user would, in `cwd`, against this agent."""
+        return subprocess.run(
+            [sys.executable, "-m", "gpuhop", *args],
+            cwd=cwd,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            **kwargs,
+        )
+
+    def kill_jobs(self) -> None:
+        """Kill what is left of every job this agent started (by process group)."""
+        jobs = self.paths.jobs
+        if not jobs.is_dir():
+            return
+        for pidfile in jobs.glob("*/shim.pid"):
+            with contextlib.suppress(OSError, ValueError, ProcessLookupError, PermissionError):
+                import json
+
+                os.killpg(int(json.loads(pidfile.read_text())["pid"]), signal.SIGKILL)
+
+    def shutdown(self) -> None:
+        self.kill_jobs()
+        stop(self.paths, timeout=10)
+        if self.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+        assert read_pid(self.paths) is None
+
+
+@pytest.fixture
+def make_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Agent]]:
+    """Start fresh agents for one test; all are stopped at its end."""
+    started: list[Agent] = []
+
+    def make(fake_gpus: int | None = None) -> Agent:
+        root = Path(tmp_path_factory.mktemp("agent"))
+        agent = Agent(root / "home", root / "cache", fake_gpus).start()
+        started.append(agent)
+        return agent
+
+    yield make
+    for agent in started:
+        agent.shutdown()
+
+
+@pytest.fixture(scope="session")
+def shared_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    """One agent (no GPUs) for the tests that need nothing special; stopped at the end."""
+    root = Path(tmp_path_factory.mktemp("shared-agent"))
+    agent = Agent(root / "home", root / "cache", None).start()
+    yield agent
+    agent.shutdown()
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Callable[..., Path]:
+    """Write a small project: project({"train.py": "print(1)"}) -> its directory."""
+
+    def make(files: dict[str, str]) -> Path:
+        root = tmp_path / "project"
+        for rel, text in files.items():
+            path = root / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        root.mkdir(exist_ok=True)
+        return root
+
+    return make
