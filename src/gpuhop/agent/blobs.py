@@ -61,27 +61,32 @@ class BlobStore:
         stored = 0
         total = 0
         writer: _BlobWriter | None = None
-        async for chunk in chunks:
-            buf += chunk
-            while buf:
-                if writer is None:
-                    if len(buf) < FRAME_HEADER.size:
-                        break
-                    raw, size = FRAME_HEADER.unpack_from(buf)
-                    del buf[: FRAME_HEADER.size]
-                    if size > self.max_blob_size:
-                        raise BlobError(
-                            f"blob {raw.hex()} is {size} bytes, over the limit of"
-                            f" {self.max_blob_size}"
-                        )
-                    writer = _BlobWriter(self, raw.hex(), size)
-                take = min(len(buf), writer.remaining)
-                writer.write(bytes(buf[:take]))
-                del buf[:take]
-                if writer.remaining == 0:
-                    total += writer.finish()
-                    stored += 1
-                    writer = None
+        try:
+            async for chunk in chunks:
+                buf += chunk
+                while buf or (writer is not None and writer.remaining == 0):
+                    if writer is None:
+                        if len(buf) < FRAME_HEADER.size:
+                            break
+                        raw, size = FRAME_HEADER.unpack_from(buf)
+                        del buf[: FRAME_HEADER.size]
+                        if size > self.max_blob_size:
+                            raise BlobError(
+                                f"blob {raw.hex()} is {size} bytes, over the limit of"
+                                f" {self.max_blob_size}"
+                            )
+                        writer = _BlobWriter(self, raw.hex(), size)
+                    take = min(len(buf), writer.remaining)
+                    writer.write(bytes(buf[:take]))
+                    del buf[:take]
+                    if writer.remaining == 0:
+                        total += writer.finish()
+                        stored += 1
+                        writer = None
+        except BaseException:
+            if writer is not None:
+                writer.abort()  # a broken stream leaves no half-written blob behind
+            raise
         if writer is not None:
             writer.abort()
             raise BlobError(

@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -45,6 +46,10 @@ def serve(paths: AgentPaths, fake_gpus: int | None = None) -> None:
     logging.getLogger("gpuhop.agent").info(
         "agent %d serving %s with %d GPU(s)", os.getpid(), paths.socket, len(ctx.gpus)
     )
+    # uvicorn re-raises the signal that stopped it once it has shut down; with these
+    # no-op handlers in place that re-raise returns here and the cleanup below runs.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     try:
         uvicorn.Server(config).run(sockets=[sock])
     finally:

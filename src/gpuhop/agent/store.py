@@ -170,6 +170,8 @@ class JobStore:
 
     def resolve(self, ref: str) -> JobRecord:
         """Find a job by full id, unique id prefix, or name (the newest job of that name)."""
+        if not ref:
+            raise JobNotFound(ref)
         rows = self._query(
             "SELECT * FROM jobs WHERE substr(id, 1, ?) = ? ORDER BY created_at",
             (len(ref), ref.lower()),
@@ -236,7 +238,8 @@ class JobStore:
             if key not in _UPDATABLE:
                 raise ValueError(f"field {key} cannot be updated")
         sets = ", ".join(f"{k} = ?" for k in fields)
-        self._execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*fields.values(), job_id))
+        values = [json.dumps(v) if k == "gpu_ids" else v for k, v in fields.items()]
+        self._execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*values, job_id))
 
 
 _UPDATABLE = frozenset(

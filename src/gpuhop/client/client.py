@@ -28,6 +28,7 @@ from gpuhop.api import (
     SubmitRequest,
     validate_relpath,
 )
+from gpuhop.client.embedded import socket_answers
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.sync import FileEntry, ScanResult, SyncError, scan
 from gpuhop.client.transport import local_transport
@@ -64,11 +65,14 @@ class Client:
     ):
         self.paths = AgentPaths(Path(home).absolute() if home else default_home())
         self.cache_dir = Path(cache_dir) if cache_dir else client_cache_dir()
+        # Whether the agent is worth reconnecting to (checked before each reconnect).
+        self._reachable: Callable[[], bool] = lambda: True
         if transport is None:
             try:
                 transport = local_transport(self.paths, autostart=autostart)
             except AgentError as e:
                 raise GpuhopError(str(e), code="unreachable") from None
+            self._reachable = lambda: socket_answers(self.paths.socket)
         self._http = httpx.Client(
             transport=transport,
             base_url="http://gpuhop",
@@ -309,7 +313,9 @@ class Job:
                         f" for {RECONNECT_PATIENCE:.0f}s",
                         code="unreachable",
                     ) from None
-                time.sleep(0.2)
+                # Probe first: a failed httpx connect to a Unix socket leaks that socket.
+                while not self.client._reachable() and time.monotonic() < give_up_at:
+                    time.sleep(0.1)
 
     def metrics(self, offset: int = 0) -> tuple[list[dict], int]:
         """Metric records written since byte `offset`, and the offset to ask from next."""

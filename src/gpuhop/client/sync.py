@@ -158,10 +158,13 @@ class IgnoreRules:
 def walk(root: Path, warnings: list[str]) -> Iterator[tuple[str, str, os.stat_result]]:
     """Yield (relpath, abspath, stat) for every file to send, in a stable order."""
     root = root.resolve()
-    stack: list[tuple[Path, str, IgnoreRules]] = [(root, "", IgnoreRules.root(root))]
-    seen_dirs = {root}
+    # Each directory carries the real paths of its ancestors: a link back into one of them
+    # is a loop. A link to any other directory in the tree is sent as a copy at both paths.
+    stack: list[tuple[Path, str, IgnoreRules, frozenset[Path]]] = [
+        (root, "", IgnoreRules.root(root), frozenset({root}))
+    ]
     while stack:
-        directory, prefix, rules = stack.pop()
+        directory, prefix, rules, ancestors = stack.pop()
         try:
             entries = sorted(os.scandir(directory), key=lambda e: e.name, reverse=True)
         except OSError as e:
@@ -176,6 +179,9 @@ def walk(root: Path, warnings: list[str]) -> Iterator[tuple[str, str, os.stat_re
                 if is_link:
                     warnings.append(f"skipped {rel}: a broken link")
                 continue
+            except OSError as e:
+                warnings.append(f"skipped {rel}: {e.strerror}")  # e.g. a link to itself
+                continue
             is_dir = stat.S_ISDIR(st.st_mode)
             if rules.ignored(rel, is_dir):
                 continue
@@ -188,14 +194,14 @@ def walk(root: Path, warnings: list[str]) -> Iterator[tuple[str, str, os.stat_re
                     )
             if is_dir:
                 real = Path(os.path.realpath(entry.path))
-                if real in seen_dirs:
-                    continue  # a link loop, or a second way into the same directory
-                seen_dirs.add(real)
-                subdirs.append((Path(entry.path), rel + "/"))
+                if real in ancestors:
+                    warnings.append(f"skipped {rel}: a link back into its own parent (a loop)")
+                    continue
+                subdirs.append((Path(entry.path), rel + "/", ancestors | {real}))
             elif stat.S_ISREG(st.st_mode):
                 yield rel, entry.path, st
-        for path, sub_prefix in reversed(subdirs):
-            stack.append((path, sub_prefix, rules.enter(path, sub_prefix)))
+        for path, sub_prefix, below in reversed(subdirs):
+            stack.append((path, sub_prefix, rules.enter(path, sub_prefix), below))
 
 
 def scan(

@@ -1,0 +1,28 @@
+# One entry point for people and CI alike. `make setup` is implied by every target.
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: setup demo test lint check bench clean
+
+setup:
+	@bash scripts/setup-venv
+
+# The demo: train on the embedded local agent, stream the log, pull the SavedModel back.
+demo: setup
+	$(BIN)/gpuhop run --name digits-demo --pull gpuhop-artifacts/digits-demo examples/digits/train.py
+
+test: setup
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check src tests examples bench
+	$(BIN)/ruff format --check src tests examples bench
+	$(BIN)/mypy src
+
+check: lint test
+
+bench: setup
+	$(BIN)/python bench/run.py $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache .ruff_cache .mypy_cache gpuhop-artifacts

@@ -1,0 +1,291 @@
+"""The CLI as a user runs it: `python -m gpuhop ...` in a project dir, against a real agent."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.conftest import EXAMPLES, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.mark.tf
+def test_digits_demo_trains_and_pulls_a_working_savedmodel(make_agent, tmp_path):
+    agent = make_agent()
+    work = tmp_path / "work"
+    shutil.copytree(EXAMPLES / "digits", work / "examples" / "digits")
+    out = tmp_path / "model"
+    run = agent.cli(
+        "run",
+        "--name",
+        "digits",
+        "--pull",
+        str(out),
+        "examples/digits/train.py",
+        "--epochs",
+        "3",
+        cwd=work,
+        timeout=240,
+    )
+    assert run.returncode == 0, run.stderr
+    assert "Epoch 3/3" in run.stdout
+    accuracy = float(run.stdout.split("test accuracy: ")[1].split()[0])
+    assert accuracy > 0.6
+    assert "succeeded: exited with code 0" in run.stderr
+    assert (out / "digits_savedmodel" / "saved_model.pb").is_file()
+
+    show = json.loads(agent.cli("show", "--json", "digits").stdout)
+    assert show["state"] == "succeeded"
+    assert show["latest_metrics"]["epoch"] == 3
+    assert show["latest_metrics"]["val_accuracy"] == pytest.approx(accuracy, abs=1e-4)
+
+    # The pulled model is a real SavedModel: load it in a fresh process and classify.
+    check = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, numpy as np, tensorflow as tf\n"
+            "from sklearn.datasets import load_digits\n"
+            "m = tf.saved_model.load(sys.argv[1])\n"
+            "d = load_digits()\n"
+            "x = (d.images.reshape(len(d.images), -1) / 16.0).astype('float32')\n"
+            "p = m.serve(tf.constant(x)).numpy()\n"
+            "print(p.shape, float((p.argmax(1) == d.target).mean()))\n",
+            str(out / "digits_savedmodel"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=agent.env,
+    )
+    assert check.returncode == 0, check.stderr
+    shape, acc = check.stdout.strip().rsplit(" ", 1)
+    assert shape == "(1797, 10)" and float(acc) > 0.6
+
+
+def test_exit_code_is_the_jobs_own(shared_agent, project):
+    root = project(
+        {
+            "ok.py": "print('fine')\n",
+            "seven.py": "import sys; print('partial'); sys.exit(7)\n",
+            "sigkill.py": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)\n",
+        }
+    )
+    ok = shared_agent.cli("run", "ok.py", cwd=root)
+    seven = shared_agent.cli("run", "seven.py", cwd=root)
+    killed = shared_agent.cli("run", "sigkill.py", cwd=root)
+    assert (ok.returncode, ok.stdout) == (0, "fine\n")
+    assert (seven.returncode, seven.stdout) == (7, "partial\n")
+    assert "failed: exited with code 7" in seven.stderr
+    assert killed.returncode == 128 + 9
+    assert "killed by signal 9 (SIGKILL" in killed.stderr
+
+
+def test_arguments_env_and_programs_reach_the_job(shared_agent, project):
+    root = project({"args.py": "import os, sys; print(sys.argv[1:], os.environ['GREETING'])\n"})
+    run = shared_agent.cli(
+        "run", "-e", "GREETING=hi there", "args.py", "--lr", "0.1", "-x", cwd=root
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "['--lr', '0.1', '-x'] hi there\n"
+    program = shared_agent.cli("run", "-q", "ls", "-1", cwd=root)
+    assert (program.returncode, program.stdout, program.stderr) == (0, "args.py\n", "")
+
+
+def test_bad_input_gets_a_clear_message(shared_agent, project):
+    root = project({"ok.py": "pass\n"})
+    missing = shared_agent.cli("run", "nope.py", cwd=root)
+    no_cmd = shared_agent.cli("run", "definitely-not-a-program", cwd=root)
+    too_many = shared_agent.cli("run", "--gpus", "4", "ok.py", cwd=root)
+    unknown = shared_agent.cli("logs", "ffffffffff", cwd=root)
+    bad_env = shared_agent.cli("run", "-e", "NOEQUALS", "ok.py", cwd=root)
+    for result in (missing, no_cmd, too_many, unknown, bad_env):
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr
+    assert "no such script: nope.py" in missing.stderr
+    assert "'definitely-not-a-program' was not found on the GPU host" in no_cmd.stderr
+    assert "asks for 4 GPUs; this host has 0" in too_many.stderr
+    assert "no job matches 'ffffffffff'" in unknown.stderr
+    assert "--env takes KEY=VALUE" in bad_env.stderr
+
+
+def test_link_out_of_the_work_dir_is_refused(shared_agent, project, tmp_path):
+    root = project({"ok.py": "pass\n"})
+    (tmp_path / "secret.txt").write_text("do not send")
+    (root / "data").symlink_to(tmp_path / "secret.txt")
+    run = shared_agent.cli("run", "ok.py", cwd=root)
+    assert run.returncode == 2
+    assert "data is a link to" in run.stderr and "outside the work dir" in run.stderr
+    (root / ".gpuhopignore").write_text("data\n")
+    assert shared_agent.cli("run", "ok.py", cwd=root).returncode == 0
+
+
+def test_detach_ps_show_logs_and_cancel(shared_agent, project):
+    root = project(
+        {
+            "slow.py": "import time\nprint('started', flush=True)\n"
+            "while True:\n    time.sleep(0.05)\n"
+        }
+    )
+    detach = shared_agent.cli("run", "--detach", "--name", "slowpoke", "slow.py", cwd=root)
+    assert detach.returncode == 0, detach.stderr
+    job_id = detach.stdout.strip()
+    assert len(job_id) == 8
+
+    def running():
+        return json.loads(shared_agent.cli("show", "--json", job_id[:6]).stdout)["state"] == (
+            "running"
+        )
+
+    wait_until(running, timeout=60)
+    wait_until(lambda: shared_agent.cli("logs", "slowpoke").stdout == "started\n", timeout=30)
+    ps = json.loads(shared_agent.cli("ps", "--json", "--state", "running").stdout)
+    assert job_id in [j["id"] for j in ps]
+    table = shared_agent.cli("ps").stdout
+    assert "slowpoke" in table and "running" in table
+
+    cancel = shared_agent.cli("cancel", "slowpoke")
+    assert cancel.returncode == 0, cancel.stderr
+    assert f"job {job_id} cancelled" in cancel.stderr
+    again = shared_agent.cli("cancel", job_id)
+    assert again.returncode == 2 and "has already cancelled" in again.stderr
+
+
+def test_cancel_escalates_to_sigkill_and_reaches_every_process(shared_agent, project, tmp_path):
+    marker = tmp_path / "child.pid"
+    root = project(
+        {
+            "stubborn.py": "import signal, subprocess, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: print('ignoring SIGTERM', flush=True))\n"
+            f"child = subprocess.Popen(['sleep', '300'])\n"
+            f"open({str(marker)!r}, 'w').write(str(child.pid))\n"
+            "print('ready', flush=True)\n"
+            "while True:\n    time.sleep(0.05)\n"
+        }
+    )
+    with shared_agent.client() as client:
+        job = client.submit(["stubborn.py"], workdir=root)
+        wait_until(lambda: b"ready" in b"".join(job.logs()), timeout=60)
+        child = int(marker.read_text())
+        info = job.cancel(grace=0.5)
+        info = job.wait(timeout=30)
+        log = b"".join(job.logs()).decode()
+    assert info.state.value == "cancelled"
+    assert "killed after the grace period" in info.reason
+    assert "ignoring SIGTERM" in log
+    wait_until(lambda: not Path(f"/proc/{child}").exists() or _zombie(child), timeout=10)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_ctrl_c_detaches_and_the_job_goes_on(shared_agent, project):
+    root = project(
+        {
+            "tick.py": "import time\nfor i in range(600):\n    print('tick', i, flush=True)\n"
+            "    time.sleep(0.05)\n"
+        }
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpuhop", "run", "--name", "ticker", "tick.py"],
+        cwd=root,
+        env=shared_agent.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline().startswith("tick")
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130
+    assert "detached from job" in err and "gpuhop logs -f" in err
+    show = json.loads(shared_agent.cli("show", "--json", "ticker").stdout)
+    assert show["state"] == "running"
+    assert shared_agent.cli("cancel", "--grace", "0", "ticker").returncode == 0
+
+
+def test_one_fake_gpu_is_shared_in_turn(make_agent, project):
+    agent = make_agent(fake_gpus=1)
+    root = project(
+        {
+            "gpu.py": "import os, time\nprint('CUDA_VISIBLE_DEVICES=' + "
+            "os.environ['CUDA_VISIBLE_DEVICES'])\ntime.sleep(0.5)\n"
+        }
+    )
+    first = agent.cli("run", "--detach", "--gpus", "1", "gpu.py", cwd=root).stdout.strip()
+    second = agent.cli("run", "--detach", "--gpus", "1", "gpu.py", cwd=root).stdout.strip()
+    with agent.client() as client:
+        a, b = client.job(first).wait(60), client.job(second).wait(60)
+        assert b"".join(client.job(first).logs()) == b"CUDA_VISIBLE_DEVICES=0\n"
+        assert b"".join(client.job(second).logs()) == b"CUDA_VISIBLE_DEVICES=0\n"
+    assert a.state.value == b.state.value == "succeeded"
+    assert a.gpu_ids == b.gpu_ids == [0]
+    # Each had the GPU alone: the second started only after the first had ended.
+    assert b.started_at >= a.ended_at
+    status = agent.cli("agent", "status")
+    assert "GPUs: 0: Fake GPU (fake)" in status.stdout
+
+
+def test_two_fake_gpus_run_side_by_side(make_agent, project):
+    agent = make_agent(fake_gpus=2)
+    root = project(
+        {
+            "gpu.py": "import os, time, pathlib\n"
+            "pathlib.Path(os.environ['GPUHOP_JOB_ID'] + '.flag').touch()\n"
+            "print(os.environ['CUDA_VISIBLE_DEVICES'])\n"
+            "time.sleep(1)\n"
+        }
+    )
+    with agent.client() as client:
+        jobs = [client.submit(["gpu.py"], workdir=root, gpus=1) for _ in range(2)]
+        infos = [j.wait(60) for j in jobs]
+        outputs = sorted(b"".join(j.logs()).decode().strip() for j in jobs)
+    assert outputs == ["0", "1"]
+    assert sorted(i.gpu_ids[0] for i in infos) == [0, 1]
+
+
+def test_agent_start_stop_status(make_agent, tmp_path):
+    agent = make_agent()
+    status = agent.cli("agent", "status", "--json")
+    info = json.loads(status.stdout)
+    assert info["running"] is True and info["pid"] == agent.pid and info["gpus"] == []
+    again = agent.cli("agent", "start")
+    assert again.returncode == 2 and "already runs" in again.stderr
+    stop = agent.cli("agent", "stop")
+    assert stop.returncode == 0 and f"agent {agent.pid} stopped" in stop.stderr
+    assert agent.cli("agent", "status").returncode == 1
+    assert not agent.paths.socket.exists()
+
+
+def test_first_command_starts_the_embedded_agent(tmp_path, project):
+    """With no agent running, `gpuhop run` starts one on demand and reuses it afterwards."""
+    from tests.conftest import Agent
+
+    root = project({"hi.py": "print('hi')\n"})
+    agent = Agent(tmp_path / "home", tmp_path / "cache", None)
+    try:
+        first = agent.cli("run", "hi.py", cwd=root)
+        assert (first.returncode, first.stdout) == (0, "hi\n"), first.stderr
+        pid = json.loads(agent.cli("agent", "status", "--json").stdout)["pid"]
+        second = agent.cli("run", "hi.py", cwd=root)
+        assert second.stdout == "hi\n"
+        assert json.loads(agent.cli("agent", "status", "--json").stdout)["pid"] == pid
+        assert os.stat(agent.paths.socket).st_mode & 0o777 == 0o600
+    finally:
+        agent.shutdown()

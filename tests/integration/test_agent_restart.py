@@ -1,0 +1,120 @@
+"""Jobs outlive their agent: kill the agent hard, start it again, nothing is lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+from tests.conftest import wait_until
+
+from gpuhop.api import JobState
+from gpuhop.client.embedded import start_background
+from gpuhop.home import read_pid
+
+WAITER = """
+import os, sys, time
+print("waiting", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.02)
+print("released", flush=True)
+sys.exit(5)
+"""
+
+
+def kill_agent_hard(agent) -> None:
+    os.kill(agent.pid, signal.SIGKILL)
+    wait_until(lambda: read_pid(agent.paths) is None, timeout=10)
+
+
+def test_running_job_survives_an_agent_sigkill(make_agent, project, tmp_path):
+    agent = make_agent()
+    root = project({"waiter.py": WAITER})
+    release = tmp_path / "release"
+    with agent.client() as client:
+        job = client.submit(["waiter.py", str(release)], workdir=root)
+        wait_until(lambda: b"waiting" in b"".join(job.logs()), timeout=30)
+        pid = job.refresh()
+    kill_agent_hard(agent)
+    agent.pid = start_background(agent.paths)
+    with agent.client() as client:
+        job = client.job(pid.id)
+        assert job.state == JobState.running
+        release.touch()
+        info = job.wait(timeout=30)
+        log = b"".join(job.logs()).decode()
+    assert (info.state, info.exit_code) == (JobState.failed, 5)
+    assert log == "waiting\nreleased\n"
+
+
+def test_job_that_ended_while_the_agent_was_down_is_recorded(make_agent, project, tmp_path):
+    agent = make_agent()
+    root = project({"waiter.py": WAITER})
+    release = tmp_path / "release"
+    with agent.client() as client:
+        job = client.submit(["waiter.py", str(release)], workdir=root)
+        wait_until(lambda: b"waiting" in b"".join(job.logs()), timeout=30)
+    kill_agent_hard(agent)
+    release.touch()
+    status = agent.home / "jobs" / job.id / "status.json"
+    wait_until(status.exists, timeout=30)
+    agent.pid = start_background(agent.paths)
+    with agent.client() as client:
+        info = client.job(job.id).wait(timeout=30)
+    assert (info.state, info.exit_code) == (JobState.failed, 5)
+
+
+def test_queued_jobs_start_after_a_restart_and_gpus_stay_single_owner(
+    make_agent, project, tmp_path
+):
+    agent = make_agent(fake_gpus=1)
+    root = project({"waiter.py": WAITER})
+    release = tmp_path / "release"
+    with agent.client() as client:
+        first = client.submit(["waiter.py", str(release)], workdir=root, gpus=1)
+        second = client.submit(["waiter.py", str(release)], workdir=root, gpus=1)
+        wait_until(lambda: first.refresh().state == JobState.running, timeout=30)
+        assert second.refresh().state == JobState.queued
+    kill_agent_hard(agent)
+    agent.pid = start_background(agent.paths, fake_gpus=1)
+    with agent.client() as client:
+        assert client.job(first.id).state == JobState.running
+        assert client.job(second.id).state == JobState.queued
+        assert [g.job_id for g in client.info().gpus] == [first.id]
+        release.touch()
+        a = client.job(first.id).wait(30)
+        b = client.job(second.id).wait(30)
+    assert a.exit_code == b.exit_code == 5
+    assert b.started_at >= a.ended_at
+
+
+def test_log_follower_resumes_across_an_agent_restart(make_agent, project, tmp_path):
+    agent = make_agent()
+    release = tmp_path / "release"
+    root = project(
+        {
+            "chatty.py": "import os, sys, time\n"
+            "i = 0\n"
+            "while not os.path.exists(sys.argv[1]):\n"
+            "    print(f'line {i}', flush=True); i += 1; time.sleep(0.002)\n"
+            "print('done', flush=True)\n"
+        }
+    )
+    received: list[bytes] = []
+    with agent.client() as client:
+        job = client.submit(["chatty.py", str(release)], workdir=root)
+        follower = threading.Thread(
+            target=lambda: received.extend(job.logs(follow=True)), daemon=True
+        )
+        follower.start()
+        wait_until(lambda: len(received) > 5, timeout=30)
+        kill_agent_hard(agent)
+        agent.pid = start_background(agent.paths)
+        wait_until(lambda: len(received) > 20, timeout=30)
+        release.touch()
+        follower.join(timeout=60)
+        assert not follower.is_alive()
+        on_disk = Path(agent.home / "jobs" / job.id / "output.log").read_bytes()
+    assert b"".join(received) == on_disk
+    assert on_disk.endswith(b"done\n")

@@ -1,0 +1,198 @@
+"""The agent's blob store fed real framed upload streams, split at awkward chunk boundaries."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from gpuhop.agent.blobs import BlobError, BlobStore
+from gpuhop.api.framing import FRAME_HEADER
+
+
+def digest_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def frame(data: bytes, claimed: bytes | None = None) -> bytes:
+    """One blob as it travels: header (raw sha256, size), then the content."""
+    raw = hashlib.sha256(data if claimed is None else claimed).digest()
+    return FRAME_HEADER.pack(raw, len(data)) + data
+
+
+async def chunked(stream: bytes, size: int) -> AsyncIterator[bytes]:
+    for i in range(0, len(stream), size):
+        yield stream[i : i + size]
+
+
+def receive(store: BlobStore, stream: bytes, chunk_size: int = 65536) -> tuple[int, int]:
+    return asyncio.run(store.receive(chunked(stream, chunk_size)))
+
+
+def files_under(directory: Path) -> list[Path]:
+    return sorted(p for p in directory.rglob("*") if p.is_file())
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> BlobStore:
+    (tmp_path / "blobs").mkdir()
+    (tmp_path / "tmp").mkdir()
+    return BlobStore(tmp_path / "blobs", tmp_path / "tmp")
+
+
+BLOBS = [b"hello world\n", b"", bytes(range(256)) * 300, b"x"]
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, FRAME_HEADER.size - 1, FRAME_HEADER.size + 1, 4096])
+def test_several_blobs_in_one_stream_at_any_chunking(store: BlobStore, chunk_size: int):
+    stream = b"".join(frame(b) for b in BLOBS)
+
+    stored, total = receive(store, stream, chunk_size)
+
+    assert (stored, total) == (len(BLOBS), sum(len(b) for b in BLOBS))
+    for data in BLOBS:
+        assert store.has(digest_of(data))
+        assert store.path(digest_of(data)).read_bytes() == data
+    assert len(files_under(store.root)) == len(BLOBS)
+    assert files_under(store.tmp) == []
+
+
+def test_stored_blobs_are_read_only_and_named_by_digest(store: BlobStore):
+    data = b"some content"
+    receive(store, frame(data))
+
+    path = store.path(digest_of(data))
+    assert path == store.root / digest_of(data)[:2] / digest_of(data)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o444
+
+
+def test_blob_whose_content_does_not_match_its_digest_is_rejected(store: BlobStore):
+    good, bad, after = b"first, fine", b"tampered", b"never reached"
+    stream = frame(good) + frame(bad, claimed=b"original") + frame(after)
+
+    with pytest.raises(BlobError, match=digest_of(b"original")):
+        receive(store, stream, chunk_size=5)
+
+    # What completed before the bad blob stays, so a retry uploads only the rest.
+    assert files_under(store.root) == [store.path(digest_of(good))]
+    assert not store.has(digest_of(b"original"))
+    assert not store.has(digest_of(bad))
+    assert files_under(store.tmp) == []
+
+
+FIRST, SECOND = b"complete", b"0123456789"
+
+
+@pytest.mark.parametrize(
+    "stream",
+    [
+        frame(FIRST) + frame(SECOND)[:-1],
+        frame(FIRST) + frame(SECOND)[: FRAME_HEADER.size],
+        frame(FIRST) + frame(SECOND)[: FRAME_HEADER.size - 10],
+    ],
+    ids=["inside-content", "after-header", "inside-header"],
+)
+def test_truncated_stream_is_rejected_and_leaves_nothing_half_written(
+    store: BlobStore, stream: bytes
+):
+    with pytest.raises(BlobError, match="upload ended inside"):
+        receive(store, stream, chunk_size=3)
+
+    assert files_under(store.root) == [store.path(digest_of(FIRST))]
+    assert files_under(store.tmp) == []
+
+
+def test_blob_over_the_size_limit_is_refused_before_it_is_written(tmp_path: Path):
+    for d in ("blobs", "tmp"):
+        (tmp_path / d).mkdir()
+    store = BlobStore(tmp_path / "blobs", tmp_path / "tmp", max_blob_size=10)
+
+    with pytest.raises(BlobError, match="over the limit"):
+        receive(store, frame(b"small") + frame(b"x" * 11))
+
+    assert store.has(digest_of(b"small"))
+    assert not store.has(digest_of(b"x" * 11))
+    assert files_under(store.tmp) == []
+
+
+def test_uploading_a_blob_again_keeps_the_stored_one(store: BlobStore):
+    data = b"same bytes"
+    receive(store, frame(data))
+    path = store.path(digest_of(data))
+    inode = path.stat().st_ino
+
+    receive(store, frame(data), chunk_size=2)
+
+    assert path.stat().st_ino == inode
+    assert path.read_bytes() == data
+    assert files_under(store.tmp) == []
+
+
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_upload_that_breaks_off_mid_blob_leaves_no_temp_file(store: BlobStore):
+    async def breaks_off() -> AsyncIterator[bytes]:
+        yield frame(b"a blob of some length")[: FRAME_HEADER.size + 4]
+        raise ConnectionResetError("client went away")
+
+    with pytest.raises(ConnectionResetError):
+        asyncio.run(store.receive(breaks_off()))
+
+    assert files_under(store.tmp) == []
+
+
+# -- missing() and copy_to() --------------------------------------------------------------------
+
+
+def test_missing_lists_unknown_digests_once_in_order(store: BlobStore):
+    have = b"stored"
+    receive(store, frame(have))
+    a, b = digest_of(b"a"), digest_of(b"b")
+
+    assert store.missing([b, digest_of(have), a, b, a]) == [b, a]
+    assert store.missing([digest_of(have)]) == []
+    assert store.missing([]) == []
+
+
+def test_missing_refuses_something_that_is_not_a_digest(store: BlobStore):
+    with pytest.raises(BlobError, match="not a sha256"):
+        store.missing(["../../etc/passwd"])
+
+
+def upload(store: BlobStore, data: bytes) -> str:
+    receive(store, frame(data))
+    return digest_of(data)
+
+
+@pytest.mark.parametrize(("executable", "mode"), [(False, 0o644), (True, 0o755)])
+def test_copy_to_gives_a_writable_copy_and_leaves_the_blob_alone(
+    store: BlobStore, tmp_path: Path, executable: bool, mode: int
+):
+    data = b"original content"
+    digest = upload(store, data)
+    dest = tmp_path / "work" / "file.py"
+    dest.parent.mkdir()
+
+    store.copy_to(digest, dest, executable=executable)
+
+    assert dest.read_bytes() == data
+    assert stat.S_IMODE(dest.stat().st_mode) == mode
+    with open(dest, "ab") as f:
+        f.write(b" + changed by the job")
+    assert dest.read_bytes() == data + b" + changed by the job"
+    blob = store.path(digest)
+    assert blob.read_bytes() == data
+    assert hashlib.sha256(blob.read_bytes()).hexdigest() == digest
+    assert stat.S_IMODE(blob.stat().st_mode) == 0o444
+    assert not os.path.samefile(blob, dest)
+
+
+def test_copy_to_of_an_unknown_blob_fails(store: BlobStore, tmp_path: Path):
+    with pytest.raises(FileNotFoundError):
+        store.copy_to(digest_of(b"never uploaded"), tmp_path / "dest")
+    assert not (tmp_path / "dest").exists()

@@ -1,0 +1,228 @@
+"""The job store on a real SQLite file: lookups, guarded state changes, GPUs in use."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuhop.agent.store import AmbiguousJob, JobNotFound, JobRecord, JobStore
+from gpuhop.api import JobState
+
+Q, S, R = JobState.queued, JobState.starting, JobState.running
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[JobStore]:
+    s = JobStore(tmp_path / "jobs.db")
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def new_job(
+    store: JobStore, now: float = 1000.0, name: str | None = None, gpus: int = 0
+) -> JobRecord:
+    return store.create(
+        command=["train.py", "--epochs", "3"],
+        env={"SEED": "1"},
+        gpus=gpus,
+        priority=2,
+        name=name,
+        now=now,
+    )
+
+
+def test_create_then_get_round_trips_every_field(store: JobStore):
+    created = new_job(store, now=1234.5, name="train", gpus=2)
+
+    got = store.get(created.id)
+
+    assert got == created
+    assert len(got.id) == 8 and int(got.id, 16) >= 0
+    assert (got.name, got.state, got.command, got.env) == (
+        "train",
+        JobState.queued,
+        ["train.py", "--epochs", "3"],
+        {"SEED": "1"},
+    )
+    assert (got.gpus, got.priority, got.gpu_ids, got.attempt, got.created_at) == (
+        2,
+        2,
+        [],
+        1,
+        1234.5,
+    )
+    assert (got.pid, got.started_at, got.ended_at, got.cancel_requested) == (
+        None,
+        None,
+        None,
+        False,
+    )
+
+
+def test_jobs_survive_reopening_the_database(tmp_path: Path):
+    first = JobStore(tmp_path / "jobs.db")
+    try:
+        job = new_job(first, name="persist")
+        assert first.transition(job.id, [Q], S, gpu_ids=[1])
+    finally:
+        first.close()
+    second = JobStore(tmp_path / "jobs.db")
+    try:
+        again = second.get(job.id)
+        assert (again.name, again.state, again.gpu_ids) == ("persist", S, [1])
+    finally:
+        second.close()
+
+
+def test_get_unknown_id_raises(store: JobStore):
+    with pytest.raises(JobNotFound):
+        store.get("deadbeef")
+
+
+# -- resolve ----------------------------------------------------------------------------------
+
+
+def test_resolve_by_full_id_and_by_unique_prefix(store: JobStore):
+    jobs = [new_job(store, now=float(i)) for i in range(3)]
+    target = jobs[1]
+
+    assert store.resolve(target.id).id == target.id
+    # The shortest prefix no other job shares.
+    for n in range(1, 9):
+        prefix = target.id[:n]
+        if sum(j.id.startswith(prefix) for j in jobs) == 1:
+            break
+    assert store.resolve(prefix).id == target.id
+    assert store.resolve(prefix.upper()).id == target.id
+
+
+def test_ambiguous_prefix_lists_every_match(store: JobStore):
+    # 17 ids over 16 hex digits: at least two share a first character.
+    jobs = [new_job(store, now=float(i)) for i in range(17)]
+    first_chars = [j.id[0] for j in jobs]
+    shared = next(c for c in first_chars if first_chars.count(c) >= 2)
+
+    with pytest.raises(AmbiguousJob) as exc:
+        store.resolve(shared)
+
+    assert exc.value.ref == shared
+    # Oldest first, like the jobs were created.
+    assert exc.value.matches == [j.id for j in jobs if j.id.startswith(shared)]
+
+
+def test_resolve_by_name_picks_the_newest_job_of_that_name(store: JobStore):
+    new_job(store, now=10.0, name="train")
+    newest = new_job(store, now=30.0, name="train")
+    new_job(store, now=20.0, name="train")
+    new_job(store, now=40.0, name="eval")
+
+    assert store.resolve("train").id == newest.id
+
+
+def test_resolve_unknown_reference_raises(store: JobStore):
+    new_job(store, name="train")
+    with pytest.raises(JobNotFound):
+        store.resolve("nope")
+    with pytest.raises(JobNotFound):
+        store.resolve("Train")
+
+
+# -- transitions --------------------------------------------------------------------------------
+
+
+def test_transition_from_an_allowed_state_moves_and_sets_fields(store: JobStore):
+    job = new_job(store, gpus=2)
+
+    assert store.transition(job.id, [Q], S, gpu_ids=[2, 3]) is True
+    assert store.transition(job.id, [S], R, pid=4242, pid_start="99", started_at=5.0) is True
+
+    got = store.get(job.id)
+    assert (got.state, got.gpu_ids, got.pid, got.pid_start, got.started_at) == (
+        R,
+        [2, 3],
+        4242,
+        "99",
+        5.0,
+    )
+
+
+def test_transition_from_another_state_changes_nothing(store: JobStore):
+    job = new_job(store)
+
+    assert store.transition(job.id, [S, R], JobState.succeeded, exit_code=0) is False
+
+    assert store.get(job.id) == job
+
+
+def test_finished_job_cannot_be_moved_again(store: JobStore):
+    job = new_job(store)
+    assert store.transition(job.id, [Q], JobState.cancelled, reason="by user")
+
+    assert store.transition(job.id, [Q], S) is False
+    assert store.get(job.id).state == JobState.cancelled
+
+
+def test_transition_of_an_unknown_job_is_false(store: JobStore):
+    assert store.transition("00000000", [Q], S) is False
+
+
+def test_transition_refuses_unknown_fields(store: JobStore):
+    job = new_job(store)
+    with pytest.raises(ValueError, match="name"):
+        store.transition(job.id, [Q], S, name="renamed")
+    assert store.get(job.id) == job
+
+
+# -- gpus_in_use, update ------------------------------------------------------------------------
+
+
+def test_gpus_in_use_counts_only_starting_and_running_jobs(store: JobStore):
+    starting, running, done, requeued, queued = (new_job(store, gpus=1) for _ in range(5))
+    store.transition(starting.id, [Q], S, gpu_ids=[0, 1])
+    store.transition(running.id, [Q], S, gpu_ids=[2])
+    store.transition(running.id, [S], R)
+    store.transition(done.id, [Q], S, gpu_ids=[3])
+    store.transition(done.id, [S], R)
+    store.transition(done.id, [R], JobState.failed)
+    store.transition(requeued.id, [Q], S, gpu_ids=[4])
+    store.transition(requeued.id, [S], Q)  # keeps gpu_ids, but holds nothing while queued
+
+    assert store.gpus_in_use() == {0: starting.id, 1: starting.id, 2: running.id}
+    assert store.get(queued.id).state == Q
+
+
+def test_update_sets_non_state_fields(store: JobStore):
+    job = new_job(store)
+
+    store.update(job.id, pid=77, cancel_requested=1, reason="asked")
+
+    got = store.get(job.id)
+    assert (got.pid, got.cancel_requested, got.reason, got.state) == (77, True, "asked", Q)
+
+
+@pytest.mark.parametrize("field", ["state", "id", "name", "command", "env", "no_such_field"])
+def test_update_refuses_unknown_fields(store: JobStore, field: str):
+    job = new_job(store)
+    with pytest.raises(ValueError, match=field):
+        store.update(job.id, pid=1, **{field: "x"})
+    assert store.get(job.id) == job
+
+
+def test_update_can_set_gpu_ids(store: JobStore):
+    job = new_job(store)
+    store.update(job.id, gpu_ids=[0, 1])
+    assert store.get(job.id).gpu_ids == [0, 1]
+
+
+def test_list_filters_by_state_newest_first(store: JobStore):
+    old, mid, new = (new_job(store, now=t) for t in (1.0, 2.0, 3.0))
+    store.transition(mid.id, [Q], S)
+
+    assert [j.id for j in store.list()] == [new.id, mid.id, old.id]
+    assert [j.id for j in store.list([Q])] == [new.id, old.id]
+    assert [j.id for j in store.list([Q], limit=1)] == [new.id]
+    assert (store.count(Q), store.count(S), store.count(R)) == (2, 1, 0)

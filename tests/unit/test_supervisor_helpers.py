@@ -1,0 +1,194 @@
+"""The supervisor's pure parts: how a command becomes an argv and what environment a job gets."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuhop.agent.store import JobRecord
+from gpuhop.agent.supervisor import StartError, job_environment, resolve_command
+from gpuhop.api import JobState
+from gpuhop.home import JobPaths
+
+PYTHON = "/opt/agent/python"
+
+
+def make_executable(path: Path, text: str = "#!/bin/sh\nexit 0\n") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.chmod(path, 0o755)
+    return path
+
+
+# -- resolve_command --------------------------------------------------------------------------
+
+
+def test_python_script_in_the_work_dir_runs_with_the_agent_python(tmp_path: Path):
+    (tmp_path / "train.py").write_text("")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "eval.py").write_text("")
+
+    assert resolve_command(["train.py", "--lr", "0.1"], tmp_path, "", PYTHON) == [
+        PYTHON,
+        "train.py",
+        "--lr",
+        "0.1",
+    ]
+    assert resolve_command(["pkg/eval.py"], tmp_path, "", PYTHON) == [PYTHON, "pkg/eval.py"]
+
+
+def test_missing_script_is_a_start_error_naming_it(tmp_path: Path):
+    with pytest.raises(StartError, match=r"script train\.py is not in the job's work dir"):
+        resolve_command(["train.py"], tmp_path, "/usr/bin", PYTHON)
+
+
+def test_directory_named_like_a_script_is_not_a_script(tmp_path: Path):
+    (tmp_path / "odd.py").mkdir()
+    with pytest.raises(StartError, match=r"odd\.py"):
+        resolve_command(["odd.py"], tmp_path, "", PYTHON)
+
+
+def test_relative_executable_in_the_work_dir_resolves_to_its_full_path(tmp_path: Path):
+    tool = make_executable(tmp_path / "bin" / "run.sh")
+
+    assert resolve_command(["bin/run.sh", "x"], tmp_path, "", PYTHON) == [str(tool), "x"]
+    assert resolve_command(["./bin/run.sh"], tmp_path, "", PYTHON) == [
+        str(tmp_path / "./bin/run.sh")
+    ]
+
+
+def test_absolute_executable_is_used_as_given(tmp_path: Path):
+    assert resolve_command([sys.executable, "-c", "pass"], tmp_path, "", PYTHON) == [
+        sys.executable,
+        "-c",
+        "pass",
+    ]
+
+
+@pytest.mark.parametrize("mode", [0o644, None], ids=["not-executable", "missing"])
+def test_path_that_is_not_an_executable_file_is_a_start_error(tmp_path: Path, mode: int | None):
+    target = tmp_path / "bin" / "tool"
+    if mode is not None:
+        target.parent.mkdir()
+        target.write_text("")
+        os.chmod(target, mode)
+
+    with pytest.raises(StartError, match=r"bin/tool is not an executable file"):
+        resolve_command(["bin/tool"], tmp_path, "", PYTHON)
+
+
+def test_bare_program_is_looked_up_on_the_given_path(tmp_path: Path):
+    first = make_executable(tmp_path / "first" / "mytool")
+    make_executable(tmp_path / "second" / "mytool")
+    path_env = os.pathsep.join(
+        [str(tmp_path / "empty"), str(first.parent), str(tmp_path / "second")]
+    )
+
+    assert resolve_command(["mytool", "-v"], tmp_path / "work", path_env, PYTHON) == [
+        str(first),
+        "-v",
+    ]
+
+
+def test_unknown_program_is_a_start_error_naming_it(tmp_path: Path):
+    with pytest.raises(StartError, match=r"command 'no-such-prog' was not found.*PATH=/nowhere"):
+        resolve_command(["no-such-prog"], tmp_path, "/nowhere", PYTHON)
+
+
+# -- job_environment --------------------------------------------------------------------------
+
+
+def record(gpu_ids: list[int], env: dict[str, str] | None = None, attempt: int = 1) -> JobRecord:
+    return JobRecord(
+        id="ab12cd34",
+        name="train",
+        state=JobState.starting,
+        command=["train.py"],
+        env=env or {},
+        gpus=len(gpu_ids),
+        priority=0,
+        gpu_ids=gpu_ids,
+        attempt=attempt,
+        created_at=0.0,
+    )
+
+
+JP = JobPaths(Path("/home/agent/jobs/ab12cd34"))
+BASE = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/home/agent",
+    "TF_CONFIG": '{"cluster": {}}',
+    "CUDA_VISIBLE_DEVICES": "3",
+    "GPUHOP_HOME": "/home/agent",
+    "GPUHOP_REMOTE": "1",
+    "GPUHOP_STRAY": "leaked",
+}
+
+
+def test_contract_variables_for_a_cpu_job():
+    env = job_environment(record([], attempt=2), JP, BASE)
+
+    assert env["GPUHOP_JOB_ID"] == "ab12cd34"
+    assert env["GPUHOP_ATTEMPT"] == "2"
+    assert env["GPUHOP_ARTIFACTS_DIR"] == "/home/agent/jobs/ab12cd34/artifacts"
+    assert env["GPUHOP_CHECKPOINT_DIR"] == "/home/agent/jobs/ab12cd34/checkpoints"
+    assert env["GPUHOP_METRICS_FILE"] == "/home/agent/jobs/ab12cd34/metrics.jsonl"
+    # Set but empty: TensorFlow then sees no GPU at all, rather than every GPU.
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_gpu_job_sees_exactly_its_gpus():
+    assert job_environment(record([0, 1]), JP, BASE)["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert job_environment(record([5]), JP, BASE)["CUDA_VISIBLE_DEVICES"] == "5"
+
+
+def test_agent_only_variables_are_scrubbed_and_the_rest_kept():
+    env = job_environment(record([]), JP, BASE)
+
+    assert "TF_CONFIG" not in env
+    assert not {k for k in env if k.startswith("GPUHOP_")} - {
+        "GPUHOP_JOB_ID",
+        "GPUHOP_ATTEMPT",
+        "GPUHOP_ARTIFACTS_DIR",
+        "GPUHOP_CHECKPOINT_DIR",
+        "GPUHOP_METRICS_FILE",
+    }
+    assert (env["PATH"], env["HOME"]) == ("/usr/bin:/bin", "/home/agent")
+    # The caller's dict is not modified.
+    assert BASE["GPUHOP_STRAY"] == "leaked"
+
+
+def test_defaults_apply_only_where_nothing_else_says_otherwise():
+    assert job_environment(record([]), JP, {})["PYTHONUNBUFFERED"] == "1"
+    assert job_environment(record([]), JP, {})["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+
+    host_says = job_environment(record([]), JP, {"TF_FORCE_GPU_ALLOW_GROWTH": "false"})
+    assert host_says["TF_FORCE_GPU_ALLOW_GROWTH"] == "false"
+
+    job_says = job_environment(record([], env={"PYTHONUNBUFFERED": "0"}), JP, {})
+    assert job_says["PYTHONUNBUFFERED"] == "0"
+
+
+def test_user_variables_apply_but_cannot_override_the_contract():
+    job = record([1], env={"SEED": "7", "PATH": "/custom", "GPUHOP_JOB_ID": "forged"})
+
+    env = job_environment(job, JP, BASE)
+
+    assert (env["SEED"], env["PATH"]) == ("7", "/custom")
+    assert env["GPUHOP_JOB_ID"] == "ab12cd34"
+    assert env["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_without_a_base_the_agent_environment_is_used(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("FROM_THE_AGENT", "yes")
+    monkeypatch.setenv("GPUHOP_HOME", "/secret")
+    monkeypatch.setenv("TF_CONFIG", "{}")
+
+    env = job_environment(record([]), JP)
+
+    assert env["FROM_THE_AGENT"] == "yes"
+    assert "GPUHOP_HOME" not in env
+    assert "TF_CONFIG" not in env
