@@ -55,6 +55,10 @@ class AgentPaths:
         return self.home / "tmp"
 
     @property
+    def trees(self) -> Path:
+        return self.home / "trees"
+
+    @property
     def jobs(self) -> Path:
         return self.home / "jobs"
 
@@ -65,7 +69,7 @@ class AgentPaths:
         """Create the state dir (0700) and its subdirectories."""
         self.home.mkdir(parents=True, exist_ok=True)
         os.chmod(self.home, 0o700)
-        for sub in (self.blobs, self.tmp, self.jobs):
+        for sub in (self.blobs, self.trees, self.tmp, self.jobs):
             sub.mkdir(exist_ok=True)
         if len(os.fsencode(self.socket)) > MAX_SOCKET_PATH:
             raise ValueError(
@@ -101,8 +105,9 @@ class JobPaths:
         return self.root / "checkpoints"
 
     @property
-    def manifest(self) -> Path:
-        return self.root / "manifest.json"
+    def tree(self) -> Path:
+        """The job's own copy of its work-dir tree."""
+        return self.root / "tree.json"
 
     @property
     def status(self) -> Path:

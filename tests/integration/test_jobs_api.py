@@ -212,45 +212,59 @@ class TestBadInput:
             ("a\\b.py", "backslash"),
         ],
     )
-    def test_hostile_manifest_paths(self, shared_agent, path, words):
+    def test_hostile_tree_paths(self, shared_agent, path, words):
         entry = {"path": path, "digest": "0" * 64, "size": 1}
+        before = sorted((shared_agent.home / "trees").iterdir())
         with raw(shared_agent) as http:
-            r = http.post("/v1/jobs", json={"command": ["true"], "manifest": [entry]})
+            r = http.post("/v1/trees", json={"entries": [entry]})
         assert r.status_code == 422
         body = r.json()
         assert body["code"] == "bad_request" and words in body["message"]
-        assert "manifest.0.path" in body["message"]
+        assert "entries.0.path" in body["message"]
+        assert sorted((shared_agent.home / "trees").iterdir()) == before
 
     def test_duplicate_and_conflicting_paths(self, shared_agent):
         d = "0" * 64
         with raw(shared_agent) as http:
             dup = http.post(
-                "/v1/jobs",
-                json={"command": ["true"], "manifest": [{"path": "a", "digest": d, "size": 1}] * 2},
+                "/v1/trees", json={"entries": [{"path": "a", "digest": d, "size": 1}] * 2}
             )
             conflict = http.post(
-                "/v1/jobs",
+                "/v1/trees",
                 json={
-                    "command": ["true"],
-                    "manifest": [
+                    "entries": [
                         {"path": "a", "digest": d, "size": 1},
                         {"path": "a/b", "digest": d, "size": 1},
                     ],
                 },
             )
         assert dup.status_code == 400 and "lists a twice" in dup.json()["message"]
-        assert (
-            conflict.status_code == 400
-            and "both a file and a directory" in conflict.json()["message"]
-        )
+        assert conflict.status_code == 400
+        assert "both a file and a directory" in conflict.json()["message"]
 
-    def test_manifest_naming_blobs_never_uploaded(self, shared_agent):
+    def test_tree_naming_blobs_never_uploaded(self, shared_agent):
         entry = {"path": "x.py", "digest": "ab" * 32, "size": 3}
         with raw(shared_agent) as http:
-            r = http.post("/v1/jobs", json={"command": ["x.py"], "manifest": [entry]})
+            r = http.post("/v1/trees", json={"entries": [entry]})
         assert r.status_code == 409
         assert r.json()["code"] == "missing_blobs"
         assert r.json()["detail"] == {"missing": ["ab" * 32]}
+
+    def test_job_naming_an_unknown_tree(self, shared_agent):
+        with raw(shared_agent) as http:
+            r = http.post("/v1/jobs", json={"command": ["x.py"], "tree": "cd" * 32})
+        assert r.status_code == 409 and r.json()["code"] == "missing_tree"
+
+    def test_oversized_tree(self, shared_agent):
+        from gpuhop.agent.routers.trees import MAX_TREE_BYTES
+
+        with raw(shared_agent) as http:
+            r = http.post(
+                "/v1/trees",
+                content=b"[" + b" " * (MAX_TREE_BYTES + 1),
+                headers={"content-type": "application/json"},
+            )
+        assert r.status_code == 413 and r.json()["code"] == "too_large"
 
     def test_unknown_fields_and_malformed_json(self, shared_agent):
         with raw(shared_agent) as http:

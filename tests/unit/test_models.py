@@ -8,7 +8,7 @@ import random
 import pytest
 from pydantic import ValidationError
 
-from gpuhop.api import BlobCheck, ManifestEntry, SubmitRequest, validate_relpath
+from gpuhop.api import BlobCheck, ManifestEntry, SubmitRequest, Tree, validate_relpath
 
 DIGEST = "0123456789abcdef" * 4
 
@@ -88,7 +88,7 @@ def submit(**fields: object) -> SubmitRequest:
 def test_minimal_submit_gets_defaults():
     req = submit()
     assert req.command == ["train.py"]
-    assert (req.name, req.gpus, req.priority, req.env, req.manifest) == (None, 0, 0, {}, [])
+    assert (req.name, req.gpus, req.priority, req.env, req.tree) == (None, 0, 0, {}, None)
 
 
 def test_submit_rejects_unknown_fields():
@@ -148,12 +148,18 @@ def test_submit_rejects_out_of_range_numbers(field: str, value: int):
         submit(**{field: value})
 
 
-def test_submit_checks_every_manifest_entry():
+def test_tree_checks_every_entry():
     good = {"path": "a.py", "digest": DIGEST, "size": 1}
     bad = {"path": "../etc/passwd", "digest": DIGEST, "size": 1}
-    assert submit(manifest=[good]).manifest[0].path == "a.py"
-    with pytest.raises(ValidationError, match="manifest"):
-        submit(manifest=[good, bad])
+    assert Tree(entries=[good]).entries[0].path == "a.py"
+    with pytest.raises(ValidationError, match=r"entries\.1\.path"):
+        Tree(entries=[good, bad])
+
+
+def test_submit_names_its_tree_by_digest():
+    assert submit(tree=DIGEST).tree == DIGEST
+    with pytest.raises(ValidationError, match="tree"):
+        submit(tree="not-a-digest")
 
 
 # -- ManifestEntry and BlobCheck ---------------------------------------------------------------

@@ -385,3 +385,45 @@ def test_scan_with_a_corrupt_cache_rehashes_and_repairs_it(tmp_path: Path, settl
 
     assert (first.hashed, second.hashed) == (1, 0)
     assert first.files[0].digest == sha256("a")
+
+
+# -- the directory listing cache ---------------------------------------------------------------
+
+
+def test_unchanged_directories_are_not_listed_again(tmp_path: Path, settled_clock, monkeypatch):
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    make_tree(work, {"a/x.txt": "x", "a/b/y.txt": "y", ".gitignore": "*.log\n"})
+    age_all(work)
+    first = scan(work, cache)
+    listed: list[Path] = []
+    real_list_dir = sync._list_dir
+
+    def counting(directory, *args):
+        listed.append(directory)
+        return real_list_dir(directory, *args)
+
+    monkeypatch.setattr(sync, "_list_dir", counting)
+    second = scan(work, cache)
+    assert listed == []
+    assert paths(second) == paths(first) == [".gitignore", "a/b/y.txt", "a/x.txt"]
+
+
+def test_added_and_removed_files_are_seen_through_the_listing_cache(tmp_path, settled_clock):
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    make_tree(work, {"a/x.txt": "x", "a/b/y.txt": "y"})
+    age_all(work)
+    scan(work, cache)
+    (work / "a" / "b" / "new.txt").write_text("new")
+    (work / "a" / "x.txt").unlink()
+    assert paths(scan(work, cache)) == ["a/b/new.txt", "a/b/y.txt"]
+
+
+def test_editing_a_parent_ignore_file_relists_the_directories_below(tmp_path, settled_clock):
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    make_tree(work, {"a/b/keep.txt": "k", "a/b/drop.bin": "d", "a/.gitignore": ""})
+    age_all(work)
+    assert paths(scan(work, cache)) == ["a/.gitignore", "a/b/drop.bin", "a/b/keep.txt"]
+    # Rewriting a file leaves its directory's mtime alone: only the rules key can tell.
+    (work / "a" / ".gitignore").write_text("*.bin\n")
+    age_all(work)
+    assert paths(scan(work, cache)) == ["a/.gitignore", "a/b/keep.txt"]

@@ -12,6 +12,7 @@ from gpuhop.agent.blobs import BlobStore
 from gpuhop.agent.scheduler import Pending, plan
 from gpuhop.agent.store import JobStore
 from gpuhop.agent.supervisor import Supervisor
+from gpuhop.agent.trees import TreeStore
 from gpuhop.api import GpuInfo, JobState
 from gpuhop.home import AgentPaths
 
@@ -30,6 +31,7 @@ class AgentContext:
         self.pid = os.getpid()
         self.store = JobStore(paths.db)
         self.blobs = BlobStore(paths.blobs, paths.tmp)
+        self.trees = TreeStore(paths.trees, paths.tmp, self.blobs)
         self.supervisor = Supervisor(paths, self.store, self.blobs, on_change=self.wake)
         self._launcher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="launch")
         self._loop: asyncio.AbstractEventLoop | None = None

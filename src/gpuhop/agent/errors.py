@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from gpuhop.api import ErrorCode
 
 
@@ -18,6 +21,17 @@ class ApiError(Exception):
         self.code = code
         self.message = message
         self.detail = detail
+
+
+def describe_errors(errors: Sequence[Any]) -> str:
+    """pydantic's validation errors in one line a person can act on."""
+    parts = []
+    for err in errors[:5]:
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}" if where else msg)
+    more = len(errors) - 5
+    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
 
 
 def not_found(what: str) -> ApiError:

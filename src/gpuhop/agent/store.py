@@ -137,11 +137,14 @@ class JobStore:
         priority: int,
         name: str | None,
         now: float | None = None,
+        job_id: str | None = None,
     ) -> JobRecord:
+        """Insert a queued job. With `job_id`, that id is used (and must be new)."""
         now = time.time() if now is None else now
+        chosen = job_id
         with self._lock:
             while True:
-                job_id = secrets.token_hex(4)
+                job_id = chosen or secrets.token_hex(4)
                 try:
                     self._db.execute(
                         "INSERT INTO jobs (id, name, state, command, env, gpus, priority,"
@@ -159,6 +162,8 @@ class JobStore:
                     )
                     break
                 except sqlite3.IntegrityError:
+                    if chosen:
+                        raise
                     continue  # id collision: draw again
         return self.get(job_id)
 

@@ -146,7 +146,11 @@ class Supervisor:
         self.on_change()
 
     def _materialise(self, jp: JobPaths) -> None:
-        entries = [ManifestEntry(**e) for e in json.loads(jp.manifest.read_text())]
+        entries = (
+            [ManifestEntry(**e) for e in json.loads(jp.tree.read_bytes())["entries"]]
+            if jp.tree.exists()
+            else []
+        )
         for d in (jp.work, jp.artifacts, jp.checkpoints):
             d.mkdir(parents=True, exist_ok=True)
         work = jp.work.resolve()

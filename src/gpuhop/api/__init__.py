@@ -14,6 +14,8 @@ from gpuhop.api.models import (
     JobState,
     ManifestEntry,
     SubmitRequest,
+    Tree,
+    TreeStored,
     validate_relpath,
 )
 
@@ -29,5 +31,7 @@ __all__ = [
     "JobState",
     "ManifestEntry",
     "SubmitRequest",
+    "Tree",
+    "TreeStored",
     "validate_relpath",
 ]

@@ -2,7 +2,7 @@
 
 from enum import StrEnum
 
-from pydantic import BaseModel
+from gpuhop.api.base import WireModel
 
 
 class ErrorCode(StrEnum):
@@ -10,6 +10,7 @@ class ErrorCode(StrEnum):
     bad_path = "bad_path"
     bad_blob = "bad_blob"
     missing_blobs = "missing_blobs"
+    missing_tree = "missing_tree"
     not_found = "not_found"
     ambiguous = "ambiguous"
     conflict = "conflict"
@@ -18,7 +19,7 @@ class ErrorCode(StrEnum):
     internal = "internal"
 
 
-class ErrorBody(BaseModel):
+class ErrorBody(WireModel):
     code: ErrorCode
     message: str
     # Extra machine-readable detail, e.g. the digests that are missing.

@@ -6,7 +6,9 @@ import re
 from datetime import datetime
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from gpuhop.api.base import StrictModel, WireModel
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}\Z")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
@@ -53,10 +55,6 @@ TERMINAL_STATES = frozenset(
 )
 
 
-class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
 class ManifestEntry(StrictModel):
     path: str
     digest: str
@@ -76,15 +74,36 @@ class ManifestEntry(StrictModel):
         return v
 
 
+class Tree(StrictModel):
+    """A work dir: every file's path and content digest. Its own id is the sha256 of the
+    exact bytes uploaded, so an unchanged project is named, not sent, on its next run."""
+
+    entries: list[ManifestEntry] = Field(max_length=MAX_MANIFEST_FILES)
+
+
+class TreeStored(WireModel):
+    digest: str
+    files: int
+    bytes: int
+
+
 class SubmitRequest(StrictModel):
     """What `gpuhop run` asks for. `command[0]` ending in `.py` runs with the agent's Python."""
 
     command: list[str] = Field(min_length=1, max_length=4096)
-    manifest: list[ManifestEntry] = Field(default_factory=list, max_length=MAX_MANIFEST_FILES)
+    # The digest of the job's work-dir tree (see `Tree`), or None for an empty work dir.
+    tree: str | None = None
     name: str | None = None
     gpus: int = Field(default=0, ge=0, le=1024)
     env: dict[str, str] = Field(default_factory=dict)
     priority: int = Field(default=0, ge=-100, le=100)
+
+    @field_validator("tree")
+    @classmethod
+    def _tree(cls, v: str | None) -> str | None:
+        if v is not None and not SHA256_RE.match(v):
+            raise ValueError("tree must be a sha256 hex digest")
+        return v
 
     @field_validator("name")
     @classmethod
@@ -116,7 +135,7 @@ class SubmitRequest(StrictModel):
         return v
 
 
-class JobInfo(BaseModel):
+class JobInfo(WireModel):
     id: str
     name: str | None
     state: JobState
@@ -148,24 +167,24 @@ class BlobCheck(StrictModel):
         return v
 
 
-class BlobCheckResult(BaseModel):
+class BlobCheckResult(WireModel):
     missing: list[str]
 
 
-class ArtifactEntry(BaseModel):
+class ArtifactEntry(WireModel):
     path: str
     size: int
     mtime: float
 
 
-class GpuInfo(BaseModel):
+class GpuInfo(WireModel):
     index: int
     name: str
     memory_mb: int
     job_id: str | None = None
 
 
-class AgentInfo(BaseModel):
+class AgentInfo(WireModel):
     version: str
     pid: int
     home: str

@@ -9,6 +9,8 @@ job.pull("out/")
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shlex
 import time
@@ -24,7 +26,6 @@ from gpuhop.api import (
     ErrorBody,
     JobInfo,
     JobState,
-    ManifestEntry,
     SubmitRequest,
     validate_relpath,
 )
@@ -137,29 +138,39 @@ class Client:
                 " defaults; un-ignore it (a '!' line in .gpuhopignore) to run it",
                 code="bad_request",
             )
-        uploaded = self.upload(result.files, on_upload)
-        request = SubmitRequest(
-            command=argv,
-            manifest=[
-                ManifestEntry(path=f.path, digest=f.digest, size=f.size, executable=f.executable)
-                for f in result.files
-            ],
-            name=name,
-            gpus=gpus,
-            env=dict(env or {}),
-            priority=priority,
-        )
-        body = request.model_dump(mode="json")
+        tree_bytes, tree = tree_of(result.files)
+        body = SubmitRequest(
+            command=argv, tree=tree, name=name, gpus=gpus, env=dict(env or {}), priority=priority
+        ).model_dump(mode="json")
+        sent = (0, 0)
         try:
             response = self._request("POST", "/v1/jobs", json=body)
         except GpuhopError as e:
+            if e.code != "missing_tree":
+                raise
+            # A new or changed tree: send the files the agent lacks, then the tree, then
+            # ask again. An unchanged tree skips all of this.
+            sent = self.upload(result.files, on_upload)
+            self._send_tree(tree_bytes, result.files, on_upload)
+            response = self._request("POST", "/v1/jobs", json=body)
+        self.last_sync = SyncStats(result, *sent)
+        return Job(self, JobInfo.model_validate(response.json()))
+
+    def _send_tree(
+        self,
+        tree_bytes: bytes,
+        files: list[FileEntry],
+        on_upload: Callable[[int, int], None] | None,
+    ) -> None:
+        headers = {"content-type": "application/json"}
+        try:
+            self._request("POST", "/v1/trees", content=tree_bytes, headers=headers)
+        except GpuhopError as e:
             if e.code != "missing_blobs":
                 raise
-            # Blobs vanished between upload and submit (garbage collection): send them again.
-            self.upload(result.files, on_upload)
-            response = self._request("POST", "/v1/jobs", json=body)
-        self.last_sync = SyncStats(result, *uploaded)
-        return Job(self, JobInfo.model_validate(response.json()))
+            # Blobs vanished since they were checked (garbage collection): once more.
+            self.upload(files, on_upload)
+            self._request("POST", "/v1/trees", content=tree_bytes, headers=headers)
 
     def _scan(self, root: Path, on_hash: Progress | None) -> ScanResult:
         try:
@@ -406,6 +417,16 @@ def _script_in_workdir(head: str, root: Path) -> str:
             f"{head} is outside the work dir {root}; run gpuhop from a directory that contains it",
             code="bad_request",
         ) from None
+
+
+def tree_of(files: list[FileEntry]) -> tuple[bytes, str]:
+    """The tree (see `gpuhop.api.Tree`) of a scanned work dir: its bytes and its digest."""
+    entries = [
+        {"path": f.path, "digest": f.digest, "size": f.size, "executable": f.executable}
+        for f in files
+    ]
+    raw = json.dumps({"entries": entries}, separators=(",", ":")).encode()
+    return raw, hashlib.sha256(raw).hexdigest()
 
 
 def _batches(files: list[FileEntry], limit: int) -> Iterator[list[FileEntry]]:

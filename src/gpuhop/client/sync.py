@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import marshal
 import os
+import re
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -37,7 +38,9 @@ DEFAULT_IGNORES = (
     "gpuhop-artifacts/",
 )
 RACY_WINDOW_NS = 2_000_000_000
-CACHE_VERSION = 1
+CACHE_VERSION = 2
+# Kinds of kept directory entries in a cached listing.
+FILE, DIR, LINKED_DIR = 0, 1, 2
 
 
 class SyncError(Exception):
@@ -71,19 +74,27 @@ def hash_file(path: str | os.PathLike[str]) -> str:
 
 
 class HashCache:
-    """relpath -> (size, mtime_ns, ctime_ns, inode, digest), stored with marshal."""
+    """What the last scan learned, stored with marshal:
+
+    - `entries`: relpath -> (size, mtime_ns, ctime_ns, inode, digest) for each file;
+    - `listings`: dir relpath -> (mtime_ns, inode, ignore-rules key, [(name, kind)]), the
+      directory's entries that survived the ignore rules. A directory whose mtime and rules
+      are unchanged has the same entries, so it is not listed or matched again.
+    """
 
     def __init__(self, path: Path | None):
         self.path = path
         self.entries: dict[str, tuple[int, int, int, int, str]] = {}
+        self.listings: dict[str, tuple[int, int, str, list[tuple[str, int]]]] = {}
         self.dirty = False
         if path is not None:
             try:
                 data = marshal.loads(path.read_bytes())
                 if isinstance(data, dict) and data.get("version") == CACHE_VERSION:
                     self.entries = data["entries"]
+                    self.listings = data["listings"]
             except (OSError, ValueError, EOFError, TypeError, KeyError):
-                self.entries = {}
+                self.entries, self.listings = {}, {}
 
     @staticmethod
     def key(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -101,6 +112,11 @@ class HashCache:
         self.entries[rel] = (*self.key(st), digest)
         self.dirty = True
 
+    def replace_listings(self, listings: dict[str, tuple[int, int, str, list[tuple[str, int]]]]):
+        if listings != self.listings:
+            self.listings = listings
+            self.dirty = True
+
     def prune(self, keep: set[str]) -> None:
         stale = self.entries.keys() - keep
         for rel in stale:
@@ -112,7 +128,8 @@ class HashCache:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_bytes(marshal.dumps({"version": CACHE_VERSION, "entries": self.entries}))
+        data = {"version": CACHE_VERSION, "entries": self.entries, "listings": self.listings}
+        tmp.write_bytes(marshal.dumps(data))
         os.replace(tmp, self.path)
         self.dirty = False
 
@@ -122,86 +139,179 @@ def cache_path_for(cache_dir: Path, root: Path) -> Path:
     return cache_dir / "hashes" / f"{key}.marshal"
 
 
-class IgnoreRules:
-    """The ignore specs in force in one directory: (dir prefix, spec), outermost first."""
+class IgnoreLayer:
+    """One ignore file's patterns, for paths relative to its directory.
 
-    def __init__(self, layers: tuple[tuple[str, pathspec.PathSpec], ...]):
+    pathspec tries each pattern's regex in turn; on a large tree that dominates the scan.
+    Here the ignoring patterns and the negations are each joined into one regex. A path
+    matched by only one of them is decided at once; one matched by both (rare) goes to
+    pathspec, which knows which pattern came last.
+    """
+
+    def __init__(self, prefix: str, lines: list[str] | tuple[str, ...]):
+        self.prefix = prefix
+        self.spec = pathspec.GitIgnoreSpec.from_lines(lines)
+        self.ignore = _joined(p for p in self.spec.patterns if p.include is True)
+        self.keep = _joined(p for p in self.spec.patterns if p.include is False)
+
+    def check(self, path: str) -> bool | None:
+        ignored = self.ignore is not None and self.ignore.match(path) is not None
+        kept = self.keep is not None and self.keep.match(path) is not None
+        if ignored and kept:
+            return bool(self.spec.check_file(path).include)
+        if ignored:
+            return True
+        return False if kept else None
+
+
+def _joined(patterns: Iterator[pathspec.Pattern]) -> re.Pattern[str] | None:
+    parts = [
+        "(?:" + p.regex.pattern.replace("(?P<ps_d>", "(?:") + ")"  # type: ignore[attr-defined]
+        for p in patterns
+        if getattr(p, "regex", None) is not None
+    ]
+    return re.compile("|".join(parts)) if parts else None
+
+
+def _rules_key(parent: str, prefix: str, lines: list[str]) -> str:
+    text = "\n".join([parent, prefix, *lines])
+    return hashlib.sha256(text.encode(errors="surrogateescape")).hexdigest()[:32]
+
+
+def _read_ignore_files(directory: Path) -> list[str]:
+    lines: list[str] = []
+    for name in IGNORE_FILES:
+        try:
+            lines += (directory / name).read_text(errors="replace").splitlines()
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as e:
+            raise SyncError(f"cannot read {directory / name}: {e.strerror}") from None
+    return lines
+
+
+class IgnoreRules:
+    """The ignore layers in force in one directory, outermost first."""
+
+    def __init__(self, layers: tuple[IgnoreLayer, ...], key: str):
         self.layers = layers
+        # Names the rules in force: a cached listing is valid only under the same key.
+        self.key = key
 
     @classmethod
     def root(cls, root: Path) -> IgnoreRules:
-        base = cls((("", pathspec.GitIgnoreSpec.from_lines(DEFAULT_IGNORES)),))
-        return base.enter(root, "")
+        # The defaults and the root's own files form one layer: they share the root as
+        # their base, and the root's lines come later, so they win as git would have it.
+        lines = [*DEFAULT_IGNORES, *_read_ignore_files(root)]
+        return cls((IgnoreLayer("", lines),), _rules_key("", "", lines))
 
     def enter(self, directory: Path, prefix: str) -> IgnoreRules:
-        lines: list[str] = []
-        for name in IGNORE_FILES:
-            try:
-                lines += (directory / name).read_text(errors="replace").splitlines()
-            except (FileNotFoundError, NotADirectoryError):
-                continue
-            except OSError as e:
-                raise SyncError(f"cannot read {directory / name}: {e.strerror}") from None
+        lines = _read_ignore_files(directory)
         if not lines:
             return self
-        return IgnoreRules((*self.layers, (prefix, pathspec.GitIgnoreSpec.from_lines(lines))))
+        return IgnoreRules(
+            (*self.layers, IgnoreLayer(prefix, lines)), _rules_key(self.key, prefix, lines)
+        )
 
     def ignored(self, rel: str, is_dir: bool) -> bool:
-        for prefix, spec in reversed(self.layers):
-            sub = rel[len(prefix) :] + ("/" if is_dir else "")
-            result = spec.check_file(sub)
-            if result.include is not None:
-                return bool(result.include)
+        for layer in reversed(self.layers):
+            result = layer.check(rel[len(layer.prefix) :] + ("/" if is_dir else ""))
+            if result is not None:
+                return result
         return False
 
 
-def walk(root: Path, warnings: list[str]) -> Iterator[tuple[str, str, os.stat_result]]:
-    """Yield (relpath, abspath, stat) for every file to send, in a stable order."""
+Listings = dict[str, tuple[int, int, str, list[tuple[str, int]]]]
+
+
+def walk(
+    root: Path,
+    warnings: list[str],
+    cached: Listings | None = None,
+    fresh: Listings | None = None,
+    scan_ns: int = 0,
+) -> Iterator[tuple[str, str, os.stat_result]]:
+    """Yield (relpath, abspath, stat) for every file to send (in no particular order).
+
+    With `cached` listings from an earlier scan, a directory whose mtime, inode and ignore
+    rules are unchanged is not listed again; `fresh` receives the listings worth keeping.
+    """
     root = root.resolve()
-    # Each directory carries the real paths of its ancestors: a link back into one of them
-    # is a loop. A link to any other directory in the tree is sent as a copy at both paths.
-    stack: list[tuple[Path, str, IgnoreRules, frozenset[Path]]] = [
-        (root, "", IgnoreRules.root(root), frozenset({root}))
+    # Each directory carries its real path and its ancestors' real paths: a link back into
+    # one of them is a loop. A link to any other directory in the tree is sent as a copy.
+    stack: list[tuple[Path, str, IgnoreRules, Path, frozenset[Path]]] = [
+        (root, "", IgnoreRules.root(root), root, frozenset({root}))
     ]
     while stack:
-        directory, prefix, rules, ancestors = stack.pop()
+        directory, prefix, rules, real, ancestors = stack.pop()
         try:
-            entries = sorted(os.scandir(directory), key=lambda e: e.name, reverse=True)
+            dst = os.stat(directory)
         except OSError as e:
             raise SyncError(f"cannot read directory {directory}: {e.strerror}") from None
-        subdirs = []
-        for entry in reversed(entries):
-            rel = prefix + entry.name
-            is_link = entry.is_symlink()
-            try:
-                st = os.stat(entry.path)
-            except FileNotFoundError:
-                if is_link:
-                    warnings.append(f"skipped {rel}: a broken link")
+        hit = cached.get(prefix) if cached else None
+        if hit is not None and hit[:3] == (dst.st_mtime_ns, dst.st_ino, rules.key):
+            kept = hit[3]
+        else:
+            kept = _list_dir(directory, prefix, rules, root, warnings)
+            hit = (dst.st_mtime_ns, dst.st_ino, rules.key, kept)
+        if fresh is not None and scan_ns - max(dst.st_mtime_ns, dst.st_ctime_ns) >= RACY_WINDOW_NS:
+            fresh[prefix] = hit
+        for name, kind in kept:
+            path = f"{directory}/{name}"
+            rel = prefix + name
+            if kind == FILE:
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue  # gone since it was listed
+                if stat.S_ISREG(st.st_mode):
+                    yield rel, path, st
                 continue
-            except OSError as e:
-                warnings.append(f"skipped {rel}: {e.strerror}")  # e.g. a link to itself
+            child = Path(os.path.realpath(path)) if kind == LINKED_DIR else real / name
+            if child in ancestors:
+                warnings.append(f"skipped {rel}: a link back into its own parent (a loop)")
                 continue
-            is_dir = stat.S_ISDIR(st.st_mode)
-            if rules.ignored(rel, is_dir):
-                continue
+            sub = Path(path)
+            stack.append((sub, rel + "/", rules.enter(sub, rel + "/"), child, ancestors | {child}))
+
+
+def _list_dir(
+    directory: Path, prefix: str, rules: IgnoreRules, root: Path, warnings: list[str]
+) -> list[tuple[str, int]]:
+    """The entries of one directory that are sent: (name, kind)."""
+    try:
+        with os.scandir(directory) as it:
+            entries = list(it)
+    except OSError as e:
+        raise SyncError(f"cannot read directory {directory}: {e.strerror}") from None
+    kept = []
+    for entry in entries:
+        rel = prefix + entry.name
+        is_link = entry.is_symlink()
+        try:
+            st = os.stat(entry.path)
+        except FileNotFoundError:
             if is_link:
-                target = Path(os.path.realpath(entry.path))
-                if not target.is_relative_to(root):
-                    raise SyncError(
-                        f"{rel} is a link to {target}, outside the work dir; add it to"
-                        " .gpuhopignore (or copy what it points to into the work dir)"
-                    )
-            if is_dir:
-                real = Path(os.path.realpath(entry.path))
-                if real in ancestors:
-                    warnings.append(f"skipped {rel}: a link back into its own parent (a loop)")
-                    continue
-                subdirs.append((Path(entry.path), rel + "/", ancestors | {real}))
-            elif stat.S_ISREG(st.st_mode):
-                yield rel, entry.path, st
-        for path, sub_prefix, below in reversed(subdirs):
-            stack.append((path, sub_prefix, rules.enter(path, sub_prefix), below))
+                warnings.append(f"skipped {rel}: a broken link")
+            continue
+        except OSError as e:
+            warnings.append(f"skipped {rel}: {e.strerror}")  # e.g. a link to itself
+            continue
+        is_dir = stat.S_ISDIR(st.st_mode)
+        if rules.ignored(rel, is_dir):
+            continue
+        if is_link:
+            target = Path(os.path.realpath(entry.path))
+            if not target.is_relative_to(root):
+                raise SyncError(
+                    f"{rel} is a link to {target}, outside the work dir; add it to"
+                    " .gpuhopignore (or copy what it points to into the work dir)"
+                )
+        if is_dir:
+            kept.append((entry.name, LINKED_DIR if is_link else DIR))
+        elif stat.S_ISREG(st.st_mode):
+            kept.append((entry.name, FILE))
+    return kept
 
 
 def scan(
@@ -218,7 +328,8 @@ def scan(
     warnings: list[str] = []
     known: list[FileEntry] = []
     todo: list[tuple[str, str, os.stat_result]] = []
-    for rel, abspath, st in walk(root, warnings):
+    listings: Listings = {}
+    for rel, abspath, st in walk(root, warnings, cache.listings, listings, scan_ns):
         digest = cache.lookup(rel, st)
         if digest is None:
             todo.append((rel, abspath, st))
@@ -242,6 +353,7 @@ def scan(
         cache.remember(entry.path, item[2], entry.digest, scan_ns)
     files = sorted(known + fresh, key=lambda f: f.path)
     cache.prune({f.path for f in files})
+    cache.replace_listings(listings)
     cache.save()
     return ScanResult(files, len(fresh), time.perf_counter() - started, warnings)
 

@@ -7,6 +7,8 @@ in-process ASGI app.
 
 from __future__ import annotations
 
+import ssl
+
 import httpx
 
 from gpuhop.client.embedded import ensure_agent
@@ -17,4 +19,9 @@ def local_transport(paths: AgentPaths, autostart: bool = True) -> httpx.BaseTran
     """A transport to the agent of `paths`, starting that agent first if asked to."""
     if autostart:
         ensure_agent(paths)
-    return httpx.HTTPTransport(uds=str(paths.socket))
+    # No TLS on a Unix socket. An empty client context (verification on, no CAs) saves
+    # loading the CA bundle, about 75 ms of every command.
+    return httpx.HTTPTransport(uds=str(paths.socket), verify=_NO_TLS)
+
+
+_NO_TLS = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)

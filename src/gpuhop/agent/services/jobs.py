@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shutil
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -86,31 +87,14 @@ def find(rt: AgentContext, ref: str) -> JobRecord:
         ) from None
 
 
-def _check_manifest(req: SubmitRequest) -> None:
-    files: set[str] = set()
-    for entry in req.manifest:
-        if entry.path in files:
-            raise ApiError(400, ErrorCode.bad_path, f"manifest lists {entry.path} twice")
-        files.add(entry.path)
-    for path in files:
-        parts = path.split("/")
-        for i in range(1, len(parts)):
-            parent = "/".join(parts[:i])
-            if parent in files:
-                raise ApiError(
-                    400, ErrorCode.bad_path, f"manifest has {parent} as both a file and a directory"
-                )
-
-
 def _check_command(rt: AgentContext, req: SubmitRequest) -> None:
     head = req.command[0]
-    listed = {e.path for e in req.manifest}
     if head.endswith(".py") or ("/" in head and not head.startswith("/")):
         try:
             rel = validate_relpath(head[2:] if head.startswith("./") else head)
         except ValueError as e:
             raise ApiError(400, ErrorCode.bad_path, f"script: {e}") from None
-        if rel not in listed:
+        if req.tree is None or rel not in {e["path"] for e in rt.trees.entries(req.tree)}:
             raise ApiError(
                 400,
                 ErrorCode.bad_request,
@@ -130,8 +114,19 @@ def _check_command(rt: AgentContext, req: SubmitRequest) -> None:
         )
 
 
+def _claim_job_dir(rt: AgentContext) -> tuple[str, JobPaths]:
+    """A new job id, claimed by creating its directory (mkdir is atomic)."""
+    while True:
+        job_id = secrets.token_hex(4)
+        jp = rt.supervisor.job_paths(job_id)
+        try:
+            jp.root.mkdir()
+        except FileExistsError:
+            continue
+        return job_id, jp
+
+
 def submit(rt: AgentContext, req: SubmitRequest) -> JobInfo:
-    _check_manifest(req)
     total = len(rt.gpus)
     if req.gpus > total:
         raise ApiError(
@@ -139,24 +134,28 @@ def submit(rt: AgentContext, req: SubmitRequest) -> JobInfo:
             ErrorCode.unsatisfiable,
             f"the job asks for {req.gpus} GPU{'s' if req.gpus != 1 else ''}; this host has {total}",
         )
-    _check_command(rt, req)
-    missing = rt.blobs.missing([e.digest for e in req.manifest])
-    if missing:
+    if req.tree is not None and not rt.trees.has(req.tree):
         raise ApiError(
             409,
-            ErrorCode.missing_blobs,
-            f"{len(missing)} file(s) of the manifest have not been uploaded",
-            {"missing": missing},
+            ErrorCode.missing_tree,
+            f"tree {req.tree} is not on the agent; upload it first",
+            {"tree": req.tree},
         )
+    _check_command(rt, req)
+    # Everything the job needs is on disk before its row exists: the scheduler may pick up
+    # a queued job at any moment.
+    job_id, jp = _claim_job_dir(rt)
+    if req.tree is not None:
+        # The job keeps its own copy, so it never depends on the shared tree staying.
+        shutil.copyfile(rt.trees.path(req.tree), jp.tree)
     job = rt.store.create(
-        command=req.command, env=req.env, gpus=req.gpus, priority=req.priority, name=req.name
+        command=req.command,
+        env=req.env,
+        gpus=req.gpus,
+        priority=req.priority,
+        name=req.name,
+        job_id=job_id,
     )
-    jp = rt.supervisor.job_paths(job.id)
-    jp.root.mkdir(parents=True)
-    manifest = [e.model_dump() for e in req.manifest]
-    tmp = jp.root / "manifest.json.tmp"
-    tmp.write_text(json.dumps(manifest))
-    os.replace(tmp, jp.manifest)
     rt.wake()
     return to_info(rt, job)
 
@@ -207,7 +206,7 @@ async def follow_log(
                     yield rest
                 return
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.05)
+            delay = min(delay * 2, 0.025)
     finally:
         if f is not None:
             f.close()

@@ -1,0 +1,80 @@
+"""Runs in the agent: stored work-dir trees (manifests), named by the sha256 of their bytes.
+
+A tree is checked once, when it arrives: safe unique paths, no file that is also a
+directory, every blob present. Jobs then name it by digest, so an unchanged project is
+never re-sent or re-checked. Trees, like blobs, are written by atomic rename.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+from gpuhop.agent.blobs import BlobStore
+from gpuhop.api import ManifestEntry, Tree
+from gpuhop.api.models import SHA256_RE
+
+
+class TreeError(ValueError):
+    """A tree that is malformed; the message names the offending path."""
+
+
+class MissingBlobs(LookupError):
+    def __init__(self, missing: list[str]):
+        super().__init__(f"{len(missing)} file(s) of the tree have not been uploaded")
+        self.missing = missing
+
+
+class TreeStore:
+    def __init__(self, root: Path, tmp: Path, blobs: BlobStore):
+        self.root = root
+        self.tmp = tmp
+        self.blobs = blobs
+
+    def path(self, digest: str) -> Path:
+        if not SHA256_RE.match(digest):
+            raise TreeError(f"{digest!r} is not a sha256 hex digest")
+        return self.root / f"{digest}.json"
+
+    def has(self, digest: str) -> bool:
+        return self.path(digest).is_file()
+
+    def entries(self, digest: str) -> list[dict]:
+        """The entries of a stored tree (checked on arrival; not re-validated here)."""
+        entries: list[dict] = json.loads(self.path(digest).read_bytes())["entries"]
+        return entries
+
+    def store(self, raw: bytes) -> tuple[str, Tree]:
+        """Check and keep an uploaded tree. Raises TreeError, MissingBlobs, or pydantic's
+        ValidationError for a body that is not a tree."""
+        tree = Tree.model_validate_json(raw)
+        check_paths(tree.entries)
+        missing = self.blobs.missing([e.digest for e in tree.entries])
+        if missing:
+            raise MissingBlobs(missing)
+        digest = hashlib.sha256(raw).hexdigest()
+        dest = self.path(digest)
+        if not dest.exists():
+            fd, name = tempfile.mkstemp(dir=self.tmp, prefix="tree-")
+            with os.fdopen(fd, "wb") as f:
+                f.write(raw)
+            os.replace(name, dest)
+        return digest, tree
+
+
+def check_paths(entries: list[ManifestEntry]) -> None:
+    """No path twice, and no path that is both a file and a directory."""
+    files: set[str] = set()
+    for entry in entries:
+        if entry.path in files:
+            raise TreeError(f"the tree lists {entry.path} twice")
+        files.add(entry.path)
+    for path in files:
+        parts = path.split("/")
+        for i in range(1, len(parts)):
+            parent = "/".join(parts[:i])
+            if parent in files:
+                raise TreeError(f"the tree has {parent} as both a file and a directory")
