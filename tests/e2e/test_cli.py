@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tests.conftest import EXAMPLES, wait_until
 
 pytestmark = pytest.mark.timeout(300)

@@ -7,11 +7,10 @@ import signal
 import threading
 from pathlib import Path
 
-from tests.conftest import wait_until
-
 from gpuhop.api import JobState
 from gpuhop.client.embedded import start_background
 from gpuhop.home import read_pid
+from tests.conftest import wait_until
 
 WAITER = """
 import os, sys, time

@@ -12,8 +12,8 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,10 +38,23 @@ CREATE TABLE IF NOT EXISTS jobs (
     reason        TEXT,
     pid           INTEGER,
     pid_start     TEXT,
-    cancel_requested INTEGER NOT NULL DEFAULT 0
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    retries       INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
+-- One row per finished attempt of a job that was retried (the last attempt lives in jobs).
+CREATE TABLE IF NOT EXISTS attempts (
+    job_id     TEXT NOT NULL REFERENCES jobs(id),
+    attempt    INTEGER NOT NULL,
+    state      TEXT NOT NULL,
+    started_at REAL,
+    ended_at   REAL,
+    exit_code  INTEGER,
+    signal     INTEGER,
+    reason     TEXT,
+    PRIMARY KEY (job_id, attempt)
+);
 """
 
 ACTIVE_STATES = (JobState.starting, JobState.running)
@@ -67,7 +80,7 @@ class JobRecord:
     pid: int | None = None
     pid_start: str | None = None
     cancel_requested: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    retries: int = 0
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> JobRecord:
@@ -90,6 +103,7 @@ class JobRecord:
             pid=row["pid"],
             pid_start=row["pid_start"],
             cancel_requested=bool(row["cancel_requested"]),
+            retries=row["retries"],
         )
 
 
@@ -138,6 +152,7 @@ class JobStore:
         name: str | None,
         now: float | None = None,
         job_id: str | None = None,
+        retries: int = 0,
     ) -> JobRecord:
         """Insert a queued job. With `job_id`, that id is used (and must be new)."""
         now = time.time() if now is None else now
@@ -148,7 +163,7 @@ class JobStore:
                 try:
                     self._db.execute(
                         "INSERT INTO jobs (id, name, state, command, env, gpus, priority,"
-                        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        " created_at, retries) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             job_id,
                             name,
@@ -158,6 +173,7 @@ class JobStore:
                             gpus,
                             priority,
                             now,
+                            retries,
                         ),
                     )
                     break
@@ -236,6 +252,53 @@ class JobStore:
         marks = ",".join("?" * len(allowed))
         sql = f"UPDATE jobs SET {', '.join(sets)} WHERE id = ? AND state IN ({marks})"
         return self._execute(sql, (*params, job_id, *allowed)) == 1
+
+    def retry(self, job: JobRecord, state: JobState, **outcome: Any) -> bool:
+        """Record the running attempt's end as `state` and queue the job's next attempt.
+
+        One transaction: either the attempt is recorded and the job is queued again (GPUs
+        released, attempt + 1), or nothing changes (the job had left `running`).
+        """
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                moved = self._db.execute(
+                    "UPDATE jobs SET state = ?, attempt = attempt + 1, gpu_ids = '[]',"
+                    " started_at = NULL, ended_at = NULL, exit_code = NULL, signal = NULL,"
+                    " reason = NULL, pid = NULL, pid_start = NULL"
+                    " WHERE id = ? AND state IN (?, ?) AND attempt = ?",
+                    (
+                        JobState.queued.value,
+                        job.id,
+                        JobState.starting.value,
+                        JobState.running.value,
+                        job.attempt,
+                    ),
+                ).rowcount
+                if moved:
+                    self._db.execute(
+                        "INSERT INTO attempts (job_id, attempt, state, started_at, ended_at,"
+                        " exit_code, signal, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            job.id,
+                            job.attempt,
+                            state.value,
+                            job.started_at,
+                            outcome.get("ended_at"),
+                            outcome.get("exit_code"),
+                            outcome.get("signal"),
+                            outcome.get("reason"),
+                        ),
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return bool(moved)
+
+    def attempts(self, job_id: str) -> Sequence[sqlite3.Row]:
+        """The finished earlier attempts of a job, oldest first."""
+        return self._query("SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,))
 
     def update(self, job_id: str, **fields: Any) -> None:
         """Set fields that do not change the state (pid, cancel flag)."""

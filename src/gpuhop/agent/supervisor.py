@@ -181,7 +181,7 @@ class Supervisor:
             # Sweep what the job left in its process group (daemons, stuck workers).
             procs.signal_group(job.pid, signal.SIGKILL)
         status = _read_json(jp.status)
-        now = time.time()
+        now = float(status["ended_at"]) if status and status.get("ended_at") else time.time()
         elapsed = procs.describe_duration(now - (job.started_at or now))
         exit_code = status.get("exit_code") if status else None
         sig = status.get("signal") if status else None
@@ -202,19 +202,28 @@ class Supervisor:
         else:
             state = JobState.failed
             reason = f"exited with code {exit_code} after {elapsed}"
-        if status and status.get("ended_at"):
-            now = float(status["ended_at"])
-        self.store.transition(
-            job_id,
-            [JobState.starting, JobState.running],
-            state,
-            exit_code=exit_code,
-            signal=sig,
-            reason=reason,
-            ended_at=now,
-        )
+        if status and status.get("detail"):
+            reason = f"{status['detail']} after {elapsed}"
         self._killed_after_grace.discard(job_id)
+        outcome = {"exit_code": exit_code, "signal": sig, "reason": reason, "ended_at": now}
+        if state in (JobState.failed, JobState.lost) and job.attempt <= job.retries:
+            self._retry(job, jp, state, outcome)
+        else:
+            self.store.transition(job_id, [JobState.starting, JobState.running], state, **outcome)
         self.on_change()
+
+    def _retry(self, job: JobRecord, jp: JobPaths, state: JobState, outcome: dict) -> None:
+        """Queue the job's next attempt: a fresh work dir, the same checkpoint dir."""
+        with open(jp.log, "ab") as f:
+            f.write(
+                f"gpuhop: attempt {job.attempt} {state.value}: {outcome['reason']};"
+                f" retrying (attempt {job.attempt + 1} of {job.retries + 1})\n".encode()
+            )
+        for leftover in (jp.status, jp.shim_pid):
+            leftover.unlink(missing_ok=True)
+        shutil.rmtree(jp.work, ignore_errors=True)
+        # The files are ready before the job is queued: the scheduler may start it at once.
+        self.store.retry(job, state, **outcome)
 
     def reattach(self) -> None:
         """After an agent (re)start: adopt jobs whose shims still run, settle the rest."""

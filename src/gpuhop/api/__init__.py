@@ -7,6 +7,7 @@ from gpuhop.api.errors import ErrorBody, ErrorCode
 from gpuhop.api.models import (
     AgentInfo,
     ArtifactEntry,
+    AttemptInfo,
     BlobCheck,
     BlobCheckResult,
     GpuInfo,
@@ -22,6 +23,7 @@ from gpuhop.api.models import (
 __all__ = [
     "AgentInfo",
     "ArtifactEntry",
+    "AttemptInfo",
     "BlobCheck",
     "BlobCheckResult",
     "ErrorBody",

@@ -97,6 +97,8 @@ class SubmitRequest(StrictModel):
     gpus: int = Field(default=0, ge=0, le=1024)
     env: dict[str, str] = Field(default_factory=dict)
     priority: int = Field(default=0, ge=-100, le=100)
+    # A failed (or lost) attempt is queued again this many times, its checkpoint dir kept.
+    retries: int = Field(default=0, ge=0, le=100)
 
     @field_validator("tree")
     @classmethod
@@ -135,6 +137,18 @@ class SubmitRequest(StrictModel):
         return v
 
 
+class AttemptInfo(WireModel):
+    """How one earlier attempt of a retried job ended."""
+
+    attempt: int
+    state: JobState
+    started_at: datetime | None
+    ended_at: datetime | None
+    exit_code: int | None
+    signal: int | None
+    reason: str | None
+
+
 class JobInfo(WireModel):
     id: str
     name: str | None
@@ -145,6 +159,9 @@ class JobInfo(WireModel):
     env: dict[str, str]
     priority: int
     attempt: int
+    retries: int = 0
+    # Earlier attempts, oldest first; the current one is described by the fields above.
+    attempts: list[AttemptInfo] = Field(default_factory=list)
     created_at: datetime
     started_at: datetime | None
     ended_at: datetime | None

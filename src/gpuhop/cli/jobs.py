@@ -103,6 +103,13 @@ def run(
     env: list[str] = typer.Option(
         [], "--env", "-e", metavar="KEY=VALUE", help="Set an environment variable (repeatable)."
     ),
+    retries: int = typer.Option(
+        0,
+        "--retries",
+        min=0,
+        max=100,
+        help="Run a failed attempt again up to N times; $GPUHOP_CHECKPOINT_DIR is kept.",
+    ),
     detach: bool = typer.Option(
         False, "--detach", "-d", help="Print the job id and return at once."
     ),
@@ -123,7 +130,14 @@ def run(
     """
     client = _client()
     try:
-        job = client.submit(command, workdir=workdir, gpus=gpus, name=name, env=_parse_env(env))
+        job = client.submit(
+            command,
+            workdir=workdir,
+            gpus=gpus,
+            name=name,
+            env=_parse_env(env),
+            retries=retries,
+        )
     except GpuhopError as e:
         fail(e.message)
     stats = client.last_sync
@@ -208,7 +222,7 @@ def show(
         ("state", state_text(info.state)),
         ("command", " ".join(info.command)),
         ("gpus", _gpus_text(info)),
-        ("attempt", str(info.attempt)),
+        ("attempt", f"{info.attempt} of {info.retries + 1}"),
         ("created", ago(info.created_at)),
         ("duration", duration(info)),
         ("result", info.reason or "-"),
@@ -219,6 +233,12 @@ def show(
         rows.insert(4, ("env", " ".join(f"{k}={v}" for k, v in info.env.items())))
     for key, value in rows:
         out.print(f"[bold]{key:>9}[/bold]  {value}", soft_wrap=True)
+    for past in info.attempts:
+        out.print(
+            f"[bold]{'attempt ' + str(past.attempt):>9}[/bold]  {state_text(past.state)}:"
+            f" {past.reason or '-'}",
+            soft_wrap=True,
+        )
 
 
 def _gpus_text(info: JobInfo) -> str:

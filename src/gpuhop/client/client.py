@@ -118,13 +118,15 @@ class Client:
         name: str | None = None,
         env: dict[str, str] | None = None,
         priority: int = 0,
+        retries: int = 0,
         on_hash: Progress | None = None,
         on_upload: Callable[[int, int], None] | None = None,
     ) -> Job:
         """Sync `workdir` and queue `command` there. Returns at once with a `Job` handle.
 
         `command` is a script (`train.py`, run with the host's Python) or a program on the
-        host, with its arguments; a string is split like a shell would.
+        host, with its arguments; a string is split like a shell would. With `retries`, a
+        failed attempt is queued again with the same checkpoint dir.
         """
         argv = shlex.split(command) if isinstance(command, str) else list(command)
         if not argv:
@@ -140,7 +142,13 @@ class Client:
             )
         tree_bytes, tree = tree_of(result.files)
         body = SubmitRequest(
-            command=argv, tree=tree, name=name, gpus=gpus, env=dict(env or {}), priority=priority
+            command=argv,
+            tree=tree,
+            name=name,
+            gpus=gpus,
+            env=dict(env or {}),
+            priority=priority,
+            retries=retries,
         ).model_dump(mode="json")
         sent = (0, 0)
         try:

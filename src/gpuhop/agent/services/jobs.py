@@ -14,7 +14,15 @@ from pathlib import Path
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.store import AmbiguousJob, JobNotFound, JobRecord
-from gpuhop.api import ArtifactEntry, ErrorCode, JobInfo, JobState, SubmitRequest, validate_relpath
+from gpuhop.api import (
+    ArtifactEntry,
+    AttemptInfo,
+    ErrorCode,
+    JobInfo,
+    JobState,
+    SubmitRequest,
+    validate_relpath,
+)
 from gpuhop.home import JobPaths
 
 LOG_CHUNK = 256 * 1024
@@ -61,6 +69,19 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         env=job.env,
         priority=job.priority,
         attempt=job.attempt,
+        retries=job.retries,
+        attempts=[
+            AttemptInfo(
+                attempt=a["attempt"],
+                state=JobState(a["state"]),
+                started_at=_dt(a["started_at"]),
+                ended_at=_dt(a["ended_at"]),
+                exit_code=a["exit_code"],
+                signal=a["signal"],
+                reason=a["reason"],
+            )
+            for a in (rt.store.attempts(job.id) if job.attempt > 1 else [])
+        ],
         created_at=_dt(job.created_at),  # type: ignore[arg-type]
         started_at=_dt(job.started_at),
         ended_at=_dt(job.ended_at),
@@ -155,6 +176,7 @@ def submit(rt: AgentContext, req: SubmitRequest) -> JobInfo:
         priority=req.priority,
         name=req.name,
         job_id=job_id,
+        retries=req.retries,
     )
     rt.wake()
     return to_info(rt, job)
