@@ -92,6 +92,15 @@ class JobPaths:
     def log(self) -> Path:
         return self.root / "output.log"
 
+    def worker_log(self, index: int) -> Path:
+        """A multi-worker job's own log of one worker (the job log has them all, prefixed)."""
+        return self.root / f"worker-{index}.log"
+
+    @property
+    def gang(self) -> Path:
+        """A multi-worker job's worker list, read by the shim."""
+        return self.root / "gang.json"
+
     @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"

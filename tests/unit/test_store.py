@@ -226,3 +226,36 @@ def test_list_filters_by_state_newest_first(store: JobStore):
     assert [j.id for j in store.list([Q])] == [new.id, old.id]
     assert [j.id for j in store.list([Q], limit=1)] == [new.id]
     assert (store.count(Q), store.count(S), store.count(R)) == (2, 1, 0)
+
+
+def test_a_state_dir_from_an_older_agent_gets_the_new_columns(tmp_path):
+    import sqlite3
+
+    from gpuhop.agent.store import ADDED_COLUMNS, JobStore
+
+    db = tmp_path / "jobs.db"
+    old = sqlite3.connect(db)
+    old.execute(
+        "CREATE TABLE jobs (id TEXT PRIMARY KEY, name TEXT, state TEXT NOT NULL,"
+        " command TEXT NOT NULL, env TEXT NOT NULL, gpus INTEGER NOT NULL,"
+        " priority INTEGER NOT NULL, gpu_ids TEXT NOT NULL DEFAULT '[]',"
+        " attempt INTEGER NOT NULL DEFAULT 1, created_at REAL NOT NULL, started_at REAL,"
+        " ended_at REAL, exit_code INTEGER, signal INTEGER, reason TEXT, pid INTEGER,"
+        " pid_start TEXT, cancel_requested INTEGER NOT NULL DEFAULT 0)"
+    )
+    old.execute(
+        "INSERT INTO jobs (id, state, command, env, gpus, priority, created_at)"
+        " VALUES ('abcd1234', 'succeeded', '[\"x.py\"]', '{}', 0, 0, 1.0)"
+    )
+    old.commit()
+    old.close()
+    store = JobStore(db)
+    try:
+        job = store.get("abcd1234")
+        assert (job.retries, job.workers, job.worker_timeout) == (0, 1, 300)
+        assert set(ADDED_COLUMNS) <= {
+            r[1] for r in sqlite3.connect(db).execute("PRAGMA table_info(jobs)")
+        }
+        JobStore(db).close()  # opening it again changes nothing
+    finally:
+        store.close()

@@ -1,17 +1,32 @@
 """Runs on the GPU host as each job's process-group leader: starts the job, waits, records.
 
-Started by the supervisor as `python -I -S shim.py STATUS_FILE PID_FILE -- COMMAND...` in a
-new session, with stdout and stderr already pointing at the job's log. It imports the
-standard library only (fast start), outlives an agent restart, and writes the job's exit
-status to STATUS_FILE atomically, so a restarted agent still learns how the job ended.
-Signals sent to the group (cancel) reach the job; the shim itself keeps waiting for it.
+Started by the supervisor as `python -I -S shim.py STATUS_FILE PID_FILE [--gang SPEC] --
+COMMAND...` in a new session, with stdout and stderr already pointing at the job's log.
+It imports the standard library only (fast start, and no path to gpuhop's modules under
+-I), outlives an agent restart, and writes the job's exit status to STATUS_FILE
+atomically, so a restarted agent still learns how the job ended. Signals sent to the
+group (cancel) reach the job; the shim itself keeps waiting for it.
+
+With `--gang SPEC` (a JSON file from the supervisor) it runs a multi-worker job: one
+process per worker, each with its own environment, log file and TF_CONFIG, all inside a
+private network namespace so TensorFlow's unauthenticated gRPC ports (which bind every
+interface) are reachable from nowhere but each other. Worker logs are merged into the
+job's log line by line with a `[worker I]` prefix. When one worker fails, the others
+are stopped (gang failure) and the status says which worker ended first and how.
 """
 
+import contextlib
+import ctypes
+import fcntl
 import json
 import os
 import signal
+import socket
+import struct
 import sys
 import time
+
+POLL_SECONDS = 0.05
 
 
 def _write_atomic(path: str, data: dict) -> None:
@@ -23,33 +38,216 @@ def _write_atomic(path: str, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def main(argv: list[str]) -> int:
-    status_path, pid_path, sep, *command = argv
-    if sep != "--" or not command:
-        print("usage: shim.py STATUS_FILE PID_FILE -- COMMAND...", file=sys.stderr)
+def _outcome(status: int) -> dict:
+    if os.WIFSIGNALED(status):
+        return {"exit_code": None, "signal": os.WTERMSIG(status)}
+    return {"exit_code": os.WEXITSTATUS(status), "signal": None}
+
+
+def _how(outcome: dict) -> str:
+    if outcome["signal"] is not None:
+        try:
+            name = signal.Signals(outcome["signal"]).name
+        except ValueError:
+            name = "?"
+        return f"was killed by signal {outcome['signal']} ({name})"
+    return f"exited with code {outcome['exit_code']}"
+
+
+def _spawn(command: list, env: dict | None = None, log_path: str | None = None) -> int:
+    pid = os.fork()
+    if pid == 0:
+        if log_path is not None:
+            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+        try:
+            if env is None:
+                os.execvp(command[0], command)
+            os.execvpe(command[0], command, env)
+        except OSError as e:
+            os.write(2, f"gpuhop: cannot start {command[0]!r}: {e.strerror}\n".encode())
+        os._exit(127)
+    return pid
+
+
+def run_single(command: list) -> dict:
+    pid = _spawn(command)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            return _outcome(status)
+        except ChildProcessError:
+            return {"exit_code": 0, "signal": None}
+
+
+# -- multi-worker ---------------------------------------------------------------------------
+
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWNET = 0x40000000
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def private_network() -> None:
+    """Move this process into a new network namespace whose only interface is loopback.
+
+    As root a plain network namespace; otherwise inside a user namespace that maps us to
+    ourselves (no privilege is gained outside it). Raises OSError if neither is allowed.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(CLONE_NEWNET) != 0:
+        uid, gid = os.getuid(), os.getgid()
+        if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+        with open("/proc/self/setgroups", "w") as f:
+            f.write("deny")
+        with open("/proc/self/uid_map", "w") as f:
+            f.write(f"{uid} {uid} 1")
+        with open("/proc/self/gid_map", "w") as f:
+            f.write(f"{gid} {gid} 1")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s, SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+
+
+def free_ports(n: int) -> list:
+    # Inside the job's own network namespace nothing else binds, so there is no race
+    # between picking a port here and a worker binding it.
+    sockets = [socket.socket() for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+class LogTail:
+    """Copies a worker's log into the job's log, whole lines only, each with a prefix."""
+
+    def __init__(self, path: str, prefix: str):
+        self.path = path
+        self.prefix = prefix.encode()
+        self.offset = 0
+        self.partial = b""
+
+    def pump(self, final: bool = False) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        self.offset += len(data)
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        if final and self.partial:
+            lines.append(self.partial)
+            self.partial = b""
+        if lines:
+            os.write(1, b"".join(self.prefix + line + b"\n" for line in lines))
+
+
+def run_gang(spec: dict, command: list) -> dict:
+    workers = spec["workers"]
+    try:
+        private_network()
+    except OSError as e:
+        print(
+            f"gpuhop: cannot create a private network namespace ({e.strerror}). Multi-worker"
+            " jobs need one, so that TensorFlow's unauthenticated gRPC ports are not exposed"
+            " to other hosts. Allow unprivileged user namespaces"
+            " (sysctl kernel.unprivileged_userns_clone=1) or run the agent as root.",
+            flush=True,
+        )
+        return {"exit_code": 1, "signal": None, "detail": "no private network for the workers"}
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(len(workers))]}
+    running: dict = {}
+    tails = []
+    for index, worker in enumerate(workers):
+        env = dict(os.environ, **worker["env"])
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": index}}
+        )
+        running[_spawn(command, env, worker["log"])] = index
+        tails.append(LogTail(worker["log"], f"[worker {index}] "))
+    first = None
+    kill_at = None
+    while running:
+        while running:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                running.clear()
+                break
+            if pid == 0:
+                break
+            index = running.pop(pid, None)
+            if index is None:
+                continue
+            outcome = _outcome(status)
+            if first is None and (outcome["signal"] is not None or outcome["exit_code"] != 0):
+                first = (index, outcome, len(running))
+                for other in running:
+                    _signal(other, signal.SIGTERM)
+                kill_at = time.monotonic() + spec.get("grace", 10)
+        if kill_at is not None and time.monotonic() > kill_at:
+            for other in running:
+                _signal(other, signal.SIGKILL)
+            kill_at = None
+        for tail in tails:
+            tail.pump()
+        time.sleep(POLL_SECONDS)
+    for tail in tails:
+        tail.pump(final=True)
+    if first is None:
+        return {"exit_code": 0, "signal": None}
+    index, outcome, stopped = first
+    detail = f"worker {index} {_how(outcome)} first"
+    if stopped:
+        detail += f"; {stopped} other worker{'s were' if stopped > 1 else ' was'} stopped"
+    if _peers_never_joined(workers[index]["log"]):
+        detail += (
+            f" (its peers did not join within {spec.get('timeout', '?')}s;"
+            f" see gpuhop logs JOB --worker {index})"
+        )
+    return {**outcome, "detail": detail}
+
+
+def _peers_never_joined(log_path: str) -> bool:
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, os.path.getsize(log_path) - 16384))
+            tail = f.read()
+    except OSError:
+        return False
+    return b"DeadlineExceeded" in tail and b"register" in tail.lower()
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def main(argv: list) -> int:
+    status_path, pid_path, *rest = argv
+    gang = None
+    if rest[:1] == ["--gang"]:
+        with open(rest[1]) as f:
+            gang = json.load(f)
+        rest = rest[2:]
+    if rest[:1] != ["--"] or len(rest) < 2:
+        print("usage: shim.py STATUS_FILE PID_FILE [--gang SPEC] -- COMMAND...", file=sys.stderr)
         return 2
+    command = rest[1:]
     _write_atomic(pid_path, {"pid": os.getpid()})
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         # A handler, not SIG_IGN: exec resets handled signals to their default in the child.
         signal.signal(sig, lambda *_: None)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.execvp(command[0], command)
-        except OSError as e:
-            os.write(2, f"gpuhop: cannot start {command[0]!r}: {e.strerror}\n".encode())
-            os._exit(127)
-    while True:
-        try:
-            _, status = os.waitpid(pid, 0)
-            break
-        except ChildProcessError:
-            status = 0
-            break
-    if os.WIFSIGNALED(status):
-        result: dict[str, object] = {"exit_code": None, "signal": os.WTERMSIG(status)}
-    else:
-        result = {"exit_code": os.WEXITSTATUS(status), "signal": None}
+    result = run_gang(gang, command) if gang else run_single(command)
     result["ended_at"] = time.time()
     _write_atomic(status_path, result)
     return 0

@@ -39,7 +39,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     pid           INTEGER,
     pid_start     TEXT,
     cancel_requested INTEGER NOT NULL DEFAULT 0,
-    retries       INTEGER NOT NULL DEFAULT 0
+    retries       INTEGER NOT NULL DEFAULT 0,
+    workers       INTEGER NOT NULL DEFAULT 1,
+    worker_timeout INTEGER NOT NULL DEFAULT 300
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
@@ -56,6 +58,14 @@ CREATE TABLE IF NOT EXISTS attempts (
     PRIMARY KEY (job_id, attempt)
 );
 """
+
+# Columns added after the first schema: a state dir made by an older agent gets them,
+# with these definitions, when a newer agent opens it.
+ADDED_COLUMNS = {
+    "retries": "INTEGER NOT NULL DEFAULT 0",
+    "workers": "INTEGER NOT NULL DEFAULT 1",
+    "worker_timeout": "INTEGER NOT NULL DEFAULT 300",
+}
 
 ACTIVE_STATES = (JobState.starting, JobState.running)
 
@@ -81,6 +91,8 @@ class JobRecord:
     pid_start: str | None = None
     cancel_requested: bool = False
     retries: int = 0
+    workers: int = 1
+    worker_timeout: int = 300
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> JobRecord:
@@ -104,6 +116,8 @@ class JobRecord:
             pid_start=row["pid_start"],
             cancel_requested=bool(row["cancel_requested"]),
             retries=row["retries"],
+            workers=row["workers"],
+            worker_timeout=row["worker_timeout"],
         )
 
 
@@ -129,6 +143,14 @@ class JobStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        have = {row["name"] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        for name, definition in ADDED_COLUMNS.items():
+            if name not in have:
+                # Names and definitions are constants above, never input.
+                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {definition}")
 
     def close(self) -> None:
         with self._lock:
@@ -153,6 +175,8 @@ class JobStore:
         now: float | None = None,
         job_id: str | None = None,
         retries: int = 0,
+        workers: int = 1,
+        worker_timeout: int = 300,
     ) -> JobRecord:
         """Insert a queued job. With `job_id`, that id is used (and must be new)."""
         now = time.time() if now is None else now
@@ -163,7 +187,8 @@ class JobStore:
                 try:
                     self._db.execute(
                         "INSERT INTO jobs (id, name, state, command, env, gpus, priority,"
-                        " created_at, retries) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        " created_at, retries, workers, worker_timeout)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             job_id,
                             name,
@@ -174,6 +199,8 @@ class JobStore:
                             priority,
                             now,
                             retries,
+                            workers,
+                            worker_timeout,
                         ),
                     )
                     break

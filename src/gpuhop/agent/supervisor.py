@@ -9,6 +9,7 @@ records the outcome in words a user can act on.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -56,6 +57,16 @@ def resolve_command(command: list[str], work: Path, path_env: str, python: str) 
     return [found, *rest]
 
 
+@functools.cache
+def _has_tf_keras(python: str) -> bool:
+    """Whether the job's interpreter can import tf_keras (checked once, without importing)."""
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('tf_keras') is None)"
+    try:
+        return subprocess.run([python, "-c", probe], timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 def job_environment(
     job: JobRecord, jp: JobPaths, base: dict[str, str] | None = None
 ) -> dict[str, str]:
@@ -78,6 +89,9 @@ def job_environment(
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in job.gpu_ids),
         }
     )
+    if job.workers > 1:
+        env["GPUHOP_NUM_WORKERS"] = str(job.workers)
+        env["GPUHOP_WORKER_TIMEOUT"] = str(job.worker_timeout)
     return env
 
 
@@ -111,9 +125,20 @@ class Supervisor:
             self._materialise(jp)
             env = job_environment(job, jp)
             argv = resolve_command(job.command, jp.work, env.get("PATH", os.defpath), self.python)
+            gang = self._write_gang(job, jp, env) if job.workers > 1 else []
             with open(jp.log, "ab") as logfile:
                 proc = subprocess.Popen(
-                    [self.python, "-I", "-S", SHIM, str(jp.status), str(jp.shim_pid), "--", *argv],
+                    [
+                        self.python,
+                        "-I",
+                        "-S",
+                        SHIM,
+                        str(jp.status),
+                        str(jp.shim_pid),
+                        *gang,
+                        "--",
+                        *argv,
+                    ],
                     cwd=jp.work,
                     env=env,
                     stdin=subprocess.DEVNULL,
@@ -144,6 +169,41 @@ class Supervisor:
             target=self._wait_child, args=(job_id, proc), name=f"job-{job_id}", daemon=True
         ).start()
         self.on_change()
+
+    def _write_gang(self, job: JobRecord, jp: JobPaths, env: dict[str, str]) -> list[str]:
+        """Describe a multi-worker job's workers for the shim; return the shim's arguments.
+
+        Each worker gets its slice of the job's GPUs and its own log; the shim adds each
+        worker's TF_CONFIG once it has the ports of the job's private network.
+        """
+        per = len(job.gpu_ids) // job.workers
+        workers = []
+        for i in range(job.workers):
+            gpus = job.gpu_ids[i * per : (i + 1) * per]
+            workers.append(
+                {
+                    "env": {
+                        "CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus)),
+                        "GPUHOP_WORKER_INDEX": str(i),
+                    },
+                    "log": str(jp.worker_log(i)),
+                }
+            )
+        spec = {"workers": workers, "grace": 10, "timeout": job.worker_timeout}
+        jp.gang.write_text(json.dumps(spec))
+        if "TF_USE_LEGACY_KERAS" not in job.env:
+            if _has_tf_keras(self.python):
+                # Keras 3's fit fails under MultiWorkerMirroredStrategy (keras#20585).
+                env["TF_USE_LEGACY_KERAS"] = "1"
+            else:
+                with open(jp.log, "ab") as f:
+                    f.write(
+                        b"gpuhop: tf-keras is not installed on this host, so Keras 3 runs this"
+                        b" job; its model.fit does not work under MultiWorkerMirroredStrategy"
+                        b" (keras-team/keras#20585). Use a custom training loop, or"
+                        b" `pip install tf-keras` on the host.\n"
+                    )
+        return ["--gang", str(jp.gang)]
 
     def _materialise(self, jp: JobPaths) -> None:
         entries = (

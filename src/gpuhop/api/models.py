@@ -6,7 +6,7 @@ import re
 from datetime import datetime
 from enum import StrEnum
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from gpuhop.api.base import StrictModel, WireModel
 
@@ -99,6 +99,26 @@ class SubmitRequest(StrictModel):
     priority: int = Field(default=0, ge=-100, le=100)
     # A failed (or lost) attempt is queued again this many times, its checkpoint dir kept.
     retries: int = Field(default=0, ge=0, le=100)
+    # Multi-worker jobs: this many processes, each with `gpus_per_worker` GPUs and a
+    # TF_CONFIG made by gpuhop. `gpus` is then the total, filled in from these two.
+    workers: int = Field(default=1, ge=1, le=64)
+    gpus_per_worker: int = Field(default=0, ge=0, le=64)
+    # How long a worker waits for its peers to join before the job fails (seconds).
+    worker_timeout: int = Field(default=300, ge=5, le=86_400)
+
+    @model_validator(mode="after")
+    def _workers(self) -> SubmitRequest:
+        if self.workers == 1:
+            if self.gpus_per_worker:
+                raise ValueError("gpus_per_worker is for multi-worker jobs; use gpus")
+            return self
+        if self.gpus and self.gpus != self.workers * self.gpus_per_worker:
+            raise ValueError(
+                "a multi-worker job gives its GPUs as gpus_per_worker, not gpus"
+                f" (got gpus={self.gpus} for {self.workers} workers)"
+            )
+        self.gpus = self.workers * self.gpus_per_worker
+        return self
 
     @field_validator("tree")
     @classmethod
@@ -160,6 +180,7 @@ class JobInfo(WireModel):
     priority: int
     attempt: int
     retries: int = 0
+    workers: int = 1
     # Earlier attempts, oldest first; the current one is described by the fields above.
     attempts: list[AttemptInfo] = Field(default_factory=list)
     created_at: datetime

@@ -49,17 +49,17 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-def _stream(job: Job, offset: int = 0) -> None:
+def _stream(job: Job, worker: int | None = None) -> None:
     out = sys.stdout.buffer
-    for chunk in job.logs(follow=True, offset=offset):
+    for chunk in job.logs(follow=True, worker=worker):
         out.write(chunk)
         out.flush()
 
 
-def _follow(job: Job) -> JobInfo:
+def _follow(job: Job, worker: int | None = None) -> JobInfo:
     """Stream a job's log until it ends. Ctrl-C detaches; the job goes on."""
     try:
-        _stream(job)
+        _stream(job, worker)
         return job.wait()
     except KeyboardInterrupt:
         err.print()
@@ -103,6 +103,24 @@ def run(
     env: list[str] = typer.Option(
         [], "--env", "-e", metavar="KEY=VALUE", help="Set an environment variable (repeatable)."
     ),
+    workers: int = typer.Option(
+        1,
+        "--workers",
+        "-w",
+        min=1,
+        max=64,
+        help="Run N worker processes under MultiWorkerMirroredStrategy (TF_CONFIG made for you).",
+    ),
+    gpus_per_worker: int = typer.Option(
+        0, "--gpus-per-worker", min=0, help="Whole GPUs for each worker of a multi-worker job."
+    ),
+    worker_timeout: int = typer.Option(
+        300,
+        "--worker-timeout",
+        min=5,
+        metavar="SECONDS",
+        help="How long a worker waits for its peers to join before the job fails.",
+    ),
     retries: int = typer.Option(
         0,
         "--retries",
@@ -128,6 +146,10 @@ def run(
 
     Example: gpuhop run --gpus 1 train.py --epochs 3
     """
+    if workers > 1 and gpus:
+        fail("a multi-worker job takes --gpus-per-worker, not --gpus")
+    if workers == 1 and gpus_per_worker:
+        fail("--gpus-per-worker is for multi-worker jobs (--workers N); use --gpus")
     client = _client()
     try:
         job = client.submit(
@@ -137,6 +159,9 @@ def run(
             name=name,
             env=_parse_env(env),
             retries=retries,
+            workers=workers,
+            gpus_per_worker=gpus_per_worker,
+            worker_timeout=worker_timeout,
         )
     except GpuhopError as e:
         fail(e.message)
@@ -250,17 +275,20 @@ def _gpus_text(info: JobInfo) -> str:
 def logs(
     job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends."),
+    worker: int | None = typer.Option(
+        None, "--worker", min=0, help="Only this worker's output (multi-worker jobs)."
+    ),
 ) -> None:
-    """Print a job's output (stdout and stderr together)."""
+    """Print a job's output (stdout and stderr together; every worker's, prefixed)."""
     with _client() as client:
         job = _job(client, job_ref)
         try:
             if follow:
-                info = _follow(job)
+                info = _follow(job, worker)
                 say(_summary(info))
             else:
                 out = sys.stdout.buffer
-                for chunk in job.logs():
+                for chunk in job.logs(worker=worker):
                     out.write(chunk)
                 out.flush()
         except GpuhopError as e:

@@ -26,7 +26,7 @@ STATE_STYLE = {
 
 
 def say(message: str) -> None:
-    err.print(f"[dim]gpuhop:[/dim] {message}")
+    err.print(f"[dim]gpuhop:[/dim] {message}", soft_wrap=True)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -80,6 +80,8 @@ def format_metrics(metrics: dict[str, object] | None) -> str:
         return "-"
     parts = []
     for key, value in metrics.items():
+        if key == "time":
+            continue
         if isinstance(value, float):
             parts.append(f"{key}={value:.4g}")
         else:

@@ -119,6 +119,9 @@ class Client:
         env: dict[str, str] | None = None,
         priority: int = 0,
         retries: int = 0,
+        workers: int = 1,
+        gpus_per_worker: int = 0,
+        worker_timeout: int = 300,
         on_hash: Progress | None = None,
         on_upload: Callable[[int, int], None] | None = None,
     ) -> Job:
@@ -126,7 +129,9 @@ class Client:
 
         `command` is a script (`train.py`, run with the host's Python) or a program on the
         host, with its arguments; a string is split like a shell would. With `retries`, a
-        failed attempt is queued again with the same checkpoint dir.
+        failed attempt is queued again with the same checkpoint dir. With `workers`, that
+        many processes run it under MultiWorkerMirroredStrategy, each with
+        `gpus_per_worker` GPUs and its own TF_CONFIG.
         """
         argv = shlex.split(command) if isinstance(command, str) else list(command)
         if not argv:
@@ -149,6 +154,9 @@ class Client:
             env=dict(env or {}),
             priority=priority,
             retries=retries,
+            workers=workers,
+            gpus_per_worker=gpus_per_worker,
+            worker_timeout=worker_timeout,
         ).model_dump(mode="json")
         sent = (0, 0)
         try:
@@ -295,8 +303,11 @@ class Job:
         self.info = JobInfo.model_validate(response.json())
         return self.info
 
-    def logs(self, follow: bool = False, offset: int = 0) -> Iterator[bytes]:
-        """The job's output as raw chunks, from byte `offset`.
+    def logs(
+        self, follow: bool = False, offset: int = 0, worker: int | None = None
+    ) -> Iterator[bytes]:
+        """The job's output as raw chunks, from byte `offset` (of one worker's own log,
+        with `worker`; the job's log has every worker's lines, prefixed).
 
         With `follow`, keeps streaming until the job has ended; a dropped connection or an
         agent restart is resumed from the last byte received, so nothing is lost or repeated.
@@ -308,7 +319,11 @@ class Job:
                 with self.client._http.stream(
                     "GET",
                     f"/v1/jobs/{self.id}/log",
-                    params={"offset": position, "follow": follow},
+                    params={
+                        "offset": position,
+                        "follow": follow,
+                        **({"worker": worker} if worker is not None else {}),
+                    },
                     timeout=httpx.Timeout(None, connect=5.0),
                 ) as response:
                     if response.status_code >= 400:

@@ -18,9 +18,11 @@ __all__ = [
     "attempt",
     "checkpoint_dir",
     "in_job",
+    "is_chief",
     "job_id",
     "log_metrics",
     "metrics_file",
+    "worker_index",
 ]
 
 LOCAL_ARTIFACTS = Path("gpuhop-artifacts") / "local"
@@ -56,6 +58,16 @@ def checkpoint_dir() -> Path:
     return _dir("GPUHOP_CHECKPOINT_DIR", LOCAL_ARTIFACTS / "checkpoints")
 
 
+def worker_index() -> int:
+    """This process's worker in a multi-worker job (0, the chief, otherwise)."""
+    return int(os.environ.get("GPUHOP_WORKER_INDEX", "0"))
+
+
+def is_chief() -> bool:
+    """True in single-worker jobs and on worker 0: the one that writes metrics and models."""
+    return worker_index() == 0
+
+
 def metrics_file() -> Path | None:
     value = os.environ.get("GPUHOP_METRICS_FILE")
     return Path(value) if value else None
@@ -78,8 +90,8 @@ def log_metrics(*, step: int | None = None, epoch: int | None = None, **values: 
     For custom training loops; the Keras callback in `gpuhop.tf` calls this for you.
     """
     path = metrics_file()
-    if path is None:
-        return
+    if path is None or not is_chief():
+        return  # every worker of a gang sees the same metrics; the chief records them
     record: dict[str, object] = {"time": round(time.time(), 3)}
     if step is not None:
         record["step"] = int(step)

@@ -50,11 +50,12 @@ def log(
     request: Request,
     offset: int = Query(default=0, ge=0),
     follow: bool = False,
+    worker: int | None = Query(default=None, ge=0),
 ) -> StreamingResponse:
     c = ctx(request)
     job = service.find(c, ref)
     return StreamingResponse(
-        service.follow_log(c, job.id, offset, follow),
+        service.follow_log(c, job.id, service.log_path(c, job, worker), offset, follow),
         media_type="application/octet-stream",
         headers={"X-Gpuhop-Job": job.id},
     )

@@ -70,6 +70,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         priority=job.priority,
         attempt=job.attempt,
         retries=job.retries,
+        workers=job.workers,
         attempts=[
             AttemptInfo(
                 attempt=a["attempt"],
@@ -177,6 +178,8 @@ def submit(rt: AgentContext, req: SubmitRequest) -> JobInfo:
         name=req.name,
         job_id=job_id,
         retries=req.retries,
+        workers=req.workers,
+        worker_timeout=req.worker_timeout,
     )
     rt.wake()
     return to_info(rt, job)
@@ -199,17 +202,31 @@ def cancel(rt: AgentContext, ref: str, grace: float) -> JobInfo:
     return to_info(rt, rt.store.get(job.id))
 
 
+def log_path(rt: AgentContext, job: JobRecord, worker: int | None) -> Path:
+    """The job's log, or one worker's own log of a multi-worker job."""
+    jp = rt.supervisor.job_paths(job.id)
+    if worker is None:
+        return jp.log
+    if not 0 <= worker < job.workers:
+        raise ApiError(
+            400,
+            ErrorCode.bad_request,
+            f"job {job.id} has {job.workers} worker(s), numbered from 0; there is no worker"
+            f" {worker}",
+        )
+    return jp.worker_log(worker)
+
+
 async def follow_log(
-    rt: AgentContext, job_id: str, offset: int, follow: bool
+    rt: AgentContext, job_id: str, path: Path, offset: int, follow: bool
 ) -> AsyncIterator[bytes]:
-    """Yield the log from byte `offset`; with `follow`, until the job has ended and all is sent."""
-    jp = rt.supervisor.job_paths(job_id)
+    """Yield a log from byte `offset`; with `follow`, until the job has ended and all is sent."""
     delay = 0.005
     f = None
     try:
         while True:
-            if f is None and jp.log.exists():
-                f = open(jp.log, "rb")  # noqa: SIM115 - closed in finally
+            if f is None and path.exists():
+                f = open(path, "rb")  # noqa: SIM115 - closed in finally
                 f.seek(offset)
             chunk = f.read(LOG_CHUNK) if f is not None else b""
             if chunk:
@@ -221,7 +238,7 @@ async def follow_log(
             finished = rt.store.get(job_id).state.finished
             if finished:
                 # The state is recorded after the process ended: one more read gets the rest.
-                if f is None and jp.log.exists():
+                if f is None and path.exists():
                     continue
                 rest = f.read() if f is not None else b""
                 if rest:

@@ -1,0 +1,147 @@
+"""Multi-worker jobs on one host: TF_CONFIG, per-worker logs, gang failure, private network."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from gpuhop.api import JobState
+from tests.conftest import EXAMPLES, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+LISTENER = """
+import json, os, socket, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+me = config["task"]["index"]
+host, port = config["cluster"]["worker"][me].split(":")
+server = socket.socket()
+server.bind(("0.0.0.0", int(port)))  # as TensorFlow's gRPC server does
+server.listen()
+open(f"{sys.argv[1]}/port-{me}", "w").write(port)
+peer = config["cluster"]["worker"][1 - me].split(":")
+while True:
+    try:
+        socket.create_connection((peer[0], int(peer[1])), timeout=1).close()
+        break
+    except OSError:
+        time.sleep(0.05)
+print(f"worker {me} of {len(config['cluster']['worker'])} reached its peer", flush=True)
+while not os.path.exists(f"{sys.argv[1]}/release"):
+    time.sleep(0.05)
+"""
+
+
+def listening_ports() -> set[int]:
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_workers_reach_each_other_on_a_network_no_other_host_can_reach(
+    shared_agent, project, tmp_path
+):
+    root = project({"listener.py": LISTENER})
+    with shared_agent.client() as client:
+        job = client.submit(["listener.py", str(tmp_path)], workdir=root, workers=2)
+        wait_until(lambda: b"reached its peer" in b"".join(job.logs(worker=1)), timeout=60)
+        wait_until(lambda: b"reached its peer" in b"".join(job.logs(worker=0)), timeout=60)
+        ports = {int((tmp_path / f"port-{i}").read_text()) for i in (0, 1)}
+        # Both workers listen on every interface of their network, yet the host sees none.
+        assert not ports & listening_ports()
+        (tmp_path / "release").touch()
+        info = job.wait(timeout=60)
+        log = b"".join(job.logs()).decode()
+    assert info.state == JobState.succeeded and info.workers == 2
+    assert "[worker 0] worker 0 of 2 reached its peer" in log
+    assert "[worker 1] worker 1 of 2 reached its peer" in log
+
+
+def test_one_failing_worker_stops_the_gang(shared_agent, project):
+    root = project(
+        {
+            "gang.py": "import os, sys, time\n"
+            "if os.environ['GPUHOP_WORKER_INDEX'] == '1':\n"
+            "    print('giving up', flush=True); sys.exit(3)\n"
+            "print('working', flush=True)\n"
+            "time.sleep(300)\n"
+        }
+    )
+    with shared_agent.client() as client:
+        job = client.submit(["gang.py"], workdir=root, workers=2)
+        info = job.wait(timeout=60)
+        worker0 = b"".join(job.logs(worker=0)).decode()
+    assert (info.state, info.exit_code) == (JobState.failed, 3)
+    assert info.reason.startswith("worker 1 exited with code 3 first; 1 other worker was stopped")
+    assert worker0 == "working\n"
+
+
+def test_run_options_for_workers(shared_agent, project):
+    root = project({"w.py": "import os; print(os.environ['GPUHOP_NUM_WORKERS'])\n"})
+    both = shared_agent.cli("run", "--workers", "2", "--gpus", "1", "w.py", cwd=root)
+    per = shared_agent.cli("run", "--gpus-per-worker", "1", "w.py", cwd=root)
+    worker = shared_agent.cli("logs", "--worker", "5", "w", cwd=root)
+    assert both.returncode == 2 and "takes --gpus-per-worker, not --gpus" in both.stderr
+    assert per.returncode == 2 and "--gpus-per-worker is for multi-worker jobs" in per.stderr
+    ok = shared_agent.cli("run", "--name", "w", "-w", "3", "w.py", cwd=root)
+    assert ok.returncode == 0, ok.stderr
+    assert sorted(ok.stdout.splitlines()) == ["[worker 0] 3", "[worker 1] 3", "[worker 2] 3"]
+    worker = shared_agent.cli("logs", "--worker", "5", "w", cwd=root)
+    assert worker.returncode == 2 and "has 3 worker(s), numbered from 0" in worker.stderr
+
+
+@pytest.mark.tf
+def test_two_workers_train_the_example_to_the_same_weights(make_agent, tmp_path):
+    agent = make_agent()
+    work = tmp_path / "work"
+    shutil.copytree(EXAMPLES / "multiworker", work / "multiworker")
+    run = agent.cli(
+        "run",
+        "--workers",
+        "2",
+        "--pull",
+        str(tmp_path / "out"),
+        "multiworker/train.py",
+        "--epochs",
+        "2",
+        cwd=work,
+        timeout=280,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    finals = {
+        line.split("] ", 1)[0]: line.split("final loss: ", 1)[1]
+        for line in run.stdout.splitlines()
+        if "final loss: " in line
+    }
+    assert set(finals) == {"[worker 0", "[worker 1"}
+    assert finals["[worker 0"] == finals["[worker 1"]  # same loss and weights checksum
+    assert (tmp_path / "out" / "digits_savedmodel" / "saved_model.pb").is_file()
+    info = json.loads(agent.cli("show", "--json", "--", run.stderr.split("job ")[1][:8]).stdout)
+    assert info["latest_metrics"]["epoch"] == 2
+
+
+@pytest.mark.tf
+def test_a_lone_worker_gives_up_within_its_timeout(shared_agent, project):
+    root = project(
+        {
+            "lone.py": "import os, time\n"
+            "if os.environ['GPUHOP_WORKER_INDEX'] == '1':\n"
+            "    print('never joining', flush=True); time.sleep(600)\n"
+            "import gpuhop.tf\n"
+            "gpuhop.tf.strategy()\n"
+            "print('joined')\n"
+        }
+    )
+    with shared_agent.client() as client:
+        job = client.submit(["lone.py"], workdir=root, workers=2, worker_timeout=5)
+        info = job.wait(timeout=180)
+    assert info.state == JobState.failed
+    assert info.reason.startswith("worker 0 exited with code 1 first; 1 other worker was stopped")
+    assert "its peers did not join within 5s" in info.reason
