@@ -9,6 +9,8 @@ from gpuhop.api.models import (
     ArtifactEntry,
     BlobCheck,
     BlobCheckResult,
+    CheckStatus,
+    DoctorCheck,
     GpuInfo,
     JobInfo,
     JobState,
@@ -18,12 +20,15 @@ from gpuhop.api.models import (
     TreeStored,
     validate_relpath,
 )
+from gpuhop.api.sizes import format_mb, parse_mb
 
 __all__ = [
     "AgentInfo",
     "ArtifactEntry",
     "BlobCheck",
     "BlobCheckResult",
+    "CheckStatus",
+    "DoctorCheck",
     "ErrorBody",
     "ErrorCode",
     "GpuInfo",
@@ -33,5 +38,7 @@ __all__ = [
     "SubmitRequest",
     "Tree",
     "TreeStored",
+    "format_mb",
+    "parse_mb",
     "validate_relpath",
 ]
