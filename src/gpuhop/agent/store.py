@@ -3,6 +3,9 @@
 Every state change is one UPDATE guarded by the states it may leave, so two threads (or a
 crash between two steps) can never move a job twice. GPUs in use are derived from the jobs
 that hold them, never kept in a second place, so they cannot drift after a restart.
+
+Columns added after the first release are added to an existing jobs.db when the store opens
+(see `ADDED_COLUMNS`), so an agent upgrade keeps every job it knew.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuhop.agent.scheduler import Holding
 from gpuhop.api import JobState
 
 SCHEMA = """
@@ -38,11 +42,18 @@ CREATE TABLE IF NOT EXISTS jobs (
     reason        TEXT,
     pid           INTEGER,
     pid_start     TEXT,
-    cancel_requested INTEGER NOT NULL DEFAULT 0
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    gpu_memory_mb INTEGER
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
 """
+
+# Columns a jobs.db made by an older agent may lack: name -> its type and default, as in
+# SCHEMA. Each is added by ALTER TABLE when the store opens; adding one is idempotent.
+ADDED_COLUMNS = {
+    "gpu_memory_mb": "INTEGER",
+}
 
 ACTIVE_STATES = (JobState.starting, JobState.running)
 
@@ -67,6 +78,7 @@ class JobRecord:
     pid: int | None = None
     pid_start: str | None = None
     cancel_requested: bool = False
+    gpu_memory_mb: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -90,6 +102,7 @@ class JobRecord:
             pid=row["pid"],
             pid_start=row["pid_start"],
             cancel_requested=bool(row["cancel_requested"]),
+            gpu_memory_mb=row["gpu_memory_mb"],
         )
 
 
@@ -115,6 +128,15 @@ class JobStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        with self._lock:
+            have = {row["name"] for row in self._db.execute("PRAGMA table_info(jobs)")}
+            for name, decl in ADDED_COLUMNS.items():
+                if name not in have:
+                    # Names and types come from ADDED_COLUMNS above, never from input.
+                    self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
 
     def close(self) -> None:
         with self._lock:
@@ -138,6 +160,7 @@ class JobStore:
         name: str | None,
         now: float | None = None,
         job_id: str | None = None,
+        gpu_memory_mb: int | None = None,
     ) -> JobRecord:
         """Insert a queued job. With `job_id`, that id is used (and must be new)."""
         now = time.time() if now is None else now
@@ -148,7 +171,7 @@ class JobStore:
                 try:
                     self._db.execute(
                         "INSERT INTO jobs (id, name, state, command, env, gpus, priority,"
-                        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        " created_at, gpu_memory_mb) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             job_id,
                             name,
@@ -158,6 +181,7 @@ class JobStore:
                             gpus,
                             priority,
                             now,
+                            gpu_memory_mb,
                         ),
                     )
                     break
@@ -210,13 +234,13 @@ class JobStore:
     def count(self, state: JobState) -> int:
         return int(self._query("SELECT count(*) FROM jobs WHERE state = ?", (state.value,))[0][0])
 
-    def gpus_in_use(self) -> dict[int, str]:
-        """GPU index -> id of the job holding it, for jobs that are starting or running."""
-        used: dict[int, str] = {}
-        for job in self.list(ACTIVE_STATES):
-            for gpu in job.gpu_ids:
-                used[gpu] = job.id
-        return used
+    def holdings(self) -> Sequence[Holding]:
+        """What the starting and running jobs hold: their GPUs and, for shares, how much."""
+        return [
+            Holding(job.id, tuple(job.gpu_ids), job.gpu_memory_mb)
+            for job in reversed(self.list(ACTIVE_STATES))  # oldest first
+            if job.gpu_ids
+        ]
 
     def transition(
         self, job_id: str, from_states: Iterable[JobState], to_state: JobState, **fields: Any

@@ -1,25 +1,35 @@
-"""Runs in the agent: /v1/agent (what this agent is and has)."""
+"""Runs in the agent: /v1/agent (what this agent is and has, its GPUs included)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
 from gpuhop import __version__
-from gpuhop.api import AgentInfo, JobState
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.services import gpus as gpus_service
+from gpuhop.api import AgentInfo, GpuInfo, JobState
 
 router = APIRouter(prefix="/v1/agent", tags=["agent"])
 
 
+def ctx(request: Request) -> AgentContext:
+    return request.app.state.ctx
+
+
 @router.get("")
 def info(request: Request) -> AgentInfo:
-    c = request.app.state.ctx
-    used = c.store.gpus_in_use()
+    c = ctx(request)
     return AgentInfo(
         version=__version__,
         pid=c.pid,
         home=str(c.paths.home),
-        gpus=[g.model_copy(update={"job_id": used.get(g.index)}) for g in c.gpus],
+        gpus=gpus_service.describe(c),
         fake_gpus=c.fake_gpus,
         jobs_running=c.store.count(JobState.running),
         jobs_queued=c.store.count(JobState.queued),
     )
+
+
+@router.get("/gpus")
+def gpus(request: Request) -> list[GpuInfo]:
+    return gpus_service.describe(ctx(request))
