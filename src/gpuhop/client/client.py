@@ -24,9 +24,11 @@ from gpuhop.api import (
     ArtifactEntry,
     BlobCheckResult,
     ErrorBody,
+    GpuInfo,
     JobInfo,
     JobState,
     SubmitRequest,
+    parse_mb,
     validate_relpath,
 )
 from gpuhop.client.embedded import socket_answers
@@ -107,6 +109,10 @@ class Client:
     def info(self) -> AgentInfo:
         return AgentInfo.model_validate(self._request("GET", "/v1/agent").json())
 
+    def gpus(self) -> list[GpuInfo]:
+        """The host's GPUs: memory used and load now, and the jobs holding each."""
+        return [GpuInfo.model_validate(g) for g in self._request("GET", "/v1/agent/gpus").json()]
+
     # -- jobs ---------------------------------------------------------------------------------
 
     def submit(
@@ -118,17 +124,21 @@ class Client:
         name: str | None = None,
         env: dict[str, str] | None = None,
         priority: int = 0,
+        gpu_memory: str | int | None = None,
         on_hash: Progress | None = None,
         on_upload: Callable[[int, int], None] | None = None,
     ) -> Job:
         """Sync `workdir` and queue `command` there. Returns at once with a `Job` handle.
 
         `command` is a script (`train.py`, run with the host's Python) or a program on the
-        host, with its arguments; a string is split like a shell would.
+        host, with its arguments; a string is split like a shell would. `gpu_memory` ("6GiB",
+        "6144M", or an int of MB) asks for a share of one GPU instead of whole GPUs; the job's
+        TensorFlow is capped at it.
         """
         argv = shlex.split(command) if isinstance(command, str) else list(command)
         if not argv:
             raise GpuhopError("no command given", code="bad_request")
+        gpu_memory_mb = _share_mb(gpu_memory, gpus)
         root = Path(workdir).absolute()
         argv[0] = _script_in_workdir(argv[0], root)
         result = self._scan(root, on_hash)
@@ -139,9 +149,16 @@ class Client:
                 code="bad_request",
             )
         tree_bytes, tree = tree_of(result.files)
+        # Fields left at None are not sent, so an older agent still takes a plain request.
         body = SubmitRequest(
-            command=argv, tree=tree, name=name, gpus=gpus, env=dict(env or {}), priority=priority
-        ).model_dump(mode="json")
+            command=argv,
+            tree=tree,
+            name=name,
+            gpus=gpus,
+            env=dict(env or {}),
+            priority=priority,
+            gpu_memory_mb=gpu_memory_mb,
+        ).model_dump(mode="json", exclude_none=True)
         sent = (0, 0)
         try:
             response = self._request("POST", "/v1/jobs", json=body)
@@ -392,6 +409,21 @@ def check(response: httpx.Response) -> None:
             f"the agent answered {response.status_code}: {response.text[:500]}",
             status=response.status_code,
         ) from None
+
+
+def _share_mb(gpu_memory: str | int | None, gpus: int) -> int | None:
+    if gpu_memory is None:
+        return None
+    try:
+        mb = parse_mb(gpu_memory)
+    except ValueError as e:
+        raise GpuhopError(f"gpu_memory: {e}", code="bad_request") from None
+    if gpus > 1:
+        raise GpuhopError(
+            f"gpu_memory asks for a share of one GPU; it cannot be combined with gpus={gpus}",
+            code="bad_request",
+        )
+    return mb
 
 
 def _quote(ref: str, safe: str = "") -> str:
