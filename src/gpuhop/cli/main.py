@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpuhop import __version__
-from gpuhop.cli import agent, gpus, jobs
+from gpuhop.cli import agent, doctor, gpus, jobs
 
 app = typer.Typer(
     name="gpuhop",
@@ -22,6 +22,7 @@ app = typer.Typer(
 )
 jobs.register(app)
 gpus.register(app)
+doctor.register(app)
 app.add_typer(agent.app, name="agent")
 
 

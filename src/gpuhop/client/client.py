@@ -23,6 +23,7 @@ from gpuhop.api import (
     AgentInfo,
     ArtifactEntry,
     BlobCheckResult,
+    DoctorCheck,
     ErrorBody,
     GpuInfo,
     JobInfo,
@@ -42,6 +43,8 @@ from gpuhop.home import AgentError, AgentPaths, default_home
 UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
 # How long a follower keeps trying to reconnect to an agent that went away.
 RECONNECT_PATIENCE = 30.0
+# `doctor` imports TensorFlow on the host, which can take a while on a cold GPU host.
+DOCTOR_TIMEOUT = 240.0
 
 Progress = Callable[[int], None]
 
@@ -112,6 +115,13 @@ class Client:
     def gpus(self) -> list[GpuInfo]:
         """The host's GPUs: memory used and load now, and the jobs holding each."""
         return [GpuInfo.model_validate(g) for g in self._request("GET", "/v1/agent/gpus").json()]
+
+    def doctor(self) -> list[DoctorCheck]:
+        """Preflight checks of the GPU host (driver, CUDA, TensorFlow build, disk)."""
+        response = self._request(
+            "GET", "/v1/agent/doctor", timeout=httpx.Timeout(DOCTOR_TIMEOUT, connect=5.0)
+        )
+        return [DoctorCheck.model_validate(c) for c in response.json()]
 
     # -- jobs ---------------------------------------------------------------------------------
 

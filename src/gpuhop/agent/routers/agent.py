@@ -1,4 +1,4 @@
-"""Runs in the agent: /v1/agent (what this agent is and has, its GPUs included)."""
+"""Runs in the agent: /v1/agent (what this agent is and has: its GPUs, and a preflight)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from fastapi import APIRouter, Request
 
 from gpuhop import __version__
 from gpuhop.agent.context import AgentContext
+from gpuhop.agent.services import doctor as doctor_service
 from gpuhop.agent.services import gpus as gpus_service
-from gpuhop.api import AgentInfo, GpuInfo, JobState
+from gpuhop.api import AgentInfo, DoctorCheck, GpuInfo, JobState
 
 router = APIRouter(prefix="/v1/agent", tags=["agent"])
 
@@ -33,3 +34,10 @@ def info(request: Request) -> AgentInfo:
 @router.get("/gpus")
 def gpus(request: Request) -> list[GpuInfo]:
     return gpus_service.describe(ctx(request))
+
+
+@router.get("/doctor")
+def doctor(request: Request) -> list[DoctorCheck]:
+    # A sync route: FastAPI runs it in a worker thread, so the probe's seconds of importing
+    # TensorFlow in a subprocess never hold up the other requests.
+    return doctor_service.run(ctx(request))
