@@ -128,14 +128,21 @@ def test_two_workers_train_the_example_to_the_same_weights(make_agent, tmp_path)
 
 
 @pytest.mark.tf
-def test_a_lone_worker_gives_up_within_its_timeout(shared_agent, project):
+@pytest.mark.parametrize(
+    "make_strategy",
+    [
+        "import gpuhop.tf; gpuhop.tf.strategy()",
+        # An unmodified script: gpuhop's start-up hook bounds the wait for it.
+        "import tensorflow as tf; tf.distribute.MultiWorkerMirroredStrategy()",
+    ],
+)
+def test_a_lone_worker_gives_up_within_its_timeout(shared_agent, project, make_strategy):
     root = project(
         {
             "lone.py": "import os, time\n"
             "if os.environ['GPUHOP_WORKER_INDEX'] == '1':\n"
             "    print('never joining', flush=True); time.sleep(600)\n"
-            "import gpuhop.tf\n"
-            "gpuhop.tf.strategy()\n"
+            f"{make_strategy}\n"
             "print('joined')\n"
         }
     )

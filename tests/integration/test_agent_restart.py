@@ -80,7 +80,7 @@ def test_queued_jobs_start_after_a_restart_and_gpus_stay_single_owner(
     with agent.client() as client:
         assert client.job(first.id).state == JobState.running
         assert client.job(second.id).state == JobState.queued
-        assert [g.job_id for g in client.info().gpus] == [first.id]
+        assert [g.job_ids for g in client.info().gpus] == [[first.id]]
         release.touch()
         a = client.job(first.id).wait(30)
         b = client.job(second.id).wait(30)

@@ -217,3 +217,29 @@ def test_name_with_trailing_newline_is_rejected():
 def test_env_name_with_trailing_newline_is_rejected():
     with pytest.raises(ValidationError):
         submit(env={"TF_CONFIG\n": "{}"})
+
+
+# -- GPU memory shares ------------------------------------------------------------------------
+
+
+def test_a_share_means_one_gpu():
+    req = submit(gpu_memory_mb=4096)
+    assert (req.gpus, req.gpu_memory_mb) == (1, 4096)
+    assert submit(gpus=1, gpu_memory_mb=4096).gpus == 1
+
+
+def test_a_share_cannot_come_with_several_gpus():
+    with pytest.raises(ValidationError, match="share of one GPU; it cannot be combined"):
+        submit(gpus=2, gpu_memory_mb=4096)
+
+
+@pytest.mark.parametrize("value", [0, -1, 2**40, "6GiB"])
+def test_a_share_is_a_positive_number_of_mb(value: object):
+    with pytest.raises(ValidationError, match="gpu_memory_mb"):
+        submit(gpu_memory_mb=value)
+
+
+def test_the_hook_verbosity_is_the_one_gpuhop_variable_a_user_may_set():
+    assert submit(env={"GPUHOP_HOOK_VERBOSE": "1"}).env == {"GPUHOP_HOOK_VERBOSE": "1"}
+    with pytest.raises(ValidationError, match="set by gpuhop"):
+        submit(env={"GPUHOP_GPU_MEMORY_MB": "1"})

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from gpuhop.agent.scheduler import Holding
 from gpuhop.agent.store import AmbiguousJob, JobNotFound, JobRecord, JobStore
 from gpuhop.api import JobState
 
@@ -177,11 +179,13 @@ def test_transition_refuses_unknown_fields(store: JobStore):
     assert store.get(job.id) == job
 
 
-# -- gpus_in_use, update ------------------------------------------------------------------------
+# -- holdings, update ---------------------------------------------------------------------------
 
 
-def test_gpus_in_use_counts_only_starting_and_running_jobs(store: JobStore):
-    starting, running, done, requeued, queued = (new_job(store, gpus=1) for _ in range(5))
+def test_holdings_count_only_starting_and_running_jobs(store: JobStore):
+    starting, running, done, requeued, queued = (
+        new_job(store, now=float(t), gpus=1) for t in range(5)
+    )
     store.transition(starting.id, [Q], S, gpu_ids=[0, 1])
     store.transition(running.id, [Q], S, gpu_ids=[2])
     store.transition(running.id, [S], R)
@@ -191,8 +195,54 @@ def test_gpus_in_use_counts_only_starting_and_running_jobs(store: JobStore):
     store.transition(requeued.id, [Q], S, gpu_ids=[4])
     store.transition(requeued.id, [S], Q)  # keeps gpu_ids, but holds nothing while queued
 
-    assert store.gpus_in_use() == {0: starting.id, 1: starting.id, 2: running.id}
+    assert store.holdings() == [Holding(starting.id, (0, 1)), Holding(running.id, (2,))]
     assert store.get(queued.id).state == Q
+
+
+def test_a_share_is_stored_and_held_with_its_size(store: JobStore):
+    job = store.create(command=["t.py"], env={}, gpus=1, priority=0, name=None, gpu_memory_mb=4096)
+    plain = new_job(store, gpus=1)
+    store.transition(job.id, [Q], S, gpu_ids=[1])
+    store.transition(plain.id, [Q], S, gpu_ids=[0])
+
+    assert store.get(job.id).gpu_memory_mb == 4096
+    assert plain.gpu_memory_mb is None
+    assert set(store.holdings()) == {Holding(job.id, (1,), 4096), Holding(plain.id, (0,))}
+
+
+# The jobs table as the first release made it, before gpu_memory_mb existed.
+OLD_SCHEMA = """
+CREATE TABLE jobs (
+    id TEXT PRIMARY KEY, name TEXT, state TEXT NOT NULL, command TEXT NOT NULL,
+    env TEXT NOT NULL, gpus INTEGER NOT NULL, priority INTEGER NOT NULL,
+    gpu_ids TEXT NOT NULL DEFAULT '[]', attempt INTEGER NOT NULL DEFAULT 1,
+    created_at REAL NOT NULL, started_at REAL, ended_at REAL, exit_code INTEGER,
+    signal INTEGER, reason TEXT, pid INTEGER, pid_start TEXT,
+    cancel_requested INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO jobs (id, state, command, env, gpus, priority, gpu_ids, created_at)
+VALUES ('0ld0ld00', 'running', '["old.py"]', '{}', 1, 0, '[2]', 5.0);
+"""
+
+
+def test_an_older_jobs_db_gains_the_new_columns_and_keeps_its_jobs(tmp_path: Path):
+    path = tmp_path / "jobs.db"
+    with sqlite3.connect(path) as db:
+        db.executescript(OLD_SCHEMA)
+    db.close()
+
+    for _ in range(2):  # opening it again must not try to add the column twice
+        s = JobStore(path)
+        try:
+            old = s.get("0ld0ld00")
+            assert (old.command, old.gpu_ids, old.gpu_memory_mb) == (["old.py"], [2], None)
+            assert s.holdings() == [Holding("0ld0ld00", (2,))]
+            new = s.create(
+                command=["n.py"], env={}, gpus=1, priority=0, name=None, gpu_memory_mb=512
+            )
+            assert s.get(new.id).gpu_memory_mb == 512
+        finally:
+            s.close()
 
 
 def test_update_sets_non_state_fields(store: JobStore):

@@ -12,6 +12,7 @@ from gpuhop.agent.store import JobRecord
 from gpuhop.agent.supervisor import StartError, job_environment, resolve_command
 from gpuhop.api import JobState
 from gpuhop.home import JobPaths
+from gpuhop.runtime import hook
 
 PYTHON = "/opt/agent/python"
 
@@ -101,7 +102,12 @@ def test_unknown_program_is_a_start_error_naming_it(tmp_path: Path):
 # -- job_environment --------------------------------------------------------------------------
 
 
-def record(gpu_ids: list[int], env: dict[str, str] | None = None, attempt: int = 1) -> JobRecord:
+def record(
+    gpu_ids: list[int],
+    env: dict[str, str] | None = None,
+    attempt: int = 1,
+    gpu_memory_mb: int | None = None,
+) -> JobRecord:
     return JobRecord(
         id="ab12cd34",
         name="train",
@@ -113,6 +119,7 @@ def record(gpu_ids: list[int], env: dict[str, str] | None = None, attempt: int =
         gpu_ids=gpu_ids,
         attempt=attempt,
         created_at=0.0,
+        gpu_memory_mb=gpu_memory_mb,
     )
 
 
@@ -192,3 +199,34 @@ def test_without_a_base_the_agent_environment_is_used(monkeypatch: pytest.Monkey
     assert env["FROM_THE_AGENT"] == "yes"
     assert "GPUHOP_HOME" not in env
     assert "TF_CONFIG" not in env
+
+
+def test_gpu_indices_mean_what_nvml_and_nvidia_smi_mean():
+    assert job_environment(record([1]), JP, BASE)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    host = job_environment(record([1]), JP, {**BASE, "CUDA_DEVICE_ORDER": "FASTEST_FIRST"})
+    assert host["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_a_share_job_gets_its_cap_and_the_start_up_hook_first_on_pythonpath():
+    env = job_environment(record([1], gpu_memory_mb=4096), JP, BASE)
+
+    assert env["GPUHOP_GPU_MEMORY_MB"] == "4096"
+    assert env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert env["PYTHONPATH"] == hook.STARTUP_DIR
+    assert Path(hook.STARTUP_DIR, "sitecustomize.py").is_file()
+
+
+def test_the_hook_keeps_the_pythonpath_the_host_or_the_user_set_after_it():
+    host = job_environment(record([0], gpu_memory_mb=1), JP, {**BASE, "PYTHONPATH": "/lib/a"})
+    user = job_environment(record([0], env={"PYTHONPATH": "src:vendor"}, gpu_memory_mb=1), JP, BASE)
+
+    assert host["PYTHONPATH"] == os.pathsep.join([hook.STARTUP_DIR, "/lib/a"])
+    assert user["PYTHONPATH"] == os.pathsep.join([hook.STARTUP_DIR, "src:vendor"])
+
+
+def test_jobs_that_need_no_hook_keep_their_pythonpath_untouched():
+    whole = job_environment(record([0]), JP, {**BASE, "PYTHONPATH": "/lib/a"})
+
+    assert "GPUHOP_GPU_MEMORY_MB" not in whole
+    assert whole["PYTHONPATH"] == "/lib/a"
+    assert "PYTHONPATH" not in job_environment(record([]), JP, BASE)

@@ -6,14 +6,16 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from gpuhop.agent.blobs import BlobStore
-from gpuhop.agent.scheduler import Pending, plan
+from gpuhop.agent.gpus import GpuHost
+from gpuhop.agent.scheduler import Pending, could_ever_fit, plan
 from gpuhop.agent.store import JobStore
 from gpuhop.agent.supervisor import Supervisor
 from gpuhop.agent.trees import TreeStore
-from gpuhop.api import GpuInfo, JobState
+from gpuhop.api import JobState, format_mb
 from gpuhop.home import AgentPaths
 
 log = logging.getLogger("gpuhop.agent")
@@ -23,11 +25,13 @@ SCHEDULE_INTERVAL = 1.0
 
 
 class AgentContext:
-    def __init__(self, paths: AgentPaths, gpus: list[GpuInfo], fake_gpus: bool = False):
+    def __init__(self, paths: AgentPaths, gpu_host: GpuHost):
         paths.ensure()
         self.paths = paths
-        self.gpus = gpus
-        self.fake_gpus = fake_gpus
+        self.gpu_host = gpu_host
+        # The GPUs as found at start; their live readings come from gpu_host.usage().
+        self.gpus = gpu_host.gpus
+        self.fake_gpus = gpu_host.fake
         self.pid = os.getpid()
         self.store = JobStore(paths.db)
         self.blobs = BlobStore(paths.blobs, paths.tmp)
@@ -48,11 +52,11 @@ class AgentContext:
         queued = self.store.list([JobState.queued])
         if not queued:
             return 0
-        used = self.store.gpus_in_use()
-        free = [g.index for g in self.gpus if g.index not in used]
-        pending = [Pending(j.id, j.gpus, j.priority, j.created_at) for j in queued]
+        memory = {g.index: g.memory_mb for g in self.gpus}
+        pending = [Pending(j.id, j.gpus, j.priority, j.created_at, j.gpu_memory_mb) for j in queued]
+        self._fail_misfits(pending, memory)
         started = 0
-        for placement in plan(pending, free):
+        for placement in plan(pending, memory, self.store.holdings()):
             # Allocation and the move to `starting` are one guarded UPDATE.
             if self.store.transition(
                 placement.job_id,
@@ -63,6 +67,25 @@ class AgentContext:
                 self._launcher.submit(self._launch, placement.job_id)
                 started += 1
         return started
+
+    def _fail_misfits(self, pending: list[Pending], memory: dict[int, int]) -> None:
+        """Fail the queued jobs that this host can never run (it restarted with fewer GPUs)."""
+        for job in pending:
+            if could_ever_fit(job, memory):
+                continue
+            asks = (
+                f"{format_mb(job.gpu_memory_mb)} of one GPU's memory"
+                if job.gpu_memory_mb is not None
+                else f"{job.gpus} GPU(s)"
+            )
+            reason = (
+                f"could not start: it asks for {asks}; this host now has {len(memory)} GPU(s)"
+                f" with up to {format_mb(max(memory.values(), default=0))} each"
+            )
+            if self.store.transition(
+                job.job_id, [JobState.queued], JobState.failed, reason=reason, ended_at=time.time()
+            ):
+                log.warning("job %s %s", job.job_id, reason)
 
     def _launch(self, job_id: str) -> None:
         try:
@@ -86,3 +109,4 @@ class AgentContext:
     def close(self) -> None:
         self._launcher.shutdown(wait=True)
         self.store.close()
+        self.gpu_host.close()

@@ -19,8 +19,13 @@ from pathlib import Path
 from gpuhop.home import AgentError, AgentPaths, read_pid
 
 
-def serve(paths: AgentPaths, fake_gpus: int | None = None) -> None:
-    """Run the agent in this process until SIGTERM or SIGINT."""
+def serve(
+    paths: AgentPaths, fake_gpus: int | None = None, fake_gpu_memory_mb: int | None = None
+) -> None:
+    """Run the agent in this process until SIGTERM or SIGINT.
+
+    `fake_gpus=N` pretends the host has N GPUs of `fake_gpu_memory_mb` (default 8192) each.
+    """
     import uvicorn
 
     from gpuhop.agent import gpus
@@ -36,7 +41,9 @@ def serve(paths: AgentPaths, fake_gpus: int | None = None) -> None:
     )
     paths.pidfile.write_text(f"{os.getpid()}\n")
     sock = _bind_unix_socket(paths.socket)
-    ctx = AgentContext(paths, gpus.discover(fake_gpus), fake_gpus=fake_gpus is not None)
+    ctx = AgentContext(
+        paths, gpus.discover(fake_gpus, fake_gpu_memory_mb or gpus.FAKE_GPU_MEMORY_MB)
+    )
     config = uvicorn.Config(
         create_app(ctx),
         log_level="warning",
@@ -44,7 +51,11 @@ def serve(paths: AgentPaths, fake_gpus: int | None = None) -> None:
         timeout_graceful_shutdown=2,
     )
     logging.getLogger("gpuhop.agent").info(
-        "agent %d serving %s with %d GPU(s)", os.getpid(), paths.socket, len(ctx.gpus)
+        "agent %d serving %s with %d GPU(s) (%s)",
+        os.getpid(),
+        paths.socket,
+        len(ctx.gpus),
+        ctx.gpu_host.source,
     )
     # uvicorn re-raises the signal that stopped it once it has shut down; with these
     # no-op handlers in place that re-raise returns here and the cleanup below runs.

@@ -3,6 +3,9 @@
 Every state change is one UPDATE guarded by the states it may leave, so two threads (or a
 crash between two steps) can never move a job twice. GPUs in use are derived from the jobs
 that hold them, never kept in a second place, so they cannot drift after a restart.
+
+Columns added after the first release are added to an existing jobs.db when the store opens
+(see `ADDED_COLUMNS`), so an agent upgrade keeps every job it knew.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuhop.agent.scheduler import Holding
 from gpuhop.api import JobState
 
 SCHEMA = """
@@ -41,7 +45,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     cancel_requested INTEGER NOT NULL DEFAULT 0,
     retries       INTEGER NOT NULL DEFAULT 0,
     workers       INTEGER NOT NULL DEFAULT 1,
-    worker_timeout INTEGER NOT NULL DEFAULT 300
+    worker_timeout INTEGER NOT NULL DEFAULT 300,
+    gpu_memory_mb INTEGER
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
@@ -59,9 +64,10 @@ CREATE TABLE IF NOT EXISTS attempts (
 );
 """
 
-# Columns added after the first schema: a state dir made by an older agent gets them,
-# with these definitions, when a newer agent opens it.
+# Columns a jobs.db made by an older agent may lack: name -> its type and default, as in
+# SCHEMA. Each is added by ALTER TABLE when the store opens; adding one is idempotent.
 ADDED_COLUMNS = {
+    "gpu_memory_mb": "INTEGER",
     "retries": "INTEGER NOT NULL DEFAULT 0",
     "workers": "INTEGER NOT NULL DEFAULT 1",
     "worker_timeout": "INTEGER NOT NULL DEFAULT 300",
@@ -93,6 +99,7 @@ class JobRecord:
     retries: int = 0
     workers: int = 1
     worker_timeout: int = 300
+    gpu_memory_mb: int | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> JobRecord:
@@ -118,6 +125,7 @@ class JobRecord:
             retries=row["retries"],
             workers=row["workers"],
             worker_timeout=row["worker_timeout"],
+            gpu_memory_mb=row["gpu_memory_mb"],
         )
 
 
@@ -143,14 +151,15 @@ class JobStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
-        self._migrate()
+        self._add_missing_columns()
 
-    def _migrate(self) -> None:
-        have = {row["name"] for row in self._db.execute("PRAGMA table_info(jobs)")}
-        for name, definition in ADDED_COLUMNS.items():
-            if name not in have:
-                # Names and definitions are constants above, never input.
-                self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {definition}")
+    def _add_missing_columns(self) -> None:
+        with self._lock:
+            have = {row["name"] for row in self._db.execute("PRAGMA table_info(jobs)")}
+            for name, decl in ADDED_COLUMNS.items():
+                if name not in have:
+                    # Names and types come from ADDED_COLUMNS above, never from input.
+                    self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
 
     def close(self) -> None:
         with self._lock:
@@ -177,6 +186,7 @@ class JobStore:
         retries: int = 0,
         workers: int = 1,
         worker_timeout: int = 300,
+        gpu_memory_mb: int | None = None,
     ) -> JobRecord:
         """Insert a queued job. With `job_id`, that id is used (and must be new)."""
         now = time.time() if now is None else now
@@ -187,8 +197,8 @@ class JobStore:
                 try:
                     self._db.execute(
                         "INSERT INTO jobs (id, name, state, command, env, gpus, priority,"
-                        " created_at, retries, workers, worker_timeout)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        " created_at, retries, workers, worker_timeout, gpu_memory_mb)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             job_id,
                             name,
@@ -201,6 +211,7 @@ class JobStore:
                             retries,
                             workers,
                             worker_timeout,
+                            gpu_memory_mb,
                         ),
                     )
                     break
@@ -253,13 +264,13 @@ class JobStore:
     def count(self, state: JobState) -> int:
         return int(self._query("SELECT count(*) FROM jobs WHERE state = ?", (state.value,))[0][0])
 
-    def gpus_in_use(self) -> dict[int, str]:
-        """GPU index -> id of the job holding it, for jobs that are starting or running."""
-        used: dict[int, str] = {}
-        for job in self.list(ACTIVE_STATES):
-            for gpu in job.gpu_ids:
-                used[gpu] = job.id
-        return used
+    def holdings(self) -> Sequence[Holding]:
+        """What the starting and running jobs hold: their GPUs and, for shares, how much."""
+        return [
+            Holding(job.id, tuple(job.gpu_ids), job.gpu_memory_mb)
+            for job in reversed(self.list(ACTIVE_STATES))  # oldest first
+            if job.gpu_ids
+        ]
 
     def transition(
         self, job_id: str, from_states: Iterable[JobState], to_state: JobState, **fields: Any

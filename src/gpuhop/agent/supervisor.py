@@ -27,6 +27,7 @@ from gpuhop.agent.blobs import BlobStore
 from gpuhop.agent.store import JobRecord, JobStore
 from gpuhop.api import JobState, ManifestEntry
 from gpuhop.home import AgentPaths, JobPaths
+from gpuhop.runtime import hook
 
 log = logging.getLogger("gpuhop.agent")
 
@@ -70,7 +71,11 @@ def _has_tf_keras(python: str) -> bool:
 def job_environment(
     job: JobRecord, jp: JobPaths, base: dict[str, str] | None = None
 ) -> dict[str, str]:
-    """The job's environment: the host's, the job's own variables, then gpuhop's contract."""
+    """The job's environment: the host's, the job's own variables, then gpuhop's contract.
+
+    When an after-`import tensorflow` action applies (see gpuhop.runtime.hook), the hook's
+    start-up directory goes first on PYTHONPATH, before whatever PYTHONPATH the job has.
+    """
     env = {
         k: v
         for k, v in (os.environ if base is None else base).items()
@@ -78,6 +83,8 @@ def job_environment(
     }
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    # GPU indices are NVML's (PCI bus order); CUDA's default order may differ.
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env.update(job.env)
     env.update(
         {
@@ -92,6 +99,12 @@ def job_environment(
     if job.workers > 1:
         env["GPUHOP_NUM_WORKERS"] = str(job.workers)
         env["GPUHOP_WORKER_TIMEOUT"] = str(job.worker_timeout)
+    if job.gpu_memory_mb is not None:
+        env["GPUHOP_GPU_MEMORY_MB"] = str(job.gpu_memory_mb)
+    if hook.wanted(env):
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (hook.STARTUP_DIR, env.get("PYTHONPATH")) if p
+        )
     return env
 
 

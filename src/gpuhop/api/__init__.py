@@ -10,6 +10,8 @@ from gpuhop.api.models import (
     AttemptInfo,
     BlobCheck,
     BlobCheckResult,
+    CheckStatus,
+    DoctorCheck,
     GpuInfo,
     JobInfo,
     JobState,
@@ -19,6 +21,7 @@ from gpuhop.api.models import (
     TreeStored,
     validate_relpath,
 )
+from gpuhop.api.sizes import format_mb, parse_mb
 
 __all__ = [
     "AgentInfo",
@@ -26,6 +29,8 @@ __all__ = [
     "AttemptInfo",
     "BlobCheck",
     "BlobCheckResult",
+    "CheckStatus",
+    "DoctorCheck",
     "ErrorBody",
     "ErrorCode",
     "GpuInfo",
@@ -35,5 +40,7 @@ __all__ = [
     "SubmitRequest",
     "Tree",
     "TreeStored",
+    "format_mb",
+    "parse_mb",
     "validate_relpath",
 ]

@@ -6,7 +6,7 @@ import re
 from datetime import datetime
 from enum import StrEnum
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, computed_field, field_validator, model_validator
 
 from gpuhop.api.base import StrictModel, WireModel
 
@@ -14,6 +14,10 @@ SHA256_RE = re.compile(r"[0-9a-f]{64}\Z")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 MAX_MANIFEST_FILES = 200_000
+# GPUHOP_* variables a user may set for a job; gpuhop sets every other one.
+USER_SETTABLE_ENV = frozenset({"GPUHOP_HOOK_VERBOSE"})
+# A memory share larger than any GPU made: a typo, not a request.
+MAX_GPU_MEMORY_MB = 16 * 1024 * 1024
 
 
 def validate_relpath(path: str) -> str:
@@ -105,6 +109,9 @@ class SubmitRequest(StrictModel):
     gpus_per_worker: int = Field(default=0, ge=0, le=64)
     # How long a worker waits for its peers to join before the job fails (seconds).
     worker_timeout: int = Field(default=300, ge=5, le=86_400)
+    # A share of one GPU, in MB: the job gets one GPU that other share jobs may use too,
+    # and TensorFlow in the job is capped at this much of its memory.
+    gpu_memory_mb: int | None = Field(default=None, ge=1, le=MAX_GPU_MEMORY_MB)
 
     @model_validator(mode="after")
     def _workers(self) -> SubmitRequest:
@@ -118,6 +125,22 @@ class SubmitRequest(StrictModel):
                 f" (got gpus={self.gpus} for {self.workers} workers)"
             )
         self.gpus = self.workers * self.gpus_per_worker
+        return self
+
+    @model_validator(mode="after")
+    def _share(self) -> SubmitRequest:
+        if self.gpu_memory_mb is not None:
+            if self.workers > 1:
+                raise ValueError(
+                    "gpu_memory_mb is for single-worker jobs; multi-worker jobs take whole"
+                    " GPUs (gpus_per_worker)"
+                )
+            if self.gpus > 1:
+                raise ValueError(
+                    f"gpu_memory_mb is a share of one GPU; it cannot be combined with"
+                    f" gpus={self.gpus} (ask for whole GPUs, or for one shared GPU)"
+                )
+            self.gpus = 1
         return self
 
     @field_validator("tree")
@@ -143,7 +166,8 @@ class SubmitRequest(StrictModel):
         for key, value in v.items():
             if not ENV_KEY_RE.match(key):
                 raise ValueError(f"environment variable name {key!r} is not valid")
-            if key.startswith("GPUHOP_") or key in ("CUDA_VISIBLE_DEVICES", "TF_CONFIG"):
+            reserved = key.startswith("GPUHOP_") or key in ("CUDA_VISIBLE_DEVICES", "TF_CONFIG")
+            if reserved and key not in USER_SETTABLE_ENV:
                 raise ValueError(f"environment variable {key} is set by gpuhop and cannot be given")
             if "\x00" in value:
                 raise ValueError(f"environment variable {key} contains a NUL byte")
@@ -191,6 +215,8 @@ class JobInfo(WireModel):
     reason: str | None
     log_size: int = 0
     latest_metrics: dict[str, object] | None = None
+    # The job's share of its one GPU in MB; None for whole-GPU and CPU jobs.
+    gpu_memory_mb: int | None = None
 
 
 class BlobCheck(StrictModel):
@@ -216,10 +242,19 @@ class ArtifactEntry(WireModel):
 
 
 class GpuInfo(WireModel):
+    """One GPU of the host: what it is, what it is doing now, and which jobs hold it."""
+
     index: int
     name: str
     memory_mb: int
-    job_id: str | None = None
+    # Read live when asked (NVML, else nvidia-smi); None where the reading is unavailable.
+    # Fake GPUs report 0.
+    memory_used_mb: int | None = None
+    utilization: int | None = None  # percent
+    # Memory promised to jobs: the sum of the shares on it, or all of it for a whole-GPU job.
+    memory_reserved_mb: int = 0
+    # The jobs holding it: one whole-GPU job, or any number of share jobs.
+    job_ids: list[str] = Field(default_factory=list)
 
 
 class AgentInfo(WireModel):
@@ -230,3 +265,24 @@ class AgentInfo(WireModel):
     fake_gpus: bool
     jobs_running: int
     jobs_queued: int
+
+
+class CheckStatus(StrEnum):
+    passed = "passed"
+    warning = "warning"  # works, but something deserves a look; doctor still exits 0
+    failed = "failed"  # jobs will not run as expected; doctor exits 1
+    skipped = "skipped"  # does not apply to this host (e.g. the driver check without GPUs)
+
+
+class DoctorCheck(WireModel):
+    """One preflight check of the GPU host, with the fix for a person to run if it failed."""
+
+    name: str
+    status: CheckStatus
+    detail: str
+    fix: str | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def ok(self) -> bool:
+        return self.status != CheckStatus.failed

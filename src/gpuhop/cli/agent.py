@@ -31,12 +31,21 @@ def start(
     fake_gpus: int | None = typer.Option(
         None, "--fake-gpus", min=0, help="Pretend the host has N GPUs (for tests and demos)."
     ),
+    fake_gpu_memory: int | None = typer.Option(
+        None,
+        "--fake-gpu-memory",
+        min=1,
+        metavar="MB",
+        help="Memory of each fake GPU in MB (default 8192).",
+    ),
     foreground: bool = typer.Option(
         False, "--foreground", help="Serve in this process instead of as a daemon."
     ),
 ) -> None:
     """Start the agent (listening on a Unix socket only; no TCP port)."""
     paths = _paths(home)
+    if fake_gpu_memory is not None and fake_gpus is None:
+        fail("--fake-gpu-memory sets the memory of fake GPUs; give --fake-gpus N too")
     running = read_pid(paths)
     if running is not None:
         fail(f"an agent already runs for {paths.home} (pid {running}); `gpuhop agent stop` first")
@@ -44,9 +53,9 @@ def start(
         if foreground:
             from gpuhop.agent.daemon import serve
 
-            serve(paths, fake_gpus=fake_gpus)
+            serve(paths, fake_gpus=fake_gpus, fake_gpu_memory_mb=fake_gpu_memory)
             return
-        pid = start_background(paths, fake_gpus=fake_gpus)
+        pid = start_background(paths, fake_gpus=fake_gpus, fake_gpu_memory_mb=fake_gpu_memory)
     except AgentError as e:
         fail(str(e))
     say(f"agent started (pid {pid}), listening on {paths.socket}")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from gpuhop.api import JobInfo, JobState
+from gpuhop.api import JobInfo, JobState, format_mb, parse_mb
 from gpuhop.cli.output import (
     ago,
     duration,
@@ -99,6 +99,13 @@ def run(
         show_default=False,
     ),
     gpus: int = typer.Option(0, "--gpus", "-g", min=0, help="Whole GPUs to give the job."),
+    gpu_memory: str | None = typer.Option(
+        None,
+        "--gpu-memory",
+        metavar="SIZE",
+        help="Instead of whole GPUs: a share of one GPU (6GiB, 6G, 6144M, or MB), which the"
+        " job may share with other such jobs. TensorFlow in the job is capped at it.",
+    ),
     name: str | None = typer.Option(None, "--name", "-n", help="A name to find the job by."),
     env: list[str] = typer.Option(
         [], "--env", "-e", metavar="KEY=VALUE", help="Set an environment variable (repeatable)."
@@ -150,6 +157,7 @@ def run(
         fail("a multi-worker job takes --gpus-per-worker, not --gpus")
     if workers == 1 and gpus_per_worker:
         fail("--gpus-per-worker is for multi-worker jobs (--workers N); use --gpus")
+    share_mb = _parse_share(gpu_memory, gpus)
     client = _client()
     try:
         job = client.submit(
@@ -162,6 +170,7 @@ def run(
             workers=workers,
             gpus_per_worker=gpus_per_worker,
             worker_timeout=worker_timeout,
+            gpu_memory=share_mb,
         )
     except GpuhopError as e:
         fail(e.message)
@@ -187,6 +196,21 @@ def run(
     if pull is not None:
         _pull(job, pull)
     raise typer.Exit(exit_code_for(info))
+
+
+def _parse_share(gpu_memory: str | None, gpus: int) -> int | None:
+    if gpu_memory is None:
+        return None
+    try:
+        share_mb = parse_mb(gpu_memory)
+    except ValueError as e:
+        fail(f"--gpu-memory: {e}")
+    if gpus > 1:
+        fail(
+            f"--gpu-memory gives the job a share of one GPU; it cannot be combined with"
+            f" --gpus {gpus} (use --gpus {gpus} alone for whole GPUs)"
+        )
+    return share_mb
 
 
 def ps(
@@ -218,7 +242,7 @@ def ps(
             i.id,
             i.name or "-",
             state_text(i.state),
-            ",".join(map(str, i.gpu_ids)) or (str(i.gpus) if i.gpus else "-"),
+            _gpus_column(i),
             ago(i.created_at),
             duration(i),
             " ".join(i.command),
@@ -266,7 +290,20 @@ def show(
         )
 
 
+def _gpus_column(info: JobInfo) -> str:
+    ids = ",".join(map(str, info.gpu_ids))
+    if info.gpu_memory_mb is not None:
+        share = format_mb(info.gpu_memory_mb)
+        return f"{ids} ({share})" if ids else f"{share} share"
+    return ids or (str(info.gpus) if info.gpus else "-")
+
+
 def _gpus_text(info: JobInfo) -> str:
+    if info.gpu_memory_mb is not None:
+        share = f"a {format_mb(info.gpu_memory_mb)} share"
+        if info.gpu_ids:
+            return f"{info.gpu_ids[0]} ({share}, may be shared with other jobs)"
+        return f"{share} of one GPU requested"
     if info.gpu_ids:
         return ",".join(map(str, info.gpu_ids))
     return f"{info.gpus} requested" if info.gpus else "none (CPU)"

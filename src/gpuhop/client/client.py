@@ -23,10 +23,13 @@ from gpuhop.api import (
     AgentInfo,
     ArtifactEntry,
     BlobCheckResult,
+    DoctorCheck,
     ErrorBody,
+    GpuInfo,
     JobInfo,
     JobState,
     SubmitRequest,
+    parse_mb,
     validate_relpath,
 )
 from gpuhop.client.embedded import socket_answers
@@ -40,6 +43,8 @@ from gpuhop.home import AgentError, AgentPaths, default_home
 UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
 # How long a follower keeps trying to reconnect to an agent that went away.
 RECONNECT_PATIENCE = 30.0
+# `doctor` imports TensorFlow on the host, which can take a while on a cold GPU host.
+DOCTOR_TIMEOUT = 240.0
 
 Progress = Callable[[int], None]
 
@@ -107,6 +112,17 @@ class Client:
     def info(self) -> AgentInfo:
         return AgentInfo.model_validate(self._request("GET", "/v1/agent").json())
 
+    def gpus(self) -> list[GpuInfo]:
+        """The host's GPUs: memory used and load now, and the jobs holding each."""
+        return [GpuInfo.model_validate(g) for g in self._request("GET", "/v1/agent/gpus").json()]
+
+    def doctor(self) -> list[DoctorCheck]:
+        """Preflight checks of the GPU host (driver, CUDA, TensorFlow build, disk)."""
+        response = self._request(
+            "GET", "/v1/agent/doctor", timeout=httpx.Timeout(DOCTOR_TIMEOUT, connect=5.0)
+        )
+        return [DoctorCheck.model_validate(c) for c in response.json()]
+
     # -- jobs ---------------------------------------------------------------------------------
 
     def submit(
@@ -122,6 +138,7 @@ class Client:
         workers: int = 1,
         gpus_per_worker: int = 0,
         worker_timeout: int = 300,
+        gpu_memory: str | int | None = None,
         on_hash: Progress | None = None,
         on_upload: Callable[[int, int], None] | None = None,
     ) -> Job:
@@ -131,11 +148,14 @@ class Client:
         host, with its arguments; a string is split like a shell would. With `retries`, a
         failed attempt is queued again with the same checkpoint dir. With `workers`, that
         many processes run it under MultiWorkerMirroredStrategy, each with
-        `gpus_per_worker` GPUs and its own TF_CONFIG.
+        `gpus_per_worker` GPUs and its own TF_CONFIG. `gpu_memory` ("6GiB", "6144M", or an
+        int of MB) asks for a share of one GPU instead of whole GPUs; the job's TensorFlow
+        is capped at it.
         """
         argv = shlex.split(command) if isinstance(command, str) else list(command)
         if not argv:
             raise GpuhopError("no command given", code="bad_request")
+        gpu_memory_mb = _share_mb(gpu_memory, gpus)
         root = Path(workdir).absolute()
         argv[0] = _script_in_workdir(argv[0], root)
         result = self._scan(root, on_hash)
@@ -146,6 +166,7 @@ class Client:
                 code="bad_request",
             )
         tree_bytes, tree = tree_of(result.files)
+        # Fields left at None are not sent, so an older agent still takes a plain request.
         body = SubmitRequest(
             command=argv,
             tree=tree,
@@ -157,7 +178,8 @@ class Client:
             workers=workers,
             gpus_per_worker=gpus_per_worker,
             worker_timeout=worker_timeout,
-        ).model_dump(mode="json")
+            gpu_memory_mb=gpu_memory_mb,
+        ).model_dump(mode="json", exclude_none=True)
         sent = (0, 0)
         try:
             response = self._request("POST", "/v1/jobs", json=body)
@@ -415,6 +437,21 @@ def check(response: httpx.Response) -> None:
             f"the agent answered {response.status_code}: {response.text[:500]}",
             status=response.status_code,
         ) from None
+
+
+def _share_mb(gpu_memory: str | int | None, gpus: int) -> int | None:
+    if gpu_memory is None:
+        return None
+    try:
+        mb = parse_mb(gpu_memory)
+    except ValueError as e:
+        raise GpuhopError(f"gpu_memory: {e}", code="bad_request") from None
+    if gpus > 1:
+        raise GpuhopError(
+            f"gpu_memory asks for a share of one GPU; it cannot be combined with gpus={gpus}",
+            code="bad_request",
+        )
+    return mb
 
 
 def _quote(ref: str, safe: str = "") -> str:

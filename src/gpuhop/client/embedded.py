@@ -38,7 +38,12 @@ def ensure_agent(paths: AgentPaths, timeout: float = 30.0) -> int:
     return start_background(paths, timeout=timeout)
 
 
-def start_background(paths: AgentPaths, fake_gpus: int | None = None, timeout: float = 30.0) -> int:
+def start_background(
+    paths: AgentPaths,
+    fake_gpus: int | None = None,
+    timeout: float = 30.0,
+    fake_gpu_memory_mb: int | None = None,
+) -> int:
     """Start the agent as a daemon and wait until its socket answers. Returns its pid."""
     pid = read_pid(paths)
     if pid is not None and socket_answers(paths.socket):
@@ -48,6 +53,8 @@ def start_background(paths: AgentPaths, fake_gpus: int | None = None, timeout: f
     cmd = [sys.executable, "-m", "gpuhop.agent", "--home", str(paths.home)]
     if fake_gpus is not None:
         cmd += ["--fake-gpus", str(fake_gpus)]
+    if fake_gpu_memory_mb is not None:
+        cmd += ["--fake-gpu-memory", str(fake_gpu_memory_mb)]
     with open(paths.logfile, "ab") as logf:
         # Through a short-lived intermediate (a double fork), so the agent is not our child:
         # it outlives this process and never lingers as its zombie.

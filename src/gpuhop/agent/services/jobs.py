@@ -21,6 +21,7 @@ from gpuhop.api import (
     JobInfo,
     JobState,
     SubmitRequest,
+    format_mb,
     validate_relpath,
 )
 from gpuhop.home import JobPaths
@@ -91,6 +92,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         reason=job.reason,
         log_size=log_size,
         latest_metrics=latest_metrics(jp.metrics),
+        gpu_memory_mb=job.gpu_memory_mb,
     )
 
 
@@ -148,9 +150,24 @@ def _claim_job_dir(rt: AgentContext) -> tuple[str, JobPaths]:
         return job_id, jp
 
 
+def _check_share(rt: AgentContext, share_mb: int) -> None:
+    largest = max((g.memory_mb for g in rt.gpus), default=0)
+    if share_mb > largest:
+        has = (
+            f"the largest GPU here has {format_mb(largest)}" if rt.gpus else "this host has no GPU"
+        )
+        raise ApiError(
+            400,
+            ErrorCode.unsatisfiable,
+            f"the job asks for {format_mb(share_mb)} of GPU memory; {has}",
+        )
+
+
 def submit(rt: AgentContext, req: SubmitRequest) -> JobInfo:
     total = len(rt.gpus)
-    if req.gpus > total:
+    if req.gpu_memory_mb is not None:
+        _check_share(rt, req.gpu_memory_mb)
+    elif req.gpus > total:
         raise ApiError(
             400,
             ErrorCode.unsatisfiable,
@@ -180,6 +197,7 @@ def submit(rt: AgentContext, req: SubmitRequest) -> JobInfo:
         retries=req.retries,
         workers=req.workers,
         worker_timeout=req.worker_timeout,
+        gpu_memory_mb=req.gpu_memory_mb,
     )
     rt.wake()
     return to_info(rt, job)

@@ -1,0 +1,305 @@
+"""Runs in the agent: `gpuhop doctor`, a preflight of the GPU host for TensorFlow jobs.
+
+Facts come from two places. The agent knows the driver (NVML or nvidia-smi, read at start)
+and its state dir's free disk. What TensorFlow makes of the host comes from `probe.py`, run
+in a subprocess with the jobs' Python and a job's environment: the agent never imports
+TensorFlow. `evaluate` turns the facts into checks and is pure, so every verdict is tested
+without a GPU. A host without NVIDIA GPUs is a valid setup: there the GPU checks are
+skipped, not failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpuhop.agent import probe
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.supervisor import SCRUBBED_ENV
+from gpuhop.api import CheckStatus, DoctorCheck, GpuInfo, format_mb
+
+PROBE_TIMEOUT = 180.0  # importing TensorFlow and initialising CUDA can take a while
+LOW_DISK = 10 * 2**30
+FULL_DISK = 1 * 2**30
+INSTALL_GPU_TF = "pip install 'tensorflow[and-cuda]'"
+
+
+@dataclass
+class Facts:
+    gpu_source: str  # "nvml", "nvidia-smi", "fake" or "none": see agent/gpus.py
+    gpus: list[GpuInfo]
+    driver_version: str | None
+    driver_cuda: str | None  # the newest CUDA the driver supports
+    driver_error: str | None
+    state_dir: str
+    disk_free: int
+    # What probe.py reported; {"probe_error": ...} if it could not run.
+    probe: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def real_gpus(self) -> bool:
+        return bool(self.gpus) and self.gpu_source != "fake"
+
+
+def run(ctx: AgentContext) -> list[DoctorCheck]:
+    return evaluate(gather(ctx))
+
+
+def gather(ctx: AgentContext) -> Facts:
+    host = ctx.gpu_host
+    return Facts(
+        gpu_source=host.source,
+        gpus=list(host.gpus),
+        driver_version=host.driver_version,
+        driver_cuda=host.cuda_version,
+        driver_error=host.error,
+        state_dir=str(ctx.paths.home),
+        disk_free=shutil.disk_usage(ctx.paths.home).free,
+        probe=run_probe(ctx.supervisor.python, ctx.paths.tmp),
+    )
+
+
+def run_probe(python: str, cwd: Path, timeout: float = PROBE_TIMEOUT) -> dict[str, Any]:
+    """Run probe.py with `python` and a job's environment; its report, or a probe_error."""
+    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+    env = {k: v for k, v in env.items() if not k.startswith("GPUHOP_")}
+    env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        done = subprocess.run(
+            [python, probe.__file__],
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {
+            "python": python,
+            "probe_error": f"{python} did not finish importing TensorFlow in {timeout:.0f}s",
+        }
+    except OSError as e:
+        return {"python": python, "probe_error": f"cannot run {python}: {e}"}
+    for line in done.stdout.splitlines():
+        if line.startswith(probe.MARK):
+            try:
+                report = json.loads(line[len(probe.MARK) :])
+            except ValueError:
+                break
+            if isinstance(report, dict):
+                return report
+            break
+    tail = " | ".join(done.stderr.strip().splitlines()[-3:])
+    return {
+        "python": python,
+        "probe_error": f"the probe exited with {done.returncode}: {tail or 'no output'}",
+    }
+
+
+def evaluate(f: Facts) -> list[DoctorCheck]:
+    """The checks, in the order a person fixes things: driver, TensorFlow, CUDA, GPUs, disk."""
+    return [
+        _driver(f),
+        _tensorflow(f),
+        _cuda(f),
+        _tf_gpus(f),
+        _tf_keras(f),
+        _disk(f),
+    ]
+
+
+def _check(name: str, status: CheckStatus, detail: str, fix: str | None = None) -> DoctorCheck:
+    return DoctorCheck(name=name, status=status, detail=detail, fix=fix)
+
+
+def _driver(f: Facts) -> DoctorCheck:
+    name = "NVIDIA driver"
+    if f.gpu_source == "fake":
+        return _check(
+            name,
+            CheckStatus.skipped,
+            f"{len(f.gpus)} fake GPU(s) of {format_mb(f.gpus[0].memory_mb) if f.gpus else '-'}"
+            " (--fake-gpus); no driver is needed and jobs run on the CPU",
+        )
+    if f.driver_error:
+        return _check(
+            name,
+            CheckStatus.failed,
+            f.driver_error,
+            "make `nvidia-smi` list the GPUs: install the NVIDIA driver, or load it (a reboot"
+            " after a driver update often does)",
+        )
+    if not f.gpus:
+        return _check(name, CheckStatus.skipped, "no NVIDIA GPU on this host; jobs run on the CPU")
+    names = sorted({g.name for g in f.gpus})
+    return _check(
+        name,
+        CheckStatus.passed,
+        f"driver {f.driver_version or '?'} (supports CUDA {f.driver_cuda or '?'}),"
+        f" {len(f.gpus)} GPU(s): {', '.join(names)}; read through {f.gpu_source}",
+    )
+
+
+def _pip(f: Facts) -> str:
+    python = f.probe.get("python")
+    return f"{python} -m pip" if python else "pip"
+
+
+def _tensorflow(f: Facts) -> DoctorCheck:
+    name = "TensorFlow"
+    p = f.probe
+    want = INSTALL_GPU_TF if f.real_gpus else "pip install tensorflow-cpu"
+    python = p.get("python", "?")
+    if "probe_error" in p:
+        return _check(
+            name,
+            CheckStatus.failed,
+            p["probe_error"],
+            f"run {python} -c 'import tensorflow' on the GPU host to see what goes wrong",
+        )
+    if "tf_error" in p:
+        return _check(
+            name,
+            CheckStatus.failed,
+            f"cannot import tensorflow with {python}: {p['tf_error']}",
+            want.replace("pip", _pip(f), 1),
+        )
+    version = p.get("tf_version", "?")
+    if "build_error" in p:
+        return _check(name, CheckStatus.warning, f"TensorFlow {version}: {p['build_error']}")
+    if not p.get("cuda_build"):
+        if f.real_gpus:
+            fix = INSTALL_GPU_TF.replace("pip", _pip(f), 1)
+            if "tensorflow-cpu" in p.get("tf_dists", {}):
+                fix = f"{_pip(f)} uninstall -y tensorflow-cpu && {fix}"
+            return _check(
+                name,
+                CheckStatus.failed,
+                f"TensorFlow {version} is a CPU build; it cannot use this host's"
+                f" {len(f.gpus)} GPU(s)",
+                fix,
+            )
+        return _check(name, CheckStatus.passed, f"TensorFlow {version} (CPU build), with {python}")
+    built = f"CUDA {p.get('cuda_version') or '?'}, cuDNN {p.get('cudnn_version') or '?'}"
+    where = "" if f.real_gpus else "; there is no GPU here, so jobs run on the CPU"
+    return _check(
+        name, CheckStatus.passed, f"TensorFlow {version} built for {built}, with {python}{where}"
+    )
+
+
+def _cuda(f: Facts) -> DoctorCheck:
+    name = "CUDA version"
+    built = f.probe.get("cuda_version")
+    if not f.real_gpus:
+        return _check(name, CheckStatus.skipped, "no NVIDIA GPU, so no CUDA to match")
+    if not f.probe.get("cuda_build") or not built:
+        return _check(name, CheckStatus.skipped, "TensorFlow here is not a CUDA build")
+    if not f.driver_cuda:
+        return _check(
+            name,
+            CheckStatus.warning,
+            f"TensorFlow was built for CUDA {built}; could not read which CUDA the driver supports",
+        )
+    have, need = _major_minor(f.driver_cuda), _major_minor(built)
+    both = f"the driver supports CUDA up to {f.driver_cuda}; TensorFlow was built for {built}"
+    update = f"update the NVIDIA driver to one that supports CUDA {need[0]}.{need[1]} or newer"
+    if have[0] < need[0]:
+        return _check(name, CheckStatus.failed, both, update)
+    if have < need:
+        return _check(
+            name,
+            CheckStatus.warning,
+            f"{both}: it runs through CUDA minor-version compatibility, but kernels that need"
+            " PTX compiled by the driver may fail",
+            update,
+        )
+    return _check(name, CheckStatus.passed, both)
+
+
+def _tf_gpus(f: Facts) -> DoctorCheck:
+    name = "TensorFlow sees the GPUs"
+    p = f.probe
+    seen = p.get("gpus")
+    if f.gpu_source == "fake":
+        return _check(
+            name,
+            CheckStatus.skipped,
+            f"fake GPUs are not real; TensorFlow sees {len(seen or [])} GPU(s) on this host",
+        )
+    if not f.gpus:
+        return _check(name, CheckStatus.skipped, "no NVIDIA GPU on this host")
+    if "probe_error" in p or "tf_error" in p:
+        return _check(name, CheckStatus.skipped, "TensorFlow could not be imported (see above)")
+    if seen is None:
+        return _check(name, CheckStatus.failed, f"listing GPUs failed: {p.get('gpus_error')}", None)
+    if len(seen) >= len(f.gpus):
+        return _check(name, CheckStatus.passed, f"TensorFlow sees all {len(f.gpus)} GPU(s)")
+    if not p.get("cuda_build"):
+        fix = INSTALL_GPU_TF.replace("pip", _pip(f), 1)
+    else:
+        fix = (
+            f"reinstall with {INSTALL_GPU_TF} (it brings the CUDA libraries) and check that"
+            " LD_LIBRARY_PATH does not point at other CUDA versions; TF_CPP_MIN_LOG_LEVEL=0"
+            " python -c 'import tensorflow as tf; tf.config.list_physical_devices()' says why"
+        )
+    return _check(
+        name,
+        CheckStatus.failed,
+        f"TensorFlow sees {len(seen)} of the {len(f.gpus)} GPU(s)",
+        fix,
+    )
+
+
+def _tf_keras(f: Facts) -> DoctorCheck:
+    name = "tf-keras"
+    p = f.probe
+    version = p.get("tf_version")
+    if not version:
+        return _check(name, CheckStatus.skipped, "TensorFlow could not be imported (see above)")
+    series = ".".join(str(n) for n in _major_minor(version))
+    fix = f"{_pip(f)} install 'tf-keras=={series}.*'"
+    have = p.get("tf_keras")
+    if not have:
+        return _check(
+            name,
+            CheckStatus.warning,
+            "not installed: Keras `fit` in multi-worker jobs needs it (Keras 3's fit fails"
+            " under MultiWorkerMirroredStrategy)",
+            fix,
+        )
+    if _major_minor(have) != _major_minor(version):
+        return _check(
+            name,
+            CheckStatus.warning,
+            f"tf-keras {have} does not match TensorFlow {version}",
+            fix,
+        )
+    return _check(name, CheckStatus.passed, f"tf-keras {have}, for Keras fit in multi-worker jobs")
+
+
+def _disk(f: Facts) -> DoctorCheck:
+    name = "disk space"
+    detail = f"{format_mb(f.disk_free / 2**20)} free in the agent's state dir {f.state_dir}"
+    fix = "free space there, or give the agent a state dir on a larger disk (GPUHOP_HOME)"
+    if f.disk_free < FULL_DISK:
+        return _check(name, CheckStatus.failed, detail, fix)
+    if f.disk_free < LOW_DISK:
+        return _check(
+            name,
+            CheckStatus.warning,
+            f"{detail}: under {format_mb(LOW_DISK / 2**20)}, checkpoints may not fit",
+            fix,
+        )
+    return _check(name, CheckStatus.passed, detail)
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    major, minor, *_ = [int(p) if p.isdigit() else 0 for p in f"{version}.0.0".split(".")]
+    return major, minor

@@ -1,0 +1,35 @@
+"""Runs in the agent: the host's GPUs as clients see them, read live, with the jobs on each."""
+
+from __future__ import annotations
+
+from gpuhop.agent.context import AgentContext
+from gpuhop.api import GpuInfo
+
+
+def describe(ctx: AgentContext) -> list[GpuInfo]:
+    """Each GPU: its fixed facts, memory used and load now, and what jobs hold of it."""
+    usage = ctx.gpu_host.usage()
+    memory = {g.index: g.memory_mb for g in ctx.gpus}
+    holders: dict[int, list[str]] = {}
+    reserved: dict[int, int] = {}
+    for held in ctx.store.holdings():
+        for index in held.gpu_ids:
+            holders.setdefault(index, []).append(held.job_id)
+            # A whole-GPU job has all of it; a share job its share.
+            whole = memory.get(index, 0)
+            share = whole if held.gpu_memory_mb is None else held.gpu_memory_mb
+            reserved[index] = reserved.get(index, 0) + share
+    out = []
+    for gpu in ctx.gpus:
+        now = usage.get(gpu.index)
+        out.append(
+            gpu.model_copy(
+                update={
+                    "memory_used_mb": now.memory_used_mb if now else None,
+                    "utilization": now.utilization if now else None,
+                    "memory_reserved_mb": reserved.get(gpu.index, 0),
+                    "job_ids": holders.get(gpu.index, []),
+                }
+            )
+        )
+    return out

@@ -1,0 +1,62 @@
+"""Runs on the user's machine: `gpuhop doctor`, the GPU host's preflight, as a checklist."""
+
+from __future__ import annotations
+
+import typer
+
+from gpuhop.api import CheckStatus, DoctorCheck
+from gpuhop.cli.output import fail, print_json
+from gpuhop.client import Client, GpuhopError
+
+MARKS = {
+    CheckStatus.passed: "[green]✓[/green]",
+    CheckStatus.warning: "[yellow]![/yellow]",
+    CheckStatus.failed: "[bold red]✗[/bold red]",
+    CheckStatus.skipped: "[dim]-[/dim]",
+}
+
+
+def doctor(json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+    """Check the GPU host for TensorFlow jobs: driver, CUDA, TensorFlow's build, the GPUs
+    it sees, tf-keras, free disk. Prints a fix for each problem; exits 1 if a check failed."""
+    try:
+        with Client() as client:
+            checks = client.doctor()
+    except GpuhopError as e:
+        fail(e.message)
+    if json_out:
+        print_json([c.model_dump(mode="json") for c in checks])
+    else:
+        render(checks)
+    raise typer.Exit(exit_code(checks))
+
+
+def exit_code(checks: list[DoctorCheck]) -> int:
+    """1 if any check failed; warnings and skipped checks leave it at 0."""
+    return 0 if all(c.ok for c in checks) else 1
+
+
+def render(checks: list[DoctorCheck]) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+
+    out = Console(highlight=False)
+    for c in checks:
+        text = f"{MARKS[c.status]} [bold]{escape(c.name)}[/bold]: {escape(c.detail)}"
+        if c.status == CheckStatus.skipped:
+            text += " [dim](skipped)[/dim]"
+        out.print(text, soft_wrap=True)
+        if c.fix and c.status in (CheckStatus.failed, CheckStatus.warning):
+            out.print(f"    fix: {escape(c.fix)}", soft_wrap=True)
+    failed = [c.name for c in checks if not c.ok]
+    warned = [c.name for c in checks if c.status == CheckStatus.warning]
+    if failed:
+        out.print(f"[bold red]{len(failed)} check(s) failed:[/bold red] {', '.join(failed)}")
+    elif warned:
+        out.print(f"all checks passed, {len(warned)} with a warning")
+    else:
+        out.print("all checks passed")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(doctor)

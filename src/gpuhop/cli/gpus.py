@@ -1,0 +1,60 @@
+"""Runs on the user's machine: `gpuhop gpus`, the GPU host's GPUs and who holds them."""
+
+from __future__ import annotations
+
+import typer
+
+from gpuhop.api import GpuInfo, format_mb
+from gpuhop.cli.output import fail, print_json, say
+from gpuhop.client import Client, GpuhopError
+
+
+def gpus(json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+    """List the host's GPUs: memory used, load, and the jobs holding each (read live)."""
+    try:
+        with Client() as client:
+            infos = client.gpus()
+            fake = client.info().fake_gpus if infos else False
+    except GpuhopError as e:
+        fail(e.message)
+    if json_out:
+        print_json([g.model_dump(mode="json") for g in infos])
+        return
+    if not infos:
+        say("this host has no GPU; jobs run on the CPU")
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in ("GPU", "NAME", "MEMORY USED", "UTIL", "RESERVED", "JOBS"):
+        table.add_column(col, no_wrap=col != "JOBS")
+    for g in infos:
+        table.add_row(
+            str(g.index),
+            g.name,
+            f"{_mb(g.memory_used_mb)} / {format_mb(g.memory_mb)}",
+            "-" if g.utilization is None else f"{g.utilization}%",
+            _reserved(g),
+            ", ".join(g.job_ids) or "-",
+        )
+    Console(highlight=False).print(table)
+    if fake:
+        say("these GPUs are fake (agent started with --fake-gpus); jobs run on the CPU")
+
+
+def _mb(mb: int | None) -> str:
+    return "?" if mb is None else format_mb(mb)
+
+
+def _reserved(g: GpuInfo) -> str:
+    if not g.job_ids:
+        return "-"
+    if g.memory_reserved_mb >= g.memory_mb and len(g.job_ids) == 1:
+        # A whole-GPU job, or one share that takes it all: either way, nothing else fits.
+        return "all"
+    return f"{format_mb(g.memory_reserved_mb)} of {format_mb(g.memory_mb)} (shared)"
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(gpus)

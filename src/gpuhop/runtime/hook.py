@@ -1,0 +1,244 @@
+"""Runs inside the job, before the user's code: what to do right after TensorFlow is imported.
+
+Some settings must reach TensorFlow after it is imported but before its first op (a GPU
+memory cap raises RuntimeError once an op has run), and scripts must not have to change for
+them. So gpuhop does them in the job's interpreter, at the one moment that works for any
+script: right after `import tensorflow` has finished, before the script's next line.
+
+How it gets there: when any action in `ACTIONS` applies to a job (its variable is set in the
+job's environment, see `wanted`), the supervisor puts `STARTUP_DIR` first on the job's
+PYTHONPATH. Python's `site` then imports `startup/sitecustomize.py` in every Python process
+of the job; that calls `install()`, which puts a finder on `sys.meta_path` that wraps the
+loader of the `tensorflow` module and runs the wanted actions on the module once its import
+completes. Nothing here imports TensorFlow: a job that never imports it pays one cheap
+`find_spec` call per import. `python -I`, `-E` and `-S` skip the hook (they skip
+PYTHONPATH or sitecustomize).
+
+The registry is meant to grow. To add an action: write `def _thing(tf, value) -> str` that
+does it with the TensorFlow module and the variable's value and returns what it did, in
+words; then add `AfterImport("thing", "ENV_VAR", "do the thing with {value}", _thing)` to
+`ACTIONS`. The supervisor installs the hook whenever ENV_VAR is in a job's environment.
+
+It must load fast, since it loads in every Python process of such a job: it imports `os`
+and `sys` only, and nothing from gpuhop. sitecustomize loads this file by its path, as the
+module `_gpuhop_hook` (importing the gpuhop package there would cost tens of milliseconds
+per process); a script that imports `gpuhop.runtime.hook` sees the same `applied` records.
+An action that fails prints one `gpuhop: ...` line to stderr; the script goes on without it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False  # typing itself costs milliseconds to import; mypy knows this name
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from types import ModuleType
+    from typing import Any
+
+__all__ = ["ACTIONS", "STARTUP_DIR", "AfterImport", "applied", "install", "wanted"]
+
+# The directory the supervisor puts first on a job's PYTHONPATH; it holds sitecustomize.py.
+STARTUP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup")
+# Set to 1 in a job's environment (`gpuhop run -e GPUHOP_HOOK_VERBOSE=1`) for a line on
+# stderr per action run.
+VERBOSE_ENV = "GPUHOP_HOOK_VERBOSE"
+
+# The name sitecustomize loads this file under.
+EARLY_NAME = "_gpuhop_hook"
+_early = sys.modules.get(EARLY_NAME)
+# What the hook did in this process: action name -> what it did, in the order they ran.
+applied: dict[str, str] = _early.applied if _early is not None and __name__ != EARLY_NAME else {}
+
+
+class AfterImport:
+    """An action to run on the `tensorflow` module right after it is imported.
+
+    It applies to a job whose environment sets `env_var` to a non-empty value; `apply`
+    gets the module and that value and returns what it did. `what` describes it for the
+    error line if it fails ("{value}" is replaced by the variable's value).
+    """
+
+    __slots__ = ("apply", "env_var", "name", "what")
+
+    def __init__(self, name: str, env_var: str, what: str, apply: Callable[[ModuleType, str], str]):
+        self.name = name
+        self.env_var = env_var
+        self.what = what
+        self.apply = apply
+
+    def __repr__(self) -> str:
+        return f"AfterImport({self.name!r}, {self.env_var!r})"
+
+
+def _cap_gpu_memory(tf: Any, value: str) -> str:
+    """Give TensorFlow one logical device per visible GPU, limited to `value` MB.
+
+    This is the cap for a job on a shared GPU: TensorFlow's allocator then never takes more
+    than the share (memory growth, TF_FORCE_GPU_ALLOW_GROWTH, still applies inside it). A
+    script that sets its own logical device configuration replaces it.
+    """
+    mb = int(value)
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.set_logical_device_configuration(
+            gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=mb)]
+        )
+    if not gpus:
+        return f"no GPU visible to TensorFlow; nothing to cap at {mb} MB"
+    growth = "; set_memory_growth on them is a no-op" if _tolerate_growth_calls(gpus) else ""
+    return f"capped {len(gpus)} GPU(s) at {mb} MB{growth}"
+
+
+def _tolerate_growth_calls(capped: list[Any]) -> bool:
+    """Make `set_memory_growth` on the capped GPUs a no-op instead of a ValueError.
+
+    TensorFlow refuses memory growth on a GPU that has a logical device configuration
+    ("Cannot set memory growth on device when virtual devices configured"), and many
+    scripts call it first thing; growth is on within the cap anyway. Every public form of
+    the call goes through the one eager context, so that is where it is intercepted.
+    """
+    context_module = sys.modules.get("tensorflow.python.eager.context")
+    if context_module is None:
+        return False
+    ctx = context_module.context()  # creates the Python object only; runs no op
+    original = ctx.set_memory_growth
+
+    def set_memory_growth(device: Any, enable: bool) -> None:
+        if device not in capped:
+            original(device, enable)
+
+    ctx.set_memory_growth = set_memory_growth
+    return True
+
+
+def _bound_worker_wait(tf: Any, value: str) -> str:
+    # TensorFlow is loaded by now, so importing gpuhop here costs nothing worth counting.
+    from gpuhop.tf import bound_worker_wait
+
+    bound_worker_wait()
+    return f"a worker waits at most {value}s for its peers to join"
+
+
+ACTIONS: list[AfterImport] = [
+    AfterImport(
+        "gpu_memory_limit",
+        "GPUHOP_GPU_MEMORY_MB",
+        "cap TensorFlow's GPU memory at {value} MB",
+        _cap_gpu_memory,
+    ),
+    AfterImport(
+        "worker_timeout",
+        "GPUHOP_WORKER_TIMEOUT",
+        "bound the wait for peers at {value}s",
+        _bound_worker_wait,
+    ),
+]
+
+
+def wanted(environ: Mapping[str, str] = os.environ) -> list[AfterImport]:
+    """The actions that apply to a process with this environment."""
+    return [a for a in ACTIONS if environ.get(a.env_var)]
+
+
+def install(environ: Mapping[str, str] = os.environ) -> bool:
+    """Arrange for the wanted actions to run right after `import tensorflow`.
+
+    Returns whether anything was wanted. If TensorFlow is already imported, they run now.
+    """
+    actions = wanted(environ)
+    if not actions:
+        return False
+    tf = sys.modules.get("tensorflow")
+    if tf is not None:
+        _run(tf, actions, environ)
+    elif not any(getattr(f, "gpuhop_watcher", False) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TensorFlowWatcher(actions, environ))
+    return True
+
+
+def _run(tf: ModuleType, actions: list[AfterImport], environ: Mapping[str, str]) -> None:
+    verbose = environ.get(VERBOSE_ENV) == "1"
+    for action in actions:
+        value = environ.get(action.env_var, "")
+        try:
+            did = action.apply(tf, value)
+        except Exception as e:  # never crash the user's script over a setting
+            what = action.what.format(value=value)
+            _say(f"could not {what}: {type(e).__name__}: {e}; the job goes on without it")
+            continue
+        applied[action.name] = did
+        if verbose:
+            version = getattr(tf, "__version__", "?")
+            _say(f"after import tensorflow ({version}): {action.name}: {did}")
+
+
+def _say(message: str) -> None:
+    # Not contextlib.suppress: importing contextlib would cost milliseconds per process.
+    try:  # noqa: SIM105
+        print(f"gpuhop: {message}", file=sys.stderr, flush=True)
+    except Exception:
+        pass  # a closed stderr is no reason to fail
+
+
+class _TensorFlowWatcher:
+    """A sys.meta_path finder that only watches: for `tensorflow` it asks the finders after
+    it for the real spec and wraps that spec's loader, so the actions run once the module
+    has executed. It finds nothing itself, and removes itself after the first import."""
+
+    gpuhop_watcher = True  # how `install` recognises one, whichever copy of this file made it
+
+    def __init__(self, actions: list[AfterImport], environ: Mapping[str, str]):
+        self.actions = actions
+        self.environ = environ
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != "tensorflow":
+            return None
+        try:
+            spec = None
+            for finder in sys.meta_path:
+                find = getattr(finder, "find_spec", None)
+                if getattr(finder, "gpuhop_watcher", False) or find is None:
+                    continue
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    break
+            if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+                return None  # let the import machinery say what is wrong, as without us
+            spec.loader = _RunAfter(spec.loader, self._imported)
+            return spec
+        except Exception as e:  # fall back to a plain import, without the actions
+            _say(f"start-up hook: cannot watch the TensorFlow import: {type(e).__name__}: {e}")
+            return None
+
+    def _imported(self, tf: ModuleType) -> None:
+        try:  # noqa: SIM105 - see _say
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        _run(tf, self.actions, self.environ)
+
+
+class _RunAfter:
+    """A loader that runs the real one, then `then(module)`: the post-import hook itself."""
+
+    def __init__(self, loader: Any, then: Callable[[ModuleType], None]):
+        self._loader = loader
+        self._then = then
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def create_module(self, spec: Any) -> Any:
+        create = getattr(self._loader, "create_module", None)
+        return None if create is None else create(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        # The module keeps its real loader (importlib.resources and friends look at it).
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        self._loader.exec_module(module)
+        self._then(module)

@@ -1,0 +1,73 @@
+"""`gpuhop doctor` as a user runs it, against real agents on this machine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import has_nvidia_gpu
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def doctor(agent) -> tuple[int, str, list[dict]]:
+    text = agent.cli("doctor", timeout=240)
+    listed = agent.cli("doctor", "--json", timeout=240)
+    assert text.returncode == listed.returncode, text.stderr + listed.stderr
+    return text.returncode, text.stdout, json.loads(listed.stdout)
+
+
+@pytest.mark.tf
+def test_doctor_reports_this_host_honestly(shared_agent):
+    code, text, checks = doctor(shared_agent)
+
+    names = [c["name"] for c in checks]
+    assert names == [
+        "NVIDIA driver",
+        "TensorFlow",
+        "CUDA version",
+        "TensorFlow sees the GPUs",
+        "tf-keras",
+        "disk space",
+    ]
+    assert code == (0 if all(c["ok"] for c in checks) else 1)
+    marks = {"passed": "✓", "warning": "!", "failed": "✗", "skipped": "-"}
+    for check in checks:
+        assert f"{marks[check['status']]} {check['name']}: {check['detail']}" in text
+        if check["status"] in ("failed", "warning"):
+            assert f"fix: {check['fix']}" in text
+    by_name = {c["name"]: c for c in checks}
+    assert by_name["TensorFlow"]["status"] == "passed"  # the test suite itself runs TF
+    if not has_nvidia_gpu():
+        # A CPU-only host is a valid setup: nothing GPU-related fails there.
+        assert by_name["NVIDIA driver"] == {
+            "name": "NVIDIA driver",
+            "status": "skipped",
+            "detail": "no NVIDIA GPU on this host; jobs run on the CPU",
+            "fix": None,
+            "ok": True,
+        }
+        assert by_name["CUDA version"]["status"] == "skipped"
+        assert by_name["TensorFlow sees the GPUs"]["status"] == "skipped"
+
+
+@pytest.mark.tf
+def test_doctor_on_fake_gpus_needs_no_driver(make_agent):
+    listed = make_agent(fake_gpus=2).cli("doctor", "--json", timeout=240)
+    checks = json.loads(listed.stdout)
+
+    by_name = {c["name"]: c for c in checks}
+    assert by_name["NVIDIA driver"]["status"] == "skipped"
+    assert "2 fake GPU(s) of 8 GiB" in by_name["NVIDIA driver"]["detail"]
+    assert by_name["TensorFlow sees the GPUs"]["status"] == "skipped"
+    assert listed.returncode == (0 if all(c["ok"] for c in checks) else 1)
+
+
+@pytest.mark.gpu
+def test_doctor_on_a_gpu_host_passes_the_gpu_checks(make_agent):
+    _, _, checks = doctor(make_agent())
+
+    by_name = {c["name"]: c for c in checks}
+    for name in ("NVIDIA driver", "TensorFlow", "CUDA version", "TensorFlow sees the GPUs"):
+        assert by_name[name]["status"] in ("passed", "warning"), by_name[name]

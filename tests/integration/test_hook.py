@@ -1,0 +1,272 @@
+"""The start-up hook in real Python interpreters, started with a share job's environment.
+
+A stand-in `tensorflow` package (a real module on the path, which records what is asked of
+it and can pretend to have GPUs) shows what the hook does on a GPU host; the real
+TensorFlow runs in tests/e2e/test_gpu_sharing.py and, on a GPU host, at the end here.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuhop.runtime import hook
+from tests.conftest import REPO
+
+# A stand-in for TensorFlow's parts the hook touches, shaped like the real ones: the
+# public tf.config functions go through the one eager context, which refuses memory growth
+# on a GPU that has a logical device configuration, as TensorFlow does.
+FAKE_TF = """
+from tensorflow.python.eager import context as _context
+
+print("fake tf: module body ran", flush=True)
+__version__ = "0.0-fake"
+calls = _context.context().calls
+
+
+class _Experimental:
+    def set_memory_growth(self, device, enable):
+        _context.context().set_memory_growth(device, enable)
+
+
+class _Config:
+    experimental = _Experimental()
+
+    class LogicalDeviceConfiguration:
+        def __init__(self, memory_limit=None):
+            self.memory_limit = memory_limit
+
+    def list_physical_devices(self, kind):
+        return _context.context().list_physical_devices(kind)
+
+    def set_logical_device_configuration(self, device, configs):
+        _context.context().set_logical_device_configuration(device, configs)
+
+
+config = _Config()
+"""
+
+FAKE_CONTEXT = """
+import os
+
+
+class Context:
+    def __init__(self):
+        self.calls = []
+        self.virtual = {}
+
+    def list_physical_devices(self, kind):
+        n = int(os.environ.get("FAKE_TF_GPUS", "0")) if kind == "GPU" else 0
+        return [f"GPU:{i}" for i in range(n)]
+
+    def set_logical_device_configuration(self, device, configs):
+        if os.environ.get("FAKE_TF_FAIL"):
+            raise RuntimeError("Virtual devices cannot be modified after being initialized")
+        limits = [c.memory_limit for c in configs]
+        self.virtual[device] = limits
+        self.calls.append((device, limits))
+        print(f"fake tf: {device} capped at {limits}", flush=True)
+
+    def set_memory_growth(self, device, enable):
+        if device in self.virtual:
+            raise ValueError("Cannot set memory growth on device when virtual devices configured")
+        print(f"fake tf: growth on {device}: {enable}", flush=True)
+
+
+_context = None
+
+
+def context():
+    global _context
+    if _context is None:
+        _context = Context()
+    return _context
+"""
+
+USER_SCRIPT = """
+import sys
+print("user: before import", flush=True)
+import tensorflow as tf
+print("user: first line after import; calls:", tf.calls, flush=True)
+import gpuhop.runtime.hook as hook
+print("user: applied:", hook.applied, flush=True)
+"""
+
+
+@pytest.fixture
+def fake_tf(tmp_path: Path) -> Path:
+    root = tmp_path / "fake-tf"
+    eager = root / "tensorflow" / "python" / "eager"
+    eager.mkdir(parents=True)
+    (root / "tensorflow" / "__init__.py").write_text(FAKE_TF)
+    (root / "tensorflow" / "python" / "__init__.py").write_text("")
+    (eager / "__init__.py").write_text("")
+    (eager / "context.py").write_text(FAKE_CONTEXT)
+    return root
+
+
+def run_python(
+    code: str, *paths: Path | str, cwd: Path, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """`python -c CODE` with a job's environment: the hook's dir first on PYTHONPATH."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("GPUHOP_", "PYTHON"))}
+    pythonpath = os.pathsep.join([hook.STARTUP_DIR, *map(str, paths), str(REPO / "src")])
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=cwd,
+        env={**base, "PYTHONPATH": pythonpath, "PYTHONUNBUFFERED": "1", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+SHARE_JOB = {"GPUHOP_JOB_ID": "ab12cd34", "GPUHOP_GPU_MEMORY_MB": "4096"}
+
+
+def test_the_cap_is_set_right_after_import_and_before_the_scripts_next_line(fake_tf, tmp_path):
+    run = run_python(USER_SCRIPT, fake_tf, cwd=tmp_path, FAKE_TF_GPUS="2", **SHARE_JOB)
+
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [
+        "user: before import",
+        "fake tf: module body ran",
+        "fake tf: GPU:0 capped at [4096]",
+        "fake tf: GPU:1 capped at [4096]",
+        "user: first line after import; calls: [('GPU:0', [4096]), ('GPU:1', [4096])]",
+        "user: applied: {'gpu_memory_limit': 'capped 2 GPU(s) at 4096 MB;"
+        " set_memory_growth on them is a no-op'}",
+    ]
+    assert run.stderr == ""
+
+
+def test_a_script_that_turns_on_memory_growth_still_runs_under_the_cap(fake_tf, tmp_path):
+    # The usual first lines of a TensorFlow script; TensorFlow would refuse them on a GPU
+    # with a memory limit.
+    code = (
+        "import tensorflow as tf\n"
+        "for gpu in tf.config.list_physical_devices('GPU'):\n"
+        "    tf.config.experimental.set_memory_growth(gpu, True)\n"
+        "print('user: growth set')\n"
+    )
+    capped = run_python(code, fake_tf, cwd=tmp_path, FAKE_TF_GPUS="1", **SHARE_JOB)
+    plain = run_python(code, fake_tf, cwd=tmp_path, FAKE_TF_GPUS="1", GPUHOP_JOB_ID="x")
+
+    assert capped.returncode == 0, capped.stderr
+    assert capped.stdout.splitlines()[-2:] == [
+        "fake tf: GPU:0 capped at [4096]",
+        "user: growth set",
+    ]
+    # Without a cap the call reaches TensorFlow as before.
+    assert plain.stdout.splitlines()[-2:] == ["fake tf: growth on GPU:0: True", "user: growth set"]
+
+
+def test_without_gpus_the_cap_does_nothing_and_says_so_when_asked(fake_tf, tmp_path):
+    run = run_python(USER_SCRIPT, fake_tf, cwd=tmp_path, GPUHOP_HOOK_VERBOSE="1", **SHARE_JOB)
+
+    assert run.returncode == 0, run.stderr
+    assert "calls: []" in run.stdout
+    assert run.stderr == (
+        "gpuhop: after import tensorflow (0.0-fake): gpu_memory_limit:"
+        " no GPU visible to TensorFlow; nothing to cap at 4096 MB\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "error"),
+    [
+        ({"FAKE_TF_FAIL": "1", "FAKE_TF_GPUS": "1"}, "RuntimeError: Virtual devices cannot"),
+        ({"GPUHOP_GPU_MEMORY_MB": "lots"}, "ValueError: invalid literal"),
+    ],
+)
+def test_a_failing_action_prints_one_line_and_the_script_goes_on(fake_tf, tmp_path, env, error):
+    run = run_python(USER_SCRIPT, fake_tf, cwd=tmp_path, **{**SHARE_JOB, **env})
+
+    assert run.returncode == 0, run.stderr
+    assert "user: applied: {}" in run.stdout
+    [line] = run.stderr.splitlines()
+    assert line.startswith("gpuhop: could not cap TensorFlow's GPU memory at ")
+    assert error in line and line.endswith("the job goes on without it")
+
+
+def test_the_users_own_sitecustomize_still_runs_after_ours(fake_tf, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "sitecustomize.py").write_text("print('user sitecustomize ran', flush=True)\n")
+    code = USER_SCRIPT + "import sitecustomize; print('sitecustomize is', sitecustomize.__file__)\n"
+
+    run = run_python(code, mine, fake_tf, cwd=tmp_path, FAKE_TF_GPUS="1", **SHARE_JOB)
+
+    assert run.returncode == 0, run.stderr
+    lines = run.stdout.splitlines()
+    assert lines[0] == "user sitecustomize ran"  # once, before the script
+    assert lines.count("user sitecustomize ran") == 1
+    assert "fake tf: GPU:0 capped at [4096]" in lines
+    # `import sitecustomize` finds the user's, as it would without gpuhop.
+    assert lines[-1] == f"sitecustomize is {mine / 'sitecustomize.py'}"
+
+
+def test_an_error_in_the_users_sitecustomize_is_reported_as_python_reports_it(fake_tf, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "sitecustomize.py").write_text("raise KeyError('oops')\n")
+
+    run = run_python(USER_SCRIPT, mine, fake_tf, cwd=tmp_path, FAKE_TF_GPUS="1", **SHARE_JOB)
+
+    assert run.returncode == 0
+    assert "Error in sitecustomize; set PYTHONVERBOSE for traceback:\nKeyError: 'oops'" in (
+        run.stderr
+    )
+    assert "fake tf: GPU:0 capped at [4096]" in run.stdout  # the hook was in place first
+
+
+LOADED = (
+    "import sys; print(sorted(m for m in ('_gpuhop_hook', 'gpuhop', 'tensorflow')"
+    " if m in sys.modules),"
+    " [i for i, f in enumerate(sys.meta_path) if hasattr(f, 'gpuhop_watcher')])"
+)
+
+
+def test_outside_a_gpuhop_job_it_loads_nothing(tmp_path):
+    run = run_python(LOADED, cwd=tmp_path, GPUHOP_GPU_MEMORY_MB="4096")
+
+    assert (run.returncode, run.stdout, run.stderr) == (0, "[] []\n", "")
+
+
+def test_in_a_job_it_never_imports_tensorflow_itself(tmp_path):
+    run = run_python(LOADED, cwd=tmp_path, **SHARE_JOB)
+
+    # Only the hook's own module (not even the gpuhop package), and its finder waiting first
+    # in line.
+    assert (run.returncode, run.stdout, run.stderr) == (
+        0,
+        "['_gpuhop_hook'] [0]\n",
+        "",
+    )
+
+
+def test_a_job_that_wants_no_action_installs_no_finder(tmp_path):
+    run = run_python(LOADED, cwd=tmp_path, GPUHOP_JOB_ID="ab12cd34")
+
+    assert (run.returncode, run.stdout) == (0, "['_gpuhop_hook'] []\n")
+
+
+@pytest.mark.gpu
+@pytest.mark.tf
+def test_on_a_real_gpu_tensorflow_gets_the_cap(tmp_path):
+    code = (
+        "import tensorflow as tf\n"
+        "gpus = tf.config.list_physical_devices('GPU')\n"
+        "tf.config.experimental.set_memory_growth(gpus[0], True)  # tolerated under the cap\n"
+        "conf = [tf.config.get_logical_device_configuration(g) for g in gpus]\n"
+        "print([c.memory_limit for cs in conf for c in cs])\n"
+        "print(len(tf.config.list_logical_devices('GPU')))\n"
+    )
+    run = run_python(code, cwd=tmp_path, CUDA_VISIBLE_DEVICES="0", **SHARE_JOB)
+
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-2:] == ["[4096]", "1"]

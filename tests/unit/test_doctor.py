@@ -1,0 +1,198 @@
+"""`gpuhop doctor`'s verdicts, from the facts a host could present (no GPU needed)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from gpuhop.agent.services.doctor import Facts, evaluate
+from gpuhop.api import CheckStatus, DoctorCheck, GpuInfo
+from gpuhop.cli.doctor import exit_code
+
+GIB = 2**30
+PY = "/opt/venv/bin/python"
+H100 = GpuInfo(index=0, name="NVIDIA H100 80GB HBM3", memory_mb=81559)
+GPU_TF = {
+    "python": PY,
+    "tf_version": "2.21.0",
+    "tf_dists": {"tensorflow": "2.21.0"},
+    "cuda_build": True,
+    "cuda_version": "12.5.1",
+    "cudnn_version": "9",
+    "gpus": ["/physical_device:GPU:0", "/physical_device:GPU:1"],
+    "tf_keras": "2.21.0",
+}
+GPU_HOST = Facts(
+    gpu_source="nvml",
+    gpus=[H100, H100.model_copy(update={"index": 1})],
+    driver_version="550.54.15",
+    driver_cuda="12.6",
+    driver_error=None,
+    state_dir="/srv/gpuhop",
+    disk_free=500 * GIB,
+    probe=GPU_TF,
+)
+CPU_HOST = replace(
+    GPU_HOST,
+    gpu_source="none",
+    gpus=[],
+    driver_version=None,
+    driver_cuda=None,
+    probe={**GPU_TF, "cuda_build": False, "gpus": [], "tf_dists": {"tensorflow-cpu": "2.21.0"}},
+)
+
+
+def verdicts(facts: Facts) -> dict[str, tuple[CheckStatus, str, str | None]]:
+    return {c.name: (c.status, c.detail, c.fix) for c in evaluate(facts)}
+
+
+def statuses(facts: Facts) -> dict[str, CheckStatus]:
+    return {c.name: c.status for c in evaluate(facts)}
+
+
+def test_a_healthy_gpu_host_passes_everything():
+    checks = evaluate(GPU_HOST)
+
+    assert [c.name for c in checks] == [
+        "NVIDIA driver",
+        "TensorFlow",
+        "CUDA version",
+        "TensorFlow sees the GPUs",
+        "tf-keras",
+        "disk space",
+    ]
+    assert {c.status for c in checks} == {CheckStatus.passed}
+    assert all(c.ok for c in checks)
+    v = verdicts(GPU_HOST)
+    assert "driver 550.54.15 (supports CUDA 12.6), 2 GPU(s): NVIDIA H100" in v["NVIDIA driver"][1]
+    assert v["CUDA version"][1] == (
+        "the driver supports CUDA up to 12.6; TensorFlow was built for 12.5.1"
+    )
+
+
+def test_a_cpu_only_host_is_a_valid_setup():
+    s = statuses(CPU_HOST)
+
+    assert all(status != CheckStatus.failed for status in s.values())
+    assert s["NVIDIA driver"] == CheckStatus.skipped
+    assert s["CUDA version"] == CheckStatus.skipped
+    assert s["TensorFlow sees the GPUs"] == CheckStatus.skipped
+    assert s["TensorFlow"] == CheckStatus.passed
+    assert verdicts(CPU_HOST)["NVIDIA driver"][1] == (
+        "no NVIDIA GPU on this host; jobs run on the CPU"
+    )
+
+
+def test_a_cpu_build_on_a_gpu_host_fails_with_the_install_to_run():
+    facts = replace(GPU_HOST, probe=CPU_HOST.probe)
+
+    v = verdicts(facts)
+
+    status, detail, fix = v["TensorFlow"]
+    assert status == CheckStatus.failed
+    assert detail == "TensorFlow 2.21.0 is a CPU build; it cannot use this host's 2 GPU(s)"
+    assert fix == (
+        f"{PY} -m pip uninstall -y tensorflow-cpu && {PY} -m pip install 'tensorflow[and-cuda]'"
+    )
+    assert v["TensorFlow sees the GPUs"][0] == CheckStatus.failed
+    assert "pip install 'tensorflow[and-cuda]'" in v["TensorFlow sees the GPUs"][2]
+
+
+def test_tensorflow_missing_fails_and_says_what_to_install():
+    facts = replace(GPU_HOST, probe={"python": PY, "tf_error": "ModuleNotFoundError: no"})
+
+    v = verdicts(facts)
+
+    assert v["TensorFlow"] == (
+        CheckStatus.failed,
+        f"cannot import tensorflow with {PY}: ModuleNotFoundError: no",
+        f"{PY} -m pip install 'tensorflow[and-cuda]'",
+    )
+    assert v["TensorFlow sees the GPUs"][0] == CheckStatus.skipped
+    assert v["tf-keras"][0] == CheckStatus.skipped
+
+
+def test_a_probe_that_cannot_run_is_a_failure_with_a_way_to_see_why():
+    facts = replace(CPU_HOST, probe={"python": PY, "probe_error": "the probe exited with 1"})
+
+    status, detail, fix = verdicts(facts)["TensorFlow"]
+
+    assert (status, detail) == (CheckStatus.failed, "the probe exited with 1")
+    assert fix == f"run {PY} -c 'import tensorflow' on the GPU host to see what goes wrong"
+
+
+@pytest.mark.parametrize(
+    ("driver_cuda", "status"),
+    [("11.8", CheckStatus.failed), ("12.2", CheckStatus.warning), ("12.5", CheckStatus.passed)],
+)
+def test_the_driver_must_support_the_cuda_tensorflow_was_built_for(driver_cuda, status):
+    status_got, detail, fix = verdicts(replace(GPU_HOST, driver_cuda=driver_cuda))["CUDA version"]
+
+    assert status_got == status
+    assert detail.startswith(f"the driver supports CUDA up to {driver_cuda};")
+    if status != CheckStatus.passed:
+        assert fix == "update the NVIDIA driver to one that supports CUDA 12.5 or newer"
+
+
+def test_tensorflow_seeing_fewer_gpus_than_the_driver_fails():
+    facts = replace(GPU_HOST, probe={**GPU_TF, "gpus": []})
+
+    status, detail, fix = verdicts(facts)["TensorFlow sees the GPUs"]
+
+    assert (status, detail) == (CheckStatus.failed, "TensorFlow sees 0 of the 2 GPU(s)")
+    assert "LD_LIBRARY_PATH" in fix
+
+
+def test_a_driver_that_does_not_answer_fails():
+    facts = replace(CPU_HOST, gpu_source="none", driver_error="nvidia-smi failed")
+
+    assert verdicts(facts)["NVIDIA driver"][:2] == (CheckStatus.failed, "nvidia-smi failed")
+
+
+def test_fake_gpus_need_no_driver_and_no_gpu_build():
+    fake = [GpuInfo(index=i, name="Fake GPU", memory_mb=8192) for i in range(2)]
+    facts = replace(CPU_HOST, gpu_source="fake", gpus=fake)
+
+    s = statuses(facts)
+
+    assert s["NVIDIA driver"] == s["TensorFlow sees the GPUs"] == CheckStatus.skipped
+    assert all(status != CheckStatus.failed for status in s.values())
+
+
+@pytest.mark.parametrize(
+    ("tf_keras", "status"),
+    [(None, CheckStatus.warning), ("2.20.1", CheckStatus.warning), ("2.21.3", CheckStatus.passed)],
+)
+def test_tf_keras_is_recommended_in_the_matching_version(tf_keras, status):
+    status_got, _, fix = verdicts(replace(GPU_HOST, probe={**GPU_TF, "tf_keras": tf_keras}))[
+        "tf-keras"
+    ]
+
+    assert status_got == status
+    if status == CheckStatus.warning:
+        assert fix == f"{PY} -m pip install 'tf-keras==2.21.*'"
+
+
+@pytest.mark.parametrize(
+    ("free", "status"),
+    [
+        (500 * GIB, CheckStatus.passed),
+        (5 * GIB, CheckStatus.warning),
+        (GIB // 2, CheckStatus.failed),
+    ],
+)
+def test_free_disk_in_the_state_dir(free, status):
+    status_got, detail, _ = verdicts(replace(GPU_HOST, disk_free=free))["disk space"]
+
+    assert status_got == status
+    assert "free in the agent's state dir /srv/gpuhop" in detail
+
+
+def test_doctor_exit_code_follows_the_failed_checks():
+    def check(status: CheckStatus) -> DoctorCheck:
+        return DoctorCheck(name="x", status=status, detail="d", fix="f")
+
+    assert exit_code([check(CheckStatus.passed), check(CheckStatus.skipped)]) == 0
+    assert exit_code([check(CheckStatus.warning)]) == 0
+    assert exit_code([check(CheckStatus.passed), check(CheckStatus.failed)]) == 1
