@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import warnings
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
@@ -23,6 +24,12 @@ def _error(status: int, code: ErrorCode, message: str, detail: dict | None = Non
 
 
 def create_app(ctx: AgentContext) -> FastAPI:
+    # pydantic >= 2.12 warns about the alias FastAPI gives a body parameter's field, although
+    # it works (pydantic#12356); the warning would fill every agent log.
+    warnings.filterwarnings(
+        "ignore", message=r"The 'alias' attribute with value", module=r"pydantic\._internal"
+    )
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         task = asyncio.create_task(ctx.run_scheduler(), name="scheduler")

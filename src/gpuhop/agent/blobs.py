@@ -8,6 +8,8 @@ ever copied out, never handed to a job directly.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import os
 import shutil
@@ -17,6 +19,16 @@ from pathlib import Path
 
 from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.api.models import SHA256_RE
+
+FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
+REFLINK_UNSUPPORTED = {
+    errno.EOPNOTSUPP,
+    errno.ENOTTY,
+    errno.EINVAL,
+    errno.EXDEV,
+    errno.ENOSYS,
+    errno.EPERM,
+}
 
 
 class BlobError(ValueError):
@@ -28,6 +40,10 @@ class BlobStore:
         self.root = root
         self.tmp = tmp
         self.max_blob_size = max_blob_size
+        self._reflinks = True
+        # Digests seen on disk: a blob, once stored, stays (whatever deletes blobs, such as
+        # a garbage collector, must discard them here too), so each is checked once.
+        self._present: set[str] = set()
 
     def path(self, digest: str) -> Path:
         if not SHA256_RE.match(digest):
@@ -35,7 +51,12 @@ class BlobStore:
         return self.root / digest[:2] / digest
 
     def has(self, digest: str) -> bool:
-        return self.path(digest).is_file()
+        if digest in self._present:
+            return True
+        if self.path(digest).is_file():
+            self._present.add(digest)
+            return True
+        return False
 
     def missing(self, digests: list[str]) -> list[str]:
         seen: set[str] = set()
@@ -47,8 +68,24 @@ class BlobStore:
         return out
 
     def copy_to(self, digest: str, dest: Path, executable: bool = False) -> None:
-        """Copy a blob out to `dest` as a new, writable file (the blob stays untouched)."""
-        shutil.copyfile(self.path(digest), dest)
+        """Copy a blob out to `dest` as a new, writable file (the blob stays untouched).
+
+        A reflink where the filesystem has them (btrfs, XFS): a copy that shares the
+        blob's blocks until either side writes, made in constant time. A plain copy
+        elsewhere (ext4, tmpfs), remembered after the first refusal.
+        """
+        src = self.path(digest)
+        if self._reflinks:
+            with open(src, "rb") as s, open(dest, "wb") as d:
+                try:
+                    fcntl.ioctl(d.fileno(), FICLONE, s.fileno())
+                except OSError as e:
+                    if e.errno not in REFLINK_UNSUPPORTED:
+                        raise
+                    self._reflinks = False
+                    shutil.copyfileobj(s, d, 1 << 20)
+        else:
+            shutil.copyfile(src, dest)
         os.chmod(dest, 0o755 if executable else 0o644)
 
     async def receive(self, chunks: AsyncIterator[bytes]) -> tuple[int, int]:
@@ -132,4 +169,5 @@ class _BlobWriter:
         dest.parent.mkdir(exist_ok=True)
         os.chmod(self.tmp_path, 0o444)
         os.replace(self.tmp_path, dest)
+        self.store._present.add(self.digest)
         return self.size
