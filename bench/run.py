@@ -1,0 +1,93 @@
+"""Runs on one machine: `make bench` sets gpuhop side by side with what a user would do instead.
+
+Each benchmark starts its own agent in a temp dir and removes everything it made. Writes
+results.md and results.json to --out and prints the markdown table.
+
+    .venv/bin/python bench/run.py [--quick] [--repeat N] [--only start_latency,logs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import logs
+import overhead
+import resync
+import start_latency
+from harness import REPO, Row, Settings, machine, markdown
+
+BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
+    "start_latency": start_latency.run,
+    "resync": resync.run,
+    "overhead": overhead.run,
+    "logs": logs.run,
+}
+
+
+def names(text: str) -> list[str]:
+    chosen = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in BENCHMARKS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(
+            f"unknown benchmark {', '.join(unknown) or text!r}; choose from {', '.join(BENCHMARKS)}"
+        )
+    return chosen
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        metavar="N",
+        help="repeats of every measurement (default: 5, fewer where one sample takes long:"
+        " 3 first uploads, 2 training runs; --quick lowers each)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer repeats and smaller sizes (under 2 minutes)"
+    )
+    parser.add_argument(
+        "--only", type=names, metavar="NAME[,NAME]", help=f"run only these: {', '.join(BENCHMARKS)}"
+    )
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results", metavar="DIR")
+    args = parser.parse_args()
+    if args.repeat is not None and args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+
+    settings = Settings(repeat=args.repeat, quick=args.quick)
+    info = machine()
+    rows: list[Row] = []
+    errors: dict[str, str] = {}
+    for name in args.only or BENCHMARKS:
+        print(f"bench: {name} ...", file=sys.stderr, flush=True)
+        started = time.perf_counter()
+        try:
+            rows += BENCHMARKS[name](settings)
+        except Exception:
+            errors[name] = traceback.format_exc()
+            print(f"bench: {name} failed:\n{errors[name]}", file=sys.stderr)
+            continue
+        print(f"bench: {name} took {time.perf_counter() - started:.0f}s", file=sys.stderr)
+
+    table = markdown(rows, info, settings)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.md").write_text(table)
+    report = {
+        "machine": info,
+        "settings": {"repeat": settings.repeat, "quick": settings.quick},
+        "rows": [row.to_json() for row in rows],
+        "errors": errors,
+    }
+    (args.out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+    print(table)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
