@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpuhop.api import GpuInfo, format_mb
-from gpuhop.cli.output import fail, print_json, say
+from gpuhop.cli.output import fail, print_json, print_table, say
 from gpuhop.client import Client, GpuhopError
 
 
@@ -23,22 +23,20 @@ def gpus(json_out: bool = typer.Option(False, "--json", help="Print JSON for scr
     if not infos:
         say("this host has no GPU; jobs run on the CPU")
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("GPU", "NAME", "MEMORY USED", "UTIL", "RESERVED", "JOBS"):
-        table.add_column(col, no_wrap=col != "JOBS")
-    for g in infos:
-        table.add_row(
-            str(g.index),
-            g.name,
-            f"{_mb(g.memory_used_mb)} / {format_mb(g.memory_mb)}",
-            "-" if g.utilization is None else f"{g.utilization}%",
-            _reserved(g),
-            ", ".join(g.job_ids) or "-",
-        )
-    Console(highlight=False).print(table)
+    print_table(
+        ("GPU", "NAME", "MEMORY USED", "UTIL", "RESERVED", "JOBS"),
+        [
+            (
+                str(g.index),
+                g.name,
+                f"{_mb(g.memory_used_mb)} / {format_mb(g.memory_mb)}",
+                "-" if g.utilization is None else f"{g.utilization}%",
+                _reserved(g),
+                ", ".join(g.job_ids) or "-",
+            )
+            for g in infos
+        ],
+    )
     if fake:
         say("these GPUs are fake (agent started with --fake-gpus); jobs run on the CPU")
 

@@ -17,6 +17,7 @@ from gpuhop.cli.output import (
     format_metrics,
     human_bytes,
     print_json,
+    print_table,
     say,
     state_text,
 )
@@ -232,24 +233,21 @@ def ps(
     if not infos:
         say("no jobs yet; start one with: gpuhop run train.py")
         return
-    from rich.table import Table
-
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("ID", "NAME", "STATE", "GPUS", "CREATED", "DURATION", "COMMAND"):
-        table.add_column(col, no_wrap=col != "COMMAND")
-    for i in infos:
-        table.add_row(
-            i.id,
-            i.name or "-",
-            state_text(i.state),
-            _gpus_column(i),
-            ago(i.created_at),
-            duration(i),
-            " ".join(i.command),
-        )
-    from rich.console import Console
-
-    Console(highlight=False).print(table)
+    print_table(
+        ("ID", "NAME", "STATE", "GPUS", "CREATED", "DURATION", "COMMAND"),
+        [
+            (
+                i.id,
+                i.name or "-",
+                state_text(i.state),
+                _gpus_column(i),
+                ago(i.created_at),
+                duration(i),
+                " ".join(i.command),
+            )
+            for i in infos
+        ],
+    )
 
 
 def show(

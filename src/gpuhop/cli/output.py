@@ -38,6 +38,19 @@ def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
+def print_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    """A plain table on stdout; only the last column wraps."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in columns:
+        table.add_column(col, no_wrap=col != columns[-1])
+    for row in rows:
+        table.add_row(*row)
+    Console(highlight=False).print(table)
+
+
 def human_bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1024 or unit == "TB":
