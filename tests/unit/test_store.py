@@ -309,3 +309,22 @@ def test_a_state_dir_from_an_older_agent_gets_the_new_columns(tmp_path):
         JobStore(db).close()  # opening it again changes nothing
     finally:
         store.close()
+
+
+def test_queued_returns_every_queued_job_oldest_first_by_priority(tmp_path):
+    from gpuhop.agent.store import JobStore
+
+    store = JobStore(tmp_path / "jobs.db")
+    try:
+        ids = [
+            store.create(command=["x.py"], env={}, gpus=0, priority=0, name=None, now=float(i)).id
+            for i in range(1005)
+        ]
+        urgent = store.create(
+            command=["x.py"], env={}, gpus=0, priority=5, name=None, now=9999.0
+        ).id
+        queued = [j.id for j in store.queued()]
+        # More than `list`'s default limit, and the oldest first after the urgent one.
+        assert queued == [urgent, *ids]
+    finally:
+        store.close()

@@ -49,7 +49,7 @@ class AgentContext:
 
     def schedule_once(self) -> int:
         """Start every queued job that fits now. Returns how many were started."""
-        queued = self.store.list([JobState.queued])
+        queued = self.store.queued()
         if not queued:
             return 0
         memory = {g.index: g.memory_mb for g in self.gpus}

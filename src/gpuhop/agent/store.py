@@ -261,6 +261,15 @@ class JobStore:
             )
         return [JobRecord.from_row(r) for r in rows]
 
+    def queued(self) -> Sequence[JobRecord]:
+        """Every queued job, in the order the scheduler considers them (no limit: `list`
+        returns the newest, and the oldest must never fall off the end)."""
+        rows = self._query(
+            "SELECT * FROM jobs WHERE state = ? ORDER BY priority DESC, created_at, id",
+            (JobState.queued.value,),
+        )
+        return [JobRecord.from_row(r) for r in rows]
+
     def count(self, state: JobState) -> int:
         return int(self._query("SELECT count(*) FROM jobs WHERE state = ?", (state.value,))[0][0])
 
