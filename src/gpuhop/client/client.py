@@ -32,10 +32,10 @@ from gpuhop.api import (
     parse_mb,
     validate_relpath,
 )
-from gpuhop.client.embedded import socket_answers
+from gpuhop.client import remotes
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.sync import FileEntry, ScanResult, SyncError, scan
-from gpuhop.client.transport import local_transport
+from gpuhop.client.transport import Endpoint, local_endpoint
 from gpuhop.client.upload import frames
 from gpuhop.home import AgentError, AgentPaths, default_home
 
@@ -59,29 +59,42 @@ def client_cache_dir() -> Path:
 
 
 class Client:
-    """A connection to one gpuhop agent (the local one unless told otherwise)."""
+    """A connection to one gpuhop agent.
+
+    `remote` names a configured remote (`gpuhop remote add`); without it, $GPUHOP_REMOTE or
+    the default remote is used, and with none of those the local agent of `home` (started
+    on demand unless `autostart=False`). `transport` replaces the connection (tests).
+    """
 
     def __init__(
         self,
         home: str | os.PathLike[str] | None = None,
         *,
+        remote: str | None = None,
         autostart: bool = True,
         transport: httpx.BaseTransport | None = None,
         cache_dir: str | os.PathLike[str] | None = None,
     ):
         self.paths = AgentPaths(Path(home).absolute() if home else default_home())
         self.cache_dir = Path(cache_dir) if cache_dir else client_cache_dir()
-        # Whether the agent is worth reconnecting to (checked before each reconnect).
-        self._reachable: Callable[[], bool] = lambda: True
-        if transport is None:
+        # An explicit remote wins; an explicit home means that local agent; otherwise
+        # $GPUHOP_REMOTE or the default remote, if any.
+        target = None
+        if transport is None and (remote is not None or home is None):
+            target = remotes.selected(remote)
+        if transport is not None:
+            self.endpoint = Endpoint(description="the gpuhop agent")
+        elif target is not None:
+            self.endpoint = remotes.endpoint_for(target)
+        else:
             try:
-                transport = local_transport(self.paths, autostart=autostart)
+                self.endpoint = local_endpoint(self.paths, autostart=autostart)
             except AgentError as e:
                 raise GpuhopError(str(e), code="unreachable") from None
-            self._reachable = lambda: socket_answers(self.paths.socket)
         self._http = httpx.Client(
-            transport=transport,
-            base_url="http://gpuhop",
+            transport=transport or self.endpoint.transport(),
+            base_url=self.endpoint.base_url,
+            headers=self.endpoint.headers,
             timeout=httpx.Timeout(60.0, connect=5.0),
         )
         self.last_sync: SyncStats | None = None
@@ -102,7 +115,7 @@ class Client:
             response = self._http.request(method, url, **kwargs)  # type: ignore[arg-type]
         except httpx.TransportError as e:
             raise GpuhopError(
-                f"cannot reach the gpuhop agent at {self.paths.socket}: {e}", code="unreachable"
+                f"cannot reach {self.endpoint.description}: {e}", code="unreachable"
             ) from None
         check(response)
         return response
@@ -370,7 +383,7 @@ class Job:
                         code="unreachable",
                     ) from None
                 # Probe first: a failed httpx connect to a Unix socket leaks that socket.
-                while not self.client._reachable() and time.monotonic() < give_up_at:
+                while not self.client.endpoint.reachable() and time.monotonic() < give_up_at:
                     time.sleep(0.1)
 
     def metrics(self, offset: int = 0) -> tuple[list[dict], int]:

@@ -1,27 +1,59 @@
 """Runs on the user's machine: how the client reaches an agent (the transport seam).
 
-Every way in ends as an httpx transport: a Unix socket for the local agent today; the SSH
-tunnel and TLS transports plug in here. Tests may pass any httpx transport, including an
-in-process ASGI app.
+Every way in is an `Endpoint`: the local agent's Unix socket, the local end of an SSH
+tunnel to a remote agent's socket (also a Unix socket), or a team agent's TLS listener
+with a pinned certificate and a bearer token. HTTP requests go through `transport()`;
+streams that are not HTTP (port forwarding) open a WebSocket to the same place with the
+same credentials.
 """
 
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import httpx
 
-from gpuhop.client.embedded import ensure_agent
+from gpuhop.client.embedded import ensure_agent, socket_answers
 from gpuhop.home import AgentPaths
 
 
-def local_transport(paths: AgentPaths, autostart: bool = True) -> httpx.BaseTransport:
-    """A transport to the agent of `paths`, starting that agent first if asked to."""
+@dataclass
+class Endpoint:
+    """Where an agent answers and how to speak to it."""
+
+    description: str
+    """Names the agent in error messages: "the local agent at ...", "remote 'lab' (...)"."""
+    base_url: str = "http://gpuhop"
+    uds: str | None = None
+    """A Unix socket to connect to instead of base_url's host and port."""
+    ssl_context: ssl.SSLContext | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    """Sent with every request and WebSocket handshake (the bearer token)."""
+    reachable: Callable[[], bool] = lambda: True
+    """Whether reconnecting is worth a try now (cheap; called before each reconnect)."""
+
+    def transport(self) -> httpx.BaseTransport:
+        # No TLS on a Unix socket. An empty client context (verification on, no CAs) saves
+        # loading the CA bundle, about 75 ms of every command.
+        return httpx.HTTPTransport(uds=self.uds, verify=self.ssl_context or _NO_TLS)
+
+    def websocket_url(self, path: str) -> str:
+        """The ws:// or wss:// URL of an API path on this endpoint."""
+        scheme, _, rest = self.base_url.partition("://")
+        return f"{'wss' if scheme == 'https' else 'ws'}://{rest}{path}"
+
+
+def local_endpoint(paths: AgentPaths, autostart: bool = True) -> Endpoint:
+    """The agent of `paths` on this machine, started first if asked to."""
     if autostart:
         ensure_agent(paths)
-    # No TLS on a Unix socket. An empty client context (verification on, no CAs) saves
-    # loading the CA bundle, about 75 ms of every command.
-    return httpx.HTTPTransport(uds=str(paths.socket), verify=_NO_TLS)
+    return Endpoint(
+        description=f"the gpuhop agent at {paths.socket}",
+        uds=str(paths.socket),
+        reachable=lambda: socket_answers(paths.socket),
+    )
 
 
 _NO_TLS = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
