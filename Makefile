@@ -2,16 +2,20 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint check bench clean
+.PHONY: setup system demo test lint check bench clean
 
 setup:
 	@bash scripts/setup-venv
+
+# System packages the tests need (OpenSSH's server for the SSH transport's tests).
+system:
+	@bash scripts/setup-system
 
 # The demo: train on the embedded local agent, stream the log, pull the SavedModel back.
 demo: setup
 	$(BIN)/gpuhop run --name digits-demo --pull gpuhop-artifacts/digits-demo examples/digits/train.py
 
-test: setup
+test: setup system
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: setup

@@ -5,8 +5,9 @@ from __future__ import annotations
 import typer
 
 from gpuhop.api import CheckStatus, DoctorCheck
+from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import fail, print_json
-from gpuhop.client import Client, GpuhopError
+from gpuhop.client import GpuhopError
 
 MARKS = {
     CheckStatus.passed: "[green]✓[/green]",
@@ -16,11 +17,14 @@ MARKS = {
 }
 
 
-def doctor(json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+def doctor(
+    json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    on: str | None = OnOption,
+) -> None:
     """Check the GPU host for TensorFlow jobs: driver, CUDA, TensorFlow's build, the GPUs
     it sees, tf-keras, free disk. Prints a fix for each problem; exits 1 if a check failed."""
     try:
-        with Client() as client:
+        with client_for(on) as client:
             checks = client.doctor()
     except GpuhopError as e:
         fail(e.message)

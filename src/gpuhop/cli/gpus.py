@@ -5,14 +5,18 @@ from __future__ import annotations
 import typer
 
 from gpuhop.api import GpuInfo, format_mb
+from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import fail, print_json, print_table, say
-from gpuhop.client import Client, GpuhopError
+from gpuhop.client import GpuhopError
 
 
-def gpus(json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts.")) -> None:
+def gpus(
+    json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    on: str | None = OnOption,
+) -> None:
     """List the host's GPUs: memory used, load, and the jobs holding each (read live)."""
     try:
-        with Client() as client:
+        with client_for(on) as client:
             infos = client.gpus()
             fake = client.info().fake_gpus if infos else False
     except GpuhopError as e:

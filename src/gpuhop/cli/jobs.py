@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from gpuhop.api import JobInfo, JobState, format_mb, parse_mb
+from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import (
     ago,
     duration,
@@ -24,13 +25,6 @@ from gpuhop.cli.output import (
 from gpuhop.client import Client, GpuhopError, Job
 
 DEFAULT_PULL_DIR = Path("gpuhop-artifacts")
-
-
-def _client() -> Client:
-    try:
-        return Client()
-    except GpuhopError as e:
-        fail(e.message)
 
 
 def _job(client: Client, ref: str) -> Job:
@@ -146,6 +140,7 @@ def run(
         Path("."), "--workdir", "-C", help="The directory to sync (default: this one)."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the job's own output."),
+    on: str | None = OnOption,
 ) -> None:
     """Sync this directory to the GPU host, run a script there, and stream its output.
 
@@ -159,7 +154,7 @@ def run(
     if workers == 1 and gpus_per_worker:
         fail("--gpus-per-worker is for multi-worker jobs (--workers N); use --gpus")
     share_mb = _parse_share(gpu_memory, gpus)
-    client = _client()
+    client = client_for(on)
     try:
         job = client.submit(
             command,
@@ -220,9 +215,10 @@ def ps(
     ),
     limit: int = typer.Option(50, "--limit", min=1, help="At most this many jobs, newest first."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    on: str | None = OnOption,
 ) -> None:
     """List jobs, newest first."""
-    with _client() as client:
+    with client_for(on) as client:
         try:
             infos = client.jobs(state or None, limit=limit)
         except GpuhopError as e:
@@ -253,9 +249,10 @@ def ps(
 def show(
     job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    on: str | None = OnOption,
 ) -> None:
     """Show one job: its state, how it ended, GPUs, and latest metrics."""
-    with _client() as client:
+    with client_for(on) as client:
         info = _job(client, job_ref).info
     if json_out:
         print_json(info.model_dump(mode="json"))
@@ -313,9 +310,10 @@ def logs(
     worker: int | None = typer.Option(
         None, "--worker", min=0, help="Only this worker's output (multi-worker jobs)."
     ),
+    on: str | None = OnOption,
 ) -> None:
     """Print a job's output (stdout and stderr together; every worker's, prefixed)."""
-    with _client() as client:
+    with client_for(on) as client:
         job = _job(client, job_ref)
         try:
             if follow:
@@ -336,9 +334,10 @@ def cancel(
         10.0, "--grace", min=0, help="Seconds between SIGTERM and SIGKILL."
     ),
     wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until the job has stopped."),
+    on: str | None = OnOption,
 ) -> None:
     """Stop a job: SIGTERM to all its processes, then SIGKILL after the grace period."""
-    with _client() as client:
+    with client_for(on) as client:
         job = _job(client, job_ref)
         try:
             info = job.cancel(grace=grace)
@@ -360,9 +359,10 @@ def pull(
         metavar="DIR",
         help="Where to put them (default: gpuhop-artifacts/JOB).",
     ),
+    on: str | None = OnOption,
 ) -> None:
     """Download the files a job wrote to $GPUHOP_ARTIFACTS_DIR."""
-    with _client() as client:
+    with client_for(on) as client:
         job = _job(client, job_ref)
         _pull(job, output or DEFAULT_PULL_DIR / job.id)
 

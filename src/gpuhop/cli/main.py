@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpuhop import __version__
-from gpuhop.cli import agent, doctor, gpus, jobs
+from gpuhop.cli import agent, doctor, gpus, jobs, remote
 
 app = typer.Typer(
     name="gpuhop",
@@ -24,6 +24,7 @@ jobs.register(app)
 gpus.register(app)
 doctor.register(app)
 app.add_typer(agent.app, name="agent")
+app.add_typer(remote.app, name="remote")
 
 
 def _version(value: bool) -> None:

@@ -114,11 +114,14 @@ class Client:
         try:
             response = self._http.request(method, url, **kwargs)  # type: ignore[arg-type]
         except httpx.TransportError as e:
-            raise GpuhopError(
-                f"cannot reach {self.endpoint.description}: {e}", code="unreachable"
-            ) from None
+            raise self.unreachable(e) from None
         check(response)
         return response
+
+    def unreachable(self, exc: Exception) -> GpuhopError:
+        """The error for a request that did not get through, as precise as can be found."""
+        reason = self.endpoint.explain(exc) or f"cannot reach {self.endpoint.description}: {exc}"
+        return GpuhopError(reason, code="unreachable")
 
     # -- agent --------------------------------------------------------------------------------
 

@@ -1,0 +1,223 @@
+"""The SSH transport end to end: a real sshd on loopback, `gpuhop remote bootstrap` through
+it, then jobs run with `--on`, as a user does it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gpuhop.client.embedded import stop
+from gpuhop.home import AgentPaths, read_pid
+from tests import sshd
+from tests.conftest import EXAMPLES, Agent
+
+pytestmark = pytest.mark.skipif(sshd.available() is not None, reason=str(sshd.available()))
+
+
+@dataclass
+class Side:
+    """The user's machine (config, cache) and, through sshd, the 'remote' one (its home)."""
+
+    server: sshd.Sshd
+    root: Path
+
+    @property
+    def remote_home(self) -> Path:
+        return self.root / "remote-home"
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPUHOP_")}
+        env.update(
+            GPUHOP_CONFIG_DIR=str(self.root / "config"),
+            GPUHOP_CACHE_DIR=str(self.root / "cache"),
+            GPUHOP_HOME=str(self.root / "local-home"),
+            TF_CPP_MIN_LOG_LEVEL="2",
+            **self.server.client_env,
+        )
+        return env
+
+    def cli(
+        self, *args: str, cwd: Path | None = None, timeout: float = 300, **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gpuhop", *args],
+            cwd=cwd,
+            env={**self.env, **env},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def logins(self) -> int:
+        """How many SSH logins the server has accepted so far."""
+        return (self.server.root / "sshd.log").read_text().count("Accepted publickey")
+
+
+@pytest.fixture(scope="module")
+def side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Side]:
+    root = Path(tmp_path_factory.mktemp("ssh"))
+    remote_home = root / "remote-home"
+    server = sshd.Sshd(
+        root / "sshd",
+        remote_env={
+            "GPUHOP_HOME": str(remote_home),
+            "GPUHOP_CACHE_DIR": str(root / "remote-cache"),
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+        },
+    ).start()
+    s = Side(server, root)
+    try:
+        yield s
+    finally:
+        # The remote side's agent and the local one `--on local` starts, with their jobs.
+        Agent(remote_home, root / "remote-cache", None).shutdown()
+        Agent(root / "local-home", root / "cache", None).shutdown()
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def lab(side: Side) -> Side:
+    """A remote 'lab' over ssh, bootstrapped."""
+    added = side.cli("remote", "add", "lab", side.server.url(), "--python", sys.executable)
+    assert added.returncode == 0, added.stderr
+    boot = side.cli("remote", "bootstrap", "lab")
+    assert boot.returncode == 0, boot.stderr
+    assert "gpuhop installed on 'lab'" in boot.stderr
+    assert "agent started" in boot.stderr
+    return side
+
+
+def test_bootstrap_reports_the_host_and_is_idempotent(lab: Side) -> None:
+    venv = lab.remote_home / "gpuhop-venv"
+    stamp = (venv / "gpuhop-stamp").stat()
+    pid = read_pid(AgentPaths(lab.remote_home))
+    assert pid is not None
+
+    again = lab.cli("remote", "bootstrap", "lab")
+
+    assert again.returncode == 0, again.stderr
+    assert "already up to date" in again.stderr
+    assert "agent running" in again.stderr
+    assert f"Python {sys.version_info.major}.{sys.version_info.minor}" in again.stderr
+    assert "TensorFlow: 2." in again.stderr  # the host's TensorFlow, seen through the venv
+    assert "GPUs: none" in again.stderr
+    # Nothing changed on the host: same install, same agent.
+    assert (venv / "gpuhop-stamp").stat().st_mtime_ns == stamp.st_mtime_ns
+    assert read_pid(AgentPaths(lab.remote_home)) == pid
+    # The agent runs from the venv bootstrap made, with this very version.
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    assert cmdline[0].decode().startswith(str(venv))
+
+
+def test_a_warm_connection_needs_no_new_login(lab: Side) -> None:
+    first = lab.cli("ps", "--on", "lab")
+    assert first.returncode == 0, first.stderr
+    logins = lab.logins()
+
+    for _ in range(3):
+        again = lab.cli("ps", "--on", "lab")
+        assert again.returncode == 0, again.stderr
+
+    assert lab.logins() == logins
+
+
+@pytest.mark.tf
+def test_digits_train_over_ssh_end_to_end(lab: Side, tmp_path: Path) -> None:
+    out = tmp_path / "pulled"
+    run = lab.cli(
+        "run", "--on", "lab", "--pull", str(out), "train.py", "--epochs", "2",
+        cwd=EXAMPLES / "digits",
+    )  # fmt: skip
+
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "test accuracy" in run.stdout.lower()
+    assert "succeeded" in run.stderr
+    assert any(out.rglob("saved_model.pb")), sorted(p.name for p in out.rglob("*"))
+    # The job ran on the remote side's agent.
+    assert any((lab.remote_home / "jobs").glob("*/output.log"))
+
+
+def test_the_default_remote_and_env_select_the_host(lab: Side, project) -> None:
+    root = project({"hello.py": "import os; print('home', os.environ['GPUHOP_JOB_ID'])"})
+    via_env = lab.cli("run", "-q", "hello.py", cwd=root, GPUHOP_REMOTE="lab")
+    assert via_env.returncode == 0, via_env.stderr
+    job_id = via_env.stdout.split()[-1]
+    assert (lab.remote_home / "jobs" / job_id).is_dir()
+
+    # `remote add` made 'lab' the default (it was the first); 'local' overrides it.
+    by_default = lab.cli("show", job_id, "--json")
+    assert by_default.returncode == 0, by_default.stderr
+    local = lab.cli("show", job_id, "--on", "local")
+    assert local.returncode != 0
+    assert "no job" in local.stderr
+
+
+def test_unknown_host_key_is_refused(lab: Side) -> None:
+    lab.cli("remote", "add", "unknown", lab.server.url(f"{sshd.ALIAS}-unknown-key"))
+    result = lab.cli("ps", "--on", "unknown")
+    assert result.returncode != 0
+    assert "host key" in result.stderr and "not known" in result.stderr
+    assert "never accepts one silently" in result.stderr
+
+
+def test_refused_key_says_so(lab: Side) -> None:
+    lab.cli("remote", "add", "stranger", lab.server.url(f"{sshd.ALIAS}-stranger"))
+    result = lab.cli("ps", "--on", "stranger")
+    assert result.returncode != 0
+    assert "refused the login" in result.stderr
+
+
+def test_unreachable_host_says_so(lab: Side) -> None:
+    lab.cli("remote", "add", "closed", lab.server.url(f"{sshd.ALIAS}-closed"))
+    result = lab.cli("ps", "--on", "closed")
+    assert result.returncode != 0
+    assert "cannot reach remote 'closed'" in result.stderr
+    assert "Connection refused" in result.stderr
+
+
+def test_no_python_on_the_host(lab: Side) -> None:
+    result = lab.cli("remote", "bootstrap", "lab", "--python", "/nonexistent/python3")
+    assert result.returncode != 0
+    assert "no Python at '/nonexistent/python3'" in result.stderr
+    # Nothing was harmed: the agent still answers.
+    assert lab.cli("ps", "--on", "lab").returncode == 0
+
+
+def test_agent_not_running_then_bootstrap_starts_it(lab: Side) -> None:
+    paths = AgentPaths(lab.remote_home)
+    assert stop(paths, timeout=10) is not None
+
+    down = lab.cli("ps", "--on", "lab")
+    assert down.returncode != 0
+    assert "the gpuhop agent on remote 'lab' is not running" in down.stderr
+    assert "gpuhop remote bootstrap lab" in down.stderr
+
+    boot = lab.cli("remote", "bootstrap", "lab")
+    assert boot.returncode == 0, boot.stderr
+    assert "agent started" in boot.stderr
+    assert lab.cli("ps", "--on", "lab").returncode == 0
+
+
+def test_remote_config_commands(lab: Side) -> None:
+    listed = lab.cli("remote", "ls", "--json")
+    assert listed.returncode == 0
+    names = {r["name"]: r for r in json.loads(listed.stdout)}
+    assert names["lab"]["default"] is True
+    config = lab.root / "config" / "remotes.json"
+    assert config.stat().st_mode & 0o777 == 0o600
+
+    dup = lab.cli("remote", "add", "lab", "ssh://elsewhere")
+    assert dup.returncode != 0 and "exists" in dup.stderr
+    bad = lab.cli("remote", "add", "x", "ftp://host")
+    assert bad.returncode != 0 and "ssh://" in bad.stderr
+    unknown = lab.cli("ps", "--on", "nope")
+    assert unknown.returncode != 0 and "no remote named 'nope'" in unknown.stderr
+    assert json.loads(config.read_text())["remotes"]["lab"]["url"] == lab.server.url()
