@@ -75,10 +75,12 @@ class Sshd:
         self.root.mkdir(parents=True, exist_ok=True)
         host_pub = _keygen(self.root / "host_key")
         user_pub = _keygen(self.root / "id_user")
-        _keygen(self.root / "id_stranger")  # a key the server does not know
+        stranger_pub = _keygen(self.root / "id_stranger")  # a key the server does not know
         (self.root / "authorized_keys").write_text(user_pub + "\n")
         (self.root / "known_hosts").write_text(f"{ALIAS} {host_pub}\n")
         (self.root / "empty_known_hosts").write_text("")
+        # As if the host's key had changed since it was last seen.
+        (self.root / "wrong_known_hosts").write_text(f"{ALIAS} {stranger_pub}\n")
         self.port = _free_port()
         user = getpass.getuser()
         setenv = " ".join(f'"{k}={v}"' for k, v in self.remote_env.items())
@@ -102,6 +104,8 @@ class Sshd:
             f"Host {ALIAS}\n{common}{key}{known}"
             f"Host {ALIAS}-unknown-key\n{common}{key}"
             f"  UserKnownHostsFile {self.root / 'empty_known_hosts'}\n"
+            f"Host {ALIAS}-changed-key\n{common}{key}"
+            f"  UserKnownHostsFile {self.root / 'wrong_known_hosts'}\n"
             f"Host {ALIAS}-stranger\n{common}  IdentityFile {self.root / 'id_stranger'}\n{known}"
             f"Host {ALIAS}-closed\n  HostName 127.0.0.1\n  Port {_free_port()}\n"
             f"  User {user}\n{key}{known}  ConnectTimeout 5\n"

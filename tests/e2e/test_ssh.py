@@ -168,6 +168,14 @@ def test_unknown_host_key_is_refused(lab: Side) -> None:
     assert "never accepts one silently" in result.stderr
 
 
+def test_changed_host_key_is_refused_loudly(lab: Side) -> None:
+    lab.cli("remote", "add", "changed", lab.server.url(f"{sshd.ALIAS}-changed-key"))
+    result = lab.cli("ps", "--on", "changed")
+    assert result.returncode != 0
+    assert "host key" in result.stderr and "CHANGED" in result.stderr
+    assert "will not connect" in result.stderr
+
+
 def test_refused_key_says_so(lab: Side) -> None:
     lab.cli("remote", "add", "stranger", lab.server.url(f"{sshd.ALIAS}-stranger"))
     result = lab.cli("ps", "--on", "stranger")
