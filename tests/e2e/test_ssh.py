@@ -71,6 +71,8 @@ def side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Side]:
             "GPUHOP_HOME": str(remote_home),
             "GPUHOP_CACHE_DIR": str(root / "remote-cache"),
             "TF_CPP_MIN_LOG_LEVEL": "2",
+            # The host cannot reach a package index: bootstrap must not need one.
+            "PIP_NO_INDEX": "1",
         },
     ).start()
     s = Side(server, root)
@@ -115,6 +117,13 @@ def test_bootstrap_reports_the_host_and_is_idempotent(lab: Side) -> None:
     # The agent runs from the venv bootstrap made, with this very version.
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     assert cmdline[0].decode().startswith(str(venv))
+
+
+def test_remote_test_reports_the_agent(lab: Side) -> None:
+    result = lab.cli("remote", "test", "lab")
+    assert result.returncode == 0, result.stderr
+    assert "remote 'lab' answers: gpuhop" in result.stderr
+    assert "GPUs: none" in result.stderr
 
 
 def test_a_warm_connection_needs_no_new_login(lab: Side) -> None:
