@@ -28,7 +28,7 @@ SCHEMES = ("ssh", "https")
 class Remote(BaseModel):
     """One configured remote agent."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
     name: str
     url: str
@@ -51,7 +51,7 @@ class Remote(BaseModel):
 
 
 class RemotesFile(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
     default: str | None = None
     remotes: dict[str, Remote] = Field(default_factory=dict)
