@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuhop.api import ListenerInfo
 from gpuhop.client import Client
 from gpuhop.client.embedded import start_background, stop
 from gpuhop.home import AgentPaths, read_pid
@@ -70,6 +71,8 @@ class Agent:
     cache: Path
     fake_gpus: int | None
     pid: int = 0
+    args: tuple[str, ...] = ()
+    """More `python -m gpuhop.agent` arguments, e.g. ("--listen", "127.0.0.1:0")."""
 
     @property
     def paths(self) -> AgentPaths:
@@ -83,8 +86,13 @@ class Agent:
         return env
 
     def start(self) -> Agent:
-        self.pid = start_background(self.paths, fake_gpus=self.fake_gpus)
+        self.pid = start_background(self.paths, fake_gpus=self.fake_gpus, agent_args=self.args)
         return self
+
+    @property
+    def listener(self) -> ListenerInfo:
+        """The agent's TCP listener as it reported it (started with --listen)."""
+        return ListenerInfo.model_validate_json(self.paths.listen_file.read_bytes())
 
     def client(self) -> Client:
         return Client(self.home, autostart=False, cache_dir=self.cache)
@@ -128,11 +136,11 @@ def make_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..
     """Start fresh agents for one test; all are stopped at its end."""
     started: list[Agent] = []
 
-    def make(fake_gpus: int | None = None) -> Agent:
+    def make(fake_gpus: int | None = None, args: tuple[str, ...] = ()) -> Agent:
         root = Path(tmp_path_factory.mktemp("agent"))
-        agent = Agent(root / "home", root / "cache", fake_gpus).start()
+        agent = Agent(root / "home", root / "cache", fake_gpus, args=args)
         started.append(agent)
-        return agent
+        return agent.start()
 
     yield make
     for agent in started:

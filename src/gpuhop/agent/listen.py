@@ -169,7 +169,9 @@ def make_self_signed(names: list[str]) -> tuple[bytes, bytes]:
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"gpuhop agent {names[3]}")])
+    subject = x509.Name(
+        [x509.NameAttribute(NameOID.COMMON_NAME, f"gpuhop agent on {socket.gethostname()}")]
+    )
     sans: list[x509.GeneralName] = []
     for name in names:
         try:

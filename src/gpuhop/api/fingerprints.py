@@ -16,6 +16,7 @@ import ssl
 
 __all__ = ["fingerprint_of", "normalize_fingerprint"]
 
+_PREFIX = re.compile(r"\ASHA-?256\s*[:=]?", re.IGNORECASE)
 _SEPARATORS = re.compile(r"[\s:]+")
 _HEX64 = re.compile(r"[0-9A-F]{64}\Z")
 
@@ -32,11 +33,7 @@ def fingerprint_of(pem: str) -> str:
 def normalize_fingerprint(text: str) -> str:
     """`text` in the display form. Accepts "SHA256:AB:CD:...", "ab cd ...", or plain hex in
     any case; raises ValueError for anything that is not a SHA-256 fingerprint."""
-    body = text.strip()
-    if body[:7].upper() == "SHA256:":
-        body = body[7:]
-    elif body[:8].upper() == "SHA-256:":
-        body = body[8:]
+    body = _PREFIX.sub("", text.strip())
     digits = _SEPARATORS.sub("", body).upper()
     if not _HEX64.match(digits):
         raise ValueError(

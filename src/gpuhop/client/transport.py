@@ -33,6 +33,9 @@ class Endpoint:
     """Sent with every request and WebSocket handshake (the bearer token)."""
     reachable: Callable[[], bool] = lambda: True
     """Whether reconnecting is worth a try now (cheap; called before each reconnect)."""
+    explain: Callable[[BaseException], str | None] | None = None
+    """Words for a failed connection that say more than the transport error (e.g. a
+    certificate that is not the pinned one); None leaves the error as it is."""
 
     def transport(self) -> httpx.BaseTransport:
         # No TLS on a Unix socket. An empty client context (verification on, no CAs) saves
