@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuhop.api import ListenerInfo
 from gpuhop.client import Client
 from gpuhop.client.embedded import start_background, stop
 from gpuhop.home import AgentPaths, read_pid
@@ -70,6 +71,8 @@ class Agent:
     cache: Path
     fake_gpus: int | None
     pid: int = 0
+    args: tuple[str, ...] = ()
+    """More `python -m gpuhop.agent` arguments, e.g. ("--listen", "127.0.0.1:0")."""
 
     @property
     def paths(self) -> AgentPaths:
@@ -78,25 +81,40 @@ class Agent:
     @property
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GPUHOP_")}
-        env.update(GPUHOP_HOME=str(self.home), GPUHOP_CACHE_DIR=str(self.cache))
+        # Hermetic: no remote the user configured (a default one) applies to the tests.
+        env.update(
+            GPUHOP_HOME=str(self.home),
+            GPUHOP_CACHE_DIR=str(self.cache),
+            GPUHOP_CONFIG_DIR=str(self.home.parent / "config"),
+        )
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         return env
 
     def start(self) -> Agent:
-        self.pid = start_background(self.paths, fake_gpus=self.fake_gpus)
+        self.pid = start_background(self.paths, fake_gpus=self.fake_gpus, agent_args=self.args)
         return self
+
+    @property
+    def listener(self) -> ListenerInfo:
+        """The agent's TCP listener as it reported it (started with --listen)."""
+        return ListenerInfo.model_validate_json(self.paths.listen_file.read_bytes())
 
     def client(self) -> Client:
         return Client(self.home, autostart=False, cache_dir=self.cache)
 
     def cli(
-        self, *args: str, cwd: Path | None = None, timeout: float = 120, **kwargs
+        self,
+        *args: str,
+        cwd: Path | None = None,
+        timeout: float = 120,
+        env: dict[str, str] | None = None,
+        **kwargs,
     ) -> subprocess.CompletedProcess[str]:
-        """Run `gpuhop ARGS...` as a user would, in `cwd`, against this agent."""
+        """Run `gpuhop ARGS...` as a user would, in `cwd`, against this agent (or with `env`)."""
         return subprocess.run(
             [sys.executable, "-m", "gpuhop", *args],
             cwd=cwd,
-            env=self.env,
+            env=self.env if env is None else env,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -123,16 +141,24 @@ class Agent:
         assert read_pid(self.paths) is None
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _hermetic_config(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """No remote the user configured (a default one, $GPUHOP_REMOTE) leaks into the tests."""
+    os.environ["GPUHOP_CONFIG_DIR"] = str(tmp_path_factory.mktemp("user-config"))
+    os.environ.pop("GPUHOP_REMOTE", None)
+    os.environ.pop("GPUHOP_TOKEN", None)
+
+
 @pytest.fixture
 def make_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Agent]]:
     """Start fresh agents for one test; all are stopped at its end."""
     started: list[Agent] = []
 
-    def make(fake_gpus: int | None = None) -> Agent:
+    def make(fake_gpus: int | None = None, args: tuple[str, ...] = ()) -> Agent:
         root = Path(tmp_path_factory.mktemp("agent"))
-        agent = Agent(root / "home", root / "cache", fake_gpus).start()
+        agent = Agent(root / "home", root / "cache", fake_gpus, args=args)
         started.append(agent)
-        return agent
+        return agent.start()
 
     yield make
     for agent in started:

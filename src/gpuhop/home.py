@@ -47,6 +47,21 @@ class AgentPaths:
         return self.home / "jobs.db"
 
     @property
+    def tokens_db(self) -> Path:
+        """Hashes of the bearer tokens of the TCP listener, and whose they are."""
+        return self.home / "tokens.db"
+
+    @property
+    def tls(self) -> Path:
+        """The TLS listener's own certificate and key (0700 dir, key 0600)."""
+        return self.home / "tls"
+
+    @property
+    def listen_file(self) -> Path:
+        """Written while a TCP listener is open: its address and certificate fingerprint."""
+        return self.home / "listen.json"
+
+    @property
     def blobs(self) -> Path:
         return self.home / "blobs"
 

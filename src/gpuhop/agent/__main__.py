@@ -6,6 +6,7 @@ import traceback
 from pathlib import Path
 
 from gpuhop.agent.daemon import serve
+from gpuhop.agent.listen import parse_listen
 from gpuhop.home import EXIT_MARK, AgentError, AgentPaths, default_home
 
 
@@ -14,15 +15,25 @@ def main() -> int:
     parser.add_argument("--home", type=Path, default=None)
     parser.add_argument("--fake-gpus", type=int, default=None)
     parser.add_argument("--fake-gpu-memory", type=int, default=None, metavar="MB")
+    parser.add_argument("--listen", default=None, metavar="HOST:PORT")
+    parser.add_argument("--no-tls", action="store_true")
+    parser.add_argument("--tls-cert", type=Path, default=None)
+    parser.add_argument("--tls-key", type=Path, default=None)
     args = parser.parse_args()
     if args.fake_gpu_memory is not None and args.fake_gpus is None:
         parser.error("--fake-gpu-memory needs --fake-gpus")
+    if args.listen is None and (args.no_tls or args.tls_cert or args.tls_key):
+        parser.error("--no-tls, --tls-cert and --tls-key go with --listen")
     code = 0
     try:
+        listen = None
+        if args.listen is not None:
+            listen = parse_listen(args.listen, not args.no_tls, args.tls_cert, args.tls_key)
         serve(
             AgentPaths(args.home or default_home()),
             fake_gpus=args.fake_gpus,
             fake_gpu_memory_mb=args.fake_gpu_memory,
+            listen=listen,
         )
     except AgentError as e:
         print(f"gpuhop agent: {e}", file=sys.stderr)

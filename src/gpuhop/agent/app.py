@@ -1,4 +1,8 @@
-"""Runs in the agent: the FastAPI application (routes, error answers, the scheduler task)."""
+"""Runs in the agent: the FastAPI application (routes, error answers, the scheduler task).
+
+The app knows nothing of listeners: the daemon serves it behind one auth middleware per
+listener (see `gpuhop.agent.auth`), which tells each route who is calling.
+"""
 
 from __future__ import annotations
 
@@ -10,17 +14,27 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from gpuhop import __version__
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, describe_errors
-from gpuhop.agent.routers import agent, blobs, jobs, trees
+from gpuhop.agent.limits import BodyLimit
+from gpuhop.agent.routers import agent, blobs, jobs, tokens, trees
 from gpuhop.api import ErrorBody, ErrorCode
 
 
 def _error(status: int, code: ErrorCode, message: str, detail: dict | None = None) -> JSONResponse:
     body = ErrorBody(code=code, message=message, detail=detail)
     return JSONResponse(status_code=status, content=body.model_dump(mode="json"))
+
+
+_HTTP_CODES = {
+    401: ErrorCode.unauthorized,
+    403: ErrorCode.forbidden,
+    404: ErrorCode.not_found,
+    413: ErrorCode.too_large,
+}
 
 
 def create_app(ctx: AgentContext) -> FastAPI:
@@ -42,8 +56,9 @@ def create_app(ctx: AgentContext) -> FastAPI:
 
     app = FastAPI(title="gpuhop agent", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
-    for router in (jobs.router, blobs.router, trees.router, agent.router):
+    for router in (jobs.router, blobs.router, trees.router, agent.router, tokens.router):
         app.include_router(router)
+    app.add_middleware(BodyLimit)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -52,5 +67,19 @@ def create_app(ctx: AgentContext) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return _error(422, ErrorCode.bad_request, describe_errors(exc.errors()))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        # Starlette's own answers (no such route, wrong method, body too large) in the same
+        # shape as every other error.
+        if exc.status_code == 404:
+            message = f"no such route: {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"{request.url.path} does not take {request.method}"
+        else:
+            message = str(exc.detail)
+        return _error(
+            exc.status_code, _HTTP_CODES.get(exc.status_code, ErrorCode.bad_request), message
+        )
 
     return app

@@ -14,8 +14,9 @@ from gpuhop.agent.gpus import GpuHost
 from gpuhop.agent.scheduler import Pending, could_ever_fit, plan
 from gpuhop.agent.store import JobStore
 from gpuhop.agent.supervisor import Supervisor
+from gpuhop.agent.tokens import TokenStore
 from gpuhop.agent.trees import TreeStore
-from gpuhop.api import JobState, format_mb
+from gpuhop.api import JobState, ListenerInfo, format_mb
 from gpuhop.home import AgentPaths
 
 log = logging.getLogger("gpuhop.agent")
@@ -37,6 +38,9 @@ class AgentContext:
         self.blobs = BlobStore(paths.blobs, paths.tmp)
         self.trees = TreeStore(paths.trees, paths.tmp, self.blobs)
         self.supervisor = Supervisor(paths, self.store, self.blobs, on_change=self.wake)
+        self.tokens = TokenStore(paths.tokens_db)
+        # The TCP listener, when the daemon opened one.
+        self.listener: ListenerInfo | None = None
         self._launcher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="launch")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event: asyncio.Event | None = None
@@ -109,4 +113,5 @@ class AgentContext:
     def close(self) -> None:
         self._launcher.shutdown(wait=True)
         self.store.close()
+        self.tokens.close()
         self.gpu_host.close()

@@ -1,12 +1,14 @@
 """Runs on the GPU host: serves the agent in this process until SIGTERM.
 
 One agent per state dir, guarded by an flock on `agent.lock`, listening on `agent.sock`
-(mode 0600 in a 0700 dir; no TCP port). Jobs run in their own sessions and survive the
-agent: stopping it never stops a job.
+(mode 0600 in a 0700 dir; no TCP port unless `--listen` asks for one, see
+`gpuhop.agent.listen`). Jobs run in their own sessions and survive the agent: stopping it
+never stops a job.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import logging
@@ -14,24 +16,29 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
+from uvicorn import server as uvicorn_server
+
+from gpuhop.agent import listen as listen_mod
+from gpuhop.agent.listen import ListenSpec
 from gpuhop.home import AgentError, AgentPaths, read_pid
 
 
 def serve(
-    paths: AgentPaths, fake_gpus: int | None = None, fake_gpu_memory_mb: int | None = None
+    paths: AgentPaths,
+    fake_gpus: int | None = None,
+    fake_gpu_memory_mb: int | None = None,
+    listen: ListenSpec | None = None,
 ) -> None:
     """Run the agent in this process until SIGTERM or SIGINT.
 
     `fake_gpus=N` pretends the host has N GPUs of `fake_gpu_memory_mb` (default 8192) each.
+    `listen` opens a TCP listener beside the Unix socket: TLS (unless `--no-tls` on
+    loopback) and bearer tokens, serving the same app in the same event loop.
     """
-    import uvicorn
-
-    from gpuhop.agent import gpus
-    from gpuhop.agent.app import create_app
-    from gpuhop.agent.context import AgentContext
-
     paths.ensure()
     lock_fd = os.open(paths.lockfile, os.O_RDWR | os.O_CREAT, 0o600)
     if not _take_lock(lock_fd):
@@ -39,37 +46,115 @@ def serve(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    paths.pidfile.write_text(f"{os.getpid()}\n")
+    try:
+        paths.pidfile.write_text(f"{os.getpid()}\n")
+        with contextlib.suppress(FileNotFoundError):
+            paths.listen_file.unlink()  # left by an agent that died
+        _serve_locked(paths, fake_gpus, fake_gpu_memory_mb, listen)
+    finally:
+        for leftover in (paths.socket, paths.listen_file, paths.pidfile):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+        os.close(lock_fd)
+
+
+def _serve_locked(
+    paths: AgentPaths,
+    fake_gpus: int | None,
+    fake_gpu_memory_mb: int | None,
+    listen: ListenSpec | None,
+) -> None:
+    import uvicorn
+
+    from gpuhop.agent import gpus
+    from gpuhop.agent.app import create_app
+    from gpuhop.agent.auth import OwnerAuth, TokenAuth
+    from gpuhop.agent.context import AgentContext
+
+    log = logging.getLogger("gpuhop.agent")
+    tcp: socket.socket | None = None
+    listener = None
+    cert_files: dict[str, Any] = {}
+    if listen is not None:
+        fingerprint = None
+        if listen.tls:
+            cert, key, fingerprint = listen_mod.certificate(paths, listen)
+            cert_files = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+        tcp = listen_mod.bind(listen)
+        listener = listen_mod.listener_info(tcp, listen, fingerprint)
+        # Written before the Unix socket exists: whoever waits for the socket to answer
+        # (`gpuhop agent start`) finds the actual address and fingerprint here.
+        listen_mod.write_listen_file(paths, listener)
     sock = _bind_unix_socket(paths.socket)
     ctx = AgentContext(
         paths, gpus.discover(fake_gpus, fake_gpu_memory_mb or gpus.FAKE_GPU_MEMORY_MB)
     )
-    config = uvicorn.Config(
-        create_app(ctx),
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=2,
-    )
-    logging.getLogger("gpuhop.agent").info(
+    ctx.listener = listener
+    app = create_app(ctx)
+    common: dict[str, Any] = {
+        "log_level": "warning",
+        "access_log": False,
+        "timeout_graceful_shutdown": 2,
+    }
+    # One lifespan (the scheduler) for the agent: the Unix socket's server runs it.
+    servers = [(_Server(uvicorn.Config(OwnerAuth(app), **common)), sock)]
+    if tcp is not None:
+        config = uvicorn.Config(
+            TokenAuth(app, ctx.tokens),
+            lifespan="off",
+            proxy_headers=False,
+            **cert_files,
+            **common,
+        )
+        servers.append((_Server(config), tcp))
+    log.info(
         "agent %d serving %s with %d GPU(s) (%s)",
         os.getpid(),
         paths.socket,
         len(ctx.gpus),
         ctx.gpu_host.source,
     )
-    # uvicorn re-raises the signal that stopped it once it has shut down; with these
-    # no-op handlers in place that re-raise returns here and the cleanup below runs.
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: None)
+    if listener is not None:
+        log.info(
+            "listening on %s; certificate fingerprint %s",
+            listener.url,
+            listener.fingerprint or "(none: plain HTTP on loopback)",
+        )
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        asyncio.run(_serve_all(servers))
     finally:
         ctx.close()
-        with contextlib.suppress(OSError):
-            paths.socket.unlink()
-        with contextlib.suppress(OSError):
-            paths.pidfile.unlink()
-        os.close(lock_fd)
+
+
+class _Server(uvicorn_server.Server):
+    """A uvicorn server that leaves signals alone: `_serve_all` handles them once for all."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+async def _serve_all(servers: list[tuple[_Server, socket.socket]]) -> None:
+    """Serve every listener until SIGTERM or SIGINT; when one server stops, all stop."""
+    loop = asyncio.get_running_loop()
+
+    def stop_all() -> None:
+        for server, _ in servers:
+            server.should_exit = True
+
+    async def run(server: _Server, sock: socket.socket) -> None:
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            stop_all()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_all)
+    try:
+        await asyncio.gather(*(run(server, sock) for server, sock in servers))
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
 
 
 def _take_lock(fd: int, patience: float = 1.0) -> bool:

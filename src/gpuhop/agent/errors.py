@@ -27,6 +27,10 @@ def describe_errors(errors: Sequence[Any]) -> str:
     """pydantic's validation errors in one line a person can act on."""
     parts = []
     for err in errors[:5]:
+        if err.get("type") == "json_invalid":
+            reason = (err.get("ctx") or {}).get("error", "cannot be parsed")
+            parts.append(f"the request body is not valid JSON ({reason})")
+            continue
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         parts.append(f"{where}: {msg}" if where else msg)

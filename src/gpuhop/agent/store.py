@@ -46,7 +46,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     retries       INTEGER NOT NULL DEFAULT 0,
     workers       INTEGER NOT NULL DEFAULT 1,
     worker_timeout INTEGER NOT NULL DEFAULT 300,
-    gpu_memory_mb INTEGER
+    gpu_memory_mb INTEGER,
+    owner         TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
@@ -71,6 +72,8 @@ ADDED_COLUMNS = {
     "retries": "INTEGER NOT NULL DEFAULT 0",
     "workers": "INTEGER NOT NULL DEFAULT 1",
     "worker_timeout": "INTEGER NOT NULL DEFAULT 300",
+    # The user who submitted the job; NULL for jobs from before ownership (admins see them).
+    "owner": "TEXT",
 }
 
 ACTIVE_STATES = (JobState.starting, JobState.running)
@@ -100,6 +103,7 @@ class JobRecord:
     workers: int = 1
     worker_timeout: int = 300
     gpu_memory_mb: int | None = None
+    owner: str | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> JobRecord:
@@ -126,6 +130,7 @@ class JobRecord:
             workers=row["workers"],
             worker_timeout=row["worker_timeout"],
             gpu_memory_mb=row["gpu_memory_mb"],
+            owner=row["owner"],
         )
 
 
@@ -187,6 +192,7 @@ class JobStore:
         workers: int = 1,
         worker_timeout: int = 300,
         gpu_memory_mb: int | None = None,
+        owner: str | None = None,
     ) -> JobRecord:
         """Insert a queued job. With `job_id`, that id is used (and must be new)."""
         now = time.time() if now is None else now
@@ -197,8 +203,8 @@ class JobStore:
                 try:
                     self._db.execute(
                         "INSERT INTO jobs (id, name, state, command, env, gpus, priority,"
-                        " created_at, retries, workers, worker_timeout, gpu_memory_mb)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        " created_at, retries, workers, worker_timeout, gpu_memory_mb, owner)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             job_id,
                             name,
@@ -212,6 +218,7 @@ class JobStore:
                             workers,
                             worker_timeout,
                             gpu_memory_mb,
+                            owner,
                         ),
                     )
                     break
@@ -227,13 +234,18 @@ class JobStore:
             raise JobNotFound(job_id)
         return JobRecord.from_row(rows[0])
 
-    def resolve(self, ref: str) -> JobRecord:
-        """Find a job by full id, unique id prefix, or name (the newest job of that name)."""
+    def resolve(self, ref: str, owner: str | None = None) -> JobRecord:
+        """Find a job by full id, unique id prefix, or name (the newest job of that name).
+
+        With `owner`, only that user's jobs are considered, so another user's jobs neither
+        match nor make a prefix ambiguous: for that user they do not exist.
+        """
         if not ref:
             raise JobNotFound(ref)
+        mine, mine_params = _owned(owner)
         rows = self._query(
-            "SELECT * FROM jobs WHERE substr(id, 1, ?) = ? ORDER BY created_at",
-            (len(ref), ref.lower()),
+            f"SELECT * FROM jobs WHERE substr(id, 1, ?) = ?{mine} ORDER BY created_at",
+            (len(ref), ref.lower(), *mine_params),
         )
         if len(rows) == 1:
             return JobRecord.from_row(rows[0])
@@ -243,22 +255,33 @@ class JobStore:
                 return JobRecord.from_row(exact[0])
             raise AmbiguousJob(ref, [r["id"] for r in rows])
         rows = self._query(
-            "SELECT * FROM jobs WHERE name = ? ORDER BY created_at DESC LIMIT 1", (ref,)
+            f"SELECT * FROM jobs WHERE name = ?{mine} ORDER BY created_at DESC LIMIT 1",
+            (ref, *mine_params),
         )
         if rows:
             return JobRecord.from_row(rows[0])
         raise JobNotFound(ref)
 
-    def list(self, states: Iterable[JobState] | None = None, limit: int = 1000) -> list[JobRecord]:
-        if states is None:
-            rows = self._query("SELECT * FROM jobs ORDER BY created_at DESC LIMIT ?", (limit,))
-        else:
+    def list(
+        self,
+        states: Iterable[JobState] | None = None,
+        limit: int = 1000,
+        owner: str | None = None,
+    ) -> list[JobRecord]:
+        """The newest jobs first; with `owner`, only that user's."""
+        where: list[str] = []
+        params: list[Any] = []
+        if states is not None:
             values = [s.value for s in states]
-            marks = ",".join("?" * len(values))
-            rows = self._query(
-                f"SELECT * FROM jobs WHERE state IN ({marks}) ORDER BY created_at DESC LIMIT ?",
-                (*values, limit),
-            )
+            where.append(f"state IN ({','.join('?' * len(values))})")
+            params += values
+        if owner is not None:
+            where.append("owner = ?")
+            params.append(owner)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        rows = self._query(
+            f"SELECT * FROM jobs{clause} ORDER BY created_at DESC LIMIT ?", (*params, limit)
+        )
         return [JobRecord.from_row(r) for r in rows]
 
     def queued(self) -> Sequence[JobRecord]:
@@ -355,6 +378,11 @@ class JobStore:
         sets = ", ".join(f"{k} = ?" for k in fields)
         values = [json.dumps(v) if k == "gpu_ids" else v for k, v in fields.items()]
         self._execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*values, job_id))
+
+
+def _owned(owner: str | None) -> tuple[str, tuple[str, ...]]:
+    """An SQL condition (text fixed here, value bound) restricting rows to one owner."""
+    return ("", ()) if owner is None else (" AND owner = ?", (owner,))
 
 
 _UPDATABLE = frozenset(

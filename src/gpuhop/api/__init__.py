@@ -4,6 +4,7 @@ Runs on both sides. Imports pydantic only; never agent or client code.
 """
 
 from gpuhop.api.errors import ErrorBody, ErrorCode
+from gpuhop.api.fingerprints import fingerprint_of, normalize_fingerprint
 from gpuhop.api.models import (
     AgentInfo,
     ArtifactEntry,
@@ -15,8 +16,12 @@ from gpuhop.api.models import (
     GpuInfo,
     JobInfo,
     JobState,
+    ListenerInfo,
     ManifestEntry,
     SubmitRequest,
+    TokenCreated,
+    TokenInfo,
+    TokenRequest,
     Tree,
     TreeStored,
     validate_relpath,
@@ -36,11 +41,17 @@ __all__ = [
     "GpuInfo",
     "JobInfo",
     "JobState",
+    "ListenerInfo",
     "ManifestEntry",
     "SubmitRequest",
+    "TokenCreated",
+    "TokenInfo",
+    "TokenRequest",
     "Tree",
     "TreeStored",
+    "fingerprint_of",
     "format_mb",
+    "normalize_fingerprint",
     "parse_mb",
     "validate_relpath",
 ]

@@ -16,6 +16,8 @@ class ErrorCode(StrEnum):
     conflict = "conflict"
     unsatisfiable = "unsatisfiable"
     too_large = "too_large"
+    unauthorized = "unauthorized"  # TCP listener: no token, or one that is wrong or revoked
+    forbidden = "forbidden"  # a valid token that may not do this (admin-only routes)
     internal = "internal"
 
 

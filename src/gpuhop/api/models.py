@@ -12,6 +12,7 @@ from gpuhop.api.base import StrictModel, WireModel
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}\Z")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+USER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}\Z")
 ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 MAX_MANIFEST_FILES = 200_000
 # GPUHOP_* variables a user may set for a job; gpuhop sets every other one.
@@ -217,6 +218,8 @@ class JobInfo(WireModel):
     latest_metrics: dict[str, object] | None = None
     # The job's share of its one GPU in MB; None for whole-GPU and CPU jobs.
     gpu_memory_mb: int | None = None
+    # The user who submitted it (None for jobs from an agent older than ownership).
+    owner: str | None = None
 
 
 class BlobCheck(StrictModel):
@@ -257,6 +260,17 @@ class GpuInfo(WireModel):
     job_ids: list[str] = Field(default_factory=list)
 
 
+class ListenerInfo(WireModel):
+    """The agent's TCP listener, as bound (also written to `listen.json` in its state dir)."""
+
+    address: str
+    """host:port actually bound (the real port when asked for port 0)."""
+    url: str
+    tls: bool
+    fingerprint: str | None = None
+    """SHA-256 of the certificate it presents, as `SHA256:AB:CD:...`; None without TLS."""
+
+
 class AgentInfo(WireModel):
     version: str
     pid: int
@@ -265,6 +279,39 @@ class AgentInfo(WireModel):
     fake_gpus: bool
     jobs_running: int
     jobs_queued: int
+    listener: ListenerInfo | None = None
+    # Who the agent takes the caller for: the token's user, or the agent's owner on its socket.
+    user: str | None = None
+    admin: bool = False
+
+
+class TokenRequest(StrictModel):
+    user: str
+    admin: bool = False
+
+    @field_validator("user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if not USER_RE.match(v):
+            raise ValueError(
+                "user must be 1-64 characters of letters, digits, '.', '_', '-' or '@',"
+                " starting with a letter or digit"
+            )
+        return v
+
+
+class TokenInfo(WireModel):
+    """A token as listed: never the token itself, which only its creator saw, once."""
+
+    id: str
+    user: str
+    admin: bool
+    created_at: datetime
+    last_used_at: datetime | None = None
+
+
+class TokenCreated(TokenInfo):
+    token: str
 
 
 class CheckStatus(StrEnum):

@@ -93,8 +93,11 @@ def _pin(remote: remotes.Remote, given: str | None, yes: bool) -> None:
     from gpuhop.client.tls import fetch_certificate, normalize_fingerprint
 
     try:
-        pem, presented = fetch_certificate(remote.url)
         wanted = normalize_fingerprint(given) if given else None
+    except ValueError as e:
+        fail(f"--fingerprint: {e}")
+    try:
+        pem, presented = fetch_certificate(remote.url)
     except GpuhopError as e:
         fail(e.message)
     if wanted is not None and wanted != presented:
@@ -207,7 +210,8 @@ def test(name: str = NameArg) -> None:
     except GpuhopError as e:
         fail(e.message)
     gpus = ", ".join(f"{g.index}: {g.name}" for g in info.gpus) or "none (jobs run on the CPU)"
-    say(f"remote '{name}' answers: gpuhop {info.version}, agent pid {info.pid}")
+    who = f", you are {info.user}{' (admin)' if info.admin else ''}" if info.user else ""
+    say(f"remote '{name}' answers: gpuhop {info.version}, agent pid {info.pid}{who}")
     say(f"GPUs: {gpus}; jobs: {info.jobs_running} running, {info.jobs_queued} queued")
     say(
         f"connect {1000 * (connected - started):.0f} ms, first request"

@@ -29,6 +29,9 @@ from gpuhop.api import (
     JobInfo,
     JobState,
     SubmitRequest,
+    TokenCreated,
+    TokenInfo,
+    TokenRequest,
     parse_mb,
     validate_relpath,
 )
@@ -114,14 +117,30 @@ class Client:
         try:
             response = self._http.request(method, url, **kwargs)  # type: ignore[arg-type]
         except httpx.TransportError as e:
-            raise self.unreachable(e) from None
-        check(response)
+            raise self._unreachable(e) from None
+        self._check(response)
         return response
 
-    def unreachable(self, exc: Exception) -> GpuhopError:
+    def _unreachable(self, e: httpx.TransportError) -> GpuhopError:
         """The error for a request that did not get through, as precise as can be found."""
-        reason = self.endpoint.explain(exc) or f"cannot reach {self.endpoint.description}: {exc}"
-        return GpuhopError(reason, code="unreachable")
+        explained = self.endpoint.explain(e)
+        return GpuhopError(
+            explained or f"cannot reach {self.endpoint.description}: {e}", code="unreachable"
+        )
+
+    def _check(self, response: httpx.Response) -> None:
+        """`check`, with a 401 (TCP listener: no valid token) said in words to act on."""
+        try:
+            check(response)
+        except GpuhopError as e:
+            if e.status != 401:
+                raise
+            raise GpuhopError(
+                f"the agent refused the token for {self.endpoint.description} (missing,"
+                f" wrong or revoked): {e.message}",
+                code="unauthorized",
+                status=401,
+            ) from None
 
     # -- agent --------------------------------------------------------------------------------
 
@@ -138,6 +157,21 @@ class Client:
             "GET", "/v1/agent/doctor", timeout=httpx.Timeout(DOCTOR_TIMEOUT, connect=5.0)
         )
         return [DoctorCheck.model_validate(c) for c in response.json()]
+
+    # -- tokens (admins; for the TCP listener) ------------------------------------------------
+
+    def create_token(self, user: str, admin: bool = False) -> TokenCreated:
+        """A new bearer token for `user`. The token is in the answer and nowhere else."""
+        body = TokenRequest(user=user, admin=admin).model_dump(mode="json")
+        return TokenCreated.model_validate(self._request("POST", "/v1/tokens", json=body).json())
+
+    def tokens(self) -> list[TokenInfo]:
+        return [TokenInfo.model_validate(t) for t in self._request("GET", "/v1/tokens").json()]
+
+    def revoke_token(self, token_id: str) -> TokenInfo:
+        """Revoke a token by id; requests carrying it are refused from now on."""
+        response = self._request("DELETE", f"/v1/tokens/{_quote(token_id)}")
+        return TokenInfo.model_validate(response.json())
 
     # -- jobs ---------------------------------------------------------------------------------
 
@@ -366,7 +400,7 @@ class Job:
                 ) as response:
                     if response.status_code >= 400:
                         response.read()
-                        check(response)
+                        self.client._check(response)
                     for chunk in response.iter_raw():
                         position += len(chunk)
                         give_up_at = None
@@ -429,7 +463,7 @@ class Job:
             ) as response:
                 if response.status_code >= 400:
                     response.read()
-                    check(response)
+                    self.client._check(response)
                 with open(part, "wb") as f:
                     for chunk in response.iter_bytes(1 << 20):
                         f.write(chunk)

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from gpuhop.home import EXIT_MARK, AgentError, AgentPaths, read_pid
@@ -43,8 +44,12 @@ def start_background(
     fake_gpus: int | None = None,
     timeout: float = 30.0,
     fake_gpu_memory_mb: int | None = None,
+    agent_args: Sequence[str] = (),
 ) -> int:
-    """Start the agent as a daemon and wait until its socket answers. Returns its pid."""
+    """Start the agent as a daemon and wait until its socket answers. Returns its pid.
+
+    `agent_args` are more `python -m gpuhop.agent` arguments (e.g. `--listen HOST:PORT`).
+    """
     pid = read_pid(paths)
     if pid is not None and socket_answers(paths.socket):
         return pid
@@ -55,6 +60,7 @@ def start_background(
         cmd += ["--fake-gpus", str(fake_gpus)]
     if fake_gpu_memory_mb is not None:
         cmd += ["--fake-gpu-memory", str(fake_gpu_memory_mb)]
+    cmd += agent_args
     with open(paths.logfile, "ab") as logf:
         # Through a short-lived intermediate (a double fork), so the agent is not our child:
         # it outlives this process and never lingers as its zombie.

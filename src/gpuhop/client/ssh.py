@@ -281,7 +281,7 @@ def ssh_endpoint(remote: remotes.Remote) -> Endpoint:
     target = SshTarget.from_url(remote.url)
     bound = sock
 
-    def explain(exc: Exception) -> str | None:
+    def explain(exc: BaseException) -> str | None:
         return _explain(remote, bound, exc)
 
     return Endpoint(
@@ -292,7 +292,7 @@ def ssh_endpoint(remote: remotes.Remote) -> Endpoint:
     )
 
 
-def _explain(remote: remotes.Remote, sock: Path, exc: Exception) -> str | None:
+def _explain(remote: remotes.Remote, sock: Path, exc: BaseException) -> str | None:
     """Why a request through the tunnel failed: the connection, or the agent on the host."""
     conn = SshConnection(remote)
     try:

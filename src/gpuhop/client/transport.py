@@ -33,9 +33,10 @@ class Endpoint:
     """Sent with every request and WebSocket handshake (the bearer token)."""
     reachable: Callable[[], bool] = lambda: True
     """Whether reconnecting is worth a try now (cheap; called before each reconnect)."""
-    explain: Callable[[Exception], str | None] = lambda exc: None
-    """Why a request failed to get through, in words, when the transport can find out
-    (the SSH transport asks the host whether its agent runs)."""
+    explain: Callable[[BaseException], str | None] = lambda exc: None
+    """Why a request failed to get through, in words that say more than the transport
+    error, when the transport can find out (the SSH transport asks the host whether its
+    agent runs; the TLS one names a certificate that is not the pinned one)."""
 
     def transport(self) -> httpx.BaseTransport:
         # No TLS on a Unix socket. An empty client context (verification on, no CAs) saves

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from gpuhop import __version__
+from gpuhop.agent.auth import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import doctor as doctor_service
 from gpuhop.agent.services import gpus as gpus_service
@@ -20,20 +21,24 @@ def ctx(request: Request) -> AgentContext:
 @router.get("")
 def info(request: Request) -> AgentInfo:
     c = ctx(request)
+    caller = caller_of(request)
     return AgentInfo(
         version=__version__,
         pid=c.pid,
         home=str(c.paths.home),
-        gpus=gpus_service.describe(c),
+        gpus=gpus_service.describe(c, caller),
         fake_gpus=c.fake_gpus,
         jobs_running=c.store.count(JobState.running),
         jobs_queued=c.store.count(JobState.queued),
+        listener=c.listener,
+        user=caller.user,
+        admin=caller.admin,
     )
 
 
 @router.get("/gpus")
 def gpus(request: Request) -> list[GpuInfo]:
-    return gpus_service.describe(ctx(request))
+    return gpus_service.describe(ctx(request), caller_of(request))
 
 
 @router.get("/doctor")

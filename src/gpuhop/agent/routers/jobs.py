@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, StreamingResponse
 
+from gpuhop.agent.auth import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import jobs as service
 from gpuhop.api import ArtifactEntry, JobInfo, JobState, SubmitRequest
@@ -18,7 +19,7 @@ def ctx(request: Request) -> AgentContext:
 
 @router.post("", status_code=201)
 def submit(req: SubmitRequest, request: Request) -> JobInfo:
-    return service.submit(ctx(request), req)
+    return service.submit(ctx(request), req, caller_of(request))
 
 
 @router.get("")
@@ -27,21 +28,20 @@ def list_jobs(
     state: list[JobState] | None = Query(default=None),
     limit: int = Query(default=200, ge=1, le=10_000),
 ) -> list[JobInfo]:
-    c = ctx(request)
-    return [service.to_info(c, j) for j in c.store.list(state, limit)]
+    return service.list_jobs(ctx(request), caller_of(request), state, limit)
 
 
 @router.get("/{ref}")
 def show(ref: str, request: Request) -> JobInfo:
     c = ctx(request)
-    return service.to_info(c, service.find(c, ref))
+    return service.to_info(c, service.find(c, ref, caller_of(request)))
 
 
 @router.post("/{ref}/cancel")
 def cancel(
     ref: str, request: Request, grace: float = Query(default=10.0, ge=0, le=3600)
 ) -> JobInfo:
-    return service.cancel(ctx(request), ref, grace)
+    return service.cancel(ctx(request), ref, grace, caller_of(request))
 
 
 @router.get("/{ref}/log")
@@ -53,7 +53,7 @@ def log(
     worker: int | None = Query(default=None, ge=0),
 ) -> StreamingResponse:
     c = ctx(request)
-    job = service.find(c, ref)
+    job = service.find(c, ref, caller_of(request))
     return StreamingResponse(
         service.follow_log(c, job.id, service.log_path(c, job, worker), offset, follow),
         media_type="application/octet-stream",
@@ -64,17 +64,19 @@ def log(
 @router.get("/{ref}/metrics")
 def metrics(ref: str, request: Request, offset: int = Query(default=0, ge=0)) -> dict[str, object]:
     c = ctx(request)
-    records, next_offset = service.read_metrics(c, service.find(c, ref).id, offset)
+    records, next_offset = service.read_metrics(
+        c, service.find(c, ref, caller_of(request)).id, offset
+    )
     return {"records": records, "next_offset": next_offset}
 
 
 @router.get("/{ref}/artifacts")
 def artifacts(ref: str, request: Request) -> list[ArtifactEntry]:
     c = ctx(request)
-    return service.list_artifacts(c, service.find(c, ref).id)
+    return service.list_artifacts(c, service.find(c, ref, caller_of(request)).id)
 
 
 @router.get("/{ref}/artifacts/{path:path}")
 def artifact(ref: str, path: str, request: Request) -> FileResponse:
     c = ctx(request)
-    return FileResponse(service.artifact_path(c, service.find(c, ref).id, path))
+    return FileResponse(service.artifact_path(c, service.find(c, ref, caller_of(request)).id, path))

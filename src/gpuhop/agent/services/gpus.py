@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+from gpuhop.agent.auth import Caller
 from gpuhop.agent.context import AgentContext
+from gpuhop.agent.store import ACTIVE_STATES
 from gpuhop.api import GpuInfo
 
 
-def describe(ctx: AgentContext) -> list[GpuInfo]:
-    """Each GPU: its fixed facts, memory used and load now, and what jobs hold of it."""
+def describe(ctx: AgentContext, caller: Caller) -> list[GpuInfo]:
+    """Each GPU: its fixed facts, memory used and load now, and what jobs hold of it.
+
+    A user who is not an admin sees how much of each GPU is taken, but only their own jobs'
+    ids: other users' jobs do not exist for them.
+    """
     usage = ctx.gpu_host.usage()
+    visible: set[str] | None = None
+    if caller.owner_filter is not None:
+        visible = {j.id for j in ctx.store.list(ACTIVE_STATES, owner=caller.owner_filter)}
     memory = {g.index: g.memory_mb for g in ctx.gpus}
     holders: dict[int, list[str]] = {}
     reserved: dict[int, int] = {}
     for held in ctx.store.holdings():
         for index in held.gpu_ids:
-            holders.setdefault(index, []).append(held.job_id)
+            if visible is None or held.job_id in visible:
+                holders.setdefault(index, []).append(held.job_id)
             # A whole-GPU job has all of it; a share job its share.
             whole = memory.get(index, 0)
             share = whole if held.gpu_memory_mb is None else held.gpu_memory_mb

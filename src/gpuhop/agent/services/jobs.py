@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gpuhop.agent.auth import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.store import AmbiguousJob, JobNotFound, JobRecord
@@ -93,12 +94,18 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         log_size=log_size,
         latest_metrics=latest_metrics(jp.metrics),
         gpu_memory_mb=job.gpu_memory_mb,
+        owner=job.owner,
     )
 
 
-def find(rt: AgentContext, ref: str) -> JobRecord:
+def find(rt: AgentContext, ref: str, caller: Caller) -> JobRecord:
+    """The job `ref` names among those `caller` may see (all, for an admin).
+
+    Another user's job answers exactly as a job that does not exist: the same 404, and it
+    never makes a prefix ambiguous. Every route that takes a job ref resolves it here.
+    """
     try:
-        return rt.store.resolve(ref)
+        return rt.store.resolve(ref, owner=caller.owner_filter)
     except JobNotFound:
         raise not_found(f"no job matches {ref!r}") from None
     except AmbiguousJob as e:
@@ -109,6 +116,13 @@ def find(rt: AgentContext, ref: str) -> JobRecord:
             " give more of the id",
             {"matches": e.matches},
         ) from None
+
+
+def list_jobs(
+    rt: AgentContext, caller: Caller, states: list[JobState] | None, limit: int
+) -> list[JobInfo]:
+    """The newest jobs `caller` may see."""
+    return [to_info(rt, j) for j in rt.store.list(states, limit, owner=caller.owner_filter)]
 
 
 def _check_command(rt: AgentContext, req: SubmitRequest) -> None:
@@ -163,7 +177,7 @@ def _check_share(rt: AgentContext, share_mb: int) -> None:
         )
 
 
-def submit(rt: AgentContext, req: SubmitRequest) -> JobInfo:
+def submit(rt: AgentContext, req: SubmitRequest, caller: Caller) -> JobInfo:
     total = len(rt.gpus)
     if req.gpu_memory_mb is not None:
         _check_share(rt, req.gpu_memory_mb)
@@ -198,13 +212,14 @@ def submit(rt: AgentContext, req: SubmitRequest) -> JobInfo:
         workers=req.workers,
         worker_timeout=req.worker_timeout,
         gpu_memory_mb=req.gpu_memory_mb,
+        owner=caller.user,
     )
     rt.wake()
     return to_info(rt, job)
 
 
-def cancel(rt: AgentContext, ref: str, grace: float) -> JobInfo:
-    job = find(rt, ref)
+def cancel(rt: AgentContext, ref: str, grace: float, caller: Caller) -> JobInfo:
+    job = find(rt, ref, caller)
     if job.state.finished:
         raise ApiError(409, ErrorCode.conflict, f"job {job.id} has already {job.state.value}")
     if job.state == JobState.queued and rt.store.transition(

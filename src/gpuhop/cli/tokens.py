@@ -1,0 +1,101 @@
+"""Runs on the GPU host: `gpuhop agent token create | ls | revoke`, through the local agent.
+
+Tokens let users reach the agent's TCP listener (`gpuhop agent start --listen`). These
+commands talk to the agent over its Unix socket, where the caller is its owner, an admin.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from gpuhop.cli.output import ago, fail, print_json, print_table, say
+from gpuhop.client import Client, GpuhopError
+from gpuhop.home import AgentPaths, default_home
+
+app = typer.Typer(
+    help="Bearer tokens for the agent's TCP listener: each names a user.", no_args_is_help=True
+)
+
+HomeOption = typer.Option(
+    None, "--home", envvar="GPUHOP_HOME", help="The agent's state dir (default: user data dir)."
+)
+
+
+def _client(home: Path | None) -> Client:
+    paths = AgentPaths(home.absolute() if home else default_home())
+    try:
+        return Client(paths.home, autostart=False)
+    except GpuhopError as e:
+        fail(f"{e.message}; start the agent first with `gpuhop agent start`")
+
+
+@app.command()
+def create(
+    user: str = typer.Argument(..., help="Whose jobs the token's holder submits and sees."),
+    admin: bool = typer.Option(False, "--admin", help="May see and touch every user's jobs."),
+    home: Path | None = HomeOption,
+    json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+) -> None:
+    """Make a token for USER and print it. It is shown this once; the agent keeps a hash."""
+    with _client(home) as client:
+        try:
+            created = client.create_token(user, admin=admin)
+        except GpuhopError as e:
+            fail(e.message)
+    if json_out:
+        print_json(created.model_dump(mode="json"))
+        return
+    typer.echo(created.token)
+    say(
+        f"token {created.id} for {created.user}{' (admin)' if created.admin else ''};"
+        " it is shown only now: hand it over, e.g. for"
+        " `gpuhop remote add NAME https://HOST:PORT --token ...`"
+    )
+
+
+@app.command("ls")
+def list_tokens(
+    home: Path | None = HomeOption,
+    json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+) -> None:
+    """List the tokens (never the tokens themselves): id, user, admin, created, last used."""
+    with _client(home) as client:
+        try:
+            tokens = client.tokens()
+        except GpuhopError as e:
+            fail(e.message)
+    if json_out:
+        print_json([t.model_dump(mode="json") for t in tokens])
+        return
+    if not tokens:
+        say("no tokens yet; make one with: gpuhop agent token create USER")
+        return
+    print_table(
+        ("ID", "USER", "ADMIN", "CREATED", "LAST USED"),
+        [
+            (
+                t.id,
+                t.user,
+                "yes" if t.admin else "no",
+                ago(t.created_at),
+                ago(t.last_used_at) if t.last_used_at else "never",
+            )
+            for t in tokens
+        ],
+    )
+
+
+@app.command()
+def revoke(
+    token_id: str = typer.Argument(..., metavar="ID", help="The token's id (from `ls`)."),
+    home: Path | None = HomeOption,
+) -> None:
+    """Revoke a token: the next request carrying it is refused."""
+    with _client(home) as client:
+        try:
+            record = client.revoke_token(token_id)
+        except GpuhopError as e:
+            fail(e.message)
+    say(f"token {record.id} of {record.user} revoked")

@@ -1,0 +1,328 @@
+"""A real agent with a TLS listener on loopback, reached through the SDK as a remote.
+
+One agent (one fake GPU) serves every test here that does not need its own; users are
+tokens made through the owner's Unix socket. Clients pin the agent's real certificate.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect as ws_connect
+
+from gpuhop.agent.listen import make_self_signed
+from gpuhop.api import JobState, fingerprint_of
+from gpuhop.client import Client, GpuhopError
+from gpuhop.client.remotes import Remote, RemotesFile, save
+from gpuhop.client.tls import fetch_certificate, pinned_context
+from tests.conftest import Agent, wait_until
+
+SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(120)\n"
+WRITER = """
+import os, pathlib
+out = pathlib.Path(os.environ["GPUHOP_ARTIFACTS_DIR"])
+(out / "model").mkdir(parents=True, exist_ok=True)
+(out / "model" / "weights.txt").write_text("trained by " + os.environ["WHO"])
+print("hello from", os.environ["WHO"])
+"""
+UNAUTHORIZED = {
+    "code": "unauthorized",
+    "message": "this listener needs a valid token (Authorization: Bearer ...)",
+    "detail": None,
+}
+
+
+@pytest.fixture(scope="module")
+def tls_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    root = Path(tmp_path_factory.mktemp("tls-agent"))
+    agent = Agent(root / "home", root / "cache", 1, args=("--listen", "127.0.0.1:0"))
+    try:
+        yield agent.start()
+    finally:
+        agent.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tokens(tls_agent: Agent) -> dict[str, str]:
+    """Tokens for alice and bob (users) and root-ish carol (admin)."""
+    with tls_agent.client() as owner:
+        return {
+            "alice": owner.create_token("alice").token,
+            "bob": owner.create_token("bob").token,
+            "carol": owner.create_token("carol", admin=True).token,
+        }
+
+
+@pytest.fixture
+def remote(
+    tls_agent: Agent, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> Callable[..., Client]:
+    """remote(token, pem=None) -> a Client of remote 'team' with that token and pin."""
+    monkeypatch.setenv("GPUHOP_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.delenv("GPUHOP_TOKEN", raising=False)
+    monkeypatch.delenv("GPUHOP_REMOTE", raising=False)
+    listener = tls_agent.listener
+    real_pem, _ = fetch_certificate(listener.url)
+    clients: list[Client] = []
+
+    def make(token: str | None, pem: str | None = None) -> Client:
+        pem = pem or real_pem
+        team = Remote(
+            name="team", url=listener.url, certificate=pem, fingerprint=fingerprint_of(pem)
+        )
+        team.token = token
+        save(RemotesFile(remotes={"team": team}))
+        client = Client(remote="team", cache_dir=tls_agent.cache)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+def raw_http(agent: Agent, token: str | None) -> httpx.Client:
+    """Plain HTTP over the pinned TLS connection, for requests the SDK never makes."""
+    listener = agent.listener
+    pem, _ = fetch_certificate(listener.url)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=listener.url, verify=pinned_context(pem), headers=headers)
+
+
+def raw_get(agent: Agent, path: str, token: str) -> tuple[int, dict]:
+    """GET `path` byte for byte as given (httpx would resolve `..` before sending)."""
+    host, _, port = agent.listener.address.rpartition(":")
+    pem, _ = fetch_certificate(agent.listener.url)
+    conn = http.client.HTTPSConnection(host, int(port), context=pinned_context(pem), timeout=30)
+    try:
+        conn.request("GET", path, headers={"Authorization": f"Bearer {token}"})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_a_user_runs_follows_and_pulls_a_job_over_tls(remote, tokens, project, tmp_path):
+    root = project({"train.py": WRITER})
+    with remote(tokens["alice"]) as client:
+        info = client.info()
+        assert (info.user, info.admin) == ("alice", False)
+        job = client.submit(["train.py"], workdir=root, env={"WHO": "alice"})
+        assert job.info.owner == "alice"
+        out = b"".join(job.logs(follow=True)).decode()
+        assert job.wait(timeout=60).state == JobState.succeeded, out
+        assert "hello from alice" in out
+        pulled = job.pull(tmp_path / "out")
+    assert [p.relative_to(tmp_path / "out").as_posix() for p in pulled] == ["model/weights.txt"]
+    assert (tmp_path / "out" / "model" / "weights.txt").read_text() == "trained by alice"
+
+
+@pytest.mark.parametrize("token", [None, "gpuhop_wrong", "not-even-the-shape"])
+def test_without_a_valid_token_every_route_answers_401_and_nothing_else(tls_agent, token):
+    routes = [
+        ("GET", "/v1/jobs"),
+        ("GET", "/v1/agent"),
+        ("GET", "/v1/tokens"),
+        ("GET", "/docs"),
+        ("GET", "/openapi.json"),
+        ("GET", "/v1/no-such-route"),
+        ("POST", "/v1/jobs"),
+        ("POST", "/v1/blobs/upload"),
+        ("GET", "/v1/jobs/x/artifacts/a.txt"),
+    ]
+    with raw_http(tls_agent, token) as http:
+        for method, path in routes:
+            r = http.request(method, path, content=b"{}")
+            assert r.status_code == 401, (method, path, r.text)
+            assert r.json() == UNAUTHORIZED, (method, path)
+        basic = http.get("/v1/jobs", headers={"Authorization": "Basic YWxpY2U6eA=="})
+        assert basic.status_code == 401
+
+
+def test_a_websocket_without_a_token_is_refused_with_401(tls_agent):
+    listener = tls_agent.listener
+    pem, _ = fetch_certificate(listener.url)
+    url = listener.url.replace("https://", "wss://") + "/v1/jobs/x/ports/8888"
+    with pytest.raises(InvalidStatus) as refused:
+        ws_connect(url, ssl=pinned_context(pem), open_timeout=10)
+    assert refused.value.response.status_code == 401
+
+
+def test_the_sdk_says_a_token_was_refused(remote, tls_agent):
+    with pytest.raises(GpuhopError) as refused:
+        remote("gpuhop_not-a-real-token").jobs()
+    assert refused.value.status == 401
+    assert refused.value.message.startswith("the agent refused the token for remote 'team'")
+    assert "(missing, wrong or revoked)" in refused.value.message
+    with pytest.raises(GpuhopError) as missing:
+        remote(None).info()
+    assert missing.value.status == 401
+
+
+def test_a_certificate_that_is_not_the_pinned_one_is_refused_clearly(remote, tokens, tls_agent):
+    other_pem = make_self_signed(["localhost", "127.0.0.1"])[0].decode()
+    pinned = fingerprint_of(other_pem)
+    with pytest.raises(GpuhopError) as refused:
+        remote(tokens["alice"], pem=other_pem).jobs()
+    message = refused.value.message
+    assert refused.value.code == "unreachable"
+    assert (
+        f"the certificate of remote 'team' ({tls_agent.listener.fingerprint}) does not match"
+        f" the pinned fingerprint {pinned}"
+    ) in message
+    assert f"gpuhop remote add team {tls_agent.listener.url} --fingerprint NEW" in message
+
+
+def test_users_see_and_touch_only_their_own_jobs_admins_all(
+    remote, tokens, tls_agent, project, tmp_path
+):
+    root = project({"sleep.py": SLEEPER, "train.py": WRITER})
+    bob = remote(tokens["bob"])
+    bobs = bob.submit(["sleep.py"], workdir=root, name="bobs-run", gpus=1)
+    wait_until(lambda: bobs.refresh().state == JobState.running, timeout=60)
+    done = bob.submit(["train.py"], workdir=root, env={"WHO": "bob"})
+    assert done.wait(timeout=60).state == JobState.succeeded
+
+    alice = remote(tokens["alice"])
+    assert {j.id for j in alice.jobs()}.isdisjoint({bobs.id, done.id})
+    # Every way of reaching bob's jobs answers as for a job that does not exist.
+    for ref in (bobs.id, bobs.id[:3], "bobs-run", done.id):
+        with pytest.raises(GpuhopError) as absent:
+            alice.job(ref)
+        assert (absent.value.status, absent.value.message) == (404, f"no job matches {ref!r}")
+    with raw_http(tls_agent, tokens["alice"]) as http:
+        for method, path in [
+            ("GET", f"/v1/jobs/{done.id}/log"),
+            ("GET", f"/v1/jobs/{done.id}/metrics"),
+            ("GET", f"/v1/jobs/{done.id}/artifacts"),
+            ("GET", f"/v1/jobs/{done.id}/artifacts/model/weights.txt"),
+            ("POST", f"/v1/jobs/{bobs.id}/cancel"),
+        ]:
+            r = http.request(method, path)
+            assert r.status_code == 404, (method, path, r.text)
+            ref = path.split("/")[3]
+            assert r.json() == {
+                "code": "not_found",
+                "message": f"no job matches {ref!r}",
+                "detail": None,
+            }
+    # A GPU taken shows as taken, but not by whom.
+    assert alice.gpus()[0].job_ids == []
+    assert bobs.refresh().state == JobState.running
+
+    carol = remote(tokens["carol"])
+    assert {bobs.id, done.id} <= {j.id for j in carol.jobs()}
+    assert carol.gpus()[0].job_ids == [bobs.id]
+    assert carol.job(done.id).artifacts()[0].path == "model/weights.txt"
+    assert carol.job(bobs.id).cancel(grace=1).state in (JobState.cancelled, JobState.running)
+    assert bob.job(bobs.id).wait(timeout=60).state == JobState.cancelled
+    with tls_agent.client() as owner:  # the Unix socket: the owner, an admin
+        assert owner.job("bobs-run").info.owner == "bob"
+
+
+def test_a_revoked_token_stops_working_at_once(remote, tls_agent):
+    made = tls_agent.cli("agent", "token", "create", "dave")
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
+    dave = remote(token)
+    assert dave.info().user == "dave"
+    listed = tls_agent.cli("agent", "token", "ls", "--json")
+    ids = [t["id"] for t in json.loads(listed.stdout) if t["user"] == "dave"]
+    assert len(ids) == 1 and token not in listed.stdout
+    revoked = tls_agent.cli("agent", "token", "revoke", ids[0])
+    assert revoked.returncode == 0, revoked.stderr
+    with pytest.raises(GpuhopError) as refused:
+        dave.info()
+    assert refused.value.status == 401
+
+
+def test_only_admins_manage_tokens(remote, tokens):
+    with pytest.raises(GpuhopError) as refused:
+        remote(tokens["alice"]).create_token("mallory", admin=True)
+    assert (refused.value.status, refused.value.code) == (403, "forbidden")
+    carol = remote(tokens["carol"])
+    made = carol.create_token("erin")
+    assert made.id in {t.id for t in carol.tokens()}
+    carol.revoke_token(made.id)
+
+
+def test_hostile_requests_get_4xx_with_reasons(tls_agent, tokens):
+    token = tokens["alice"]
+    big = b"[" + b"0," * (9 * 1024 * 1024) + b"0]"
+    with raw_http(tls_agent, token) as http:
+        answers = [
+            http.post("/v1/jobs", content=big, headers={"content-type": "application/json"}),
+            # No Content-Length: counted as it arrives.
+            http.post(
+                "/v1/blobs/missing",
+                content=iter([big[: len(big) // 2], big[len(big) // 2 :]]),
+                headers={"content-type": "application/json"},
+            ),
+            http.post(
+                "/v1/jobs", content=b"{not json", headers={"content-type": "application/json"}
+            ),
+            http.post("/v1/jobs", json={"command": ["x.py"], "owner": "bob"}),
+            http.post("/v1/jobs", json={"command": ["x"], "env": {"GPUHOP_JOB_ID": "1"}}),
+            http.post("/v1/trees", json={"entries": [_entry("../x")]}),
+            http.post("/v1/trees", json={"entries": [_entry("/etc/passwd")]}),
+            http.post("/v1/trees", json={"entries": [_entry("a/../../x")]}),
+            http.post("/v1/trees", content=b"\xff\xfe garbage"),
+            http.post("/v1/blobs/missing", json={"digests": ["../../etc/passwd"]}),
+            http.delete("/v1/jobs"),
+            http.get("/v1/jobs", params={"limit": "-1"}),
+        ]
+    for r in answers:
+        assert 400 <= r.status_code < 500, (r.request.url, r.status_code, r.text)
+        body = r.json()
+        assert body["code"] and body["message"], body
+    assert [r.status_code for r in answers[:2]] == [413, 413]
+    assert "larger than" in answers[0].json()["message"]
+    assert "not valid JSON" in answers[2].json()["message"]
+    assert "owner" in answers[3].json()["message"]
+    assert "path" in answers[5].json()["message"]
+
+
+def test_artifact_paths_cannot_climb_out(remote, tokens, tls_agent, project):
+    client = remote(tokens["alice"])
+    job = client.submit(["train.py"], workdir=project({"train.py": WRITER}), env={"WHO": "a"})
+    assert job.wait(timeout=60).state == JobState.succeeded
+    base = f"/v1/jobs/{job.id}/artifacts/"
+    for path in (
+        "../../../../../../etc/passwd",
+        "%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+        "model/..%2f..%2f..%2fetc/passwd",
+        "%2fetc%2fpasswd",
+        "model/../../output.log",
+    ):
+        status, body = raw_get(tls_agent, base + path, tokens["alice"])
+        assert 400 <= status < 500, (path, status, body)
+        assert body["code"] in ("bad_path", "not_found"), (path, body)
+    status, _ = raw_get(tls_agent, f"/v1/jobs/{job.id}/../../v1/tokens", tokens["alice"])
+    assert status in (403, 404)
+
+
+def test_the_default_agent_has_no_tcp_listener(shared_agent):
+    with shared_agent.client() as client:
+        info = client.info()
+    assert info.listener is None and info.admin
+    assert not shared_agent.paths.listen_file.exists()
+    assert not shared_agent.paths.tls.exists()
+
+
+def _entry(path: str) -> dict[str, object]:
+    return {"path": path, "digest": "0" * 64, "size": 1}
+
+
+def test_pinned_context_refuses_a_different_certificate(tls_agent):
+    other = make_self_signed(["localhost"])[0].decode()
+    with (
+        pytest.raises(httpx.ConnectError),
+        httpx.Client(verify=pinned_context(other)) as http,
+    ):
+        http.get(tls_agent.listener.url + "/v1/agent")
