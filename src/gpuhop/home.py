@@ -47,6 +47,11 @@ class AgentPaths:
         return self.home / "jobs.db"
 
     @property
+    def claims_db(self) -> Path:
+        """Which user has uploaded which blob and tree (see gpuhop.agent.claims)."""
+        return self.home / "claims.db"
+
+    @property
     def tokens_db(self) -> Path:
         """Hashes of the bearer tokens of the TCP listener, and whose they are."""
         return self.home / "tokens.db"

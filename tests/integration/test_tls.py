@@ -6,6 +6,7 @@ tokens made through the owner's Unix socket. Clients pin the agent's real certif
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 from collections.abc import Callable, Iterator
@@ -19,7 +20,9 @@ from websockets.sync.client import connect as ws_connect
 from gpuhop.agent.listen import make_self_signed
 from gpuhop.api import JobState, fingerprint_of
 from gpuhop.client import Client, GpuhopError
+from gpuhop.client.client import tree_of
 from gpuhop.client.remotes import Remote, RemotesFile, save
+from gpuhop.client.sync import scan
 from gpuhop.client.tls import fetch_certificate, pinned_context
 from tests.conftest import Agent, wait_until
 
@@ -326,3 +329,31 @@ def test_pinned_context_refuses_a_different_certificate(tls_agent):
         httpx.Client(verify=pinned_context(other)) as http,
     ):
         http.get(tls_agent.listener.url + "/v1/agent")
+
+
+def test_knowing_a_digest_is_not_holding_the_file(remote, tokens, tls_agent, project, tmp_path):
+    """Bob knows the digests of Alice's secret file and of her tree, but not the bytes: the
+    agent must not let him run a job that reads them."""
+    secret = "the weights of alice's unreleased model\n"
+    root = project({"train.py": "print(open('secret.txt').read())", "secret.txt": secret})
+    with remote(tokens["alice"]) as alice:
+        assert alice.submit(["train.py"], workdir=root).wait(timeout=60).state.value == "succeeded"
+    tree_bytes, tree_digest = tree_of(scan(root, tmp_path / "scan-cache").files)
+    secret_digest = hashlib.sha256(secret.encode()).hexdigest()
+
+    with raw_http(tls_agent, tokens["bob"]) as bob:
+        missing = bob.post("/v1/blobs/missing", json={"digests": [secret_digest]})
+        assert missing.json()["missing"] == [secret_digest]
+        named = bob.post("/v1/trees", content=tree_bytes)
+        assert named.status_code == 409
+        assert named.json()["code"] == "missing_blobs"
+        assert secret_digest in named.json()["detail"]["missing"]
+        run = bob.post("/v1/jobs", json={"command": ["train.py"], "tree": tree_digest})
+        assert run.status_code == 409
+        assert run.json()["code"] == "missing_tree"
+
+    # With the bytes in hand, Bob's client simply sends them, and his job runs.
+    with remote(tokens["bob"]) as client:
+        job = client.submit(["train.py"], workdir=root)
+        assert client.last_sync is not None and client.last_sync.files_sent == 2
+        assert job.wait(timeout=60).state == JobState.succeeded

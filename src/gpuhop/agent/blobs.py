@@ -14,7 +14,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from gpuhop.api.framing import FRAME_HEADER
@@ -88,8 +88,11 @@ class BlobStore:
             shutil.copyfile(src, dest)
         os.chmod(dest, 0o755 if executable else 0o644)
 
-    async def receive(self, chunks: AsyncIterator[bytes]) -> tuple[int, int]:
+    async def receive(
+        self, chunks: AsyncIterator[bytes], on_blob: Callable[[str], None] = lambda d: None
+    ) -> tuple[int, int]:
         """Store every framed blob in an upload stream. Returns (blobs stored, bytes).
+        `on_blob` hears the digest of every blob whose bytes matched it, stored now or before.
 
         Blobs completed before an error stay stored, so a retried upload sends only the rest.
         Raises BlobError on a bad frame or a content/hash mismatch.
@@ -119,6 +122,7 @@ class BlobStore:
                     if writer.remaining == 0:
                         total += writer.finish()
                         stored += 1
+                        on_blob(writer.digest)
                         writer = None
         except BaseException:
             if writer is not None:

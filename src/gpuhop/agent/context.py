@@ -10,6 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from gpuhop.agent.blobs import BlobStore
+from gpuhop.agent.claims import ClaimStore
 from gpuhop.agent.gpus import GpuHost
 from gpuhop.agent.scheduler import Pending, could_ever_fit, plan
 from gpuhop.agent.store import JobStore
@@ -39,6 +40,7 @@ class AgentContext:
         self.trees = TreeStore(paths.trees, paths.tmp, self.blobs)
         self.supervisor = Supervisor(paths, self.store, self.blobs, on_change=self.wake)
         self.tokens = TokenStore(paths.tokens_db)
+        self.claims = ClaimStore(paths.claims_db)
         # The TCP listener, when the daemon opened one.
         self.listener: ListenerInfo | None = None
         self._launcher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="launch")
@@ -114,4 +116,5 @@ class AgentContext:
         self._launcher.shutdown(wait=True)
         self.store.close()
         self.tokens.close()
+        self.claims.close()
         self.gpu_host.close()

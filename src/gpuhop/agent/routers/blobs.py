@@ -1,9 +1,14 @@
-"""Runs in the agent: /v1/blobs routes (which blobs are missing; framed uploads)."""
+"""Runs in the agent: /v1/blobs routes (which blobs are missing; framed uploads).
+
+For a caller who is not an admin, a blob they have not uploaded themselves counts as
+missing (see gpuhop.agent.claims): knowing a digest is not holding the file.
+"""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from gpuhop.agent.auth import caller_of
 from gpuhop.agent.blobs import BlobError
 from gpuhop.agent.errors import ApiError
 from gpuhop.api import BlobCheck, BlobCheckResult, ErrorCode
@@ -13,13 +18,28 @@ router = APIRouter(prefix="/v1/blobs", tags=["blobs"])
 
 @router.post("/missing")
 def missing(req: BlobCheck, request: Request) -> BlobCheckResult:
-    return BlobCheckResult(missing=request.app.state.ctx.blobs.missing(req.digests))
+    ctx = request.app.state.ctx
+    caller = caller_of(request)
+    absent = ctx.blobs.missing(req.digests)
+    if caller.admin:
+        return BlobCheckResult(missing=absent)
+    gone = set(absent)
+    present = [d for d in req.digests if d not in gone]
+    unclaimed = set(ctx.claims.unclaimed(caller.user, "blob", present))
+    return BlobCheckResult(missing=[d for d in req.digests if d in gone or d in unclaimed])
 
 
 @router.post("/upload")
 async def upload(request: Request) -> dict[str, int]:
+    ctx = request.app.state.ctx
+    caller = caller_of(request)
+    received: list[str] = []
     try:
-        stored, size = await request.app.state.ctx.blobs.receive(request.stream())
+        stored, size = await ctx.blobs.receive(request.stream(), received.append)
     except BlobError as e:
         raise ApiError(400, ErrorCode.bad_blob, str(e)) from None
+    finally:
+        # Blobs that arrived whole before an error count too: a retry sends only the rest.
+        if not caller.admin:
+            ctx.claims.claim(caller.user, "blob", received)
     return {"stored": stored, "bytes": size}

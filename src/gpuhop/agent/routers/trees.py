@@ -7,6 +7,7 @@ import asyncio
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
 
+from gpuhop.agent.auth import caller_of
 from gpuhop.agent.errors import ApiError, describe_errors
 from gpuhop.agent.trees import MissingBlobs, TreeError
 from gpuhop.api import ErrorCode, TreeStored
@@ -26,15 +27,28 @@ async def upload(request: Request) -> TreeStored:
             raise ApiError(
                 413, ErrorCode.too_large, f"a tree may be at most {MAX_TREE_BYTES} bytes"
             )
-    trees = request.app.state.ctx.trees
+    ctx = request.app.state.ctx
+    caller = caller_of(request)
     try:
-        digest, tree = await asyncio.to_thread(trees.store, bytes(raw))
+        digest, tree = await asyncio.to_thread(ctx.trees.store, bytes(raw))
     except ValidationError as e:
         raise ApiError(422, ErrorCode.bad_request, describe_errors(e.errors())) from None
     except TreeError as e:
         raise ApiError(400, ErrorCode.bad_path, str(e)) from None
     except MissingBlobs as e:
         raise ApiError(409, ErrorCode.missing_blobs, str(e), {"missing": e.missing}) from None
+    if not caller.admin:
+        # A tree may name only blobs this user has uploaded (see gpuhop.agent.claims).
+        digests = [e.digest for e in tree.entries]
+        unclaimed = await asyncio.to_thread(ctx.claims.unclaimed, caller.user, "blob", digests)
+        if unclaimed:
+            raise ApiError(
+                409,
+                ErrorCode.missing_blobs,
+                f"{len(unclaimed)} blob(s) of this tree are not on the agent; upload them first",
+                {"missing": unclaimed},
+            )
+        await asyncio.to_thread(ctx.claims.claim, caller.user, "tree", [digest])
     return TreeStored(
         digest=digest, files=len(tree.entries), bytes=sum(e.size for e in tree.entries)
     )

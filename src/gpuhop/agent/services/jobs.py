@@ -187,7 +187,12 @@ def submit(rt: AgentContext, req: SubmitRequest, caller: Caller) -> JobInfo:
             ErrorCode.unsatisfiable,
             f"the job asks for {req.gpus} GPU{'s' if req.gpus != 1 else ''}; this host has {total}",
         )
-    if req.tree is not None and not rt.trees.has(req.tree):
+    if req.tree is not None and (
+        not rt.trees.has(req.tree)
+        # Another user's tree is "not on the agent" to this one: knowing its digest is not
+        # holding its files (see gpuhop.agent.claims).
+        or (not caller.admin and rt.claims.unclaimed(caller.user, "tree", [req.tree]))
+    ):
         raise ApiError(
             409,
             ErrorCode.missing_tree,
