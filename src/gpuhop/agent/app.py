@@ -13,14 +13,9 @@ from fastapi.responses import JSONResponse
 
 from gpuhop import __version__
 from gpuhop.agent.context import AgentContext
-from gpuhop.agent.errors import ApiError, describe_errors
-from gpuhop.agent.routers import agent, blobs, jobs, trees
-from gpuhop.api import ErrorBody, ErrorCode
-
-
-def _error(status: int, code: ErrorCode, message: str, detail: dict | None = None) -> JSONResponse:
-    body = ErrorBody(code=code, message=message, detail=detail)
-    return JSONResponse(status_code=status, content=body.model_dump(mode="json"))
+from gpuhop.agent.errors import ApiError, describe_errors, error_response
+from gpuhop.agent.routers import agent, blobs, jobs, ports, trees
+from gpuhop.api import ErrorCode
 
 
 def create_app(ctx: AgentContext) -> FastAPI:
@@ -42,15 +37,15 @@ def create_app(ctx: AgentContext) -> FastAPI:
 
     app = FastAPI(title="gpuhop agent", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
-    for router in (jobs.router, blobs.router, trees.router, agent.router):
+    for router in (jobs.router, ports.router, blobs.router, trees.router, agent.router):
         app.include_router(router)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return _error(exc.status, exc.code, exc.message, exc.detail)
+        return error_response(exc.status, exc.code, exc.message, exc.detail)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(422, ErrorCode.bad_request, describe_errors(exc.errors()))
+        return error_response(422, ErrorCode.bad_request, describe_errors(exc.errors()))
 
     return app
