@@ -165,6 +165,10 @@ class Forward:
         except GpuhopError as e:
             if self._on_error is not None and not self._closing.is_set():
                 self._on_error(e)
+        except asyncio.CancelledError:
+            # The forward is closing. A task that ends cancelled makes Python 3.11's
+            # asyncio streams log the CancelledError that task.exception() raises.
+            pass
         finally:
             self._tunnels.discard(task)
             _close_local(writer, reset=not clean)
