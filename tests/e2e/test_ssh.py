@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from gpuhop.client import Client
 from gpuhop.client.embedded import stop
 from gpuhop.home import AgentPaths, read_pid
 from tests import sshd
 from tests.conftest import EXAMPLES, Agent
+from tests.integration.test_forward import PAGE, SERVERS, echo_through, start_servers
 
 pytestmark = pytest.mark.skipif(sshd.available() is not None, reason=str(sshd.available()))
 
@@ -238,3 +240,24 @@ def test_remote_config_commands(lab: Side) -> None:
     unknown = lab.cli("ps", "--on", "nope")
     assert unknown.returncode != 0 and "no remote named 'nope'" in unknown.stderr
     assert json.loads(config.read_text())["remotes"]["lab"]["url"] == lab.server.url()
+
+
+def test_a_port_forwards_through_the_ssh_tunnel(
+    lab: Side, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for key, value in lab.env.items():
+        if key.startswith("GPUHOP_"):
+            monkeypatch.setenv(key, value)
+    root = tmp_path / "servers"
+    (root / "www").mkdir(parents=True)
+    (root / "servers.py").write_text(SERVERS)
+    (root / "www" / "index.html").write_text(PAGE)
+    with Client(remote="lab") as client:
+        job, _, echo_port = start_servers(client, root)
+        try:
+            with job.forward(echo_port) as fwd:
+                payload = os.urandom(1 << 20)
+                assert echo_through(("127.0.0.1", fwd.local_port), payload) == payload
+        finally:
+            job.cancel(grace=0)
+    assert (lab.remote_home / "jobs" / job.id).is_dir()

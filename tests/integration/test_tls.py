@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from gpuhop.client.remotes import Remote, RemotesFile, save
 from gpuhop.client.sync import scan
 from gpuhop.client.tls import fetch_certificate, pinned_context
 from tests.conftest import Agent, wait_until
+from tests.integration.test_forward import PAGE, SERVERS, echo_through, start_servers
 
 SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(120)\n"
 WRITER = """
@@ -357,3 +359,28 @@ def test_knowing_a_digest_is_not_holding_the_file(remote, tokens, tls_agent, pro
         job = client.submit(["train.py"], workdir=root)
         assert client.last_sync is not None and client.last_sync.files_sent == 2
         assert job.wait(timeout=60).state == JobState.succeeded
+
+
+def test_a_forwarded_port_carries_real_traffic_over_tls_for_its_owner_only(
+    remote, tokens, tls_agent, tmp_path
+):
+    root = tmp_path / "servers"
+    (root / "www").mkdir(parents=True)
+    (root / "servers.py").write_text(SERVERS)
+    (root / "www" / "index.html").write_text(PAGE)
+    with remote(tokens["alice"]) as alice:
+        job, http_port, echo_port = start_servers(alice, root)
+        try:
+            with job.forward(echo_port) as fwd:
+                payload = os.urandom(3 << 20)
+                assert echo_through(("127.0.0.1", fwd.local_port), payload) == payload
+            with job.forward(http_port) as fwd:
+                assert httpx.get(f"{fwd.url}/index.html").text == PAGE
+
+            # Bob cannot even find the job, let alone reach its ports.
+            with raw_http(tls_agent, tokens["bob"]) as bob:
+                refused = bob.get(f"/v1/jobs/{job.id}/ports/{echo_port}")
+                assert refused.status_code == 404
+                assert refused.json()["code"] == "not_found"
+        finally:
+            job.cancel(grace=0)

@@ -18,16 +18,10 @@ from starlette.exceptions import HTTPException
 
 from gpuhop import __version__
 from gpuhop.agent.context import AgentContext
-from gpuhop.agent.errors import ApiError, describe_errors
+from gpuhop.agent.errors import ApiError, describe_errors, error_response
 from gpuhop.agent.limits import BodyLimit
-from gpuhop.agent.routers import agent, blobs, jobs, tokens, trees
-from gpuhop.api import ErrorBody, ErrorCode
-
-
-def _error(status: int, code: ErrorCode, message: str, detail: dict | None = None) -> JSONResponse:
-    body = ErrorBody(code=code, message=message, detail=detail)
-    return JSONResponse(status_code=status, content=body.model_dump(mode="json"))
-
+from gpuhop.agent.routers import agent, blobs, jobs, ports, tokens, trees
+from gpuhop.api import ErrorCode
 
 _HTTP_CODES = {
     401: ErrorCode.unauthorized,
@@ -56,17 +50,18 @@ def create_app(ctx: AgentContext) -> FastAPI:
 
     app = FastAPI(title="gpuhop agent", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
-    for router in (jobs.router, blobs.router, trees.router, agent.router, tokens.router):
+    routers = (jobs.router, ports.router, blobs.router, trees.router, agent.router, tokens.router)
+    for router in routers:
         app.include_router(router)
     app.add_middleware(BodyLimit)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return _error(exc.status, exc.code, exc.message, exc.detail)
+        return error_response(exc.status, exc.code, exc.message, exc.detail)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(422, ErrorCode.bad_request, describe_errors(exc.errors()))
+        return error_response(422, ErrorCode.bad_request, describe_errors(exc.errors()))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -78,7 +73,7 @@ def create_app(ctx: AgentContext) -> FastAPI:
             message = f"{request.url.path} does not take {request.method}"
         else:
             message = str(exc.detail)
-        return _error(
+        return error_response(
             exc.status_code, _HTTP_CODES.get(exc.status_code, ErrorCode.bad_request), message
         )
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gpuhop.api import ErrorCode
+from fastapi.responses import JSONResponse
+
+from gpuhop.api import ErrorBody, ErrorCode
 
 
 class ApiError(Exception):
@@ -40,3 +42,11 @@ def describe_errors(errors: Sequence[Any]) -> str:
 
 def not_found(what: str) -> ApiError:
     return ApiError(404, ErrorCode.not_found, what)
+
+
+def error_response(
+    status: int, code: ErrorCode, message: str, detail: dict[str, object] | None = None
+) -> JSONResponse:
+    """The answer every refused request gets: an `ErrorBody` as JSON."""
+    body = ErrorBody(code=code, message=message, detail=detail)
+    return JSONResponse(status_code=status, content=body.model_dump(mode="json"))

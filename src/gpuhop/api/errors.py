@@ -14,6 +14,8 @@ class ErrorCode(StrEnum):
     not_found = "not_found"
     ambiguous = "ambiguous"
     conflict = "conflict"
+    # A job port that nothing listens on (port forwarding).
+    not_listening = "not_listening"
     unsatisfiable = "unsatisfiable"
     too_large = "too_large"
     unauthorized = "unauthorized"  # TCP listener: no token, or one that is wrong or revoked

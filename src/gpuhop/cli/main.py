@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpuhop import __version__
-from gpuhop.cli import agent, doctor, gpus, jobs, remote
+from gpuhop.cli import agent, doctor, forward, gpus, jobs, remote
 
 app = typer.Typer(
     name="gpuhop",
@@ -21,6 +21,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 jobs.register(app)
+forward.register(app)
 gpus.register(app)
 doctor.register(app)
 app.add_typer(agent.app, name="agent")

@@ -2,5 +2,6 @@
 
 from gpuhop.client.client import Client, Job, SyncStats
 from gpuhop.client.errors import GpuhopError
+from gpuhop.client.forward import Forward
 
-__all__ = ["Client", "GpuhopError", "Job", "SyncStats"]
+__all__ = ["Client", "Forward", "GpuhopError", "Job", "SyncStats"]

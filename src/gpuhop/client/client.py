@@ -37,6 +37,7 @@ from gpuhop.api import (
 )
 from gpuhop.client import remotes
 from gpuhop.client.errors import GpuhopError
+from gpuhop.client.forward import Forward
 from gpuhop.client.sync import FileEntry, ScanResult, SyncError, scan
 from gpuhop.client.transport import Endpoint, local_endpoint
 from gpuhop.client.upload import frames
@@ -374,6 +375,23 @@ class Job:
         )
         self.info = JobInfo.model_validate(response.json())
         return self.info
+
+    def forward(
+        self,
+        remote_port: int,
+        local_port: int = 0,
+        host: str = "127.0.0.1",
+        *,
+        on_error: Callable[[GpuhopError], None] | None = None,
+    ) -> Forward:
+        """Make `remote_port`, where the job listens on the GPU host's loopback, reachable
+        at `host`:`local_port` here (0: any free port; see `.local_port`), through the
+        agent's API with this client's credentials. Raises GpuhopError at once if the job
+        is not running or nothing answers on the port. Close the returned `Forward` (or use
+        it as a context manager); it closes itself when the job ends. `on_error` hears of
+        connections the agent refused later (say, the job stopped listening).
+        """
+        return Forward(self, remote_port, local_port, host, on_error)
 
     def logs(
         self, follow: bool = False, offset: int = 0, worker: int | None = None

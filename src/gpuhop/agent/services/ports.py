@@ -1,0 +1,186 @@
+"""Runs in the agent: port forwarding, a job's loopback port bridged to a WebSocket.
+
+A client opens one WebSocket per TCP connection it forwards. The agent checks the job
+(found, running, single-process) and connects to the port on the host's loopback before
+it accepts, so every refusal is a plain HTTP error with an `ErrorBody`. Then bytes flow
+both ways as binary messages until either side is done.
+
+Wire protocol over the WebSocket, both directions: a binary message is data; the text
+message "eof" says the sender will send no more data (TCP half-close: the receiver shuts
+down the write side of its socket). When both sides have sent "eof" the agent closes with
+1000. Close 1001 means the job ended; 1011 that the job's end of the connection failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from dataclasses import dataclass
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from gpuhop.agent.auth import Caller
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.errors import ApiError
+from gpuhop.agent.services import jobs
+from gpuhop.agent.store import JobRecord
+from gpuhop.api import ErrorCode, JobState
+
+EOF = "eof"
+# One read from the job's socket becomes one message of at most this size.
+CHUNK = 256 * 1024
+# How often an open tunnel checks that its job still runs. A job's exit closes its
+# sockets anyway; this catches children that outlive it and hold them open.
+JOB_CHECK_SECONDS = 1.0
+CONNECT_TIMEOUT = 5.0
+# Loopback first as IPv4, then IPv6: a server bound to one of them only is still found.
+LOOPBACKS = ("127.0.0.1", "::1")
+
+
+def parse_port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise ApiError(400, ErrorCode.bad_request, f"a port is a number 1-65535, not {text!r}")
+    return int(text)
+
+
+def forwardable(rt: AgentContext, ref: str, caller: Caller) -> JobRecord:
+    """The job `ref` names, if `caller` may see it (only its owner, or an admin) and it runs
+    now in a way whose ports can be reached."""
+    job = jobs.find(rt, ref, caller)
+    if job.state != JobState.running:
+        when = "has not started yet" if not job.state.finished else "has ended"
+        raise ApiError(
+            409,
+            ErrorCode.conflict,
+            f"job {job.id} is {job.state.value}: it {when}, so it has no ports to forward",
+            {"state": job.state.value},
+        )
+    if job.workers > 1:
+        # Its workers live in a private network namespace: the host's loopback is not theirs.
+        raise ApiError(
+            409,
+            ErrorCode.conflict,
+            f"job {job.id} runs {job.workers} workers in a private network namespace;"
+            " forwarding their ports is not supported yet",
+            {"state": job.state.value, "workers": job.workers},
+        )
+    return job
+
+
+async def connect(job: JobRecord, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A TCP connection to `port` on this host's loopback, where the job listens."""
+    errors = []
+    for host in LOOPBACKS:
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, port, limit=CHUNK), CONNECT_TIMEOUT
+            )
+        except (OSError, TimeoutError) as e:
+            errors.append(f"{host}: {e.strerror or e.__class__.__name__}")
+            continue
+        with contextlib.suppress(OSError):
+            writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+        return reader, writer
+    raise ApiError(
+        502,
+        ErrorCode.not_listening,
+        f"job {job.id} has nothing listening on port {port} ({'; '.join(errors)})",
+        {"port": port},
+    )
+
+
+async def check(rt: AgentContext, ref: str, port_text: str, caller: Caller) -> JobRecord:
+    """Refuse as `bridge` would, without keeping a connection: a forward's first check."""
+    port = parse_port(port_text)
+    job = forwardable(rt, ref, caller)
+    _, writer = await connect(job, port)
+    await _close(writer)
+    return job
+
+
+@dataclass(frozen=True)
+class _Close:
+    """How a tunnel ends: the close code to send, or None when the client has gone."""
+
+    code: int | None
+    reason: str = ""
+
+
+async def bridge(
+    rt: AgentContext,
+    ws: WebSocket,
+    job: JobRecord,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+) -> None:
+    """Carry bytes between an accepted WebSocket and a job's socket until one side is done."""
+    up_eof, down_eof = asyncio.Event(), asyncio.Event()
+
+    async def upstream() -> _Close:
+        while True:
+            message = await ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return _Close(None)
+            data = message.get("bytes")
+            if data is not None:
+                if up_eof.is_set():
+                    return _Close(1002, "data after eof")
+                writer.write(data)
+                await writer.drain()  # the job reads slowly: stop reading the client
+            elif message.get("text") == EOF:
+                if writer.can_write_eof():
+                    writer.write_eof()
+                up_eof.set()
+
+    async def downstream() -> _Close | None:
+        while data := await reader.read(CHUNK):
+            await ws.send_bytes(data)
+        await ws.send_text(EOF)
+        down_eof.set()
+        return None
+
+    async def both_done() -> _Close:
+        await up_eof.wait()
+        await down_eof.wait()
+        return _Close(1000)
+
+    async def job_ended() -> _Close:
+        while True:
+            await asyncio.sleep(JOB_CHECK_SECONDS)
+            state = rt.store.get(job.id).state
+            if state.finished:
+                return _Close(1001, f"job {job.id} has {state.value}")
+
+    tasks = {asyncio.create_task(f()) for f in (upstream, downstream, both_done, job_ended)}
+    outcome: _Close | None = None
+    try:
+        while outcome is None and tasks:
+            done, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                outcome = outcome or _outcome(task)
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await _close(writer)
+    if outcome is not None and outcome.code is not None:
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect, OSError):
+            await ws.close(outcome.code, outcome.reason)
+
+
+def _outcome(task: asyncio.Task[_Close | None]) -> _Close | None:
+    try:
+        return task.result()
+    except (WebSocketDisconnect, RuntimeError):
+        return _Close(None)  # the client went away mid-send
+    except OSError as e:
+        return _Close(1011, f"the job's end of the connection failed: {e.strerror or e}")
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()

@@ -1,0 +1,66 @@
+"""Runs on the user's machine: `gpuhop forward`, a job's port made reachable here."""
+
+from __future__ import annotations
+
+import typer
+
+from gpuhop.cli.connect import OnOption, client_for
+from gpuhop.cli.jobs import _job
+from gpuhop.cli.output import fail, say, state_text
+from gpuhop.client import GpuhopError
+
+
+def forward(
+    job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
+    remote_port: int = typer.Argument(
+        ...,
+        metavar="REMOTE_PORT",
+        min=1,
+        max=65535,
+        help="The port the job listens on, on the GPU host's loopback.",
+    ),
+    local_port: int | None = typer.Option(
+        None,
+        "--local-port",
+        "-p",
+        min=0,
+        max=65535,
+        help="The port to listen on here (default: REMOTE_PORT; 0 for any free one).",
+    ),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="The address to listen on here (keep it local)."
+    ),
+    on: str | None = OnOption,
+) -> None:
+    """Make a port that a job listens on reachable on this machine (TensorBoard, Jupyter).
+
+    Traffic goes through the agent's own connection (the same SSH tunnel or TLS and
+    token), so the port needs no opening on the GPU host. Stays until Ctrl-C or until
+    the job ends.
+
+    Example: gpuhop forward train 6006, then open http://127.0.0.1:6006
+    """
+    with client_for(on) as client:
+        job = _job(client, job_ref)
+
+        def refused(e: GpuhopError) -> None:
+            say(f"[yellow]a connection was refused: {e.message}[/yellow]")
+
+        port = remote_port if local_port is None else local_port
+        try:
+            fwd = job.forward(remote_port, port, host, on_error=refused)
+        except GpuhopError as e:
+            fail(e.message)
+        with fwd:
+            say(f"forwarding {fwd.url} -> job {job.id} port {remote_port} (Ctrl-C to stop)")
+            try:
+                fwd.wait()
+            except KeyboardInterrupt:
+                say("stopped forwarding")
+                return
+        if fwd.ended is not None:
+            say(f"job {job.id} {state_text(fwd.ended.state)}; stopped forwarding")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(forward)

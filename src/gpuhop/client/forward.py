@@ -1,0 +1,273 @@
+"""Runs on the user's machine: a local TCP port that leads to a port a job listens on.
+
+`Forward` listens locally; each connection it accepts gets its own WebSocket to the agent
+(`/v1/jobs/{id}/ports/{port}`) through the client's endpoint, so forwarding works over
+the local socket, an SSH tunnel and TLS alike, with the same credentials. One asyncio
+loop on a thread of its own moves the bytes of every connection (websockets' threaded
+client holds one lock across a blocked send and its receives, which deadlocks an echo
+under backpressure). A watcher thread closes everything when the job ends. See
+`gpuhop.agent.services.ports` for the wire protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from websockets.asyncio.client import ClientConnection, connect, unix_connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+
+from gpuhop.api import ErrorBody, JobInfo
+from gpuhop.client.errors import GpuhopError
+
+if TYPE_CHECKING:
+    from gpuhop.client.client import Job
+
+EOF = "eof"
+# One read from a local socket becomes one message of at most this size; the agent
+# sends at most as much, and the limit below leaves room for an agent that sends more.
+CHUNK = 256 * 1024
+MAX_MESSAGE = 16 * 1024 * 1024
+OPEN_TIMEOUT = 10.0
+# How often the watcher asks whether the job still runs.
+JOB_POLL_SECONDS = 1.0
+
+ErrorHandler = Callable[[GpuhopError], None]
+
+
+class Forward:
+    """A local port forwarded to `remote_port` of a running job, until `close()` or the
+    job ends. Use as a context manager; `address` is where to connect."""
+
+    def __init__(
+        self,
+        job: Job,
+        remote_port: int,
+        local_port: int = 0,
+        host: str = "127.0.0.1",
+        on_error: ErrorHandler | None = None,
+    ):
+        self.job = job
+        self.remote_port = remote_port
+        self.host = host
+        self._path = f"/v1/jobs/{job.id}/ports/{remote_port}"
+        self._on_error = on_error
+        # The first check: a job that is not running, or a port nothing answers on, is
+        # an error now rather than at the first connection.
+        job.client._request("GET", self._path)
+        listener = _listen(host, local_port)
+        self.local_port: int = listener.getsockname()[1]
+        self.ended: JobInfo | None = None
+        """The job's final info, once it has ended (which closed this forward)."""
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._done = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._tunnels: set[asyncio.Task[None]] = set()
+        self._server = self._loop.run_until_complete(
+            asyncio.start_server(self._tunnel, sock=listener, limit=CHUNK)
+        )
+        self._threads = [
+            threading.Thread(target=self._loop.run_forever, name="forward-loop", daemon=True),
+            threading.Thread(target=self._watch, name="forward-watch", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def __repr__(self) -> str:
+        return f"Forward({self.url} -> job {self.job.id} port {self.remote_port})"
+
+    def __enter__(self) -> Forward:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.local_port
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.local_port}"
+
+    @property
+    def closed(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the forward has closed (the job ended, or `close()`); False on timeout."""
+        return self._done.wait(timeout)
+
+    def close(self) -> None:
+        """Stop listening and close every forwarded connection; returns once all are closed."""
+        with self._lock:
+            first = not self._closing.is_set()
+            self._closing.set()
+        if not first:
+            if threading.current_thread() not in self._threads:
+                self._done.wait()  # another thread is closing it (the job ended)
+            return
+        if threading.current_thread() is self._threads[0]:
+            # From an on_error handler, on the loop: the loop cannot wait for itself.
+            threading.Thread(target=self._close, name="forward-close").start()
+            return
+        self._close()
+
+    def _close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join()
+        self._loop.close()
+        self._done.set()
+
+    # -- the watcher thread -------------------------------------------------------------------
+
+    def _watch(self) -> None:
+        while not self._closing.wait(JOB_POLL_SECONDS):
+            try:
+                info = self.job.refresh()
+            except GpuhopError:
+                continue  # the agent may be restarting; tunnels fail on their own
+            if info.state.finished:
+                self.ended = info
+                self.close()
+                return
+
+    # -- on the loop ----------------------------------------------------------------------------
+
+    async def _shutdown(self) -> None:
+        self._server.close()
+        for task in list(self._tunnels):
+            task.cancel()
+        if self._tunnels:
+            await asyncio.wait(list(self._tunnels))
+        await self._server.wait_closed()
+
+    async def _tunnel(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One forwarded connection, from its accept until both sides are done."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._tunnels.add(task)
+        clean = False
+        try:
+            async with await self._open_websocket() as ws:
+                clean = await _pump(reader, writer, ws)
+        except GpuhopError as e:
+            if self._on_error is not None and not self._closing.is_set():
+                self._on_error(e)
+        except asyncio.CancelledError:
+            # The forward is closing. A task that ends cancelled makes Python 3.11's
+            # asyncio streams log the CancelledError that task.exception() raises.
+            pass
+        finally:
+            self._tunnels.discard(task)
+            _close_local(writer, reset=not clean)
+
+    async def _open_websocket(self) -> ClientConnection:
+        endpoint = self.job.client.endpoint
+        uri = endpoint.websocket_url(self._path)
+        # No compression: it costs latency, and forwarded data is often compressed already.
+        try:
+            if endpoint.uds is not None:
+                return await unix_connect(
+                    endpoint.uds,
+                    uri,
+                    additional_headers=endpoint.headers,
+                    compression=None,
+                    max_size=MAX_MESSAGE,
+                    open_timeout=OPEN_TIMEOUT,
+                )
+            return await connect(
+                uri,
+                ssl=endpoint.ssl_context if uri.startswith("wss:") else None,
+                proxy=None,  # as the HTTP requests: straight to the agent
+                additional_headers=endpoint.headers,
+                compression=None,
+                max_size=MAX_MESSAGE,
+                open_timeout=OPEN_TIMEOUT,
+            )
+        except InvalidStatus as e:
+            raise _refusal(e) from None
+        except (OSError, WebSocketException, TimeoutError) as e:
+            raise GpuhopError(
+                f"cannot reach {endpoint.description}: {e}", code="unreachable"
+            ) from None
+
+
+async def _pump(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ws: ClientConnection
+) -> bool:
+    """Move bytes both ways until the agent closes. True if it closed cleanly (1000)."""
+
+    async def upstream() -> None:
+        with contextlib.suppress(ConnectionClosed):
+            while data := await reader.read(CHUNK):
+                await ws.send(data)  # waits while the agent is behind (backpressure)
+            await ws.send(EOF)
+
+    up = asyncio.create_task(upstream())
+    try:
+        async for message in ws:
+            if isinstance(message, str):
+                if message == EOF and writer.can_write_eof():
+                    writer.write_eof()
+                continue
+            writer.write(message)
+            await writer.drain()  # the local reader is behind: stop reading the agent
+    except OSError:
+        await ws.close(1001, "the local connection failed")
+        return False
+    except ConnectionClosed:
+        return False
+    finally:
+        up.cancel()
+        with contextlib.suppress(asyncio.CancelledError, OSError):
+            await up
+    return ws.close_code == 1000
+
+
+def _close_local(writer: asyncio.StreamWriter, reset: bool) -> None:
+    sock = writer.get_extra_info("socket")
+    if reset and sock is not None:
+        # The job's side failed or went away: the local peer sees a reset, not an EOF.
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+    else:
+        writer.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=128)
+    except OSError as e:
+        taken = e.errno == errno.EADDRINUSE
+        raise GpuhopError(
+            f"cannot listen on {host}:{port}: {e.strerror or e}"
+            + (" (pick another local port, or 0 for any free one)" if taken else ""),
+            code="local_port",
+        ) from None
+
+
+def _refusal(e: InvalidStatus) -> GpuhopError:
+    """The agent's own words for a refused WebSocket (an `ErrorBody`, as for any request)."""
+    response = e.response
+    try:
+        body = ErrorBody.model_validate_json(response.body or b"")
+    except ValueError:
+        return GpuhopError(
+            f"the agent refused the connection: HTTP {response.status_code}",
+            status=response.status_code,
+        )
+    return GpuhopError(body.message, body.code.value, response.status_code, body.detail)
