@@ -2,6 +2,14 @@
 
 from gpuhop.client.client import Client, Job, SyncStats
 from gpuhop.client.errors import GpuhopError
-from gpuhop.client.forward import Forward
 
 __all__ = ["Client", "Forward", "GpuhopError", "Job", "SyncStats"]
+
+
+def __getattr__(name: str) -> object:
+    # Forward needs websockets and asyncio: loaded only by those who forward ports.
+    if name == "Forward":
+        from gpuhop.client.forward import Forward
+
+        return Forward
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,6 +16,7 @@ import shlex
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -37,11 +38,13 @@ from gpuhop.api import (
 )
 from gpuhop.client import remotes
 from gpuhop.client.errors import GpuhopError
-from gpuhop.client.forward import Forward
 from gpuhop.client.sync import FileEntry, ScanResult, SyncError, scan
 from gpuhop.client.transport import Endpoint, local_endpoint
 from gpuhop.client.upload import frames
 from gpuhop.home import AgentError, AgentPaths, default_home
+
+if TYPE_CHECKING:
+    from gpuhop.client.forward import Forward
 
 # Upload in batches so a dropped connection costs at most one batch.
 UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
@@ -391,6 +394,8 @@ class Job:
         it as a context manager); it closes itself when the job ends. `on_error` hears of
         connections the agent refused later (say, the job stopped listening).
         """
+        from gpuhop.client.forward import Forward  # websockets and asyncio: on demand
+
         return Forward(self, remote_port, local_port, host, on_error)
 
     def logs(
