@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from gpuhop import __version__
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, describe_errors
-from gpuhop.agent.routers import agent, blobs, jobs, trees
+from gpuhop.agent.routers import agent, blobs, datasets, jobs, trees
 from gpuhop.api import ErrorBody, ErrorCode
 
 
@@ -42,7 +42,7 @@ def create_app(ctx: AgentContext) -> FastAPI:
 
     app = FastAPI(title="gpuhop agent", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
-    for router in (jobs.router, blobs.router, trees.router, agent.router):
+    for router in (jobs.router, blobs.router, trees.router, agent.router, datasets.router):
         app.include_router(router)
 
     @app.exception_handler(ApiError)
