@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+import datasets
 import logs
 import overhead
 import resync
@@ -27,6 +28,7 @@ BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "resync": resync.run,
     "overhead": overhead.run,
     "logs": logs.run,
+    "datasets": datasets.run,
 }
 
 

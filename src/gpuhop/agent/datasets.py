@@ -4,7 +4,8 @@ A version is a manifest (files as lists of chunk digests, the chunks in the blob
 kept as `datasets/NAME/vN.json`, and the tree assembled from it once, in
 `datasets/NAME/vN/`, read-only (files 0444, directories 0555). Jobs get that tree through
 a read-only bind mount (see `sandbox.py`), never a copy. A single-chunk file is a hard link
-to its blob (no second copy on disk); larger files are assembled with copy_file_range.
+to its blob (no second copy on disk), and a file unchanged since the previous version is a
+hard link to it there; other files are assembled with copy_file_range.
 A version exists once its JSON is written, which happens last, by atomic rename, so a crash
 mid-push leaves no half version. Chunks are not deleted with a dataset (that is garbage
 collection, for later).
@@ -106,8 +107,13 @@ class DatasetStore:
             folder = self.root / name
             folder.mkdir(exist_ok=True)
             tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".v{version}-"))
+            previous = (
+                (self.tree_path(name, versions[-1]), self.manifest(name, versions[-1]))
+                if versions
+                else None
+            )
             try:
-                self._assemble(manifest.files, tmp)
+                self._assemble(manifest.files, tmp, previous)
                 os.replace(tmp, self.tree_path(name, version))
             except BaseException:
                 _remove_tree(tmp)
@@ -124,10 +130,20 @@ class DatasetStore:
             _write_atomic(self.record_path(name, version), json.dumps(record).encode())
             return _info(record)
 
-    def _assemble(self, files: list[DatasetFile], into: Path) -> None:
+    def _assemble(
+        self, files: list[DatasetFile], into: Path, previous: tuple[Path, list[dict]] | None
+    ) -> None:
+        """Build a version's tree. A file unchanged since the previous version is a hard link
+        to it there (both are read-only), so a re-push costs what changed, not the whole."""
+        before = {}
+        if previous is not None:
+            before = {f["path"]: (f["chunks"], f["executable"]) for f in previous[1]}
         for f in files:
             dest = into / f.path
             dest.parent.mkdir(parents=True, exist_ok=True)
+            if before.get(f.path) == (f.chunks, f.executable) and previous is not None:
+                os.link(previous[0] / f.path, dest)
+                continue
             if len(f.chunks) == 1 and not f.executable:
                 os.link(self.blobs.path(f.chunks[0]), dest)
             else:
