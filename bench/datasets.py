@@ -105,6 +105,6 @@ def run(settings: Settings) -> list[Row]:
             "rsync -a",
             rersyncs,
             f"gpuhop: stat every file, chunk 1, send the new chunks ({chunks}), assemble the"
-            " new version (hard links for files of one chunk, copies for larger ones)",
+            " new version (unchanged files: hard links to the previous one)",
         ),
     ]
