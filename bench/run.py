@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+import datasets
 import forward
 import logs
 import overhead
@@ -29,6 +30,7 @@ BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "overhead": overhead.run,
     "logs": logs.run,
     "forward": forward.run,
+    "datasets": datasets.run,
 }
 
 

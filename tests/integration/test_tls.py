@@ -384,3 +384,42 @@ def test_a_forwarded_port_carries_real_traffic_over_tls_for_its_owner_only(
                 assert refused.json()["code"] == "not_found"
         finally:
             job.cancel(grace=0)
+
+
+def test_datasets_are_shared_for_reading_but_changed_only_by_their_pusher(
+    remote, tokens, tls_agent, tmp_path
+):
+    data = tmp_path / "digits"
+    data.mkdir()
+    (data / "train.csv").write_text("x,y\n" + "1,2\n" * 5000)
+    reader = tmp_path / "reader"
+    reader.mkdir()
+    (reader / "read.py").write_text("print(open('data/train.csv').read().count('1,2'))")
+    with remote(tokens["alice"]) as alice:
+        pushed = alice.data.push(data, "team-digits").info
+        assert pushed.owner == "alice"
+    with remote(tokens["bob"]) as bob:
+        assert any(d.name == "team-digits" and d.owner == "alice" for d in bob.data.list())
+        job = bob.submit(["read.py"], workdir=reader, data=["team-digits=data"])
+        assert job.wait(timeout=60).state == JobState.succeeded
+        assert b"5000" in b"".join(job.logs())
+        # Naming Alice's chunk without sending it is not holding it.
+        chunk = hashlib.sha256((data / "train.csv").read_bytes()).hexdigest()
+        manifest = {"files": [{"path": "stolen.csv", "size": 20004, "executable": False,
+                               "chunks": [chunk]}]}  # fmt: skip
+        with raw_http(tls_agent, tokens["bob"]) as http:
+            sent = http.post("/v1/datasets/bobs", json=manifest)
+        assert sent.status_code == 409 and sent.json()["code"] == "missing_blobs", sent.text
+        assert sent.json()["detail"]["missing"] == [chunk]
+        with raw_http(tls_agent, tokens["carol"]) as http:  # an admin: it is on the agent
+            assert http.post("/v1/blobs/missing", json={"digests": [chunk]}).json() == {
+                "missing": []
+            }
+        for change in (lambda: bob.data.remove("team-digits"),
+                       lambda: bob.data.push(data, "team-digits")):  # fmt: skip
+            with pytest.raises(GpuhopError) as err:
+                change()
+            assert err.value.status == 403
+            assert "pushed by alice" in err.value.message
+    with remote(tokens["carol"]) as admin:
+        assert admin.data.remove("team-digits") == [pushed.version]

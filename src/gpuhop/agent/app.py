@@ -20,7 +20,7 @@ from gpuhop import __version__
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, describe_errors, error_response
 from gpuhop.agent.limits import BodyLimit
-from gpuhop.agent.routers import agent, blobs, jobs, ports, tokens, trees
+from gpuhop.agent.routers import agent, blobs, datasets, jobs, ports, tokens, trees
 from gpuhop.api import ErrorCode
 
 _HTTP_CODES = {
@@ -50,8 +50,8 @@ def create_app(ctx: AgentContext) -> FastAPI:
 
     app = FastAPI(title="gpuhop agent", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
-    routers = (jobs.router, ports.router, blobs.router, trees.router, agent.router, tokens.router)
-    for router in routers:
+    routers = (jobs.router, ports.router, blobs.router, trees.router, agent.router)
+    for router in (*routers, tokens.router, datasets.router):
         app.include_router(router)
     app.add_middleware(BodyLimit)
 

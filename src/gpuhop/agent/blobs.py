@@ -88,6 +88,24 @@ class BlobStore:
             shutil.copyfile(src, dest)
         os.chmod(dest, 0o755 if executable else 0o644)
 
+    def put(self, digest: str, data: bytes) -> int:
+        """Store one blob held in memory (a dataset chunk) if it is new; return the bytes
+        stored. Raises BlobError if `data` does not hash to `digest`."""
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != digest:
+            raise BlobError(f"blob {digest}: its content hashes to {actual}; it was rejected")
+        if self.has(digest):
+            return 0
+        fd, name = tempfile.mkstemp(dir=self.tmp, prefix="chunk-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(name, 0o444)
+        dest = self.path(digest)
+        dest.parent.mkdir(exist_ok=True)
+        os.replace(name, dest)
+        self._present.add(digest)
+        return len(data)
+
     async def receive(
         self, chunks: AsyncIterator[bytes], on_blob: Callable[[str], None] = lambda d: None
     ) -> tuple[int, int]:

@@ -11,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from gpuhop.agent.blobs import BlobStore
 from gpuhop.agent.claims import ClaimStore
+from gpuhop.agent.datasets import DatasetStore
+from gpuhop.agent.envs import EnvStore
 from gpuhop.agent.gpus import GpuHost
 from gpuhop.agent.scheduler import Pending, could_ever_fit, plan
 from gpuhop.agent.store import JobStore
@@ -38,6 +40,8 @@ class AgentContext:
         self.store = JobStore(paths.db)
         self.blobs = BlobStore(paths.blobs, paths.tmp)
         self.trees = TreeStore(paths.trees, paths.tmp, self.blobs)
+        self.datasets = DatasetStore(paths.home / "datasets", self.blobs)
+        self.envs = EnvStore(paths.home / "envs")
         self.supervisor = Supervisor(paths, self.store, self.blobs, on_change=self.wake)
         self.tokens = TokenStore(paths.tokens_db)
         self.claims = ClaimStore(paths.claims_db)

@@ -13,6 +13,10 @@ private network namespace so TensorFlow's unauthenticated gRPC ports (which bind
 interface) are reachable from nowhere but each other. Worker logs are merged into the
 job's log line by line with a `[worker I]` prefix. When one worker fails, the others
 are stopped (gang failure) and the status says which worker ended first and how.
+
+With `--env SPEC` it first builds (or finds) the job's Python environment (envbuild.py);
+with `--sandbox SPEC` it runs the job in private namespaces where its datasets are mounted
+read-only (sandbox.py). Both modules sit beside this file and use the standard library only.
 """
 
 import contextlib
@@ -232,25 +236,78 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
+USAGE = "usage: shim.py STATUS PID_FILE [--gang SPEC] [--env SPEC] [--sandbox SPEC] -- COMMAND..."
+
+
 def main(argv: list) -> int:
     status_path, pid_path, *rest = argv
-    gang = None
-    if rest[:1] == ["--gang"]:
+    specs: dict = {}
+    while rest[:1] in (["--gang"], ["--env"], ["--sandbox"]) and len(rest) > 1:
         with open(rest[1]) as f:
-            gang = json.load(f)
+            specs[rest[0][2:]] = json.load(f)
         rest = rest[2:]
     if rest[:1] != ["--"] or len(rest) < 2:
-        print("usage: shim.py STATUS_FILE PID_FILE [--gang SPEC] -- COMMAND...", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     command = rest[1:]
     _write_atomic(pid_path, {"pid": os.getpid()})
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         # A handler, not SIG_IGN: exec resets handled signals to their default in the child.
         signal.signal(sig, lambda *_: None)
-    result = run_gang(gang, command) if gang else run_single(command)
+    result = _prepare(specs)
+    if result is None and "sandbox" in specs:
+        # The parent stays outside and exits once the child (which runs the job) has ended.
+        result = _enter_sandbox(specs["sandbox"], status_path)
+    if result is None:
+        result = run_gang(specs["gang"], command) if "gang" in specs else run_single(command)
     result["ended_at"] = time.time()
     _write_atomic(status_path, result)
     return 0
+
+
+def _sibling(name: str):
+    # -I leaves this file's directory off sys.path; the helpers beside it are stdlib-only.
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return __import__(name)
+
+
+def _prepare(specs: dict) -> dict | None:
+    """Build the job's environment, if it has one; a failure ends the job here."""
+    if "env" not in specs:
+        return None
+    error = _sibling("envbuild").prepare(specs["env"])
+    if error is None:
+        return None
+    print(f"gpuhop: {error}", flush=True)
+    return {"exit_code": 1, "signal": None, "detail": error}
+
+
+def _enter_sandbox(spec: dict, status_path: str) -> dict | None:
+    """Fork into the job's namespaces. The child returns None and goes on to run the job;
+    the parent waits for it and exits, or returns a result if the sandbox failed."""
+    try:
+        child = _sibling("sandbox").enter(spec)
+    except OSError as e:
+        detail = (
+            f"could not give the job its read-only datasets ({e}). Datasets need a private"
+            " mount and PID namespace: run the agent as root, or allow unprivileged user"
+            " namespaces (sysctl kernel.unprivileged_userns_clone=1)"
+        )
+        print(f"gpuhop: {detail}", flush=True)
+        return {"exit_code": 1, "signal": None, "detail": detail}
+    if child == 0:
+        return None
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    if not os.path.exists(status_path):
+        _write_atomic(status_path, {**_outcome(status), "ended_at": time.time()})
+    sys.exit(0)
 
 
 if __name__ == "__main__":

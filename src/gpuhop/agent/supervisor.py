@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuhop.agent import procs
+from gpuhop.agent import jobdeps, procs
 from gpuhop.agent.blobs import BlobStore
 from gpuhop.agent.store import JobRecord, JobStore
 from gpuhop.api import JobState, ManifestEntry
@@ -137,8 +137,11 @@ class Supervisor:
         try:
             self._materialise(jp)
             env = job_environment(job, jp)
-            argv = resolve_command(job.command, jp.work, env.get("PATH", os.defpath), self.python)
+            deps = jobdeps.read(jp)
+            python = jobdeps.python(deps, self.python)
+            argv = resolve_command(job.command, jp.work, env.get("PATH", os.defpath), python)
             gang = self._write_gang(job, jp, env) if job.workers > 1 else []
+            gang += jobdeps.shim_args(deps, jp, self.paths)
             with open(jp.log, "ab") as logfile:
                 proc = subprocess.Popen(
                     [

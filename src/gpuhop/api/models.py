@@ -92,6 +92,40 @@ class TreeStored(WireModel):
     bytes: int
 
 
+DATASET_NAME_RULE = (
+    "a dataset name is 1-64 characters of letters, digits, '.', '_' or '-', starting with a"
+    " letter or digit"
+)
+
+
+def check_dataset_name(name: str) -> str:
+    if not NAME_RE.match(name):
+        raise ValueError(f"{name!r}: {DATASET_NAME_RULE}")
+    return name
+
+
+class DataMount(StrictModel):
+    """`--data NAME[:VERSION]=MOUNT`: a dataset, read-only at MOUNT in the job's work dir.
+    Without a version, the latest at submit time (the job's info shows which it got)."""
+
+    name: str
+    version: int | None = Field(default=None, ge=1)
+    mount: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_dataset_name(v)
+
+    @field_validator("mount")
+    @classmethod
+    def _mount(cls, v: str) -> str:
+        try:
+            return validate_relpath(v.rstrip("/"))
+        except ValueError as e:
+            raise ValueError(f"the mount point must lie inside the work dir: {e}") from None
+
+
 class SubmitRequest(StrictModel):
     """What `gpuhop run` asks for. `command[0]` ending in `.py` runs with the agent's Python."""
 
@@ -113,6 +147,13 @@ class SubmitRequest(StrictModel):
     # A share of one GPU, in MB: the job gets one GPU that other share jobs may use too,
     # and TensorFlow in the job is capped at this much of its memory.
     gpu_memory_mb: int | None = Field(default=None, ge=1, le=MAX_GPU_MEMORY_MB)
+    # Datasets mounted read-only in the work dir (see `DataMount`).
+    data: list[DataMount] = Field(default_factory=list, max_length=64)
+    # The text of a requirements file: the job runs in a venv with these packages, built
+    # once per set and interpreter and reused, that also sees the interpreter's packages.
+    requirements: str | None = Field(default=None, max_length=1_000_000)
+    # An interpreter on the host to run the job's script with (default: the agent's).
+    python: str | None = Field(default=None, min_length=1, max_length=4096)
 
     @model_validator(mode="after")
     def _workers(self) -> SubmitRequest:
@@ -220,6 +261,11 @@ class JobInfo(WireModel):
     gpu_memory_mb: int | None = None
     # The user who submitted it (None for jobs from an agent older than ownership).
     owner: str | None = None
+    # Datasets mounted in the job, as NAME:vVERSION=MOUNT.
+    data: list[str] = Field(default_factory=list)
+    # The id of the job's Python environment (requirements), and the interpreter it runs.
+    python_env: str | None = None
+    python: str | None = None
 
 
 class BlobCheck(StrictModel):

@@ -140,6 +140,27 @@ def run(
         Path("."), "--workdir", "-C", help="The directory to sync (default: this one)."
     ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the job's own output."),
+    data: list[str] = typer.Option(
+        [],
+        "--data",
+        metavar="NAME[:VERSION]=MOUNT",
+        help="Mount a dataset read-only at MOUNT in the work dir (repeatable; latest version"
+        " unless pinned, e.g. mnist:2=data).",
+    ),
+    requirements: Path | None = typer.Option(
+        None,
+        "--requirements",
+        "-r",
+        metavar="FILE",
+        help="Packages for the job's venv, built once per set on the host and reused; the"
+        " host's TensorFlow stays visible. Default: requirements.txt here, if any.",
+    ),
+    no_requirements: bool = typer.Option(
+        False, "--no-requirements", help="Ignore requirements.txt: run with the host's packages."
+    ),
+    python: str | None = typer.Option(
+        None, "--python", metavar="PATH", help="Run with this interpreter on the host."
+    ),
     on: str | None = OnOption,
 ) -> None:
     """Sync this directory to the GPU host, run a script there, and stream its output.
@@ -167,6 +188,9 @@ def run(
             gpus_per_worker=gpus_per_worker,
             worker_timeout=worker_timeout,
             gpu_memory=share_mb,
+            data=data,
+            requirements=False if no_requirements else requirements,
+            python=python,
         )
     except GpuhopError as e:
         fail(e.message)
@@ -273,6 +297,11 @@ def show(
         ("log", human_bytes(info.log_size)),
         ("metrics", format_metrics(info.latest_metrics)),
     ]
+    if info.data:
+        rows.insert(4, ("data", " ".join(info.data)))
+    if info.python_env or info.python:
+        env_text = f"env {info.python_env[:12]} from " if info.python_env else ""
+        rows.insert(4, ("python", f"{env_text}{info.python}"))
     if info.env:
         rows.insert(4, ("env", " ".join(f"{k}={v}" for k, v in info.env.items())))
     for key, value in rows:

@@ -37,6 +37,7 @@ from gpuhop.api import (
     validate_relpath,
 )
 from gpuhop.client import remotes
+from gpuhop.client.data import Datasets, Envs, parse_mount
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.sync import FileEntry, ScanResult, SyncError, scan
 from gpuhop.client.transport import Endpoint, local_endpoint
@@ -195,6 +196,9 @@ class Client:
         gpu_memory: str | int | None = None,
         on_hash: Progress | None = None,
         on_upload: Callable[[int, int], None] | None = None,
+        data: Sequence[str] = (),
+        requirements: str | os.PathLike[str] | bool | None = None,
+        python: str | None = None,
     ) -> Job:
         """Sync `workdir` and queue `command` there. Returns at once with a `Job` handle.
 
@@ -205,6 +209,12 @@ class Client:
         `gpus_per_worker` GPUs and its own TF_CONFIG. `gpu_memory` ("6GiB", "6144M", or an
         int of MB) asks for a share of one GPU instead of whole GPUs; the job's TensorFlow
         is capped at it.
+
+        `data` mounts datasets read-only in the work dir: "NAME[:VERSION]=MOUNT" each.
+        `requirements` is a requirements file for the job's own venv (built once per set on
+        the host, and seeing the host's packages); by default `requirements.txt` in
+        `workdir` if there is one, and False for none. `python` runs the job with another
+        interpreter on the host.
         """
         argv = shlex.split(command) if isinstance(command, str) else list(command)
         if not argv:
@@ -233,7 +243,12 @@ class Client:
             gpus_per_worker=gpus_per_worker,
             worker_timeout=worker_timeout,
             gpu_memory_mb=gpu_memory_mb,
+            data=[parse_mount(m) for m in data],
+            requirements=_requirements(requirements, root),
+            python=python,
         ).model_dump(mode="json", exclude_none=True)
+        if not body["data"]:
+            del body["data"]  # an older agent takes a request without it
         sent = (0, 0)
         try:
             response = self._request("POST", "/v1/jobs", json=body)
@@ -306,6 +321,16 @@ class Client:
                     ) from None
                 raise
         return len(todo), total
+
+    @property
+    def data(self) -> Datasets:
+        """Datasets on the agent: push, list, versions, files, remove."""
+        return Datasets(self)
+
+    @property
+    def envs(self) -> Envs:
+        """The Python environments the agent built for jobs: list, remove."""
+        return Envs(self)
 
     def job(self, ref: str) -> Job:
         """A handle on an existing job, by id, unique id prefix, or name."""
@@ -525,6 +550,25 @@ def _share_mb(gpu_memory: str | int | None, gpus: int) -> int | None:
             code="bad_request",
         )
     return mb
+
+
+def _requirements(value: str | os.PathLike[str] | bool | None, root: Path) -> str | None:
+    """The requirements text to send: a given file's, else the work dir's requirements.txt."""
+    if value is False:
+        return None
+    if value is None or value is True:
+        default = root / "requirements.txt"
+        if not default.is_file():
+            if value is True:
+                raise GpuhopError(f"there is no requirements.txt in {root}", code="bad_request")
+            return None
+        value = default
+    try:
+        return Path(value).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise GpuhopError(
+            f"cannot read the requirements file {value}: {e}", "bad_request"
+        ) from None
 
 
 def _quote(ref: str, safe: str = "") -> str:

@@ -14,6 +14,7 @@ from pathlib import Path
 from gpuhop.agent.auth import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
+from gpuhop.agent.services import deps
 from gpuhop.agent.store import AmbiguousJob, JobNotFound, JobRecord
 from gpuhop.api import (
     ArtifactEntry,
@@ -95,6 +96,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         latest_metrics=latest_metrics(jp.metrics),
         gpu_memory_mb=job.gpu_memory_mb,
         owner=job.owner,
+        **deps.info_fields(jp),
     )
 
 
@@ -200,9 +202,12 @@ def submit(rt: AgentContext, req: SubmitRequest, caller: Caller) -> JobInfo:
             {"tree": req.tree},
         )
     _check_command(rt, req)
+    tree_paths = {e["path"] for e in rt.trees.entries(req.tree)} if req.tree and req.data else set()
+    job_deps = deps.check(rt, req, tree_paths)
     # Everything the job needs is on disk before its row exists: the scheduler may pick up
     # a queued job at any moment.
     job_id, jp = _claim_job_dir(rt)
+    deps.store(jp, job_deps, req)
     if req.tree is not None:
         # The job keeps its own copy, so it never depends on the shared tree staying.
         shutil.copyfile(rt.trees.path(req.tree), jp.tree)

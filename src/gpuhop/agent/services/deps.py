@@ -1,0 +1,102 @@
+"""Runs in the agent: checks a submitted job's datasets, requirements and interpreter, and
+records what it resolved them to (see `gpuhop.agent.jobdeps`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuhop.agent import jobdeps
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.datasets import DatasetNotFound
+from gpuhop.agent.envs import EnvError, check_python
+from gpuhop.agent.errors import ApiError, not_found
+from gpuhop.agent.store import ACTIVE_STATES
+from gpuhop.api import ErrorCode, JobState, SubmitRequest
+from gpuhop.home import JobPaths
+
+
+def check(rt: AgentContext, req: SubmitRequest, tree_paths: set[str]) -> dict[str, Any]:
+    """Resolve the job's datasets (to exact versions) and environment, or raise a 4xx.
+    Runs before anything of the job is written, so a bad request leaves nothing behind."""
+    deps: dict[str, Any] = {}
+    if req.data:
+        deps["data"] = _mounts(rt, req, tree_paths)
+    python = None
+    if req.python is not None:
+        try:
+            python = check_python(req.python)
+        except EnvError as e:
+            raise ApiError(400, ErrorCode.bad_request, str(e)) from None
+        deps["python"] = python
+    if req.requirements is not None:
+        if "\x00" in req.requirements:
+            raise ApiError(400, ErrorCode.bad_request, "the requirements contain a NUL byte")
+        try:
+            deps["env"] = rt.envs.spec(python or rt.supervisor.python, req.requirements)
+        except EnvError as e:
+            raise ApiError(400, ErrorCode.bad_request, str(e)) from None
+    return deps
+
+
+def _mounts(rt: AgentContext, req: SubmitRequest, tree_paths: set[str]) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = []
+    for m in req.data:
+        for other in mounts:
+            a, b = m.mount, other["mount"]
+            if a == b or a.startswith(b + "/") or b.startswith(a + "/"):
+                raise ApiError(
+                    400, ErrorCode.bad_path, f"mount points {b} and {a} overlap; use separate ones"
+                )
+        for path in tree_paths:
+            if path == m.mount or m.mount.startswith(path + "/"):
+                raise ApiError(
+                    400,
+                    ErrorCode.bad_path,
+                    f"mount point {m.mount} collides with the synced file {path}",
+                )
+            if path.startswith(m.mount + "/"):
+                raise ApiError(
+                    400,
+                    ErrorCode.bad_path,
+                    f"mount point {m.mount} would hide synced files ({path}); mount the dataset"
+                    " elsewhere, or ignore those files (.gpuhopignore)",
+                )
+        try:
+            info = rt.datasets.info(m.name, m.version)
+        except DatasetNotFound as e:
+            raise not_found(str(e)) from None
+        source = rt.datasets.tree_path(info.name, info.version)
+        mounts.append(
+            {"name": info.name, "version": info.version, "mount": m.mount, "source": str(source)}
+        )
+    return mounts
+
+
+def store(jp: JobPaths, deps: dict[str, Any], req: SubmitRequest) -> None:
+    if not deps:
+        return
+    if req.requirements is not None:
+        (jp.root / "requirements.txt").write_text(req.requirements)
+    jobdeps.write(jp, deps)
+
+
+def info_fields(jp: JobPaths) -> dict[str, Any]:
+    """The job's datasets and environment, for its JobInfo."""
+    deps = jobdeps.read(jp)
+    if not deps:
+        return {}
+    return {
+        "data": [f"{d['name']}:v{d['version']}={d['mount']}" for d in deps.get("data", [])],
+        "python_env": deps["env"]["id"] if deps.get("env") else None,
+        "python": deps["env"]["python"] if deps.get("env") else deps.get("python"),
+    }
+
+
+def in_use(rt: AgentContext) -> list[tuple[str, dict[str, Any]]]:
+    """The deps of every job that is queued, starting or running: (job id, deps)."""
+    out = []
+    for job in rt.store.list([JobState.queued, *ACTIVE_STATES], limit=100_000):
+        deps = jobdeps.read(rt.supervisor.job_paths(job.id))
+        if deps:
+            out.append((job.id, deps))
+    return out

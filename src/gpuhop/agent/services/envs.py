@@ -1,0 +1,59 @@
+"""Runs in the agent: listing and removing the cached Python environments of jobs."""
+
+from __future__ import annotations
+
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.envs import older_than
+from gpuhop.agent.errors import ApiError, not_found
+from gpuhop.agent.services.deps import in_use
+from gpuhop.api import ErrorCode
+from gpuhop.api.data import EnvInfo
+
+
+def _users(rt: AgentContext) -> dict[str, list[str]]:
+    users: dict[str, list[str]] = {}
+    for job_id, deps in in_use(rt):
+        if deps.get("env"):
+            users.setdefault(deps["env"]["id"], []).append(job_id)
+    return users
+
+
+def list_all(rt: AgentContext) -> list[EnvInfo]:
+    users = _users(rt)
+    return [rt.envs.info(env_id, users.get(env_id, [])) for env_id in rt.envs.ids()]
+
+
+def remove(
+    rt: AgentContext, ref: str | None, unused: bool, older_than_seconds: float | None
+) -> list[str]:
+    """Remove one environment (by id or unique prefix), or with `unused` every one that no
+    queued or running job uses (and, with `older_than_seconds`, was last used before)."""
+    users = _users(rt)
+    ids = rt.envs.ids()
+    if ref is not None:
+        matches = [i for i in ids if i.startswith(ref.lower())] if ref else []
+        if not matches:
+            raise not_found(f"no environment matches {ref!r} (gpuhop env ls lists them)")
+        if len(matches) > 1:
+            raise ApiError(409, ErrorCode.ambiguous, f"{ref!r} matches {len(matches)} environments")
+        env_id = matches[0]
+        if env_id in users:
+            raise ApiError(
+                409,
+                ErrorCode.conflict,
+                f"environment {env_id[:12]} is in use by job(s) {', '.join(users[env_id])}",
+            )
+        if not rt.envs.remove(env_id):
+            raise ApiError(409, ErrorCode.conflict, f"environment {env_id[:12]} is being built")
+        return [env_id]
+    if not unused:
+        raise ApiError(400, ErrorCode.bad_request, "name an environment, or ask for unused ones")
+    removed = []
+    for env_id in ids:
+        if env_id in users:
+            continue
+        if older_than_seconds is not None and not older_than(rt.envs, env_id, older_than_seconds):
+            continue
+        if rt.envs.remove(env_id):
+            removed.append(env_id)
+    return removed

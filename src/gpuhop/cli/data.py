@@ -1,0 +1,217 @@
+"""Runs on the user's machine: `gpuhop data push | ls | show | rm` and `gpuhop env ls | rm`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from gpuhop.cli.connect import OnOption, client_for
+from gpuhop.cli.output import ago, err, fail, human_bytes, print_json, print_table, say
+from gpuhop.client import GpuhopError
+from gpuhop.client.data import PushResult
+
+app = typer.Typer(
+    help="Datasets kept on the GPU host: pushed once, re-pushed as changes only, mounted"
+    " read-only into jobs with `gpuhop run --data NAME=MOUNT`.",
+    no_args_is_help=True,
+)
+env_app = typer.Typer(
+    help="The Python environments the agent built for jobs' requirements (one per set).",
+    no_args_is_help=True,
+)
+
+
+def _ref(text: str) -> tuple[str, int | None]:
+    name, colon, version = text.partition(":")
+    number = version[1:] if version[:1] in ("v", "V") else version
+    if colon and not number.isdigit():
+        fail(f"{text}: give a dataset as NAME or NAME:VERSION (3 or v3)")
+    return name, int(number) if colon else None
+
+
+def _push_with_progress(path: Path, name: str, on: str | None, quiet: bool) -> PushResult:
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TaskID,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    columns = (
+        TextColumn("{task.description:>9}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    with client_for(on) as client, Progress(*columns, console=err, disable=quiet) as bar:
+        tasks: dict[str, TaskID] = {}
+
+        def progress(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=total)
+            bar.update(tasks[phase], completed=done, total=total)
+
+        try:
+            return client.data.push(path, name, on_progress=progress)
+        except GpuhopError as e:
+            fail(e.message)
+
+
+@app.command()
+def push(
+    path: Path = typer.Argument(..., help="A file or directory to upload."),
+    name: str = typer.Option(..., "--name", "-n", help="The dataset's name."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    on: str | None = OnOption,
+) -> None:
+    """Upload a file or directory as a dataset; only chunks the host lacks travel.
+
+    A push under an existing name makes a new version (v1, v2, ...), unless the content
+    equals the latest version's: then no version is made. An interrupted push resumes
+    where it stopped when run again.
+    """
+    r = _push_with_progress(path, name, on, quiet)
+    what = f"{name} v{r.info.version}" + ("" if r.info.new else " (unchanged: no new version)")
+    say(
+        f"{what}: {r.files} files, {human_bytes(r.bytes)} in {r.chunks} chunks; sent"
+        f" {r.chunks_sent} chunks, {human_bytes(r.bytes_sent)} ({human_bytes(r.wire_bytes)} on"
+        f" the wire) in {r.seconds:.1f}s"
+    )
+
+
+@app.command("ls")
+def ls(
+    json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    on: str | None = OnOption,
+) -> None:
+    """List datasets: each version, its size and age."""
+    with client_for(on) as client:
+        try:
+            infos = client.data.list()
+        except GpuhopError as e:
+            fail(e.message)
+    if json_out:
+        print_json([i.model_dump(mode="json") for i in infos])
+        return
+    if not infos:
+        say("no datasets yet; upload one with: gpuhop data push DIR --name NAME")
+        return
+    print_table(
+        ("NAME", "VERSION", "FILES", "SIZE", "CREATED"),
+        [
+            (i.name, f"v{i.version}", str(i.files), human_bytes(i.bytes), ago(i.created_at))
+            for i in infos
+        ],
+    )
+
+
+@app.command()
+def show(
+    dataset: str = typer.Argument(..., metavar="NAME[:VERSION]"),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    on: str | None = OnOption,
+) -> None:
+    """Show a dataset's versions and the files of one (the latest by default)."""
+    name, version = _ref(dataset)
+    with client_for(on) as client:
+        try:
+            versions = client.data.versions(name)
+            files = client.data.files(name, version)
+        except GpuhopError as e:
+            fail(e.message)
+    if json_out:
+        print_json({"versions": [v.model_dump(mode="json") for v in versions], "files": files})
+        return
+    for v in versions:
+        say(f"{name} v{v.version}: {v.files} files, {human_bytes(v.bytes)}, {ago(v.created_at)}")
+    print_table(
+        ("SIZE", "CHUNKS", "PATH"),
+        [(human_bytes(int(str(f["size"]))), str(f["chunks"]), str(f["path"])) for f in files],
+    )
+
+
+@app.command()
+def rm(
+    dataset: str = typer.Argument(..., metavar="NAME[:VERSION]"),
+    on: str | None = OnOption,
+) -> None:
+    """Remove a dataset version, or all versions of a dataset.
+
+    Its assembled copy goes; its chunks stay in the host's blob store (garbage collection of
+    unreferenced chunks is not done yet), so pushing it again sends nothing.
+    """
+    name, version = _ref(dataset)
+    with client_for(on) as client:
+        try:
+            removed = client.data.remove(name, version)
+        except GpuhopError as e:
+            fail(e.message)
+    say(f"removed {name} " + ", ".join(f"v{v}" for v in removed))
+
+
+@env_app.command("ls")
+def env_ls(
+    json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    on: str | None = OnOption,
+) -> None:
+    """List the environments: requirements, size, last use, jobs using them."""
+    with client_for(on) as client:
+        try:
+            envs = client.envs.list()
+        except GpuhopError as e:
+            fail(e.message)
+    if json_out:
+        print_json([e.model_dump(mode="json") for e in envs])
+        return
+    if not envs:
+        say("no environments yet; a job with a requirements.txt makes one")
+        return
+    print_table(
+        ("ID", "SIZE", "BUILT", "LAST USED", "JOBS", "PYTHON", "REQUIREMENTS"),
+        [
+            (
+                e.id[:12],
+                human_bytes(e.size) if e.ready else "building",
+                ago(e.created_at),
+                ago(e.last_used),
+                ",".join(e.jobs) or "-",
+                e.python,
+                " ".join(line for line in e.requirements.splitlines() if line.strip()),
+            )
+            for e in envs
+        ],
+    )
+
+
+@env_app.command("rm")
+def env_rm(
+    env_id: str | None = typer.Argument(None, metavar="[ID]", help="An id or unique prefix."),
+    unused: bool = typer.Option(
+        False, "--unused", help="Remove every environment no queued or running job uses."
+    ),
+    older_than: float | None = typer.Option(
+        None, "--older-than", metavar="DAYS", help="With --unused: only those idle this long."
+    ),
+    on: str | None = OnOption,
+) -> None:
+    """Remove an environment, or the unused ones; a job that needs one again rebuilds it."""
+    if (env_id is None) == (not unused):
+        fail("give an environment ID, or --unused")
+    with client_for(on) as client:
+        try:
+            removed = client.envs.remove(
+                env_id, unused, None if older_than is None else older_than * 86400
+            )
+        except GpuhopError as e:
+            fail(e.message)
+    say(f"removed {len(removed)} environment(s)" + "".join(f"\n  {r[:12]}" for r in removed))
+
+
+def register(main: typer.Typer) -> None:
+    main.add_typer(app, name="data")
+    main.add_typer(env_app, name="env")

@@ -1,0 +1,315 @@
+"""Runs on the user's machine: datasets in the SDK (`client.data`) and the environment cache
+(`client.envs`).
+
+A push chunks every file (content-defined, see `chunking`), asks the agent which chunks it
+lacks, and sends only those, compressed where that pays, in batches: an interrupted push
+loses at most one batch, and the next push sends only what is still missing. Chunk lists
+are cached per file (keyed on size, mtime, ctime and inode), so re-pushing an unchanged
+tree reads no file. Memory stays at about one chunk per file in flight, whatever the size.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import json
+import os
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+from pydantic import ValidationError
+
+from gpuhop.api.data import CHUNK_HEADER, MISSING_BATCH, DatasetInfo, EnvInfo
+from gpuhop.api.models import DataMount
+from gpuhop.client.chunking import chunk_file, encode
+from gpuhop.client.errors import GpuhopError
+from gpuhop.client.sync import RACY_WINDOW_NS
+
+if TYPE_CHECKING:
+    from gpuhop.client.client import Client
+
+UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
+# (phase, done, total): phase "chunking" counts bytes read, "uploading" raw bytes sent.
+PushProgress = Callable[[str, int, int], None]
+
+
+@dataclass
+class _File:
+    path: str
+    abspath: str
+    size: int
+    executable: bool
+    key: list[int]  # size, mtime_ns, ctime_ns, inode
+    chunks: list[tuple[int, str]] | None = None  # (size, digest)
+
+
+@dataclass
+class PushResult:
+    """What a push did: the version it made (or found), and what travelled."""
+
+    info: DatasetInfo
+    files: int
+    bytes: int
+    chunks: int
+    chunks_sent: int
+    bytes_sent: int  # chunk bytes before compression
+    wire_bytes: int  # what went over the connection
+    files_chunked: int  # files read (not found unchanged in the cache)
+    seconds: float
+
+
+def _walk(root: Path) -> list[_File]:
+    if not root.exists():
+        raise GpuhopError(f"{root} does not exist", code="bad_request")
+    if root.is_file():
+        entries = [(root.name, root)]
+    else:
+        entries = []
+        for dirpath, dirs, names in os.walk(root):
+            dirs.sort()
+            for name in sorted(names) + [d for d in dirs if os.path.islink(Path(dirpath, d))]:
+                full = Path(dirpath, name)
+                entries.append((full.relative_to(root).as_posix(), full))
+    files = []
+    for rel, full in entries:
+        try:
+            st = full.stat()  # follows a link to a file: its content is pushed
+        except OSError as e:
+            raise GpuhopError(f"{full}: {e.strerror}", code="bad_request") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise GpuhopError(
+                f"{full} is a link to a directory or not a regular file; datasets hold files",
+                code="bad_request",
+            )
+        key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+        executable = bool(st.st_mode & stat.S_IXUSR)
+        files.append(_File(rel, str(full), st.st_size, executable, key))
+    return files
+
+
+class _ChunkCache:
+    def __init__(self, cache_dir: Path, root: Path):
+        digest = hashlib.sha256(str(root.absolute()).encode()).hexdigest()[:24]
+        self.path = cache_dir / "datasets" / f"{digest}.json"
+        try:
+            self.entries: dict[str, list] = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.entries = {}
+
+    def get(self, f: _File) -> list[tuple[int, str]] | None:
+        hit = self.entries.get(f.path)
+        if hit is None or hit[0] != f.key:
+            return None
+        return [(size, digest) for size, digest in hit[1]]
+
+    def save(self, files: list[_File]) -> None:
+        racy = time.time_ns() - RACY_WINDOW_NS
+        self.entries = {f.path: [f.key, f.chunks] for f in files if f.key[1] < racy}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.entries, separators=(",", ":")))
+        os.replace(tmp, self.path)
+
+
+class Datasets:
+    """`client.data`: push, list, show and remove datasets on the agent."""
+
+    def __init__(self, client: Client):
+        self.client = client
+
+    def push(
+        self, path: str | os.PathLike[str], name: str, on_progress: PushProgress | None = None
+    ) -> PushResult:
+        """Upload a file or directory as dataset `name`: a new version, or, when the content
+        equals the latest version's, that version (`result.info.new` is False)."""
+        started = time.perf_counter()
+        root = Path(path).absolute()
+        files = _walk(root)
+        cache = _ChunkCache(self.client.cache_dir, root)
+        todo = sum(f.size for f in files if cache.get(f) is None)
+        done = chunked = 0
+        for f in files:
+            f.chunks = cache.get(f)
+            if f.chunks is None:
+                f.chunks = [(c.size, c.digest) for c in chunk_file(f.abspath)]
+                chunked += 1
+                done += f.size
+                if on_progress is not None:
+                    on_progress("chunking", done, todo)
+        cache.save(files)
+        digests = list(dict.fromkeys(d for f in files for _, d in f.chunks or ()))
+        missing = set(self._missing(digests))
+        sent = self._upload(files, missing, on_progress)
+        manifest = {
+            "files": [
+                {
+                    "path": f.path,
+                    "size": f.size,
+                    "executable": f.executable,
+                    "chunks": [d for _, d in f.chunks or ()],
+                }
+                for f in files
+            ]
+        }
+        response = self.client._request(
+            "POST",
+            f"/v1/datasets/{_quote(name)}",
+            content=json.dumps(manifest, separators=(",", ":")).encode(),
+            headers={"content-type": "application/json"},
+            timeout=httpx.Timeout(3600.0, connect=5.0),
+        )
+        return PushResult(
+            info=DatasetInfo.model_validate(response.json()),
+            files=len(files),
+            bytes=sum(f.size for f in files),
+            chunks=len(digests),
+            chunks_sent=sent[0],
+            bytes_sent=sent[1],
+            wire_bytes=sent[2],
+            files_chunked=chunked,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _missing(self, digests: list[str]) -> list[str]:
+        missing: list[str] = []
+        for i in range(0, len(digests), MISSING_BATCH):
+            body = {"digests": digests[i : i + MISSING_BATCH]}
+            missing += self.client._request("POST", "/v1/blobs/missing", json=body).json()[
+                "missing"
+            ]
+        return missing
+
+    def _upload(
+        self, files: list[_File], missing: set[str], on_progress: PushProgress | None
+    ) -> tuple[int, int, int]:
+        """Send the missing chunks in batches. Returns (chunks, raw bytes, wire bytes)."""
+        plan: list[tuple[_File, int, int, str]] = []  # file, offset, size, digest
+        for f in files:
+            offset = 0
+            for size, digest in f.chunks or ():
+                if digest in missing:
+                    plan.append((f, offset, size, digest))
+                    missing.discard(digest)  # a chunk shared by several files travels once
+                offset += size
+        total = sum(size for _, _, size, _ in plan)
+        counts = [0, 0, 0]
+        batch: list[tuple[_File, int, int, str]] = []
+        batch_bytes = 0
+        for item in plan:
+            batch.append(item)
+            batch_bytes += item[2]
+            if batch_bytes >= UPLOAD_BATCH_BYTES:
+                self._send(batch, counts, total, on_progress)
+                batch, batch_bytes = [], 0
+        if batch:
+            self._send(batch, counts, total, on_progress)
+        return counts[0], counts[1], counts[2]
+
+    def _send(
+        self,
+        batch: list[tuple[_File, int, int, str]],
+        counts: list[int],
+        total: int,
+        on_progress: PushProgress | None,
+    ) -> None:
+        def body() -> Iterator[bytes]:
+            for f, offset, size, digest in batch:
+                with open(f.abspath, "rb") as fh:
+                    fh.seek(offset)
+                    data = fh.read(size)
+                if hashlib.sha256(data).hexdigest() != digest:
+                    raise GpuhopError(
+                        f"{f.path} changed while it was being pushed; push again",
+                        code="bad_request",
+                    )
+                encoding, payload = encode(data)
+                counts[0] += 1
+                counts[1] += size
+                counts[2] += CHUNK_HEADER.size + len(payload)
+                if on_progress is not None:
+                    on_progress("uploading", counts[1], total)
+                yield CHUNK_HEADER.pack(bytes.fromhex(digest), size, len(payload), encoding)
+                yield payload
+
+        self.client._request(
+            "POST",
+            "/v1/chunks/upload",
+            content=body(),
+            timeout=httpx.Timeout(600.0, connect=5.0),
+        )
+
+    def list(self) -> list[DatasetInfo]:
+        """Every version of every dataset."""
+        response = self.client._request("GET", "/v1/datasets")
+        return [DatasetInfo.model_validate(d) for d in response.json()]
+
+    def versions(self, name: str) -> builtins.list[DatasetInfo]:
+        response = self.client._request("GET", f"/v1/datasets/{_quote(name)}")
+        return [DatasetInfo.model_validate(d) for d in response.json()]
+
+    def files(self, name: str, version: int | None = None) -> builtins.list[dict[str, object]]:
+        """The files of a version (the latest without `version`): path, size, chunks."""
+        params = {"version": version} if version else {}
+        response = self.client._request("GET", f"/v1/datasets/{_quote(name)}/files", params=params)
+        files: builtins.list[dict[str, object]] = response.json()
+        return files
+
+    def remove(self, name: str, version: int | None = None) -> builtins.list[int]:
+        """Remove one version, or every version; returns the versions removed. The chunks
+        stay in the agent's blob store (garbage collection is not done yet)."""
+        params = {"version": version} if version else {}
+        response = self.client._request("DELETE", f"/v1/datasets/{_quote(name)}", params=params)
+        removed: builtins.list[int] = response.json()["removed"]
+        return removed
+
+
+class Envs:
+    """`client.envs`: the Python environments the agent built for jobs' requirements."""
+
+    def __init__(self, client: Client):
+        self.client = client
+
+    def list(self) -> list[EnvInfo]:
+        return [EnvInfo.model_validate(e) for e in self.client._request("GET", "/v1/envs").json()]
+
+    def remove(
+        self, env_id: str | None = None, unused: bool = False, older_than: float | None = None
+    ) -> builtins.list[str]:
+        """Remove one environment, or every one no queued or running job uses (`unused`),
+        optionally only those last used more than `older_than` seconds ago."""
+        params: dict[str, str | float | bool] = {"unused": unused}
+        if env_id is not None:
+            params["id"] = env_id
+        if older_than is not None:
+            params["older_than"] = older_than
+        removed: builtins.list[str] = self.client._request(
+            "DELETE", "/v1/envs", params=params
+        ).json()["removed"]
+        return removed
+
+
+def parse_mount(text: str) -> DataMount:
+    """`NAME[:VERSION]=MOUNT` (VERSION as 3 or v3) -> a DataMount; GpuhopError if malformed."""
+    spec, sep, mount = text.partition("=")
+    name, colon, version = spec.partition(":")
+    if not sep or not name or not mount:
+        raise GpuhopError(f"--data takes NAME[:VERSION]=MOUNT, got {text!r}", code="bad_request")
+    number = version[1:] if version[:1] in ("v", "V") else version
+    if colon and not number.isdigit():
+        raise GpuhopError(f"--data {text}: the version must be a number like 3 or v3")
+    try:
+        return DataMount(name=name, version=int(number) if colon else None, mount=mount)
+    except ValidationError as e:
+        reasons = "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors())
+        raise GpuhopError(f"--data {text}: {reasons}", code="bad_request") from None
+
+
+def _quote(name: str) -> str:
+    from urllib.parse import quote
+
+    return quote(name, safe="")

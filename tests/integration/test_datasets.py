@@ -1,0 +1,241 @@
+"""Datasets on a real agent: pushes send only what changed, jobs read them and cannot
+change them, and bad input is refused with nothing stored harmed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpuhop.api import JobState
+from gpuhop.client import GpuhopError
+from gpuhop.client import data as data_module
+from tests.conftest import wait_until
+
+
+def make_tree(root: Path, seed: int = 1) -> Path:
+    rng = random.Random(seed)
+    for i in range(6):
+        path = root / f"part{i % 2}" / f"file{i}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rng.randbytes(rng.randint(1000, 200_000)))
+    (root / "big.bin").write_bytes(rng.randbytes(6 * 1024 * 1024))
+    (root / "labels.csv").write_text(
+        "id,label\n" + "".join(f"{i},{(i + seed) % 10}\n" for i in range(5000))
+    )
+    for path in root.rglob("*"):
+        age(path)
+    return root
+
+
+def age(path: Path) -> None:
+    """Date a file an hour back: files changed in the last two seconds are never cached."""
+    past = time.time() - 3600
+    os.utime(path, (past, past))
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_a_second_push_sends_only_the_changed_file(shared_agent, tmp_path):
+    tree = make_tree(tmp_path / "ds")
+    with shared_agent.client() as client:
+        first = client.data.push(tree, "only-changes")
+        assert first.info.version == 1 and first.info.new
+        assert first.chunks_sent == first.chunks and first.bytes_sent == first.bytes
+        assert first.wire_bytes < first.bytes  # labels.csv compresses
+
+        same = client.data.push(tree, "only-changes")
+        assert (same.info.version, same.info.new, same.chunks_sent) == (1, False, 0)
+        assert same.files_chunked == 0  # nothing was read again: the chunk cache held
+
+        changed = tree / "part1" / "file3.bin"
+        changed.write_bytes(b"new content" * 1000)
+        age(changed)
+        second = client.data.push(tree, "only-changes")
+        assert (second.info.version, second.info.new) == (2, True)
+        assert (second.chunks_sent, second.bytes_sent) == (1, 11_000)
+
+        # A small change inside the 6 MiB file: only the chunk around it travels.
+        big = tree / "big.bin"
+        content = bytearray(big.read_bytes())
+        content[3_000_000:3_000_004] = b"edit"
+        big.write_bytes(content)
+        age(big)
+        third = client.data.push(tree, "only-changes")
+        assert third.info.version == 3
+        assert 1 <= third.chunks_sent <= 2 and third.bytes_sent < len(content) / 2
+
+        assert [v.version for v in client.data.versions("only-changes")] == [1, 2, 3]
+        stored = shared_agent.home / "datasets" / "only-changes" / "v3"
+        assert tree_digest(stored) == tree_digest(tree)
+        files = {f["path"]: f for f in client.data.files("only-changes", 1)}
+        assert files["part1/file3.bin"]["size"] != 11_000
+
+
+def test_an_interrupted_push_resumes_without_resending(shared_agent, tmp_path, monkeypatch):
+    tree = make_tree(tmp_path / "ds", seed=2)
+    monkeypatch.setattr(data_module, "UPLOAD_BATCH_BYTES", 1)  # one chunk per request
+
+    class Interrupted(Exception):
+        pass
+
+    def stop_after_three(phase: str, done: int, total: int) -> None:
+        if phase == "uploading" and calls.append(done) is None and len(calls) > 3:
+            raise Interrupted
+
+    calls: list[int] = []
+    with shared_agent.client() as client:
+        with pytest.raises(Interrupted):
+            client.data.push(tree, "resumed", on_progress=stop_after_three)
+        with pytest.raises(GpuhopError):
+            client.data.versions("resumed")
+        result = client.data.push(tree, "resumed")
+    assert result.info.version == 1
+    assert result.chunks_sent == result.chunks - 3
+
+
+def test_a_job_reads_a_mounted_dataset_and_cannot_change_it(shared_agent, project, tmp_path):
+    tree = make_tree(tmp_path / "ds", seed=3)
+    stored = shared_agent.home / "datasets" / "frozen" / "v1"
+    script = f"""
+import os, sys
+from pathlib import Path
+d = Path("data/in")
+print("files", sorted(p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file()))
+print("labels", (d / "labels.csv").read_text().splitlines()[1])
+attempts = {{
+    "write": lambda: open(d / "labels.csv", "a").write("x"),
+    "truncate": lambda: open(d / "big.bin", "r+b").truncate(0),
+    "chmod": lambda: os.chmod(d / "labels.csv", 0o666),
+    "rename": lambda: os.rename(d / "labels.csv", d / "x.csv"),
+    "delete": lambda: os.unlink(d / "big.bin"),
+    "create": lambda: open(d / "new.txt", "w"),
+    "mkdir": lambda: os.mkdir(d / "newdir"),
+    "rmdir": lambda: os.rmdir(d / "part0"),
+    "unmount": lambda: os.system("umount data/in 2>/dev/null") == 0 or 1 / 0,
+    "stored copy": lambda: open("{stored}/labels.csv", "a").write("x"),
+    "stored chmod": lambda: os.chmod("{stored}/labels.csv", 0o666),
+}}
+for what, attempt in attempts.items():
+    try:
+        attempt()
+        print(what, "ALLOWED")
+    except (OSError, ZeroDivisionError) as e:
+        print(what, "refused")
+Path("scratch.txt").write_text("the work dir stays writable")
+print("wrote scratch")
+"""
+    root = project({"job.py": script})
+    with shared_agent.client() as client:
+        client.data.push(tree, "frozen")
+        before = tree_digest(stored)
+        job = client.submit(["job.py"], workdir=root, data=["frozen:1=data/in"])
+        info = job.wait(timeout=60)
+        out = b"".join(job.logs()).decode()
+    assert info.state == JobState.succeeded, out
+    assert info.data == ["frozen:v1=data/in"]
+    assert "ALLOWED" not in out, out
+    assert out.count("refused") == 11
+    assert "labels 0,3" in out and "wrote scratch" in out
+    assert f"files {sorted(tree_digest(tree))}" in out
+    assert tree_digest(stored) == before == tree_digest(tree)
+    assert all(not os.access(p, os.W_OK) or os.getuid() == 0 for p in stored.rglob("*"))
+
+
+def test_a_dataset_in_use_cannot_be_removed(shared_agent, project, tmp_path):
+    tree = make_tree(tmp_path / "ds", seed=4)
+    gate = tmp_path / "go"
+    root = project(
+        {
+            "job.py": f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n"
+            "    time.sleep(0.02)\n"
+        }
+    )
+    with shared_agent.client() as client:
+        client.data.push(tree, "busy")
+        job = client.submit(["job.py"], workdir=root, data=["busy=d"])
+        wait_until(lambda: job.refresh().state == JobState.running)
+        with pytest.raises(GpuhopError, match="in use by job") as e:
+            client.data.remove("busy")
+        assert e.value.status == 409
+        gate.touch()
+        assert job.wait(timeout=60).state == JobState.succeeded
+        assert client.data.remove("busy") == [1]
+        assert "busy" not in {d.name for d in client.data.list()}
+    assert not (shared_agent.home / "datasets" / "busy").exists()
+
+
+def test_bad_input_is_refused_and_harms_nothing(shared_agent, project, tmp_path):
+    tree = make_tree(tmp_path / "ds", seed=5)
+    stored = shared_agent.home / "datasets" / "kept"
+    root = project({"job.py": "print('hi')\n", "taken/file.txt": "x"})
+    http = httpx.Client(
+        transport=httpx.HTTPTransport(uds=str(shared_agent.paths.socket)),
+        base_url="http://gpuhop",
+    )
+    with shared_agent.client() as client, http:
+        client.data.push(tree, "kept")
+        before = tree_digest(stored)
+        chunk = client.data.files("kept")[0]
+
+        def manifest(path: str) -> bytes:
+            entry = {"path": path, "size": 1, "chunks": ["a" * 64]}
+            return json.dumps({"files": [entry]}).encode()
+
+        for name in ("bad name", ".hidden", "x" * 65):
+            r = http.post(f"/v1/datasets/{name}", content=manifest("a"))
+            assert r.status_code == 400 and "dataset name" in r.json()["message"]
+        for path in ("../escape", "/etc/passwd", "a/../../b", "a//b"):
+            r = http.post("/v1/datasets/kept", content=manifest(path))
+            assert r.status_code == 422, r.text
+            assert path in r.json()["message"] or "path" in r.json()["message"]
+        r = http.post("/v1/datasets/kept", content=manifest("fine.txt"))
+        assert r.status_code == 409 and r.json()["code"] == "missing_blobs"
+        r = http.post("/v1/datasets/kept", content=b"{not json")
+        assert r.status_code == 422
+
+        job = client.submit(["job.py"], workdir=root)  # stores the project's tree
+        tree = _tree_digest(shared_agent, job.id)
+        jobs_before = len(client.jobs())
+        bad_mounts = [
+            ({"name": "nosuch", "mount": "data"}, 404, "no dataset named 'nosuch'"),
+            ({"name": "kept", "version": 9, "mount": "data"}, 404, "has no version 9"),
+            ({"name": "kept", "mount": "../outside"}, 422, "inside the work dir"),
+            ({"name": "kept", "mount": "/abs"}, 422, "inside the work dir"),
+            ({"name": "kept", "mount": "a/../../b"}, 422, "inside the work dir"),
+            ({"name": "bad name", "mount": "d"}, 422, "dataset name"),
+            ({"name": "kept", "mount": "taken"}, 400, "would hide synced files"),
+            ({"name": "kept", "mount": "taken/file.txt"}, 400, "collides with the synced file"),
+            ({"name": "kept", "mount": "job.py/x"}, 400, "collides with the synced file"),
+        ]
+        for mount, status, words in bad_mounts:
+            body = {"command": ["job.py"], "tree": tree, "data": [mount]}
+            r = http.post("/v1/jobs", json=body)
+            assert r.status_code == status, (mount, r.text)
+            assert words in r.json()["message"], (mount, r.text)
+        two = [{"name": "kept", "mount": "d"}, {"name": "kept", "mount": "d/e"}]
+        r = http.post("/v1/jobs", json={"command": ["job.py"], "tree": tree, "data": two})
+        assert r.status_code == 400 and "overlap" in r.json()["message"]
+        assert len(client.jobs()) == jobs_before
+        with pytest.raises(GpuhopError, match="NAME\\[:VERSION\\]=MOUNT"):
+            client.submit(["true"], workdir=root, data=["kept"])
+        assert [v.version for v in client.data.versions("kept")] == [1]
+        assert chunk == client.data.files("kept")[0]
+    assert tree_digest(stored) == before
+
+
+def _tree_digest(agent, job_id: str) -> str:
+    raw = (agent.home / "jobs" / job_id / "tree.json").read_bytes()
+    return hashlib.sha256(raw).hexdigest()

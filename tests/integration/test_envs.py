@@ -1,0 +1,163 @@
+"""Python environments for jobs' requirements on a real agent, installed by real pip from a
+wheel built here (no package index is reached: PIP_NO_INDEX and PIP_FIND_LINKS go through
+the job's environment)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuhop.api import JobState
+from gpuhop.client import GpuhopError
+from tests.conftest import wait_until
+
+SCRIPT = """
+import sys, tinypkg, pydantic
+print("tinypkg", tinypkg.VALUE)
+print("host package from", pydantic.__file__)
+print("prefix", sys.prefix)
+"""
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding tinypkg-1.0, a one-module package built with pip wheel."""
+    root = tmp_path_factory.mktemp("wheels")
+    src = root / "src"
+    (src / "tinypkg").mkdir(parents=True)
+    (src / "setup.py").write_text(
+        "from setuptools import setup\nsetup(name='tinypkg', version='1.0', packages=['tinypkg'])\n"
+    )
+    (src / "tinypkg" / "__init__.py").write_text("VALUE = 42\n")
+    out = root / "dist"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        check=True,
+    )
+    return out
+
+
+def pip_env(wheels: Path) -> dict[str, str]:
+    return {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}
+
+
+def run(client, root: Path, wheels: Path, **kwargs):
+    job = client.submit(["job.py"], workdir=root, env=pip_env(wheels), **kwargs)
+    info = job.wait(timeout=180)
+    return job, info, b"".join(job.logs()).decode()
+
+
+def test_an_environment_is_built_once_and_reused(shared_agent, project, wheels, tmp_path):
+    root = project({"job.py": SCRIPT, "requirements.txt": "tinypkg==1.0\n"})
+    with shared_agent.client() as client:
+        _, info, out = run(client, root, wheels)
+        assert info.state == JobState.succeeded, out
+        assert "building environment" in out and "tinypkg 42" in out
+        assert "Successfully installed tinypkg-1.0" in out
+        # The host's packages (here pydantic, on a GPU host TensorFlow) come from the host.
+        host_site = Path(pydantic_file()).parent.parent
+        assert f"host package from {host_site}" in out
+        assert info.python_env is not None
+        assert f"prefix {shared_agent.home / 'envs' / info.python_env}" in out
+
+        other = tmp_path / "other"
+        other.mkdir()
+        (other / "job.py").write_text(SCRIPT)
+        (other / "reqs.txt").write_text("tinypkg==1.0\n")
+        _, info2, out2 = run(client, other, wheels, requirements=other / "reqs.txt")
+        assert info2.state == JobState.succeeded, out2
+        assert "building" not in out2 and "reused, not built again" in out2
+        assert info2.python_env == info.python_env
+        envs = {e.id: e for e in client.envs.list()}
+        assert envs[info.python_env].ready and "tinypkg==1.0" in envs[info.python_env].requirements
+
+        _, info3, out3 = run(client, root, wheels, requirements=False)
+        assert info3.state == JobState.failed and "No module named 'tinypkg'" in out3
+
+
+def pydantic_file() -> str:
+    import pydantic
+
+    return pydantic.__file__
+
+
+def test_jobs_asking_at_once_build_it_once(shared_agent, project, wheels):
+    root = project({"job.py": SCRIPT, "requirements.txt": "# at once\ntinypkg==1.0\n"})
+    with shared_agent.client() as client:
+        jobs = [client.submit(["job.py"], workdir=root, env=pip_env(wheels)) for _ in range(2)]
+        logs = []
+        for job in jobs:
+            assert job.wait(timeout=180).state == JobState.succeeded
+            logs.append(b"".join(job.logs()).decode())
+    assert sum("gpuhop: building environment" in log for log in logs) == 1, logs
+    assert sum("reused, not built again" in log for log in logs) == 1, logs
+
+
+def test_a_bad_requirements_file_fails_the_job_with_pips_error(shared_agent, project, wheels):
+    root = project({"job.py": SCRIPT, "requirements.txt": "nosuchpkg==9.9\n"})
+    with shared_agent.client() as client:
+        _, info, out = run(client, root, wheels)
+    assert info.state == JobState.failed
+    assert info.reason is not None
+    assert "could not build the job's Python environment: pip install exited with 1" in info.reason
+    assert "No matching distribution found for nosuchpkg==9.9" in out
+    assert "tinypkg" not in out.split("could not build")[-1]  # the script never ran
+    with shared_agent.client() as client:
+        assert info.python_env not in {e.id for e in client.envs.list()}
+
+
+def test_python_picks_the_interpreter_and_is_checked(shared_agent, project):
+    root = project({"job.py": "import sys\nprint('python', sys.executable)\n"})
+    with shared_agent.client() as client:
+        for bad, words in (("/no/such/python", "no executable file"), ("python3", "absolute")):
+            with pytest.raises(GpuhopError, match=words) as e:
+                client.submit(["job.py"], workdir=root, python=bad)
+            assert e.value.status == 400
+        job = client.submit(["job.py"], workdir=root, python=sys.executable)
+        assert job.wait(timeout=60).state == JobState.succeeded
+        assert f"python {sys.executable}" in b"".join(job.logs()).decode()
+        assert job.info.python == sys.executable
+
+
+def test_env_rm_keeps_what_jobs_use(make_agent, project, wheels, tmp_path):
+    agent = make_agent()
+    gate = tmp_path / "go"
+    waiting = f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.02)\n"
+    used = project({"job.py": waiting, "requirements.txt": "tinypkg==1.0\n"})
+    idle = tmp_path / "idle"
+    idle.mkdir()
+    (idle / "job.py").write_text("print('done')\n")
+    (idle / "requirements.txt").write_text("# idle\ntinypkg==1.0\n")
+    with agent.client() as client:
+        _, done, _ = run(client, idle, wheels)
+        busy = client.submit(["job.py"], workdir=used, env=pip_env(wheels))
+        # The job runs once its environment is built; it then waits for the gate.
+        wait_until(lambda: "gpuhop: built environment" in b"".join(busy.logs()).decode(), 120)
+        busy_env = busy.refresh().python_env
+        assert busy_env is not None and done.python_env is not None
+        with pytest.raises(GpuhopError, match="in use by job") as e:
+            client.envs.remove(busy_env)
+        assert e.value.status == 409
+        assert client.envs.remove(unused=True, older_than=86400) == []
+        assert client.envs.remove(unused=True) == [done.python_env]
+        assert {e.id for e in client.envs.list()} == {busy_env}
+        gate.touch()
+        assert busy.wait(timeout=60).state == JobState.succeeded
+        assert client.envs.remove(busy_env[:10]) == [busy_env]
+        assert client.envs.list() == []
+    assert not any((agent.home / "envs").glob("*/"))
