@@ -44,7 +44,7 @@ def render(checks: list[DoctorCheck]) -> None:
     from rich.console import Console
     from rich.markup import escape
 
-    out = Console(highlight=False)
+    out = Console(highlight=False, emoji=False)
     for c in checks:
         text = f"{MARKS[c.status]} [bold]{escape(c.name)}[/bold]: {escape(c.detail)}"
         if c.status == CheckStatus.skipped:

@@ -283,7 +283,7 @@ def show(
         return
     from rich.console import Console
 
-    out = Console(highlight=False)
+    out = Console(highlight=False, emoji=False)
     rows = [
         ("id", info.id),
         ("name", info.name or "-"),

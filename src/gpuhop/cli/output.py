@@ -9,10 +9,12 @@ from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from gpuhop.api import JobInfo, JobState
 
-err = Console(stderr=True, highlight=False)
+# No emoji codes: ":cd:" in a certificate fingerprint must stay as it is.
+err = Console(stderr=True, highlight=False, emoji=False)
 
 STATE_STYLE = {
     JobState.queued: "yellow",
@@ -30,7 +32,8 @@ def say(message: str) -> None:
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    err.print(f"[bold red]gpuhop: error:[/bold red] {message}", soft_wrap=True)
+    # Escaped: an error names paths, URLs and user input, whose brackets are not markup.
+    err.print(f"[bold red]gpuhop: error:[/bold red] {escape(message)}", soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -48,7 +51,7 @@ def print_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
         table.add_column(col, no_wrap=col != columns[-1])
     for row in rows:
         table.add_row(*row)
-    Console(highlight=False).print(table)
+    Console(highlight=False, emoji=False).print(table)
 
 
 def human_bytes(n: float) -> str:
