@@ -239,3 +239,16 @@ def test_bad_input_is_refused_and_harms_nothing(shared_agent, project, tmp_path)
 def _tree_digest(agent, job_id: str) -> str:
     raw = (agent.home / "jobs" / job_id / "tree.json").read_bytes()
     return hashlib.sha256(raw).hexdigest()
+
+
+def test_a_large_file_pushes_in_batches_over_the_json_body_cap(shared_agent, tmp_path):
+    """Chunk uploads stream to disk: a batch far over the cap on JSON bodies goes through."""
+    tree = tmp_path / "large"
+    tree.mkdir()
+    (tree / "weights.bin").write_bytes(os.urandom(40 * 1024 * 1024))
+    with shared_agent.client() as client:
+        pushed = client.data.push(tree, "large-file")
+        assert pushed.bytes_sent == 40 * 1024 * 1024
+        stored = shared_agent.home / "datasets" / "large-file" / "v1"
+        assert tree_digest(stored) == tree_digest(tree)
+        client.data.remove("large-file")

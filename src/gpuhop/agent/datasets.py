@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpuhop.agent.blobs import BlobStore
-from gpuhop.agent.trees import MissingBlobs, TreeError
+from gpuhop.agent.trees import MissingBlobs, TreeError, check_paths
 from gpuhop.api.data import DatasetFile, DatasetInfo, DatasetManifest
 from gpuhop.api.models import check_dataset_name
 
@@ -91,7 +91,7 @@ class DatasetStore:
         leaves what is stored as it was."""
         check_dataset_name(name)
         manifest = DatasetManifest.model_validate_json(raw)
-        _check_paths(manifest.files)
+        check_paths([f.path for f in manifest.files], what="dataset")
         missing = self.blobs.missing([d for f in manifest.files for d in f.chunks])
         if missing:
             raise MissingBlobs(missing)
@@ -185,19 +185,6 @@ def _info(record: dict) -> DatasetInfo:
         created_at=datetime.fromtimestamp(record["created_at"], tz=UTC),
         owner=record.get("owner"),
     )
-
-
-def _check_paths(files: list[DatasetFile]) -> None:
-    seen: set[str] = set()
-    for f in files:
-        if f.path in seen:
-            raise TreeError(f"the dataset lists {f.path} twice")
-        seen.add(f.path)
-    for path in seen:
-        parts = path.split("/")
-        for i in range(1, len(parts)):
-            if "/".join(parts[:i]) in seen:
-                raise TreeError(f"the dataset has {'/'.join(parts[:i])} as a file and a directory")
 
 
 def _copy_all(src: int, dst: int) -> None:

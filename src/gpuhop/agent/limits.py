@@ -3,8 +3,9 @@
 JSON bodies (a job spec, a list of digests to check) are parsed whole, so each is capped
 before it is read: a declared Content-Length over the cap is refused at once with 413, and
 a body sent without one is counted as it arrives and refused when it passes the cap. The
-routes that stream their bodies set their own bounds and are exempt: blob uploads go to
-disk frame by frame, and a tree has its own, larger cap (`routers.trees.MAX_TREE_BYTES`).
+routes that stream their bodies set their own bounds and are exempt: blob and chunk uploads
+go to disk frame by frame, and a tree or a dataset manifest has its own, larger cap
+(`routers.trees.MAX_TREE_BYTES`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from gpuhop.api import ErrorBody, ErrorCode
 
 # A BlobCheck of the largest tree (200,000 digests at 67 bytes each) fits with room to spare.
 MAX_JSON_BODY = 16 * 1024 * 1024
-STREAMING_ROUTES = frozenset({"/v1/blobs/upload", "/v1/trees"})
+STREAMING_ROUTES = frozenset({"/v1/blobs/upload", "/v1/chunks/upload", "/v1/trees"})
+STREAMING_PREFIXES = ("/v1/datasets/",)  # POST /v1/datasets/NAME: a manifest
 
 
 class BodyLimit:
@@ -27,7 +29,8 @@ class BodyLimit:
         self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in STREAMING_ROUTES:
+        path = scope["path"] if scope["type"] == "http" else ""
+        if not path or path in STREAMING_ROUTES or path.startswith(STREAMING_PREFIXES):
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)

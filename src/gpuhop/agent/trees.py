@@ -7,14 +7,19 @@ never re-sent or re-checked. Trees, like blobs, are written by atomic rename.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from gpuhop.agent.blobs import BlobStore
-from gpuhop.api import ManifestEntry, Tree
+from gpuhop.agent.errors import ApiError, describe_errors
+from gpuhop.api import ErrorCode, Tree
 from gpuhop.api.models import SHA256_RE
 
 
@@ -51,7 +56,7 @@ class TreeStore:
         """Check and keep an uploaded tree. Raises TreeError, MissingBlobs, or pydantic's
         ValidationError for a body that is not a tree."""
         tree = Tree.model_validate_json(raw)
-        check_paths(tree.entries)
+        check_paths([e.path for e in tree.entries])
         missing = self.blobs.missing([e.digest for e in tree.entries])
         if missing:
             raise MissingBlobs(missing)
@@ -65,16 +70,30 @@ class TreeStore:
         return digest, tree
 
 
-def check_paths(entries: list[ManifestEntry]) -> None:
-    """No path twice, and no path that is both a file and a directory."""
+def check_paths(paths: list[str], what: str = "tree") -> None:
+    """No path twice, and no path that is both a file and a directory (of a tree, or of
+    another listing of files: `what` names it in the error)."""
     files: set[str] = set()
-    for entry in entries:
-        if entry.path in files:
-            raise TreeError(f"the tree lists {entry.path} twice")
-        files.add(entry.path)
+    for path in paths:
+        if path in files:
+            raise TreeError(f"the {what} lists {path} twice")
+        files.add(path)
     for path in files:
         parts = path.split("/")
         for i in range(1, len(parts)):
             parent = "/".join(parts[:i])
             if parent in files:
-                raise TreeError(f"the tree has {parent} as both a file and a directory")
+                raise TreeError(f"the {what} has {parent} as both a file and a directory")
+
+
+@contextlib.contextmanager
+def manifest_errors() -> Iterator[None]:
+    """What storing a manifest (a tree, a dataset version) raises, as the API's answers."""
+    try:
+        yield
+    except ValidationError as e:
+        raise ApiError(422, ErrorCode.bad_request, describe_errors(e.errors())) from None
+    except TreeError as e:
+        raise ApiError(400, ErrorCode.bad_path, str(e)) from None
+    except MissingBlobs as e:
+        raise ApiError(409, ErrorCode.missing_blobs, str(e), {"missing": e.missing}) from None

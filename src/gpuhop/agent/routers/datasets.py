@@ -12,7 +12,7 @@ from gpuhop.agent.auth import caller_of
 from gpuhop.agent.blobs import BlobError
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
-from gpuhop.agent.routers.trees import MAX_TREE_BYTES
+from gpuhop.agent.routers.trees import MAX_TREE_BYTES, read_limited
 from gpuhop.agent.services import datasets as service
 from gpuhop.agent.services import envs as envs_service
 from gpuhop.api import ErrorCode
@@ -44,15 +44,9 @@ async def upload_chunks(request: Request) -> dict[str, int]:
 
 @router.post("/v1/datasets/{name}", status_code=201)
 async def push(name: str, request: Request) -> DatasetInfo:
-    raw = bytearray()
-    async for piece in request.stream():
-        raw += piece
-        if len(raw) > MAX_TREE_BYTES:
-            raise ApiError(
-                413, ErrorCode.too_large, f"a manifest may be at most {MAX_TREE_BYTES} bytes"
-            )
+    raw = await read_limited(request, MAX_TREE_BYTES, "a manifest")
     # Assembling the version copies its bytes: off the event loop.
-    return await asyncio.to_thread(service.push, ctx(request), name, bytes(raw), caller_of(request))
+    return await asyncio.to_thread(service.push, ctx(request), name, raw, caller_of(request))
 
 
 @router.get("/v1/datasets")

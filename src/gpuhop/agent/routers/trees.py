@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Request
-from pydantic import ValidationError
 
 from gpuhop.agent.auth import caller_of
-from gpuhop.agent.errors import ApiError, describe_errors
-from gpuhop.agent.trees import MissingBlobs, TreeError
+from gpuhop.agent.errors import ApiError
+from gpuhop.agent.trees import manifest_errors
 from gpuhop.api import ErrorCode, TreeStored
 
 router = APIRouter(prefix="/v1/trees", tags=["trees"])
@@ -18,25 +17,23 @@ router = APIRouter(prefix="/v1/trees", tags=["trees"])
 MAX_TREE_BYTES = 64 * 1024 * 1024
 
 
-@router.post("", status_code=201)
-async def upload(request: Request) -> TreeStored:
+async def read_limited(request: Request, limit: int, what: str) -> bytes:
+    """A body read whole, refused with 413 once it passes `limit` bytes."""
     raw = bytearray()
     async for chunk in request.stream():
         raw += chunk
-        if len(raw) > MAX_TREE_BYTES:
-            raise ApiError(
-                413, ErrorCode.too_large, f"a tree may be at most {MAX_TREE_BYTES} bytes"
-            )
+        if len(raw) > limit:
+            raise ApiError(413, ErrorCode.too_large, f"{what} may be at most {limit} bytes")
+    return bytes(raw)
+
+
+@router.post("", status_code=201)
+async def upload(request: Request) -> TreeStored:
+    raw = await read_limited(request, MAX_TREE_BYTES, "a tree")
     ctx = request.app.state.ctx
     caller = caller_of(request)
-    try:
-        digest, tree = await asyncio.to_thread(ctx.trees.store, bytes(raw))
-    except ValidationError as e:
-        raise ApiError(422, ErrorCode.bad_request, describe_errors(e.errors())) from None
-    except TreeError as e:
-        raise ApiError(400, ErrorCode.bad_path, str(e)) from None
-    except MissingBlobs as e:
-        raise ApiError(409, ErrorCode.missing_blobs, str(e), {"missing": e.missing}) from None
+    with manifest_errors():
+        digest, tree = await asyncio.to_thread(ctx.trees.store, raw)
     if not caller.admin:
         # A tree may name only blobs this user has uploaded (see gpuhop.agent.claims).
         digests = [e.digest for e in tree.entries]

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import ValidationError
-
 from gpuhop.agent.auth import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.datasets import DatasetNotFound
-from gpuhop.agent.errors import ApiError, describe_errors, not_found
+from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.services.deps import in_use
-from gpuhop.agent.trees import MissingBlobs, TreeError
+from gpuhop.agent.trees import MissingBlobs, manifest_errors
 from gpuhop.api import ErrorCode
 from gpuhop.api.data import DatasetInfo, DatasetManifest
 from gpuhop.api.models import check_dataset_name
@@ -27,7 +25,7 @@ def push(rt: AgentContext, name: str, raw: bytes, caller: Caller) -> DatasetInfo
     only whoever pushed one (or an admin) adds versions to it or removes it; and a user may
     name only chunks they have sent themselves (see gpuhop.agent.claims)."""
     name = _name(name)
-    try:
+    with manifest_errors():
         if not caller.admin:
             _check_owner(rt, name, None, caller)
             digests = [d for f in DatasetManifest.model_validate_json(raw).files for d in f.chunks]
@@ -35,12 +33,6 @@ def push(rt: AgentContext, name: str, raw: bytes, caller: Caller) -> DatasetInfo
             if unclaimed:
                 raise MissingBlobs(unclaimed)
         return rt.datasets.push(name, raw, owner=caller.user)
-    except ValidationError as e:
-        raise ApiError(422, ErrorCode.bad_request, describe_errors(e.errors())) from None
-    except TreeError as e:
-        raise ApiError(400, ErrorCode.bad_path, str(e)) from None
-    except MissingBlobs as e:
-        raise ApiError(409, ErrorCode.missing_blobs, str(e), {"missing": e.missing}) from None
 
 
 def list_all(rt: AgentContext) -> list[DatasetInfo]:
