@@ -134,11 +134,12 @@ class PrivateAgent:
 
 
 @contextlib.contextmanager
-def private_agent(root: Path) -> Iterator[PrivateAgent]:
-    """Start an agent with `gpuhop agent start`; stop it and its leftover jobs at the end."""
+def private_agent(root: Path, *options: str) -> Iterator[PrivateAgent]:
+    """Start an agent with `gpuhop agent start [OPTIONS]`; stop it and its leftover jobs at
+    the end."""
     agent = PrivateAgent(root)
     try:
-        agent.cli("agent", "start")
+        agent.cli("agent", "start", *options)
         yield agent
     finally:
         agent.kill_jobs()

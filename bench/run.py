@@ -22,6 +22,7 @@ import logs
 import overhead
 import resync
 import start_latency
+import transports
 from harness import REPO, Row, Settings, machine, markdown
 
 BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
@@ -29,6 +30,7 @@ BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "resync": resync.run,
     "overhead": overhead.run,
     "logs": logs.run,
+    "transports": transports.run,
     "forward": forward.run,
     "datasets": datasets.run,
 }

@@ -11,49 +11,27 @@ from __future__ import annotations
 
 import contextlib
 import shlex
-import shutil
-import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-from harness import PYTHON, REPO, Row, Settings, private_agent, run_checked, time_first_line
-
-from gpuhop.client.embedded import stop
-from gpuhop.home import AgentPaths
-
-sys.path.insert(0, str(REPO))
-from tests import sshd  # the test suite's loopback sshd
+from harness import PYTHON, Row, Settings, private_agent, time_first_line
+from remotes import Remote, remote_host, ssh_remote, ssh_unavailable
 
 NAME = "start_latency"
 SYNC_SSH = "rsync -az + ssh"
 BARE_SSH = "ssh host python hello.py"
 
 
-@contextlib.contextmanager
-def loopback_sshd(root: Path) -> Iterator[sshd.Sshd | None]:
-    """A private sshd on loopback whose logins use `root/remote-home` as GPUHOP_HOME."""
-    if sshd.available() is not None or shutil.which("rsync") is None:
-        yield None
-        return
-    server = sshd.Sshd(
-        root / "sshd",
-        remote_env={"GPUHOP_HOME": str(root / "remote-home"), "TF_CPP_MIN_LOG_LEVEL": "2"},
-    ).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def hand_written(server: sshd.Sshd, project: Path, remote: Path) -> dict[str, list[str]]:
-    ssh = f"ssh -F {shlex.quote(str(server.ssh_config))}"
+def hand_written(lab: Remote, project: Path, remote: Path) -> dict[str, list[str]]:
+    assert lab.server is not None
+    ssh = f"ssh -F {shlex.quote(str(lab.server.ssh_config))}"
+    host = remote_host(lab)
     there = f"cd {shlex.quote(str(remote))} && {shlex.quote(PYTHON)} hello.py"
     script = (
         f"rsync -az -e {shlex.quote(ssh)} {shlex.quote(f'{project}/')}"
-        f" {shlex.quote(f'{sshd.ALIAS}:{remote}/')} && {ssh} {sshd.ALIAS} {shlex.quote(there)}"
+        f" {shlex.quote(f'{host}:{remote}/')} && {ssh} {host} {shlex.quote(there)}"
     )
-    bare = f"{ssh} {sshd.ALIAS} {shlex.quote(f'cd {remote} && {PYTHON} hello.py')}"
+    bare = f"{ssh} {host} {shlex.quote(f'cd {remote} && {PYTHON} hello.py')}"
     return {"sync+ssh": ["sh", "-c", script], "bare ssh": ["sh", "-c", bare]}
 
 
@@ -64,37 +42,29 @@ def run(settings: Settings) -> list[Row]:
         project = root / "project"
         project.mkdir()
         (project / "hello.py").write_text('print("hello")\n')
-        with private_agent(root / "agent") as agent, loopback_sshd(root) as server:
+        with contextlib.ExitStack() as stack:
+            agent = stack.enter_context(private_agent(root / "agent"))
             commands = {
-                "gpuhop": [PYTHON, "-m", "gpuhop", "run", "hello.py"],
+                "gpuhop": [PYTHON, "-m", "gpuhop", "run", "--on", "local", "hello.py"],
                 "python": [PYTHON, "hello.py"],
             }
             env = dict(agent.env)
-            if server is not None:
-                env.update(server.client_env, GPUHOP_CONFIG_DIR=str(root / "config"))
-                run_checked([PYTHON, "-m", "gpuhop", "remote", "add", "lab", server.url(),
-                             "--python", PYTHON], env=env)  # fmt: skip
-                run_checked([PYTHON, "-m", "gpuhop", "remote", "bootstrap", "lab"], env=env)
+            if ssh_unavailable() is None:
+                lab = stack.enter_context(ssh_remote(root / "ssh", agent.env))
+                env = lab.env
                 commands["gpuhop ssh"] = [PYTHON, "-m", "gpuhop", "run", "--on", "lab", "hello.py"]
-                commands.update(hand_written(server, project, root / "remote"))
-                # The local rows stay local: `remote add` made lab the default.
-                commands["gpuhop"][4:4] = ["--on", "local"]
-            try:
-                for argv in commands.values():  # warm up: first sync, page cache, connection
-                    time_first_line(argv, project, env)
-                samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
-                for _ in range(repeats):
-                    for name, argv in commands.items():
-                        samples[name].append(time_first_line(argv, project, env))
-            finally:
-                if server is not None:
-                    run_checked([PYTHON, "-m", "gpuhop", "remote", "disconnect", "lab"], env=env)
-                    stop(AgentPaths(root / "remote-home"))
+                commands.update(hand_written(lab, project, root / "remote"))
+            for argv in commands.values():  # warm up: first sync, page cache, connection
+                time_first_line(argv, project, env)
+            samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
+            for _ in range(repeats):
+                for name, argv in commands.items():
+                    samples[name].append(time_first_line(argv, project, env))
 
     def column(name: str, index: int) -> list[float] | None:
         return [sample[index] for sample in samples[name]] if name in samples else None
 
-    skipped = "skipped: needs sshd (scripts/setup-system) and rsync"
+    skipped = f"skipped: {ssh_unavailable()}"
     rows = []
     for index, what in enumerate(("launch → first stdout line", "launch → exit")):
         local, over_ssh = column("gpuhop", index) or [], column("gpuhop ssh", index)

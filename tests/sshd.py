@@ -91,7 +91,7 @@ class Sshd:
             "StrictModes no\nUsePAM no\nPasswordAuthentication no\n"
             "KbdInteractiveAuthentication no\nPubkeyAuthentication yes\n"
             f"PermitRootLogin prohibit-password\nAllowUsers {user}\n"
-            "AllowStreamLocalForwarding yes\nLogLevel INFO\n"
+            "AllowStreamLocalForwarding yes\nLogLevel INFO\nSubsystem sftp internal-sftp\n"
             + (f"SetEnv {setenv}\n" if setenv else "")
         )
         common = (

@@ -1,0 +1,156 @@
+"""Remote transports: re-syncing a work dir and uploading a large one to a GPU host, with
+gpuhop over SSH and over TLS next to `rsync -az` and `scp -r` over the same SSH, and the
+loopback's own limit (bytes through one local TCP connection) measured in the same run.
+
+The "host" is this machine: a private sshd on a loopback port and an agent with a TLS
+listener on loopback (see remotes.py), both set up here and stopped afterwards. Every
+command is the one a user would type: `gpuhop run --on REMOTE -d true` (sync, submit,
+return) against `rsync -az -e ssh DIR/ host:DIR/`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from harness import PYTHON, Row, Settings, private_agent, timed_run
+from remotes import Remote, remote_host, ssh_remote, ssh_unavailable, tls_remote
+from resync import make_tree
+
+NAME = "transports"
+SEED_FILE_MB = 64  # the bulk tree: files of this size (the last one smaller)
+
+
+def make_bulk_tree(root: Path, megabytes: int) -> int:
+    """`megabytes` of random bytes in files of SEED_FILE_MB. Returns the size in bytes."""
+    root.mkdir(parents=True)
+    total, i = megabytes * 1_000_000, 0
+    left = total
+    past = time.time() - 3600
+    while left > 0:
+        size = min(left, SEED_FILE_MB * 1_000_000)
+        path = root / f"shard{i:04d}.bin"
+        with open(path, "wb") as f:
+            for start in range(0, size, 1 << 24):
+                f.write(os.urandom(min(1 << 24, size - start)))
+        os.utime(path, (past, past))
+        left -= size
+        i += 1
+    return total
+
+
+def gpuhop_sync(remote: Remote, tree: Path, cache: Path) -> float:
+    """Seconds for `gpuhop run --on REMOTE -d true` in `tree`: sync and submit."""
+    env = {**remote.env, "GPUHOP_CACHE_DIR": str(cache)}
+    return timed_run([PYTHON, "-m", "gpuhop", "run", "--on", remote.name, "-d", "true"],
+                     cwd=tree, env=env)  # fmt: skip
+
+
+def ssh_argv(remote: Remote) -> list[str]:
+    assert remote.server is not None
+    return ["ssh", "-F", str(remote.server.ssh_config)]
+
+
+def rsync(remote: Remote, src: Path, dest: Path) -> float:
+    ssh = " ".join(ssh_argv(remote))
+    return timed_run(["rsync", "-az", "-e", ssh, f"{src}/", f"{remote_host(remote)}:{dest}/"])
+
+
+def scp(remote: Remote, src: Path, dest: Path) -> float:
+    assert remote.server is not None
+    argv = ["scp", "-q", "-r", "-F", str(remote.server.ssh_config)]
+    return timed_run([*argv, str(src), f"{remote_host(remote)}:{dest}"])
+
+
+def loopback_limit(tree: Path) -> float:
+    """MB/s of the tree's bytes through one TCP connection on loopback (sendfile, discard)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    received = [0]
+
+    def drain() -> None:
+        conn, _ = server.accept()
+        with conn:
+            while data := conn.recv(1 << 20):
+                received[0] += len(data)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    start = time.perf_counter()
+    with socket.create_connection(server.getsockname()) as out:
+        for path in sorted(tree.iterdir()):
+            with open(path, "rb") as f:
+                out.sendfile(f)
+    reader.join()
+    seconds = time.perf_counter() - start
+    server.close()
+    return received[0] / 1e6 / seconds
+
+
+def run(settings: Settings) -> list[Row]:
+    why = ssh_unavailable()
+    if why is not None:
+        return [Row(NAME, "remote transports", "s", [], "rsync -az over ssh", None,
+                    f"skipped: {why}")]  # fmt: skip
+    repeats = settings.repeats(default=5, quick=3)
+    bulk_runs = settings.repeats(default=1, quick=1)
+    files = 1_000 if settings.quick else 5_000
+    bulk_mb = int(os.environ.get("BENCH_BULK_MB") or (256 if settings.quick else 2000))
+    unchanged: dict[str, list[float]] = {"gpuhop": [], "rsync": []}
+    changed: dict[str, list[float]] = {"gpuhop": [], "rsync": []}
+    bulk: dict[str, list[float]] = {"ssh": [], "tls": [], "rsync": [], "scp": [], "limit": []}
+    with tempfile.TemporaryDirectory(prefix="gpuhop-bench-") as tmp:
+        root = Path(tmp)
+        tree = root / "tree"
+        megabytes = make_tree(tree, files) / 1e6
+        big = root / "big"
+        bulk_bytes = make_bulk_tree(big, bulk_mb)
+        with private_agent(root / "local") as local, ssh_remote(root / "ssh", local.env) as lab:
+            # Re-sync: the first sync fills the agent and the hash cache; then time them.
+            gpuhop_sync(lab, tree, root / "cache-resync")
+            rsync(lab, tree, root / "mirror")
+            for _ in range(repeats):
+                unchanged["gpuhop"].append(gpuhop_sync(lab, tree, root / "cache-resync"))
+                unchanged["rsync"].append(rsync(lab, tree, root / "mirror"))
+            for victim in sorted(tree.rglob("*.bin"))[:repeats]:
+                victim.write_bytes(os.urandom(50_000))
+                changed["gpuhop"].append(gpuhop_sync(lab, tree, root / "cache-resync"))
+                changed["rsync"].append(rsync(lab, tree, root / "mirror"))
+            # Bulk: every sample into a place that has none of it (a new tree digest for
+            # gpuhop would not do: its blobs would be there). One sample by default.
+            for i in range(bulk_runs):
+                bulk["limit"].append(loopback_limit(big))
+                bulk["rsync"].append(bulk_bytes / 1e6 / rsync(lab, big, root / f"rsync{i}"))
+                bulk["scp"].append(bulk_bytes / 1e6 / scp(lab, big, root / f"scp{i}"))
+                shutil.rmtree(root / f"rsync{i}")
+                shutil.rmtree(root / f"scp{i}")
+            seconds = gpuhop_sync(lab, big, root / "cache-bulk-ssh")
+            bulk["ssh"].append(bulk_bytes / 1e6 / seconds)
+            with tls_remote(root / "tls", local.env) as team:
+                seconds = gpuhop_sync(team, big, root / "cache-bulk-tls")
+                bulk["tls"].append(bulk_bytes / 1e6 / seconds)
+
+    size = f"{files:,} files, {megabytes:.0f} MB"
+    mb = f"{bulk_bytes / 1e6:,.0f} MB in {SEED_FILE_MB} MB files"
+    cli = "gpuhop run --on lab -d true (a new CLI process each time)"
+    limit = bulk["limit"]
+    return [
+        Row(NAME, f"re-sync over ssh, unchanged {size}", "s", unchanged["gpuhop"],
+            "rsync -az over ssh", unchanged["rsync"], cli),
+        Row(NAME, "re-sync over ssh, one 50 KB file rewritten", "s", changed["gpuhop"],
+            "rsync -az over ssh", changed["rsync"], cli),
+        Row(NAME, f"bulk upload over ssh, {mb}", "MB/s", bulk["ssh"], "rsync -az over ssh",
+            bulk["rsync"], "gpuhop: hash + send through the ssh tunnel (first upload)"),
+        Row(NAME, f"bulk upload over ssh, {mb}", "MB/s", bulk["ssh"], "scp -r", bulk["scp"],
+            "the same"),
+        Row(NAME, f"bulk upload over TLS, {mb}", "MB/s", bulk["tls"], "loopback TCP limit",
+            limit, "the limit: the same bytes through one local TCP connection (sendfile)"),
+        Row(NAME, f"bulk upload over ssh, {mb}", "MB/s", bulk["ssh"], "loopback TCP limit",
+            limit, "the same limit"),
+        Row(NAME, "hello.py start latency", "s", [], "ray job submit", None,
+            "skipped: Ray is not installed (the Ray backend is a later issue)"),
+    ]  # fmt: skip
