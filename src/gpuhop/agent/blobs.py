@@ -115,28 +115,33 @@ class BlobStore:
         Blobs completed before an error stay stored, so a retried upload sends only the rest.
         Raises BlobError on a bad frame or a content/hash mismatch.
         """
-        buf = bytearray()
+        header = bytearray()  # a frame header split across network chunks
         stored = 0
         total = 0
         writer: _BlobWriter | None = None
         try:
             async for chunk in chunks:
-                buf += chunk
-                while buf or (writer is not None and writer.remaining == 0):
+                # Through a view: a blob's bytes go to its file without being copied first.
+                view = memoryview(chunk)
+                pos = 0
+                while pos < len(view) or (writer is not None and writer.remaining == 0):
                     if writer is None:
-                        if len(buf) < FRAME_HEADER.size:
+                        need = FRAME_HEADER.size - len(header)
+                        header += view[pos : pos + need]
+                        pos += need
+                        if len(header) < FRAME_HEADER.size:
                             break
-                        raw, size = FRAME_HEADER.unpack_from(buf)
-                        del buf[: FRAME_HEADER.size]
+                        raw, size = FRAME_HEADER.unpack(header)
+                        header.clear()
                         if size > self.max_blob_size:
                             raise BlobError(
                                 f"blob {raw.hex()} is {size} bytes, over the limit of"
                                 f" {self.max_blob_size}"
                             )
                         writer = _BlobWriter(self, raw.hex(), size)
-                    take = min(len(buf), writer.remaining)
-                    writer.write(bytes(buf[:take]))
-                    del buf[:take]
+                    take = min(len(view) - pos, writer.remaining)
+                    writer.write(view[pos : pos + take])
+                    pos += take
                     if writer.remaining == 0:
                         total += writer.finish()
                         stored += 1
@@ -151,7 +156,7 @@ class BlobStore:
             raise BlobError(
                 f"upload ended inside blob {writer.digest}: {writer.remaining} bytes missing"
             )
-        if buf:
+        if header:
             raise BlobError("upload ended inside a frame header")
         return stored, total
 
@@ -167,7 +172,7 @@ class _BlobWriter:
         self.tmp_path = Path(name)
         self.file = os.fdopen(fd, "wb")
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         self.hash.update(data)
         self.file.write(data)
         self.remaining -= len(data)

@@ -16,7 +16,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from pathlib import Path
 from typing import Any
 
@@ -121,9 +121,20 @@ def _serve_locked(
             listener.fingerprint or "(none: plain HTTP on loopback)",
         )
     try:
-        asyncio.run(_serve_all(servers))
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(_serve_all(servers))
     finally:
         ctx.close()
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (its TLS and sockets are faster), else
+    asyncio's own."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 class _Server(uvicorn_server.Server):
