@@ -272,6 +272,10 @@ class Supervisor:
         elif stopped is not None:
             state = JobState.failed
             reason = f"{stopped.get('reason', 'stopped by the agent')} after {elapsed}"
+        elif status is None and shim_returncode is not None and disk_note(jp.root, jp.log):
+            # The shim ended (it is our child) but could not write the status on a full disk.
+            state = JobState.failed
+            reason = f"ended after {elapsed}; its exit status could not be written"
         elif status is None:
             state = JobState.lost
             shim = f" (its shim ended with {shim_returncode})" if shim_returncode else ""
