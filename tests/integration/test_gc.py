@@ -139,3 +139,11 @@ def test_only_admins_collect(make_agent):
         f"{agent.listener.url}/v1/agent/gc", headers={"authorization": f"Bearer {token}"}
     )
     assert r.status_code == 403 and r.json()["code"] == "forbidden"
+
+
+def test_gc_on_the_command_line(make_agent):
+    agent = make_agent(args=("--gc-every-hours", "0", "--storage-quota", "1GiB"))
+    dry = agent.cli("gc", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would free 0 B in all" in dry.stdout + dry.stderr
+    assert "of 1.0 GB" in dry.stdout + dry.stderr
