@@ -18,6 +18,7 @@ from pathlib import Path
 
 import datasets
 import forward
+import load
 import logs
 import overhead
 import resync
@@ -33,6 +34,7 @@ BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "transports": transports.run,
     "forward": forward.run,
     "datasets": datasets.run,
+    "load": load.run,
 }
 
 

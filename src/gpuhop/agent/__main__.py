@@ -9,6 +9,17 @@ from gpuhop.agent.daemon import serve
 from gpuhop.agent.listen import parse_listen
 from gpuhop.home import EXIT_MARK, AgentError, AgentPaths, default_home
 
+POLICY_OPTIONS = (
+    "keep_days",
+    "keep_jobs",
+    "gc_every_hours",
+    "gc_grace_minutes",
+    "env_keep_days",
+    "storage_quota",
+    "jobs_quota",
+    "log_cap",
+)
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m gpuhop.agent")
@@ -19,6 +30,15 @@ def main() -> int:
     parser.add_argument("--no-tls", action="store_true")
     parser.add_argument("--tls-cert", type=Path, default=None)
     parser.add_argument("--tls-key", type=Path, default=None)
+    # Retention and quotas (see gpuhop.agent.policy); these win over agent.toml.
+    parser.add_argument("--keep-days", type=float, default=None)
+    parser.add_argument("--keep-jobs", type=int, default=None)
+    parser.add_argument("--gc-every-hours", type=float, default=None)
+    parser.add_argument("--gc-grace-minutes", type=float, default=None)
+    parser.add_argument("--env-keep-days", type=float, default=None)
+    parser.add_argument("--storage-quota", default=None, metavar="SIZE")
+    parser.add_argument("--jobs-quota", default=None, metavar="SIZE")
+    parser.add_argument("--log-cap", default=None, metavar="SIZE")
     args = parser.parse_args()
     if args.fake_gpu_memory is not None and args.fake_gpus is None:
         parser.error("--fake-gpu-memory needs --fake-gpus")
@@ -34,6 +54,7 @@ def main() -> int:
             fake_gpus=args.fake_gpus,
             fake_gpu_memory_mb=args.fake_gpu_memory,
             listen=listen,
+            policy={name: getattr(args, name) for name in POLICY_OPTIONS},
         )
     except AgentError as e:
         print(f"gpuhop agent: {e}", file=sys.stderr)

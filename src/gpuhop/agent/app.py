@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import logging
 import warnings
 from collections.abc import AsyncIterator
 
@@ -17,11 +19,17 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from gpuhop import __version__
+from gpuhop.agent.blobs import QuotaExceeded
 from gpuhop.agent.context import AgentContext
+from gpuhop.agent.duties import run_duties
 from gpuhop.agent.errors import ApiError, describe_errors, error_response
 from gpuhop.agent.limits import BodyLimit
 from gpuhop.agent.routers import agent, blobs, datasets, jobs, ports, tokens, trees
 from gpuhop.api import ErrorCode
+
+log = logging.getLogger("gpuhop.agent")
+# The disk (or the user's disk quota) is full: the answer is 507, as for our own quotas.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 _HTTP_CODES = {
     401: ErrorCode.unauthorized,
@@ -40,13 +48,17 @@ def create_app(ctx: AgentContext) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        task = asyncio.create_task(ctx.run_scheduler(), name="scheduler")
+        tasks = [
+            asyncio.create_task(ctx.run_scheduler(), name="scheduler"),
+            asyncio.create_task(run_duties(ctx), name="duties"),
+        ]
         try:
             yield
         finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     app = FastAPI(title="gpuhop agent", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
@@ -58,6 +70,22 @@ def create_app(ctx: AgentContext) -> FastAPI:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc.status, exc.code, exc.message, exc.detail)
+
+    @app.exception_handler(QuotaExceeded)
+    async def over_quota(request: Request, exc: QuotaExceeded) -> JSONResponse:
+        return error_response(507, ErrorCode.insufficient_storage, str(exc))
+
+    @app.exception_handler(OSError)
+    async def os_error(request: Request, exc: OSError) -> JSONResponse:
+        if exc.errno in NO_SPACE:
+            return error_response(
+                507,
+                ErrorCode.insufficient_storage,
+                f"the GPU host's disk is full ({exc.strerror}: {exc.filename or 'a write'});"
+                " free space there (gpuhop gc) and try again",
+            )
+        log.exception("%s %s failed", request.method, request.url.path)
+        return error_response(500, ErrorCode.internal, f"the agent failed: {exc}")
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -4,6 +4,10 @@ A blob is stored at `blobs/<first 2 hex>/<sha256>` only after its content was ha
 matched its name, by an atomic rename from a temp file on the same filesystem, so a
 half-written or wrong blob is never visible. Stored blobs are read-only (0444) and are only
 ever copied out, never handed to a job directly.
+
+Garbage collection (`gpuhop.agent.gc`) removes blobs through `remove`, under the same lock
+that `has` takes: a blob that anyone asked about, uploaded or stored within the grace period
+is never removed, so an upload in progress keeps its blobs until its tree arrives.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 from gpuhop.api.framing import FRAME_HEADER
@@ -35,15 +41,25 @@ class BlobError(ValueError):
     """An upload that does not match what it claims to be."""
 
 
+class QuotaExceeded(Exception):
+    """Storing this would pass a disk quota; the message gives the figures."""
+
+
 class BlobStore:
     def __init__(self, root: Path, tmp: Path, max_blob_size: int = 1 << 40):
         self.root = root
         self.tmp = tmp
         self.max_blob_size = max_blob_size
         self._reflinks = True
-        # Digests seen on disk: a blob, once stored, stays (whatever deletes blobs, such as
-        # a garbage collector, must discard them here too), so each is checked once.
+        # Digests seen on disk, so each is checked once; `remove` discards them here too.
         self._present: set[str] = set()
+        # When each digest was last asked about or stored (wall clock), for `remove`.
+        self._touched: dict[str, float] = {}
+        self._lock = threading.Lock()
+        # Called with a new blob's size before it is written; raises QuotaExceeded.
+        self.check_quota: Callable[[int], None] = lambda size: None
+        # Bytes stored since the last call of `take_added` (for the disk usage figures).
+        self._added = 0
 
     def path(self, digest: str) -> Path:
         if not SHA256_RE.match(digest):
@@ -51,12 +67,64 @@ class BlobStore:
         return self.root / digest[:2] / digest
 
     def has(self, digest: str) -> bool:
-        if digest in self._present:
-            return True
-        if self.path(digest).is_file():
+        """Whether the blob is stored. Asking protects it from collection for a while."""
+        path = self.path(digest)
+        with self._lock:
+            self._touched[digest] = time.time()
+            if digest in self._present:
+                return True
+            if path.is_file():
+                self._present.add(digest)
+                return True
+            return False
+
+    def _stored(self, digest: str, size: int) -> None:
+        with self._lock:
+            self._touched[digest] = time.time()
             self._present.add(digest)
-            return True
-        return False
+            self._added += size
+
+    def count_added(self, size: int) -> None:
+        """Bytes written beside the blobs (an assembled dataset), for the usage figures."""
+        with self._lock:
+            self._added += size
+
+    def take_added(self) -> int:
+        """Bytes stored since the last call."""
+        with self._lock:
+            added, self._added = self._added, 0
+            return added
+
+    def digests(self) -> Iterator[str]:
+        """Every stored blob's digest (a snapshot per directory; no order)."""
+        if not self.root.is_dir():
+            return
+        for sub in self.root.iterdir():
+            if len(sub.name) == 2 and sub.is_dir():
+                for path in sub.iterdir():
+                    if SHA256_RE.match(path.name):
+                        yield path.name
+
+    def remove(self, digest: str, untouched_since: float, dry_run: bool = False) -> int | None:
+        """Remove a blob unless it was asked about or stored at or after `untouched_since`
+        (or its file is that new). Returns the bytes freed (0 while other links to the file
+        remain, as a dataset's), or None if it was kept."""
+        path = self.path(digest)
+        with self._lock:
+            if self._touched.get(digest, 0.0) >= untouched_since:
+                return None
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                self._present.discard(digest)
+                return None
+            if st.st_mtime >= untouched_since:
+                return None
+            if not dry_run:
+                self._present.discard(digest)
+                self._touched.pop(digest, None)
+                path.unlink(missing_ok=True)
+            return st.st_size if st.st_nlink == 1 else 0
 
     def missing(self, digests: list[str]) -> list[str]:
         seen: set[str] = set()
@@ -96,6 +164,7 @@ class BlobStore:
             raise BlobError(f"blob {digest}: its content hashes to {actual}; it was rejected")
         if self.has(digest):
             return 0
+        self.check_quota(len(data))
         fd, name = tempfile.mkstemp(dir=self.tmp, prefix="chunk-")
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -103,7 +172,7 @@ class BlobStore:
         dest = self.path(digest)
         dest.parent.mkdir(exist_ok=True)
         os.replace(name, dest)
-        self._present.add(digest)
+        self._stored(digest, len(data))
         return len(data)
 
     async def receive(
@@ -138,6 +207,8 @@ class BlobStore:
                                 f"blob {raw.hex()} is {size} bytes, over the limit of"
                                 f" {self.max_blob_size}"
                             )
+                        if not self.has(raw.hex()):
+                            self.check_quota(size)
                         writer = _BlobWriter(self, raw.hex(), size)
                     take = min(len(view) - pos, writer.remaining)
                     writer.write(view[pos : pos + take])
@@ -192,9 +263,10 @@ class _BlobWriter:
         dest = self.store.path(self.digest)
         if dest.exists():
             self.tmp_path.unlink(missing_ok=True)
+            self.store._stored(self.digest, 0)  # sent again: protected again
             return 0
         dest.parent.mkdir(exist_ok=True)
         os.chmod(self.tmp_path, 0o444)
         os.replace(self.tmp_path, dest)
-        self.store._present.add(self.digest)
+        self.store._stored(self.digest, self.size)
         return self.size

@@ -52,6 +52,16 @@ class ClaimStore:
             self._db.executemany("INSERT OR IGNORE INTO claims VALUES (?, ?, ?)", rows)
             self._db.execute("COMMIT")
 
+    def forget(self, kind: str, digests: list[str]) -> None:
+        """Drop every user's claims of `digests` (removed from the store: see agent.gc)."""
+        with self._lock:
+            for start in range(0, len(digests), BATCH):
+                part = digests[start : start + BATCH]
+                marks = ",".join("?" * len(part))
+                self._db.execute(
+                    f"DELETE FROM claims WHERE kind = ? AND digest IN ({marks})", (kind, *part)
+                )
+
     def unclaimed(self, user: str, kind: str, digests: list[str]) -> list[str]:
         """The digests of `digests` that `user` has not claimed, in their order."""
         held: set[str] = set()

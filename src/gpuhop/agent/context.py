@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -14,11 +15,13 @@ from gpuhop.agent.claims import ClaimStore
 from gpuhop.agent.datasets import DatasetStore
 from gpuhop.agent.envs import EnvStore
 from gpuhop.agent.gpus import GpuHost
+from gpuhop.agent.policy import Policy
 from gpuhop.agent.scheduler import Pending, could_ever_fit, plan
 from gpuhop.agent.store import JobStore
 from gpuhop.agent.supervisor import Supervisor
 from gpuhop.agent.tokens import TokenStore
 from gpuhop.agent.trees import TreeStore
+from gpuhop.agent.usage import DiskMeter
 from gpuhop.api import JobState, ListenerInfo, format_mb
 from gpuhop.home import AgentPaths
 
@@ -29,9 +32,10 @@ SCHEDULE_INTERVAL = 1.0
 
 
 class AgentContext:
-    def __init__(self, paths: AgentPaths, gpu_host: GpuHost):
+    def __init__(self, paths: AgentPaths, gpu_host: GpuHost, policy: Policy | None = None):
         paths.ensure()
         self.paths = paths
+        self.policy = policy or Policy()
         self.gpu_host = gpu_host
         # The GPUs as found at start; their live readings come from gpu_host.usage().
         self.gpus = gpu_host.gpus
@@ -45,6 +49,11 @@ class AgentContext:
         self.supervisor = Supervisor(paths, self.store, self.blobs, on_change=self.wake)
         self.tokens = TokenStore(paths.tokens_db)
         self.claims = ClaimStore(paths.claims_db)
+        self.meter = DiskMeter(paths, self.blobs, self.policy)
+        # One garbage collection at a time (`gpuhop gc` and the timer).
+        self.gc_lock = threading.Lock()
+        # Set once the scheduler has re-attached to the jobs of a previous agent.
+        self.reattached = asyncio.Event()
         # The TCP listener, when the daemon opened one.
         self.listener: ListenerInfo | None = None
         self._launcher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="launch")
@@ -107,6 +116,7 @@ class AgentContext:
         self._loop = asyncio.get_running_loop()
         self._event = asyncio.Event()
         await asyncio.to_thread(self.supervisor.reattach)
+        self.reattached.set()
         while True:
             try:
                 self.schedule_once()

@@ -23,6 +23,7 @@ from typing import Any
 from uvicorn import server as uvicorn_server
 
 from gpuhop.agent import listen as listen_mod
+from gpuhop.agent import policy as policy_mod
 from gpuhop.agent.listen import ListenSpec
 from gpuhop.home import AgentError, AgentPaths, read_pid
 
@@ -32,14 +33,20 @@ def serve(
     fake_gpus: int | None = None,
     fake_gpu_memory_mb: int | None = None,
     listen: ListenSpec | None = None,
+    policy: dict[str, Any] | None = None,
 ) -> None:
     """Run the agent in this process until SIGTERM or SIGINT.
 
     `fake_gpus=N` pretends the host has N GPUs of `fake_gpu_memory_mb` (default 8192) each.
     `listen` opens a TCP listener beside the Unix socket: TLS (unless `--no-tls` on
     loopback) and bearer tokens, serving the same app in the same event loop.
+    `policy` overrides settings of agent.toml (retention, quotas: see gpuhop.agent.policy).
     """
     paths.ensure()
+    try:
+        settings = policy_mod.load(paths.home, policy)
+    except policy_mod.PolicyError as e:
+        raise AgentError(str(e)) from None
     lock_fd = os.open(paths.lockfile, os.O_RDWR | os.O_CREAT, 0o600)
     if not _take_lock(lock_fd):
         raise AgentError(f"an agent already runs for {paths.home} (pid {read_pid(paths)})")
@@ -50,7 +57,7 @@ def serve(
         paths.pidfile.write_text(f"{os.getpid()}\n")
         with contextlib.suppress(FileNotFoundError):
             paths.listen_file.unlink()  # left by an agent that died
-        _serve_locked(paths, fake_gpus, fake_gpu_memory_mb, listen)
+        _serve_locked(paths, fake_gpus, fake_gpu_memory_mb, listen, settings)
     finally:
         for leftover in (paths.socket, paths.listen_file, paths.pidfile):
             with contextlib.suppress(OSError):
@@ -63,6 +70,7 @@ def _serve_locked(
     fake_gpus: int | None,
     fake_gpu_memory_mb: int | None,
     listen: ListenSpec | None,
+    policy: policy_mod.Policy,
 ) -> None:
     import uvicorn
 
@@ -87,7 +95,7 @@ def _serve_locked(
         listen_mod.write_listen_file(paths, listener)
     sock = _bind_unix_socket(paths.socket)
     ctx = AgentContext(
-        paths, gpus.discover(fake_gpus, fake_gpu_memory_mb or gpus.FAKE_GPU_MEMORY_MB)
+        paths, gpus.discover(fake_gpus, fake_gpu_memory_mb or gpus.FAKE_GPU_MEMORY_MB), policy
     )
     ctx.listener = listener
     app = create_app(ctx)

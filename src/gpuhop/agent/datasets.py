@@ -7,8 +7,8 @@ a read-only bind mount (see `sandbox.py`), never a copy. A single-chunk file is 
 to its blob (no second copy on disk), and a file unchanged since the previous version is a
 hard link to it there; other files are assembled with copy_file_range.
 A version exists once its JSON is written, which happens last, by atomic rename, so a crash
-mid-push leaves no half version. Chunks are not deleted with a dataset (that is garbage
-collection, for later).
+mid-push leaves no half version. Chunks are not deleted with a dataset: garbage collection
+(`gpuhop.agent.gc`) removes those that no version names.
 """
 
 from __future__ import annotations
@@ -112,12 +112,15 @@ class DatasetStore:
                 if versions
                 else None
             )
+            copied = _copied_bytes(manifest.files, previous[1] if previous else [])
             try:
+                self.blobs.check_quota(copied)
                 self._assemble(manifest.files, tmp, previous)
                 os.replace(tmp, self.tree_path(name, version))
             except BaseException:
                 _remove_tree(tmp)
                 raise
+            self.blobs.count_added(copied)
             record = {
                 "name": name,
                 "version": version,
@@ -172,6 +175,17 @@ class DatasetStore:
             if not self.versions(name):
                 _remove_tree(folder)
             return targets
+
+
+def _copied_bytes(files: list[DatasetFile], previous: list[dict]) -> int:
+    """Bytes that assembling a version writes: files neither linked to their one chunk nor
+    to an unchanged file of the previous version."""
+    before = {f["path"]: (f["chunks"], f["executable"]) for f in previous}
+    return sum(
+        f.size
+        for f in files
+        if (len(f.chunks) != 1 or f.executable) and before.get(f.path) != (f.chunks, f.executable)
+    )
 
 
 def _info(record: dict) -> DatasetInfo:

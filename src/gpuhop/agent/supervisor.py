@@ -25,6 +25,7 @@ from pathlib import Path
 from gpuhop.agent import jobdeps, procs
 from gpuhop.agent.blobs import BlobStore
 from gpuhop.agent.store import JobRecord, JobStore
+from gpuhop.agent.usage import disk_note
 from gpuhop.api import JobState, ManifestEntry
 from gpuhop.home import AgentPaths, JobPaths
 from gpuhop.runtime import hook
@@ -34,6 +35,8 @@ log = logging.getLogger("gpuhop.agent")
 SHIM = str(Path(__file__).with_name("shim.py"))
 # Variables the agent's own environment must not hand to a job.
 SCRUBBED_ENV = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "GPUHOP_HOME", "GPUHOP_REMOTE")
+# In a job's dir: why the agent stopped it (see `Supervisor.stop`).
+STOPPED = "stopped.json"
 
 
 class StartError(Exception):
@@ -164,7 +167,7 @@ class Supervisor:
                     close_fds=True,
                 )
         except (StartError, OSError) as e:
-            reason = f"could not start: {e}"
+            reason = f"could not start: {e}{disk_note(jp.root, jp.log)}"
             log.warning("job %s %s", job_id, reason)
             self.store.transition(
                 job_id, [JobState.starting], JobState.failed, reason=reason, ended_at=time.time()
@@ -261,10 +264,18 @@ class Supervisor:
         elapsed = procs.describe_duration(now - (job.started_at or now))
         exit_code = status.get("exit_code") if status else None
         sig = status.get("signal") if status else None
+        stopped = _read_json(jp.root / STOPPED)
         if job.cancel_requested:
             state = JobState.cancelled
             how = " (killed after the grace period)" if job_id in self._killed_after_grace else ""
             reason = f"cancelled after {elapsed}{how}"
+        elif stopped is not None:
+            state = JobState.failed
+            reason = f"{stopped.get('reason', 'stopped by the agent')} after {elapsed}"
+        elif status is None and shim_returncode is not None and disk_note(jp.root, jp.log):
+            # The shim ended (it is our child) but could not write the status on a full disk.
+            state = JobState.failed
+            reason = f"ended after {elapsed}; its exit status could not be written"
         elif status is None:
             state = JobState.lost
             shim = f" (its shim ended with {shim_returncode})" if shim_returncode else ""
@@ -280,9 +291,11 @@ class Supervisor:
             reason = f"exited with code {exit_code} after {elapsed}"
         if status and status.get("detail"):
             reason = f"{status['detail']} after {elapsed}"
+        if state in (JobState.failed, JobState.lost) and stopped is None:
+            reason += disk_note(jp.root, jp.log)
         self._killed_after_grace.discard(job_id)
         outcome = {"exit_code": exit_code, "signal": sig, "reason": reason, "ended_at": now}
-        if state in (JobState.failed, JobState.lost) and job.attempt <= job.retries:
+        if state in (JobState.failed, JobState.lost) and job.attempt <= job.retries and not stopped:
             self._retry(job, jp, state, outcome)
         else:
             self.store.transition(job_id, [JobState.starting, JobState.running], state, **outcome)
@@ -334,6 +347,20 @@ class Supervisor:
         self.store.update(job.id, cancel_requested=1)
         if job.pid is None:
             return  # still starting: launch() sees the flag once the process exists
+        procs.signal_group(job.pid, signal.SIGTERM)
+        timer = threading.Timer(grace, self._kill_after_grace, args=(job.id, job.pid))
+        timer.daemon = True
+        timer.start()
+
+    def stop(self, job: JobRecord, reason: str, grace: float = 5.0) -> None:
+        """Stop a running job for a reason of the agent's own (a cap it passed): the job
+        fails with `reason` and is not retried. The reason is a file in the job's dir, so
+        an agent restarted meanwhile still records it. Idempotent."""
+        jp = self.job_paths(job.id)
+        if job.pid is None or (jp.root / STOPPED).exists():
+            return
+        (jp.root / STOPPED).write_text(json.dumps({"reason": reason}))
+        log.warning("job %s %s", job.id, reason)
         procs.signal_group(job.pid, signal.SIGTERM)
         timer = threading.Timer(grace, self._kill_after_grace, args=(job.id, job.pid))
         timer.daemon = True

@@ -2,7 +2,9 @@
 
 A tree is checked once, when it arrives: safe unique paths, no file that is also a
 directory, every blob present. Jobs then name it by digest, so an unchanged project is
-never re-sent or re-checked. Trees, like blobs, are written by atomic rename.
+never re-sent or re-checked. Trees, like blobs, are written by atomic rename, and like
+blobs are protected from garbage collection for a while after anyone asked about or stored
+them (see `BlobStore.remove`), so a job submitted right after its tree arrived finds it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import hashlib
 import json
 import os
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -38,6 +42,8 @@ class TreeStore:
         self.root = root
         self.tmp = tmp
         self.blobs = blobs
+        self._touched: dict[str, float] = {}
+        self._lock = threading.Lock()
 
     def path(self, digest: str) -> Path:
         if not SHA256_RE.match(digest):
@@ -45,7 +51,32 @@ class TreeStore:
         return self.root / f"{digest}.json"
 
     def has(self, digest: str) -> bool:
-        return self.path(digest).is_file()
+        """Whether the tree is stored. Asking protects it from collection for a while."""
+        path = self.path(digest)
+        with self._lock:
+            self._touched[digest] = time.time()
+            return path.is_file()
+
+    def digests(self) -> list[str]:
+        return [p.stem for p in self.root.glob("*.json") if SHA256_RE.match(p.stem)]
+
+    def remove(self, digest: str, untouched_since: float, dry_run: bool = False) -> int | None:
+        """Remove a tree unless it was asked about or stored at or after `untouched_since`.
+        Returns the bytes freed, or None if it was kept."""
+        path = self.path(digest)
+        with self._lock:
+            if self._touched.get(digest, 0.0) >= untouched_since:
+                return None
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                return None
+            if st.st_mtime >= untouched_since:
+                return None
+            if not dry_run:
+                self._touched.pop(digest, None)
+                path.unlink(missing_ok=True)
+            return st.st_size
 
     def entries(self, digest: str) -> list[dict]:
         """The entries of a stored tree (checked on arrival; not re-validated here)."""
@@ -62,11 +93,13 @@ class TreeStore:
             raise MissingBlobs(missing)
         digest = hashlib.sha256(raw).hexdigest()
         dest = self.path(digest)
-        if not dest.exists():
-            fd, name = tempfile.mkstemp(dir=self.tmp, prefix="tree-")
-            with os.fdopen(fd, "wb") as f:
-                f.write(raw)
-            os.replace(name, dest)
+        with self._lock:
+            self._touched[digest] = time.time()
+            if not dest.exists():
+                fd, name = tempfile.mkstemp(dir=self.tmp, prefix="tree-")
+                with os.fdopen(fd, "wb") as f:
+                    f.write(raw)
+                os.replace(name, dest)
         return digest, tree
 
 

@@ -18,6 +18,10 @@ class ErrorCode(StrEnum):
     not_listening = "not_listening"
     unsatisfiable = "unsatisfiable"
     too_large = "too_large"
+    # A disk quota (or the disk itself) has no room for it: 507, with the figures.
+    insufficient_storage = "insufficient_storage"
+    # A finished job's files were removed by retention; its record stays (410).
+    pruned = "pruned"
     unauthorized = "unauthorized"  # TCP listener: no token, or one that is wrong or revoked
     forbidden = "forbidden"  # a valid token that may not do this (admin-only routes)
     internal = "internal"

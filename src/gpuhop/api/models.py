@@ -257,6 +257,8 @@ class JobInfo(WireModel):
     reason: str | None
     log_size: int = 0
     latest_metrics: dict[str, object] | None = None
+    # When retention removed the finished job's files (log, artifacts); its record stays.
+    pruned_at: datetime | None = None
     # The job's share of its one GPU in MB; None for whole-GPU and CPU jobs.
     gpu_memory_mb: int | None = None
     # The user who submitted it (None for jobs from an agent older than ownership).

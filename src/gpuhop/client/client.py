@@ -36,6 +36,7 @@ from gpuhop.api import (
     parse_mb,
     validate_relpath,
 )
+from gpuhop.api.upkeep import DiskUsage, GcReport
 from gpuhop.client import remotes
 from gpuhop.client.data import Datasets, Envs, parse_mount
 from gpuhop.client.errors import GpuhopError
@@ -162,6 +163,18 @@ class Client:
             "GET", "/v1/agent/doctor", timeout=httpx.Timeout(DOCTOR_TIMEOUT, connect=5.0)
         )
         return [DoctorCheck.model_validate(c) for c in response.json()]
+
+    def usage(self) -> DiskUsage:
+        """The agent's disk use (storage: blobs, trees, datasets; job dirs) and quotas."""
+        return DiskUsage.model_validate(self._request("GET", "/v1/agent/usage").json())
+
+    def gc(self, dry_run: bool = False) -> GcReport:
+        """Garbage collection and retention on the agent now (admins only); with `dry_run`,
+        only what it would remove. Anything a queued or running job needs stays."""
+        response = self._request(
+            "POST", "/v1/agent/gc", params={"dry_run": dry_run}, timeout=DOCTOR_TIMEOUT
+        )
+        return GcReport.model_validate(response.json())
 
     # -- tokens (admins; for the TCP listener) ------------------------------------------------
 

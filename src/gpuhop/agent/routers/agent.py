@@ -1,15 +1,19 @@
-"""Runs in the agent: /v1/agent (what this agent is and has: its GPUs, and a preflight)."""
+"""Runs in the agent: /v1/agent (what this agent is and has: its GPUs, a preflight, its
+disk use, and garbage collection)."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 
 from gpuhop import __version__
+from gpuhop.agent import gc as gc_service
 from gpuhop.agent.auth import caller_of
 from gpuhop.agent.context import AgentContext
+from gpuhop.agent.errors import ApiError
 from gpuhop.agent.services import doctor as doctor_service
 from gpuhop.agent.services import gpus as gpus_service
-from gpuhop.api import AgentInfo, DoctorCheck, GpuInfo, JobState
+from gpuhop.api import AgentInfo, DoctorCheck, ErrorCode, GpuInfo, JobState
+from gpuhop.api.upkeep import DiskUsage, GcReport
 
 router = APIRouter(prefix="/v1/agent", tags=["agent"])
 
@@ -46,3 +50,17 @@ def doctor(request: Request) -> list[DoctorCheck]:
     # A sync route: FastAPI runs it in a worker thread, so the probe's seconds of importing
     # TensorFlow in a subprocess never hold up the other requests.
     return doctor_service.run(ctx(request))
+
+
+@router.get("/usage")
+def usage(request: Request) -> DiskUsage:
+    return ctx(request).meter.usage()
+
+
+@router.post("/gc")
+def gc(request: Request, dry_run: bool = Query(default=False)) -> GcReport:
+    """Garbage collection and retention now (admins only: it removes every user's data)."""
+    if not caller_of(request).admin:
+        raise ApiError(403, ErrorCode.forbidden, "only an admin may collect garbage")
+    c = ctx(request)
+    return gc_service.collect(c, c.policy, dry_run=dry_run)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from gpuhop.agent.auth import caller_of
-from gpuhop.agent.blobs import BlobError
+from gpuhop.agent.blobs import BlobError, QuotaExceeded
 from gpuhop.agent.errors import ApiError
 from gpuhop.api import BlobCheck, BlobCheckResult, ErrorCode
 
@@ -29,6 +29,12 @@ def missing(req: BlobCheck, request: Request) -> BlobCheckResult:
     return BlobCheckResult(missing=[d for d in req.digests if d in gone or d in unclaimed])
 
 
+async def drain(request: Request) -> None:
+    """Read and drop the rest of a body that is refused before its end."""
+    async for _chunk in request.stream():
+        pass
+
+
 @router.post("/upload")
 async def upload(request: Request) -> dict[str, int]:
     ctx = request.app.state.ctx
@@ -38,6 +44,9 @@ async def upload(request: Request) -> dict[str, int]:
         stored, size = await ctx.blobs.receive(request.stream(), received.append)
     except BlobError as e:
         raise ApiError(400, ErrorCode.bad_blob, str(e)) from None
+    except QuotaExceeded:
+        await drain(request)  # so that the client, still sending, reads the 507
+        raise
     finally:
         # Blobs that arrived whole before an error count too: a retry sends only the rest.
         if not caller.admin:

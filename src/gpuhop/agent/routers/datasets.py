@@ -9,9 +9,10 @@ from fastapi import APIRouter, Query, Request
 
 from gpuhop.agent import chunks
 from gpuhop.agent.auth import caller_of
-from gpuhop.agent.blobs import BlobError
+from gpuhop.agent.blobs import BlobError, QuotaExceeded
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
+from gpuhop.agent.routers.blobs import drain
 from gpuhop.agent.routers.trees import MAX_TREE_BYTES, read_limited
 from gpuhop.agent.services import datasets as service
 from gpuhop.agent.services import envs as envs_service
@@ -35,6 +36,9 @@ async def upload_chunks(request: Request) -> dict[str, int]:
         )
     except BlobError as e:
         raise ApiError(400, ErrorCode.bad_blob, str(e)) from None
+    except QuotaExceeded:
+        await drain(request)  # so that the client, still sending, reads the 507
+        raise
     finally:
         # Chunks that arrived whole before an error count too (see gpuhop.agent.claims).
         if not caller.admin:

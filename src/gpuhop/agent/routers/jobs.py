@@ -64,19 +64,23 @@ def log(
 @router.get("/{ref}/metrics")
 def metrics(ref: str, request: Request, offset: int = Query(default=0, ge=0)) -> dict[str, object]:
     c = ctx(request)
-    records, next_offset = service.read_metrics(
-        c, service.find(c, ref, caller_of(request)).id, offset
-    )
+    job = service.find(c, ref, caller_of(request))
+    service.check_not_pruned(c, job)
+    records, next_offset = service.read_metrics(c, job.id, offset)
     return {"records": records, "next_offset": next_offset}
 
 
 @router.get("/{ref}/artifacts")
 def artifacts(ref: str, request: Request) -> list[ArtifactEntry]:
     c = ctx(request)
-    return service.list_artifacts(c, service.find(c, ref, caller_of(request)).id)
+    job = service.find(c, ref, caller_of(request))
+    service.check_not_pruned(c, job)
+    return service.list_artifacts(c, job.id)
 
 
 @router.get("/{ref}/artifacts/{path:path}")
 def artifact(ref: str, path: str, request: Request) -> FileResponse:
     c = ctx(request)
-    return FileResponse(service.artifact_path(c, service.find(c, ref, caller_of(request)).id, path))
+    job = service.find(c, ref, caller_of(request))
+    service.check_not_pruned(c, job)
+    return FileResponse(service.artifact_path(c, job.id, path))

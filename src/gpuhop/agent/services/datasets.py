@@ -40,7 +40,8 @@ def list_all(rt: AgentContext) -> list[DatasetInfo]:
 
 
 def versions(rt: AgentContext, name: str) -> list[DatasetInfo]:
-    found = [rt.datasets.info(_name(name), v) for v in rt.datasets.versions(name)]
+    name = _name(name)  # before any path is made of it: a bad name is a 400, not a 500
+    found = [rt.datasets.info(name, v) for v in rt.datasets.versions(name)]
     if not found:
         raise not_found(f"no dataset named {name!r} (gpuhop data ls lists them)")
     return found

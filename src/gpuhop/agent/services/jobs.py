@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gpuhop.agent import gc
 from gpuhop.agent.auth import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
@@ -94,6 +95,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         reason=job.reason,
         log_size=log_size,
         latest_metrics=latest_metrics(jp.metrics),
+        pruned_at=_dt(marker["pruned_at"]) if (marker := gc.pruned(jp)) else None,
         gpu_memory_mb=job.gpu_memory_mb,
         owner=job.owner,
         **deps.info_fields(jp),
@@ -204,13 +206,19 @@ def submit(rt: AgentContext, req: SubmitRequest, caller: Caller) -> JobInfo:
     _check_command(rt, req)
     tree_paths = {e["path"] for e in rt.trees.entries(req.tree)} if req.tree and req.data else set()
     job_deps = deps.check(rt, req, tree_paths)
+    if req.tree is not None:
+        rt.meter.check_jobs(sum(e["size"] for e in rt.trees.entries(req.tree)))
     # Everything the job needs is on disk before its row exists: the scheduler may pick up
     # a queued job at any moment.
     job_id, jp = _claim_job_dir(rt)
-    deps.store(jp, job_deps, req)
-    if req.tree is not None:
-        # The job keeps its own copy, so it never depends on the shared tree staying.
-        shutil.copyfile(rt.trees.path(req.tree), jp.tree)
+    try:
+        deps.store(jp, job_deps, req)
+        if req.tree is not None:
+            # The job keeps its own copy, so it never depends on the shared tree staying.
+            shutil.copyfile(rt.trees.path(req.tree), jp.tree)
+    except OSError:
+        shutil.rmtree(jp.root, ignore_errors=True)  # a full disk: no half job stays
+        raise
     job = rt.store.create(
         command=req.command,
         env=req.env,
@@ -245,8 +253,23 @@ def cancel(rt: AgentContext, ref: str, grace: float, caller: Caller) -> JobInfo:
     return to_info(rt, rt.store.get(job.id))
 
 
+def check_not_pruned(rt: AgentContext, job: JobRecord) -> None:
+    """410 for a job whose files retention removed: its log and artifacts are gone."""
+    marker = gc.pruned(rt.supervisor.job_paths(job.id))
+    if marker is not None:
+        when = datetime.fromtimestamp(marker.get("pruned_at", 0), tz=UTC)
+        raise ApiError(
+            410,
+            ErrorCode.pruned,
+            f"job {job.id} {job.state.value}, and its log, metrics and artifacts were removed"
+            f" on {when:%Y-%m-%d %H:%M} UTC by the agent's retention policy"
+            f" ({marker.get('why', 'retention')}); its record stays",
+        )
+
+
 def log_path(rt: AgentContext, job: JobRecord, worker: int | None) -> Path:
     """The job's log, or one worker's own log of a multi-worker job."""
+    check_not_pruned(rt, job)
     jp = rt.supervisor.job_paths(job.id)
     if worker is None:
         return jp.log

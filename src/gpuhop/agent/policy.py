@@ -1,0 +1,109 @@
+"""Runs in the agent: its retention and quota settings, read once at start.
+
+From `agent.toml` in the state dir, then from `python -m gpuhop.agent` options, which win:
+
+    keep_days = 30            # a finished job's files are kept this long ...
+    keep_jobs = 100           # ... and the newest this many finished jobs' files whatever their age
+    gc_every_hours = 6        # automatic collection: at start, then this often (0: never)
+    gc_grace_minutes = 60     # anything stored or asked about this recently is never collected
+    env_keep_days = 30        # a cached environment no job used for this long is removed
+    storage_quota = "50GiB"   # blobs, trees and datasets together
+    jobs_quota = "200GiB"     # job dirs: work dirs, logs, metrics, artifacts, checkpoints
+    log_cap = "1GiB"          # one job's log; a job that passes it is stopped and fails
+
+Sizes are bytes, or a number with a binary unit (KiB, MiB, GiB, TiB; K, M, G, T alike).
+No quota is set by default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CONFIG_NAME = "agent.toml"
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*\Z", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+SIZE_FIELDS = ("storage_quota", "jobs_quota", "log_cap")
+
+
+class PolicyError(ValueError):
+    """A setting that cannot be read; the message names it."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    keep_days: float = 30.0
+    keep_jobs: int = 100
+    gc_every_hours: float = 6.0
+    gc_grace_minutes: float = 60.0
+    env_keep_days: float = 30.0
+    storage_quota: int | None = None
+    jobs_quota: int | None = None
+    log_cap: int | None = None
+
+    @property
+    def grace_seconds(self) -> float:
+        return self.gc_grace_minutes * 60
+
+    def with_settings(self, settings: dict[str, Any], source: str) -> Policy:
+        """This policy with `settings` (name -> value, as in agent.toml) applied."""
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        changes: dict[str, Any] = {}
+        for name, value in settings.items():
+            if name not in fields:
+                known = ", ".join(fields)
+                raise PolicyError(f"{source}: unknown setting {name!r} (known: {known})")
+            changes[name] = _coerce(name, value, source)
+        return dataclasses.replace(self, **changes)
+
+
+def parse_bytes(text: str | int) -> int:
+    """Bytes in "50GiB", "512M", "200KiB" or "12345". Raises ValueError."""
+    if isinstance(text, bool):
+        raise ValueError(f"{text!r} is not a size")
+    if isinstance(text, int):
+        value = text
+    else:
+        match = _SIZE_RE.match(text)
+        if match is None:
+            raise ValueError(f"cannot read {text!r} as a size (e.g. 50GiB, 512M, 4096)")
+        value = int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+    if value < 0:
+        raise ValueError(f"{text!r} is negative")
+    return value
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    try:
+        if name in SIZE_FIELDS:
+            return None if value in (None, "", "none", 0) else parse_bytes(value)
+        if name == "keep_jobs":
+            number: float = int(value)
+        else:
+            number = float(value)
+        if number < 0:
+            raise ValueError("it is negative")
+        return number
+    except (TypeError, ValueError) as e:
+        raise PolicyError(f"{source}: {name} = {value!r}: {e}") from None
+
+
+def load(home: Path, overrides: dict[str, Any] | None = None) -> Policy:
+    """The policy of the agent of `home`: defaults, then agent.toml, then `overrides`."""
+    policy = Policy()
+    path = home / CONFIG_NAME
+    if path.exists():
+        try:
+            settings = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise PolicyError(f"{path}: {e}") from None
+        policy = policy.with_settings(settings, str(path))
+    if overrides:
+        policy = policy.with_settings(
+            {k: v for k, v in overrides.items() if v is not None}, "agent option"
+        )
+    return policy

@@ -1,0 +1,139 @@
+"""Fault injection beyond test_agent_restart.py: a crash between allocation and start, a
+stopped (SIGSTOP) job and agent, and clients that hang up mid-stream. Each test ends by
+checking that nothing was lost or duplicated."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import threading
+
+import httpx
+
+from gpuhop.api import JobState
+from gpuhop.client.embedded import start_background
+from tests.conftest import wait_until
+from tests.integration.test_agent_restart import WAITER, kill_agent_hard
+
+COUNTER = """
+import os, sys, time
+i = 0
+while not os.path.exists(sys.argv[1]):
+    print(f"line {i}", flush=True); i += 1; time.sleep(0.005)
+print("done", flush=True)
+"""
+
+
+def lines_are_whole_and_in_order(log: bytes) -> None:
+    lines = log.decode().splitlines()
+    assert lines[-1] == "done"
+    assert lines[:-1] == [f"line {i}" for i in range(len(lines) - 1)]
+
+
+def test_a_crash_between_allocation_and_start_starts_the_job_once(make_agent, project, tmp_path):
+    agent = make_agent(fake_gpus=1)
+    release = tmp_path / "release"
+    with agent.client() as client:
+        holder = client.submit(
+            ["waiter.py", str(release)], workdir=project({"waiter.py": WAITER}), gpus=1
+        )
+        once = client.submit(
+            ["once.py", str(tmp_path / "runs")],
+            workdir=project({"once.py": "import sys\nopen(sys.argv[1], 'a').write('ran\\n')\n"}),
+            gpus=1,
+        )
+        assert once.refresh().state == JobState.queued
+        wait_until(lambda: holder.refresh().state == JobState.running, timeout=30)
+    kill_agent_hard(agent)
+    release.touch()
+    # The state a crash leaves right after the scheduler's transaction: `starting`, GPU
+    # allocated, no process yet.
+    db = sqlite3.connect(agent.paths.db)
+    with db:
+        db.execute("UPDATE jobs SET state = 'starting', gpu_ids = '[0]' WHERE id = ?", (once.id,))
+    db.close()
+    agent.pid = start_background(agent.paths, fake_gpus=1)
+    with agent.client() as client:
+        info = client.job(once.id).wait(30)
+        assert client.job(holder.id).wait(30).exit_code == 5
+    assert (info.state, info.attempt) == (JobState.succeeded, 1)
+    assert (tmp_path / "runs").read_text() == "ran\n"
+
+
+def test_a_stopped_job_is_still_running_and_cancel_reaches_it(make_agent, project, tmp_path):
+    agent = make_agent()
+    release = tmp_path / "release"
+    with agent.client() as client:
+        job = client.submit(["counter.py", str(release)], workdir=project({"counter.py": COUNTER}))
+        wait_until(lambda: b"line 5" in b"".join(job.logs()), timeout=30)
+        shim = json.loads((agent.home / "jobs" / job.id / "shim.pid").read_text())
+        pgid = int(shim["pid"])  # the shim leads the job's process group
+        os.killpg(pgid, signal.SIGSTOP)
+        size = len(b"".join(job.logs()))
+        assert client.jobs()[0].state == JobState.running  # the agent still answers
+        job.cancel(grace=0.5)  # SIGTERM waits on a stopped process; SIGKILL does not
+        info = job.wait(30)
+        log = b"".join(job.logs())
+    assert info.state == JobState.cancelled and "killed after the grace period" in info.reason
+    assert len(log) >= size
+    assert log.decode().splitlines()[:-1] == [f"line {i}" for i in range(log.count(b"\n") - 1)]
+
+
+def test_a_stopped_agent_loses_nothing_once_it_goes_on(make_agent, project, tmp_path):
+    agent = make_agent()
+    release = tmp_path / "release"
+    received: list[bytes] = []
+    with agent.client() as client:
+        job = client.submit(["counter.py", str(release)], workdir=project({"counter.py": COUNTER}))
+        follower = threading.Thread(
+            target=lambda: received.extend(job.logs(follow=True)), daemon=True
+        )
+        follower.start()
+        wait_until(lambda: len(received) > 5, timeout=30)
+        on_disk = agent.home / "jobs" / job.id / "output.log"
+        os.kill(agent.pid, signal.SIGSTOP)
+        try:
+            size = on_disk.stat().st_size
+            wait_until(lambda: on_disk.stat().st_size > size + 1000, timeout=30)  # job goes on
+        finally:
+            os.kill(agent.pid, signal.SIGCONT)
+        release.touch()
+        follower.join(timeout=60)
+        assert not follower.is_alive()
+        assert job.wait(30).state == JobState.succeeded
+    assert b"".join(received) == on_disk.read_bytes()
+    lines_are_whole_and_in_order(on_disk.read_bytes())
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_clients_that_hang_up_mid_stream_leave_nothing_open(make_agent, project, tmp_path):
+    agent = make_agent()
+    release = tmp_path / "release"
+    transport = httpx.HTTPTransport(uds=str(agent.paths.socket))
+    with agent.client() as client:
+        job = client.submit(["counter.py", str(release)], workdir=project({"counter.py": COUNTER}))
+        wait_until(lambda: b"line 50" in b"".join(job.logs()), timeout=30)
+        baseline = open_fds(agent.pid)
+        got = b""
+        for _ in range(20):
+            with httpx.Client(transport=httpx.HTTPTransport(uds=str(agent.paths.socket))) as http:
+                url = f"http://agent/v1/jobs/{job.id}/log"
+                params = {"follow": "true", "offset": len(got)}
+                with http.stream("GET", url, params=params) as response:
+                    for chunk in response.iter_raw():
+                        got += chunk
+                        break  # hang up after the first chunk, mid-stream
+        # Each hang-up closed the agent's side too: no file or socket is left open.
+        wait_until(lambda: open_fds(agent.pid) <= baseline, timeout=30)
+        release.touch()
+        job.wait(30)
+        rest = b"".join(job.logs(offset=len(got)))
+    transport.close()
+    log = (agent.home / "jobs" / job.id / "output.log").read_bytes()
+    assert got + rest == log
+    lines_are_whole_and_in_order(log)

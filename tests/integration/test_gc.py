@@ -1,0 +1,149 @@
+"""Garbage collection and retention on a real agent: what nothing needs goes, what a queued
+or running job, a dataset or an upload in progress needs stays."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from gpuhop.api import JobState
+from gpuhop.client import GpuhopError
+from gpuhop.client.client import tree_of
+from gpuhop.client.sync import scan
+from tests.conftest import wait_until
+from tests.integration.test_agent_restart import WAITER
+
+# Collect everything that is old enough at once: no grace, no retention.
+EAGER = ("--gc-every-hours", "0", "--gc-grace-minutes", "0", "--keep-jobs", "0", "--keep-days", "0")
+
+
+def upload_only(client, root, cache):
+    """Send a project's blobs and tree, as `submit` does, but submit no job."""
+    files = scan(root, cache).files
+    tree_bytes, digest = tree_of(files)
+    client.upload(files)
+    client._send_tree(tree_bytes, files, None)
+    return digest, {f.digest for f in files}
+
+
+def stored_blobs(agent) -> set[str]:
+    return {p.name for p in (agent.home / "blobs").glob("*/*")}
+
+
+def test_gc_removes_only_what_nothing_needs(make_agent, project, tmp_path):
+    agent = make_agent(fake_gpus=1, args=EAGER)
+    release = tmp_path / "release"
+    with agent.client() as client:
+        done = client.submit(["print.py"], workdir=project({"print.py": "print('old job')\n"}))
+        done.wait(30)
+        holder = client.submit(
+            ["waiter.py", str(release)], workdir=project({"waiter.py": WAITER}), gpus=1
+        )
+        wait_until(lambda: holder.refresh().state == JobState.running, timeout=30)
+        queued_root = tmp_path / "queued"
+        queued_root.mkdir()
+        (queued_root / "q.py").write_text("print(open('data.txt').read())\n")
+        (queued_root / "data.txt").write_text("needed by a queued job\n")
+        queued = client.submit(["q.py"], workdir=queued_root, gpus=1)
+        assert queued.refresh().state == JobState.queued
+        data_root = tmp_path / "ds"
+        data_root.mkdir()
+        (data_root / "d.bin").write_bytes(b"dataset bytes" * 1000)
+        client.data.push(data_root, name="ds")
+        orphan_root = tmp_path / "orphan"
+        orphan_root.mkdir()
+        (orphan_root / "unused.bin").write_bytes(b"nobody runs this" * 5000)
+        orphan_tree, orphan_blobs = upload_only(client, orphan_root, agent.cache)
+        before = stored_blobs(agent)
+        assert orphan_blobs <= before
+
+        dry = client.gc(dry_run=True)
+        assert stored_blobs(agent) == before  # a dry run removes nothing
+        report = client.gc()
+        assert report.freed == dry.freed
+        assert report.pruned_jobs == [done.id]
+        after = stored_blobs(agent)
+        assert before - after == orphan_blobs
+        assert report.freed["blobs"].count == len(orphan_blobs)
+        assert report.freed["blobs"].bytes == len(b"nobody runs this" * 5000)
+        assert not (agent.home / "trees" / f"{orphan_tree}.json").exists()
+
+        # The old job's record stays; its files are gone, and asking for them says why.
+        info = client.job(done.id).refresh()
+        assert info.state == JobState.succeeded and info.pruned_at is not None
+        with pytest.raises(GpuhopError) as e:
+            b"".join(client.job(done.id).logs())
+        assert e.value.status == 410 and "retention" in e.value.message
+
+        # What the running, the queued job and the dataset need is all there.
+        release.touch()
+        assert holder.wait(30).exit_code == 5
+        assert queued.wait(30).state == JobState.succeeded
+        assert b"".join(queued.logs()) == b"needed by a queued job\n\n"
+        again = client.submit(["q.py"], workdir=queued_root)  # the same tree, gone or not
+        assert again.wait(30).state == JobState.succeeded
+        ds = client.submit(["cat", "d/d.bin"], workdir=project({"x.txt": ""}), data=["ds=d"]).wait(
+            30
+        )
+        assert ds.state == JobState.succeeded, ds.reason
+    # Claims follow the blobs they are about: none is left for a removed blob.
+    import sqlite3
+
+    db = sqlite3.connect(agent.home / "claims.db")
+    claimed = {row[0] for row in db.execute("SELECT digest FROM claims WHERE kind = 'blob'")}
+    db.close()
+    assert not claimed & orphan_blobs
+
+
+def test_recent_uploads_are_never_collected(make_agent, tmp_path):
+    """An upload whose tree has not arrived yet keeps its blobs (the grace period)."""
+    agent = make_agent(args=("--gc-every-hours", "0"))
+    root = tmp_path / "p"
+    root.mkdir()
+    (root / "a.bin").write_bytes(b"in flight" * 1000)
+    with agent.client() as client:
+        files = scan(root, agent.cache).files
+        client.upload(files)  # the blobs arrived; the tree is still to come
+        report = client.gc()
+        assert report.freed["blobs"].count == 0
+        tree_bytes, digest = tree_of(files)
+        client._send_tree(tree_bytes, files, None)  # would fail if a blob had gone
+    assert hashlib.sha256(tree_bytes).hexdigest() == digest
+
+
+def test_the_agent_collects_on_its_own_and_keeps_the_newest_jobs(make_agent, project):
+    args = ("--gc-every-hours", "0.0005", "--gc-grace-minutes", "0")
+    agent = make_agent(args=(*args, "--keep-jobs", "1", "--keep-days", "0"))
+    with agent.client() as client:
+        root = project({"p.py": "print('hi')\n"})
+        first = client.submit(["p.py"], workdir=root)
+        first.wait(30)
+        second = client.submit(["p.py"], workdir=root)
+        second.wait(30)
+        wait_until(lambda: client.job(first.id).refresh().pruned_at is not None, timeout=30)
+        assert client.job(second.id).refresh().pruned_at is None  # the newest one is kept
+        assert b"".join(second.logs()) == b"hi\n"
+    marker = json.loads((agent.home / "jobs" / first.id / "pruned.json").read_text())
+    assert marker["bytes"] > 0
+    assert sorted(p.name for p in (agent.home / "jobs" / first.id).iterdir()) == ["pruned.json"]
+
+
+def test_only_admins_collect(make_agent):
+    agent = make_agent(args=("--listen", "127.0.0.1:0", "--no-tls", "--gc-every-hours", "0"))
+    token = agent.cli("agent", "token", "create", "bob").stdout.split()[-1]
+    import httpx
+
+    r = httpx.post(
+        f"{agent.listener.url}/v1/agent/gc", headers={"authorization": f"Bearer {token}"}
+    )
+    assert r.status_code == 403 and r.json()["code"] == "forbidden"
+
+
+def test_gc_on_the_command_line(make_agent):
+    agent = make_agent(args=("--gc-every-hours", "0", "--storage-quota", "1GiB"))
+    dry = agent.cli("gc", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "would free 0 B in all" in dry.stdout + dry.stderr
+    assert "of 1.0 GB" in dry.stdout + dry.stderr

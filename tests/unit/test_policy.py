@@ -1,0 +1,38 @@
+"""The agent's retention and quota settings: agent.toml, then options; bad ones are named."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuhop.agent.policy import Policy, PolicyError, load, parse_bytes
+
+
+def test_defaults_then_the_file_then_options(tmp_path):
+    assert load(tmp_path) == Policy()
+    (tmp_path / "agent.toml").write_text('keep_jobs = 5\nstorage_quota = "2GiB"\nlog_cap = 4096\n')
+    policy = load(tmp_path, {"keep_jobs": 7, "jobs_quota": "10M", "keep_days": None})
+    assert (policy.keep_jobs, policy.storage_quota, policy.log_cap) == (7, 2 << 30, 4096)
+    assert policy.jobs_quota == 10 << 20 and policy.keep_days == Policy().keep_days
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("keep_dayz = 3\n", "unknown setting 'keep_dayz'"),
+        ('storage_quota = "lots"\n', "storage_quota"),
+        ("keep_jobs = -1\n", "negative"),
+        ("keep_jobs = [\n", "agent.toml"),
+    ],
+)
+def test_a_bad_setting_is_named(tmp_path, text, words):
+    (tmp_path / "agent.toml").write_text(text)
+    with pytest.raises(PolicyError, match=words.replace("[", r"\[")):
+        load(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("4096", 4096), ("64KiB", 65536), ("1.5G", 3 << 29), ("2 MiB", 2 << 20), ("3kb", 3072)],
+)
+def test_sizes(text, size):
+    assert parse_bytes(text) == size
