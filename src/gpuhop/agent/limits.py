@@ -4,7 +4,8 @@ JSON bodies (a job spec, a list of digests to check) are parsed whole, so each i
 before it is read: a declared Content-Length over the cap is refused at once with 413, and
 a body sent without one is counted as it arrives and refused when it passes the cap. The
 routes that stream their bodies set their own bounds and are exempt: blob uploads go to
-disk frame by frame, and a tree has its own, larger cap (`routers.trees.MAX_TREE_BYTES`).
+disk frame by frame, a tree has its own, larger cap (`routers.trees.MAX_TREE_BYTES`), and
+requests proxied to a model server have theirs (`services.serving.MAX_BODY`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from gpuhop.api import ErrorBody, ErrorCode
 # A BlobCheck of the largest tree (200,000 digests at 67 bytes each) fits with room to spare.
 MAX_JSON_BODY = 16 * 1024 * 1024
 STREAMING_ROUTES = frozenset({"/v1/blobs/upload", "/v1/trees"})
+# Requests to model servers stream through with their own cap (`services.serving.MAX_BODY`).
+PROXY_PREFIX = "/v1/serve/"
 
 
 class BodyLimit:
@@ -27,7 +30,11 @@ class BodyLimit:
         self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in STREAMING_ROUTES:
+        if (
+            scope["type"] != "http"
+            or scope["path"] in STREAMING_ROUTES
+            or scope["path"].startswith(PROXY_PREFIX)
+        ):
             await self.app(scope, receive, send)
             return
         declared = _content_length(scope)
