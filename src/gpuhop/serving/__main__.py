@@ -52,6 +52,9 @@ async def serve(args: argparse.Namespace) -> int:
     batcher = Batcher(model.run, args.max_batch_size, args.batch_timeout_ms / 1000)
     app = create_app(args.name, model.signatures, model.metadata, batcher)
     sock = socket.create_server((args.host, args.port), backlog=1024)
+    # Accepted connections inherit it. Without it, a response's head and body wait on the
+    # client's delayed ACK: 40 ms a request (uvicorn leaves a socket it is given as it is).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     port = sock.getsockname()[1]
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
     server = uvicorn.Server(config)
