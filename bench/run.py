@@ -21,6 +21,7 @@ import forward
 import logs
 import overhead
 import resync
+import serving
 import start_latency
 from harness import REPO, Row, Settings, machine, markdown
 
@@ -31,6 +32,7 @@ BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "logs": logs.run,
     "forward": forward.run,
     "datasets": datasets.run,
+    "serving": serving.run,
 }
 
 
