@@ -22,6 +22,7 @@ import load
 import logs
 import overhead
 import resync
+import serving
 import start_latency
 import transports
 from harness import REPO, Row, Settings, machine, markdown
@@ -35,6 +36,7 @@ BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "forward": forward.run,
     "datasets": datasets.run,
     "load": load.run,
+    "serving": serving.run,
 }
 
 

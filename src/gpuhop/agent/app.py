@@ -24,7 +24,8 @@ from gpuhop.agent.context import AgentContext
 from gpuhop.agent.duties import run_duties
 from gpuhop.agent.errors import ApiError, describe_errors, error_response
 from gpuhop.agent.limits import BodyLimit
-from gpuhop.agent.routers import agent, blobs, datasets, jobs, ports, tokens, trees
+from gpuhop.agent.routers import agent, blobs, datasets, jobs, ports, serving, tokens, trees
+from gpuhop.agent.services.serving import Upstream
 from gpuhop.api import ErrorCode
 
 log = logging.getLogger("gpuhop.agent")
@@ -59,11 +60,14 @@ def create_app(ctx: AgentContext) -> FastAPI:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            await app.state.upstream.aclose()
 
     app = FastAPI(title="gpuhop agent", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
+    # The HTTP client the model-server proxy shares (see `services.serving`).
+    app.state.upstream = Upstream()
     routers = (jobs.router, ports.router, blobs.router, trees.router, agent.router)
-    for router in (*routers, tokens.router, datasets.router):
+    for router in (*routers, tokens.router, datasets.router, serving.router):
         app.include_router(router)
     app.add_middleware(BodyLimit)
 

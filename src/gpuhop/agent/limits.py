@@ -4,8 +4,9 @@ JSON bodies (a job spec, a list of digests to check) are parsed whole, so each i
 before it is read: a declared Content-Length over the cap is refused at once with 413, and
 a body sent without one is counted as it arrives and refused when it passes the cap. The
 routes that stream their bodies set their own bounds and are exempt: blob and chunk uploads
-go to disk frame by frame, and a tree or a dataset manifest has its own, larger cap
-(`routers.trees.MAX_TREE_BYTES`).
+go to disk frame by frame, a tree or a dataset manifest has its own, larger cap
+(`routers.trees.MAX_TREE_BYTES`), and requests proxied to a model server have theirs
+(`services.serving.MAX_BODY`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from gpuhop.api import ErrorBody, ErrorCode
 # A BlobCheck of the largest tree (200,000 digests at 67 bytes each) fits with room to spare.
 MAX_JSON_BODY = 16 * 1024 * 1024
 STREAMING_ROUTES = frozenset({"/v1/blobs/upload", "/v1/chunks/upload", "/v1/trees"})
-STREAMING_PREFIXES = ("/v1/datasets/",)  # POST /v1/datasets/NAME: a manifest
+# POST /v1/datasets/NAME: a manifest; /v1/serve/...: requests to model servers, which stream
+# through with their own cap (`services.serving.MAX_BODY`).
+STREAMING_PREFIXES = ("/v1/datasets/", "/v1/serve/")
 
 
 class BodyLimit:

@@ -26,6 +26,7 @@ from gpuhop.api.models import (
     TreeStored,
     validate_relpath,
 )
+from gpuhop.api.serving import ServeRequest, ServingInfo
 from gpuhop.api.sizes import format_mb, parse_mb
 
 __all__ = [
@@ -43,6 +44,8 @@ __all__ = [
     "JobState",
     "ListenerInfo",
     "ManifestEntry",
+    "ServeRequest",
+    "ServingInfo",
     "SubmitRequest",
     "TokenCreated",
     "TokenInfo",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpuhop import __version__
-from gpuhop.cli import agent, data, doctor, forward, gc, gpus, jobs, remote
+from gpuhop.cli import agent, data, doctor, forward, gc, gpus, jobs, remote, serve
 
 app = typer.Typer(
     name="gpuhop",
@@ -27,6 +27,7 @@ doctor.register(app)
 app.add_typer(agent.app, name="agent")
 app.add_typer(remote.app, name="remote")
 data.register(app)
+serve.register(app)
 gc.register(app)
 
 

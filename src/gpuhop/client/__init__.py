@@ -3,7 +3,7 @@
 from gpuhop.client.client import Client, Job, SyncStats
 from gpuhop.client.errors import GpuhopError
 
-__all__ = ["Client", "Forward", "GpuhopError", "Job", "SyncStats"]
+__all__ = ["Client", "Forward", "GpuhopError", "Job", "Model", "SyncStats"]
 
 
 def __getattr__(name: str) -> object:
@@ -12,4 +12,8 @@ def __getattr__(name: str) -> object:
         from gpuhop.client.forward import Forward
 
         return Forward
+    if name == "Model":
+        from gpuhop.client.serving import Model
+
+        return Model
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

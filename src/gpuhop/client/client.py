@@ -47,6 +47,7 @@ from gpuhop.home import AgentError, AgentPaths, default_home
 
 if TYPE_CHECKING:
     from gpuhop.client.forward import Forward
+    from gpuhop.client.serving import Model
 
 # Upload in batches so a dropped connection costs at most one batch.
 UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
@@ -344,6 +345,46 @@ class Client:
     def envs(self) -> Envs:
         """The Python environments the agent built for jobs: list, remove."""
         return Envs(self)
+
+    # -- model servers (see gpuhop.client.serving) ----------------------------------------
+
+    def serve(
+        self,
+        source: str | os.PathLike[str] | Job,
+        *,
+        name: str,
+        gpus: int = 0,
+        max_batch_size: int = 32,
+        batch_timeout_ms: float = 2.0,
+        wait: bool = True,
+        timeout: float = 600.0,
+    ) -> Model:
+        """Serve a SavedModel on the GPU host under `name`, TF Serving's REST API style.
+
+        `source` is a local SavedModel directory (uploaded like a work dir), or a job
+        ("JOB" or "JOB:PATH", or a `Job`) whose artifacts hold it: without PATH, the only
+        SavedModel there; its files stay on the host. Requests are batched up to
+        `max_batch_size` rows (1: no batching), waiting at most `batch_timeout_ms`. With
+        `wait`, returns once the server answers (GpuhopError if its job ends first).
+        """
+        from gpuhop.client.serving import serve
+
+        return serve(
+            self,
+            source,
+            name=name,
+            gpus=gpus,
+            max_batch_size=max_batch_size,
+            batch_timeout_ms=batch_timeout_ms,
+            wait=wait,
+            timeout=timeout,
+        )
+
+    def model(self, ref: str) -> Model:
+        """A handle on a model server job, by its name (as given to `serve`) or job id."""
+        from gpuhop.client.serving import model
+
+        return model(self, ref)
 
     def job(self, ref: str) -> Job:
         """A handle on an existing job, by id, unique id prefix, or name."""

@@ -7,7 +7,7 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -181,7 +181,14 @@ def _check_share(rt: AgentContext, share_mb: int) -> None:
         )
 
 
-def submit(rt: AgentContext, req: SubmitRequest, caller: Caller) -> JobInfo:
+def submit(
+    rt: AgentContext,
+    req: SubmitRequest,
+    caller: Caller,
+    prepare: Callable[[JobPaths], None] | None = None,
+) -> JobInfo:
+    """Queue a job. `prepare` puts more files in the new job's dir before it is queued
+    (a model server's SavedModel); if it raises, the job is not created."""
     total = len(rt.gpus)
     if req.gpu_memory_mb is not None:
         _check_share(rt, req.gpu_memory_mb)
@@ -216,8 +223,10 @@ def submit(rt: AgentContext, req: SubmitRequest, caller: Caller) -> JobInfo:
         if req.tree is not None:
             # The job keeps its own copy, so it never depends on the shared tree staying.
             shutil.copyfile(rt.trees.path(req.tree), jp.tree)
-    except OSError:
-        shutil.rmtree(jp.root, ignore_errors=True)  # a full disk: no half job stays
+        if prepare is not None:
+            prepare(jp)
+    except BaseException:
+        shutil.rmtree(jp.root, ignore_errors=True)  # a full disk, a bad source: no half job
         raise
     job = rt.store.create(
         command=req.command,

@@ -1,0 +1,299 @@
+"""Runs in the agent: model server jobs (`gpuhop serve`) and the HTTP proxy to them.
+
+A model server is an ordinary job whose command is `python -m gpuhop.serving` (the agent's
+Python), so the scheduler, GPUs, logs and cancel all apply. What marks it is a spec file
+in its job dir (`serving.json`: model name, source, batching). A SavedModel from a finished
+job's artifacts never leaves the host: its files are hard-linked into the new job's work
+dir (copied across file systems). That is safe because the serving job runs gpuhop's own
+server, which only reads them. An uploaded SavedModel is the job's synced work dir.
+
+The server binds the host's loopback on a free port and writes it to `serving-ready.json`
+in its job dir once it accepts connections. `proxy` sends a caller's request there: the
+job is found with the caller (another user's model is a 404, as for every job route),
+the body is streamed up with a cap, and the answer streamed back. The agent's token never
+reaches the job. Errors are TF Serving's {"error": ...} plus gpuhop's `ErrorBody` fields,
+so a TF Serving client and the SDK both read them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from starlette.background import BackgroundTask
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from gpuhop.agent.auth import Caller
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.errors import ApiError, not_found
+from gpuhop.agent.services import jobs
+from gpuhop.agent.store import JobRecord
+from gpuhop.api import ErrorCode, JobInfo, JobState, ServeRequest, ServingInfo, SubmitRequest
+from gpuhop.home import JobPaths
+
+SPEC_FILE = "serving.json"
+READY_FILE = "serving-ready.json"
+SAVED_MODEL_PB = "saved_model.pb"
+MODEL_DIR = "model"  # in the work dir, for a SavedModel from a job's artifacts
+# Predict bodies are parsed whole by the server; this caps what the agent passes on.
+MAX_BODY = 256 * 1024 * 1024
+# A model call on a busy GPU may take long; a server that says nothing for this long is hung.
+READ_TIMEOUT = 300.0
+# Request headers passed to the server. Nothing else: never Authorization or cookies.
+PASSED_HEADERS = ("content-type", "accept")
+
+
+# -- starting a model server ---------------------------------------------------------------
+
+
+def start(rt: AgentContext, req: ServeRequest, caller: Caller) -> JobInfo:
+    model_dir, source, files = ".", f"uploaded directory (tree {(req.tree or '')[:12]})", None
+    if req.source_job is not None:
+        job = jobs.find(rt, req.source_job, caller)
+        files, rel = find_saved_model(rt, job, req.path)
+        model_dir, source = MODEL_DIR, f"job {job.id}:{rel}"
+    spec = {
+        "name": req.name,
+        "source": source,
+        "max_batch_size": req.max_batch_size,
+        "batch_timeout_ms": req.batch_timeout_ms,
+    }
+    command = [
+        rt.supervisor.python,
+        "-m",
+        "gpuhop.serving",
+        "--model",
+        model_dir,
+        "--name",
+        req.name,
+        "--max-batch-size",
+        str(req.max_batch_size),
+        "--batch-timeout-ms",
+        f"{req.batch_timeout_ms:g}",
+        # The job runs in its work dir, one level below its job dir.
+        "--ready-file",
+        f"../{READY_FILE}",
+    ]
+
+    def prepare(jp: JobPaths) -> None:
+        if files is not None:
+            _link_tree(files, jp.work / MODEL_DIR)
+        elif req.tree is not None and SAVED_MODEL_PB not in {
+            e["path"] for e in rt.trees.entries(req.tree)
+        }:
+            raise ApiError(
+                400,
+                ErrorCode.bad_request,
+                f"the uploaded directory is not a SavedModel: it has no {SAVED_MODEL_PB} at its"
+                " top (give the directory that model.export() or tf.saved_model.save() wrote)",
+            )
+        (jp.root / SPEC_FILE).write_text(json.dumps(spec))
+
+    submit = SubmitRequest(command=command, tree=req.tree, name=req.name, gpus=req.gpus)
+    return jobs.submit(rt, submit, caller, prepare=prepare)
+
+
+def find_saved_model(rt: AgentContext, job: JobRecord, path: str | None) -> tuple[Path, str]:
+    """The SavedModel dir in `job`'s artifacts: at `path`, or the only one there."""
+    if not job.state.finished:
+        raise ApiError(
+            409,
+            ErrorCode.conflict,
+            f"job {job.id} is {job.state.value}; serve its SavedModel once it has ended",
+            {"state": job.state.value},
+        )
+    root = rt.supervisor.job_paths(job.id).artifacts.resolve()
+    if path is not None:
+        full = root / path
+        if not full.resolve().is_relative_to(root) or any(
+            p.is_symlink() for p in (full, *full.parents) if p.is_relative_to(root)
+        ):
+            raise ApiError(400, ErrorCode.bad_path, f"{path} leads out of job {job.id}'s artifacts")
+        if not (full / SAVED_MODEL_PB).is_file():
+            raise not_found(
+                f"job {job.id} has no SavedModel at {path} in its artifacts (no {SAVED_MODEL_PB}"
+                " there)"
+            )
+        return full, path
+    found = sorted(
+        Path(d).relative_to(root).as_posix() or "."
+        for d, _dirs, names in os.walk(root)
+        if SAVED_MODEL_PB in names
+    )
+    if not found:
+        raise not_found(
+            f"job {job.id} has no SavedModel in its artifacts (no {SAVED_MODEL_PB}); export one"
+            " into $GPUHOP_ARTIFACTS_DIR, e.g. model.export(gpuhop.tf.artifacts_dir() / 'model')"
+        )
+    if len(found) > 1:
+        raise ApiError(
+            409,
+            ErrorCode.ambiguous,
+            f"job {job.id} has {len(found)} SavedModels in its artifacts ({', '.join(found[:5])});"
+            f" name one as {job.id}:PATH",
+            {"paths": found},
+        )
+    return root / found[0], found[0]
+
+
+def _link_tree(src: Path, dest: Path) -> None:
+    """Hard-link every regular file of `src` into `dest` (a copy where linking fails).
+    Links are skipped: a job's links are not followed out of its artifacts."""
+    for dirpath, _dirs, names in os.walk(src):
+        target = dest / Path(dirpath).relative_to(src)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            file = Path(dirpath) / name
+            if file.is_symlink() or not file.is_file():
+                continue
+            try:
+                os.link(file, target / name)
+            except OSError:
+                shutil.copy2(file, target / name)
+
+
+# -- what the agent knows of one ----------------------------------------------------------
+
+
+def _spec(rt: AgentContext, job: JobRecord) -> dict[str, Any]:
+    try:
+        spec = json.loads((rt.supervisor.job_paths(job.id).root / SPEC_FILE).read_text())
+    except (OSError, ValueError):
+        raise not_found(
+            f"job {job.id} is not a model server (start one with gpuhop serve)"
+        ) from None
+    return spec if isinstance(spec, dict) else {}
+
+
+def _port(rt: AgentContext, job: JobRecord) -> int | None:
+    """The server's port, once it said it is ready; None before, and after the job ended."""
+    if job.state != JobState.running:
+        return None
+    try:
+        port = json.loads((rt.supervisor.job_paths(job.id).root / READY_FILE).read_text())["port"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return port if isinstance(port, int) and 0 < port < 65536 else None
+
+
+def info(rt: AgentContext, ref: str, caller: Caller) -> ServingInfo:
+    job = jobs.find(rt, ref, caller)
+    spec = _spec(rt, job)
+    port = _port(rt, job)
+    return ServingInfo(
+        job=job.id,
+        name=str(spec.get("name", job.name or job.id)),
+        state=job.state,
+        ready=port is not None,
+        port=port,
+        source=str(spec.get("source", "")),
+        max_batch_size=int(spec.get("max_batch_size", 1)),
+        batch_timeout_ms=float(spec.get("batch_timeout_ms", 0)),
+        reason=job.reason,
+    )
+
+
+# -- the proxy ----------------------------------------------------------------------------
+
+
+class Upstream:
+    """The agent's one HTTP client for model servers: connections are kept and reused."""
+
+    def __init__(self) -> None:
+        self._client: httpx.AsyncClient | None = None
+
+    def client(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                timeout=httpx.Timeout(READ_TIMEOUT, connect=5.0, pool=30.0),
+                limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+                trust_env=False,  # no proxy from the agent's environment for loopback
+            )
+        return self._client
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def error(status: int, code: ErrorCode, message: str) -> JSONResponse:
+    """TF Serving's error body, with gpuhop's `ErrorBody` fields beside it."""
+    body = {"error": message, "code": code.value, "message": message, "detail": None}
+    return JSONResponse(body, status_code=status)
+
+
+async def proxy(
+    rt: AgentContext, upstream: Upstream, ref: str, path: str, request: Request, caller: Caller
+) -> Response:
+    try:
+        job = jobs.find(rt, ref, caller)
+        spec = _spec(rt, job)
+    except ApiError as e:
+        return error(e.status, e.code, e.message)
+    port = _port(rt, job)
+    if port is None:
+        if job.state.finished:
+            why = f"has {job.state.value}" + (f": {job.reason}" if job.reason else "")
+        else:
+            why = f"is {job.state.value}; its model is not loaded yet (try again shortly)"
+        return error(
+            503, ErrorCode.conflict, f"the model server {spec.get('name')} (job {job.id}) {why}"
+        )
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
+        return error(413, ErrorCode.too_large, _too_large_message())
+    url = f"http://127.0.0.1:{port}/{quote(path, safe='/:@')}"
+    if request.url.query:
+        url += "?" + request.url.query
+    headers = {k: v for k in PASSED_HEADERS if (v := request.headers.get(k)) is not None}
+    has_body = request.method in ("POST", "PUT", "PATCH")
+    client = upstream.client()
+    outgoing = client.build_request(
+        request.method, url, headers=headers, content=_capped(request) if has_body else None
+    )
+    try:
+        answer = await client.send(outgoing, stream=True)
+    except _TooLarge:
+        return error(413, ErrorCode.too_large, _too_large_message())
+    except httpx.TimeoutException:
+        return error(
+            504, ErrorCode.internal, f"the model server of job {job.id} did not answer in time"
+        )
+    except httpx.TransportError as e:
+        return error(
+            502,
+            ErrorCode.not_listening,
+            f"cannot reach the model server of job {job.id} on port {port}: {e}",
+        )
+    kept = ("content-type", "content-encoding")
+    passed = {k: v for k in kept if (v := answer.headers.get(k)) is not None}
+    return StreamingResponse(
+        answer.aiter_raw(),
+        status_code=answer.status_code,
+        headers=passed,
+        background=BackgroundTask(answer.aclose),
+    )
+
+
+async def _capped(request: Request) -> AsyncIterator[bytes]:
+    seen = 0
+    async for chunk in request.stream():
+        seen += len(chunk)
+        if seen > MAX_BODY:
+            raise _TooLarge
+        yield chunk
+
+
+def _too_large_message() -> str:
+    return f"the request body is larger than the agent passes to a model server ({MAX_BODY} bytes)"

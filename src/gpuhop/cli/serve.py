@@ -1,0 +1,115 @@
+"""Runs on the user's machine: `gpuhop serve` (a model server job) and `gpuhop predict`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from gpuhop.cli.connect import OnOption, client_for
+from gpuhop.cli.output import fail, print_json, say
+from gpuhop.client import GpuhopError
+
+
+def serve(
+    source: str = typer.Argument(
+        ...,
+        metavar="JOB[:PATH] | SAVEDMODEL_DIR",
+        help="A finished job whose artifacts hold the SavedModel (PATH inside them; default:"
+        " the only one there), or a local SavedModel directory (uploaded).",
+    ),
+    name: str = typer.Option(
+        ..., "--name", "-n", help="The model name in URLs; also the serving job's name."
+    ),
+    gpus: int = typer.Option(0, "--gpus", min=0, help="Whole GPUs for the server."),
+    max_batch_size: int = typer.Option(
+        32, "--max-batch-size", min=1, help="Rows per model call; 1 turns batching off."
+    ),
+    batch_timeout_ms: float = typer.Option(
+        2.0,
+        "--batch-timeout-ms",
+        min=0,
+        help="How long a request waits for others to fill its batch.",
+    ),
+    detach: bool = typer.Option(
+        False, "--detach", "-d", help="Print the job id and return without waiting."
+    ),
+    on: str | None = OnOption,
+) -> None:
+    """Serve a SavedModel on the GPU host with TensorFlow Serving's REST API.
+
+    The server runs as a job (see `gpuhop ps`, `logs`, `cancel`) on the host's loopback.
+    Reach it with `gpuhop predict NAME input.json`, through the agent with your
+    credentials, or forward its port with `gpuhop forward` for any TF Serving client.
+
+    Example: gpuhop serve digits-demo --name digits
+    """
+    with client_for(on) as client:
+        try:
+            model = client.serve(
+                Path(source) if Path(source).is_dir() else source,
+                name=name,
+                gpus=gpus,
+                max_batch_size=max_batch_size,
+                batch_timeout_ms=batch_timeout_ms,
+                wait=False,
+            )
+            if detach:
+                say(f"model server job {model.info.job} queued ({model.info.source})")
+                sys.stdout.write(model.info.job + "\n")
+                return
+            say(f"model server job {model.info.job} started; loading {model.info.source}")
+            info = model.wait_ready()
+        except GpuhopError as e:
+            fail(e.message, code=1 if e.code == "conflict" else 2)
+        except KeyboardInterrupt:
+            say("stopped waiting; the model server job keeps starting")
+            raise typer.Exit(130) from None
+    base = f"/v1/models/{info.name}"
+    say(
+        f"model {info.name} ready in job {info.job} (port {info.port} on the GPU host's"
+        f" loopback)\n"
+        f"  predict:  gpuhop predict {info.name} input.json\n"
+        f"  REST:     gpuhop forward {info.job} {info.port}, then POST"
+        f" http://127.0.0.1:{info.port}{base}:predict\n"
+        f"  stop:     gpuhop cancel {info.job}"
+    )
+    sys.stdout.write(info.job + "\n")
+
+
+def predict(
+    name: str = typer.Argument(..., metavar="NAME", help="The model name (or its job id)."),
+    input_file: str = typer.Argument(
+        ...,
+        metavar="INPUT.json",
+        help='A TF Serving request body: {"instances": [...]} or {"inputs": ...}; - for stdin.',
+    ),
+    signature: str | None = typer.Option(
+        None, "--signature", "-s", help="The signature to call (default: serving_default)."
+    ),
+    on: str | None = OnOption,
+) -> None:
+    """Send a predict request to a served model, through the agent, and print the answer."""
+    try:
+        text = sys.stdin.read() if input_file == "-" else Path(input_file).read_text()
+    except OSError as e:
+        fail(f"cannot read {input_file}: {e.strerror or e}")
+    try:
+        body = json.loads(text)
+    except ValueError as e:
+        fail(f"{input_file} is not valid JSON: {e}")
+    if not isinstance(body, dict):
+        fail(f'{input_file} must hold a JSON object: {{"instances": [...]}} or {{"inputs": ...}}')
+    with client_for(on) as client:
+        try:
+            answer = client.model(name).predict(body, signature=signature)
+        except GpuhopError as e:
+            fail(e.message)
+    print_json(answer)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(serve)
+    app.command()(predict)

@@ -1,0 +1,266 @@
+"""Model serving with real TensorFlow: the digits demo, trained by a real job, served by a
+real model server job, queried through the agent's proxy, the CLI and `gpuhop forward`.
+
+Answers are checked against the same SavedModel's signature called locally (in a plain
+Python process, as a user would on their laptop), on real digits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from gpuhop.api import fingerprint_of
+from gpuhop.client import Client, GpuhopError, Job, Model
+from gpuhop.client.remotes import Remote, RemotesFile, save
+from gpuhop.client.tls import fetch_certificate, pinned_context
+from tests.conftest import EXAMPLES, Agent
+
+pytestmark = [pytest.mark.tf, pytest.mark.timeout(300)]
+
+LOCAL_PREDICT = """
+import json, sys
+import numpy as np
+import tensorflow as tf
+x = np.asarray(json.load(sys.stdin), dtype="float32")
+fn = tf.saved_model.load(sys.argv[1]).signatures["serving_default"]
+print(json.dumps(fn(pixels=tf.constant(x))["output_0"].numpy().tolist()))
+"""
+
+
+def digits(n: int, start: int = 0) -> np.ndarray:
+    """Real 8x8 digits from scikit-learn, scaled as the demo trains on them."""
+    from sklearn.datasets import load_digits
+
+    images = load_digits().images[start : start + n]
+    return (images.reshape(n, -1) / 16.0).astype("float32")
+
+
+def local_predict(model_dir: Path, x: np.ndarray) -> np.ndarray:
+    """The SavedModel's serving signature called in a local Python process."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run(
+        [sys.executable, "-c", LOCAL_PREDICT, str(model_dir)],
+        input=json.dumps(x.tolist()),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
+    return np.asarray(json.loads(done.stdout.splitlines()[-1]))
+
+
+@pytest.fixture(scope="module")
+def trained(shared_agent: Agent, tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, Path]:
+    """The demo trained for two epochs in a real job; its SavedModel pulled here too."""
+    out = tmp_path_factory.mktemp("pulled")
+    with shared_agent.client() as client:
+        job = client.submit(
+            ["train.py", "--epochs", "2"], workdir=EXAMPLES / "digits", name="trainer"
+        )
+        assert job.wait(timeout=240).state.value == "succeeded", b"".join(job.logs()).decode()
+        job.pull(out)
+    return job, out / "digits_savedmodel"
+
+
+@pytest.fixture(scope="module")
+def served(shared_agent: Agent, trained: tuple[Job, Path]) -> Iterator[Model]:
+    """`gpuhop serve TRAINER --name digits`: the SavedModel found in the job's artifacts."""
+    job, _ = trained
+    started = shared_agent.cli("serve", job.id, "--name", "digits", timeout=240)
+    assert started.returncode == 0, started.stderr
+    assert "model digits ready in job" in started.stderr
+    with shared_agent.client() as client:
+        model = client.model(started.stdout.strip())
+        yield model
+        model.job.cancel(grace=5)
+        model.job.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def batched(shared_agent: Agent, trained: tuple[Job, Path]) -> Iterator[Model]:
+    """The pulled SavedModel uploaded and served with batches of 4 that wait for company
+    for a minute: a batch is run when it is full, never because the clock ran out."""
+    _, local_dir = trained
+    with shared_agent.client() as client:
+        model = client.serve(
+            local_dir, name="digits-batched", max_batch_size=4, batch_timeout_ms=60_000
+        )
+        yield model
+        model.job.cancel(grace=5)
+        model.job.wait(timeout=30)
+
+
+def test_the_model_in_a_jobs_artifacts_is_linked_not_sent(shared_agent, trained, served):
+    job, _ = trained
+    assert served.info.source == f"job {job.id}:digits_savedmodel"
+    jobs = shared_agent.paths.jobs
+    original = jobs / job.id / "artifacts" / "digits_savedmodel" / "saved_model.pb"
+    linked = jobs / served.info.job / "work" / "model" / "saved_model.pb"
+    assert os.stat(original).st_ino == os.stat(linked).st_ino
+
+
+def test_status_and_metadata_in_tf_servings_shape(served):
+    assert served.status() == {
+        "model_version_status": [
+            {
+                "version": "1",
+                "state": "AVAILABLE",
+                "status": {"error_code": "OK", "error_message": ""},
+            }
+        ]
+    }
+    meta = served.metadata()
+    assert meta["model_spec"] == {"name": "digits", "signature_name": "", "version": "1"}
+    sig = meta["metadata"]["signature_def"]["signature_def"]["serving_default"]
+    assert sig["method_name"] == "tensorflow/serving/predict"
+    [(name, pixels)] = sig["inputs"].items()
+    assert (name, pixels["dtype"]) == ("pixels", "DT_FLOAT")
+    assert [d["size"] for d in pixels["tensor_shape"]["dim"]] == ["-1", "64"]
+    output = sig["outputs"]["output_0"]
+    assert (output["dtype"], [d["size"] for d in output["tensor_shape"]["dim"]]) == (
+        "DT_FLOAT",
+        ["-1", "10"],
+    )
+
+
+def test_predict_in_both_formats_through_the_agent(served, trained):
+    x = digits(5)
+    expected = local_predict(trained[1], x)
+    rows = served.predict(instances=x)
+    assert np.allclose(rows["predictions"], expected, atol=1e-6)
+    columns = served.predict(inputs={"pixels": x.tolist()})
+    assert np.allclose(columns["outputs"], expected, atol=1e-6)
+    named = served.predict({"instances": [{"pixels": r} for r in x.tolist()]}, signature="serve")
+    assert np.allclose(named["predictions"], expected, atol=1e-6)
+
+
+def test_gpuhop_predict_prints_the_answer(shared_agent, served, trained, tmp_path):
+    x = digits(3, start=100)
+    (tmp_path / "input.json").write_text(json.dumps({"instances": x.tolist()}))
+    done = shared_agent.cli("predict", "digits", "input.json", "--signature", "serve", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    expected = local_predict(trained[1], x)
+    assert np.allclose(json.loads(done.stdout)["predictions"], expected, atol=1e-6)
+    piped = shared_agent.cli("predict", "digits", "-", input=json.dumps({"inputs": x.tolist()}))
+    assert np.allclose(json.loads(piped.stdout)["outputs"], expected, atol=1e-6)
+
+
+def test_a_forwarded_port_speaks_tf_serving_rest(served, trained):
+    x = digits(4, start=7)
+    with served.forward() as fwd:
+        base = f"{fwd.url}/v1/models/digits"
+        assert httpx.get(base).json()["model_version_status"][0]["state"] == "AVAILABLE"
+        answer = httpx.post(f"{base}:predict", json={"instances": x.tolist()})
+    assert answer.status_code == 200
+    assert np.allclose(answer.json()["predictions"], local_predict(trained[1], x), atol=1e-6)
+
+
+def test_bad_requests_get_tf_serving_errors(served, shared_agent, trained):
+    x = digits(1).tolist()
+    path = "/v1/models/digits:predict"
+    cases = {
+        "malformed JSON": (400, "POST", path, {"content": b'{"instances": [1,'}),
+        "wrong shape": (400, "POST", path, {"json": {"instances": [[0.0] * 63]}}),
+        "both formats": (400, "POST", path, {"json": {"instances": x, "inputs": x}}),
+        "unknown signature": (
+            400,
+            "POST",
+            path,
+            {"json": {"signature_name": "nope", "instances": x}},
+        ),
+        "unknown model": (404, "POST", "/v1/models/other:predict", {"json": {"instances": x}}),
+        "unknown version": (404, "GET", "/v1/models/digits/versions/7", {}),
+    }
+    for what, (status, method, url, kwargs) in cases.items():
+        answer = served.request(method, url, **kwargs)
+        assert answer.status_code == status, what
+        assert isinstance(answer.json()["error"], str), what
+    assert served.request("POST", path, json={"signature_name": "nope", "instances": x}).json() == {
+        "error": 'Serving signature name: "nope" not found in signature def'
+    }
+    with shared_agent.client() as client:
+        # A job that does not exist, and one that is not a model server: 404s, same shape.
+        for ref, words in (("nope", "no job matches 'nope'"), (trained[0].id, "not a model")):
+            raw = client._http.post(f"/v1/serve/{ref}{path}", json={"instances": x})
+            assert raw.status_code == 404 and words in raw.json()["error"]
+            with pytest.raises(GpuhopError, match=words):
+                client.model(ref)
+    done = shared_agent.cli("predict", "digits", "-", input='{"instances": [[1]]}')
+    assert done.returncode == 2
+    assert "input 'pixels' has shape (1, 1); the signature expects (-1, 64)" in done.stderr
+
+
+def test_serve_refuses_what_is_not_a_savedmodel(shared_agent, trained, tmp_path):
+    job, _ = trained
+    missing = shared_agent.cli("serve", f"{job.id}:nope", "--name", "x")
+    assert missing.returncode == 2
+    assert f"job {job.id} has no SavedModel at nope" in missing.stderr
+    (tmp_path / "notes.txt").write_text("not a model")
+    plain = shared_agent.cli("serve", str(tmp_path), "--name", "x")
+    assert plain.returncode == 2 and "is not a SavedModel directory" in plain.stderr
+
+
+def test_concurrent_requests_are_batched(shared_agent, batched, trained):
+    x = digits(4, start=40)
+    expected = local_predict(trained[1], x)
+
+    def one(i: int) -> list[list[float]]:
+        # A client of its own per thread, as separate programs would be.
+        with Client(shared_agent.home, autostart=False, cache_dir=shared_agent.cache) as c:
+            return c.model("digits-batched").predict(instances=x[i : i + 1])["predictions"]
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(one, range(4)))
+    for i, answer in enumerate(answers):
+        assert np.allclose(answer, expected[i : i + 1], atol=1e-6)
+    # Four rows fill a batch at once, and never wait: it runs alone.
+    alone = batched.predict(inputs=x)
+    assert np.allclose(alone["outputs"], expected, atol=1e-6)
+    stats = batched.stats()
+    assert (stats["max_batch_size"], stats["requests"]) == (4, 5)
+    assert stats["requests_per_call"] == {"1": 1, "4": 1}
+
+
+def test_over_tls_only_the_owner_reaches_a_model(make_agent, trained, monkeypatch, tmp_path):
+    """A team agent: alice serves an uploaded SavedModel and predicts over HTTPS with her
+    token; bob's token finds no such model, and no token gets no further than the agent."""
+    agent = make_agent(args=("--listen", "127.0.0.1:0"))
+    with agent.client() as owner:
+        tokens = {user: owner.create_token(user).token for user in ("alice", "bob")}
+    monkeypatch.setenv("GPUHOP_CONFIG_DIR", str(tmp_path / "config"))
+    url = agent.listener.url
+    pem, _ = fetch_certificate(url)
+    remotes = RemotesFile()
+    for user, token in tokens.items():
+        remote = Remote(name=user, url=url, certificate=pem, fingerprint=fingerprint_of(pem))
+        remote.token = token
+        remotes.remotes[user] = remote
+    save(remotes)
+    x = digits(2, start=300)
+    with Client(remote="alice", cache_dir=agent.cache) as alice:
+        model = alice.serve(trained[1], name="digits", max_batch_size=1)
+        try:
+            answer = model.predict(instances=x)
+            assert np.allclose(answer["predictions"], local_predict(trained[1], x), atol=1e-6)
+            with Client(remote="bob", cache_dir=agent.cache) as bob:
+                for ref in ("digits", model.info.job):
+                    with pytest.raises(GpuhopError, match="no job matches") as refused:
+                        bob.model(ref).predict(instances=x)
+                    assert refused.value.status == 404
+            with httpx.Client(verify=pinned_context(pem)) as anonymous:
+                path = f"{url}/v1/serve/{model.info.job}/v1/models/digits:predict"
+                assert anonymous.post(path, json={"instances": x.tolist()}).status_code == 401
+        finally:
+            model.job.cancel(grace=5)
+            model.job.wait(timeout=30)
