@@ -142,6 +142,8 @@ class Supervisor:
             argv = resolve_command(job.command, jp.work, env.get("PATH", os.defpath), python)
             gang = self._write_gang(job, jp, env) if job.workers > 1 else []
             gang += jobdeps.shim_args(deps, jp, self.paths)
+            if job.private_network or job.workers > 1:
+                gang += ["--relay", str(jp.relay)]
             with open(jp.log, "ab") as logfile:
                 proc = subprocess.Popen(
                     [

@@ -96,6 +96,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         latest_metrics=latest_metrics(jp.metrics),
         gpu_memory_mb=job.gpu_memory_mb,
         owner=job.owner,
+        private_network=job.private_network or job.workers > 1,
         **deps.info_fields(jp),
     )
 
@@ -223,6 +224,7 @@ def submit(rt: AgentContext, req: SubmitRequest, caller: Caller) -> JobInfo:
         worker_timeout=req.worker_timeout,
         gpu_memory_mb=req.gpu_memory_mb,
         owner=caller.user,
+        private_network=bool(req.private_network),
     )
     rt.wake()
     return to_info(rt, job)
