@@ -117,8 +117,13 @@ def serve(args: argparse.Namespace) -> int:
             )
             return 1
         stop = threading.Event()
-        # The parent closing our stdin (or dying) is the end of the connection.
-        threading.Thread(target=lambda: (sys.stdin.buffer.read(), stop.set()), daemon=True).start()
+
+        def until_stdin_closes() -> None:
+            # The parent closing our stdin (or dying) is the end of the connection.
+            sys.stdin.buffer.read()
+            stop.set()
+
+        threading.Thread(target=until_stdin_closes, daemon=True).start()
         _say("ready", str(fwd.local_port))
         reason = _watch(job, fwd, args.stall_timeout, args.probe_interval, stop)
         if reason:
