@@ -42,8 +42,15 @@ class Remote:
     Use it as a context manager (or call `close()`). `device()` names the server's devices;
     `error` says why the connection failed, once it has."""
 
-    def __init__(self, job: str, server_name: str | None, tunnel: subprocess.Popen[bytes]):
+    def __init__(
+        self,
+        job: str,
+        server_name: str | None,
+        tunnel: subprocess.Popen[bytes],
+        verdict_seconds: float = 15.0,
+    ):
         self.job = job
+        self._verdict_seconds = verdict_seconds
         self.server_name = server_name
         self.local_port = 0
         self.devices: list[str] = []
@@ -60,6 +67,11 @@ class Remote:
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         failed = self.error if isinstance(exc, Exception) else None
+        if failed is None and type(exc).__name__ == "UnavailableError":
+            # TensorFlow can hear of a dead server before the tunnel has said why: wait
+            # for its verdict (it comes within one probe, or it has none).
+            self._read_tunnel(timeout=self._verdict_seconds)
+            failed = self._error
         self.close()
         if failed is not None and not isinstance(exc, RemoteError):
             raise RemoteError(failed, code="remote_failed") from exc
@@ -182,7 +194,7 @@ def connect(
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
-    result = Remote(server.id, server.info.name, tunnel)
+    result = Remote(server.id, server.info.name, tunnel, stall_timeout + probe_interval + 3)
     said = result._read_tunnel(timeout=ready_timeout + stall_timeout + 30)
     if said is None or said[0] != "ready":
         result._error = result._error or f"the tunnel to job {server.id} did not start in time"
