@@ -110,6 +110,13 @@ class Remote:
             return
         self.error  # noqa: B018  (a last look at what the tunnel said)
         self._closed = True
+        if _current is self:
+            _current = None
+            if reset:
+                # Before the tunnel closes: TensorFlow releases its remote state through it.
+                from tensorflow.python.eager import context
+
+                context._reset_context()
         if self._tunnel.stdin is not None:
             self._tunnel.stdin.close()
         try:
@@ -119,12 +126,6 @@ class Remote:
             self._tunnel.wait()
         if self._tunnel.stdout is not None:
             self._tunnel.stdout.close()
-        if _current is self:
-            _current = None
-            if reset:
-                from tensorflow.python.eager import context
-
-                context._reset_context()
 
     def _read_tunnel(self, timeout: float | None) -> tuple[str, str] | None:
         """The tunnel's next line as (kind, message), waiting up to `timeout` seconds."""
