@@ -22,6 +22,7 @@ import logs
 import overhead
 import resync
 import start_latency
+import tfops
 from harness import REPO, Row, Settings, machine, markdown
 
 BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
@@ -31,6 +32,7 @@ BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "logs": logs.run,
     "forward": forward.run,
     "datasets": datasets.run,
+    "tfops": tfops.run,
 }
 
 
