@@ -26,10 +26,11 @@ rng = np.random.default_rng(0)
 x = rng.standard_normal((512, 8)).astype("float32")
 y = (x @ rng.standard_normal((8, 1)) + 0.1).astype("float32")
 
+
 # -- cell 2: connect, and train on the remote device ----------------------------------------
-with gpuhop.tf.connect(remote_name) as remote:
-    device = gpuhop.tf.remote_device()  # its GPU if it has one, else its CPU
-    print(f"connected: {remote}; training on {device}")
+def train_remotely(device: str, steps: int = 20) -> list[np.ndarray]:
+    """Train a fresh model on `device`; return its weights, fetched here. Everything made in
+    here lives on the server and is released when this returns, while still connected."""
     with tf.device(device):
         model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(1)])
         optimizer = tf.keras.optimizers.SGD(0.05)
@@ -44,14 +45,19 @@ with gpuhop.tf.connect(remote_name) as remote:
             return loss
 
         start = time.perf_counter()
-        for step in range(1, 21):
-            loss = float(train_step())
+        for step in range(1, steps + 1):
+            loss = float(train_step())  # one round trip per step
             if step % 5 == 0:
                 print(f"step {step:2d}  loss {loss:.4f}")
-        print(f"20 steps in {time.perf_counter() - start:.2f}s")
+        print(f"{steps} steps in {time.perf_counter() - start:.2f}s")
         print(f"variables live on {model.weights[0].value.device}")
-    weights = model.get_weights()  # fetch before the connection closes
-    del model, optimizer, train_step, xs, ys  # remote objects: release them while connected
+        return model.get_weights()
+
+
+with gpuhop.tf.connect(remote_name) as remote:
+    device = gpuhop.tf.remote_device()  # its GPU if it has one, else its CPU
+    print(f"connected: {remote}; training on {device}")
+    weights = train_remotely(device)  # fetched before the connection closes
 
 # -- cell 3: the trained weights, here -----------------------------------------------------
 local = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(1)])
