@@ -258,6 +258,8 @@ class Supervisor:
         if job.pid is not None:
             # Sweep what the job left in its process group (daemons, stuck workers).
             procs.signal_group(job.pid, signal.SIGKILL)
+        # The shim removes its relay's socket, unless it was killed first.
+        jp.relay.unlink(missing_ok=True)
         status = _read_json(jp.status)
         now = float(status["ended_at"]) if status and status.get("ended_at") else time.time()
         elapsed = procs.describe_duration(now - (job.started_at or now))
