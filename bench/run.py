@@ -24,6 +24,7 @@ import overhead
 import resync
 import serving
 import start_latency
+import tfops
 import transports
 from harness import REPO, Row, Settings, machine, markdown
 
@@ -37,6 +38,7 @@ BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "datasets": datasets.run,
     "load": load.run,
     "serving": serving.run,
+    "tfops": tfops.run,
 }
 
 

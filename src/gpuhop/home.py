@@ -147,6 +147,11 @@ class JobPaths:
     def shim_pid(self) -> Path:
         return self.root / "shim.pid"
 
+    @property
+    def relay(self) -> Path:
+        """A job with a private network: the Unix socket its shim relays ports from."""
+        return self.root / "ports.sock"
+
 
 # The agent's last line in agent.log when it exits; a starting client watches for it.
 EXIT_MARK = b"gpuhop agent exited"

@@ -1,8 +1,17 @@
-"""Runs inside the job: TensorFlow helpers. TensorFlow is imported on first use, not before.
+"""TensorFlow helpers. TensorFlow is imported on first use, not before.
 
-import gpuhop.tf
-model.fit(x, y, epochs=10, callbacks=gpuhop.tf.callbacks())
-model.export(gpuhop.tf.artifacts_dir() / "model")
+Inside a job (on the GPU host):
+
+    import gpuhop.tf
+    model.fit(x, y, epochs=10, callbacks=gpuhop.tf.callbacks())
+    model.export(gpuhop.tf.artifacts_dir() / "model")
+
+On the user's machine, ops on the GPU host's TensorFlow server (`gpuhop tf-server start`;
+the code is in `gpuhop.tfremote`, loaded by `connect`):
+
+    with gpuhop.tf.connect("lab"):
+        with tf.device(gpuhop.tf.remote_device()):
+            y = tf.matmul(x, x)
 """
 
 from __future__ import annotations
@@ -13,14 +22,42 @@ from typing import Any
 
 from gpuhop.runtime import artifacts_dir, checkpoint_dir, log_metrics
 
+# Also `RemoteError` (gpuhop.tfremote's), loaded on first use by __getattr__ below.
 __all__ = [
     "artifacts_dir",
     "bound_worker_wait",
     "callbacks",
     "checkpoint_dir",
+    "connect",
     "metrics_callback",
+    "remote_device",
     "strategy",
 ]
+
+
+def connect(remote: str | None = None, job: str = "tf-server", **options: Any) -> Any:
+    """Run this process's TensorFlow ops on a GPU host's TensorFlow server: see
+    `gpuhop.tfremote.connect` (options: client, ready_timeout, stall_timeout,
+    probe_interval). Returns a `Remote`; use it as a context manager."""
+    from gpuhop import tfremote
+
+    return tfremote.connect(remote, job, **options)
+
+
+def remote_device(kind: str | None = None, index: int = 0) -> str:
+    """The connected server's device for `tf.device`: `kind` "GPU" or "CPU", or None for
+    its GPU if it has one, else its CPU."""
+    from gpuhop import tfremote
+
+    return tfremote.remote_device(kind, index)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RemoteError":  # the client SDK is loaded only when asked for
+        from gpuhop.tfremote import RemoteError
+
+        return RemoteError
+    raise AttributeError(f"module 'gpuhop.tf' has no attribute {name!r}")
 
 
 def _keras() -> Any:

@@ -198,20 +198,3 @@ def test_a_forward_closes_when_its_job_ends(shared_agent, tmp_path):
             with pytest.raises(ConnectionRefusedError):
                 socket.create_connection(fwd.address, timeout=5).close()
     assert errors == []
-
-
-def test_multi_worker_jobs_are_refused_for_now(shared_agent, project, tmp_path):
-    script = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n"
-    root = project({"wait.py": script})
-    release = tmp_path / "release"
-    with shared_agent.client() as client:
-        job = client.submit(["wait.py", str(release)], workdir=root, workers=2)
-        try:
-            wait_until(lambda: job.refresh().state != JobState.queued, timeout=60)
-            wait_until(lambda: job.refresh().state != JobState.starting, timeout=60)
-            assert job.state == JobState.running, job_log(job)
-            with pytest.raises(GpuhopError, match=r"runs 2 workers .* not supported yet"):
-                job.forward(8080)
-        finally:
-            release.touch()
-            job.wait(timeout=60)

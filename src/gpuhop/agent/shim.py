@@ -1,7 +1,8 @@
 """Runs on the GPU host as each job's process-group leader: starts the job, waits, records.
 
-Started by the supervisor as `python -I -S shim.py STATUS_FILE PID_FILE [--gang SPEC] --
-COMMAND...` in a new session, with stdout and stderr already pointing at the job's log.
+Started by the supervisor as `python -I -S shim.py STATUS_FILE PID_FILE [--gang SPEC]
+[--relay SOCKET] -- COMMAND...` in a new session, with stdout and stderr already pointing
+at the job's log.
 It imports the standard library only (fast start, and no path to gpuhop's modules under
 -I), outlives an agent restart, and writes the job's exit status to STATUS_FILE
 atomically, so a restarted agent still learns how the job ended. Signals sent to the
@@ -13,6 +14,10 @@ private network namespace so TensorFlow's unauthenticated gRPC ports (which bind
 interface) are reachable from nowhere but each other. Worker logs are merged into the
 job's log line by line with a `[worker I]` prefix. When one worker fails, the others
 are stopped (gang failure) and the status says which worker ended first and how.
+
+With `--relay SOCKET` the job runs in a private network namespace (a multi-worker job
+already does), and the shim relays connections from the Unix socket SOCKET to ports
+inside it, so the agent can forward them (relay.py).
 
 With `--env SPEC` it first builds (or finds) the job's Python environment (envbuild.py);
 with `--sandbox SPEC` it runs the job in private namespaces where its datasets are mounted
@@ -75,8 +80,14 @@ def _spawn(command: list, env: dict | None = None, log_path: str | None = None) 
     return pid
 
 
-def run_single(command: list) -> dict:
+def run_single(command: list, relay: str | None = None) -> dict:
+    if relay is not None:
+        refused = _private_network_or_refusal("This job asked for one")
+        if refused is not None:
+            return refused
     pid = _spawn(command)
+    if relay is not None:
+        _start_relay(relay)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -155,19 +166,37 @@ class LogTail:
             os.write(1, b"".join(self.prefix + line + b"\n" for line in lines))
 
 
-def run_gang(spec: dict, command: list) -> dict:
-    workers = spec["workers"]
+def _private_network_or_refusal(who: str) -> dict | None:
+    """Enter a private network namespace; on failure, say so in the log and return the
+    job's result (it must not run with its ports exposed)."""
     try:
         private_network()
     except OSError as e:
         print(
-            f"gpuhop: cannot create a private network namespace ({e.strerror}). Multi-worker"
-            " jobs need one, so that TensorFlow's unauthenticated gRPC ports are not exposed"
+            f"gpuhop: cannot create a private network namespace ({e.strerror}). {who},"
+            " so that TensorFlow's unauthenticated gRPC ports are not exposed"
             " to other hosts. Allow unprivileged user namespaces"
             " (sysctl kernel.unprivileged_userns_clone=1) or run the agent as root.",
             flush=True,
         )
-        return {"exit_code": 1, "signal": None, "detail": "no private network for the workers"}
+        return {"exit_code": 1, "signal": None, "detail": "no private network for the job"}
+    return None
+
+
+def _start_relay(path: str) -> None:
+    # After the job's processes are forked: the relay's threads must not exist at fork.
+    try:
+        _sibling("relay").start(path)
+    except OSError as e:
+        print(f"gpuhop: cannot relay the job's ports from {path}: {e}", flush=True)
+
+
+def run_gang(spec: dict, command: list, relay: str | None = None) -> dict:
+    workers = spec["workers"]
+    refused = _private_network_or_refusal("Multi-worker jobs need one")
+    if refused is not None:
+        refused["detail"] = "no private network for the workers"
+        return refused
     cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(len(workers))]}
     running: dict = {}
     tails = []
@@ -178,6 +207,8 @@ def run_gang(spec: dict, command: list) -> dict:
         )
         running[_spawn(command, env, worker["log"])] = index
         tails.append(LogTail(worker["log"], f"[worker {index}] "))
+    if relay is not None:
+        _start_relay(relay)
     first = None
     kill_at = None
     while running:
@@ -236,15 +267,22 @@ def _signal(pid: int, sig: int) -> None:
         os.kill(pid, sig)
 
 
-USAGE = "usage: shim.py STATUS PID_FILE [--gang SPEC] [--env SPEC] [--sandbox SPEC] -- COMMAND..."
+USAGE = (
+    "usage: shim.py STATUS PID_FILE [--gang SPEC] [--env SPEC] [--sandbox SPEC] [--relay SOCKET]"
+    " -- COMMAND..."
+)
 
 
 def main(argv: list) -> int:
     status_path, pid_path, *rest = argv
     specs: dict = {}
-    while rest[:1] in (["--gang"], ["--env"], ["--sandbox"]) and len(rest) > 1:
-        with open(rest[1]) as f:
-            specs[rest[0][2:]] = json.load(f)
+    relay = None
+    while rest[:1] in (["--gang"], ["--env"], ["--sandbox"], ["--relay"]) and len(rest) > 1:
+        if rest[0] == "--relay":
+            relay = rest[1]
+        else:
+            with open(rest[1]) as f:
+                specs[rest[0][2:]] = json.load(f)
         rest = rest[2:]
     if rest[:1] != ["--"] or len(rest) < 2:
         print(USAGE, file=sys.stderr)
@@ -259,8 +297,14 @@ def main(argv: list) -> int:
         # The parent stays outside and exits once the child (which runs the job) has ended.
         result = _enter_sandbox(specs["sandbox"], status_path)
     if result is None:
-        result = run_gang(specs["gang"], command) if "gang" in specs else run_single(command)
+        if "gang" in specs:
+            result = run_gang(specs["gang"], command, relay)
+        else:
+            result = run_single(command, relay)
     result["ended_at"] = time.time()
+    if relay is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(relay)
     _write_atomic(status_path, result)
     return 0
 

@@ -47,7 +47,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     workers       INTEGER NOT NULL DEFAULT 1,
     worker_timeout INTEGER NOT NULL DEFAULT 300,
     gpu_memory_mb INTEGER,
-    owner         TEXT
+    owner         TEXT,
+    private_network INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
@@ -74,6 +75,8 @@ ADDED_COLUMNS = {
     "worker_timeout": "INTEGER NOT NULL DEFAULT 300",
     # The user who submitted the job; NULL for jobs from before ownership (admins see them).
     "owner": "TEXT",
+    # 1: the job runs in a private network namespace, its ports reached through its relay.
+    "private_network": "INTEGER NOT NULL DEFAULT 0",
 }
 
 ACTIVE_STATES = (JobState.starting, JobState.running)
@@ -104,6 +107,7 @@ class JobRecord:
     worker_timeout: int = 300
     gpu_memory_mb: int | None = None
     owner: str | None = None
+    private_network: bool = False
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> JobRecord:
@@ -131,6 +135,7 @@ class JobRecord:
             worker_timeout=row["worker_timeout"],
             gpu_memory_mb=row["gpu_memory_mb"],
             owner=row["owner"],
+            private_network=bool(row["private_network"]),
         )
 
 
@@ -193,6 +198,7 @@ class JobStore:
         worker_timeout: int = 300,
         gpu_memory_mb: int | None = None,
         owner: str | None = None,
+        private_network: bool = False,
     ) -> JobRecord:
         """Insert a queued job. With `job_id`, that id is used (and must be new)."""
         now = time.time() if now is None else now
@@ -203,8 +209,9 @@ class JobStore:
                 try:
                     self._db.execute(
                         "INSERT INTO jobs (id, name, state, command, env, gpus, priority,"
-                        " created_at, retries, workers, worker_timeout, gpu_memory_mb, owner)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        " created_at, retries, workers, worker_timeout, gpu_memory_mb, owner,"
+                        " private_network)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             job_id,
                             name,
@@ -219,6 +226,7 @@ class JobStore:
                             worker_timeout,
                             gpu_memory_mb,
                             owner,
+                            int(private_network),
                         ),
                     )
                     break

@@ -145,6 +145,8 @@ class Supervisor:
             argv = resolve_command(job.command, jp.work, env.get("PATH", os.defpath), python)
             gang = self._write_gang(job, jp, env) if job.workers > 1 else []
             gang += jobdeps.shim_args(deps, jp, self.paths)
+            if job.private_network or job.workers > 1:
+                gang += ["--relay", str(jp.relay)]
             with open(jp.log, "ab") as logfile:
                 proc = subprocess.Popen(
                     [
@@ -259,6 +261,8 @@ class Supervisor:
         if job.pid is not None:
             # Sweep what the job left in its process group (daemons, stuck workers).
             procs.signal_group(job.pid, signal.SIGKILL)
+        # The shim removes its relay's socket, unless it was killed first.
+        jp.relay.unlink(missing_ok=True)
         status = _read_json(jp.status)
         now = float(status["ended_at"]) if status and status.get("ended_at") else time.time()
         elapsed = procs.describe_duration(now - (job.started_at or now))

@@ -154,6 +154,10 @@ class SubmitRequest(StrictModel):
     requirements: str | None = Field(default=None, max_length=1_000_000)
     # An interpreter on the host to run the job's script with (default: the agent's).
     python: str | None = Field(default=None, min_length=1, max_length=4096)
+    # Run the job in a private network namespace: none of its ports is reachable from
+    # another host or from the host itself; `gpuhop forward` reaches them through the
+    # agent. Multi-worker jobs always run in one. An agent that predates this refuses it.
+    private_network: bool | None = None
 
     @model_validator(mode="after")
     def _workers(self) -> SubmitRequest:
@@ -268,6 +272,8 @@ class JobInfo(WireModel):
     # The id of the job's Python environment (requirements), and the interpreter it runs.
     python_env: str | None = None
     python: str | None = None
+    # The job runs in a private network namespace (multi-worker jobs always do).
+    private_network: bool = False
 
 
 class BlobCheck(StrictModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpuhop import __version__
-from gpuhop.cli import agent, data, doctor, forward, gc, gpus, jobs, remote, serve
+from gpuhop.cli import agent, data, doctor, forward, gc, gpus, jobs, remote, serve, tfserver
 
 app = typer.Typer(
     name="gpuhop",
@@ -26,6 +26,7 @@ gpus.register(app)
 doctor.register(app)
 app.add_typer(agent.app, name="agent")
 app.add_typer(remote.app, name="remote")
+app.add_typer(tfserver.app, name="tf-server")
 data.register(app)
 serve.register(app)
 gc.register(app)

@@ -213,6 +213,7 @@ class Client:
         data: Sequence[str] = (),
         requirements: str | os.PathLike[str] | bool | None = None,
         python: str | None = None,
+        private_network: bool = False,
     ) -> Job:
         """Sync `workdir` and queue `command` there. Returns at once with a `Job` handle.
 
@@ -228,7 +229,8 @@ class Client:
         `requirements` is a requirements file for the job's own venv (built once per set on
         the host, and seeing the host's packages); by default `requirements.txt` in
         `workdir` if there is one, and False for none. `python` runs the job with another
-        interpreter on the host.
+        interpreter on the host. `private_network` runs it in a network namespace of its
+        own, whose ports only `forward` reaches (an older agent refuses it).
         """
         argv = shlex.split(command) if isinstance(command, str) else list(command)
         if not argv:
@@ -260,6 +262,7 @@ class Client:
             data=[parse_mount(m) for m in data],
             requirements=_requirements(requirements, root),
             python=python,
+            private_network=private_network or None,
         ).model_dump(mode="json", exclude_none=True)
         if not body["data"]:
             del body["data"]  # an older agent takes a request without it

@@ -32,7 +32,7 @@ async def forward(websocket: WebSocket, ref: str, port: str) -> None:
     c = ctx(websocket)
     try:
         job = service.forwardable(c, ref, caller_of(websocket))
-        reader, writer = await service.connect(job, service.parse_port(port))
+        reader, writer = await service.connect(c, job, service.parse_port(port))
     except ApiError as e:
         # Refused before the handshake: the client reads a plain HTTP error, as for any route.
         await websocket.send_denial_response(error_response(e.status, e.code, e.message, e.detail))

@@ -98,6 +98,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         pruned_at=_dt(marker["pruned_at"]) if (marker := gc.pruned(jp)) else None,
         gpu_memory_mb=job.gpu_memory_mb,
         owner=job.owner,
+        private_network=job.private_network or job.workers > 1,
         **deps.info_fields(jp),
     )
 
@@ -240,6 +241,7 @@ def submit(
         worker_timeout=req.worker_timeout,
         gpu_memory_mb=req.gpu_memory_mb,
         owner=caller.user,
+        private_network=bool(req.private_network),
     )
     rt.wake()
     return to_info(rt, job)

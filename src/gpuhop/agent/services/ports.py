@@ -1,9 +1,12 @@
 """Runs in the agent: port forwarding, a job's loopback port bridged to a WebSocket.
 
 A client opens one WebSocket per TCP connection it forwards. The agent checks the job
-(found, running, single-process) and connects to the port on the host's loopback before
-it accepts, so every refusal is a plain HTTP error with an `ErrorBody`. Then bytes flow
-both ways as binary messages until either side is done.
+(found, running) and connects to the port before it accepts, so every refusal is a plain
+HTTP error with an `ErrorBody`. Then bytes flow both ways as binary messages until either
+side is done. An ordinary job's port is on the host's loopback. A job in a private network
+namespace (`private_network`, and every multi-worker job) is reached through its shim's
+relay, a Unix socket in the job's dir that connects to the port inside the namespace
+(see `gpuhop.agent.relay` for why a relay rather than setns).
 
 Wire protocol over the WebSocket, both directions: a binary message is data; the text
 message "eof" says the sender will send no more data (TCP half-close: the receiver shuts
@@ -15,7 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import os
 import socket
+import struct
 from dataclasses import dataclass
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -56,20 +62,21 @@ def forwardable(rt: AgentContext, ref: str, caller: Caller) -> JobRecord:
             f"job {job.id} is {job.state.value}: it {when}, so it has no ports to forward",
             {"state": job.state.value},
         )
-    if job.workers > 1:
-        # Its workers live in a private network namespace: the host's loopback is not theirs.
-        raise ApiError(
-            409,
-            ErrorCode.conflict,
-            f"job {job.id} runs {job.workers} workers in a private network namespace;"
-            " forwarding their ports is not supported yet",
-            {"state": job.state.value, "workers": job.workers},
-        )
     return job
 
 
-async def connect(job: JobRecord, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A TCP connection to `port` on this host's loopback, where the job listens."""
+def private(job: JobRecord) -> bool:
+    """Whether the job's ports live in a private network namespace (reached by its relay)."""
+    return job.private_network or job.workers > 1
+
+
+async def connect(
+    rt: AgentContext, job: JobRecord, port: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to `port` where the job listens: this host's loopback, or the loopback
+    of the job's private network through its relay."""
+    if private(job):
+        return await _connect_relay(rt, job, port)
     errors = []
     for host in LOOPBACKS:
         try:
@@ -90,11 +97,53 @@ async def connect(job: JobRecord, port: int) -> tuple[asyncio.StreamReader, asyn
     )
 
 
+async def _connect_relay(
+    rt: AgentContext, job: JobRecord, port: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    path = rt.supervisor.job_paths(job.id).relay
+    where = f"job {job.id} (in its private network)"
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_unix_connection(str(path), limit=CHUNK), CONNECT_TIMEOUT
+        )
+    except (OSError, TimeoutError) as e:
+        raise ApiError(
+            502,
+            ErrorCode.not_listening,
+            f"{where} cannot be reached: its relay does not answer"
+            f" ({getattr(e, 'strerror', None) or e.__class__.__name__}); it may be starting",
+            {"port": port},
+        ) from None
+    try:
+        writer.write(struct.pack("!H", port))
+        # The relay tries IPv4 then IPv6 loopback, each bounded by its own timeout.
+        answer = await asyncio.wait_for(reader.readexactly(1), 2 * CONNECT_TIMEOUT + 1)
+    except (OSError, TimeoutError, asyncio.IncompleteReadError) as e:
+        await _close(writer)
+        raise ApiError(
+            502,
+            ErrorCode.not_listening,
+            f"{where}: its relay failed ({e.__class__.__name__})",
+            {"port": port},
+        ) from None
+    if answer != b"\x00":
+        await _close(writer)
+        code = answer[0]
+        why = os.strerror(code) if code in errno.errorcode else f"error {code}"
+        raise ApiError(
+            502,
+            ErrorCode.not_listening,
+            f"{where} has nothing listening on port {port} ({why})",
+            {"port": port},
+        )
+    return reader, writer
+
+
 async def check(rt: AgentContext, ref: str, port_text: str, caller: Caller) -> JobRecord:
     """Refuse as `bridge` would, without keeping a connection: a forward's first check."""
     port = parse_port(port_text)
     job = forwardable(rt, ref, caller)
-    _, writer = await connect(job, port)
+    _, writer = await connect(rt, job, port)
     await _close(writer)
     return job
 

@@ -1,0 +1,101 @@
+"""Runs on the user's machine: `gpuhop tf-server start | stop | ls`, TensorFlow servers on the
+GPU host for remote ops (`gpuhop.tf.connect`)."""
+
+from __future__ import annotations
+
+import typer
+
+from gpuhop.cli.connect import OnOption, client_for
+from gpuhop.cli.jobs import _gpus_column, _parse_share
+from gpuhop.cli.output import ago, fail, print_table, say, state_text
+from gpuhop.client import GpuhopError
+
+app = typer.Typer(
+    help="TensorFlow servers on the GPU host, for running TensorFlow ops there from a local"
+    " Python session (gpuhop.tf.connect). Each is a job in a private network namespace,"
+    " reachable only through the agent.",
+    no_args_is_help=True,
+)
+
+NameOption = typer.Option("tf-server", "--name", help="The server job's name.")
+
+
+@app.command()
+def start(
+    gpus: int = typer.Option(0, "--gpus", min=0, help="Whole GPUs the server holds."),
+    gpu_memory: str | None = typer.Option(
+        None, "--gpu-memory", help="A share of one GPU instead (6GiB, 6144M, ...)."
+    ),
+    name: str = NameOption,
+    wait: bool = typer.Option(
+        True, "--wait/--no-wait", help="Return once the server answers (the default)."
+    ),
+    timeout: float = typer.Option(300, "--timeout", help="Seconds to wait for it to answer."),
+    on: str | None = OnOption,
+) -> None:
+    """Start a TensorFlow server on the GPU host, holding its GPUs until stopped.
+
+    Then, in Python: `with gpuhop.tf.connect(job=NAME):` and ops under
+    `tf.device(gpuhop.tf.remote_device())` run there.
+    """
+    from gpuhop.client import tfservers
+
+    share = _parse_share(gpu_memory, gpus)
+    with client_for(on) as client:
+        try:
+            job = tfservers.start(
+                client, name=name, gpus=gpus, gpu_memory=share, wait=False, timeout=timeout
+            )
+            say(f"TensorFlow server job {job.id} ({name}) {state_text(job.state)}")
+            if wait:
+                tfservers.wait_ready(job, timeout)
+                say(f"ready; connect with gpuhop.tf.connect({_remote_arg(on)}job={name!r})")
+        except GpuhopError as e:
+            fail(e.message)
+
+
+@app.command()
+def stop(
+    name: str = typer.Argument("tf-server", help="The server's job name or id."),
+    grace: float = typer.Option(5.0, "--grace", min=0, help="Seconds before SIGKILL."),
+    on: str | None = OnOption,
+) -> None:
+    """Stop a TensorFlow server (cancel its job, which frees its GPUs)."""
+    from gpuhop.client import tfservers
+
+    with client_for(on) as client:
+        try:
+            job = tfservers.find(client, name)
+            if job.state.finished:
+                fail(f"the TensorFlow server {name!r} (job {job.id}) has already ended")
+            job.cancel(grace=grace)
+            info = job.wait(timeout=grace + 30)
+        except (GpuhopError, TimeoutError) as e:
+            fail(str(e))
+    say(f"TensorFlow server job {info.id} ({name}) {state_text(info.state)}")
+
+
+@app.command("ls")
+def list_servers(on: str | None = OnOption) -> None:
+    """List the TensorFlow servers that are queued, starting or running."""
+    from gpuhop.client import tfservers
+
+    with client_for(on) as client:
+        try:
+            infos = tfservers.list_servers(client)
+        except GpuhopError as e:
+            fail(e.message)
+    if not infos:
+        say("no TensorFlow server runs; start one with: gpuhop tf-server start")
+        return
+    print_table(
+        ("ID", "NAME", "STATE", "GPUS", "CREATED"),
+        [
+            (i.id, i.name or "-", state_text(i.state), _gpus_column(i), ago(i.created_at))
+            for i in infos
+        ],
+    )
+
+
+def _remote_arg(on: str | None) -> str:
+    return f"{on!r}, " if on else ""

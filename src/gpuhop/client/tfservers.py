@@ -1,0 +1,138 @@
+"""Runs on the user's machine: start, find and stop TensorFlow servers on the GPU host.
+
+A TensorFlow server is an ordinary job (it holds its GPUs, shows in `gpuhop ps`, ends with
+`gpuhop cancel`) whose work dir is one launcher script that runs `gpuhop.tfserver` with the
+host's own gpuhop, in a private network namespace. What marks a job as one is the
+launcher's name as its command; the port it serves on is in its arguments.
+"""
+
+from __future__ import annotations
+
+import itertools
+import tempfile
+import time
+from pathlib import Path
+
+from gpuhop.api import JobInfo, JobState
+from gpuhop.client.client import Client, Job
+from gpuhop.client.errors import GpuhopError
+from gpuhop.tfserver import DEFAULT_PORT
+
+LAUNCHER = "gpuhop_tfserver.py"
+LAUNCHER_TEXT = "from gpuhop.tfserver import main\n\nraise SystemExit(main())\n"
+DEFAULT_NAME = "tf-server"
+ACTIVE = [JobState.queued, JobState.starting, JobState.running]
+
+
+def is_tf_server(info: JobInfo) -> bool:
+    return bool(info.command) and info.command[0] == LAUNCHER
+
+
+def port_of(info: JobInfo) -> int:
+    """The port the server listens on inside its job's private network."""
+    args = info.command[1:]
+    for flag, value in itertools.pairwise(args):
+        if flag == "--port" and value.isdigit():
+            return int(value)
+    return DEFAULT_PORT
+
+
+def list_servers(client: Client) -> list[JobInfo]:
+    """The TensorFlow servers that are queued, starting or running, newest first."""
+    return [j for j in client.jobs(states=ACTIVE) if is_tf_server(j)]
+
+
+def start(
+    client: Client,
+    *,
+    name: str = DEFAULT_NAME,
+    gpus: int = 0,
+    gpu_memory: str | int | None = None,
+    port: int = DEFAULT_PORT,
+    wait: bool = True,
+    timeout: float = 300.0,
+) -> Job:
+    """Start a TensorFlow server job named `name` holding `gpus` GPUs (or a `gpu_memory`
+    share of one). With `wait`, return once it answers (see `wait_ready`)."""
+    taken = [j for j in list_servers(client) if j.name == name]
+    if taken:
+        raise GpuhopError(
+            f"a TensorFlow server named {name!r} is already {taken[0].state.value}"
+            f" (job {taken[0].id}); stop it (gpuhop tf-server stop {name}) or pick another"
+            " --name",
+            code="conflict",
+        )
+    with tempfile.TemporaryDirectory(prefix="gpuhop-tf-server-") as tmp:
+        (Path(tmp) / LAUNCHER).write_text(LAUNCHER_TEXT)
+        job = client.submit(
+            [LAUNCHER, "--port", str(port)],
+            workdir=tmp,
+            name=name,
+            gpus=gpus,
+            gpu_memory=gpu_memory,
+            requirements=False,
+            private_network=True,
+        )
+    if wait:
+        wait_ready(job, timeout)
+    return job
+
+
+def find(client: Client, ref: str = DEFAULT_NAME) -> Job:
+    """The TensorFlow server job `ref` names (id, prefix or name), whatever its state."""
+    try:
+        job = client.job(ref)
+    except GpuhopError as e:
+        if e.status != 404:
+            raise
+        raise GpuhopError(
+            f"no TensorFlow server {ref!r} on {client.endpoint.description};"
+            " start one with: gpuhop tf-server start"
+            + (f" --name {ref}" if ref != DEFAULT_NAME else ""),
+            code="not_found",
+            status=404,
+        ) from None
+    if not is_tf_server(job.info):
+        raise GpuhopError(
+            f"job {job.id} ({ref!r}) is not a TensorFlow server (gpuhop tf-server ls lists them)",
+            code="bad_request",
+        )
+    return job
+
+
+def wait_ready(job: Job, timeout: float) -> None:
+    """Wait until the server's job runs and its port answers; fail with the job's own
+    words (and its log's last lines) if it ends first, or after `timeout` seconds."""
+    port = port_of(job.info)
+    deadline = time.monotonic() + timeout
+    delay = 0.05
+    while True:
+        info = job.refresh()
+        if info.state.finished:
+            raise GpuhopError(ended_message(job), code="server_ended")
+        if info.state == JobState.running:
+            try:
+                job.client._request("GET", f"/v1/jobs/{job.id}/ports/{port}")
+                return
+            except GpuhopError as e:
+                if e.code != "not_listening":
+                    raise
+        if time.monotonic() > deadline:
+            waiting = "for GPUs" if info.state == JobState.queued else "to answer"
+            raise GpuhopError(
+                f"the TensorFlow server (job {job.id}) is still {info.state.value}, waiting"
+                f" {waiting}, after {timeout:.0f}s; see gpuhop logs {job.id}",
+                code="timeout",
+            )
+        time.sleep(delay)
+        delay = min(delay * 1.5, 0.5)
+
+
+def ended_message(job: Job) -> str:
+    info = job.info
+    tail = b"".join(job.logs()).decode(errors="replace").strip().splitlines()[-5:]
+    said = ("; its log ends:\n  " + "\n  ".join(tail)) if tail else ""
+    return (
+        f"the TensorFlow server (job {job.id}) has {info.state.value}: {info.reason}."
+        f" Start a new one with: gpuhop tf-server start{said}"
+    )

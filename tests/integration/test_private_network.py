@@ -1,0 +1,101 @@
+"""Jobs in a private network namespace: nothing of theirs is reachable from the host's
+network, yet `forward` reaches their ports through the shim's relay (a real agent)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+
+import pytest
+
+from gpuhop.api import JobState
+from gpuhop.client import GpuhopError
+from tests.conftest import wait_until
+from tests.e2e.test_multiworker import listening_ports
+from tests.integration.test_forward import echo_through, job_log
+
+pytestmark = pytest.mark.timeout(120)
+
+# An echo server bound to every interface of its network, as TensorFlow's server binds.
+ECHO = """
+import os, socket, sys, threading
+server = socket.create_server(("0.0.0.0", 0))
+port = server.getsockname()[1]
+open(sys.argv[1], "w").write(str(port))
+lines = open("/proc/self/net/dev").readlines()[2:]  # this process's network namespace
+print("interfaces:", sorted(line.split(":")[0].strip() for line in lines), flush=True)
+print(f"listening on {port}", flush=True)
+
+def echo(conn):
+    with conn:
+        while data := conn.recv(1 << 16):
+            conn.sendall(data)
+
+while True:
+    conn, _ = server.accept()
+    threading.Thread(target=echo, args=(conn,), daemon=True).start()
+"""
+
+
+def host_addresses() -> list[str]:
+    """This host's IPv4 addresses, loopback included, as other hosts or local users use."""
+    found = {"127.0.0.1"}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks a route
+            found.add(s.getsockname()[0])
+        except OSError:
+            pass
+    return sorted(found)
+
+
+def assert_unreachable_from_the_host(port: int) -> None:
+    assert port not in listening_ports()
+    for address in host_addresses():
+        with pytest.raises(OSError):
+            socket.create_connection((address, port), timeout=2).close()
+
+
+def test_a_private_job_is_reachable_only_through_the_agent(shared_agent, project, tmp_path):
+    root = project({"echo.py": ECHO})
+    port_file = tmp_path / "port"
+    with shared_agent.client() as client:
+        job = client.submit(["echo.py", str(port_file)], workdir=root, private_network=True)
+        try:
+            wait_until(lambda: b"listening on" in job_log(job), timeout=60)
+            assert job.refresh().private_network
+            port = int(port_file.read_text())
+            assert "interfaces: ['lo']" in job_log(job).decode()
+            assert_unreachable_from_the_host(port)
+            relay = shared_agent.paths.job_dir(job.id) / "ports.sock"
+            assert stat.S_IMODE(relay.stat().st_mode) == 0o600
+            with job.forward(port) as fwd:
+                assert echo_through(fwd.address, b"hello") == b"hello"
+                payload = os.urandom(3 * 1024 * 1024)
+                assert echo_through(fwd.address, payload) == payload
+            with pytest.raises(GpuhopError, match=r"private network\) has nothing listening on"):
+                job.forward(port + 1 if port < 65535 else port - 1)
+        finally:
+            job.cancel(grace=0)
+            job.wait(timeout=30)
+    assert not relay.exists()
+
+
+def test_a_multi_worker_job_port_is_forwarded(shared_agent, project, tmp_path):
+    root = project(
+        {"echo.py": ECHO.replace("sys.argv[1]", "sys.argv[1] + os.environ['GPUHOP_WORKER_INDEX']")}
+    )
+    with shared_agent.client() as client:
+        job = client.submit(["echo.py", str(tmp_path / "port")], workdir=root, workers=2)
+        try:
+            wait_until(lambda: job_log(job).count(b"listening on") == 2, timeout=60)
+            assert job.refresh().private_network
+            port = int((tmp_path / "port0").read_text())
+            assert_unreachable_from_the_host(port)
+            with job.forward(port) as fwd:
+                assert echo_through(fwd.address, b"worker 0?") == b"worker 0?"
+        finally:
+            job.cancel(grace=0)
+            info = job.wait(timeout=30)
+    assert info.state == JobState.cancelled

@@ -1,0 +1,175 @@
+"""Remote TensorFlow ops: a real tf-server job on a real agent, a client in another process
+connected through the agent's tunnel, real TensorFlow on the CPU; and the ways it fails."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuhop.client import Job, tfservers
+from tests.conftest import Agent, wait_until
+from tests.e2e.test_multiworker import listening_ports
+
+pytestmark = [pytest.mark.tf, pytest.mark.timeout(300)]
+
+# The user's side: prints one JSON line per event, so the test can follow it.
+CLIENT = """
+import json, sys, time
+import numpy as np
+import tensorflow as tf
+import gpuhop.tf
+
+mode, name = sys.argv[1], sys.argv[2]
+
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+
+x = np.random.default_rng(0).standard_normal((64, 64)).astype("float32")
+if mode == "compare":
+    data = np.random.default_rng(1).standard_normal((32, 4)).astype("float32")
+    target = data @ np.array([[1.0], [-2.0], [3.0], [0.5]], dtype="float32")
+    def train(device):
+        with tf.device(device):
+            w = tf.Variable(tf.ones((4, 1)))
+            @tf.function
+            def step():
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean((tf.matmul(data, w) - target) ** 2)
+                w.assign_sub(0.1 * tape.gradient(loss, w))
+                return loss
+            losses = [float(step()) for _ in range(3)]
+            return losses, w.numpy().ravel().tolist(), w.device
+    local_mm = tf.matmul(x, x).numpy()
+    local_train = train("/cpu:0")
+    with gpuhop.tf.connect(job=name) as remote:
+        device = gpuhop.tf.remote_device()
+        with tf.device(device):
+            mm = tf.matmul(x, x)
+        remote_train = train(device)
+        say(device=device, devices=remote.devices, mm_device=mm.device,
+            mm_equal=bool(np.allclose(mm.numpy(), local_mm, rtol=1e-5, atol=1e-4)),
+            local=local_train[:2], remote=remote_train[:2], var_device=remote_train[2])
+    say(after=tf.matmul(x, x).device)
+elif mode == "connect-only":
+    try:
+        gpuhop.tf.connect(job=name, ready_timeout=5)
+    except gpuhop.tf.RemoteError as e:
+        say(error=str(e))
+else:  # "loop": remote ops until something fails
+    try:
+        with gpuhop.tf.connect(job=name, stall_timeout=3, probe_interval=0.5):
+            say(connected=True)
+            with tf.device(gpuhop.tf.remote_device()):
+                while True:
+                    tf.matmul(x, x).numpy()
+                    time.sleep(0.05)
+    except gpuhop.tf.RemoteError as e:
+        say(error=str(e), cause=type(e.__cause__).__name__)
+"""
+
+
+def run_client(agent: Agent, tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT)
+    return subprocess.Popen(
+        [sys.executable, str(script), *args],
+        env=agent.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def events(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def server_pid(agent: Agent, job: Job) -> int:
+    """The TensorFlow server's own process: the child of the job's shim."""
+    shim = json.loads((agent.paths.job_dir(job.id) / "shim.pid").read_text())["pid"]
+    children = Path(f"/proc/{shim}/task/{shim}/children").read_text().split()
+    assert len(children) == 1, children
+    return int(children[0])
+
+
+@pytest.fixture
+def server(shared_agent: Agent, request: pytest.FixtureRequest) -> Iterator[Job]:
+    name = f"tf-{request.node.name[5:30].replace('_', '-')}"
+    with shared_agent.client() as client:
+        job = tfservers.start(client, name=name, timeout=120)
+        yield job
+        if not job.refresh().state.finished:
+            job.cancel(grace=0)
+            job.wait(timeout=30)
+
+
+def test_remote_results_equal_local_and_no_port_is_exposed(shared_agent, server, tmp_path):
+    port = tfservers.port_of(server.info)
+    # The server listens on every interface of its own network; the host sees none of it.
+    assert port not in listening_ports()
+    for address in ("127.0.0.1", socket.gethostbyname(socket.gethostname())):
+        with pytest.raises(OSError):
+            socket.create_connection((address, port), timeout=2).close()
+    client = run_client(shared_agent, tmp_path, "compare", server.info.name)
+    out, err = client.communicate(timeout=240)
+    assert client.returncode == 0, err
+    result, after = events(out)
+    assert result["device"] == "/job:worker/replica:0/task:0/device:CPU:0"
+    assert result["devices"] == ["/job:worker/replica:0/task:0/device:CPU:0"]
+    assert result["mm_device"] == result["device"] and result["mm_equal"]
+    assert result["var_device"] == result["device"]
+    (local_losses, local_w), (remote_losses, remote_w) = result["local"], result["remote"]
+    assert local_losses[-1] < local_losses[0]  # it trains
+    assert remote_losses == pytest.approx(local_losses, rel=1e-5)
+    assert remote_w == pytest.approx(local_w, rel=1e-5)
+    # Closing resets TensorFlow's context: ops run locally again.
+    assert after["after"].endswith("/device:CPU:0") and "job:worker" not in after["after"]
+
+
+def test_no_server_is_a_clear_error(shared_agent, tmp_path):
+    client = run_client(shared_agent, tmp_path, "connect-only", "no-such-server")
+    out, err = client.communicate(timeout=120)
+    assert client.returncode == 0, err
+    (result,) = events(out)
+    assert "no TensorFlow server 'no-such-server'" in result["error"]
+    assert "gpuhop tf-server start --name no-such-server" in result["error"]
+
+
+def test_a_cancelled_server_fails_the_op_in_flight(shared_agent, server, tmp_path):
+    client = run_client(shared_agent, tmp_path, "loop", server.info.name)
+    assert client.stdout is not None
+    assert json.loads(client.stdout.readline()) == {"connected": True}
+    server.cancel(grace=0)
+    # Bounded: the loop of remote ops ends with an error rather than hanging.
+    out, err = client.communicate(timeout=60)
+    (result,) = events(out)
+    assert f"the TensorFlow server (job {server.id}) has cancelled" in result["error"]
+    assert "gpuhop tf-server start" in result["error"]
+    assert result["cause"] == "UnavailableError"
+    assert "gpuhop: the TensorFlow server" in err  # said at once, even mid-op
+
+
+def test_a_frozen_server_fails_the_op_in_flight(shared_agent, server, tmp_path):
+    pid = server_pid(shared_agent, server)
+    client = run_client(shared_agent, tmp_path, "loop", server.info.name)
+    assert client.stdout is not None
+    assert json.loads(client.stdout.readline()) == {"connected": True}
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        out, _ = client.communicate(timeout=60)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    (result,) = events(out)
+    assert f"the TensorFlow server (job {server.id}) stopped answering" in result["error"]
+    assert "frozen" in result["error"] and "no answer within 3s" in result["error"]
+    assert result["cause"] == "UnavailableError"
+    # The server itself is fine once it runs again: a new connection works.
+    wait_until(lambda: tfservers.wait_ready(server, 30) is None, timeout=60)
