@@ -16,6 +16,7 @@ import json
 import os
 import stat
 import time
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,6 @@ from pydantic import ValidationError
 
 from gpuhop.api.data import CHUNK_HEADER, MISSING_BATCH, DatasetInfo, EnvInfo
 from gpuhop.api.models import DataMount
-from gpuhop.client.chunking import chunk_file, encode
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.sync import RACY_WINDOW_NS
 
@@ -136,7 +136,7 @@ class Datasets:
         for f in files:
             f.chunks = cache.get(f)
             if f.chunks is None:
-                f.chunks = [(c.size, c.digest) for c in chunk_file(f.abspath)]
+                f.chunks = [(c.size, c.digest) for c in _chunking().chunk_file(f.abspath)]
                 chunked += 1
                 done += f.size
                 if on_progress is not None:
@@ -227,7 +227,7 @@ class Datasets:
                         f"{f.path} changed while it was being pushed; push again",
                         code="bad_request",
                     )
-                encoding, payload = encode(data)
+                encoding, payload = _chunking().encode(data)
                 counts[0] += 1
                 counts[1] += size
                 counts[2] += CHUNK_HEADER.size + len(payload)
@@ -313,3 +313,10 @@ def _quote(name: str) -> str:
     from urllib.parse import quote
 
     return quote(name, safe="")
+
+
+def _chunking() -> types.ModuleType:
+    """The chunker, with numpy: imported by the commands that push, not by every command."""
+    from gpuhop.client import chunking
+
+    return chunking
