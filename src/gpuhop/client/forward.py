@@ -27,7 +27,7 @@ from gpuhop.api import ErrorBody, JobInfo
 from gpuhop.client.errors import GpuhopError
 
 if TYPE_CHECKING:
-    from gpuhop.client.client import Job
+    from gpuhop.client.job import Job
 
 EOF = "eof"
 # One read from a local socket becomes one message of at most this size; the agent

@@ -1,0 +1,202 @@
+"""Runs on the user's machine: `Job`, a handle on one job of an agent (state, logs, metrics,
+artifacts, cancel, port forwarding), and how the SDK reads the agent's error answers."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import httpx
+
+from gpuhop.api import ArtifactEntry, ErrorBody, JobInfo, JobState, validate_relpath
+from gpuhop.client.errors import GpuhopError
+
+if TYPE_CHECKING:
+    from gpuhop.client.client import Client
+    from gpuhop.client.forward import Forward
+
+# How long a follower keeps trying to reconnect to an agent that went away.
+RECONNECT_PATIENCE = 30.0
+
+
+class Job:
+    """A handle on one job. `info` is the state as last fetched; `refresh()` fetches again."""
+
+    def __init__(self, client: Client, info: JobInfo):
+        self.client = client
+        self.info = info
+
+    def __repr__(self) -> str:
+        return f"Job({self.id!r}, state={self.info.state.value!r})"
+
+    @property
+    def id(self) -> str:
+        return self.info.id
+
+    @property
+    def state(self) -> JobState:
+        return self.info.state
+
+    def refresh(self) -> JobInfo:
+        self.info = self.client._job_info(self.id)
+        return self.info
+
+    def wait(self, timeout: float | None = None) -> JobInfo:
+        """Block until the job has ended; return its final info. Raises TimeoutError."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = 0.02
+        while not self.refresh().state.finished:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {self.id} still {self.info.state.value} after {timeout}s")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+        return self.info
+
+    def cancel(self, grace: float = 10.0) -> JobInfo:
+        """Stop the job: SIGTERM to its processes, SIGKILL after `grace` seconds."""
+        response = self.client._request(
+            "POST", f"/v1/jobs/{self.id}/cancel", params={"grace": grace}
+        )
+        self.info = JobInfo.model_validate(response.json())
+        return self.info
+
+    def forward(
+        self,
+        remote_port: int,
+        local_port: int = 0,
+        host: str = "127.0.0.1",
+        *,
+        on_error: Callable[[GpuhopError], None] | None = None,
+    ) -> Forward:
+        """Make `remote_port`, where the job listens on the GPU host's loopback, reachable
+        at `host`:`local_port` here (0: any free port; see `.local_port`), through the
+        agent's API with this client's credentials. Raises GpuhopError at once if the job
+        is not running or nothing answers on the port. Close the returned `Forward` (or use
+        it as a context manager); it closes itself when the job ends. `on_error` hears of
+        connections the agent refused later (say, the job stopped listening).
+        """
+        from gpuhop.client.forward import Forward  # websockets and asyncio: on demand
+
+        return Forward(self, remote_port, local_port, host, on_error)
+
+    def logs(
+        self, follow: bool = False, offset: int = 0, worker: int | None = None
+    ) -> Iterator[bytes]:
+        """The job's output as raw chunks, from byte `offset` (of one worker's own log,
+        with `worker`; the job's log has every worker's lines, prefixed).
+
+        With `follow`, keeps streaming until the job has ended; a dropped connection or an
+        agent restart is resumed from the last byte received, so nothing is lost or repeated.
+        """
+        position = offset
+        give_up_at: float | None = None
+        while True:
+            try:
+                with self.client._http.stream(
+                    "GET",
+                    f"/v1/jobs/{self.id}/log",
+                    params={
+                        "offset": position,
+                        "follow": follow,
+                        **({"worker": worker} if worker is not None else {}),
+                    },
+                    timeout=httpx.Timeout(None, connect=5.0),
+                ) as response:
+                    if response.status_code >= 400:
+                        response.read()
+                        self.client._check(response)
+                    for chunk in response.iter_raw():
+                        position += len(chunk)
+                        give_up_at = None
+                        yield chunk
+                return
+            except (httpx.TransportError, httpx.StreamError) as e:
+                if not follow:
+                    raise GpuhopError(
+                        f"lost the agent while reading logs: {e}", "unreachable"
+                    ) from None
+                now = time.monotonic()
+                give_up_at = give_up_at or now + RECONNECT_PATIENCE
+                if now > give_up_at:
+                    raise GpuhopError(
+                        f"lost the agent while following job {self.id} and could not reconnect"
+                        f" for {RECONNECT_PATIENCE:.0f}s",
+                        code="unreachable",
+                    ) from None
+                # Probe first: a failed httpx connect to a Unix socket leaks that socket.
+                while not self.client.endpoint.reachable() and time.monotonic() < give_up_at:
+                    time.sleep(0.1)
+
+    def metrics(self, offset: int = 0) -> tuple[list[dict], int]:
+        """Metric records written since byte `offset`, and the offset to ask from next."""
+        data = self.client._request(
+            "GET", f"/v1/jobs/{self.id}/metrics", params={"offset": offset}
+        ).json()
+        return data["records"], data["next_offset"]
+
+    def artifacts(self) -> list[ArtifactEntry]:
+        response = self.client._request("GET", f"/v1/jobs/{self.id}/artifacts")
+        return [ArtifactEntry.model_validate(a) for a in response.json()]
+
+    def pull(
+        self,
+        dest: str | os.PathLike[str],
+        on_file: Callable[[ArtifactEntry], None] | None = None,
+    ) -> list[Path]:
+        """Download the job's artifacts into `dest`. Unchanged files are not fetched again."""
+        root = Path(dest).absolute()
+        root.mkdir(parents=True, exist_ok=True)
+        written = []
+        for art in self.artifacts():
+            try:
+                validate_relpath(art.path)
+            except ValueError as e:
+                raise GpuhopError(f"agent sent a bad artifact path: {e}", "bad_path") from None
+            target = root / art.path
+            if not target.resolve().is_relative_to(root.resolve()):
+                raise GpuhopError(f"artifact {art.path} would land outside {root}", "bad_path")
+            if target.is_file():
+                st = target.stat()
+                if st.st_size == art.size and int(st.st_mtime) == int(art.mtime):
+                    written.append(target)
+                    continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            part = target.with_name(target.name + ".gpuhop-part")
+            with self.client._http.stream(
+                "GET", f"/v1/jobs/{self.id}/artifacts/{_quote(art.path, safe='/')}"
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    self.client._check(response)
+                with open(part, "wb") as f:
+                    for chunk in response.iter_bytes(1 << 20):
+                        f.write(chunk)
+            os.utime(part, (art.mtime, art.mtime))
+            os.replace(part, target)
+            written.append(target)
+            if on_file is not None:
+                on_file(art)
+        return written
+
+
+def check(response: httpx.Response) -> None:
+    """Raise GpuhopError with the agent's own words for a 4xx/5xx answer."""
+    if response.status_code < 400:
+        return
+    try:
+        body = ErrorBody.model_validate(response.json())
+        raise GpuhopError(body.message, body.code.value, response.status_code, body.detail)
+    except ValueError:
+        raise GpuhopError(
+            f"the agent answered {response.status_code}: {response.text[:500]}",
+            status=response.status_code,
+        ) from None
+
+
+def _quote(ref: str, safe: str = "") -> str:
+    from urllib.parse import quote
+
+    return quote(ref, safe=safe)
