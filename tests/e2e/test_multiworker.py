@@ -67,10 +67,14 @@ def test_workers_reach_each_other_on_a_network_no_other_host_can_reach(
 def test_one_failing_worker_stops_the_gang(shared_agent, project):
     root = project(
         {
+            # Worker 1 gives up once worker 0 has said it works (they share the work dir),
+            # so the test does not depend on which Python starts first.
             "gang.py": "import os, sys, time\n"
             "if os.environ['GPUHOP_WORKER_INDEX'] == '1':\n"
+            "    while not os.path.exists('working'): time.sleep(0.05)\n"
             "    print('giving up', flush=True); sys.exit(3)\n"
             "print('working', flush=True)\n"
+            "open('working', 'w').close()\n"
             "time.sleep(300)\n"
         }
     )
