@@ -151,7 +151,8 @@ def _workers() -> int:
 
 def metrics_callback(every_n_steps: int = 0) -> Any:
     """A Keras callback that writes each epoch's logs (and optionally every N steps') to
-    the job's metrics file, as `{"epoch": E, "step": S, "loss": ..., ...}` lines."""
+    the job's metrics file, as `{"epoch": E, "epochs": N, "step": S, "loss": ..., ...}` lines
+    (N: the epochs `fit` was asked for)."""
     keras = _keras()
 
     class MetricsCallback(keras.callbacks.Callback):  # type: ignore[name-defined]
@@ -163,13 +164,18 @@ def metrics_callback(every_n_steps: int = 0) -> Any:
         def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
             self.epoch = epoch + 1
 
+        def _total(self) -> dict[str, int]:
+            # The number of epochs fit() was asked for: `gpuhop run` shows "epoch 3/10".
+            epochs = (self.params or {}).get("epochs")
+            return {"epochs": int(epochs)} if isinstance(epochs, int) else {}
+
         def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
             self.step += 1
             if every_n_steps and self.step % every_n_steps == 0:
-                log_metrics(step=self.step, epoch=self.epoch, **(logs or {}))
+                log_metrics(step=self.step, epoch=self.epoch, **self._total(), **(logs or {}))
 
         def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
-            log_metrics(step=self.step, epoch=epoch + 1, **(logs or {}))
+            log_metrics(step=self.step, epoch=epoch + 1, **self._total(), **(logs or {}))
 
     return MetricsCallback()
 

@@ -45,6 +45,7 @@ def test_digits_demo_trains_and_pulls_a_working_savedmodel(make_agent, tmp_path)
     show = json.loads(agent.cli("show", "--json", "digits").stdout)
     assert show["state"] == "succeeded"
     assert show["latest_metrics"]["epoch"] == 3
+    assert show["latest_metrics"]["epochs"] == 3  # what `run` shows as "epoch 3/3"
     assert show["latest_metrics"]["val_accuracy"] == pytest.approx(accuracy, abs=1e-4)
 
     # The pulled model is a real SavedModel: load it in a fresh process and classify.

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from gpuhop.api import JobInfo, JobState, format_mb, parse_mb
+from gpuhop.api import JobInfo, format_mb, parse_mb
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import (
     ago,
@@ -18,7 +18,6 @@ from gpuhop.cli.output import (
     format_metrics,
     human_bytes,
     print_json,
-    print_table,
     say,
     state_text,
 )
@@ -44,6 +43,14 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
+NoProgressOption = typer.Option(
+    False,
+    "--no-progress",
+    help="Plain log output: no live status line under it (also the case when output is not"
+    " a terminal).",
+)
+
+
 def _stream(job: Job, worker: int | None = None) -> None:
     out = sys.stdout.buffer
     for chunk in job.logs(follow=True, worker=worker):
@@ -51,9 +58,14 @@ def _stream(job: Job, worker: int | None = None) -> None:
         out.flush()
 
 
-def _follow(job: Job, worker: int | None = None) -> JobInfo:
-    """Stream a job's log until it ends. Ctrl-C detaches; the job goes on."""
+def _follow(job: Job, worker: int | None = None, live: bool = False) -> JobInfo:
+    """Stream a job's log until it ends, with a live status line under it when `live`.
+    Ctrl-C detaches; the job goes on."""
     try:
+        if live:
+            from gpuhop.cli.progress import follow_live
+
+            return follow_live(job, worker)
         _stream(job, worker)
         return job.wait()
     except KeyboardInterrupt:
@@ -74,9 +86,12 @@ def _summary(info: JobInfo) -> str:
     return text
 
 
-def _pull(job: Job, dest: Path) -> None:
+def _pull(job: Job, dest: Path, live: bool = False) -> None:
+    from gpuhop.cli.progress import transfer
+
     try:
-        files = job.pull(dest)
+        with transfer(f"pulling job {job.id}'s artifacts", live) as on_bytes:
+            files = job.pull(dest, on_bytes=on_bytes)
     except GpuhopError as e:
         fail(f"pulling the artifacts of job {job.id}: {e.message}")
     size = sum(f.stat().st_size for f in files)
@@ -161,12 +176,15 @@ def run(
     python: str | None = typer.Option(
         None, "--python", metavar="PATH", help="Run with this interpreter on the host."
     ),
+    no_progress: bool = NoProgressOption,
     on: str | None = OnOption,
 ) -> None:
     """Sync this directory to the GPU host, run a script there, and stream its output.
 
     Files ignored by .gitignore or .gpuhopignore are not sent; unchanged files are never
-    sent twice. The exit code is the job's own. Ctrl-C detaches; the job keeps running.
+    sent twice. On a terminal, a status line under the log shows the job's state, epoch,
+    step and latest metrics (from its metrics file). The exit code is the job's own.
+    Ctrl-C detaches; the job keeps running.
 
     Example: gpuhop run --gpus 1 train.py --epochs 3
     """
@@ -175,23 +193,27 @@ def run(
     if workers == 1 and gpus_per_worker:
         fail("--gpus-per-worker is for multi-worker jobs (--workers N); use --gpus")
     share_mb = _parse_share(gpu_memory, gpus)
+    from gpuhop.cli.progress import transfer, wants_live
+
     client = client_for(on)
     try:
-        job = client.submit(
-            command,
-            workdir=workdir,
-            gpus=gpus,
-            name=name,
-            env=_parse_env(env),
-            retries=retries,
-            workers=workers,
-            gpus_per_worker=gpus_per_worker,
-            worker_timeout=worker_timeout,
-            gpu_memory=share_mb,
-            data=data,
-            requirements=False if no_requirements else requirements,
-            python=python,
-        )
+        with transfer("uploading", wants_live(no_progress or quiet, sys.stderr)) as on_upload:
+            job = client.submit(
+                command,
+                workdir=workdir,
+                gpus=gpus,
+                name=name,
+                env=_parse_env(env),
+                retries=retries,
+                workers=workers,
+                gpus_per_worker=gpus_per_worker,
+                worker_timeout=worker_timeout,
+                gpu_memory=share_mb,
+                data=data,
+                requirements=False if no_requirements else requirements,
+                python=python,
+                on_upload=on_upload,
+            )
     except GpuhopError as e:
         fail(e.message)
     stats = client.last_sync
@@ -210,11 +232,11 @@ def run(
             f"synced {stats.files} files ({sent}) in {stats.scan_seconds:.2f}s;"
             f" job {job.id} {job.state.value}"
         )
-    info = _follow(job)
+    info = _follow(job, live=wants_live(no_progress))
     if not quiet:
         say(_summary(info))
     if pull is not None:
-        _pull(job, pull)
+        _pull(job, pull, live=wants_live(quiet, sys.stderr))
     raise typer.Exit(exit_code_for(info))
 
 
@@ -231,43 +253,6 @@ def _parse_share(gpu_memory: str | None, gpus: int) -> int | None:
             f" --gpus {gpus} (use --gpus {gpus} alone for whole GPUs)"
         )
     return share_mb
-
-
-def ps(
-    state: list[JobState] = typer.Option(
-        [], "--state", "-s", help="Only jobs in this state (repeatable)."
-    ),
-    limit: int = typer.Option(50, "--limit", min=1, help="At most this many jobs, newest first."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
-    on: str | None = OnOption,
-) -> None:
-    """List jobs, newest first."""
-    with client_for(on) as client:
-        try:
-            infos = client.jobs(state or None, limit=limit)
-        except GpuhopError as e:
-            fail(e.message)
-    if json_out:
-        print_json([i.model_dump(mode="json") for i in infos])
-        return
-    if not infos:
-        say("no jobs yet; start one with: gpuhop run train.py")
-        return
-    print_table(
-        ("ID", "NAME", "STATE", "GPUS", "CREATED", "DURATION", "COMMAND"),
-        [
-            (
-                i.id,
-                i.name or "-",
-                state_text(i.state),
-                _gpus_column(i),
-                ago(i.created_at),
-                duration(i),
-                " ".join(i.command),
-            )
-            for i in infos
-        ],
-    )
 
 
 def show(
@@ -314,14 +299,6 @@ def show(
         )
 
 
-def _gpus_column(info: JobInfo) -> str:
-    ids = ",".join(map(str, info.gpu_ids))
-    if info.gpu_memory_mb is not None:
-        share = format_mb(info.gpu_memory_mb)
-        return f"{ids} ({share})" if ids else f"{share} share"
-    return ids or (str(info.gpus) if info.gpus else "-")
-
-
 def _gpus_text(info: JobInfo) -> str:
     if info.gpu_memory_mb is not None:
         share = f"a {format_mb(info.gpu_memory_mb)} share"
@@ -339,14 +316,20 @@ def logs(
     worker: int | None = typer.Option(
         None, "--worker", min=0, help="Only this worker's output (multi-worker jobs)."
     ),
+    no_progress: bool = NoProgressOption,
     on: str | None = OnOption,
 ) -> None:
-    """Print a job's output (stdout and stderr together; every worker's, prefixed)."""
+    """Print a job's output (stdout and stderr together; every worker's, prefixed).
+
+    With --follow on a terminal, a status line under the log shows the job's state, epoch,
+    step and latest metrics."""
     with client_for(on) as client:
         job = _job(client, job_ref)
         try:
             if follow:
-                info = _follow(job, worker)
+                from gpuhop.cli.progress import wants_live
+
+                info = _follow(job, worker, live=wants_live(no_progress))
                 say(_summary(info))
             else:
                 out = sys.stdout.buffer
@@ -393,12 +376,14 @@ def pull(
     """Download the files a job wrote to $GPUHOP_ARTIFACTS_DIR."""
     with client_for(on) as client:
         job = _job(client, job_ref)
-        _pull(job, output or DEFAULT_PULL_DIR / job.id)
+        from gpuhop.cli.progress import wants_live
+
+        _pull(job, output or DEFAULT_PULL_DIR / job.id, live=wants_live(False, sys.stderr))
 
 
 def register(app: typer.Typer) -> None:
     app.command(
         context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True}
     )(run)
-    for fn in (ps, show, logs, cancel, pull):
+    for fn in (show, logs, cancel, pull):
         app.command()(fn)

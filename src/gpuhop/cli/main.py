@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpuhop import __version__
-from gpuhop.cli import agent, data, doctor, forward, gc, gpus, jobs, remote, serve, tfserver
+from gpuhop.cli import agent, data, doctor, forward, gc, gpus, jobs, ps, remote, serve, tfserver
 
 app = typer.Typer(
     name="gpuhop",
@@ -21,6 +21,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 jobs.register(app)
+ps.register(app)
 forward.register(app)
 gpus.register(app)
 doctor.register(app)

@@ -96,7 +96,7 @@ def format_metrics(metrics: dict[str, object] | None) -> str:
         return "-"
     parts = []
     for key, value in metrics.items():
-        if key == "time":
+        if key in ("time", "epochs"):
             continue
         if isinstance(value, float):
             parts.append(f"{key}={value:.4g}")

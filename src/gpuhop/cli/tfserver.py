@@ -6,8 +6,9 @@ from __future__ import annotations
 import typer
 
 from gpuhop.cli.connect import OnOption, client_for
-from gpuhop.cli.jobs import _gpus_column, _parse_share
+from gpuhop.cli.jobs import _parse_share
 from gpuhop.cli.output import ago, fail, print_table, say, state_text
+from gpuhop.cli.ps import gpus_column
 from gpuhop.client import GpuhopError
 
 app = typer.Typer(
@@ -91,7 +92,7 @@ def list_servers(on: str | None = OnOption) -> None:
     print_table(
         ("ID", "NAME", "STATE", "GPUS", "CREATED"),
         [
-            (i.id, i.name or "-", state_text(i.state), _gpus_column(i), ago(i.created_at))
+            (i.id, i.name or "-", state_text(i.state), gpus_column(i), ago(i.created_at))
             for i in infos
         ],
     )

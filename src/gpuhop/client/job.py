@@ -145,11 +145,16 @@ class Job:
         self,
         dest: str | os.PathLike[str],
         on_file: Callable[[ArtifactEntry], None] | None = None,
+        on_bytes: Callable[[int, int], None] | None = None,
     ) -> list[Path]:
-        """Download the job's artifacts into `dest`. Unchanged files are not fetched again."""
+        """Download the job's artifacts into `dest`. Unchanged files are not fetched again.
+
+        `on_file(entry)` is called after each file fetched, and `on_bytes(done, total)` as
+        bytes arrive, `total` being what is fetched (unchanged files are not counted).
+        """
         root = Path(dest).absolute()
         root.mkdir(parents=True, exist_ok=True)
-        written = []
+        written, todo = [], []
         for art in self.artifacts():
             try:
                 validate_relpath(art.path)
@@ -163,6 +168,10 @@ class Job:
                 if st.st_size == art.size and int(st.st_mtime) == int(art.mtime):
                     written.append(target)
                     continue
+            todo.append((art, target))
+        total = sum(art.size for art, _ in todo)
+        done = 0
+        for art, target in todo:
             target.parent.mkdir(parents=True, exist_ok=True)
             part = target.with_name(target.name + ".gpuhop-part")
             with self.client._http.stream(
@@ -174,6 +183,9 @@ class Job:
                 with open(part, "wb") as f:
                     for chunk in response.iter_bytes(1 << 20):
                         f.write(chunk)
+                        done += len(chunk)
+                        if on_bytes is not None:
+                            on_bytes(done, max(total, done))
             os.utime(part, (art.mtime, art.mtime))
             os.replace(part, target)
             written.append(target)

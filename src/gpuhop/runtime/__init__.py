@@ -88,6 +88,8 @@ def log_metrics(*, step: int | None = None, epoch: int | None = None, **values: 
     """Append one record to the job's metrics file (`gpuhop show` prints the latest).
 
     For custom training loops; the Keras callback in `gpuhop.tf` calls this for you.
+    `time`, `step`, `epoch` and `epochs` (the planned number of epochs, for "epoch 3/10"
+    displays) describe the record; every other key is a metric.
     """
     path = metrics_file()
     if path is None or not is_chief():

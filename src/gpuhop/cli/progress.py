@@ -1,0 +1,217 @@
+"""Runs on the user's machine: live progress in the terminal.
+
+- `follow_live`: a job's log streams above a status line (state, elapsed time, epoch and
+  step, latest metrics) that a poller thread feeds from the job's metrics file.
+- `transfer`: a progress bar with throughput for uploads and pulls.
+
+Both draw only on a terminal; `wants_live()` says whether to use them at all.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.live import Live
+from rich.spinner import Spinner
+from rich.table import Table
+from rich.text import Text
+
+from gpuhop.api import JobInfo, JobState
+from gpuhop.cli.output import STATE_STYLE, err
+from gpuhop.client import GpuhopError, Job
+
+POLL_SECONDS = 1.0
+# Keys of a metrics record that are not metrics (see gpuhop.runtime.log_metrics).
+NOT_METRICS = frozenset({"time", "step", "epoch", "epochs"})
+
+
+def wants_live(no_progress: bool, stream: object = None) -> bool:
+    """A live display only on a terminal that can redraw, and never when asked not to."""
+    target = sys.stdout if stream is None else stream
+    if no_progress or os.environ.get("TERM") == "dumb":
+        return False
+    isatty = getattr(target, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def elapsed_text(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    if seconds < 3600:
+        return f"{seconds // 60}:{seconds % 60:02d}"
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def metric_text(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+class JobStatus:
+    """What the status line shows, kept up to date by `poll()` (one thread) and drawn by
+    rich (another): plain assignments of whole values, so a draw never sees half an update."""
+
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.info: JobInfo = job.info
+        self.metrics: dict[str, object] = {}
+        self.epoch: int | None = None
+        self.epochs: int | None = None
+        self.step: int | None = None
+        self._offset = 0
+        self._spinner = Spinner("dots", style="cyan")
+
+    def poll(self) -> None:
+        """Read the job's state and any new metric records. Errors wait for the next poll."""
+        try:
+            self.info = self.job.refresh()
+            records, self._offset = self.job.metrics(self._offset)
+        except GpuhopError:
+            return
+        metrics = dict(self.metrics)
+        for record in records:
+            self.epoch = _int_or(record.get("epoch"), self.epoch)
+            self.epochs = _int_or(record.get("epochs"), self.epochs)
+            self.step = _int_or(record.get("step"), self.step)
+            metrics.update({k: v for k, v in record.items() if k not in NOT_METRICS})
+        self.metrics = metrics
+
+    def line(self) -> Text:
+        info = self.info
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(info.state.value, style=STATE_STYLE[info.state])
+        if info.started_at is not None:
+            end = info.ended_at or datetime.now(UTC)
+            text.append(f" {elapsed_text((end - info.started_at).total_seconds())}")
+        elif info.state == JobState.queued:
+            text.append(f" {elapsed_text((datetime.now(UTC) - info.created_at).total_seconds())}")
+        if info.attempt > 1:
+            text.append(f"  attempt {info.attempt}/{info.retries + 1}")
+        if self.epoch is not None:
+            total = f"/{self.epochs}" if self.epochs else ""
+            text.append("  epoch ", style="dim").append(f"{self.epoch}{total}", style="bold")
+        if self.step is not None:
+            text.append("  step ", style="dim").append(f"{self.step:,}", style="bold")
+        for key, value in self.metrics.items():
+            text.append(f"  {key} ", style="dim").append(metric_text(value))
+        return text
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(no_wrap=True)
+        grid.add_column(no_wrap=True, overflow="ellipsis")
+        grid.add_row(self._spinner, self.line())
+        yield grid
+
+
+def _int_or(value: object, default: int | None) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else default
+
+
+class LineSplitter:
+    """Turns a byte stream into whole lines of text, as a terminal would show them: a
+    carriage return (a progress bar redrawing itself) keeps only what follows it."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._partial = ""
+
+    def feed(self, chunk: bytes) -> str:
+        text = self._partial + self._decoder.decode(chunk)
+        head, sep, self._partial = text.rpartition("\n")
+        return _as_shown(head + sep) if sep else ""
+
+    def rest(self) -> str:
+        text, self._partial = self._partial + self._decoder.decode(b"", final=True), ""
+        return _as_shown(text)
+
+
+def _as_shown(text: str) -> str:
+    if "\r" not in text:
+        return text
+    return "".join(line.rpartition("\r")[2] for line in text.splitlines(keepends=True))
+
+
+def follow_live(job: Job, worker: int | None = None) -> JobInfo:
+    """Stream a job's log to stdout with a status line under it, until the job ends."""
+    console = Console(highlight=False, emoji=False)
+    status = JobStatus(job)
+    stop = threading.Event()
+
+    def poller() -> None:
+        while True:
+            status.poll()
+            if stop.wait(POLL_SECONDS):
+                return
+
+    thread = threading.Thread(target=poller, name="gpuhop-status", daemon=True)
+    thread.start()
+    lines = LineSplitter()
+    try:
+        with Live(status, console=console, transient=True, refresh_per_second=8):
+            for chunk in job.logs(follow=True, worker=worker):
+                text = lines.feed(chunk)
+                if text:
+                    console.print(Text.from_ansi(text, end=""), end="", soft_wrap=True)
+            text = lines.rest()
+            if text:
+                console.print(Text.from_ansi(text), soft_wrap=True)
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+    return job.wait()
+
+
+@contextmanager
+def transfer(
+    what: str, enabled: bool, min_bytes: int = 1 << 20
+) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar with throughput and time left, on stderr, for `what` (e.g. "upload").
+
+    Yields `update(done, total)`. Nothing is drawn when disabled or for a transfer under
+    `min_bytes`, so small syncs stay quiet.
+    """
+    if not enabled:
+        yield lambda done, total: None
+        return
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TaskID,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    progress = Progress(
+        TextColumn("[dim]gpuhop:[/dim] {task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+    )
+    task: list[TaskID] = []
+
+    def update(done: int, total: int) -> None:
+        if not task:
+            if total < min_bytes:
+                return
+            progress.start()
+            task.append(progress.add_task(what, total=total))
+        progress.update(task[0], completed=done, total=total)
+
+    try:
+        yield update
+    finally:
+        if task:
+            progress.stop()

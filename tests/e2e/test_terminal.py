@@ -1,0 +1,132 @@
+"""What a person at a terminal sees: the live status line under `run` and `logs -f`,
+transfer progress bars, `ps --watch` and `top`. The CLI runs in a real pseudo-terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.conftest import wait_until
+from tests.terminal import Terminal
+
+pytestmark = pytest.mark.timeout(180)
+
+TRAIN = """\
+import time
+from gpuhop.runtime import log_metrics
+
+for epoch in range(1, 4):
+    for i in range(3):
+        print(f"line {epoch}.{i}", flush=True)
+        time.sleep(0.25)
+    log_metrics(step=epoch * 3, epoch=epoch, epochs=3, loss=1.0 / epoch, accuracy=0.5)
+    time.sleep(0.8)
+print("all done", flush=True)
+"""
+LINES = [f"line {e}.{i}" for e in range(1, 4) for i in range(3)] + ["all done"]
+
+
+def _each_once_in_order(text: str, lines: list[str]) -> None:
+    positions = [text.find(line) for line in lines]
+    assert all(p >= 0 for p in positions), text
+    assert positions == sorted(positions), text
+    for line in lines:
+        assert text.count(line) == 1, f"{line!r} shown {text.count(line)} times:\n{text}"
+
+
+def test_run_on_a_terminal_shows_a_status_line_under_the_log(make_agent, project):
+    agent = make_agent()
+    work = project({"train.py": TRAIN})
+    term = Terminal(["run", "train.py"], agent.env, cwd=work)
+    assert term.finish() == 0
+    text = term.text
+    _each_once_in_order(text, LINES)
+    # The status line: state, elapsed time, epoch of total, step and the latest metrics.
+    assert "running" in text
+    assert "epoch 2/3" in text or "epoch 3/3" in text, text
+    assert "step " in text and "loss " in text and "accuracy 0.5" in text
+    assert "succeeded: exited with code 0" in text
+
+
+def test_logs_follow_shows_the_status_line_and_no_progress_turns_it_off(make_agent, project):
+    agent = make_agent()
+    work = project({"train.py": TRAIN})
+    job_id = agent.cli("run", "--detach", "train.py", cwd=work).stdout.strip()
+    term = Terminal(["logs", "-f", job_id], agent.env, cwd=work)
+    assert term.finish() == 0
+    _each_once_in_order(term.text, LINES)
+    assert "loss " in term.text
+
+    quiet = Terminal(["logs", "-f", "--no-progress", job_id], agent.env, cwd=work)
+    assert quiet.finish() == 0
+    _each_once_in_order(quiet.text, LINES)
+    assert "loss " not in quiet.text and "epoch 3/3" not in quiet.text
+
+
+def test_output_to_a_pipe_is_the_jobs_own_bytes(make_agent, project):
+    agent = make_agent()
+    work = project({"train.py": TRAIN})
+    run = agent.cli("run", "train.py", cwd=work)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "".join(f"{line}\n" for line in LINES)
+    assert "\x1b" not in run.stdout + run.stderr
+
+
+def test_uploads_and_pulls_show_progress_bars(make_agent, project):
+    agent = make_agent()
+    work = project(
+        {
+            "train.py": "import os\nfrom gpuhop.runtime import artifacts_dir\n"
+            "(artifacts_dir() / 'weights.bin').write_bytes(os.urandom(3 << 20))\n"
+        }
+    )
+    (work / "data.bin").write_bytes(os.urandom(3 << 20))
+    out = work.parent / "pulled"
+    term = Terminal(["run", "--pull", str(out), "train.py"], agent.env, cwd=work)
+    assert term.finish() == 0
+    assert "uploading" in term.text and "MB" in term.text, term.text
+    assert "pulling job" in term.text, term.text
+    assert (out / "weights.bin").stat().st_size == 3 << 20
+    # An unchanged tree uploads nothing, so no bar is drawn.
+    again = Terminal(["run", "train.py"], agent.env, cwd=work)
+    assert again.finish() == 0
+    assert "uploading" not in again.text
+
+
+def test_top_shows_each_gpu_and_the_job_holding_it(make_agent, project):
+    agent = make_agent(fake_gpus=2)
+    work = project({"hold.py": "import time\ntime.sleep(120)\n"})
+    job_id = agent.cli("run", "--detach", "--gpus", "1", "--name", "holder", "hold.py", cwd=work)
+    job_id = job_id.stdout.strip()
+    wait_until(lambda: json.loads(agent.cli("show", "--json", job_id).stdout)["state"] == "running")
+    term = Terminal(["top", "--every", "0.5"], agent.env, cwd=work)
+    try:
+        text = term.wait_for("holder")
+        assert "UTIL" in text and "MEMORY" in text  # the GPU panel
+        term.wait_for(job_id)
+    finally:
+        term.interrupt()
+    assert term.finish() == 0
+    gpu_rows = [line for line in term.text.splitlines() if line.lstrip().startswith(("0 ", "1 "))]
+    assert any(job_id in row for row in gpu_rows), term.text
+    agent.cli("cancel", job_id)
+
+
+def test_ps_watch_redraws_until_interrupted_and_refuses_json(make_agent, project):
+    agent = make_agent()
+    work = project({"train.py": "print('hi')\n"})
+    assert agent.cli("run", "--name", "first", "train.py", cwd=work).returncode == 0
+    term = Terminal(["ps", "--watch", "--every", "0.3"], agent.env, cwd=work)
+    try:
+        term.wait_for("first")
+        assert agent.cli("run", "--name", "second", "train.py", cwd=work).returncode == 0
+        term.wait_for("second")  # drawn by a later refresh
+    finally:
+        term.interrupt()
+    assert term.finish() == 0
+
+    both = agent.cli("ps", "--watch", "--json")
+    assert both.returncode == 2
+    assert "cannot be combined with --json" in both.stderr
