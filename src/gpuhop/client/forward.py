@@ -158,6 +158,11 @@ class Forward:
         task = asyncio.current_task()
         assert task is not None
         self._tunnels.add(task)
+        # asyncio sets TCP_NODELAY only on sockets whose proto is IPPROTO_TCP, and one from
+        # socket.create_server has proto 0. Without it, Nagle holds each small write (a gRPC
+        # response) until the peer's delayed ACK: 40 ms per remote TensorFlow op.
+        with contextlib.suppress(OSError, AttributeError):
+            writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         clean = False
         try:
             async with await self._open_websocket() as ws:
