@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from gpuhop.cli.connect import OnOption, client_for
-from gpuhop.cli.output import ago, err, fail, human_bytes, print_json, print_table, say
+from gpuhop.cli.output import ago, fail, human_bytes, print_json, print_table, say
 from gpuhop.client import GpuhopError
 from gpuhop.client.data import PushResult
 
@@ -31,24 +31,11 @@ def _ref(text: str) -> tuple[str, int | None]:
 
 
 def _push_with_progress(path: Path, name: str, on: str | None, quiet: bool) -> PushResult:
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TaskID,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
+    from rich.progress import TaskID
 
-    columns = (
-        TextColumn("{task.description:>9}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-    )
-    with client_for(on) as client, Progress(*columns, console=err, disable=quiet) as bar:
+    from gpuhop.cli.progress import transfer_bar
+
+    with client_for(on) as client, transfer_bar("{task.description:>9}", disable=quiet) as bar:
         tasks: dict[str, TaskID] = {}
 
         def progress(phase: str, done: int, total: int) -> None:

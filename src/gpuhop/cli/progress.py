@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.live import Live
@@ -26,6 +27,9 @@ from rich.text import Text
 from gpuhop.api import JobInfo, JobState
 from gpuhop.cli.output import STATE_STYLE, err
 from gpuhop.client import GpuhopError, Job
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 POLL_SECONDS = 1.0
 # Keys of a metrics record that are not metrics (see gpuhop.runtime.log_metrics).
@@ -169,6 +173,28 @@ def follow_live(job: Job, worker: int | None = None) -> JobInfo:
     return job.wait()
 
 
+def transfer_bar(label: str, **options: Any) -> Progress:
+    """A rich progress display on stderr whose tasks show bytes: a bar, done of total,
+    throughput and time left. `label` formats each task's description."""
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
+
+    columns = (
+        TextColumn(label),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
+    return Progress(*columns, console=err, **options)
+
+
 @contextmanager
 def transfer(
     what: str, enabled: bool, min_bytes: int = 1 << 20
@@ -181,25 +207,9 @@ def transfer(
     if not enabled:
         yield lambda done, total: None
         return
-    from rich.progress import (
-        BarColumn,
-        DownloadColumn,
-        Progress,
-        TaskID,
-        TextColumn,
-        TimeRemainingColumn,
-        TransferSpeedColumn,
-    )
+    from rich.progress import TaskID
 
-    progress = Progress(
-        TextColumn("[dim]gpuhop:[/dim] {task.description}"),
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeRemainingColumn(),
-        console=err,
-        transient=True,
-    )
+    progress = transfer_bar("[dim]gpuhop:[/dim] {task.description}", transient=True)
     task: list[TaskID] = []
 
     def update(done: int, total: int) -> None:
