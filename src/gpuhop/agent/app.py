@@ -24,9 +24,13 @@ from gpuhop.agent.context import AgentContext
 from gpuhop.agent.duties import run_duties
 from gpuhop.agent.errors import ApiError, describe_errors, error_response
 from gpuhop.agent.limits import BodyLimit
-from gpuhop.agent.routers import agent, blobs, datasets, jobs, ports, serving, tokens, trees
+from gpuhop.agent.routers import agent, blobs, datasets, jobs, ports, serving, tokens, trees, ui
 from gpuhop.agent.services.serving import Upstream
 from gpuhop.api import ErrorCode
+from gpuhop.ui import api as ui_api
+from gpuhop.ui import pages as ui_pages
+from gpuhop.ui.guard import UiGuard
+from gpuhop.ui.sessions import UiSessions
 
 log = logging.getLogger("gpuhop.agent")
 # The disk (or the user's disk quota) is full: the answer is 507, as for our own quotas.
@@ -66,10 +70,16 @@ def create_app(ctx: AgentContext) -> FastAPI:
     app.state.ctx = ctx
     # The HTTP client the model-server proxy shares (see `services.serving`).
     app.state.upstream = Upstream()
+    # The dashboard's login codes and browser sessions (in memory; see gpuhop.ui.sessions).
+    app.state.ui_sessions = UiSessions()
     routers = (jobs.router, ports.router, blobs.router, trees.router, agent.router)
-    for router in (*routers, tokens.router, datasets.router, serving.router):
+    for router in (*routers, tokens.router, datasets.router, serving.router, ui.router):
         app.include_router(router)
+    app.include_router(ui_pages.router)
+    app.include_router(ui_api.router)
     app.add_middleware(BodyLimit)
+    # Every /ui path but the login and the static files needs a session (gpuhop.ui.guard).
+    app.add_middleware(UiGuard, sessions=app.state.ui_sessions)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:

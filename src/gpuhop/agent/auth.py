@@ -6,7 +6,10 @@ scope of every HTTP request and WebSocket handshake before any route runs:
 - the Unix socket (mode 0600: only the agent's OS user can connect) is the agent's owner,
   an admin, named by the OS login name (`OwnerAuth`);
 - the TCP listener takes `Authorization: Bearer <token>` and nothing else (`TokenAuth`);
-  without a valid token the answer is 401 and no route, not even /docs, is reached.
+  without a valid token the answer is 401 and no route, not even /docs, is reached (a
+  browser that comes straight to the dashboard's `/ui` gets a page saying how to log in).
+
+The dashboard (`/ui`) needs a session cookie on top of this, checked by `gpuhop.ui.guard`.
 
 Routes read the caller with `caller_of(request_or_websocket)` and hand it to the services,
 which show a user only their own jobs (see `services.jobs.find`).
@@ -117,8 +120,14 @@ _REFUSAL = ErrorBody(
 
 async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
     body = json.dumps(_REFUSAL.model_dump(mode="json")).encode()
+    kind = b"application/json"
+    if scope["type"] == "http" and (scope["path"] + "/").startswith("/ui/"):
+        # Imported here: gpuhop.ui.guard imports this module.
+        from gpuhop.ui.guard import NOT_LOGGED_IN, denied_page
+
+        body, kind = denied_page(NOT_LOGGED_IN), b"text/html; charset=utf-8"
     headers: list[tuple[bytes, bytes]] = [
-        (b"content-type", b"application/json"),
+        (b"content-type", kind),
         (b"content-length", str(len(body)).encode()),
         (b"www-authenticate", b"Bearer"),
     ]

@@ -14,6 +14,7 @@ from gpuhop.agent.blobs import BlobStore
 from gpuhop.agent.claims import ClaimStore
 from gpuhop.agent.datasets import DatasetStore
 from gpuhop.agent.envs import EnvStore
+from gpuhop.agent.gpuhistory import GpuHistory
 from gpuhop.agent.gpus import GpuHost
 from gpuhop.agent.policy import Policy
 from gpuhop.agent.scheduler import Pending, could_ever_fit, plan
@@ -40,6 +41,8 @@ class AgentContext:
         # The GPUs as found at start; their live readings come from gpu_host.usage().
         self.gpus = gpu_host.gpus
         self.fake_gpus = gpu_host.fake
+        # The last hour of their readings, sampled by a duty (the dashboard's GPU page).
+        self.gpu_history = GpuHistory()
         self.pid = os.getpid()
         self.store = JobStore(paths.db)
         self.blobs = BlobStore(paths.blobs, paths.tmp)

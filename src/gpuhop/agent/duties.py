@@ -1,4 +1,4 @@
-"""Runs in the agent: its periodic duties (garbage collection, the log cap), on one timer.
+"""Runs in the agent: its periodic duties (garbage collection, the log cap, GPU sampling).
 
 Each duty is a small object with an interval and one `run()` (SkyPilot's `SkyletEvent`);
 `run()` runs in a worker thread, so a slow walk of the disk never holds up a request, and
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Protocol
 
 from gpuhop.agent import gc
@@ -62,8 +63,19 @@ class LogCap:
                 )
 
 
+class SampleGpus:
+    """Records each GPU's memory use and load for the dashboard's GPU page."""
+
+    def __init__(self, rt: AgentContext):
+        self.rt = rt
+        self.interval = rt.gpu_history.every
+
+    def run(self) -> None:
+        self.rt.gpu_history.record(time.time(), self.rt.gpu_host.usage())
+
+
 def duties(rt: AgentContext) -> list[Duty]:
-    out: list[Duty] = []
+    out: list[Duty] = [SampleGpus(rt)] if rt.gpus else []
     if rt.policy.gc_every_hours > 0:
         out.append(Collect(rt))
     if rt.policy.log_cap is not None:

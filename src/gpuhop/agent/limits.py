@@ -6,7 +6,8 @@ a body sent without one is counted as it arrives and refused when it passes the 
 routes that stream their bodies set their own bounds and are exempt: blob and chunk uploads
 go to disk frame by frame, a tree or a dataset manifest has its own, larger cap
 (`routers.trees.MAX_TREE_BYTES`), and requests proxied to a model server have theirs
-(`services.serving.MAX_BODY`).
+(`services.serving.MAX_BODY`). The dashboard's routes (`/ui`) take no body worth the name
+(a cancel has none), so theirs is capped at `UI_BODY`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ STREAMING_ROUTES = frozenset({"/v1/blobs/upload", "/v1/chunks/upload", "/v1/tree
 # POST /v1/datasets/NAME: a manifest; /v1/serve/...: requests to model servers, which stream
 # through with their own cap (`services.serving.MAX_BODY`).
 STREAMING_PREFIXES = ("/v1/datasets/", "/v1/serve/")
+UI_BODY = 64 * 1024
 
 
 class BodyLimit:
@@ -36,12 +38,12 @@ class BodyLimit:
         if not path or path in STREAMING_ROUTES or path.startswith(STREAMING_PREFIXES):
             await self.app(scope, receive, send)
             return
+        limit = UI_BODY if path == "/ui" or path.startswith("/ui/") else self.limit
         declared = _content_length(scope)
-        if declared is not None and declared > self.limit:
-            await _too_large(send, self.limit)
+        if declared is not None and declared > limit:
+            await _too_large(send, limit)
             return
         seen = 0
-        limit = self.limit
 
         async def counted() -> Message:
             nonlocal seen

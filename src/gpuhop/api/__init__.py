@@ -28,6 +28,7 @@ from gpuhop.api.models import (
 )
 from gpuhop.api.serving import ServeRequest, ServingInfo
 from gpuhop.api.sizes import format_mb, parse_mb
+from gpuhop.api.ui import UiLoginCode
 
 __all__ = [
     "AgentInfo",
@@ -52,6 +53,7 @@ __all__ = [
     "TokenRequest",
     "Tree",
     "TreeStored",
+    "UiLoginCode",
     "fingerprint_of",
     "format_mb",
     "normalize_fingerprint",

@@ -5,7 +5,20 @@ from __future__ import annotations
 import typer
 
 from gpuhop import __version__
-from gpuhop.cli import agent, data, doctor, forward, gc, gpus, jobs, ps, remote, serve, tfserver
+from gpuhop.cli import (
+    agent,
+    data,
+    doctor,
+    forward,
+    gc,
+    gpus,
+    jobs,
+    ps,
+    remote,
+    serve,
+    tfserver,
+    ui,
+)
 
 app = typer.Typer(
     name="gpuhop",
@@ -31,6 +44,7 @@ app.add_typer(tfserver.app, name="tf-server")
 data.register(app)
 serve.register(app)
 gc.register(app)
+ui.register(app)
 
 
 def _version(value: bool) -> None:

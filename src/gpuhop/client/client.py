@@ -30,6 +30,7 @@ from gpuhop.api import (
     TokenCreated,
     TokenInfo,
     TokenRequest,
+    UiLoginCode,
     parse_mb,
 )
 from gpuhop.api.upkeep import DiskUsage, GcReport
@@ -43,6 +44,7 @@ from gpuhop.client.upload import frames
 from gpuhop.home import AgentError, AgentPaths, default_home
 
 if TYPE_CHECKING:
+    from gpuhop.client.dashboard import Dashboard
     from gpuhop.client.serving import Model
 
 # Upload in batches so a dropped connection costs at most one batch.
@@ -170,6 +172,31 @@ class Client:
             "POST", "/v1/agent/gc", params={"dry_run": dry_run}, timeout=DOCTOR_TIMEOUT
         )
         return GcReport.model_validate(response.json())
+
+    # -- the web dashboard (see gpuhop.client.dashboard) ---------------------------------------
+
+    def ui_login_code(self) -> UiLoginCode:
+        """A one-time code that logs a browser in to the agent's dashboard as this client's
+        user: once, within a minute, and only through this client's credentials."""
+        try:
+            response = self._request("POST", "/v1/ui/login-codes")
+        except GpuhopError as e:
+            if e.status != 404:
+                raise
+            raise GpuhopError(
+                f"{self.endpoint.description} is older than the dashboard; update gpuhop"
+                " there (gpuhop remote bootstrap)",
+                code="not_found",
+                status=404,
+            ) from None
+        return UiLoginCode.model_validate(response.json())
+
+    def dashboard(self, port: int = 0) -> Dashboard:
+        """The agent's dashboard, forwarded to http://127.0.0.1:`port`/ui/ here (0: any free
+        port) until closed; `login_url()` gives the link to open."""
+        from gpuhop.client.dashboard import Dashboard
+
+        return Dashboard(self, port)
 
     # -- tokens (admins; for the TCP listener) ------------------------------------------------
 

@@ -43,6 +43,10 @@ class Endpoint:
         # loading the CA bundle, about 75 ms of every command.
         return httpx.HTTPTransport(uds=self.uds, verify=self.ssl_context or _NO_TLS)
 
+    def async_transport(self) -> httpx.AsyncBaseTransport:
+        """The same connection for an asyncio client (the dashboard's proxy)."""
+        return httpx.AsyncHTTPTransport(uds=self.uds, verify=self.ssl_context or _NO_TLS)
+
     def websocket_url(self, path: str) -> str:
         """The ws:// or wss:// URL of an API path on this endpoint."""
         scheme, _, rest = self.base_url.partition("://")

@@ -1,0 +1,140 @@
+"""Runs in the agent: /ui/api, the JSON the dashboard's pages fetch (thin; services do it).
+
+Every route acts as the session's caller (put in the scope by `gpuhop.ui.guard`), through
+the same services as /v1: a user who is not an admin sees only their own jobs, and
+another user's job answers 404 as one that does not exist.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse, Response
+
+from gpuhop import __version__
+from gpuhop.agent.auth import caller_of
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.services import gpus as gpus_service
+from gpuhop.agent.services import jobs as jobs_service
+from gpuhop.api import ArtifactEntry, JobInfo, JobState
+
+router = APIRouter(prefix="/ui/api", include_in_schema=False)
+
+# The first look at a log shows its end; later reads follow it from where the last stopped.
+LOG_TAIL = 64 * 1024
+LOG_READ_MAX = 256 * 1024
+
+
+def ctx(request: Request) -> AgentContext:
+    found: AgentContext = request.app.state.ctx
+    return found
+
+
+@router.get("/me")
+def me(request: Request) -> dict[str, object]:
+    caller = caller_of(request)
+    c = ctx(request)
+    return {
+        "user": caller.user,
+        "admin": caller.admin,
+        "version": __version__,
+        "gpus": len(c.gpus),
+        "fake_gpus": c.fake_gpus,
+    }
+
+
+@router.get("/jobs")
+def jobs(
+    request: Request,
+    state: list[JobState] | None = Query(default=None),
+    limit: int = Query(default=200, ge=1, le=2000),
+) -> dict[str, object]:
+    # The agent's clock comes along: a running job's duration must not depend on the
+    # browser's machine keeping the same time as the GPU host.
+    found = jobs_service.list_jobs(ctx(request), caller_of(request), state, limit)
+    return {"now": time.time(), "jobs": found}
+
+
+@router.get("/jobs/{ref}")
+def job(ref: str, request: Request) -> dict[str, object]:
+    c = ctx(request)
+    info: JobInfo = jobs_service.to_info(c, jobs_service.find(c, ref, caller_of(request)))
+    return {"now": time.time(), "job": info}
+
+
+@router.get("/jobs/{ref}/log")
+def log(
+    ref: str,
+    request: Request,
+    offset: int | None = Query(default=None, ge=0),
+    worker: int | None = Query(default=None, ge=0),
+) -> Response:
+    """Up to LOG_READ_MAX bytes of the log from byte `offset` (default: its last LOG_TAIL
+    bytes). X-Log-Start and X-Log-Next say which bytes these are; ask again from Next."""
+    c = ctx(request)
+    job = jobs_service.find(c, ref, caller_of(request))
+    path = jobs_service.log_path(c, job, worker)
+    data = b""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            start = max(0, size - LOG_TAIL) if offset is None else min(offset, size)
+            f.seek(start)
+            data = f.read(LOG_READ_MAX)
+    except FileNotFoundError:
+        start = 0
+    headers = {"X-Log-Start": str(start), "X-Log-Next": str(start + len(data))}
+    return Response(data, media_type="application/octet-stream", headers=headers)
+
+
+@router.get("/jobs/{ref}/metrics")
+def metrics(ref: str, request: Request, offset: int = Query(default=0, ge=0)) -> dict[str, object]:
+    c = ctx(request)
+    job = jobs_service.find(c, ref, caller_of(request))
+    jobs_service.check_not_pruned(c, job)
+    records, next_offset = jobs_service.read_metrics(c, job.id, offset)
+    return {"records": records, "next_offset": next_offset}
+
+
+@router.get("/jobs/{ref}/artifacts")
+def artifacts(ref: str, request: Request) -> list[ArtifactEntry]:
+    c = ctx(request)
+    job = jobs_service.find(c, ref, caller_of(request))
+    jobs_service.check_not_pruned(c, job)
+    return jobs_service.list_artifacts(c, job.id)
+
+
+@router.get("/jobs/{ref}/artifacts/{path:path}")
+def artifact(ref: str, path: str, request: Request) -> FileResponse:
+    """A download, never a page: a job's HTML file shown inline under the dashboard's
+    origin could script the dashboard. Sandboxed by CSP as well, should a browser render it."""
+    c = ctx(request)
+    job = jobs_service.find(c, ref, caller_of(request))
+    jobs_service.check_not_pruned(c, job)
+    full = jobs_service.artifact_path(c, job.id, path)
+    return FileResponse(
+        full,
+        media_type="application/octet-stream",
+        filename=full.name,
+        content_disposition_type="attachment",
+        headers={"Content-Security-Policy": "sandbox; default-src 'none'"},
+    )
+
+
+@router.post("/jobs/{ref}/cancel")
+def cancel(ref: str, request: Request) -> dict[str, object]:
+    info = jobs_service.cancel(ctx(request), ref, 10.0, caller_of(request))
+    return {"now": time.time(), "job": info}
+
+
+@router.get("/gpus")
+def gpus(request: Request) -> dict[str, object]:
+    c = ctx(request)
+    return {
+        "now": time.time(),
+        "gpus": gpus_service.describe(c, caller_of(request)),
+        "every": c.gpu_history.every,
+        "history": c.gpu_history.series(),
+    }

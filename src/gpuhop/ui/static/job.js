@@ -1,0 +1,316 @@
+// gpuhop dashboard: one job. Its spec and attempts, live charts of every metric in its
+// metrics file, its log followed by byte offset, its artifacts, and a cancel button.
+
+import { LineChart } from "/ui/static/chart.js";
+import {
+  ApiError, FINISHED, api, badge, bytes, duration, gpuText, h, isMetric, jobDuration, mb,
+  number, poll, replace, request, seconds, topbar, when,
+} from "/ui/static/common.js";
+
+const ref = decodeURIComponent(window.location.pathname.split("/").pop());
+const base = `/ui/api/jobs/${encodeURIComponent(ref)}`;
+const LOG_KEEP = 400_000; // characters of log kept on the page
+const LOG_READ_MAX = 256 * 1024; // the agent's largest answer: a full one means more waits
+const SECRET = /(secret|token|passw|api_?key|credential|private)/i;
+
+let job = null;
+let now = 0;
+
+const main = document.getElementById("main");
+const title = h("h1", {});
+const state = h("span", {});
+const cancel = h("button", { class: "danger", type: "button", id: "cancel", hidden: true, on: { click: onCancel } }, "Cancel job");
+const sub = h("div", { class: "job-sub" });
+const reason = h("div", { class: "reason", hidden: true });
+const spec = h("div", { class: "panel" });
+const side = h("div", { class: "panel" });
+const axis = h("select", { id: "x-axis", "aria-label": "x axis", hidden: true, on: { change: drawCharts } });
+const charts = h("div", { class: "charts", id: "charts" });
+const chartNote = h("p", { class: "note" });
+const worker = h("select", { "aria-label": "which log", hidden: true, on: { change: restartLog } });
+const follow = h("input", { type: "checkbox", checked: true });
+const logNote = h("span", { class: "note" });
+const log = h("pre", { class: "log", id: "log", tabindex: 0 });
+const artifacts = h("div", { class: "table-wrap", id: "artifacts" });
+
+replace(main,
+  h("div", { class: "toolbar" }, h("a", { href: "/ui/" }, "← Jobs")),
+  h("div", { class: "job-head" }, title, state, h("span", { class: "spacer" }), cancel),
+  sub, reason,
+  h("div", { class: "grid two" }, spec, side),
+  h("section", { class: "panel" },
+    h("div", { class: "log-head" }, h("h2", {}, "Metrics"), h("span", { class: "spacer" }), axis), chartNote, charts),
+  h("section", { class: "panel" },
+    h("div", { class: "log-head" }, h("h2", {}, "Log"), worker,
+      h("label", {}, follow, " follow"), logNote),
+    log),
+  h("section", { class: "panel" }, h("h2", {}, "Artifacts"), artifacts));
+
+// -- the job itself ---------------------------------------------------------------------------
+
+async function refreshJob() {
+  try {
+    ({ now, job } = await api(base));
+  } catch (e) {
+    if (e instanceof ApiError && e.status === 404) {
+      replace(main, h("div", { class: "panel empty" }, `No job matches ${ref}. `, h("a", { href: "/ui/" }, "All jobs")));
+      return false;
+    }
+    throw e;
+  }
+  drawJob();
+  return !FINISHED.has(job.state);
+}
+
+function drawJob() {
+  document.title = `${job.name || job.id} · gpuhop`;
+  replace(title, job.name || job.id);
+  replace(state, badge(job.state));
+  cancel.hidden = FINISHED.has(job.state);
+  replace(sub, h("span", { class: "mono" }, job.id), job.owner ? ` · ${job.owner}` : "",
+    ` · created ${when(job.created_at)}`, job.started_at ? ` · ran ${jobDuration(job, now)}` : "");
+  const ended = outcome(job);
+  reason.hidden = !ended;
+  reason.className = `reason ${job.state}`;
+  if (ended) replace(reason, ended);
+  drawSpec();
+  drawSide();
+  if (worker.hidden && job.workers > 1) {
+    replace(worker, h("option", { value: "" }, "all workers"),
+      Array.from({ length: job.workers }, (_, i) => h("option", { value: String(i) }, `worker ${i}`)));
+    worker.hidden = false;
+  }
+}
+
+function outcome(j) {
+  const parts = [];
+  if (j.reason) parts.push(j.reason);
+  else if (j.exit_code !== null && j.exit_code !== undefined) parts.push(`exited with code ${j.exit_code}`);
+  if (j.signal) parts.push(`signal ${j.signal}`);
+  if (j.pruned_at) parts.push(`its files were removed by retention on ${when(j.pruned_at)}`);
+  return parts.join("; ");
+}
+
+function quote(arg) {
+  return /^[\w@%+=:,./-]+$/.test(arg) ? arg : `'${arg.replace(/'/g, "'\\''")}'`;
+}
+
+function fact(label, value) {
+  return value === null || value === undefined || value === "" ? null : [h("dt", {}, label), h("dd", {}, value)];
+}
+
+function drawSpec() {
+  replace(spec,
+    h("h2", {}, "Spec"),
+    h("pre", { class: "command", id: "command" }, job.command.map(quote).join(" ")),
+    h("dl", { class: "facts" },
+      fact("GPUs", gpuText(job)),
+      fact("GPU share", job.gpu_memory_mb ? mb(job.gpu_memory_mb) : null),
+      fact("Workers", job.workers > 1 ? String(job.workers) : "1"),
+      fact("Attempt", `${job.attempt} of ${job.retries + 1}`),
+      fact("Priority", String(job.priority)),
+      fact("Data", job.data && job.data.length ? job.data.join(", ") : null),
+      fact("Python env", job.python_env),
+      fact("Python", job.python),
+      fact("Network", job.private_network ? "private namespace" : null),
+      fact("Created", when(job.created_at)),
+      fact("Started", when(job.started_at)),
+      fact("Ended", when(job.ended_at)),
+      fact("Duration", jobDuration(job, now)),
+      fact("Exit", job.exit_code !== null && job.exit_code !== undefined ? `code ${job.exit_code}` : null)));
+}
+
+function envValue(key, value) {
+  if (!SECRET.test(key)) return value;
+  const shown = h("span", { class: "secret" }, "••••••");
+  const toggle = h("button", {
+    class: "link", type: "button",
+    on: { click: () => { replace(shown, value); shown.className = ""; toggle.remove(); } },
+  }, "show");
+  return [shown, " ", toggle];
+}
+
+function drawSide() {
+  const env = Object.entries(job.env || {});
+  const attempts = [...(job.attempts || []), {
+    attempt: job.attempt, state: job.state, started_at: job.started_at, ended_at: job.ended_at,
+    exit_code: job.exit_code, signal: job.signal, reason: job.reason,
+  }];
+  replace(side,
+    h("h2", {}, "Environment"),
+    env.length
+      ? h("div", { class: "table-wrap" }, h("table", { id: "env" }, h("tbody", {},
+        env.map(([k, v]) => h("tr", {}, h("td", { class: "mono" }, k), h("td", { class: "mono" }, envValue(k, v)))))))
+      : h("p", { class: "note" }, "No variables set with -e."),
+    h("h2", { class: "spaced" }, "Attempts"),
+    h("div", { class: "table-wrap" }, h("table", { id: "attempts" },
+      h("thead", {}, h("tr", {}, ["#", "State", "Started", "Ran", "Outcome"].map((c) => h("th", {}, c)))),
+      h("tbody", {}, attempts.map((a) => h("tr", {},
+        h("td", {}, String(a.attempt)), h("td", {}, badge(a.state)), h("td", { class: "num" }, when(a.started_at)),
+        h("td", { class: "num" }, a.started_at ? duration((seconds(a.ended_at) ?? now) - seconds(a.started_at)) : ""),
+        h("td", {}, outcome(a))))))));
+}
+
+async function onCancel() {
+  const label = job.name ? `${job.name} (${job.id})` : job.id;
+  if (!window.confirm(`Cancel job ${label}? Its processes get SIGTERM, and SIGKILL after 10 s.`)) return;
+  cancel.disabled = true;
+  try {
+    ({ now, job } = await api(`${base}/cancel`, { method: "POST" }));
+    drawJob();
+  } catch (e) {
+    window.alert(`Could not cancel: ${e.message}`);
+  } finally {
+    cancel.disabled = false;
+  }
+}
+
+// -- metrics ----------------------------------------------------------------------------------
+
+const records = [];
+const chartsByName = new Map();
+let metricsOffset = 0;
+
+async function refreshMetrics() {
+  const finishedBefore = job !== null && FINISHED.has(job.state);
+  let got = 0;
+  for (;;) {
+    const { records: fresh, next_offset: next } = await api(`${base}/metrics?offset=${metricsOffset}`);
+    records.push(...fresh);
+    got += fresh.length;
+    const more = next !== metricsOffset && fresh.length > 0;
+    metricsOffset = next;
+    if (!more || fresh.length < 1000) break;
+  }
+  if (got || !chartsByName.size) drawCharts();
+  // Once the job had ended before a read that found nothing new, the file is complete.
+  return !(finishedBefore && got === 0);
+}
+
+function drawCharts() {
+  const axes = ["step", "epoch"].filter((k) => records.some((r) => typeof r[k] === "number"));
+  axes.push("time");
+  if (!axes.includes(axis.value)) {
+    replace(axis, axes.map((k) => h("option", { value: k }, `x: ${k}`)));
+    axis.value = axes[0];
+  }
+  axis.hidden = records.length === 0;
+  const xKey = axis.value || axes[0];
+  const t0 = records.length ? records[0].time : 0;
+  const names = [];
+  for (const r of records) for (const [k, v] of Object.entries(r)) if (isMetric(k, v) && !names.includes(k)) names.push(k);
+  chartNote.textContent = names.length ? "" : "No metrics yet. Log them with gpuhop.runtime.log_metrics(step=..., loss=...) or the Keras callback in gpuhop.tf.";
+  for (const name of names) {
+    let chart = chartsByName.get(name);
+    if (!chart) {
+      chart = new LineChart({ title: name, name, xLabel: xKey });
+      chartsByName.set(name, chart);
+      charts.append(chart.el);
+    }
+    chart.o.xLabel = xKey;
+    chart.o.xFormat = xKey === "time" ? duration : number;
+    const points = [];
+    for (const r of records) {
+      if (!(name in r)) continue;
+      const x = xKey === "time" ? r.time - t0 : r[xKey];
+      if (typeof x === "number") points.push([x, r[name]]);
+    }
+    chart.setData([points]);
+  }
+}
+
+// -- the log ----------------------------------------------------------------------------------
+
+let logOffset = null;
+let decoder = new TextDecoder();
+let logText = "";
+let logGeneration = 0;
+
+function restartLog() {
+  logOffset = null;
+  decoder = new TextDecoder();
+  logText = "";
+  log.textContent = "";
+  logGeneration += 1;
+  followLog(logGeneration);
+}
+
+async function readLog() {
+  const params = new URLSearchParams();
+  if (logOffset !== null) params.set("offset", String(logOffset));
+  if (worker.value) params.set("worker", worker.value);
+  const response = await request(`${base}/log?${params}`);
+  const start = Number(response.headers.get("X-Log-Start"));
+  const data = await response.arrayBuffer();
+  if (logOffset === null) {
+    logNote.textContent = start > 0 ? `showing the end; ${bytes(start)} before it not shown` : "";
+  }
+  logOffset = Number(response.headers.get("X-Log-Next"));
+  if (data.byteLength) {
+    const atBottom = log.scrollHeight - log.scrollTop - log.clientHeight < 40;
+    logText += decoder.decode(data, { stream: true });
+    if (logText.length > LOG_KEEP) {
+      logText = logText.slice(logText.length - LOG_KEEP);
+      logNote.textContent = "showing the end of the log";
+    }
+    log.textContent = logText;
+    if (follow.checked && atBottom) log.scrollTop = log.scrollHeight;
+  }
+  return data.byteLength;
+}
+
+function followLog(generation) {
+  poll(async () => {
+    if (generation !== logGeneration) return false;
+    const finishedBefore = job !== null && FINISHED.has(job.state);
+    let got;
+    try {
+      do got = await readLog(); while (got >= LOG_READ_MAX);
+    } catch (e) {
+      if (e instanceof ApiError && e.status !== 401) {
+        logNote.textContent = e.message;
+        return false;
+      }
+      throw e;
+    }
+    if (!logText && finishedBefore) log.textContent = "(no output)";
+    // Once the job had ended before a read that found nothing more, the log is complete.
+    return !(finishedBefore && got === 0);
+  }, 1000);
+}
+
+// -- artifacts --------------------------------------------------------------------------------
+
+async function refreshArtifacts() {
+  const finishedBefore = job !== null && FINISHED.has(job.state);
+  let list;
+  try {
+    list = await api(`${base}/artifacts`);
+  } catch (e) {
+    if (e instanceof ApiError && e.status === 410) {
+      replace(artifacts, h("p", { class: "note" }, e.message));
+      return false;
+    }
+    throw e;
+  }
+  if (!list.length) {
+    replace(artifacts, h("p", { class: "note" }, "Nothing yet. Files the job writes to $GPUHOP_ARTIFACTS_DIR show up here."));
+  } else {
+    replace(artifacts, h("table", {},
+      h("thead", {}, h("tr", {}, ["File", "Size", "Modified"].map((c) => h("th", {}, c)))),
+      h("tbody", {}, list.map((a) => h("tr", {},
+        h("td", {}, h("a", {
+          href: `${base}/artifacts/${a.path.split("/").map(encodeURIComponent).join("/")}`,
+          download: a.path.split("/").pop(),
+        }, a.path)),
+        h("td", { class: "num" }, bytes(a.size)),
+        h("td", { class: "num" }, when(new Date(a.mtime * 1000).toISOString())))))));
+  }
+  return !finishedBefore;
+}
+
+topbar("jobs");
+poll(refreshJob, 2000);
+poll(refreshMetrics, 2000);
+poll(refreshArtifacts, 5000);
+restartLog();
