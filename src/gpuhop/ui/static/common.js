@@ -162,7 +162,7 @@ export function gpuText(job) {
   return job.gpus ? `${job.gpus} GPU${job.gpus > 1 ? "s" : ""} (asked)` : "CPU";
 }
 
-const META = new Set(["time", "step", "epoch"]);
+const META = new Set(["time", "step", "epoch", "epochs"]);
 
 // A job's latest metrics, inline: "epoch 3  step 120  loss 0.2311  accuracy 0.91".
 export function metricsInline(latest, max = 5) {
