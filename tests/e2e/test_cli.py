@@ -108,7 +108,8 @@ def test_bad_input_gets_a_clear_message(shared_agent, project):
     too_many = shared_agent.cli("run", "--gpus", "4", "ok.py", cwd=root)
     unknown = shared_agent.cli("logs", "ffffffffff", cwd=root)
     bad_env = shared_agent.cli("run", "-e", "NOEQUALS", "ok.py", cwd=root)
-    for result in (missing, no_cmd, too_many, unknown, bad_env):
+    bad_name = shared_agent.cli("run", "--name", "<b>", "ok.py", cwd=root)
+    for result in (missing, no_cmd, too_many, unknown, bad_env, bad_name):
         assert result.returncode == 2, result.stderr
         assert "Traceback" not in result.stderr
     assert "no such script: nope.py" in missing.stderr
@@ -116,6 +117,7 @@ def test_bad_input_gets_a_clear_message(shared_agent, project):
     assert "asks for 4 GPUs; this host has 0" in too_many.stderr
     assert "no job matches 'ffffffffff'" in unknown.stderr
     assert "--env takes KEY=VALUE" in bad_env.stderr
+    assert "not submitted: name: name must be 1-64 characters" in bad_name.stderr
 
 
 def test_link_out_of_the_work_dir_is_refused(shared_agent, project, tmp_path):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
+from pydantic import ValidationError
 
 from gpuhop.api import (
     AgentInfo,
@@ -36,7 +37,7 @@ from gpuhop.api import (
 from gpuhop.api.upkeep import DiskUsage, GcReport
 from gpuhop.client import remotes
 from gpuhop.client.data import Datasets, Envs, parse_mount
-from gpuhop.client.errors import GpuhopError
+from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.job import Job, _quote, check
 from gpuhop.client.sync import FileEntry, ScanResult, SyncError, scan
 from gpuhop.client.transport import Endpoint, local_endpoint
@@ -268,23 +269,26 @@ class Client:
             )
         tree_bytes, tree = tree_of(result.files)
         # Fields left at None are not sent, so an older agent still takes a plain request.
-        body = SubmitRequest(
-            command=argv,
-            tree=tree,
-            name=name,
-            gpus=gpus,
-            env=dict(env or {}),
-            priority=priority,
-            retries=retries,
-            workers=workers,
-            gpus_per_worker=gpus_per_worker,
-            worker_timeout=worker_timeout,
-            gpu_memory_mb=gpu_memory_mb,
-            data=[parse_mount(m) for m in data],
-            requirements=_requirements(requirements, root),
-            python=python,
-            private_network=private_network or None,
-        ).model_dump(mode="json", exclude_none=True)
+        try:
+            body = SubmitRequest(
+                command=argv,
+                tree=tree,
+                name=name,
+                gpus=gpus,
+                env=dict(env or {}),
+                priority=priority,
+                retries=retries,
+                workers=workers,
+                gpus_per_worker=gpus_per_worker,
+                worker_timeout=worker_timeout,
+                gpu_memory_mb=gpu_memory_mb,
+                data=[parse_mount(m) for m in data],
+                requirements=_requirements(requirements, root),
+                python=python,
+                private_network=private_network or None,
+            ).model_dump(mode="json", exclude_none=True)
+        except ValidationError as e:
+            raise invalid("the job was not submitted", e) from None
         if not body["data"]:
             del body["data"]  # an older agent takes a request without it
         sent = (0, 0)

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from gpuhop.api.data import CHUNK_HEADER, MISSING_BATCH, DatasetInfo, EnvInfo
 from gpuhop.api.models import DataMount
-from gpuhop.client.errors import GpuhopError
+from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.sync import RACY_WINDOW_NS
 
 if TYPE_CHECKING:
@@ -305,8 +305,7 @@ def parse_mount(text: str) -> DataMount:
     try:
         return DataMount(name=name, version=int(number) if colon else None, mount=mount)
     except ValidationError as e:
-        reasons = "; ".join(str(err["msg"]).removeprefix("Value error, ") for err in e.errors())
-        raise GpuhopError(f"--data {text}: {reasons}", code="bad_request") from None
+        raise invalid(f"--data {text}", e) from None
 
 
 def _quote(name: str) -> str:

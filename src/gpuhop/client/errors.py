@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 
 class GpuhopError(Exception):
     """A request the agent refused, or an agent that could not be reached.
@@ -22,3 +27,13 @@ class GpuhopError(Exception):
         self.code = code
         self.status = status
         self.detail = detail or {}
+
+
+def invalid(what: str, error: ValidationError) -> GpuhopError:
+    """A GpuhopError for input the wire models refused: each field and why, in words."""
+    reasons = "; ".join(
+        f"{'.'.join(map(str, err['loc']))}: " * bool(err["loc"])
+        + str(err["msg"]).removeprefix("Value error, ")
+        for err in error.errors()
+    )
+    return GpuhopError(f"{what}: {reasons}", code="bad_request")
