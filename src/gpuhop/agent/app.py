@@ -24,7 +24,17 @@ from gpuhop.agent.context import AgentContext
 from gpuhop.agent.duties import run_duties
 from gpuhop.agent.errors import ApiError, describe_errors, error_response
 from gpuhop.agent.limits import BodyLimit
-from gpuhop.agent.routers import agent, blobs, datasets, jobs, ports, serving, tokens, trees
+from gpuhop.agent.routers import (
+    agent,
+    blobs,
+    datasets,
+    jobs,
+    ports,
+    serving,
+    tensorboard,
+    tokens,
+    trees,
+)
 from gpuhop.agent.services.serving import Upstream
 from gpuhop.api import ErrorCode
 
@@ -67,7 +77,7 @@ def create_app(ctx: AgentContext) -> FastAPI:
     # The HTTP client the model-server proxy shares (see `services.serving`).
     app.state.upstream = Upstream()
     routers = (jobs.router, ports.router, blobs.router, trees.router, agent.router)
-    for router in (*routers, tokens.router, datasets.router, serving.router):
+    for router in (*routers, tokens.router, datasets.router, serving.router, tensorboard.router):
         app.include_router(router)
     app.add_middleware(BodyLimit)
 

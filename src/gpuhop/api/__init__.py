@@ -28,6 +28,7 @@ from gpuhop.api.models import (
 )
 from gpuhop.api.serving import ServeRequest, ServingInfo
 from gpuhop.api.sizes import format_mb, parse_mb
+from gpuhop.api.tensorboard import TensorBoardInfo
 
 __all__ = [
     "AgentInfo",
@@ -47,6 +48,7 @@ __all__ = [
     "ServeRequest",
     "ServingInfo",
     "SubmitRequest",
+    "TensorBoardInfo",
     "TokenCreated",
     "TokenInfo",
     "TokenRequest",

@@ -5,7 +5,19 @@ from __future__ import annotations
 import typer
 
 from gpuhop import __version__
-from gpuhop.cli import agent, data, doctor, forward, gc, gpus, jobs, remote, serve, tfserver
+from gpuhop.cli import (
+    agent,
+    data,
+    doctor,
+    forward,
+    gc,
+    gpus,
+    jobs,
+    remote,
+    serve,
+    tensorboard,
+    tfserver,
+)
 
 app = typer.Typer(
     name="gpuhop",
@@ -22,6 +34,7 @@ app = typer.Typer(
 )
 jobs.register(app)
 forward.register(app)
+tensorboard.register(app)
 gpus.register(app)
 doctor.register(app)
 app.add_typer(agent.app, name="agent")
