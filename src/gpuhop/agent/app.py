@@ -29,6 +29,7 @@ from gpuhop.agent.routers import (
     blobs,
     datasets,
     jobs,
+    metrics,
     ports,
     serving,
     tensorboard,
@@ -79,6 +80,7 @@ def create_app(ctx: AgentContext) -> FastAPI:
     routers = (jobs.router, ports.router, blobs.router, trees.router, agent.router)
     for router in (*routers, tokens.router, datasets.router, serving.router, tensorboard.router):
         app.include_router(router)
+    app.include_router(metrics.router)
     app.add_middleware(BodyLimit)
 
     @app.exception_handler(ApiError)
