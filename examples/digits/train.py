@@ -3,7 +3,8 @@
 The data (1,797 8x8 images of handwritten digits) ships with scikit-learn: no download.
 Runs the same on a laptop (`python examples/digits/train.py`) and on a GPU host
 (`gpuhop run examples/digits/train.py`); under gpuhop the per-epoch metrics go to
-`gpuhop show`, and the SavedModel comes back with `gpuhop pull` (or `run --pull DIR`).
+`gpuhop show`, TensorBoard's logs to `gpuhop tensorboard JOB` (live, while it trains), and
+the SavedModel comes back with `gpuhop pull` (or `run --pull DIR`).
 """
 
 import argparse
@@ -59,7 +60,7 @@ def main() -> None:
         validation_data=(x_test, y_test),
         epochs=args.epochs,
         batch_size=args.batch_size,
-        callbacks=gpuhop.tf.callbacks(),
+        callbacks=gpuhop.tf.callbacks(tensorboard=True),
         verbose=2,
     )
     loss, accuracy = model.evaluate(x_test, y_test, verbose=0)

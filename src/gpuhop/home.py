@@ -130,6 +130,12 @@ class JobPaths:
         return self.root / "artifacts"
 
     @property
+    def tensorboard(self) -> Path:
+        """Where the job writes TensorBoard event files (`$GPUHOP_TENSORBOARD_DIR`): part of
+        its artifacts, so they come back with `gpuhop pull`."""
+        return self.artifacts / "tensorboard"
+
+    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 

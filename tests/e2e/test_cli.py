@@ -41,6 +41,8 @@ def test_digits_demo_trains_and_pulls_a_working_savedmodel(make_agent, tmp_path)
     assert accuracy > 0.6
     assert "succeeded: exited with code 0" in run.stderr
     assert (out / "digits_savedmodel" / "saved_model.pb").is_file()
+    # TensorBoard's event files, written to $GPUHOP_TENSORBOARD_DIR, came back too.
+    assert list((out / "tensorboard" / "train").glob("events.out.tfevents.*"))
 
     show = json.loads(agent.cli("show", "--json", "digits").stdout)
     assert show["state"] == "succeeded"

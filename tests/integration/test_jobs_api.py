@@ -18,8 +18,8 @@ from gpuhop.client import GpuhopError
 ENV_DUMP = """
 import json, os
 keys = ["GPUHOP_JOB_ID", "GPUHOP_ATTEMPT", "GPUHOP_ARTIFACTS_DIR", "GPUHOP_CHECKPOINT_DIR",
-        "GPUHOP_METRICS_FILE", "CUDA_VISIBLE_DEVICES", "TF_CONFIG", "MY_VAR",
-        "TF_FORCE_GPU_ALLOW_GROWTH"]
+        "GPUHOP_METRICS_FILE", "GPUHOP_TENSORBOARD_DIR", "CUDA_VISIBLE_DEVICES", "TF_CONFIG",
+        "MY_VAR", "TF_FORCE_GPU_ALLOW_GROWTH"]
 print(json.dumps({k: os.environ.get(k) for k in keys}))
 print("cwd-has-script", os.path.exists("job.py"))
 """
@@ -46,6 +46,7 @@ def test_job_gets_the_environment_contract(shared_agent, project):
         "GPUHOP_ARTIFACTS_DIR": str(jobdir / "artifacts"),
         "GPUHOP_CHECKPOINT_DIR": str(jobdir / "checkpoints"),
         "GPUHOP_METRICS_FILE": str(jobdir / "metrics.jsonl"),
+        "GPUHOP_TENSORBOARD_DIR": str(jobdir / "artifacts" / "tensorboard"),
         "CUDA_VISIBLE_DEVICES": "",
         "TF_CONFIG": None,
         "MY_VAR": "hello",

@@ -328,3 +328,36 @@ def test_queued_returns_every_queued_job_oldest_first_by_priority(tmp_path):
         assert queued == [urgent, *ids]
     finally:
         store.close()
+
+
+# -- figures for /metrics ----------------------------------------------------------------------
+
+
+def finish(store: JobStore, started: float, ended: float, state: JobState) -> str:
+    job = new_job(store)
+    store.transition(job.id, [Q], S)
+    store.transition(job.id, [S], R, started_at=started)
+    store.transition(job.id, [R], state, ended_at=ended)
+    return job.id
+
+
+def test_counts_name_every_state(store: JobStore):
+    assert store.counts() == dict.fromkeys(JobState, 0)
+    new_job(store)
+    finish(store, 10.0, 12.0, JobState.failed)
+    assert store.counts() == {**dict.fromkeys(JobState, 0), Q: 1, JobState.failed: 1}
+
+
+def test_run_times_are_cumulative_per_final_state(store: JobStore):
+    finish(store, 100.0, 101.0, JobState.succeeded)  # 1 s: on the first bound, counted in it
+    finish(store, 100.0, 130.0, JobState.succeeded)
+    finish(store, 100.0, 99.0, JobState.failed)  # a clock that went back counts as 0 s
+    new_job(store)  # never started: no run time
+    assert store.run_times([1, 10, 60]) == {
+        JobState.succeeded: ((1, 1, 2), 2, 31.0),
+        JobState.failed: ((1, 1, 1), 1, 0.0),
+    }
+    assert store.run_times([]) == {
+        JobState.succeeded: ((), 2, 31.0),
+        JobState.failed: ((), 1, 0.0),
+    }

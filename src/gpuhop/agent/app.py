@@ -24,7 +24,19 @@ from gpuhop.agent.context import AgentContext
 from gpuhop.agent.duties import run_duties
 from gpuhop.agent.errors import ApiError, describe_errors, error_response
 from gpuhop.agent.limits import BodyLimit
-from gpuhop.agent.routers import agent, blobs, datasets, jobs, ports, serving, tokens, trees, ui
+from gpuhop.agent.routers import (
+    agent,
+    blobs,
+    datasets,
+    jobs,
+    metrics,
+    ports,
+    serving,
+    tensorboard,
+    tokens,
+    trees,
+    ui,
+)
 from gpuhop.agent.services.serving import Upstream
 from gpuhop.api import ErrorCode
 from gpuhop.ui import api as ui_api
@@ -73,8 +85,10 @@ def create_app(ctx: AgentContext) -> FastAPI:
     # The dashboard's login codes and browser sessions (in memory; see gpuhop.ui.sessions).
     app.state.ui_sessions = UiSessions()
     routers = (jobs.router, ports.router, blobs.router, trees.router, agent.router)
-    for router in (*routers, tokens.router, datasets.router, serving.router, ui.router):
+    extra = (tokens.router, datasets.router, serving.router, tensorboard.router, ui.router)
+    for router in (*routers, *extra):
         app.include_router(router)
+    app.include_router(metrics.router)
     app.include_router(ui_pages.router)
     app.include_router(ui_api.router)
     app.add_middleware(BodyLimit)

@@ -80,6 +80,7 @@ ADDED_COLUMNS = {
 }
 
 ACTIVE_STATES = (JobState.starting, JobState.running)
+FINISHED_STATES = tuple(s for s in JobState if s.finished)
 
 
 @dataclass
@@ -303,6 +304,30 @@ class JobStore:
 
     def count(self, state: JobState) -> int:
         return int(self._query("SELECT count(*) FROM jobs WHERE state = ?", (state.value,))[0][0])
+
+    def counts(self) -> dict[JobState, int]:
+        """How many jobs are in each state, every state included (0 for none)."""
+        counts = dict.fromkeys(JobState, 0)
+        for state, n in self._query("SELECT state, count(*) FROM jobs GROUP BY state"):
+            counts[JobState(state)] = n
+        return counts
+
+    def run_times(
+        self, bounds: Sequence[float]
+    ) -> dict[JobState, tuple[tuple[int, ...], int, float]]:
+        """Finished jobs' run times (their last attempt, start to end), by final state: the
+        count at or under each of `bounds` (cumulative), the count, and the sum in seconds.
+        Rows are never deleted, so each figure only grows: a Prometheus histogram."""
+        le = ", ".join("total(d <= ?)" for _ in bounds)  # one placeholder per bound
+        marks = ",".join("?" * len(FINISHED_STATES))
+        rows = self._query(
+            f"SELECT state, count(*), total(d){', ' if bounds else ''}{le} FROM"
+            " (SELECT state, max(ended_at - started_at, 0) AS d FROM jobs"
+            f" WHERE state IN ({marks}) AND started_at IS NOT NULL AND ended_at IS NOT NULL)"
+            " GROUP BY state",
+            (*bounds, *(s.value for s in FINISHED_STATES)),
+        )
+        return {JobState(r[0]): (tuple(int(c) for c in r[3:]), r[1], r[2]) for r in rows}
 
     def holdings(self) -> Sequence[Holding]:
         """What the starting and running jobs hold: their GPUs and, for shares, how much."""

@@ -94,6 +94,7 @@ def job_environment(
             "GPUHOP_JOB_ID": job.id,
             "GPUHOP_ATTEMPT": str(job.attempt),
             "GPUHOP_ARTIFACTS_DIR": str(jp.artifacts),
+            "GPUHOP_TENSORBOARD_DIR": str(jp.tensorboard),
             "GPUHOP_CHECKPOINT_DIR": str(jp.checkpoints),
             "GPUHOP_METRICS_FILE": str(jp.metrics),
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in job.gpu_ids),

@@ -28,6 +28,7 @@ from gpuhop.api.models import (
 )
 from gpuhop.api.serving import ServeRequest, ServingInfo
 from gpuhop.api.sizes import format_mb, parse_mb
+from gpuhop.api.tensorboard import TensorBoardInfo
 from gpuhop.api.ui import UiLoginCode
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "ServeRequest",
     "ServingInfo",
     "SubmitRequest",
+    "TensorBoardInfo",
     "TokenCreated",
     "TokenInfo",
     "TokenRequest",

@@ -16,6 +16,7 @@ from gpuhop.cli import (
     ps,
     remote,
     serve,
+    tensorboard,
     tfserver,
     ui,
 )
@@ -36,6 +37,7 @@ app = typer.Typer(
 jobs.register(app)
 ps.register(app)
 forward.register(app)
+tensorboard.register(app)
 gpus.register(app)
 doctor.register(app)
 app.add_typer(agent.app, name="agent")

@@ -3,7 +3,7 @@
 from gpuhop.client.client import Client, Job, SyncStats
 from gpuhop.client.errors import GpuhopError
 
-__all__ = ["Client", "Forward", "GpuhopError", "Job", "Model", "SyncStats"]
+__all__ = ["Client", "Forward", "GpuhopError", "Job", "Model", "SyncStats", "TensorBoard"]
 
 
 def __getattr__(name: str) -> object:
@@ -16,4 +16,8 @@ def __getattr__(name: str) -> object:
         from gpuhop.client.serving import Model
 
         return Model
+    if name == "TensorBoard":
+        from gpuhop.client.tensorboard import TensorBoard
+
+        return TensorBoard
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

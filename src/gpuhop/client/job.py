@@ -17,6 +17,7 @@ from gpuhop.client.errors import GpuhopError
 if TYPE_CHECKING:
     from gpuhop.client.client import Client
     from gpuhop.client.forward import Forward
+    from gpuhop.client.tensorboard import TensorBoard
 
 # How long a follower keeps trying to reconnect to an agent that went away.
 RECONNECT_PATIENCE = 30.0
@@ -81,6 +82,14 @@ class Job:
         from gpuhop.client.forward import Forward  # websockets and asyncio: on demand
 
         return Forward(self, remote_port, local_port, host, on_error)
+
+    def tensorboard(self, wait: bool = True, timeout: float = 120.0) -> TensorBoard:
+        """TensorBoard over this job's `$GPUHOP_TENSORBOARD_DIR`, run on the GPU host: the
+        server already running for this job, or a new one (a job of its own, holding no
+        GPU). With `wait`, returns once it answers; `.forward()` brings it here."""
+        from gpuhop.client.tensorboard import start
+
+        return start(self.client, self.id, wait=wait, timeout=timeout)
 
     def logs(
         self, follow: bool = False, offset: int = 0, worker: int | None = None

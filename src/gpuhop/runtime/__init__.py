@@ -1,8 +1,9 @@
 """Runs inside the job: the environment contract gpuhop sets, and metric logging.
 
 No heavy imports (no TensorFlow, no client). Outside gpuhop the same calls work too:
-`artifacts_dir()` is then `./gpuhop-artifacts/local` and metrics are not recorded, so one
-script runs unchanged on a laptop and under `gpuhop run`.
+`artifacts_dir()` is then `./gpuhop-artifacts/local` (and `tensorboard_dir()` its
+`tensorboard/`) and metrics are not recorded, so one script runs unchanged on a laptop and
+under `gpuhop run`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +24,7 @@ __all__ = [
     "job_id",
     "log_metrics",
     "metrics_file",
+    "tensorboard_dir",
     "worker_index",
 ]
 
@@ -56,6 +59,25 @@ def artifacts_dir() -> Path:
 def checkpoint_dir() -> Path:
     """A directory kept across retries of the same job: put resumable state here."""
     return _dir("GPUHOP_CHECKPOINT_DIR", LOCAL_ARTIFACTS / "checkpoints")
+
+
+def tensorboard_dir() -> Path:
+    """Where TensorBoard event files go: `gpuhop tensorboard JOB` serves this directory
+    (`$GPUHOP_TENSORBOARD_DIR`, the `tensorboard/` dir in the job's artifacts), and it comes
+    back with `gpuhop pull`. Workers other than the chief of a multi-worker job get a scratch
+    dir of their own: they log the same values, and two writers in one run dir confuse
+    TensorBoard."""
+    if not is_chief():
+        scratch = f"gpuhop-{job_id() or 'local'}-tensorboard-worker-{worker_index()}"
+        path = Path(tempfile.gettempdir()) / scratch
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    if "GPUHOP_TENSORBOARD_DIR" in os.environ:
+        return _dir("GPUHOP_TENSORBOARD_DIR", LOCAL_ARTIFACTS / "tensorboard")
+    # Outside gpuhop, or under an older agent that does not set it: the same convention.
+    path = artifacts_dir() / "tensorboard"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 def worker_index() -> int:

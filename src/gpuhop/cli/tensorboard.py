@@ -1,0 +1,154 @@
+"""Runs on the user's machine: `gpuhop tensorboard JOB`, a job's TensorBoard logs, served by
+TensorBoard next to the GPU and opened here."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING
+
+import typer
+
+from gpuhop.cli.connect import OnOption, client_for
+from gpuhop.cli.output import fail, say, state_text
+from gpuhop.client import GpuhopError
+
+if TYPE_CHECKING:
+    from gpuhop.client.forward import ErrorHandler, Forward
+    from gpuhop.client.tensorboard import TensorBoard
+
+DEFAULT_LOCAL_PORT = 6006
+HOW_TO_LOG = (
+    "callbacks=gpuhop.tf.callbacks(tensorboard=True) writes there, as does"
+    " tf.summary.create_file_writer(str(gpuhop.runtime.tensorboard_dir()))"
+)
+
+
+def tensorboard(
+    job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
+    local_port: int | None = typer.Option(
+        None,
+        "--local-port",
+        "-p",
+        min=0,
+        max=65535,
+        help=f"The port to listen on here (default: {DEFAULT_LOCAL_PORT} if free, else any;"
+        " 0 for any free one).",
+    ),
+    no_browser: bool = typer.Option(
+        False, "--no-browser", help="Print the URL only; do not open a browser."
+    ),
+    keep: bool = typer.Option(
+        False, "--keep", help="Leave the TensorBoard job running after Ctrl-C (for next time)."
+    ),
+    timeout: float = typer.Option(
+        120, "--timeout", min=1, help="Seconds to wait for TensorBoard to answer."
+    ),
+    on: str | None = OnOption,
+) -> None:
+    """Show a job's TensorBoard logs in your browser, live while it trains.
+
+    The job writes TensorBoard event files to $GPUHOP_TENSORBOARD_DIR (the tensorboard/
+    dir of its artifacts; gpuhop.tf.callbacks(tensorboard=True) does). TensorBoard runs
+    on the GPU host as a job of its own, holding no GPU, in a private network that nothing
+    else reaches; this command forwards it here through the agent's connection and opens
+    it. A TensorBoard already running for the job is reused. Ctrl-C stops forwarding and
+    the TensorBoard job this command started (unless --keep).
+
+    Example: gpuhop tensorboard train
+    """
+    from gpuhop.client import tensorboard as tb_client
+
+    # A closed terminal (SIGHUP) or a kill (SIGTERM) cleans up as Ctrl-C does.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    with client_for(on) as client:
+        try:
+            tb = tb_client.start(client, job_ref, wait=False)
+        except GpuhopError as e:
+            fail(e.message)
+        info = tb.info
+        started = not info.reused
+        say(
+            f"TensorBoard job {info.job} {'started' if started else 'already runs'} for job"
+            f" {info.source_job} ({info.source_state.value}), reading {info.logdir}"
+        )
+        if not info.has_events:
+            later = (
+                "" if info.source_state.finished else " yet; it shows them once the job writes some"
+            )
+            say(f"[yellow]no TensorBoard event files there{later}[/yellow] ({HOW_TO_LOG})")
+
+        def stop_server() -> None:
+            if not started or keep:
+                say(f"TensorBoard job {info.job} keeps running; gpuhop cancel {info.job} stops it")
+                return
+            try:
+                ended = tb.stop()
+            except (GpuhopError, TimeoutError) as e:
+                say(f"[yellow]could not stop TensorBoard job {info.job}: {e}[/yellow]")
+                return
+            say(f"TensorBoard job {info.job} {state_text(ended.state)}")
+
+        def refused(e: GpuhopError) -> None:
+            say(f"[yellow]a connection was refused: {e.message}[/yellow]")
+
+        try:
+            tb.wait_ready(timeout)
+            fwd = _forward(tb, local_port, refused)
+        except GpuhopError as e:
+            stop_server()
+            fail(e.message)
+        except KeyboardInterrupt:
+            stop_server()
+            raise typer.Exit(130) from None
+        interrupted = False
+        with fwd:
+            say(f"TensorBoard for job {info.source_job} at {fwd.url} (Ctrl-C to stop)")
+            sys.stdout.write(fwd.url + "\n")
+            sys.stdout.flush()
+            if not no_browser:
+                _open_browser(fwd.url)
+            try:
+                fwd.wait()
+            except KeyboardInterrupt:
+                interrupted = True
+        if interrupted:
+            say("stopped forwarding")
+            stop_server()
+            return
+        ended = fwd.ended
+        reason = f": {ended.reason}" if ended is not None and ended.reason else ""
+        fail(f"TensorBoard job {info.job} ended{reason}; see gpuhop logs {info.job}", code=1)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _forward(tb: TensorBoard, local_port: int | None, on_error: ErrorHandler) -> Forward:
+    """TensorBoard forwarded to `local_port`; by default its usual port, or any if taken."""
+    if local_port is not None:
+        return tb.forward(local_port, on_error=on_error)
+    try:
+        return tb.forward(DEFAULT_LOCAL_PORT, on_error=on_error)
+    except GpuhopError as e:
+        if e.code != "local_port":
+            raise
+        return tb.forward(0, on_error=on_error)
+
+
+def _open_browser(url: str) -> None:
+    # Without a display, Python's webbrowser would start a text browser in this terminal.
+    graphical = sys.platform in ("darwin", "win32") or any(
+        os.environ.get(v) for v in ("DISPLAY", "WAYLAND_DISPLAY")
+    )
+    import webbrowser
+
+    if not graphical or not webbrowser.open(url):
+        say(f"open {url} in your browser")
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(tensorboard)
