@@ -7,6 +7,7 @@ from pathlib import Path
 
 from gpuhop.agent.daemon import serve
 from gpuhop.agent.listen import parse_listen
+from gpuhop.backends import BACKENDS, BackendSettings
 from gpuhop.home import EXIT_MARK, AgentError, AgentPaths, default_home
 
 POLICY_OPTIONS = (
@@ -30,6 +31,11 @@ def main() -> int:
     parser.add_argument("--no-tls", action="store_true")
     parser.add_argument("--tls-cert", type=Path, default=None)
     parser.add_argument("--tls-key", type=Path, default=None)
+    # Where jobs run (see gpuhop.backends); without --backend, as at the last start.
+    parser.add_argument("--backend", choices=BACKENDS, default=None)
+    parser.add_argument("--ray-address", default=None, metavar="HOST:PORT")
+    parser.add_argument("--ray-token-file", default=None, metavar="FILE")
+    parser.add_argument("--ray-allow-no-auth", action="store_true")
     # Retention and quotas (see gpuhop.agent.policy); these win over agent.toml.
     parser.add_argument("--keep-days", type=float, default=None)
     parser.add_argument("--keep-jobs", type=int, default=None)
@@ -44,6 +50,13 @@ def main() -> int:
         parser.error("--fake-gpu-memory needs --fake-gpus")
     if args.listen is None and (args.no_tls or args.tls_cert or args.tls_key):
         parser.error("--no-tls, --tls-cert and --tls-key go with --listen")
+    backend = None
+    if args.backend is not None:
+        backend = BackendSettings(
+            args.backend, args.ray_address, args.ray_token_file, args.ray_allow_no_auth
+        )
+    elif args.ray_address or args.ray_token_file or args.ray_allow_no_auth:
+        parser.error("--ray-address, --ray-token-file, --ray-allow-no-auth go with --backend ray")
     code = 0
     try:
         listen = None
@@ -55,6 +68,7 @@ def main() -> int:
             fake_gpu_memory_mb=args.fake_gpu_memory,
             listen=listen,
             policy={name: getattr(args, name) for name in POLICY_OPTIONS},
+            backend=backend,
         )
     except AgentError as e:
         print(f"gpuhop agent: {e}", file=sys.stderr)

@@ -9,6 +9,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from gpuhop.agent.blobs import BlobStore
 from gpuhop.agent.claims import ClaimStore
@@ -26,6 +27,9 @@ from gpuhop.agent.usage import DiskMeter
 from gpuhop.api import JobState, ListenerInfo, format_mb
 from gpuhop.home import AgentPaths
 
+if TYPE_CHECKING:
+    from gpuhop.backends import ScaleOut
+
 log = logging.getLogger("gpuhop.agent")
 
 # The scheduler also runs on this interval when nothing wakes it, as a safety net.
@@ -33,7 +37,14 @@ SCHEDULE_INTERVAL = 1.0
 
 
 class AgentContext:
-    def __init__(self, paths: AgentPaths, gpu_host: GpuHost, policy: Policy | None = None):
+    def __init__(
+        self,
+        paths: AgentPaths,
+        gpu_host: GpuHost,
+        policy: Policy | None = None,
+        scale_out: ScaleOut | None = None,
+    ):
+        """`scale_out` runs the jobs elsewhere (a Ray cluster); `gpu_host` is then its GPUs."""
         paths.ensure()
         self.paths = paths
         self.policy = policy or Policy()
@@ -49,7 +60,10 @@ class AgentContext:
         self.trees = TreeStore(paths.trees, paths.tmp, self.blobs)
         self.datasets = DatasetStore(paths.home / "datasets", self.blobs)
         self.envs = EnvStore(paths.home / "envs")
-        self.supervisor = Supervisor(paths, self.store, self.blobs, on_change=self.wake)
+        self.scale_out = scale_out
+        self.supervisor = Supervisor(
+            paths, self.store, self.blobs, on_change=self.wake, scale_out=scale_out
+        )
         self.tokens = TokenStore(paths.tokens_db)
         self.claims = ClaimStore(paths.claims_db)
         self.meter = DiskMeter(paths, self.blobs, self.policy)
@@ -100,8 +114,9 @@ class AgentContext:
                 if job.gpu_memory_mb is not None
                 else f"{job.gpus} GPU(s)"
             )
+            where = "the Ray cluster" if self.scale_out is not None else "this host"
             reason = (
-                f"could not start: it asks for {asks}; this host now has {len(memory)} GPU(s)"
+                f"could not start: it asks for {asks}; {where} now has {len(memory)} GPU(s)"
                 f" with up to {format_mb(max(memory.values(), default=0))} each"
             )
             if self.store.transition(

@@ -15,6 +15,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Generator
 from pathlib import Path
@@ -25,6 +26,7 @@ from uvicorn import server as uvicorn_server
 from gpuhop.agent import listen as listen_mod
 from gpuhop.agent import policy as policy_mod
 from gpuhop.agent.listen import ListenSpec
+from gpuhop.backends import BackendSettings
 from gpuhop.home import AgentError, AgentPaths, read_pid
 
 
@@ -34,6 +36,7 @@ def serve(
     fake_gpu_memory_mb: int | None = None,
     listen: ListenSpec | None = None,
     policy: dict[str, Any] | None = None,
+    backend: BackendSettings | None = None,
 ) -> None:
     """Run the agent in this process until SIGTERM or SIGINT.
 
@@ -41,6 +44,7 @@ def serve(
     `listen` opens a TCP listener beside the Unix socket: TLS (unless `--no-tls` on
     loopback) and bearer tokens, serving the same app in the same event loop.
     `policy` overrides settings of agent.toml (retention, quotas: see gpuhop.agent.policy).
+    `backend` says where jobs run (see gpuhop.backends); None: as the last time, else here.
     """
     paths.ensure()
     try:
@@ -57,7 +61,7 @@ def serve(
         paths.pidfile.write_text(f"{os.getpid()}\n")
         with contextlib.suppress(FileNotFoundError):
             paths.listen_file.unlink()  # left by an agent that died
-        _serve_locked(paths, fake_gpus, fake_gpu_memory_mb, listen, settings)
+        _serve_locked(paths, fake_gpus, fake_gpu_memory_mb, listen, settings, backend)
     finally:
         for leftover in (paths.socket, paths.listen_file, paths.pidfile):
             with contextlib.suppress(OSError):
@@ -71,6 +75,7 @@ def _serve_locked(
     fake_gpu_memory_mb: int | None,
     listen: ListenSpec | None,
     policy: policy_mod.Policy,
+    backend: BackendSettings | None,
 ) -> None:
     import uvicorn
 
@@ -78,8 +83,15 @@ def _serve_locked(
     from gpuhop.agent.app import create_app
     from gpuhop.agent.auth import OwnerAuth, TokenAuth
     from gpuhop.agent.context import AgentContext
+    from gpuhop.backends import open_scale_out, remember, resolve
 
     log = logging.getLogger("gpuhop.agent")
+    where = resolve(paths.home, backend)
+    if where.name != "local" and fake_gpus is not None:
+        raise AgentError("--fake-gpus is for the local backend; a Ray cluster has its own GPUs")
+    # Before any listener exists: a cluster that cannot be used stops the agent here.
+    scale_out = open_scale_out(where, sys.executable)
+    remember(paths.home, where)
     tcp: socket.socket | None = None
     listener = None
     cert_files: dict[str, Any] = {}
@@ -94,9 +106,12 @@ def _serve_locked(
         # (`gpuhop agent start`) finds the actual address and fingerprint here.
         listen_mod.write_listen_file(paths, listener)
     sock = _bind_unix_socket(paths.socket)
-    ctx = AgentContext(
-        paths, gpus.discover(fake_gpus, fake_gpu_memory_mb or gpus.FAKE_GPU_MEMORY_MB), policy
+    gpu_host = (
+        scale_out.gpu_host
+        if scale_out is not None
+        else gpus.discover(fake_gpus, fake_gpu_memory_mb or gpus.FAKE_GPU_MEMORY_MB)
     )
+    ctx = AgentContext(paths, gpu_host, policy, scale_out)
     ctx.listener = listener
     app = create_app(ctx)
     common: dict[str, Any] = {
@@ -122,6 +137,8 @@ def _serve_locked(
         len(ctx.gpus),
         ctx.gpu_host.source,
     )
+    if scale_out is not None:
+        log.info("%s", scale_out.describe())
     if listener is not None:
         log.info(
             "listening on %s; certificate fingerprint %s",

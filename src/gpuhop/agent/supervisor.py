@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuhop.agent import jobdeps, procs
 from gpuhop.agent.blobs import BlobStore
@@ -29,6 +30,9 @@ from gpuhop.agent.usage import disk_note
 from gpuhop.api import JobState, ManifestEntry
 from gpuhop.home import AgentPaths, JobPaths
 from gpuhop.runtime import hook
+
+if TYPE_CHECKING:
+    from gpuhop.backends import ScaleOut
 
 log = logging.getLogger("gpuhop.agent")
 
@@ -120,8 +124,11 @@ class Supervisor:
         blobs: BlobStore,
         on_change: Callable[[], None],
         python: str = sys.executable,
+        scale_out: ScaleOut | None = None,
     ):
         self.paths = paths
+        # Where jobs run when not on this host (gpuhop.backends); None: here, under the shim.
+        self.scale_out = scale_out
         self.store = store
         self.blobs = blobs
         self.on_change = on_change
@@ -142,25 +149,13 @@ class Supervisor:
             self._materialise(jp)
             env = job_environment(job, jp)
             deps = jobdeps.read(jp)
-            python = jobdeps.python(deps, self.python)
-            argv = resolve_command(job.command, jp.work, env.get("PATH", os.defpath), python)
-            gang = self._write_gang(job, jp, env) if job.workers > 1 else []
-            gang += jobdeps.shim_args(deps, jp, self.paths)
-            if job.private_network or job.workers > 1:
-                gang += ["--relay", str(jp.relay)]
+            if self.scale_out is not None:
+                program, env = self.scale_out.leader(job, jp, deps)
+            else:
+                program = self._shim_argv(job, jp, env, deps)
             with open(jp.log, "ab") as logfile:
                 proc = subprocess.Popen(
-                    [
-                        self.python,
-                        "-I",
-                        "-S",
-                        SHIM,
-                        str(jp.status),
-                        str(jp.shim_pid),
-                        *gang,
-                        "--",
-                        *argv,
-                    ],
+                    program,
                     cwd=jp.work,
                     env=env,
                     stdin=subprocess.DEVNULL,
@@ -191,6 +186,17 @@ class Supervisor:
             target=self._wait_child, args=(job_id, proc), name=f"job-{job_id}", daemon=True
         ).start()
         self.on_change()
+
+    def _shim_argv(
+        self, job: JobRecord, jp: JobPaths, env: dict[str, str], deps: dict
+    ) -> list[str]:
+        python = jobdeps.python(deps, self.python)
+        argv = resolve_command(job.command, jp.work, env.get("PATH", os.defpath), python)
+        gang = self._write_gang(job, jp, env) if job.workers > 1 else []
+        gang += jobdeps.shim_args(deps, jp, self.paths)
+        if job.private_network or job.workers > 1:
+            gang += ["--relay", str(jp.relay)]
+        return [self.python, "-I", "-S", SHIM, str(jp.status), str(jp.shim_pid), *gang, "--", *argv]
 
     def _write_gang(self, job: JobRecord, jp: JobPaths, env: dict[str, str]) -> list[str]:
         """Describe a multi-worker job's workers for the shim; return the shim's arguments.
@@ -352,10 +358,7 @@ class Supervisor:
         self.store.update(job.id, cancel_requested=1)
         if job.pid is None:
             return  # still starting: launch() sees the flag once the process exists
-        procs.signal_group(job.pid, signal.SIGTERM)
-        timer = threading.Timer(grace, self._kill_after_grace, args=(job.id, job.pid))
-        timer.daemon = True
-        timer.start()
+        self._terminate(job, grace)
 
     def stop(self, job: JobRecord, reason: str, grace: float = 5.0) -> None:
         """Stop a running job for a reason of the agent's own (a cap it passed): the job
@@ -366,6 +369,15 @@ class Supervisor:
             return
         (jp.root / STOPPED).write_text(json.dumps({"reason": reason}))
         log.warning("job %s %s", job.id, reason)
+        self._terminate(job, grace)
+
+    def _terminate(self, job: JobRecord, grace: float) -> None:
+        """SIGTERM to the job's group, SIGKILL after `grace` (plus the time a scale-out
+        backend's leader needs to clean up after its own grace)."""
+        assert job.pid is not None
+        jp = self.job_paths(job.id)
+        if self.scale_out is not None and self.scale_out.runs_here(jp):
+            grace = self.scale_out.before_stop(jp, grace)
         procs.signal_group(job.pid, signal.SIGTERM)
         timer = threading.Timer(grace, self._kill_after_grace, args=(job.id, job.pid))
         timer.daemon = True

@@ -158,6 +158,9 @@ class SubmitRequest(StrictModel):
     # another host or from the host itself; `gpuhop forward` reaches them through the
     # agent. Multi-worker jobs always run in one. An agent that predates this refuses it.
     private_network: bool | None = None
+    # On an agent with the Ray backend: put the workers on as few nodes as possible
+    # instead of spreading them across nodes. An agent that predates this refuses it.
+    pack: bool | None = None
 
     @model_validator(mode="after")
     def _workers(self) -> SubmitRequest:
@@ -312,6 +315,9 @@ class GpuInfo(WireModel):
     memory_reserved_mb: int = 0
     # The jobs holding it: one whole-GPU job, or any number of share jobs.
     job_ids: list[str] = Field(default_factory=list)
+    # The Ray node it is on, for an agent with the Ray backend (None: the agent's host).
+    # Its memory is then unknown (0), and jobs hold it in gpuhop's count: Ray places them.
+    node: str | None = None
 
 
 class ListenerInfo(WireModel):
@@ -334,6 +340,9 @@ class AgentInfo(WireModel):
     jobs_running: int
     jobs_queued: int
     listener: ListenerInfo | None = None
+    # Where jobs run: "local" (this host) or "ray" (the cluster at `ray_address`).
+    backend: str = "local"
+    ray_address: str | None = None
     # Who the agent takes the caller for: the token's user, or the agent's owner on its socket.
     user: str | None = None
     admin: bool = False

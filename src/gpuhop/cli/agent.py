@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
 import typer
 
+from gpuhop.backends import BackendSettings
 from gpuhop.cli import tokens
 from gpuhop.cli.output import fail, print_json, say
 from gpuhop.client.embedded import socket_answers, start_background, stop
@@ -58,6 +60,33 @@ def start(
     tls_key: Path | None = typer.Option(
         None, "--tls-key", metavar="FILE", help="The private key (PEM) of --tls-cert."
     ),
+    backend: str | None = typer.Option(
+        None,
+        "--backend",
+        metavar="local|ray",
+        help="Where jobs run: on this host (local), or on a Ray cluster (ray)."
+        " Default: what this state dir's agent used last, else local.",
+    ),
+    ray_address: str | None = typer.Option(
+        None,
+        "--ray-address",
+        metavar="HOST:PORT",
+        help="The Ray cluster's GCS address, as `ray start --head` prints it (port 6379 by"
+        " default). Needed with --backend ray.",
+    ),
+    ray_token_file: Path | None = typer.Option(
+        None,
+        "--ray-token-file",
+        metavar="FILE",
+        help="The cluster's token (`ray get-auth-token` on the head prints it). Default:"
+        " Ray's own lookup: $RAY_AUTH_TOKEN, $RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token.",
+    ),
+    ray_allow_no_auth: bool = typer.Option(
+        False,
+        "--ray-allow-no-auth",
+        help="Use a Ray cluster that does not enforce token authentication (refused"
+        " otherwise: anyone who reaches its ports can run code on its nodes).",
+    ),
 ) -> None:
     """Start the agent: on a Unix socket only (no TCP port) unless --listen asks for one.
 
@@ -65,12 +94,20 @@ def start(
     on first start, kept in the state dir) or --tls-cert/--tls-key, and prints the
     certificate's fingerprint for clients to pin. Every request there needs a token
     (`gpuhop agent token create USER`).
+
+    With --backend ray --ray-address HOST:PORT the agent runs every job on an existing Ray
+    cluster (run it on the head node, or any host that reaches the cluster): each worker is
+    a Ray actor that starts the job's script on a node Ray picks, and its output streams
+    back here. gpuhop and TensorFlow must be installed on every node, in the Python that
+    Ray's workers use. The cluster must enforce Ray's token authentication
+    (RAY_AUTH_MODE=token), unless --ray-allow-no-auth.
     """
     paths = _paths(home)
     if fake_gpu_memory is not None and fake_gpus is None:
         fail("--fake-gpu-memory sets the memory of fake GPUs; give --fake-gpus N too")
     if listen is None and (no_tls or tls_cert or tls_key):
         fail("--no-tls, --tls-cert and --tls-key go with --listen HOST:PORT")
+    where = _backend(backend, ray_address, ray_token_file, ray_allow_no_auth)
     running = read_pid(paths)
     if running is not None:
         fail(f"an agent already runs for {paths.home} (pid {running}); `gpuhop agent stop` first")
@@ -83,19 +120,45 @@ def start(
         if foreground:
             from gpuhop.agent.daemon import serve
 
-            serve(paths, fake_gpus=fake_gpus, fake_gpu_memory_mb=fake_gpu_memory, listen=spec)
+            serve(
+                paths,
+                fake_gpus=fake_gpus,
+                fake_gpu_memory_mb=fake_gpu_memory,
+                listen=spec,
+                backend=where,
+            )
             return
         pid = start_background(
             paths,
             fake_gpus=fake_gpus,
             fake_gpu_memory_mb=fake_gpu_memory,
-            agent_args=spec.args() if spec else (),
+            agent_args=[*(spec.args() if spec else ()), *(where.args() if where else ())],
         )
     except AgentError as e:
         fail(str(e))
     say(f"agent started (pid {pid}), listening on {paths.socket}")
     if spec is not None:
         _say_listener(paths)
+
+
+def _backend(
+    name: str | None, address: str | None, token_file: Path | None, allow_no_auth: bool
+) -> BackendSettings | None:
+    """The --backend options, checked; None when not given (the agent keeps its last)."""
+    if name is None:
+        if address or token_file or allow_no_auth:
+            fail("--ray-address, --ray-token-file and --ray-allow-no-auth go with --backend ray")
+        return None
+    settings = BackendSettings(
+        name, address, str(token_file.absolute()) if token_file else None, allow_no_auth
+    )
+    try:
+        settings.check()
+    except AgentError as e:
+        fail(str(e))
+    if name == "ray" and importlib.util.find_spec("ray") is None:
+        fail("the ray backend needs Ray on this host: pip install 'gpuhop[ray]'")
+    return settings
 
 
 def _say_listener(paths: AgentPaths) -> None:
@@ -144,11 +207,16 @@ def status(
     if json_out:
         print_json({"running": True, **info.model_dump(mode="json")})
         return
-    gpus = ", ".join(f"{g.index}: {g.name}" for g in info.gpus) or "none (jobs run on the CPU)"
+    gpus = (
+        ", ".join(f"{g.index}: {g.name}{f' on {g.node}' if g.node else ''}" for g in info.gpus)
+        or "none (jobs run on the CPU)"
+    )
     typer.echo(f"agent {info.version}, pid {info.pid}, state dir {info.home}")
     typer.echo(f"socket {paths.socket} (mode {oct(os.stat(paths.socket).st_mode & 0o777)})")
     if info.listener is not None:
         tls = f"TLS, certificate {info.listener.fingerprint}" if info.listener.tls else "no TLS"
         typer.echo(f"listening on {info.listener.url} ({tls})")
+    if info.backend != "local":
+        typer.echo(f"backend: {info.backend}, jobs run on the cluster at {info.ray_address}")
     typer.echo(f"GPUs: {gpus}{' (fake)' if info.fake_gpus else ''}")
     typer.echo(f"jobs: {info.jobs_running} running, {info.jobs_queued} queued")

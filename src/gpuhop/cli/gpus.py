@@ -27,6 +27,14 @@ def gpus(
     if not infos:
         say("this host has no GPU; jobs run on the CPU")
         return
+    if any(g.node for g in infos):
+        # A Ray cluster's GPUs: Ray places the jobs, so gpuhop knows only how many are held.
+        print_table(
+            ("GPU", "NODE", "NAME", "JOBS"),
+            [(str(g.index), g.node or "-", g.name, ", ".join(g.job_ids) or "-") for g in infos],
+        )
+        say("GPUs of the Ray cluster; Ray decides which node and GPU each job gets")
+        return
     print_table(
         ("GPU", "NAME", "MEMORY USED", "UTIL", "RESERVED", "JOBS"),
         [

@@ -138,6 +138,12 @@ def run(
         metavar="SECONDS",
         help="How long a worker waits for its peers to join before the job fails.",
     ),
+    pack: bool = typer.Option(
+        False,
+        "--pack",
+        help="On an agent with the Ray backend: put the workers on as few nodes as possible"
+        " (default: spread across nodes).",
+    ),
     retries: int = typer.Option(
         0,
         "--retries",
@@ -208,6 +214,7 @@ def run(
                 workers=workers,
                 gpus_per_worker=gpus_per_worker,
                 worker_timeout=worker_timeout,
+                pack=pack,
                 gpu_memory=share_mb,
                 data=data,
                 requirements=False if no_requirements else requirements,

@@ -236,6 +236,7 @@ class Client:
         requirements: str | os.PathLike[str] | bool | None = None,
         python: str | None = None,
         private_network: bool = False,
+        pack: bool = False,
     ) -> Job:
         """Sync `workdir` and queue `command` there. Returns at once with a `Job` handle.
 
@@ -252,7 +253,9 @@ class Client:
         the host, and seeing the host's packages); by default `requirements.txt` in
         `workdir` if there is one, and False for none. `python` runs the job with another
         interpreter on the host. `private_network` runs it in a network namespace of its
-        own, whose ports only `forward` reaches (an older agent refuses it).
+        own, whose ports only `forward` reaches (an older agent refuses it). `pack` puts the
+        workers on as few nodes as possible on an agent with the Ray backend (default:
+        spread across nodes; an older agent refuses it).
         """
         argv = shlex.split(command) if isinstance(command, str) else list(command)
         if not argv:
@@ -286,6 +289,7 @@ class Client:
                 requirements=_requirements(requirements, root),
                 python=python,
                 private_network=private_network or None,
+                pack=pack or None,
             ).model_dump(mode="json", exclude_none=True)
         except ValidationError as e:
             raise invalid("the job was not submitted", e) from None

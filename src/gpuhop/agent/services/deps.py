@@ -19,6 +19,8 @@ def check(rt: AgentContext, req: SubmitRequest, tree_paths: set[str]) -> dict[st
     """Resolve the job's datasets (to exact versions) and environment, or raise a 4xx.
     Runs before anything of the job is written, so a bad request leaves nothing behind."""
     deps: dict[str, Any] = {}
+    if req.pack:
+        deps["pack"] = True  # read by a scale-out backend; one host has nothing to pack
     if req.data:
         deps["data"] = _mounts(rt, req, tree_paths)
     python = None

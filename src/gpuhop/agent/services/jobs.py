@@ -98,7 +98,9 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         pruned_at=_dt(marker["pruned_at"]) if (marker := gc.pruned(jp)) else None,
         gpu_memory_mb=job.gpu_memory_mb,
         owner=job.owner,
-        private_network=job.private_network or job.workers > 1,
+        # A job on a Ray cluster has no private network, whatever its workers.
+        private_network=(job.private_network or job.workers > 1)
+        and not (rt.scale_out is not None and rt.scale_out.runs_here(jp)),
         **deps.info_fields(jp),
     )
 
@@ -190,6 +192,8 @@ def submit(
 ) -> JobInfo:
     """Queue a job. `prepare` puts more files in the new job's dir before it is queued
     (a model server's SavedModel); if it raises, the job is not created."""
+    if rt.scale_out is not None:
+        rt.scale_out.check_submit(req)
     total = len(rt.gpus)
     if req.gpu_memory_mb is not None:
         _check_share(rt, req.gpu_memory_mb)

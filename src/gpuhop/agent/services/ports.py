@@ -54,6 +54,13 @@ def forwardable(rt: AgentContext, ref: str, caller: Caller) -> JobRecord:
     """The job `ref` names, if `caller` may see it (only its owner, or an admin) and it runs
     now in a way whose ports can be reached."""
     job = jobs.find(rt, ref, caller)
+    if rt.scale_out is not None and rt.scale_out.runs_here(rt.supervisor.job_paths(job.id)):
+        raise ApiError(
+            409,
+            ErrorCode.conflict,
+            f"job {job.id} runs on the Ray cluster, not on the agent's host; gpuhop forward"
+            " reaches ports on the agent's host only",
+        )
     if job.state != JobState.running:
         when = "has not started yet" if not job.state.finished else "has ended"
         raise ApiError(

@@ -54,6 +54,13 @@ PASSED_HEADERS = ("content-type", "accept")
 
 
 def start(rt: AgentContext, req: ServeRequest, caller: Caller) -> JobInfo:
+    if rt.scale_out is not None:
+        raise ApiError(
+            400,
+            ErrorCode.bad_request,
+            "model servers run on the agent's own host, and this agent runs jobs on a Ray"
+            " cluster (--backend ray); serve from an agent with the local backend",
+        )
     model_dir, source, files = ".", f"uploaded directory (tree {(req.tree or '')[:12]})", None
     if req.source_job is not None:
         job = jobs.find(rt, req.source_job, caller)

@@ -1,0 +1,211 @@
+"""Runs in the agent: the Ray backend, which runs every job on an existing Ray cluster.
+
+Ray itself is never imported into the agent's process: a subprocess probes the cluster at
+start (gpuhop.backends.ray.probe: reachable? token authentication enforced? which nodes
+and GPUs?), and each job is led by a launcher process (gpuhop.backends.ray.launcher) that
+is the Ray driver for that job alone. So the agent starts without Ray on the local
+backend, and a cluster in trouble cannot take the agent down with it.
+
+The scheduler hands out the cluster's GPUs as found at start, numbered across nodes
+(`gpuhop gpus` lists them per node): a job waits in gpuhop's queue until the cluster as a
+whole has room for it, and Ray decides where its workers go. Ray's token authentication is
+required: a cluster that does not enforce it is refused unless the agent is started with
+`--ray-allow-no-auth`, because anyone who reaches such a cluster's ports can run code on
+every node.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from gpuhop.agent.errors import ApiError
+from gpuhop.agent.gpus import GpuHost
+from gpuhop.agent.store import JobRecord
+from gpuhop.agent.supervisor import SCRUBBED_ENV, StartError
+from gpuhop.api import ErrorCode, GpuInfo, SubmitRequest
+from gpuhop.backends import BackendSettings
+from gpuhop.home import AgentError, JobPaths
+
+log = logging.getLogger("gpuhop.agent")
+
+INSTALL = "pip install 'gpuhop[ray]'"
+SPEC_NAME = "ray.json"
+PROBE_TIMEOUT = 60.0
+# Seconds a cancelled job's launcher gets after the grace to clean up on the cluster.
+CLEAN_UP_SECONDS = 30.0
+TF_PORTS_NOTE = (
+    "multi-worker jobs on the Ray cluster talk over TensorFlow's gRPC, which has no"
+    " authentication and listens on every interface of each node while the job runs; a"
+    " private network namespace (as on the local backend) cannot span hosts, so keep the"
+    " Ray cluster on a private network that only its nodes can reach"
+)
+NO_AUTH = (
+    "the Ray cluster at {address} does not enforce token authentication, so anyone who can"
+    " reach its ports can run code on every node. Restart it with RAY_AUTH_MODE=token in the"
+    " environment of `ray start` on every node (see https://docs.ray.io/en/latest/"
+    "ray-security/token-auth.html), or pass --ray-allow-no-auth to use it anyway"
+)
+
+
+def runs_on_ray(jp: JobPaths) -> bool:
+    """Whether this job (any attempt) was started on a Ray cluster."""
+    return (jp.root / SPEC_NAME).exists()
+
+
+class RayBackend:
+    name = "ray"
+
+    def __init__(
+        self, settings: BackendSettings, auth: bool, nodes: list[dict[str, Any]], python: str
+    ):
+        assert settings.ray_address is not None
+        self.address = settings.ray_address
+        self.auth = auth
+        self.nodes = nodes
+        self.python = python
+        self.ray_env = {"RAY_AUTH_MODE": "token" if auth else "disabled"}
+        self.token_file = settings.ray_token_file
+        self.gpu_host = GpuHost("ray", gpus=_gpus(nodes))
+
+    @classmethod
+    def connect(cls, settings: BackendSettings, python: str) -> RayBackend:
+        """Probe the cluster of `settings`; raise AgentError saying why it cannot be used."""
+        assert settings.ray_address is not None
+        if importlib.util.find_spec("ray") is None:
+            raise AgentError(f"the ray backend needs Ray on the agent's host: {INSTALL}")
+        env = _base_env(settings.ray_token_file)
+        env.pop("RAY_AUTH_MODE", None)  # the probe's first call goes without a token
+        try:
+            out = subprocess.run(
+                [python, "-m", "gpuhop.backends.ray.probe", settings.ray_address],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=PROBE_TIMEOUT,
+            )
+            answer = json.loads(out.stdout.strip().splitlines()[-1])
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError) as e:
+            tail = locals().get("out")
+            detail = tail.stderr.strip()[-2000:] if tail is not None else str(e)
+            raise AgentError(f"probing the Ray cluster failed: {detail}") from None
+        if "error" in answer:
+            raise AgentError(answer["error"])
+        if not answer["auth"]:
+            if not settings.ray_allow_no_auth:
+                raise AgentError(NO_AUTH.format(address=settings.ray_address))
+            log.warning("%s", NO_AUTH.format(address=settings.ray_address).split(". Restart")[0])
+        log.warning("%s", TF_PORTS_NOTE)
+        return cls(settings, answer["auth"], answer["nodes"], python)
+
+    def describe(self) -> str:
+        auth = "token authentication" if self.auth else "NO authentication (--ray-allow-no-auth)"
+        gpus = sum(n["gpus"] for n in self.nodes)
+        return (
+            f"running jobs on the Ray cluster at {self.address} ({auth}):"
+            f" {len(self.nodes)} node(s), {gpus} GPU(s)"
+        )
+
+    def check_submit(self, req: SubmitRequest) -> None:
+        """Refuse, with what to do instead, the jobs that need the agent's own host."""
+        why = None
+        if req.data:
+            why = (
+                "datasets are mounted from the agent's host and cannot reach the Ray cluster's"
+                " nodes; put the data where every node can read it"
+            )
+        elif req.requirements is not None:
+            why = (
+                "jobs on the Ray cluster run with the nodes' own Python packages; a requirements"
+                " file (requirements.txt is sent by default) cannot be installed there. Use"
+                " --no-requirements, and install what the job needs on every node"
+            )
+        elif req.gpu_memory_mb is not None:
+            why = "shares of a GPU (--gpu-memory) are not supported on the Ray cluster"
+        elif req.private_network:
+            why = (
+                "a private network (TensorFlow servers) exists only on the agent's own host,"
+                " and this agent runs jobs on a Ray cluster"
+            )
+        if why is not None:
+            raise ApiError(400, ErrorCode.bad_request, f"{why} (agent started with --backend ray)")
+        per_worker = req.gpus // req.workers
+        largest = max((n["gpus"] for n in self.nodes), default=0)
+        if per_worker > largest:
+            raise ApiError(
+                400,
+                ErrorCode.unsatisfiable,
+                f"each worker asks for {per_worker} GPU(s) on one node; the largest node of"
+                f" the Ray cluster has {largest}",
+            )
+
+    def leader(
+        self, job: JobRecord, jp: JobPaths, deps: dict[str, Any]
+    ) -> tuple[list[str], dict[str, str]]:
+        head = job.command[0]
+        if head.endswith(".py") and not (jp.work / head).is_file():
+            raise StartError(f"script {head} is not in the job's work dir")
+        spec = {
+            "address": self.address,
+            "job_id": job.id,
+            "attempt": job.attempt,
+            "command": job.command,
+            "python": deps.get("python"),
+            "env": job.env,
+            "workers": job.workers,
+            "gpus_per_worker": job.gpus // job.workers,
+            "cpus_per_worker": 1,
+            "strategy": "PACK" if deps.get("pack") else "SPREAD",
+            "worker_timeout": job.worker_timeout,
+            "grace": 10,
+            "work": str(jp.work),
+            "artifacts": str(jp.artifacts),
+            "checkpoints": str(jp.checkpoints),
+            "metrics": str(jp.metrics),
+            "worker_logs": [str(jp.worker_log(i)) for i in range(job.workers)]
+            if job.workers > 1
+            else [],
+        }
+        (jp.root / SPEC_NAME).write_text(json.dumps(spec))
+        (jp.root / "grace").unlink(missing_ok=True)
+        argv = [self.python, "-m", "gpuhop.backends.ray.launcher"]
+        argv += [str(jp.status), str(jp.shim_pid), str(jp.root / SPEC_NAME)]
+        return argv, {**_base_env(self.token_file), **self.ray_env}
+
+    def runs_here(self, jp: JobPaths) -> bool:
+        return runs_on_ray(jp)
+
+    def before_stop(self, jp: JobPaths, grace: float) -> float:
+        """Tell the job's launcher its grace; return how long to wait before SIGKILL."""
+        (jp.root / "grace").write_text(f"{grace}")
+        return grace + CLEAN_UP_SECONDS
+
+
+def _base_env(token_file: str | None) -> dict[str, str]:
+    """The agent's environment for Ray's processes; a token file replaces other tokens."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV and not k.startswith("GPUHOP_")
+    }
+    env["PYTHONUNBUFFERED"] = "1"
+    if token_file is not None:
+        env.pop("RAY_AUTH_TOKEN", None)
+        env["RAY_AUTH_TOKEN_PATH"] = str(Path(token_file).absolute())
+    return env
+
+
+def _gpus(nodes: list[dict[str, Any]]) -> list[GpuInfo]:
+    """The cluster's GPUs numbered across nodes, head first, each with its node's name."""
+    nodes = sorted(nodes, key=lambda n: not n["head"])
+    names = [n["name"] or n["address"] for n in nodes]
+    out: list[GpuInfo] = []
+    for node, name in zip(nodes, names, strict=True):
+        label = name if names.count(name) == 1 else f"{name} ({node['node_id'][:8]})"
+        for _ in range(node["gpus"]):
+            gpu_name = node["accelerator"] or "GPU"
+            out.append(GpuInfo(index=len(out), name=gpu_name, memory_mb=0, node=label))
+    return out

@@ -1,0 +1,212 @@
+"""The Ray backend end to end: a real agent (--backend ray) on a real two-node Ray cluster
+with token authentication, driven through the CLI and the SDK as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+
+from gpuhop.api import JobState
+from gpuhop.home import AgentPaths, read_pid
+from tests.conftest import EXAMPLES, wait_until
+from tests.ray_backend.conftest import agent_cli, skip_without_ray
+
+skip_without_ray()
+
+pytestmark = pytest.mark.timeout(300)
+
+# Worker 1 fails once worker 0 says it works. The workers' work dirs are on different
+# nodes; here all nodes share this machine, so a dir given as an argument syncs them.
+GANG = """
+import os, sys, time
+sync = sys.argv[1]
+if os.environ["GPUHOP_WORKER_INDEX"] == "1":
+    while not os.path.exists(f"{sync}/working"):
+        time.sleep(0.05)
+    print("giving up", flush=True)
+    sys.exit(3)
+open(f"{sync}/pid-0", "w").write(str(os.getpid()))
+print("working", flush=True)
+open(f"{sync}/working", "w").close()
+time.sleep(300)
+"""
+
+SLEEPER = """
+import os, sys, time
+index = os.environ.get("GPUHOP_WORKER_INDEX", "0")
+open(f"{sys.argv[1]}/pid-{index}", "w").write(str(os.getpid()))
+print("sleeping", index, flush=True)
+time.sleep(300)
+"""
+
+RESUMING = """
+import os, sys
+checkpoints = os.environ["GPUHOP_CHECKPOINT_DIR"]
+if os.environ["GPUHOP_ATTEMPT"] == "1":
+    os.makedirs(f"{checkpoints}/sub")
+    open(f"{checkpoints}/sub/state", "w").write("epoch 3")
+    sys.exit(1)
+print("attempt 2 resumes from", open(f"{checkpoints}/sub/state").read())
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def node_dirs(job_id: str) -> list[Path]:
+    """The job's dirs on the nodes (all on this machine here)."""
+    import tempfile
+
+    return list(Path(tempfile.gettempdir()).glob(f"gpuhop-{job_id}-*"))
+
+
+@pytest.mark.tf
+def test_two_workers_train_on_two_nodes_through_the_cli(ray_agent, ray_cluster, tmp_path):
+    work = tmp_path / "work"
+    shutil.copytree(EXAMPLES / "multiworker", work / "multiworker")
+    run = ray_agent.cli(
+        "run",
+        "--workers",
+        "2",
+        "--gpus-per-worker",
+        "1",
+        "--pull",
+        str(tmp_path / "out"),
+        "multiworker/train.py",
+        "--epochs",
+        "1",
+        cwd=work,
+        timeout=280,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    # Each node has one GPU: Ray had to put the workers on different nodes.
+    nodes = re.findall(r"gpuhop: worker (\d) on .*Ray node (\w+)\), GPU 0", run.stdout)
+    assert sorted(i for i, _ in nodes) == ["0", "1"]
+    assert len({node for _, node in nodes}) == 2
+    finals = {
+        line.split("] ", 1)[0]: line.split("final loss: ", 1)[1]
+        for line in run.stdout.splitlines()
+        if "final loss: " in line
+    }
+    assert set(finals) == {"[worker 0", "[worker 1"}
+    assert finals["[worker 0"] == finals["[worker 1"]  # the same weights on both nodes
+    assert (tmp_path / "out" / "digits_savedmodel" / "saved_model.pb").is_file()
+    job_id = run.stderr.split("job ")[1][:8]
+    info = json.loads(ray_agent.cli("show", "--json", "--", job_id).stdout)
+    assert info["latest_metrics"]["epoch"] == 1
+    worker1 = ray_agent.cli("logs", "--worker", "1", job_id)
+    assert "final loss: " + finals["[worker 1"] in worker1.stdout
+    wait_until(ray_cluster.empty, timeout=60)
+    assert not node_dirs(job_id)
+
+
+def test_one_failing_worker_stops_the_gang(ray_agent, ray_cluster, project, tmp_path):
+    root = project({"gang.py": GANG})
+    with ray_agent.client() as client:
+        job = client.submit(["gang.py", str(tmp_path)], workdir=root, workers=2)
+        info = job.wait(timeout=120)
+        worker0 = b"".join(job.logs(worker=0)).decode()
+    assert (info.state, info.exit_code) == (JobState.failed, 3)
+    assert info.reason.startswith("worker 1 exited with code 3 first; 1 other worker was stopped")
+    assert worker0 == "working\n"
+    assert not info.private_network  # TensorFlow's ports are on the nodes' networks
+    assert not alive(int((tmp_path / "pid-0").read_text()))
+    wait_until(ray_cluster.empty, timeout=60)
+    assert not node_dirs(job.id)
+
+
+def test_cancel_leaves_nothing_behind(ray_agent, ray_cluster, project, tmp_path):
+    root = project({"sleeper.py": SLEEPER})
+    with ray_agent.client() as client:
+        job = client.submit(["sleeper.py", str(tmp_path)], workdir=root, workers=2)
+        wait_until(lambda: len(list(tmp_path.glob("pid-*"))) == 2, timeout=120)
+        pids = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
+        forward = ray_agent.cli("forward", job.id, "6006")
+        assert forward.returncode != 0 and "runs on the Ray cluster" in forward.stderr
+        cancel = ray_agent.cli("cancel", job.id)
+        info = job.wait(timeout=60)
+    assert cancel.returncode == 0, cancel.stderr
+    assert info.state == JobState.cancelled
+    assert not any(alive(p) for p in pids)
+    wait_until(ray_cluster.empty, timeout=60)
+    assert not node_dirs(job.id)
+
+
+def test_a_killed_launcher_leaves_no_worker_running(ray_agent, ray_cluster, project, tmp_path):
+    """If the job's launcher on the agent's host dies (SIGKILL: no clean-up of its own),
+    Ray removes its actors and placement group, and the job's processes die with them."""
+    root = project({"sleeper.py": SLEEPER})
+    with ray_agent.client() as client:
+        job = client.submit(["sleeper.py", str(tmp_path)], workdir=root, workers=2)
+        wait_until(lambda: len(list(tmp_path.glob("pid-*"))) == 2, timeout=120)
+        pids = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
+        launcher = json.loads((ray_agent.paths.job_dir(job.id) / "shim.pid").read_text())["pid"]
+        os.kill(launcher, signal.SIGKILL)
+        info = job.wait(timeout=60)
+    assert info.state == JobState.lost
+    wait_until(lambda: not any(alive(p) for p in pids), timeout=60)
+    wait_until(ray_cluster.empty, timeout=60)
+    for leftover in node_dirs(job.id):  # only the launcher removes these
+        shutil.rmtree(leftover)
+
+
+def test_a_retry_resumes_from_the_checkpoints_of_the_failed_attempt(ray_agent, project):
+    root = project({"resume.py": RESUMING})
+    run = ray_agent.cli("run", "--retries", "1", "--gpus", "1", "resume.py", cwd=root)
+    assert run.returncode == 0, run.stderr
+    assert "attempt 2 resumes from epoch 3" in run.stdout
+    assert "attempt 1 failed: exited with code 1" in run.stdout
+
+
+def test_gpus_and_status_show_the_cluster(ray_agent, ray_cluster):
+    listed = json.loads(ray_agent.cli("gpus", "--json").stdout)
+    assert [g["index"] for g in listed] == [0, 1]
+    assert len({g["node"] for g in listed}) == 2  # one GPU on each of the two nodes
+    table = ray_agent.cli("gpus")
+    assert table.returncode == 0 and "NODE" in table.stdout
+    status = ray_agent.cli("agent", "status", "--home", str(ray_agent.home))
+    assert f"backend: ray, jobs run on the cluster at {ray_cluster.address}" in status.stdout
+
+
+def test_jobs_the_cluster_cannot_run_are_refused_with_the_reason(ray_agent, project):
+    root = project({"t.py": "print(1)\n", "requirements.txt": "numpy\n"})
+    cases = [
+        (
+            ["--workers", "2", "--gpus-per-worker", "2", "--no-requirements"],
+            "the largest node of the Ray cluster has 1",
+        ),
+        (["--gpu-memory", "1GiB", "--no-requirements"], "shares of a GPU (--gpu-memory)"),
+        ([], "Use --no-requirements"),
+    ]
+    for options, message in cases:
+        run = ray_agent.cli("run", *options, "t.py", cwd=root)
+        assert run.returncode == 2 and message in run.stderr, (options, run.stderr)
+
+
+def test_an_agent_with_a_wrong_token_is_refused(ray_cluster, tmp_path):
+    bad = tmp_path / "bad-token"
+    bad.write_text("not-the-token")
+    home = tmp_path / "home"
+    start = agent_cli(
+        "start",
+        home,
+        "--backend",
+        "ray",
+        "--ray-address",
+        ray_cluster.address,
+        "--ray-token-file",
+        str(bad),
+    )
+    assert start.returncode == 2
+    assert "refused gpuhop's token" in start.stderr
+    assert read_pid(AgentPaths(home)) is None
