@@ -42,6 +42,22 @@ def has_nvidia_gpu() -> bool:
     return listed.returncode == 0 and "GPU" in listed.stdout
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Name the screenshots tests kept (`record_property("screenshot", path)`), so a CI log
+    says where to look."""
+    shots = [
+        (report.nodeid, value)
+        for reports in terminalreporter.stats.values()
+        for report in reports
+        for key, value in getattr(report, "user_properties", ())
+        if key == "screenshot" and getattr(report, "when", "call") == "call"
+    ]
+    if shots:
+        terminalreporter.section("screenshots")
+        for nodeid, path in shots:
+            terminalreporter.write_line(f"{path}  ({nodeid})")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `gpu` need a real NVIDIA GPU; without one they are skipped, not failed."""
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
