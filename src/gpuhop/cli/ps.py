@@ -73,13 +73,15 @@ def job_table(infos: list[JobInfo], gpus: dict[int, GpuInfo]) -> Table:
 
 
 def gpu_panel(gpus: list[GpuInfo]) -> Table:
+    cluster = any(g.node for g in gpus)  # an agent on a Ray cluster: say which node
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in ("GPU", "NAME", "UTIL", "MEMORY", "JOBS"):
+    for col in ("GPU", *(("NODE",) if cluster else ()), "NAME", "UTIL", "MEMORY", "JOBS"):
         table.add_column(col, no_wrap=True)
     for g in gpus:
         used = "?" if g.memory_used_mb is None else format_mb(g.memory_used_mb)
         table.add_row(
             str(g.index),
+            *((g.node or "-",) if cluster else ()),
             g.name,
             _bar(g.utilization),
             f"{used} / {format_mb(g.memory_mb)}",
