@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from gpuhop.agent import jobdeps, procs
 from gpuhop.agent.blobs import BlobStore
+from gpuhop.agent.commands import StartError, resolve_command
 from gpuhop.agent.store import JobRecord, JobStore
 from gpuhop.agent.usage import disk_note
 from gpuhop.api import JobState, ManifestEntry
@@ -41,28 +42,6 @@ SHIM = str(Path(__file__).with_name("shim.py"))
 SCRUBBED_ENV = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "GPUHOP_HOME", "GPUHOP_REMOTE")
 # In a job's dir: why the agent stopped it (see `Supervisor.stop`).
 STOPPED = "stopped.json"
-
-
-class StartError(Exception):
-    """The job could not be started; the message says why, for the user."""
-
-
-def resolve_command(command: list[str], work: Path, path_env: str, python: str) -> list[str]:
-    """Turn the submitted command into an argv that exec can run from the work dir."""
-    head, rest = command[0], command[1:]
-    if head.endswith(".py"):
-        if not (work / head).is_file():
-            raise StartError(f"script {head} is not in the job's work dir")
-        return [python, head, *rest]
-    if "/" in head:
-        target = Path(head) if head.startswith("/") else work / head
-        if not target.is_file() or not os.access(target, os.X_OK):
-            raise StartError(f"{head} is not an executable file")
-        return [str(target), *rest]
-    found = shutil.which(head, path=path_env)
-    if found is None:
-        raise StartError(f"command {head!r} was not found on the GPU host (PATH={path_env})")
-    return [found, *rest]
 
 
 @functools.cache

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop import __version__
+from gpuhop.agent.commands import resolve_command
 from gpuhop.backends.ray import transfer
 from gpuhop.runtime import hook
 
@@ -99,7 +100,13 @@ class JobWorker:
             return f"cannot unpack the job's files on {socket.gethostname()}: {e}"
         env, note = self._environment(spec)
         try:
-            argv = _resolve(spec["command"], self.work, env.get("PATH", os.defpath), spec)
+            argv = resolve_command(
+                spec["command"],
+                self.work,
+                env.get("PATH", os.defpath),
+                spec.get("python") or sys.executable,  # a script runs with Ray's Python
+                where=socket.gethostname(),
+            )
         except ValueError as e:
             return str(e)
         with open(self.log, "ab") as log:
@@ -203,25 +210,6 @@ class JobWorker:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=10)
         shutil.rmtree(self.root, ignore_errors=True)
-
-
-def _resolve(command: list[str], work: Path, path_env: str, spec: dict[str, Any]) -> list[str]:
-    """The argv to exec on this node (as gpuhop.agent.supervisor.resolve_command does on
-    the agent's host): a `.py` script runs with this node's Python, Ray's own."""
-    head, rest = command[0], command[1:]
-    if head.endswith(".py"):
-        if not (work / head).is_file():
-            raise ValueError(f"script {head} is not in the job's work dir")
-        return [spec.get("python") or sys.executable, head, *rest]
-    if "/" in head:
-        target = Path(head) if head.startswith("/") else work / head
-        if not target.is_file() or not os.access(target, os.X_OK):
-            raise ValueError(f"{head} is not an executable file on {socket.gethostname()}")
-        return [str(target), *rest]
-    found = shutil.which(head, path=path_env)
-    if found is None:
-        raise ValueError(f"command {head!r} was not found on {socket.gethostname()}")
-    return [found, *rest]
 
 
 def _read(path: Path, offset: int, limit: int) -> bytes:
