@@ -31,7 +31,10 @@ from gpuhop.client import GpuhopError, Job
 if TYPE_CHECKING:
     from rich.progress import Progress
 
+# The status line reads the job's state and metrics this often, and sooner (but at most
+# every MIN_POLL_SECONDS) when the job prints: an epoch's end prints a line and logs metrics.
 POLL_SECONDS = 1.0
+MIN_POLL_SECONDS = 0.25
 # Keys of a metrics record that are not metrics (see gpuhop.runtime.log_metrics).
 NOT_METRICS = frozenset({"time", "step", "epoch", "epochs"})
 
@@ -147,13 +150,15 @@ def follow_live(job: Job, worker: int | None = None) -> JobInfo:
     """Stream a job's log to stdout with a status line under it, until the job ends."""
     console = Console(highlight=False, emoji=False)
     status = JobStatus(job)
-    stop = threading.Event()
+    stop, output = threading.Event(), threading.Event()
 
     def poller() -> None:
-        while True:
+        while not stop.is_set():
+            output.clear()
             status.poll()
-            if stop.wait(POLL_SECONDS):
+            if stop.wait(MIN_POLL_SECONDS):
                 return
+            output.wait(POLL_SECONDS - MIN_POLL_SECONDS)
 
     thread = threading.Thread(target=poller, name="gpuhop-status", daemon=True)
     thread.start()
@@ -161,6 +166,7 @@ def follow_live(job: Job, worker: int | None = None) -> JobInfo:
     try:
         with Live(status, console=console, transient=True, refresh_per_second=8):
             for chunk in job.logs(follow=True, worker=worker):
+                output.set()
                 text = lines.feed(chunk)
                 if text:
                     console.print(Text.from_ansi(text, end=""), end="", soft_wrap=True)
@@ -169,6 +175,7 @@ def follow_live(job: Job, worker: int | None = None) -> JobInfo:
                 console.print(Text.from_ansi(text), soft_wrap=True)
     finally:
         stop.set()
+        output.set()
         thread.join(timeout=5)
     return job.wait()
 
