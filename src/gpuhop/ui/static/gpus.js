@@ -67,7 +67,8 @@ async function refresh() {
       + (me.admin ? "" : " Only your own jobs are named.");
   for (const gpu of gpus) {
     const c = card(gpu);
-    replace(c.head, h("h2", {}, `GPU ${gpu.index}`), h("span", { class: "muted" }, `${gpu.name} · ${mb(gpu.memory_mb)}`));
+    const where = gpu.node ? ` · node ${gpu.node}` : "";  // an agent on a Ray cluster
+    replace(c.head, h("h2", {}, `GPU ${gpu.index}`), h("span", { class: "muted" }, `${gpu.name} · ${mb(gpu.memory_mb)}${where}`));
     const used = gpu.memory_used_mb;
     replace(c.stats,
       stat("utilisation", gpu.utilization === null ? "n/a" : `${gpu.utilization}%`, gpu.utilization === null ? null : gpu.utilization / 100),
