@@ -175,20 +175,28 @@ def timed_run(
     return time.perf_counter() - start
 
 
-def time_first_line(argv: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
-    """Seconds from launching a command to its first stdout line, and to its exit."""
+def time_first_line(
+    argv: list[str], cwd: Path, env: dict[str, str], line: bytes | None = None
+) -> tuple[float, float]:
+    """Seconds from launching a command to its first stdout line (the first that is `line`,
+    given one: a tool may print its own lines first), and to its exit."""
     with tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         with subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err) as proc:
             assert proc.stdout is not None
             first = proc.stdout.readline()
+            while line is not None and first and first.rstrip(b"\r\n") != line:
+                first = proc.stdout.readline()
             first_at = time.perf_counter() - start
             proc.stdout.read()
             code = proc.wait()
             exit_at = time.perf_counter() - start
         if code != 0 or not first:
             err.seek(0)
-            raise BenchError(f"{' '.join(argv)} exited with {code}:\n{err.read().decode()[-2000:]}")
+            missing = "" if first else f" without printing {line!r}" if line else " silently"
+            raise BenchError(
+                f"{' '.join(argv)} exited with {code}{missing}:\n{err.read().decode()[-2000:]}"
+            )
     return first_at, exit_at
 
 

@@ -28,6 +28,8 @@ import tfops
 import transports
 from harness import REPO, Row, Settings, machine, markdown
 
+import ray_backend
+
 BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "start_latency": start_latency.run,
     "resync": resync.run,
@@ -39,6 +41,7 @@ BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "load": load.run,
     "serving": serving.run,
     "tfops": tfops.run,
+    "ray_backend": ray_backend.run,
 }
 
 

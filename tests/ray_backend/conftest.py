@@ -2,29 +2,26 @@
 each run by a helper process (tests/ray_backend/cluster.py), and agents started with --backend ray.
 
 Each test module skips itself without Ray (`pip install 'gpuhop[ray]'`). A cluster is
-stopped by the pids Ray recorded for its nodes; the fixture then checks that no process
-that descended from the helper (GCS, raylets, Ray's workers, the jobs they started) is
-left, and kills any survivor by pid.
+stopped by the pids Ray recorded for its nodes; `RayCluster.stop` then checks that no
+process that descended from the helper (GCS, raylets, Ray's workers, the jobs they started)
+is left, and kills any survivor by pid.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO, Agent, wait_until
+from tests.conftest import Agent, wait_until
+from tests.ray_backend import cluster as helper
+from tests.ray_backend.cluster import RayCluster
 
 
 def skip_without_ray() -> None:
@@ -34,81 +31,13 @@ def skip_without_ray() -> None:
         pytest.skip("Ray is not installed (pip install 'gpuhop[ray]')", allow_module_level=True)
 
 
-@dataclass
-class RayCluster:
-    proc: subprocess.Popen[str]
-    address: str
-    token: str | None
-    token_file: Path | None
-    log: Any
-    pids: list[int] = field(default_factory=list)
-
-    def state(self) -> dict[str, Any]:
-        """The cluster's live actors and its placement groups that are not removed."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write("state\n")
-        self.proc.stdin.flush()
-        answer: dict[str, Any] = json.loads(self.proc.stdout.readline())
-        return answer
-
-    def empty(self) -> bool:
-        state = self.state()
-        return not state["actors"] and not state["placement_groups"]
-
-    def stop(self) -> None:
-        family = _descendants(self.proc.pid) | set(self.pids)
-        with contextlib.suppress(BrokenPipeError, OSError):
-            assert self.proc.stdin is not None
-            self.proc.stdin.write("stop\n")
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(_alive(p) for p in family):
-            time.sleep(0.1)
-        self.log.close()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        survivors = [p for p in family if _alive(p)]
-        for pid in survivors:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        assert not survivors, f"Ray processes survived the cluster's shutdown: {survivors}"
-
-
 def start_cluster(tmp: Path, auth: bool, nodes: list[dict[str, Any]]) -> RayCluster:
-    spec = json.dumps({"auth": auth, "nodes": nodes})
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO / "src"), str(REPO), env.get("PYTHONPATH")) if p
-    )
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    log = open(tmp / "cluster.log", "w")  # noqa: SIM115 (closed by RayCluster.stop)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.ray_backend.cluster", spec],
-        cwd=REPO,
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        proc.wait()
-        log.close()
-        proc.stdout.close()
-        pytest.fail(f"the Ray cluster did not start:\n{(tmp / 'cluster.log').read_text()[-3000:]}")
-    info = json.loads(line)
-    token_file = None
-    if info["token"]:
-        token_file = tmp / "ray-token"
-        token_file.write_text(info["token"])
-    return RayCluster(proc, info["address"], info["token"], token_file, log, info["pids"])
+    """A cluster of `nodes` run by the helper (tests/ray_backend/cluster.py); fails the
+    test, with the end of the helper's log, if it does not start."""
+    try:
+        return helper.start(tmp, auth, nodes)
+    except helper.ClusterError as e:
+        pytest.fail(str(e))
 
 
 @pytest.fixture(scope="module")
@@ -146,33 +75,3 @@ def agent_cli(command: str, home: Path, *args: str) -> subprocess.CompletedProce
         text=True,
         timeout=120,
     )
-
-
-def _descendants(root: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    found: set[int] = set()
-    todo = [root]
-    while todo:
-        pid = todo.pop()
-        for child in children.get(pid, []):
-            if child not in found:
-                found.add(child)
-                todo.append(child)
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
