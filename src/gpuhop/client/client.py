@@ -9,11 +9,9 @@ job.pull("out/")
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shlex
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,24 +30,28 @@ from gpuhop.api import (
     TokenInfo,
     TokenRequest,
     UiLoginCode,
-    parse_mb,
 )
 from gpuhop.api.upkeep import DiskUsage, GcReport
 from gpuhop.client import remotes
 from gpuhop.client.data import Datasets, Envs, parse_mount
 from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.job import Job, _quote, check
+from gpuhop.client.spec import (
+    SyncStats,
+    requirements_text,
+    script_in_workdir,
+    share_mb,
+    tree_of,
+)
 from gpuhop.client.sync import FileEntry, ScanResult, SyncError, scan
 from gpuhop.client.transport import Endpoint, local_endpoint
-from gpuhop.client.upload import frames
+from gpuhop.client.upload import UPLOAD_BATCH_BYTES, batches, frames
 from gpuhop.home import AgentError, AgentPaths, default_home
 
 if TYPE_CHECKING:
     from gpuhop.client.dashboard import Dashboard
     from gpuhop.client.serving import Model
 
-# Upload in batches so a dropped connection costs at most one batch.
-UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
 # `doctor` imports TensorFlow on the host, which can take a while on a cold GPU host.
 DOCTOR_TIMEOUT = 240.0
 
@@ -260,9 +262,9 @@ class Client:
         argv = shlex.split(command) if isinstance(command, str) else list(command)
         if not argv:
             raise GpuhopError("no command given", code="bad_request")
-        gpu_memory_mb = _share_mb(gpu_memory, gpus)
+        gpu_memory_mb = share_mb(gpu_memory, gpus)
         root = Path(workdir).absolute()
-        argv[0] = _script_in_workdir(argv[0], root)
+        argv[0] = script_in_workdir(argv[0], root)
         result = self._scan(root, on_hash)
         if argv[0].endswith(".py") and argv[0] not in {f.path for f in result.files}:
             raise GpuhopError(
@@ -286,7 +288,7 @@ class Client:
                 worker_timeout=worker_timeout,
                 gpu_memory_mb=gpu_memory_mb,
                 data=[parse_mount(m) for m in data],
-                requirements=_requirements(requirements, root),
+                requirements=requirements_text(requirements, root),
                 python=python,
                 private_network=private_network or None,
                 pack=pack or None,
@@ -343,7 +345,7 @@ class Client:
         todo = [by_digest[d] for d in result.missing]
         total = sum(f.size for f in todo)
         sent = 0
-        for batch in _batches(todo, UPLOAD_BATCH_BYTES):
+        for batch in batches(todo, UPLOAD_BATCH_BYTES):
 
             def progress(n: int) -> None:
                 nonlocal sent
@@ -434,92 +436,3 @@ class Client:
             JobInfo.model_validate(j)
             for j in self._request("GET", "/v1/jobs", params=params).json()
         ]
-
-
-class SyncStats:
-    """What the last submit's sync did."""
-
-    def __init__(self, scan_result: ScanResult, files_sent: int, bytes_sent: int):
-        self.files = len(scan_result.files)
-        self.bytes = scan_result.total_bytes
-        self.hashed = scan_result.hashed
-        self.scan_seconds = scan_result.seconds
-        self.warnings = scan_result.warnings
-        self.files_sent = files_sent
-        self.bytes_sent = bytes_sent
-
-
-def _share_mb(gpu_memory: str | int | None, gpus: int) -> int | None:
-    if gpu_memory is None:
-        return None
-    try:
-        mb = parse_mb(gpu_memory)
-    except ValueError as e:
-        raise GpuhopError(f"gpu_memory: {e}", code="bad_request") from None
-    if gpus > 1:
-        raise GpuhopError(
-            f"gpu_memory asks for a share of one GPU; it cannot be combined with gpus={gpus}",
-            code="bad_request",
-        )
-    return mb
-
-
-def _requirements(value: str | os.PathLike[str] | bool | None, root: Path) -> str | None:
-    """The requirements text to send: a given file's, else the work dir's requirements.txt."""
-    if value is False:
-        return None
-    if value is None or value is True:
-        default = root / "requirements.txt"
-        if not default.is_file():
-            if value is True:
-                raise GpuhopError(f"there is no requirements.txt in {root}", code="bad_request")
-            return None
-        value = default
-    try:
-        return Path(value).read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise GpuhopError(
-            f"cannot read the requirements file {value}: {e}", "bad_request"
-        ) from None
-
-
-def _script_in_workdir(head: str, root: Path) -> str:
-    """Make a script path relative to the work dir; leave program names alone."""
-    if not head.endswith(".py") and "/" not in head:
-        return head
-    path = Path(head)
-    full = path if path.is_absolute() else root / path
-    if head.endswith(".py") and not full.is_file():
-        raise GpuhopError(f"no such script: {head}", code="bad_request")
-    if not full.exists():
-        return head  # a path on the GPU host; the agent checks it
-    try:
-        return full.resolve().relative_to(root.resolve()).as_posix()
-    except ValueError:
-        raise GpuhopError(
-            f"{head} is outside the work dir {root}; run gpuhop from a directory that contains it",
-            code="bad_request",
-        ) from None
-
-
-def tree_of(files: list[FileEntry]) -> tuple[bytes, str]:
-    """The tree (see `gpuhop.api.Tree`) of a scanned work dir: its bytes and its digest."""
-    entries = [
-        {"path": f.path, "digest": f.digest, "size": f.size, "executable": f.executable}
-        for f in files
-    ]
-    raw = json.dumps({"entries": entries}, separators=(",", ":")).encode()
-    return raw, hashlib.sha256(raw).hexdigest()
-
-
-def _batches(files: list[FileEntry], limit: int) -> Iterator[list[FileEntry]]:
-    batch: list[FileEntry] = []
-    size = 0
-    for f in files:
-        if batch and size + f.size > limit:
-            yield batch
-            batch, size = [], 0
-        batch.append(f)
-        size += f.size
-    if batch:
-        yield batch

@@ -169,7 +169,8 @@ def serve(
     timeout: float = 600.0,
 ) -> Model:
     """Start a model server job; see `Client.serve`."""
-    from gpuhop.client.client import Job, tree_of
+    from gpuhop.client.client import Job
+    from gpuhop.client.spec import tree_of
 
     fields: dict[str, Any] = {
         "name": name,

@@ -11,6 +11,8 @@ from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.client.sync import FileEntry
 
 CHUNK = 1 << 20
+# Upload in batches so a dropped connection costs at most one batch.
+UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
 
 
 def frames(
@@ -36,3 +38,16 @@ def frames(
                     buf.clear()
     if buf:
         yield bytes(buf)
+
+
+def batches(files: list[FileEntry], limit: int) -> Iterator[list[FileEntry]]:
+    batch: list[FileEntry] = []
+    size = 0
+    for f in files:
+        if batch and size + f.size > limit:
+            yield batch
+            batch, size = [], 0
+        batch.append(f)
+        size += f.size
+    if batch:
+        yield batch

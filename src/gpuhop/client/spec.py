@@ -1,0 +1,90 @@
+"""Runs on the user's machine: what a submit sends besides the command, worked out from
+the work dir and the arguments (the tree of files, a requirements text, the script's path,
+a GPU share), and what the sync did."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from gpuhop.api import parse_mb
+from gpuhop.client.errors import GpuhopError
+from gpuhop.client.sync import FileEntry, ScanResult
+
+
+class SyncStats:
+    """What the last submit's sync did."""
+
+    def __init__(self, scan_result: ScanResult, files_sent: int, bytes_sent: int):
+        self.files = len(scan_result.files)
+        self.bytes = scan_result.total_bytes
+        self.hashed = scan_result.hashed
+        self.scan_seconds = scan_result.seconds
+        self.warnings = scan_result.warnings
+        self.files_sent = files_sent
+        self.bytes_sent = bytes_sent
+
+
+def share_mb(gpu_memory: str | int | None, gpus: int) -> int | None:
+    if gpu_memory is None:
+        return None
+    try:
+        mb = parse_mb(gpu_memory)
+    except ValueError as e:
+        raise GpuhopError(f"gpu_memory: {e}", code="bad_request") from None
+    if gpus > 1:
+        raise GpuhopError(
+            f"gpu_memory asks for a share of one GPU; it cannot be combined with gpus={gpus}",
+            code="bad_request",
+        )
+    return mb
+
+
+def requirements_text(value: str | os.PathLike[str] | bool | None, root: Path) -> str | None:
+    """The requirements text to send: a given file's, else the work dir's requirements.txt."""
+    if value is False:
+        return None
+    if value is None or value is True:
+        default = root / "requirements.txt"
+        if not default.is_file():
+            if value is True:
+                raise GpuhopError(f"there is no requirements.txt in {root}", code="bad_request")
+            return None
+        value = default
+    try:
+        return Path(value).read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise GpuhopError(
+            f"cannot read the requirements file {value}: {e}", "bad_request"
+        ) from None
+
+
+def script_in_workdir(head: str, root: Path) -> str:
+    """Make a script path relative to the work dir; leave program names alone."""
+    if not head.endswith(".py") and "/" not in head:
+        return head
+    path = Path(head)
+    full = path if path.is_absolute() else root / path
+    if head.endswith(".py") and not full.is_file():
+        raise GpuhopError(f"no such script: {head}", code="bad_request")
+    if not full.exists():
+        return head  # a path on the GPU host; the agent checks it
+    try:
+        return full.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        raise GpuhopError(
+            f"{head} is outside the work dir {root}; run gpuhop from a directory that contains it",
+            code="bad_request",
+        ) from None
+
+
+def tree_of(files: list[FileEntry]) -> tuple[bytes, str]:
+    """The tree (see `gpuhop.api.Tree`) of a scanned work dir: its bytes and its digest."""
+    entries = [
+        {"path": f.path, "digest": f.digest, "size": f.size, "executable": f.executable}
+        for f in files
+    ]
+    raw = json.dumps({"entries": entries}, separators=(",", ":")).encode()
+    return raw, hashlib.sha256(raw).hexdigest()
