@@ -53,7 +53,7 @@ def _outcome(status: int) -> dict:
     return {"exit_code": os.WEXITSTATUS(status), "signal": None}
 
 
-def _how(outcome: dict) -> str:
+def how(outcome: dict) -> str:
     if outcome["signal"] is not None:
         try:
             name = signal.Signals(outcome["signal"]).name
@@ -241,7 +241,7 @@ def run_gang(spec: dict, command: list, relay: str | None = None) -> dict:
     if first is None:
         return {"exit_code": 0, "signal": None}
     index, outcome, stopped = first
-    detail = f"worker {index} {_how(outcome)} first"
+    detail = f"worker {index} {how(outcome)} first"
     if stopped:
         detail += f"; {stopped} other worker{'s were' if stopped > 1 else ' was'} stopped"
     if _peers_never_joined(workers[index]["log"]):

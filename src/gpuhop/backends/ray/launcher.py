@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop import __version__
+from gpuhop.agent import shim
 from gpuhop.backends.ray import transfer
 from gpuhop.backends.ray.probe import ProbeError, probe
 
@@ -77,15 +78,8 @@ class Prefixer:
 
 
 def how(end: dict[str, Any]) -> str:
-    if end.get("lost"):
-        return str(end["lost"])
-    if end["signal"] is not None:
-        try:
-            name = signal.Signals(end["signal"]).name
-        except ValueError:
-            name = "?"
-        return f"was killed by signal {end['signal']} ({name})"
-    return f"exited with code {end['exit_code']}"
+    """How a worker ended, in the shim's words; or why its actor was lost."""
+    return str(end["lost"]) if end.get("lost") else shim.how(end)
 
 
 class Launch:
