@@ -7,20 +7,27 @@ threads, warnings and C++ runtime never enter the caller's process, and returns 
 "nodes": [{"num_cpus": 1, "num_gpus": 1}, ...]}, the first node being the head. The helper
 starts the cluster with `ray.cluster_utils.Cluster` (with token authentication when "auth":
 a fresh random token; with Ray's dashboard, and so its job API, on a loopback port when
-"dashboard"), prints one JSON line {"address", "token", "dashboard", "pids"}, and then
-answers lines on stdin:
+"dashboard") in a private temp dir that is also Ray's default one (`RAY_TMPDIR`), so that
+nothing is written to, or needed in, `/tmp/ray`. It prints one JSON line {"address", "token",
+"dashboard", "pids", "temp_dir"}, and then answers lines on stdin:
 
 - `state`: one JSON line with the cluster's live actors and placement groups not removed;
 - `stop` (or end of input): shuts the cluster down (by the pids Ray recorded for each node)
   and prints `stopped`.
 
-Ray's processes are all descendants of the helper, so `RayCluster.stop` can check by pid
-that none survives (`ray stop` would kill every Ray process on the machine).
+If the cluster does not come up, the helper kills every process Ray had started (by the pids
+Ray recorded, and every process descended from the helper) before it prints one JSON line
+{"error", "pids", "temp_dir"} and exits; `start` raises ClusterError with those pids.
+
+The helper is a child subreaper, so Ray's processes stay its descendants even where one of
+them double-forks, and `RayCluster.stop` can check by pid that none survives (`ray stop`
+would kill every Ray process on the machine).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import secrets
@@ -30,7 +37,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -38,8 +47,19 @@ from typing import IO, Any
 REPO = Path(__file__).resolve().parents[2]
 
 
+# How long a cluster may take to come up (a loaded 2-core machine takes up to a minute).
+START_TIMEOUT = 240.0
+
+
 class ClusterError(RuntimeError):
-    """The helper could not start the cluster; the message has the end of its log."""
+    """The helper could not start the cluster; the message has the end of its log. `pids`
+    are the processes Ray had started, all ended by the time this is raised; `temp_dir` is
+    the cluster's temp dir (removed)."""
+
+    def __init__(self, message: str, pids: list[int] | None = None, temp_dir: str = "") -> None:
+        super().__init__(message)
+        self.pids = pids or []
+        self.temp_dir = temp_dir
 
 
 # -- the caller's side --------------------------------------------------------------------------
@@ -54,6 +74,7 @@ class RayCluster:
     log: IO[str]
     dashboard: str | None = None  # "127.0.0.1:PORT", with "dashboard" in the spec
     pids: list[int] = field(default_factory=list)
+    temp_dir: str = ""  # the cluster's own temp dir (Ray's default one in the helper)
 
     def state(self) -> dict[str, Any]:
         """The cluster's live actors and its placement groups that are not removed."""
@@ -113,22 +134,61 @@ def start(
         text=True,
     )
     assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        proc.wait()
-        log.close()
-        proc.stdout.close()
-        raise ClusterError(
-            f"the Ray cluster did not start:\n{(tmp / 'cluster.log').read_text()[-3000:]}"
+    line = _first_line(proc, START_TIMEOUT)
+    info: dict[str, Any] = json.loads(line) if line.startswith("{") else {}
+    if "address" not in info:
+        _end_helper(proc, log)
+        tail = (tmp / "cluster.log").read_text(errors="replace")[-3000:]
+        said = info.get("error") or (
+            f"no answer in {START_TIMEOUT:.0f} s" if not line else f"it said {line!r}"
         )
-    info = json.loads(line)
+        raise ClusterError(
+            f"the Ray cluster did not start: {said}\n{tail}",
+            info.get("pids", []),
+            info.get("temp_dir", ""),
+        )
     token_file = None
     if info["token"]:
         token_file = tmp / "ray-token"
         token_file.write_text(info["token"])
     return RayCluster(
-        proc, info["address"], info["token"], token_file, log, info["dashboard"], info["pids"]
+        proc,
+        info["address"],
+        info["token"],
+        token_file,
+        log,
+        info["dashboard"],
+        info["pids"],
+        info["temp_dir"],
     )
+
+
+def _first_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The helper's first line, or "" if it says nothing within `timeout` (or exits)."""
+    stdout = proc.stdout
+    assert stdout is not None
+    out: list[str] = []
+    reader = threading.Thread(target=lambda: out.append(stdout.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    return out[0] if out else ""
+
+
+def _end_helper(proc: subprocess.Popen[str], log: IO[str]) -> None:
+    """After a failed start: the helper has torn the cluster down and exits by itself; one
+    that hangs is killed with every process under it."""
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        for pid in [*_descendants(proc.pid), proc.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+    log.close()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            with contextlib.suppress(OSError):
+                pipe.close()
 
 
 def _descendants(root: int) -> set[int]:
@@ -172,6 +232,7 @@ def _free_port() -> int:
 
 def main() -> int:
     spec = json.loads(sys.argv[1])
+    _become_subreaper()
     token = secrets.token_hex(16) if spec["auth"] else None
     os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
     if token is not None:
@@ -180,37 +241,49 @@ def main() -> int:
     else:
         os.environ["RAY_AUTH_MODE"] = "disabled"
         os.environ.pop("RAY_AUTH_TOKEN", None)
-    # A short private dir: Ray's socket paths must fit in 107 bytes.
-    temp_dir = tempfile.mkdtemp(prefix="gh-ray-", dir="/tmp")
-    from ray.cluster_utils import Cluster
-
+    # A short private dir: Ray's socket paths must fit in 107 bytes. Ray's default temp dir
+    # ($RAY_TMPDIR/ray) is made the cluster's own: `Cluster` writes its address file
+    # (ray_current_cluster) there whatever temp_dir it is given, and that must not need, or
+    # touch, a /tmp/ray that may not exist or may belong to another cluster.
+    root = tempfile.mkdtemp(prefix="gh-ray-", dir="/tmp")
+    os.environ["RAY_TMPDIR"] = root
+    temp_dir = os.path.join(root, "ray")
+    os.mkdir(temp_dir)
     head, *others = spec["nodes"]
     dashboard = bool(spec.get("dashboard"))
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            **head,
-            "include_dashboard": dashboard,
-            "dashboard_host": "127.0.0.1",
-            "dashboard_port": _free_port(),
-            # Not Ray's fixed default (52365): another cluster on this machine may hold it.
-            "dashboard_agent_listen_port": _free_port(),
-            "temp_dir": temp_dir,
-        },
-        shutdown_at_exit=False,
-    )
+    cluster: Any = None
     try:
+        from ray.cluster_utils import Cluster
+
+        cluster = Cluster(shutdown_at_exit=False)
+        cluster.add_node(
+            **head,
+            include_dashboard=dashboard,
+            dashboard_host="127.0.0.1",
+            dashboard_port=_free_port(),
+            # Not Ray's fixed default (52365): another cluster on this machine may hold it.
+            dashboard_agent_listen_port=_free_port(),
+            temp_dir=temp_dir,
+        )
         for node in others:
             cluster.add_node(**node)
         cluster.wait_for_nodes()
-        pids = [
-            p.process.pid
-            for n in cluster.list_all_nodes()
-            for ps in n.all_processes.values()
-            for p in ps
-        ]
+    except BaseException as e:
+        traceback.print_exc()
+        killed = _tear_down(cluster)
+        shutil.rmtree(root, ignore_errors=True)
+        error = f"{type(e).__name__}: {e}"
+        print(json.dumps({"error": error, "pids": killed, "temp_dir": root}), flush=True)
+        return 1
+    try:
         webui = cluster.head_node.address_info.get("webui_url") if dashboard else None
-        info = {"address": cluster.address, "token": token, "dashboard": webui, "pids": pids}
+        info = {
+            "address": cluster.address,
+            "token": token,
+            "dashboard": webui,
+            "pids": _recorded_pids(cluster),
+            "temp_dir": root,
+        }
         print(json.dumps(info), flush=True)
         for line in sys.stdin:
             if line.strip() == "state":
@@ -219,9 +292,59 @@ def main() -> int:
                 break
     finally:
         cluster.shutdown()
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        _tear_down(cluster)  # whatever Ray's own shutdown left (none, normally)
+        shutil.rmtree(root, ignore_errors=True)
     print("stopped", flush=True)
     return 0
+
+
+def _become_subreaper() -> None:
+    """Orphans of Ray's processes are re-parented to this process, not to init, so that
+    every process the cluster started stays a descendant of the helper."""
+    pr_set_child_subreaper = 36
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(pr_set_child_subreaper, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+def _recorded_pids(cluster: Any) -> list[int]:
+    """The pids Ray recorded for the cluster's nodes (those it had started so far)."""
+    if cluster is None:
+        return []
+    nodes = [cluster.head_node, *cluster.worker_nodes]
+    return [
+        p.process.pid for n in nodes if n is not None for ps in n.all_processes.values() for p in ps
+    ]
+
+
+def _tear_down(cluster: Any) -> list[int]:
+    """Kill every process the cluster started (the pids Ray recorded and every descendant
+    of this process: Ray's daemons ignore SIGTERM), reap them, and return their pids."""
+    pids = set(_recorded_pids(cluster)) | _descendants(os.getpid())
+    deadline = time.monotonic() + 30
+    while True:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        _reap()
+        alive = [p for p in pids if _alive(p)]
+        late = _descendants(os.getpid()) - pids  # started while we were killing
+        if (not alive and not late) or time.monotonic() > deadline:
+            break
+        pids |= late
+        time.sleep(0.05)
+    return sorted(pids)
+
+
+def _reap() -> None:
+    """Collect the exit status of every child (re-parented orphans included) that ended."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
 
 
 def _state(cluster: Any) -> dict[str, Any]:
