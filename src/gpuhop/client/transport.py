@@ -9,11 +9,14 @@ same credentials.
 
 from __future__ import annotations
 
+import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import httpcore
 import httpx
+from httpcore._backends.sync import SyncStream
 
 from gpuhop.client.embedded import ensure_agent, socket_answers
 from gpuhop.home import AgentPaths
@@ -41,7 +44,7 @@ class Endpoint:
     def transport(self) -> httpx.BaseTransport:
         # No TLS on a Unix socket. An empty client context (verification on, no CAs) saves
         # loading the CA bundle, about 75 ms of every command.
-        return httpx.HTTPTransport(uds=self.uds, verify=self.ssl_context or _NO_TLS)
+        return _Transport(uds=self.uds, verify=self.ssl_context or _NO_TLS)
 
     def async_transport(self) -> httpx.AsyncBaseTransport:
         """The same connection for an asyncio client (the dashboard's proxy)."""
@@ -65,3 +68,45 @@ def local_endpoint(paths: AgentPaths, autostart: bool = True) -> Endpoint:
 
 
 _NO_TLS = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+
+
+class _UnixBackend(httpcore.SyncBackend):
+    """httpcore's own network backend, but a Unix socket whose connect() fails is closed.
+
+    httpcore 1.0 leaves it open (its connect_unix_socket has no cleanup), so every retry
+    against an agent that is down or restarting (a stale socket file) leaked a file
+    descriptor until the garbage collector found it, with a ResourceWarning. Its asyncio
+    backend (anyio's connect_unix) closes the socket itself.
+    """
+
+    def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: Iterable[httpcore.SOCKET_OPTION] | None = None,
+    ) -> httpcore.NetworkStream:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            for option in socket_options or ():
+                sock.setsockopt(*option)
+            sock.settimeout(timeout)
+            sock.connect(path)
+        except TimeoutError as e:
+            sock.close()
+            raise httpcore.ConnectTimeout(e) from e
+        except OSError as e:
+            sock.close()
+            raise httpcore.ConnectError(e) from e
+        return SyncStream(sock)
+
+
+class _Transport(httpx.HTTPTransport):
+    """httpx's transport, its connection pool on `_UnixBackend`."""
+
+    def __init__(self, uds: str | None, verify: ssl.SSLContext) -> None:
+        super().__init__(uds=uds, verify=verify)
+        # httpx takes no network backend of its own; its pool has made no connection yet,
+        # and each new one takes the pool's backend.
+        pool = self._pool
+        assert isinstance(pool, httpcore.ConnectionPool) and hasattr(pool, "_network_backend")
+        pool._network_backend = _UnixBackend()
