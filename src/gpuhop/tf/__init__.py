@@ -7,7 +7,7 @@ Inside a job (on the GPU host):
     model.export(gpuhop.tf.artifacts_dir() / "model")
 
 On the user's machine, ops on the GPU host's TensorFlow server (`gpuhop tf-server start`;
-the code is in `gpuhop.tfremote`, loaded by `connect`):
+the code is in `gpuhop.tf.remote`, loaded by `connect`):
 
     with gpuhop.tf.connect("lab"):
         with tf.device(gpuhop.tf.remote_device()):
@@ -22,7 +22,7 @@ from typing import Any
 
 from gpuhop.runtime import artifacts_dir, checkpoint_dir, log_metrics, tensorboard_dir
 
-# Also `RemoteError` (gpuhop.tfremote's), loaded on first use by __getattr__ below.
+# Also `RemoteError` (gpuhop.tf.remote's), loaded on first use by __getattr__ below.
 __all__ = [
     "artifacts_dir",
     "bound_worker_wait",
@@ -39,9 +39,9 @@ __all__ = [
 
 def connect(remote: str | None = None, job: str = "tf-server", **options: Any) -> Any:
     """Run this process's TensorFlow ops on a GPU host's TensorFlow server: see
-    `gpuhop.tfremote.connect` (options: client, ready_timeout, stall_timeout,
+    `gpuhop.tf.remote.connect` (options: client, ready_timeout, stall_timeout,
     probe_interval). Returns a `Remote`; use it as a context manager."""
-    from gpuhop import tfremote
+    from gpuhop.tf import remote as tfremote
 
     return tfremote.connect(remote, job, **options)
 
@@ -49,14 +49,14 @@ def connect(remote: str | None = None, job: str = "tf-server", **options: Any) -
 def remote_device(kind: str | None = None, index: int = 0) -> str:
     """The connected server's device for `tf.device`: `kind` "GPU" or "CPU", or None for
     its GPU if it has one, else its CPU."""
-    from gpuhop import tfremote
+    from gpuhop.tf import remote as tfremote
 
     return tfremote.remote_device(kind, index)
 
 
 def __getattr__(name: str) -> Any:
     if name == "RemoteError":  # the client SDK is loaded only when asked for
-        from gpuhop.tfremote import RemoteError
+        from gpuhop.tf.remote import RemoteError
 
         return RemoteError
     raise AttributeError(f"module 'gpuhop.tf' has no attribute {name!r}")
