@@ -6,7 +6,7 @@ Each sample is one fresh client process: it connects, warms up, and reports the 
 many ops, each fetched back (`.numpy()`), so every op is a full round trip. The direct
 baseline runs its server and client together in a private network namespace of their own,
 so the benchmark exposes no port either. gpuhop turns TensorFlow's streaming enqueue off
-(see gpuhop.tfremote); a second baseline row with it off too separates that setting's cost
+(see gpuhop.tf.remote); a second baseline row with it off too separates that setting's cost
 from the tunnel's.
 """
 

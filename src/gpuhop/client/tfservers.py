@@ -1,7 +1,7 @@
 """Runs on the user's machine: start, find and stop TensorFlow servers on the GPU host.
 
 A TensorFlow server is an ordinary job (it holds its GPUs, shows in `gpuhop ps`, ends with
-`gpuhop cancel`) whose work dir is one launcher script that runs `gpuhop.tfserver` with the
+`gpuhop cancel`) whose work dir is one launcher script that runs `gpuhop.tf.server` with the
 host's own gpuhop, in a private network namespace. What marks a job as one is the
 launcher's name as its command; the port it serves on is in its arguments.
 """
@@ -16,10 +16,10 @@ from pathlib import Path
 from gpuhop.api import JobInfo, JobState
 from gpuhop.client.client import Client, Job
 from gpuhop.client.errors import GpuhopError
-from gpuhop.tfserver import DEFAULT_PORT
+from gpuhop.tf.server import DEFAULT_PORT
 
 LAUNCHER = "gpuhop_tfserver.py"
-LAUNCHER_TEXT = "from gpuhop.tfserver import main\n\nraise SystemExit(main())\n"
+LAUNCHER_TEXT = "from gpuhop.tf.server import main\n\nraise SystemExit(main())\n"
 DEFAULT_NAME = "tf-server"
 ACTIVE = [JobState.queued, JobState.starting, JobState.running]
 

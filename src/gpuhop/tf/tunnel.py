@@ -133,7 +133,7 @@ def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpuhop.tftunnel")
+    parser = argparse.ArgumentParser(prog="python -m gpuhop.tf.tunnel")
     parser.add_argument("--job", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--remote")

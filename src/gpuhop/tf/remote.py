@@ -1,14 +1,14 @@
 """Runs on the user's machine: TensorFlow ops on a remote GPU host's TensorFlow server.
 
 `gpuhop.tf.connect()` finds a `gpuhop tf-server` job, starts a helper process
-(`gpuhop.tftunnel`) that forwards a local port to the server's port inside the job's
+(`gpuhop.tf.tunnel`) that forwards a local port to the server's port inside the job's
 private network (through the agent, with the client's credentials: the Unix socket, SSH,
 or TLS and token) and checks that a gRPC server answers there, then connects TensorFlow's
 remote eager execution to that port. Ops under `tf.device(gpuhop.tf.remote_device())` run
 on the host; a `tf.function` placed there runs there whole.
 
 No silent hangs: TensorFlow waits forever on a server that is frozen or gone, holding the
-GIL, so the watchdog lives in the helper process (see `gpuhop.tftunnel`). When the job ends
+GIL, so the watchdog lives in the helper process (see `gpuhop.tf.tunnel`). When the job ends
 or the server stops answering for `stall_timeout` seconds, the helper closes the tunnel:
 the op in flight fails at once with TensorFlow's UnavailableError, and later remote ops
 fail at once too (TensorFlow's streaming enqueue is turned off for that: with it on, the op
@@ -145,7 +145,7 @@ class Remote:
 def _tunnel_command(
     remote: str | None, home: str | None, job: str, port: int, stall: float, interval: float
 ) -> list[str]:
-    argv = [sys.executable, "-m", "gpuhop.tftunnel", "--job", job, "--port", str(port)]
+    argv = [sys.executable, "-m", "gpuhop.tf.tunnel", "--job", job, "--port", str(port)]
     argv += ["--stall-timeout", str(stall), "--probe-interval", str(interval)]
     if remote is not None:
         argv += ["--remote", remote]
