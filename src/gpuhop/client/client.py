@@ -32,7 +32,7 @@ from gpuhop.api import (
     UiLoginCode,
 )
 from gpuhop.api.upkeep import DiskUsage, GcReport
-from gpuhop.client import remotes
+from gpuhop.client import endpoints
 from gpuhop.client.data import Datasets, Envs, parse_mount
 from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.job import Job, _quote, check
@@ -44,9 +44,9 @@ from gpuhop.client.spec import (
     tree_of,
 )
 from gpuhop.client.sync import FileEntry, ScanResult, SyncError, scan
-from gpuhop.client.transport import Endpoint, local_endpoint
+from gpuhop.client.transport import Endpoint
 from gpuhop.client.upload import UPLOAD_BATCH_BYTES, batches, frames
-from gpuhop.home import AgentError, AgentPaths, default_home
+from gpuhop.home import AgentPaths, default_home
 
 if TYPE_CHECKING:
     from gpuhop.client.dashboard import Dashboard
@@ -86,20 +86,10 @@ class Client:
     ):
         self.paths = AgentPaths(Path(home).absolute() if home else default_home())
         self.cache_dir = Path(cache_dir) if cache_dir else client_cache_dir()
-        # An explicit remote wins; an explicit home means that local agent; otherwise
-        # $GPUHOP_REMOTE or the default remote, if any.
-        target = None
-        if transport is None and (remote is not None or home is None):
-            target = remotes.selected(remote)
         if transport is not None:
             self.endpoint = Endpoint(description="the gpuhop agent")
-        elif target is not None:
-            self.endpoint = remotes.endpoint_for(target)
         else:
-            try:
-                self.endpoint = local_endpoint(self.paths, autostart=autostart)
-            except AgentError as e:
-                raise GpuhopError(str(e), code="unreachable") from None
+            self.endpoint = endpoints.choose(self.paths, remote, home is not None, autostart)
         self._http = httpx.Client(
             transport=transport or self.endpoint.transport(),
             base_url=self.endpoint.base_url,
