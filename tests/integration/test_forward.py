@@ -146,7 +146,7 @@ def test_bad_port_and_unknown_job(shared_agent, servers):
     job, _, _ = servers
     with shared_agent.client() as client:
         for port in ("0", "65536", "http"):
-            response = client._http.get(f"/v1/jobs/{job.id}/ports/{port}")
+            response = client.session.http.get(f"/v1/jobs/{job.id}/ports/{port}")
             assert response.status_code == 400
             assert response.json()["code"] == "bad_request"
         with pytest.raises(GpuhopError, match="no job matches 'nosuchjob'") as e:

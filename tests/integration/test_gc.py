@@ -10,8 +10,9 @@ import pytest
 
 from gpuhop.api import JobState
 from gpuhop.client import GpuhopError
-from gpuhop.client.client import tree_of
+from gpuhop.client.spec import tree_of
 from gpuhop.client.sync import scan
+from gpuhop.client.upload import send_tree
 from tests.conftest import wait_until
 from tests.integration.test_agent_restart import WAITER
 
@@ -24,7 +25,7 @@ def upload_only(client, root, cache):
     files = scan(root, cache).files
     tree_bytes, digest = tree_of(files)
     client.upload(files)
-    client._send_tree(tree_bytes, files, None)
+    send_tree(client.session, tree_bytes, files, None)
     return digest, {f.digest for f in files}
 
 
@@ -109,7 +110,7 @@ def test_recent_uploads_are_never_collected(make_agent, tmp_path):
         report = client.gc()
         assert report.freed["blobs"].count == 0
         tree_bytes, digest = tree_of(files)
-        client._send_tree(tree_bytes, files, None)  # would fail if a blob had gone
+        send_tree(client.session, tree_bytes, files, None)  # would fail if a blob had gone
     assert hashlib.sha256(tree_bytes).hexdigest() == digest
 
 

@@ -192,7 +192,7 @@ def test_bad_requests_get_tf_serving_errors(served, shared_agent, trained):
     with shared_agent.client() as client:
         # A job that does not exist, and one that is not a model server: 404s, same shape.
         for ref, words in (("nope", "no job matches 'nope'"), (trained[0].id, "not a model")):
-            raw = client._http.post(f"/v1/serve/{ref}{path}", json={"instances": x})
+            raw = client.session.http.post(f"/v1/serve/{ref}{path}", json={"instances": x})
             assert raw.status_code == 404 and words in raw.json()["error"]
             with pytest.raises(GpuhopError, match=words):
                 client.model(ref)

@@ -1,7 +1,8 @@
 """The client side of gpuhop: the Python SDK that the CLI is built on."""
 
-from gpuhop.client.client import Client, Job
+from gpuhop.client.client import Client
 from gpuhop.client.errors import GpuhopError
+from gpuhop.client.job import Job
 from gpuhop.client.spec import SyncStats
 
 __all__ = ["Client", "Forward", "GpuhopError", "Job", "Model", "SyncStats", "TensorBoard"]

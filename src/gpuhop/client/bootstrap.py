@@ -19,8 +19,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gpuhop.client import remotes
 from gpuhop.client.errors import GpuhopError
+from gpuhop.client.remotes import Remote
+from gpuhop.client.remotes import update as update_remote
 from gpuhop.client.ssh import REMOTE_HOME, SshConnection, remote_home
 from gpuhop.client.wheel import build_wheel
 
@@ -122,7 +123,7 @@ class BootstrapReport:
 
 
 def bootstrap(
-    remote: remotes.Remote,
+    remote: Remote,
     python: str | None = None,
     say: Callable[[str], None] = lambda text: None,
 ) -> BootstrapReport:
@@ -160,7 +161,7 @@ def bootstrap(
     remote.python = python
     remote.remote_home = facts["home"]
     remote.remote_gpuhop = f"{facts['home']}/{VENV}/bin/gpuhop"
-    remotes.update(remote)
+    update_remote(remote)
     report = BootstrapReport(
         remote=remote.name,
         python=facts["python"],

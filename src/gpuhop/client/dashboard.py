@@ -25,7 +25,6 @@ import http.cookiejar
 import socket
 import threading
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
 
 import httpx
 from starlette.applications import Starlette
@@ -35,10 +34,9 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gpuhop.client.errors import GpuhopError
+from gpuhop.client.session import Session
+from gpuhop.client.tokens import login_code
 from gpuhop.client.transport import Endpoint
-
-if TYPE_CHECKING:
-    from gpuhop.client.client import Client
 
 AGENT_COOKIE = "gpuhop_ui"
 MAX_BODY = 64 * 1024
@@ -53,12 +51,12 @@ DROPPED_RESPONSE_HEADERS = frozenset(
 
 
 class Dashboard:
-    """The dashboard of `client`'s agent at http://127.0.0.1:`port`/ui/ (0: any free port),
-    until `close()`. Open `login_url()` in a browser to log in."""
+    """The dashboard of `session`'s agent at http://127.0.0.1:`port`/ui/ (0: any free
+    port), until `close()`. Open `login_url()` in a browser to log in."""
 
-    def __init__(self, client: Client, port: int = 0):
-        self.client = client
-        self.endpoint: Endpoint = client.endpoint
+    def __init__(self, session: Session, port: int = 0):
+        self.session = session
+        self.endpoint: Endpoint = session.endpoint
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -104,7 +102,7 @@ class Dashboard:
 
     def login_url(self) -> str:
         """A link that logs a browser in once, within a minute (a new code each call)."""
-        code = self.client.ui_login_code()
+        code = login_code(self.session)
         return f"{self.url}login?code={code.code}"
 
     def wait(self, timeout: float | None = None) -> None:

@@ -20,7 +20,6 @@ import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import httpx
 from pydantic import ValidationError
@@ -28,10 +27,8 @@ from pydantic import ValidationError
 from gpuhop.api.data import CHUNK_HEADER, MISSING_BATCH, DatasetInfo, EnvInfo
 from gpuhop.api.models import DataMount
 from gpuhop.client.errors import GpuhopError, invalid
+from gpuhop.client.session import Session, quote
 from gpuhop.client.sync import RACY_WINDOW_NS
-
-if TYPE_CHECKING:
-    from gpuhop.client.client import Client
 
 UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
 # (phase, done, total): phase "chunking" counts bytes read, "uploading" raw bytes sent.
@@ -119,8 +116,8 @@ class _ChunkCache:
 class Datasets:
     """`client.data`: push, list, show and remove datasets on the agent."""
 
-    def __init__(self, client: Client):
-        self.client = client
+    def __init__(self, session: Session):
+        self.session = session
 
     def push(
         self, path: str | os.PathLike[str], name: str, on_progress: PushProgress | None = None
@@ -130,7 +127,7 @@ class Datasets:
         started = time.perf_counter()
         root = Path(path).absolute()
         files = _walk(root)
-        cache = _ChunkCache(self.client.cache_dir, root)
+        cache = _ChunkCache(self.session.cache_dir, root)
         todo = sum(f.size for f in files if cache.get(f) is None)
         done = chunked = 0
         for f in files:
@@ -156,9 +153,9 @@ class Datasets:
                 for f in files
             ]
         }
-        response = self.client._request(
+        response = self.session.request(
             "POST",
-            f"/v1/datasets/{_quote(name)}",
+            f"/v1/datasets/{quote(name)}",
             content=json.dumps(manifest, separators=(",", ":")).encode(),
             headers={"content-type": "application/json"},
             timeout=httpx.Timeout(3600.0, connect=5.0),
@@ -179,7 +176,7 @@ class Datasets:
         missing: list[str] = []
         for i in range(0, len(digests), MISSING_BATCH):
             body = {"digests": digests[i : i + MISSING_BATCH]}
-            missing += self.client._request("POST", "/v1/blobs/missing", json=body).json()[
+            missing += self.session.request("POST", "/v1/blobs/missing", json=body).json()[
                 "missing"
             ]
         return missing
@@ -236,7 +233,7 @@ class Datasets:
                 yield CHUNK_HEADER.pack(bytes.fromhex(digest), size, len(payload), encoding)
                 yield payload
 
-        self.client._request(
+        self.session.request(
             "POST",
             "/v1/chunks/upload",
             content=body(),
@@ -245,17 +242,17 @@ class Datasets:
 
     def list(self) -> list[DatasetInfo]:
         """Every version of every dataset."""
-        response = self.client._request("GET", "/v1/datasets")
+        response = self.session.request("GET", "/v1/datasets")
         return [DatasetInfo.model_validate(d) for d in response.json()]
 
     def versions(self, name: str) -> builtins.list[DatasetInfo]:
-        response = self.client._request("GET", f"/v1/datasets/{_quote(name)}")
+        response = self.session.request("GET", f"/v1/datasets/{quote(name)}")
         return [DatasetInfo.model_validate(d) for d in response.json()]
 
     def files(self, name: str, version: int | None = None) -> builtins.list[dict[str, object]]:
         """The files of a version (the latest without `version`): path, size, chunks."""
         params = {"version": version} if version else {}
-        response = self.client._request("GET", f"/v1/datasets/{_quote(name)}/files", params=params)
+        response = self.session.request("GET", f"/v1/datasets/{quote(name)}/files", params=params)
         files: builtins.list[dict[str, object]] = response.json()
         return files
 
@@ -263,7 +260,7 @@ class Datasets:
         """Remove one version, or every version; returns the versions removed. The chunks
         stay in the agent's blob store (garbage collection is not done yet)."""
         params = {"version": version} if version else {}
-        response = self.client._request("DELETE", f"/v1/datasets/{_quote(name)}", params=params)
+        response = self.session.request("DELETE", f"/v1/datasets/{quote(name)}", params=params)
         removed: builtins.list[int] = response.json()["removed"]
         return removed
 
@@ -271,11 +268,11 @@ class Datasets:
 class Envs:
     """`client.envs`: the Python environments the agent built for jobs' requirements."""
 
-    def __init__(self, client: Client):
-        self.client = client
+    def __init__(self, session: Session):
+        self.session = session
 
     def list(self) -> list[EnvInfo]:
-        return [EnvInfo.model_validate(e) for e in self.client._request("GET", "/v1/envs").json()]
+        return [EnvInfo.model_validate(e) for e in self.session.request("GET", "/v1/envs").json()]
 
     def remove(
         self, env_id: str | None = None, unused: bool = False, older_than: float | None = None
@@ -287,7 +284,7 @@ class Envs:
             params["id"] = env_id
         if older_than is not None:
             params["older_than"] = older_than
-        removed: builtins.list[str] = self.client._request(
+        removed: builtins.list[str] = self.session.request(
             "DELETE", "/v1/envs", params=params
         ).json()["removed"]
         return removed
@@ -308,14 +305,8 @@ def parse_mount(text: str) -> DataMount:
         raise invalid(f"--data {text}", e) from None
 
 
-def _quote(name: str) -> str:
-    from urllib.parse import quote
-
-    return quote(name, safe="")
-
-
 def _chunking() -> types.ModuleType:
     """The chunker, with numpy: imported by the commands that push, not by every command."""
-    from gpuhop.client import chunking
+    import gpuhop.client.chunking
 
-    return chunking
+    return gpuhop.client.chunking

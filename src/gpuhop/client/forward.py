@@ -18,16 +18,14 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 from gpuhop.api import ErrorBody, JobInfo
 from gpuhop.client.errors import GpuhopError
-
-if TYPE_CHECKING:
-    from gpuhop.client.job import Job
+from gpuhop.client.session import Session
 
 EOF = "eof"
 # One read from a local socket becomes one message of at most this size; the agent
@@ -41,13 +39,25 @@ JOB_POLL_SECONDS = 1.0
 ErrorHandler = Callable[[GpuhopError], None]
 
 
+class ForwardedJob(Protocol):
+    """What a forward needs of its job (a `gpuhop.Job`): its id, the session to reach the
+    agent through, and its state now."""
+
+    session: Session
+
+    @property
+    def id(self) -> str: ...
+
+    def refresh(self) -> JobInfo: ...
+
+
 class Forward:
     """A local port forwarded to `remote_port` of a running job, until `close()` or the
     job ends. Use as a context manager; `address` is where to connect."""
 
     def __init__(
         self,
-        job: Job,
+        job: ForwardedJob,
         remote_port: int,
         local_port: int = 0,
         host: str = "127.0.0.1",
@@ -60,7 +70,7 @@ class Forward:
         self._on_error = on_error
         # The first check: a job that is not running, or a port nothing answers on, is
         # an error now rather than at the first connection.
-        job.client._request("GET", self._path)
+        job.session.request("GET", self._path)
         listener = _listen(host, local_port)
         self.local_port: int = listener.getsockname()[1]
         self.ended: JobInfo | None = None
@@ -179,7 +189,7 @@ class Forward:
             _close_local(writer, reset=not clean)
 
     async def _open_websocket(self) -> ClientConnection:
-        endpoint = self.job.client.endpoint
+        endpoint = self.job.session.endpoint
         uri = endpoint.websocket_url(self._path)
         # No compression: it costs latency, and forwarded data is often compressed already.
         try:

@@ -1,5 +1,10 @@
 """Runs on the user's machine: `Job`, a handle on one job of an agent (state, logs, metrics,
-artifacts, cancel, port forwarding), and how the SDK reads the agent's error answers."""
+artifacts, cancel, port forwarding), and `TensorBoard`, a handle on the TensorBoard server
+job of one job.
+
+The two refer to each other (a job's TensorBoard, the TensorBoard's own job), so they
+live in one module; `gpuhop.client.tensorboard` is where the CLI finds TensorBoard.
+"""
 
 from __future__ import annotations
 
@@ -11,13 +16,12 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from gpuhop.api import ArtifactEntry, ErrorBody, JobInfo, JobState, validate_relpath
+from gpuhop.api import ArtifactEntry, JobInfo, JobState, TensorBoardInfo, validate_relpath
 from gpuhop.client.errors import GpuhopError
+from gpuhop.client.session import Connected, Session, quote, session_of
 
 if TYPE_CHECKING:
-    from gpuhop.client.client import Client
-    from gpuhop.client.forward import Forward
-    from gpuhop.client.tensorboard import TensorBoard
+    from gpuhop.client.forward import ErrorHandler, Forward
 
 # How long a follower keeps trying to reconnect to an agent that went away.
 RECONNECT_PATIENCE = 30.0
@@ -26,8 +30,8 @@ RECONNECT_PATIENCE = 30.0
 class Job:
     """A handle on one job. `info` is the state as last fetched; `refresh()` fetches again."""
 
-    def __init__(self, client: Client, info: JobInfo):
-        self.client = client
+    def __init__(self, client: Session | Connected, info: JobInfo):
+        self.session = session_of(client)  # a Client, or the session it talks through
         self.info = info
 
     def __repr__(self) -> str:
@@ -42,7 +46,7 @@ class Job:
         return self.info.state
 
     def refresh(self) -> JobInfo:
-        self.info = self.client._job_info(self.id)
+        self.info = fetch(self.session, self.id)
         return self.info
 
     def wait(self, timeout: float | None = None) -> JobInfo:
@@ -58,7 +62,7 @@ class Job:
 
     def cancel(self, grace: float = 10.0) -> JobInfo:
         """Stop the job: SIGTERM to its processes, SIGKILL after `grace` seconds."""
-        response = self.client._request(
+        response = self.session.request(
             "POST", f"/v1/jobs/{self.id}/cancel", params={"grace": grace}
         )
         self.info = JobInfo.model_validate(response.json())
@@ -87,9 +91,7 @@ class Job:
         """TensorBoard over this job's `$GPUHOP_TENSORBOARD_DIR`, run on the GPU host: the
         server already running for this job, or a new one (a job of its own, holding no
         GPU). With `wait`, returns once it answers; `.forward()` brings it here."""
-        from gpuhop.client.tensorboard import start
-
-        return start(self.client, self.id, wait=wait, timeout=timeout)
+        return TensorBoard.start(self.session, self.id, wait=wait, timeout=timeout)
 
     def logs(
         self, follow: bool = False, offset: int = 0, worker: int | None = None
@@ -104,7 +106,7 @@ class Job:
         give_up_at: float | None = None
         while True:
             try:
-                with self.client._http.stream(
+                with self.session.stream(
                     "GET",
                     f"/v1/jobs/{self.id}/log",
                     params={
@@ -114,9 +116,6 @@ class Job:
                     },
                     timeout=httpx.Timeout(None, connect=5.0),
                 ) as response:
-                    if response.status_code >= 400:
-                        response.read()
-                        self.client._check(response)
                     for chunk in response.iter_raw():
                         position += len(chunk)
                         give_up_at = None
@@ -136,18 +135,18 @@ class Job:
                         code="unreachable",
                     ) from None
                 # Probe first: a failed httpx connect to a Unix socket leaks that socket.
-                while not self.client.endpoint.reachable() and time.monotonic() < give_up_at:
+                while not self.session.endpoint.reachable() and time.monotonic() < give_up_at:
                     time.sleep(0.1)
 
     def metrics(self, offset: int = 0) -> tuple[list[dict], int]:
         """Metric records written since byte `offset`, and the offset to ask from next."""
-        data = self.client._request(
+        data = self.session.request(
             "GET", f"/v1/jobs/{self.id}/metrics", params={"offset": offset}
         ).json()
         return data["records"], data["next_offset"]
 
     def artifacts(self) -> list[ArtifactEntry]:
-        response = self.client._request("GET", f"/v1/jobs/{self.id}/artifacts")
+        response = self.session.request("GET", f"/v1/jobs/{self.id}/artifacts")
         return [ArtifactEntry.model_validate(a) for a in response.json()]
 
     def pull(
@@ -183,18 +182,17 @@ class Job:
         for art, target in todo:
             target.parent.mkdir(parents=True, exist_ok=True)
             part = target.with_name(target.name + ".gpuhop-part")
-            with self.client._http.stream(
-                "GET", f"/v1/jobs/{self.id}/artifacts/{_quote(art.path, safe='/')}"
-            ) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    self.client._check(response)
-                with open(part, "wb") as f:
-                    for chunk in response.iter_bytes(1 << 20):
-                        f.write(chunk)
-                        done += len(chunk)
-                        if on_bytes is not None:
-                            on_bytes(done, max(total, done))
+            with (
+                self.session.stream(
+                    "GET", f"/v1/jobs/{self.id}/artifacts/{quote(art.path, safe='/')}"
+                ) as response,
+                open(part, "wb") as f,
+            ):
+                for chunk in response.iter_bytes(1 << 20):
+                    f.write(chunk)
+                    done += len(chunk)
+                    if on_bytes is not None:
+                        on_bytes(done, max(total, done))
             os.utime(part, (art.mtime, art.mtime))
             os.replace(part, target)
             written.append(target)
@@ -203,21 +201,95 @@ class Job:
         return written
 
 
-def check(response: httpx.Response) -> None:
-    """Raise GpuhopError with the agent's own words for a 4xx/5xx answer."""
-    if response.status_code < 400:
-        return
-    try:
-        body = ErrorBody.model_validate(response.json())
-        raise GpuhopError(body.message, body.code.value, response.status_code, body.detail)
-    except ValueError:
-        raise GpuhopError(
-            f"the agent answered {response.status_code}: {response.text[:500]}",
-            status=response.status_code,
-        ) from None
+class TensorBoard:
+    """A TensorBoard server job for one job's logs. `info` is as last fetched."""
+
+    def __init__(self, client: Session | Connected, info: TensorBoardInfo):
+        self.session = session_of(client)  # a Client, or the session it talks through
+        self.info = info
+
+    def __repr__(self) -> str:
+        return f"TensorBoard(job={self.info.job!r}, for={self.info.source_job!r})"
+
+    @classmethod
+    def start(
+        cls, session: Session, ref: str, wait: bool = True, timeout: float = 120.0
+    ) -> TensorBoard:
+        """The server for the job `ref` names: the one already running for it, or a new
+        one. With `wait`, return once it answers (see `wait_ready`)."""
+        response = session.request("POST", f"/v1/jobs/{quote(ref)}/tensorboard")
+        tb = cls(session, TensorBoardInfo.model_validate(response.json()))
+        if wait:
+            tb.wait_ready(timeout)
+        return tb
+
+    @classmethod
+    def find(cls, session: Session, ref: str) -> TensorBoard:
+        """The server that runs for the job `ref` names (GpuhopError 404 if none)."""
+        response = session.request("GET", f"/v1/jobs/{quote(ref)}/tensorboard")
+        return cls(session, TensorBoardInfo.model_validate(response.json()))
+
+    @property
+    def job(self) -> Job:
+        """The server's own job (ps, logs and cancel apply to it)."""
+        return get(self.session, self.info.job)
+
+    def refresh(self) -> TensorBoardInfo:
+        self.info = self.find(self.session, self.info.source_job).info
+        return self.info
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Block until TensorBoard answers. Raise GpuhopError (with the end of its log) if
+        its job ends first, or after `timeout` seconds."""
+        job = self.job
+        check = f"/v1/jobs/{quote(job.id)}/ports/{self.info.port}"
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        while True:
+            info = job.refresh()
+            if info.state.finished:
+                raise GpuhopError(self._ended(job, info), code="server_ended")
+            if info.state == JobState.running:
+                try:
+                    self.session.request("GET", check)
+                    return
+                except GpuhopError as e:
+                    if e.code != "not_listening":
+                        raise
+            if time.monotonic() > deadline:
+                raise GpuhopError(
+                    f"TensorBoard (job {job.id}) is still {info.state.value} and does not"
+                    f" answer after {timeout:.0f}s; see gpuhop logs {job.id}",
+                    code="timeout",
+                )
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    def forward(
+        self, local_port: int = 0, host: str = "127.0.0.1", on_error: ErrorHandler | None = None
+    ) -> Forward:
+        """TensorBoard at `host`:`local_port` here (0: any free port); see `Job.forward`."""
+        return self.job.forward(self.info.port, local_port, host, on_error=on_error)
+
+    def stop(self, grace: float = 5.0) -> JobInfo:
+        """Cancel the server's job (if it still runs) and wait for it to end."""
+        job = self.job
+        if not job.state.finished:
+            job.cancel(grace=grace)
+        return job.wait(timeout=grace + 30)
+
+    @staticmethod
+    def _ended(job: Job, info: JobInfo) -> str:
+        tail = b"".join(job.logs()).decode(errors="replace").strip().splitlines()[-5:]
+        said = ("; its log ends:\n  " + "\n  ".join(tail)) if tail else ""
+        return f"TensorBoard (job {job.id}) has {info.state.value}: {info.reason}{said}"
 
 
-def _quote(ref: str, safe: str = "") -> str:
-    from urllib.parse import quote
+def fetch(session: Session, ref: str) -> JobInfo:
+    """The info of the job `ref` names (id, unique id prefix, or name)."""
+    return JobInfo.model_validate(session.request("GET", f"/v1/jobs/{quote(ref)}").json())
 
-    return quote(ref, safe=safe)
+
+def get(session: Session, ref: str) -> Job:
+    """A handle on the job `ref` names."""
+    return Job(session, fetch(session, ref))

@@ -18,7 +18,6 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpuhop.client.errors import GpuhopError
-from gpuhop.client.transport import Endpoint
 
 LOCAL = "local"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -179,14 +178,3 @@ def update(remote: Remote) -> None:
     if remote.name in config.remotes:
         config.remotes[remote.name] = remote
         save(config)
-
-
-def endpoint_for(remote: Remote) -> Endpoint:
-    """Connect to a remote: set up its channel and return the endpoint to talk through."""
-    if remote.scheme == "ssh":
-        from gpuhop.client.ssh import ssh_endpoint
-
-        return ssh_endpoint(remote)
-    from gpuhop.client.tls import https_endpoint
-
-    return https_endpoint(remote)

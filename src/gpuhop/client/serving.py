@@ -22,9 +22,12 @@ import httpx
 
 from gpuhop.api import JobInfo, ServeRequest, ServingInfo
 from gpuhop.client.errors import GpuhopError
+from gpuhop.client.job import Job, get
+from gpuhop.client.session import Connected, Session, session_of
+from gpuhop.client.spec import tree_of
+from gpuhop.client.upload import scan, send_files, send_tree
 
 if TYPE_CHECKING:
-    from gpuhop.client.client import Client, Job
     from gpuhop.client.forward import Forward
 
 SAVED_MODEL_PB = "saved_model.pb"
@@ -36,8 +39,8 @@ class Model:
     """A model server job on the agent, found by its job ref (its name, as given to
     `serve`, or its id). `info` is as last fetched."""
 
-    def __init__(self, client: Client, info: ServingInfo):
-        self.client = client
+    def __init__(self, client: Session | Connected, info: ServingInfo):
+        self.session = session_of(client)  # a Client, or the session it talks through
         self.info = info
 
     def __repr__(self) -> str:
@@ -49,10 +52,10 @@ class Model:
 
     @property
     def job(self) -> Job:
-        return self.client.job(self.info.job)
+        return get(self.session, self.info.job)
 
     def refresh(self) -> ServingInfo:
-        self.info = _info(self.client, self.info.job)
+        self.info = _info(self.session, self.info.job)
         return self.info
 
     def wait_ready(self, timeout: float = 600.0) -> ServingInfo:
@@ -80,9 +83,9 @@ class Model:
         url = f"/v1/serve/{quote(self.info.job, safe='')}/{path.lstrip('/')}"
         kwargs.setdefault("timeout", PREDICT_TIMEOUT)
         try:
-            return self.client._http.request(method, url, **kwargs)
+            return self.session.http.request(method, url, **kwargs)
         except httpx.TransportError as e:
-            raise self.client._unreachable(e) from None
+            raise self.session.unreachable(e) from None
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         response = self.request(method, path, **kwargs)
@@ -148,17 +151,18 @@ def _plain(value: Any) -> Any:
     return value.tolist() if hasattr(value, "tolist") else value
 
 
-def _info(client: Client, ref: str) -> ServingInfo:
-    response = client._request("GET", f"/v1/serve/{quote(ref, safe='')}")
+def _info(session: Session, ref: str) -> ServingInfo:
+    response = session.request("GET", f"/v1/serve/{quote(ref, safe='')}")
     return ServingInfo.model_validate(response.json())
 
 
-def model(client: Client, ref: str) -> Model:
-    return Model(client, _info(client, ref))
+def model(session: Session, ref: str) -> Model:
+    """A handle on a model server job; see `Client.model`."""
+    return Model(session, _info(session, ref))
 
 
 def serve(
-    client: Client,
+    session: Session,
     source: str | os.PathLike[str] | Job,
     *,
     name: str,
@@ -169,9 +173,6 @@ def serve(
     timeout: float = 600.0,
 ) -> Model:
     """Start a model server job; see `Client.serve`."""
-    from gpuhop.client.client import Job
-    from gpuhop.client.spec import tree_of
-
     fields: dict[str, Any] = {
         "name": name,
         "gpus": gpus,
@@ -187,7 +188,7 @@ def serve(
                 f"{local} is not a SavedModel directory (it has no {SAVED_MODEL_PB})",
                 code="bad_request",
             )
-        result = client._scan(local.absolute(), None)
+        result = scan(session, local.absolute(), None)
         tree_bytes, fields["tree"] = tree_of(result.files)
     else:
         ref, _, path = str(source).partition(":")
@@ -201,15 +202,15 @@ def serve(
     except ValueError as e:
         raise GpuhopError(str(e), code="bad_request") from None
     try:
-        response = client._request("POST", "/v1/serve", json=body)
+        response = session.request("POST", "/v1/serve", json=body)
     except GpuhopError as e:
         if e.code != "missing_tree" or "tree" not in fields:
             raise
-        client.upload(result.files)
-        client._send_tree(tree_bytes, result.files, None)
-        response = client._request("POST", "/v1/serve", json=body)
+        send_files(session, result.files)
+        send_tree(session, tree_bytes, result.files, None)
+        response = session.request("POST", "/v1/serve", json=body)
     job = JobInfo.model_validate(response.json())
-    served = model(client, job.id)
+    served = model(session, job.id)
     if wait:
         served.wait_ready(timeout)
     return served

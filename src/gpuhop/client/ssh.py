@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from gpuhop.client import remotes
 from gpuhop.client.embedded import socket_answers
 from gpuhop.client.errors import GpuhopError
+from gpuhop.client.remotes import Remote
+from gpuhop.client.remotes import update as update_remote
 from gpuhop.client.transport import Endpoint
 
 CONTROL_PERSIST = "10m"
@@ -89,7 +90,7 @@ class SshTarget:
 class SshConnection:
     """The master connection to one remote host, and commands run through it."""
 
-    def __init__(self, remote: remotes.Remote):
+    def __init__(self, remote: Remote):
         self.remote = remote
         self.target = SshTarget.from_url(remote.url)
         # One master per remote (not per host: two names may reach one host differently).
@@ -261,16 +262,16 @@ def remote_home(conn: SshConnection) -> str:
             code="remote_failed",
         )
     remote.remote_home = home
-    remotes.update(remote)
+    update_remote(remote)
     return home
 
 
-def local_socket(remote: remotes.Remote) -> Path:
+def local_socket(remote: Remote) -> Path:
     """Where the forward of `remote`'s agent socket lives on this machine."""
     return runtime_dir() / f"{_key(remote.url, remote.remote_home or '')}.sock"
 
 
-def ssh_endpoint(remote: remotes.Remote) -> Endpoint:
+def ssh_endpoint(remote: Remote) -> Endpoint:
     """An endpoint for an ssh:// remote, connecting (or reusing the connection) first."""
     sock = local_socket(remote) if remote.remote_home else None
     if sock is None or not socket_answers(sock):
@@ -292,7 +293,7 @@ def ssh_endpoint(remote: remotes.Remote) -> Endpoint:
     )
 
 
-def _explain(remote: remotes.Remote, sock: Path, exc: BaseException) -> str | None:
+def _explain(remote: Remote, sock: Path, exc: BaseException) -> str | None:
     """Why a request through the tunnel failed: the connection, or the agent on the host."""
     conn = SshConnection(remote)
     try:

@@ -14,8 +14,10 @@ import time
 from pathlib import Path
 
 from gpuhop.api import JobInfo, JobState
-from gpuhop.client.client import Client, Job
 from gpuhop.client.errors import GpuhopError
+from gpuhop.client.job import Job, get
+from gpuhop.client.jobs import list_jobs, submit
+from gpuhop.client.session import Connected, Session, session_of
 from gpuhop.tf.server import DEFAULT_PORT
 
 LAUNCHER = "gpuhop_tfserver.py"
@@ -37,13 +39,13 @@ def port_of(info: JobInfo) -> int:
     return DEFAULT_PORT
 
 
-def list_servers(client: Client) -> list[JobInfo]:
+def list_servers(client: Session | Connected) -> list[JobInfo]:
     """The TensorFlow servers that are queued, starting or running, newest first."""
-    return [j for j in client.jobs(states=ACTIVE) if is_tf_server(j)]
+    return [j for j in list_jobs(session_of(client), states=ACTIVE) if is_tf_server(j)]
 
 
 def start(
-    client: Client,
+    client: Session | Connected,
     *,
     name: str = DEFAULT_NAME,
     gpus: int = 0,
@@ -64,7 +66,8 @@ def start(
         )
     with tempfile.TemporaryDirectory(prefix="gpuhop-tf-server-") as tmp:
         (Path(tmp) / LAUNCHER).write_text(LAUNCHER_TEXT)
-        job = client.submit(
+        job = submit(
+            session_of(client),
             [LAUNCHER, "--port", str(port)],
             workdir=tmp,
             name=name,
@@ -78,15 +81,16 @@ def start(
     return job
 
 
-def find(client: Client, ref: str = DEFAULT_NAME) -> Job:
+def find(client: Session | Connected, ref: str = DEFAULT_NAME) -> Job:
     """The TensorFlow server job `ref` names (id, prefix or name), whatever its state."""
+    session = session_of(client)
     try:
-        job = client.job(ref)
+        job = get(session, ref)
     except GpuhopError as e:
         if e.status != 404:
             raise
         raise GpuhopError(
-            f"no TensorFlow server {ref!r} on {client.endpoint.description};"
+            f"no TensorFlow server {ref!r} on {session.endpoint.description};"
             " start one with: gpuhop tf-server start"
             + (f" --name {ref}" if ref != DEFAULT_NAME else ""),
             code="not_found",
@@ -112,7 +116,7 @@ def wait_ready(job: Job, timeout: float) -> None:
             raise GpuhopError(ended_message(job), code="server_ended")
         if info.state == JobState.running:
             try:
-                job.client._request("GET", f"/v1/jobs/{job.id}/ports/{port}")
+                job.session.request("GET", f"/v1/jobs/{job.id}/ports/{port}")
                 return
             except GpuhopError as e:
                 if e.code != "not_listening":

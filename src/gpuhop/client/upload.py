@@ -1,4 +1,5 @@
-"""Runs on the user's machine: the framed upload stream (see `gpuhop.api.framing`).
+"""Runs on the user's machine: sending a scanned directory to the agent: the files it lacks,
+in the framed upload stream (see `gpuhop.api.framing`), then the tree that lists them.
 
 Files are read from disk in 1 MiB pieces, so memory stays flat whatever their size.
 """
@@ -6,13 +7,87 @@ Files are read from disk in 1 MiB pieces, so memory stays flat whatever their si
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
+import httpx
+
+from gpuhop.api import BlobCheckResult
 from gpuhop.api.framing import FRAME_HEADER
-from gpuhop.client.sync import FileEntry
+from gpuhop.client.errors import GpuhopError
+from gpuhop.client.session import Session
+from gpuhop.client.sync import FileEntry, ScanResult, SyncError
+from gpuhop.client.sync import scan as scan_tree
 
 CHUNK = 1 << 20
 # Upload in batches so a dropped connection costs at most one batch.
 UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
+
+Progress = Callable[[int], None]
+UploadProgress = Callable[[int, int], None]
+
+
+def scan(session: Session, root: Path, on_hash: Progress | None) -> ScanResult:
+    """Scan `root` (see `gpuhop.client.sync`) with the session's hash cache."""
+    try:
+        return scan_tree(root, session.cache_dir, on_hash)
+    except SyncError as e:
+        raise GpuhopError(str(e), code="bad_request") from None
+
+
+def send_files(
+    session: Session, files: list[FileEntry], on_upload: UploadProgress | None = None
+) -> tuple[int, int]:
+    """Send the files the agent lacks. Returns (files sent, bytes sent)."""
+    by_digest = {f.digest: f for f in files}
+    check_body = {"digests": list(by_digest)}
+    result = BlobCheckResult.model_validate(
+        session.request("POST", "/v1/blobs/missing", json=check_body).json()
+    )
+    todo = [by_digest[d] for d in result.missing]
+    total = sum(f.size for f in todo)
+    sent = 0
+    for batch in batches(todo, UPLOAD_BATCH_BYTES):
+
+        def progress(n: int) -> None:
+            nonlocal sent
+            sent += n
+            if on_upload is not None:
+                on_upload(sent, total)
+
+        try:
+            session.request(
+                "POST",
+                "/v1/blobs/upload",
+                content=frames(batch, progress),
+                timeout=httpx.Timeout(600.0, connect=5.0),
+            )
+        except GpuhopError as e:
+            if e.code == "bad_blob":
+                raise GpuhopError(
+                    f"{e.message} (a file changed while it was being sent? run again)",
+                    code=e.code,
+                    status=e.status,
+                ) from None
+            raise
+    return len(todo), total
+
+
+def send_tree(
+    session: Session,
+    tree_bytes: bytes,
+    files: list[FileEntry],
+    on_upload: UploadProgress | None,
+) -> None:
+    """Send a tree (see `spec.tree_of`) whose files the agent has."""
+    headers = {"content-type": "application/json"}
+    try:
+        session.request("POST", "/v1/trees", content=tree_bytes, headers=headers)
+    except GpuhopError as e:
+        if e.code != "missing_blobs":
+            raise
+        # Blobs vanished since they were checked (garbage collection): once more.
+        send_files(session, files, on_upload)
+        session.request("POST", "/v1/trees", content=tree_bytes, headers=headers)
 
 
 def frames(

@@ -1,0 +1,44 @@
+"""Runs on the user's machine: what an agent says of itself and of its GPU host (version,
+GPUs, preflight checks, disk use), and garbage collection there."""
+
+from __future__ import annotations
+
+import httpx
+
+from gpuhop.api import AgentInfo, DoctorCheck, GpuInfo
+from gpuhop.api.upkeep import DiskUsage, GcReport
+from gpuhop.client.session import Session
+
+# `doctor` imports TensorFlow on the host, which can take a while on a cold GPU host.
+DOCTOR_TIMEOUT = 240.0
+
+
+def info(session: Session) -> AgentInfo:
+    return AgentInfo.model_validate(session.request("GET", "/v1/agent").json())
+
+
+def gpus(session: Session) -> list[GpuInfo]:
+    """The host's GPUs: memory used and load now, and the jobs holding each."""
+    return [GpuInfo.model_validate(g) for g in session.request("GET", "/v1/agent/gpus").json()]
+
+
+def doctor(session: Session) -> list[DoctorCheck]:
+    """Preflight checks of the GPU host (driver, CUDA, TensorFlow build, disk)."""
+    response = session.request(
+        "GET", "/v1/agent/doctor", timeout=httpx.Timeout(DOCTOR_TIMEOUT, connect=5.0)
+    )
+    return [DoctorCheck.model_validate(c) for c in response.json()]
+
+
+def usage(session: Session) -> DiskUsage:
+    """The agent's disk use (storage: blobs, trees, datasets; job dirs) and quotas."""
+    return DiskUsage.model_validate(session.request("GET", "/v1/agent/usage").json())
+
+
+def gc(session: Session, dry_run: bool = False) -> GcReport:
+    """Garbage collection and retention on the agent now (admins only); with `dry_run`,
+    only what it would remove. Anything a queued or running job needs stays."""
+    response = session.request(
+        "POST", "/v1/agent/gc", params={"dry_run": dry_run}, timeout=DOCTOR_TIMEOUT
+    )
+    return GcReport.model_validate(response.json())

@@ -1,0 +1,42 @@
+"""Runs on the user's machine: credentials on the agent: bearer tokens for its TCP listener
+(made, listed and revoked by admins), and one-time codes that log a browser in to its
+dashboard."""
+
+from __future__ import annotations
+
+from gpuhop.api import TokenCreated, TokenInfo, TokenRequest, UiLoginCode
+from gpuhop.client.errors import GpuhopError
+from gpuhop.client.session import Session, quote
+
+
+def create(session: Session, user: str, admin: bool = False) -> TokenCreated:
+    """A new bearer token for `user`. The token is in the answer and nowhere else."""
+    body = TokenRequest(user=user, admin=admin).model_dump(mode="json")
+    return TokenCreated.model_validate(session.request("POST", "/v1/tokens", json=body).json())
+
+
+def list_tokens(session: Session) -> list[TokenInfo]:
+    return [TokenInfo.model_validate(t) for t in session.request("GET", "/v1/tokens").json()]
+
+
+def revoke(session: Session, token_id: str) -> TokenInfo:
+    """Revoke a token by id; requests carrying it are refused from now on."""
+    response = session.request("DELETE", f"/v1/tokens/{quote(token_id)}")
+    return TokenInfo.model_validate(response.json())
+
+
+def login_code(session: Session) -> UiLoginCode:
+    """A one-time code that logs a browser in to the agent's dashboard as this session's
+    user: once, within a minute, and only through this session's credentials."""
+    try:
+        response = session.request("POST", "/v1/ui/login-codes")
+    except GpuhopError as e:
+        if e.status != 404:
+            raise
+        raise GpuhopError(
+            f"{session.endpoint.description} is older than the dashboard; update gpuhop"
+            " there (gpuhop remote bootstrap)",
+            code="not_found",
+            status=404,
+        ) from None
+    return UiLoginCode.model_validate(response.json())
