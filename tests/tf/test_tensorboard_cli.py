@@ -60,9 +60,15 @@ def test_tensorboard_shows_a_running_jobs_logs_live_and_ctrl_c_stops_it(make_age
                 assert http.get("/data/runs").json() == []  # nothing logged yet
 
                 (agent.paths.jobs / job.id / "work" / "go").touch()
-                wait_until(lambda: "train" in http.get("/data/runs").json(), timeout=120)
-                tags = http.get("/data/plugin/scalars/tags").json()
-                assert "epoch_loss" in tags["train"], tags
+                # TensorBoard lists a run as soon as it finds its directory, and loads its
+                # scalars on a later pass of its reload loop: wait for the tag itself.
+                wait_until(
+                    lambda: (
+                        "epoch_loss"
+                        in http.get("/data/plugin/scalars/tags").json().get("train", {})
+                    ),
+                    timeout=120,
+                )
                 points = http.get(
                     "/data/plugin/scalars/scalars", params={"run": "train", "tag": "epoch_loss"}
                 ).json()
