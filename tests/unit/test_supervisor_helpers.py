@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.agent.store import JobRecord
+from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.supervisor import StartError, job_environment, resolve_command
 from gpuhop.api import JobState
 from gpuhop.home import JobPaths

@@ -2,7 +2,7 @@
 or finds it already built. Standard library only (the shim runs with `python -I -S`).
 
 An environment is a venv in `envs/ID/`, where ID hashes the requirements text and the
-interpreter (see `gpuhop.agent.envs`). It is built once, under a lock, so jobs that ask for
+interpreter (see `gpuhop.agent.storage.envs`). It is built once, under a lock, so jobs that ask for
 the same set at the same time build it once: the others wait and reuse it. The venv sees
 the base interpreter's site-packages through a .pth file placed after its own, so the
 host's TensorFlow is used as installed, never reinstalled, and a package the requirements

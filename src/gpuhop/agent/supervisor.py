@@ -23,11 +23,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuhop.agent import jobdeps, procs
-from gpuhop.agent.blobs import BlobStore
+from gpuhop.agent import procs
 from gpuhop.agent.commands import StartError, resolve_command
-from gpuhop.agent.store import JobRecord, JobStore
-from gpuhop.agent.usage import disk_note
+from gpuhop.agent.jobs import jobdeps
+from gpuhop.agent.jobs.store import JobRecord, JobStore
+from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.usage import disk_note
 from gpuhop.api import JobState, ManifestEntry
 from gpuhop.home import AgentPaths, JobPaths
 from gpuhop.runtime import hook

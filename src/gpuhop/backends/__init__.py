@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from gpuhop.home import AgentError
 
 if TYPE_CHECKING:
-    from gpuhop.agent.gpus import GpuHost
-    from gpuhop.agent.store import JobRecord
+    from gpuhop.agent.host.gpus import GpuHost
+    from gpuhop.agent.jobs.store import JobRecord
     from gpuhop.api import SubmitRequest
     from gpuhop.home import JobPaths
 

@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpuhop.agent import gc
-from gpuhop.agent.auth import Caller
-from gpuhop.agent.context import AgentContext
-from gpuhop.agent.errors import ApiError, not_found
+from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
+from gpuhop.agent.server.callers import Caller
+from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.server.errors import ApiError, not_found
 from gpuhop.agent.services import deps
-from gpuhop.agent.store import AmbiguousJob, JobNotFound, JobRecord
+from gpuhop.agent.storage import gc
 from gpuhop.api import (
     ArtifactEntry,
     AttemptInfo,
@@ -206,7 +206,7 @@ def submit(
     if req.tree is not None and (
         not rt.trees.has(req.tree)
         # Another user's tree is "not on the agent" to this one: knowing its digest is not
-        # holding its files (see gpuhop.agent.claims).
+        # holding its files (see gpuhop.agent.storage.claims).
         or (not caller.admin and rt.claims.unclaimed(caller.user, "tree", [req.tree]))
     ):
         raise ApiError(

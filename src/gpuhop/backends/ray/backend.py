@@ -24,9 +24,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from gpuhop.agent.errors import ApiError
-from gpuhop.agent.gpus import GpuHost
-from gpuhop.agent.store import JobRecord
+from gpuhop.agent.host.gpus import GpuHost
+from gpuhop.agent.jobs.store import JobRecord
+from gpuhop.agent.server.errors import ApiError
 from gpuhop.agent.supervisor import SCRUBBED_ENV, StartError
 from gpuhop.api import ErrorCode, GpuInfo, SubmitRequest
 from gpuhop.backends import BackendSettings

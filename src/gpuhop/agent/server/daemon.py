@@ -2,7 +2,7 @@
 
 One agent per state dir, guarded by an flock on `agent.lock`, listening on `agent.sock`
 (mode 0600 in a 0700 dir; no TCP port unless `--listen` asks for one, see
-`gpuhop.agent.listen`). Jobs run in their own sessions and survive the agent: stopping it
+`gpuhop.agent.server.listen`). Jobs run in their own sessions and survive the agent: stopping it
 never stops a job.
 """
 
@@ -23,9 +23,9 @@ from typing import Any
 
 from uvicorn import server as uvicorn_server
 
-from gpuhop.agent import listen as listen_mod
-from gpuhop.agent import policy as policy_mod
-from gpuhop.agent.listen import ListenSpec
+from gpuhop.agent.jobs import policy as policy_mod
+from gpuhop.agent.server import listen as listen_mod
+from gpuhop.agent.server.listen import ListenSpec
 from gpuhop.backends import BackendSettings
 from gpuhop.home import AgentError, AgentPaths, read_pid
 
@@ -43,7 +43,7 @@ def serve(
     `fake_gpus=N` pretends the host has N GPUs of `fake_gpu_memory_mb` (default 8192) each.
     `listen` opens a TCP listener beside the Unix socket: TLS (unless `--no-tls` on
     loopback) and bearer tokens, serving the same app in the same event loop.
-    `policy` overrides settings of agent.toml (retention, quotas: see gpuhop.agent.policy).
+    `policy` overrides settings of agent.toml (retention, quotas: see gpuhop.agent.jobs.policy).
     `backend` says where jobs run (see gpuhop.backends); None: as the last time, else here.
     """
     paths.ensure()
@@ -79,10 +79,10 @@ def _serve_locked(
 ) -> None:
     import uvicorn
 
-    from gpuhop.agent import gpus
-    from gpuhop.agent.app import create_app
-    from gpuhop.agent.auth import OwnerAuth, TokenAuth
-    from gpuhop.agent.context import AgentContext
+    from gpuhop.agent.host import gpus
+    from gpuhop.agent.server.app import create_app
+    from gpuhop.agent.server.auth import OwnerAuth, TokenAuth
+    from gpuhop.agent.server.context import AgentContext
     from gpuhop.backends import open_scale_out, remember, resolve
 
     log = logging.getLogger("gpuhop.agent")

@@ -11,19 +11,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from gpuhop.agent.blobs import BlobStore
-from gpuhop.agent.claims import ClaimStore
-from gpuhop.agent.datasets import DatasetStore
-from gpuhop.agent.envs import EnvStore
-from gpuhop.agent.gpuhistory import GpuHistory
-from gpuhop.agent.gpus import GpuHost
-from gpuhop.agent.policy import Policy
-from gpuhop.agent.scheduler import Pending, could_ever_fit, plan
-from gpuhop.agent.store import JobStore
+from gpuhop.agent.host.gpuhistory import GpuHistory
+from gpuhop.agent.host.gpus import GpuHost
+from gpuhop.agent.jobs.policy import Policy
+from gpuhop.agent.jobs.scheduler import Pending, could_ever_fit, plan
+from gpuhop.agent.jobs.store import JobStore
+from gpuhop.agent.server.tokens import TokenStore
+from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.claims import ClaimStore
+from gpuhop.agent.storage.datasets import DatasetStore
+from gpuhop.agent.storage.envs import EnvStore
+from gpuhop.agent.storage.trees import TreeStore
+from gpuhop.agent.storage.usage import DiskMeter
 from gpuhop.agent.supervisor import Supervisor
-from gpuhop.agent.tokens import TokenStore
-from gpuhop.agent.trees import TreeStore
-from gpuhop.agent.usage import DiskMeter
 from gpuhop.api import JobState, ListenerInfo, format_mb
 from gpuhop.home import AgentPaths
 

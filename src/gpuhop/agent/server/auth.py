@@ -11,8 +11,9 @@ scope of every HTTP request and WebSocket handshake before any route runs:
 
 The dashboard (`/ui`) needs a session cookie on top of this, checked by `gpuhop.ui.guard`.
 
-Routes read the caller with `caller_of(request_or_websocket)` and hand it to the services,
-which show a user only their own jobs (see `services.jobs.find`).
+Routes read the caller with `caller_of(request_or_websocket)` (gpuhop.agent.server.callers,
+which the dashboard's guard shares) and hand it to the services, which show a user only
+their own jobs (see `services.jobs.find`).
 """
 
 from __future__ import annotations
@@ -20,41 +21,15 @@ from __future__ import annotations
 import getpass
 import json
 import logging
-from dataclasses import dataclass
 
-from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpuhop.agent.tokens import TokenStore
+from gpuhop.agent.server.callers import SCOPE_KEY, Caller
+from gpuhop.agent.server.tokens import TokenStore
 from gpuhop.api import ErrorBody, ErrorCode
+from gpuhop.ui.guard import NOT_LOGGED_IN, denied_page
 
 log = logging.getLogger("gpuhop.agent")
-
-SCOPE_KEY = "gpuhop.caller"
-
-
-@dataclass(frozen=True)
-class Caller:
-    """Who a request comes from. An admin sees and touches every job; a user only their own."""
-
-    user: str
-    admin: bool
-
-    @property
-    def owner_filter(self) -> str | None:
-        """The owner to restrict job queries to; None for an admin (every job)."""
-        return None if self.admin else self.user
-
-
-def caller_of(conn: HTTPConnection) -> Caller:
-    """The caller of a request or WebSocket (a `Request` and a `WebSocket` are both)."""
-    caller = conn.scope.get(SCOPE_KEY)
-    if not isinstance(caller, Caller):
-        # Fail closed: an app served without an auth middleware is a bug, never an admin.
-        raise RuntimeError(
-            "no caller in the request scope: the app must run behind OwnerAuth/TokenAuth"
-        )
-    return caller
 
 
 def owner_login() -> str:
@@ -122,9 +97,6 @@ async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
     body = json.dumps(_REFUSAL.model_dump(mode="json")).encode()
     kind = b"application/json"
     if scope["type"] == "http" and (scope["path"] + "/").startswith("/ui/"):
-        # Imported here: gpuhop.ui.guard imports this module.
-        from gpuhop.ui.guard import NOT_LOGGED_IN, denied_page
-
         body, kind = denied_page(NOT_LOGGED_IN), b"text/html; charset=utf-8"
     headers: list[tuple[bytes, bytes]] = [
         (b"content-type", kind),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuhop.agent.scheduler import Holding
+from gpuhop.agent.jobs.scheduler import Holding
 from gpuhop.api import JobState
 
 SCHEMA = """

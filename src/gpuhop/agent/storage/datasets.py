@@ -8,7 +8,7 @@ to its blob (no second copy on disk), and a file unchanged since the previous ve
 hard link to it there; other files are assembled with copy_file_range.
 A version exists once its JSON is written, which happens last, by atomic rename, so a crash
 mid-push leaves no half version. Chunks are not deleted with a dataset: garbage collection
-(`gpuhop.agent.gc`) removes those that no version names.
+(`gpuhop.agent.storage.gc`) removes those that no version names.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpuhop.agent.blobs import BlobStore
-from gpuhop.agent.trees import MissingBlobs, TreeError, check_paths
+from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.trees import MissingBlobs, TreeError, check_paths
 from gpuhop.api.data import DatasetFile, DatasetInfo, DatasetManifest
 from gpuhop.api.models import check_dataset_name
 

@@ -25,8 +25,8 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
 from gpuhop import __version__
-from gpuhop.agent.auth import Caller
-from gpuhop.agent.context import AgentContext
+from gpuhop.agent.server.callers import Caller
+from gpuhop.agent.server.context import AgentContext
 from gpuhop.agent.services import gpus as gpus_service
 from gpuhop.api import JobState
 

@@ -13,12 +13,12 @@ import logging
 import time
 from typing import Protocol
 
-from gpuhop.agent import gc
-from gpuhop.agent.context import AgentContext
-from gpuhop.agent.usage import format_bytes
+from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.storage import gc
+from gpuhop.agent.storage.usage import format_bytes
 from gpuhop.api import JobState
 
-log = logging.getLogger("gpuhop.agent.duties")
+log = logging.getLogger("gpuhop.agent.server.duties")
 
 
 class Duty(Protocol):

@@ -7,15 +7,15 @@ import asyncio
 
 from fastapi import APIRouter, Query, Request
 
-from gpuhop.agent import chunks
-from gpuhop.agent.auth import caller_of
-from gpuhop.agent.blobs import BlobError, QuotaExceeded
-from gpuhop.agent.context import AgentContext
-from gpuhop.agent.errors import ApiError
-from gpuhop.agent.routers.blobs import drain
-from gpuhop.agent.routers.trees import MAX_TREE_BYTES, read_limited
+from gpuhop.agent.server.callers import caller_of
+from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.server.errors import ApiError
+from gpuhop.agent.server.routers.blobs import drain
+from gpuhop.agent.server.routers.trees import MAX_TREE_BYTES, read_limited
 from gpuhop.agent.services import datasets as service
 from gpuhop.agent.services import envs as envs_service
+from gpuhop.agent.storage import chunks
+from gpuhop.agent.storage.blobs import BlobError, QuotaExceeded
 from gpuhop.api import ErrorCode
 from gpuhop.api.data import DatasetInfo, EnvInfo
 
@@ -40,7 +40,7 @@ async def upload_chunks(request: Request) -> dict[str, int]:
         await drain(request)  # so that the client, still sending, reads the 507
         raise
     finally:
-        # Chunks that arrived whole before an error count too (see gpuhop.agent.claims).
+        # Chunks that arrived whole before an error count too (see gpuhop.agent.storage.claims).
         if not caller.admin:
             ctx(request).claims.claim(caller.user, "blob", verified)
     return {"stored": stored, "bytes": size, "received": received}

@@ -6,9 +6,9 @@ import asyncio
 
 from fastapi import APIRouter, Request
 
-from gpuhop.agent.auth import caller_of
-from gpuhop.agent.errors import ApiError
-from gpuhop.agent.trees import manifest_errors
+from gpuhop.agent.server.callers import caller_of
+from gpuhop.agent.server.errors import ApiError
+from gpuhop.agent.storage.trees import manifest_errors
 from gpuhop.api import ErrorCode, TreeStored
 
 router = APIRouter(prefix="/v1/trees", tags=["trees"])
@@ -35,7 +35,7 @@ async def upload(request: Request) -> TreeStored:
     with manifest_errors():
         digest, tree = await asyncio.to_thread(ctx.trees.store, raw)
     if not caller.admin:
-        # A tree may name only blobs this user has uploaded (see gpuhop.agent.claims).
+        # A tree may name only blobs this user has uploaded (see gpuhop.agent.storage.claims).
         digests = [e.digest for e in tree.entries]
         unclaimed = await asyncio.to_thread(ctx.claims.unclaimed, caller.user, "blob", digests)
         if unclaimed:

@@ -1,7 +1,7 @@
 """Runs in the agent: the FastAPI application (routes, error answers, the scheduler task).
 
 The app knows nothing of listeners: the daemon serves it behind one auth middleware per
-listener (see `gpuhop.agent.auth`), which tells each route who is calling.
+listener (see `gpuhop.agent.server.auth`), which tells each route who is calling.
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from gpuhop import __version__
-from gpuhop.agent.blobs import QuotaExceeded
-from gpuhop.agent.context import AgentContext
-from gpuhop.agent.duties import run_duties
-from gpuhop.agent.errors import ApiError, describe_errors, error_response
-from gpuhop.agent.limits import BodyLimit
-from gpuhop.agent.routers import (
+from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.server.duties import run_duties
+from gpuhop.agent.server.errors import ApiError, describe_errors, error_response
+from gpuhop.agent.server.limits import BodyLimit
+from gpuhop.agent.server.routers import (
     agent,
     blobs,
     datasets,
@@ -38,6 +37,7 @@ from gpuhop.agent.routers import (
     ui,
 )
 from gpuhop.agent.services.serving import Upstream
+from gpuhop.agent.storage.blobs import QuotaExceeded
 from gpuhop.api import ErrorCode
 from gpuhop.ui import api as ui_api
 from gpuhop.ui import pages as ui_pages

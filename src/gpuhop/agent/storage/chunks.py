@@ -12,7 +12,7 @@ import asyncio
 import zlib
 from collections.abc import AsyncIterator, Callable
 
-from gpuhop.agent.blobs import BlobError, BlobStore
+from gpuhop.agent.storage.blobs import BlobError, BlobStore
 from gpuhop.api.data import CHUNK_HEADER, MAX_CHUNK_SIZE
 
 RAW, ZLIB = 0, 1
@@ -69,5 +69,5 @@ async def receive(
 
 def _store(store: BlobStore, digest: str, encoding: int, payload: bytes, size: int) -> int:
     # Checked even when the chunk is stored already: the bytes prove that the sender holds
-    # them (see gpuhop.agent.claims). A client sends a stored chunk only when asked to.
+    # them (see gpuhop.agent.storage.claims). A client sends a stored chunk only when asked to.
     return store.put(digest, decode(encoding, payload, size, digest))

@@ -1,16 +1,16 @@
 """Runs in the agent: /v1/blobs routes (which blobs are missing; framed uploads).
 
 For a caller who is not an admin, a blob they have not uploaded themselves counts as
-missing (see gpuhop.agent.claims): knowing a digest is not holding the file.
+missing (see gpuhop.agent.storage.claims): knowing a digest is not holding the file.
 """
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from gpuhop.agent.auth import caller_of
-from gpuhop.agent.blobs import BlobError, QuotaExceeded
-from gpuhop.agent.errors import ApiError
+from gpuhop.agent.server.callers import caller_of
+from gpuhop.agent.server.errors import ApiError
+from gpuhop.agent.storage.blobs import BlobError, QuotaExceeded
 from gpuhop.api import BlobCheck, BlobCheckResult, ErrorCode
 
 router = APIRouter(prefix="/v1/blobs", tags=["blobs"])

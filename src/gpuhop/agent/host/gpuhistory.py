@@ -1,6 +1,6 @@
 """Runs in the agent: a bounded record of each GPU's memory use and load over the last hour.
 
-The `SampleGpus` duty (see `gpuhop.agent.duties`) reads `GpuHost.usage()` every
+The `SampleGpus` duty (see `gpuhop.agent.server.duties`) reads `GpuHost.usage()` every
 `SAMPLE_EVERY` seconds and appends it here; the dashboard's GPU page draws it. It lives in
 memory only (an hour of 5-second samples of 8 GPUs is a few hundred KB at most) and starts
 empty when the agent starts.
@@ -12,7 +12,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-from gpuhop.agent.gpus import Usage
+from gpuhop.agent.host.gpus import Usage
 
 SAMPLE_EVERY = 5.0
 KEEP_SECONDS = 3600.0
