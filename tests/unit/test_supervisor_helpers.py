@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from gpuhop.agent.jobs.store import JobRecord
-from gpuhop.agent.supervisor import StartError, job_environment, resolve_command
 from gpuhop.api import JobState
+from gpuhop.backends.local.backend import job_environment
+from gpuhop.backends.local.commands import StartError, resolve_command
 from gpuhop.home import JobPaths
 from gpuhop.runtime import hook
 

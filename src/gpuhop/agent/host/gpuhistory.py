@@ -12,7 +12,7 @@ import threading
 from collections import deque
 from dataclasses import dataclass
 
-from gpuhop.agent.host.gpus import Usage
+from gpuhop.backends.base import Usage
 
 SAMPLE_EVERY = 5.0
 KEEP_SECONDS = 3600.0

@@ -17,48 +17,15 @@ import logging
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhop.api import GpuInfo
+from gpuhop.backends.base import GpuHost, Usage
 
 log = logging.getLogger("gpuhop.agent")
 
 FAKE_GPU_MEMORY_MB = 8192
 SMI_TIMEOUT = 20.0
-
-
-@dataclass(frozen=True)
-class Usage:
-    memory_used_mb: int | None
-    utilization: int | None  # percent
-
-
-@dataclass
-class GpuHost:
-    """The GPUs of this host, and where their facts come from.
-
-    `source` is "nvml", "nvidia-smi", "fake" or "none". `error` says why a driver that seems
-    to be there did not answer (for `gpuhop doctor`); it is None when all is well, and also
-    on a host that simply has no NVIDIA GPU.
-    """
-
-    source: str
-    gpus: list[GpuInfo] = field(default_factory=list)
-    driver_version: str | None = None
-    cuda_version: str | None = None  # the newest CUDA the driver supports, e.g. "12.4"
-    error: str | None = None
-
-    @property
-    def fake(self) -> bool:
-        return self.source == "fake"
-
-    def usage(self) -> dict[int, Usage]:
-        """Memory used and utilisation of each GPU now. Unknown readings are None."""
-        return {g.index: Usage(0, 0) if self.fake else Usage(None, None) for g in self.gpus}
-
-    def close(self) -> None:
-        pass
 
 
 class _NvmlHost(GpuHost):

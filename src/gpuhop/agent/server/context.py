@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from gpuhop.agent.host.gpuhistory import GpuHistory
-from gpuhop.agent.host.gpus import GpuHost
 from gpuhop.agent.jobs.policy import Policy
 from gpuhop.agent.jobs.scheduler import Pending, could_ever_fit, plan
 from gpuhop.agent.jobs.store import JobStore
+from gpuhop.agent.jobs.supervisor import Supervisor
 from gpuhop.agent.server.tokens import TokenStore
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.claims import ClaimStore
@@ -23,12 +23,11 @@ from gpuhop.agent.storage.datasets import DatasetStore
 from gpuhop.agent.storage.envs import EnvStore
 from gpuhop.agent.storage.trees import TreeStore
 from gpuhop.agent.storage.usage import DiskMeter
-from gpuhop.agent.supervisor import Supervisor
 from gpuhop.api import JobState, ListenerInfo, format_mb
 from gpuhop.home import AgentPaths
 
 if TYPE_CHECKING:
-    from gpuhop.backends import ScaleOut
+    from gpuhop.backends.base import Backend
 
 log = logging.getLogger("gpuhop.agent")
 
@@ -40,14 +39,15 @@ class AgentContext:
     def __init__(
         self,
         paths: AgentPaths,
-        gpu_host: GpuHost,
+        backend: Backend,
         policy: Policy | None = None,
-        scale_out: ScaleOut | None = None,
     ):
-        """`scale_out` runs the jobs elsewhere (a Ray cluster); `gpu_host` is then its GPUs."""
+        """`backend` runs the jobs (here, or on a Ray cluster) and offers its GPUs."""
         paths.ensure()
         self.paths = paths
         self.policy = policy or Policy()
+        self.backend = backend
+        gpu_host = backend.gpu_host
         self.gpu_host = gpu_host
         # The GPUs as found at start; their live readings come from gpu_host.usage().
         self.gpus = gpu_host.gpus
@@ -60,9 +60,8 @@ class AgentContext:
         self.trees = TreeStore(paths.trees, paths.tmp, self.blobs)
         self.datasets = DatasetStore(paths.home / "datasets", self.blobs)
         self.envs = EnvStore(paths.home / "envs")
-        self.scale_out = scale_out
         self.supervisor = Supervisor(
-            paths, self.store, self.blobs, on_change=self.wake, scale_out=scale_out
+            paths, self.store, self.blobs, on_change=self.wake, backend=backend
         )
         self.tokens = TokenStore(paths.tokens_db)
         self.claims = ClaimStore(paths.claims_db)
@@ -114,7 +113,7 @@ class AgentContext:
                 if job.gpu_memory_mb is not None
                 else f"{job.gpus} GPU(s)"
             )
-            where = "the Ray cluster" if self.scale_out is not None else "this host"
+            where = self.backend.where
             reason = (
                 f"could not start: it asks for {asks}; {where} now has {len(memory)} GPU(s)"
                 f" with up to {format_mb(max(memory.values(), default=0))} each"

@@ -83,14 +83,18 @@ def _serve_locked(
     from gpuhop.agent.server.app import create_app
     from gpuhop.agent.server.auth import OwnerAuth, TokenAuth
     from gpuhop.agent.server.context import AgentContext
-    from gpuhop.backends import open_scale_out, remember, resolve
+    from gpuhop.backends import open_backend, remember, resolve
 
     log = logging.getLogger("gpuhop.agent")
     where = resolve(paths.home, backend)
     if where.name != "local" and fake_gpus is not None:
         raise AgentError("--fake-gpus is for the local backend; a Ray cluster has its own GPUs")
+    local = where.name == "local"
+    gpu_host = (
+        gpus.discover(fake_gpus, fake_gpu_memory_mb or gpus.FAKE_GPU_MEMORY_MB) if local else None
+    )
     # Before any listener exists: a cluster that cannot be used stops the agent here.
-    scale_out = open_scale_out(where, sys.executable)
+    job_backend = open_backend(where, paths, sys.executable, gpu_host)
     remember(paths.home, where)
     tcp: socket.socket | None = None
     listener = None
@@ -106,12 +110,7 @@ def _serve_locked(
         # (`gpuhop agent start`) finds the actual address and fingerprint here.
         listen_mod.write_listen_file(paths, listener)
     sock = _bind_unix_socket(paths.socket)
-    gpu_host = (
-        scale_out.gpu_host
-        if scale_out is not None
-        else gpus.discover(fake_gpus, fake_gpu_memory_mb or gpus.FAKE_GPU_MEMORY_MB)
-    )
-    ctx = AgentContext(paths, gpu_host, policy, scale_out)
+    ctx = AgentContext(paths, job_backend, policy)
     ctx.listener = listener
     app = create_app(ctx)
     common: dict[str, Any] = {
@@ -137,8 +136,8 @@ def _serve_locked(
         len(ctx.gpus),
         ctx.gpu_host.source,
     )
-    if scale_out is not None:
-        log.info("%s", scale_out.describe())
+    if job_backend.remote:
+        log.info("%s", job_backend.describe())
     if listener is not None:
         log.info(
             "listening on %s; certificate fingerprint %s",

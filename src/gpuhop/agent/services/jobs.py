@@ -27,6 +27,7 @@ from gpuhop.api import (
     format_mb,
     validate_relpath,
 )
+from gpuhop.backends.base import Refused
 from gpuhop.home import JobPaths
 
 LOG_CHUNK = 256 * 1024
@@ -99,8 +100,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         gpu_memory_mb=job.gpu_memory_mb,
         owner=job.owner,
         # A job on a Ray cluster has no private network, whatever its workers.
-        private_network=(job.private_network or job.workers > 1)
-        and not (rt.scale_out is not None and rt.scale_out.runs_here(jp)),
+        private_network=(job.private_network or job.workers > 1) and not rt.backend.elsewhere(jp),
         **deps.info_fields(jp),
     )
 
@@ -192,8 +192,10 @@ def submit(
 ) -> JobInfo:
     """Queue a job. `prepare` puts more files in the new job's dir before it is queued
     (a model server's SavedModel); if it raises, the job is not created."""
-    if rt.scale_out is not None:
-        rt.scale_out.check_submit(req)
+    try:
+        rt.backend.check_submit(req)
+    except Refused as e:
+        raise ApiError(400, e.code, e.message) from None
     total = len(rt.gpus)
     if req.gpu_memory_mb is not None:
         _check_share(rt, req.gpu_memory_mb)

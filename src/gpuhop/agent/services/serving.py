@@ -54,7 +54,7 @@ PASSED_HEADERS = ("content-type", "accept")
 
 
 def start(rt: AgentContext, req: ServeRequest, caller: Caller) -> JobInfo:
-    if rt.scale_out is not None:
+    if rt.backend.remote:
         raise ApiError(
             400,
             ErrorCode.bad_request,

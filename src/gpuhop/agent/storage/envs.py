@@ -20,8 +20,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpuhop.agent import envbuild
 from gpuhop.api.data import EnvInfo
+from gpuhop.backends.local import envbuild
 
 
 class EnvError(ValueError):

@@ -35,8 +35,8 @@ def info(request: Request) -> AgentInfo:
         jobs_running=c.store.count(JobState.running),
         jobs_queued=c.store.count(JobState.queued),
         listener=c.listener,
-        backend=c.scale_out.name if c.scale_out is not None else "local",
-        ray_address=c.scale_out.address if c.scale_out is not None else None,
+        backend=c.backend.name,
+        ray_address=c.backend.address,
         user=caller.user,
         admin=caller.admin,
     )

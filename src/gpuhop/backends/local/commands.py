@@ -1,7 +1,7 @@
 """Runs where a job's processes start: the agent's host, or a Ray node (gpuhop.backends.ray).
 
-Turns a submitted command into an argv that exec can run. Standard library only, so a
-Ray worker imports it without the agent's modules.
+Turns a submitted command into an argv that exec can run. Imports nothing of the agent's,
+so a Ray worker imports it on the nodes.
 """
 
 from __future__ import annotations
@@ -10,9 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
-
-class StartError(ValueError):
-    """The job could not be started; the message says why, for the user."""
+from gpuhop.backends.base import StartError
 
 
 def resolve_command(

@@ -1,4 +1,5 @@
-"""Runs in the agent: small facts about host processes (liveness that survives pid reuse)."""
+"""Runs in the agent: small facts about host processes (liveness that survives pid reuse),
+and the words for how one ended, which the agent uses for every backend's attempts."""
 
 from __future__ import annotations
 
