@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gpuhop.agent.jobs.store import JobRecord, JobStore
 from gpuhop.agent.storage.blobs import BlobStore
@@ -154,7 +155,9 @@ class Supervisor:
             self.store.transition(job_id, [JobState.starting, JobState.running], state, **outcome)
         self.on_change()
 
-    def _retry(self, job: JobRecord, jp: JobPaths, state: JobState, outcome: dict) -> None:
+    def _retry(
+        self, job: JobRecord, jp: JobPaths, state: JobState, outcome: dict[str, Any]
+    ) -> None:
         """Queue the job's next attempt: a fresh work dir, the same checkpoint dir."""
         with open(jp.log, "ab") as f:
             f.write(
