@@ -48,7 +48,7 @@ class AgentPaths:
 
     @property
     def claims_db(self) -> Path:
-        """Which user has uploaded which blob and tree (see gpuhop.agent.claims)."""
+        """Which user has uploaded which blob and tree (see gpuhop.agent.storage.claims)."""
         return self.home / "claims.db"
 
     @property

@@ -1,4 +1,7 @@
-"""Jobs outlive their agent: kill the agent hard, start it again, nothing is lost."""
+"""Jobs outlive their agent: kill the agent hard, start it again, nothing is lost.
+
+The scenarios every backend shares (a running job re-attached after an agent SIGKILL, a
+job that ended meanwhile recorded) are in tests/backends/test_contract.py."""
 
 from __future__ import annotations
 
@@ -25,43 +28,6 @@ sys.exit(5)
 def kill_agent_hard(agent) -> None:
     os.kill(agent.pid, signal.SIGKILL)
     wait_until(lambda: read_pid(agent.paths) is None, timeout=10)
-
-
-def test_running_job_survives_an_agent_sigkill(make_agent, project, tmp_path):
-    agent = make_agent()
-    root = project({"waiter.py": WAITER})
-    release = tmp_path / "release"
-    with agent.client() as client:
-        job = client.submit(["waiter.py", str(release)], workdir=root)
-        wait_until(lambda: b"waiting" in b"".join(job.logs()), timeout=30)
-        pid = job.refresh()
-    kill_agent_hard(agent)
-    agent.pid = start_background(agent.paths)
-    with agent.client() as client:
-        job = client.job(pid.id)
-        assert job.state == JobState.running
-        release.touch()
-        info = job.wait(timeout=30)
-        log = b"".join(job.logs()).decode()
-    assert (info.state, info.exit_code) == (JobState.failed, 5)
-    assert log == "waiting\nreleased\n"
-
-
-def test_job_that_ended_while_the_agent_was_down_is_recorded(make_agent, project, tmp_path):
-    agent = make_agent()
-    root = project({"waiter.py": WAITER})
-    release = tmp_path / "release"
-    with agent.client() as client:
-        job = client.submit(["waiter.py", str(release)], workdir=root)
-        wait_until(lambda: b"waiting" in b"".join(job.logs()), timeout=30)
-    kill_agent_hard(agent)
-    release.touch()
-    status = agent.home / "jobs" / job.id / "status.json"
-    wait_until(status.exists, timeout=30)
-    agent.pid = start_background(agent.paths)
-    with agent.client() as client:
-        info = client.job(job.id).wait(timeout=30)
-    assert (info.state, info.exit_code) == (JobState.failed, 5)
 
 
 def test_queued_jobs_start_after_a_restart_and_gpus_stay_single_owner(

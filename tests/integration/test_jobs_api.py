@@ -257,7 +257,7 @@ class TestBadInput:
         assert r.status_code == 409 and r.json()["code"] == "missing_tree"
 
     def test_oversized_tree(self, shared_agent):
-        from gpuhop.agent.routers.trees import MAX_TREE_BYTES
+        from gpuhop.agent.server.routers.trees import MAX_TREE_BYTES
 
         with raw(shared_agent) as http:
             r = http.post(

@@ -18,7 +18,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
-from gpuhop.agent.listen import make_self_signed
+from gpuhop.agent.server.listen import make_self_signed
 from gpuhop.api import JobState, fingerprint_of
 from gpuhop.client import Client, GpuhopError
 from gpuhop.client.remotes import Remote, RemotesFile, save

@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from gpuhop.agent.listen import make_self_signed
+from gpuhop.agent.server.listen import make_self_signed
 from gpuhop.api import fingerprint_of
 from gpuhop.client import Client
 from gpuhop.client.embedded import start_background

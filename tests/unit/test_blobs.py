@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.agent.blobs import BlobError, BlobStore
+from gpuhop.agent.storage.blobs import BlobError, BlobStore
 from gpuhop.api.framing import FRAME_HEADER
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuhop.agent.blobs import BlobError
-from gpuhop.agent.chunks import decode
+from gpuhop.agent.storage.blobs import BlobError
+from gpuhop.agent.storage.chunks import decode
 from gpuhop.client import chunking
 from gpuhop.client.chunking import MAX_SIZE, MIN_SIZE, chunk_file, cut_points, encode
 

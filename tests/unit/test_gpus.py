@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhop.agent import gpus
+from gpuhop.agent.host import gpus
 from tests.conftest import has_nvidia_gpu
 
 

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gpuhop.agent.errors import ApiError
+from gpuhop.agent.server.errors import ApiError
 from gpuhop.agent.services.jobs import artifact_path
-from gpuhop.agent.trees import TreeError, check_paths
+from gpuhop.agent.storage.trees import TreeError, check_paths
 from gpuhop.api import ManifestEntry, validate_relpath
 from gpuhop.client.sync import IgnoreLayer
 from gpuhop.home import AgentPaths

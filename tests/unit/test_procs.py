@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.agent import procs
+from gpuhop.backends import procs
 
 SLEEP = shutil.which("sleep")
 

@@ -103,7 +103,11 @@ def test_the_wheel_is_reproducible_and_complete() -> None:
     with zipfile.ZipFile(io.BytesIO(first)) as zf:
         names = set(zf.namelist())
         dist_info = f"gpuhop-{gpuhop.__version__}.dist-info"
-        assert {"gpuhop/cli/main.py", "gpuhop/agent/shim.py", f"{dist_info}/METADATA"} <= names
+        assert {
+            "gpuhop/cli/main.py",
+            "gpuhop/backends/local/shim.py",
+            f"{dist_info}/METADATA",
+        } <= names
         assert "gpuhop = gpuhop.cli.main:main" in zf.read(f"{dist_info}/entry_points.txt").decode()
         assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
         for line in zf.read(f"{dist_info}/RECORD").decode().splitlines():

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.agent.scheduler import Holding
-from gpuhop.agent.store import AmbiguousJob, JobNotFound, JobRecord, JobStore
+from gpuhop.agent.jobs.scheduler import Holding
+from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord, JobStore
 from gpuhop.api import JobState
 
 Q, S, R = JobState.queued, JobState.starting, JobState.running
@@ -281,7 +281,7 @@ def test_list_filters_by_state_newest_first(store: JobStore):
 def test_a_state_dir_from_an_older_agent_gets_the_new_columns(tmp_path):
     import sqlite3
 
-    from gpuhop.agent.store import ADDED_COLUMNS, JobStore
+    from gpuhop.agent.jobs.store import ADDED_COLUMNS, JobStore
 
     db = tmp_path / "jobs.db"
     old = sqlite3.connect(db)
@@ -312,7 +312,7 @@ def test_a_state_dir_from_an_older_agent_gets_the_new_columns(tmp_path):
 
 
 def test_queued_returns_every_queued_job_oldest_first_by_priority(tmp_path):
-    from gpuhop.agent.store import JobStore
+    from gpuhop.agent.jobs.store import JobStore
 
     store = JobStore(tmp_path / "jobs.db")
     try:

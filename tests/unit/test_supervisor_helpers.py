@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.agent.store import JobRecord
-from gpuhop.agent.supervisor import StartError, job_environment, resolve_command
+from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.api import JobState
+from gpuhop.backends.local.backend import job_environment
+from gpuhop.backends.local.commands import StartError, resolve_command
 from gpuhop.home import JobPaths
 from gpuhop.runtime import hook
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpuhop.agent.auth import Caller
-from gpuhop.agent.gpuhistory import GpuHistory
-from gpuhop.agent.gpus import Usage
+from gpuhop.agent.host.gpuhistory import GpuHistory
+from gpuhop.agent.server.callers import Caller
+from gpuhop.backends.base import Usage
 from gpuhop.ui.sessions import CODE_TTL, MAX_CODES, SESSION_TTL, UiSessions
 
 ALICE = Caller("alice", admin=False)

@@ -5,8 +5,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from gpuhop.agent.daemon import serve
-from gpuhop.agent.listen import parse_listen
+from gpuhop.agent.server.daemon import serve
+from gpuhop.agent.server.listen import parse_listen
 from gpuhop.backends import BACKENDS, BackendSettings
 from gpuhop.home import EXIT_MARK, AgentError, AgentPaths, default_home
 
@@ -36,7 +36,7 @@ def main() -> int:
     parser.add_argument("--ray-address", default=None, metavar="HOST:PORT")
     parser.add_argument("--ray-token-file", default=None, metavar="FILE")
     parser.add_argument("--ray-allow-no-auth", action="store_true")
-    # Retention and quotas (see gpuhop.agent.policy); these win over agent.toml.
+    # Retention and quotas (see gpuhop.agent.jobs.policy); these win over agent.toml.
     parser.add_argument("--keep-days", type=float, default=None)
     parser.add_argument("--keep-jobs", type=int, default=None)
     parser.add_argument("--gc-every-hours", type=float, default=None)

@@ -114,11 +114,11 @@ def start(
     try:
         spec = None
         if listen is not None:
-            from gpuhop.agent.listen import parse_listen
+            from gpuhop.agent.server.listen import parse_listen
 
             spec = parse_listen(listen, not no_tls, tls_cert, tls_key)
         if foreground:
-            from gpuhop.agent.daemon import serve
+            from gpuhop.agent.server.daemon import serve
 
             serve(
                 paths,
@@ -162,7 +162,7 @@ def _backend(
 
 
 def _say_listener(paths: AgentPaths) -> None:
-    from gpuhop.agent.listen import read_listen_file
+    from gpuhop.agent.server.listen import read_listen_file
 
     info = read_listen_file(paths)
     if info is None:

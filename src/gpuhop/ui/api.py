@@ -14,8 +14,8 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, Response
 
 from gpuhop import __version__
-from gpuhop.agent.auth import caller_of
-from gpuhop.agent.context import AgentContext
+from gpuhop.agent.server.callers import caller_of
+from gpuhop.agent.server.context import AgentContext
 from gpuhop.agent.services import gpus as gpus_service
 from gpuhop.agent.services import jobs as jobs_service
 from gpuhop.api import ArtifactEntry, JobInfo, JobState

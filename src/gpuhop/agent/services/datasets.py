@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from gpuhop.agent.auth import Caller
-from gpuhop.agent.context import AgentContext
-from gpuhop.agent.datasets import DatasetNotFound
-from gpuhop.agent.errors import ApiError, not_found
+from gpuhop.agent.server.callers import Caller
+from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.server.errors import ApiError, not_found
 from gpuhop.agent.services.deps import in_use
-from gpuhop.agent.trees import MissingBlobs, manifest_errors
+from gpuhop.agent.storage.datasets import DatasetNotFound
+from gpuhop.agent.storage.trees import MissingBlobs, manifest_errors
 from gpuhop.api import ErrorCode
 from gpuhop.api.data import DatasetInfo, DatasetManifest
 from gpuhop.api.models import check_dataset_name
@@ -23,7 +23,7 @@ def _name(name: str) -> str:
 def push(rt: AgentContext, name: str, raw: bytes, caller: Caller) -> DatasetInfo:
     """A new version of `name`. Datasets are shared for reading among an agent's users, but
     only whoever pushed one (or an admin) adds versions to it or removes it; and a user may
-    name only chunks they have sent themselves (see gpuhop.agent.claims)."""
+    name only chunks they have sent themselves (see gpuhop.agent.storage.claims)."""
     name = _name(name)
     with manifest_errors():
         if not caller.admin:

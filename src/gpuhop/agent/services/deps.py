@@ -1,17 +1,17 @@
 """Runs in the agent: checks a submitted job's datasets, requirements and interpreter, and
-records what it resolved them to (see `gpuhop.agent.jobdeps`)."""
+records what it resolved them to (see `gpuhop.backends.jobdeps`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from gpuhop.agent import jobdeps
-from gpuhop.agent.context import AgentContext
-from gpuhop.agent.datasets import DatasetNotFound
-from gpuhop.agent.envs import EnvError, check_python
-from gpuhop.agent.errors import ApiError, not_found
-from gpuhop.agent.store import ACTIVE_STATES
+from gpuhop.agent.jobs.store import ACTIVE_STATES
+from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.server.errors import ApiError, not_found
+from gpuhop.agent.storage.datasets import DatasetNotFound
+from gpuhop.agent.storage.envs import EnvError, check_python
 from gpuhop.api import ErrorCode, JobState, SubmitRequest
+from gpuhop.backends import jobdeps
 from gpuhop.home import JobPaths
 
 

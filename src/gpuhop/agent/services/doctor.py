@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuhop.agent import probe
-from gpuhop.agent.context import AgentContext
-from gpuhop.agent.supervisor import SCRUBBED_ENV
+from gpuhop.agent.host import probe
+from gpuhop.agent.server.context import AgentContext
 from gpuhop.api import CheckStatus, DoctorCheck, GpuInfo, format_mb
+from gpuhop.backends.base import SCRUBBED_ENV
 
 PROBE_TIMEOUT = 180.0  # importing TensorFlow and initialising CUDA can take a while
 LOW_DISK = 10 * 2**30

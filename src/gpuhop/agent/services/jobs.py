@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpuhop.agent import gc
-from gpuhop.agent.auth import Caller
-from gpuhop.agent.context import AgentContext
-from gpuhop.agent.errors import ApiError, not_found
+from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
+from gpuhop.agent.server.callers import Caller
+from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.server.errors import ApiError, not_found
 from gpuhop.agent.services import deps
-from gpuhop.agent.store import AmbiguousJob, JobNotFound, JobRecord
+from gpuhop.agent.storage import gc
 from gpuhop.api import (
     ArtifactEntry,
     AttemptInfo,
@@ -27,6 +27,7 @@ from gpuhop.api import (
     format_mb,
     validate_relpath,
 )
+from gpuhop.backends.base import Refused
 from gpuhop.home import JobPaths
 
 LOG_CHUNK = 256 * 1024
@@ -99,8 +100,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         gpu_memory_mb=job.gpu_memory_mb,
         owner=job.owner,
         # A job on a Ray cluster has no private network, whatever its workers.
-        private_network=(job.private_network or job.workers > 1)
-        and not (rt.scale_out is not None and rt.scale_out.runs_here(jp)),
+        private_network=(job.private_network or job.workers > 1) and not rt.backend.elsewhere(jp),
         **deps.info_fields(jp),
     )
 
@@ -192,8 +192,10 @@ def submit(
 ) -> JobInfo:
     """Queue a job. `prepare` puts more files in the new job's dir before it is queued
     (a model server's SavedModel); if it raises, the job is not created."""
-    if rt.scale_out is not None:
-        rt.scale_out.check_submit(req)
+    try:
+        rt.backend.check_submit(req)
+    except Refused as e:
+        raise ApiError(400, e.code, e.message) from None
     total = len(rt.gpus)
     if req.gpu_memory_mb is not None:
         _check_share(rt, req.gpu_memory_mb)
@@ -206,7 +208,7 @@ def submit(
     if req.tree is not None and (
         not rt.trees.has(req.tree)
         # Another user's tree is "not on the agent" to this one: knowing its digest is not
-        # holding its files (see gpuhop.agent.claims).
+        # holding its files (see gpuhop.agent.storage.claims).
         or (not caller.admin and rt.claims.unclaimed(caller.user, "tree", [req.tree]))
     ):
         raise ApiError(

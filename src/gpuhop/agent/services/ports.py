@@ -6,7 +6,7 @@ HTTP error with an `ErrorBody`. Then bytes flow both ways as binary messages unt
 side is done. An ordinary job's port is on the host's loopback. A job in a private network
 namespace (`private_network`, and every multi-worker job) is reached through its shim's
 relay, a Unix socket in the job's dir that connects to the port inside the namespace
-(see `gpuhop.agent.relay` for why a relay rather than setns).
+(see `gpuhop.backends.local.relay` for why a relay rather than setns).
 
 Wire protocol over the WebSocket, both directions: a binary message is data; the text
 message "eof" says the sender will send no more data (TCP half-close: the receiver shuts
@@ -26,11 +26,11 @@ from dataclasses import dataclass
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from gpuhop.agent.auth import Caller
-from gpuhop.agent.context import AgentContext
-from gpuhop.agent.errors import ApiError
+from gpuhop.agent.jobs.store import JobRecord
+from gpuhop.agent.server.callers import Caller
+from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.server.errors import ApiError
 from gpuhop.agent.services import jobs
-from gpuhop.agent.store import JobRecord
 from gpuhop.api import ErrorCode, JobState
 
 EOF = "eof"
@@ -54,7 +54,7 @@ def forwardable(rt: AgentContext, ref: str, caller: Caller) -> JobRecord:
     """The job `ref` names, if `caller` may see it (only its owner, or an admin) and it runs
     now in a way whose ports can be reached."""
     job = jobs.find(rt, ref, caller)
-    if rt.scale_out is not None and rt.scale_out.runs_here(rt.supervisor.job_paths(job.id)):
+    if rt.backend.elsewhere(rt.supervisor.job_paths(job.id)):
         raise ApiError(
             409,
             ErrorCode.conflict,

@@ -30,11 +30,11 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from gpuhop.agent.auth import Caller
-from gpuhop.agent.context import AgentContext
-from gpuhop.agent.errors import ApiError, not_found
+from gpuhop.agent.jobs.store import JobRecord
+from gpuhop.agent.server.callers import Caller
+from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.server.errors import ApiError, not_found
 from gpuhop.agent.services import jobs
-from gpuhop.agent.store import JobRecord
 from gpuhop.api import ErrorCode, JobInfo, JobState, ServeRequest, ServingInfo, SubmitRequest
 from gpuhop.home import JobPaths
 
@@ -54,7 +54,7 @@ PASSED_HEADERS = ("content-type", "accept")
 
 
 def start(rt: AgentContext, req: ServeRequest, caller: Caller) -> JobInfo:
-    if rt.scale_out is not None:
+    if rt.backend.remote:
         raise ApiError(
             400,
             ErrorCode.bad_request,

@@ -22,18 +22,18 @@ import subprocess
 import threading
 from pathlib import Path
 
-from gpuhop.agent import jobdeps
-from gpuhop.agent.auth import Caller
-from gpuhop.agent.context import AgentContext
-from gpuhop.agent.errors import ApiError, not_found
+from gpuhop.agent.jobs.store import JobRecord
+from gpuhop.agent.server.callers import Caller
+from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.server.errors import ApiError, not_found
 from gpuhop.agent.services import jobs
-from gpuhop.agent.store import JobRecord
 from gpuhop.api import ErrorCode, JobState, SubmitRequest, TensorBoardInfo
+from gpuhop.backends import jobdeps
 from gpuhop.home import JobPaths
 
 SPEC_FILE = "tensorboard.json"
 LAUNCHER = "gpuhop_tensorboard.py"
-LAUNCHER_SOURCE = Path(__file__).resolve().parent.parent / "tblauncher.py"
+LAUNCHER_SOURCE = Path(__file__).resolve().with_name("tblauncher.py")
 # Inside the server's own network namespace nothing else listens: the port is always free.
 PORT = 6006
 ACTIVE = [JobState.queued, JobState.starting, JobState.running]

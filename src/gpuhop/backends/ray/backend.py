@@ -24,12 +24,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from gpuhop.agent.errors import ApiError
-from gpuhop.agent.gpus import GpuHost
-from gpuhop.agent.store import JobRecord
-from gpuhop.agent.supervisor import SCRUBBED_ENV, StartError
 from gpuhop.api import ErrorCode, GpuInfo, SubmitRequest
-from gpuhop.backends import BackendSettings
+from gpuhop.backends.base import SCRUBBED_ENV, GpuHost, JobAttempt, Refused, Started, StartError
+from gpuhop.backends.leader import LeaderBackend
+from gpuhop.backends.settings import BackendSettings
 from gpuhop.home import AgentError, JobPaths
 
 log = logging.getLogger("gpuhop.agent")
@@ -58,20 +56,21 @@ def runs_on_ray(jp: JobPaths) -> bool:
     return (jp.root / SPEC_NAME).exists()
 
 
-class RayBackend:
+class RayBackend(LeaderBackend):
     name = "ray"
+    remote = True
+    where = "the Ray cluster"
 
     def __init__(
         self, settings: BackendSettings, auth: bool, nodes: list[dict[str, Any]], python: str
     ):
         assert settings.ray_address is not None
+        super().__init__(GpuHost("ray", gpus=_gpus(nodes)), python)
         self.address = settings.ray_address
         self.auth = auth
         self.nodes = nodes
-        self.python = python
         self.ray_env = {"RAY_AUTH_MODE": "token" if auth else "disabled"}
         self.token_file = settings.ray_token_file
-        self.gpu_host = GpuHost("ray", gpus=_gpus(nodes))
 
     @classmethod
     def connect(cls, settings: BackendSettings, python: str) -> RayBackend:
@@ -133,19 +132,18 @@ class RayBackend:
                 " and this agent runs jobs on a Ray cluster"
             )
         if why is not None:
-            raise ApiError(400, ErrorCode.bad_request, f"{why} (agent started with --backend ray)")
+            raise Refused(ErrorCode.bad_request, f"{why} (agent started with --backend ray)")
         per_worker = req.gpus // req.workers
         largest = max((n["gpus"] for n in self.nodes), default=0)
         if per_worker > largest:
-            raise ApiError(
-                400,
+            raise Refused(
                 ErrorCode.unsatisfiable,
                 f"each worker asks for {per_worker} GPU(s) on one node; the largest node of"
                 f" the Ray cluster has {largest}",
             )
 
     def leader(
-        self, job: JobRecord, jp: JobPaths, deps: dict[str, Any]
+        self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]
     ) -> tuple[list[str], dict[str, str]]:
         head = job.command[0]
         if head.endswith(".py") and not (jp.work / head).is_file():
@@ -177,12 +175,16 @@ class RayBackend:
         argv += [str(jp.status), str(jp.shim_pid), str(jp.root / SPEC_NAME)]
         return argv, {**_base_env(self.token_file), **self.ray_env}
 
-    def runs_here(self, jp: JobPaths) -> bool:
+    def elsewhere(self, jp: JobPaths) -> bool:
         return runs_on_ray(jp)
 
-    def before_stop(self, jp: JobPaths, grace: float) -> float:
-        """Tell the job's launcher its grace; return how long to wait before SIGKILL."""
+    def stop(self, jp: JobPaths, started: Started, grace: float) -> float:
+        """Tell the job's launcher its grace, then SIGTERM; return how long to wait before
+        SIGKILL (a job started here by the local backend before a restart: the grace)."""
+        if not runs_on_ray(jp):
+            return super().stop(jp, started, grace)
         (jp.root / "grace").write_text(f"{grace}")
+        super().stop(jp, started, grace)
         return grace + CLEAN_UP_SECONDS
 
 

@@ -1,11 +1,11 @@
 """Runs on the agent's host as the leader of a Ray job's process group: places the job's
 workers on the Ray cluster, streams their output back, and records how the job ended.
 
-The supervisor starts it in place of the shim (gpuhop.agent.shim), with the same contract:
-`python -m gpuhop.backends.ray.launcher STATUS_FILE PID_FILE SPEC` in a new session, with
-stdout and stderr going to the job's log. It writes its pid to PID_FILE first and the job's
-exit status (exit_code, signal, detail, ended_at) to STATUS_FILE last, so an agent that
-restarts meanwhile re-attaches to it as to a shim.
+The Ray backend starts it in place of the local backend's shim, with the same contract
+(gpuhop.backends.leader): `python -m gpuhop.backends.ray.launcher STATUS_FILE PID_FILE SPEC`
+in a new session, with stdout and stderr going to the job's log. It writes its pid to
+PID_FILE first and the job's exit status (exit_code, signal, detail, ended_at) to
+STATUS_FILE last, so an agent that restarts meanwhile re-attaches to it as to a shim.
 
 In order: it checks that the cluster answers (a dead address would make `ray.init` hang),
 connects as a Ray driver, makes a placement group with one bundle per worker (SPREAD
@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop import __version__
-from gpuhop.agent import shim
+from gpuhop.backends.local import shim
 from gpuhop.backends.ray import transfer
 from gpuhop.backends.ray.probe import ProbeError, probe
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop import __version__
-from gpuhop.agent.commands import resolve_command
+from gpuhop.backends.local.commands import resolve_command
 from gpuhop.backends.ray import transfer
 from gpuhop.runtime import hook
 

@@ -1,0 +1,50 @@
+"""Runs in the agent: a bounded record of each GPU's memory use and load over the last hour.
+
+The `SampleGpus` duty (see `gpuhop.agent.server.duties`) reads `GpuHost.usage()` every
+`SAMPLE_EVERY` seconds and appends it here; the dashboard's GPU page draws it. It lives in
+memory only (an hour of 5-second samples of 8 GPUs is a few hundred KB at most) and starts
+empty when the agent starts.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from gpuhop.backends.base import Usage
+
+SAMPLE_EVERY = 5.0
+KEEP_SECONDS = 3600.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    time: float
+    usage: dict[int, Usage]
+
+
+class GpuHistory:
+    """The last `keep` seconds of samples, oldest first. Safe to use from several threads."""
+
+    def __init__(self, every: float = SAMPLE_EVERY, keep: float = KEEP_SECONDS):
+        self.every = every
+        self._samples: deque[Sample] = deque(maxlen=max(1, round(keep / every)))
+        self._lock = threading.Lock()
+
+    def record(self, now: float, usage: dict[int, Usage]) -> None:
+        with self._lock:
+            self._samples.append(Sample(now, dict(usage)))
+
+    def series(self) -> dict[int, dict[str, list[float | int | None]]]:
+        """Per GPU index: the sample times and, at each, memory used (MB) and load (%)."""
+        with self._lock:
+            samples = list(self._samples)
+        out: dict[int, dict[str, list[float | int | None]]] = {}
+        for sample in samples:
+            for index, reading in sample.usage.items():
+                series = out.setdefault(index, {"t": [], "memory_used_mb": [], "utilization": []})
+                series["t"].append(sample.time)
+                series["memory_used_mb"].append(reading.memory_used_mb)
+                series["utilization"].append(reading.utilization)
+        return out

@@ -1,0 +1,185 @@
+"""Runs in the agent: finds the host's GPUs and reads their memory use and load, live.
+
+Discovery tries NVML first (the `nvidia-ml-py` package, imported as `pynvml`), then the
+`nvidia-smi` program, and else reports no GPU; `--fake-gpus N` makes N made-up GPUs and
+looks at no hardware. The GPUs themselves (index, name, memory) are found once, at agent
+start; what they are doing is read each time it is asked for, since other programs on the
+host use them too.
+
+Indices are NVML's, which follow the PCI bus order, as nvidia-smi's do; the supervisor sets
+`CUDA_DEVICE_ORDER=PCI_BUS_ID` for jobs so that CUDA_VISIBLE_DEVICES means the same GPUs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import shutil
+import subprocess
+from typing import Any
+
+from gpuhop.api import GpuInfo
+from gpuhop.backends.base import GpuHost, Usage
+
+log = logging.getLogger("gpuhop.agent")
+
+FAKE_GPU_MEMORY_MB = 8192
+SMI_TIMEOUT = 20.0
+
+
+class _NvmlHost(GpuHost):
+    def __init__(self, nvml: Any, **facts: Any):
+        super().__init__("nvml", **facts)
+        self._nvml = nvml
+
+    def usage(self) -> dict[int, Usage]:
+        out = {}
+        for gpu in self.gpus:
+            memory: int | None = None
+            util: int | None = None
+            try:
+                handle = self._nvml.nvmlDeviceGetHandleByIndex(gpu.index)
+                memory = int(self._nvml.nvmlDeviceGetMemoryInfo(handle).used) // 2**20
+                util = int(self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            except self._nvml.NVMLError:
+                pass  # e.g. utilisation is not supported on this GPU (MIG): unknown
+            out[gpu.index] = Usage(memory, util)
+        return out
+
+    def close(self) -> None:
+        with contextlib.suppress(self._nvml.NVMLError):
+            self._nvml.nvmlShutdown()
+
+
+class _SmiHost(GpuHost):
+    def __init__(self, exe: str, **facts: Any):
+        super().__init__("nvidia-smi", **facts)
+        self._exe = exe
+
+    def usage(self) -> dict[int, Usage]:
+        out = {g.index: Usage(None, None) for g in self.gpus}
+        rows = _smi_query(self._exe, "index,memory.used,utilization.gpu")
+        for index, used, util in rows or []:
+            if _int(index) in out:
+                out[int(index)] = Usage(_int(used), _int(util))
+        return out
+
+
+def discover(fake: int | None = None, fake_memory_mb: int = FAKE_GPU_MEMORY_MB) -> GpuHost:
+    """The host's GPUs. `fake=N` returns N made-up GPUs and looks at no hardware."""
+    if fake is not None:
+        gpus = [GpuInfo(index=i, name="Fake GPU", memory_mb=fake_memory_mb) for i in range(fake)]
+        return GpuHost("fake", gpus)
+    nvml_error: str | None = None
+    try:
+        return _nvml_host()
+    except _NoDriver:
+        pass
+    except Exception as e:  # NVML is there but failed: nvidia-smi may still answer
+        nvml_error = f"NVML: {e}"
+        log.warning("NVML failed (%s); trying nvidia-smi", e)
+    host = _smi_host()
+    if host.error is None and nvml_error is not None and host.source == "none":
+        host.error = nvml_error
+    return host
+
+
+class _NoDriver(Exception):
+    """No NVML library or no NVIDIA driver: a host without NVIDIA GPUs, not an error."""
+
+
+def _nvml_host() -> GpuHost:
+    try:
+        import pynvml
+    except ImportError:
+        raise _NoDriver from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError_LibraryNotFound:
+        raise _NoDriver from None  # a driver that is loaded but fails is reported instead
+    try:
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            gpus.append(
+                GpuInfo(
+                    index=i,
+                    name=_text(pynvml.nvmlDeviceGetName(handle)),
+                    memory_mb=int(pynvml.nvmlDeviceGetMemoryInfo(handle).total) // 2**20,
+                )
+            )
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        get_cuda = getattr(
+            pynvml, "nvmlSystemGetCudaDriverVersion_v2", pynvml.nvmlSystemGetCudaDriverVersion
+        )
+        cuda = int(get_cuda())  # e.g. 12040 for 12.4
+    except Exception:
+        pynvml.nvmlShutdown()
+        raise
+    return _NvmlHost(
+        pynvml,
+        gpus=gpus,
+        driver_version=driver,
+        cuda_version=f"{cuda // 1000}.{cuda % 1000 // 10}",
+    )
+
+
+def _smi_host() -> GpuHost:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return GpuHost("none")
+    rows = _smi_query(exe, "index,name,memory.total,driver_version")
+    if rows is None:
+        return GpuHost("none", error=f"{exe} is installed but failed; is the driver loaded?")
+    gpus = []
+    driver = None
+    for index, name, total, driver_version in rows:
+        if _int(index) is None or _int(total) is None:
+            continue
+        gpus.append(GpuInfo(index=int(index), name=name, memory_mb=int(total)))
+        driver = driver_version
+    if not gpus:
+        return GpuHost("none", driver_version=driver)
+    return _SmiHost(exe, gpus=gpus, driver_version=driver, cuda_version=_smi_cuda(exe))
+
+
+def _smi_query(exe: str, fields: str) -> list[list[str]] | None:
+    """nvidia-smi's answer to a --query-gpu, one list of fields per GPU; None if it failed."""
+    try:
+        out = subprocess.run(
+            [exe, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=SMI_TIMEOUT,
+            check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    width = fields.count(",") + 1
+    rows = [[p.strip() for p in line.split(",")] for line in out.splitlines()]
+    return [r for r in rows if len(r) == width]
+
+
+def _smi_cuda(exe: str) -> str | None:
+    # Only the banner of a plain `nvidia-smi` says which CUDA the driver supports.
+    try:
+        out = subprocess.run(
+            [exe], capture_output=True, text=True, timeout=SMI_TIMEOUT, check=True
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"CUDA Version:\s*([0-9.]+)", out)
+    return match.group(1) if match else None
+
+
+def _int(text: str) -> int | None:
+    """A number from nvidia-smi, or None for "[N/A]", "[Not Supported]" and the like."""
+    try:
+        return int(float(text))
+    except ValueError:
+        return None
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

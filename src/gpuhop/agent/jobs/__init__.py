@@ -1,0 +1,1 @@
+"""Runs in the agent: the job lifecycle (store, scheduler, policy, what a job needs)."""

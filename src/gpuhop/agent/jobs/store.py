@@ -1,0 +1,434 @@
+"""Runs in the agent: the job store, SQLite in WAL mode, the source of truth for job state.
+
+Every state change is one UPDATE guarded by the states it may leave, so two threads (or a
+crash between two steps) can never move a job twice. GPUs in use are derived from the jobs
+that hold them, never kept in a second place, so they cannot drift after a restart.
+
+Columns added after the first release are added to an existing jobs.db when the store opens
+(see `ADDED_COLUMNS`), so an agent upgrade keeps every job it knew.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuhop.agent.jobs.scheduler import Holding
+from gpuhop.api import JobState
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id            TEXT PRIMARY KEY,
+    name          TEXT,
+    state         TEXT NOT NULL,
+    command       TEXT NOT NULL,
+    env           TEXT NOT NULL,
+    gpus          INTEGER NOT NULL,
+    priority      INTEGER NOT NULL,
+    gpu_ids       TEXT NOT NULL DEFAULT '[]',
+    attempt       INTEGER NOT NULL DEFAULT 1,
+    created_at    REAL NOT NULL,
+    started_at    REAL,
+    ended_at      REAL,
+    exit_code     INTEGER,
+    signal        INTEGER,
+    reason        TEXT,
+    pid           INTEGER,
+    pid_start     TEXT,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    retries       INTEGER NOT NULL DEFAULT 0,
+    workers       INTEGER NOT NULL DEFAULT 1,
+    worker_timeout INTEGER NOT NULL DEFAULT 300,
+    gpu_memory_mb INTEGER,
+    owner         TEXT,
+    private_network INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
+CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
+-- One row per finished attempt of a job that was retried (the last attempt lives in jobs).
+CREATE TABLE IF NOT EXISTS attempts (
+    job_id     TEXT NOT NULL REFERENCES jobs(id),
+    attempt    INTEGER NOT NULL,
+    state      TEXT NOT NULL,
+    started_at REAL,
+    ended_at   REAL,
+    exit_code  INTEGER,
+    signal     INTEGER,
+    reason     TEXT,
+    PRIMARY KEY (job_id, attempt)
+);
+"""
+
+# Columns a jobs.db made by an older agent may lack: name -> its type and default, as in
+# SCHEMA. Each is added by ALTER TABLE when the store opens; adding one is idempotent.
+ADDED_COLUMNS = {
+    "gpu_memory_mb": "INTEGER",
+    "retries": "INTEGER NOT NULL DEFAULT 0",
+    "workers": "INTEGER NOT NULL DEFAULT 1",
+    "worker_timeout": "INTEGER NOT NULL DEFAULT 300",
+    # The user who submitted the job; NULL for jobs from before ownership (admins see them).
+    "owner": "TEXT",
+    # 1: the job runs in a private network namespace, its ports reached through its relay.
+    "private_network": "INTEGER NOT NULL DEFAULT 0",
+}
+
+ACTIVE_STATES = (JobState.starting, JobState.running)
+FINISHED_STATES = tuple(s for s in JobState if s.finished)
+
+
+@dataclass
+class JobRecord:
+    id: str
+    name: str | None
+    state: JobState
+    command: list[str]
+    env: dict[str, str]
+    gpus: int
+    priority: int
+    gpu_ids: list[int]
+    attempt: int
+    created_at: float
+    started_at: float | None = None
+    ended_at: float | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    reason: str | None = None
+    pid: int | None = None
+    pid_start: str | None = None
+    cancel_requested: bool = False
+    retries: int = 0
+    workers: int = 1
+    worker_timeout: int = 300
+    gpu_memory_mb: int | None = None
+    owner: str | None = None
+    private_network: bool = False
+
+    @classmethod
+    def from_row(cls, row: sqlite3.Row) -> JobRecord:
+        return cls(
+            id=row["id"],
+            name=row["name"],
+            state=JobState(row["state"]),
+            command=json.loads(row["command"]),
+            env=json.loads(row["env"]),
+            gpus=row["gpus"],
+            priority=row["priority"],
+            gpu_ids=json.loads(row["gpu_ids"]),
+            attempt=row["attempt"],
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            ended_at=row["ended_at"],
+            exit_code=row["exit_code"],
+            signal=row["signal"],
+            reason=row["reason"],
+            pid=row["pid"],
+            pid_start=row["pid_start"],
+            cancel_requested=bool(row["cancel_requested"]),
+            retries=row["retries"],
+            workers=row["workers"],
+            worker_timeout=row["worker_timeout"],
+            gpu_memory_mb=row["gpu_memory_mb"],
+            owner=row["owner"],
+            private_network=bool(row["private_network"]),
+        )
+
+
+class JobNotFound(LookupError):
+    pass
+
+
+class AmbiguousJob(LookupError):
+    def __init__(self, ref: str, matches: list[str]):
+        super().__init__(ref)
+        self.ref = ref
+        self.matches = matches
+
+
+class JobStore:
+    """Thread-safe access to the jobs table. One instance per agent process."""
+
+    def __init__(self, path: Path):
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(SCHEMA)
+        self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        with self._lock:
+            have = {row["name"] for row in self._db.execute("PRAGMA table_info(jobs)")}
+            for name, decl in ADDED_COLUMNS.items():
+                if name not in have:
+                    # Names and types come from ADDED_COLUMNS above, never from input.
+                    self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _query(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, tuple(params)).fetchall()
+
+    def _execute(self, sql: str, params: Iterable[Any] = ()) -> int:
+        with self._lock:
+            return self._db.execute(sql, tuple(params)).rowcount
+
+    def create(
+        self,
+        *,
+        command: list[str],
+        env: dict[str, str],
+        gpus: int,
+        priority: int,
+        name: str | None,
+        now: float | None = None,
+        job_id: str | None = None,
+        retries: int = 0,
+        workers: int = 1,
+        worker_timeout: int = 300,
+        gpu_memory_mb: int | None = None,
+        owner: str | None = None,
+        private_network: bool = False,
+    ) -> JobRecord:
+        """Insert a queued job. With `job_id`, that id is used (and must be new)."""
+        now = time.time() if now is None else now
+        chosen = job_id
+        with self._lock:
+            while True:
+                job_id = chosen or secrets.token_hex(4)
+                try:
+                    self._db.execute(
+                        "INSERT INTO jobs (id, name, state, command, env, gpus, priority,"
+                        " created_at, retries, workers, worker_timeout, gpu_memory_mb, owner,"
+                        " private_network)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            job_id,
+                            name,
+                            JobState.queued.value,
+                            json.dumps(command),
+                            json.dumps(env),
+                            gpus,
+                            priority,
+                            now,
+                            retries,
+                            workers,
+                            worker_timeout,
+                            gpu_memory_mb,
+                            owner,
+                            int(private_network),
+                        ),
+                    )
+                    break
+                except sqlite3.IntegrityError:
+                    if chosen:
+                        raise
+                    continue  # id collision: draw again
+        return self.get(job_id)
+
+    def get(self, job_id: str) -> JobRecord:
+        rows = self._query("SELECT * FROM jobs WHERE id = ?", (job_id,))
+        if not rows:
+            raise JobNotFound(job_id)
+        return JobRecord.from_row(rows[0])
+
+    def resolve(self, ref: str, owner: str | None = None) -> JobRecord:
+        """Find a job by full id, unique id prefix, or name (the newest job of that name).
+
+        With `owner`, only that user's jobs are considered, so another user's jobs neither
+        match nor make a prefix ambiguous: for that user they do not exist.
+        """
+        if not ref:
+            raise JobNotFound(ref)
+        mine, mine_params = _owned(owner)
+        rows = self._query(
+            f"SELECT * FROM jobs WHERE substr(id, 1, ?) = ?{mine} ORDER BY created_at",
+            (len(ref), ref.lower(), *mine_params),
+        )
+        if len(rows) == 1:
+            return JobRecord.from_row(rows[0])
+        if len(rows) > 1:
+            exact = [r for r in rows if r["id"] == ref]
+            if exact:
+                return JobRecord.from_row(exact[0])
+            raise AmbiguousJob(ref, [r["id"] for r in rows])
+        rows = self._query(
+            f"SELECT * FROM jobs WHERE name = ?{mine} ORDER BY created_at DESC LIMIT 1",
+            (ref, *mine_params),
+        )
+        if rows:
+            return JobRecord.from_row(rows[0])
+        raise JobNotFound(ref)
+
+    def list(
+        self,
+        states: Iterable[JobState] | None = None,
+        limit: int = 1000,
+        owner: str | None = None,
+    ) -> list[JobRecord]:
+        """The newest jobs first; with `owner`, only that user's."""
+        where: list[str] = []
+        params: list[Any] = []
+        if states is not None:
+            values = [s.value for s in states]
+            where.append(f"state IN ({','.join('?' * len(values))})")
+            params += values
+        if owner is not None:
+            where.append("owner = ?")
+            params.append(owner)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        rows = self._query(
+            f"SELECT * FROM jobs{clause} ORDER BY created_at DESC LIMIT ?", (*params, limit)
+        )
+        return [JobRecord.from_row(r) for r in rows]
+
+    def queued(self) -> Sequence[JobRecord]:
+        """Every queued job, in the order the scheduler considers them (no limit: `list`
+        returns the newest, and the oldest must never fall off the end)."""
+        rows = self._query(
+            "SELECT * FROM jobs WHERE state = ? ORDER BY priority DESC, created_at, id",
+            (JobState.queued.value,),
+        )
+        return [JobRecord.from_row(r) for r in rows]
+
+    def count(self, state: JobState) -> int:
+        return int(self._query("SELECT count(*) FROM jobs WHERE state = ?", (state.value,))[0][0])
+
+    def counts(self) -> dict[JobState, int]:
+        """How many jobs are in each state, every state included (0 for none)."""
+        counts = dict.fromkeys(JobState, 0)
+        for state, n in self._query("SELECT state, count(*) FROM jobs GROUP BY state"):
+            counts[JobState(state)] = n
+        return counts
+
+    def run_times(
+        self, bounds: Sequence[float]
+    ) -> dict[JobState, tuple[tuple[int, ...], int, float]]:
+        """Finished jobs' run times (their last attempt, start to end), by final state: the
+        count at or under each of `bounds` (cumulative), the count, and the sum in seconds.
+        Rows are never deleted, so each figure only grows: a Prometheus histogram."""
+        le = ", ".join("total(d <= ?)" for _ in bounds)  # one placeholder per bound
+        marks = ",".join("?" * len(FINISHED_STATES))
+        rows = self._query(
+            f"SELECT state, count(*), total(d){', ' if bounds else ''}{le} FROM"
+            " (SELECT state, max(ended_at - started_at, 0) AS d FROM jobs"
+            f" WHERE state IN ({marks}) AND started_at IS NOT NULL AND ended_at IS NOT NULL)"
+            " GROUP BY state",
+            (*bounds, *(s.value for s in FINISHED_STATES)),
+        )
+        return {JobState(r[0]): (tuple(int(c) for c in r[3:]), r[1], r[2]) for r in rows}
+
+    def holdings(self) -> Sequence[Holding]:
+        """What the starting and running jobs hold: their GPUs and, for shares, how much."""
+        return [
+            Holding(job.id, tuple(job.gpu_ids), job.gpu_memory_mb)
+            for job in reversed(self.list(ACTIVE_STATES))  # oldest first
+            if job.gpu_ids
+        ]
+
+    def transition(
+        self, job_id: str, from_states: Iterable[JobState], to_state: JobState, **fields: Any
+    ) -> bool:
+        """Move a job to `to_state` if it is in one of `from_states`; set `fields` with it.
+
+        Returns False (and changes nothing) if the job was in another state.
+        """
+        allowed = [s.value for s in from_states]
+        sets = ["state = ?"]
+        params: list[Any] = [to_state.value]
+        for key, value in fields.items():
+            if key not in _UPDATABLE:
+                raise ValueError(f"field {key} cannot be updated")
+            sets.append(f"{key} = ?")
+            params.append(json.dumps(value) if key == "gpu_ids" else value)
+        marks = ",".join("?" * len(allowed))
+        sql = f"UPDATE jobs SET {', '.join(sets)} WHERE id = ? AND state IN ({marks})"
+        return self._execute(sql, (*params, job_id, *allowed)) == 1
+
+    def retry(self, job: JobRecord, state: JobState, **outcome: Any) -> bool:
+        """Record the running attempt's end as `state` and queue the job's next attempt.
+
+        One transaction: either the attempt is recorded and the job is queued again (GPUs
+        released, attempt + 1), or nothing changes (the job had left `running`).
+        """
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                moved = self._db.execute(
+                    "UPDATE jobs SET state = ?, attempt = attempt + 1, gpu_ids = '[]',"
+                    " started_at = NULL, ended_at = NULL, exit_code = NULL, signal = NULL,"
+                    " reason = NULL, pid = NULL, pid_start = NULL"
+                    " WHERE id = ? AND state IN (?, ?) AND attempt = ?",
+                    (
+                        JobState.queued.value,
+                        job.id,
+                        JobState.starting.value,
+                        JobState.running.value,
+                        job.attempt,
+                    ),
+                ).rowcount
+                if moved:
+                    self._db.execute(
+                        "INSERT INTO attempts (job_id, attempt, state, started_at, ended_at,"
+                        " exit_code, signal, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (
+                            job.id,
+                            job.attempt,
+                            state.value,
+                            job.started_at,
+                            outcome.get("ended_at"),
+                            outcome.get("exit_code"),
+                            outcome.get("signal"),
+                            outcome.get("reason"),
+                        ),
+                    )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return bool(moved)
+
+    def attempts(self, job_id: str) -> Sequence[sqlite3.Row]:
+        """The finished earlier attempts of a job, oldest first."""
+        return self._query("SELECT * FROM attempts WHERE job_id = ? ORDER BY attempt", (job_id,))
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        """Set fields that do not change the state (pid, cancel flag)."""
+        for key in fields:
+            if key not in _UPDATABLE:
+                raise ValueError(f"field {key} cannot be updated")
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        values = [json.dumps(v) if k == "gpu_ids" else v for k, v in fields.items()]
+        self._execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*values, job_id))
+
+
+def _owned(owner: str | None) -> tuple[str, tuple[str, ...]]:
+    """An SQL condition (text fixed here, value bound) restricting rows to one owner."""
+    return ("", ()) if owner is None else (" AND owner = ?", (owner,))
+
+
+_UPDATABLE = frozenset(
+    {
+        "gpu_ids",
+        "started_at",
+        "ended_at",
+        "exit_code",
+        "signal",
+        "reason",
+        "pid",
+        "pid_start",
+        "cancel_requested",
+        "attempt",
+    }
+)

@@ -1,0 +1,1 @@
+"""Runs in the agent: the HTTP server (app, listeners, auth, tokens, routers, duties, metrics)."""

@@ -1,0 +1,136 @@
+"""Runs in the agent: the FastAPI application (routes, error answers, the scheduler task).
+
+The app knows nothing of listeners: the daemon serves it behind one auth middleware per
+listener (see `gpuhop.agent.server.auth`), which tells each route who is calling.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import logging
+import warnings
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from gpuhop import __version__
+from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.server.duties import run_duties
+from gpuhop.agent.server.errors import ApiError, describe_errors, error_response
+from gpuhop.agent.server.limits import BodyLimit
+from gpuhop.agent.server.routers import (
+    agent,
+    blobs,
+    datasets,
+    jobs,
+    metrics,
+    ports,
+    serving,
+    tensorboard,
+    tokens,
+    trees,
+    ui,
+)
+from gpuhop.agent.services.serving import Upstream
+from gpuhop.agent.storage.blobs import QuotaExceeded
+from gpuhop.api import ErrorCode
+from gpuhop.ui import api as ui_api
+from gpuhop.ui import pages as ui_pages
+from gpuhop.ui.guard import UiGuard
+from gpuhop.ui.sessions import UiSessions
+
+log = logging.getLogger("gpuhop.agent")
+# The disk (or the user's disk quota) is full: the answer is 507, as for our own quotas.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+_HTTP_CODES = {
+    401: ErrorCode.unauthorized,
+    403: ErrorCode.forbidden,
+    404: ErrorCode.not_found,
+    413: ErrorCode.too_large,
+}
+
+
+def create_app(ctx: AgentContext) -> FastAPI:
+    # pydantic >= 2.12 warns about the alias FastAPI gives a body parameter's field, although
+    # it works (pydantic#12356); the warning would fill every agent log.
+    warnings.filterwarnings(
+        "ignore", message=r"The 'alias' attribute with value", module=r"pydantic\._internal"
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        tasks = [
+            asyncio.create_task(ctx.run_scheduler(), name="scheduler"),
+            asyncio.create_task(run_duties(ctx), name="duties"),
+        ]
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            await app.state.upstream.aclose()
+
+    app = FastAPI(title="gpuhop agent", version=__version__, lifespan=lifespan)
+    app.state.ctx = ctx
+    # The HTTP client the model-server proxy shares (see `services.serving`).
+    app.state.upstream = Upstream()
+    # The dashboard's login codes and browser sessions (in memory; see gpuhop.ui.sessions).
+    app.state.ui_sessions = UiSessions()
+    routers = (jobs.router, ports.router, blobs.router, trees.router, agent.router)
+    extra = (tokens.router, datasets.router, serving.router, tensorboard.router, ui.router)
+    for router in (*routers, *extra):
+        app.include_router(router)
+    app.include_router(metrics.router)
+    app.include_router(ui_pages.router)
+    app.include_router(ui_api.router)
+    app.add_middleware(BodyLimit)
+    # Every /ui path but the login and the static files needs a session (gpuhop.ui.guard).
+    app.add_middleware(UiGuard, sessions=app.state.ui_sessions)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message, exc.detail)
+
+    @app.exception_handler(QuotaExceeded)
+    async def over_quota(request: Request, exc: QuotaExceeded) -> JSONResponse:
+        return error_response(507, ErrorCode.insufficient_storage, str(exc))
+
+    @app.exception_handler(OSError)
+    async def os_error(request: Request, exc: OSError) -> JSONResponse:
+        if exc.errno in NO_SPACE:
+            return error_response(
+                507,
+                ErrorCode.insufficient_storage,
+                f"the GPU host's disk is full ({exc.strerror}: {exc.filename or 'a write'});"
+                " free space there (gpuhop gc) and try again",
+            )
+        log.exception("%s %s failed", request.method, request.url.path)
+        return error_response(500, ErrorCode.internal, f"the agent failed: {exc}")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(422, ErrorCode.bad_request, describe_errors(exc.errors()))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        # Starlette's own answers (no such route, wrong method, body too large) in the same
+        # shape as every other error.
+        if exc.status_code == 404:
+            message = f"no such route: {request.method} {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"{request.url.path} does not take {request.method}"
+        else:
+            message = str(exc.detail)
+        return error_response(
+            exc.status_code, _HTTP_CODES.get(exc.status_code, ErrorCode.bad_request), message
+        )
+
+    return app

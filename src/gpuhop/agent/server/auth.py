@@ -1,0 +1,117 @@
+"""Runs in the agent: who is calling, resolved once per request by the listener's middleware.
+
+Each listener wraps the same app in its own ASGI middleware, which puts a `Caller` into the
+scope of every HTTP request and WebSocket handshake before any route runs:
+
+- the Unix socket (mode 0600: only the agent's OS user can connect) is the agent's owner,
+  an admin, named by the OS login name (`OwnerAuth`);
+- the TCP listener takes `Authorization: Bearer <token>` and nothing else (`TokenAuth`);
+  without a valid token the answer is 401 and no route, not even /docs, is reached (a
+  browser that comes straight to the dashboard's `/ui` gets a page saying how to log in).
+
+The dashboard (`/ui`) needs a session cookie on top of this, checked by `gpuhop.ui.guard`.
+
+Routes read the caller with `caller_of(request_or_websocket)` (gpuhop.agent.server.callers,
+which the dashboard's guard shares) and hand it to the services, which show a user only
+their own jobs (see `services.jobs.find`).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import logging
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gpuhop.agent.server.callers import SCOPE_KEY, Caller
+from gpuhop.agent.server.tokens import TokenStore
+from gpuhop.api import ErrorBody, ErrorCode
+from gpuhop.ui.guard import NOT_LOGGED_IN, denied_page
+
+log = logging.getLogger("gpuhop.agent")
+
+
+def owner_login() -> str:
+    """The OS login name of the agent's user: who the Unix socket's callers are."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "owner"
+
+
+class OwnerAuth:
+    """The Unix socket's middleware: every caller is the agent's owner, an admin."""
+
+    def __init__(self, app: ASGIApp, user: str | None = None):
+        self.app = app
+        self.caller = Caller(user or owner_login(), admin=True)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            scope = {**scope, SCOPE_KEY: self.caller}
+        await self.app(scope, receive, send)
+
+
+class TokenAuth:
+    """The TCP listener's middleware: a valid bearer token, or 401 and nothing else."""
+
+    def __init__(self, app: ASGIApp, tokens: TokenStore):
+        self.app = app
+        self.tokens = tokens
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)  # lifespan
+            return
+        record = None
+        token = _bearer(scope)
+        if token is not None:
+            record = self.tokens.check(token)
+        if record is None:
+            client = scope.get("client")
+            log.info("refused a request without a valid token from %s", client and client[0])
+            await _refuse(scope, receive, send)
+            return
+        scope = {**scope, SCOPE_KEY: Caller(record.user, record.admin)}
+        await self.app(scope, receive, send)
+
+
+def _bearer(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                return token.strip()
+            return None
+    return None
+
+
+_REFUSAL = ErrorBody(
+    code=ErrorCode.unauthorized,
+    message="this listener needs a valid token (Authorization: Bearer ...)",
+)
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
+    body = json.dumps(_REFUSAL.model_dump(mode="json")).encode()
+    kind = b"application/json"
+    if scope["type"] == "http" and (scope["path"] + "/").startswith("/ui/"):
+        body, kind = denied_page(NOT_LOGGED_IN), b"text/html; charset=utf-8"
+    headers: list[tuple[bytes, bytes]] = [
+        (b"content-type", kind),
+        (b"content-length", str(len(body)).encode()),
+        (b"www-authenticate", b"Bearer"),
+    ]
+    if scope["type"] == "http":
+        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        return
+    message = await receive()  # websocket.connect
+    if message["type"] != "websocket.connect":
+        return
+    if "websocket.http.response" in scope.get("extensions", {}):
+        await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1008})  # the server answers 403

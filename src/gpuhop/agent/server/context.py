@@ -1,0 +1,151 @@
+"""Runs in the agent: the agent's parts wired together, and the loop that starts queued jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from gpuhop.agent.host.gpuhistory import GpuHistory
+from gpuhop.agent.jobs.policy import Policy
+from gpuhop.agent.jobs.scheduler import Pending, could_ever_fit, plan
+from gpuhop.agent.jobs.store import JobStore
+from gpuhop.agent.jobs.supervisor import Supervisor
+from gpuhop.agent.server.tokens import TokenStore
+from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.claims import ClaimStore
+from gpuhop.agent.storage.datasets import DatasetStore
+from gpuhop.agent.storage.envs import EnvStore
+from gpuhop.agent.storage.trees import TreeStore
+from gpuhop.agent.storage.usage import DiskMeter
+from gpuhop.api import JobState, ListenerInfo, format_mb
+from gpuhop.home import AgentPaths
+
+if TYPE_CHECKING:
+    from gpuhop.backends.base import Backend
+
+log = logging.getLogger("gpuhop.agent")
+
+# The scheduler also runs on this interval when nothing wakes it, as a safety net.
+SCHEDULE_INTERVAL = 1.0
+
+
+class AgentContext:
+    def __init__(
+        self,
+        paths: AgentPaths,
+        backend: Backend,
+        policy: Policy | None = None,
+    ):
+        """`backend` runs the jobs (here, or on a Ray cluster) and offers its GPUs."""
+        paths.ensure()
+        self.paths = paths
+        self.policy = policy or Policy()
+        self.backend = backend
+        gpu_host = backend.gpu_host
+        self.gpu_host = gpu_host
+        # The GPUs as found at start; their live readings come from gpu_host.usage().
+        self.gpus = gpu_host.gpus
+        self.fake_gpus = gpu_host.fake
+        # The last hour of their readings, sampled by a duty (the dashboard's GPU page).
+        self.gpu_history = GpuHistory()
+        self.pid = os.getpid()
+        self.store = JobStore(paths.db)
+        self.blobs = BlobStore(paths.blobs, paths.tmp)
+        self.trees = TreeStore(paths.trees, paths.tmp, self.blobs)
+        self.datasets = DatasetStore(paths.home / "datasets", self.blobs)
+        self.envs = EnvStore(paths.home / "envs")
+        self.supervisor = Supervisor(
+            paths, self.store, self.blobs, on_change=self.wake, backend=backend
+        )
+        self.tokens = TokenStore(paths.tokens_db)
+        self.claims = ClaimStore(paths.claims_db)
+        self.meter = DiskMeter(paths, self.blobs, self.policy)
+        # One garbage collection at a time (`gpuhop gc` and the timer).
+        self.gc_lock = threading.Lock()
+        # Set once the scheduler has re-attached to the jobs of a previous agent.
+        self.reattached = asyncio.Event()
+        # The TCP listener, when the daemon opened one.
+        self.listener: ListenerInfo | None = None
+        self._launcher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="launch")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event: asyncio.Event | None = None
+
+    def wake(self) -> None:
+        """Ask the scheduler to look at the queue now. Safe from any thread."""
+        loop, event = self._loop, self._event
+        if loop is not None and event is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(event.set)
+
+    def schedule_once(self) -> int:
+        """Start every queued job that fits now. Returns how many were started."""
+        queued = self.store.queued()
+        if not queued:
+            return 0
+        memory = {g.index: g.memory_mb for g in self.gpus}
+        pending = [Pending(j.id, j.gpus, j.priority, j.created_at, j.gpu_memory_mb) for j in queued]
+        self._fail_misfits(pending, memory)
+        started = 0
+        for placement in plan(pending, memory, self.store.holdings()):
+            # Allocation and the move to `starting` are one guarded UPDATE.
+            if self.store.transition(
+                placement.job_id,
+                [JobState.queued],
+                JobState.starting,
+                gpu_ids=list(placement.gpu_ids),
+            ):
+                self._launcher.submit(self._launch, placement.job_id)
+                started += 1
+        return started
+
+    def _fail_misfits(self, pending: list[Pending], memory: dict[int, int]) -> None:
+        """Fail the queued jobs that this host can never run (it restarted with fewer GPUs)."""
+        for job in pending:
+            if could_ever_fit(job, memory):
+                continue
+            asks = (
+                f"{format_mb(job.gpu_memory_mb)} of one GPU's memory"
+                if job.gpu_memory_mb is not None
+                else f"{job.gpus} GPU(s)"
+            )
+            where = self.backend.where
+            reason = (
+                f"could not start: it asks for {asks}; {where} now has {len(memory)} GPU(s)"
+                f" with up to {format_mb(max(memory.values(), default=0))} each"
+            )
+            if self.store.transition(
+                job.job_id, [JobState.queued], JobState.failed, reason=reason, ended_at=time.time()
+            ):
+                log.warning("job %s %s", job.job_id, reason)
+
+    def _launch(self, job_id: str) -> None:
+        try:
+            self.supervisor.launch(job_id)
+        except Exception:  # a bug here must not take the agent down
+            log.exception("launching job %s failed", job_id)
+
+    async def run_scheduler(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._event = asyncio.Event()
+        await asyncio.to_thread(self.supervisor.reattach)
+        self.reattached.set()
+        while True:
+            try:
+                self.schedule_once()
+            except Exception:
+                log.exception("scheduling failed; trying again in %.0fs", SCHEDULE_INTERVAL)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event.wait(), timeout=SCHEDULE_INTERVAL)
+            self._event.clear()
+
+    def close(self) -> None:
+        self._launcher.shutdown(wait=True)
+        self.store.close()
+        self.tokens.close()
+        self.claims.close()
+        self.gpu_host.close()

@@ -1,0 +1,219 @@
+"""Runs on the GPU host: serves the agent in this process until SIGTERM.
+
+One agent per state dir, guarded by an flock on `agent.lock`, listening on `agent.sock`
+(mode 0600 in a 0700 dir; no TCP port unless `--listen` asks for one, see
+`gpuhop.agent.server.listen`). Jobs run in their own sessions and survive the agent: stopping it
+never stops a job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Generator
+from pathlib import Path
+from typing import Any
+
+from uvicorn import server as uvicorn_server
+
+from gpuhop.agent.jobs import policy as policy_mod
+from gpuhop.agent.server import listen as listen_mod
+from gpuhop.agent.server.listen import ListenSpec
+from gpuhop.backends import BackendSettings
+from gpuhop.home import AgentError, AgentPaths, read_pid
+
+
+def serve(
+    paths: AgentPaths,
+    fake_gpus: int | None = None,
+    fake_gpu_memory_mb: int | None = None,
+    listen: ListenSpec | None = None,
+    policy: dict[str, Any] | None = None,
+    backend: BackendSettings | None = None,
+) -> None:
+    """Run the agent in this process until SIGTERM or SIGINT.
+
+    `fake_gpus=N` pretends the host has N GPUs of `fake_gpu_memory_mb` (default 8192) each.
+    `listen` opens a TCP listener beside the Unix socket: TLS (unless `--no-tls` on
+    loopback) and bearer tokens, serving the same app in the same event loop.
+    `policy` overrides settings of agent.toml (retention, quotas: see gpuhop.agent.jobs.policy).
+    `backend` says where jobs run (see gpuhop.backends); None: as the last time, else here.
+    """
+    paths.ensure()
+    try:
+        settings = policy_mod.load(paths.home, policy)
+    except policy_mod.PolicyError as e:
+        raise AgentError(str(e)) from None
+    lock_fd = os.open(paths.lockfile, os.O_RDWR | os.O_CREAT, 0o600)
+    if not _take_lock(lock_fd):
+        raise AgentError(f"an agent already runs for {paths.home} (pid {read_pid(paths)})")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        paths.pidfile.write_text(f"{os.getpid()}\n")
+        with contextlib.suppress(FileNotFoundError):
+            paths.listen_file.unlink()  # left by an agent that died
+        _serve_locked(paths, fake_gpus, fake_gpu_memory_mb, listen, settings, backend)
+    finally:
+        for leftover in (paths.socket, paths.listen_file, paths.pidfile):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+        os.close(lock_fd)
+
+
+def _serve_locked(
+    paths: AgentPaths,
+    fake_gpus: int | None,
+    fake_gpu_memory_mb: int | None,
+    listen: ListenSpec | None,
+    policy: policy_mod.Policy,
+    backend: BackendSettings | None,
+) -> None:
+    import uvicorn
+
+    from gpuhop.agent.host import gpus
+    from gpuhop.agent.server.app import create_app
+    from gpuhop.agent.server.auth import OwnerAuth, TokenAuth
+    from gpuhop.agent.server.context import AgentContext
+    from gpuhop.backends import open_backend, remember, resolve
+
+    log = logging.getLogger("gpuhop.agent")
+    where = resolve(paths.home, backend)
+    if where.name != "local" and fake_gpus is not None:
+        raise AgentError("--fake-gpus is for the local backend; a Ray cluster has its own GPUs")
+    local = where.name == "local"
+    gpu_host = (
+        gpus.discover(fake_gpus, fake_gpu_memory_mb or gpus.FAKE_GPU_MEMORY_MB) if local else None
+    )
+    # Before any listener exists: a cluster that cannot be used stops the agent here.
+    job_backend = open_backend(where, paths, sys.executable, gpu_host)
+    remember(paths.home, where)
+    tcp: socket.socket | None = None
+    listener = None
+    cert_files: dict[str, Any] = {}
+    if listen is not None:
+        fingerprint = None
+        if listen.tls:
+            cert, key, fingerprint = listen_mod.certificate(paths, listen)
+            cert_files = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+        tcp = listen_mod.bind(listen)
+        listener = listen_mod.listener_info(tcp, listen, fingerprint)
+        # Written before the Unix socket exists: whoever waits for the socket to answer
+        # (`gpuhop agent start`) finds the actual address and fingerprint here.
+        listen_mod.write_listen_file(paths, listener)
+    sock = _bind_unix_socket(paths.socket)
+    ctx = AgentContext(paths, job_backend, policy)
+    ctx.listener = listener
+    app = create_app(ctx)
+    common: dict[str, Any] = {
+        "log_level": "warning",
+        "access_log": False,
+        "timeout_graceful_shutdown": 2,
+    }
+    # One lifespan (the scheduler) for the agent: the Unix socket's server runs it.
+    servers = [(_Server(uvicorn.Config(OwnerAuth(app), **common)), sock)]
+    if tcp is not None:
+        config = uvicorn.Config(
+            TokenAuth(app, ctx.tokens),
+            lifespan="off",
+            proxy_headers=False,
+            **cert_files,
+            **common,
+        )
+        servers.append((_Server(config), tcp))
+    log.info(
+        "agent %d serving %s with %d GPU(s) (%s)",
+        os.getpid(),
+        paths.socket,
+        len(ctx.gpus),
+        ctx.gpu_host.source,
+    )
+    if job_backend.remote:
+        log.info("%s", job_backend.describe())
+    if listener is not None:
+        log.info(
+            "listening on %s; certificate fingerprint %s",
+            listener.url,
+            listener.fingerprint or "(none: plain HTTP on loopback)",
+        )
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(_serve_all(servers))
+    finally:
+        ctx.close()
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (its TLS and sockets are faster), else
+    asyncio's own."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+class _Server(uvicorn_server.Server):
+    """A uvicorn server that leaves signals alone: `_serve_all` handles them once for all."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+async def _serve_all(servers: list[tuple[_Server, socket.socket]]) -> None:
+    """Serve every listener until SIGTERM or SIGINT; when one server stops, all stop."""
+    loop = asyncio.get_running_loop()
+
+    def stop_all() -> None:
+        for server, _ in servers:
+            server.should_exit = True
+
+    async def run(server: _Server, sock: socket.socket) -> None:
+        try:
+            await server.serve(sockets=[sock])
+        finally:
+            stop_all()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_all)
+    try:
+        await asyncio.gather(*(run(server, sock) for server, sock in servers))
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+
+
+def _take_lock(fd: int, patience: float = 1.0) -> bool:
+    # A client checking for a running agent holds the lock for an instant: retry briefly.
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+
+
+def _bind_unix_socket(path: Path) -> socket.socket:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a stale socket from an agent that died; we hold the lock
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(128)
+    return sock

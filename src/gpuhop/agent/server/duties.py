@@ -1,0 +1,98 @@
+"""Runs in the agent: its periodic duties (garbage collection, the log cap, GPU sampling).
+
+Each duty is a small object with an interval and one `run()` (SkyPilot's `SkyletEvent`);
+`run()` runs in a worker thread, so a slow walk of the disk never holds up a request, and
+an exception is logged and never takes the agent down. The duties start once the scheduler
+has re-attached to the jobs a previous agent left running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Protocol
+
+from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.storage import gc
+from gpuhop.agent.storage.usage import format_bytes
+from gpuhop.api import JobState
+
+log = logging.getLogger("gpuhop.agent.server.duties")
+
+
+class Duty(Protocol):
+    interval: float
+
+    def run(self) -> None: ...
+
+
+class Collect:
+    """Garbage collection and retention: at start, then every `gc_every_hours`."""
+
+    def __init__(self, rt: AgentContext):
+        self.rt = rt
+        self.interval = rt.policy.gc_every_hours * 3600
+
+    def run(self) -> None:
+        gc.collect(self.rt, self.rt.policy)
+
+
+class LogCap:
+    """Stops a running job whose log passed `log_cap`: the job fails, saying why. Checked
+    every second, so a job writing fast may pass the cap by what it writes in a second."""
+
+    interval = 1.0
+
+    def __init__(self, rt: AgentContext, cap: int):
+        self.rt = rt
+        self.cap = cap
+
+    def run(self) -> None:
+        for job in self.rt.store.list([JobState.running], limit=100_000):
+            jp = self.rt.supervisor.job_paths(job.id)
+            try:
+                size = jp.log.stat().st_size
+            except OSError:
+                continue
+            if size > self.cap and job.pid is not None:
+                self.rt.supervisor.stop(
+                    job,
+                    f"stopped: its log passed the agent's cap of {format_bytes(self.cap)}"
+                    " (log_cap in agent.toml)",
+                )
+
+
+class SampleGpus:
+    """Records each GPU's memory use and load for the dashboard's GPU page."""
+
+    def __init__(self, rt: AgentContext):
+        self.rt = rt
+        self.interval = rt.gpu_history.every
+
+    def run(self) -> None:
+        self.rt.gpu_history.record(time.time(), self.rt.gpu_host.usage())
+
+
+def duties(rt: AgentContext) -> list[Duty]:
+    out: list[Duty] = [SampleGpus(rt)] if rt.gpus else []
+    if rt.policy.gc_every_hours > 0:
+        out.append(Collect(rt))
+    if rt.policy.log_cap is not None:
+        out.append(LogCap(rt, rt.policy.log_cap))
+    return out
+
+
+async def run_duties(rt: AgentContext) -> None:
+    """Run each duty at once, then every `interval` seconds, until cancelled."""
+    await rt.reattached.wait()
+    await asyncio.gather(*(_every(duty) for duty in duties(rt)))
+
+
+async def _every(duty: Duty) -> None:
+    while True:
+        try:
+            await asyncio.to_thread(duty.run)
+        except Exception:
+            log.exception("%s failed; it runs again in %.0fs", type(duty).__name__, duty.interval)
+        await asyncio.sleep(duty.interval)

@@ -1,0 +1,68 @@
+"""Runs in the agent: /v1/agent (what this agent is and has: its GPUs, a preflight, its
+disk use, and garbage collection)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query, Request
+
+from gpuhop import __version__
+from gpuhop.agent.server.callers import caller_of
+from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.server.errors import ApiError
+from gpuhop.agent.services import doctor as doctor_service
+from gpuhop.agent.services import gpus as gpus_service
+from gpuhop.agent.storage import gc as gc_service
+from gpuhop.api import AgentInfo, DoctorCheck, ErrorCode, GpuInfo, JobState
+from gpuhop.api.upkeep import DiskUsage, GcReport
+
+router = APIRouter(prefix="/v1/agent", tags=["agent"])
+
+
+def ctx(request: Request) -> AgentContext:
+    return request.app.state.ctx
+
+
+@router.get("")
+def info(request: Request) -> AgentInfo:
+    c = ctx(request)
+    caller = caller_of(request)
+    return AgentInfo(
+        version=__version__,
+        pid=c.pid,
+        home=str(c.paths.home),
+        gpus=gpus_service.describe(c, caller),
+        fake_gpus=c.fake_gpus,
+        jobs_running=c.store.count(JobState.running),
+        jobs_queued=c.store.count(JobState.queued),
+        listener=c.listener,
+        backend=c.backend.name,
+        ray_address=c.backend.address,
+        user=caller.user,
+        admin=caller.admin,
+    )
+
+
+@router.get("/gpus")
+def gpus(request: Request) -> list[GpuInfo]:
+    return gpus_service.describe(ctx(request), caller_of(request))
+
+
+@router.get("/doctor")
+def doctor(request: Request) -> list[DoctorCheck]:
+    # A sync route: FastAPI runs it in a worker thread, so the probe's seconds of importing
+    # TensorFlow in a subprocess never hold up the other requests.
+    return doctor_service.run(ctx(request))
+
+
+@router.get("/usage")
+def usage(request: Request) -> DiskUsage:
+    return ctx(request).meter.usage()
+
+
+@router.post("/gc")
+def gc(request: Request, dry_run: bool = Query(default=False)) -> GcReport:
+    """Garbage collection and retention now (admins only: it removes every user's data)."""
+    if not caller_of(request).admin:
+        raise ApiError(403, ErrorCode.forbidden, "only an admin may collect garbage")
+    c = ctx(request)
+    return gc_service.collect(c, c.policy, dry_run=dry_run)

@@ -1,0 +1,54 @@
+"""Runs in the agent: /v1/blobs routes (which blobs are missing; framed uploads).
+
+For a caller who is not an admin, a blob they have not uploaded themselves counts as
+missing (see gpuhop.agent.storage.claims): knowing a digest is not holding the file.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+from gpuhop.agent.server.callers import caller_of
+from gpuhop.agent.server.errors import ApiError
+from gpuhop.agent.storage.blobs import BlobError, QuotaExceeded
+from gpuhop.api import BlobCheck, BlobCheckResult, ErrorCode
+
+router = APIRouter(prefix="/v1/blobs", tags=["blobs"])
+
+
+@router.post("/missing")
+def missing(req: BlobCheck, request: Request) -> BlobCheckResult:
+    ctx = request.app.state.ctx
+    caller = caller_of(request)
+    absent = ctx.blobs.missing(req.digests)
+    if caller.admin:
+        return BlobCheckResult(missing=absent)
+    gone = set(absent)
+    present = [d for d in req.digests if d not in gone]
+    unclaimed = set(ctx.claims.unclaimed(caller.user, "blob", present))
+    return BlobCheckResult(missing=[d for d in req.digests if d in gone or d in unclaimed])
+
+
+async def drain(request: Request) -> None:
+    """Read and drop the rest of a body that is refused before its end."""
+    async for _chunk in request.stream():
+        pass
+
+
+@router.post("/upload")
+async def upload(request: Request) -> dict[str, int]:
+    ctx = request.app.state.ctx
+    caller = caller_of(request)
+    received: list[str] = []
+    try:
+        stored, size = await ctx.blobs.receive(request.stream(), received.append)
+    except BlobError as e:
+        raise ApiError(400, ErrorCode.bad_blob, str(e)) from None
+    except QuotaExceeded:
+        await drain(request)  # so that the client, still sending, reads the 507
+        raise
+    finally:
+        # Blobs that arrived whole before an error count too: a retry sends only the rest.
+        if not caller.admin:
+            ctx.claims.claim(caller.user, "blob", received)
+    return {"stored": stored, "bytes": size}

@@ -1,0 +1,95 @@
+"""Runs in the agent: /v1/datasets (versions of named trees), /v1/chunks (their uploads) and
+/v1/envs (cached Python environments)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Query, Request
+
+from gpuhop.agent.server.callers import caller_of
+from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.server.errors import ApiError
+from gpuhop.agent.server.routers.blobs import drain
+from gpuhop.agent.server.routers.trees import MAX_TREE_BYTES, read_limited
+from gpuhop.agent.services import datasets as service
+from gpuhop.agent.services import envs as envs_service
+from gpuhop.agent.storage import chunks
+from gpuhop.agent.storage.blobs import BlobError, QuotaExceeded
+from gpuhop.api import ErrorCode
+from gpuhop.api.data import DatasetInfo, EnvInfo
+
+router = APIRouter(tags=["datasets"])
+
+
+def ctx(request: Request) -> AgentContext:
+    return request.app.state.ctx
+
+
+@router.post("/v1/chunks/upload")
+async def upload_chunks(request: Request) -> dict[str, int]:
+    caller = caller_of(request)
+    verified: list[str] = []
+    try:
+        stored, size, received = await chunks.receive(
+            ctx(request).blobs, request.stream(), verified.append
+        )
+    except BlobError as e:
+        raise ApiError(400, ErrorCode.bad_blob, str(e)) from None
+    except QuotaExceeded:
+        await drain(request)  # so that the client, still sending, reads the 507
+        raise
+    finally:
+        # Chunks that arrived whole before an error count too (see gpuhop.agent.storage.claims).
+        if not caller.admin:
+            ctx(request).claims.claim(caller.user, "blob", verified)
+    return {"stored": stored, "bytes": size, "received": received}
+
+
+@router.post("/v1/datasets/{name}", status_code=201)
+async def push(name: str, request: Request) -> DatasetInfo:
+    raw = await read_limited(request, MAX_TREE_BYTES, "a manifest")
+    # Assembling the version copies its bytes: off the event loop.
+    return await asyncio.to_thread(service.push, ctx(request), name, raw, caller_of(request))
+
+
+@router.get("/v1/datasets")
+def list_datasets(request: Request) -> list[DatasetInfo]:
+    return service.list_all(ctx(request))
+
+
+@router.get("/v1/datasets/{name}")
+def versions(name: str, request: Request) -> list[DatasetInfo]:
+    return service.versions(ctx(request), name)
+
+
+@router.get("/v1/datasets/{name}/files")
+def files(
+    name: str, request: Request, version: int | None = Query(default=None, ge=1)
+) -> list[dict[str, object]]:
+    return service.files(ctx(request), name, version)
+
+
+@router.delete("/v1/datasets/{name}")
+def remove(
+    name: str, request: Request, version: int | None = Query(default=None, ge=1)
+) -> dict[str, list[int]]:
+    return {"removed": service.remove(ctx(request), name, version, caller_of(request))}
+
+
+@router.get("/v1/envs")
+def list_envs(request: Request) -> list[EnvInfo]:
+    return envs_service.list_all(ctx(request))
+
+
+@router.delete("/v1/envs")
+def remove_envs(
+    request: Request,
+    id: str | None = Query(default=None, max_length=64),
+    unused: bool = False,
+    older_than: float | None = Query(default=None, ge=0),
+) -> dict[str, list[str]]:
+    if not caller_of(request).admin:
+        # A cache shared by every user of the agent: only an admin clears it.
+        raise ApiError(403, ErrorCode.forbidden, "only an admin may remove cached environments")
+    return {"removed": envs_service.remove(ctx(request), id, unused, older_than)}

@@ -1,0 +1,86 @@
+"""Runs in the agent: /v1/jobs routes."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import FileResponse, StreamingResponse
+
+from gpuhop.agent.server.callers import caller_of
+from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.services import jobs as service
+from gpuhop.api import ArtifactEntry, JobInfo, JobState, SubmitRequest
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+def ctx(request: Request) -> AgentContext:
+    return request.app.state.ctx
+
+
+@router.post("", status_code=201)
+def submit(req: SubmitRequest, request: Request) -> JobInfo:
+    return service.submit(ctx(request), req, caller_of(request))
+
+
+@router.get("")
+def list_jobs(
+    request: Request,
+    state: list[JobState] | None = Query(default=None),
+    limit: int = Query(default=200, ge=1, le=10_000),
+) -> list[JobInfo]:
+    return service.list_jobs(ctx(request), caller_of(request), state, limit)
+
+
+@router.get("/{ref}")
+def show(ref: str, request: Request) -> JobInfo:
+    c = ctx(request)
+    return service.to_info(c, service.find(c, ref, caller_of(request)))
+
+
+@router.post("/{ref}/cancel")
+def cancel(
+    ref: str, request: Request, grace: float = Query(default=10.0, ge=0, le=3600)
+) -> JobInfo:
+    return service.cancel(ctx(request), ref, grace, caller_of(request))
+
+
+@router.get("/{ref}/log")
+def log(
+    ref: str,
+    request: Request,
+    offset: int = Query(default=0, ge=0),
+    follow: bool = False,
+    worker: int | None = Query(default=None, ge=0),
+) -> StreamingResponse:
+    c = ctx(request)
+    job = service.find(c, ref, caller_of(request))
+    return StreamingResponse(
+        service.follow_log(c, job.id, service.log_path(c, job, worker), offset, follow),
+        media_type="application/octet-stream",
+        headers={"X-Gpuhop-Job": job.id},
+    )
+
+
+@router.get("/{ref}/metrics")
+def metrics(ref: str, request: Request, offset: int = Query(default=0, ge=0)) -> dict[str, object]:
+    c = ctx(request)
+    job = service.find(c, ref, caller_of(request))
+    service.check_not_pruned(c, job)
+    records, next_offset = service.read_metrics(c, job.id, offset)
+    return {"records": records, "next_offset": next_offset}
+
+
+@router.get("/{ref}/artifacts")
+def artifacts(ref: str, request: Request) -> list[ArtifactEntry]:
+    c = ctx(request)
+    job = service.find(c, ref, caller_of(request))
+    service.check_not_pruned(c, job)
+    return service.list_artifacts(c, job.id)
+
+
+@router.get("/{ref}/artifacts/{path:path}")
+def artifact(ref: str, path: str, request: Request) -> FileResponse:
+    c = ctx(request)
+    job = service.find(c, ref, caller_of(request))
+    service.check_not_pruned(c, job)
+    return FileResponse(service.artifact_path(c, job.id, path))

@@ -1,0 +1,41 @@
+"""Runs in the agent: /v1/jobs/{ref}/ports/{port}, a job's loopback port over the API.
+
+GET checks that the port can be forwarded now (the client's first check); the WebSocket
+on the same path carries one forwarded TCP connection (see `services.ports`).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, WebSocket
+
+from gpuhop.agent.server.callers import caller_of
+from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.server.errors import ApiError, error_response
+from gpuhop.agent.services import ports as service
+
+router = APIRouter(prefix="/v1/jobs", tags=["ports"])
+
+
+def ctx(conn: Request | WebSocket) -> AgentContext:
+    c: AgentContext = conn.app.state.ctx
+    return c
+
+
+@router.get("/{ref}/ports/{port}")
+async def check(ref: str, port: str, request: Request) -> dict[str, object]:
+    job = await service.check(ctx(request), ref, port, caller_of(request))
+    return {"job": job.id, "port": int(port)}
+
+
+@router.websocket("/{ref}/ports/{port}")
+async def forward(websocket: WebSocket, ref: str, port: str) -> None:
+    c = ctx(websocket)
+    try:
+        job = service.forwardable(c, ref, caller_of(websocket))
+        reader, writer = await service.connect(c, job, service.parse_port(port))
+    except ApiError as e:
+        # Refused before the handshake: the client reads a plain HTTP error, as for any route.
+        await websocket.send_denial_response(error_response(e.status, e.code, e.message, e.detail))
+        return
+    await websocket.accept()
+    await service.bridge(c, websocket, job, reader, writer)

@@ -1,0 +1,41 @@
+"""Runs in the agent: /v1/serve, model server jobs and the proxy to them.
+
+    POST /v1/serve              start a model server job (`ServeRequest` -> `JobInfo`)
+    GET  /v1/serve/{ref}        what the agent knows of it (`ServingInfo`)
+    ANY  /v1/serve/{ref}/{path} the request passed to its server, e.g.
+                                POST /v1/serve/digits/v1/models/digits:predict
+
+so `https://agent/v1/serve/digits` works as a TF Serving base URL with the caller's token.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from gpuhop.agent.server.callers import caller_of
+from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.services import serving as service
+from gpuhop.api import JobInfo, ServeRequest, ServingInfo
+
+router = APIRouter(prefix="/v1/serve", tags=["serving"])
+
+
+def ctx(request: Request) -> AgentContext:
+    c: AgentContext = request.app.state.ctx
+    return c
+
+
+@router.post("", status_code=201)
+def start(req: ServeRequest, request: Request) -> JobInfo:
+    return service.start(ctx(request), req, caller_of(request))
+
+
+@router.get("/{ref}")
+def show(ref: str, request: Request) -> ServingInfo:
+    return service.info(ctx(request), ref, caller_of(request))
+
+
+@router.api_route("/{ref}/{path:path}", methods=["GET", "POST"])
+async def proxy(ref: str, path: str, request: Request) -> Response:
+    upstream: service.Upstream = request.app.state.upstream
+    return await service.proxy(ctx(request), upstream, ref, path, request, caller_of(request))

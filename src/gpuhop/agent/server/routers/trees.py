@@ -1,0 +1,51 @@
+"""Runs in the agent: /v1/trees (work-dir manifests, stored once, named by digest)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+
+from gpuhop.agent.server.callers import caller_of
+from gpuhop.agent.server.errors import ApiError
+from gpuhop.agent.storage.trees import manifest_errors
+from gpuhop.api import ErrorCode, TreeStored
+
+router = APIRouter(prefix="/v1/trees", tags=["trees"])
+
+# 200,000 files at about 150 bytes each, with room to spare.
+MAX_TREE_BYTES = 64 * 1024 * 1024
+
+
+async def read_limited(request: Request, limit: int, what: str) -> bytes:
+    """A body read whole, refused with 413 once it passes `limit` bytes."""
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise ApiError(413, ErrorCode.too_large, f"{what} may be at most {limit} bytes")
+    return bytes(raw)
+
+
+@router.post("", status_code=201)
+async def upload(request: Request) -> TreeStored:
+    raw = await read_limited(request, MAX_TREE_BYTES, "a tree")
+    ctx = request.app.state.ctx
+    caller = caller_of(request)
+    with manifest_errors():
+        digest, tree = await asyncio.to_thread(ctx.trees.store, raw)
+    if not caller.admin:
+        # A tree may name only blobs this user has uploaded (see gpuhop.agent.storage.claims).
+        digests = [e.digest for e in tree.entries]
+        unclaimed = await asyncio.to_thread(ctx.claims.unclaimed, caller.user, "blob", digests)
+        if unclaimed:
+            raise ApiError(
+                409,
+                ErrorCode.missing_blobs,
+                f"{len(unclaimed)} blob(s) of this tree are not on the agent; upload them first",
+                {"missing": unclaimed},
+            )
+        await asyncio.to_thread(ctx.claims.claim, caller.user, "tree", [digest])
+    return TreeStored(
+        digest=digest, files=len(tree.entries), bytes=sum(e.size for e in tree.entries)
+    )

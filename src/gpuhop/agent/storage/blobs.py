@@ -1,0 +1,272 @@
+"""Runs in the agent: the content-addressed blob store for synced files.
+
+A blob is stored at `blobs/<first 2 hex>/<sha256>` only after its content was hashed and
+matched its name, by an atomic rename from a temp file on the same filesystem, so a
+half-written or wrong blob is never visible. Stored blobs are read-only (0444) and are only
+ever copied out, never handed to a job directly.
+
+Garbage collection (`gpuhop.agent.storage.gc`) removes blobs through `remove`, under the same lock
+that `has` takes: a blob that anyone asked about, uploaded or stored within the grace period
+is never removed, so an upload in progress keeps its blobs until its tree arrives.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+
+from gpuhop.api.framing import FRAME_HEADER
+from gpuhop.api.models import SHA256_RE
+
+FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
+REFLINK_UNSUPPORTED = {
+    errno.EOPNOTSUPP,
+    errno.ENOTTY,
+    errno.EINVAL,
+    errno.EXDEV,
+    errno.ENOSYS,
+    errno.EPERM,
+}
+
+
+class BlobError(ValueError):
+    """An upload that does not match what it claims to be."""
+
+
+class QuotaExceeded(Exception):
+    """Storing this would pass a disk quota; the message gives the figures."""
+
+
+class BlobStore:
+    def __init__(self, root: Path, tmp: Path, max_blob_size: int = 1 << 40):
+        self.root = root
+        self.tmp = tmp
+        self.max_blob_size = max_blob_size
+        self._reflinks = True
+        # Digests seen on disk, so each is checked once; `remove` discards them here too.
+        self._present: set[str] = set()
+        # When each digest was last asked about or stored (wall clock), for `remove`.
+        self._touched: dict[str, float] = {}
+        self._lock = threading.Lock()
+        # Called with a new blob's size before it is written; raises QuotaExceeded.
+        self.check_quota: Callable[[int], None] = lambda size: None
+        # Bytes stored since the last call of `take_added` (for the disk usage figures).
+        self._added = 0
+
+    def path(self, digest: str) -> Path:
+        if not SHA256_RE.match(digest):
+            raise BlobError(f"{digest!r} is not a sha256 hex digest")
+        return self.root / digest[:2] / digest
+
+    def has(self, digest: str) -> bool:
+        """Whether the blob is stored. Asking protects it from collection for a while."""
+        path = self.path(digest)
+        with self._lock:
+            self._touched[digest] = time.time()
+            if digest in self._present:
+                return True
+            if path.is_file():
+                self._present.add(digest)
+                return True
+            return False
+
+    def _stored(self, digest: str, size: int) -> None:
+        with self._lock:
+            self._touched[digest] = time.time()
+            self._present.add(digest)
+            self._added += size
+
+    def count_added(self, size: int) -> None:
+        """Bytes written beside the blobs (an assembled dataset), for the usage figures."""
+        with self._lock:
+            self._added += size
+
+    def take_added(self) -> int:
+        """Bytes stored since the last call."""
+        with self._lock:
+            added, self._added = self._added, 0
+            return added
+
+    def digests(self) -> Iterator[str]:
+        """Every stored blob's digest (a snapshot per directory; no order)."""
+        if not self.root.is_dir():
+            return
+        for sub in self.root.iterdir():
+            if len(sub.name) == 2 and sub.is_dir():
+                for path in sub.iterdir():
+                    if SHA256_RE.match(path.name):
+                        yield path.name
+
+    def remove(self, digest: str, untouched_since: float, dry_run: bool = False) -> int | None:
+        """Remove a blob unless it was asked about or stored at or after `untouched_since`
+        (or its file is that new). Returns the bytes freed (0 while other links to the file
+        remain, as a dataset's), or None if it was kept."""
+        path = self.path(digest)
+        with self._lock:
+            if self._touched.get(digest, 0.0) >= untouched_since:
+                return None
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                self._present.discard(digest)
+                return None
+            if st.st_mtime >= untouched_since:
+                return None
+            if not dry_run:
+                self._present.discard(digest)
+                self._touched.pop(digest, None)
+                path.unlink(missing_ok=True)
+            return st.st_size if st.st_nlink == 1 else 0
+
+    def missing(self, digests: list[str]) -> list[str]:
+        seen: set[str] = set()
+        out = []
+        for d in digests:
+            if d not in seen and not self.has(d):
+                out.append(d)
+            seen.add(d)
+        return out
+
+    def copy_to(self, digest: str, dest: Path, executable: bool = False) -> None:
+        """Copy a blob out to `dest` as a new, writable file (the blob stays untouched).
+
+        A reflink where the filesystem has them (btrfs, XFS): a copy that shares the
+        blob's blocks until either side writes, made in constant time. A plain copy
+        elsewhere (ext4, tmpfs), remembered after the first refusal.
+        """
+        src = self.path(digest)
+        if self._reflinks:
+            with open(src, "rb") as s, open(dest, "wb") as d:
+                try:
+                    fcntl.ioctl(d.fileno(), FICLONE, s.fileno())
+                except OSError as e:
+                    if e.errno not in REFLINK_UNSUPPORTED:
+                        raise
+                    self._reflinks = False
+                    shutil.copyfileobj(s, d, 1 << 20)
+        else:
+            shutil.copyfile(src, dest)
+        os.chmod(dest, 0o755 if executable else 0o644)
+
+    def put(self, digest: str, data: bytes) -> int:
+        """Store one blob held in memory (a dataset chunk) if it is new; return the bytes
+        stored. Raises BlobError if `data` does not hash to `digest`."""
+        actual = hashlib.sha256(data).hexdigest()
+        if actual != digest:
+            raise BlobError(f"blob {digest}: its content hashes to {actual}; it was rejected")
+        if self.has(digest):
+            return 0
+        self.check_quota(len(data))
+        fd, name = tempfile.mkstemp(dir=self.tmp, prefix="chunk-")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(name, 0o444)
+        dest = self.path(digest)
+        dest.parent.mkdir(exist_ok=True)
+        os.replace(name, dest)
+        self._stored(digest, len(data))
+        return len(data)
+
+    async def receive(
+        self, chunks: AsyncIterator[bytes], on_blob: Callable[[str], None] = lambda d: None
+    ) -> tuple[int, int]:
+        """Store every framed blob in an upload stream. Returns (blobs stored, bytes).
+        `on_blob` hears the digest of every blob whose bytes matched it, stored now or before.
+
+        Blobs completed before an error stay stored, so a retried upload sends only the rest.
+        Raises BlobError on a bad frame or a content/hash mismatch.
+        """
+        header = bytearray()  # a frame header split across network chunks
+        stored = 0
+        total = 0
+        writer: _BlobWriter | None = None
+        try:
+            async for chunk in chunks:
+                # Through a view: a blob's bytes go to its file without being copied first.
+                view = memoryview(chunk)
+                pos = 0
+                while pos < len(view) or (writer is not None and writer.remaining == 0):
+                    if writer is None:
+                        need = FRAME_HEADER.size - len(header)
+                        header += view[pos : pos + need]
+                        pos += need
+                        if len(header) < FRAME_HEADER.size:
+                            break
+                        raw, size = FRAME_HEADER.unpack(header)
+                        header.clear()
+                        if size > self.max_blob_size:
+                            raise BlobError(
+                                f"blob {raw.hex()} is {size} bytes, over the limit of"
+                                f" {self.max_blob_size}"
+                            )
+                        if not self.has(raw.hex()):
+                            self.check_quota(size)
+                        writer = _BlobWriter(self, raw.hex(), size)
+                    take = min(len(view) - pos, writer.remaining)
+                    writer.write(view[pos : pos + take])
+                    pos += take
+                    if writer.remaining == 0:
+                        total += writer.finish()
+                        stored += 1
+                        on_blob(writer.digest)
+                        writer = None
+        except BaseException:
+            if writer is not None:
+                writer.abort()  # a broken stream leaves no half-written blob behind
+            raise
+        if writer is not None:
+            writer.abort()
+            raise BlobError(
+                f"upload ended inside blob {writer.digest}: {writer.remaining} bytes missing"
+            )
+        if header:
+            raise BlobError("upload ended inside a frame header")
+        return stored, total
+
+
+class _BlobWriter:
+    def __init__(self, store: BlobStore, digest: str, size: int):
+        self.store = store
+        self.digest = digest
+        self.remaining = size
+        self.size = size
+        self.hash = hashlib.sha256()
+        fd, name = tempfile.mkstemp(dir=store.tmp, prefix="upload-")
+        self.tmp_path = Path(name)
+        self.file = os.fdopen(fd, "wb")
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.hash.update(data)
+        self.file.write(data)
+        self.remaining -= len(data)
+
+    def abort(self) -> None:
+        self.file.close()
+        self.tmp_path.unlink(missing_ok=True)
+
+    def finish(self) -> int:
+        self.file.close()
+        actual = self.hash.hexdigest()
+        if actual != self.digest:
+            self.tmp_path.unlink(missing_ok=True)
+            raise BlobError(
+                f"blob {self.digest}: its content hashes to {actual}; the upload was rejected"
+            )
+        dest = self.store.path(self.digest)
+        if dest.exists():
+            self.tmp_path.unlink(missing_ok=True)
+            self.store._stored(self.digest, 0)  # sent again: protected again
+            return 0
+        dest.parent.mkdir(exist_ok=True)
+        os.chmod(self.tmp_path, 0o444)
+        os.replace(self.tmp_path, dest)
+        self.store._stored(self.digest, self.size)
+        return self.size

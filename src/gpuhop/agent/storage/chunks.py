@@ -1,0 +1,73 @@
+"""Runs in the agent: receives dataset chunks (see `gpuhop.api.data` for the framing).
+
+Each chunk is decoded (zlib, bounded by its declared size, so a small upload cannot
+inflate into a large one), checked against its sha256, and stored in the blob store by
+atomic rename. Chunks completed before an error stay stored: a retried push sends only
+the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import AsyncIterator, Callable
+
+from gpuhop.agent.storage.blobs import BlobError, BlobStore
+from gpuhop.api.data import CHUNK_HEADER, MAX_CHUNK_SIZE
+
+RAW, ZLIB = 0, 1
+
+
+def decode(encoding: int, payload: bytes, size: int, digest: str) -> bytes:
+    if encoding == RAW:
+        data = payload
+    elif encoding == ZLIB:
+        inflater = zlib.decompressobj()
+        try:
+            data = inflater.decompress(payload, size + 1)
+        except zlib.error as e:
+            raise BlobError(f"chunk {digest}: bad zlib data ({e})") from None
+        if not inflater.eof or inflater.unused_data:
+            raise BlobError(f"chunk {digest}: its zlib data does not end where it says")
+    else:
+        raise BlobError(f"chunk {digest}: unknown encoding {encoding}")
+    if len(data) != size:
+        raise BlobError(f"chunk {digest}: {len(data)} bytes, but its header says {size}")
+    return data
+
+
+async def receive(
+    store: BlobStore,
+    stream: AsyncIterator[bytes],
+    on_chunk: Callable[[str], None] = lambda digest: None,
+) -> tuple[int, int, int]:
+    """Store every chunk of an upload. Returns (chunks stored, their bytes, bytes received).
+    `on_chunk` hears the digest of every chunk whose bytes matched it, new or not."""
+    buf = bytearray()
+    stored = stored_bytes = received = 0
+    async for piece in stream:
+        received += len(piece)
+        buf += piece
+        while len(buf) >= CHUNK_HEADER.size:
+            raw, size, wire, encoding = CHUNK_HEADER.unpack_from(buf)
+            digest = raw.hex()
+            if size > MAX_CHUNK_SIZE or wire > MAX_CHUNK_SIZE:
+                raise BlobError(f"chunk {digest} is over the limit of {MAX_CHUNK_SIZE} bytes")
+            end = CHUNK_HEADER.size + wire
+            if len(buf) < end:
+                break
+            payload = bytes(buf[CHUNK_HEADER.size : end])
+            del buf[:end]
+            n = await asyncio.to_thread(_store, store, digest, encoding, payload, size)
+            stored += n > 0
+            stored_bytes += n
+            on_chunk(digest)
+    if buf:
+        raise BlobError("the upload ended inside a chunk")
+    return stored, stored_bytes, received
+
+
+def _store(store: BlobStore, digest: str, encoding: int, payload: bytes, size: int) -> int:
+    # Checked even when the chunk is stored already: the bytes prove that the sender holds
+    # them (see gpuhop.agent.storage.claims). A client sends a stored chunk only when asked to.
+    return store.put(digest, decode(encoding, payload, size, digest))

@@ -1,0 +1,227 @@
+"""Runs in the agent: the dataset store, versions of named file trees kept next to the GPU.
+
+A version is a manifest (files as lists of chunk digests, the chunks in the blob store)
+kept as `datasets/NAME/vN.json`, and the tree assembled from it once, in
+`datasets/NAME/vN/`, read-only (files 0444, directories 0555). Jobs get that tree through
+a read-only bind mount (see `sandbox.py`), never a copy. A single-chunk file is a hard link
+to its blob (no second copy on disk), and a file unchanged since the previous version is a
+hard link to it there; other files are assembled with copy_file_range.
+A version exists once its JSON is written, which happens last, by atomic rename, so a crash
+mid-push leaves no half version. Chunks are not deleted with a dataset: garbage collection
+(`gpuhop.agent.storage.gc`) removes those that no version names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.trees import MissingBlobs, TreeError, check_paths
+from gpuhop.api.data import DatasetFile, DatasetInfo, DatasetManifest
+from gpuhop.api.models import check_dataset_name
+
+
+class DatasetNotFound(LookupError):
+    pass
+
+
+class DatasetStore:
+    def __init__(self, root: Path, blobs: BlobStore):
+        self.root = root
+        self.blobs = blobs
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+        root.mkdir(exist_ok=True)
+
+    def _lock(self, name: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(name, threading.Lock())
+
+    def record_path(self, name: str, version: int) -> Path:
+        return self.root / check_dataset_name(name) / f"v{version}.json"
+
+    def tree_path(self, name: str, version: int) -> Path:
+        """The assembled, read-only tree of a version: what jobs see at their mount point."""
+        return self.root / check_dataset_name(name) / f"v{version}"
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def versions(self, name: str) -> list[int]:
+        folder = self.root / check_dataset_name(name)
+        found = []
+        for p in folder.glob("v*.json") if folder.is_dir() else ():
+            number = p.stem[1:]
+            if number.isdigit():
+                found.append(int(number))
+        return sorted(found)
+
+    def names(self) -> list[str]:
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and self.versions(p.name))
+
+    def info(self, name: str, version: int | None = None) -> DatasetInfo:
+        """A version's summary; the latest without `version`. Raises DatasetNotFound."""
+        versions = self.versions(name)
+        if not versions:
+            raise DatasetNotFound(f"no dataset named {name!r} (gpuhop data ls lists them)")
+        if version is None:
+            version = versions[-1]
+        elif version not in versions:
+            have = ", ".join(f"v{v}" for v in versions)
+            raise DatasetNotFound(f"dataset {name!r} has no version {version} (it has {have})")
+        record = json.loads(self.record_path(name, version).read_text())
+        return _info(record)
+
+    def manifest(self, name: str, version: int) -> list[dict]:
+        files: list[dict] = json.loads(self.record_path(name, version).read_text())["files"]
+        return files
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def push(self, name: str, raw: bytes, owner: str | None = None) -> DatasetInfo:
+        """Make a new version of `name` from an uploaded manifest, unless it equals the
+        latest. Raises pydantic's ValidationError, TreeError or MissingBlobs; any of them
+        leaves what is stored as it was."""
+        check_dataset_name(name)
+        manifest = DatasetManifest.model_validate_json(raw)
+        check_paths([f.path for f in manifest.files], what="dataset")
+        missing = self.blobs.missing([d for f in manifest.files for d in f.chunks])
+        if missing:
+            raise MissingBlobs(missing)
+        files = [f.model_dump() for f in sorted(manifest.files, key=lambda f: f.path)]
+        digest = hashlib.sha256(json.dumps(files, separators=(",", ":")).encode()).hexdigest()
+        with self._lock(name):
+            versions = self.versions(name)
+            if versions:
+                latest = self.info(name, versions[-1])
+                if latest.digest == digest:
+                    return latest.model_copy(update={"new": False})
+            version = (versions[-1] if versions else 0) + 1
+            folder = self.root / name
+            folder.mkdir(exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".v{version}-"))
+            previous = (
+                (self.tree_path(name, versions[-1]), self.manifest(name, versions[-1]))
+                if versions
+                else None
+            )
+            copied = _copied_bytes(manifest.files, previous[1] if previous else [])
+            try:
+                self.blobs.check_quota(copied)
+                self._assemble(manifest.files, tmp, previous)
+                os.replace(tmp, self.tree_path(name, version))
+            except BaseException:
+                _remove_tree(tmp)
+                raise
+            self.blobs.count_added(copied)
+            record = {
+                "name": name,
+                "version": version,
+                "digest": digest,
+                "created_at": time.time(),
+                "bytes": sum(f.size for f in manifest.files),
+                "chunks": sum(len(f.chunks) for f in manifest.files),
+                "files": files,
+                "owner": owner,
+            }
+            _write_atomic(self.record_path(name, version), json.dumps(record).encode())
+            return _info(record)
+
+    def _assemble(
+        self, files: list[DatasetFile], into: Path, previous: tuple[Path, list[dict]] | None
+    ) -> None:
+        """Build a version's tree. A file unchanged since the previous version is a hard link
+        to it there (both are read-only), so a re-push costs what changed, not the whole."""
+        before = {}
+        if previous is not None:
+            before = {f["path"]: (f["chunks"], f["executable"]) for f in previous[1]}
+        for f in files:
+            dest = into / f.path
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if before.get(f.path) == (f.chunks, f.executable) and previous is not None:
+                os.link(previous[0] / f.path, dest)
+                continue
+            if len(f.chunks) == 1 and not f.executable:
+                os.link(self.blobs.path(f.chunks[0]), dest)
+            else:
+                with open(dest, "wb") as out:
+                    for digest in f.chunks:
+                        with open(self.blobs.path(digest), "rb") as chunk:
+                            _copy_all(chunk.fileno(), out.fileno())
+            actual = dest.stat().st_size
+            if actual != f.size:
+                raise TreeError(f"{f.path}: its chunks add up to {actual} bytes, not {f.size}")
+            os.chmod(dest, 0o555 if f.executable else 0o444)
+        for dirpath, _dirs, _files in os.walk(into, topdown=False):
+            os.chmod(dirpath, 0o555)
+
+    def remove(self, name: str, version: int | None) -> list[int]:
+        """Remove one version, or all of them; returns the versions removed."""
+        with self._lock(name):
+            targets = [self.info(name, version).version] if version else self.versions(name)
+            if not targets:
+                raise DatasetNotFound(f"no dataset named {name!r}")
+            for v in targets:
+                self.record_path(name, v).unlink(missing_ok=True)
+                _remove_tree(self.tree_path(name, v))
+            folder = self.root / name
+            if not self.versions(name):
+                _remove_tree(folder)
+            return targets
+
+
+def _copied_bytes(files: list[DatasetFile], previous: list[dict]) -> int:
+    """Bytes that assembling a version writes: files neither linked to their one chunk nor
+    to an unchanged file of the previous version."""
+    before = {f["path"]: (f["chunks"], f["executable"]) for f in previous}
+    return sum(
+        f.size
+        for f in files
+        if (len(f.chunks) != 1 or f.executable) and before.get(f.path) != (f.chunks, f.executable)
+    )
+
+
+def _info(record: dict) -> DatasetInfo:
+    return DatasetInfo(
+        name=record["name"],
+        version=record["version"],
+        digest=record["digest"],
+        files=len(record["files"]),
+        bytes=record["bytes"],
+        chunks=record["chunks"],
+        created_at=datetime.fromtimestamp(record["created_at"], tz=UTC),
+        owner=record.get("owner"),
+    )
+
+
+def _copy_all(src: int, dst: int) -> None:
+    """Append all of `src` to `dst`: in the kernel where it can, by reads and writes if not."""
+    try:
+        while os.copy_file_range(src, dst, 1 << 30):
+            pass
+    except OSError:
+        while data := os.read(src, 1 << 20):
+            os.write(dst, data)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(name, path)
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove a read-only tree (its directories are 0555, so make them writable first)."""
+    if not path.exists():
+        return
+    for dirpath, _dirs, _files in os.walk(path):
+        os.chmod(dirpath, 0o755)
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,131 @@
+"""Runs in the agent: the cache of Python environments built for jobs' requirements.
+
+An environment's id is the sha256 of the interpreter's path and version and of the
+requirements text, so the same set on the same interpreter is built once and reused by
+every job (the build itself runs in the job's shim: see `envbuild.py`). Listing and removal
+run here; an environment that a queued, starting or running job uses is never removed.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from gpuhop.api.data import EnvInfo
+from gpuhop.backends.local import envbuild
+
+
+class EnvError(ValueError):
+    """A bad interpreter or requirements file; the message says which and why."""
+
+
+@functools.lru_cache(maxsize=64)
+def _version(python: str, mtime_ns: int) -> str:
+    if python == sys.executable:
+        return sys.version
+    try:
+        out = subprocess.run(
+            [python, "-c", "import sys; print(sys.version)"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        raise EnvError(f"{python} could not be run: {e}") from None
+    if out.returncode != 0:
+        raise EnvError(f"{python} is not a working Python: {out.stderr.strip()[-300:]}")
+    return out.stdout.strip()
+
+
+def check_python(python: str) -> str:
+    """An interpreter path given by a job: absolute, an executable file. Returns it."""
+    if not os.path.isabs(python):
+        raise EnvError(f"--python takes an absolute path on the GPU host, not {python!r}")
+    if not os.path.isfile(python) or not os.access(python, os.X_OK):
+        raise EnvError(f"--python {python}: no executable file there on the GPU host")
+    return os.path.normpath(python)
+
+
+def python_version(python: str) -> str:
+    return _version(python, os.stat(python).st_mtime_ns)
+
+
+class EnvStore:
+    def __init__(self, root: Path):
+        self.root = root
+
+    def spec(self, python: str, requirements: str) -> dict[str, str]:
+        """What the shim needs to build or reuse the environment for this set."""
+        key = f"{python}\n{python_version(python)}\n{requirements}"
+        env_id = hashlib.sha256(key.encode()).hexdigest()
+        return {
+            "id": env_id,
+            "dir": str(self.root / env_id),
+            "python": python,
+            "requirements_text": requirements,
+        }
+
+    def ids(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and len(p.name) == 64)
+
+    def info(self, env_id: str, jobs: list[str]) -> EnvInfo:
+        folder = self.root / env_id
+        try:
+            meta = json.loads((folder / envbuild.MARKER).read_text())
+        except (OSError, ValueError):
+            meta = None
+        try:
+            last_used = float((folder / envbuild.LAST_USED).read_text())
+        except (OSError, ValueError):
+            last_used = None
+        return EnvInfo(
+            id=env_id,
+            python=meta["python"] if meta else "?",
+            requirements=meta["requirements"] if meta else "",
+            created_at=_dt(meta["created_at"]) if meta else None,
+            last_used=_dt(last_used),
+            build_seconds=meta["build_seconds"] if meta else None,
+            size=meta["size"] if meta else 0,
+            ready=meta is not None,
+            jobs=jobs,
+        )
+
+    def last_used(self, env_id: str) -> float:
+        folder = self.root / env_id
+        for name in (envbuild.LAST_USED, envbuild.MARKER):
+            try:
+                return (folder / name).stat().st_mtime
+            except OSError:
+                continue
+        return 0.0
+
+    def remove(self, env_id: str) -> bool:
+        """Remove an environment unless a build holds its lock. Returns whether it did."""
+        folder = self.root / env_id
+        with open(f"{folder}.lock", "a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            shutil.rmtree(folder, ignore_errors=True)
+            Path(f"{folder}.lock").unlink(missing_ok=True)
+        return True
+
+
+def _dt(ts: float | None) -> datetime | None:
+    return None if ts is None else datetime.fromtimestamp(ts, tz=UTC)
+
+
+def older_than(store: EnvStore, env_id: str, seconds: float) -> bool:
+    return time.time() - store.last_used(env_id) > seconds

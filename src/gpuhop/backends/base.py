@@ -1,0 +1,181 @@
+"""Runs in the agent: the one interface the agent calls to run a job's attempts somewhere
+(a backend), and the plain data that crosses it.
+
+The agent keeps each job's lifecycle: the states in its store, retries, which GPUs a job
+holds. A backend starts an attempt's process group, re-attaches to it after an agent
+restart, stops it with a grace period, and reports how it ended; it offers the scheduler its
+GPUs and refuses the kinds of job it cannot run. It never imports `gpuhop.agent`: what it
+needs of a job arrives as a `JobAttempt` (the agent's JobRecord is one), the job's dirs as
+`JobPaths`, and what the job needs besides its files as the dict of `gpuhop.backends.jobdeps`.
+
+Every backend leads each attempt from one process on the agent's host (the local shim, or
+the Ray launcher) that writes its pid to `JobPaths.shim_pid` first and the attempt's end to
+`JobPaths.status` last (see `gpuhop.backends.leader`); so a restarted agent finds its jobs
+the same way whichever backend started them.
+
+Standard library only at run time: `commands` imports StartError from here on Ray's nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from gpuhop.api import ErrorCode, GpuInfo, SubmitRequest
+    from gpuhop.home import JobPaths
+
+# Variables the agent's own environment must not hand to a job (or to Ray's processes).
+SCRUBBED_ENV = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "GPUHOP_HOME", "GPUHOP_REMOTE")
+
+
+class StartError(ValueError):
+    """The job could not be started; the message says why, for the user."""
+
+
+class Refused(Exception):
+    """The backend cannot run this job; the message says why and what to do instead."""
+
+    def __init__(self, code: ErrorCode, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Usage:
+    memory_used_mb: int | None
+    utilization: int | None  # percent
+
+
+@dataclass
+class GpuHost:
+    """The GPUs a backend offers the scheduler, and where their facts come from.
+
+    `source` is "nvml", "nvidia-smi", "fake" or "none" for this host's GPUs (found by
+    gpuhop.agent.host.gpus), or the name of a cluster backend ("ray"). `error` says why a
+    driver that seems to be there did not answer (for `gpuhop doctor`); it is None when all
+    is well, and also on a host that simply has no NVIDIA GPU.
+    """
+
+    source: str
+    gpus: list[GpuInfo] = field(default_factory=list)
+    driver_version: str | None = None
+    cuda_version: str | None = None  # the newest CUDA the driver supports, e.g. "12.4"
+    error: str | None = None
+
+    @property
+    def fake(self) -> bool:
+        return self.source == "fake"
+
+    def usage(self) -> dict[int, Usage]:
+        """Memory used and utilisation of each GPU now. Unknown readings are None."""
+        return {g.index: Usage(0, 0) if self.fake else Usage(None, None) for g in self.gpus}
+
+    def close(self) -> None:
+        pass
+
+
+class JobAttempt(Protocol):
+    """What a backend reads of a job to start one attempt of it."""
+
+    id: str
+    attempt: int  # 1-based
+    command: list[str]
+    env: dict[str, str]  # the job's own variables
+    gpus: int
+    gpu_ids: list[int]  # the GPUs the scheduler gave this attempt
+    workers: int
+    worker_timeout: int
+    gpu_memory_mb: int | None
+    private_network: bool
+
+
+@dataclass(frozen=True)
+class Started:
+    """The process that leads an attempt's process group on the agent's host."""
+
+    pid: int
+    pid_start: str | None  # its start time, so that a reused pid is never taken for it
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How an attempt ended, as its leader recorded it (`recorded` False: it wrote nothing)."""
+
+    recorded: bool
+    exit_code: int | None = None
+    signal: int | None = None
+    ended_at: float | None = None
+    detail: str | None = None  # the leader's own words for the end, which replace the agent's
+    leader_returncode: int | None = None  # None: not the agent's child (adopted), or unknown
+
+    @classmethod
+    def from_status(cls, status: dict[str, Any] | None, leader_returncode: int | None) -> Ending:
+        if status is None:
+            return cls(recorded=False, leader_returncode=leader_returncode)
+        return cls(
+            recorded=True,
+            exit_code=status.get("exit_code"),
+            signal=status.get("signal"),
+            ended_at=float(status["ended_at"]) if status.get("ended_at") else None,
+            detail=status.get("detail") or None,
+            leader_returncode=leader_returncode,
+        )
+
+
+class Backend(Protocol):
+    """Where a job's processes run. The agent calls it; it never calls back into the agent."""
+
+    name: str  # "local", "ray"
+    address: str | None  # the cluster's address; None for the agent's own host
+    remote: bool  # whether jobs run on other hosts than the agent's (no ports, no serving)
+    where: str  # in words: "this host", "the Ray cluster"
+    gpu_host: GpuHost  # the GPUs it offers the scheduler
+    python: str  # the interpreter of gpuhop's own helpers (and of scripts, by default)
+
+    def describe(self) -> str:
+        """One line for the agent's log."""
+        ...
+
+    def check_submit(self, req: SubmitRequest) -> None:
+        """Raise Refused if this backend cannot run the job."""
+        ...
+
+    def start(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
+        """Start one attempt (its work dir is in place) with its output going to `jp.log`.
+        Raises StartError, or OSError, saying why it could not."""
+        ...
+
+    def adopt(self, jp: JobPaths) -> Started | None:
+        """After an agent restart: the leader of an attempt the agent did not see start
+        (from its pid file), or None if it never ran."""
+        ...
+
+    def alive(self, started: Started) -> bool: ...
+
+    def wait(self, jp: JobPaths, started: Started) -> Ending:
+        """Block until the attempt's leader is gone, end what is left of its process group,
+        and say how it ended. For a leader started by another agent too (re-attach)."""
+        ...
+
+    def ending(self, jp: JobPaths, started: Started | None) -> Ending:
+        """How an attempt whose leader is already gone ended; ends what is left of it."""
+        ...
+
+    def stop(self, jp: JobPaths, started: Started, grace: float) -> float:
+        """Ask the attempt to stop (SIGTERM to its group; its workers get `grace` seconds);
+        returns how long to wait before `kill`."""
+        ...
+
+    def interrupt(self, started: Started) -> None:
+        """SIGTERM to the attempt's group, with no grace period of its own."""
+        ...
+
+    def kill(self, started: Started) -> None:
+        """SIGKILL to the attempt's group."""
+        ...
+
+    def elsewhere(self, jp: JobPaths) -> bool:
+        """Whether this job (any attempt) runs on other hosts than the agent's."""
+        ...

@@ -1,0 +1,117 @@
+"""Runs in the agent: what every backend shares, each attempt led by one process on the
+agent's host (the local shim, or the Ray launcher) in a session of its own.
+
+The leader writes its pid to `JobPaths.shim_pid` first and the attempt's end (exit_code,
+signal, detail, ended_at) to `JobPaths.status` last, atomically, and outlives the agent; so
+an agent started again finds it, waits for it, and reads how the attempt ended, whichever
+backend started it. A backend supplies the leader's argv and environment (`leader`); this
+class starts it with stdout and stderr going straight to the job's log (no pipe through the
+agent), watches it, signals its process group, and reads its status.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from gpuhop.backends.base import Ending, GpuHost, JobAttempt, Started
+from gpuhop.backends.procs import alive, signal_group, start_time
+from gpuhop.home import JobPaths
+
+POLL_SECONDS = 0.5
+
+
+class LeaderBackend:
+    """A backend whose attempts are process groups led from the agent's host."""
+
+    name: str
+    address: str | None = None
+    remote = False
+    where = "this host"
+
+    def __init__(self, gpu_host: GpuHost, python: str):
+        self.gpu_host = gpu_host
+        self.python = python
+        # The leaders this agent started, so that `wait` reaps its own children.
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._lock = threading.Lock()
+
+    def leader(
+        self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]
+    ) -> tuple[list[str], dict[str, str]]:
+        """The argv and environment of the attempt's leader. Raises StartError."""
+        raise NotImplementedError
+
+    def start(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
+        program, env = self.leader(job, jp, deps)
+        with open(jp.log, "ab") as logfile:
+            proc = subprocess.Popen(
+                program,
+                cwd=jp.work,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=logfile,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        with self._lock:
+            self._children[proc.pid] = proc
+        return Started(proc.pid, start_time(proc.pid))
+
+    def adopt(self, jp: JobPaths) -> Started | None:
+        shim = read_json(jp.shim_pid)
+        if shim is None:
+            return None
+        pid = int(shim["pid"])
+        return Started(pid, start_time(pid))
+
+    def alive(self, started: Started) -> bool:
+        return alive(started.pid, started.pid_start)
+
+    def wait(self, jp: JobPaths, started: Started) -> Ending:
+        with self._lock:
+            proc = self._children.pop(started.pid, None)
+        if proc is not None:
+            proc.wait()
+            return self._ending(jp, started, proc.returncode)
+        while alive(started.pid, started.pid_start):
+            time.sleep(POLL_SECONDS)
+        return self._ending(jp, started, None)
+
+    def ending(self, jp: JobPaths, started: Started | None) -> Ending:
+        return self._ending(jp, started, None)
+
+    def _ending(self, jp: JobPaths, started: Started | None, returncode: int | None) -> Ending:
+        if started is not None:
+            # Sweep what the job left in its process group (daemons, stuck workers).
+            signal_group(started.pid, signal.SIGKILL)
+        # The shim removes its relay's socket, unless it was killed first.
+        jp.relay.unlink(missing_ok=True)
+        return Ending.from_status(read_json(jp.status), returncode)
+
+    def stop(self, jp: JobPaths, started: Started, grace: float) -> float:
+        signal_group(started.pid, signal.SIGTERM)
+        return grace
+
+    def interrupt(self, started: Started) -> None:
+        signal_group(started.pid, signal.SIGTERM)
+
+    def kill(self, started: Started) -> None:
+        signal_group(started.pid, signal.SIGKILL)
+
+    def elsewhere(self, jp: JobPaths) -> bool:
+        return False
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

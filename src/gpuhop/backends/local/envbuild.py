@@ -1,0 +1,111 @@
+"""Runs on the GPU host, in a job's shim, before the job: builds the job's Python environment,
+or finds it already built. Standard library only (the shim runs with `python -I -S`).
+
+An environment is a venv in `envs/ID/`, where ID hashes the requirements text and the
+interpreter (see `gpuhop.agent.storage.envs`). It is built once, under a lock, so jobs that ask for
+the same set at the same time build it once: the others wait and reuse it. The venv sees
+the base interpreter's site-packages through a .pth file placed after its own, so the
+host's TensorFlow is used as installed, never reinstalled, and a package the requirements
+pin is found in the venv first. pip runs with the job's environment (PIP_INDEX_URL,
+PIP_FIND_LINKS, PIP_NO_INDEX... apply) and writes to the job's log. `gpuhop-env.json` is
+written last: a venv without it is half-built and is built again.
+"""
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+MARKER = "gpuhop-env.json"
+LAST_USED = "last-used"
+
+
+def _say(message: str) -> None:
+    sys.stdout.write(f"gpuhop: {message}\n")
+    sys.stdout.flush()
+
+
+def _size(path: str) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def prepare(spec: dict) -> str | None:
+    """Make sure the environment of `spec` is built. Returns None, or why it failed."""
+    env_dir, short = spec["dir"], spec["id"][:12]
+    os.makedirs(os.path.dirname(env_dir), exist_ok=True)
+    with open(f"{env_dir}.lock", "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            _say(f"waiting for another job that is building environment {short}")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        marker = os.path.join(env_dir, MARKER)
+        if os.path.exists(marker):
+            with open(os.path.join(env_dir, LAST_USED), "w") as f:
+                f.write(str(time.time()))
+            _say(f"environment {short} is ready (reused, not built again)")
+            return None
+        return _build(spec, short)
+
+
+def _build(spec: dict, short: str) -> str | None:
+    env_dir, python = spec["dir"], spec["python"]
+    started = time.time()
+    _say(f"building environment {short} with {python} (once; later jobs reuse it)")
+    shutil.rmtree(env_dir, ignore_errors=True)  # a half-built one from a crash
+    try:
+        subprocess.run([python, "-m", "venv", "--without-pip", env_dir], check=True)
+        env_python = os.path.join(env_dir, "bin", "python")
+        base_sites = subprocess.run(
+            [python, "-c", "import json, site; print(json.dumps(site.getsitepackages()))"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        own_site = subprocess.run(
+            [env_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        # Lines starting with `import` in a .pth file run at start-up; addsitedir appends, so
+        # the venv's own packages come first, and it processes the base's .pth files too.
+        lines = [f"import site; site.addsitedir({d!r})" for d in json.loads(base_sites)]
+        with open(os.path.join(own_site, "_gpuhop_base_site.pth"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+    except (OSError, subprocess.CalledProcessError, ValueError) as e:
+        shutil.rmtree(env_dir, ignore_errors=True)
+        return f"could not create a venv with {python}: {e}"
+    if subprocess.run([env_python, "-c", "import pip"], capture_output=True).returncode != 0:
+        subprocess.run([env_python, "-m", "ensurepip", "--default-pip"], check=False)
+    pip = [env_python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+    code = subprocess.run([*pip, "-r", spec["requirements"]]).returncode
+    if code != 0:
+        shutil.rmtree(env_dir, ignore_errors=True)
+        return f"could not build the job's Python environment: pip install exited with {code}"
+    seconds = time.time() - started
+    info = {
+        "id": spec["id"],
+        "python": python,
+        "requirements": spec["requirements_text"],
+        "created_at": time.time(),
+        "build_seconds": seconds,
+        "size": _size(env_dir),
+    }
+    with open(os.path.join(env_dir, LAST_USED), "w") as f:
+        f.write(str(time.time()))
+    tmp = os.path.join(env_dir, MARKER + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, os.path.join(env_dir, MARKER))
+    _say(f"built environment {short} in {seconds:.1f}s")
+    return None

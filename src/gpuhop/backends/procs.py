@@ -1,0 +1,57 @@
+"""Runs in the agent: small facts about host processes (liveness that survives pid reuse),
+and the words for how one ended, which the agent uses for every backend's attempts."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot, or None if it is gone.
+
+    Stored with a pid so that a reused pid is never mistaken for the original process.
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    # Field 2 (comm) may contain spaces and parentheses: split after the last ')'.
+    fields = data[data.rfind(b")") + 2 :].split()
+    if fields and fields[0] == b"Z":
+        return None  # a zombie has finished; only its parent's wait is missing
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+def alive(pid: int, started: str | None) -> bool:
+    now = start_time(pid)
+    return now is not None and (started is None or now == started)
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """Send `sig` to a process group. Returns False if the group no longer exists."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False
+
+
+def describe_signal(sig: int) -> str:
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    hint = " (likely out of memory, or killed by hand)" if sig == signal.SIGKILL else ""
+    return f"killed by signal {sig} ({name}){hint}"
+
+
+def describe_duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

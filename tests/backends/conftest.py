@@ -1,0 +1,73 @@
+"""The backends the contract suite runs against (huey's `StorageTests` idea): each is a real
+agent started with `--backend NAME`, and for Ray a real two-node Ray cluster on this machine
+(tests/ray_backend/cluster.py). `local` always runs; `ray` skips where Ray is not installed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Agent, wait_until
+from tests.ray_backend.cluster import RayCluster
+
+BACKENDS = ["local", "ray"]
+
+
+@dataclass
+class Target:
+    """One backend under test: an agent that runs jobs on it, and how to start more."""
+
+    name: str
+    agent: Agent  # shared by the module's scenarios that need no agent of their own
+    args: tuple[str, ...]  # `python -m gpuhop.agent` arguments that choose this backend
+    cluster: RayCluster | None = None
+
+    def settled(self) -> None:
+        """Wait until the backend holds nothing for ended jobs (Ray: actors, placement groups)."""
+        if self.cluster is not None:
+            wait_until(self.cluster.empty, timeout=60)
+
+
+def _agent(root: Path, args: tuple[str, ...]) -> Agent:
+    return Agent(root / "home", root / "cache", None, args=args).start()
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Target]:
+    if request.param == "local":
+        agent = _agent(tmp_path_factory.mktemp("local-agent"), ())
+        try:
+            yield Target("local", agent, ())
+        finally:
+            agent.shutdown()
+        return
+    if importlib.util.find_spec("ray") is None:
+        pytest.skip("Ray is not installed (pip install 'gpuhop[ray]')")
+    from tests.ray_backend.conftest import start_cluster
+
+    cluster = start_cluster(
+        tmp_path_factory.mktemp("ray"), True, [{"num_cpus": 2, "num_gpus": 1}] * 2
+    )
+    try:
+        args = ("--backend", "ray", "--ray-address", cluster.address)
+        args += ("--ray-token-file", str(cluster.token_file))
+        agent = _agent(tmp_path_factory.mktemp("ray-agent"), args)
+        try:
+            yield Target("ray", agent, args, cluster)
+        finally:
+            agent.shutdown()
+            wait_until(cluster.empty, timeout=60)
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def own_agent(backend: Target, make_agent: Callable[..., Agent]) -> Iterator[Callable[[], Agent]]:
+    """Fresh agents on `backend` for one scenario (to kill and start again)."""
+    yield lambda: make_agent(args=backend.args)
+    backend.settled()

@@ -1,0 +1,185 @@
+"""What every backend promises the agent, run against each (tests/backends/conftest.py): a
+job starts, its output reaches the log, its exit code is recorded, a cancel gives it SIGTERM
+and then SIGKILL after the grace, one failing worker ends the gang, a job outlives an agent
+killed with SIGKILL and is re-attached, and a retry finds the failed attempt's checkpoints.
+
+Plain Python jobs only (no TensorFlow): the scenarios test the backend, not the framework.
+The jobs' helper files are passed as arguments: on Ray the work dirs are on the nodes, which
+all run on this machine here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from gpuhop.api import JobState
+from gpuhop.client.embedded import start_background
+from gpuhop.home import read_pid
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+CHATTY = """
+import sys
+print("to stdout", flush=True)
+print("to stderr", file=sys.stderr, flush=True)
+sys.exit(int(sys.argv[1]))
+"""
+
+# Says when SIGTERM comes, and ignores it: only SIGKILL after the grace ends it.
+STUBBORN = """
+import os, signal, sys, time
+sync = sys.argv[1]
+signal.signal(signal.SIGTERM, lambda *_: open(f"{sync}/got-term", "w").close())
+open(f"{sync}/pid", "w").write(str(os.getpid()))
+print("up", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
+# Worker 1 fails once worker 0 says it works (the file in the shared dir), so the scenario
+# does not depend on which worker starts first.
+GANG = """
+import os, sys, time
+sync = sys.argv[1]
+if os.environ["GPUHOP_WORKER_INDEX"] == "1":
+    while not os.path.exists(f"{sync}/working"):
+        time.sleep(0.05)
+    print("giving up", flush=True)
+    sys.exit(3)
+open(f"{sync}/pid-0", "w").write(str(os.getpid()))
+print("working", flush=True)
+open(f"{sync}/working", "w").close()
+time.sleep(300)
+"""
+
+WAITER = """
+import os, sys, time
+print("waiting", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.02)
+print("released", flush=True)
+sys.exit(5)
+"""
+
+RESUMING = """
+import os, sys
+checkpoints = os.environ["GPUHOP_CHECKPOINT_DIR"]
+if os.environ["GPUHOP_ATTEMPT"] == "1":
+    os.makedirs(f"{checkpoints}/sub")
+    open(f"{checkpoints}/sub/state", "w").write("epoch 3")
+    sys.exit(1)
+print("attempt 2 resumes from", open(f"{checkpoints}/sub/state").read())
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def job_lines(log: str) -> list[str]:
+    """The job's own lines of a log, without the notes the backend adds (`gpuhop: ...`)."""
+    return [line for line in log.splitlines() if not line.startswith("gpuhop: ")]
+
+
+def kill_agent_hard(agent) -> None:
+    os.kill(agent.pid, signal.SIGKILL)
+    wait_until(lambda: read_pid(agent.paths) is None, timeout=10)
+
+
+def restart(agent) -> None:
+    agent.pid = start_background(agent.paths, agent_args=agent.args)
+
+
+def test_output_reaches_the_log_and_the_exit_code_is_recorded(backend, project):
+    root = project({"chatty.py": CHATTY})
+    with backend.agent.client() as client:
+        ok = client.submit(["chatty.py", "0"], workdir=root)
+        failing = client.submit(["chatty.py", "3"], workdir=root)
+        done, failed = ok.wait(timeout=120), failing.wait(timeout=120)
+        log = b"".join(failing.logs()).decode()
+    assert (done.state, done.exit_code) == (JobState.succeeded, 0)
+    assert (failed.state, failed.exit_code, failed.signal) == (JobState.failed, 3, None)
+    assert failed.reason.startswith("exited with code 3 after ")
+    assert sorted(job_lines(log)) == ["to stderr", "to stdout"]
+
+
+def test_cancel_sends_sigterm_then_sigkill_after_the_grace(backend, project, tmp_path):
+    root = project({"stubborn.py": STUBBORN})
+    with backend.agent.client() as client:
+        job = client.submit(["stubborn.py", str(tmp_path)], workdir=root)
+        wait_until(lambda: (tmp_path / "pid").exists(), timeout=120)
+        pid = int((tmp_path / "pid").read_text())
+        job.cancel(grace=1)
+        info = job.wait(timeout=120)
+    assert info.state == JobState.cancelled
+    assert (tmp_path / "got-term").exists()  # SIGTERM came first, and was ignored
+    assert not alive(pid)  # then SIGKILL ended it
+    backend.settled()
+
+
+def test_one_failing_worker_stops_the_gang(backend, project, tmp_path):
+    root = project({"gang.py": GANG})
+    with backend.agent.client() as client:
+        job = client.submit(["gang.py", str(tmp_path)], workdir=root, workers=2)
+        info = job.wait(timeout=120)
+        worker0 = b"".join(job.logs(worker=0)).decode()
+    assert (info.state, info.exit_code) == (JobState.failed, 3)
+    assert info.reason.startswith("worker 1 exited with code 3 first; 1 other worker was stopped")
+    assert worker0 == "working\n"
+    assert not alive(int((tmp_path / "pid-0").read_text()))
+    backend.settled()
+
+
+def test_a_running_job_survives_an_agent_sigkill(own_agent, project, tmp_path):
+    agent = own_agent()
+    root = project({"waiter.py": WAITER})
+    release = tmp_path / "release"
+    with agent.client() as client:
+        job = client.submit(["waiter.py", str(release)], workdir=root)
+        wait_until(lambda: b"waiting" in b"".join(job.logs()), timeout=120)
+    kill_agent_hard(agent)
+    restart(agent)
+    with agent.client() as client:
+        job = client.job(job.id)
+        assert job.state == JobState.running
+        release.touch()
+        info = job.wait(timeout=60)
+        log = b"".join(job.logs()).decode()
+    assert (info.state, info.exit_code) == (JobState.failed, 5)
+    assert job_lines(log) == ["waiting", "released"]
+
+
+def test_a_job_that_ended_while_the_agent_was_down_is_recorded(own_agent, project, tmp_path):
+    agent = own_agent()
+    root = project({"waiter.py": WAITER})
+    release = tmp_path / "release"
+    with agent.client() as client:
+        job = client.submit(["waiter.py", str(release)], workdir=root)
+        wait_until(lambda: b"waiting" in b"".join(job.logs()), timeout=120)
+    kill_agent_hard(agent)
+    release.touch()
+    wait_until((agent.paths.job_dir(job.id) / "status.json").exists, timeout=60)
+    restart(agent)
+    with agent.client() as client:
+        info = client.job(job.id).wait(timeout=60)
+    assert (info.state, info.exit_code) == (JobState.failed, 5)
+
+
+def test_a_retry_resumes_from_the_checkpoints_of_the_failed_attempt(backend, project):
+    root = project({"resume.py": RESUMING})
+    with backend.agent.client() as client:
+        job = client.submit(["resume.py"], workdir=root, retries=1)
+        info = job.wait(timeout=120)
+        log = b"".join(job.logs()).decode()
+    assert (info.state, info.attempt) == (JobState.succeeded, 2)
+    assert [(a.attempt, a.state, a.exit_code) for a in info.attempts] == [(1, JobState.failed, 1)]
+    assert "gpuhop: attempt 1 failed: exited with code 1" in log
+    assert "attempt 2 resumes from epoch 3" in log
