@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -51,13 +52,19 @@ PATH = "/v1/models/odd:predict"
 
 
 @pytest.fixture(scope="module")
-def odd(shared_agent: Agent, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Model]:
-    """The model, saved by real TensorFlow, served with batches of 4 that wait up to 50 ms."""
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The model, saved by real TensorFlow (in a process of its own, as a user would)."""
     model_dir = tmp_path_factory.mktemp("odd") / "odd_savedmodel"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     subprocess.run([sys.executable, "-c", SAVE, str(model_dir)], env=env, check=True, timeout=120)
+    return model_dir
+
+
+@pytest.fixture(scope="module")
+def odd(shared_agent: Agent, saved: Path) -> Iterator[Model]:
+    """The model served with batches of 4 that wait up to 50 ms."""
     with shared_agent.client() as client:
-        model = client.serve(model_dir, name="odd", max_batch_size=4, batch_timeout_ms=50)
+        model = client.serve(saved, name="odd", max_batch_size=4, batch_timeout_ms=50)
         yield model
         model.job.cancel(grace=5)
         model.job.wait(timeout=30)
@@ -221,3 +228,20 @@ def test_forward_without_a_port_reaches_the_model_server(odd, shared_agent):
     finally:
         running.kill()
     assert f"port {odd.info.port} (Ctrl-C to stop)" in running.stderr
+
+
+def test_serve_with_port_here_forwards_once_ready(shared_agent, saved):
+    running = Running(shared_agent, "serve", str(saved), "--name", "odd-here", "--port-here", "0")
+    try:
+        url = running.url()
+        answer = httpx.post(f"{url}/v1/models/odd-here:predict", json={"inputs": [2.0]})
+        assert answer.json()["outputs"]["y"] == [4.0]
+        running.proc.send_signal(signal.SIGINT)
+        assert running.finish() == 0, running.stderr
+    finally:
+        running.kill()
+        with shared_agent.client() as client:
+            job = client.model("odd-here").job
+            job.cancel(grace=5)
+            job.wait(timeout=30)
+    assert "model odd-here ready in job" in running.stderr
