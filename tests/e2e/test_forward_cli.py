@@ -127,4 +127,8 @@ def test_forward_errors_a_user_can_act_on(shared_agent, web):
     assert taken.returncode == 2
     assert f"cannot listen on 127.0.0.1:{http_port}" in taken.stderr
     assert "pick another local port" in taken.stderr
-    assert "Traceback" not in no_job.stderr + closed.stderr + taken.stderr
+    # No port: only a model server's is known.
+    no_port = shared_agent.cli("forward", job.id)
+    assert no_port.returncode == 2
+    assert f"give the port it listens on: gpuhop forward {job.id} PORT" in no_port.stderr
+    assert "Traceback" not in no_job.stderr + closed.stderr + taken.stderr + no_port.stderr

@@ -15,6 +15,7 @@ import pytest
 
 from gpuhop.serving.batching import Batcher
 from gpuhop.serving.codec import Predict, Signature, TensorSpec
+from gpuhop.serving.errors import ServingError
 
 F32 = np.dtype("float32")
 SIGS = {
@@ -31,8 +32,10 @@ class Doubler:
     def __call__(self, signature: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self.lock:
             self.calls.append((signature, inputs["x"].shape))
-        if signature == "bad" or np.isnan(inputs["x"]).any():
-            raise ValueError("no NaN here")
+        if np.isnan(inputs["x"]).any():  # as the model answers a bad value: a 400
+            raise ServingError(400, "no NaN here")
+        if np.isinf(inputs["x"]).any():  # a fault of the server's own
+            raise RuntimeError("out of luck")
         return {"y": inputs["x"] * 2}
 
 
@@ -104,9 +107,75 @@ def test_one_bad_request_fails_alone_not_its_batch():
     model = Doubler()
     batcher = Batcher(model, max_batch_size=3, timeout=LONG)
     good, bad, other = run(batcher, request(1), request(1, fill=np.nan), request(1, fill=3))
-    assert isinstance(bad, ValueError)
+    assert isinstance(bad, ServingError) and (bad.status, bad.message) == (400, "no NaN here")
     assert isinstance(good, dict) and isinstance(other, dict)
     np.testing.assert_array_equal(other["y"], np.full((1, 3), 6.0))
+
+
+def test_a_model_that_fails_unexpectedly_answers_500_and_the_batcher_goes_on(capfd):
+    model = Doubler()
+    batcher = Batcher(model, max_batch_size=2, timeout=LONG)
+
+    async def main() -> list[object]:
+        try:
+            first = await asyncio.gather(
+                batcher.predict(request(1, fill=np.inf)),
+                batcher.predict(request(1)),
+                return_exceptions=True,
+            )
+            second = await asyncio.gather(batcher.predict(request(1)), batcher.predict(request(1)))
+            return [*first, *second]
+        finally:
+            await batcher.close()
+
+    failed, good, *later = asyncio.run(main())
+    assert isinstance(failed, ServingError) and failed.status == 500
+    assert failed.message == "RuntimeError: out of luck"
+    assert isinstance(good, dict) and all(isinstance(r, dict) for r in later)
+    assert "out of luck" in capfd.readouterr().err  # the job's log has the traceback
+
+
+def test_a_fault_in_the_batcher_itself_fails_its_batch_and_not_the_next():
+    """The model answers something that cannot be split (not arrays): every request of that
+    batch gets a 500, and the next batch is served as usual."""
+    calls = []
+
+    def broken_then_fine(signature: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        calls.append(inputs["x"].shape)
+        if len(calls) == 1:
+            return {"y": [1, 2]}  # type: ignore[dict-item]
+        return {"y": inputs["x"] * 2}
+
+    batcher = Batcher(broken_then_fine, max_batch_size=2, timeout=LONG)
+    a, b, c, d = run(batcher, request(1), request(1), request(1, fill=2), request(1, fill=3))
+    for failed in (a, b):
+        assert isinstance(failed, ServingError) and failed.status == 500
+        assert "AttributeError" in failed.message
+    assert isinstance(c, dict) and isinstance(d, dict)
+    np.testing.assert_array_equal(d["y"], np.full((1, 3), 6.0))
+
+
+def test_a_signature_with_outputs_not_per_example_is_never_batched():
+    """A [3] list of labels next to the rows, or a scalar: each request runs alone, so its
+    answer is the one it would get without batching."""
+    model = Doubler()
+    batcher = Batcher(model, max_batch_size=4, timeout=LONG)
+    whole = Signature("serving_default", SIGS["serving_default"].inputs, ("y",), batchable=False)
+    reqs = [Predict(whole, {"x": np.ones((1, 3), F32)}, 1, False) for _ in range(3)]
+    run(batcher, *reqs)
+    assert model.calls == [("serving_default", (1, 3))] * 3
+
+
+def test_outputs_that_turn_out_not_per_example_are_not_split():
+    """The signature promised rows, the values are not (a total over the batch): each
+    request runs again alone and gets its own total, never a share of the batch's."""
+
+    def total(signature: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {"y": inputs["x"] * 2, "total": np.array([inputs["x"].sum()])}
+
+    batcher = Batcher(total, max_batch_size=3, timeout=LONG)
+    results = run(batcher, request(1, fill=1), request(1, fill=2), request(1, fill=4))
+    assert [r["total"].tolist() for r in results] == [[3.0], [6.0], [12.0]]  # type: ignore[index]
 
 
 @pytest.mark.parametrize("size", [0, 1])

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from gpuhop.cli.connect import OnOption, client_for
+from gpuhop.cli.forward import TF_SERVING_REST_PORT, hold
 from gpuhop.cli.output import fail, print_json, say
 from gpuhop.client import GpuhopError
 
@@ -35,6 +36,14 @@ def serve(
     ),
     detach: bool = typer.Option(
         False, "--detach", "-d", help="Print the job id and return without waiting."
+    ),
+    port_here: int | None = typer.Option(
+        None,
+        "--port-here",
+        min=0,
+        max=65535,
+        help="Once ready, forward this port here to the server (8501: TF Serving's), as"
+        " `gpuhop forward` does, until Ctrl-C; the server keeps running.",
     ),
     on: str | None = OnOption,
 ) -> None:
@@ -72,11 +81,15 @@ def serve(
         f"model {info.name} ready in job {info.job} (port {info.port} on the GPU host's"
         f" loopback)\n"
         f"  predict:  gpuhop predict {info.name} input.json\n"
-        f"  REST:     gpuhop forward {info.job} {info.port}, then POST"
-        f" http://127.0.0.1:{info.port}{base}:predict\n"
+        f"  REST:     gpuhop forward {info.job}, then POST"
+        f" http://127.0.0.1:{TF_SERVING_REST_PORT}{base}:predict\n"
         f"  stop:     gpuhop cancel {info.job}"
     )
     sys.stdout.write(info.job + "\n")
+    if port_here is not None and info.port is not None:
+        sys.stdout.flush()
+        with client_for(on) as client:
+            hold(client, client.job(info.job), info.port, port_here, "127.0.0.1")
 
 
 def predict(

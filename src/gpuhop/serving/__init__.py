@@ -6,7 +6,9 @@ host's loopback only; users reach it through the agent's authenticated proxy
 (`/v1/serve/JOB/...`) or `gpuhop forward`. Concurrent predict requests are gathered into
 batches (see `batching`).
 
-The parts: `codec` (TF Serving's JSON to and from numpy; no TensorFlow), `batching` (the
-batcher; no TensorFlow), `model` (the SavedModel, TensorFlow), `app` (the HTTP routes),
+The parts: `codec` (a :predict body to numpy and the answer back, as TF Serving reads and
+writes them), `tensors` (one JSON value to an array and back), `errors` (TF Serving's
+error answers; none of these three needs TensorFlow), `batching` (the batcher; no
+TensorFlow), `model` (the SavedModel, TensorFlow), `app` (the HTTP routes),
 `__main__` (start-up and the ready file the agent reads).
 """

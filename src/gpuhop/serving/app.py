@@ -5,9 +5,12 @@
     POST /v1/models/NAME[/versions/1]:predict    row or columnar predict
     GET  /gpuhop/stats                           what the batcher did (not TF Serving's)
 
-The model is version 1 (one SavedModel, no version directories). Errors are TF Serving's
-{"error": "..."} with its status codes: 404 for another model name or version, 400 for a
-malformed path or request.
+The model is version 1 (one SavedModel, no version directories, no labels). Paths are
+read as TF Serving's `http_rest_api_util.cc` reads them, and refused in its words and with
+its status codes (`http_rest_api_handler_test.cc` names the cases): 400 "Malformed
+request: METHOD PATH" for a path it does not take, 404 for another model or version
+("Servable not found for request: Latest(NAME)"; a status request: "Could not find any
+versions of model NAME"). A failure of the server's own is a 500 {"error"}, logged.
 """
 
 from __future__ import annotations
@@ -24,14 +27,24 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gpuhop.serving.batching import Batcher
-from gpuhop.serving.codec import ServingError, Signature, answer, parse_predict
+from gpuhop.serving.codec import Signature, answer, parse_predict
+from gpuhop.serving.errors import ServingError, internal
 
-VERSION = "1"
-# TF Serving's REST paths (its http_rest_api_handler's regex, without labels).
-PATH_RE = re.compile(
-    r"/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?"
-    r"(?:(?P<metadata>/metadata)|:(?P<verb>\w+))?\Z"
+VERSION = 1
+# TF Serving's two path patterns (case-insensitive, as its own).
+PREDICT_RE = re.compile(
+    r"/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>\d+)|/labels/(?P<label>[^/:]+))?"
+    r":(?P<verb>classify|regress|predict)",
+    re.IGNORECASE,
 )
+STATUS_RE = re.compile(
+    r"/v1/models(?:/(?P<name>[^/:]+))?(?:/versions/(?P<version>\d+)|/labels/(?P<label>[^/:]+))?"
+    r"(?:/(?P<metadata>metadata))?",
+    re.IGNORECASE,
+)
+INT64_MAX = 2**63 - 1
+# Any method reaches the handler, which refuses all but GET and POST as TF Serving does.
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 def json_response(data: Any, status: int = 200) -> Response:
@@ -50,34 +63,58 @@ def create_app(
             return await _dispatch(request)
         except ServingError as e:
             return json_response({"error": e.message}, e.status)
+        except Exception as e:
+            error = internal(e, f"answering {request.method} {request.url.path}")
+            return json_response({"error": error.message}, error.status)
 
     async def _dispatch(request: Request) -> Response:
-        m = PATH_RE.match(request.url.path)
+        method, path = request.method, request.url.path
+        malformed = ServingError(400, f"Malformed request: {method} {path}")
+        pattern = PREDICT_RE if method == "POST" else STATUS_RE if method == "GET" else None
+        m = pattern.fullmatch(path) if pattern is not None else None
         if m is None:
-            raise ServingError(400, f"Malformed request: {request.method} {request.url.path}")
-        if m["name"] != name or (m["version"] is not None and m["version"] != VERSION):
-            wanted = (
-                f"Specific({m['name']}, {m['version']})" if m["version"] else f"Latest({m['name']})"
-            )
-            raise ServingError(404, f"Servable not found for request: {wanted}")
-        verb = m["verb"]
-        if request.method == "GET" and verb is None:
-            return json_response(metadata_body() if m["metadata"] else status_body())
-        if request.method == "POST" and verb == "predict":
-            predict = parse_predict(await request.body(), signatures)
-            outputs = await batcher.predict(predict)
-            return json_response(answer(predict, outputs))
-        if request.method == "POST" and verb in ("classify", "regress"):
+            raise malformed
+        version = m["version"]
+        if version is not None and int(version) > INT64_MAX:
+            raise ServingError(400, f"Failed to convert version: {version} to numeric.")
+        if method == "GET" and not m["name"]:
+            raise ServingError(400, "Missing model name in request.")
+        if method == "GET" and not m["metadata"]:
+            return json_response(status_body(m["name"], version))
+        servable = servable_error(m["name"], version, m["label"])
+        if method == "GET":
+            if servable is not None:
+                raise servable
+            return json_response(metadata_body())
+        if m["verb"] != "predict":
+            if servable is not None:
+                raise servable
             raise ServingError(
-                400, f":{verb} is not supported by gpuhop's model server; use :predict"
+                400, f":{m['verb']} is not supported by gpuhop's model server; use :predict"
             )
-        raise ServingError(400, f"Malformed request: {request.method} {request.url.path}")
+        predict = parse_predict(await request.body(), signatures, servable)
+        outputs = await batcher.predict(predict)
+        return Response(answer(predict, outputs), media_type="application/json")
 
-    def status_body() -> dict[str, Any]:
+    def servable_error(model: str, version: str | None, label: str | None) -> ServingError | None:
+        """What TF Serving answers when it looks up the model a request names."""
+        if label is not None:  # no labels here (TF Serving: an unknown label)
+            return ServingError(400, f"Unrecognized servable version label: {label}")
+        if model == name and (version is None or int(version) == VERSION):
+            return None
+        wanted = f"Specific({model}, {int(version)})" if version else f"Latest({model})"
+        return ServingError(404, f"Servable not found for request: {wanted}")
+
+    def status_body(model: str, version: str | None) -> dict[str, Any]:
+        # TF Serving's GetModelStatus: a label is not looked at, a version is.
+        if version is not None and (model != name or int(version) != VERSION):
+            raise ServingError(404, f"Could not find version {int(version)} of model {model}")
+        if model != name:
+            raise ServingError(404, f"Could not find any versions of model {model}")
         return {
             "model_version_status": [
                 {
-                    "version": VERSION,
+                    "version": str(VERSION),
                     "state": "AVAILABLE",
                     "status": {"error_code": "OK", "error_message": ""},
                 }
@@ -89,7 +126,7 @@ def create_app(
     def metadata_body() -> dict[str, Any]:
         if not cached:
             cached.update(
-                model_spec={"name": name, "signature_name": "", "version": VERSION},
+                model_spec={"name": name, "signature_name": "", "version": str(VERSION)},
                 metadata=metadata(),
             )
         return cached
@@ -105,7 +142,9 @@ def create_app(
         )
 
     async def not_found(request: Request, exc: Exception) -> Response:
-        return json_response({"error": f"Malformed request: {request.url.path}"}, 400)
+        return json_response(
+            {"error": f"Malformed request: {request.method} {request.url.path}"}, 400
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -114,7 +153,7 @@ def create_app(
 
     return Starlette(
         routes=[
-            Route("/v1/models/{rest:path}", models, methods=["GET", "POST"]),
+            Route("/v1/{rest:path}", models, methods=list(METHODS)),
             Route("/gpuhop/stats", stats, methods=["GET"]),
         ],
         exception_handlers={404: not_found},

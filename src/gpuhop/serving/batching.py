@@ -6,8 +6,12 @@ dtypes and shapes past the first dimension: `Predict.batch_key`), oldest first, 
 batch holds `max_batch_size` rows or the oldest has waited `timeout` seconds. It runs the
 model once, in a thread so the event loop keeps accepting requests, and hands each
 request its own rows of the outputs. Requests of other shapes stay in the list for a
-batch of their own. A request with `max_batch_size` rows or more, or whose inputs share
-no first dimension, runs alone at once and never waits.
+batch of their own. A request with `max_batch_size` rows or more, whose inputs share no
+first dimension, or whose signature has an output that is not one row per example
+(`Signature.batchable`), runs alone at once and never waits: batching never changes an
+answer. A failed model call in a batch is retried request by request, so each request
+gets its own error; any other failure is answered to every request of the batch as a 500
+and logged, and the worker goes on with the next batch.
 
 With `max_batch_size` 1 (or 0) there is no batching: every request runs at once, in its
 own thread, concurrently with the others.
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuhop.serving.codec import Predict
+from gpuhop.serving.errors import ServingError, internal
 
 # Runs the model: (signature name, inputs) -> outputs, in a worker thread.
 RunFn = Callable[[str, dict[str, np.ndarray]], dict[str, np.ndarray]]
@@ -80,11 +85,16 @@ class Batcher:
     async def predict(self, request: Predict) -> dict[str, np.ndarray]:
         """The model's outputs for `request` alone (its rows of a batch's outputs)."""
         rows = request.rows
-        if not self.batching or rows is None or rows >= self.max_batch_size:
+        if (
+            not self.batching
+            or not request.signature.batchable
+            or rows is None
+            or rows >= self.max_batch_size
+        ):
             outputs = await asyncio.to_thread(self.run, request.signature.name, request.inputs)
             self.stats.record(1, rows or 0)
             return outputs
-        if self._worker is None:
+        if self._worker is None or self._worker.done():
             self._worker = asyncio.create_task(self._work(), name="batcher")
         waiting = _Waiting(request, asyncio.get_running_loop().create_future())
         self._waiting.append(waiting)
@@ -114,7 +124,14 @@ class Batcher:
                     await asyncio.wait_for(self._wake.wait(), left)
             taken = {id(w) for w in batch}
             self._waiting = [w for w in self._waiting if id(w) not in taken]
-            await self._run(batch)
+            try:
+                await self._run(batch)
+            except Exception as e:
+                # A fault of the server's, not of a request: every request of the batch
+                # hears of it, and the next batch runs as usual.
+                error = internal(e, f"running a batch of {len(batch)} predict requests")
+                for w in batch:
+                    _settle(w, error=error)
 
     def _gather(self, oldest: _Waiting) -> list[_Waiting]:
         """The waiting requests that fit in one batch with `oldest`, oldest first."""
@@ -127,27 +144,23 @@ class Batcher:
         return batch
 
     async def _run(self, batch: list[_Waiting]) -> None:
+        if len(batch) == 1:
+            await self._run_alone(batch[0])
+            return
         first = batch[0].request
         sizes = [w.request.rows or 0 for w in batch]
         total = sum(sizes)
         inputs = {
-            name: np.concatenate([w.request.inputs[name] for w in batch])
-            if len(batch) > 1
-            else first.inputs[name]
-            for name in first.inputs
+            name: np.concatenate([w.request.inputs[name] for w in batch]) for name in first.inputs
         }
         try:
             outputs = await asyncio.to_thread(self.run, first.signature.name, inputs)
-        except Exception as e:
-            if len(batch) == 1:
-                _settle(batch[0], error=e)
-                return
+        except Exception:
             outputs = {}  # one bad request must not fail the others: each runs alone
-        if len(batch) > 1 and (
-            not outputs or any(o.ndim == 0 or o.shape[0] != total for o in outputs.values())
-        ):
-            # The batch failed, or some output is not one row per example so it cannot be
-            # split: each request runs on its own.
+        if not outputs or any(o.ndim == 0 or o.shape[0] != total for o in outputs.values()):
+            # The batch failed, or an output is not one row per example after all (its
+            # signature said so; the values say otherwise): each request runs on its own,
+            # and gets the answer it would have got alone.
             for w in batch:
                 await self._run_alone(w)
             return
@@ -161,8 +174,10 @@ class Batcher:
         request = w.request
         try:
             result = await asyncio.to_thread(self.run, request.signature.name, request.inputs)
-        except Exception as e:
+        except ServingError as e:
             _settle(w, error=e)
+        except Exception as e:
+            _settle(w, error=internal(e, "running a predict request"))
         else:
             _settle(w, result)
         self.stats.record(1, request.rows or 0)

@@ -1,4 +1,4 @@
-"""Runs in the serving job: TensorFlow Serving's REST JSON to numpy arrays and back.
+"""Runs in the serving job: a TF Serving :predict body to numpy arrays, and the answer back.
 
 Both of TF Serving's request formats are taken (its REST API guide, "Request format"):
 
@@ -7,32 +7,29 @@ Both of TF Serving's request formats are taken (its REST API guide, "Request for
 - columnar ("inputs"): the value of the one input, or {input name: value}; each value
   holds the whole batch. The answer is {"outputs": ...}.
 
-One output comes back as a plain list; several as {output name: ...} (columnar) or as
-one {output name: ...} object per example (row). Strings are JSON strings, or
-{"b64": "..."} for bytes that are not UTF-8, both ways. Failures are `ServingError`s,
-answered as {"error": "..."} with TF Serving's status codes (400 for bad input, 404 for an
-unknown model or version). No TensorFlow here: the signature is plain numpy dtypes.
+Requests are read as TF Serving's `util/json_tensor.cc` reads them, in the same order and
+with the same words for what is wrong; `tensors` turns each value into an array. Strings
+are JSON strings or {"b64": "..."}; outputs named `..._bytes` always answer as
+{"b64": ...}. An answer in the row format needs every output to share its first
+dimension (as in TF Serving); the columnar format gives each output whole. No TensorFlow
+here: the signature is plain numpy dtypes.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from gpuhop.serving import tensors
+from gpuhop.serving.errors import ServingError
+from gpuhop.serving.tensors import debug, invalid, is_named
+
+__all__ = ["DEFAULT_SIGNATURE", "Predict", "ServingError", "Signature", "TensorSpec"]
+
 DEFAULT_SIGNATURE = "serving_default"
-
-
-class ServingError(Exception):
-    """A request the server refuses: `status` and TF Serving's {"error": message}."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 @dataclass(frozen=True)
@@ -45,12 +42,20 @@ class TensorSpec:
             return "any shape"
         return "(" + ", ".join("-1" if d is None else str(d) for d in self.shape) + ")"
 
+    @property
+    def batched(self) -> bool:
+        """Known to hold one row per example: a first dimension of any size."""
+        return self.shape is not None and len(self.shape) > 0 and self.shape[0] is None
+
 
 @dataclass(frozen=True)
 class Signature:
     name: str
     inputs: dict[str, TensorSpec]
     outputs: tuple[str, ...]
+    # Every output one row per example (so requests can share a model call); False when
+    # some output is a scalar, has a fixed first dimension or an unknown shape.
+    batchable: bool = True
 
 
 @dataclass
@@ -73,102 +78,205 @@ class Predict:
         )
 
 
-def parse_predict(body: bytes, signatures: dict[str, Signature]) -> Predict:
-    """Parse and check a :predict body against the model's signatures, or raise 400."""
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ServingError(400, f"JSON Parse error: {e}") from None
-    if not isinstance(doc, dict):
-        raise ServingError(400, 'JSON Value is not an object: expected {"instances": ...}')
-    name = doc.get("signature_name", DEFAULT_SIGNATURE)
+def parse_predict(
+    body: bytes, signatures: dict[str, Signature], servable: ServingError | None = None
+) -> Predict:
+    """Parse and check a :predict body against the model's signatures, or raise TF
+    Serving's error. `servable`, when given, is raised where TF Serving looks the model up
+    (after reading the body and its signature_name): the request names another model."""
+    doc = load_json(body)
+    name = doc.get("signature_name", "")
     if not isinstance(name, str):
-        raise ServingError(400, "'signature_name' must be a string")
+        raise invalid(
+            f"JSON Value: {debug(doc)} not formatted correctly. 'signature_name' key must"
+            " be a string value."
+        )
+    if servable is not None:
+        raise servable
+    name = name or DEFAULT_SIGNATURE
     signature = signatures.get(name)
     if signature is None:
-        # TF Serving's own words (and status: INVALID_ARGUMENT, 400).
-        raise ServingError(400, f'Serving signature name: "{name}" not found in signature def')
-    has_rows, has_columns = "instances" in doc, "inputs" in doc
-    if has_rows == has_columns:
-        raise ServingError(
-            400,
-            "JSON Value: the request must have exactly one of 'instances' (row format) or"
-            f" 'inputs' (columnar format); it has {'both' if has_rows else 'neither'}",
+        raise invalid(f'Serving signature name: "{name}" not found in signature def')
+    if not signature.inputs:
+        raise invalid(f"Failed to get input map for signature: {name}")
+    if "instances" in doc and "inputs" in doc:
+        raise invalid(
+            f"JSON Value: {debug(doc)} Not formatted correctly expecting only one of"
+            " 'inputs' or 'instances' keys to exist "
         )
-    if has_rows:
-        return _rows(signature, doc["instances"])
-    return _columns(signature, doc["inputs"])
+    if "instances" in doc:
+        instances = doc["instances"]
+        if not isinstance(instances, list):
+            raise invalid(f"JSON Value: {debug(doc)} Expecting 'instances' to be an list/array")
+        if not instances:
+            raise invalid(f"JSON Value: {debug(doc)} No values in 'instances' array")
+        return _rows(signature, instances)
+    if "inputs" in doc:
+        return _columns(signature, doc["inputs"])
+    raise invalid("Missing 'inputs' or 'instances' key")
 
 
-def _rows(signature: Signature, instances: Any) -> Predict:
-    if not isinstance(instances, list) or not instances:
-        raise ServingError(400, "'instances' must be a non-empty list, one entry per example")
-    names = list(signature.inputs)
-    per_input: dict[str, list[Any]] = {n: [] for n in names}
+def load_json(body: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or TF Serving's "JSON Parse error: ..." (its parser,
+    rapidjson, names the problem in its own words; text after the document is ignored)."""
+    if not body:
+        raise invalid("JSON Parse error: The document is empty")
+    try:
+        text = body.decode()
+    except UnicodeDecodeError as e:
+        message = f"JSON Parse error: Invalid encoding in string. at offset: {e.start}"
+        raise invalid(message) from None
+    start = len(text) - len(text.lstrip(" \t\n\r"))
+    if start == len(text):
+        raise invalid(f"JSON Parse error: The document is empty. at offset: {len(body)}")
+    try:
+        doc, _ = json.JSONDecoder().raw_decode(text, start)
+    except json.JSONDecodeError as e:
+        offset = len(text[: e.pos].encode())
+        raise invalid(f"JSON Parse error: {_parse_error(e, text)} at offset: {offset}") from None
+    except RecursionError:
+        # rapidjson has no depth limit; Python's parser has one.
+        raise invalid("JSON Parse error: the document is nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise invalid(f"JSON Value: {debug(doc)} Is not object")
+    return doc
+
+
+def _parse_error(e: json.JSONDecodeError, text: str) -> str:
+    """rapidjson's words (GetParseError_En) for what Python's parser found."""
+    if e.msg == "Expecting ',' delimiter":
+        return (
+            "Missing a comma or ']' after an array element."
+            if _innermost(text[: e.pos]) == "["
+            else "Missing a comma or '}' after an object member."
+        )
+    for python, rapidjson in (
+        ("Expecting value", "Invalid value."),
+        ("Expecting property name", "Missing a name for object member."),
+        ("Expecting ':' delimiter", "Missing a colon after a name of object member."),
+        ("Unterminated string", "Missing a closing quotation mark in string."),
+        ("Invalid control character", "Invalid encoding in string."),
+        ("Invalid \\uXXXX escape", "Incorrect hex digit after \\u escape in string."),
+        ("Invalid \\escape", "Invalid escape character in string."),
+    ):
+        if e.msg.startswith(python):
+            return rapidjson
+    return e.msg
+
+
+def _innermost(text: str) -> str:
+    """The bracket of the innermost list or object still open at the end of `text`."""
+    stack, in_string, escaped = [], False, False
+    for c in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            stack.append(c)
+        elif c in "]}" and stack:
+            stack.pop()
+    return stack[-1] if stack else ""
+
+
+def _rows(signature: Signature, instances: list[Any]) -> Predict:
+    """TF Serving's FillTensorMapFromInstancesList."""
+    names = sorted(signature.inputs)
+    if not isinstance(instances[0], dict) and len(names) > 1:
+        raise invalid(
+            "instances is a plain list, but expecting list of objects as multiple input"
+            " tensors required as per tensorinfo_map"
+        )
+    named = is_named(instances[0])
+    values: dict[str, list[Any]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+
+    def add(name: str, value: Any) -> None:
+        if name not in signature.inputs:
+            raise invalid(f"JSON object: does not have named input: {name}")
+        got, shape = tensors.leaves(value, signature.inputs[name].dtype)
+        if name not in shapes:
+            shapes[name], values[name] = shape, got
+            return
+        want = shapes[name]
+        if int(np.prod(want)) != len(got):
+            raise invalid(f"Expecting tensor size: {int(np.prod(want))} but got: {len(got)}")
+        if want != shape:
+            raise invalid(f"Expecting shape {_dims(want)} but got: {_dims(shape)}")
+        values[name].extend(got)
+
     for i, instance in enumerate(instances):
-        named = isinstance(instance, dict) and (len(names) > 1 or set(instance) == set(names))
-        if len(names) > 1 and not named:
-            raise ServingError(
-                400,
-                f"instance {i} must be an object with the signature's inputs"
-                f" ({', '.join(names)}), as the signature has more than one",
-            )
         if named:
+            if not is_named(instance):
+                raise invalid(f"Expecting object but got list at item {i} of input list")
+            for key, value in instance.items():
+                try:
+                    add(key, value)
+                except ServingError as e:
+                    raise _element(e, f"{i} key: {key}") from None
             if set(instance) != set(names):
-                raise ServingError(
-                    400,
-                    f"instance {i} has the inputs {sorted(instance)}; the signature"
-                    f" {signature.name} takes {sorted(names)}",
+                raise invalid(
+                    f"Failed to process element: {i} of 'instances' list. JSON object:"
+                    f" {debug(instance)} keys must be equal to: {','.join(names)}"
                 )
-            for n in names:
-                per_input[n].append(instance[n])
         else:
-            per_input[names[0]].append(instance)
-    arrays = {n: _array(n, v, signature.inputs[n]) for n, v in per_input.items()}
-    return Predict(signature, arrays, len(instances), columnar=False)
+            if is_named(instance):
+                raise invalid(f"Expecting value/list but got object at item {i} of input list")
+            try:
+                add(names[0], instance)
+            except ServingError as e:
+                raise _element(e, str(i)) from None
+    rows = len(instances)
+    arrays = {
+        n: _checked(n, tensors.array_of(values[n], (rows, *shapes[n]), spec.dtype), spec)
+        for n, spec in signature.inputs.items()
+    }
+    return Predict(signature, arrays, rows, columnar=False)
+
+
+def _element(e: ServingError, which: str) -> ServingError:
+    code = "UNIMPLEMENTED" if e.status == 501 else "INVALID_ARGUMENT"
+    message = f"Failed to process element: {which} of 'instances' list. Error: {code}: {e.message}"
+    return ServingError(e.status, message)
+
+
+def _dims(shape: tuple[int, ...]) -> str:
+    return "[" + ",".join(map(str, shape)) + "]"
 
 
 def _columns(signature: Signature, inputs: Any) -> Predict:
-    names = list(signature.inputs)
-    if isinstance(inputs, dict) and (len(names) > 1 or set(inputs) == set(names)):
-        if set(inputs) != set(names):
-            raise ServingError(
-                400,
-                f"'inputs' has {sorted(inputs)}; the signature {signature.name} takes"
-                f" {sorted(names)}",
+    """TF Serving's FillTensorMapFromInputsMap: extra names in the object are ignored."""
+    names = sorted(signature.inputs)
+    if not is_named(inputs):
+        if len(names) > 1:
+            raise invalid(
+                "inputs is a plain value/list, but expecting an object as multiple input"
+                " tensors required as per tensorinfo_map"
             )
-        values = inputs
-    elif len(names) == 1:
-        values = {names[0]: inputs}
-    else:
-        raise ServingError(
-            400, f"'inputs' must be an object with the signature's inputs ({', '.join(names)})"
-        )
-    arrays = {n: _array(n, values[n], signature.inputs[n]) for n in names}
+        inputs = {names[0]: inputs}
+    arrays = {}
+    for n in names:
+        if n not in inputs:
+            raise invalid(f"Missing named input: {n} in 'inputs' object.")
+        spec = signature.inputs[n]
+        arrays[n] = _checked(n, tensors.to_tensor(inputs[n], spec.dtype), spec)
     firsts = {a.shape[0] if a.ndim else None for a in arrays.values()}
     rows = firsts.pop() if len(firsts) == 1 else None
     return Predict(signature, arrays, rows, columnar=True)
 
 
-def _array(name: str, value: Any, spec: TensorSpec) -> np.ndarray:
-    """One input as an array of the signature's dtype and a shape the signature takes."""
-    try:
-        if spec.dtype == np.dtype(object):
-            array = np.array(_strings(value), dtype=object)
-        else:
-            array = np.asarray(value, dtype=spec.dtype)
-    except (ValueError, TypeError, OverflowError) as e:
-        kind = "string" if spec.dtype == np.dtype(object) else spec.dtype.name
-        raise ServingError(
-            400,
-            f"input '{name}' is not of expected type: {kind}, or its rows do not all have"
-            f" the same shape ({e})",
-        ) from None
+def _checked(name: str, array: np.ndarray, spec: TensorSpec) -> np.ndarray:
+    # TF Serving leaves this to the model, whose words depend on its ops; gpuhop says it
+    # before the model runs, in its own words.
     if spec.shape is not None and not _fits(array.shape, spec.shape):
-        raise ServingError(
-            400,
+        raise invalid(
             f"input '{name}' has shape {_shape(array.shape)}; the signature expects"
-            f" {spec.describe()} (-1: any size)",
+            f" {spec.describe()} (-1: any size)"
         )
     return array
 
@@ -179,57 +287,37 @@ def _fits(shape: tuple[int, ...], spec: tuple[int | None, ...]) -> bool:
     )
 
 
-def _strings(value: Any) -> Any:
-    """Strings as bytes, as TensorFlow holds them; {"b64": ...} decoded."""
-    if isinstance(value, list):
-        return [_strings(v) for v in value]
-    if isinstance(value, dict) and set(value) == {"b64"} and isinstance(value["b64"], str):
-        try:
-            return base64.b64decode(value["b64"], validate=True)
-        except ValueError:
-            raise ValueError("a 'b64' value is not valid base64") from None
-    if isinstance(value, str):
-        return value.encode()
-    raise TypeError(f"{value!r} is not a string")
-
-
 def _shape(shape: tuple[int, ...]) -> str:
     return "(" + ", ".join(map(str, shape)) + ")"
 
 
-def answer(request: Predict, outputs: dict[str, np.ndarray]) -> dict[str, Any]:
-    """The response body for `request`, in its format."""
-    names = [n for n in request.signature.outputs if n in outputs] or sorted(outputs)
+def answer(request: Predict, outputs: dict[str, np.ndarray]) -> str:
+    """The response body (JSON text) for `request`, in its format: TF Serving's
+    MakeJsonFromTensors, with its checks and words."""
+    names = sorted(outputs)
+    if not names:
+        raise invalid("Cannot convert empty tensor map to JSON")
     if request.columnar:
         if len(names) == 1:
-            return {"outputs": _json(outputs[names[0]])}
-        return {"outputs": {n: _json(outputs[n]) for n in names}}
-    if len(names) == 1:
-        return {"predictions": _json(outputs[names[0]])}
-    rows = request.rows or 0
+            return '{"outputs": ' + tensors.to_json(outputs[names[0]], names[0]) + "}"
+        parts = (json.dumps(n) + ": " + tensors.to_json(outputs[n], n) for n in names)
+        return '{"outputs": {' + ", ".join(parts) + "}}"
+    batch = -1
     for n in names:
-        if outputs[n].ndim == 0 or outputs[n].shape[0] != rows:
-            raise ServingError(
-                400,
-                f"output '{n}' has shape {_shape(outputs[n].shape)}, not one row per instance;"
-                " ask in the columnar format ('inputs') instead",
+        if outputs[n].ndim == 0:
+            raise invalid(f"Tensor name: {n} has no shape information ")
+        size = outputs[n].shape[0]
+        if batch >= 0 and size != batch:
+            raise invalid(
+                f"Tensor name: {n} has inconsistent batch size: {size} expecting: {batch}"
             )
-    columns = {n: _json(outputs[n]) for n in names}
-    return {"predictions": [{n: columns[n][i] for n in names} for i in range(rows)]}
-
-
-def _json(array: np.ndarray) -> Any:
-    if array.dtype == np.dtype(object) or array.dtype.kind in "SU":
-        return _decode(array.tolist())
-    return array.tolist()
-
-
-def _decode(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_decode(v) for v in value]
-    if isinstance(value, bytes):
-        try:
-            return value.decode()
-        except UnicodeDecodeError:
-            return {"b64": base64.b64encode(value).decode()}
-    return value
+        batch = size
+    if len(names) == 1:
+        return '{"predictions": ' + tensors.to_json(outputs[names[0]], names[0]) + "}"
+    columns = {n: tensors.tokens(outputs[n], n) for n in names}
+    keys = {n: json.dumps(n) + ": " for n in names}
+    rows = (
+        "{" + ", ".join(keys[n] + tensors.join(columns[n][i]) for n in names) + "}"
+        for i in range(batch)
+    )
+    return '{"predictions": [' + ", ".join(rows) + "]}"

@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from gpuhop.serving.codec import ServingError, Signature, TensorSpec
+from gpuhop.serving.codec import Signature, TensorSpec
+from gpuhop.serving.errors import HTTP_OF_CODE, ServingError
 
 SERVE_TAG = "serve"
 
@@ -29,13 +30,17 @@ class ServedModel:
         self.signatures = {name: _signature(name, fn) for name, fn in self._functions.items()}
 
     def run(self, signature: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Call one signature. TensorFlow's complaints about the values come back as 400s."""
+        """Call one signature. TensorFlow's errors keep their words and get TF Serving's
+        status for their code (400 for a bad value); Python's complaints about the
+        arguments are 400s."""
         tf = self._tf
         fn = self._functions[signature]
         try:
             outputs = fn(**{k: tf.constant(v) for k, v in inputs.items()})
-        except (tf.errors.InvalidArgumentError, ValueError, TypeError) as e:
-            raise ServingError(400, str(getattr(e, "message", e))) from None
+        except tf.errors.OpError as e:
+            raise ServingError(HTTP_OF_CODE.get(e.error_code, 500), e.message) from None
+        except (ValueError, TypeError) as e:
+            raise ServingError(400, str(e)) from None
         return {k: v.numpy() for k, v in outputs.items()}
 
     def metadata(self) -> dict[str, Any]:
@@ -57,11 +62,19 @@ class ServedModel:
 
 def _signature(name: str, fn: Any) -> Signature:
     _, kwargs = fn.structured_input_signature
-    inputs = {}
-    for key, spec in sorted(kwargs.items()):
-        string = spec.dtype.name == "string"
-        dtype = np.dtype(object) if string else np.dtype(spec.dtype.as_numpy_dtype)
-        dims = spec.shape.as_list() if spec.shape.rank is not None else None
-        inputs[key] = TensorSpec(dtype, None if dims is None else tuple(dims))
-    outputs = tuple(sorted(fn.structured_outputs))
-    return Signature(name, inputs, outputs)
+    inputs = {key: _spec(spec) for key, spec in sorted(kwargs.items())}
+    outputs = {key: _spec(spec) for key, spec in sorted(fn.structured_outputs.items())}
+    # Requests share a model call only when that cannot change an answer: every output
+    # is one row per example (a scalar, a fixed first dimension such as a [3] list of
+    # labels, or an unknown shape is not), and every input may have any number of rows.
+    batchable = all(o.batched for o in outputs.values()) and all(
+        i.shape is None or i.batched for i in inputs.values()
+    )
+    return Signature(name, inputs, tuple(outputs), batchable)
+
+
+def _spec(spec: Any) -> TensorSpec:
+    string = spec.dtype.name == "string"
+    dtype = np.dtype(object) if string else np.dtype(spec.dtype.as_numpy_dtype)
+    dims = spec.shape.as_list() if spec.shape.rank is not None else None
+    return TensorSpec(dtype, None if dims is None else tuple(dims))
