@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.agent.server.errors import ApiError
+from gpuhop.agent.errors import ApiError
 from gpuhop.agent.services.tensorboard import python_with_tensorboard
 from gpuhop.api import JobState, fingerprint_of
 from gpuhop.client import Client, GpuhopError

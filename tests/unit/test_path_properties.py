@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from gpuhop.agent.server.errors import ApiError
+from gpuhop.agent.errors import ApiError
 from gpuhop.agent.services.jobs import artifact_path
 from gpuhop.agent.storage.trees import TreeError, check_paths
 from gpuhop.api import ManifestEntry, validate_relpath

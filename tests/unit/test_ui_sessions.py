@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from gpuhop.agent.callers import Caller
 from gpuhop.agent.host.gpuhistory import GpuHistory
-from gpuhop.agent.server.callers import Caller
 from gpuhop.backends.base import Usage
 from gpuhop.ui.sessions import CODE_TTL, MAX_CODES, SESSION_TTL, UiSessions
 

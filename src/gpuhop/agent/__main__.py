@@ -36,7 +36,7 @@ def main() -> int:
     parser.add_argument("--ray-address", default=None, metavar="HOST:PORT")
     parser.add_argument("--ray-token-file", default=None, metavar="FILE")
     parser.add_argument("--ray-allow-no-auth", action="store_true")
-    # Retention and quotas (see gpuhop.agent.jobs.policy); these win over agent.toml.
+    # Retention and quotas (see gpuhop.agent.storage.policy); these win over agent.toml.
     parser.add_argument("--keep-days", type=float, default=None)
     parser.add_argument("--keep-jobs", type=int, default=None)
     parser.add_argument("--gc-every-hours", type=float, default=None)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from gpuhop import __version__
 from gpuhop.cli import (
     agent,
     data,
@@ -20,6 +19,7 @@ from gpuhop.cli import (
     tfserver,
     ui,
 )
+from gpuhop.version import __version__
 
 app = typer.Typer(
     name="gpuhop",

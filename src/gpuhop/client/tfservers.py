@@ -18,8 +18,10 @@ from gpuhop.client.errors import GpuhopError
 from gpuhop.client.job import Job, get
 from gpuhop.client.jobs import list_jobs, submit
 from gpuhop.client.session import Connected, Session, session_of
-from gpuhop.tf.server import DEFAULT_PORT
 
+# The port the server listens on inside its job's private network: always passed to it as
+# `--port`, so the client never needs the job side's own default.
+DEFAULT_PORT = 2222
 LAUNCHER = "gpuhop_tfserver.py"
 LAUNCHER_TEXT = "from gpuhop.tf.server import main\n\nraise SystemExit(main())\n"
 DEFAULT_NAME = "tf-server"

@@ -15,7 +15,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-import gpuhop
+from gpuhop.version import __version__
 
 # A fixed timestamp makes the archive depend on the content only.
 EPOCH = (1980, 1, 1, 0, 0, 0)
@@ -25,10 +25,10 @@ SKIP_SUFFIXES = (".pyc", ".pyo")
 
 def build_wheel() -> tuple[str, bytes]:
     """The file name and bytes of a py3-none-any wheel of the running gpuhop."""
-    version = gpuhop.__version__
+    version = __version__
     dist_info = f"gpuhop-{version}.dist-info"
     files: list[tuple[str, bytes]] = []
-    package = Path(gpuhop.__file__).parent
+    package = Path(__file__).parents[1]  # the gpuhop package this module is part of
     for path in sorted(package.rglob("*")):
         rel = path.relative_to(package)
         if path.is_dir() or SKIP_DIRS & set(rel.parts) or path.suffix in SKIP_SUFFIXES:

@@ -114,8 +114,8 @@ def _tolerate_growth_calls(capped: list[Any]) -> bool:
 
 
 def _bound_worker_wait(tf: Any, value: str) -> str:
-    # TensorFlow is loaded by now, so importing gpuhop here costs nothing worth counting.
-    from gpuhop.tf import bound_worker_wait
+    # TensorFlow is loaded by now, so importing this here costs nothing worth counting.
+    from gpuhop.runtime.coordination import bound_worker_wait
 
     bound_worker_wait()
     return f"a worker waits at most {value}s for its peers to join"

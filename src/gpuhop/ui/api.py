@@ -13,12 +13,12 @@ import time
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, Response
 
-from gpuhop import __version__
-from gpuhop.agent.server.callers import caller_of
-from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.callers import caller_of
+from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import gpus as gpus_service
 from gpuhop.agent.services import jobs as jobs_service
 from gpuhop.api import ArtifactEntry, JobInfo, JobState
+from gpuhop.version import __version__
 
 router = APIRouter(prefix="/ui/api", include_in_schema=False)
 

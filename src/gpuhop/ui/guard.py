@@ -29,7 +29,7 @@ import json
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpuhop.agent.server.callers import SCOPE_KEY
+from gpuhop.agent.callers import SCOPE_KEY
 from gpuhop.api import ErrorBody, ErrorCode
 from gpuhop.ui.sessions import UiSessions
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Response
 
-from gpuhop.agent.server.callers import caller_of
-from gpuhop.agent.server.errors import not_found
+from gpuhop.agent.callers import caller_of
+from gpuhop.agent.errors import not_found
 from gpuhop.ui.guard import COOKIE, COOKIE_SCOPE_KEY, PREFIX, denied_page
 from gpuhop.ui.sessions import UiSessions
 

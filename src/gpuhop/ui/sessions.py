@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from gpuhop.agent.server.callers import Caller
+from gpuhop.agent.callers import Caller
 
 CODE_TTL = 60.0
 SESSION_TTL = 12 * 3600.0

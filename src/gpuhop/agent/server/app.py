@@ -18,10 +18,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from gpuhop import __version__
-from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.errors import ApiError, describe_errors, error_response
 from gpuhop.agent.server.duties import run_duties
-from gpuhop.agent.server.errors import ApiError, describe_errors, error_response
 from gpuhop.agent.server.limits import BodyLimit
 from gpuhop.agent.server.routers import (
     agent,
@@ -43,6 +42,7 @@ from gpuhop.ui import api as ui_api
 from gpuhop.ui import pages as ui_pages
 from gpuhop.ui.guard import UiGuard
 from gpuhop.ui.sessions import UiSessions
+from gpuhop.version import __version__
 
 log = logging.getLogger("gpuhop.agent")
 # The disk (or the user's disk quota) is full: the answer is 507, as for our own quotas.

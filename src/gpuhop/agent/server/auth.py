@@ -11,7 +11,7 @@ scope of every HTTP request and WebSocket handshake before any route runs:
 
 The dashboard (`/ui`) needs a session cookie on top of this, checked by `gpuhop.ui.guard`.
 
-Routes read the caller with `caller_of(request_or_websocket)` (gpuhop.agent.server.callers,
+Routes read the caller with `caller_of(request_or_websocket)` (gpuhop.agent.callers,
 which the dashboard's guard shares) and hand it to the services, which show a user only
 their own jobs (see `services.jobs.find`).
 """
@@ -24,8 +24,8 @@ import logging
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpuhop.agent.server.callers import SCOPE_KEY, Caller
-from gpuhop.agent.server.tokens import TokenStore
+from gpuhop.agent.callers import SCOPE_KEY, Caller
+from gpuhop.agent.storage.tokens import TokenStore
 from gpuhop.api import ErrorBody, ErrorCode
 from gpuhop.ui.guard import NOT_LOGGED_IN, denied_page
 

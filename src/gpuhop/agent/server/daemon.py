@@ -19,15 +19,18 @@ import sys
 import time
 from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from uvicorn import server as uvicorn_server
 
-from gpuhop.agent.jobs import policy as policy_mod
 from gpuhop.agent.server import listen as listen_mod
 from gpuhop.agent.server.listen import ListenSpec
+from gpuhop.agent.storage import policy as policy_mod
 from gpuhop.backends import BackendSettings
 from gpuhop.home import AgentError, AgentPaths, read_pid
+
+if TYPE_CHECKING:
+    from gpuhop.backends.base import Backend, GpuHost
 
 
 def serve(
@@ -43,7 +46,7 @@ def serve(
     `fake_gpus=N` pretends the host has N GPUs of `fake_gpu_memory_mb` (default 8192) each.
     `listen` opens a TCP listener beside the Unix socket: TLS (unless `--no-tls` on
     loopback) and bearer tokens, serving the same app in the same event loop.
-    `policy` overrides settings of agent.toml (retention, quotas: see gpuhop.agent.jobs.policy).
+    `policy` overrides settings of agent.toml (retention, quotas: see gpuhop.agent.storage.policy).
     `backend` says where jobs run (see gpuhop.backends); None: as the last time, else here.
     """
     paths.ensure()
@@ -79,11 +82,11 @@ def _serve_locked(
 ) -> None:
     import uvicorn
 
+    from gpuhop.agent.context import AgentContext
     from gpuhop.agent.host import gpus
     from gpuhop.agent.server.app import create_app
     from gpuhop.agent.server.auth import OwnerAuth, TokenAuth
-    from gpuhop.agent.server.context import AgentContext
-    from gpuhop.backends import open_backend, remember, resolve
+    from gpuhop.backends import remember, resolve
 
     log = logging.getLogger("gpuhop.agent")
     where = resolve(paths.home, backend)
@@ -217,3 +220,18 @@ def _bind_unix_socket(path: Path) -> socket.socket:
     os.chmod(path, 0o600)
     sock.listen(128)
     return sock
+
+
+def open_backend(
+    settings: BackendSettings, paths: AgentPaths, python: str, gpu_host: GpuHost | None
+) -> Backend:
+    """The backend of these settings, connected. `gpu_host` is this host's GPUs, for the
+    local backend (a cluster has its own). Raises AgentError saying why it cannot be used."""
+    if settings.name == "ray":
+        from gpuhop.backends.ray.backend import RayBackend
+
+        return RayBackend.connect(settings, python)
+    from gpuhop.backends.local.backend import LocalBackend
+
+    assert gpu_host is not None
+    return LocalBackend(paths, gpu_host, python)

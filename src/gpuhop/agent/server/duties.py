@@ -13,8 +13,8 @@ import logging
 import time
 from typing import Protocol
 
-from gpuhop.agent.server.context import AgentContext
-from gpuhop.agent.storage import gc
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.services import gc
 from gpuhop.agent.storage.usage import format_bytes
 from gpuhop.api import JobState
 

@@ -24,11 +24,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 from prometheus_client.utils import floatToGoString
 
-from gpuhop import __version__
-from gpuhop.agent.server.callers import Caller
-from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.callers import Caller
+from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import gpus as gpus_service
 from gpuhop.api import JobState
+from gpuhop.version import __version__
 
 MB = 2**20
 # Run-time buckets in seconds, from a quick test to a day-long training run.

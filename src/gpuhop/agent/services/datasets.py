@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from gpuhop.agent.server.callers import Caller
-from gpuhop.agent.server.context import AgentContext
-from gpuhop.agent.server.errors import ApiError, not_found
+from gpuhop.agent.callers import Caller
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.services.deps import in_use
 from gpuhop.agent.storage.datasets import DatasetNotFound
 from gpuhop.agent.storage.trees import MissingBlobs, manifest_errors

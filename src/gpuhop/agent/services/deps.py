@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import ACTIVE_STATES
-from gpuhop.agent.server.context import AgentContext
-from gpuhop.agent.server.errors import ApiError, not_found
 from gpuhop.agent.storage.datasets import DatasetNotFound
 from gpuhop.agent.storage.envs import EnvError, check_python
 from gpuhop.api import ErrorCode, JobState, SubmitRequest

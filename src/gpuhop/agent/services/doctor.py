@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuhop.agent.context import AgentContext
 from gpuhop.agent.host import probe
-from gpuhop.agent.server.context import AgentContext
 from gpuhop.api import CheckStatus, DoctorCheck, GpuInfo, format_mb
 from gpuhop.backends.base import SCRUBBED_ENV
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from gpuhop.agent.server.context import AgentContext
-from gpuhop.agent.server.errors import ApiError, not_found
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.services.deps import in_use
 from gpuhop.agent.storage.envs import older_than
 from gpuhop.api import ErrorCode

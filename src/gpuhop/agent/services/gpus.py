@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from gpuhop.agent.callers import Caller
+from gpuhop.agent.context import AgentContext
 from gpuhop.agent.jobs.store import ACTIVE_STATES
-from gpuhop.agent.server.callers import Caller
-from gpuhop.agent.server.context import AgentContext
 from gpuhop.api import GpuInfo
 
 

@@ -11,12 +11,11 @@ from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gpuhop.agent.callers import Caller
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
-from gpuhop.agent.server.callers import Caller
-from gpuhop.agent.server.context import AgentContext
-from gpuhop.agent.server.errors import ApiError, not_found
-from gpuhop.agent.services import deps
-from gpuhop.agent.storage import gc
+from gpuhop.agent.services import deps, gc
 from gpuhop.api import (
     ArtifactEntry,
     AttemptInfo,

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from gpuhop.agent.callers import Caller
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.errors import ApiError
 from gpuhop.agent.jobs.store import JobRecord
-from gpuhop.agent.server.callers import Caller
-from gpuhop.agent.server.context import AgentContext
-from gpuhop.agent.server.errors import ApiError
 from gpuhop.agent.services import jobs
 from gpuhop.api import ErrorCode, JobState
 

@@ -30,10 +30,10 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from gpuhop.agent.callers import Caller
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import JobRecord
-from gpuhop.agent.server.callers import Caller
-from gpuhop.agent.server.context import AgentContext
-from gpuhop.agent.server.errors import ApiError, not_found
 from gpuhop.agent.services import jobs
 from gpuhop.api import ErrorCode, JobInfo, JobState, ServeRequest, ServingInfo, SubmitRequest
 from gpuhop.home import JobPaths

@@ -22,10 +22,10 @@ import subprocess
 import threading
 from pathlib import Path
 
+from gpuhop.agent.callers import Caller
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import JobRecord
-from gpuhop.agent.server.callers import Caller
-from gpuhop.agent.server.context import AgentContext
-from gpuhop.agent.server.errors import ApiError, not_found
 from gpuhop.agent.services import jobs
 from gpuhop.api import ErrorCode, JobState, SubmitRequest, TensorBoardInfo
 from gpuhop.backends import jobdeps

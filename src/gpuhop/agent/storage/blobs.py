@@ -5,7 +5,7 @@ matched its name, by an atomic rename from a temp file on the same filesystem, s
 half-written or wrong blob is never visible. Stored blobs are read-only (0444) and are only
 ever copied out, never handed to a job directly.
 
-Garbage collection (`gpuhop.agent.storage.gc`) removes blobs through `remove`, under the same lock
+Garbage collection (`gpuhop.agent.services.gc`) removes blobs through `remove`, under the same lock
 that `has` takes: a blob that anyone asked about, uploaded or stored within the grace period
 is never removed, so an upload in progress keeps its blobs until its tree arrives.
 """

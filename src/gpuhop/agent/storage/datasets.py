@@ -8,7 +8,7 @@ to its blob (no second copy on disk), and a file unchanged since the previous ve
 hard link to it there; other files are assembled with copy_file_range.
 A version exists once its JSON is written, which happens last, by atomic rename, so a crash
 mid-push leaves no half version. Chunks are not deleted with a dataset: garbage collection
-(`gpuhop.agent.storage.gc`) removes those that no version names.
+(`gpuhop.agent.services.gc`) removes those that no version names.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from gpuhop.agent.server.errors import ApiError, describe_errors
+from gpuhop.agent.errors import ApiError, describe_errors
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.api import ErrorCode, Tree
 from gpuhop.api.models import SHA256_RE

@@ -36,10 +36,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from gpuhop import __version__
 from gpuhop.backends.local import shim
 from gpuhop.backends.ray import transfer
 from gpuhop.backends.ray.probe import ProbeError, probe
+from gpuhop.version import __version__
 
 POLL_SECONDS = 0.1
 # Per poll and worker; a chatty job is read in several polls without sleeping between.

@@ -29,10 +29,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpuhop import __version__
 from gpuhop.backends.local.commands import resolve_command
 from gpuhop.backends.ray import transfer
 from gpuhop.runtime import hook
+from gpuhop.version import __version__
 
 # Variables of a Ray worker's environment that must not reach the job: Ray's own (among
 # them the cluster's token, when the node was started with it in its environment), the

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
 
-from gpuhop import __version__
-from gpuhop.agent.server.callers import caller_of
-from gpuhop.agent.server.context import AgentContext
-from gpuhop.agent.server.errors import ApiError
+from gpuhop.agent.callers import caller_of
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.errors import ApiError
 from gpuhop.agent.services import doctor as doctor_service
+from gpuhop.agent.services import gc as gc_service
 from gpuhop.agent.services import gpus as gpus_service
-from gpuhop.agent.storage import gc as gc_service
 from gpuhop.api import AgentInfo, DoctorCheck, ErrorCode, GpuInfo, JobState
 from gpuhop.api.upkeep import DiskUsage, GcReport
+from gpuhop.version import __version__
 
 router = APIRouter(prefix="/v1/agent", tags=["agent"])
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from gpuhop.agent.server.callers import caller_of
-from gpuhop.agent.server.errors import ApiError
+from gpuhop.agent.callers import caller_of
+from gpuhop.agent.errors import ApiError
 from gpuhop.agent.storage.blobs import BlobError, QuotaExceeded
 from gpuhop.api import BlobCheck, BlobCheckResult, ErrorCode
 

@@ -7,9 +7,9 @@ import asyncio
 
 from fastapi import APIRouter, Query, Request
 
-from gpuhop.agent.server.callers import caller_of
-from gpuhop.agent.server.context import AgentContext
-from gpuhop.agent.server.errors import ApiError
+from gpuhop.agent.callers import caller_of
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.errors import ApiError
 from gpuhop.agent.server.routers.blobs import drain
 from gpuhop.agent.server.routers.trees import MAX_TREE_BYTES, read_limited
 from gpuhop.agent.services import datasets as service

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, StreamingResponse
 
-from gpuhop.agent.server.callers import caller_of
-from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.callers import caller_of
+from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import jobs as service
 from gpuhop.api import ArtifactEntry, JobInfo, JobState, SubmitRequest
 

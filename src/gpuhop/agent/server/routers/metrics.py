@@ -14,8 +14,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client.exposition import choose_encoder
 
+from gpuhop.agent.callers import caller_of
 from gpuhop.agent.server import metrics
-from gpuhop.agent.server.callers import caller_of
 
 router = APIRouter(tags=["metrics"])
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, WebSocket
 
-from gpuhop.agent.server.callers import caller_of
-from gpuhop.agent.server.context import AgentContext
-from gpuhop.agent.server.errors import ApiError, error_response
+from gpuhop.agent.callers import caller_of
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.errors import ApiError, error_response
 from gpuhop.agent.services import ports as service
 
 router = APIRouter(prefix="/v1/jobs", tags=["ports"])

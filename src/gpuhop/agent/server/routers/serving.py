@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 
-from gpuhop.agent.server.callers import caller_of
-from gpuhop.agent.server.context import AgentContext
+from gpuhop.agent.callers import caller_of
+from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import serving as service
 from gpuhop.api import JobInfo, ServeRequest, ServingInfo
 

@@ -6,8 +6,8 @@ import asyncio
 
 from fastapi import APIRouter, Request
 
-from gpuhop.agent.server.callers import caller_of
-from gpuhop.agent.server.errors import ApiError
+from gpuhop.agent.callers import caller_of
+from gpuhop.agent.errors import ApiError
 from gpuhop.agent.storage.trees import manifest_errors
 from gpuhop.api import ErrorCode, TreeStored
 

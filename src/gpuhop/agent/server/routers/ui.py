@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter, Request
 
-from gpuhop.agent.server.callers import caller_of
+from gpuhop.agent.callers import caller_of
 from gpuhop.api.ui import UiLoginCode
 from gpuhop.ui.sessions import UiSessions
 

@@ -40,16 +40,16 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from gpuhop.agent.jobs.policy import Policy
+from gpuhop.agent.context import AgentContext
 from gpuhop.agent.jobs.store import JobNotFound
-from gpuhop.agent.server.context import AgentContext
 from gpuhop.agent.services.deps import in_use
+from gpuhop.agent.storage.policy import Policy
 from gpuhop.agent.storage.usage import tree_bytes
 from gpuhop.api import JobState
 from gpuhop.api.upkeep import Freed, GcReport
 from gpuhop.home import JobPaths
 
-log = logging.getLogger("gpuhop.agent.storage.gc")
+log = logging.getLogger("gpuhop.agent.services.gc")
 
 PRUNED = "pruned.json"
 FINISHED = [s for s in JobState if s.finished]

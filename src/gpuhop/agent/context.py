@@ -12,15 +12,15 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from gpuhop.agent.host.gpuhistory import GpuHistory
-from gpuhop.agent.jobs.policy import Policy
 from gpuhop.agent.jobs.scheduler import Pending, could_ever_fit, plan
 from gpuhop.agent.jobs.store import JobStore
 from gpuhop.agent.jobs.supervisor import Supervisor
-from gpuhop.agent.server.tokens import TokenStore
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.claims import ClaimStore
 from gpuhop.agent.storage.datasets import DatasetStore
 from gpuhop.agent.storage.envs import EnvStore
+from gpuhop.agent.storage.policy import Policy
+from gpuhop.agent.storage.tokens import TokenStore
 from gpuhop.agent.storage.trees import TreeStore
 from gpuhop.agent.storage.usage import DiskMeter
 from gpuhop.api import JobState, ListenerInfo, format_mb
