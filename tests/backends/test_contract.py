@@ -20,6 +20,7 @@ from gpuhop.api import JobState
 from gpuhop.client.embedded import start_background
 from gpuhop.home import read_pid
 from tests.conftest import wait_until
+from tests.integration.test_agent_restart import WAITER
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -55,15 +56,6 @@ open(f"{sync}/pid-0", "w").write(str(os.getpid()))
 print("working", flush=True)
 open(f"{sync}/working", "w").close()
 time.sleep(300)
-"""
-
-WAITER = """
-import os, sys, time
-print("waiting", flush=True)
-while not os.path.exists(sys.argv[1]):
-    time.sleep(0.02)
-print("released", flush=True)
-sys.exit(5)
 """
 
 RESUMING = """
