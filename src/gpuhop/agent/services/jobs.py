@@ -15,6 +15,7 @@ from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
+from gpuhop.agent.jobs.supervisor import as_text
 from gpuhop.agent.services import deps, gc
 from gpuhop.api import (
     ArtifactEntry,
@@ -65,12 +66,14 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         log_size = 0
     return JobInfo(
         id=job.id,
-        name=job.name,
+        name=None if job.name is None else as_text(job.name),
         state=job.state,
-        command=job.command,
+        # A job stored by an older agent may hold text no answer can carry (a lone
+        # surrogate): escaped here, so that it never breaks a listing.
+        command=[as_text(a) for a in job.command],
         gpus=job.gpus,
         gpu_ids=job.gpu_ids,
-        env=job.env,
+        env={as_text(k): as_text(v) for k, v in job.env.items()},
         priority=job.priority,
         attempt=job.attempt,
         retries=job.retries,
@@ -92,7 +95,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         ended_at=_dt(job.ended_at),
         exit_code=job.exit_code,
         signal=job.signal,
-        reason=job.reason,
+        reason=None if job.reason is None else as_text(job.reason),
         log_size=log_size,
         latest_metrics=latest_metrics(jp.metrics),
         pruned_at=_dt(marker["pruned_at"]) if (marker := gc.pruned(jp)) else None,
@@ -231,23 +234,24 @@ def submit(
             shutil.copyfile(rt.trees.path(req.tree), jp.tree)
         if prepare is not None:
             prepare(jp)
+        job = rt.store.create(
+            command=req.command,
+            env=req.env,
+            gpus=req.gpus,
+            priority=req.priority,
+            name=req.name,
+            job_id=job_id,
+            retries=req.retries,
+            workers=req.workers,
+            worker_timeout=req.worker_timeout,
+            gpu_memory_mb=req.gpu_memory_mb,
+            owner=caller.user,
+            private_network=bool(req.private_network),
+        )
     except BaseException:
-        shutil.rmtree(jp.root, ignore_errors=True)  # a full disk, a bad source: no half job
+        # A full disk (files or the job store), a bad source: no half job.
+        shutil.rmtree(jp.root, ignore_errors=True)
         raise
-    job = rt.store.create(
-        command=req.command,
-        env=req.env,
-        gpus=req.gpus,
-        priority=req.priority,
-        name=req.name,
-        job_id=job_id,
-        retries=req.retries,
-        workers=req.workers,
-        worker_timeout=req.worker_timeout,
-        gpu_memory_mb=req.gpu_memory_mb,
-        owner=caller.user,
-        private_network=bool(req.private_network),
-    )
     rt.wake()
     return to_info(rt, job)
 
