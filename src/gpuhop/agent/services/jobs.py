@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -32,6 +33,10 @@ from gpuhop.home import JobPaths
 
 LOG_CHUNK = 256 * 1024
 METRICS_TAIL_BYTES = 16 * 1024
+# The most of a metrics file one request reads; a longer line is skipped.
+METRICS_READ = 4 * 1024 * 1024
+
+log = logging.getLogger("gpuhop.agent")
 
 
 def _dt(ts: float | None) -> datetime | None:
@@ -343,10 +348,15 @@ def read_metrics(rt: AgentContext, job_id: str, offset: int) -> tuple[list[dict]
     try:
         with open(path, "rb") as f:
             f.seek(offset)
-            data = f.read(4 * 1024 * 1024)
+            data = f.read(METRICS_READ)
     except OSError:
         return [], offset
     end = data.rfind(b"\n") + 1
+    if end == 0 and len(data) == METRICS_READ:
+        # A line longer than a whole read: skip what was read of it and go on; the rest of
+        # it is not JSON and is skipped on the next read, up to its end.
+        log.warning("job %s: skipped part of a metrics line over %d bytes", job_id, METRICS_READ)
+        return [], offset + len(data)
     records = []
     for line in data[:end].splitlines():
         try:
@@ -368,12 +378,18 @@ def list_artifacts(rt: AgentContext, job_id: str) -> list[ArtifactEntry]:
             full = Path(dirpath) / name
             if full.is_symlink():
                 continue  # a job's links are not followed out of its artifacts dir
-            st = full.stat()
-            out.append(
-                ArtifactEntry(
-                    path=full.relative_to(root).as_posix(), size=st.st_size, mtime=st.st_mtime
+            rel = full.relative_to(root).as_posix()
+            try:
+                rel.encode()
+            except UnicodeEncodeError:
+                # No answer can carry a name that is not UTF-8: leave it out, and say so.
+                shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
+                log.warning(
+                    "job %s: artifact %s is not listed: its name is not UTF-8", job_id, shown
                 )
-            )
+                continue
+            st = full.stat()
+            out.append(ArtifactEntry(path=rel, size=st.st_size, mtime=st.st_mtime))
     out.sort(key=lambda a: a.path)
     return out
 
