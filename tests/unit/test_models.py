@@ -9,6 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from gpuhop.api import BlobCheck, ManifestEntry, SubmitRequest, Tree, validate_relpath
+from gpuhop.api.models import MAX_PATH_BYTES, MAX_PATH_DEPTH
 
 DIGEST = "0123456789abcdef" * 4
 
@@ -49,10 +50,26 @@ def test_validate_relpath_accepts_and_returns_the_path(path: str):
     assert validate_relpath(path) == path
 
 
-def test_validate_relpath_accepts_the_longest_allowed_path():
-    path = "a/" * 2047 + "aa"
-    assert len(path) == 4096
-    assert validate_relpath(path) == path
+def test_validate_relpath_accepts_the_longest_and_deepest_allowed_paths():
+    longest = "/".join(["a" * 255] * 11) + "/" + "b" * 253 + "/cc"
+    assert len(longest) == MAX_PATH_BYTES
+    assert validate_relpath(longest) == longest
+    deepest = "/".join(["a"] * MAX_PATH_DEPTH)
+    assert validate_relpath(deepest) == deepest
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "a/" * 2047 + "aa",  # 2048 levels: making its dirs passes Python's recursion limit
+        "/".join(["a"] * (MAX_PATH_DEPTH + 1)),
+        "a" * 256,
+        "é" * 1537,  # 3074 bytes in UTF-8
+    ],
+)
+def test_validate_relpath_refuses_paths_too_deep_or_too_long(path):
+    with pytest.raises(ValueError, match=r"deep|longer"):
+        validate_relpath(path)
 
 
 def test_every_accepted_path_stays_inside_the_root():

@@ -8,13 +8,19 @@ from enum import StrEnum
 
 from pydantic import Field, computed_field, field_validator, model_validator
 
-from gpuhop.api.base import StrictModel, WireModel
+from gpuhop.api.base import StrictModel, WireModel, check_text
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}\Z")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 USER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}\Z")
 ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 MAX_MANIFEST_FILES = 200_000
+# A path in a work dir: at most this many components, of at most NAME_MAX bytes each, and
+# this many bytes in all, so that the job's dir plus the path stays within PATH_MAX (4096)
+# and making its directories never nears Python's recursion limit.
+MAX_PATH_DEPTH = 128
+MAX_PATH_BYTES = 3072
+MAX_NAME_BYTES = 255
 # GPUHOP_* variables a user may set for a job; gpuhop sets every other one.
 USER_SETTABLE_ENV = frozenset({"GPUHOP_HOOK_VERBOSE"})
 # A memory share larger than any GPU made: a typo, not a request.
@@ -24,18 +30,29 @@ MAX_GPU_MEMORY_MB = 16 * 1024 * 1024
 def validate_relpath(path: str) -> str:
     """Return `path` if it is a safe relative POSIX path inside a work dir, else raise ValueError.
 
-    Safe means: not empty, not absolute, no `..`, `.` or empty component, no backslash or NUL.
+    Safe means: not empty, not absolute, no `..`, `.` or empty component, no backslash or NUL,
+    valid text, and within the bounds above (depth, bytes, bytes per component).
     The agent re-checks every path it materialises; this is the first gate.
     """
-    if not path or len(path) > 4096:
-        raise ValueError(f"path {path!r}: empty or longer than 4096 characters")
+    if not path or len(path) > MAX_PATH_BYTES:
+        raise ValueError(f"path {path[:80]!r}: empty or longer than {MAX_PATH_BYTES} bytes")
+    check_text(path, f"path {path[:80]!r}")
+    if len(path.encode()) > MAX_PATH_BYTES:
+        raise ValueError(f"path {path[:80]!r}...: longer than {MAX_PATH_BYTES} bytes")
     if "\x00" in path or "\\" in path:
         raise ValueError(f"path {path!r}: contains a NUL or a backslash")
     if path.startswith("/"):
         raise ValueError(f"path {path!r}: absolute paths are not allowed")
-    for part in path.split("/"):
+    parts = path.split("/")
+    if len(parts) > MAX_PATH_DEPTH:
+        raise ValueError(
+            f"path {path[:80]!r}...: {len(parts)} levels deep; at most {MAX_PATH_DEPTH} are allowed"
+        )
+    for part in parts:
         if part in ("", ".", ".."):
             raise ValueError(f"path {path!r}: '..', '.' and empty components are not allowed")
+        if len(part.encode()) > MAX_NAME_BYTES:
+            raise ValueError(f"path {path[:80]!r}: a name longer than {MAX_NAME_BYTES} bytes")
     return path
 
 

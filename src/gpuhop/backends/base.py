@@ -144,7 +144,8 @@ class Backend(Protocol):
 
     def start(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
         """Start one attempt (its work dir is in place) with its output going to `jp.log`.
-        Raises StartError, or OSError, saying why it could not."""
+        Raises StartError, or OSError, saying why it could not (the agent fails the attempt
+        with that reason on any exception, and frees its GPUs)."""
         ...
 
     def adopt(self, jp: JobPaths) -> Started | None:

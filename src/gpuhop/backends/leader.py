@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuhop.backends.base import Ending, GpuHost, JobAttempt, Started
+from gpuhop.backends.base import Ending, GpuHost, JobAttempt, Started, StartError
 from gpuhop.backends.procs import alive, signal_group, start_time
 from gpuhop.home import JobPaths
 
@@ -48,18 +48,25 @@ class LeaderBackend:
         raise NotImplementedError
 
     def start(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
-        program, env = self.leader(job, jp, deps)
-        with open(jp.log, "ab") as logfile:
-            proc = subprocess.Popen(
-                program,
-                cwd=jp.work,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=logfile,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                close_fds=True,
-            )
+        try:
+            program, env = self.leader(job, jp, deps)
+            with open(jp.log, "ab") as logfile:
+                proc = subprocess.Popen(
+                    program,
+                    cwd=jp.work,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=logfile,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    close_fds=True,
+                )
+        except (StartError, OSError):
+            raise
+        except Exception as e:
+            # An argument or variable no OS takes (UnicodeEncodeError, an embedded NUL), a
+            # path too deep (RecursionError): the job's fault, said as a StartError.
+            raise StartError(f"{type(e).__name__}: {e}") from e
         with self._lock:
             self._children[proc.pid] = proc
         return Started(proc.pid, start_time(proc.pid))

@@ -28,7 +28,7 @@ from gpuhop.api.data import CHUNK_HEADER, MISSING_BATCH, DatasetInfo, EnvInfo
 from gpuhop.api.models import DataMount
 from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.session import Session, quote
-from gpuhop.client.sync import RACY_WINDOW_NS
+from gpuhop.client.sync import RACY_WINDOW_NS, SyncError, check_name
 
 UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
 # (phase, done, total): phase "chunking" counts bytes read, "uploading" raw bytes sent.
@@ -74,6 +74,10 @@ def _walk(root: Path) -> list[_File]:
                 entries.append((full.relative_to(root).as_posix(), full))
     files = []
     for rel, full in entries:
+        try:
+            check_name(rel)
+        except SyncError as e:
+            raise GpuhopError(str(e), code="bad_path") from None
         try:
             st = full.stat()  # follows a link to a file: its content is pushed
         except OSError as e:

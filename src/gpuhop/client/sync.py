@@ -275,6 +275,18 @@ def walk(
             stack.append((sub, rel + "/", rules.enter(sub, rel + "/"), child, ancestors | {child}))
 
 
+def check_name(rel: str) -> None:
+    """Raise SyncError naming `rel` if it is not valid UTF-8 (Linux allows any bytes in a
+    name; gpuhop sends names as text, and a job on another host could not recreate it)."""
+    try:
+        rel.encode()
+    except UnicodeEncodeError:
+        shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
+        raise SyncError(
+            f"{shown}: the file name is not valid UTF-8; rename it, or add it to .gpuhopignore"
+        ) from None
+
+
 def _list_dir(
     directory: Path, prefix: str, rules: IgnoreRules, root: Path, warnings: list[str]
 ) -> list[tuple[str, int]]:
@@ -300,6 +312,7 @@ def _list_dir(
         is_dir = stat.S_ISDIR(st.st_mode)
         if rules.ignored(rel, is_dir):
             continue
+        check_name(rel)
         if is_link:
             target = Path(os.path.realpath(entry.path))
             if not target.is_relative_to(root):

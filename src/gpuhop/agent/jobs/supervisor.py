@@ -32,6 +32,20 @@ log = logging.getLogger("gpuhop.agent")
 
 # In a job's dir: why the agent stopped it (see `Supervisor.stop`).
 STOPPED = "stopped.json"
+# A write to the store that failed (a full disk) is tried again after these many seconds,
+# doubling up to the second figure.
+RETRY_FIRST = 0.5
+RETRY_MAX = 10.0
+
+
+def as_text(s: str) -> str:
+    """`s` with anything UTF-8 cannot hold (a lone surrogate) escaped, for the store and
+    for answers."""
+    try:
+        s.encode()
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "backslashreplace").decode()
+    return s
 
 
 class Supervisor:
@@ -58,32 +72,69 @@ class Supervisor:
     # -- starting -------------------------------------------------------------------------
 
     def launch(self, job_id: str) -> None:
-        """Start a job that the scheduler moved to `starting`. Runs in a worker thread."""
-        job = self.store.get(job_id)
+        """Start a job that the scheduler moved to `starting`. Runs in a worker thread.
+
+        Whatever goes wrong before its process exists (a bad file name, a path too deep, an
+        argument no OS takes, a bug) fails the job with the reason and frees its GPUs: a job
+        never stays in `starting`, holding them, because its start raised.
+        """
         jp = self.job_paths(job_id)
         try:
+            job = self.store.get(job_id)
             self._materialise(jp)
             started = self.backend.start(job, jp, jobdeps.read(jp))
-        except (StartError, OSError) as e:
-            reason = f"could not start: {e}{disk_note(jp.root, jp.log)}"
-            log.warning("job %s %s", job_id, reason)
-            self.store.transition(
-                job_id, [JobState.starting], JobState.failed, reason=reason, ended_at=time.time()
-            )
-            self.on_change()
+        except Exception as e:
+            self._fail_start(job_id, jp, e)
             return
-        self.store.transition(
-            job_id,
-            [JobState.starting],
-            JobState.running,
-            pid=started.pid,
-            pid_start=started.pid_start,
-            started_at=time.time(),
+        self._until_recorded(
+            f"job {job_id} started",
+            lambda: self.store.transition(
+                job_id,
+                [JobState.starting],
+                JobState.running,
+                pid=started.pid,
+                pid_start=started.pid_start,
+                started_at=time.time(),
+            ),
         )
         if self.store.get(job_id).cancel_requested:
             self.backend.interrupt(started)
         self._watch(job_id, jp, started)
         self.on_change()
+
+    def _fail_start(self, job_id: str, jp: JobPaths, e: Exception) -> None:
+        if isinstance(e, StartError | OSError):
+            why = str(e)
+        else:
+            log.error("starting job %s raised", job_id, exc_info=e)
+            why = f"{type(e).__name__}: {e}"
+        reason = as_text(f"could not start: {why}{disk_note(jp.root, jp.log)}")
+        log.warning("job %s %s", job_id, reason)
+        self._until_recorded(
+            f"job {job_id} failed to start",
+            lambda: self.store.transition(
+                job_id, [JobState.starting], JobState.failed, reason=reason, ended_at=time.time()
+            ),
+        )
+        self.on_change()
+
+    def _until_recorded(self, what: str, record: Callable[[], object]) -> None:
+        """Run `record` (a write to the store) until it succeeds: on a full disk, SQLite
+        refuses writes until space returns, and a job's end must not be forgotten."""
+        delay = RETRY_FIRST
+        failures = 0
+        while True:
+            try:
+                record()
+                if failures:
+                    log.warning("recorded %s after %d failed tries", what, failures)
+                return
+            except Exception as e:
+                failures += 1
+                if failures == 1:
+                    log.warning("could not record %s (%s); retrying until it can be", what, e)
+                time.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
 
     def _materialise(self, jp: JobPaths) -> None:
         entries = (
@@ -106,7 +157,12 @@ class Supervisor:
 
     def _watch(self, job_id: str, jp: JobPaths, started: Started) -> None:
         def wait() -> None:
-            self._finish(job_id, self.backend.wait(jp, started))
+            try:
+                end = self.backend.wait(jp, started)
+            except Exception:
+                log.exception("waiting for job %s failed", job_id)
+                end = Ending(recorded=False)
+            self._until_recorded(f"the end of job {job_id}", lambda: self._finish(job_id, end))
 
         threading.Thread(target=wait, name=f"job-{job_id}", daemon=True).start()
 
@@ -173,28 +229,39 @@ class Supervisor:
     def reattach(self) -> None:
         """After an agent (re)start: adopt jobs whose leaders still run, settle the rest."""
         for job in self.store.list([JobState.starting, JobState.running]):
-            jp = self.job_paths(job.id)
-            if job.pid is not None:
-                started = Started(job.pid, job.pid_start)
-            else:
-                adopted = self.backend.adopt(jp)
-                if adopted is None:
-                    # The leader never ran: the job never started, so it may start now.
-                    self.store.transition(job.id, [JobState.starting], JobState.queued, gpu_ids=[])
-                    continue
-                started = adopted
-                self.store.transition(
-                    job.id,
-                    [JobState.starting],
-                    JobState.running,
-                    pid=started.pid,
-                    pid_start=started.pid_start,
-                )
-            if self.backend.alive(started):
-                log.info("re-attached to job %s (pid %d)", job.id, started.pid)
-                self._watch(job.id, jp, started)
-            else:
-                self._finish(job.id, self.backend.ending(jp, started))
+            try:
+                self._reattach(job)
+            except Exception:
+                # One job's trouble (a full disk, a bad record) must not stop the others.
+                log.exception("re-attaching to job %s failed", job.id)
+
+    def _reattach(self, job: JobRecord) -> None:
+        jp = self.job_paths(job.id)
+        if job.pid is not None:
+            started = Started(job.pid, job.pid_start)
+        else:
+            adopted = self.backend.adopt(jp)
+            if adopted is None:
+                # The leader never ran: the job never started, so it may start now.
+                self.store.transition(job.id, [JobState.starting], JobState.queued, gpu_ids=[])
+                return
+            started = adopted
+            self.store.transition(
+                job.id,
+                [JobState.starting],
+                JobState.running,
+                pid=started.pid,
+                pid_start=started.pid_start,
+            )
+        if self.backend.alive(started):
+            log.info("re-attached to job %s (pid %d)", job.id, started.pid)
+            self._watch(job.id, jp, started)
+            return
+        try:
+            self._finish(job.id, self.backend.ending(jp, started))
+        except Exception:
+            log.exception("recording the end of job %s failed; retrying", job.id)
+            self._watch(job.id, jp, started)  # its watcher retries until it is recorded
 
     # -- cancelling -----------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import errno
 import logging
+import sqlite3
 import warnings
 from collections.abc import AsyncIterator
 
@@ -110,6 +111,19 @@ def create_app(ctx: AgentContext) -> FastAPI:
                 507,
                 ErrorCode.insufficient_storage,
                 f"the GPU host's disk is full ({exc.strerror}: {exc.filename or 'a write'});"
+                " free space there (gpuhop gc) and try again",
+            )
+        log.exception("%s %s failed", request.method, request.url.path)
+        return error_response(500, ErrorCode.internal, f"the agent failed: {exc}")
+
+    @app.exception_handler(sqlite3.OperationalError)
+    async def db_error(request: Request, exc: sqlite3.OperationalError) -> JSONResponse:
+        # Not an OSError: SQLite says "database or disk is full" (SQLITE_FULL) on its own.
+        if getattr(exc, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL:
+            return error_response(
+                507,
+                ErrorCode.insufficient_storage,
+                "the GPU host's disk is full (the agent cannot record this in its job store);"
                 " free space there (gpuhop gc) and try again",
             )
         log.exception("%s %s failed", request.method, request.url.path)

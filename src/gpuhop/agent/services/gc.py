@@ -95,6 +95,8 @@ def collect(
                 removed_blobs.append(digest)
                 _add(freed["blobs"], size)
         _sweep_temp(rt.paths.tmp, cutoff, dry_run, freed["temp"])
+        for size in rt.datasets.sweep_leftovers(cutoff, dry_run):
+            _add(freed["temp"], size)
         _remove_envs(rt, policy, now, dry_run, freed["envs"])
         if not dry_run:
             rt.claims.forget("blob", removed_blobs)

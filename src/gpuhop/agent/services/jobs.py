@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -15,6 +16,7 @@ from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
+from gpuhop.agent.jobs.supervisor import as_text
 from gpuhop.agent.services import deps, gc
 from gpuhop.api import (
     ArtifactEntry,
@@ -31,6 +33,10 @@ from gpuhop.home import JobPaths
 
 LOG_CHUNK = 256 * 1024
 METRICS_TAIL_BYTES = 16 * 1024
+# The most of a metrics file one request reads; a longer line is skipped.
+METRICS_READ = 4 * 1024 * 1024
+
+log = logging.getLogger("gpuhop.agent")
 
 
 def _dt(ts: float | None) -> datetime | None:
@@ -65,12 +71,14 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         log_size = 0
     return JobInfo(
         id=job.id,
-        name=job.name,
+        name=None if job.name is None else as_text(job.name),
         state=job.state,
-        command=job.command,
+        # A job stored by an older agent may hold text no answer can carry (a lone
+        # surrogate): escaped here, so that it never breaks a listing.
+        command=[as_text(a) for a in job.command],
         gpus=job.gpus,
         gpu_ids=job.gpu_ids,
-        env=job.env,
+        env={as_text(k): as_text(v) for k, v in job.env.items()},
         priority=job.priority,
         attempt=job.attempt,
         retries=job.retries,
@@ -92,7 +100,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         ended_at=_dt(job.ended_at),
         exit_code=job.exit_code,
         signal=job.signal,
-        reason=job.reason,
+        reason=None if job.reason is None else as_text(job.reason),
         log_size=log_size,
         latest_metrics=latest_metrics(jp.metrics),
         pruned_at=_dt(marker["pruned_at"]) if (marker := gc.pruned(jp)) else None,
@@ -231,23 +239,24 @@ def submit(
             shutil.copyfile(rt.trees.path(req.tree), jp.tree)
         if prepare is not None:
             prepare(jp)
+        job = rt.store.create(
+            command=req.command,
+            env=req.env,
+            gpus=req.gpus,
+            priority=req.priority,
+            name=req.name,
+            job_id=job_id,
+            retries=req.retries,
+            workers=req.workers,
+            worker_timeout=req.worker_timeout,
+            gpu_memory_mb=req.gpu_memory_mb,
+            owner=caller.user,
+            private_network=bool(req.private_network),
+        )
     except BaseException:
-        shutil.rmtree(jp.root, ignore_errors=True)  # a full disk, a bad source: no half job
+        # A full disk (files or the job store), a bad source: no half job.
+        shutil.rmtree(jp.root, ignore_errors=True)
         raise
-    job = rt.store.create(
-        command=req.command,
-        env=req.env,
-        gpus=req.gpus,
-        priority=req.priority,
-        name=req.name,
-        job_id=job_id,
-        retries=req.retries,
-        workers=req.workers,
-        worker_timeout=req.worker_timeout,
-        gpu_memory_mb=req.gpu_memory_mb,
-        owner=caller.user,
-        private_network=bool(req.private_network),
-    )
     rt.wake()
     return to_info(rt, job)
 
@@ -339,10 +348,15 @@ def read_metrics(rt: AgentContext, job_id: str, offset: int) -> tuple[list[dict]
     try:
         with open(path, "rb") as f:
             f.seek(offset)
-            data = f.read(4 * 1024 * 1024)
+            data = f.read(METRICS_READ)
     except OSError:
         return [], offset
     end = data.rfind(b"\n") + 1
+    if end == 0 and len(data) == METRICS_READ:
+        # A line longer than a whole read: skip what was read of it and go on; the rest of
+        # it is not JSON and is skipped on the next read, up to its end.
+        log.warning("job %s: skipped part of a metrics line over %d bytes", job_id, METRICS_READ)
+        return [], offset + len(data)
     records = []
     for line in data[:end].splitlines():
         try:
@@ -364,12 +378,18 @@ def list_artifacts(rt: AgentContext, job_id: str) -> list[ArtifactEntry]:
             full = Path(dirpath) / name
             if full.is_symlink():
                 continue  # a job's links are not followed out of its artifacts dir
-            st = full.stat()
-            out.append(
-                ArtifactEntry(
-                    path=full.relative_to(root).as_posix(), size=st.st_size, mtime=st.st_mtime
+            rel = full.relative_to(root).as_posix()
+            try:
+                rel.encode()
+            except UnicodeEncodeError:
+                # No answer can carry a name that is not UTF-8: leave it out, and say so.
+                shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
+                log.warning(
+                    "job %s: artifact %s is not listed: its name is not UTF-8", job_id, shown
                 )
-            )
+                continue
+            st = full.stat()
+            out.append(ArtifactEntry(path=rel, size=st.st_size, mtime=st.st_mtime))
     out.sort(key=lambda a: a.path)
     return out
 

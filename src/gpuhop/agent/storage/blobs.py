@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.api.models import SHA256_RE
@@ -35,6 +36,10 @@ REFLINK_UNSUPPORTED = {
     errno.ENOSYS,
     errno.EPERM,
 }
+
+
+# The disk (or the user's disk quota) is full.
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
 class BlobError(ValueError):
@@ -126,6 +131,16 @@ class BlobStore:
                 path.unlink(missing_ok=True)
             return st.st_size if st.st_nlink == 1 else 0
 
+    def _unstore(self, stored: dict[str, float]) -> None:
+        """Remove blobs stored at the times given, unless touched since."""
+        with self._lock:
+            for digest, when in stored.items():
+                if self._touched.get(digest) != when:
+                    continue  # asked about or sent again since: someone may need it
+                self._present.discard(digest)
+                self._touched.pop(digest, None)
+                self.path(digest).unlink(missing_ok=True)
+
     def missing(self, digests: list[str]) -> list[str]:
         seen: set[str] = set()
         out = []
@@ -166,8 +181,13 @@ class BlobStore:
             return 0
         self.check_quota(len(data))
         fd, name = tempfile.mkstemp(dir=self.tmp, prefix="chunk-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                durable(f)
+        except BaseException:
+            os.unlink(name)
+            raise
         os.chmod(name, 0o444)
         dest = self.path(digest)
         dest.parent.mkdir(exist_ok=True)
@@ -181,13 +201,17 @@ class BlobStore:
         """Store every framed blob in an upload stream. Returns (blobs stored, bytes).
         `on_blob` hears the digest of every blob whose bytes matched it, stored now or before.
 
-        Blobs completed before an error stay stored, so a retried upload sends only the rest.
-        Raises BlobError on a bad frame or a content/hash mismatch.
+        Blobs completed before an error stay stored, so a retried upload sends only the rest;
+        except when the disk filled up: then the blobs this upload stored are removed at once
+        (unless someone asked for them since), so that the space is free again now rather
+        than after the GC's grace period. Raises BlobError on a bad frame or a content/hash
+        mismatch.
         """
         header = bytearray()  # a frame header split across network chunks
         stored = 0
         total = 0
         writer: _BlobWriter | None = None
+        new: dict[str, float] = {}  # blobs this upload stored: when
         try:
             async for chunk in chunks:
                 # Through a view: a blob's bytes go to its file without being copied first.
@@ -214,13 +238,18 @@ class BlobStore:
                     writer.write(view[pos : pos + take])
                     pos += take
                     if writer.remaining == 0:
-                        total += writer.finish()
+                        size = writer.finish()
+                        if size:
+                            new[writer.digest] = self._touched[writer.digest]
+                        total += size
                         stored += 1
                         on_blob(writer.digest)
                         writer = None
-        except BaseException:
+        except BaseException as e:
             if writer is not None:
                 writer.abort()  # a broken stream leaves no half-written blob behind
+            if isinstance(e, OSError) and e.errno in NO_SPACE:
+                self._unstore(new)
             raise
         if writer is not None:
             writer.abort()
@@ -253,7 +282,12 @@ class _BlobWriter:
         self.tmp_path.unlink(missing_ok=True)
 
     def finish(self) -> int:
-        self.file.close()
+        # On disk before it is named: after a power loss a stored blob is whole or absent
+        # (the store trusts a name once it exists).
+        try:
+            durable(self.file)
+        finally:
+            self.file.close()
         actual = self.hash.hexdigest()
         if actual != self.digest:
             self.tmp_path.unlink(missing_ok=True)
@@ -270,3 +304,9 @@ class _BlobWriter:
         os.replace(self.tmp_path, dest)
         self.store._stored(self.digest, self.size)
         return self.size
+
+
+def durable(f: BinaryIO) -> None:
+    """Flush `f` to the disk (before it is renamed into place)."""
+    f.flush()
+    os.fsync(f.fileno())

@@ -13,6 +13,7 @@ mid-push leaves no half version. Chunks are not deleted with a dataset: garbage 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.blobs import BlobStore, durable
 from gpuhop.agent.storage.trees import MissingBlobs, TreeError, check_paths
 from gpuhop.api.data import DatasetFile, DatasetInfo, DatasetManifest
 from gpuhop.api.models import check_dataset_name
@@ -84,6 +85,31 @@ class DatasetStore:
         return files
 
     # -- writing ----------------------------------------------------------------------------
+
+    def sweep_leftovers(self, cutoff: float, dry_run: bool = False) -> list[int]:
+        """Remove what interrupted pushes left (a `.vN-*` tree half assembled, a `.tmp-*`
+        record) older than `cutoff`; return the bytes of each. A name whose push is in
+        progress (its lock held) is left alone."""
+        freed = []
+        for folder in self.root.iterdir() if self.root.is_dir() else ():
+            lock = self._lock(folder.name)
+            if not folder.is_dir() or not lock.acquire(blocking=False):
+                continue
+            try:
+                for path in folder.iterdir():
+                    if not path.name.startswith((".v", ".tmp-")):
+                        continue
+                    try:
+                        if path.lstat().st_mtime >= cutoff:
+                            continue
+                    except OSError:
+                        continue
+                    freed.append(_bytes(path))
+                    if not dry_run:
+                        _remove_tree(path) if path.is_dir() else path.unlink(missing_ok=True)
+            finally:
+                lock.release()
+        return freed
 
     def push(self, name: str, raw: bytes, owner: str | None = None) -> DatasetInfo:
         """Make a new version of `name` from an uploaded manifest, unless it equals the
@@ -215,7 +241,19 @@ def _write_atomic(path: Path, data: bytes) -> None:
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+        durable(f)
     os.replace(name, path)
+
+
+def _bytes(path: Path) -> int:
+    if not path.is_dir() or path.is_symlink():
+        return path.lstat().st_size
+    total = 0
+    for dirpath, _dirs, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
 
 
 def _remove_tree(path: Path) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from gpuhop.agent.errors import ApiError, describe_errors
-from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.blobs import BlobStore, durable
 from gpuhop.api import ErrorCode, Tree
 from gpuhop.api.models import SHA256_RE
 
@@ -99,6 +99,7 @@ class TreeStore:
                 fd, name = tempfile.mkstemp(dir=self.tmp, prefix="tree-")
                 with os.fdopen(fd, "wb") as f:
                     f.write(raw)
+                    durable(f)
                 os.replace(name, dest)
         return digest, tree
 

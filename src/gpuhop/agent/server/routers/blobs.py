@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.errors import ApiError
-from gpuhop.agent.storage.blobs import BlobError, QuotaExceeded
+from gpuhop.agent.storage.blobs import NO_SPACE, BlobError, QuotaExceeded
 from gpuhop.api import BlobCheck, BlobCheckResult, ErrorCode
 
 router = APIRouter(prefix="/v1/blobs", tags=["blobs"])
@@ -46,6 +46,10 @@ async def upload(request: Request) -> dict[str, int]:
         raise ApiError(400, ErrorCode.bad_blob, str(e)) from None
     except QuotaExceeded:
         await drain(request)  # so that the client, still sending, reads the 507
+        raise
+    except OSError as e:
+        if e.errno in NO_SPACE:
+            await drain(request)  # the same: a full disk is a 507 too
         raise
     finally:
         # Blobs that arrived whole before an error count too: a retry sends only the rest.

@@ -15,6 +15,9 @@ router = APIRouter(prefix="/v1/trees", tags=["trees"])
 
 # 200,000 files at about 150 bytes each, with room to spare.
 MAX_TREE_BYTES = 64 * 1024 * 1024
+# Reading and checking a tree at that cap takes a few hundred MB: one tree at a time, so
+# that many uploads at once cost the agent no more than one (the others wait unread).
+_ONE_TREE = asyncio.Semaphore(1)
 
 
 async def read_limited(request: Request, limit: int, what: str) -> bytes:
@@ -29,11 +32,13 @@ async def read_limited(request: Request, limit: int, what: str) -> bytes:
 
 @router.post("", status_code=201)
 async def upload(request: Request) -> TreeStored:
-    raw = await read_limited(request, MAX_TREE_BYTES, "a tree")
     ctx = request.app.state.ctx
     caller = caller_of(request)
-    with manifest_errors():
-        digest, tree = await asyncio.to_thread(ctx.trees.store, raw)
+    async with _ONE_TREE:
+        raw = await read_limited(request, MAX_TREE_BYTES, "a tree")
+        with manifest_errors():
+            digest, tree = await asyncio.to_thread(ctx.trees.store, raw)
+        del raw
     if not caller.admin:
         # A tree may name only blobs this user has uploaded (see gpuhop.agent.storage.claims).
         digests = [e.digest for e in tree.entries]
