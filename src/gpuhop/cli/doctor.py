@@ -19,13 +19,16 @@ MARKS = {
 
 def doctor(
     json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    fresh: bool = typer.Option(
+        False, "--fresh", help="Probe TensorFlow again now (admins; else reused for a minute)."
+    ),
     on: str | None = OnOption,
 ) -> None:
     """Check the GPU host for TensorFlow jobs: driver, CUDA, TensorFlow's build, the GPUs
     it sees, tf-keras, free disk. Prints a fix for each problem; exits 1 if a check failed."""
     try:
         with client_for(on) as client:
-            checks = client.doctor()
+            checks = client.doctor(fresh=fresh)
     except GpuhopError as e:
         fail(e.message)
     if json_out:

@@ -116,9 +116,10 @@ class Client:
         """The host's GPUs: memory used and load now, and the jobs holding each."""
         return host.gpus(self.session)
 
-    def doctor(self) -> list[DoctorCheck]:
-        """Preflight checks of the GPU host (driver, CUDA, TensorFlow build, disk)."""
-        return host.doctor(self.session)
+    def doctor(self, fresh: bool = False) -> list[DoctorCheck]:
+        """Preflight checks of the GPU host (driver, CUDA, TensorFlow build, disk). Its
+        TensorFlow probe is reused for a minute; `fresh` (admins only) runs a new one."""
+        return host.doctor(self.session, fresh)
 
     def usage(self) -> DiskUsage:
         """The agent's disk use (storage: blobs, trees, datasets; job dirs) and quotas."""

@@ -116,6 +116,8 @@ def _log_says_exited(logfile: Path, start: int) -> bool:
     """Whether the agent wrote its exit line (see `gpuhop.agent.__main__`) since `start`."""
     try:
         with open(logfile, "rb") as f:
+            if os.fstat(f.fileno()).st_size < start:
+                start = 0  # the agent rotated its log (see gpuhop.agent.server.logs)
             f.seek(start)
             return EXIT_MARK in f.read()
     except OSError:

@@ -22,10 +22,14 @@ def gpus(session: Session) -> list[GpuInfo]:
     return [GpuInfo.model_validate(g) for g in session.request("GET", "/v1/agent/gpus").json()]
 
 
-def doctor(session: Session) -> list[DoctorCheck]:
-    """Preflight checks of the GPU host (driver, CUDA, TensorFlow build, disk)."""
+def doctor(session: Session, fresh: bool = False) -> list[DoctorCheck]:
+    """Preflight checks of the GPU host (driver, CUDA, TensorFlow build, disk). The agent
+    reuses its TensorFlow probe for a minute; `fresh` (admins only) asks for a new one."""
     response = session.request(
-        "GET", "/v1/agent/doctor", timeout=httpx.Timeout(DOCTOR_TIMEOUT, connect=5.0)
+        "GET",
+        "/v1/agent/doctor",
+        params={"fresh": "true"} if fresh else None,
+        timeout=httpx.Timeout(DOCTOR_TIMEOUT, connect=5.0),
     )
     return [DoctorCheck.model_validate(c) for c in response.json()]
 

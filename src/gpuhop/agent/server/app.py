@@ -36,6 +36,7 @@ from gpuhop.agent.server.routers import (
     trees,
     ui,
 )
+from gpuhop.agent.services.doctor import ProbeRuns
 from gpuhop.agent.services.serving import Upstream
 from gpuhop.agent.storage.blobs import QuotaExceeded
 from gpuhop.api import ErrorCode
@@ -83,6 +84,8 @@ def create_app(ctx: AgentContext) -> FastAPI:
     app.state.ctx = ctx
     # The HTTP client the model-server proxy shares (see `services.serving`).
     app.state.upstream = Upstream()
+    # `doctor`'s TensorFlow probe: one at a time, its report reused briefly.
+    app.state.probes = ProbeRuns()
     # The dashboard's login codes and browser sessions (in memory; see gpuhop.ui.sessions).
     app.state.ui_sessions = UiSessions()
     routers = (jobs.router, ports.router, blobs.router, trees.router, agent.router)

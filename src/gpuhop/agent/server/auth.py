@@ -25,11 +25,13 @@ import logging
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuhop.agent.callers import SCOPE_KEY, Caller
+from gpuhop.agent.server.logs import Throttle
 from gpuhop.agent.storage.tokens import TokenStore
 from gpuhop.api import ErrorBody, ErrorCode
 from gpuhop.ui.guard import NOT_LOGGED_IN, denied_page
 
 log = logging.getLogger("gpuhop.agent")
+REFUSAL_LOG_WINDOW = 5.0
 
 
 def owner_login() -> str:
@@ -59,6 +61,7 @@ class TokenAuth:
     def __init__(self, app: ASGIApp, tokens: TokenStore):
         self.app = app
         self.tokens = tokens
+        self.refusals = Throttle(window=REFUSAL_LOG_WINDOW)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -70,7 +73,13 @@ class TokenAuth:
             record = self.tokens.check(token)
         if record is None:
             client = scope.get("client")
-            log.info("refused a request without a valid token from %s", client and client[0])
+            address = str(client[0]) if client else "?"
+            # One line per address per few seconds: a client sending thousands of requests a
+            # second must not fill the disk jobs need (the count of the others follows).
+            held = self.refusals.allow(address)
+            if held is not None:
+                more = f" ({held} more since the last line)" if held else ""
+                log.info("refused a request without a valid token from %s%s", address, more)
             await _refuse(scope, receive, send)
             return
         scope = {**scope, SCOPE_KEY: Caller(record.user, record.admin)}

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -24,7 +25,10 @@ from typing import TYPE_CHECKING, Any
 from uvicorn import server as uvicorn_server
 
 from gpuhop.agent.server import listen as listen_mod
+from gpuhop.agent.server import logs as logs_mod
+from gpuhop.agent.server.guard import ConnectionGuard, GuardedListener, total_for
 from gpuhop.agent.server.listen import ListenSpec
+from gpuhop.agent.server.protocol import KEEP_ALIVE_TIMEOUT
 from gpuhop.agent.storage import policy as policy_mod
 from gpuhop.backends import BackendSettings
 from gpuhop.home import AgentError, AgentPaths, read_pid
@@ -57,9 +61,7 @@ def serve(
     lock_fd = os.open(paths.lockfile, os.O_RDWR | os.O_CREAT, 0o600)
     if not _take_lock(lock_fd):
         raise AgentError(f"an agent already runs for {paths.home} (pid {read_pid(paths)})")
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logs_mod.configure(paths.logfile)
     try:
         paths.pidfile.write_text(f"{os.getpid()}\n")
         with contextlib.suppress(FileNotFoundError):
@@ -89,6 +91,7 @@ def _serve_locked(
     from gpuhop.backends import remember, resolve
 
     log = logging.getLogger("gpuhop.agent")
+    fd_limit = raise_file_limit()
     where = resolve(paths.home, backend)
     if where.name != "local" and fake_gpus is not None:
         raise AgentError("--fake-gpus is for the local backend; a Ray cluster has its own GPUs")
@@ -117,6 +120,8 @@ def _serve_locked(
     ctx.listener = listener
     app = create_app(ctx)
     common: dict[str, Any] = {
+        # uvicorn's lines go through the agent's own handler (see `logs`), not its own.
+        "log_config": None,
         "log_level": "warning",
         "access_log": False,
         "timeout_graceful_shutdown": 2,
@@ -128,10 +133,18 @@ def _serve_locked(
             TokenAuth(app, ctx.tokens),
             lifespan="off",
             proxy_headers=False,
+            timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
             **cert_files,
             **common,
         )
-        servers.append((_Server(config), tcp))
+        guard = ConnectionGuard(total=total_for(fd_limit))
+        servers.append((_GuardedServer(config, guard), tcp))
+        log.info(
+            "open-file limit %d: at most %d TCP connections, %d from one address",
+            fd_limit,
+            guard.total,
+            guard.per_address,
+        )
     log.info(
         "agent %d serving %s with %d GPU(s) (%s)",
         os.getpid(),
@@ -170,6 +183,44 @@ class _Server(uvicorn_server.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+
+class _GuardedServer(_Server):
+    """The TCP listener's server: connections come through a `GuardedListener`, which
+    bounds them per client address and in all and times out TLS handshakes."""
+
+    def __init__(self, config: Any, guard: ConnectionGuard):
+        super().__init__(config)
+        self.guard = guard
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=[])
+        for sock in sockets or []:
+            listener = GuardedListener(sock, self, self.guard)
+            listener.start()
+            self.servers.append(listener)  # type: ignore[arg-type]  # closed as a server is
+
+
+def raise_file_limit() -> int:
+    """Raise this process's open-file soft limit to its hard limit (many hosts start at
+    1,024, which a few hundred idle connections and jobs' logs would use up). Returns the
+    soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard
+    if hard == resource.RLIM_INFINITY:
+        try:
+            want = int(Path("/proc/sys/fs/nr_open").read_text())
+        except (OSError, ValueError):
+            want = 1 << 20
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (OSError, ValueError) as e:
+            logging.getLogger("gpuhop.agent").warning(
+                "could not raise the open-file limit from %d to %d: %s", soft, want, e
+            )
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 async def _serve_all(servers: list[tuple[_Server, socket.socket]]) -> None:

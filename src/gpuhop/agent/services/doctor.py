@@ -6,14 +6,22 @@ in a subprocess with the jobs' Python and a job's environment: the agent never i
 TensorFlow. `evaluate` turns the facts into checks and is pure, so every verdict is tested
 without a GPU. A host without NVIDIA GPUs is a valid setup: there the GPU checks are
 skipped, not failed.
+
+The probe costs its ~600 MB of memory and seconds of CPU, so any user asking for it must not
+be able to start many: `ProbeRuns` runs one at a time and reuses its report for
+`PROBE_CACHE_SECONDS`; callers that arrive meanwhile wait for that one. Only an admin may ask
+for a fresh one (`fresh`), and a fresh run that started after they asked serves them all.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +35,7 @@ PROBE_TIMEOUT = 180.0  # importing TensorFlow and initialising CUDA can take a w
 LOW_DISK = 10 * 2**30
 FULL_DISK = 1 * 2**30
 INSTALL_GPU_TF = "pip install 'tensorflow[and-cuda]'"
+PROBE_CACHE_SECONDS = 60.0
 
 
 @dataclass
@@ -46,11 +55,44 @@ class Facts:
         return bool(self.gpus) and self.gpu_source != "fake"
 
 
-def run(ctx: AgentContext) -> list[DoctorCheck]:
-    return evaluate(gather(ctx))
+class ProbeRuns:
+    """One probe at a time; its report reused for `ttl` seconds (see the module's doc)."""
+
+    def __init__(
+        self, ttl: float = PROBE_CACHE_SECONDS, clock: Callable[[], float] = time.monotonic
+    ):
+        self.ttl = ttl
+        self.clock = clock
+        self._lock = asyncio.Lock()
+        self._report: dict[str, Any] | None = None
+        self._started = self._ended = 0.0
+
+    async def report(
+        self, probe: Callable[[], dict[str, Any]], fresh: bool = False
+    ) -> dict[str, Any]:
+        """The probe's report: the last one if recent enough (for `fresh`, if it started
+        after this call), else a new one, run in a worker thread."""
+        asked = self.clock()
+        async with self._lock:
+            if self._report is not None:
+                if fresh and self._started >= asked:
+                    return self._report
+                if not fresh and self.clock() - self._ended < self.ttl:
+                    return self._report
+            started = self.clock()
+            report = await asyncio.to_thread(probe)
+            self._report, self._started, self._ended = report, started, self.clock()
+            return report
 
 
-def gather(ctx: AgentContext) -> Facts:
+async def checks(ctx: AgentContext, runs: ProbeRuns, fresh: bool = False) -> list[DoctorCheck]:
+    """The preflight's checks, with the probe's report from `runs`."""
+    report = await runs.report(lambda: run_probe(ctx.supervisor.python, ctx.paths.tmp), fresh)
+    return evaluate(await asyncio.to_thread(gather, ctx, report))
+
+
+def gather(ctx: AgentContext, report: dict[str, Any]) -> Facts:
+    """The facts the agent knows now, with the probe's `report`."""
     host = ctx.gpu_host
     return Facts(
         gpu_source=host.source,
@@ -60,7 +102,7 @@ def gather(ctx: AgentContext) -> Facts:
         driver_error=host.error,
         state_dir=str(ctx.paths.home),
         disk_free=shutil.disk_usage(ctx.paths.home).free,
-        probe=run_probe(ctx.supervisor.python, ctx.paths.tmp),
+        probe=report,
     )
 
 

@@ -48,10 +48,18 @@ def gpus(request: Request) -> list[GpuInfo]:
 
 
 @router.get("/doctor")
-def doctor(request: Request) -> list[DoctorCheck]:
-    # A sync route: FastAPI runs it in a worker thread, so the probe's seconds of importing
-    # TensorFlow in a subprocess never hold up the other requests.
-    return doctor_service.run(ctx(request))
+async def doctor(request: Request, fresh: bool = Query(default=False)) -> list[DoctorCheck]:
+    """The preflight. Its TensorFlow probe runs one at a time in a worker thread (callers
+    meanwhile wait without holding one) and is reused for a minute; only an admin may ask
+    for a `fresh` one."""
+    if fresh and not caller_of(request).admin:
+        raise ApiError(
+            403,
+            ErrorCode.forbidden,
+            f"only an admin may ask for a fresh probe; the last one is at most"
+            f" {doctor_service.PROBE_CACHE_SECONDS:.0f}s old",
+        )
+    return await doctor_service.checks(ctx(request), request.app.state.probes, fresh)
 
 
 @router.get("/usage")

@@ -1,0 +1,174 @@
+"""Runs in the agent: the TCP listener's HTTP protocol, uvicorn's httptools one with bounds.
+
+uvicorn bounds none of a request's head with httptools (its `h11_max_incomplete_event_size`
+is for h11 only): a client could send headers for ever, each buffered, before any token is
+checked. Here a request head (request line and headers) is refused with 431 once it passes
+`MAX_HEAD_BYTES` or `MAX_HEADERS`, and a connection is closed when a head takes longer than
+`HEAD_TIMEOUT` to arrive, counted from the connection's start or from the first byte of a
+request after a keep-alive pause (a client sending a byte at a time gains nothing). uvicorn's
+own `timeout_keep_alive` closes connections idle between requests.
+
+`on_lost`, given by the listener's guard (`gpuhop.agent.server.guard`), is called once when
+the connection ends, also after an upgrade to a WebSocket (whose protocol then owns it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADERS = 100
+HEAD_TIMEOUT = 10.0
+KEEP_ALIVE_TIMEOUT = 5
+REFUSAL_GRACE = 1.0
+
+_431 = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"content-type: text/plain; charset=utf-8\r\n"
+    b"content-length: %d\r\n"
+    b"connection: close\r\n\r\n%s"
+)
+
+
+class _HeadTooLarge(Exception):
+    """Raised in a parser callback: the request head passed a bound."""
+
+
+class BoundedHttpProtocol(HttpToolsProtocol):
+    def __init__(self, *args: Any, on_lost: Callable[[], None] | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._on_lost = on_lost
+        # Bytes of the current request head seen so far; None while a body or an answer is
+        # under way (between the end of one head and the end of its request).
+        self._head_bytes: int | None = 0
+        self._head_count = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._refused = False
+        self._too_large_seen = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm_head_timer()
+        try:
+            super().connection_lost(exc)
+        finally:
+            self._release()
+
+    def data_received(self, data: bytes) -> None:
+        # uvicorn's own, with the head's bounds: bytes are counted until the head's end.
+        if self._refused:
+            return
+        self._unset_keepalive_if_required()
+        if self._head_bytes is not None:
+            if self._head_timer is None:
+                self._arm_head_timer()  # the first bytes of a request after a keep-alive pause
+            self._head_bytes += len(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return
+        except httptools.HttpParserError:
+            if self._too_large_seen:
+                self._refuse_head()
+                return
+            message = "Invalid HTTP request received."
+            self.logger.warning(message)
+            self.send_400_response(message)
+            return
+        if self._head_bytes is not None and self._head_bytes > MAX_HEAD_BYTES:
+            self._refuse_head()  # no end of the head yet, and past the bound
+
+    def handle_websocket_upgrade(self) -> None:
+        self._disarm_head_timer()
+        self._head_bytes = None
+        super().handle_websocket_upgrade()
+        upgraded = self.transport.get_protocol()
+        if upgraded is not self and self._on_lost is not None:
+            release = self._release
+            their_lost = upgraded.connection_lost
+
+            def connection_lost(exc: Exception | None) -> None:
+                try:
+                    their_lost(exc)
+                finally:
+                    release()
+
+            upgraded.connection_lost = connection_lost  # type: ignore[method-assign]
+
+    # Parser callbacks
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_count = 0
+
+    def on_url(self, url: bytes) -> None:
+        if len(self.url) + len(url) > MAX_HEAD_BYTES:
+            self._too_large()
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_count += 1
+        if self._head_count > MAX_HEADERS:
+            self._too_large()
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._disarm_head_timer()
+        self._head_bytes = None
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._head_bytes = 0
+
+    def _too_large(self) -> None:
+        # httptools turns this into an HttpParserCallbackError out of feed_data.
+        self._too_large_seen = True
+        raise _HeadTooLarge
+
+    def _refuse_head(self) -> None:
+        self._refused = True
+        self._disarm_head_timer()
+        if self.transport.is_closing():
+            return
+        if self.cycle is None or self.cycle.response_complete:
+            message = (
+                f"the request's headers are too large (at most {MAX_HEAD_BYTES} bytes"
+                f" and {MAX_HEADERS} headers)"
+            ).encode()
+            self.transport.write(_431 % (len(message), message))
+        self.transport.close()
+        # A TLS close waits for the client's close_notify, reading (and dropping) what it
+        # still sends meanwhile: a client that sends on gets the connection aborted.
+        transport = self.transport
+        self.loop.call_later(REFUSAL_GRACE, transport.abort)
+
+    def _arm_head_timer(self) -> None:
+        self._disarm_head_timer()
+        self._head_timer = self.loop.call_later(HEAD_TIMEOUT, self._head_timed_out)
+
+    def _disarm_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def _release(self) -> None:
+        on_lost, self._on_lost = self._on_lost, None
+        if on_lost is not None:
+            on_lost()
