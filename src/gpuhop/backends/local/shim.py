@@ -20,8 +20,12 @@ already does), and the shim relays connections from the Unix socket SOCKET to po
 inside it, so the agent can forward them (relay.py).
 
 With `--env SPEC` it first builds (or finds) the job's Python environment (envbuild.py);
-with `--sandbox SPEC` it runs the job in private namespaces where its datasets are mounted
-read-only (sandbox.py). Both modules sit beside this file and use the standard library only.
+with `--sandbox SPEC` (every job, where the host allows namespaces) it runs the job in its
+own view of the host, where the state dir holds only the job's files and its datasets are
+mounted read-only (sandbox.py). The shim then stays outside and its child, the first process
+of the job's PID namespace, runs the job and reports the result on a pipe; the shim records
+it once that child, and so every process of the job, has ended. Both modules sit beside this
+file and use the standard library only.
 """
 
 import contextlib
