@@ -198,3 +198,23 @@ def test_a_forward_closes_when_its_job_ends(shared_agent, tmp_path):
             with pytest.raises(ConnectionRefusedError):
                 socket.create_connection(fwd.address, timeout=5).close()
     assert errors == []
+
+
+def test_a_forward_reaches_only_what_the_job_itself_listens_on(shared_agent, servers, project):
+    """A user with any running job (a `sleep` will do) reaches neither another job's port
+    nor the host's own, though both listen on the host's loopback."""
+    other_job, http_port, echo_port = servers
+    root = project({"sleeper.py": "import time\nprint('up', flush=True)\ntime.sleep(300)\n"})
+    with socket.create_server(("127.0.0.1", 0)) as host_server, shared_agent.client() as client:
+        host_port = host_server.getsockname()[1]
+        sleeper = client.submit(["sleeper.py"], workdir=root)
+        wait_until(lambda: b"up" in job_log(sleeper), timeout=60)
+        try:
+            for port in (http_port, echo_port, host_port):
+                with pytest.raises(GpuhopError, match=f"nothing listening on port {port}"):
+                    sleeper.forward(port)
+            # The job that does listen there still reaches it.
+            with other_job.forward(echo_port) as fwd:
+                assert echo_through(("127.0.0.1", fwd.local_port), b"mine") == b"mine"
+        finally:
+            sleeper.cancel(grace=0)

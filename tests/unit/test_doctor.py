@@ -61,6 +61,7 @@ def test_a_healthy_gpu_host_passes_everything():
         "TensorFlow sees the GPUs",
         "tf-keras",
         "disk space",
+        "job sandbox",
     ]
     assert {c.status for c in checks} == {CheckStatus.passed}
     assert all(c.ok for c in checks)
@@ -196,3 +197,14 @@ def test_doctor_exit_code_follows_the_failed_checks():
     assert exit_code([check(CheckStatus.passed), check(CheckStatus.skipped)]) == 0
     assert exit_code([check(CheckStatus.warning)]) == 0
     assert exit_code([check(CheckStatus.passed), check(CheckStatus.failed)]) == 1
+
+
+def test_a_host_without_namespaces_warns_a_single_user_and_fails_a_team():
+    why = "[Errno 1] unshare: Operation not permitted; run the agent as root, or allow ..."
+    alone = verdicts(replace(GPU_HOST, isolation=why))["job sandbox"]
+    assert alone[0] == CheckStatus.warning
+    assert "run unsandboxed" in alone[1] and "a team agent starts none" in alone[1]
+    assert alone[2] == f"allow namespaces: {why}"
+    team = verdicts(replace(GPU_HOST, isolation=why, team=True))["job sandbox"]
+    assert team[0] == CheckStatus.failed and "no job starts" in team[1]
+    assert verdicts(replace(GPU_HOST, team=True))["job sandbox"][0] == CheckStatus.passed

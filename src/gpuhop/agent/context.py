@@ -61,7 +61,7 @@ class AgentContext:
         self.datasets = DatasetStore(paths.home / "datasets", self.blobs)
         self.envs = EnvStore(paths.home / "envs")
         self.supervisor = Supervisor(
-            paths, self.store, self.blobs, on_change=self.wake, backend=backend
+            paths, self.store, self.blobs, on_change=self.wake, backend=backend, team=self.team
         )
         self.tokens = TokenStore(paths.tokens_db)
         self.claims = ClaimStore(paths.claims_db)
@@ -75,6 +75,11 @@ class AgentContext:
         self._launcher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="launch")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event: asyncio.Event | None = None
+
+    def team(self) -> bool:
+        """Whether this agent serves more than its owner now: a TCP listener is open, or
+        tokens belong to more than one user."""
+        return self.listener is not None or len({t.user for t in self.tokens.list()}) > 1
 
     def wake(self) -> None:
         """Ask the scheduler to look at the queue now. Safe from any thread."""

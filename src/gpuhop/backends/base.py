@@ -142,6 +142,11 @@ class Backend(Protocol):
         """Raise Refused if this backend cannot run the job."""
         ...
 
+    def isolation(self) -> str | None:
+        """None when every job runs in its own view of the agent's host, seeing none of the
+        agent's state but its own files; else why not, and what to allow."""
+        ...
+
     def start(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
         """Start one attempt (its work dir is in place) with its output going to `jp.log`.
         Raises StartError, or OSError, saying why it could not (the agent fails the attempt

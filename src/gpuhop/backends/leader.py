@@ -98,9 +98,14 @@ class LeaderBackend:
         if started is not None:
             # Sweep what the job left in its process group (daemons, stuck workers).
             signal_group(started.pid, signal.SIGKILL)
+            self.end_the_rest(jp)
         # The shim removes its relay's socket, unless it was killed first.
         jp.relay.unlink(missing_ok=True)
         return Ending.from_status(read_json(jp.status), returncode)
+
+    def end_the_rest(self, jp: JobPaths) -> None:
+        """Once the leader is gone: end, and wait for, what else is left of the attempt
+        outside its process group, so that its GPUs are free when this returns."""
 
     def stop(self, jp: JobPaths, started: Started, grace: float) -> float:
         signal_group(started.pid, signal.SIGTERM)

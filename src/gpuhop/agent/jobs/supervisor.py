@@ -9,6 +9,7 @@ backend starts, watches and stops processes; the states, retries and GPUs are th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import shutil
@@ -48,6 +49,11 @@ def as_text(s: str) -> str:
     return s
 
 
+# In a job's dir: when a job being stopped gets its SIGKILL, so that an agent restarted
+# within the grace period still sends it.
+KILL_AT = "kill_at.json"
+
+
 class Supervisor:
     def __init__(
         self,
@@ -56,8 +62,12 @@ class Supervisor:
         blobs: BlobStore,
         on_change: Callable[[], None],
         backend: Backend,
+        team: Callable[[], bool] = lambda: False,
     ):
+        """`team`: whether the agent serves more than its owner now (a TLS listener, or
+        tokens of more than one user); such an agent starts no job without a sandbox."""
         self.paths = paths
+        self.team = team
         # Where the jobs' processes run (gpuhop.backends): this host, or a cluster.
         self.backend = backend
         self.store = store
@@ -81,6 +91,7 @@ class Supervisor:
         jp = self.job_paths(job_id)
         try:
             job = self.store.get(job_id)
+            self._check_isolation()
             self._materialise(jp)
             started = self.backend.start(job, jp, jobdeps.read(jp))
         except Exception as e:
@@ -135,6 +146,15 @@ class Supervisor:
                     log.warning("could not record %s (%s); retrying until it can be", what, e)
                 time.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX)
+
+    def _check_isolation(self) -> None:
+        problem = self.backend.isolation()
+        if problem is not None and self.team():
+            raise StartError(
+                "this agent serves a team (a TLS listener, or tokens of more than one user),"
+                " and this host cannot give a job its own view of it, so no job starts:"
+                f" {problem}"
+            )
 
     def _materialise(self, jp: JobPaths) -> None:
         entries = (
@@ -220,7 +240,7 @@ class Supervisor:
                 f"gpuhop: attempt {job.attempt} {state.value}: {outcome['reason']};"
                 f" retrying (attempt {job.attempt + 1} of {job.retries + 1})\n".encode()
             )
-        for leftover in (jp.status, jp.shim_pid):
+        for leftover in (jp.status, jp.shim_pid, jp.root / KILL_AT):
             leftover.unlink(missing_ok=True)
         shutil.rmtree(jp.work, ignore_errors=True)
         # The files are ready before the job is queued: the scheduler may start it at once.
@@ -256,6 +276,7 @@ class Supervisor:
         if self.backend.alive(started):
             log.info("re-attached to job %s (pid %d)", job.id, started.pid)
             self._watch(job.id, jp, started)
+            self._rearm(job, jp, started)
             return
         try:
             self._finish(job.id, self.backend.ending(jp, started))
@@ -288,8 +309,25 @@ class Supervisor:
         backend's leader needs to clean up after its own grace)."""
         assert job.pid is not None
         started = Started(job.pid, job.pid_start)
-        delay = self.backend.stop(self.job_paths(job.id), started, grace)
-        timer = threading.Timer(delay, self._kill_after_grace, args=(job.id, started))
+        jp = self.job_paths(job.id)
+        delay = self.backend.stop(jp, started, grace)
+        at = time.time() + delay
+        earlier = _read_json(jp.root / KILL_AT)
+        if earlier is not None:
+            at = min(at, float(earlier.get("at", at)))  # a second cancel never delays it
+        with contextlib.suppress(OSError):  # a full disk: this agent's timer still runs
+            (jp.root / KILL_AT).write_text(json.dumps({"at": at}))
+        self._kill_at(job.id, started, max(0.0, at - time.time()))
+
+    def _rearm(self, job: JobRecord, jp: JobPaths, started: Started) -> None:
+        """After a restart: the SIGKILL that a previous agent promised a stopping job."""
+        kill_at = _read_json(jp.root / KILL_AT)
+        if kill_at is None or not (job.cancel_requested or (jp.root / STOPPED).exists()):
+            return
+        self._kill_at(job.id, started, max(0.0, float(kill_at.get("at", 0)) - time.time()))
+
+    def _kill_at(self, job_id: str, started: Started, delay: float) -> None:
+        timer = threading.Timer(delay, self._kill_after_grace, args=(job_id, started))
         timer.daemon = True
         timer.start()
 

@@ -49,6 +49,10 @@ class Facts:
     disk_free: int
     # What probe.py reported; {"probe_error": ...} if it could not run.
     probe: dict[str, Any] = field(default_factory=dict)
+    # Why jobs cannot have their own view of the host (None: they do), and whether the agent
+    # serves a team, which then starts no job.
+    isolation: str | None = None
+    team: bool = False
 
     @property
     def real_gpus(self) -> bool:
@@ -103,6 +107,8 @@ def gather(ctx: AgentContext, report: dict[str, Any]) -> Facts:
         state_dir=str(ctx.paths.home),
         disk_free=shutil.disk_usage(ctx.paths.home).free,
         probe=report,
+        isolation=ctx.backend.isolation(),
+        team=ctx.team(),
     )
 
 
@@ -154,6 +160,7 @@ def evaluate(f: Facts) -> list[DoctorCheck]:
         _tf_gpus(f),
         _tf_keras(f),
         _disk(f),
+        _sandbox(f),
     ]
 
 
@@ -340,6 +347,26 @@ def _disk(f: Facts) -> DoctorCheck:
             fix,
         )
     return _check(name, CheckStatus.passed, detail)
+
+
+def _sandbox(f: Facts) -> DoctorCheck:
+    name = "job sandbox"
+    if f.isolation is None:
+        detail = (
+            "every job runs in its own view of this host (private mount and PID namespaces):"
+            " it sees its own files, not the agent's socket, tokens, job store or other jobs"
+        )
+        return _check(name, CheckStatus.passed, detail)
+    fix = f"allow namespaces: {f.isolation}"
+    if f.team:
+        detail = "this host allows no namespaces for jobs, and the agent serves a team"
+        return _check(name, CheckStatus.failed, f"{detail}: no job starts", fix)
+    detail = (
+        "this host allows no namespaces for jobs, so they run unsandboxed as the agent's"
+        " user: a job can reach the agent's socket and state dir, and a setsid child can"
+        " outlive it. Fine for your own jobs; a team agent starts none"
+    )
+    return _check(name, CheckStatus.warning, detail, fix)
 
 
 def _major_minor(version: str) -> tuple[int, int]:

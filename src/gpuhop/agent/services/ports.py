@@ -3,7 +3,8 @@
 A client opens one WebSocket per TCP connection it forwards. The agent checks the job
 (found, running) and connects to the port before it accepts, so every refusal is a plain
 HTTP error with an `ErrorBody`. Then bytes flow both ways as binary messages until either
-side is done. An ordinary job's port is on the host's loopback. A job in a private network
+side is done. An ordinary job's port is on the host's loopback, reached only where the
+job's own processes are what listens (`gpuhop.backends.listeners`). A job in a private network
 namespace (`private_network`, and every multi-worker job) is reached through its shim's
 relay, a Unix socket in the job's dir that connects to the port inside the namespace
 (see `gpuhop.backends.local.relay` for why a relay rather than setns).
@@ -32,6 +33,7 @@ from gpuhop.agent.errors import ApiError
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services import jobs
 from gpuhop.api import ErrorCode, JobState
+from gpuhop.backends import listeners
 
 EOF = "eof"
 # One read from the job's socket becomes one message of at most this size.
@@ -40,8 +42,6 @@ CHUNK = 256 * 1024
 # sockets anyway; this catches children that outlive it and hold them open.
 JOB_CHECK_SECONDS = 1.0
 CONNECT_TIMEOUT = 5.0
-# Loopback first as IPv4, then IPv6: a server bound to one of them only is still found.
-LOOPBACKS = ("127.0.0.1", "::1")
 
 
 def parse_port(text: str) -> int:
@@ -84,22 +84,24 @@ async def connect(
     of the job's private network through its relay."""
     if private(job):
         return await _connect_relay(rt, job, port)
-    errors = []
-    for host in LOOPBACKS:
+    # The host's loopback is everybody's: reach only a port the job itself listens on.
+    host, why = await asyncio.to_thread(listeners.job_loopback, job.pid or 0, port)
+    if host is not None:
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(host, port, limit=CHUNK), CONNECT_TIMEOUT
             )
         except (OSError, TimeoutError) as e:
-            errors.append(f"{host}: {e.strerror or e.__class__.__name__}")
-            continue
-        with contextlib.suppress(OSError):
-            writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
-        return reader, writer
+            why = f"{host}: {e.strerror or e.__class__.__name__}"
+        else:
+            with contextlib.suppress(OSError):
+                sock = writer.get_extra_info("socket")
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
+            return reader, writer
     raise ApiError(
         502,
         ErrorCode.not_listening,
-        f"job {job.id} has nothing listening on port {port} ({'; '.join(errors)})",
+        f"job {job.id} has nothing listening on port {port} ({why})",
         {"port": port},
     )
 

@@ -75,6 +75,9 @@ def start(rt: AgentContext, ref: str, caller: Caller) -> TensorBoardInfo:
             jp.work.mkdir(parents=True)
             shutil.copyfile(LAUNCHER_SOURCE, jp.work / LAUNCHER)
             (jp.root / SPEC_FILE).write_text(json.dumps({"source": source.id}))
+            # The server's own view of the host shows it the job's logs, read-only.
+            logdir.mkdir(parents=True, exist_ok=True)
+            jobdeps.write(jp, {"readonly": [str(logdir)]})
 
         title = f"job {source.id}" + (f" ({source.name})" if source.name else "")
         command = [python, LAUNCHER, "--logdir", str(logdir), "--host", "127.0.0.1"]

@@ -10,22 +10,28 @@ attempt's end to the job's status file, so a restarted agent still learns how it
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 from gpuhop.api import SubmitRequest
 from gpuhop.backends.base import SCRUBBED_ENV, GpuHost, JobAttempt
 from gpuhop.backends.jobdeps import python as job_python
-from gpuhop.backends.leader import LeaderBackend
+from gpuhop.backends.leader import LeaderBackend, read_json
 from gpuhop.backends.local.commands import resolve_command
+from gpuhop.backends.local.sandbox import HOW_TO_ALLOW
+from gpuhop.backends.procs import alive
 from gpuhop.home import AgentPaths, JobPaths
 from gpuhop.runtime import hook
 
 SHIM = str(Path(__file__).with_name("shim.py"))
+SANDBOX = str(Path(__file__).with_name("sandbox.py"))
 
 
 @functools.cache
@@ -91,8 +97,43 @@ class LocalBackend(LeaderBackend):
     def describe(self) -> str:
         return f"running jobs on this host ({len(self.gpu_host.gpus)} GPU(s))"
 
+    @functools.cached_property
+    def _isolation(self) -> str | None:
+        try:
+            probe = subprocess.run(
+                [self.python, "-I", "-S", SANDBOX, "--probe"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.SubprocessError) as e:
+            return f"the namespace probe did not run ({e})"
+        if probe.returncode == 0:
+            return None
+        why = probe.stderr.strip().splitlines()[-1:] or [f"exit code {probe.returncode}"]
+        return f"{why[0]}; {HOW_TO_ALLOW}"
+
+    def isolation(self) -> str | None:
+        """None when every job runs in its own view of this host (sandbox.py); else why
+        not, and what to allow. Asked of the host once."""
+        return self._isolation
+
     def check_submit(self, req: SubmitRequest) -> None:
         """Every kind of job runs here."""
+
+    def end_the_rest(self, jp: JobPaths) -> None:
+        """A sandboxed job's processes (`setsid` ones too) all live in its PID namespace,
+        which ends with its first process, the shim's child: the kernel kills the rest and
+        that process is gone only once they all are. So kill it and wait until it is gone.
+        (A SIGKILL to the group can end the shim before its child has finished.)"""
+        shim = read_json(jp.shim_pid) or {}
+        init, init_start = shim.get("init"), shim.get("init_start")
+        if not isinstance(init, int) or init_start is None:
+            return  # not sandboxed, or unknown: never signal a pid we cannot vouch for
+        while alive(init, str(init_start)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(init, signal.SIGKILL)
+            time.sleep(0.02)
 
     def leader(
         self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]
@@ -101,7 +142,7 @@ class LocalBackend(LeaderBackend):
         python = job_python(deps, self.python)
         argv = resolve_command(job.command, jp.work, env.get("PATH", os.defpath), python)
         gang = self._write_gang(job, jp, env) if job.workers > 1 else []
-        gang += self._shim_args(deps, jp)
+        gang += self._shim_args(deps, jp, job.workers)
         if job.private_network or job.workers > 1:
             gang += ["--relay", str(jp.relay)]
         shim = [self.python, "-I", "-S", SHIM, str(jp.status), str(jp.shim_pid)]
@@ -142,26 +183,44 @@ class LocalBackend(LeaderBackend):
                     )
         return ["--gang", str(jp.gang)]
 
-    def _shim_args(self, deps: dict[str, Any], jp: JobPaths) -> list[str]:
+    def _shim_args(self, deps: dict[str, Any], jp: JobPaths, workers: int) -> list[str]:
         """The shim's `--env` and `--sandbox` arguments for these deps; makes the datasets'
-        mount points."""
+        mount points. Every job gets a sandbox where this host allows one; a job with
+        datasets gets one anyway (and fails, saying why, where the host allows none)."""
         args: list[str] = []
         if deps.get("env"):
             spec = dict(deps["env"], requirements=str(jp.root / "requirements.txt"))
             (jp.root / "env.json").write_text(json.dumps(spec))
             args += ["--env", str(jp.root / "env.json")]
-        if deps.get("data"):
-            binds = []
-            for mount in deps["data"]:
-                target = jp.work / mount["mount"]
-                target.mkdir(parents=True, exist_ok=True)
-                binds.append({"source": mount["source"], "target": str(target)})
-            home = self.paths.home
-            spec = {
-                "work": str(jp.work),
-                "binds": binds,
-                "protect": [str(self.paths.blobs), str(home / "datasets"), str(home / "envs")],
-            }
-            (jp.root / "sandbox.json").write_text(json.dumps(spec))
-            args += ["--sandbox", str(jp.root / "sandbox.json")]
-        return args
+        if self.isolation() is not None and not deps.get("data"):
+            return args  # a single-user agent's choice; see gpuhop doctor
+        binds = []
+        for mount in deps.get("data", []):
+            target = jp.work / mount["mount"]
+            target.mkdir(parents=True, exist_ok=True)
+            binds.append({"source": mount["source"], "target": str(target)})
+        spec = {
+            "home": str(self.paths.home),
+            "work": str(jp.work),
+            "keep": self._view(deps, jp, workers),
+            "binds": binds,
+        }
+        (jp.root / "sandbox.json").write_text(json.dumps(spec))
+        return [*args, "--sandbox", str(jp.root / "sandbox.json")]
+
+    def _view(self, deps: dict[str, Any], jp: JobPaths, workers: int) -> list[dict[str, Any]]:
+        """What the job sees of the state dir: its own files (made here if missing, so
+        that each can be bound), its environment and what else it may read."""
+        for d in (jp.work, jp.artifacts, jp.checkpoints):
+            d.mkdir(parents=True, exist_ok=True)
+        logs = [jp.worker_log(i) for i in range(workers)] if workers > 1 else []
+        files = [jp.log, jp.metrics, *logs]
+        for f in files:
+            f.touch()
+        keep: list[dict[str, Any]] = [
+            {"path": str(p)} for p in (jp.work, jp.artifacts, jp.checkpoints, *files)
+        ]
+        readable = [*deps.get("readonly", [])]
+        if deps.get("env"):
+            readable.append(deps["env"]["dir"])
+        return keep + [{"path": p, "readonly": True} for p in readable]

@@ -45,7 +45,11 @@ def listen(path: str) -> socket.socket:
 
 def start(path: str) -> socket.socket:
     """Listen at `path` and serve connections on a daemon thread; returns the listener."""
-    server = listen(path)
+    return serve(listen(path))
+
+
+def serve(server: socket.socket) -> socket.socket:
+    """Serve a listener's connections on a daemon thread; returns the listener."""
     threading.Thread(target=_accept_loop, args=(server,), name="relay", daemon=True).start()
     return server
 

@@ -1,15 +1,21 @@
-"""Runs on the GPU host, in a job's shim: puts the job where it can read datasets but never
-change them. Standard library only (the shim runs with `python -I -S`).
+"""Runs on the GPU host, in a job's shim: gives every job its own view of the host, in which
+the agent's state dir holds only the job's own files. Standard library only (the shim runs
+with `python -I -S`).
 
-A file owned by the job's own uid can be chmod'ed back to writable, so file modes protect
-nothing. Instead the job runs in private namespaces made by its shim:
+Jobs run as the agent's OS user, so file modes protect nothing (a file of one's own uid can
+be chmod'ed back to writable). Instead the job runs in private namespaces made by its shim:
 
 - a mount namespace, with every mount made private first (nothing propagates back to the
-  host), in which each dataset's assembled tree is bind-mounted at its mount point and
-  remounted read-only, and the agent's stored copies (blobs/, datasets/, envs/) are bound
-  onto themselves read-only, so the real paths cannot be written either;
-- a PID namespace with its own /proc, so the job cannot reach the host's mounts through
-  another process's /proc/PID/root;
+  host), in which a small tmpfs covers the agent's state dir and only what the job may see
+  is bound back at its own path: its work dir, artifacts, checkpoints, metrics file and
+  logs (writable), its Python environment and what else it may read (read-only). The
+  agent's socket, job store, tokens, TLS key, blobs, trees, datasets and every other job's
+  dir are not there. Each dataset's assembled tree is bind-mounted at its mount point in
+  the work dir and remounted read-only. The tmpfs itself is read-only;
+- a PID namespace with its own /proc, so the job sees and signals only its own processes
+  and cannot reach the host's mounts through another process's /proc/PID/root; when its
+  first process (the shim's child) ends, the kernel kills every process left in it, so
+  `setsid` is no escape;
 - for an agent that is not root, a user namespace that maps the uid to itself (no
   privilege is gained outside it). The job's program starts with no capabilities: a
   non-root uid loses them on exec, and for root the shim empties the bounding set. So the
@@ -17,12 +23,18 @@ nothing. Instead the job runs in private namespaces made by its shim:
   and mounts made by a more privileged namespace stay locked in any namespace the job
   makes itself.
 
-Writes, deletes, renames and chmods inside a dataset fail with EROFS. Where namespaces
-cannot be made, the job fails with a message saying what to allow; there is no weaker mode.
+The sources are opened (O_PATH) before the tmpfs hides them and bound from /proc/self/fd,
+and the job starts in its work dir looked up again after the mounts, so no directory of the
+real state dir stays reachable through an old reference.
+
+`python sandbox.py --probe` says whether this host lets a job have such a view (exit 0), or
+why not (the reason on stderr, exit 1): the agent asks once at start.
 """
 
 import ctypes
 import os
+import stat
+import sys
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -30,6 +42,12 @@ CLONE_NEWPID = 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+# What to allow, for the messages of the shim and the agent.
+HOW_TO_ALLOW = (
+    "run the agent as root, or allow unprivileged user namespaces"
+    " (sysctl kernel.unprivileged_userns_clone=1, and on Ubuntu 24.04+"
+    " kernel.apparmor_restrict_unprivileged_userns=0)"
+)
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -44,22 +62,24 @@ def _check(result: int, what: str) -> None:
         raise SandboxError(err, f"{what}: {os.strerror(err)}")
 
 
-def _mount(source, target: str, fstype, flags: int) -> None:
+def _mount(source, target: str, fstype, flags: int, data=None) -> None:
     _check(
         _libc.mount(
             source.encode() if source else None,
             target.encode(),
             fstype.encode() if fstype else None,
             ctypes.c_ulong(flags),
-            None,
+            data.encode() if data else None,
         ),
         f"mount {target}",
     )
 
 
-def _bind_readonly(source: str, target: str) -> None:
-    _mount(source, target, None, MS_BIND | MS_REC)
-    _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+def _remount_readonly(target: str) -> None:
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
+    if os.statvfs(target).f_flag & os.ST_NOEXEC:
+        flags |= MS_NOEXEC  # a locked flag of the source: a remount must keep it
+    _mount(None, target, None, flags)
 
 
 def enter(spec: dict) -> int:
@@ -68,7 +88,9 @@ def enter(spec: dict) -> int:
     exec, and returns 0. Raises SandboxError (in the parent) if the namespaces cannot be made.
     """
     uid, gid = os.getuid(), os.getgid()
-    flags = CLONE_NEWNS | CLONE_NEWPID
+    # The mount namespace is the child's alone: the shim outside must still see the real
+    # state dir (it writes the job's status there).
+    flags = CLONE_NEWPID
     if uid != 0:
         flags |= CLONE_NEWUSER
     _check(_libc.unshare(flags), "unshare")
@@ -92,6 +114,7 @@ def enter(spec: dict) -> int:
         return pid
     os.close(read_end)
     try:
+        _check(_libc.unshare(CLONE_NEWNS), "unshare")
         _setup(spec, uid)
     except OSError as e:
         os.write(write_end, str(e).encode() or b"sandbox set-up failed")
@@ -100,21 +123,92 @@ def enter(spec: dict) -> int:
     return 0
 
 
+def _open(path: str, kinds: tuple) -> int:
+    """An O_PATH descriptor of `path`, which must be one of `kinds` (no link)."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    mode = os.fstat(fd).st_mode
+    if not any(kind(mode) for kind in kinds):
+        os.close(fd)
+        raise SandboxError(0, f"{path} is not a {'directory' if kinds == DIRS else 'file'}")
+    return fd
+
+
+DIRS = (stat.S_ISDIR,)
+DIRS_OR_FILES = (stat.S_ISDIR, stat.S_ISREG)
+
+
+def _bind_fd(fd: int, target: str, readonly: bool) -> None:
+    _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+    if readonly:
+        _remount_readonly(target)
+
+
+def _make_target(target: str, directory: bool) -> None:
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if directory:
+        os.makedirs(target, exist_ok=True)
+    elif not os.path.exists(target):
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT, 0o600))
+
+
 def _setup(spec: dict, uid: int) -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    home = os.path.realpath(spec["home"])
     work = os.path.realpath(spec["work"])
+    keep = []  # (fd, path, is_dir, readonly), opened while the real state dir is in view
+    for entry in spec["keep"]:
+        path = os.path.realpath(entry["path"])
+        if os.path.commonpath([home, path]) != home:
+            continue  # outside the state dir: in view anyway
+        fd = _open(path, DIRS_OR_FILES)
+        keep.append((fd, path, stat.S_ISDIR(os.fstat(fd).st_mode), entry.get("readonly", False)))
+    binds = []
     for bind in spec["binds"]:
         target = os.path.realpath(bind["target"])
         if os.path.commonpath([work, target]) != work or not os.path.isdir(target):
             raise SandboxError(0, f"mount point {bind['target']} is not a directory in {work}")
-        _bind_readonly(bind["source"], target)
-    for path in spec["protect"]:
-        if os.path.isdir(path):
-            _bind_readonly(path, path)
+        binds.append((_open(bind["source"], DIRS), target))
+    _mount("tmpfs", home, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=1m")
+    for fd, path, directory, readonly in keep:
+        _make_target(path, directory)
+        _bind_fd(fd, path, readonly)
+        os.close(fd)
+    _remount_readonly(home)
+    for fd, target in binds:
+        _bind_fd(fd, target, readonly=True)
+        os.close(fd)
+    os.chdir(work)  # the view's work dir, not the hidden one the shim started in
     if uid == 0:
         with open("/proc/sys/kernel/cap_last_cap") as f:
             last = int(f.read())
         for cap in range(last + 1):
             _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "dropping capabilities")
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def probe() -> str | None:
+    """None if a job can have its own view of this host; else why not."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="gpuhop-probe-") as home:
+        work = os.path.join(home, "work")
+        os.mkdir(work)
+        spec = {"home": home, "work": work, "keep": [{"path": work}], "binds": []}
+        try:
+            child = enter(spec)
+        except OSError as e:
+            return str(e)
+        if child == 0:
+            os._exit(0 if os.listdir(os.path.dirname(work)) == ["work"] else 1)
+        _, status = os.waitpid(child, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            return "the job's view of the state dir held more than its own files"
+    return None
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--probe"]:
+    problem = probe()
+    if problem is not None:
+        print(problem, file=sys.stderr)
+    sys.exit(0 if problem is None else 1)

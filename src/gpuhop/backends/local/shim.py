@@ -20,8 +20,12 @@ already does), and the shim relays connections from the Unix socket SOCKET to po
 inside it, so the agent can forward them (relay.py).
 
 With `--env SPEC` it first builds (or finds) the job's Python environment (envbuild.py);
-with `--sandbox SPEC` it runs the job in private namespaces where its datasets are mounted
-read-only (sandbox.py). Both modules sit beside this file and use the standard library only.
+with `--sandbox SPEC` (every job, where the host allows namespaces) it runs the job in its
+own view of the host, where the state dir holds only the job's files and its datasets are
+mounted read-only (sandbox.py). The shim then stays outside and its child, the first process
+of the job's PID namespace, runs the job and reports the result on a pipe; the shim records
+it once that child, and so every process of the job, has ended. Both modules sit beside this
+file and use the standard library only.
 """
 
 import contextlib
@@ -80,8 +84,10 @@ def _spawn(command: list, env: dict | None = None, log_path: str | None = None) 
     return pid
 
 
-def run_single(command: list, relay: str | None = None) -> dict:
-    if relay is not None:
+def run_single(command: list, private: bool = False, relay=None) -> dict:
+    """Run the job's command, in a private network if `private`; `relay`, a listening
+    socket, then serves its ports."""
+    if private:
         refused = _private_network_or_refusal("This job asked for one")
         if refused is not None:
             return refused
@@ -183,15 +189,21 @@ def _private_network_or_refusal(who: str) -> dict | None:
     return None
 
 
-def _start_relay(path: str) -> None:
-    # After the job's processes are forked: the relay's threads must not exist at fork.
+def _listen_relay(path: str):
     try:
-        _sibling("relay").start(path)
+        return _sibling("relay").listen(path)
     except OSError as e:
         print(f"gpuhop: cannot relay the job's ports from {path}: {e}", flush=True)
+        return None
 
 
-def run_gang(spec: dict, command: list, relay: str | None = None) -> dict:
+def _start_relay(listener) -> None:
+    # After the job's processes are forked: the relay's threads must not exist at fork.
+    if listener is not None:
+        _sibling("relay").serve(listener)
+
+
+def run_gang(spec: dict, command: list, relay=None) -> dict:
     workers = spec["workers"]
     refused = _private_network_or_refusal("Multi-worker jobs need one")
     if refused is not None:
@@ -292,16 +304,23 @@ def main(argv: list) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         # A handler, not SIG_IGN: exec resets handled signals to their default in the child.
         signal.signal(sig, lambda *_: None)
+    # Bound now, while the job's dir is in view: the sandbox hides it from the job.
+    listener = _listen_relay(relay) if relay is not None else None
     result = _prepare(specs)
+    report = None
     if result is None and "sandbox" in specs:
-        # The parent stays outside and exits once the child (which runs the job) has ended.
-        result = _enter_sandbox(specs["sandbox"], status_path)
+        # The parent stays outside: it records the result the child (which runs the job in
+        # its namespaces) reports, once every process of the job has ended.
+        result, report = _enter_sandbox(specs["sandbox"], pid_path)
     if result is None:
         if "gang" in specs:
-            result = run_gang(specs["gang"], command, relay)
+            result = run_gang(specs["gang"], command, listener)
         else:
-            result = run_single(command, relay)
+            result = run_single(command, relay is not None, listener)
     result["ended_at"] = time.time()
+    if report is not None:
+        os.write(report, json.dumps(result).encode())
+        return 0
     if relay is not None:
         with contextlib.suppress(OSError):
             os.unlink(relay)
@@ -328,30 +347,53 @@ def _prepare(specs: dict) -> dict | None:
     return {"exit_code": 1, "signal": None, "detail": error}
 
 
-def _enter_sandbox(spec: dict, status_path: str) -> dict | None:
-    """Fork into the job's namespaces. The child returns None and goes on to run the job;
-    the parent waits for it and exits, or returns a result if the sandbox failed."""
+def _enter_sandbox(spec: dict, pid_path: str) -> tuple:
+    """Fork into the job's namespaces. The child returns (None, fd to report its result on)
+    and goes on to run the job; the parent waits for it and returns (its result, None)."""
+    sandbox = _sibling("sandbox")
+    read_end, write_end = os.pipe()
     try:
-        child = _sibling("sandbox").enter(spec)
+        child = sandbox.enter(spec)
     except OSError as e:
+        os.close(read_end)
+        os.close(write_end)
         detail = (
-            f"could not give the job its read-only datasets ({e}). Datasets need a private"
-            " mount and PID namespace: run the agent as root, or allow unprivileged user"
-            " namespaces (sysctl kernel.unprivileged_userns_clone=1)"
+            f"could not give the job its own view of the host ({e}). Every job runs in"
+            f" private mount and PID namespaces: {sandbox.HOW_TO_ALLOW}"
         )
         print(f"gpuhop: {detail}", flush=True)
-        return {"exit_code": 1, "signal": None, "detail": detail}
+        return {"exit_code": 1, "signal": None, "detail": detail}, None
     if child == 0:
-        return None
+        os.close(read_end)
+        return None, write_end
+    os.close(write_end)
+    # The agent releases the job's GPUs once this process is gone: the PID namespace's
+    # first process ends only after every other process in it has.
+    _write_atomic(pid_path, {"pid": os.getpid(), "init": child, "init_start": _start(child)})
+    with os.fdopen(read_end, "rb") as r:
+        report = r.read()
     while True:
         try:
             _, status = os.waitpid(child, 0)
             break
         except InterruptedError:
             continue
-    if not os.path.exists(status_path):
-        _write_atomic(status_path, {**_outcome(status), "ended_at": time.time()})
-    sys.exit(0)
+    try:
+        result = json.loads(report)
+    except ValueError:
+        result = _outcome(status)
+    return result, None
+
+
+def _start(pid: int):
+    """A process's start time (as gpuhop.backends.procs reads it), or None."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    return fields[19].decode() if len(fields) > 19 else None
 
 
 if __name__ == "__main__":

@@ -110,6 +110,11 @@ class RayBackend(LeaderBackend):
             f" {len(self.nodes)} node(s), {gpus} GPU(s)"
         )
 
+    def isolation(self) -> str | None:
+        """Jobs run on the cluster's nodes as Ray's user, with files sent to them: the
+        agent's state dir is not theirs to see (a node beside the agent is not sandboxed)."""
+        return None
+
     def check_submit(self, req: SubmitRequest) -> None:
         """Refuse, with what to do instead, the jobs that need the agent's own host."""
         why = None

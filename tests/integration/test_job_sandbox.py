@@ -1,0 +1,249 @@
+# ruff: noqa: F811 (the fixtures imported from test_tls are parameters here)
+"""A job is hostile: on a real team agent (TLS, two users), a job of alice's tries each
+escape from its own view of the host and fails, and still has its own files, GPUs and
+environment as before.
+
+The job gets the host's real paths from the test (it could guess them: they are the paths
+of its own dirs, a few levels up) and reports each attempt as a JSON line in its log.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuhop.api import JobState
+from gpuhop.home import JobPaths
+from tests.conftest import Agent, wait_until
+from tests.integration.test_tls import remote, tls_agent, tokens  # noqa: F401 (fixtures)
+
+ATTACK = r"""
+import json, os, signal, socket, sys
+
+targets = json.loads(os.environ["TARGETS"])
+
+def attempt(what, action):
+    try:
+        action()
+    except OSError as e:
+        print(json.dumps({"what": what, "escaped": False, "error": e.strerror}), flush=True)
+    else:
+        print(json.dumps({"what": what, "escaped": True}), flush=True)
+
+def connect(path):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    s.sendall(b"GET /v1/jobs HTTP/1.0\r\n\r\n")
+
+def read(path):
+    with open(path, "rb") as f:
+        f.read(1)
+
+def overwrite(path):
+    with open(path, "r+b") as f:
+        f.write(b"altered")
+
+for path in targets.get("connect", []):
+    attempt(f"connect {path}", lambda: connect(path))
+for path in targets.get("read", []):
+    attempt(f"read {path}", lambda: read(path))
+for path in targets.get("list", []):
+    attempt(f"list {path}", lambda: print(json.dumps({"listing": os.listdir(path)})))
+for path in targets.get("write", []):
+    attempt(f"write {path}", lambda: overwrite(path))
+    attempt(f"chmod {path}", lambda: os.chmod(path, 0o644))
+    attempt(f"replace {path}", lambda: os.replace(sys.argv[0], path))
+    attempt(f"unlink {path}", lambda: os.unlink(path))
+for pid in targets.get("kill", []):
+    attempt(f"kill {pid}", lambda: os.kill(pid, signal.SIGKILL))
+
+# What the job may still do: its own files, its GPUs' variable, as before.
+own = {}
+for var in ("GPUHOP_ARTIFACTS_DIR", "GPUHOP_CHECKPOINT_DIR", "GPUHOP_TENSORBOARD_DIR"):
+    os.makedirs(os.environ[var], exist_ok=True)
+    with open(os.path.join(os.environ[var], "mine.txt"), "w") as f:
+        f.write("mine")
+    own[var] = os.listdir(os.environ[var])
+with open(os.environ["GPUHOP_METRICS_FILE"], "a") as f:
+    f.write(json.dumps({"step": 1, "loss": 0.5}) + "\n")
+own["work"] = sorted(os.listdir("."))
+own["cuda"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+print(json.dumps({"own": own}), flush=True)
+"""
+
+VICTIM = r"""
+import os, pathlib, time
+out = pathlib.Path(os.environ["GPUHOP_ARTIFACTS_DIR"])
+(out / "secret.txt").write_text("bob's secret")
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.fixture
+def victim(tls_agent: Agent, remote, tokens, tmp_path: Path):
+    """A running job of bob's, with a secret artifact, and the host pid of its script."""
+    root = tmp_path / "bob"
+    root.mkdir()
+    (root / "victim.py").write_text(VICTIM)
+    bob = remote(tokens["bob"])
+    job = bob.submit(["victim.py"], workdir=root)
+    jp = JobPaths(tls_agent.paths.job_dir(job.id))
+    wait_until(lambda: jp.log.exists() and b"ready" in jp.log.read_bytes(), 60)
+    yield {"job": job, "paths": jp, "pid": script_pid("victim.py"), "source": VICTIM}
+    job.cancel(grace=0)
+    job.wait(60)
+
+
+def script_pid(name: str) -> int:
+    """The host pid of the one process running the script `name` (not its shim)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if name.encode() in argv and not any(a.endswith(b"shim.py") for a in argv):
+            found.append(int(pid))
+    assert len(found) == 1, found
+    return found[0]
+
+
+def attack(remote, tokens, project, targets: dict) -> tuple[list[dict], list[list[str]]]:
+    """Run the attack as alice; return its attempts and the listings it got."""
+    root = project({"attack.py": ATTACK})
+    with remote(tokens["alice"]) as alice:
+        env = {"TARGETS": json.dumps(targets)}
+        job = alice.submit(["attack.py"], workdir=root, gpus=1, env=env)
+        info = job.wait(120)
+        log = b"".join(job.logs()).decode()
+    assert info.state == JobState.succeeded, log
+    lines = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    # What it may still do: its own files, its GPU's variable, as before.
+    own = next(line["own"] for line in lines if "own" in line)
+    assert own["cuda"] == "0"
+    assert own["work"] == ["attack.py"]
+    for var in ("GPUHOP_ARTIFACTS_DIR", "GPUHOP_CHECKPOINT_DIR", "GPUHOP_TENSORBOARD_DIR"):
+        assert "mine.txt" in own[var]
+    assert info.latest_metrics == {"step": 1, "loss": 0.5}
+    attempts = [line for line in lines if "what" in line]
+    return attempts, [line["listing"] for line in lines if "listing" in line]
+
+
+def escaped(attempts: list[dict]) -> list[str]:
+    assert attempts
+    return [a["what"] for a in attempts if a["escaped"]]
+
+
+def test_a_job_cannot_reach_the_agents_socket(tls_agent, remote, tokens, project):
+    home = tls_agent.paths.home
+    agent_pid = int(tls_agent.paths.pidfile.read_text())
+    targets = {"connect": [str(home / "agent.sock"), f"/proc/{agent_pid}/root{home}/agent.sock"]}
+    attempts, _ = attack(remote, tokens, project, targets)
+    assert len(attempts) == 2 and escaped(attempts) == []
+
+
+def test_a_job_sees_nothing_else_of_the_state_dir(tls_agent, victim, remote, tokens, project):
+    home = tls_agent.paths.home
+    targets = {"list": [str(home), str(home / "jobs")]}
+    _, listings = attack(remote, tokens, project, targets)
+    assert listings[0] == ["jobs"]
+    assert len(listings[1]) == 1 and listings[1] != [victim["job"].id]
+
+
+def test_a_job_cannot_read_the_tls_key_tokens_or_job_store(tls_agent, remote, tokens, project):
+    home = tls_agent.paths.home
+    secrets = [home / "tokens.db", home / "jobs.db", home / "claims.db", *home.glob("tls/*")]
+    assert len(secrets) >= 5 and all(p.is_file() for p in secrets)
+    attempts, _ = attack(remote, tokens, project, {"read": [str(p) for p in secrets]})
+    assert len(attempts) == len(secrets)
+    assert escaped(attempts) == []
+
+
+def test_a_job_cannot_read_other_users_work_dirs_or_artifacts(
+    victim,
+    remote,
+    tokens,
+    project,
+):
+    jp = victim["paths"]
+    targets = {
+        "read": [str(jp.artifacts / "secret.txt"), str(jp.work / "victim.py"), str(jp.log)],
+        "list": [str(jp.work), str(jp.artifacts), str(jp.root)],
+    }
+    attempts, _ = attack(remote, tokens, project, targets)
+    assert len(attempts) == 6 and escaped(attempts) == []
+    assert (jp.artifacts / "secret.txt").read_text() == "bob's secret"
+
+
+def test_a_job_cannot_overwrite_a_stored_blob(tls_agent, victim, remote, tokens, project):
+    digest = hashlib.sha256(victim["source"].encode()).hexdigest()
+    blob = tls_agent.paths.blobs / digest[:2] / digest
+    assert blob.read_text() == victim["source"]
+    attempts, _ = attack(remote, tokens, project, {"write": [str(blob)]})
+    assert len(attempts) == 4 and escaped(attempts) == []
+    assert blob.read_text() == victim["source"]
+    assert oct(blob.stat().st_mode & 0o777) == oct(0o444)
+
+
+def test_a_job_cannot_signal_other_users_processes_or_the_agent(
+    tls_agent,
+    victim,
+    remote,
+    tokens,
+    project,
+):
+    agent_pid = int(tls_agent.paths.pidfile.read_text())
+    bob_pid = victim["pid"]
+    attempts, _ = attack(remote, tokens, project, {"kill": [bob_pid, agent_pid]})
+    assert escaped(attempts) == []
+    os.kill(bob_pid, 0)  # still there
+    os.kill(agent_pid, 0)
+    assert victim["job"].refresh().state == JobState.running
+
+
+@pytest.fixture
+def no_namespace_agent(tmp_path: Path):
+    """A real agent on a host that allows jobs no namespaces: it runs in a user namespace
+    whose limit of PID namespaces is 0 (as a locked-down container would be)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1)")
+    agent = Agent(tmp_path / "home", tmp_path / "cache", None)
+    agent.paths.ensure()
+    deny = 'echo 0 > /proc/sys/user/max_pid_namespaces && exec "$@"'
+    cmd = ["unshare", "--user", "--map-root-user", "sh", "-c", deny, "sh"]
+    cmd += [sys.executable, "-m", "gpuhop.agent", "--home", str(agent.home)]
+    log = open(tmp_path / "agent.out", "wb")  # noqa: SIM115 (closed at teardown)
+    proc = subprocess.Popen(cmd, env=agent.env, stdout=log, stderr=subprocess.STDOUT)
+    agent.pid = proc.pid
+    try:
+        wait_until(lambda: proc.poll() is not None or agent.paths.socket.exists(), 60)
+        if proc.poll() is not None:
+            pytest.skip(f"cannot deny namespaces here: {(tmp_path / 'agent.out').read_text()}")
+        yield agent
+    finally:
+        agent.shutdown()
+        proc.wait(30)
+        log.close()
+
+
+def test_without_namespaces_a_single_user_agent_runs_jobs_and_a_team_agent_none(
+    no_namespace_agent, project
+):
+    root = project({"job.py": "print('ran')\n"})
+    with no_namespace_agent.client() as owner:
+        assert owner.submit(["job.py"], workdir=root).wait(60).state == JobState.succeeded
+        owner.create_token("alice")
+        owner.create_token("bob")  # two users: a team agent now
+        refused = owner.submit(["job.py"], workdir=root).wait(60)
+    assert refused.state == JobState.failed
+    assert "serves a team" in refused.reason
+    assert "allow unprivileged user namespaces" in refused.reason
+    assert "No space left on device" in refused.reason  # the host's own answer
