@@ -223,4 +223,9 @@ class LocalBackend(LeaderBackend):
         readable = [*deps.get("readonly", [])]
         if deps.get("env"):
             readable.append(deps["env"]["dir"])
+        # gpuhop's own Python, when it lives in the state dir (`remote bootstrap` puts its
+        # venv there): the job's interpreter and its start-up hook come from it.
+        install = Path(self.python).parent.parent
+        if install.is_relative_to(self.paths.home):
+            readable.append(str(install))
         return keep + [{"path": p, "readonly": True} for p in readable]
