@@ -1,0 +1,100 @@
+"""Issue 19, what one user of a team agent could do to the others: a real agent with a TLS
+listener on loopback, two users (alice, bob) and an admin (carol), reached by token.
+
+Each test here failed on the code before the fix it names: datasets readable by everyone,
+a queue anyone could jump, streams outliving their revoked token, a quota held to sizes the
+client declared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpuhop.client import GpuhopError
+from tests.conftest import Agent
+from tests.integration import test_tls
+from tests.integration.test_tls import raw_http
+
+JOBS_QUOTA = "1MiB"
+# remote(token) -> a Client of this module's agent with that token (test_tls's fixture).
+remote = test_tls.remote
+SLEEP = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"]
+
+
+@pytest.fixture(scope="module")
+def tls_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    root = Path(tmp_path_factory.mktemp("team-agent"))
+    args = ("--listen", "127.0.0.1:0", "--jobs-quota", JOBS_QUOTA, "--gc-every-hours", "0")
+    agent = Agent(root / "home", root / "cache", 1, args=args)
+    try:
+        yield agent.start()
+    finally:
+        agent.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tokens(tls_agent: Agent) -> dict[str, str]:
+    """Tokens for alice and bob (users) and carol (an admin)."""
+    with tls_agent.client() as owner:
+        return {
+            "alice": owner.create_token("alice").token,
+            "bob": owner.create_token("bob").token,
+            "carol": owner.create_token("carol", admin=True).token,
+        }
+
+
+def submit(http: httpx.Client, command: list[str], **fields: object) -> httpx.Response:
+    return http.post("/v1/jobs", json={"command": command, **fields})
+
+
+# -- the queue --------------------------------------------------------------------------------
+
+
+def test_only_an_admin_queues_above_the_default_priority(tls_agent, tokens):
+    with raw_http(tls_agent, tokens["alice"]) as alice:
+        for priority in (1, 100):
+            r = submit(alice, SLEEP, priority=priority)
+            assert r.status_code == 403, r.text
+            assert r.json()["code"] == "forbidden"
+            assert "only an admin may raise a job's priority" in r.json()["message"]
+        mine = [submit(alice, SLEEP, priority=p) for p in (0, -5)]
+        assert [r.status_code for r in mine] == [201, 201], [r.text for r in mine]
+    with raw_http(tls_agent, tokens["carol"]) as carol:
+        urgent = submit(carol, SLEEP, priority=50)
+        assert urgent.status_code == 201 and urgent.json()["priority"] == 50
+        for r in (*mine, urgent):
+            carol.post(f"/v1/jobs/{r.json()['id']}/cancel", params={"grace": 0})
+
+
+# -- quotas -----------------------------------------------------------------------------------
+
+
+def test_the_jobs_quota_counts_the_stored_blobs_not_the_declared_sizes(
+    remote, tokens, tls_agent, project, tmp_path
+):
+    weights = os.urandom(5 * 1024 * 1024)
+    root = project({"main.py": "print('ran')\n"})
+    (root / "weights.bin").write_bytes(weights)
+    with remote(tokens["alice"]) as alice, pytest.raises(GpuhopError) as honest:
+        alice.submit(["main.py"], workdir=root)  # sends the blobs, then is refused
+    assert honest.value.status == 507 and "jobs quota" in honest.value.message
+    # The same files in a tree that says the 5 MiB file is empty.
+    entries = [
+        {"path": name, "digest": hashlib.sha256(data).hexdigest(), "size": 0, "executable": False}
+        for name, data in (("main.py", b"print('ran')\n"), ("weights.bin", weights))
+    ]
+    lying = json.dumps({"entries": entries}).encode()
+    with raw_http(tls_agent, tokens["alice"]) as http:
+        stored = http.post("/v1/trees", content=lying)
+        assert stored.status_code in (200, 201), stored.text
+        r = submit(http, ["main.py"], tree=hashlib.sha256(lying).hexdigest())
+    assert r.status_code == 507, r.text
+    assert "jobs quota" in r.json()["message"] and "5.0 MiB" in r.json()["message"]
