@@ -12,15 +12,21 @@ import hashlib
 import json
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
 
-from gpuhop.client import GpuhopError
+from gpuhop.api import JobState
+from gpuhop.client import Client, GpuhopError
+from gpuhop.client.tls import fetch_certificate, pinned_context
 from tests.conftest import Agent
 from tests.integration import test_tls
+from tests.integration.test_forward import SERVERS, start_servers
 from tests.integration.test_tls import raw_http
 
 JOBS_QUOTA = "1MiB"
@@ -98,3 +104,52 @@ def test_the_jobs_quota_counts_the_stored_blobs_not_the_declared_sizes(
         r = submit(http, ["main.py"], tree=hashlib.sha256(lying).hexdigest())
     assert r.status_code == 507, r.text
     assert "jobs quota" in r.json()["message"] and "5.0 MiB" in r.json()["message"]
+
+
+# -- revocation -------------------------------------------------------------------------------
+
+
+def test_revoking_a_token_ends_its_open_log_stream_and_forwards(remote, tls_agent, tmp_path):
+    with tls_agent.client() as owner:
+        made = owner.create_token("dave")
+    root = tmp_path / "servers"
+    (root / "www").mkdir(parents=True)
+    (root / "servers.py").write_text(SERVERS)
+    dave: Client = remote(made.token)
+    job, _, echo_port = start_servers(dave, root)
+    try:
+        ended: list[BaseException | None] = []
+
+        def follow() -> None:
+            try:
+                for _ in job.logs(follow=True):
+                    pass
+                ended.append(None)  # a clean end: as if the job had ended
+            except BaseException as e:
+                ended.append(e)
+
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
+        pem, _ = fetch_certificate(tls_agent.listener.url)
+        url = tls_agent.listener.url.replace("https://", "wss://")
+        with ws_connect(
+            f"{url}/v1/jobs/{job.id}/ports/{echo_port}",
+            ssl=pinned_context(pem),
+            additional_headers={"Authorization": f"Bearer {made.token}"},
+        ) as tunnel:
+            tunnel.send(b"ping")
+            assert tunnel.recv(timeout=30) == b"ping"
+            assert follower.is_alive()
+            with tls_agent.client() as owner:
+                owner.revoke_token(made.id)
+            with pytest.raises(ConnectionClosed) as closed:
+                tunnel.recv(timeout=5)  # a second and a bit, with room for a busy machine
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        follower.join(timeout=10)
+        assert not follower.is_alive(), "logs -f still flowing after its token was revoked"
+        assert isinstance(ended[0], GpuhopError) and ended[0].status == 401, ended
+        with tls_agent.client() as owner:  # revoking a token cancels none of its jobs
+            assert owner.job(job.id).state == JobState.running
+    finally:
+        with tls_agent.client() as owner:
+            owner.job(job.id).cancel(grace=0)
