@@ -153,3 +153,123 @@ def test_revoking_a_token_ends_its_open_log_stream_and_forwards(remote, tls_agen
     finally:
         with tls_agent.client() as owner:
             owner.job(job.id).cancel(grace=0)
+
+
+# -- datasets ---------------------------------------------------------------------------------
+
+READ = "print(open('data/secret.txt').read(), end='')\n"
+
+
+def dataset_dir(tmp_path: Path, text: str) -> Path:
+    root = tmp_path / "ds"
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "secret.txt").write_text(text)
+    return root
+
+
+def mount_and_read(client: Client, name: str, reader: Path) -> str:
+    job = client.submit(["read.py"], workdir=reader, data=[f"{name}=data"])
+    assert job.wait(timeout=60).state == JobState.succeeded
+    return b"".join(job.logs()).decode()
+
+
+def test_a_dataset_is_private_to_its_pusher_unless_shared(remote, tokens, project, tmp_path):
+    name = "alices-labels"
+    reader = project({"read.py": READ})
+    alice, bob, carol = (remote(tokens[u]) for u in ("alice", "bob", "carol"))
+    pushed = alice.data.push(dataset_dir(tmp_path, "alice's labels\n"), name).info
+    assert (pushed.owner, pushed.shared_with) == ("alice", [])
+    assert name not in {d.name for d in bob.data.list()}
+    not_there = [
+        lambda: bob.data.versions(name),
+        lambda: bob.data.files(name),
+        lambda: bob.data.remove(name),
+        lambda: bob.data.share(name, "bob"),
+        lambda: bob.submit(["read.py"], workdir=reader, data=[f"{name}=data"]),
+    ]
+    for attempt in not_there:
+        with pytest.raises(GpuhopError) as e:
+            attempt()
+        assert e.value.status == 404 and "no dataset named" in e.value.message, e.value
+    with pytest.raises(GpuhopError) as e:  # taken, without saying by whom
+        bob.data.push(dataset_dir(tmp_path / "b", "bob's\n"), name)
+    assert e.value.status == 403 and "another user" in e.value.message
+    # An admin sees it and may mount it.
+    assert name in {d.name for d in carol.data.list()}
+    assert mount_and_read(carol, name, reader) == "alice's labels\n"
+
+    # Shared with Bob: he sees and mounts it, but it stays Alice's to change.
+    assert alice.data.share(name, "bob").shared_with == ["bob"]
+    assert [d.owner for d in bob.data.list() if d.name == name] == ["alice"]
+    assert mount_and_read(bob, name, reader) == "alice's labels\n"
+    with pytest.raises(GpuhopError) as e:
+        bob.data.share(name, "mallory")
+    assert e.value.status == 403
+    assert alice.data.unshare(name, "bob").shared_with == []
+    assert name not in {d.name for d in bob.data.list()}
+
+    # `data push --shared`: every user; a new version stays shared.
+    shared = alice.data.push(dataset_dir(tmp_path, "v2\n"), name, shared=True).info
+    assert (shared.version, shared.shared_with) == (2, ["*"])
+    assert {d.version for d in bob.data.list() if d.name == name} == {1, 2}
+    assert mount_and_read(bob, name, reader) == "v2\n"
+    assert alice.data.remove(name) == [1, 2]
+
+
+def test_a_dataset_from_before_owners_stays_visible_to_all(
+    remote, tokens, tls_agent, project, tmp_path
+):
+    """Upgrades: a version recorded without an owner is everyone's, as it always was."""
+    alice, bob = remote(tokens["alice"]), remote(tokens["bob"])
+    reader = project({"read.py": READ})
+    alice.data.push(dataset_dir(tmp_path, "old\n"), "old-corpus")
+    record = tls_agent.home / "datasets" / "old-corpus" / "v1.json"
+    fields = json.loads(record.read_text())
+    del fields["owner"]  # as an agent before datasets had owners wrote it
+    record.write_text(json.dumps(fields))
+    assert [d.owner for d in bob.data.list() if d.name == "old-corpus"] == [None]
+    assert mount_and_read(bob, "old-corpus", reader) == "old\n"
+    with pytest.raises(GpuhopError) as e:  # but only an admin changes it
+        bob.data.remove("old-corpus")
+    assert e.value.status == 403
+    assert remote(tokens["carol"]).data.remove("old-corpus") == [1]
+
+
+def test_two_users_pushing_a_new_name_at_once_cannot_both_have_it(
+    remote, tokens, tls_agent, tmp_path
+):
+    """The owner check and the push share one lock: the second pusher is refused, never
+    handed v2 of the first one's dataset."""
+    roots = {}
+    for user in ("alice", "bob"):
+        roots[user] = tmp_path / user
+        roots[user].mkdir()
+        # Big enough that assembling a version takes a while, so the pushes overlap.
+        (roots[user] / "data.bin").write_bytes(os.urandom(6 * 1024 * 1024))
+    clients = {u: remote(tokens[u]) for u in roots}
+    for u, client in clients.items():  # chunks sent ahead: the race is between the pushes
+        client.data.push(roots[u], f"warm-{u}")
+        client.data.remove(f"warm-{u}")
+
+    def push(user: str, name: str, outcomes: dict, barrier: threading.Barrier) -> None:
+        barrier.wait()
+        try:
+            outcomes[user] = clients[user].data.push(roots[user], name).info.owner
+        except GpuhopError as e:
+            outcomes[user] = e.status
+
+    for round_ in range(4):
+        name = f"contested-{round_}"
+        outcomes: dict[str, object] = {}
+        barrier = threading.Barrier(2)
+        threads = [
+            threading.Thread(target=push, args=(u, name, outcomes, barrier)) for u in clients
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert sorted(map(str, outcomes.values())) in (["403", "alice"], ["403", "bob"]), outcomes
+        with remote(tokens["carol"]) as admin:
+            assert [d.version for d in admin.data.versions(name)] == [1]
+            admin.data.remove(name)

@@ -219,7 +219,7 @@ def submit(
         )
     _check_command(rt, req)
     tree_paths = {e["path"] for e in rt.trees.entries(req.tree)} if req.tree and req.data else set()
-    job_deps = deps.check(rt, req, tree_paths)
+    job_deps = deps.check(rt, req, tree_paths, caller)
     if req.tree is not None:
         rt.meter.check_jobs(admission.tree_bytes(rt, req.tree))
     # Everything the job needs is on disk before its row exists: the scheduler may pick up
