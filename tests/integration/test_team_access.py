@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
+import stat
 import sys
 import threading
 from collections.abc import Iterator
@@ -153,6 +155,36 @@ def test_revoking_a_token_ends_its_open_log_stream_and_forwards(remote, tls_agen
     finally:
         with tls_agent.client() as owner:
             owner.job(job.id).cancel(grace=0)
+
+
+# -- forward on a shared machine -------------------------------------------------------------
+
+
+def test_a_forward_can_listen_on_a_unix_socket_only_its_user_can_open(remote, tokens, tmp_path):
+    """A TCP forward serves every local user with the forwarder's token (as `ssh -L`); a
+    Unix socket of mode 0600 serves only the forwarder's own processes."""
+    root = tmp_path / "servers"
+    (root / "www").mkdir(parents=True)
+    (root / "servers.py").write_text(SERVERS)
+    path = tmp_path / "tb.sock"
+    job, _, echo_port = start_servers(remote(tokens["alice"]), root)
+    try:
+        with job.forward(echo_port, unix=path) as fwd:
+            assert fwd.url == f"unix:{path}"
+            assert stat.S_ISSOCK(path.lstat().st_mode)
+            assert stat.S_IMODE(path.lstat().st_mode) == 0o600
+            assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+            with socket.socket(socket.AF_UNIX) as conn:
+                conn.connect(str(path))
+                conn.sendall(b"over a private socket")
+                conn.shutdown(socket.SHUT_WR)
+                assert b"".join(iter(lambda: conn.recv(1024), b"")) == b"over a private socket"
+            with pytest.raises(GpuhopError) as e:  # the path is taken while it listens
+                job.forward(echo_port, unix=path)
+            assert "exists" in e.value.message
+        assert not path.exists()
+    finally:
+        job.cancel(grace=0)
 
 
 # -- datasets ---------------------------------------------------------------------------------
