@@ -3,7 +3,7 @@ listener on loopback, two users (alice, bob) and an admin (carol), reached by to
 
 Each test here failed on the code before the fix it names: datasets readable by everyone,
 a queue anyone could jump, streams outliving their revoked token, a quota held to sizes the
-client declared.
+client declared, and a forward that only a TCP port (open to every local user) could carry.
 """
 
 from __future__ import annotations
@@ -121,11 +121,12 @@ def test_revoking_a_token_ends_its_open_log_stream_and_forwards(remote, tls_agen
     job, _, echo_port = start_servers(dave, root)
     try:
         ended: list[BaseException | None] = []
+        streaming = threading.Event()
 
         def follow() -> None:
             try:
                 for _ in job.logs(follow=True):
-                    pass
+                    streaming.set()  # the stream is open: it has carried the job's output
                 ended.append(None)  # a clean end: as if the job had ended
             except BaseException as e:
                 ended.append(e)
@@ -141,7 +142,7 @@ def test_revoking_a_token_ends_its_open_log_stream_and_forwards(remote, tls_agen
         ) as tunnel:
             tunnel.send(b"ping")
             assert tunnel.recv(timeout=30) == b"ping"
-            assert follower.is_alive()
+            assert streaming.wait(timeout=30) and follower.is_alive()
             with tls_agent.client() as owner:
                 owner.revoke_token(made.id)
             with pytest.raises(ConnectionClosed) as closed:
