@@ -84,6 +84,21 @@ def test_team_agent_end_to_end(team: Agent, tmp_path: Path, project) -> None:
     hidden = bob("show", listed[0]["id"])
     assert hidden.returncode != 0 and "no job" in hidden.stderr
 
+    # Alice's dataset is hers until she shares it.
+    data = project({"labels.csv": "a,b\n"})
+    pushed = alice("data", "push", str(data), "--name", "labels", "-q")
+    assert pushed.returncode == 0, pushed.stderr
+    assert json.loads(bob("data", "ls", "--json").stdout) == []
+    assert "no dataset named" in bob("data", "show", "labels").stderr
+    shared = alice("data", "share", "labels", "bob")
+    assert shared.returncode == 0 and "shared with: bob" in shared.stderr, shared.stderr
+    seen = bob("data", "ls")
+    assert seen.returncode == 0 and "labels" in seen.stdout and "alice" in seen.stdout
+    assert alice("data", "unshare", "labels", "bob").returncode == 0
+    assert json.loads(bob("data", "ls", "--json").stdout) == []
+    assert alice("data", "push", str(data), "--name", "labels", "--shared", "-q").returncode == 0
+    assert [d["shared_with"] for d in json.loads(bob("data", "ls", "--json").stdout)] == [["*"]]
+
     # A revoked token stops working at once, with words that say so.
     tokens = json.loads(team.cli("agent", "token", "ls", "--json").stdout)
     alice_id = next(t["id"] for t in tokens if t["user"] == "alice")

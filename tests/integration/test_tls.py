@@ -386,7 +386,7 @@ def test_a_forwarded_port_carries_real_traffic_over_tls_for_its_owner_only(
             job.cancel(grace=0)
 
 
-def test_datasets_are_shared_for_reading_but_changed_only_by_their_pusher(
+def test_a_shared_dataset_is_read_by_all_but_changed_only_by_its_pusher(
     remote, tokens, tls_agent, tmp_path
 ):
     data = tmp_path / "digits"
@@ -396,8 +396,8 @@ def test_datasets_are_shared_for_reading_but_changed_only_by_their_pusher(
     reader.mkdir()
     (reader / "read.py").write_text("print(open('data/train.csv').read().count('1,2'))")
     with remote(tokens["alice"]) as alice:
-        pushed = alice.data.push(data, "team-digits").info
-        assert pushed.owner == "alice"
+        pushed = alice.data.push(data, "team-digits", shared=True).info
+        assert pushed.owner == "alice" and pushed.shared_with == ["*"]
     with remote(tokens["bob"]) as bob:
         assert any(d.name == "team-digits" and d.owner == "alice" for d in bob.data.list())
         job = bob.submit(["read.py"], workdir=reader, data=["team-digits=data"])

@@ -224,6 +224,19 @@ def test_a_user_sees_only_their_own_jobs_in_the_dashboard(owner_http, user_http)
         http.post(f"/v1/jobs/{job}/cancel", params={"grace": 0})
 
 
+def test_one_users_login_churn_logs_nobody_else_out(user_http):
+    """Issue 19: sessions and codes were global tables evicting the oldest first, so one
+    user's 300 logins in a second ended every other session and voided pending codes."""
+    alice, bob = user_http("alice"), user_http("bob")
+    alices_session = with_cookie(login(alice, code_for(alice)))
+    alices_pending = code_for(alice)
+    for _ in range(300):  # past the old global caps of 256 sessions and 64 codes
+        code_for(bob)  # a pending code left behind each time, too
+        login(bob, code_for(bob))
+    assert alice.get("/ui/api/me", headers=alices_session).status_code == 200
+    assert alice.get("/ui/login", params={"code": alices_pending}).status_code == 303
+
+
 def test_a_browser_straight_at_the_tls_port_gets_the_login_page(agent):
     pem, _ = fetch_certificate(agent.listener.url)
     with httpx.Client(base_url=agent.listener.url, verify=pinned_context(pem)) as anonymous:

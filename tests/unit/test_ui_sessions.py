@@ -5,9 +5,16 @@ from __future__ import annotations
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.host.gpuhistory import GpuHistory
 from gpuhop.backends.base import Usage
-from gpuhop.ui.sessions import CODE_TTL, MAX_CODES, SESSION_TTL, UiSessions
+from gpuhop.ui.sessions import (
+    CODE_TTL,
+    MAX_CODES_PER_USER,
+    MAX_SESSIONS_PER_USER,
+    SESSION_TTL,
+    UiSessions,
+)
 
 ALICE = Caller("alice", admin=False)
+BOB = Caller("bob", admin=False)
 OWNER = Caller("root", admin=True)
 
 
@@ -50,12 +57,29 @@ def test_logging_out_ends_a_session():
 
 def test_only_digests_are_kept_and_outstanding_codes_are_bounded():
     sessions = UiSessions()
-    codes = [sessions.mint_code(ALICE, now=i / 10)[0] for i in range(MAX_CODES + 10)]
+    codes = [sessions.mint_code(ALICE, now=i / 10)[0] for i in range(MAX_CODES_PER_USER + 10)]
     held = repr(sessions.__dict__)
     assert not any(code in held for code in codes)
-    assert len(sessions._codes) == MAX_CODES
+    assert len(sessions._codes) == MAX_CODES_PER_USER
     assert sessions.redeem(codes[0], ALICE, now=20.0) is None  # the oldest made room
     assert sessions.redeem(codes[-1], ALICE, now=20.0) is not None
+
+
+def test_one_users_churn_evicts_only_their_own_codes_and_sessions():
+    sessions = UiSessions()
+    alices_code, _ = sessions.mint_code(ALICE, now=0.0)
+    alices_cookie = sessions.redeem(sessions.mint_code(ALICE, now=0.0)[0], ALICE, now=0.0)
+    bobs = []
+    for i in range(MAX_SESSIONS_PER_USER * 5):  # far past the caps, all in a second
+        code, _ = sessions.mint_code(BOB, now=1 + i / 1000)
+        sessions.mint_code(BOB, now=1 + i / 1000)  # and a pending code left each time
+        bobs.append(sessions.redeem(code, BOB, now=1 + i / 1000))
+    assert len(sessions._sessions) == MAX_SESSIONS_PER_USER + 1
+    assert len(sessions._codes) <= MAX_CODES_PER_USER + 1
+    assert alices_cookie is not None and sessions.check(alices_cookie, now=2.0) == ALICE
+    assert sessions.redeem(alices_code, ALICE, now=2.0) is not None
+    assert sessions.check(bobs[0] or "", now=2.0) is None  # Bob's oldest made room
+    assert sessions.check(bobs[-1] or "", now=2.0) == BOB
 
 
 def test_gpu_history_keeps_the_last_hour_per_gpu():

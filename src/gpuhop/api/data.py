@@ -61,6 +61,9 @@ class DatasetInfo(WireModel):
     new: bool = True
     # Who pushed it (None on an agent without users); only they, or an admin, change it.
     owner: str | None = None
+    # Whom its owner shares it with: user names, or "*" for every user of the agent. Nobody
+    # else sees it but admins (a dataset without an owner, from before owners, is everyone's).
+    shared_with: list[str] = Field(default_factory=list)
 
 
 class EnvInfo(WireModel):

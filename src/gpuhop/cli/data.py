@@ -1,4 +1,5 @@
-"""Runs on the user's machine: `gpuhop data push | ls | show | rm` and `gpuhop env ls | rm`."""
+"""Runs on the user's machine: `gpuhop data push | ls | show | share | unshare | rm` and
+`gpuhop env ls | rm`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import typer
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import ago, fail, human_bytes, print_json, print_table, say
 from gpuhop.client import GpuhopError
-from gpuhop.client.data import PushResult
+from gpuhop.client.data import EVERYONE, PushResult
 
 app = typer.Typer(
     help="Datasets kept on the GPU host: pushed once, re-pushed as changes only, mounted"
@@ -30,7 +31,9 @@ def _ref(text: str) -> tuple[str, int | None]:
     return name, int(number) if colon else None
 
 
-def _push_with_progress(path: Path, name: str, on: str | None, quiet: bool) -> PushResult:
+def _push_with_progress(
+    path: Path, name: str, on: str | None, quiet: bool, shared: bool
+) -> PushResult:
     from rich.progress import TaskID
 
     from gpuhop.cli.progress import transfer_bar
@@ -44,7 +47,7 @@ def _push_with_progress(path: Path, name: str, on: str | None, quiet: bool) -> P
             bar.update(tasks[phase], completed=done, total=total)
 
         try:
-            return client.data.push(path, name, on_progress=progress)
+            return client.data.push(path, name, on_progress=progress, shared=shared)
         except GpuhopError as e:
             fail(e.message)
 
@@ -54,15 +57,19 @@ def push(
     path: Path = typer.Argument(..., help="A file or directory to upload."),
     name: str = typer.Option(..., "--name", "-n", help="The dataset's name."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+    shared: bool = typer.Option(
+        False, "--shared", help="Let every user of a team agent see and mount it."
+    ),
     on: str | None = OnOption,
 ) -> None:
     """Upload a file or directory as a dataset; only chunks the host lacks travel.
 
     A push under an existing name makes a new version (v1, v2, ...), unless the content
     equals the latest version's: then no version is made. An interrupted push resumes
-    where it stopped when run again.
+    where it stopped when run again. On a team agent a dataset is yours alone unless
+    pushed `--shared` or shared later (`gpuhop data share NAME USER`); admins see all.
     """
-    r = _push_with_progress(path, name, on, quiet)
+    r = _push_with_progress(path, name, on, quiet, shared)
     what = f"{name} v{r.info.version}" + ("" if r.info.new else " (unchanged: no new version)")
     say(
         f"{what}: {r.files} files, {human_bytes(r.bytes)} in {r.chunks} chunks; sent"
@@ -89,12 +96,26 @@ def ls(
         say("no datasets yet; upload one with: gpuhop data push DIR --name NAME")
         return
     print_table(
-        ("NAME", "VERSION", "FILES", "SIZE", "CREATED"),
+        ("NAME", "VERSION", "FILES", "SIZE", "CREATED", "OWNER", "SHARED WITH"),
         [
-            (i.name, f"v{i.version}", str(i.files), human_bytes(i.bytes), ago(i.created_at))
+            (
+                i.name,
+                f"v{i.version}",
+                str(i.files),
+                human_bytes(i.bytes),
+                ago(i.created_at),
+                i.owner or "-",
+                _readers(i.shared_with),
+            )
             for i in infos
         ],
     )
+
+
+def _readers(users: list[str]) -> str:
+    if EVERYONE in users:
+        return "everyone"
+    return ",".join(users) or "-"
 
 
 @app.command()
@@ -120,6 +141,40 @@ def show(
         ("SIZE", "CHUNKS", "PATH"),
         [(human_bytes(int(str(f["size"]))), str(f["chunks"]), str(f["path"])) for f in files],
     )
+
+
+def _share(name: str, user: str | None, everyone: bool, on: str | None, shared: bool) -> None:
+    if (user is None) == (not everyone):
+        fail("give a USER, or --everyone")
+    who = EVERYONE if everyone or user is None else user
+    with client_for(on) as client:
+        try:
+            info = (client.data.share if shared else client.data.unshare)(name, who)
+        except GpuhopError as e:
+            fail(e.message)
+    say(f"{name} is shared with: {_readers(info.shared_with).replace('-', 'nobody')}")
+
+
+@app.command()
+def share(
+    name: str = typer.Argument(...),
+    user: str | None = typer.Argument(None, help="The user to share it with."),
+    everyone: bool = typer.Option(False, "--everyone", help="Share it with every user."),
+    on: str | None = OnOption,
+) -> None:
+    """Let another user of a team agent see and mount a dataset of yours (every version)."""
+    _share(name, user, everyone, on, shared=True)
+
+
+@app.command()
+def unshare(
+    name: str = typer.Argument(...),
+    user: str | None = typer.Argument(None, help="The user to stop sharing it with."),
+    everyone: bool = typer.Option(False, "--everyone", help="Undo a share with every user."),
+    on: str | None = OnOption,
+) -> None:
+    """Stop sharing a dataset (jobs already running keep their mount)."""
+    _share(name, user, everyone, on, shared=False)
 
 
 @app.command()

@@ -35,13 +35,21 @@ def forward(
     host: str = typer.Option(
         "127.0.0.1", "--host", help="The address to listen on here (keep it local)."
     ),
+    unix: str | None = typer.Option(
+        None,
+        "--unix",
+        metavar="PATH",
+        help="Listen on a Unix socket of mode 0600 instead of a TCP port, so that other"
+        " users of this machine cannot use your forward.",
+    ),
     on: str | None = OnOption,
 ) -> None:
     """Make a port that a job listens on reachable on this machine (TensorBoard, Jupyter).
 
     Traffic goes through the agent's own connection (the same SSH tunnel or TLS and
     token), so the port needs no opening on the GPU host. Stays until Ctrl-C or until
-    the job ends.
+    the job ends. Like `ssh -L`, a TCP port here serves every user of this machine with
+    your credentials; on a shared machine use --unix PATH (only you can connect).
 
     Example: gpuhop forward train 6006, then open http://127.0.0.1:6006;
     gpuhop forward digits (a model server), then http://127.0.0.1:8501/v1/models/digits
@@ -56,17 +64,21 @@ def forward(
             assert remote_port is not None
             if local_port is None:
                 local_port = TF_SERVING_REST_PORT
-        hold(client, job, remote_port, remote_port if local_port is None else local_port, host)
+        local = remote_port if local_port is None else local_port
+        hold(client, job, remote_port, local, host, unix)
 
 
-def hold(client: Client, job: Job, remote_port: int, local_port: int, host: str) -> None:
-    """Forward `local_port` here to the job's `remote_port` until Ctrl-C or its end."""
+def hold(
+    client: Client, job: Job, remote_port: int, local_port: int, host: str, unix: str | None = None
+) -> None:
+    """Forward `local_port` (or the Unix socket `unix`) here to the job's `remote_port`
+    until Ctrl-C or its end."""
 
     def refused(e: GpuhopError) -> None:
         say(f"[yellow]a connection was refused: {e.message}[/yellow]")
 
     try:
-        fwd = job.forward(remote_port, local_port, host, on_error=refused)
+        fwd = job.forward(remote_port, local_port, host, on_error=refused, unix=unix)
     except GpuhopError as e:
         fail(e.message)
     with fwd:

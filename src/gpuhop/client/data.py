@@ -35,6 +35,10 @@ UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
 PushProgress = Callable[[str, int, int], None]
 
 
+# In `share` and `unshare`: every user of the agent.
+EVERYONE = "*"
+
+
 @dataclass
 class _File:
     path: str
@@ -124,10 +128,17 @@ class Datasets:
         self.session = session
 
     def push(
-        self, path: str | os.PathLike[str], name: str, on_progress: PushProgress | None = None
+        self,
+        path: str | os.PathLike[str],
+        name: str,
+        on_progress: PushProgress | None = None,
+        shared: bool = False,
     ) -> PushResult:
         """Upload a file or directory as dataset `name`: a new version, or, when the content
-        equals the latest version's, that version (`result.info.new` is False)."""
+        equals the latest version's, that version (`result.info.new` is False).
+
+        On a team agent a dataset is its pusher's alone unless `shared` (with every user of
+        the agent) or shared with some users later (`share`); admins see every dataset."""
         started = time.perf_counter()
         root = Path(path).absolute()
         files = _walk(root)
@@ -160,6 +171,7 @@ class Datasets:
         response = self.session.request(
             "POST",
             f"/v1/datasets/{quote(name)}",
+            params={"shared": "true"} if shared else {},
             content=json.dumps(manifest, separators=(",", ":")).encode(),
             headers={"content-type": "application/json"},
             timeout=httpx.Timeout(3600.0, connect=5.0),
@@ -245,7 +257,8 @@ class Datasets:
         )
 
     def list(self) -> list[DatasetInfo]:
-        """Every version of every dataset."""
+        """Every version of every dataset this caller may see: their own, those shared with
+        them, those from before datasets had owners; every one for an admin."""
         response = self.session.request("GET", "/v1/datasets")
         return [DatasetInfo.model_validate(d) for d in response.json()]
 
@@ -259,6 +272,21 @@ class Datasets:
         response = self.session.request("GET", f"/v1/datasets/{quote(name)}/files", params=params)
         files: builtins.list[dict[str, object]] = response.json()
         return files
+
+    def share(self, name: str, user: str = EVERYONE) -> DatasetInfo:
+        """Let `user` (by default every user of the agent) see and mount dataset `name`, all
+        its versions; its owner or an admin only. Returns its latest version."""
+        response = self.session.request(
+            "PUT", f"/v1/datasets/{quote(name)}/readers/{quote(user, safe='')}"
+        )
+        return DatasetInfo.model_validate(response.json())
+
+    def unshare(self, name: str, user: str = EVERYONE) -> DatasetInfo:
+        """Undo a `share` (jobs already running keep their mount)."""
+        response = self.session.request(
+            "DELETE", f"/v1/datasets/{quote(name)}/readers/{quote(user, safe='')}"
+        )
+        return DatasetInfo.model_validate(response.json())
 
     def remove(self, name: str, version: int | None = None) -> builtins.list[int]:
         """Remove one version, or every version; returns the versions removed. The chunks

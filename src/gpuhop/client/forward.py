@@ -1,4 +1,5 @@
-"""Runs on the user's machine: a local TCP port that leads to a port a job listens on.
+"""Runs on the user's machine: a local TCP port (or Unix socket) that leads to a port a job
+listens on.
 
 `Forward` listens locally; each connection it accepts gets its own WebSocket to the agent
 (`/v1/jobs/{id}/ports/{port}`) through the client's endpoint, so forwarding works over
@@ -7,6 +8,11 @@ loop on a thread of its own moves the bytes of every connection (websockets' thr
 client holds one lock across a blocked send and its receives, which deadlocks an echo
 under backpressure). A watcher thread closes everything when the job ends. See
 `gpuhop.agent.services.ports` for the wire protocol.
+
+Whoever reaches the local end is served with this user's credentials, as with `ssh -L`:
+on loopback that is every local user of this machine. A Unix socket (`unix=PATH`) is made
+mode 0600 before it listens (bound in a private 0700 directory, then renamed into place),
+so only this user's processes can connect: the choice for a machine shared with others.
 """
 
 from __future__ import annotations
@@ -14,8 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import os
 import socket
+import stat
 import struct
+import tempfile
 import threading
 from collections.abc import Callable
 from typing import Protocol
@@ -62,17 +71,24 @@ class Forward:
         local_port: int = 0,
         host: str = "127.0.0.1",
         on_error: ErrorHandler | None = None,
+        unix: str | os.PathLike[str] | None = None,
     ):
         self.job = job
         self.remote_port = remote_port
         self.host = host
+        self.unix_path: str | None = None if unix is None else os.path.abspath(unix)
+        """The Unix socket listened on instead of a TCP port (mode 0600), if any."""
         self._path = f"/v1/jobs/{job.id}/ports/{remote_port}"
         self._on_error = on_error
         # The first check: a job that is not running, or a port nothing answers on, is
         # an error now rather than at the first connection.
         job.session.request("GET", self._path)
-        listener = _listen(host, local_port)
-        self.local_port: int = listener.getsockname()[1]
+        if self.unix_path is not None:
+            listener = _listen_unix(self.unix_path)
+            self.local_port: int = 0
+        else:
+            listener = _listen(host, local_port)
+            self.local_port = listener.getsockname()[1]
         self.ended: JobInfo | None = None
         """The job's final info, once it has ended (which closed this forward)."""
         self._lock = threading.Lock()
@@ -105,6 +121,8 @@ class Forward:
 
     @property
     def url(self) -> str:
+        if self.unix_path is not None:
+            return f"unix:{self.unix_path}"
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.local_port}"
 
@@ -162,6 +180,9 @@ class Forward:
         if self._tunnels:
             await asyncio.wait(list(self._tunnels))
         await self._server.wait_closed()
+        if self.unix_path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.unix_path)
 
     async def _tunnel(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """One forwarded connection, from its accept until both sides are done."""
@@ -273,6 +294,38 @@ def _listen(host: str, port: int) -> socket.socket:
             + (" (pick another local port, or 0 for any free one)" if taken else ""),
             code="local_port",
         ) from None
+
+
+def _listen_unix(path: str) -> socket.socket:
+    """A listening Unix socket at `path` that only this user can connect to. It is bound
+    in a fresh 0700 directory beside `path`, made 0600, and only then renamed into place:
+    at no moment can another user connect. An existing `path` is never replaced (it may be
+    another forward's, or not a socket at all)."""
+    if os.path.lexists(path):
+        kind = "a socket" if stat.S_ISSOCK(os.lstat(path).st_mode) else "not a socket"
+        raise GpuhopError(
+            f"cannot listen on {path}: it exists ({kind}); pick another path, or remove it"
+            " if no forward uses it",
+            code="local_port",
+        )
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        private = tempfile.mkdtemp(prefix=".gpuhop-forward-", dir=os.path.dirname(path))
+        try:
+            staged = os.path.join(private, "s")
+            sock.bind(staged)
+            os.chmod(staged, 0o600)
+            os.rename(staged, path)
+        finally:
+            with contextlib.suppress(OSError):
+                os.rmdir(private)
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        raise GpuhopError(
+            f"cannot listen on {path}: {e.strerror or e}", code="local_port"
+        ) from None
+    return sock
 
 
 def _refusal(e: InvalidStatus) -> GpuhopError:

@@ -75,6 +75,7 @@ class Job:
         host: str = "127.0.0.1",
         *,
         on_error: Callable[[GpuhopError], None] | None = None,
+        unix: str | os.PathLike[str] | None = None,
     ) -> Forward:
         """Make `remote_port`, where the job listens on the GPU host's loopback, reachable
         at `host`:`local_port` here (0: any free port; see `.local_port`), through the
@@ -82,10 +83,14 @@ class Job:
         is not running or nothing answers on the port. Close the returned `Forward` (or use
         it as a context manager); it closes itself when the job ends. `on_error` hears of
         connections the agent refused later (say, the job stopped listening).
+
+        Every local user who reaches a TCP port here is served with these credentials (as
+        with `ssh -L`). On a machine shared with others, give `unix=PATH` instead: a Unix
+        socket of mode 0600, which only this user's processes can connect to.
         """
         from gpuhop.client.forward import Forward  # websockets and asyncio: on demand
 
-        return Forward(self, remote_port, local_port, host, on_error)
+        return Forward(self, remote_port, local_port, host, on_error, unix)
 
     def tensorboard(self, wait: bool = True, timeout: float = 120.0) -> TensorBoard:
         """TensorBoard over this job's `$GPUHOP_TENSORBOARD_DIR`, run on the GPU host: the

@@ -6,6 +6,10 @@ session, named by a random cookie value, that lasts `SESSION_TTL`. Only SHA-256 
 codes and cookie values are kept, so a heap dump or a log of this object names none that
 works. Both live in memory: restarting the agent logs every browser out, which costs a
 `gpuhop ui` and leaves nothing on disk to steal. The clock is a parameter (`now`).
+
+Both tables are bounded per user, the oldest of that user's entries making room for their
+newest: however fast one user logs in, no other user's session or pending code is evicted
+(users are made by admins, so the whole is bounded too).
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from gpuhop.agent.callers import Caller
 
 CODE_TTL = 60.0
 SESSION_TTL = 12 * 3600.0
-# Bounds on what an authenticated but careless (or hostile) caller can make us hold.
-MAX_CODES = 64
-MAX_SESSIONS = 256
+# Bounds on what one authenticated but careless (or hostile) user can make us hold.
+MAX_CODES_PER_USER = 16
+MAX_SESSIONS_PER_USER = 64
 # 32 random bytes: 256 bits, far beyond guessing through an HTTP endpoint.
 SECRET_BYTES = 32
 
@@ -53,7 +57,7 @@ class UiSessions:
         code = secrets.token_urlsafe(SECRET_BYTES)
         expires = now + self.code_ttl
         with self._lock:
-            _prune(self._codes, now, MAX_CODES - 1)
+            _prune(self._codes, now, caller.user, MAX_CODES_PER_USER - 1)
             self._codes[_digest(code)] = Session(caller, expires)
         return code, expires
 
@@ -66,7 +70,7 @@ class UiSessions:
             if minted is None or minted.expires_at <= now or minted.caller != caller:
                 return None
             cookie = secrets.token_urlsafe(SECRET_BYTES)
-            _prune(self._sessions, now, MAX_SESSIONS - 1)
+            _prune(self._sessions, now, caller.user, MAX_SESSIONS_PER_USER - 1)
             self._sessions[_digest(cookie)] = Session(caller, now + self.session_ttl)
         return cookie
 
@@ -88,9 +92,11 @@ class UiSessions:
             self._sessions.pop(_digest(cookie), None)
 
 
-def _prune(table: dict[str, Session], now: float, keep: int) -> None:
-    """Drop expired entries, then the oldest ones until at most `keep` are left."""
+def _prune(table: dict[str, Session], now: float, user: str, keep: int) -> None:
+    """Drop expired entries, then `user`'s oldest ones until at most `keep` of theirs are
+    left. Nobody else's entry is touched."""
     for key in [k for k, s in table.items() if s.expires_at <= now]:
         del table[key]
-    while len(table) > keep:
-        del table[min(table, key=lambda k: table[k].expires_at)]
+    theirs = sorted((s.expires_at, k) for k, s in table.items() if s.caller.user == user)
+    for _, key in theirs[: max(0, len(theirs) - keep)]:
+        del table[key]

@@ -13,7 +13,8 @@ The dashboard (`/ui`) needs a session cookie on top of this, checked by `gpuhop.
 
 Routes read the caller with `caller_of(request_or_websocket)` (gpuhop.agent.callers,
 which the dashboard's guard shares) and hand it to the services, which show a user only
-their own jobs (see `services.jobs.find`).
+their own jobs (see `services.jobs.find`). A request made with a token ends soon after the
+token is revoked, streams included (see `revocation`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuhop.agent.callers import SCOPE_KEY, Caller
 from gpuhop.agent.server.logs import Throttle
+from gpuhop.agent.server.revocation import run_while_valid
 from gpuhop.agent.storage.tokens import TokenStore
 from gpuhop.api import ErrorBody, ErrorCode
 from gpuhop.ui.guard import NOT_LOGGED_IN, denied_page
@@ -83,7 +85,11 @@ class TokenAuth:
             await _refuse(scope, receive, send)
             return
         scope = {**scope, SCOPE_KEY: Caller(record.user, record.admin)}
-        await self.app(scope, receive, send)
+        # Revoking the token ends this request too, however long it streams.
+        token_id = record.id
+        await run_while_valid(
+            self.app, scope, receive, send, lambda: self.tokens.live(token_id), _refuse
+        )
 
 
 def _bearer(scope: Scope) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import ACTIVE_STATES
@@ -15,14 +16,17 @@ from gpuhop.backends import jobdeps
 from gpuhop.home import JobPaths
 
 
-def check(rt: AgentContext, req: SubmitRequest, tree_paths: set[str]) -> dict[str, Any]:
+def check(
+    rt: AgentContext, req: SubmitRequest, tree_paths: set[str], caller: Caller
+) -> dict[str, Any]:
     """Resolve the job's datasets (to exact versions) and environment, or raise a 4xx.
-    Runs before anything of the job is written, so a bad request leaves nothing behind."""
+    Runs before anything of the job is written, so a bad request leaves nothing behind.
+    A dataset `caller` may not read (another user's, not shared) is one that is not there."""
     deps: dict[str, Any] = {}
     if req.pack:
         deps["pack"] = True  # read by a scale-out backend; one host has nothing to pack
     if req.data:
-        deps["data"] = _mounts(rt, req, tree_paths)
+        deps["data"] = _mounts(rt, req, tree_paths, caller)
     python = None
     if req.python is not None:
         try:
@@ -40,7 +44,9 @@ def check(rt: AgentContext, req: SubmitRequest, tree_paths: set[str]) -> dict[st
     return deps
 
 
-def _mounts(rt: AgentContext, req: SubmitRequest, tree_paths: set[str]) -> list[dict[str, Any]]:
+def _mounts(
+    rt: AgentContext, req: SubmitRequest, tree_paths: set[str], caller: Caller
+) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = []
     for m in req.data:
         for other in mounts:
@@ -65,6 +71,8 @@ def _mounts(rt: AgentContext, req: SubmitRequest, tree_paths: set[str]) -> list[
                 )
         try:
             info = rt.datasets.info(m.name, m.version)
+            if not caller.admin and not rt.datasets.readable_by(m.name, caller.user):
+                raise DatasetNotFound(f"no dataset named {m.name!r} (gpuhop data ls lists them)")
         except DatasetNotFound as e:
             raise not_found(str(e)) from None
         source = rt.datasets.tree_path(info.name, info.version)

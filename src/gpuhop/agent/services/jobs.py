@@ -17,7 +17,7 @@ from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
 from gpuhop.agent.jobs.supervisor import as_text
-from gpuhop.agent.services import deps, gc
+from gpuhop.agent.services import admission, deps, gc
 from gpuhop.api import (
     ArtifactEntry,
     AttemptInfo,
@@ -199,6 +199,7 @@ def submit(
 ) -> JobInfo:
     """Queue a job. `prepare` puts more files in the new job's dir before it is queued
     (a model server's SavedModel); if it raises, the job is not created."""
+    admission.check_priority(req, caller)
     try:
         rt.backend.check_submit(req)
     except Refused as e:
@@ -226,9 +227,9 @@ def submit(
         )
     _check_command(rt, req)
     tree_paths = {e["path"] for e in rt.trees.entries(req.tree)} if req.tree and req.data else set()
-    job_deps = deps.check(rt, req, tree_paths)
+    job_deps = deps.check(rt, req, tree_paths, caller)
     if req.tree is not None:
-        rt.meter.check_jobs(sum(e["size"] for e in rt.trees.entries(req.tree)))
+        rt.meter.check_jobs(admission.tree_bytes(rt, req.tree))
     # Everything the job needs is on disk before its row exists: the scheduler may pick up
     # a queued job at any moment.
     job_id, jp = _claim_job_dir(rt)

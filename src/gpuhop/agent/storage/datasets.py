@@ -7,8 +7,15 @@ a read-only bind mount (see `sandbox.py`), never a copy. A single-chunk file is 
 to its blob (no second copy on disk), and a file unchanged since the previous version is a
 hard link to it there; other files are assembled with copy_file_range.
 A version exists once its JSON is written, which happens last, by atomic rename, so a crash
-mid-push leaves no half version. Chunks are not deleted with a dataset: garbage collection
-(`gpuhop.agent.services.gc`) removes those that no version names.
+mid-push leaves no half version.
+
+A dataset is its pusher's: on a team agent other users neither see nor mount it unless it
+is shared, with everyone or with named users, in `datasets/NAME/sharing.json` (for every
+version, present and future). A version recorded without an owner (pushed before datasets
+had owners) is readable by all, as it always was.
+
+Chunks are not deleted with a dataset: garbage collection (`gpuhop.agent.services.gc`)
+removes those that no version names.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -34,17 +42,23 @@ class DatasetNotFound(LookupError):
     pass
 
 
+# In sharing.json's users: shared with every user of the agent.
+EVERYONE = "*"
+
+
 class DatasetStore:
     def __init__(self, root: Path, blobs: BlobStore):
         self.root = root
         self.blobs = blobs
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
         root.mkdir(exist_ok=True)
 
-    def _lock(self, name: str) -> threading.Lock:
+    def locked(self, name: str) -> threading.RLock:
+        """The lock of one dataset name. Re-entrant: a caller holds it across its own checks
+        (who owns the name) and the `push` or `remove` that takes it again."""
         with self._guard:
-            return self._locks.setdefault(name, threading.Lock())
+            return self._locks.setdefault(name, threading.RLock())
 
     def record_path(self, name: str, version: int) -> Path:
         return self.root / check_dataset_name(name) / f"v{version}.json"
@@ -79,6 +93,32 @@ class DatasetStore:
             raise DatasetNotFound(f"dataset {name!r} has no version {version} (it has {have})")
         record = json.loads(self.record_path(name, version).read_text())
         return _info(record)
+
+    def sharing(self, name: str) -> list[str]:
+        """Whom `name` is shared with: user names, or EVERYONE; [] when private."""
+        try:
+            users = json.loads((self.root / check_dataset_name(name) / "sharing.json").read_text())
+        except (OSError, ValueError):
+            return []
+        return sorted(str(u) for u in users) if isinstance(users, list) else []
+
+    def share(self, name: str, add: Iterable[str] = (), drop: Iterable[str] = ()) -> list[str]:
+        """Share `name` with more users (or EVERYONE), or with fewer; returns the new list."""
+        with self.locked(name):
+            if not self.versions(name):
+                raise DatasetNotFound(f"no dataset named {name!r} (gpuhop data ls lists them)")
+            users = sorted((set(self.sharing(name)) | set(add)) - set(drop))
+            _write_atomic(self.root / name / "sharing.json", json.dumps(users).encode())
+            return users
+
+    def readable_by(self, name: str, user: str) -> bool:
+        """Whether `user` (not an admin: they read everything) may see and mount `name`: its
+        pusher, whoever it is shared with, and everyone for a version without an owner."""
+        owners = {self.info(name, v).owner for v in self.versions(name)}
+        if None in owners or user in owners:
+            return True
+        shared = self.sharing(name)
+        return EVERYONE in shared or user in shared
 
     def manifest(self, name: str, version: int) -> list[dict]:
         files: list[dict] = json.loads(self.record_path(name, version).read_text())["files"]
@@ -123,7 +163,7 @@ class DatasetStore:
             raise MissingBlobs(missing)
         files = [f.model_dump() for f in sorted(manifest.files, key=lambda f: f.path)]
         digest = hashlib.sha256(json.dumps(files, separators=(",", ":")).encode()).hexdigest()
-        with self._lock(name):
+        with self.locked(name):
             versions = self.versions(name)
             if versions:
                 latest = self.info(name, versions[-1])
@@ -190,7 +230,7 @@ class DatasetStore:
 
     def remove(self, name: str, version: int | None) -> list[int]:
         """Remove one version, or all of them; returns the versions removed."""
-        with self._lock(name):
+        with self.locked(name):
             targets = [self.info(name, version).version] if version else self.versions(name)
             if not targets:
                 raise DatasetNotFound(f"no dataset named {name!r}")

@@ -106,6 +106,12 @@ class TokenStore:
                 )
         return TokenRecord.from_row(row)
 
+    def live(self, token_id: str) -> bool:
+        """Whether the token with this id still exists (is not revoked)."""
+        with self._lock:
+            row = self._db.execute("SELECT 1 FROM tokens WHERE id = ?", (token_id,)).fetchone()
+        return row is not None
+
     def list(self) -> list[TokenRecord]:
         with self._lock:
             rows = self._db.execute("SELECT * FROM tokens ORDER BY created_at, id").fetchall()

@@ -47,27 +47,40 @@ async def upload_chunks(request: Request) -> dict[str, int]:
 
 
 @router.post("/v1/datasets/{name}", status_code=201)
-async def push(name: str, request: Request) -> DatasetInfo:
+async def push(name: str, request: Request, shared: bool = False) -> DatasetInfo:
     raw = await read_limited(request, MAX_TREE_BYTES, "a manifest")
     # Assembling the version copies its bytes: off the event loop.
-    return await asyncio.to_thread(service.push, ctx(request), name, raw, caller_of(request))
+    return await asyncio.to_thread(
+        service.push, ctx(request), name, raw, caller_of(request), shared
+    )
 
 
 @router.get("/v1/datasets")
 def list_datasets(request: Request) -> list[DatasetInfo]:
-    return service.list_all(ctx(request))
+    return service.list_all(ctx(request), caller_of(request))
 
 
 @router.get("/v1/datasets/{name}")
 def versions(name: str, request: Request) -> list[DatasetInfo]:
-    return service.versions(ctx(request), name)
+    return service.versions(ctx(request), name, caller_of(request))
 
 
 @router.get("/v1/datasets/{name}/files")
 def files(
     name: str, request: Request, version: int | None = Query(default=None, ge=1)
 ) -> list[dict[str, object]]:
-    return service.files(ctx(request), name, version)
+    return service.files(ctx(request), name, version, caller_of(request))
+
+
+@router.put("/v1/datasets/{name}/readers/{user}")
+def share(name: str, user: str, request: Request) -> DatasetInfo:
+    """Share a dataset with `user` (`*`: every user of the agent): its owner or an admin."""
+    return service.share(ctx(request), name, user, caller_of(request), shared=True)
+
+
+@router.delete("/v1/datasets/{name}/readers/{user}")
+def unshare(name: str, user: str, request: Request) -> DatasetInfo:
+    return service.share(ctx(request), name, user, caller_of(request), shared=False)
 
 
 @router.delete("/v1/datasets/{name}")

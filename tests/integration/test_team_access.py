@@ -1,0 +1,308 @@
+"""Issue 19, what one user of a team agent could do to the others: a real agent with a TLS
+listener on loopback, two users (alice, bob) and an admin (carol), reached by token.
+
+Each test here failed on the code before the fix it names: datasets readable by everyone,
+a queue anyone could jump, streams outliving their revoked token, a quota held to sizes the
+client declared, and a forward that only a TCP port (open to every local user) could carry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import stat
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
+
+from gpuhop.api import JobState
+from gpuhop.client import Client, GpuhopError
+from gpuhop.client.tls import fetch_certificate, pinned_context
+from tests.conftest import Agent
+from tests.integration import test_tls
+from tests.integration.test_forward import SERVERS, start_servers
+from tests.integration.test_tls import raw_http
+
+JOBS_QUOTA = "1MiB"
+# remote(token) -> a Client of this module's agent with that token (test_tls's fixture).
+remote = test_tls.remote
+SLEEP = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"]
+
+
+@pytest.fixture(scope="module")
+def tls_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    root = Path(tmp_path_factory.mktemp("team-agent"))
+    args = ("--listen", "127.0.0.1:0", "--jobs-quota", JOBS_QUOTA, "--gc-every-hours", "0")
+    agent = Agent(root / "home", root / "cache", 1, args=args)
+    try:
+        yield agent.start()
+    finally:
+        agent.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tokens(tls_agent: Agent) -> dict[str, str]:
+    """Tokens for alice and bob (users) and carol (an admin)."""
+    with tls_agent.client() as owner:
+        return {
+            "alice": owner.create_token("alice").token,
+            "bob": owner.create_token("bob").token,
+            "carol": owner.create_token("carol", admin=True).token,
+        }
+
+
+def submit(http: httpx.Client, command: list[str], **fields: object) -> httpx.Response:
+    return http.post("/v1/jobs", json={"command": command, **fields})
+
+
+# -- the queue --------------------------------------------------------------------------------
+
+
+def test_only_an_admin_queues_above_the_default_priority(tls_agent, tokens):
+    with raw_http(tls_agent, tokens["alice"]) as alice:
+        for priority in (1, 100):
+            r = submit(alice, SLEEP, priority=priority)
+            assert r.status_code == 403, r.text
+            assert r.json()["code"] == "forbidden"
+            assert "only an admin may raise a job's priority" in r.json()["message"]
+        mine = [submit(alice, SLEEP, priority=p) for p in (0, -5)]
+        assert [r.status_code for r in mine] == [201, 201], [r.text for r in mine]
+    with raw_http(tls_agent, tokens["carol"]) as carol:
+        urgent = submit(carol, SLEEP, priority=50)
+        assert urgent.status_code == 201 and urgent.json()["priority"] == 50
+        for r in (*mine, urgent):
+            carol.post(f"/v1/jobs/{r.json()['id']}/cancel", params={"grace": 0})
+
+
+# -- quotas -----------------------------------------------------------------------------------
+
+
+def test_the_jobs_quota_counts_the_stored_blobs_not_the_declared_sizes(
+    remote, tokens, tls_agent, project, tmp_path
+):
+    weights = os.urandom(5 * 1024 * 1024)
+    root = project({"main.py": "print('ran')\n"})
+    (root / "weights.bin").write_bytes(weights)
+    with remote(tokens["alice"]) as alice, pytest.raises(GpuhopError) as honest:
+        alice.submit(["main.py"], workdir=root)  # sends the blobs, then is refused
+    assert honest.value.status == 507 and "jobs quota" in honest.value.message
+    # The same files in a tree that says the 5 MiB file is empty.
+    entries = [
+        {"path": name, "digest": hashlib.sha256(data).hexdigest(), "size": 0, "executable": False}
+        for name, data in (("main.py", b"print('ran')\n"), ("weights.bin", weights))
+    ]
+    lying = json.dumps({"entries": entries}).encode()
+    with raw_http(tls_agent, tokens["alice"]) as http:
+        stored = http.post("/v1/trees", content=lying)
+        assert stored.status_code in (200, 201), stored.text
+        r = submit(http, ["main.py"], tree=hashlib.sha256(lying).hexdigest())
+    assert r.status_code == 507, r.text
+    assert "jobs quota" in r.json()["message"] and "5.0 MiB" in r.json()["message"]
+
+
+# -- revocation -------------------------------------------------------------------------------
+
+
+def test_revoking_a_token_ends_its_open_log_stream_and_forwards(remote, tls_agent, tmp_path):
+    with tls_agent.client() as owner:
+        made = owner.create_token("dave")
+    root = tmp_path / "servers"
+    (root / "www").mkdir(parents=True)
+    (root / "servers.py").write_text(SERVERS)
+    dave: Client = remote(made.token)
+    job, _, echo_port = start_servers(dave, root)
+    try:
+        ended: list[BaseException | None] = []
+        streaming = threading.Event()
+
+        def follow() -> None:
+            try:
+                for _ in job.logs(follow=True):
+                    streaming.set()  # the stream is open: it has carried the job's output
+                ended.append(None)  # a clean end: as if the job had ended
+            except BaseException as e:
+                ended.append(e)
+
+        follower = threading.Thread(target=follow, daemon=True)
+        follower.start()
+        pem, _ = fetch_certificate(tls_agent.listener.url)
+        url = tls_agent.listener.url.replace("https://", "wss://")
+        with ws_connect(
+            f"{url}/v1/jobs/{job.id}/ports/{echo_port}",
+            ssl=pinned_context(pem),
+            additional_headers={"Authorization": f"Bearer {made.token}"},
+        ) as tunnel:
+            tunnel.send(b"ping")
+            assert tunnel.recv(timeout=30) == b"ping"
+            assert streaming.wait(timeout=30) and follower.is_alive()
+            with tls_agent.client() as owner:
+                owner.revoke_token(made.id)
+            with pytest.raises(ConnectionClosed) as closed:
+                tunnel.recv(timeout=5)  # a second and a bit, with room for a busy machine
+            assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
+        follower.join(timeout=10)
+        assert not follower.is_alive(), "logs -f still flowing after its token was revoked"
+        assert isinstance(ended[0], GpuhopError) and ended[0].status == 401, ended
+        with tls_agent.client() as owner:  # revoking a token cancels none of its jobs
+            assert owner.job(job.id).state == JobState.running
+    finally:
+        with tls_agent.client() as owner:
+            owner.job(job.id).cancel(grace=0)
+
+
+# -- forward on a shared machine -------------------------------------------------------------
+
+
+def test_a_forward_can_listen_on_a_unix_socket_only_its_user_can_open(remote, tokens, tmp_path):
+    """A TCP forward serves every local user with the forwarder's token (as `ssh -L`); a
+    Unix socket of mode 0600 serves only the forwarder's own processes."""
+    root = tmp_path / "servers"
+    (root / "www").mkdir(parents=True)
+    (root / "servers.py").write_text(SERVERS)
+    path = tmp_path / "tb.sock"
+    job, _, echo_port = start_servers(remote(tokens["alice"]), root)
+    try:
+        with job.forward(echo_port, unix=path) as fwd:
+            assert fwd.url == f"unix:{path}"
+            assert stat.S_ISSOCK(path.lstat().st_mode)
+            assert stat.S_IMODE(path.lstat().st_mode) == 0o600
+            assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+            with socket.socket(socket.AF_UNIX) as conn:
+                conn.connect(str(path))
+                conn.sendall(b"over a private socket")
+                conn.shutdown(socket.SHUT_WR)
+                assert b"".join(iter(lambda: conn.recv(1024), b"")) == b"over a private socket"
+            with pytest.raises(GpuhopError) as e:  # the path is taken while it listens
+                job.forward(echo_port, unix=path)
+            assert "exists" in e.value.message
+        assert not path.exists()
+    finally:
+        job.cancel(grace=0)
+
+
+# -- datasets ---------------------------------------------------------------------------------
+
+READ = "print(open('data/secret.txt').read(), end='')\n"
+
+
+def dataset_dir(tmp_path: Path, text: str) -> Path:
+    root = tmp_path / "ds"
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "secret.txt").write_text(text)
+    return root
+
+
+def mount_and_read(client: Client, name: str, reader: Path) -> str:
+    job = client.submit(["read.py"], workdir=reader, data=[f"{name}=data"])
+    assert job.wait(timeout=60).state == JobState.succeeded
+    return b"".join(job.logs()).decode()
+
+
+def test_a_dataset_is_private_to_its_pusher_unless_shared(remote, tokens, project, tmp_path):
+    name = "alices-labels"
+    reader = project({"read.py": READ})
+    alice, bob, carol = (remote(tokens[u]) for u in ("alice", "bob", "carol"))
+    pushed = alice.data.push(dataset_dir(tmp_path, "alice's labels\n"), name).info
+    assert (pushed.owner, pushed.shared_with) == ("alice", [])
+    assert name not in {d.name for d in bob.data.list()}
+    not_there = [
+        lambda: bob.data.versions(name),
+        lambda: bob.data.files(name),
+        lambda: bob.data.remove(name),
+        lambda: bob.data.share(name, "bob"),
+        lambda: bob.submit(["read.py"], workdir=reader, data=[f"{name}=data"]),
+    ]
+    for attempt in not_there:
+        with pytest.raises(GpuhopError) as e:
+            attempt()
+        assert e.value.status == 404 and "no dataset named" in e.value.message, e.value
+    with pytest.raises(GpuhopError) as e:  # taken, without saying by whom
+        bob.data.push(dataset_dir(tmp_path / "b", "bob's\n"), name)
+    assert e.value.status == 403 and "another user" in e.value.message
+    # An admin sees it and may mount it.
+    assert name in {d.name for d in carol.data.list()}
+    assert mount_and_read(carol, name, reader) == "alice's labels\n"
+
+    # Shared with Bob: he sees and mounts it, but it stays Alice's to change.
+    assert alice.data.share(name, "bob").shared_with == ["bob"]
+    assert [d.owner for d in bob.data.list() if d.name == name] == ["alice"]
+    assert mount_and_read(bob, name, reader) == "alice's labels\n"
+    with pytest.raises(GpuhopError) as e:
+        bob.data.share(name, "mallory")
+    assert e.value.status == 403
+    assert alice.data.unshare(name, "bob").shared_with == []
+    assert name not in {d.name for d in bob.data.list()}
+
+    # `data push --shared`: every user; a new version stays shared.
+    shared = alice.data.push(dataset_dir(tmp_path, "v2\n"), name, shared=True).info
+    assert (shared.version, shared.shared_with) == (2, ["*"])
+    assert {d.version for d in bob.data.list() if d.name == name} == {1, 2}
+    assert mount_and_read(bob, name, reader) == "v2\n"
+    assert alice.data.remove(name) == [1, 2]
+
+
+def test_a_dataset_from_before_owners_stays_visible_to_all(
+    remote, tokens, tls_agent, project, tmp_path
+):
+    """Upgrades: a version recorded without an owner is everyone's, as it always was."""
+    alice, bob = remote(tokens["alice"]), remote(tokens["bob"])
+    reader = project({"read.py": READ})
+    alice.data.push(dataset_dir(tmp_path, "old\n"), "old-corpus")
+    record = tls_agent.home / "datasets" / "old-corpus" / "v1.json"
+    fields = json.loads(record.read_text())
+    del fields["owner"]  # as an agent before datasets had owners wrote it
+    record.write_text(json.dumps(fields))
+    assert [d.owner for d in bob.data.list() if d.name == "old-corpus"] == [None]
+    assert mount_and_read(bob, "old-corpus", reader) == "old\n"
+    with pytest.raises(GpuhopError) as e:  # but only an admin changes it
+        bob.data.remove("old-corpus")
+    assert e.value.status == 403
+    assert remote(tokens["carol"]).data.remove("old-corpus") == [1]
+
+
+def test_two_users_pushing_a_new_name_at_once_cannot_both_have_it(
+    remote, tokens, tls_agent, tmp_path
+):
+    """The owner check and the push share one lock: the second pusher is refused, never
+    handed v2 of the first one's dataset."""
+    roots = {}
+    for user in ("alice", "bob"):
+        roots[user] = tmp_path / user
+        roots[user].mkdir()
+        # Big enough that assembling a version takes a while, so the pushes overlap.
+        (roots[user] / "data.bin").write_bytes(os.urandom(6 * 1024 * 1024))
+    clients = {u: remote(tokens[u]) for u in roots}
+    for u, client in clients.items():  # chunks sent ahead: the race is between the pushes
+        client.data.push(roots[u], f"warm-{u}")
+        client.data.remove(f"warm-{u}")
+
+    def push(user: str, name: str, outcomes: dict, barrier: threading.Barrier) -> None:
+        barrier.wait()
+        try:
+            outcomes[user] = clients[user].data.push(roots[user], name).info.owner
+        except GpuhopError as e:
+            outcomes[user] = e.status
+
+    for round_ in range(4):
+        name = f"contested-{round_}"
+        outcomes: dict[str, object] = {}
+        barrier = threading.Barrier(2)
+        threads = [
+            threading.Thread(target=push, args=(u, name, outcomes, barrier)) for u in clients
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert sorted(map(str, outcomes.values())) in (["403", "alice"], ["403", "bob"]), outcomes
+        with remote(tokens["carol"]) as admin:
+            assert [d.version for d in admin.data.versions(name)] == [1]
+            admin.data.remove(name)
