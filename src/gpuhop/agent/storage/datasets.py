@@ -132,7 +132,7 @@ class DatasetStore:
         progress (its lock held) is left alone."""
         freed = []
         for folder in self.root.iterdir() if self.root.is_dir() else ():
-            lock = self._lock(folder.name)
+            lock = self.locked(folder.name)
             if not folder.is_dir() or not lock.acquire(blocking=False):
                 continue
             try:
