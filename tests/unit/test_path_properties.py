@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpuhop.agent.errors import ApiError
-from gpuhop.agent.services.jobs import artifact_path
+from gpuhop.agent.services.outputs import artifact_path
 from gpuhop.agent.storage.trees import TreeError, check_paths
 from gpuhop.api import ManifestEntry, validate_relpath
 from gpuhop.client.sync import IgnoreLayer

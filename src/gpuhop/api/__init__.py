@@ -3,25 +3,27 @@
 Runs on both sides. Imports pydantic only; never agent or client code.
 """
 
+from gpuhop.api.agent import (
+    AgentInfo,
+    CheckStatus,
+    DoctorCheck,
+    GpuInfo,
+    ListenerInfo,
+    TokenCreated,
+    TokenInfo,
+    TokenRequest,
+)
 from gpuhop.api.errors import ErrorBody, ErrorCode
 from gpuhop.api.fingerprints import fingerprint_of, normalize_fingerprint
 from gpuhop.api.models import (
-    AgentInfo,
     ArtifactEntry,
     AttemptInfo,
     BlobCheck,
     BlobCheckResult,
-    CheckStatus,
-    DoctorCheck,
-    GpuInfo,
     JobInfo,
     JobState,
-    ListenerInfo,
     ManifestEntry,
     SubmitRequest,
-    TokenCreated,
-    TokenInfo,
-    TokenRequest,
     Tree,
     TreeStored,
     validate_relpath,

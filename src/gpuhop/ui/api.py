@@ -17,6 +17,7 @@ from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import gpus as gpus_service
 from gpuhop.agent.services import jobs as jobs_service
+from gpuhop.agent.services import outputs
 from gpuhop.api import ArtifactEntry, JobInfo, JobState
 from gpuhop.version import __version__
 
@@ -75,7 +76,7 @@ def log(
     bytes). X-Log-Start and X-Log-Next say which bytes these are; ask again from Next."""
     c = ctx(request)
     job = jobs_service.find(c, ref, caller_of(request))
-    path = jobs_service.log_path(c, job, worker)
+    path = outputs.log_path(c, job, worker)
     data = b""
     try:
         with open(path, "rb") as f:
@@ -93,8 +94,8 @@ def log(
 def metrics(ref: str, request: Request, offset: int = Query(default=0, ge=0)) -> dict[str, object]:
     c = ctx(request)
     job = jobs_service.find(c, ref, caller_of(request))
-    jobs_service.check_not_pruned(c, job)
-    records, next_offset = jobs_service.read_metrics(c, job.id, offset)
+    outputs.check_not_pruned(c, job)
+    records, next_offset = outputs.read_metrics(c, job.id, offset)
     return {"records": records, "next_offset": next_offset}
 
 
@@ -102,8 +103,8 @@ def metrics(ref: str, request: Request, offset: int = Query(default=0, ge=0)) ->
 def artifacts(ref: str, request: Request) -> list[ArtifactEntry]:
     c = ctx(request)
     job = jobs_service.find(c, ref, caller_of(request))
-    jobs_service.check_not_pruned(c, job)
-    return jobs_service.list_artifacts(c, job.id)
+    outputs.check_not_pruned(c, job)
+    return outputs.list_artifacts(c, job.id)
 
 
 @router.get("/jobs/{ref}/artifacts/{path:path}")
@@ -112,8 +113,8 @@ def artifact(ref: str, path: str, request: Request) -> FileResponse:
     origin could script the dashboard. Sandboxed by CSP as well, should a browser render it."""
     c = ctx(request)
     job = jobs_service.find(c, ref, caller_of(request))
-    jobs_service.check_not_pruned(c, job)
-    full = jobs_service.artifact_path(c, job.id, path)
+    outputs.check_not_pruned(c, job)
+    full = outputs.artifact_path(c, job.id, path)
     return FileResponse(
         full,
         media_type="application/octet-stream",

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import secrets
 import shutil
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,7 +18,6 @@ from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
 from gpuhop.agent.jobs.supervisor import as_text
 from gpuhop.agent.services import admission, deps, gc
 from gpuhop.api import (
-    ArtifactEntry,
     AttemptInfo,
     ErrorCode,
     JobInfo,
@@ -31,10 +29,7 @@ from gpuhop.api import (
 from gpuhop.backends.base import Refused
 from gpuhop.home import JobPaths
 
-LOG_CHUNK = 256 * 1024
 METRICS_TAIL_BYTES = 16 * 1024
-# The most of a metrics file one request reads; a longer line is skipped.
-METRICS_READ = 4 * 1024 * 1024
 
 log = logging.getLogger("gpuhop.agent")
 
@@ -277,133 +272,3 @@ def cancel(rt: AgentContext, ref: str, grace: float, caller: Caller) -> JobInfo:
         return to_info(rt, rt.store.get(job.id))
     rt.supervisor.cancel(rt.store.get(job.id), grace)
     return to_info(rt, rt.store.get(job.id))
-
-
-def check_not_pruned(rt: AgentContext, job: JobRecord) -> None:
-    """410 for a job whose files retention removed: its log and artifacts are gone."""
-    marker = gc.pruned(rt.supervisor.job_paths(job.id))
-    if marker is not None:
-        when = datetime.fromtimestamp(marker.get("pruned_at", 0), tz=UTC)
-        raise ApiError(
-            410,
-            ErrorCode.pruned,
-            f"job {job.id} {job.state.value}, and its log, metrics and artifacts were removed"
-            f" on {when:%Y-%m-%d %H:%M} UTC by the agent's retention policy"
-            f" ({marker.get('why', 'retention')}); its record stays",
-        )
-
-
-def log_path(rt: AgentContext, job: JobRecord, worker: int | None) -> Path:
-    """The job's log, or one worker's own log of a multi-worker job."""
-    check_not_pruned(rt, job)
-    jp = rt.supervisor.job_paths(job.id)
-    if worker is None:
-        return jp.log
-    if not 0 <= worker < job.workers:
-        raise ApiError(
-            400,
-            ErrorCode.bad_request,
-            f"job {job.id} has {job.workers} worker(s), numbered from 0; there is no worker"
-            f" {worker}",
-        )
-    return jp.worker_log(worker)
-
-
-async def follow_log(
-    rt: AgentContext, job_id: str, path: Path, offset: int, follow: bool
-) -> AsyncIterator[bytes]:
-    """Yield a log from byte `offset`; with `follow`, until the job has ended and all is sent."""
-    delay = 0.005
-    f = None
-    try:
-        while True:
-            if f is None and path.exists():
-                f = open(path, "rb")  # noqa: SIM115 - closed in finally
-                f.seek(offset)
-            chunk = f.read(LOG_CHUNK) if f is not None else b""
-            if chunk:
-                delay = 0.005
-                yield chunk
-                continue
-            if not follow:
-                return
-            finished = rt.store.get(job_id).state.finished
-            if finished:
-                # The state is recorded after the process ended: one more read gets the rest.
-                if f is None and path.exists():
-                    continue
-                rest = f.read() if f is not None else b""
-                if rest:
-                    yield rest
-                return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.025)
-    finally:
-        if f is not None:
-            f.close()
-
-
-def read_metrics(rt: AgentContext, job_id: str, offset: int) -> tuple[list[dict], int]:
-    """Complete metric lines from byte `offset`, and the offset after the last one."""
-    path = rt.supervisor.job_paths(job_id).metrics
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read(METRICS_READ)
-    except OSError:
-        return [], offset
-    end = data.rfind(b"\n") + 1
-    if end == 0 and len(data) == METRICS_READ:
-        # A line longer than a whole read: skip what was read of it and go on; the rest of
-        # it is not JSON and is skipped on the next read, up to its end.
-        log.warning("job %s: skipped part of a metrics line over %d bytes", job_id, METRICS_READ)
-        return [], offset + len(data)
-    records = []
-    for line in data[:end].splitlines():
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            records.append(value)
-    return records, offset + end
-
-
-def list_artifacts(rt: AgentContext, job_id: str) -> list[ArtifactEntry]:
-    root = rt.supervisor.job_paths(job_id).artifacts
-    out: list[ArtifactEntry] = []
-    if not root.is_dir():
-        return out
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            full = Path(dirpath) / name
-            if full.is_symlink():
-                continue  # a job's links are not followed out of its artifacts dir
-            rel = full.relative_to(root).as_posix()
-            try:
-                rel.encode()
-            except UnicodeEncodeError:
-                # No answer can carry a name that is not UTF-8: leave it out, and say so.
-                shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
-                log.warning(
-                    "job %s: artifact %s is not listed: its name is not UTF-8", job_id, shown
-                )
-                continue
-            st = full.stat()
-            out.append(ArtifactEntry(path=rel, size=st.st_size, mtime=st.st_mtime))
-    out.sort(key=lambda a: a.path)
-    return out
-
-
-def artifact_path(rt: AgentContext, job_id: str, path: str) -> Path:
-    try:
-        validate_relpath(path)
-    except ValueError as e:
-        raise ApiError(400, ErrorCode.bad_path, str(e)) from None
-    root = JobPaths(rt.paths.job_dir(job_id)).artifacts.resolve()
-    full = root / path
-    if full.is_symlink() or not full.resolve().is_relative_to(root):
-        raise ApiError(400, ErrorCode.bad_path, f"artifact {path} leads out of the artifacts dir")
-    if not full.is_file():
-        raise not_found(f"job {job_id} has no artifact {path}")
-    return full

@@ -26,7 +26,7 @@ from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import JobRecord
-from gpuhop.agent.services import jobs
+from gpuhop.agent.services import jobs, outputs
 from gpuhop.api import ErrorCode, JobState, SubmitRequest, TensorBoardInfo
 from gpuhop.backends import jobdeps
 from gpuhop.home import JobPaths
@@ -57,7 +57,7 @@ def start(rt: AgentContext, ref: str, caller: Caller) -> TensorBoardInfo:
             ErrorCode.bad_request,
             f"job {source.id} is itself a TensorBoard server; name the job whose logs to show",
         )
-    jobs.check_not_pruned(rt, source)
+    outputs.check_not_pruned(rt, source)
     logdir = rt.supervisor.job_paths(source.id).tensorboard
     if source.state.finished and not logdir.is_dir():
         raise not_found(

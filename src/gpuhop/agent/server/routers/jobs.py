@@ -8,6 +8,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import jobs as service
+from gpuhop.agent.services import outputs
 from gpuhop.api import ArtifactEntry, JobInfo, JobState, SubmitRequest
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -55,7 +56,7 @@ def log(
     c = ctx(request)
     job = service.find(c, ref, caller_of(request))
     return StreamingResponse(
-        service.follow_log(c, job.id, service.log_path(c, job, worker), offset, follow),
+        outputs.follow_log(c, job.id, outputs.log_path(c, job, worker), offset, follow),
         media_type="application/octet-stream",
         headers={"X-Gpuhop-Job": job.id},
     )
@@ -65,8 +66,8 @@ def log(
 def metrics(ref: str, request: Request, offset: int = Query(default=0, ge=0)) -> dict[str, object]:
     c = ctx(request)
     job = service.find(c, ref, caller_of(request))
-    service.check_not_pruned(c, job)
-    records, next_offset = service.read_metrics(c, job.id, offset)
+    outputs.check_not_pruned(c, job)
+    records, next_offset = outputs.read_metrics(c, job.id, offset)
     return {"records": records, "next_offset": next_offset}
 
 
@@ -74,13 +75,13 @@ def metrics(ref: str, request: Request, offset: int = Query(default=0, ge=0)) ->
 def artifacts(ref: str, request: Request) -> list[ArtifactEntry]:
     c = ctx(request)
     job = service.find(c, ref, caller_of(request))
-    service.check_not_pruned(c, job)
-    return service.list_artifacts(c, job.id)
+    outputs.check_not_pruned(c, job)
+    return outputs.list_artifacts(c, job.id)
 
 
 @router.get("/{ref}/artifacts/{path:path}")
 def artifact(ref: str, path: str, request: Request) -> FileResponse:
     c = ctx(request)
     job = service.find(c, ref, caller_of(request))
-    service.check_not_pruned(c, job)
-    return FileResponse(service.artifact_path(c, job.id, path))
+    outputs.check_not_pruned(c, job)
+    return FileResponse(outputs.artifact_path(c, job.id, path))
