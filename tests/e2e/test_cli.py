@@ -165,13 +165,15 @@ def test_detach_ps_show_logs_and_cancel(shared_agent, project):
 
 
 def test_cancel_escalates_to_sigkill_and_reaches_every_process(shared_agent, project, tmp_path):
-    marker = tmp_path / "child.pid"
+    # The child is known by its command line: inside the job's PID namespace its pid is
+    # not the host's.
+    marker = f"gpuhop-test-child-{tmp_path.name}"
     root = project(
         {
             "stubborn.py": "import signal, subprocess, sys, time\n"
             "signal.signal(signal.SIGTERM, lambda *a: print('ignoring SIGTERM', flush=True))\n"
-            f"child = subprocess.Popen(['sleep', '300'])\n"
-            f"open({str(marker)!r}, 'w').write(str(child.pid))\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)',"
+            f" {marker!r}])\n"
             "print('ready', flush=True)\n"
             "while True:\n    time.sleep(0.05)\n"
         }
@@ -179,14 +181,28 @@ def test_cancel_escalates_to_sigkill_and_reaches_every_process(shared_agent, pro
     with shared_agent.client() as client:
         job = client.submit(["stubborn.py"], workdir=root)
         wait_until(lambda: b"ready" in b"".join(job.logs()), timeout=60)
-        child = int(marker.read_text())
+        wait_until(lambda: _running(marker), timeout=30)
         info = job.cancel(grace=0.5)
         info = job.wait(timeout=30)
         log = b"".join(job.logs()).decode()
     assert info.state.value == "cancelled"
     assert "killed after the grace period" in info.reason
     assert "ignoring SIGTERM" in log
-    wait_until(lambda: not Path(f"/proc/{child}").exists() or _zombie(child), timeout=10)
+    wait_until(lambda: not _running(marker), timeout=10)
+
+
+def _running(marker: str) -> bool:
+    """Whether a live process (not a zombie) has `marker` in its command line."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline and not _zombie(int(entry.name)):
+            return True
+    return False
 
 
 def _zombie(pid: int) -> bool:

@@ -35,6 +35,7 @@ def test_doctor_reports_this_host_honestly(shared_agent):
         "TensorFlow sees the GPUs",
         "tf-keras",
         "disk space",
+        "job sandbox",
     ]
     assert code == (0 if all(c["ok"] for c in checks) else 1)
     marks = {"passed": "✓", "warning": "!", "failed": "✗", "skipped": "-"}

@@ -8,7 +8,7 @@ dir (copied across file systems). That is safe because the serving job runs gpuh
 server, which only reads them. An uploaded SavedModel is the job's synced work dir.
 
 The server binds the host's loopback on a free port and writes it to `serving-ready.json`
-in its job dir once it accepts connections. `proxy` sends a caller's request there: the
+in its work dir once it accepts connections. `proxy` sends a caller's request there: the
 job is found with the caller (another user's model is a 404, as for every job route),
 the body is streamed up with a cap, and the answer streamed back. The agent's token never
 reaches the job. Errors are TF Serving's {"error": ...} plus gpuhop's `ErrorBody` fields,
@@ -84,9 +84,10 @@ def start(rt: AgentContext, req: ServeRequest, caller: Caller) -> JobInfo:
         str(req.max_batch_size),
         "--batch-timeout-ms",
         f"{req.batch_timeout_ms:g}",
-        # The job runs in its work dir, one level below its job dir.
+        # In the job's work dir (where it runs): the only part of its job dir, with its
+        # outputs, that the job's sandbox lets it write.
         "--ready-file",
-        f"../{READY_FILE}",
+        READY_FILE,
     ]
 
     def prepare(jp: JobPaths) -> None:
@@ -184,7 +185,7 @@ def _port(rt: AgentContext, job: JobRecord) -> int | None:
     if job.state != JobState.running:
         return None
     try:
-        port = json.loads((rt.supervisor.job_paths(job.id).root / READY_FILE).read_text())["port"]
+        port = json.loads((rt.supervisor.job_paths(job.id).work / READY_FILE).read_text())["port"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return port if isinstance(port, int) and 0 < port < 65536 else None
