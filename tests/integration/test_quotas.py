@@ -41,6 +41,19 @@ def test_a_dataset_push_over_the_storage_quota_is_refused(make_agent, tmp_path):
         assert client.data.list() == []
 
 
+def test_a_small_upload_over_the_quota_gets_507_not_500(make_agent, tmp_path):
+    # A body that has all arrived when the quota refuses it (small, or on a loaded host)
+    # once made the agent answer 500: it tried to read the rest of a body already read.
+    agent = make_agent(args=(*NO_GC, "--storage-quota", "1KiB"))
+    root = tmp_path / "small"
+    root.mkdir()
+    (root / "a.bin").write_bytes(os.urandom(8 * 1024))
+    for _ in range(3):
+        with agent.client() as client, pytest.raises(GpuhopError) as e:
+            client.data.push(root, name="small")
+        assert e.value.status == 507, e.value.message
+
+
 def test_a_submission_over_the_jobs_quota_is_refused(make_agent, project):
     agent = make_agent(args=(*NO_GC, "--jobs-quota", "40KiB"))
     with agent.client() as client:

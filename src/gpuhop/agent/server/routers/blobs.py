@@ -6,7 +6,10 @@ missing (see gpuhop.agent.storage.claims): knowing a digest is not holding the f
 
 from __future__ import annotations
 
+import contextlib
+
 from fastapi import APIRouter, Request
+from starlette.requests import ClientDisconnect
 
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.errors import ApiError
@@ -30,9 +33,15 @@ def missing(req: BlobCheck, request: Request) -> BlobCheckResult:
 
 
 async def drain(request: Request) -> None:
-    """Read and drop the rest of a body that is refused before its end."""
-    async for _chunk in request.stream():
-        pass
+    """Read and drop the rest of a body that is refused before its end, so that a client
+    still sending reads the answer. A body that had all arrived already (a small one, or
+    on a loaded host) has nothing left; a client that left needs no answer."""
+    with contextlib.suppress(ClientDisconnect):
+        try:
+            async for _chunk in request.stream():
+                pass
+        except RuntimeError:
+            pass  # Starlette: "Stream consumed", the whole body was read
 
 
 @router.post("/upload")
