@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 
+from gpuhop.backends.procs import parent
+
 LISTEN = "0A"
 # A listener bound to one of these (hex, as /proc/net shows them) answers on 127.0.0.1 ...
 _V4 = {"00000000", "0100007F"}
@@ -31,16 +33,8 @@ def descendants(pid: int) -> set[int]:
     """`pid` and every process below it, by parent pid."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue
-        fields = data[data.rfind(b")") + 2 :].split()
-        if len(fields) > 1:
-            children.setdefault(int(fields[1]), []).append(int(entry))
+        if entry.isdigit() and (ppid := parent(int(entry))) is not None:
+            children.setdefault(ppid, []).append(int(entry))
     found, todo = set(), [pid]
     while todo:
         p = todo.pop()

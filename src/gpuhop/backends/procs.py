@@ -7,18 +7,29 @@ import os
 import signal
 
 
+def _stat(pid: int) -> list[bytes]:
+    """The fields of /proc/PID/stat after the command name (state first); [] if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    # Field 2 (comm) may contain spaces and parentheses: split after the last ')'.
+    return data[data.rfind(b")") + 2 :].split()
+
+
+def parent(pid: int) -> int | None:
+    """The process's parent pid, or None if it is gone."""
+    fields = _stat(pid)
+    return int(fields[1]) if len(fields) > 1 else None
+
+
 def start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot, or None if it is gone.
 
     Stored with a pid so that a reused pid is never mistaken for the original process.
     """
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    # Field 2 (comm) may contain spaces and parentheses: split after the last ')'.
-    fields = data[data.rfind(b")") + 2 :].split()
+    fields = _stat(pid)
     if fields and fields[0] == b"Z":
         return None  # a zombie has finished; only its parent's wait is missing
     return fields[19].decode() if len(fields) > 19 else None
