@@ -13,6 +13,16 @@ ACTIVE_STATES = (JobState.starting, JobState.running)
 FINISHED_STATES = tuple(s for s in JobState if s.finished)
 
 
+def as_text(s: str) -> str:
+    """`s` with anything UTF-8 cannot hold (a lone surrogate, in a record an older agent
+    stored) escaped, for the store and for answers."""
+    try:
+        s.encode()
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "backslashreplace").decode()
+    return s
+
+
 @dataclass
 class JobRecord:
     id: str

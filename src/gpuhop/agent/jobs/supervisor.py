@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import JobRecord, JobStore
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.usage import disk_note
@@ -37,16 +38,6 @@ STOPPED = "stopped.json"
 # doubling up to the second figure.
 RETRY_FIRST = 0.5
 RETRY_MAX = 10.0
-
-
-def as_text(s: str) -> str:
-    """`s` with anything UTF-8 cannot hold (a lone surrogate) escaped, for the store and
-    for answers."""
-    try:
-        s.encode()
-    except UnicodeEncodeError:
-        return s.encode("utf-8", "backslashreplace").decode()
-    return s
 
 
 # In a job's dir: when a job being stopped gets its SIGKILL, so that an agent restarted

@@ -14,8 +14,8 @@ from pathlib import Path
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
+from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
-from gpuhop.agent.jobs.supervisor import as_text
 from gpuhop.agent.services import admission, deps, gc
 from gpuhop.api import (
     AttemptInfo,
