@@ -28,6 +28,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     # In the job.
     "gpuhop.runtime": set(),
     "gpuhop.serving": set(),
+    "gpuhop.keras": {"gpuhop.runtime"},
     "gpuhop.tf": {"gpuhop.runtime", "gpuhop.client"},  # remote ops reach the agent by the SDK
     "gpuhop.tfserver": {"gpuhop.tf"},  # the launcher path of servers queued before 0.1
     # On the user's machine.
