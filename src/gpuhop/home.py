@@ -140,6 +140,12 @@ class JobPaths:
         return self.root / "checkpoints"
 
     @property
+    def tmp(self) -> Path:
+        """The job's private temporary dir: its `/tmp` (and `$TMPDIR`) while it runs, removed
+        when the attempt ends."""
+        return self.root / "tmp"
+
+    @property
     def tree(self) -> Path:
         """The job's own copy of its work-dir tree."""
         return self.root / "tree.json"

@@ -22,7 +22,7 @@ MAX_PATH_DEPTH = 128
 MAX_PATH_BYTES = 3072
 MAX_NAME_BYTES = 255
 # GPUHOP_* variables a user may set for a job; gpuhop sets every other one.
-USER_SETTABLE_ENV = frozenset({"GPUHOP_HOOK_VERBOSE"})
+USER_SETTABLE_ENV = frozenset({"GPUHOP_HOOK_VERBOSE", "GPUHOP_AUTO"})
 # A memory share larger than any GPU made: a typo, not a request.
 MAX_GPU_MEMORY_MB = 16 * 1024 * 1024
 

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 # Variables the agent's own environment must not hand to a job (or to Ray's processes).
 SCRUBBED_ENV = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "GPUHOP_HOME", "GPUHOP_REMOTE")
+# TF_CPP_MIN_LOG_LEVEL for jobs that do not set it: 2 hides TensorFlow's INFO and WARNING
+# lines from C++ (the oneDNN notice, CUDA probing on a CPU host); 3 would hide errors too.
+QUIET_TF = "2"
 
 
 class StartError(ValueError):
@@ -89,6 +92,7 @@ class JobAttempt(Protocol):
     worker_timeout: int
     gpu_memory_mb: int | None
     private_network: bool
+    retries: int  # how many times a failed attempt is queued again
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.api import SubmitRequest
-from gpuhop.backends.base import SCRUBBED_ENV, GpuHost, JobAttempt
+from gpuhop.backends.base import QUIET_TF, SCRUBBED_ENV, GpuHost, JobAttempt
 from gpuhop.backends.jobdeps import python as job_python
 from gpuhop.backends.leader import LeaderBackend, read_json
 from gpuhop.backends.local.commands import resolve_command
@@ -45,12 +46,21 @@ def _has_tf_keras(python: str) -> bool:
 
 
 def job_environment(
-    job: JobAttempt, jp: JobPaths, base: dict[str, str] | None = None
+    job: JobAttempt,
+    jp: JobPaths,
+    base: dict[str, str] | None = None,
+    gpu_total_mb: int | None = None,
 ) -> dict[str, str]:
     """The job's environment: the host's, the job's own variables, then gpuhop's contract.
 
-    When an after-`import tensorflow` action applies (see gpuhop.runtime.hook), the hook's
-    start-up directory goes first on PYTHONPATH, before whatever PYTHONPATH the job has.
+    Defaults the job may override: TensorFlow's C++ start-up chatter quieted (INFO and
+    WARNING lines, such as the oneDNN notice; errors still show), and gpuhop's Keras
+    callbacks added to every `fit` (`GPUHOP_AUTO=1`, see gpuhop.runtime.hook). A share job
+    (`gpu_memory_mb` of a GPU of `gpu_total_mb`) also gets that share as a fraction, for
+    JAX's allocator (XLA_PYTHON_CLIENT_MEM_FRACTION) and PyTorch's (the hook).
+
+    When an after-import action applies (see gpuhop.runtime.hook), the hook's start-up
+    directory goes first on PYTHONPATH, before whatever PYTHONPATH the job has.
     """
     env = {
         k: v
@@ -59,13 +69,20 @@ def job_environment(
     }
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", QUIET_TF)
     # GPU indices are NVML's (PCI bus order); CUDA's default order may differ.
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    if job.gpu_memory_mb is not None and gpu_total_mb:
+        fraction = f"{min(1.0, job.gpu_memory_mb / gpu_total_mb):.4f}"
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = fraction
+        env["GPUHOP_GPU_MEMORY_FRACTION"] = fraction
     env.update(job.env)
+    env.setdefault("GPUHOP_AUTO", "1")
     env.update(
         {
             "GPUHOP_JOB_ID": job.id,
             "GPUHOP_ATTEMPT": str(job.attempt),
+            "GPUHOP_RETRIES": str(job.retries),
             "GPUHOP_ARTIFACTS_DIR": str(jp.artifacts),
             "GPUHOP_TENSORBOARD_DIR": str(jp.tensorboard),
             "GPUHOP_CHECKPOINT_DIR": str(jp.checkpoints),
@@ -83,6 +100,14 @@ def job_environment(
             p for p in (hook.STARTUP_DIR, env.get("PYTHONPATH")) if p
         )
     return env
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove a job's tree, including read-only dirs it made."""
+    for dirpath, _dirs, _files in os.walk(path):
+        with contextlib.suppress(OSError):
+            os.chmod(dirpath, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 class LocalBackend(LeaderBackend):
@@ -121,7 +146,7 @@ class LocalBackend(LeaderBackend):
     def check_submit(self, req: SubmitRequest) -> None:
         """Every kind of job runs here."""
 
-    def end_the_rest(self, jp: JobPaths) -> None:
+    def _end_the_namespace(self, jp: JobPaths) -> None:
         """A sandboxed job's processes (`setsid` ones too) all live in its PID namespace,
         which ends with its first process, the shim's child: the kernel kills the rest and
         that process is gone only once they all are. So kill it and wait until it is gone.
@@ -138,8 +163,15 @@ class LocalBackend(LeaderBackend):
     def leader(
         self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]
     ) -> tuple[list[str], dict[str, str]]:
-        env = job_environment(job, jp)
+        env = job_environment(job, jp, gpu_total_mb=self._gpu_total_mb(job))
         python = job_python(deps, self.python)
+        # `python` and `pip` in the job's shell commands are the job's own interpreter's.
+        env["PATH"] = os.pathsep.join(
+            p for p in (os.path.dirname(python), env.get("PATH", os.defpath)) if p
+        )
+        jp.tmp.mkdir(mode=0o700, exist_ok=True)
+        # The sandbox binds it over /tmp; without one, TMPDIR is all that points there.
+        env["TMPDIR"] = "/tmp" if self._sandboxed(deps) else str(jp.tmp)
         argv = resolve_command(job.command, jp.work, env.get("PATH", os.defpath), python)
         gang = self._write_gang(job, jp, env) if job.workers > 1 else []
         gang += self._shim_args(deps, jp, job.workers)
@@ -147,6 +179,19 @@ class LocalBackend(LeaderBackend):
             gang += ["--relay", str(jp.relay)]
         shim = [self.python, "-I", "-S", SHIM, str(jp.status), str(jp.shim_pid)]
         return [*shim, *gang, "--", *argv], env
+
+    def _gpu_total_mb(self, job: JobAttempt) -> int | None:
+        """The memory of a share job's GPU (None for other jobs, or if unknown)."""
+        if job.gpu_memory_mb is None or not job.gpu_ids:
+            return None
+        return next((g.memory_mb for g in self.gpu_host.gpus if g.index == job.gpu_ids[0]), None)
+
+    def _sandboxed(self, deps: dict[str, Any]) -> bool:
+        return self.isolation() is None or bool(deps.get("data"))
+
+    def end_the_rest(self, jp: JobPaths) -> None:
+        self._end_the_namespace(jp)
+        _remove_tree(jp.tmp)
 
     def _write_gang(self, job: JobAttempt, jp: JobPaths, env: dict[str, str]) -> list[str]:
         """Describe a multi-worker job's workers for the shim; return the shim's arguments.
@@ -192,7 +237,7 @@ class LocalBackend(LeaderBackend):
             spec = dict(deps["env"], requirements=str(jp.root / "requirements.txt"))
             (jp.root / "env.json").write_text(json.dumps(spec))
             args += ["--env", str(jp.root / "env.json")]
-        if self.isolation() is not None and not deps.get("data"):
+        if not self._sandboxed(deps):
             return args  # a single-user agent's choice; see gpuhop doctor
         binds = []
         for mount in deps.get("data", []):
@@ -204,6 +249,7 @@ class LocalBackend(LeaderBackend):
             "work": str(jp.work),
             "keep": self._view(deps, jp, workers),
             "binds": binds,
+            "tmp": str(jp.tmp),
         }
         (jp.root / "sandbox.json").write_text(json.dumps(spec))
         return [*args, "--sandbox", str(jp.root / "sandbox.json")]

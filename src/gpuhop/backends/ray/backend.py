@@ -157,6 +157,7 @@ class RayBackend(LeaderBackend):
             "address": self.address,
             "job_id": job.id,
             "attempt": job.attempt,
+            "retries": job.retries,
             "command": job.command,
             "python": deps.get("python"),
             "env": job.env,
