@@ -16,7 +16,9 @@ pytestmark = pytest.mark.timeout(300)
 HOLDER = """
 import os, sys, time, pathlib
 print("CUDA_VISIBLE_DEVICES=" + os.environ["CUDA_VISIBLE_DEVICES"],
-      "GPUHOP_GPU_MEMORY_MB=" + os.environ.get("GPUHOP_GPU_MEMORY_MB", "-"), flush=True)
+      "GPUHOP_GPU_MEMORY_MB=" + os.environ.get("GPUHOP_GPU_MEMORY_MB", "-"),
+      "XLA_PYTHON_CLIENT_MEM_FRACTION=" + os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "-"),
+      flush=True)
 release = pathlib.Path(os.environ["GPUHOP_ARTIFACTS_DIR"]) / "release"
 while not release.exists():
     time.sleep(0.02)
@@ -61,7 +63,11 @@ def test_4gib_shares_pack_onto_two_fake_8gib_gpus_and_whole_gpu_jobs_wait_their_
     assert {show(j)["gpu_memory_mb"] for j in (a, b, c)} == {4096}
     for job, gpu in ((a, 0), (b, 0), (c, 1)):
         wait_until(lambda job=job: b"".join(client.job(job).logs()), timeout=30)
-        assert log(job) == f"CUDA_VISIBLE_DEVICES={gpu} GPUHOP_GPU_MEMORY_MB=4096\n"
+        # JAX's allocator gets the share as a fraction of the (fake, 8 GiB) GPU.
+        assert log(job) == (
+            f"CUDA_VISIBLE_DEVICES={gpu} GPUHOP_GPU_MEMORY_MB=4096"
+            " XLA_PYTHON_CLIENT_MEM_FRACTION=0.5000\n"
+        )
     assert [(g["index"], g["job_ids"], g["memory_reserved_mb"]) for g in gpus()] == [
         (0, [a, b], 8192),
         (1, [c], 4096),
