@@ -217,3 +217,28 @@ def test_agent_takes_the_fake_gpu_memory(tmp_path: Path):
         assert alone.returncode == 2 and "give --fake-gpus N too" in alone.stderr
     finally:
         agent.shutdown()
+
+
+# What the metrics callback writes each epoch on a GPU, and the start-up hook at exit (a
+# record of memory alone): the frameworks report no device memory on a CPU.
+MEMORY_REPORT = """
+import gpuhop.runtime as job
+job.log_metrics(epoch=1, epochs=1, loss=0.5, memory_mb=4000.0, memory_peak_mb=5222.4)
+job.log_metrics(memory_mb=0.0, memory_peak_mb=5222.4)
+"""
+
+
+def test_show_gives_a_share_jobs_peak_memory_and_the_share_it_needs(make_agent, project):
+    agent = make_agent(fake_gpus=1)
+    root = project({"train.py": MEMORY_REPORT})
+    run = agent.cli("run", "--name", "mem", "--gpu-memory", "6GiB", "train.py", cwd=root)
+    assert run.returncode == 0, run.stderr
+
+    shown = agent.cli("show", "mem").stdout
+    assert (
+        "memory  peak 5.1 GiB of a 6 GiB share; next time --gpu-memory 6.2GiB would do"
+        " (peak + 20 %)"
+    ) in shown
+    # The memory-only record at exit does not hide the last epoch's metrics.
+    assert "metrics  epoch=1 loss=0.5" in shown
+    assert json.loads(agent.cli("show", "--json", "mem").stdout)["memory_peak_mb"] == 5222.4

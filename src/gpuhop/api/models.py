@@ -281,6 +281,9 @@ class JobInfo(WireModel):
     reason: str | None
     log_size: int = 0
     latest_metrics: dict[str, object] | None = None
+    # The most GPU memory the job's framework had in use (its own allocator's view, from the
+    # metrics file), in MB; None where it reported none (no GPU, or no such framework).
+    memory_peak_mb: float | None = None
     # When retention removed the finished job's files (log, artifacts); its record stays.
     pruned_at: datetime | None = None
     # The job's share of its one GPU in MB; None for whole-GPU and CPU jobs.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import typer
 
 from gpuhop.api import JobInfo, format_mb
@@ -48,6 +50,8 @@ def show(
         ("log", human_bytes(info.log_size)),
         ("metrics", format_metrics(info.latest_metrics)),
     ]
+    if info.memory_peak_mb is not None:
+        rows.insert(5, ("memory", memory_text(info)))
     if info.data:
         rows.insert(4, ("data", " ".join(info.data)))
     if info.python_env or info.python:
@@ -63,6 +67,29 @@ def show(
             f" {past.reason or '-'}",
             soft_wrap=True,
         )
+
+
+# A suggested share leaves this much room above the peak the job's framework reported.
+SHARE_HEADROOM = 1.2
+
+
+def memory_text(info: JobInfo) -> str:
+    """ "peak 5.1 GiB of a 6 GiB share", and for a finished job the share it would need."""
+    peak = info.memory_peak_mb or 0.0
+    text = f"peak {format_mb(peak)} (the framework's own count)"
+    if info.gpu_memory_mb is not None:
+        text = f"peak {format_mb(peak)} of a {format_mb(info.gpu_memory_mb)} share"
+    if info.state.finished and peak > 0:
+        text += f"; next time --gpu-memory {suggest_share(peak)} would do (peak + 20 %)"
+    return text
+
+
+def suggest_share(peak_mb: float) -> str:
+    """A --gpu-memory value 20 % above `peak_mb`, rounded up to what `format_mb` shows."""
+    want = peak_mb * SHARE_HEADROOM
+    if want < 1024:
+        return f"{math.ceil(want)}MiB"
+    return format_mb(math.ceil(want / 102.4) * 102.4).replace(" ", "")
 
 
 def _gpus_text(info: JobInfo) -> str:

@@ -231,7 +231,22 @@ def install(environ: Mapping[str, str] = os.environ) -> bool:
             _run(module, waiting.pop(name), environ)
     if waiting and not any(getattr(f, "gpuhop_watcher", False) for f in sys.meta_path):
         sys.meta_path.insert(0, _ImportWatcher(waiting, environ))
+    if any(a.env_var == "GPUHOP_AUTO" for a in actions) and environ.get("GPUHOP_METRICS_FILE"):
+        import atexit  # built in: no file to load
+
+        atexit.register(_report_memory)
     return True
+
+
+def _report_memory() -> None:
+    """At exit, the framework's own peak of device memory into the job's metrics file."""
+    if any(name in sys.modules for name in ("tensorflow", "jax", "torch")):
+        try:
+            from gpuhop.runtime.memory import report
+
+            report()
+        except Exception as e:
+            _say(f"could not report device memory at exit: {type(e).__name__}: {e}")
 
 
 def _run(module: ModuleType, actions: list[AfterImport], environ: Mapping[str, str]) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-__all__ = ["MEMORY_KEYS", "device_memory"]
+__all__ = ["MEMORY_KEYS", "device_memory", "report"]
 
 MB = 1024 * 1024
 # The metrics keys, in MB: device memory in use now, and the most in use so far.
@@ -75,3 +75,13 @@ def device_memory() -> dict[str, float]:
                 "memory_peak_mb": round(max(r[1] for r in readings) / MB, 1),
             }
     return {}
+
+
+def report() -> None:
+    """Append the device memory now (and the peak) to the job's metrics file, if the job's
+    framework reports any: the start-up hook does at the job's exit."""
+    from gpuhop.runtime import log_metrics
+
+    memory = device_memory()
+    if memory:
+        log_metrics(memory_mb=memory["memory_mb"], memory_peak_mb=memory["memory_peak_mb"])

@@ -38,8 +38,8 @@ def _dt(ts: float | None) -> datetime | None:
     return None if ts is None else datetime.fromtimestamp(ts, tz=UTC)
 
 
-def latest_metrics(path: Path) -> dict[str, object] | None:
-    """The last complete JSON line of a job's metrics file."""
+def _tail_records(path: Path) -> list[dict[str, object]]:
+    """The complete JSON records at the end of a job's metrics file, newest first."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -47,14 +47,35 @@ def latest_metrics(path: Path) -> dict[str, object] | None:
             f.seek(max(0, size - METRICS_TAIL_BYTES))
             tail = f.read()
     except OSError:
-        return None
+        return []
+    records = []
     for line in reversed(tail.splitlines()):
         try:
             value = json.loads(line)
         except ValueError:
             continue
         if isinstance(value, dict):
-            return value
+            records.append(value)
+    return records
+
+
+# Keys of a record that only reports device memory (the start-up hook's, at the job's exit).
+MEMORY_ONLY = {"time", "memory_mb", "memory_peak_mb"}
+
+
+def latest_metrics(path: Path) -> dict[str, object] | None:
+    """The last complete JSON line of a job's metrics file that has metrics of its own (a
+    record of device memory alone does not replace them)."""
+    return next((r for r in _tail_records(path) if not set(r) <= MEMORY_ONLY), None)
+
+
+def memory_peak_mb(path: Path) -> float | None:
+    """The most device memory the job's framework has had in use, in MB, as the job last
+    reported it (a framework's peak only grows), or None if it reported none."""
+    for record in _tail_records(path):
+        peak = record.get("memory_peak_mb")
+        if isinstance(peak, (int, float)) and not isinstance(peak, bool):
+            return float(peak)
     return None
 
 
@@ -98,6 +119,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         reason=None if job.reason is None else as_text(job.reason),
         log_size=log_size,
         latest_metrics=latest_metrics(jp.metrics),
+        memory_peak_mb=memory_peak_mb(jp.metrics),
         pruned_at=_dt(marker["pruned_at"]) if (marker := gc.pruned(jp)) else None,
         gpu_memory_mb=job.gpu_memory_mb,
         owner=job.owner,
