@@ -112,7 +112,8 @@ def run(
         "--gpu-memory",
         metavar="SIZE",
         help="Instead of whole GPUs: a share of one GPU (6GiB, 6G, 6144M, or MB), which the"
-        " job may share with other such jobs. TensorFlow in the job is capped at it.",
+        " job may share with other such jobs. TensorFlow, JAX and PyTorch in the job are"
+        " capped at it.",
     ),
     name: str | None = typer.Option(None, "--name", "-n", help="A name to find the job by."),
     env: list[str] = typer.Option(
