@@ -28,6 +28,11 @@ from gpuhop.home import AgentPaths, read_pid
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 
+# A job has a /tmp of its own, so the files a test shares with its jobs (gates, pids,
+# markers in tmp_path) must lie outside /tmp: pytest's temp dirs go under /var/tmp (pytest
+# keeps the last 3 runs' there, as it does under /tmp). Set before pytest first asks.
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", "/var/tmp")
+
 
 @functools.cache
 def has_nvidia_gpu() -> bool:
