@@ -269,9 +269,12 @@ class LocalBackend(LeaderBackend):
         readable = [*deps.get("readonly", [])]
         if deps.get("env"):
             readable.append(deps["env"]["dir"])
-        # gpuhop's own Python, when it lives in the state dir (`remote bootstrap` puts its
-        # venv there): the job's interpreter and its start-up hook come from it.
+        # gpuhop's own Python and package, where they lie in the state dir (`remote
+        # bootstrap` puts its venv there) or under /tmp (a checkout there, which the job's
+        # own /tmp hides): the job's interpreter and its start-up hook come from them.
         install = Path(self.python).parent.parent
-        if install.is_relative_to(self.paths.home):
-            readable.append(str(install))
+        package = Path(hook.__file__).resolve().parents[2]  # src/ or site-packages/
+        for path in dict.fromkeys((install, package)):
+            if any(path.is_relative_to(p) for p in (self.paths.home, "/tmp")):
+                readable.append(str(path))
         return keep + [{"path": p, "readonly": True} for p in readable]
