@@ -9,6 +9,7 @@ from enum import StrEnum
 from pydantic import Field, field_validator, model_validator
 
 from gpuhop.api.base import StrictModel, WireModel, check_text
+from gpuhop.api.queue import EndClass, RetryOn
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}\Z")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
@@ -178,6 +179,14 @@ class SubmitRequest(StrictModel):
     # On an agent with the Ray backend: put the workers on as few nodes as possible
     # instead of spreading them across nodes. An agent that predates this refuses it.
     pack: bool | None = None
+    # Jobs (ids, prefixes or names) this one waits for; with `after_any`, it runs however
+    # they end, else only if all succeeded (a failed or cancelled one cancels it).
+    after: list[str] = Field(default_factory=list, max_length=64)
+    after_any: bool = False
+    # A time limit in seconds: SIGTERM when it passes, SIGKILL after the grace period.
+    timeout: float | None = Field(default=None, gt=0, le=7 * 86400)
+    # Which failed attempts `retries` runs again (see `RetryOn`).
+    retry_on: RetryOn = RetryOn.infra
 
     @model_validator(mode="after")
     def _workers(self) -> SubmitRequest:
@@ -257,6 +266,7 @@ class AttemptInfo(WireModel):
     exit_code: int | None
     signal: int | None
     reason: str | None
+    end_class: EndClass | None = None
 
 
 class JobInfo(WireModel):
@@ -294,6 +304,14 @@ class JobInfo(WireModel):
     python: str | None = None
     # The job runs in a private network namespace (multi-worker jobs always do).
     private_network: bool = False
+    # Why it ended (None until it has; and for jobs an older agent finished).
+    end_class: EndClass | None = None
+    # The jobs it waits for (full ids), whether any end will do, and those not ended yet.
+    after: list[str] = Field(default_factory=list)
+    after_any: bool = False
+    waiting_for: list[str] = Field(default_factory=list)
+    timeout: float | None = None
+    retry_on: RetryOn = RetryOn.infra
 
 
 class BlobCheck(StrictModel):
