@@ -19,11 +19,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuhop.agent.jobs.endings import classify
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import JobRecord, JobStore
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.usage import disk_note
-from gpuhop.api import JobState, ManifestEntry
+from gpuhop.api import EndClass, JobState, ManifestEntry, RetryOn
 from gpuhop.backends import jobdeps
 from gpuhop.backends.base import Backend, Ending, Started, StartError
 from gpuhop.backends.leader import read_json as _read_json
@@ -115,7 +116,12 @@ class Supervisor:
         self._until_recorded(
             f"job {job_id} failed to start",
             lambda: self.store.transition(
-                job_id, [JobState.starting], JobState.failed, reason=reason, ended_at=time.time()
+                job_id,
+                [JobState.starting],
+                JobState.failed,
+                reason=reason,
+                ended_at=time.time(),
+                end_class=EndClass.app_error.value,
             ),
         )
         self.on_change()
@@ -215,8 +221,27 @@ class Supervisor:
         if state in (JobState.failed, JobState.lost) and stopped is None:
             reason += disk_note(jp.root, jp.log)
         self._killed_after_grace.discard(job_id)
-        outcome = {"exit_code": exit_code, "signal": sig, "reason": reason, "ended_at": now}
-        if state in (JobState.failed, JobState.lost) and job.attempt <= job.retries and not stopped:
+        end_class = classify(
+            state,
+            exit_code=exit_code,
+            sig=sig,
+            log=jp.log,
+            stopped_class=(stopped or {}).get("class"),
+            oom_killed=end.oom_killed,
+        )
+        outcome = {
+            "exit_code": exit_code,
+            "signal": sig,
+            "reason": reason,
+            "ended_at": now,
+            "end_class": end_class.value,
+        }
+        if (
+            state in (JobState.failed, JobState.lost)
+            and job.attempt <= job.retries
+            and RetryOn(job.retry_on).retries(end_class)
+            and stopped is None
+        ):
             self._retry(job, jp, state, outcome)
         else:
             self.store.transition(job_id, [JobState.starting, JobState.running], state, **outcome)
@@ -228,7 +253,8 @@ class Supervisor:
         """Queue the job's next attempt: a fresh work dir, the same checkpoint dir."""
         with open(jp.log, "ab") as f:
             f.write(
-                f"gpuhop: attempt {job.attempt} {state.value}: {outcome['reason']};"
+                f"gpuhop: attempt {job.attempt} {state.value} ({outcome['end_class']}):"
+                f" {outcome['reason']};"
                 f" retrying (attempt {job.attempt + 1} of {job.retries + 1})\n".encode()
             )
         for leftover in (jp.status, jp.shim_pid, jp.root / KILL_AT):
@@ -284,14 +310,21 @@ class Supervisor:
             return  # still starting: launch() sees the flag once the process exists
         self._terminate(job, grace)
 
-    def stop(self, job: JobRecord, reason: str, grace: float = 5.0) -> None:
-        """Stop a running job for a reason of the agent's own (a cap it passed): the job
-        fails with `reason` and is not retried. The reason is a file in the job's dir, so
-        an agent restarted meanwhile still records it. Idempotent."""
+    def stop(
+        self,
+        job: JobRecord,
+        reason: str,
+        grace: float = 5.0,
+        end_class: EndClass = EndClass.app_error,
+    ) -> None:
+        """Stop a running job for a reason of the agent's own (a cap or a time limit it
+        passed): the job fails with `reason` and `end_class`, and is not retried. The reason
+        is a file in the job's dir, so an agent restarted meanwhile still records it.
+        Idempotent."""
         jp = self.job_paths(job.id)
         if job.pid is None or (jp.root / STOPPED).exists():
             return
-        (jp.root / STOPPED).write_text(json.dumps({"reason": reason}))
+        (jp.root / STOPPED).write_text(json.dumps({"reason": reason, "class": end_class.value}))
         log.warning("job %s %s", job.id, reason)
         self._terminate(job, grace)
 
