@@ -12,8 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from gpuhop.agent.host.gpuhistory import GpuHistory
+from gpuhop.agent.jobs.after import judge
 from gpuhop.agent.jobs.scheduler import Pending, could_ever_fit, plan
-from gpuhop.agent.jobs.store import JobStore
+from gpuhop.agent.jobs.store import JobRecord, JobStore
 from gpuhop.agent.jobs.supervisor import Supervisor
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.claims import ClaimStore
@@ -23,7 +24,7 @@ from gpuhop.agent.storage.policy import Policy
 from gpuhop.agent.storage.tokens import TokenStore
 from gpuhop.agent.storage.trees import TreeStore
 from gpuhop.agent.storage.usage import DiskMeter
-from gpuhop.api import JobState, ListenerInfo, format_mb
+from gpuhop.api import EndClass, JobState, ListenerInfo, format_mb
 from gpuhop.home import AgentPaths
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ class AgentContext:
 
     def schedule_once(self) -> int:
         """Start every queued job that fits now. Returns how many were started."""
-        queued = self.store.queued()
+        queued = [j for j in self.store.queued() if self._dependencies_allow(j)]
         if not queued:
             return 0
         memory = {g.index: g.memory_mb for g in self.gpus}
@@ -108,6 +109,25 @@ class AgentContext:
                 started += 1
         return started
 
+    def _dependencies_allow(self, job: JobRecord) -> bool:
+        """Whether the jobs it runs after let it start now; an after-ok job whose dependency
+        did not succeed is cancelled here, saying which. A job that waits is not pending, so
+        it holds up no GPU job behind it."""
+        if not job.after:
+            return True
+        verdict = judge(job.after, job.after_any, self.store.states(job.after))
+        if verdict.cancel_reason is not None and self.store.transition(
+            job.id,
+            [JobState.queued],
+            JobState.cancelled,
+            reason=verdict.cancel_reason,
+            ended_at=time.time(),
+            end_class=EndClass.cancelled.value,
+        ):
+            log.info("job %s %s", job.id, verdict.cancel_reason)
+            self.wake()  # the jobs that run after this one learn it now
+        return verdict.ready
+
     def _fail_misfits(self, pending: list[Pending], memory: dict[int, int]) -> None:
         """Fail the queued jobs that this host can never run (it restarted with fewer GPUs)."""
         for job in pending:
@@ -124,7 +144,12 @@ class AgentContext:
                 f" with up to {format_mb(max(memory.values(), default=0))} each"
             )
             if self.store.transition(
-                job.job_id, [JobState.queued], JobState.failed, reason=reason, ended_at=time.time()
+                job.job_id,
+                [JobState.queued],
+                JobState.failed,
+                reason=reason,
+                ended_at=time.time(),
+                end_class=EndClass.app_error.value,
             ):
                 log.warning("job %s %s", job.job_id, reason)
 

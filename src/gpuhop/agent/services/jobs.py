@@ -7,6 +7,7 @@ import logging
 import os
 import secrets
 import shutil
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,12 +17,14 @@ from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
-from gpuhop.agent.services import admission, deps, gc
+from gpuhop.agent.services import admission, deps, gc, queue
 from gpuhop.api import (
     AttemptInfo,
+    EndClass,
     ErrorCode,
     JobInfo,
     JobState,
+    RetryOn,
     SubmitRequest,
     format_mb,
     validate_relpath,
@@ -87,6 +90,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
                 exit_code=a["exit_code"],
                 signal=a["signal"],
                 reason=a["reason"],
+                end_class=a["end_class"],
             )
             for a in (rt.store.attempts(job.id) if job.attempt > 1 else [])
         ],
@@ -103,6 +107,12 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         owner=job.owner,
         # A job on a Ray cluster has no private network, whatever its workers.
         private_network=(job.private_network or job.workers > 1) and not rt.backend.elsewhere(jp),
+        end_class=None if job.end_class is None else EndClass(job.end_class),
+        after=job.after,
+        after_any=job.after_any,
+        waiting_for=queue.waiting_for(rt, job),
+        timeout=job.timeout,
+        retry_on=RetryOn(job.retry_on),
         **deps.info_fields(jp),
     )
 
@@ -221,6 +231,7 @@ def submit(
             {"tree": req.tree},
         )
     _check_command(rt, req)
+    after = queue.resolve_after(rt, req, caller)
     tree_paths = {e["path"] for e in rt.trees.entries(req.tree)} if req.tree and req.data else set()
     job_deps = deps.check(rt, req, tree_paths, caller)
     if req.tree is not None:
@@ -248,6 +259,10 @@ def submit(
             gpu_memory_mb=req.gpu_memory_mb,
             owner=caller.user,
             private_network=bool(req.private_network),
+            after=after,
+            after_any=req.after_any,
+            timeout=req.timeout,
+            retry_on=req.retry_on.value,
         )
     except BaseException:
         # A full disk (files or the job store), a bad source: no half job.
@@ -267,6 +282,8 @@ def cancel(rt: AgentContext, ref: str, grace: float, caller: Caller) -> JobInfo:
         JobState.cancelled,
         reason="cancelled before it started",
         cancel_requested=1,
+        ended_at=time.time(),
+        end_class=EndClass.cancelled.value,
     ):
         rt.wake()
         return to_info(rt, rt.store.get(job.id))
