@@ -253,9 +253,9 @@ class Supervisor:
         """Queue the job's next attempt: a fresh work dir, the same checkpoint dir."""
         with open(jp.log, "ab") as f:
             f.write(
-                f"gpuhop: attempt {job.attempt} {state.value} ({outcome['end_class']}):"
-                f" {outcome['reason']};"
-                f" retrying (attempt {job.attempt + 1} of {job.retries + 1})\n".encode()
+                f"gpuhop: attempt {job.attempt} {state.value}: {outcome['reason']}"
+                f" [{outcome['end_class']}]; retrying (attempt {job.attempt + 1} of"
+                f" {job.retries + 1})\n".encode()
             )
         for leftover in (jp.status, jp.shim_pid, jp.root / KILL_AT):
             leftover.unlink(missing_ok=True)
