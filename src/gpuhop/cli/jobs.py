@@ -1,4 +1,5 @@
-"""Runs on the user's machine: `gpuhop run | ps | show | logs | cancel | pull`."""
+"""Runs on the user's machine: `gpuhop run | logs | cancel | pull` (`show` is in `show`,
+`ps` in `ps`, `requeue` in `queue`)."""
 
 from __future__ import annotations
 
@@ -7,19 +8,24 @@ from pathlib import Path
 
 import typer
 
-from gpuhop.api import JobInfo, format_mb, parse_mb
+from gpuhop.api import JobInfo, parse_mb
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import (
-    ago,
-    duration,
     err,
     exit_code_for,
     fail,
     format_metrics,
     human_bytes,
-    print_json,
     say,
     state_text,
+)
+from gpuhop.cli.queue import (
+    AfterAnyOption,
+    AfterOption,
+    PriorityOption,
+    RetryOnOption,
+    TimeoutOption,
+    queue_options,
 )
 from gpuhop.client import Client, GpuhopError, Job
 
@@ -149,8 +155,14 @@ def run(
         "--retries",
         min=0,
         max=100,
-        help="Run a failed attempt again up to N times; $GPUHOP_CHECKPOINT_DIR is kept.",
+        help="Run a failed attempt again up to N times (see --retry-on);"
+        " $GPUHOP_CHECKPOINT_DIR is kept.",
     ),
+    retry_on: str = RetryOnOption,
+    priority: int = PriorityOption,
+    after: list[str] | None = AfterOption,
+    after_any: bool = AfterAnyOption,
+    timeout: str | None = TimeoutOption,
     detach: bool = typer.Option(
         False, "--detach", "-d", help="Print the job id and return at once."
     ),
@@ -199,6 +211,7 @@ def run(
     if workers == 1 and gpus_per_worker:
         fail("--gpus-per-worker is for multi-worker jobs (--workers N); use --gpus")
     share_mb = _parse_share(gpu_memory, gpus)
+    queue = queue_options(priority, after, after_any, timeout, retry_on)
     from gpuhop.cli.progress import transfer, wants_live
 
     client = client_for(on)
@@ -220,6 +233,7 @@ def run(
                 requirements=False if no_requirements else requirements,
                 python=python,
                 on_upload=on_upload,
+                **queue,
             )
     except GpuhopError as e:
         fail(e.message)
@@ -260,61 +274,6 @@ def _parse_share(gpu_memory: str | None, gpus: int) -> int | None:
             f" --gpus {gpus} (use --gpus {gpus} alone for whole GPUs)"
         )
     return share_mb
-
-
-def show(
-    job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
-    on: str | None = OnOption,
-) -> None:
-    """Show one job: its state, how it ended, GPUs, and latest metrics."""
-    with client_for(on) as client:
-        info = _job(client, job_ref).info
-    if json_out:
-        print_json(info.model_dump(mode="json"))
-        return
-    from rich.console import Console
-
-    out = Console(highlight=False, emoji=False)
-    rows = [
-        ("id", info.id),
-        ("name", info.name or "-"),
-        ("state", state_text(info.state)),
-        ("command", " ".join(info.command)),
-        ("gpus", _gpus_text(info)),
-        ("attempt", f"{info.attempt} of {info.retries + 1}"),
-        ("created", ago(info.created_at)),
-        ("duration", duration(info)),
-        ("result", info.reason or "-"),
-        ("log", human_bytes(info.log_size)),
-        ("metrics", format_metrics(info.latest_metrics)),
-    ]
-    if info.data:
-        rows.insert(4, ("data", " ".join(info.data)))
-    if info.python_env or info.python:
-        env_text = f"env {info.python_env[:12]} from " if info.python_env else ""
-        rows.insert(4, ("python", f"{env_text}{info.python}"))
-    if info.env:
-        rows.insert(4, ("env", " ".join(f"{k}={v}" for k, v in info.env.items())))
-    for key, value in rows:
-        out.print(f"[bold]{key:>9}[/bold]  {value}", soft_wrap=True)
-    for past in info.attempts:
-        out.print(
-            f"[bold]{'attempt ' + str(past.attempt):>9}[/bold]  {state_text(past.state)}:"
-            f" {past.reason or '-'}",
-            soft_wrap=True,
-        )
-
-
-def _gpus_text(info: JobInfo) -> str:
-    if info.gpu_memory_mb is not None:
-        share = f"a {format_mb(info.gpu_memory_mb)} share"
-        if info.gpu_ids:
-            return f"{info.gpu_ids[0]} ({share}, may be shared with other jobs)"
-        return f"{share} of one GPU requested"
-    if info.gpu_ids:
-        return ",".join(map(str, info.gpu_ids))
-    return f"{info.gpus} requested" if info.gpus else "none (CPU)"
 
 
 def logs(
@@ -392,5 +351,5 @@ def register(app: typer.Typer) -> None:
     app.command(
         context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True}
     )(run)
-    for fn in (show, logs, cancel, pull):
+    for fn in (logs, cancel, pull):
         app.command()(fn)

@@ -13,8 +13,10 @@ from gpuhop.cli import (
     gpus,
     jobs,
     ps,
+    queue,
     remote,
     serve,
+    show,
     tensorboard,
     tfserver,
     ui,
@@ -35,6 +37,8 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 jobs.register(app)
+show.register(app)
+queue.register(app)
 ps.register(app)
 forward.register(app)
 tensorboard.register(app)

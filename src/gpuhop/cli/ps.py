@@ -28,7 +28,18 @@ from gpuhop.client import Client, GpuhopError
 
 # The width of a table written to a pipe or a file, where no terminal sets one.
 WIDE = 400
-COLUMNS = ("ID", "NAME", "STATE", "GPUS", "GPU USE", "CREATED", "DURATION", "METRICS", "COMMAND")
+COLUMNS = (
+    "ID",
+    "NAME",
+    "STATE",
+    "PRI",
+    "GPUS",
+    "GPU USE",
+    "CREATED",
+    "DURATION",
+    "METRICS",
+    "COMMAND",
+)
 
 
 def gpus_column(info: JobInfo) -> str:
@@ -62,6 +73,7 @@ def job_table(infos: list[JobInfo], gpus: dict[int, GpuInfo]) -> Table:
             i.id,
             i.name or "-",
             Text(i.state.value, style=STATE_STYLE[i.state]),
+            str(i.priority),
             gpus_column(i),
             gpu_use(i, gpus),
             ago(i.created_at),

@@ -180,6 +180,10 @@ class Client:
         python: str | None = None,
         private_network: bool = False,
         pack: bool = False,
+        after: str | Job | Sequence[str | Job] = (),
+        after_any: bool = False,
+        timeout: str | float | None = None,
+        retry_on: str = "infra",
     ) -> Job:
         """Sync `workdir` and queue `command` there. Returns at once with a `Job` handle.
 
@@ -199,6 +203,14 @@ class Client:
         own, whose ports only `forward` reaches (an older agent refuses it). `pack` puts the
         workers on as few nodes as possible on an agent with the Ray backend (default:
         spread across nodes; an older agent refuses it).
+
+        `priority` (-100..100, default 0): higher starts first, ties by age; above 0 is an
+        admin's call on a team agent. `after` (jobs, or their ids or names): the job waits
+        in the queue until they end, and is cancelled if one does not succeed, unless
+        `after_any`. `timeout` ("6h", "90m", "30s" or seconds): SIGTERM when it passes,
+        SIGKILL 10 s later; the job ends with class `timeout`. `retry_on`: "infra" (the
+        default) retries only attempts the machine ended (lost, oom-host, killed,
+        gpu-fault), "any" also the job's own failures (app-error, oom-gpu).
         """
         return jobs.submit(
             self.session,
@@ -220,6 +232,10 @@ class Client:
             python=python,
             private_network=private_network,
             pack=pack,
+            after=after,
+            after_any=after_any,
+            timeout=timeout,
+            retry_on=retry_on,
         )
 
     def upload(

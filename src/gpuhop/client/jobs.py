@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from gpuhop.api import JobInfo, JobState, SubmitRequest
+from gpuhop.api import JobInfo, JobState, RetryOn, SubmitRequest, parse_duration
 from gpuhop.client.data import parse_mount
 from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.job import Job
@@ -46,6 +46,10 @@ def submit(
     python: str | None = None,
     private_network: bool = False,
     pack: bool = False,
+    after: str | Job | Sequence[str | Job] = (),
+    after_any: bool = False,
+    timeout: str | float | None = None,
+    retry_on: str = "infra",
 ) -> Job:
     """Sync `workdir` and queue `command` there; see `Client.submit`. What the sync did is
     left in `session.last_sync`."""
@@ -63,6 +67,15 @@ def submit(
             code="bad_request",
         )
     tree_bytes, tree = tree_of(result.files)
+    try:
+        seconds = None if timeout is None else parse_duration(timeout)
+    except ValueError as e:
+        raise GpuhopError(f"timeout: {e}", code="bad_request") from None
+    if retry_on not in set(RetryOn):
+        raise GpuhopError(
+            f"retry_on: {retry_on!r} is not one of {', '.join(RetryOn)}", code="bad_request"
+        )
+    deps = [after] if isinstance(after, str | Job) else list(after)
     # Fields left at None are not sent, so an older agent still takes a plain request.
     try:
         body = SubmitRequest(
@@ -82,11 +95,17 @@ def submit(
             python=python,
             private_network=private_network or None,
             pack=pack or None,
+            after=[d.id if isinstance(d, Job) else d for d in deps],
+            after_any=after_any,
+            timeout=seconds,
+            retry_on=RetryOn(retry_on),
         ).model_dump(mode="json", exclude_none=True)
     except ValidationError as e:
         raise invalid("the job was not submitted", e) from None
-    if not body["data"]:
-        del body["data"]  # an older agent takes a request without it
+    # An older agent takes a request without these when they say nothing new.
+    for key, unset in (("data", []), ("after", []), ("after_any", False), ("retry_on", "infra")):
+        if body[key] == unset:
+            del body[key]
     sent = (0, 0)
     try:
         response = session.request("POST", "/v1/jobs", json=body)

@@ -1,0 +1,71 @@
+"""Runs on the user's machine: `gpuhop show JOB`, one job in full."""
+
+from __future__ import annotations
+
+import typer
+
+from gpuhop.api import JobInfo, format_mb
+from gpuhop.cli.connect import OnOption, client_for
+from gpuhop.cli.jobs import _job
+from gpuhop.cli.output import ago, duration, format_metrics, human_bytes, print_json, state_text
+from gpuhop.cli.queue import queue_rows
+
+
+def show(
+    job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    on: str | None = OnOption,
+) -> None:
+    """Show one job: its state, how it ended, GPUs, and latest metrics."""
+    with client_for(on) as client:
+        info = _job(client, job_ref).info
+    if json_out:
+        print_json(info.model_dump(mode="json"))
+        return
+    from rich.console import Console
+
+    out = Console(highlight=False, emoji=False)
+    rows = [
+        ("id", info.id),
+        ("name", info.name or "-"),
+        ("state", state_text(info.state)),
+        ("command", " ".join(info.command)),
+        ("gpus", _gpus_text(info)),
+        ("attempt", f"{info.attempt} of {info.retries + 1}"),
+        ("created", ago(info.created_at)),
+        ("duration", duration(info)),
+        ("result", info.reason or "-"),
+        *queue_rows(info),
+        ("log", human_bytes(info.log_size)),
+        ("metrics", format_metrics(info.latest_metrics)),
+    ]
+    if info.data:
+        rows.insert(4, ("data", " ".join(info.data)))
+    if info.python_env or info.python:
+        env_text = f"env {info.python_env[:12]} from " if info.python_env else ""
+        rows.insert(4, ("python", f"{env_text}{info.python}"))
+    if info.env:
+        rows.insert(4, ("env", " ".join(f"{k}={v}" for k, v in info.env.items())))
+    for key, value in rows:
+        out.print(f"[bold]{key:>9}[/bold]  {value}", soft_wrap=True)
+    for past in info.attempts:
+        out.print(
+            f"[bold]{'attempt ' + str(past.attempt):>9}[/bold]  {state_text(past.state)}:"
+            f" {past.reason or '-'}",
+            soft_wrap=True,
+        )
+
+
+def _gpus_text(info: JobInfo) -> str:
+    if info.gpu_memory_mb is not None:
+        share = f"a {format_mb(info.gpu_memory_mb)} share"
+        if info.gpu_ids:
+            return f"{info.gpu_ids[0]} ({share}, may be shared with other jobs)"
+        return f"{share} of one GPU requested"
+    if info.gpu_ids:
+        return ",".join(map(str, info.gpu_ids))
+    return f"{info.gpus} requested" if info.gpus else "none (CPU)"
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(show)
