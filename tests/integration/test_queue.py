@@ -4,6 +4,7 @@ log text, whatever printed them)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -210,6 +211,46 @@ def test_each_end_class_comes_from_what_really_happened(shared_agent, project):
 
 def count(metrics: dict, end_class: str) -> float:
     return value(metrics, "gpuhop_jobs_ended", "gpuhop_jobs_ended_total", **{"class": end_class})
+
+
+HOG = """
+import os, sys, time
+print("waiting", flush=True)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.02)
+hog = []
+while True:
+    hog.append(bytearray(16 * 2**20))  # touched: bytearray zero-fills it
+"""
+
+
+def test_an_oom_kill_in_the_jobs_cgroup_is_oom_host(make_agent, project, tmp_path):
+    """The host's OOM killer, made to act by a memory limit that the test (an admin, as
+    root) sets on the job's own cgroup while it runs."""
+    agent = make_agent()
+    root = project({"hog.py": HOG})
+    release = tmp_path / "release"
+    with agent.client() as client:
+        job = client.submit(["hog.py", str(release)], workdir=root)
+        wait_until(lambda: b"waiting" in b"".join(job.logs()))
+        made = agent.home / "jobs" / job.id / "cgroup.json"
+        if not made.exists():
+            job.cancel(grace=0)
+            pytest.skip("this host lets the agent make no memory cgroup for a job")
+        cgroup = Path(json.loads(made.read_text())["path"])
+        limit = 64 * 2**20
+        if (cgroup / "memory.max").exists():
+            (cgroup / "memory.max").write_text(str(limit))
+            (cgroup / "memory.swap.max").write_text("0")
+        else:
+            (cgroup / "memory.limit_in_bytes").write_text(str(limit))
+            with contextlib.suppress(OSError):  # no swap accounting: nothing to limit
+                (cgroup / "memory.memsw.limit_in_bytes").write_text(str(limit))
+        release.touch()
+        info = job.wait(60)
+    assert (info.state, info.end_class, info.signal) == (JobState.failed, EndClass.oom_host, 9)
+    assert info.reason.startswith("killed by the kernel's OOM killer (out of host memory")
+    assert not cgroup.exists()  # removed with the attempt
 
 
 def test_retries_take_infra_failures_by_default_and_app_errors_only_when_asked(

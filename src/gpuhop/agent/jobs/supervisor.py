@@ -209,7 +209,10 @@ class Supervisor:
             reason = f"the job's process vanished with no exit status{shim}"
         elif sig is not None:
             state = JobState.failed
-            reason = f"{describe_signal(sig)} after {elapsed}"
+            how = describe_signal(sig)
+            if end.oom_killed:
+                how = f"killed by the kernel's OOM killer (out of host memory, signal {sig})"
+            reason = f"{how} after {elapsed}"
         elif exit_code == 0:
             state = JobState.succeeded
             reason = f"exited with code 0 after {elapsed}"
