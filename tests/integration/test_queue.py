@@ -96,6 +96,11 @@ def test_unknown_dependencies_are_refused_at_submit_naming_them(shared_agent, pr
     run = shared_agent.cli("run", "--after", f"{known.id},nosuchjob", "ok.py", cwd=root)
     assert run.returncode == 2
     assert "--after names no job (or several) for: nosuchjob" in run.stderr
+    # A run that waits says why its job ended, and exits with the job's code.
+    bug = project({"bug.py": "import sys; sys.exit(3)\n"})
+    failed = shared_agent.cli("run", "--after", known.id, "bug.py", cwd=bug)
+    assert failed.returncode == 3
+    assert "failed: exited with code 3" in failed.stderr and "(app-error)" in failed.stderr
 
 
 def test_dependencies_and_time_limits_survive_an_agent_restart(make_agent, project, tmp_path):

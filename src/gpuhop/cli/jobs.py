@@ -87,6 +87,8 @@ def _summary(info: JobInfo) -> str:
     text = f"job {info.id} {state_text(info.state)}"
     if info.reason:
         text += f": {info.reason}"
+    if info.end_class is not None and info.end_class.value != info.state.value:
+        text += f" ({info.end_class.value})"  # why it failed, where the state does not say
     if info.latest_metrics:
         text += f"\n  last metrics: {format_metrics(info.latest_metrics)}"
     return text
