@@ -103,7 +103,9 @@ def test_unknown_dependencies_are_refused_at_submit_naming_them(shared_agent, pr
     assert "failed: exited with code 3" in failed.stderr and "(app-error)" in failed.stderr
 
 
-def test_dependencies_and_time_limits_survive_an_agent_restart(make_agent, project, tmp_path):
+def test_dependencies_and_time_limits_survive_an_agent_restart_and_a_vanished_job_is_lost(
+    make_agent, project, tmp_path
+):
     agent = make_agent()
     root = project({"waiter.py": WAITER, "ok.py": "print('ran')\n", "sleeper.py": SLEEPER})
     release = tmp_path / "release"
@@ -111,14 +113,21 @@ def test_dependencies_and_time_limits_survive_an_agent_restart(make_agent, proje
         first = client.submit(["waiter.py", str(release), "0"], workdir=root)
         second = client.submit(["ok.py"], workdir=root, after=[first])
         slow = client.submit(["sleeper.py"], workdir=root, timeout="3s")
-        wait_until(lambda: slow.refresh().state == JobState.running)
+        gone = client.submit(["sleeper.py"], workdir=root)
+        for job in (slow, gone):
+            wait_until(lambda j=job: b"up" in b"".join(j.logs()))
     kill_agent_hard(agent)
+    # While the agent is away, the whole of one job goes, its shim too: no exit status.
+    shim = json.loads((agent.home / "jobs" / gone.id / "shim.pid").read_text())
+    os.killpg(int(shim["pid"]), signal.SIGKILL)
     agent.pid = start_background(agent.paths)
     with agent.client() as client:
         assert client.job(second.id).state == JobState.queued
         release.touch()
         assert client.job(second.id).wait(30).state == JobState.succeeded
         timed = client.job(slow.id).wait(60)
+        lost = client.job(gone.id).wait(30)
+    assert (lost.state, lost.end_class) == (JobState.lost, EndClass.lost)
     assert (timed.state, timed.end_class, timed.signal) == (
         JobState.failed,
         EndClass.timeout,
