@@ -5,7 +5,7 @@ crash between two steps) can never move a job twice. GPUs in use are derived fro
 that hold them, never kept in a second place, so they cannot drift after a restart.
 
 Columns added after the first release are added to an existing jobs.db when the store opens
-(see `ADDED_COLUMNS`), so an agent upgrade keeps every job it knew.
+(see `schema.ADDED_COLUMNS`), so an agent upgrade keeps every job it knew.
 """
 
 from __future__ import annotations
