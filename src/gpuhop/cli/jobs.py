@@ -21,9 +21,8 @@ from gpuhop.cli.output import (
     say,
     state_text,
 )
+from gpuhop.cli.pull import _pull
 from gpuhop.client import Client, GpuhopError, Job
-
-DEFAULT_PULL_DIR = Path("gpuhop-artifacts")
 
 
 def _job(client: Client, ref: str) -> Job:
@@ -84,21 +83,6 @@ def _summary(info: JobInfo) -> str:
     if info.latest_metrics:
         text += f"\n  last metrics: {format_metrics(info.latest_metrics)}"
     return text
-
-
-def _pull(job: Job, dest: Path, live: bool = False) -> None:
-    from gpuhop.cli.progress import transfer
-
-    try:
-        with transfer(f"pulling job {job.id}'s artifacts", live) as on_bytes:
-            files = job.pull(dest, on_bytes=on_bytes)
-    except GpuhopError as e:
-        fail(f"pulling the artifacts of job {job.id}: {e.message}")
-    size = sum(f.stat().st_size for f in files)
-    if files:
-        say(f"pulled {len(files)} artifact file(s), {human_bytes(size)}, into {dest}")
-    else:
-        say(f"job {job.id} wrote no artifacts (files under $GPUHOP_ARTIFACTS_DIR come back)")
 
 
 def run(
@@ -182,6 +166,19 @@ def run(
     python: str | None = typer.Option(
         None, "--python", metavar="PATH", help="Run with this interpreter on the host."
     ),
+    notify: list[str] = typer.Option(
+        [],
+        "--notify",
+        metavar="URL|desktop",
+        help="POST the job's start and end (JSON) to this webhook; a Slack incoming webhook"
+        " works as is (repeatable). 'desktop': a desktop notification here when it ends.",
+    ),
+    mixed_gpus: bool = typer.Option(
+        False,
+        "--mixed-gpus",
+        help="Several GPUs may be of different models (default: the job waits for GPUs of"
+        " one model and topology group).",
+    ),
     no_progress: bool = NoProgressOption,
     on: str | None = OnOption,
 ) -> None:
@@ -199,6 +196,9 @@ def run(
     if workers == 1 and gpus_per_worker:
         fail("--gpus-per-worker is for multi-worker jobs (--workers N); use --gpus")
     share_mb = _parse_share(gpu_memory, gpus)
+    desktop = "desktop" in notify
+    if desktop and detach:
+        fail("--notify desktop tells this terminal when the job ends; it needs a run that waits")
     from gpuhop.cli.progress import transfer, wants_live
 
     client = client_for(on)
@@ -220,6 +220,8 @@ def run(
                 requirements=False if no_requirements else requirements,
                 python=python,
                 on_upload=on_upload,
+                notify=[url for url in notify if url != "desktop"],
+                mixed_gpus=mixed_gpus,
             )
     except GpuhopError as e:
         fail(e.message)
@@ -242,6 +244,10 @@ def run(
     info = _follow(job, live=wants_live(no_progress))
     if not quiet:
         say(_summary(info))
+    if desktop:
+        from gpuhop.cli.notify import desktop_notify
+
+        desktop_notify(f"gpuhop: job {info.id} {info.state.value}", _summary(info))
     if pull is not None:
         _pull(job, pull, live=wants_live(quiet, sys.stderr))
     raise typer.Exit(exit_code_for(info))
@@ -289,6 +295,11 @@ def show(
         ("log", human_bytes(info.log_size)),
         ("metrics", format_metrics(info.latest_metrics)),
     ]
+    if info.waiting:
+        rows.insert(3, ("waiting", info.waiting))
+    if info.sweep:
+        limit = f" (at most {info.max_parallel} at once)" if info.max_parallel else ""
+        rows.insert(2, ("sweep", f"{info.sweep}{limit}"))
     if info.data:
         rows.insert(4, ("data", " ".join(info.data)))
     if info.python_env or info.python:
@@ -369,28 +380,9 @@ def cancel(
         say(_summary(info))
 
 
-def pull(
-    job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
-    output: Path | None = typer.Option(
-        None,
-        "--output",
-        "-o",
-        metavar="DIR",
-        help="Where to put them (default: gpuhop-artifacts/JOB).",
-    ),
-    on: str | None = OnOption,
-) -> None:
-    """Download the files a job wrote to $GPUHOP_ARTIFACTS_DIR."""
-    with client_for(on) as client:
-        job = _job(client, job_ref)
-        from gpuhop.cli.progress import wants_live
-
-        _pull(job, output or DEFAULT_PULL_DIR / job.id, live=wants_live(False, sys.stderr))
-
-
 def register(app: typer.Typer) -> None:
     app.command(
         context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True}
     )(run)
-    for fn in (show, logs, cancel, pull):
+    for fn in (show, logs, cancel):
         app.command()(fn)

@@ -13,8 +13,10 @@ from gpuhop.cli import (
     gpus,
     jobs,
     ps,
+    pull,
     remote,
     serve,
+    sweep,
     tensorboard,
     tfserver,
     ui,
@@ -35,6 +37,8 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 jobs.register(app)
+pull.register(app)
+sweep.register(app)
 ps.register(app)
 forward.register(app)
 tensorboard.register(app)

@@ -64,7 +64,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     worker_timeout INTEGER NOT NULL DEFAULT 300,
     gpu_memory_mb INTEGER,
     owner         TEXT,
-    private_network INTEGER NOT NULL DEFAULT 0
+    private_network INTEGER NOT NULL DEFAULT 0,
+    sweep         TEXT,
+    max_parallel  INTEGER,
+    mixed_gpus    INTEGER NOT NULL DEFAULT 0,
+    notify        TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
@@ -93,6 +97,13 @@ ADDED_COLUMNS = {
     "owner": "TEXT",
     # 1: the job runs in a private network namespace, its ports reached through its relay.
     "private_network": "INTEGER NOT NULL DEFAULT 0",
+    # The sweep (or array) a job is a run of, and how many of its runs may run at once.
+    "sweep": "TEXT",
+    "max_parallel": "INTEGER",
+    # 1: several whole GPUs may be of different models.
+    "mixed_gpus": "INTEGER NOT NULL DEFAULT 0",
+    # The webhooks told of the job's start and end (a JSON list).
+    "notify": "TEXT NOT NULL DEFAULT '[]'",
 }
 
 
@@ -145,6 +156,10 @@ class JobStore:
         gpu_memory_mb: int | None = None,
         owner: str | None = None,
         private_network: bool = False,
+        sweep: str | None = None,
+        max_parallel: int | None = None,
+        mixed_gpus: bool = False,
+        notify: Sequence[str] = (),
     ) -> JobRecord:
         """Insert a queued job. With `job_id`, that id is used (and must be new)."""
         now = time.time() if now is None else now
@@ -156,8 +171,8 @@ class JobStore:
                     self._db.execute(
                         "INSERT INTO jobs (id, name, state, command, env, gpus, priority,"
                         " created_at, retries, workers, worker_timeout, gpu_memory_mb, owner,"
-                        " private_network)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        " private_network, sweep, max_parallel, mixed_gpus, notify)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             job_id,
                             name,
@@ -173,6 +188,10 @@ class JobStore:
                             gpu_memory_mb,
                             owner,
                             int(private_network),
+                            sweep,
+                            max_parallel,
+                            int(mixed_gpus),
+                            json.dumps(list(notify)),
                         ),
                     )
                     break
@@ -221,10 +240,14 @@ class JobStore:
         states: Iterable[JobState] | None = None,
         limit: int = 1000,
         owner: str | None = None,
+        sweep: str | None = None,
     ) -> list[JobRecord]:
-        """The newest jobs first; with `owner`, only that user's."""
+        """The newest jobs first; with `owner`, only that user's; with `sweep`, only its runs."""
         where: list[str] = []
         params: list[Any] = []
+        if sweep is not None:
+            where.append("sweep = ?")
+            params.append(sweep)
         if states is not None:
             values = [s.value for s in states]
             where.append(f"state IN ({','.join('?' * len(values))})")
@@ -246,6 +269,25 @@ class JobStore:
             (JobState.queued.value,),
         )
         return [JobRecord.from_row(r) for r in rows]
+
+    def newest_sweep(self, prefix: str, owner: str | None = None) -> str | None:
+        """The newest sweep whose id is `prefix` or starts with `prefix-` (a sweep's name)."""
+        mine, mine_params = _owned(owner)
+        rows = self._query(
+            "SELECT sweep FROM jobs WHERE (sweep = ? OR substr(sweep, 1, ?) = ?)"
+            f"{mine} ORDER BY sweep = ? DESC, created_at DESC LIMIT 1",
+            (prefix, len(prefix) + 1, f"{prefix}-", *mine_params, prefix),
+        )
+        return rows[0]["sweep"] if rows else None
+
+    def queued_of(self, owner: str | None) -> int:
+        """How many of `owner`'s jobs are queued."""
+        return int(
+            self._query(
+                "SELECT count(*) FROM jobs WHERE state = ? AND owner IS ?",
+                (JobState.queued.value, owner),
+            )[0][0]
+        )
 
     def count(self, state: JobState) -> int:
         return int(self._query("SELECT count(*) FROM jobs WHERE state = ?", (state.value,))[0][0])
@@ -277,9 +319,8 @@ class JobStore:
     def holdings(self) -> Sequence[Holding]:
         """What the starting and running jobs hold: their GPUs and, for shares, how much."""
         return [
-            Holding(job.id, tuple(job.gpu_ids), job.gpu_memory_mb)
+            Holding(job.id, tuple(job.gpu_ids), job.gpu_memory_mb, job.owner, job.sweep)
             for job in reversed(self.list(ACTIVE_STATES))  # oldest first
-            if job.gpu_ids
         ]
 
     def transition(

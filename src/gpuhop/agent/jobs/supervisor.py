@@ -54,9 +54,13 @@ class Supervisor:
         on_change: Callable[[], None],
         backend: Backend,
         team: Callable[[], bool] = lambda: False,
+        on_event: Callable[[str], None] = lambda job_id: None,
     ):
         """`team`: whether the agent serves more than its owner now (a TLS listener, or
-        tokens of more than one user); such an agent starts no job without a sandbox."""
+        tokens of more than one user); such an agent starts no job without a sandbox.
+        `on_event(job_id)`: a job started, or ended for good (its notifications); it must
+        not block."""
+        self.on_event = on_event
         self.paths = paths
         self.team = team
         # Where the jobs' processes run (gpuhop.backends): this host, or a cluster.
@@ -102,7 +106,14 @@ class Supervisor:
         if self.store.get(job_id).cancel_requested:
             self.backend.interrupt(started)
         self._watch(job_id, jp, started)
+        self._event(job_id)
         self.on_change()
+
+    def _event(self, job_id: str) -> None:
+        try:
+            self.on_event(job_id)
+        except Exception:  # a notification's trouble never touches the job
+            log.exception("notifying about job %s failed", job_id)
 
     def _fail_start(self, job_id: str, jp: JobPaths, e: Exception) -> None:
         if isinstance(e, StartError | OSError):
@@ -118,6 +129,7 @@ class Supervisor:
                 job_id, [JobState.starting], JobState.failed, reason=reason, ended_at=time.time()
             ),
         )
+        self._event(job_id)
         self.on_change()
 
     def _until_recorded(self, what: str, record: Callable[[], object]) -> None:
@@ -218,8 +230,8 @@ class Supervisor:
         outcome = {"exit_code": exit_code, "signal": sig, "reason": reason, "ended_at": now}
         if state in (JobState.failed, JobState.lost) and job.attempt <= job.retries and not stopped:
             self._retry(job, jp, state, outcome)
-        else:
-            self.store.transition(job_id, [JobState.starting, JobState.running], state, **outcome)
+        elif self.store.transition(job_id, [JobState.starting, JobState.running], state, **outcome):
+            self._event(job_id)
         self.on_change()
 
     def _retry(
