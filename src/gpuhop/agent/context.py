@@ -64,7 +64,7 @@ class AgentContext:
         self.datasets = DatasetStore(paths.home / "datasets", self.blobs)
         self.envs = EnvStore(paths.home / "envs")
         self.notify_rule = HostRule(self.policy.notify_allowed_hosts)
-        self.notifier = Notifier(self.notify_rule)
+        self.notifier = Notifier(self.notify_rule, timeout=self.policy.notify_timeout_seconds)
         self.supervisor = Supervisor(
             paths,
             self.store,

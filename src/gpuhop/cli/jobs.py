@@ -280,13 +280,14 @@ def show(
         print_json(info.model_dump(mode="json"))
         return
     from rich.console import Console
+    from rich.markup import escape
 
     out = Console(highlight=False, emoji=False)
     rows = [
         ("id", info.id),
-        ("name", info.name or "-"),
+        ("name", escape(info.name or "-")),
         ("state", state_text(info.state)),
-        ("command", " ".join(info.command)),
+        ("command", escape(" ".join(info.command))),
         ("gpus", _gpus_text(info)),
         ("attempt", f"{info.attempt} of {info.retries + 1}"),
         ("created", ago(info.created_at)),

@@ -60,14 +60,14 @@ def job_table(infos: list[JobInfo], gpus: dict[int, GpuInfo]) -> Table:
     for i in infos:
         table.add_row(
             i.id,
-            i.name or "-",
+            Text(i.name or "-"),  # a sweep's run is NAME[lr=0.1]: not markup
             Text(i.state.value, style=STATE_STYLE[i.state]),
             gpus_column(i),
             gpu_use(i, gpus),
             ago(i.created_at),
             duration(i),
             format_metrics(i.latest_metrics) if i.latest_metrics else "-",
-            " ".join(i.command),
+            Text(" ".join(i.command)),
         )
     return table
 

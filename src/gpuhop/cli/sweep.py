@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from gpuhop.api import JobInfo, JobState
@@ -134,7 +135,7 @@ def _follow(client: Client, sweep_id: str) -> list[JobInfo]:
                     for run in runs:
                         if seen.get(run.id) != run.state:
                             seen[run.id] = run.state
-                            say(f"{run.name} ({run.id}) {run.state.value}")
+                            say(f"{escape(run.name or '-')} ({run.id}) {run.state.value}")
                 if all(r.state.finished for r in runs):
                     return runs
                 time.sleep(POLL_SECONDS)
@@ -152,9 +153,9 @@ def _live_table(runs: list[JobInfo]) -> Table:
         table.add_column(col, no_wrap=col != "METRICS")
     for r in runs:
         style = STATE_STYLE[r.state]
-        state = r.state.value if not r.waiting else f"{r.state.value} ({r.waiting})"
+        state = r.state.value if not r.waiting else f"{r.state.value} ({escape(r.waiting)})"
         table.add_row(
-            r.name or "-",
+            escape(r.name or "-"),
             r.id,
             f"[{style}]{state}[/]",
             duration(r),
@@ -196,7 +197,7 @@ def show(
         ("RUN", "JOB", "STATE", "DURATION", *(n.upper() for n in names)),
         [
             (
-                r.name or "-",
+                escape(r.name or "-"),
                 r.id,
                 r.state.value,
                 duration(r),

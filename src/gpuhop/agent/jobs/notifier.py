@@ -220,9 +220,12 @@ class Notifier:
         return None
 
     def close(self) -> None:
+        """Stop the senders; one stuck on a webhook that never answers is left (a daemon
+        thread): the agent's shutdown never waits for a webhook."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         for t in self._threads:
-            t.join(timeout=self.timeout + 1)
-        self._http.close()
+            t.join(timeout=1.0)
+        if not any(t.is_alive() for t in self._threads):
+            self._http.close()

@@ -13,7 +13,8 @@ From `agent.toml` in the state dir, then from `python -m gpuhop.agent` options, 
     user_max_gpus = 4         # a user's jobs hold at most this many GPUs at once; more wait
     user_max_queued = 50      # a user may have this many jobs queued; more are refused (429)
     notify = ["https://hooks.slack.com/services/..."]   # every job's start and end go here
-    notify_allowed_hosts = ["hooks.slack.com", "ci.example.com:8443"]  # see services/notify
+    notify_allowed_hosts = ["hooks.slack.com", "ci.example.com:8443"]  # see jobs/notifier
+    notify_timeout_seconds = 10   # a webhook that has not answered by then is tried again
 
 Per-user limits bind users who are not admins. No limit is set by default.
 
@@ -58,6 +59,7 @@ class Policy:
     user_max_queued: int | None = None
     notify: tuple[str, ...] = ()
     notify_allowed_hosts: tuple[str, ...] = ()
+    notify_timeout_seconds: float = 10.0
 
     @property
     def grace_seconds(self) -> float:
