@@ -188,7 +188,6 @@ def submit(
     """Queue a job. `prepare` puts more files in the new job's dir before it is queued
     (a model server's SavedModel); if it raises, the job is not created."""
     admission.check_priority(req, caller)
-    fairuse.check(rt, req, caller)
     try:
         rt.backend.check_submit(req)
     except Refused as e:
@@ -202,6 +201,7 @@ def submit(
             ErrorCode.unsatisfiable,
             f"the job asks for {req.gpus} GPU{'s' if req.gpus != 1 else ''}; this host has {total}",
         )
+    fairuse.check(rt, req, caller)
     if req.tree is not None and (
         not rt.trees.has(req.tree)
         # Another user's tree is "not on the agent" to this one: knowing its digest is not
