@@ -109,6 +109,7 @@ function drawSpec() {
       fact("Workers", job.workers > 1 ? String(job.workers) : "1"),
       fact("Attempt", `${job.attempt} of ${job.retries + 1}`),
       fact("Priority", String(job.priority)),
+      fact("Sweep", job.sweep ? h("a", { href: `/ui/sweeps/${encodeURIComponent(job.sweep)}` }, job.sweep) : null),
       fact("Data", job.data && job.data.length ? job.data.join(", ") : null),
       fact("Python env", job.python_env),
       fact("Python", job.python),
