@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuhop.agent.jobs.notifier import HostRule, Notifier
 from gpuhop.api import JobState
 from gpuhop.client import GpuhopError
 from tests.conftest import Agent, wait_until
@@ -30,15 +31,18 @@ HANG_SECONDS = 120
 class Webhook:
     """A real HTTP server on loopback that records every POST: (path, JSON body)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fail_first: int = 0) -> None:
+        """`fail_first`: answer the first this many POSTs with a 503."""
         self.received: list[tuple[str, dict]] = []
         received = self.received
+        failures = [fail_first]
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 received.append((self.path, json.loads(body)))
-                self.send_response(204)
+                self.send_response(503 if failures[0] > 0 else 204)
+                failures[0] -= 1
                 self.end_headers()
 
             def log_message(self, *args: object) -> None:
@@ -190,3 +194,62 @@ def test_notifications_to_hosts_an_admin_did_not_allow_are_refused(
         with pytest.raises(GpuhopError) as scheme:
             client.submit(["main.py"], workdir=root, notify=["file:///etc/passwd"])
         assert "only http:// and https:// URLs are allowed" in scheme.value.message
+
+
+def test_notify_desktop_tells_this_machine_when_a_waited_for_job_ends(
+    shared_agent, project, tmp_path
+):
+    root = project({"main.py": "print('done')\n"})
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    shown = tmp_path / "shown.txt"
+    notify_send = bin_dir / "notify-send"
+    notify_send.write_text(f'#!/bin/sh\nprintf "%s|" "$@" > {shown}\n')
+    notify_send.chmod(0o755)
+    env = {**shared_agent.env, "PATH": f"{bin_dir}:{shared_agent.env['PATH']}"}
+
+    ran = shared_agent.cli("run", "--notify", "desktop", "main.py", cwd=root, env=env)
+
+    assert ran.returncode == 0, ran.stderr
+    args = shown.read_text().split("|")
+    assert args[0] == "--app-name=gpuhop"
+    assert args[1].startswith("gpuhop: job ") and args[1].endswith(" succeeded")
+    # Without notify-send: a terminal bell and a line.
+    (tmp_path / "empty").mkdir()
+    bare = {**shared_agent.env, "PATH": str(tmp_path / "empty")}
+    ran = shared_agent.cli("run", "--notify", "desktop", "main.py", cwd=root, env=bare)
+    assert ran.returncode == 0, ran.stderr
+    assert "\agpuhop: job " in ran.stderr and " succeeded\n" in ran.stderr
+    detached = shared_agent.cli("run", "--notify", "desktop", "-d", "main.py", cwd=root)
+    assert detached.returncode == 2 and "needs a run that waits" in detached.stderr
+
+
+def test_a_failing_webhook_is_tried_again_and_a_jobs_end_never_overtakes_its_start():
+    hook = Webhook(fail_first=2)
+    notifier = Notifier(HostRule(["127.0.0.1"]), first_delay=0.01)
+    try:
+        assert notifier.send(f"{hook.url}/x", {"event": "started"}, key="job1")
+        assert notifier.send(f"{hook.url}/x", {"event": "succeeded"}, key="job1")
+        wait_until(lambda: len(hook.received) == 4)
+        # Four senders, yet the end waits for its start, refused twice, to be taken.
+        assert [body["event"] for _, body in hook.received] == [
+            "started",
+            "started",
+            "started",
+            "succeeded",
+        ]
+    finally:
+        notifier.close()
+        hook.close()
+
+
+def test_the_queue_of_notifications_is_bounded():
+    silent = Silent()
+    notifier = Notifier(HostRule(["127.0.0.1"]), senders=1, max_pending=2, timeout=0.2)
+    try:
+        assert notifier.send(silent.url, {"n": 1}) and notifier.send(silent.url, {"n": 2})
+        assert not notifier.send(silent.url, {"n": 3})  # dropped, not held without bound
+        assert notifier.dropped == 1
+    finally:
+        notifier.close()
+        silent.close()

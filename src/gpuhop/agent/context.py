@@ -108,7 +108,7 @@ class AgentContext:
             return
         metrics = latest_metrics(self.supervisor.job_paths(job_id).metrics)
         for url in urls:
-            self.notifier.send(url, payload(job, url, metrics))
+            self.notifier.send(url, payload(job, url, metrics), key=job.id)
 
     def limits(self) -> Limits:
         admins = frozenset({owner_login(), *(t.user for t in self.tokens.list() if t.admin)})

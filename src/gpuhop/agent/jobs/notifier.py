@@ -21,6 +21,7 @@ import logging
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -132,6 +133,8 @@ class _Delivery:
     seq: int
     url: str = field(compare=False)
     body: dict[str, Any] = field(compare=False)
+    # Deliveries of one key (a job, to one URL) go one after another, in order.
+    key: tuple[str, str] = field(compare=False, default=("", ""))
     tries: int = field(default=0, compare=False)
 
 
@@ -155,30 +158,48 @@ class Notifier:
         self.first_delay = first_delay
         self.dropped = 0
         self._heap: list[_Delivery] = []
-        self._pending = 0  # waiting in the heap or being sent
+        self._pending = 0  # waiting in the heap or behind another, or being sent
+        # A key with a delivery in the heap or being sent -> those queued behind it.
+        self._behind: dict[tuple[str, str], deque[_Delivery]] = {}
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._closed = False
-        self._http = httpx.Client(timeout=timeout, follow_redirects=False, trust_env=False)
+        self._senders = senders
+        self._http: httpx.Client | None = None
+        self._threads: list[threading.Thread] = []
+
+    def _start(self) -> None:
+        """The senders and their HTTP client, made at the first notification (most agents
+        notify nobody). Called with the lock held."""
+        self._http = httpx.Client(timeout=self.timeout, follow_redirects=False, trust_env=False)
         self._threads = [
             threading.Thread(target=self._run, name=f"notify-{i}", daemon=True)
-            for i in range(senders)
+            for i in range(self._senders)
         ]
         for t in self._threads:
             t.start()
 
-    def send(self, url: str, body: dict[str, Any]) -> bool:
-        """Queue one notification; False (and logged) if too many are waiting."""
+    def send(self, url: str, body: dict[str, Any], key: str = "") -> bool:
+        """Queue one notification; False (and logged) if too many are waiting. Those of
+        one `key` (a job's) to one URL arrive in the order sent: a job's end never
+        overtakes its start, even while the start is being retried."""
         with self._cond:
             if self._closed:
                 return False
+            if not self._threads:
+                self._start()
             if self._pending >= self.max_pending:
                 self.dropped += 1
                 log.warning("notification to %s dropped: %d already waiting", url, self._pending)
                 return False
             self._pending += 1
-            heapq.heappush(self._heap, _Delivery(time.monotonic(), next(self._seq), url, body))
-            self._cond.notify()
+            item = _Delivery(time.monotonic(), next(self._seq), url, body, (url, key))
+            if item.key in self._behind:
+                self._behind[item.key].append(item)
+            else:
+                self._behind[item.key] = deque()
+                heapq.heappush(self._heap, item)
+                self._cond.notify()
         return True
 
     def _run(self) -> None:
@@ -202,8 +223,20 @@ class Notifier:
                     self._cond.notify()
                     continue
                 self._pending -= 1
+                self._next_of(item.key)
             if error is not None:
                 log.warning("notification to %s failed %d times: %s", item.url, item.tries, error)
+
+    def _next_of(self, key: tuple[str, str]) -> None:
+        """A delivery of `key` is done (taken or given up): the next of that key may go."""
+        behind = self._behind.get(key)
+        if not behind:
+            self._behind.pop(key, None)
+            return
+        nxt = behind.popleft()
+        nxt.due = time.monotonic()
+        heapq.heappush(self._heap, nxt)
+        self._cond.notify()
 
     def _deliver(self, item: _Delivery) -> str | None:
         """POST one notification; None when the webhook took it, else why not."""
@@ -211,6 +244,7 @@ class Notifier:
         if refused is not None:
             item.tries = self.tries  # not worth retrying
             return refused
+        assert self._http is not None
         try:
             response = self._http.post(item.url, json=item.body)
         except httpx.HTTPError as e:
@@ -227,5 +261,5 @@ class Notifier:
             self._cond.notify_all()
         for t in self._threads:
             t.join(timeout=1.0)
-        if not any(t.is_alive() for t in self._threads):
+        if self._http is not None and not any(t.is_alive() for t in self._threads):
             self._http.close()
