@@ -34,7 +34,7 @@ def record(**more: object) -> JobRecord:
 
 
 def test_a_slack_incoming_webhook_gets_only_a_text():
-    body = payload(record(), "https://hooks.slack.com/services/T0/B0/x", {"loss": 0.5})
+    body = payload(record(), "failed", "https://hooks.slack.com/services/T0/B0/x", {"loss": 0.5})
 
     assert body == {
         "text": "gpuhop: job abcd1234 (grid[lr=0.1]) of alice failed: exited with code 3"
@@ -43,7 +43,7 @@ def test_a_slack_incoming_webhook_gets_only_a_text():
 
 
 def test_another_webhook_gets_the_jobs_facts_as_json():
-    body = payload(record(), "https://ci.example.com/hook", {"loss": 0.5, "epoch": 2})
+    body = payload(record(), "failed", "https://ci.example.com/hook", {"loss": 0.5, "epoch": 2})
 
     job = body["job"]
     assert body["event"] == "failed" and body["text"].startswith("gpuhop: job abcd1234")
@@ -57,8 +57,9 @@ def test_another_webhook_gets_the_jobs_facts_as_json():
     assert job["end_class"] is None  # an agent without failure classes
 
 
-def test_a_running_job_is_reported_as_started():
-    assert payload(record(state=JobState.running), "http://x.example/", None)["event"] == "started"
+def test_a_start_says_started_and_no_reason_even_if_the_job_has_ended_since():
+    body = payload(record(state=JobState.succeeded), "started", "http://x.example/", None)
+    assert body["event"] == "started" and "exited" not in body["text"]
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,7 @@ class AgentContext:
         if loop is not None and event is not None and not loop.is_closed():
             loop.call_soon_threadsafe(event.set)
 
-    def notify(self, job_id: str) -> None:
+    def notify(self, job_id: str, event: str) -> None:
         """Queue the notifications of a job's start or end (its own webhooks, the agent's)."""
         job = self.store.get(job_id)
         urls = dict.fromkeys([*job.notify, *self.policy.notify])
@@ -108,7 +108,7 @@ class AgentContext:
             return
         metrics = latest_metrics(self.supervisor.job_paths(job_id).metrics)
         for url in urls:
-            self.notifier.send(url, payload(job, url, metrics), key=job.id)
+            self.notifier.send(url, payload(job, event, url, metrics), key=job.id)
 
     def limits(self) -> Limits:
         admins = frozenset({owner_login(), *(t.user for t in self.tokens.list() if t.admin)})

@@ -91,15 +91,17 @@ class HostRule:
         return None
 
 
-def payload(job: JobRecord, url: str, metrics: Mapping[str, object] | None) -> dict[str, Any]:
-    """What a webhook is sent: the job's facts and a one-line `text`; Slack gets the text."""
-    event = "started" if not job.state.finished else job.state.value
+def payload(
+    job: JobRecord, event: str, url: str, metrics: Mapping[str, object] | None
+) -> dict[str, Any]:
+    """What a webhook is sent of `event` ("started", or the state a job ended in): the
+    job's facts as they are now, and a one-line `text`; Slack gets only the text."""
     duration = None
     if job.started_at is not None:
         duration = round((job.ended_at or time.time()) - job.started_at, 3)
     name = f" ({job.name})" if job.name else ""
     text = f"gpuhop: job {job.id}{name} of {job.owner or 'the owner'} {event}"
-    if job.state.finished and job.reason:
+    if event != "started" and job.reason:
         text += f": {job.reason}"
     if metrics:
         shown = {k: v for k, v in metrics.items() if isinstance(v, int | float)}

@@ -54,12 +54,12 @@ class Supervisor:
         on_change: Callable[[], None],
         backend: Backend,
         team: Callable[[], bool] = lambda: False,
-        on_event: Callable[[str], None] = lambda job_id: None,
+        on_event: Callable[[str, str], None] = lambda job_id, event: None,
     ):
         """`team`: whether the agent serves more than its owner now (a TLS listener, or
         tokens of more than one user); such an agent starts no job without a sandbox.
-        `on_event(job_id)`: a job started, or ended for good (its notifications); it must
-        not block."""
+        `on_event(job_id, event)`: a job "started", or ended for good (the event is its
+        final state); for its notifications, and it must not block."""
         self.on_event = on_event
         self.paths = paths
         self.team = team
@@ -105,13 +105,14 @@ class Supervisor:
         )
         if self.store.get(job_id).cancel_requested:
             self.backend.interrupt(started)
+        # Before the watch: a job that ends at once must not tell of its end first.
+        self._event(job_id, "started")
         self._watch(job_id, jp, started)
-        self._event(job_id)
         self.on_change()
 
-    def _event(self, job_id: str) -> None:
+    def _event(self, job_id: str, event: str) -> None:
         try:
-            self.on_event(job_id)
+            self.on_event(job_id, event)
         except Exception:  # a notification's trouble never touches the job
             log.exception("notifying about job %s failed", job_id)
 
@@ -129,7 +130,7 @@ class Supervisor:
                 job_id, [JobState.starting], JobState.failed, reason=reason, ended_at=time.time()
             ),
         )
-        self._event(job_id)
+        self._event(job_id, JobState.failed.value)
         self.on_change()
 
     def _until_recorded(self, what: str, record: Callable[[], object]) -> None:
@@ -231,7 +232,7 @@ class Supervisor:
         if state in (JobState.failed, JobState.lost) and job.attempt <= job.retries and not stopped:
             self._retry(job, jp, state, outcome)
         elif self.store.transition(job_id, [JobState.starting, JobState.running], state, **outcome):
-            self._event(job_id)
+            self._event(job_id, state.value)
         self.on_change()
 
     def _retry(
