@@ -90,7 +90,7 @@ def sweep(
     Then: gpuhop sweep show NAME --metric val_loss
     """
     if command[0] == "show":
-        _dispatch_show(command[1:])
+        _dispatch_show([*command[1:], *(["--on", on] if on else [])])
         return
     try:
         params = dict(parse_param(p) for p in param)
