@@ -81,6 +81,9 @@ def test_a_user_over_the_gpu_limit_waits_and_over_the_queue_limit_is_refused(
             assert "alice already has 2 job(s) queued" in refused.json()["message"]
             assert "user_max_queued" in refused.json()["message"]
             assert submit(bob).status_code == 201  # bob's queue is his own
+            # A job that alone asks for more than the limit could never start: refused.
+            greedy = submit(bob, gpus=2)
+            assert greedy.status_code == 400 and "at most 1 at once" in greedy.json()["message"]
         # `gpuhop show` tells alice why her job waits.
         remote(tokens["alice"]).close()  # writes the remote 'team' for the CLI
         env = {**os.environ, "GPUHOP_REMOTE": "team", "GPUHOP_TOKEN": tokens["alice"]}

@@ -2,8 +2,9 @@
 queued jobs (`user_max_queued`), the webhooks it names (`notify`), and whether the GPUs it
 asks for exist here of one model (`mixed_gpus`).
 
-A user's GPUs held at once (`user_max_gpus`) is not checked here: a job over it is queued
-and waits (the scheduler's `Limits`), and `show` says why.
+A user's GPUs held at once (`user_max_gpus`) is checked here only for a job that asks for
+more than it by itself; a job over it with the user's other jobs is queued and waits (the
+scheduler's `Limits`), and `show` says why.
 """
 
 from __future__ import annotations
@@ -28,6 +29,14 @@ def check(rt: AgentContext, req: SubmitRequest, caller: Caller) -> None:
                 f" {cap} per user (user_max_queued): submit more once some have started",
                 {"queued": queued, "limit": cap},
             )
+    gpu_cap = rt.policy.user_max_gpus
+    if gpu_cap is not None and not caller.admin and req.gpus > gpu_cap:
+        raise ApiError(
+            400,
+            ErrorCode.unsatisfiable,
+            f"the job asks for {req.gpus} GPUs; this agent lets a user hold at most {gpu_cap}"
+            " at once (user_max_gpus), so it could never start",
+        )
     for url in req.notify or []:
         refused = rt.notify_rule.refusal(url, resolve=False)
         if refused is not None:
