@@ -113,7 +113,7 @@ def webhook() -> Iterator[Webhook]:
     hook.close()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def notify_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
     """An agent whose admin allows notifications to 127.0.0.1 (the test's servers)."""
     root = Path(tmp_path_factory.mktemp("notify-agent"))
