@@ -13,10 +13,12 @@ from gpuhop.cli import (
     gpus,
     jobs,
     ps,
+    pull,
     queue,
     remote,
     serve,
     show,
+    sweep,
     tensorboard,
     tfserver,
     ui,
@@ -39,6 +41,8 @@ app = typer.Typer(
 jobs.register(app)
 show.register(app)
 queue.register(app)
+pull.register(app)
+sweep.register(app)
 ps.register(app)
 forward.register(app)
 tensorboard.register(app)

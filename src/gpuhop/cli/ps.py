@@ -71,7 +71,7 @@ def job_table(infos: list[JobInfo], gpus: dict[int, GpuInfo]) -> Table:
     for i in infos:
         table.add_row(
             i.id,
-            i.name or "-",
+            Text(i.name or "-"),  # a sweep's run is NAME[lr=0.1]: not markup
             Text(i.state.value, style=STATE_STYLE[i.state]),
             str(i.priority),
             gpus_column(i),
@@ -79,7 +79,7 @@ def job_table(infos: list[JobInfo], gpus: dict[int, GpuInfo]) -> Table:
             ago(i.created_at),
             duration(i),
             format_metrics(i.latest_metrics) if i.latest_metrics else "-",
-            " ".join(i.command),
+            Text(" ".join(i.command)),
         )
     return table
 

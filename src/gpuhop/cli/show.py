@@ -23,13 +23,14 @@ def show(
         print_json(info.model_dump(mode="json"))
         return
     from rich.console import Console
+    from rich.markup import escape
 
     out = Console(highlight=False, emoji=False)
     rows = [
         ("id", info.id),
-        ("name", info.name or "-"),
+        ("name", escape(info.name or "-")),
         ("state", state_text(info.state)),
-        ("command", " ".join(info.command)),
+        ("command", escape(" ".join(info.command))),
         ("gpus", _gpus_text(info)),
         ("attempt", f"{info.attempt} of {info.retries + 1}"),
         ("created", ago(info.created_at)),
@@ -39,6 +40,11 @@ def show(
         ("log", human_bytes(info.log_size)),
         ("metrics", format_metrics(info.latest_metrics)),
     ]
+    if info.waiting:
+        rows.insert(3, ("waiting", info.waiting))
+    if info.sweep:
+        limit = f" (at most {info.max_parallel} at once)" if info.max_parallel else ""
+        rows.insert(2, ("sweep", f"{info.sweep}{limit}"))
     if info.data:
         rows.insert(4, ("data", " ".join(info.data)))
     if info.python_env or info.python:

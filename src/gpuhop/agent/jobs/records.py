@@ -54,6 +54,10 @@ class JobRecord:
     after_any: bool = False
     timeout: float | None = None
     retry_on: str = "infra"
+    sweep: str | None = None
+    max_parallel: int | None = None
+    mixed_gpus: bool = False
+    notify: list[str] = field(default_factory=list)
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> JobRecord:
@@ -87,6 +91,10 @@ class JobRecord:
             after_any=bool(row["after_any"]),
             timeout=row["timeout"],
             retry_on=row["retry_on"],
+            sweep=row["sweep"],
+            max_parallel=row["max_parallel"],
+            mixed_gpus=bool(row["mixed_gpus"]),
+            notify=json.loads(row["notify"]),
         )
 
 

@@ -31,7 +31,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     after_ids     TEXT NOT NULL DEFAULT '[]',
     after_any     INTEGER NOT NULL DEFAULT 0,
     timeout       REAL,
-    retry_on      TEXT NOT NULL DEFAULT 'infra'
+    retry_on      TEXT NOT NULL DEFAULT 'infra',
+    sweep         TEXT,
+    max_parallel  INTEGER,
+    mixed_gpus    INTEGER NOT NULL DEFAULT 0,
+    notify        TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
@@ -68,6 +72,13 @@ ADDED_COLUMNS = {
     "after_any": "INTEGER NOT NULL DEFAULT 0",
     "timeout": "REAL",
     "retry_on": "TEXT NOT NULL DEFAULT 'infra'",
+    # The sweep (or array) a job is a run of, and how many of its runs may run at once.
+    "sweep": "TEXT",
+    "max_parallel": "INTEGER",
+    # 1: several whole GPUs may be of different models.
+    "mixed_gpus": "INTEGER NOT NULL DEFAULT 0",
+    # The webhooks told of the job's start and end (a JSON list).
+    "notify": "TEXT NOT NULL DEFAULT '[]'",
 }
 # The same for the attempts table.
 ADDED_ATTEMPT_COLUMNS = {"end_class": "TEXT"}

@@ -98,6 +98,10 @@ class JobStore:
         after_any: bool = False,
         timeout: float | None = None,
         retry_on: str = "infra",
+        sweep: str | None = None,
+        max_parallel: int | None = None,
+        mixed_gpus: bool = False,
+        notify: Sequence[str] = (),
     ) -> JobRecord:
         """Insert a queued job. With `job_id`, that id is used (and must be new)."""
         now = time.time() if now is None else now
@@ -109,8 +113,9 @@ class JobStore:
                     self._db.execute(
                         "INSERT INTO jobs (id, name, state, command, env, gpus, priority,"
                         " created_at, retries, workers, worker_timeout, gpu_memory_mb, owner,"
-                        " private_network, after_ids, after_any, timeout, retry_on)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        " private_network, after_ids, after_any, timeout, retry_on,"
+                        " sweep, max_parallel, mixed_gpus, notify)"
+                        f" VALUES ({', '.join('?' * 22)})",
                         (
                             job_id,
                             name,
@@ -130,6 +135,10 @@ class JobStore:
                             int(after_any),
                             timeout,
                             retry_on,
+                            sweep,
+                            max_parallel,
+                            int(mixed_gpus),
+                            json.dumps(list(notify)),
                         ),
                     )
                     break
@@ -178,10 +187,14 @@ class JobStore:
         states: Iterable[JobState] | None = None,
         limit: int = 1000,
         owner: str | None = None,
+        sweep: str | None = None,
     ) -> list[JobRecord]:
-        """The newest jobs first; with `owner`, only that user's."""
+        """The newest jobs first; with `owner`, only that user's; with `sweep`, only its runs."""
         where: list[str] = []
         params: list[Any] = []
+        if sweep is not None:
+            where.append("sweep = ?")
+            params.append(sweep)
         if states is not None:
             values = [s.value for s in states]
             where.append(f"state IN ({','.join('?' * len(values))})")
@@ -222,6 +235,25 @@ class JobStore:
         )
         return {r[0]: r[1] for r in rows}
 
+    def newest_sweep(self, prefix: str, owner: str | None = None) -> str | None:
+        """The newest sweep whose id is `prefix` or starts with `prefix-` (a sweep's name)."""
+        mine, mine_params = _owned(owner)
+        rows = self._query(
+            "SELECT sweep FROM jobs WHERE (sweep = ? OR substr(sweep, 1, ?) = ?)"
+            f"{mine} ORDER BY sweep = ? DESC, created_at DESC LIMIT 1",
+            (prefix, len(prefix) + 1, f"{prefix}-", *mine_params, prefix),
+        )
+        return rows[0]["sweep"] if rows else None
+
+    def queued_of(self, owner: str | None) -> int:
+        """How many of `owner`'s jobs are queued."""
+        return int(
+            self._query(
+                "SELECT count(*) FROM jobs WHERE state = ? AND owner IS ?",
+                (JobState.queued.value, owner),
+            )[0][0]
+        )
+
     def count(self, state: JobState) -> int:
         return int(self._query("SELECT count(*) FROM jobs WHERE state = ?", (state.value,))[0][0])
 
@@ -252,9 +284,8 @@ class JobStore:
     def holdings(self) -> Sequence[Holding]:
         """What the starting and running jobs hold: their GPUs and, for shares, how much."""
         return [
-            Holding(job.id, tuple(job.gpu_ids), job.gpu_memory_mb)
+            Holding(job.id, tuple(job.gpu_ids), job.gpu_memory_mb, job.owner, job.sweep)
             for job in reversed(self.list(ACTIVE_STATES))  # oldest first
-            if job.gpu_ids
         ]
 
     def transition(

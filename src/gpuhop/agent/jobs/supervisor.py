@@ -55,9 +55,13 @@ class Supervisor:
         on_change: Callable[[], None],
         backend: Backend,
         team: Callable[[], bool] = lambda: False,
+        on_event: Callable[[str, str], None] = lambda job_id, event: None,
     ):
         """`team`: whether the agent serves more than its owner now (a TLS listener, or
-        tokens of more than one user); such an agent starts no job without a sandbox."""
+        tokens of more than one user); such an agent starts no job without a sandbox.
+        `on_event(job_id, event)`: a job "started", or ended for good (the event is its
+        final state); for its notifications, and it must not block."""
+        self.on_event = on_event
         self.paths = paths
         self.team = team
         # Where the jobs' processes run (gpuhop.backends): this host, or a cluster.
@@ -102,8 +106,16 @@ class Supervisor:
         )
         if self.store.get(job_id).cancel_requested:
             self.backend.interrupt(started)
+        # Before the watch: a job that ends at once must not tell of its end first.
+        self._event(job_id, "started")
         self._watch(job_id, jp, started)
         self.on_change()
+
+    def _event(self, job_id: str, event: str) -> None:
+        try:
+            self.on_event(job_id, event)
+        except Exception:  # a notification's trouble never touches the job
+            log.exception("notifying about job %s failed", job_id)
 
     def _fail_start(self, job_id: str, jp: JobPaths, e: Exception) -> None:
         if isinstance(e, StartError | OSError):
@@ -124,6 +136,7 @@ class Supervisor:
                 end_class=EndClass.app_error.value,
             ),
         )
+        self._event(job_id, JobState.failed.value)
         self.on_change()
 
     def _until_recorded(self, what: str, record: Callable[[], object]) -> None:
@@ -246,8 +259,8 @@ class Supervisor:
             and stopped is None
         ):
             self._retry(job, jp, state, outcome)
-        else:
-            self.store.transition(job_id, [JobState.starting, JobState.running], state, **outcome)
+        elif self.store.transition(job_id, [JobState.starting, JobState.running], state, **outcome):
+            self._event(job_id, state.value)
         self.on_change()
 
     def _retry(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -10,14 +9,14 @@ import shutil
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
+from gpuhop.agent.jobs.metricstail import latest_metrics
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
-from gpuhop.agent.services import admission, deps, gc, queue
+from gpuhop.agent.services import admission, deps, fairuse, gc, queue
 from gpuhop.api import (
     AttemptInfo,
     EndClass,
@@ -32,33 +31,11 @@ from gpuhop.api import (
 from gpuhop.backends.base import Refused
 from gpuhop.home import JobPaths
 
-METRICS_TAIL_BYTES = 16 * 1024
-
 log = logging.getLogger("gpuhop.agent")
 
 
 def _dt(ts: float | None) -> datetime | None:
     return None if ts is None else datetime.fromtimestamp(ts, tz=UTC)
-
-
-def latest_metrics(path: Path) -> dict[str, object] | None:
-    """The last complete JSON line of a job's metrics file."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - METRICS_TAIL_BYTES))
-            tail = f.read()
-    except OSError:
-        return None
-    for line in reversed(tail.splitlines()):
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return None
 
 
 def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
@@ -113,6 +90,11 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         waiting_for=queue.waiting_for(rt, job),
         timeout=job.timeout,
         retry_on=RetryOn(job.retry_on),
+        waiting=rt.waiting.get(job.id) if job.state == JobState.queued else None,
+        sweep=job.sweep,
+        max_parallel=job.max_parallel,
+        mixed_gpus=job.mixed_gpus,
+        notify=job.notify,
         **deps.info_fields(jp),
     )
 
@@ -138,10 +120,21 @@ def find(rt: AgentContext, ref: str, caller: Caller) -> JobRecord:
 
 
 def list_jobs(
-    rt: AgentContext, caller: Caller, states: list[JobState] | None, limit: int
+    rt: AgentContext,
+    caller: Caller,
+    states: list[JobState] | None,
+    limit: int,
+    sweep: str | None = None,
 ) -> list[JobInfo]:
-    """The newest jobs `caller` may see."""
-    return [to_info(rt, j) for j in rt.store.list(states, limit, owner=caller.owner_filter)]
+    """The newest jobs `caller` may see; with `sweep` (a sweep's id, or its name for the
+    newest sweep of that name), that sweep's runs."""
+    owner = caller.owner_filter
+    if sweep is not None:
+        found = rt.store.newest_sweep(sweep, owner=owner)
+        if found is None:
+            raise not_found(f"no sweep matches {sweep!r}")
+        sweep = found
+    return [to_info(rt, j) for j in rt.store.list(states, limit, owner=owner, sweep=sweep)]
 
 
 def _check_command(rt: AgentContext, req: SubmitRequest) -> None:
@@ -218,6 +211,7 @@ def submit(
             ErrorCode.unsatisfiable,
             f"the job asks for {req.gpus} GPU{'s' if req.gpus != 1 else ''}; this host has {total}",
         )
+    fairuse.check(rt, req, caller)
     if req.tree is not None and (
         not rt.trees.has(req.tree)
         # Another user's tree is "not on the agent" to this one: knowing its digest is not
@@ -263,6 +257,10 @@ def submit(
             after_any=req.after_any,
             timeout=req.timeout,
             retry_on=req.retry_on.value,
+            sweep=req.sweep,
+            max_parallel=req.max_parallel,
+            mixed_gpus=bool(req.mixed_gpus),
+            notify=req.notify or [],
         )
     except BaseException:
         # A full disk (files or the job store), a bad source: no half job.

@@ -115,6 +115,7 @@ function drawSpec() {
       fact("Waits for", job.waiting_for && job.waiting_for.length ? job.waiting_for.join(", ") : null),
       fact("Time limit", job.timeout ? `${job.timeout} s` : null),
       fact("Class", job.end_class),
+      fact("Sweep", job.sweep ? h("a", { href: `/ui/sweeps/${encodeURIComponent(job.sweep)}` }, job.sweep) : null),
       fact("Data", job.data && job.data.length ? job.data.join(", ") : null),
       fact("Python env", job.python_env),
       fact("Python", job.python),

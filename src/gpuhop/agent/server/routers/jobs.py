@@ -28,8 +28,9 @@ def list_jobs(
     request: Request,
     state: list[JobState] | None = Query(default=None),
     limit: int = Query(default=200, ge=1, le=10_000),
+    sweep: str | None = Query(default=None, max_length=80),
 ) -> list[JobInfo]:
-    return service.list_jobs(ctx(request), caller_of(request), state, limit)
+    return service.list_jobs(ctx(request), caller_of(request), state, limit, sweep)
 
 
 @router.get("/{ref}")
