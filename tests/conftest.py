@@ -143,15 +143,29 @@ class Agent:
         )
 
     def kill_jobs(self) -> None:
-        """Kill what is left of every job this agent started (by process group)."""
+        """Kill what is left of every job this agent started (by process group, and by
+        its memory cgroup where it has one: that holds a job whose shim has not yet written
+        its pid), and remove those cgroups."""
+        import json
+
         jobs = self.paths.jobs
         if not jobs.is_dir():
             return
         for pidfile in jobs.glob("*/shim.pid"):
             with contextlib.suppress(OSError, ValueError, ProcessLookupError, PermissionError):
-                import json
-
                 os.killpg(int(json.loads(pidfile.read_text())["pid"]), signal.SIGKILL)
+        for made in jobs.glob("*/cgroup.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                cgroup = Path(json.loads(made.read_text())["path"])
+                deadline = time.monotonic() + 10
+                while (procs := (cgroup / "cgroup.procs").read_text().split()) and (
+                    time.monotonic() < deadline
+                ):
+                    for pid in procs:
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.kill(int(pid), signal.SIGKILL)
+                    time.sleep(0.02)
+                cgroup.rmdir()
 
     def shutdown(self) -> None:
         self.kill_jobs()

@@ -64,6 +64,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "gpuhop.agent.host": {"gpuhop.backends", "gpuhop.api"},
     "gpuhop.agent.jobs": {"gpuhop.agent.storage", "gpuhop.backends", "gpuhop.api", "gpuhop.home"},
     "gpuhop.agent.context": {
+        "gpuhop.agent.callers",  # the owner's login: exempt from per-user limits
         "gpuhop.agent.storage",
         "gpuhop.agent.jobs",
         "gpuhop.agent.host",

@@ -28,6 +28,7 @@ from gpuhop.api.models import (
     TreeStored,
     validate_relpath,
 )
+from gpuhop.api.queue import EndClass, RequeueRequest, RetryOn, format_seconds, parse_duration
 from gpuhop.api.serving import ServeRequest, ServingInfo
 from gpuhop.api.sizes import format_mb, parse_mb
 from gpuhop.api.tensorboard import TensorBoardInfo
@@ -41,6 +42,7 @@ __all__ = [
     "BlobCheckResult",
     "CheckStatus",
     "DoctorCheck",
+    "EndClass",
     "ErrorBody",
     "ErrorCode",
     "GpuInfo",
@@ -48,6 +50,8 @@ __all__ = [
     "JobState",
     "ListenerInfo",
     "ManifestEntry",
+    "RequeueRequest",
+    "RetryOn",
     "ServeRequest",
     "ServingInfo",
     "SubmitRequest",
@@ -60,7 +64,9 @@ __all__ = [
     "UiLoginCode",
     "fingerprint_of",
     "format_mb",
+    "format_seconds",
     "normalize_fingerprint",
+    "parse_duration",
     "parse_mb",
     "validate_relpath",
 ]

@@ -24,6 +24,8 @@ class ErrorCode(StrEnum):
     pruned = "pruned"
     unauthorized = "unauthorized"  # TCP listener: no token, or one that is wrong or revoked
     forbidden = "forbidden"  # a valid token that may not do this (admin-only routes)
+    # A per-user limit of a team agent (queued jobs): 429, try again when some have run.
+    too_many = "too_many"
     internal = "internal"
 
 

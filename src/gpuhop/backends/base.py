@@ -113,6 +113,8 @@ class Ending:
     ended_at: float | None = None
     detail: str | None = None  # the leader's own words for the end, which replace the agent's
     leader_returncode: int | None = None  # None: not the agent's child (adopted), or unknown
+    # The job's own cgroup counted an OOM kill (a leader that puts its job in one says so).
+    oom_killed: bool = False
 
     @classmethod
     def from_status(cls, status: dict[str, Any] | None, leader_returncode: int | None) -> Ending:
@@ -125,6 +127,7 @@ class Ending:
             ended_at=float(status["ended_at"]) if status.get("ended_at") else None,
             detail=status.get("detail") or None,
             leader_returncode=leader_returncode,
+            oom_killed=bool(status.get("oom_killed")),
         )
 
 

@@ -1,4 +1,5 @@
-"""Runs on the user's machine: `gpuhop run | ps | show | logs | cancel | pull`."""
+"""Runs on the user's machine: `gpuhop run | logs | cancel | pull` (`show` is in `show`,
+`ps` in `ps`, `requeue` in `queue`)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,16 @@ from gpuhop.cli.output import (
     say,
     state_text,
 )
-from gpuhop.cli.show import show
+from gpuhop.cli.pull import _pull
+from gpuhop.cli.queue import (
+    AfterAnyOption,
+    AfterOption,
+    PriorityOption,
+    RetryOnOption,
+    TimeoutOption,
+    queue_options,
+)
 from gpuhop.client import Client, GpuhopError, Job
-
-DEFAULT_PULL_DIR = Path("gpuhop-artifacts")
 
 
 def _job(client: Client, ref: str) -> Job:
@@ -79,24 +86,11 @@ def _summary(info: JobInfo) -> str:
     text = f"job {info.id} {state_text(info.state)}"
     if info.reason:
         text += f": {info.reason}"
+    if info.end_class is not None and info.end_class.value != info.state.value:
+        text += f" ({info.end_class.value})"  # why it failed, where the state does not say
     if info.latest_metrics:
         text += f"\n  last metrics: {format_metrics(info.latest_metrics)}"
     return text
-
-
-def _pull(job: Job, dest: Path, live: bool = False) -> None:
-    from gpuhop.cli.progress import transfer
-
-    try:
-        with transfer(f"pulling job {job.id}'s artifacts", live) as on_bytes:
-            files = job.pull(dest, on_bytes=on_bytes)
-    except GpuhopError as e:
-        fail(f"pulling the artifacts of job {job.id}: {e.message}")
-    size = sum(f.stat().st_size for f in files)
-    if files:
-        say(f"pulled {len(files)} artifact file(s), {human_bytes(size)}, into {dest}")
-    else:
-        say(f"job {job.id} wrote no artifacts (files under $GPUHOP_ARTIFACTS_DIR come back)")
 
 
 def run(
@@ -148,7 +142,8 @@ def run(
         "--retries",
         min=0,
         max=100,
-        help="Run a failed attempt again up to N times; $GPUHOP_CHECKPOINT_DIR is kept.",
+        help="Run a failed attempt again up to N times (see --retry-on);"
+        " $GPUHOP_CHECKPOINT_DIR is kept.",
     ),
     no_auto: bool = typer.Option(
         False,
@@ -156,6 +151,11 @@ def run(
         help="Leave Keras's fit as it is: no metrics callback (and, with --retries, no"
         " BackupAndRestore) added for you. Same as -e GPUHOP_AUTO=0.",
     ),
+    retry_on: str = RetryOnOption,
+    priority: int = PriorityOption,
+    after: list[str] | None = AfterOption,
+    after_any: bool = AfterAnyOption,
+    timeout: str | None = TimeoutOption,
     detach: bool = typer.Option(
         False, "--detach", "-d", help="Print the job id and return at once."
     ),
@@ -187,6 +187,19 @@ def run(
     python: str | None = typer.Option(
         None, "--python", metavar="PATH", help="Run with this interpreter on the host."
     ),
+    notify: list[str] = typer.Option(
+        [],
+        "--notify",
+        metavar="URL|desktop",
+        help="POST the job's start and end (JSON) to this webhook; a Slack incoming webhook"
+        " works as is (repeatable). 'desktop': a desktop notification here when it ends.",
+    ),
+    mixed_gpus: bool = typer.Option(
+        False,
+        "--mixed-gpus",
+        help="Several GPUs may be of different models (default: the job waits for GPUs of"
+        " one model and topology group).",
+    ),
     no_progress: bool = NoProgressOption,
     on: str | None = OnOption,
 ) -> None:
@@ -204,6 +217,10 @@ def run(
     if workers == 1 and gpus_per_worker:
         fail("--gpus-per-worker is for multi-worker jobs (--workers N); use --gpus")
     share_mb = _parse_share(gpu_memory, gpus)
+    queue = queue_options(priority, after, after_any, timeout, retry_on)
+    desktop = "desktop" in notify
+    if desktop and detach:
+        fail("--notify desktop tells this terminal when the job ends; it needs a run that waits")
     from gpuhop.cli.progress import transfer, wants_live
 
     client = client_for(on)
@@ -225,6 +242,9 @@ def run(
                 requirements=False if no_requirements else requirements,
                 python=python,
                 on_upload=on_upload,
+                **queue,
+                notify=[url for url in notify if url != "desktop"],
+                mixed_gpus=mixed_gpus,
             )
     except GpuhopError as e:
         fail(e.message)
@@ -247,6 +267,10 @@ def run(
     info = _follow(job, live=wants_live(no_progress))
     if not quiet:
         say(_summary(info))
+    if desktop:
+        from gpuhop.cli.notify import desktop_notify
+
+        desktop_notify(f"gpuhop: job {info.id} {info.state.value}", _summary(info))
     if pull is not None:
         _pull(job, pull, live=wants_live(quiet, sys.stderr))
     raise typer.Exit(exit_code_for(info))
@@ -319,28 +343,9 @@ def cancel(
         say(_summary(info))
 
 
-def pull(
-    job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
-    output: Path | None = typer.Option(
-        None,
-        "--output",
-        "-o",
-        metavar="DIR",
-        help="Where to put them (default: gpuhop-artifacts/JOB).",
-    ),
-    on: str | None = OnOption,
-) -> None:
-    """Download the files a job wrote to $GPUHOP_ARTIFACTS_DIR."""
-    with client_for(on) as client:
-        job = _job(client, job_ref)
-        from gpuhop.cli.progress import wants_live
-
-        _pull(job, output or DEFAULT_PULL_DIR / job.id, live=wants_live(False, sys.stderr))
-
-
 def register(app: typer.Typer) -> None:
     app.command(
         context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True}
     )(run)
-    for fn in (show, logs, cancel, pull):
+    for fn in (logs, cancel):
         app.command()(fn)

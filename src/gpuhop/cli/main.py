@@ -13,8 +13,12 @@ from gpuhop.cli import (
     gpus,
     jobs,
     ps,
+    pull,
+    queue,
     remote,
     serve,
+    show,
+    sweep,
     tensorboard,
     tfserver,
     ui,
@@ -35,6 +39,10 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 jobs.register(app)
+show.register(app)
+queue.register(app)
+pull.register(app)
+sweep.register(app)
 ps.register(app)
 forward.register(app)
 tensorboard.register(app)

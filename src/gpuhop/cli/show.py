@@ -1,4 +1,4 @@
-"""Runs on the user's machine: `gpuhop show`, one job in full."""
+"""Runs on the user's machine: `gpuhop show JOB`, one job in full."""
 
 from __future__ import annotations
 
@@ -8,16 +8,9 @@ import typer
 
 from gpuhop.api import JobInfo, format_mb
 from gpuhop.cli.connect import OnOption, client_for
-from gpuhop.cli.output import (
-    ago,
-    duration,
-    fail,
-    format_metrics,
-    human_bytes,
-    print_json,
-    state_text,
-)
-from gpuhop.client import GpuhopError
+from gpuhop.cli.jobs import _job
+from gpuhop.cli.output import ago, duration, format_metrics, human_bytes, print_json, state_text
+from gpuhop.cli.queue import queue_rows
 
 
 def show(
@@ -27,31 +20,35 @@ def show(
 ) -> None:
     """Show one job: its state, how it ended, GPUs, and latest metrics."""
     with client_for(on) as client:
-        try:
-            info = client.job(job_ref).info
-        except GpuhopError as e:
-            fail(e.message)
+        info = _job(client, job_ref).info
     if json_out:
         print_json(info.model_dump(mode="json"))
         return
     from rich.console import Console
+    from rich.markup import escape
 
     out = Console(highlight=False, emoji=False)
     rows = [
         ("id", info.id),
-        ("name", info.name or "-"),
+        ("name", escape(info.name or "-")),
         ("state", state_text(info.state)),
-        ("command", " ".join(info.command)),
+        ("command", escape(" ".join(info.command))),
         ("gpus", _gpus_text(info)),
         ("attempt", f"{info.attempt} of {info.retries + 1}"),
         ("created", ago(info.created_at)),
         ("duration", duration(info)),
         ("result", info.reason or "-"),
+        *queue_rows(info),
         ("log", human_bytes(info.log_size)),
         ("metrics", format_metrics(info.latest_metrics)),
     ]
     if info.memory_peak_mb is not None:
         rows.insert(5, ("memory", memory_text(info)))
+    if info.waiting:
+        rows.insert(3, ("waiting", info.waiting))
+    if info.sweep:
+        limit = f" (at most {info.max_parallel} at once)" if info.max_parallel else ""
+        rows.insert(2, ("sweep", f"{info.sweep}{limit}"))
     if info.data:
         rows.insert(4, ("data", " ".join(info.data)))
     if info.python_env or info.python:
@@ -101,3 +98,7 @@ def _gpus_text(info: JobInfo) -> str:
     if info.gpu_ids:
         return ",".join(map(str, info.gpu_ids))
     return f"{info.gpus} requested" if info.gpus else "none (CPU)"
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(show)

@@ -68,6 +68,15 @@ class Job:
         self.info = JobInfo.model_validate(response.json())
         return self.info
 
+    def requeue(self, priority: int) -> JobInfo:
+        """Give the queued job a new priority (higher starts first; above the default is
+        an admin's call on a team agent)."""
+        response = self.session.request(
+            "POST", f"/v1/jobs/{self.id}/requeue", json={"priority": priority}
+        )
+        self.info = JobInfo.model_validate(response.json())
+        return self.info
+
     def forward(
         self,
         remote_port: int,

@@ -11,6 +11,7 @@ attempt's end to the job's status file, so a restarted agent still learns how it
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -22,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.api import SubmitRequest
-from gpuhop.backends.base import QUIET_TF, SCRUBBED_ENV, GpuHost, JobAttempt
+from gpuhop.backends.base import QUIET_TF, SCRUBBED_ENV, Ending, GpuHost, JobAttempt, Started
 from gpuhop.backends.jobdeps import python as job_python
 from gpuhop.backends.leader import LeaderBackend, read_json
+from gpuhop.backends.local import cgroups
 from gpuhop.backends.local.commands import resolve_command
 from gpuhop.backends.local.sandbox import HOW_TO_ALLOW
 from gpuhop.backends.procs import alive
@@ -146,7 +148,7 @@ class LocalBackend(LeaderBackend):
     def check_submit(self, req: SubmitRequest) -> None:
         """Every kind of job runs here."""
 
-    def _end_the_namespace(self, jp: JobPaths) -> None:
+    def end_the_rest(self, jp: JobPaths) -> None:
         """A sandboxed job's processes (`setsid` ones too) all live in its PID namespace,
         which ends with its first process, the shim's child: the kernel kills the rest and
         that process is gone only once they all are. So kill it and wait until it is gone.
@@ -178,7 +180,22 @@ class LocalBackend(LeaderBackend):
         if job.private_network or job.workers > 1:
             gang += ["--relay", str(jp.relay)]
         shim = [self.python, "-I", "-S", SHIM, str(jp.status), str(jp.shim_pid)]
-        return [*shim, *gang, "--", *argv], env
+        leader = [*shim, *gang, "--", *argv]
+        cgroup = cgroups.make(jp, f"{job.id}-{job.attempt}")
+        return (leader if cgroup is None else cgroups.wrap(cgroup, leader)), env
+
+    def start(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
+        try:
+            return super().start(job, jp, deps)
+        except BaseException:
+            cgroups.oom_kills(jp)  # removes the attempt's cgroup, if it was made
+            raise
+
+    def _ending(self, jp: JobPaths, started: Started | None, returncode: int | None) -> Ending:
+        end = super()._ending(jp, started, returncode)
+        _remove_tree(jp.tmp)  # the job's /tmp: nothing of the job is left to use it
+        # Read once the job's processes are all gone (the sweep above waits for them).
+        return dataclasses.replace(end, oom_killed=True) if cgroups.oom_kills(jp) else end
 
     def _gpu_total_mb(self, job: JobAttempt) -> int | None:
         """The memory of a share job's GPU (None for other jobs, or if unknown)."""
@@ -188,10 +205,6 @@ class LocalBackend(LeaderBackend):
 
     def _sandboxed(self, deps: dict[str, Any]) -> bool:
         return self.isolation() is None or bool(deps.get("data"))
-
-    def end_the_rest(self, jp: JobPaths) -> None:
-        self._end_the_namespace(jp)
-        _remove_tree(jp.tmp)
 
     def _write_gang(self, job: JobAttempt, jp: JobPaths, env: dict[str, str]) -> list[str]:
         """Describe a multi-worker job's workers for the shim; return the shim's arguments.
