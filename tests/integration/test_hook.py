@@ -113,7 +113,12 @@ def run_python(
     code: str, *paths: Path | str, cwd: Path, **env: str
 ) -> subprocess.CompletedProcess[str]:
     """`python -c CODE` with a job's environment: the hook's dir first on PYTHONPATH."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("GPUHOP_", "PYTHON"))}
+    # Without the quiet start (TF_CPP_MIN_LOG_LEVEL), unless a test asks for it.
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GPUHOP_", "PYTHON", "TF_CPP_MIN_LOG_LEVEL"))
+    }
     pythonpath = os.pathsep.join([hook.STARTUP_DIR, *map(str, paths), str(REPO / "src")])
     return subprocess.run(
         [sys.executable, "-c", code],
