@@ -242,3 +242,4 @@ def test_show_gives_a_share_jobs_peak_memory_and_the_share_it_needs(make_agent, 
     # The memory-only record at exit does not hide the last epoch's metrics.
     assert "metrics  epoch=1 loss=0.5" in shown
     assert json.loads(agent.cli("show", "--json", "mem").stdout)["memory_peak_mb"] == 5222.4
+    assert "0 (6 GiB, peak 5.1 GiB)" in agent.cli("ps").stdout

@@ -44,9 +44,15 @@ COLUMNS = (
 
 def gpus_column(info: JobInfo) -> str:
     ids = ",".join(map(str, info.gpu_ids))
+    # The framework's own peak of device memory, where the job reported one.
+    peak = "" if info.memory_peak_mb is None else f"peak {format_mb(info.memory_peak_mb)}"
     if info.gpu_memory_mb is not None:
         share = format_mb(info.gpu_memory_mb)
-        return f"{ids} ({share})" if ids else f"{share} share"
+        if not ids:
+            return f"{share} share"
+        return f"{ids} ({share}, {peak})" if peak else f"{ids} ({share})"
+    if ids and peak:
+        return f"{ids} ({peak})"
     return ids or (str(info.gpus) if info.gpus else "-")
 
 
