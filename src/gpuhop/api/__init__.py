@@ -26,6 +26,7 @@ from gpuhop.api.models import (
     SubmitRequest,
     Tree,
     TreeStored,
+    WorkdirEntry,
     validate_relpath,
 )
 from gpuhop.api.serving import ServeRequest, ServingInfo
@@ -58,6 +59,7 @@ __all__ = [
     "Tree",
     "TreeStored",
     "UiLoginCode",
+    "WorkdirEntry",
     "fingerprint_of",
     "format_mb",
     "normalize_fingerprint",

@@ -316,3 +316,11 @@ class ArtifactEntry(WireModel):
     path: str
     size: int
     mtime: float
+
+
+class WorkdirEntry(ArtifactEntry):
+    """A file the job created or changed in its work dir. `base` is the sha256 of the synced
+    file it replaced (None for a new file): a pull replaces only a local file still equal to
+    it, never local edits."""
+
+    base: str | None = None

@@ -1,4 +1,5 @@
-"""Runs on the user's machine: `gpuhop run | ps | show | logs | cancel | pull`."""
+"""Runs on the user's machine: `gpuhop run | show | logs | cancel` (and `pull`, from
+`gpuhop.cli.pull`)."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from gpuhop.cli.output import (
     say,
     state_text,
 )
+from gpuhop.cli.pull import pull as pull_command
+from gpuhop.cli.pull import pull_job
 from gpuhop.client import Client, GpuhopError, Job
-
-DEFAULT_PULL_DIR = Path("gpuhop-artifacts")
 
 
 def _job(client: Client, ref: str) -> Job:
@@ -86,21 +87,6 @@ def _summary(info: JobInfo) -> str:
     return text
 
 
-def _pull(job: Job, dest: Path, live: bool = False) -> None:
-    from gpuhop.cli.progress import transfer
-
-    try:
-        with transfer(f"pulling job {job.id}'s artifacts", live) as on_bytes:
-            files = job.pull(dest, on_bytes=on_bytes)
-    except GpuhopError as e:
-        fail(f"pulling the artifacts of job {job.id}: {e.message}")
-    size = sum(f.stat().st_size for f in files)
-    if files:
-        say(f"pulled {len(files)} artifact file(s), {human_bytes(size)}, into {dest}")
-    else:
-        say(f"job {job.id} wrote no artifacts (files under $GPUHOP_ARTIFACTS_DIR come back)")
-
-
 def run(
     command: list[str] = typer.Argument(
         ...,
@@ -155,7 +141,11 @@ def run(
         False, "--detach", "-d", help="Print the job id and return at once."
     ),
     pull: Path | None = typer.Option(
-        None, "--pull", metavar="DIR", help="When the job ends, pull its artifacts into DIR."
+        None,
+        "--pull",
+        metavar="DIR",
+        help="When the job ends, pull its artifacts into DIR, and the files it created or"
+        " changed in its work dir back into the synced directory.",
     ),
     workdir: Path = typer.Option(
         Path("."), "--workdir", "-C", help="The directory to sync (default: this one)."
@@ -243,7 +233,7 @@ def run(
     if not quiet:
         say(_summary(info))
     if pull is not None:
-        _pull(job, pull, live=wants_live(quiet, sys.stderr))
+        pull_job(job, pull, workdir, live=wants_live(quiet, sys.stderr))
     raise typer.Exit(exit_code_for(info))
 
 
@@ -369,28 +359,9 @@ def cancel(
         say(_summary(info))
 
 
-def pull(
-    job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
-    output: Path | None = typer.Option(
-        None,
-        "--output",
-        "-o",
-        metavar="DIR",
-        help="Where to put them (default: gpuhop-artifacts/JOB).",
-    ),
-    on: str | None = OnOption,
-) -> None:
-    """Download the files a job wrote to $GPUHOP_ARTIFACTS_DIR."""
-    with client_for(on) as client:
-        job = _job(client, job_ref)
-        from gpuhop.cli.progress import wants_live
-
-        _pull(job, output or DEFAULT_PULL_DIR / job.id, live=wants_live(False, sys.stderr))
-
-
 def register(app: typer.Typer) -> None:
     app.command(
         context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True}
     )(run)
-    for fn in (show, logs, cancel, pull):
+    for fn in (show, logs, cancel, pull_command):
         app.command()(fn)

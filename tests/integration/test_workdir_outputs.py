@@ -1,0 +1,118 @@
+"""What a job writes in its work dir comes back: a real agent, real jobs, the SDK and the CLI.
+
+The job writes where tutorials write (`./my_model.keras`, `training_1/cp.ckpt...`), changes
+one synced file, rewrites another with the same bytes, imports a local module (Python's
+`__pycache__`), and leaves a link out and a name that is not UTF-8: only the new and changed
+files are listed, and a pull puts them where the script would have left them locally,
+never over a local edit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import httpx
+
+from gpuhop.api import JobState
+
+JOB = """
+import os, helper
+open("my_model.keras", "wb").write(b"k" * 3000)
+os.makedirs("training_1", exist_ok=True)
+open("training_1/cp.ckpt.index", "wb").write(b"i" * 10)
+open("config.txt", "w").write("lr=0.2\\n")        # same size as synced, other content
+open("same.txt", "w").write("unchanged\\n")       # rewritten with the synced bytes
+open("grown.txt", "a").write("more\\n")
+os.symlink("/etc/passwd", "leak")
+open(os.fsdecode(b"bad-\\xff"), "w").write("x")
+open(os.path.join(os.environ["GPUHOP_ARTIFACTS_DIR"], "report.txt"), "w").write("ok")
+"""
+
+
+def raw(agent) -> httpx.Client:
+    return httpx.Client(
+        transport=httpx.HTTPTransport(uds=str(agent.paths.socket)), base_url="http://gpuhop"
+    )
+
+
+def _project(project):
+    return project(
+        {
+            "job.py": JOB,
+            "helper.py": "X = 1\n",
+            "config.txt": "lr=0.1\n",
+            "same.txt": "unchanged\n",
+            "grown.txt": "a\n",
+        }
+    )
+
+
+def test_new_and_changed_files_are_listed_and_pulled_home(shared_agent, project, tmp_path):
+    root = _project(project)
+    with shared_agent.client() as client:
+        job = client.submit(["job.py"], workdir=root)
+        assert job.wait(60).state == JobState.succeeded, b"".join(job.logs()).decode()
+        listed = {e.path: e for e in job.workdir_outputs()}
+        assert sorted(listed) == [
+            "config.txt",
+            "grown.txt",
+            "my_model.keras",
+            "training_1/cp.ckpt.index",
+        ]
+        assert listed["my_model.keras"].base is None and listed["my_model.keras"].size == 3000
+        assert listed["config.txt"].base is not None
+
+        (root / "grown.txt").write_text("edited here\n")  # a local edit since the sync
+        plan = job.plan_pull(tmp_path / "arts", workdir=root)
+        assert plan.kept == [root / "grown.txt"]
+        files = job.pull(tmp_path / "arts", workdir=root)
+        assert (root / "my_model.keras").read_bytes() == b"k" * 3000
+        assert (root / "training_1" / "cp.ckpt.index").read_bytes() == b"i" * 10
+        assert (root / "config.txt").read_text() == "lr=0.2\n"  # still as synced: replaced
+        assert (root / "grown.txt").read_text() == "edited here\n"  # the local edit is kept
+        assert (tmp_path / "arts" / "report.txt").read_text() == "ok"
+        assert len(files) == 4
+        assert not (root / "leak").exists() and not (root / "same.txt.gpuhop-part").exists()
+
+        again = job.plan_pull(tmp_path / "arts", workdir=root)
+        assert again.todo == []  # everything is here already
+
+        job.pull(None, workdir=root, overwrite=True)
+        assert (root / "grown.txt").read_text() == "a\nmore\n"
+
+        with raw(shared_agent) as http:
+            leak = http.get(f"/v1/jobs/{job.id}/workdir/leak")
+            up = http.get(f"/v1/jobs/{job.id}/workdir/..%2Fdeps.json")
+            missing = http.get(f"/v1/jobs/{job.id}/workdir/nothing-here")
+    assert leak.status_code == 400 and "leads out" in leak.json()["message"]
+    assert up.status_code in (400, 404)
+    assert missing.status_code == 404 and "nothing-here" in missing.json()["message"]
+
+
+def test_cli_pull_brings_back_both_and_only_picks_one(shared_agent, project, tmp_path):
+    root = _project(project)
+    run = shared_agent.cli(
+        "run", "--no-progress", "--pull", str(tmp_path / "arts"), "job.py", cwd=root
+    )
+    assert run.returncode == 0, run.stderr
+    assert "pulled 1 artifact file(s)" in run.stderr
+    assert "pulled 4 file(s) the job wrote in its work dir" in run.stderr
+    assert "kept" not in run.stderr
+    assert (root / "my_model.keras").stat().st_size == 3000
+
+    job_id = re.search(r"job (\w+) succeeded", run.stderr).group(1)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    only = shared_agent.cli("pull", job_id, "--only", "workdir", cwd=elsewhere)
+    assert only.returncode == 0, only.stderr
+    assert sorted(os.listdir(elsewhere)) == [
+        "config.txt",
+        "grown.txt",
+        "my_model.keras",
+        "training_1",
+    ]
+    arts = shared_agent.cli("pull", job_id, "--only", "artifacts", "-o", "a", cwd=elsewhere)
+    assert arts.returncode == 0, arts.stderr
+    assert (elsewhere / "a" / "report.txt").read_text() == "ok"
+    assert "work dir" not in arts.stderr
