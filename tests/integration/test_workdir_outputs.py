@@ -116,3 +116,31 @@ def test_cli_pull_brings_back_both_and_only_picks_one(shared_agent, project, tmp
     assert arts.returncode == 0, arts.stderr
     assert (elsewhere / "a" / "report.txt").read_text() == "ok"
     assert "work dir" not in arts.stderr
+
+
+def test_run_warns_once_about_training_outputs_in_the_synced_tree(shared_agent, project):
+    root = project(
+        {
+            "job.py": "print('hi')\n",
+            "my_model.keras": "k" * (1 << 20),
+            "export/v1/saved_model.pb": "pb",
+            "export/v1/variables/variables.index": "ix",
+            "logs/events.out.tfevents.1.host": "e",
+            "notes.txt": "small and not an output",
+        }
+    )
+    first = shared_agent.cli("run", "--no-progress", "job.py", cwd=root)
+    assert first.returncode == 0, first.stderr
+    said = " ".join(first.stderr.split())
+    assert "look like training outputs" in said
+    assert "export/v1/, logs/events.out.tfevents.1.host, my_model.keras" in said
+    lines = first.stderr.split(".gpuhopignore:")[1].split("gpuhop:")[0].split()
+    assert lines == ["*.keras", "/export/v1/", "events.out.tfevents.*"]
+    again = shared_agent.cli("run", "--no-progress", "job.py", cwd=root)
+    assert again.returncode == 0 and "training outputs" not in again.stderr  # said once
+
+    (root / ".gpuhopignore").write_text("\n".join(lines) + "\n")
+    skipped = shared_agent.cli("run", "--no-progress", "job.py", cwd=root)
+    assert (
+        "training outputs" not in skipped.stderr and "synced 3 files" in skipped.stderr
+    )  # job.py, notes.txt, .gpuhopignore

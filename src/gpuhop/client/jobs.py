@@ -14,6 +14,7 @@ from gpuhop.api import JobInfo, JobState, SubmitRequest
 from gpuhop.client.data import parse_mount
 from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.job import Job
+from gpuhop.client.leftovers import outputs_warning
 from gpuhop.client.session import Session
 from gpuhop.client.spec import (
     SyncStats,
@@ -62,6 +63,9 @@ def submit(
             " defaults; un-ignore it (a '!' line in .gpuhopignore) to run it",
             code="bad_request",
         )
+    note = outputs_warning(result.files, root, session.cache_dir)
+    if note is not None:
+        result.warnings.append(note)
     tree_bytes, tree = tree_of(result.files)
     # Fields left at None are not sent, so an older agent still takes a plain request.
     try:
