@@ -13,8 +13,10 @@ import os
 import re
 
 import httpx
+import pytest
 
 from gpuhop.api import JobState
+from gpuhop.client import GpuhopError
 
 JOB = """
 import os, helper
@@ -144,3 +146,31 @@ def test_run_warns_once_about_training_outputs_in_the_synced_tree(shared_agent, 
     assert (
         "training outputs" not in skipped.stderr and "synced 3 files" in skipped.stderr
     )  # job.py, notes.txt, .gpuhopignore
+
+
+def test_serve_finds_a_savedmodel_the_job_wrote_in_its_work_dir(shared_agent, project):
+    root = project(
+        {
+            "job.py": "import os\n"
+            "for d in ('export/a', 'export/b'):\n"
+            "    os.makedirs(d)\n"
+            "    open(d + '/saved_model.pb', 'wb').write(b'pb ' + d.encode())\n",
+            "synced/saved_model.pb": "sent with the job: not one the job made",
+        }
+    )
+    with shared_agent.client() as client:
+        job = client.submit(["job.py"], workdir=root)
+        assert job.wait(60).state == JobState.succeeded
+        with pytest.raises(GpuhopError) as two:
+            client.serve(job, name="m", wait=False)
+        assert "2 SavedModels (export/a (work dir), export/b (work dir))" in two.value.message
+        model = client.serve(f"{job.id}:export/a", name="m", wait=False)
+        try:
+            assert model.info.source == f"job {job.id}:export/a (work dir)"
+            jobs = shared_agent.paths.jobs
+            linked = jobs / model.info.job / "work" / "model" / "saved_model.pb"
+            original = jobs / job.id / "work" / "export" / "a" / "saved_model.pb"
+            assert os.stat(linked).st_ino == os.stat(original).st_ino
+        finally:
+            model.job.cancel(grace=1)
+            model.job.wait(timeout=30)
