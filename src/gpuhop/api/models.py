@@ -22,7 +22,8 @@ MAX_PATH_DEPTH = 128
 MAX_PATH_BYTES = 3072
 MAX_NAME_BYTES = 255
 # GPUHOP_* variables a user may set for a job; gpuhop sets every other one.
-USER_SETTABLE_ENV = frozenset({"GPUHOP_HOOK_VERBOSE"})
+# GPUHOP_KERAS: which Keras a multi-worker job uses (`run --keras`; backends/kerasmode.py).
+USER_SETTABLE_ENV = frozenset({"GPUHOP_HOOK_VERBOSE", "GPUHOP_KERAS"})
 # A memory share larger than any GPU made: a typo, not a request.
 MAX_GPU_MEMORY_MB = 16 * 1024 * 1024
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from enum import StrEnum
 from pathlib import Path
 
 import typer
@@ -25,6 +26,11 @@ from gpuhop.cli.output import (
 from gpuhop.cli.pull import pull as pull_command
 from gpuhop.cli.pull import pull_job
 from gpuhop.client import Client, GpuhopError, Job
+
+
+class KerasChoice(StrEnum):
+    tf_keras = "tf-keras"
+    keras3 = "keras3"
 
 
 def _job(client: Client, ref: str) -> Job:
@@ -112,7 +118,15 @@ def run(
         "-w",
         min=1,
         max=64,
-        help="Run N worker processes under MultiWorkerMirroredStrategy (TF_CONFIG made for you).",
+        help="Run N worker processes: tf-keras under MultiWorkerMirroredStrategy (TF_CONFIG"
+        " made for you), or Keras 3 on JAX with keras.distribution (-e KERAS_BACKEND=jax).",
+    ),
+    keras: KerasChoice | None = typer.Option(
+        None,
+        "--keras",
+        help="Which Keras the workers of a --workers job use (default: from KERAS_BACKEND and"
+        " TF_USE_LEGACY_KERAS, then what the host has). keras3 takes its backend from"
+        " KERAS_BACKEND; only jax runs across processes.",
     ),
     gpus_per_worker: int = typer.Option(
         0, "--gpus-per-worker", min=0, help="Whole GPUs for each worker of a multi-worker job."
@@ -199,7 +213,7 @@ def run(
                 workdir=workdir,
                 gpus=gpus,
                 name=name,
-                env=_parse_env(env),
+                env=_parse_env(env) | ({"GPUHOP_KERAS": keras.value} if keras else {}),
                 retries=retries,
                 workers=workers,
                 gpus_per_worker=gpus_per_worker,
