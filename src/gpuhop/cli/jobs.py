@@ -8,6 +8,7 @@ from enum import StrEnum
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from gpuhop.api import JobInfo, format_mb, parse_mb
 from gpuhop.cli.connect import OnOption, client_for
@@ -233,7 +234,7 @@ def run(
         return
     if not quiet and stats is not None:
         for warning in stats.warnings:
-            say(f"[yellow]{warning}[/yellow]")
+            say(f"[yellow]{escape(warning)}[/yellow]")  # paths are not markup
         sent = (
             f"{stats.files_sent} new, {human_bytes(stats.bytes_sent)}"
             if stats.files_sent

@@ -8,6 +8,7 @@ from enum import StrEnum
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import fail, human_bytes, say
@@ -41,7 +42,7 @@ def pull_job(
     try:
         plan = job.plan_pull(artifacts, workdir, overwrite)
         if plan.workdir_note:
-            say(f"[yellow]work-dir files do not come back: {plan.workdir_note}[/yellow]")
+            say(f"[yellow]work-dir files do not come back: {escape(plan.workdir_note)}[/yellow]")
         if plan.size >= ANNOUNCE_BYTES:
             say(f"pulling {len(plan.todo)} file(s), {human_bytes(plan.size)}")
         with transfer(f"pulling job {job.id}'s outputs", live) as on_bytes:
@@ -57,7 +58,10 @@ def pull_job(
         size = sum(f.stat().st_size for f in files)
         if kind == "artifacts":
             if files:
-                say(f"pulled {len(files)} artifact file(s), {human_bytes(size)}, into {where}")
+                say(
+                    f"pulled {len(files)} artifact file(s), {human_bytes(size)},"
+                    f" into {escape(str(where))}"
+                )
             else:
                 say(
                     f"job {job.id} wrote no artifacts (files under $GPUHOP_ARTIFACTS_DIR come back)"
@@ -65,10 +69,10 @@ def pull_job(
         elif files:
             say(
                 f"pulled {len(files)} file(s) the job wrote in its work dir,"
-                f" {human_bytes(size)}, into {_where(where)}"
+                f" {human_bytes(size)}, into {escape(_where(where))}"
             )
     if plan.kept:
-        shown = ", ".join(str(p) for p in plan.kept[:5]) + (" ..." * (len(plan.kept) > 5))
+        shown = escape(", ".join(str(p) for p in plan.kept[:5]) + " ..." * (len(plan.kept) > 5))
         say(
             f"[yellow]kept {len(plan.kept)} local file(s) that differ from what was synced:"
             f" {shown}; the job's versions: gpuhop pull {job.id} --only workdir -C OTHER_DIR"
