@@ -17,6 +17,7 @@ import pytest
 
 from gpuhop.api import JobState
 from gpuhop.client import GpuhopError
+from tests.conftest import wait_until
 
 JOB = """
 import os, helper
@@ -174,3 +175,28 @@ def test_serve_finds_a_savedmodel_the_job_wrote_in_its_work_dir(shared_agent, pr
         finally:
             model.job.cancel(grace=1)
             model.job.wait(timeout=30)
+
+
+def test_a_running_jobs_work_dir_files_wait_until_it_has_ended(shared_agent, project, tmp_path):
+    root = project(
+        {
+            "job.py": "import os, sys, time\n"
+            "open('out.txt', 'w').write('x')\n"
+            "while not os.path.exists(sys.argv[1]):\n"
+            "    time.sleep(0.05)\n"
+        }
+    )
+    release = tmp_path / "release"
+    with shared_agent.client() as client, raw(shared_agent) as http:
+        job = client.submit(["job.py", str(release)], workdir=root)
+        try:
+            wait_until(lambda: (shared_agent.paths.job_dir(job.id) / "work/out.txt").exists())
+            plan = job.plan_pull(None, workdir=tmp_path / "here")
+            early = http.get(f"/v1/jobs/{job.id}/workdir/out.txt")
+        finally:
+            release.touch()
+        assert job.wait(60).state == JobState.succeeded
+        later = job.plan_pull(None, workdir=tmp_path / "here")
+    assert plan.todo == [] and "come back once it has ended" in (plan.workdir_note or "")
+    assert early.status_code == 409 and "running" in early.json()["message"]
+    assert [e.path for _, e, _ in later.todo] == ["out.txt"]

@@ -42,7 +42,7 @@ def pull_job(
     try:
         plan = job.plan_pull(artifacts, workdir, overwrite)
         if plan.workdir_note:
-            say(f"[yellow]work-dir files do not come back: {escape(plan.workdir_note)}[/yellow]")
+            say(f"[yellow]no work-dir files: {escape(plan.workdir_note)}[/yellow]")
         if plan.size >= ANNOUNCE_BYTES:
             say(f"pulling {len(plan.todo)} file(s), {human_bytes(plan.size)}")
         with transfer(f"pulling job {job.id}'s outputs", live) as on_bytes:

@@ -95,7 +95,7 @@ def plan_pull(
         try:
             listing = session.request("GET", f"/v1/jobs/{job_id}/workdir").json()
         except GpuhopError as e:
-            if e.code != "unsupported":
+            if e.code not in ("unsupported", "conflict"):  # a Ray agent; a running job
                 raise
             out.workdir_note = e.message
             listing = []

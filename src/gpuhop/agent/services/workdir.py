@@ -8,9 +8,10 @@ when the tree has no such path, or when it differs from the tree's entry: anothe
 `JobPaths.materialised` is taken as synced without reading it, so a large unchanged tree
 costs one `stat` per file.
 
-Left out: `__pycache__` dirs (Python's own), a `.venv` the job made, the datasets' mount
-points, links (never followed out of the work dir), and names that are not UTF-8 (logged,
-as for artifacts).
+Only a finished job's files are listed and read: no process of it is left to swap a file
+for a link between the check and the read. Left out: `__pycache__` dirs (Python's own), a
+`.venv` the job made, the datasets' mount points, links (never followed out of the work
+dir), and names that are not UTF-8 (logged, as for artifacts).
 """
 
 from __future__ import annotations
@@ -32,7 +33,17 @@ log = logging.getLogger("gpuhop.agent")
 SKIPPED_DIRS = {"__pycache__", ".venv"}
 
 
-def _check_backend(rt: AgentContext) -> None:
+def _check(rt: AgentContext, job: JobRecord) -> None:
+    if not job.state.finished:
+        # A running job could swap a listed file for a link between the check and the read
+        # (jobs are hostile); once it has ended, none of its processes is left to do so.
+        raise ApiError(
+            409,
+            ErrorCode.conflict,
+            f"job {job.id} is {job.state.value}; its work-dir files come back once it has"
+            " ended (its artifacts can be pulled now: gpuhop pull --only artifacts)",
+            {"state": job.state.value},
+        )
     if rt.backend.remote:
         raise ApiError(
             409,
@@ -61,7 +72,7 @@ def _sha256(path: Path) -> str:
 
 def list_outputs(rt: AgentContext, job: JobRecord) -> list[WorkdirEntry]:
     """The job's new and changed work-dir files, sorted by path."""
-    _check_backend(rt)
+    _check(rt, job)
     jp = rt.supervisor.job_paths(job.id)
     root = jp.work
     if not root.is_dir():
@@ -117,7 +128,7 @@ def list_outputs(rt: AgentContext, job: JobRecord) -> list[WorkdirEntry]:
 
 def output_path(rt: AgentContext, job: JobRecord, path: str) -> Path:
     """One file of the job's work dir, checked to stay inside it (no link on the way)."""
-    _check_backend(rt)
+    _check(rt, job)
     try:
         validate_relpath(path)
     except ValueError as e:
