@@ -151,6 +151,12 @@ class JobPaths:
         return self.root / "tree.json"
 
     @property
+    def materialised(self) -> Path:
+        """Touched once the work dir is made from its tree: a synced file whose mtime is
+        older is as it was synced (see `gpuhop.agent.services.workdir`)."""
+        return self.root / "work.materialised"
+
+    @property
     def status(self) -> Path:
         """Written by the shim when the job's process ends: its exit status."""
         return self.root / "status.json"

@@ -26,6 +26,7 @@ from gpuhop.api.models import (
     SubmitRequest,
     Tree,
     TreeStored,
+    WorkdirEntry,
     validate_relpath,
 )
 from gpuhop.api.queue import EndClass, RequeueRequest, RetryOn, format_seconds, parse_duration
@@ -62,6 +63,7 @@ __all__ = [
     "Tree",
     "TreeStored",
     "UiLoginCode",
+    "WorkdirEntry",
     "fingerprint_of",
     "format_mb",
     "format_seconds",

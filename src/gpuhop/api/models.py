@@ -27,7 +27,10 @@ MAX_PATH_DEPTH = 128
 MAX_PATH_BYTES = 3072
 MAX_NAME_BYTES = 255
 # GPUHOP_* variables a user may set for a job; gpuhop sets every other one.
-USER_SETTABLE_ENV = frozenset({"GPUHOP_HOOK_VERBOSE", "GPUHOP_ARRAY_INDEX", "GPUHOP_AUTO"})
+# GPUHOP_KERAS: which Keras a multi-worker job uses (`run --keras`; backends/kerasmode.py).
+USER_SETTABLE_ENV = frozenset(
+    {"GPUHOP_HOOK_VERBOSE", "GPUHOP_ARRAY_INDEX", "GPUHOP_AUTO", "GPUHOP_KERAS"}
+)
 # Where a job's notifications go: webhook URLs, at most this many per job.
 MAX_NOTIFY_URLS = 8
 # A memory share larger than any GPU made: a typo, not a request.
@@ -401,3 +404,11 @@ class ArtifactEntry(WireModel):
     path: str
     size: int
     mtime: float
+
+
+class WorkdirEntry(ArtifactEntry):
+    """A file the job created or changed in its work dir. `base` is the sha256 of the synced
+    file it replaced (None for a new file): a pull replaces only a local file still equal to
+    it, never local edits."""
+
+    base: str | None = None

@@ -1,12 +1,14 @@
-"""Runs on the user's machine: `gpuhop run | logs | cancel | pull` (`show` is in `show`,
-`ps` in `ps`, `requeue` in `queue`)."""
+"""Runs on the user's machine: `gpuhop run | logs | cancel` (`show` is in `show`, `pull` in
+`pull`, `ps` in `ps`, `requeue` in `queue`)."""
 
 from __future__ import annotations
 
 import sys
+from enum import StrEnum
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from gpuhop.api import JobInfo, parse_mb
 from gpuhop.cli.connect import OnOption, client_for
@@ -19,7 +21,6 @@ from gpuhop.cli.output import (
     say,
     state_text,
 )
-from gpuhop.cli.pull import _pull
 from gpuhop.cli.queue import (
     AfterAnyOption,
     AfterOption,
@@ -28,7 +29,13 @@ from gpuhop.cli.queue import (
     TimeoutOption,
     queue_options,
 )
+from gpuhop.cli.pull import pull_job
 from gpuhop.client import Client, GpuhopError, Job
+
+
+class KerasChoice(StrEnum):
+    tf_keras = "tf-keras"
+    keras3 = "keras3"
 
 
 def _job(client: Client, ref: str) -> Job:
@@ -119,7 +126,15 @@ def run(
         "-w",
         min=1,
         max=64,
-        help="Run N worker processes under MultiWorkerMirroredStrategy (TF_CONFIG made for you).",
+        help="Run N worker processes: tf-keras under MultiWorkerMirroredStrategy (TF_CONFIG"
+        " made for you), or Keras 3 on JAX with keras.distribution (-e KERAS_BACKEND=jax).",
+    ),
+    keras: KerasChoice | None = typer.Option(
+        None,
+        "--keras",
+        help="Which Keras the workers of a --workers job use (default: from KERAS_BACKEND and"
+        " TF_USE_LEGACY_KERAS, then what the host has). keras3 takes its backend from"
+        " KERAS_BACKEND; only jax runs across processes.",
     ),
     gpus_per_worker: int = typer.Option(
         0, "--gpus-per-worker", min=0, help="Whole GPUs for each worker of a multi-worker job."
@@ -160,7 +175,11 @@ def run(
         False, "--detach", "-d", help="Print the job id and return at once."
     ),
     pull: Path | None = typer.Option(
-        None, "--pull", metavar="DIR", help="When the job ends, pull its artifacts into DIR."
+        None,
+        "--pull",
+        metavar="DIR",
+        help="When the job ends, pull its artifacts into DIR, and the files it created or"
+        " changed in its work dir back into the synced directory.",
     ),
     workdir: Path = typer.Option(
         Path("."), "--workdir", "-C", help="The directory to sync (default: this one)."
@@ -231,7 +250,8 @@ def run(
                 workdir=workdir,
                 gpus=gpus,
                 name=name,
-                env=_parse_env([*env, *(["GPUHOP_AUTO=0"] if no_auto else [])]),
+                env=_parse_env([*env, *(["GPUHOP_AUTO=0"] if no_auto else [])])
+                | ({"GPUHOP_KERAS": keras.value} if keras else {}),
                 retries=retries,
                 workers=workers,
                 gpus_per_worker=gpus_per_worker,
@@ -254,7 +274,7 @@ def run(
         return
     if not quiet and stats is not None:
         for warning in stats.warnings:
-            say(f"[yellow]{warning}[/yellow]")
+            say(f"[yellow]{escape(warning)}[/yellow]")  # paths are not markup
         sent = (
             f"{stats.files_sent} new, {human_bytes(stats.bytes_sent)}"
             if stats.files_sent
@@ -272,7 +292,7 @@ def run(
 
         desktop_notify(f"gpuhop: job {info.id} {info.state.value}", _summary(info))
     if pull is not None:
-        _pull(job, pull, live=wants_live(quiet, sys.stderr))
+        pull_job(job, pull, workdir, live=wants_live(quiet, sys.stderr))
     raise typer.Exit(exit_code_for(info))
 
 

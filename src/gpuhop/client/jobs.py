@@ -15,6 +15,7 @@ from gpuhop.api import JobInfo, JobState, RetryOn, SubmitRequest, parse_duration
 from gpuhop.client.data import parse_mount
 from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.job import Job
+from gpuhop.client.leftovers import outputs_warning
 from gpuhop.client.session import Session
 from gpuhop.client.spec import (
     SyncStats,
@@ -84,6 +85,9 @@ def submit(
             f"retry_on: {retry_on!r} is not one of {', '.join(RetryOn)}", code="bad_request"
         )
     deps = [after] if isinstance(after, str | Job) else list(after)
+    note = outputs_warning(result.files, root, session.cache_dir)
+    if note is not None:
+        result.warnings.append(note)
     # Fields left at None are not sent, so an older agent still takes a plain request.
     try:
         body = SubmitRequest(

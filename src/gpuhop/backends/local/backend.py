@@ -23,7 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.api import SubmitRequest
-from gpuhop.backends.base import QUIET_TF, SCRUBBED_ENV, Ending, GpuHost, JobAttempt, Started
+from gpuhop.backends import kerasmode
+from gpuhop.backends.base import (
+    QUIET_TF,
+    SCRUBBED_ENV,
+    Ending,
+    GpuHost,
+    JobAttempt,
+    Started,
+    StartError,
+)
 from gpuhop.backends.jobdeps import python as job_python
 from gpuhop.backends.leader import LeaderBackend, read_json
 from gpuhop.backends.local import cgroups
@@ -35,16 +44,6 @@ from gpuhop.runtime import hook
 
 SHIM = str(Path(__file__).with_name("shim.py"))
 SANDBOX = str(Path(__file__).with_name("sandbox.py"))
-
-
-@functools.cache
-def _has_tf_keras(python: str) -> bool:
-    """Whether the job's interpreter can import tf_keras (checked once, without importing)."""
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('tf_keras') is None)"
-    try:
-        return subprocess.run([python, "-c", probe], timeout=60).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
 
 
 def job_environment(
@@ -146,7 +145,8 @@ class LocalBackend(LeaderBackend):
         return self._isolation
 
     def check_submit(self, req: SubmitRequest) -> None:
-        """Every kind of job runs here."""
+        """Every kind of job runs here; a multi-worker one in a mode that works for its Keras."""
+        kerasmode.check_submit(req, self.python)
 
     def end_the_rest(self, jp: JobPaths) -> None:
         """A sandboxed job's processes (`setsid` ones too) all live in its PID namespace,
@@ -175,7 +175,7 @@ class LocalBackend(LeaderBackend):
         # The sandbox binds it over /tmp; without one, TMPDIR is all that points there.
         env["TMPDIR"] = "/tmp" if self._sandboxed(deps) else str(jp.tmp)
         argv = resolve_command(job.command, jp.work, env.get("PATH", os.defpath), python)
-        gang = self._write_gang(job, jp, env) if job.workers > 1 else []
+        gang = self._write_gang(job, jp, env, python) if job.workers > 1 else []
         gang += self._shim_args(deps, jp, job.workers)
         if job.private_network or job.workers > 1:
             gang += ["--relay", str(jp.relay)]
@@ -206,12 +206,20 @@ class LocalBackend(LeaderBackend):
     def _sandboxed(self, deps: dict[str, Any]) -> bool:
         return self.isolation() is None or bool(deps.get("data"))
 
-    def _write_gang(self, job: JobAttempt, jp: JobPaths, env: dict[str, str]) -> list[str]:
+    def _write_gang(
+        self, job: JobAttempt, jp: JobPaths, env: dict[str, str], python: str
+    ) -> list[str]:
         """Describe a multi-worker job's workers for the shim; return the shim's arguments.
 
-        Each worker gets its slice of the job's GPUs and its own log; the shim adds each
-        worker's TF_CONFIG once it has the ports of the job's private network.
+        Each worker gets its slice of the job's GPUs and its own log; the shim adds what
+        each worker is told of its peers (TF_CONFIG, or Keras 3's distribution variables,
+        by the job's mode: see kerasmode) once it has the ports of the job's private network.
         """
+        try:
+            mode = kerasmode.decide(job.env, lambda m: kerasmode.packages(python).get(m, False))
+        except kerasmode.KerasRefusal as e:
+            raise StartError(str(e)) from None
+        env.update({k: v for k, v in mode.env.items() if k not in job.env})
         per = len(job.gpu_ids) // job.workers
         workers = []
         for i in range(job.workers):
@@ -225,20 +233,8 @@ class LocalBackend(LeaderBackend):
                     "log": str(jp.worker_log(i)),
                 }
             )
-        spec = {"workers": workers, "grace": 10, "timeout": job.worker_timeout}
+        spec = {"workers": workers, "grace": 10, "timeout": job.worker_timeout, "mode": mode.mode}
         jp.gang.write_text(json.dumps(spec))
-        if "TF_USE_LEGACY_KERAS" not in job.env:
-            if _has_tf_keras(self.python):
-                # Keras 3's fit fails under MultiWorkerMirroredStrategy (keras#20585).
-                env["TF_USE_LEGACY_KERAS"] = "1"
-            else:
-                with open(jp.log, "ab") as f:
-                    f.write(
-                        b"gpuhop: tf-keras is not installed on this host, so Keras 3 runs this"
-                        b" job; its model.fit does not work under MultiWorkerMirroredStrategy"
-                        b" (keras-team/keras#20585). Use a custom training loop, or"
-                        b" `pip install tf-keras` on the host.\n"
-                    )
         return ["--gang", str(jp.gang)]
 
     def _shim_args(self, deps: dict[str, Any], jp: JobPaths, workers: int) -> list[str]:

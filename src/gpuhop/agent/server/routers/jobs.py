@@ -8,8 +8,15 @@ from fastapi.responses import FileResponse, StreamingResponse
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import jobs as service
-from gpuhop.agent.services import outputs, queue
-from gpuhop.api import ArtifactEntry, JobInfo, JobState, RequeueRequest, SubmitRequest
+from gpuhop.agent.services import outputs, queue, workdir
+from gpuhop.api import (
+    ArtifactEntry,
+    JobInfo,
+    JobState,
+    RequeueRequest,
+    SubmitRequest,
+    WorkdirEntry,
+)
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -93,3 +100,20 @@ def artifact(ref: str, path: str, request: Request) -> FileResponse:
     job = service.find(c, ref, caller_of(request))
     outputs.check_not_pruned(c, job)
     return FileResponse(outputs.artifact_path(c, job.id, path))
+
+
+@router.get("/{ref}/workdir")
+def workdir_outputs(ref: str, request: Request) -> list[WorkdirEntry]:
+    """The files the job created or changed in its work dir."""
+    c = ctx(request)
+    job = service.find(c, ref, caller_of(request))
+    outputs.check_not_pruned(c, job)
+    return workdir.list_outputs(c, job)
+
+
+@router.get("/{ref}/workdir/{path:path}")
+def workdir_file(ref: str, path: str, request: Request) -> FileResponse:
+    c = ctx(request)
+    job = service.find(c, ref, caller_of(request))
+    outputs.check_not_pruned(c, job)
+    return FileResponse(workdir.output_path(c, job, path))
