@@ -21,6 +21,7 @@ from gpuhop.cli.output import (
     say,
     state_text,
 )
+from gpuhop.cli.pull import pull_job
 from gpuhop.cli.queue import (
     AfterAnyOption,
     AfterOption,
@@ -29,7 +30,6 @@ from gpuhop.cli.queue import (
     TimeoutOption,
     queue_options,
 )
-from gpuhop.cli.pull import pull_job
 from gpuhop.client import Client, GpuhopError, Job
 
 
