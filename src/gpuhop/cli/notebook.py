@@ -135,6 +135,11 @@ def notebook(
             nb = None
         if nb is not None:
             say(f"re-attaching to notebook job {nb.job.id} ({state_text(nb.job.state)})")
+            if gpus or share_mb is not None or python or requirements or env or data:
+                say(
+                    "[yellow]the GPU, Python, env and data options apply to a new notebook;"
+                    " --new starts one[/yellow]"
+                )
         else:
             nb = _start(
                 client,
