@@ -297,3 +297,17 @@ def test_bad_notebook_runs_are_refused_before_anything_is_queued(agent: Agent, t
     assert re.search(r"takes only parameters: -p NAME=VALUE .*'--lr 0\.1'", stray.stderr)
     bad_idle = agent.cli("notebook", "--idle", "soon", cwd=tmp_path)
     assert bad_idle.returncode == 2 and "--idle takes a duration" in bad_idle.stderr
+
+
+def test_the_kernel_runs_in_the_jobs_own_python(agent: Agent, tmp_path: Path):
+    """With a requirements.txt the job has a venv of its own: the notebook's kernel runs
+    there (and still sees the host's packages), not in the agent's Python."""
+    _notebook(tmp_path / "which.ipynb", "import sys, nbclient\nprint('prefix', sys.prefix)")
+    (tmp_path / "requirements.txt").write_text("# the host's packages are all it needs\n")
+    done = agent.cli(
+        "run", "--no-progress", "-e", "PIP_NO_INDEX=1", "which.ipynb", cwd=tmp_path, timeout=180
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    prefix = re.search(r"^prefix (.+)$", done.stdout, re.M)
+    assert prefix is not None, done.stdout
+    assert Path(prefix.group(1)).parent == agent.home / "envs"

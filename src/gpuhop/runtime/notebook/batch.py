@@ -18,7 +18,9 @@ from __future__ import annotations
 import ast
 import keyword
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,7 @@ def read(path: Path) -> Any:
 def run(path_text: str, parameter_pairs: list[str]) -> int:
     try:
         import nbformat
+        from jupyter_client.manager import KernelManager
         from nbclient import NotebookClient
         from nbclient.exceptions import CellExecutionError, DeadKernelError
     except ImportError as e:
@@ -103,10 +106,16 @@ def run(path_text: str, parameter_pairs: list[str]) -> int:
     injected = inject(nb, values)
     out = artifacts_dir() / path
     out.parent.mkdir(parents=True, exist_ok=True)
+    runtime = tempfile.mkdtemp(prefix="gpuhop-kernel-")
+    # ipykernel in this Python, whatever the notebook names; over Unix sockets in a private
+    # dir rather than loopback TCP ports that anyone on the host may connect to.
+    km = KernelManager(
+        kernel_name="python3", transport="ipc", connection_file=f"{runtime}/kernel.json"
+    )
     client = _streaming_client(NotebookClient)(
         nb,
+        km=km,
         timeout=None,
-        kernel_name="python3",  # ipykernel in this Python, whatever the notebook names
         resources={"metadata": {"path": str(path.parent.resolve())}},
         injected=injected,
     )
@@ -121,9 +130,11 @@ def run(path_text: str, parameter_pairs: list[str]) -> int:
         code = 1
     finally:
         nbformat.write(nb, out)
+        shutil.rmtree(runtime, ignore_errors=True)
     _say(f"the executed notebook is {out.relative_to(artifacts_dir())} in the job's artifacts")
     if code == 0:
-        _say(f"ran {path} ({sum(c.cell_type == 'code' for c in nb.cells)} code cells)")
+        cells = sum(c.cell_type == "code" for c in nb.cells)
+        _say(f"ran {path}: {cells} code cell{'s' if cells != 1 else ''}")
     return code
 
 

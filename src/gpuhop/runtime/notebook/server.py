@@ -57,6 +57,9 @@ def config(token: str, idle: int, root: str) -> Any:
     c.ServerApp.root_dir = root
     c.ServerApp.default_url = "/lab"
     c.IdentityProvider.token = token
+    # Kernels over Unix sockets in the private runtime dir, not loopback TCP ports that
+    # anyone on the host may connect to.
+    c.KernelManager.transport = "ipc"
     # The job may be root in its own user namespace; its sandbox is the boundary here.
     c.ServerApp.allow_root = True
     # Nothing reaches out from the GPU host on its own: no extension index, no news.
