@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.client.notebook import find
 from tests.conftest import REPO, Agent
 from tests.e2e.test_notebook_cli import Cli
 
@@ -73,7 +72,7 @@ def test_jupyterlab_opens_through_the_forward_with_the_work_dir(
     finally:
         cli.finish()
         with agent.client() as client:
-            nb = find(client.session)
+            nb = client.notebook()
             if nb is not None:
                 nb.job.cancel(grace=5)
                 nb.job.wait(timeout=60)

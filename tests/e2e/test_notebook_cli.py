@@ -21,7 +21,6 @@ import nbformat
 import pytest
 from websockets.sync.client import connect
 
-from gpuhop.client.notebook import find
 from tests.conftest import Agent, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -160,7 +159,7 @@ def test_kernel_state_outlives_the_cli_that_started_the_notebook(agent: Agent, t
         url = first.url()
         assert "/lab?token=" in url and url.startswith("http://127.0.0.1:")
         with agent.client() as client:
-            nb = find(client.session, "lab")
+            nb = client.notebook("lab")
             assert nb is not None
             job_id = nb.job.id
             assert nb.job.info.gpu_ids == [0]  # holds its GPU like any job
@@ -215,7 +214,7 @@ def test_an_idle_notebook_ends_and_frees_its_gpu(agent: Agent, tmp_path: Path):
         finally:
             jupyter.close()
         with agent.client() as client:
-            nb = find(client.session)
+            nb = client.notebook()
             assert nb is not None
             job_id = nb.job.id
             assert client.gpus()[0].job_ids  # held while the server runs

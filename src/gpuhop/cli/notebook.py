@@ -37,7 +37,7 @@ def parse_idle(text: str) -> int:
 def notebook(
     job_ref: str | None = typer.Argument(
         None,
-        metavar="[JOB]",
+        metavar="JOB",
         help="Re-attach to this notebook job (id, prefix or name). Default: your newest"
         " running one, else a new one.",
     ),
