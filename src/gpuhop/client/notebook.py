@@ -109,7 +109,10 @@ class Notebook:
                         )
                         return port
                     except GpuhopError as e:
-                        if e.code not in ("not_listening", "conflict"):
+                        # Not listening yet, or it just ended (next round says how); any
+                        # other refusal (a job on a Ray cluster cannot be forwarded) stands.
+                        ended = e.code == "conflict" and "state" in e.detail
+                        if e.code != "not_listening" and not ended:
                             raise
             if deadline is not None and time.monotonic() > deadline:
                 raise GpuhopError(
