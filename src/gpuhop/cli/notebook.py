@@ -3,9 +3,11 @@ forwarded here; and the `.ipynb` side of `gpuhop run` (a notebook as a batch job
 
 from __future__ import annotations
 
+import functools
 import re
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -141,41 +143,8 @@ def notebook(
                     " --new starts one[/yellow]"
                 )
         else:
-            nb = _start(
-                client,
-                workdir,
-                gpus,
-                share_mb,
-                name,
-                idle_s,
-                env,
-                data,
-                requirements,
-                no_requirements,
-                python,
-            )
-        _attach(nb, local_port, url_only, no_browser)
-
-
-def _start(
-    client: Client,
-    workdir: Path,
-    gpus: int,
-    share_mb: int | None,
-    name: str | None,
-    idle_s: int,
-    env: list[str],
-    data: list[str],
-    requirements: Path | None,
-    no_requirements: bool,
-    python: str | None,
-) -> Notebook:
-    from gpuhop.cli.progress import transfer, wants_live
-    from gpuhop.client import notebook as nb_client
-
-    try:
-        with transfer("uploading", wants_live(False, sys.stderr)) as on_upload:
-            nb = nb_client.start(
+            start = functools.partial(
+                nb_client.start,
                 client.session,
                 workdir=workdir,
                 gpus=gpus,
@@ -186,8 +155,18 @@ def _start(
                 data=data,
                 requirements=False if no_requirements else requirements,
                 python=python,
-                on_upload=on_upload,
             )
+            nb = _start(client, start)
+        _attach(nb, local_port, url_only, no_browser)
+
+
+def _start(client: Client, start: Callable[..., Notebook]) -> Notebook:
+    """Sync and queue the notebook job (`start(on_upload=...)`), saying what was sent."""
+    from gpuhop.cli.progress import transfer, wants_live
+
+    try:
+        with transfer("uploading", wants_live(False, sys.stderr)) as on_upload:
+            nb = start(on_upload=on_upload)
     except GpuhopError as e:
         fail(e.message)
     stats = client.last_sync
