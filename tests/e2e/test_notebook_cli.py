@@ -204,25 +204,40 @@ def test_kernel_state_outlives_the_cli_that_started_the_notebook(agent: Agent, t
 
 
 def test_an_idle_notebook_ends_and_frees_its_gpu(agent: Agent, tmp_path: Path):
-    cli = Cli(agent, tmp_path, "notebook", "--gpus", "1", "--no-browser", "--idle", "3s", "--new")
+    cli = Cli(agent, tmp_path, "notebook", "--gpus", "1", "--no-browser", "--idle", "5s", "--new")
     job_id = None
     try:
         jupyter = Jupyter(cli.url())
         try:
-            kernel = jupyter.start_kernel()
-            jupyter.execute(kernel, "open('made-by-kernel.txt', 'w').write('kept')")
+            kernel = jupyter.start_kernel()  # while it lives, the server does not stop
+            with agent.client() as client:
+                nb = client.notebook()
+                assert nb is not None
+                job_id = nb.job.id
+                assert client.gpus()[0].job_ids == [job_id]  # held while the server runs
+                waiting = client.submit(
+                    ["python3", "-c", "print('got it')"], workdir=tmp_path, gpus=1
+                )
+                assert waiting.state.value == "queued"
+            jupyter.execute(
+                kernel,
+                "import os, pathlib\n"
+                "out = pathlib.Path(os.environ['GPUHOP_ARTIFACTS_DIR'])\n"
+                "(out / 'by-kernel.txt').write_text('kept')",
+            )
         finally:
             jupyter.close()
         with agent.client() as client:
-            nb = client.notebook()
+            # The kernel is culled once idle, then the server stops: the job ends, and the
+            # job that waited for its GPU gets it.
+            nb, waiting = client.notebook(job_id), client.job(waiting.id)
             assert nb is not None
-            job_id = nb.job.id
-            assert client.gpus()[0].job_ids  # held while the server runs
-            # The kernel is culled once idle, then the server stops: the job ends.
             info = nb.job.wait(timeout=120)
             assert info.state.value == "succeeded", info.reason
-            wait_until(lambda: not client.gpus()[0].job_ids, timeout=30)
+            assert waiting.wait(timeout=60).state.value == "succeeded"
             log = b"".join(nb.job.logs()).decode()
+            pulled = nb.job.pull(tmp_path / "out")  # what the kernel wrote is kept
+            assert [f.read_text() for f in pulled] == ["kept"]
         assert "Culling kernel" in log or "culling" in log.lower()
         assert "shutting down" in log
         # The forward noticed the end and the CLI returned by itself.
