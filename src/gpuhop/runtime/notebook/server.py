@@ -29,6 +29,7 @@ from typing import Any
 from gpuhop.runtime import log_metrics
 from gpuhop.runtime.notebook import IDLE_METRIC, MISSING, PORT_METRIC, TOKEN_ENV
 
+NEWS_PLUGIN = "@jupyterlab/apputils-extension:announcements"
 # The shortest token the server takes: the client makes 32 random bytes' worth.
 MIN_TOKEN = 16
 
@@ -76,6 +77,15 @@ def config(token: str, idle: int, root: str) -> Any:
     return c
 
 
+def _without_news(handler: object, page_config: dict[str, Any]) -> dict[str, Any]:
+    """JupyterLab's page config without its news plugin, whose first question ("get
+    notified about official Jupyter news?") would reach for the internet from the host."""
+    disabled = page_config.setdefault("disabledExtensions", [])
+    if isinstance(disabled, list) and NEWS_PLUGIN not in disabled:
+        disabled.append(NEWS_PLUGIN)
+    return page_config
+
+
 def serve(idle: int) -> int:
     """Run the server until it stops (idle, SIGTERM from `gpuhop cancel`); its exit code."""
     token = os.environ.get(TOKEN_ENV, "")
@@ -96,6 +106,7 @@ def serve(idle: int) -> int:
         app = ServerApp.instance(config=config(token, idle, os.getcwd()))
         app.initialize(argv=[])
         del os.environ[TOKEN_ENV]  # kernels and terminals do not inherit it
+        app.web_app.settings.setdefault("page_config_hook", _without_news)
         port = app.port
         log_metrics(**{PORT_METRIC: port, IDLE_METRIC: 0})
         after = f"; kernels idle for {idle}s stop, then the server" if idle > 0 else ""
