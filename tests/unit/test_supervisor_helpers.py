@@ -42,6 +42,20 @@ def test_python_script_in_the_work_dir_runs_with_the_agent_python(tmp_path: Path
     assert resolve_command(["pkg/eval.py"], tmp_path, "", PYTHON) == [PYTHON, "pkg/eval.py"]
 
 
+def test_dash_m_runs_a_module_with_the_jobs_python(tmp_path: Path):
+    assert resolve_command(
+        ["-m", "gpuhop.runtime.notebook", "run", "a.ipynb"], tmp_path, "", PYTHON
+    ) == [
+        PYTHON,
+        "-m",
+        "gpuhop.runtime.notebook",
+        "run",
+        "a.ipynb",
+    ]
+    with pytest.raises(StartError, match=r"-m needs a module name"):
+        resolve_command(["-m"], tmp_path, "", PYTHON)
+
+
 def test_missing_script_is_a_start_error_naming_it(tmp_path: Path):
     with pytest.raises(StartError, match=r"script train\.py is not in the job's work dir"):
         resolve_command(["train.py"], tmp_path, "/usr/bin", PYTHON)

@@ -31,6 +31,7 @@ from gpuhop.cli.queue import (
     queue_options,
 )
 from gpuhop.client import Client, GpuhopError, Job
+from gpuhop.client.notebook import batch_command
 
 
 class KerasChoice(StrEnum):
@@ -103,8 +104,9 @@ def _summary(info: JobInfo) -> str:
 def run(
     command: list[str] = typer.Argument(
         ...,
-        metavar="SCRIPT.py|COMMAND [ARGS]...",
-        help="A Python script in this directory, or a program on the GPU host, and its arguments.",
+        metavar="SCRIPT.py|NOTEBOOK.ipynb|COMMAND [ARGS]...",
+        help="A Python script in this directory, or a program on the GPU host, and its"
+        " arguments; or a notebook, run top to bottom, and its -p NAME=VALUE parameters.",
         show_default=False,
     ),
     gpus: int = typer.Option(0, "--gpus", "-g", min=0, help="Whole GPUs to give the job."),
@@ -245,6 +247,8 @@ def run(
     client = client_for(on)
     try:
         with transfer("uploading", wants_live(no_progress or quiet, sys.stderr)) as on_upload:
+            if command[0].endswith(".ipynb"):  # a notebook, run top to bottom with nbclient
+                command = batch_command(command, workdir)
             job = client.submit(
                 command,
                 workdir=workdir,

@@ -12,6 +12,7 @@ from gpuhop.cli import (
     gc,
     gpus,
     jobs,
+    notebook,
     ps,
     pull,
     queue,
@@ -55,6 +56,7 @@ data.register(app)
 serve.register(app)
 gc.register(app)
 ui.register(app)
+notebook.register(app)
 
 
 def _version(value: bool) -> None:

@@ -23,6 +23,7 @@ import httpx
 import gpuhop.client.endpoints as endpoints
 import gpuhop.client.host as host
 import gpuhop.client.jobs as jobs
+import gpuhop.client.notebook as notebooks
 import gpuhop.client.serving as serving
 import gpuhop.client.sweeps as sweeps
 import gpuhop.client.tokens as tokens
@@ -330,6 +331,39 @@ class Client:
     def model(self, ref: str) -> serving.Model:
         """A handle on a model server job, by its name (as given to `serve`) or job id."""
         return serving.model(self.session, ref)
+
+    # -- notebooks (see gpuhop.client.notebook) ------------------------------------------------
+
+    def start_notebook(
+        self,
+        *,
+        workdir: str | os.PathLike[str] = ".",
+        gpus: int = 0,
+        gpu_memory: str | int | None = None,
+        name: str | None = None,
+        idle: int = notebooks.DEFAULT_IDLE,
+        env: dict[str, str] | None = None,
+        requirements: str | os.PathLike[str] | bool | None = None,
+        python: str | None = None,
+    ) -> notebooks.Notebook:
+        """JupyterLab on the GPU host as a job in `workdir` (synced), holding its GPUs.
+        Kernels idle for `idle` seconds stop, and then the server (0: never). Returns at
+        once; `wait_ready()`, then `forward()`, and `url(fwd.url)` is the link with the token."""
+        return notebooks.start(
+            self.session,
+            workdir=workdir,
+            gpus=gpus,
+            gpu_memory=gpu_memory,
+            name=name,
+            idle=idle,
+            env=env,
+            requirements=requirements,
+            python=python,
+        )
+
+    def notebook(self, ref: str | None = None) -> notebooks.Notebook | None:
+        """The notebook job `ref` names, or your newest queued or running one (None: none)."""
+        return notebooks.find(self.session, ref)
 
     def job(self, ref: str) -> Job:
         """A handle on an existing job, by id, unique id prefix, or name."""

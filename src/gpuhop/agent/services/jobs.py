@@ -140,6 +140,10 @@ def list_jobs(
 
 def _check_command(rt: AgentContext, req: SubmitRequest) -> None:
     head = req.command[0]
+    if head == "-m":  # a module run by the job's Python (gpuhop's notebook runner)
+        if len(req.command) < 2 or not req.command[1]:
+            raise ApiError(400, ErrorCode.bad_request, "-m needs a module name to run")
+        return
     if head.endswith(".py") or ("/" in head and not head.startswith("/")):
         try:
             rel = validate_relpath(head[2:] if head.startswith("./") else head)
