@@ -15,6 +15,7 @@ from gpuhop.api import JobState
 from tests.conftest import Agent, wait_until
 from tests.integration import test_tls
 from tests.integration.test_tls import raw_http
+from tests.team import team_agent, team_tokens
 
 remote = test_tls.remote
 SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
@@ -23,23 +24,13 @@ SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
 @pytest.fixture(scope="module")
 def tls_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
     root = Path(tmp_path_factory.mktemp("fair-agent"))
-    (root / "home").mkdir()
-    (root / "home" / "agent.toml").write_text("user_max_gpus = 1\nuser_max_queued = 2\n")
-    agent = Agent(root / "home", root / "cache", 3, args=("--listen", "127.0.0.1:0"))
-    try:
-        yield agent.start()
-    finally:
-        agent.shutdown()
+    with team_agent(root, 3, config="user_max_gpus = 1\nuser_max_queued = 2\n") as agent:
+        yield agent
 
 
 @pytest.fixture(scope="module")
 def tokens(tls_agent: Agent) -> dict[str, str]:
-    with tls_agent.client() as owner:
-        return {
-            "alice": owner.create_token("alice").token,
-            "bob": owner.create_token("bob").token,
-            "carol": owner.create_token("carol", admin=True).token,
-        }
+    return team_tokens(tls_agent)
 
 
 def test_a_user_over_the_gpu_limit_waits_and_over_the_queue_limit_is_refused(

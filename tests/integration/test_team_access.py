@@ -30,6 +30,7 @@ from tests.conftest import Agent
 from tests.integration import test_tls
 from tests.integration.test_forward import SERVERS, start_servers
 from tests.integration.test_tls import raw_http
+from tests.team import team_agent, team_tokens
 
 JOBS_QUOTA = "1MiB"
 # remote(token) -> a Client of this module's agent with that token (test_tls's fixture).
@@ -40,23 +41,13 @@ SLEEP = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep
 @pytest.fixture(scope="module")
 def tls_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
     root = Path(tmp_path_factory.mktemp("team-agent"))
-    args = ("--listen", "127.0.0.1:0", "--jobs-quota", JOBS_QUOTA, "--gc-every-hours", "0")
-    agent = Agent(root / "home", root / "cache", 1, args=args)
-    try:
-        yield agent.start()
-    finally:
-        agent.shutdown()
+    with team_agent(root, 1, "--jobs-quota", JOBS_QUOTA, "--gc-every-hours", "0") as agent:
+        yield agent
 
 
 @pytest.fixture(scope="module")
 def tokens(tls_agent: Agent) -> dict[str, str]:
-    """Tokens for alice and bob (users) and carol (an admin)."""
-    with tls_agent.client() as owner:
-        return {
-            "alice": owner.create_token("alice").token,
-            "bob": owner.create_token("bob").token,
-            "carol": owner.create_token("carol", admin=True).token,
-        }
+    return team_tokens(tls_agent)
 
 
 def submit(http: httpx.Client, command: list[str], **fields: object) -> httpx.Response:

@@ -27,6 +27,7 @@ from gpuhop.client.sync import scan
 from gpuhop.client.tls import fetch_certificate, pinned_context
 from tests.conftest import Agent, wait_until
 from tests.integration.test_forward import PAGE, SERVERS, echo_through, start_servers
+from tests.team import team_agent, team_tokens
 
 SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(120)\n"
 WRITER = """
@@ -45,23 +46,13 @@ UNAUTHORIZED = {
 
 @pytest.fixture(scope="module")
 def tls_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
-    root = Path(tmp_path_factory.mktemp("tls-agent"))
-    agent = Agent(root / "home", root / "cache", 1, args=("--listen", "127.0.0.1:0"))
-    try:
-        yield agent.start()
-    finally:
-        agent.shutdown()
+    with team_agent(Path(tmp_path_factory.mktemp("tls-agent")), 1) as agent:
+        yield agent
 
 
 @pytest.fixture(scope="module")
 def tokens(tls_agent: Agent) -> dict[str, str]:
-    """Tokens for alice and bob (users) and root-ish carol (admin)."""
-    with tls_agent.client() as owner:
-        return {
-            "alice": owner.create_token("alice").token,
-            "bob": owner.create_token("bob").token,
-            "carol": owner.create_token("carol", admin=True).token,
-        }
+    return team_tokens(tls_agent)
 
 
 @pytest.fixture
