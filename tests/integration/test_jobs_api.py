@@ -259,13 +259,47 @@ class TestBadInput:
     def test_oversized_tree(self, shared_agent):
         from gpuhop.agent.server.routers.trees import MAX_TREE_BYTES
 
+        tmp = shared_agent.home / "tmp"
         with raw(shared_agent) as http:
             r = http.post(
                 "/v1/trees",
                 content=b"[" + b" " * (MAX_TREE_BYTES + 1),
                 headers={"content-type": "application/json"},
             )
-        assert r.status_code == 413 and r.json()["code"] == "too_large"
+            assert r.status_code == 413 and r.json()["code"] == "too_large"
+            message = r.json()["message"]
+            assert f"over {MAX_TREE_BYTES >> 20} MiB" in message and ".gpuhopignore" in message
+            # The agent goes on answering, trees included, and kept nothing of that one.
+            assert http.get("/v1/jobs").status_code == 200
+            entry = {"path": "x.py", "digest": "ab" * 32, "size": 3}
+            assert http.post("/v1/trees", json={"entries": [entry]}).status_code == 409
+        assert not any(p.name.startswith("tree-") for p in tmp.iterdir())
+
+    @pytest.mark.parametrize(
+        ("body", "words"),
+        [
+            (b'{"entries": [], "extra": 1}', "extra: a tree has no such field"),
+            (b'{"entries": [], "entries": []}', "entries: given twice"),
+            (b"{}", "entries: Field required"),
+            (b'{"entries": {}}', "expected the list of entries"),
+            (b'{"entries": [{"path": "a"', "entries.0 is not valid JSON"),
+            (b'{"entries": []} []', "more follows its end"),
+            (b'{"entries": ["\xe9"]}', "not valid UTF-8"),
+            (
+                b'{"entries": [{"path": "\\ud800", "digest": "' + b"0" * 64 + b'", "size": 1}]}',
+                "entries.0.path: path is not valid text: it holds a lone surrogate",
+            ),
+            (
+                b'{"entries": [{"path": "a", "digest": "' + b"0" * 64 + b'", "size": -1}]}',
+                "entries.0.size",
+            ),
+        ],
+    )
+    def test_trees_that_are_not_trees(self, shared_agent, body, words):
+        with raw(shared_agent) as http:
+            r = http.post("/v1/trees", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 422, r.text
+        assert r.json()["code"] == "bad_request" and words in r.json()["message"], r.text
 
     def test_unknown_fields_and_malformed_json(self, shared_agent):
         with raw(shared_agent) as http:

@@ -8,15 +8,18 @@ from fastapi import APIRouter, Request
 
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.errors import ApiError
-from gpuhop.agent.storage.trees import manifest_errors
+from gpuhop.agent.server.routers.blobs import drain
+from gpuhop.agent.storage.trees import TreeTooLarge, manifest_errors
 from gpuhop.api import ErrorCode, TreeStored
 
 router = APIRouter(prefix="/v1/trees", tags=["trees"])
 
 # 200,000 files at about 150 bytes each, with room to spare.
 MAX_TREE_BYTES = 64 * 1024 * 1024
-# Reading and checking a tree at that cap takes a few hundred MB: one tree at a time, so
-# that many uploads at once cost the agent no more than one (the others wait unread).
+# A tree goes to a temp file as it arrives and is checked from there an entry at a time
+# (see TreeStore.store), which holds its paths and distinct digests, some tens of MB at the
+# cap: one tree at a time, so that many uploads at once cost the agent no more than one
+# (the others wait unread).
 _ONE_TREE = asyncio.Semaphore(1)
 
 
@@ -34,15 +37,23 @@ async def read_limited(request: Request, limit: int, what: str) -> bytes:
 async def upload(request: Request) -> TreeStored:
     ctx = request.app.state.ctx
     caller = caller_of(request)
-    async with _ONE_TREE:
-        raw = await read_limited(request, MAX_TREE_BYTES, "a tree")
-        with manifest_errors():
-            digest, tree = await asyncio.to_thread(ctx.trees.store, raw)
-        del raw
+    try:
+        async with _ONE_TREE:
+            upload = ctx.trees.receive(MAX_TREE_BYTES)
+            try:
+                async for chunk in request.stream():
+                    upload.write(chunk)
+                with manifest_errors():
+                    digest, tree = await asyncio.to_thread(ctx.trees.store, upload)
+            finally:
+                upload.close()
+    except TreeTooLarge as e:
+        # Out of the one-at-a-time lock: a client still sending reads the answer.
+        await drain(request)
+        raise ApiError(413, ErrorCode.too_large, str(e)) from None
     if not caller.admin:
         # A tree may name only blobs this user has uploaded (see gpuhop.agent.storage.claims).
-        digests = [e.digest for e in tree.entries]
-        unclaimed = await asyncio.to_thread(ctx.claims.unclaimed, caller.user, "blob", digests)
+        unclaimed = await asyncio.to_thread(ctx.claims.unclaimed, caller.user, "blob", tree.digests)
         if unclaimed:
             raise ApiError(
                 409,
@@ -51,6 +62,4 @@ async def upload(request: Request) -> TreeStored:
                 {"missing": unclaimed},
             )
         await asyncio.to_thread(ctx.claims.claim, caller.user, "tree", [digest])
-    return TreeStored(
-        digest=digest, files=len(tree.entries), bytes=sum(e.size for e in tree.entries)
-    )
+    return TreeStored(digest=digest, files=tree.files, bytes=tree.bytes)
