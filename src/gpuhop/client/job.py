@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import quote_from_bytes
 
 import httpx
 
@@ -167,13 +168,16 @@ class Job:
         """
         root = Path(dest).absolute()
         root.mkdir(parents=True, exist_ok=True)
-        written, todo = [], []
+        written: list[Path] = []
+        todo: list[tuple[ArtifactEntry, bytes, Path]] = []
         for art in self.artifacts():
+            name = art.name_bytes()
             try:
-                validate_relpath(art.path)
+                # Checked with any bytes that are not UTF-8 replaced: the same slashes and dots.
+                validate_relpath(name.decode("utf-8", "replace"))
             except ValueError as e:
                 raise GpuhopError(f"agent sent a bad artifact path: {e}", "bad_path") from None
-            target = root / art.path
+            target = root / os.fsdecode(name)  # the same bytes, whatever they are
             if not target.resolve().is_relative_to(root.resolve()):
                 raise GpuhopError(f"artifact {art.path} would land outside {root}", "bad_path")
             if target.is_file():
@@ -181,15 +185,15 @@ class Job:
                 if st.st_size == art.size and int(st.st_mtime) == int(art.mtime):
                     written.append(target)
                     continue
-            todo.append((art, target))
-        total = sum(art.size for art, _ in todo)
+            todo.append((art, name, target))
+        total = sum(art.size for art, _, _ in todo)
         done = 0
-        for art, target in todo:
+        for art, name, target in todo:
             target.parent.mkdir(parents=True, exist_ok=True)
             part = target.with_name(target.name + ".gpuhop-part")
             with (
                 self.session.stream(
-                    "GET", f"/v1/jobs/{self.id}/artifacts/{quote(art.path, safe='/')}"
+                    "GET", f"/v1/jobs/{self.id}/artifacts/{quote_from_bytes(name, safe='/')}"
                 ) as response,
                 open(part, "wb") as f,
             ):
