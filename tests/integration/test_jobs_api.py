@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -274,6 +275,22 @@ class TestBadInput:
             entry = {"path": "x.py", "digest": "ab" * 32, "size": 3}
             assert http.post("/v1/trees", json={"entries": [entry]}).status_code == 409
         assert not any(p.name.startswith("tree-") for p in tmp.iterdir())
+
+    def test_a_tree_sent_slowly_holds_up_no_other_tree(self, shared_agent):
+        # One client sends half a tree and stops; another's tree is checked meanwhile.
+        stalled = socket.socket(socket.AF_UNIX)
+        try:
+            stalled.connect(str(shared_agent.paths.socket))
+            stalled.sendall(
+                b"POST /v1/trees HTTP/1.1\r\nHost: gpuhop\r\ncontent-type: application/json\r\n"
+                b"content-length: 100000\r\n\r\n" + b'{"entries": [' + b" " * 70_000
+            )
+            entry = {"path": "x.py", "digest": "ab" * 32, "size": 3}
+            with raw(shared_agent) as http:
+                r = http.post("/v1/trees", json={"entries": [entry]}, timeout=30)
+            assert r.status_code == 409 and r.json()["code"] == "missing_blobs"
+        finally:
+            stalled.close()
 
     @pytest.mark.parametrize(
         ("body", "words"),

@@ -16,10 +16,10 @@ router = APIRouter(prefix="/v1/trees", tags=["trees"])
 
 # 200,000 files at about 150 bytes each, with room to spare.
 MAX_TREE_BYTES = 64 * 1024 * 1024
-# A tree goes to a temp file as it arrives and is checked from there an entry at a time
-# (see TreeStore.store), which holds its paths and distinct digests, some tens of MB at the
-# cap: one tree at a time, so that many uploads at once cost the agent no more than one
-# (the others wait unread).
+# A tree goes to a temp file as it arrives (a piece at a time in memory, so a slow sender
+# holds up no one else) and is then checked from there an entry at a time (see
+# TreeStore.store), which holds its paths and distinct digests: some tens of MB at the cap.
+# One check at a time, so that many uploads at once cost the agent no more than one.
 _ONE_TREE = asyncio.Semaphore(1)
 
 
@@ -37,20 +37,19 @@ async def read_limited(request: Request, limit: int, what: str) -> bytes:
 async def upload(request: Request) -> TreeStored:
     ctx = request.app.state.ctx
     caller = caller_of(request)
+    upload = ctx.trees.receive(MAX_TREE_BYTES)
     try:
+        try:
+            async for chunk in request.stream():
+                upload.write(chunk)
+        except TreeTooLarge as e:
+            await drain(request)  # so that the client, still sending, reads the answer
+            raise ApiError(413, ErrorCode.too_large, str(e)) from None
         async with _ONE_TREE:
-            upload = ctx.trees.receive(MAX_TREE_BYTES)
-            try:
-                async for chunk in request.stream():
-                    upload.write(chunk)
-                with manifest_errors():
-                    digest, tree = await asyncio.to_thread(ctx.trees.store, upload)
-            finally:
-                upload.close()
-    except TreeTooLarge as e:
-        # Out of the one-at-a-time lock: a client still sending reads the answer.
-        await drain(request)
-        raise ApiError(413, ErrorCode.too_large, str(e)) from None
+            with manifest_errors():
+                digest, tree = await asyncio.to_thread(ctx.trees.store, upload)
+    finally:
+        upload.close()
     if not caller.admin:
         # A tree may name only blobs this user has uploaded (see gpuhop.agent.storage.claims).
         unclaimed = await asyncio.to_thread(ctx.claims.unclaimed, caller.user, "blob", tree.digests)
