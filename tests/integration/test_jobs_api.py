@@ -276,6 +276,19 @@ class TestBadInput:
             assert http.post("/v1/trees", json={"entries": [entry]}).status_code == 409
         assert not any(p.name.startswith("tree-") for p in tmp.iterdir())
 
+    def test_oversized_dataset_manifest(self, shared_agent):
+        from gpuhop.agent.server.routers.trees import MAX_TREE_BYTES
+
+        with raw(shared_agent) as http:
+            r = http.post(
+                "/v1/datasets/huge",
+                content=b"[" + b" " * (MAX_TREE_BYTES + 1),
+                headers={"content-type": "application/json"},
+            )
+            assert r.status_code == 413 and r.json()["code"] == "too_large"
+            assert "manifest (the list of its files) is over 64 MiB" in r.json()["message"]
+            assert http.get("/v1/datasets/huge").status_code == 404
+
     def test_a_tree_sent_slowly_holds_up_no_other_tree(self, shared_agent):
         # One client sends half a tree and stops; another's tree is checked meanwhile.
         stalled = socket.socket(socket.AF_UNIX)

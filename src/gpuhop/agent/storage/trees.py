@@ -29,6 +29,12 @@ from gpuhop.agent.storage.treefile import TreeFileError, read_entries
 from gpuhop.api import ErrorCode
 from gpuhop.api.models import MAX_MANIFEST_FILES, SHA256_RE, ManifestEntry
 
+TREE_TOO_LARGE = (
+    "the tree (the list of the work dir's files) is over {mib} MiB, the most the agent"
+    " takes: leave generated or bulky files out of the work dir (.gpuhopignore) and push data"
+    " as a dataset (gpuhop data push)"
+)
+
 
 class TreeError(ValueError):
     """A tree that is malformed; the message names the offending path."""
@@ -86,9 +92,9 @@ class TreeStore:
         entries: list[dict] = json.loads(self.path(digest).read_bytes())["entries"]
         return entries
 
-    def receive(self, limit: int) -> TreeUpload:
+    def receive(self, limit: int, refusal: str = TREE_TOO_LARGE) -> TreeUpload:
         """A temp file for a tree arriving (see TreeUpload); `store` it, then `close` it."""
-        return TreeUpload(self.tmp, limit)
+        return TreeUpload(self.tmp, limit, refusal)
 
     def store(self, upload: TreeUpload) -> tuple[str, TreeSummary]:
         """Check and keep an uploaded tree, read from its file one entry at a time. Raises
@@ -134,20 +140,17 @@ class TreeSummary:
 
 
 class TreeTooLarge(Exception):
-    def __init__(self, limit: int):
-        super().__init__(
-            f"the tree (the list of the work dir's files) is over {limit >> 20} MiB, the most"
-            " the agent takes: leave generated or bulky files out of the work dir"
-            " (.gpuhopignore) and push data as a dataset (gpuhop data push)"
-        )
+    """A body past its cap; the message (`refusal` with the cap in MiB) says what to do."""
 
 
 class TreeUpload:
-    """A tree's bytes as they arrive: written to a temp file and hashed, never held whole.
-    Raises TreeTooLarge once they pass `limit`."""
+    """A manifest's bytes (a tree's, a dataset version's) as they arrive: written to a temp
+    file and hashed, never held whole. Raises TreeTooLarge once they pass `limit`, with
+    `refusal` (a format string of `mib`) as its message."""
 
-    def __init__(self, tmp: Path, limit: int):
+    def __init__(self, tmp: Path, limit: int, refusal: str = TREE_TOO_LARGE):
         self.limit = limit
+        self.refusal = refusal
         self.size = 0
         self.sha256 = hashlib.sha256()
         fd, self.name = tempfile.mkstemp(dir=tmp, prefix="tree-")
@@ -156,9 +159,15 @@ class TreeUpload:
     def write(self, data: bytes) -> None:
         self.size += len(data)
         if self.size > self.limit:
-            raise TreeTooLarge(self.limit)
+            raise TreeTooLarge(self.refusal.format(mib=self.limit >> 20))
         self.sha256.update(data)
         self.file.write(data)
+
+    def read(self) -> bytes:
+        """All of it (for a manifest that is parsed whole)."""
+        self.file.flush()
+        self.file.seek(0)
+        return self.file.read()
 
     def close(self) -> None:
         """Drop the temp file (gone already if the tree was stored)."""

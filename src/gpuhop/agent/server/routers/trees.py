@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.errors import ApiError
 from gpuhop.agent.server.routers.blobs import drain
-from gpuhop.agent.storage.trees import TreeTooLarge, manifest_errors
+from gpuhop.agent.storage.trees import TreeTooLarge, TreeUpload, manifest_errors
 from gpuhop.api import ErrorCode, TreeStored
 
 router = APIRouter(prefix="/v1/trees", tags=["trees"])
@@ -23,14 +23,14 @@ MAX_TREE_BYTES = 64 * 1024 * 1024
 _ONE_TREE = asyncio.Semaphore(1)
 
 
-async def read_limited(request: Request, limit: int, what: str) -> bytes:
-    """A body read whole, refused with 413 once it passes `limit` bytes."""
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > limit:
-            raise ApiError(413, ErrorCode.too_large, f"{what} may be at most {limit} bytes")
-    return bytes(raw)
+async def receive(request: Request, upload: TreeUpload) -> None:
+    """Write the request's body to `upload`; past its cap, drain the rest and answer 413."""
+    try:
+        async for chunk in request.stream():
+            upload.write(chunk)
+    except TreeTooLarge as e:
+        await drain(request)  # so that the client, still sending, reads the answer
+        raise ApiError(413, ErrorCode.too_large, str(e)) from None
 
 
 @router.post("", status_code=201)
@@ -39,12 +39,7 @@ async def upload(request: Request) -> TreeStored:
     caller = caller_of(request)
     upload = ctx.trees.receive(MAX_TREE_BYTES)
     try:
-        try:
-            async for chunk in request.stream():
-                upload.write(chunk)
-        except TreeTooLarge as e:
-            await drain(request)  # so that the client, still sending, reads the answer
-            raise ApiError(413, ErrorCode.too_large, str(e)) from None
+        await receive(request, upload)
         async with _ONE_TREE:
             with manifest_errors():
                 digest, tree = await asyncio.to_thread(ctx.trees.store, upload)
