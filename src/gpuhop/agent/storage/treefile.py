@@ -14,7 +14,7 @@ from __future__ import annotations
 import codecs
 import json
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 READ = 1 << 20
 # The most text one entry may take, whitespace and escapes included: a path of 3,072 bytes,
@@ -91,7 +91,7 @@ class _Text:
 _DECODER = json.JSONDecoder()
 
 
-def read_entries(f: BinaryIO) -> Iterator[object]:
+def read_entries(f: BinaryIO) -> Iterator[Any]:
     """Each item of the document's `entries` list, in order, as json.loads makes it.
     Raises TreeFileError for a document that is not `{"entries": [...]}`."""
     text = _Text(f)

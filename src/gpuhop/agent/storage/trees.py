@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import tempfile
 import threading
@@ -87,10 +86,11 @@ class TreeStore:
                 path.unlink(missing_ok=True)
             return st.st_size
 
-    def entries(self, digest: str) -> list[dict]:
-        """The entries of a stored tree (checked on arrival; not re-validated here)."""
-        entries: list[dict] = json.loads(self.path(digest).read_bytes())["entries"]
-        return entries
+    def entries(self, digest: str) -> Iterator[dict[str, Any]]:
+        """The entries of a stored tree, read one at a time (checked on arrival; not
+        re-validated here)."""
+        with open(self.path(digest), "rb") as f:
+            yield from read_entries(f)
 
     def receive(self, limit: int, refusal: str = TREE_TOO_LARGE) -> TreeUpload:
         """A temp file for a tree arriving (see TreeUpload); `store` it, then `close` it."""
