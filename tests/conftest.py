@@ -28,6 +28,11 @@ from gpuhop.home import AgentPaths, read_pid
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 
+# A job has a /tmp of its own, so the files a test shares with its jobs (gates, pids,
+# markers in tmp_path) must lie outside /tmp: pytest's temp dirs go under /var/tmp (pytest
+# keeps the last 3 runs' there, as it does under /tmp). Set before pytest first asks.
+os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", "/var/tmp")
+
 
 @functools.cache
 def has_nvidia_gpu() -> bool:
@@ -138,15 +143,29 @@ class Agent:
         )
 
     def kill_jobs(self) -> None:
-        """Kill what is left of every job this agent started (by process group)."""
+        """Kill what is left of every job this agent started (by process group, and by
+        its memory cgroup where it has one: that holds a job whose shim has not yet written
+        its pid), and remove those cgroups."""
+        import json
+
         jobs = self.paths.jobs
         if not jobs.is_dir():
             return
         for pidfile in jobs.glob("*/shim.pid"):
             with contextlib.suppress(OSError, ValueError, ProcessLookupError, PermissionError):
-                import json
-
                 os.killpg(int(json.loads(pidfile.read_text())["pid"]), signal.SIGKILL)
+        for made in jobs.glob("*/cgroup.json"):
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                cgroup = Path(json.loads(made.read_text())["path"])
+                deadline = time.monotonic() + 10
+                while (procs := (cgroup / "cgroup.procs").read_text().split()) and (
+                    time.monotonic() < deadline
+                ):
+                    for pid in procs:
+                        with contextlib.suppress(ProcessLookupError, PermissionError):
+                            os.kill(int(pid), signal.SIGKILL)
+                    time.sleep(0.02)
+                cgroup.rmdir()
 
     def shutdown(self) -> None:
         self.kill_jobs()

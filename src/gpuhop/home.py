@@ -140,9 +140,21 @@ class JobPaths:
         return self.root / "checkpoints"
 
     @property
+    def tmp(self) -> Path:
+        """The job's private temporary dir: its `/tmp` (and `$TMPDIR`) while it runs, removed
+        when the attempt ends."""
+        return self.root / "tmp"
+
+    @property
     def tree(self) -> Path:
         """The job's own copy of its work-dir tree."""
         return self.root / "tree.json"
+
+    @property
+    def materialised(self) -> Path:
+        """Touched once the work dir is made from its tree: a synced file whose mtime is
+        older is as it was synced (see `gpuhop.agent.services.workdir`)."""
+        return self.root / "work.materialised"
 
     @property
     def status(self) -> Path:

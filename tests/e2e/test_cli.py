@@ -119,7 +119,7 @@ def test_bad_input_gets_a_clear_message(shared_agent, project):
     assert "asks for 4 GPUs; this host has 0" in too_many.stderr
     assert "no job matches 'ffffffffff'" in unknown.stderr
     assert "--env takes KEY=VALUE" in bad_env.stderr
-    assert "not submitted: name: name must be 1-64 characters" in bad_name.stderr
+    assert "not submitted: name: name must be 1-128 characters" in bad_name.stderr
 
 
 def test_link_out_of_the_work_dir_is_refused(shared_agent, project, tmp_path):

@@ -175,3 +175,41 @@ def test_watch_a_job_train_and_cancel_it_from_the_browser(
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=15) == 0
     assert proc.stderr is not None and "stopped the dashboard" in proc.stderr.read()
+
+
+CURVE = """
+import sys
+from gpuhop.runtime import log_metrics
+
+lr = float(sys.argv[1])
+for step in range(1, 6):
+    log_metrics(step=step, val_loss=lr / step)
+"""
+
+
+def test_a_sweeps_page_draws_every_runs_curve_on_one_chart(dashboard, browser, project):
+    agent, _, link = dashboard
+    with agent.client() as client:
+        sweep = client.sweep(
+            "curve.py {lr}",
+            {"lr": ["1", "2", "3"]},
+            name="lrs",
+            workdir=project({"curve.py": CURVE}),
+        )
+        for run in sweep.runs:
+            run.wait(timeout=60)
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(link)
+    page.goto(link.split("/ui/")[0] + f"/ui/sweeps/{sweep.id}")
+    expect = sync_api.expect
+    expect(page.locator("#runs tbody tr")).to_have_count(3)
+    expect(page.locator("#runs")).to_contain_text("lrs[lr=2]")
+    chart = page.locator('[data-metric="val_loss"]')
+    expect(chart.locator("svg path.line")).to_have_count(3)
+    expect(chart).to_have_attribute("data-points", "15")
+    expect(chart.locator(".legend")).to_contain_text("lrs[lr=3]")
+    assert not errors, errors
+    context.close()

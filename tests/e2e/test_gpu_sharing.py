@@ -11,27 +11,31 @@ from tests.conftest import REPO, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
-# Prints where it landed, then holds its GPU until a file named after its job id appears.
+# Prints where it landed, then holds its GPU until the test puts a file named `release` in its
+# artifacts dir (the host's /tmp is not the job's).
 HOLDER = """
 import os, sys, time, pathlib
 print("CUDA_VISIBLE_DEVICES=" + os.environ["CUDA_VISIBLE_DEVICES"],
-      "GPUHOP_GPU_MEMORY_MB=" + os.environ.get("GPUHOP_GPU_MEMORY_MB", "-"), flush=True)
-release = pathlib.Path(sys.argv[1]) / os.environ["GPUHOP_JOB_ID"]
+      "GPUHOP_GPU_MEMORY_MB=" + os.environ.get("GPUHOP_GPU_MEMORY_MB", "-"),
+      "XLA_PYTHON_CLIENT_MEM_FRACTION=" + os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "-"),
+      flush=True)
+release = pathlib.Path(os.environ["GPUHOP_ARTIFACTS_DIR"]) / "release"
 while not release.exists():
     time.sleep(0.02)
 """
 
 
 def test_4gib_shares_pack_onto_two_fake_8gib_gpus_and_whole_gpu_jobs_wait_their_turn(
-    make_agent, project, tmp_path
+    make_agent, project
 ):
     agent = make_agent(fake_gpus=2)
     root = project({"hold.py": HOLDER})
-    gates = tmp_path / "gates"
-    gates.mkdir()
+
+    def release(job: str) -> None:
+        (agent.paths.jobs / job / "artifacts" / "release").touch()
 
     def submit(*args: str) -> str:
-        run = agent.cli("run", "--detach", *args, "hold.py", str(gates), cwd=root)
+        run = agent.cli("run", "--detach", *args, "hold.py", cwd=root)
         assert run.returncode == 0, run.stderr
         return run.stdout.strip()
 
@@ -59,7 +63,11 @@ def test_4gib_shares_pack_onto_two_fake_8gib_gpus_and_whole_gpu_jobs_wait_their_
     assert {show(j)["gpu_memory_mb"] for j in (a, b, c)} == {4096}
     for job, gpu in ((a, 0), (b, 0), (c, 1)):
         wait_until(lambda job=job: b"".join(client.job(job).logs()), timeout=30)
-        assert log(job) == f"CUDA_VISIBLE_DEVICES={gpu} GPUHOP_GPU_MEMORY_MB=4096\n"
+        # JAX's allocator gets the share as a fraction of the (fake, 8 GiB) GPU.
+        assert log(job) == (
+            f"CUDA_VISIBLE_DEVICES={gpu} GPUHOP_GPU_MEMORY_MB=4096"
+            " XLA_PYTHON_CLIENT_MEM_FRACTION=0.5000\n"
+        )
     assert [(g["index"], g["job_ids"], g["memory_reserved_mb"]) for g in gpus()] == [
         (0, [a, b], 8192),
         (1, [c], 4096),
@@ -79,19 +87,19 @@ def test_4gib_shares_pack_onto_two_fake_8gib_gpus_and_whole_gpu_jobs_wait_their_
     wait_until(lambda: state(cpu) == "succeeded", timeout=60)
     assert (state(whole), state(late)) == ("queued", "queued")
 
-    (gates / c).touch()  # GPU 1 empties: the whole-GPU job takes it
+    release(c)  # GPU 1 empties: the whole-GPU job takes it
     wait_until(lambda: state(whole) == "running", timeout=60)
     assert show(whole)["gpu_ids"] == [1]
     assert state(late) == "queued"  # GPU 0 is full and GPU 1 is held whole
     assert [(g["job_ids"], g["memory_reserved_mb"]) for g in gpus()][1] == ([whole], 8192)
 
-    (gates / a).touch()  # 4 GiB free on GPU 0 again: the share joins b there
+    release(a)  # 4 GiB free on GPU 0 again: the share joins b there
     wait_until(lambda: state(late) == "running", timeout=60)
     assert show(late)["gpu_ids"] == [0]
     assert [g["job_ids"] for g in gpus()] == [[b, late], [whole]]
 
     for job in (b, whole, late):
-        (gates / job).touch()
+        release(job)
     for job in (a, b, c, whole, late):
         wait_until(lambda job=job: state(job) == "succeeded", timeout=60)
     assert [(g["job_ids"], g["memory_reserved_mb"]) for g in gpus()] == [([], 0), ([], 0)]
@@ -179,14 +187,17 @@ def test_the_hook_caps_tensorflow_in_an_unmodified_script_run_through_the_agent(
 
     assert run.returncode == 0, run.stdout + run.stderr
     lines = [line for line in run.stdout.splitlines() if "user" in line or "gpuhop:" in line]
-    hook_line = next(line for line in lines if line.startswith("gpuhop: after import"))
-    assert lines == [
+    hook_lines = [line for line in lines if line.startswith("gpuhop: after import")]
+    assert [line for line in lines if line not in hook_lines] == [
         "user sitecustomize ran",
         "user: importing tensorflow",
-        hook_line,
-        "user: hook applied ['gpu_memory_limit']",
+        # TensorFlow imports Keras, whose fit the hook patches too.
+        "user: hook applied ['gpu_memory_limit', 'keras_callbacks', 'quiet_start']",
         "user: first op 3.0 on 2 CPUs",
     ]
+    # Each action says what it did, before the script's next line.
+    assert lines.index(hook_lines[-1]) < lines.index("user: first op 3.0 on 2 CPUs")
+    hook_line = next(line for line in hook_lines if "gpu_memory_limit" in line)
     # No GPU here, so the action found none to cap; on a GPU host it caps each visible one.
     assert hook_line.endswith(
         "gpu_memory_limit: no GPU visible to TensorFlow; nothing to cap at 4096 MB"
@@ -206,3 +217,29 @@ def test_agent_takes_the_fake_gpu_memory(tmp_path: Path):
         assert alone.returncode == 2 and "give --fake-gpus N too" in alone.stderr
     finally:
         agent.shutdown()
+
+
+# What the metrics callback writes each epoch on a GPU, and the start-up hook at exit (a
+# record of memory alone): the frameworks report no device memory on a CPU.
+MEMORY_REPORT = """
+import gpuhop.runtime as job
+job.log_metrics(epoch=1, epochs=1, loss=0.5, memory_mb=4000.0, memory_peak_mb=5222.4)
+job.log_metrics(memory_mb=0.0, memory_peak_mb=5222.4)
+"""
+
+
+def test_show_gives_a_share_jobs_peak_memory_and_the_share_it_needs(make_agent, project):
+    agent = make_agent(fake_gpus=1)
+    root = project({"train.py": MEMORY_REPORT})
+    run = agent.cli("run", "--name", "mem", "--gpu-memory", "6GiB", "train.py", cwd=root)
+    assert run.returncode == 0, run.stderr
+
+    shown = agent.cli("show", "mem").stdout
+    assert (
+        "memory  peak 5.1 GiB of a 6 GiB share; next time --gpu-memory 6.2GiB would do"
+        " (peak + 20 %)"
+    ) in shown
+    # The memory-only record at exit does not hide the last epoch's metrics.
+    assert "metrics  epoch=1 loss=0.5" in shown
+    assert json.loads(agent.cli("show", "--json", "mem").stdout)["memory_peak_mb"] == 5222.4
+    assert "0 (6 GiB, peak 5.1 GiB)" in agent.cli("ps").stdout

@@ -134,3 +134,90 @@ def test_a_lone_worker_gives_up_within_its_timeout(shared_agent, project, make_s
     assert info.state == JobState.failed
     assert info.reason.startswith("worker 0 exited with code 1 first; 1 other worker was stopped")
     assert "its peers did not join within 5s" in info.reason
+
+
+DISTRIBUTION_DUMP = """
+import json, os
+keys = ["KERAS_DISTRIBUTION_JOB_ADDRESSES", "KERAS_DISTRIBUTION_NUM_PROCESSES",
+        "KERAS_DISTRIBUTION_PROCESS_ID", "KERAS_BACKEND", "TF_CONFIG", "TF_USE_LEGACY_KERAS"]
+print(json.dumps({k: os.environ.get(k) for k in keys}))
+"""
+
+
+def test_keras3_on_jax_workers_get_keras_distribution_not_tf_config(shared_agent, project):
+    root = project({"dump.py": DISTRIBUTION_DUMP})
+    run = shared_agent.cli(
+        "run", "--no-progress", "-w", "2", "-e", "KERAS_BACKEND=jax", "dump.py", cwd=root
+    )
+    assert run.returncode == 0, run.stderr
+    seen = {
+        line.split("] ", 1)[0]: json.loads(line.split("] ", 1)[1])
+        for line in run.stdout.splitlines()
+    }
+    coordinator = seen["[worker 0"]["KERAS_DISTRIBUTION_JOB_ADDRESSES"]
+    assert coordinator.startswith("127.0.0.1:")
+    for i in (0, 1):
+        assert seen[f"[worker {i}"] == {
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES": coordinator,
+            "KERAS_DISTRIBUTION_NUM_PROCESSES": "2",
+            "KERAS_DISTRIBUTION_PROCESS_ID": str(i),
+            "KERAS_BACKEND": "jax",
+            "TF_CONFIG": None,
+            "TF_USE_LEGACY_KERAS": None,
+        }
+    tf = shared_agent.cli(
+        "run", "--no-progress", "-w", "2", "--keras", "tf-keras", "dump.py", cwd=root
+    )
+    assert tf.returncode == 0, tf.stderr
+    first = json.loads(tf.stdout.splitlines()[0].split("] ", 1)[1])
+    assert first["TF_CONFIG"] and first["TF_USE_LEGACY_KERAS"] == "1"
+    assert first["KERAS_DISTRIBUTION_PROCESS_ID"] is None
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--keras", "keras3"], "Keras 3 fit on the TensorFlow backend does not work under"),
+        (["-e", "KERAS_BACKEND=tensorflow"], "run with -e KERAS_BACKEND=jax"),
+        (["-e", "KERAS_BACKEND=torch"], "the torch backend across processes is not supported"),
+    ],
+)
+def test_keras_that_cannot_run_across_workers_is_refused_before_it_starts(
+    shared_agent, project, args, words
+):
+    root = project({"dump.py": DISTRIBUTION_DUMP})
+    run = shared_agent.cli("run", "-w", "2", *args, "dump.py", cwd=root)
+    assert run.returncode == 2 and words in run.stderr
+    assert "queued" not in run.stderr  # refused at submit: no job was made
+
+
+@pytest.mark.tf
+def test_keras3_jax_example_trains_on_two_processes_to_the_same_weights(make_agent, tmp_path):
+    agent = make_agent()
+    work = tmp_path / "work"
+    shutil.copytree(EXAMPLES / "keras3-jax-multiworker", work / "example")
+    run = agent.cli(
+        "run",
+        "--no-progress",
+        "--workers",
+        "2",
+        "-e",
+        "KERAS_BACKEND=jax",
+        "--pull",
+        str(tmp_path / "out"),
+        "example/train.py",
+        "--epochs",
+        "2",
+        cwd=work,
+        timeout=280,
+    )
+    assert run.returncode == 0, run.stderr[-3000:] + run.stdout[-3000:]
+    finals = {
+        line.split("] ", 1)[0]: line.split("final loss: ", 1)[1]
+        for line in run.stdout.splitlines()
+        if "final loss: " in line
+    }
+    assert set(finals) == {"[worker 0", "[worker 1"}
+    assert finals["[worker 0"] == finals["[worker 1"]  # same loss and weights checksum
+    assert "process 1 of 2: 2 devices in the mesh" in run.stdout
+    assert (tmp_path / "out" / "digits.keras").is_file()

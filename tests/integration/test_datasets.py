@@ -156,10 +156,11 @@ print("wrote scratch")
 
 def test_a_dataset_in_use_cannot_be_removed(shared_agent, project, tmp_path):
     tree = make_tree(tmp_path / "ds", seed=4)
-    gate = tmp_path / "go"
     root = project(
         {
-            "job.py": f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n"
+            "job.py": "import os, time\n"
+            "gate = os.path.join(os.environ['GPUHOP_ARTIFACTS_DIR'], 'go')\n"
+            "while not os.path.exists(gate):\n"
             "    time.sleep(0.02)\n"
         }
     )
@@ -170,7 +171,8 @@ def test_a_dataset_in_use_cannot_be_removed(shared_agent, project, tmp_path):
         with pytest.raises(GpuhopError, match="in use by job") as e:
             client.data.remove("busy")
         assert e.value.status == 409
-        gate.touch()
+        # In the job's artifacts dir: the host's /tmp is not the job's.
+        (shared_agent.paths.jobs / job.id / "artifacts" / "go").touch()
         assert job.wait(timeout=60).state == JobState.succeeded
         assert client.data.remove("busy") == [1]
         assert "busy" not in {d.name for d in client.data.list()}

@@ -136,8 +136,11 @@ def test_python_picks_the_interpreter_and_is_checked(shared_agent, project):
 
 def test_env_rm_keeps_what_jobs_use(make_agent, project, wheels, tmp_path):
     agent = make_agent()
-    gate = tmp_path / "go"
-    waiting = f"import os, time\nwhile not os.path.exists({str(gate)!r}):\n    time.sleep(0.02)\n"
+    # In the job's artifacts dir: the host's /tmp is not the job's.
+    waiting = (
+        "import os, time\ngate = os.path.join(os.environ['GPUHOP_ARTIFACTS_DIR'], 'go')\n"
+        "while not os.path.exists(gate):\n    time.sleep(0.02)\n"
+    )
     used = project({"job.py": waiting, "requirements.txt": "tinypkg==1.0\n"})
     idle = tmp_path / "idle"
     idle.mkdir()
@@ -156,7 +159,7 @@ def test_env_rm_keeps_what_jobs_use(make_agent, project, wheels, tmp_path):
         assert client.envs.remove(unused=True, older_than=86400) == []
         assert client.envs.remove(unused=True) == [done.python_env]
         assert {e.id for e in client.envs.list()} == {busy_env}
-        gate.touch()
+        (agent.paths.jobs / busy.id / "artifacts" / "go").touch()
         assert busy.wait(timeout=60).state == JobState.succeeded
         assert client.envs.remove(busy_env[:10]) == [busy_env]
         assert client.envs.list() == []

@@ -113,7 +113,12 @@ def run_python(
     code: str, *paths: Path | str, cwd: Path, **env: str
 ) -> subprocess.CompletedProcess[str]:
     """`python -c CODE` with a job's environment: the hook's dir first on PYTHONPATH."""
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("GPUHOP_", "PYTHON"))}
+    # Without the quiet start (TF_CPP_MIN_LOG_LEVEL), unless a test asks for it.
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GPUHOP_", "PYTHON", "TF_CPP_MIN_LOG_LEVEL"))
+    }
     pythonpath = os.pathsep.join([hook.STARTUP_DIR, *map(str, paths), str(REPO / "src")])
     return subprocess.run(
         [sys.executable, "-c", code],
@@ -270,3 +275,78 @@ def test_on_a_real_gpu_tensorflow_gets_the_cap(tmp_path):
 
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[-2:] == ["[4096]", "1"]
+
+
+# A stand-in for PyTorch's parts the hook touches: torch.cuda's availability, device count
+# and per-process memory fraction, which the real one applies to its caching allocator.
+FAKE_TORCH = """
+import os
+
+
+class _Cuda:
+    fractions = []
+
+    def is_available(self):
+        return int(os.environ.get("FAKE_TORCH_GPUS", "0")) > 0
+
+    def device_count(self):
+        return int(os.environ.get("FAKE_TORCH_GPUS", "0"))
+
+    def set_per_process_memory_fraction(self, fraction, device):
+        self.fractions.append((device, fraction))
+
+
+cuda = _Cuda()
+__version__ = "0.0-fake"
+"""
+
+TORCH_SCRIPT = """
+import torch
+print("user: first line after import; fractions:", torch.cuda.fractions, flush=True)
+"""
+
+
+@pytest.fixture
+def fake_torch(tmp_path: Path) -> Path:
+    root = tmp_path / "fake-torch"
+    (root / "torch").mkdir(parents=True)
+    (root / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    return root
+
+
+def test_pytorch_is_capped_at_the_share_right_after_import(fake_torch, tmp_path):
+    share = {"GPUHOP_JOB_ID": "ab12cd34", "GPUHOP_GPU_MEMORY_FRACTION": "0.2500"}
+    run = run_python(TORCH_SCRIPT, fake_torch, cwd=tmp_path, FAKE_TORCH_GPUS="1", **share)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "user: first line after import; fractions: [(0, 0.25)]\n"
+
+    # No GPU: nothing to cap, said when asked; a bad fraction: one line, and the job goes on.
+    cpu = run_python(TORCH_SCRIPT, fake_torch, cwd=tmp_path, GPUHOP_HOOK_VERBOSE="1", **share)
+    assert cpu.stderr == (
+        "gpuhop: after import torch (0.0-fake): torch_memory_fraction:"
+        " no GPU visible to PyTorch; nothing to cap at 0.250 of one\n"
+    )
+    bad = {**share, "GPUHOP_GPU_MEMORY_FRACTION": "2"}
+    wrong = run_python(TORCH_SCRIPT, fake_torch, cwd=tmp_path, FAKE_TORCH_GPUS="1", **bad)
+    assert wrong.returncode == 0
+    assert "fractions: []" in wrong.stdout
+    assert wrong.stderr.startswith("gpuhop: could not cap PyTorch's GPU memory at 2 of the GPU")
+
+
+@pytest.mark.gpu
+def test_on_a_real_gpu_pytorch_fails_past_its_share(tmp_path):
+    pytest.importorskip("torch")
+    code = (
+        "import torch\n"
+        "total = torch.cuda.get_device_properties(0).total_memory\n"
+        "torch.empty(int(total * 0.05), dtype=torch.uint8, device='cuda')  # within the share\n"
+        "try:\n"
+        "    torch.empty(int(total * 0.2), dtype=torch.uint8, device='cuda')\n"
+        "except torch.cuda.OutOfMemoryError:\n"
+        "    print('out of memory past the share')\n"
+    )
+    share = {"GPUHOP_JOB_ID": "ab12cd34", "GPUHOP_GPU_MEMORY_FRACTION": "0.1"}
+    run = run_python(code, cwd=tmp_path, CUDA_VISIBLE_DEVICES="0", **share)
+
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines()[-1:] == ["out of memory past the share"]

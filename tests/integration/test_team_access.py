@@ -82,6 +82,26 @@ def test_only_an_admin_queues_above_the_default_priority(tls_agent, tokens):
             carol.post(f"/v1/jobs/{r.json()['id']}/cancel", params={"grace": 0})
 
 
+def test_requeue_follows_the_same_rule_and_touches_only_ones_own_jobs(tls_agent, tokens):
+    # The agent has one fake GPU: a job holding it keeps the next GPU job queued.
+    with raw_http(tls_agent, tokens["alice"]) as alice:
+        holder = submit(alice, SLEEP, gpus=1).json()["id"]
+        waiting = submit(alice, SLEEP, gpus=1).json()["id"]
+        raised = alice.post(f"/v1/jobs/{waiting}/requeue", json={"priority": 5})
+        assert raised.status_code == 403, raised.text
+        assert "only an admin may raise a job's priority" in raised.json()["message"]
+        lowered = alice.post(f"/v1/jobs/{waiting}/requeue", json={"priority": -3})
+        assert (lowered.status_code, lowered.json()["priority"]) == (200, -3)
+    with raw_http(tls_agent, tokens["bob"]) as bob:
+        theirs = bob.post(f"/v1/jobs/{waiting}/requeue", json={"priority": -10})
+        assert theirs.status_code == 404, theirs.text
+    with raw_http(tls_agent, tokens["carol"]) as carol:
+        urgent = carol.post(f"/v1/jobs/{waiting}/requeue", json={"priority": 50})
+        assert (urgent.status_code, urgent.json()["priority"]) == (200, 50)
+        for job in (waiting, holder):
+            carol.post(f"/v1/jobs/{job}/cancel", params={"grace": 0})
+
+
 # -- quotas -----------------------------------------------------------------------------------
 
 

@@ -305,3 +305,19 @@ def test_a_users_proxy_goes_over_tls_with_their_token(agent, tokens, monkeypatch
         headers = {"Cookie": cookie.split(";")[0]}
         status, _, body = raw(port, "GET", "/ui/api/me", headers)
         assert status == 200 and '"user":"bob"' in body
+
+
+def test_a_sweeps_page_lists_its_runs_for_their_owner_only(owner_http, user_http):
+    alice, bob = user_http("alice"), user_http("bob")
+    quick = [sys.executable, "-c", "pass"]
+    runs = {submit(alice, quick, name=f"s[lr={lr}]", sweep="s-ab12") for lr in (1, 2)}
+    other = submit(alice, quick, name="not-in-it")
+    cookie = with_cookie(login(alice, code_for(alice)))
+    page = alice.get("/ui/sweeps/s-ab12", headers=cookie)
+    assert page.status_code == 200 and 'src="/ui/static/sweep.js"' in page.text
+    for ref in ("s-ab12", "s"):  # its id, or its name (the newest sweep of that name)
+        listed = alice.get("/ui/api/jobs", params={"sweep": ref}, headers=cookie).json()["jobs"]
+        assert {j["id"] for j in listed} == runs and other not in {j["id"] for j in listed}
+    assert alice.get("/ui/static/sweep.js").status_code == 200
+    bobs = with_cookie(login(bob, code_for(bob)))
+    assert bob.get("/ui/api/jobs", params={"sweep": "s-ab12"}, headers=bobs).status_code == 404

@@ -75,6 +75,7 @@ def test_two_workers_train_on_two_nodes_through_the_cli(ray_agent, ray_cluster, 
     assert set(finals) == {"[worker 0", "[worker 1"}
     assert finals["[worker 0"] == finals["[worker 1"]  # the same weights on both nodes
     assert (tmp_path / "out" / "digits_savedmodel" / "saved_model.pb").is_file()
+    assert "no work-dir files: this agent runs jobs on a Ray cluster" in run.stderr
     job_id = run.stderr.split("job ")[1][:8]
     info = json.loads(ray_agent.cli("show", "--json", "--", job_id).stdout)
     assert info["latest_metrics"]["epoch"] == 1
@@ -139,6 +140,14 @@ def test_jobs_the_cluster_cannot_run_are_refused_with_the_reason(ray_agent, proj
         ),
         (["--gpu-memory", "1GiB", "--no-requirements"], "shares of a GPU (--gpu-memory)"),
         ([], "Use --no-requirements"),
+        (
+            ["--workers", "2", "-e", "KERAS_BACKEND=jax", "--no-requirements"],
+            "keras.distribution) runs on an agent with the local backend only",
+        ),
+        (
+            ["--workers", "2", "--keras", "keras3", "--no-requirements"],
+            "Keras 3 fit on the TensorFlow backend does not work",
+        ),
     ]
     for options, message in cases:
         run = ray_agent.cli("run", *options, "t.py", cwd=root)

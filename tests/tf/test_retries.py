@@ -66,7 +66,7 @@ def test_retries_run_out_and_the_job_fails(shared_agent, project):
         }
     )
     with shared_agent.client() as client:
-        job = client.submit(["fail.py"], workdir=root, retries=2)
+        job = client.submit(["fail.py"], workdir=root, retries=2, retry_on="any")
         info = job.wait(timeout=60)
         log = b"".join(job.logs()).decode()
     assert (info.state.value, info.exit_code, info.attempt) == ("failed", 3, 3)

@@ -28,6 +28,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     # In the job.
     "gpuhop.runtime": set(),
     "gpuhop.serving": set(),
+    "gpuhop.keras": {"gpuhop.runtime"},
     "gpuhop.tf": {"gpuhop.runtime", "gpuhop.client"},  # remote ops reach the agent by the SDK
     "gpuhop.tfserver": {"gpuhop.tf"},  # the launcher path of servers queued before 0.1
     # On the user's machine.
@@ -63,6 +64,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "gpuhop.agent.host": {"gpuhop.backends", "gpuhop.api"},
     "gpuhop.agent.jobs": {"gpuhop.agent.storage", "gpuhop.backends", "gpuhop.api", "gpuhop.home"},
     "gpuhop.agent.context": {
+        "gpuhop.agent.callers",  # the owner's login: exempt from per-user limits
         "gpuhop.agent.storage",
         "gpuhop.agent.jobs",
         "gpuhop.agent.host",

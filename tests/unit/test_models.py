@@ -114,13 +114,15 @@ def test_submit_rejects_unknown_fields():
         submit(gpu=1)
 
 
-@pytest.mark.parametrize("name", ["a", "run-1.2_x", "A" * 64, "0lead"])
+@pytest.mark.parametrize(
+    "name", ["a", "run-1.2_x", "A" * 128, "0lead", "lr-search[lr=0.1,batch=32]", "s[index=3]"]
+)
 def test_submit_accepts_good_names(name: str):
     assert submit(name=name).name == name
 
 
 @pytest.mark.parametrize(
-    "name", ["", "-x", ".x", "_x", "a" * 65, "a b", "a/b", "é", "a\x00", "a:b"]
+    "name", ["", "-x", ".x", "_x", "a" * 129, "a b", "a/b", "é", "a\x00", "a:b", "[x]"]
 )
 def test_submit_rejects_bad_names(name: str):
     with pytest.raises(ValidationError, match="name"):

@@ -17,6 +17,15 @@ from gpuhop.client import tfservers
 # until it is added here too, which makes a change of the public surface a visible decision.
 INTENDED = {
     "gpuhop": {"Client", "GpuhopError", "Job", "__version__"},
+    "gpuhop.keras": {
+        "artifacts_dir",
+        "backup_callback",
+        "callbacks",
+        "checkpoint_dir",
+        "metrics_callback",
+        "tensorboard_callback",
+        "tensorboard_dir",
+    },
     "gpuhop.tf": {
         "RemoteError",
         "artifacts_dir",
@@ -84,6 +93,14 @@ def test_importing_gpuhop_tf_loads_neither_tensorflow_nor_the_client() -> None:
     assert _under(loaded, *heavy) == set()
     assert _under(loaded, "gpuhop.client", "gpuhop.agent", "gpuhop.backends") == set()
     assert "gpuhop.tf.remote" not in loaded
+
+
+def test_importing_gpuhop_keras_loads_no_framework() -> None:
+    # Keras is imported when a callback is made, and TensorFlow only by Keras's own backend.
+    loaded = _loaded_after("import gpuhop.keras")
+    heavy = ("tensorflow", "keras", "tf_keras", "jax", "torch", "httpx", "pydantic")
+    assert _under(loaded, *heavy) == set()
+    assert _under(loaded, "gpuhop.client", "gpuhop.agent", "gpuhop.tf") == set()
 
 
 def test_importing_gpuhop_loads_no_client() -> None:

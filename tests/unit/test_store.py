@@ -294,15 +294,24 @@ def test_a_state_dir_from_an_older_agent_gets_the_new_columns(tmp_path):
         " pid_start TEXT, cancel_requested INTEGER NOT NULL DEFAULT 0)"
     )
     old.execute(
+        "CREATE TABLE attempts (job_id TEXT NOT NULL REFERENCES jobs(id),"
+        " attempt INTEGER NOT NULL, state TEXT NOT NULL, started_at REAL, ended_at REAL,"
+        " exit_code INTEGER, signal INTEGER, reason TEXT, PRIMARY KEY (job_id, attempt))"
+    )
+    old.execute(
         "INSERT INTO jobs (id, state, command, env, gpus, priority, created_at)"
         " VALUES ('abcd1234', 'succeeded', '[\"x.py\"]', '{}', 0, 0, 1.0)"
     )
+    old.execute("INSERT INTO attempts (job_id, attempt, state) VALUES ('abcd1234', 1, 'failed')")
     old.commit()
     old.close()
     store = JobStore(db)
     try:
         job = store.get("abcd1234")
         assert (job.retries, job.workers, job.worker_timeout) == (0, 1, 300)
+        # Finished before end classes existed: none is made up for it.
+        assert (job.end_class, job.after, job.timeout, job.retry_on) == (None, [], None, "infra")
+        assert [a["end_class"] for a in store.attempts("abcd1234")] == [None]
         assert set(ADDED_COLUMNS) <= {
             r[1] for r in sqlite3.connect(db).execute("PRAGMA table_info(jobs)")
         }

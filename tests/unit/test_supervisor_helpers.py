@@ -42,6 +42,20 @@ def test_python_script_in_the_work_dir_runs_with_the_agent_python(tmp_path: Path
     assert resolve_command(["pkg/eval.py"], tmp_path, "", PYTHON) == [PYTHON, "pkg/eval.py"]
 
 
+def test_dash_m_runs_a_module_with_the_jobs_python(tmp_path: Path):
+    assert resolve_command(
+        ["-m", "gpuhop.runtime.notebook", "run", "a.ipynb"], tmp_path, "", PYTHON
+    ) == [
+        PYTHON,
+        "-m",
+        "gpuhop.runtime.notebook",
+        "run",
+        "a.ipynb",
+    ]
+    with pytest.raises(StartError, match=r"-m needs a module name"):
+        resolve_command(["-m"], tmp_path, "", PYTHON)
+
+
 def test_missing_script_is_a_start_error_naming_it(tmp_path: Path):
     with pytest.raises(StartError, match=r"script train\.py is not in the job's work dir"):
         resolve_command(["train.py"], tmp_path, "/usr/bin", PYTHON)
@@ -165,6 +179,8 @@ def test_agent_only_variables_are_scrubbed_and_the_rest_kept():
         "GPUHOP_CHECKPOINT_DIR",
         "GPUHOP_METRICS_FILE",
         "GPUHOP_TENSORBOARD_DIR",
+        "GPUHOP_RETRIES",
+        "GPUHOP_AUTO",
     }
     assert (env["PATH"], env["HOME"]) == ("/usr/bin:/bin", "/home/agent")
     # The caller's dict is not modified.
@@ -180,6 +196,32 @@ def test_defaults_apply_only_where_nothing_else_says_otherwise():
 
     job_says = job_environment(record([], env={"PYTHONUNBUFFERED": "0"}), JP, {})
     assert job_says["PYTHONUNBUFFERED"] == "0"
+
+
+def test_tensorflow_is_quiet_and_keras_fit_automatic_unless_the_job_says_otherwise():
+    env = job_environment(record([]), JP, {})
+    assert (env["TF_CPP_MIN_LOG_LEVEL"], env["GPUHOP_AUTO"]) == ("2", "1")
+    # The hook is on every job's path, for Keras's fit and TensorFlow's start-up lines.
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == hook.STARTUP_DIR
+
+    job_says = job_environment(
+        record([], env={"TF_CPP_MIN_LOG_LEVEL": "0", "GPUHOP_AUTO": "0"}), JP, {}
+    )
+    assert (job_says["TF_CPP_MIN_LOG_LEVEL"], job_says["GPUHOP_AUTO"]) == ("0", "0")
+    assert "PYTHONPATH" not in job_says  # nothing left for the hook to do
+
+
+def test_a_share_is_a_fraction_of_its_gpu_for_jax_and_pytorch():
+    env = job_environment(record([0], gpu_memory_mb=20480), JP, {}, gpu_total_mb=81920)
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.2500"
+    assert env["GPUHOP_GPU_MEMORY_FRACTION"] == "0.2500"
+    # A job may ask JAX for less, or for other allocator settings.
+    own = record([0], env={"XLA_PYTHON_CLIENT_MEM_FRACTION": ".1"}, gpu_memory_mb=20480)
+    assert (
+        job_environment(own, JP, {}, gpu_total_mb=81920)["XLA_PYTHON_CLIENT_MEM_FRACTION"] == ".1"
+    )
+    # Not a share job: no fraction.
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in job_environment(record([0]), JP, {}, 81920)
 
 
 def test_user_variables_apply_but_cannot_override_the_contract():
@@ -228,8 +270,10 @@ def test_the_hook_keeps_the_pythonpath_the_host_or_the_user_set_after_it():
 
 
 def test_jobs_that_need_no_hook_keep_their_pythonpath_untouched():
-    whole = job_environment(record([0]), JP, {**BASE, "PYTHONPATH": "/lib/a"})
+    # `run --no-auto` (no Keras callbacks added), and TensorFlow's chatter left in.
+    manual = {"GPUHOP_AUTO": "0", "TF_CPP_MIN_LOG_LEVEL": "0"}
+    whole = job_environment(record([0], env=manual), JP, {**BASE, "PYTHONPATH": "/lib/a"})
 
     assert "GPUHOP_GPU_MEMORY_MB" not in whole
     assert whole["PYTHONPATH"] == "/lib/a"
-    assert "PYTHONPATH" not in job_environment(record([]), JP, BASE)
+    assert "PYTHONPATH" not in job_environment(record([], env=manual), JP, BASE)

@@ -27,6 +27,7 @@ def main() -> int:
     parser.add_argument("--home", type=Path, default=None)
     parser.add_argument("--fake-gpus", type=int, default=None)
     parser.add_argument("--fake-gpu-memory", type=int, default=None, metavar="MB")
+    parser.add_argument("--fake-gpu-models", default=None, metavar="MODEL[@GROUP],...")
     parser.add_argument("--listen", default=None, metavar="HOST:PORT")
     parser.add_argument("--no-tls", action="store_true")
     parser.add_argument("--tls-cert", type=Path, default=None)
@@ -56,6 +57,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.fake_gpu_memory is not None and args.fake_gpus is None:
         parser.error("--fake-gpu-memory needs --fake-gpus")
+    if args.fake_gpu_models is not None and args.fake_gpus is None:
+        parser.error("--fake-gpu-models needs --fake-gpus")
     if args.listen is None and (args.no_tls or args.tls_cert or args.tls_key):
         parser.error("--no-tls, --tls-cert and --tls-key go with --listen")
     backend = None
@@ -77,6 +80,7 @@ def main() -> int:
             listen=listen,
             policy={name: getattr(args, name) for name in POLICY_OPTIONS},
             backend=backend,
+            fake_gpu_models=args.fake_gpu_models,
         )
     except AgentError as e:
         print(f"gpuhop agent: {e}", file=sys.stderr)

@@ -7,6 +7,7 @@ guard share one notion of a caller without importing each other back.
 
 from __future__ import annotations
 
+import getpass
 from dataclasses import dataclass
 
 from starlette.requests import HTTPConnection
@@ -25,6 +26,14 @@ class Caller:
     def owner_filter(self) -> str | None:
         """The owner to restrict job queries to; None for an admin (every job)."""
         return None if self.admin else self.user
+
+
+def owner_login() -> str:
+    """The OS login name of the agent's user: who the Unix socket's callers are."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "owner"
 
 
 def caller_of(conn: HTTPConnection) -> Caller:

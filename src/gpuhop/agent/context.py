@@ -11,9 +11,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from gpuhop.agent.callers import owner_login
 from gpuhop.agent.host.gpuhistory import GpuHistory
-from gpuhop.agent.jobs.scheduler import Pending, could_ever_fit, plan
-from gpuhop.agent.jobs.store import JobStore
+from gpuhop.agent.jobs.after import judge
+from gpuhop.agent.jobs.metricstail import latest_metrics
+from gpuhop.agent.jobs.notifier import HostRule, Notifier, payload
+from gpuhop.agent.jobs.scheduler import Limits, Pending, could_ever_fit, plan
+from gpuhop.agent.jobs.store import JobRecord, JobStore
 from gpuhop.agent.jobs.supervisor import Supervisor
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.claims import ClaimStore
@@ -23,7 +27,7 @@ from gpuhop.agent.storage.policy import Policy
 from gpuhop.agent.storage.tokens import TokenStore
 from gpuhop.agent.storage.trees import TreeStore
 from gpuhop.agent.storage.usage import DiskMeter
-from gpuhop.api import JobState, ListenerInfo, format_mb
+from gpuhop.api import EndClass, JobState, ListenerInfo, format_mb
 from gpuhop.home import AgentPaths
 
 if TYPE_CHECKING:
@@ -60,9 +64,19 @@ class AgentContext:
         self.trees = TreeStore(paths.trees, paths.tmp, self.blobs)
         self.datasets = DatasetStore(paths.home / "datasets", self.blobs)
         self.envs = EnvStore(paths.home / "envs")
+        self.notify_rule = HostRule(self.policy.notify_allowed_hosts)
+        self.notifier = Notifier(self.notify_rule, timeout=self.policy.notify_timeout_seconds)
         self.supervisor = Supervisor(
-            paths, self.store, self.blobs, on_change=self.wake, backend=backend, team=self.team
+            paths,
+            self.store,
+            self.blobs,
+            on_change=self.wake,
+            backend=backend,
+            team=self.team,
+            on_event=self.notify,
         )
+        # Why each queued job that waits on a limit (not on busy GPUs) waits; see `plan`.
+        self.waiting: dict[str, str] = {}
         self.tokens = TokenStore(paths.tokens_db)
         self.claims = ClaimStore(paths.claims_db)
         self.meter = DiskMeter(paths, self.blobs, self.policy)
@@ -87,16 +101,56 @@ class AgentContext:
         if loop is not None and event is not None and not loop.is_closed():
             loop.call_soon_threadsafe(event.set)
 
+    def notify(self, job_id: str, event: str) -> None:
+        """Queue the notifications of a job's start or end (its own webhooks, the agent's)."""
+        job = self.store.get(job_id)
+        urls = dict.fromkeys([*job.notify, *self.policy.notify])
+        if not urls:
+            return
+        metrics = latest_metrics(self.supervisor.job_paths(job_id).metrics)
+        for url in urls:
+            self.notifier.send(url, payload(job, event, url, metrics), key=job.id)
+
+    def limits(self) -> Limits:
+        admins = frozenset({owner_login(), *(t.user for t in self.tokens.list() if t.admin)})
+        return Limits(user_gpus=self.policy.user_max_gpus, exempt=admins)
+
     def schedule_once(self) -> int:
         """Start every queued job that fits now. Returns how many were started."""
-        queued = self.store.queued()
+        queued = [j for j in self.store.queued() if self._dependencies_allow(j)]
         if not queued:
+            self.waiting = {}
             return 0
         memory = {g.index: g.memory_mb for g in self.gpus}
-        pending = [Pending(j.id, j.gpus, j.priority, j.created_at, j.gpu_memory_mb) for j in queued]
-        self._fail_misfits(pending, memory)
+        # On a cluster (GPUs with a node) the cluster places jobs: every GPU counts as alike.
+        kinds = {g.index: g.kind for g in self.gpus if g.node is None}
+        pending = [
+            Pending(
+                j.id,
+                j.gpus,
+                j.priority,
+                j.created_at,
+                j.gpu_memory_mb,
+                owner=j.owner,
+                sweep=j.sweep,
+                max_parallel=j.max_parallel,
+                mixed_gpus=j.mixed_gpus,
+            )
+            for j in queued
+        ]
+        self._fail_misfits(pending, memory, kinds)
         started = 0
-        for placement in plan(pending, memory, self.store.holdings()):
+        waiting: dict[str, str] = {}
+        placements = plan(
+            pending,
+            memory,
+            self.store.holdings(),
+            kinds=kinds,
+            limits=self.limits(),
+            waiting=waiting,
+        )
+        self.waiting = waiting
+        for placement in placements:
             # Allocation and the move to `starting` are one guarded UPDATE.
             if self.store.transition(
                 placement.job_id,
@@ -108,10 +162,31 @@ class AgentContext:
                 started += 1
         return started
 
-    def _fail_misfits(self, pending: list[Pending], memory: dict[int, int]) -> None:
+    def _dependencies_allow(self, job: JobRecord) -> bool:
+        """Whether the jobs it runs after let it start now; an after-ok job whose dependency
+        did not succeed is cancelled here, saying which. A job that waits is not pending, so
+        it holds up no GPU job behind it."""
+        if not job.after:
+            return True
+        verdict = judge(job.after, job.after_any, self.store.states(job.after))
+        if verdict.cancel_reason is not None and self.store.transition(
+            job.id,
+            [JobState.queued],
+            JobState.cancelled,
+            reason=verdict.cancel_reason,
+            ended_at=time.time(),
+            end_class=EndClass.cancelled.value,
+        ):
+            log.info("job %s %s", job.id, verdict.cancel_reason)
+            self.wake()  # the jobs that run after this one learn it now
+        return verdict.ready
+
+    def _fail_misfits(
+        self, pending: list[Pending], memory: dict[int, int], kinds: dict[int, str]
+    ) -> None:
         """Fail the queued jobs that this host can never run (it restarted with fewer GPUs)."""
         for job in pending:
-            if could_ever_fit(job, memory):
+            if could_ever_fit(job, memory, kinds):
                 continue
             asks = (
                 f"{format_mb(job.gpu_memory_mb)} of one GPU's memory"
@@ -124,7 +199,12 @@ class AgentContext:
                 f" with up to {format_mb(max(memory.values(), default=0))} each"
             )
             if self.store.transition(
-                job.job_id, [JobState.queued], JobState.failed, reason=reason, ended_at=time.time()
+                job.job_id,
+                [JobState.queued],
+                JobState.failed,
+                reason=reason,
+                ended_at=time.time(),
+                end_class=EndClass.app_error.value,
             ):
                 log.warning("job %s %s", job.job_id, reason)
 
@@ -150,6 +230,7 @@ class AgentContext:
 
     def close(self) -> None:
         self._launcher.shutdown(wait=True)
+        self.notifier.close()
         self.store.close()
         self.tokens.close()
         self.claims.close()

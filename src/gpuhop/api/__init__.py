@@ -26,8 +26,10 @@ from gpuhop.api.models import (
     SubmitRequest,
     Tree,
     TreeStored,
+    WorkdirEntry,
     validate_relpath,
 )
+from gpuhop.api.queue import EndClass, RequeueRequest, RetryOn, format_seconds, parse_duration
 from gpuhop.api.serving import ServeRequest, ServingInfo
 from gpuhop.api.sizes import format_mb, parse_mb
 from gpuhop.api.tensorboard import TensorBoardInfo
@@ -41,6 +43,7 @@ __all__ = [
     "BlobCheckResult",
     "CheckStatus",
     "DoctorCheck",
+    "EndClass",
     "ErrorBody",
     "ErrorCode",
     "GpuInfo",
@@ -48,6 +51,8 @@ __all__ = [
     "JobState",
     "ListenerInfo",
     "ManifestEntry",
+    "RequeueRequest",
+    "RetryOn",
     "ServeRequest",
     "ServingInfo",
     "SubmitRequest",
@@ -58,9 +63,12 @@ __all__ = [
     "Tree",
     "TreeStored",
     "UiLoginCode",
+    "WorkdirEntry",
     "fingerprint_of",
     "format_mb",
+    "format_seconds",
     "normalize_fingerprint",
+    "parse_duration",
     "parse_mb",
     "validate_relpath",
 ]

@@ -29,6 +29,14 @@ class GpuInfo(WireModel):
     # The Ray node it is on, for an agent with the Ray backend (None: the agent's host).
     # Its memory is then unknown (0), and jobs hold it in gpuhop's count: Ray places them.
     node: str | None = None
+    # Its topology group where known (GPUs of one group share a switch or NVLink): a job
+    # asking for several GPUs gets them of one model and one group (unless mixed_gpus).
+    group: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """What must match for GPUs to be given to one job together: model and group."""
+        return f"{self.name}@{self.group or ''}"
 
 
 class ListenerInfo(WireModel):

@@ -17,6 +17,8 @@ class ErrorCode(StrEnum):
     # A job port that nothing listens on (port forwarding).
     not_listening = "not_listening"
     unsatisfiable = "unsatisfiable"
+    # Something this agent's backend cannot do (the reason is in the message).
+    unsupported = "unsupported"
     too_large = "too_large"
     # A disk quota (or the disk itself) has no room for it: 507, with the figures.
     insufficient_storage = "insufficient_storage"
@@ -24,6 +26,8 @@ class ErrorCode(StrEnum):
     pruned = "pruned"
     unauthorized = "unauthorized"  # TCP listener: no token, or one that is wrong or revoked
     forbidden = "forbidden"  # a valid token that may not do this (admin-only routes)
+    # A per-user limit of a team agent (queued jobs): 429, try again when some have run.
+    too_many = "too_many"
     internal = "internal"
 
 

@@ -10,9 +10,14 @@ from urllib.parse import unquote_to_bytes
 from pydantic import Field, field_validator, model_validator
 
 from gpuhop.api.base import StrictModel, WireModel, check_text
+from gpuhop.api.queue import EndClass, RetryOn
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}\Z")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+# A job's name: a sweep names its runs `NAME[lr=0.1,batch=32]`, so brackets, '=', ',' and
+# '+' are allowed after the first character (not ':', which ends a job ref in JOB:PATH).
+JOB_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+,=\[\]-]{0,127}\Z")
+SWEEP_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,79}\Z")
 USER_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}\Z")
 ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 MAX_MANIFEST_FILES = 200_000
@@ -23,7 +28,12 @@ MAX_PATH_DEPTH = 128
 MAX_PATH_BYTES = 3072
 MAX_NAME_BYTES = 255
 # GPUHOP_* variables a user may set for a job; gpuhop sets every other one.
-USER_SETTABLE_ENV = frozenset({"GPUHOP_HOOK_VERBOSE"})
+# GPUHOP_KERAS: which Keras a multi-worker job uses (`run --keras`; backends/kerasmode.py).
+USER_SETTABLE_ENV = frozenset(
+    {"GPUHOP_HOOK_VERBOSE", "GPUHOP_ARRAY_INDEX", "GPUHOP_AUTO", "GPUHOP_KERAS"}
+)
+# Where a job's notifications go: webhook URLs, at most this many per job.
+MAX_NOTIFY_URLS = 8
 # A memory share larger than any GPU made: a typo, not a request.
 MAX_GPU_MEMORY_MB = 16 * 1024 * 1024
 
@@ -179,6 +189,45 @@ class SubmitRequest(StrictModel):
     # On an agent with the Ray backend: put the workers on as few nodes as possible
     # instead of spreading them across nodes. An agent that predates this refuses it.
     pack: bool | None = None
+    # Jobs (ids, prefixes or names) this one waits for; with `after_any`, it runs however
+    # they end, else only if all succeeded (a failed or cancelled one cancels it).
+    after: list[str] = Field(default_factory=list, max_length=64)
+    after_any: bool = False
+    # A time limit in seconds: SIGTERM when it passes, SIGKILL after the grace period.
+    timeout: float | None = Field(default=None, gt=0, le=7 * 86400)
+    # Which failed attempts `retries` runs again (see `RetryOn`).
+    retry_on: RetryOn = RetryOn.infra
+    # Webhooks the agent POSTs the job's start and end to (http or https; see
+    # gpuhop.agent.services.notify for which hosts an agent lets a job reach).
+    notify: list[str] | None = Field(default=None, max_length=MAX_NOTIFY_URLS)
+    # A run of a sweep (or array): the sweep's id, and how many of its runs may run at once.
+    sweep: str | None = None
+    max_parallel: int | None = Field(default=None, ge=1, le=10_000)
+    # Several whole GPUs may be of different models (default: all of one model and group).
+    mixed_gpus: bool | None = None
+
+    @field_validator("notify")
+    @classmethod
+    def _notify(cls, v: list[str] | None) -> list[str] | None:
+        for url in v or []:
+            check_webhook_url(url)
+        return v
+
+    @field_validator("sweep")
+    @classmethod
+    def _sweep(cls, v: str | None) -> str | None:
+        if v is not None and not SWEEP_RE.match(v):
+            raise ValueError(
+                "sweep must be 1-80 characters of letters, digits, '.', '_' or '-',"
+                " starting with a letter or digit"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _max_parallel(self) -> SubmitRequest:
+        if self.max_parallel is not None and self.sweep is None:
+            raise ValueError("max_parallel limits the runs of a sweep; give sweep too")
+        return self
 
     @model_validator(mode="after")
     def _workers(self) -> SubmitRequest:
@@ -220,9 +269,9 @@ class SubmitRequest(StrictModel):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str | None) -> str | None:
-        if v is not None and not NAME_RE.match(v):
+        if v is not None and not JOB_NAME_RE.match(v):
             raise ValueError(
-                "name must be 1-64 characters of letters, digits, '.', '_' or '-',"
+                "name must be 1-128 characters of letters, digits and . _ - + , = [ ],"
                 " starting with a letter or digit"
             )
         return v
@@ -248,6 +297,25 @@ class SubmitRequest(StrictModel):
         return v
 
 
+def check_webhook_url(url: str) -> str:
+    """`url` if it is an http(s) URL with a host and no credentials, else raise ValueError.
+    Which hosts the agent posts to is the agent's call (gpuhop.agent.services.notify)."""
+    from urllib.parse import urlsplit
+
+    if len(url) > 2048 or any(c in url for c in "\x00\r\n "):
+        raise ValueError(f"notify URL {url[:80]!r}: too long, or has spaces or control characters")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as e:
+        raise ValueError(f"notify URL {url[:80]!r}: {e}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"notify URL {url[:80]!r}: only http:// and https:// URLs are allowed")
+    if parts.username or parts.password:
+        raise ValueError(f"notify URL {url[:80]!r}: credentials in the URL are not allowed")
+    return url
+
+
 class AttemptInfo(WireModel):
     """How one earlier attempt of a retried job ended."""
 
@@ -258,6 +326,7 @@ class AttemptInfo(WireModel):
     exit_code: int | None
     signal: int | None
     reason: str | None
+    end_class: EndClass | None = None
 
 
 class JobInfo(WireModel):
@@ -282,6 +351,9 @@ class JobInfo(WireModel):
     reason: str | None
     log_size: int = 0
     latest_metrics: dict[str, object] | None = None
+    # The most GPU memory the job's framework had in use (its own allocator's view, from the
+    # metrics file), in MB; None where it reported none (no GPU, or no such framework).
+    memory_peak_mb: float | None = None
     # When retention removed the finished job's files (log, artifacts); its record stays.
     pruned_at: datetime | None = None
     # The job's share of its one GPU in MB; None for whole-GPU and CPU jobs.
@@ -295,6 +367,22 @@ class JobInfo(WireModel):
     python: str | None = None
     # The job runs in a private network namespace (multi-worker jobs always do).
     private_network: bool = False
+    # Why it ended (None until it has; and for jobs an older agent finished).
+    end_class: EndClass | None = None
+    # The jobs it waits for (full ids), whether any end will do, and those not ended yet.
+    after: list[str] = Field(default_factory=list)
+    after_any: bool = False
+    waiting_for: list[str] = Field(default_factory=list)
+    timeout: float | None = None
+    retry_on: RetryOn = RetryOn.infra
+    # Why a queued job is not starting yet, when it is not simply the GPUs being busy
+    # (a per-user limit, its sweep's max_parallel, no free GPUs of one model).
+    waiting: str | None = None
+    # Its sweep (see `SubmitRequest.sweep`) and that sweep's max_parallel.
+    sweep: str | None = None
+    max_parallel: int | None = None
+    mixed_gpus: bool = False
+    notify: list[str] = Field(default_factory=list)
 
 
 class BlobCheck(StrictModel):
@@ -326,3 +414,11 @@ class ArtifactEntry(WireModel):
 
     def name_bytes(self) -> bytes:
         return unquote_to_bytes(self.raw) if self.raw is not None else self.path.encode()
+
+
+class WorkdirEntry(ArtifactEntry):
+    """A file the job created or changed in its work dir. `base` is the sha256 of the synced
+    file it replaced (None for a new file): a pull replaces only a local file still equal to
+    it, never local edits."""
+
+    base: str | None = None

@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 # Variables the agent's own environment must not hand to a job (or to Ray's processes).
 SCRUBBED_ENV = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "GPUHOP_HOME", "GPUHOP_REMOTE")
+# TF_CPP_MIN_LOG_LEVEL for jobs that do not set it: 2 hides TensorFlow's INFO and WARNING
+# lines from C++ (the oneDNN notice, CUDA probing on a CPU host); 3 would hide errors too.
+QUIET_TF = "2"
 
 
 class StartError(ValueError):
@@ -89,6 +92,7 @@ class JobAttempt(Protocol):
     worker_timeout: int
     gpu_memory_mb: int | None
     private_network: bool
+    retries: int  # how many times a failed attempt is queued again
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,8 @@ class Ending:
     ended_at: float | None = None
     detail: str | None = None  # the leader's own words for the end, which replace the agent's
     leader_returncode: int | None = None  # None: not the agent's child (adopted), or unknown
+    # The job's own cgroup counted an OOM kill (a leader that puts its job in one says so).
+    oom_killed: bool = False
 
     @classmethod
     def from_status(cls, status: dict[str, Any] | None, leader_returncode: int | None) -> Ending:
@@ -121,6 +127,7 @@ class Ending:
             ended_at=float(status["ended_at"]) if status.get("ended_at") else None,
             detail=status.get("detail") or None,
             leader_returncode=leader_returncode,
+            oom_killed=bool(status.get("oom_killed")),
         )
 
 

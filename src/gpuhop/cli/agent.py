@@ -42,6 +42,12 @@ def start(
         metavar="MB",
         help="Memory of each fake GPU in MB (default 8192).",
     ),
+    fake_gpu_models: str | None = typer.Option(
+        None,
+        "--fake-gpu-models",
+        metavar="MODEL[@GROUP],...",
+        help="Each fake GPU's model (and topology group), e.g. A100,A100,V100@1,V100@1.",
+    ),
     foreground: bool = typer.Option(
         False, "--foreground", help="Serve in this process instead of as a daemon."
     ),
@@ -105,6 +111,8 @@ def start(
     paths = _paths(home)
     if fake_gpu_memory is not None and fake_gpus is None:
         fail("--fake-gpu-memory sets the memory of fake GPUs; give --fake-gpus N too")
+    if fake_gpu_models is not None and fake_gpus is None:
+        fail("--fake-gpu-models names the models of fake GPUs; give --fake-gpus N too")
     if listen is None and (no_tls or tls_cert or tls_key):
         fail("--no-tls, --tls-cert and --tls-key go with --listen HOST:PORT")
     where = _backend(backend, ray_address, ray_token_file, ray_allow_no_auth)
@@ -126,13 +134,19 @@ def start(
                 fake_gpu_memory_mb=fake_gpu_memory,
                 listen=spec,
                 backend=where,
+                fake_gpu_models=fake_gpu_models,
             )
             return
+        models = ["--fake-gpu-models", fake_gpu_models] if fake_gpu_models else []
         pid = start_background(
             paths,
             fake_gpus=fake_gpus,
             fake_gpu_memory_mb=fake_gpu_memory,
-            agent_args=[*(spec.args() if spec else ()), *(where.args() if where else ())],
+            agent_args=[
+                *(spec.args() if spec else ()),
+                *(where.args() if where else ()),
+                *models,
+            ],
         )
     except AgentError as e:
         fail(str(e))

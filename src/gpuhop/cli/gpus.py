@@ -36,11 +36,12 @@ def gpus(
         say("GPUs of the Ray cluster; Ray decides which node and GPU each job gets")
         return
     print_table(
-        ("GPU", "NAME", "MEMORY USED", "UTIL", "RESERVED", "JOBS"),
+        ("GPU", "MODEL", "GROUP", "MEMORY USED", "UTIL", "RESERVED", "JOBS"),
         [
             (
                 str(g.index),
                 g.name,
+                g.group or "-",
                 f"{_mb(g.memory_used_mb)} / {format_mb(g.memory_mb)}",
                 "-" if g.utilization is None else f"{g.utilization}%",
                 _reserved(g),

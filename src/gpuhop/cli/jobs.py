@@ -1,29 +1,42 @@
-"""Runs on the user's machine: `gpuhop run | ps | show | logs | cancel | pull`."""
+"""Runs on the user's machine: `gpuhop run | logs | cancel` (`show` is in `show`, `pull` in
+`pull`, `ps` in `ps`, `requeue` in `queue`)."""
 
 from __future__ import annotations
 
 import sys
+from enum import StrEnum
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
-from gpuhop.api import JobInfo, format_mb, parse_mb
+from gpuhop.api import JobInfo, parse_mb
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import (
-    ago,
-    duration,
     err,
     exit_code_for,
     fail,
     format_metrics,
     human_bytes,
-    print_json,
     say,
     state_text,
 )
+from gpuhop.cli.pull import pull_job
+from gpuhop.cli.queue import (
+    AfterAnyOption,
+    AfterOption,
+    PriorityOption,
+    RetryOnOption,
+    TimeoutOption,
+    queue_options,
+)
 from gpuhop.client import Client, GpuhopError, Job
+from gpuhop.client.notebook import batch_command
 
-DEFAULT_PULL_DIR = Path("gpuhop-artifacts")
+
+class KerasChoice(StrEnum):
+    tf_keras = "tf-keras"
+    keras3 = "keras3"
 
 
 def _job(client: Client, ref: str) -> Job:
@@ -81,31 +94,19 @@ def _summary(info: JobInfo) -> str:
     text = f"job {info.id} {state_text(info.state)}"
     if info.reason:
         text += f": {info.reason}"
+    if info.end_class is not None and info.end_class.value != info.state.value:
+        text += f" ({info.end_class.value})"  # why it failed, where the state does not say
     if info.latest_metrics:
         text += f"\n  last metrics: {format_metrics(info.latest_metrics)}"
     return text
 
 
-def _pull(job: Job, dest: Path, live: bool = False) -> None:
-    from gpuhop.cli.progress import transfer
-
-    try:
-        with transfer(f"pulling job {job.id}'s artifacts", live) as on_bytes:
-            files = job.pull(dest, on_bytes=on_bytes)
-    except GpuhopError as e:
-        fail(f"pulling the artifacts of job {job.id}: {e.message}")
-    size = sum(f.stat().st_size for f in files)
-    if files:
-        say(f"pulled {len(files)} artifact file(s), {human_bytes(size)}, into {dest}")
-    else:
-        say(f"job {job.id} wrote no artifacts (files under $GPUHOP_ARTIFACTS_DIR come back)")
-
-
 def run(
     command: list[str] = typer.Argument(
         ...,
-        metavar="SCRIPT.py|COMMAND [ARGS]...",
-        help="A Python script in this directory, or a program on the GPU host, and its arguments.",
+        metavar="SCRIPT.py|NOTEBOOK.ipynb|COMMAND [ARGS]...",
+        help="A Python script in this directory, or a program on the GPU host, and its"
+        " arguments; or a notebook, run top to bottom, and its -p NAME=VALUE parameters.",
         show_default=False,
     ),
     gpus: int = typer.Option(0, "--gpus", "-g", min=0, help="Whole GPUs to give the job."),
@@ -114,7 +115,8 @@ def run(
         "--gpu-memory",
         metavar="SIZE",
         help="Instead of whole GPUs: a share of one GPU (6GiB, 6G, 6144M, or MB), which the"
-        " job may share with other such jobs. TensorFlow in the job is capped at it.",
+        " job may share with other such jobs. TensorFlow, JAX and PyTorch in the job are"
+        " capped at it.",
     ),
     name: str | None = typer.Option(None, "--name", "-n", help="A name to find the job by."),
     env: list[str] = typer.Option(
@@ -126,7 +128,15 @@ def run(
         "-w",
         min=1,
         max=64,
-        help="Run N worker processes under MultiWorkerMirroredStrategy (TF_CONFIG made for you).",
+        help="Run N worker processes: tf-keras under MultiWorkerMirroredStrategy (TF_CONFIG"
+        " made for you), or Keras 3 on JAX with keras.distribution (-e KERAS_BACKEND=jax).",
+    ),
+    keras: KerasChoice | None = typer.Option(
+        None,
+        "--keras",
+        help="Which Keras the workers of a --workers job use (default: from KERAS_BACKEND and"
+        " TF_USE_LEGACY_KERAS, then what the host has). keras3 takes its backend from"
+        " KERAS_BACKEND; only jax runs across processes.",
     ),
     gpus_per_worker: int = typer.Option(
         0, "--gpus-per-worker", min=0, help="Whole GPUs for each worker of a multi-worker job."
@@ -149,13 +159,29 @@ def run(
         "--retries",
         min=0,
         max=100,
-        help="Run a failed attempt again up to N times; $GPUHOP_CHECKPOINT_DIR is kept.",
+        help="Run a failed attempt again up to N times (see --retry-on);"
+        " $GPUHOP_CHECKPOINT_DIR is kept.",
     ),
+    no_auto: bool = typer.Option(
+        False,
+        "--no-auto",
+        help="Leave Keras's fit as it is: no metrics callback (and, with --retries, no"
+        " BackupAndRestore) added for you. Same as -e GPUHOP_AUTO=0.",
+    ),
+    retry_on: str = RetryOnOption,
+    priority: int = PriorityOption,
+    after: list[str] | None = AfterOption,
+    after_any: bool = AfterAnyOption,
+    timeout: str | None = TimeoutOption,
     detach: bool = typer.Option(
         False, "--detach", "-d", help="Print the job id and return at once."
     ),
     pull: Path | None = typer.Option(
-        None, "--pull", metavar="DIR", help="When the job ends, pull its artifacts into DIR."
+        None,
+        "--pull",
+        metavar="DIR",
+        help="When the job ends, pull its artifacts into DIR, and the files it created or"
+        " changed in its work dir back into the synced directory.",
     ),
     workdir: Path = typer.Option(
         Path("."), "--workdir", "-C", help="The directory to sync (default: this one)."
@@ -182,6 +208,19 @@ def run(
     python: str | None = typer.Option(
         None, "--python", metavar="PATH", help="Run with this interpreter on the host."
     ),
+    notify: list[str] = typer.Option(
+        [],
+        "--notify",
+        metavar="URL|desktop",
+        help="POST the job's start and end (JSON) to this webhook; a Slack incoming webhook"
+        " works as is (repeatable). 'desktop': a desktop notification here when it ends.",
+    ),
+    mixed_gpus: bool = typer.Option(
+        False,
+        "--mixed-gpus",
+        help="Several GPUs may be of different models (default: the job waits for GPUs of"
+        " one model and topology group).",
+    ),
     no_progress: bool = NoProgressOption,
     on: str | None = OnOption,
 ) -> None:
@@ -199,17 +238,24 @@ def run(
     if workers == 1 and gpus_per_worker:
         fail("--gpus-per-worker is for multi-worker jobs (--workers N); use --gpus")
     share_mb = _parse_share(gpu_memory, gpus)
+    queue = queue_options(priority, after, after_any, timeout, retry_on)
+    desktop = "desktop" in notify
+    if desktop and detach:
+        fail("--notify desktop tells this terminal when the job ends; it needs a run that waits")
     from gpuhop.cli.progress import transfer, wants_live
 
     client = client_for(on)
     try:
         with transfer("uploading", wants_live(no_progress or quiet, sys.stderr)) as on_upload:
+            if command[0].endswith(".ipynb"):  # a notebook, run top to bottom with nbclient
+                command = batch_command(command, workdir)
             job = client.submit(
                 command,
                 workdir=workdir,
                 gpus=gpus,
                 name=name,
-                env=_parse_env(env),
+                env=_parse_env([*env, *(["GPUHOP_AUTO=0"] if no_auto else [])])
+                | ({"GPUHOP_KERAS": keras.value} if keras else {}),
                 retries=retries,
                 workers=workers,
                 gpus_per_worker=gpus_per_worker,
@@ -220,6 +266,9 @@ def run(
                 requirements=False if no_requirements else requirements,
                 python=python,
                 on_upload=on_upload,
+                **queue,
+                notify=[url for url in notify if url != "desktop"],
+                mixed_gpus=mixed_gpus,
             )
     except GpuhopError as e:
         fail(e.message)
@@ -229,7 +278,7 @@ def run(
         return
     if not quiet and stats is not None:
         for warning in stats.warnings:
-            say(f"[yellow]{warning}[/yellow]")
+            say(f"[yellow]{escape(warning)}[/yellow]")  # paths are not markup
         sent = (
             f"{stats.files_sent} new, {human_bytes(stats.bytes_sent)}"
             if stats.files_sent
@@ -242,8 +291,12 @@ def run(
     info = _follow(job, live=wants_live(no_progress))
     if not quiet:
         say(_summary(info))
+    if desktop:
+        from gpuhop.cli.notify import desktop_notify
+
+        desktop_notify(f"gpuhop: job {info.id} {info.state.value}", _summary(info))
     if pull is not None:
-        _pull(job, pull, live=wants_live(quiet, sys.stderr))
+        pull_job(job, pull, workdir, live=wants_live(quiet, sys.stderr))
     raise typer.Exit(exit_code_for(info))
 
 
@@ -260,61 +313,6 @@ def _parse_share(gpu_memory: str | None, gpus: int) -> int | None:
             f" --gpus {gpus} (use --gpus {gpus} alone for whole GPUs)"
         )
     return share_mb
-
-
-def show(
-    job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
-    on: str | None = OnOption,
-) -> None:
-    """Show one job: its state, how it ended, GPUs, and latest metrics."""
-    with client_for(on) as client:
-        info = _job(client, job_ref).info
-    if json_out:
-        print_json(info.model_dump(mode="json"))
-        return
-    from rich.console import Console
-
-    out = Console(highlight=False, emoji=False)
-    rows = [
-        ("id", info.id),
-        ("name", info.name or "-"),
-        ("state", state_text(info.state)),
-        ("command", " ".join(info.command)),
-        ("gpus", _gpus_text(info)),
-        ("attempt", f"{info.attempt} of {info.retries + 1}"),
-        ("created", ago(info.created_at)),
-        ("duration", duration(info)),
-        ("result", info.reason or "-"),
-        ("log", human_bytes(info.log_size)),
-        ("metrics", format_metrics(info.latest_metrics)),
-    ]
-    if info.data:
-        rows.insert(4, ("data", " ".join(info.data)))
-    if info.python_env or info.python:
-        env_text = f"env {info.python_env[:12]} from " if info.python_env else ""
-        rows.insert(4, ("python", f"{env_text}{info.python}"))
-    if info.env:
-        rows.insert(4, ("env", " ".join(f"{k}={v}" for k, v in info.env.items())))
-    for key, value in rows:
-        out.print(f"[bold]{key:>9}[/bold]  {value}", soft_wrap=True)
-    for past in info.attempts:
-        out.print(
-            f"[bold]{'attempt ' + str(past.attempt):>9}[/bold]  {state_text(past.state)}:"
-            f" {past.reason or '-'}",
-            soft_wrap=True,
-        )
-
-
-def _gpus_text(info: JobInfo) -> str:
-    if info.gpu_memory_mb is not None:
-        share = f"a {format_mb(info.gpu_memory_mb)} share"
-        if info.gpu_ids:
-            return f"{info.gpu_ids[0]} ({share}, may be shared with other jobs)"
-        return f"{share} of one GPU requested"
-    if info.gpu_ids:
-        return ",".join(map(str, info.gpu_ids))
-    return f"{info.gpus} requested" if info.gpus else "none (CPU)"
 
 
 def logs(
@@ -369,28 +367,9 @@ def cancel(
         say(_summary(info))
 
 
-def pull(
-    job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
-    output: Path | None = typer.Option(
-        None,
-        "--output",
-        "-o",
-        metavar="DIR",
-        help="Where to put them (default: gpuhop-artifacts/JOB).",
-    ),
-    on: str | None = OnOption,
-) -> None:
-    """Download the files a job wrote to $GPUHOP_ARTIFACTS_DIR."""
-    with client_for(on) as client:
-        job = _job(client, job_ref)
-        from gpuhop.cli.progress import wants_live
-
-        _pull(job, output or DEFAULT_PULL_DIR / job.id, live=wants_live(False, sys.stderr))
-
-
 def register(app: typer.Typer) -> None:
     app.command(
         context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True}
     )(run)
-    for fn in (show, logs, cancel, pull):
+    for fn in (logs, cancel):
         app.command()(fn)

@@ -12,9 +12,14 @@ from gpuhop.cli import (
     gc,
     gpus,
     jobs,
+    notebook,
     ps,
+    pull,
+    queue,
     remote,
     serve,
+    show,
+    sweep,
     tensorboard,
     tfserver,
     ui,
@@ -35,6 +40,10 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 jobs.register(app)
+show.register(app)
+queue.register(app)
+pull.register(app)
+sweep.register(app)
 ps.register(app)
 forward.register(app)
 tensorboard.register(app)
@@ -47,6 +56,7 @@ data.register(app)
 serve.register(app)
 gc.register(app)
 ui.register(app)
+notebook.register(app)
 
 
 def _version(value: bool) -> None:

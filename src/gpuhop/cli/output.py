@@ -96,8 +96,8 @@ def format_metrics(metrics: dict[str, object] | None) -> str:
         return "-"
     parts = []
     for key, value in metrics.items():
-        if key in ("time", "epochs"):
-            continue
+        if key in ("time", "epochs", "memory_mb", "memory_peak_mb"):
+            continue  # memory has its own line in `show`
         if isinstance(value, float):
             parts.append(f"{key}={value:.4g}")
         else:

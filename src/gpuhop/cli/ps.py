@@ -28,14 +28,31 @@ from gpuhop.client import Client, GpuhopError
 
 # The width of a table written to a pipe or a file, where no terminal sets one.
 WIDE = 400
-COLUMNS = ("ID", "NAME", "STATE", "GPUS", "GPU USE", "CREATED", "DURATION", "METRICS", "COMMAND")
+COLUMNS = (
+    "ID",
+    "NAME",
+    "STATE",
+    "PRI",
+    "GPUS",
+    "GPU USE",
+    "CREATED",
+    "DURATION",
+    "METRICS",
+    "COMMAND",
+)
 
 
 def gpus_column(info: JobInfo) -> str:
     ids = ",".join(map(str, info.gpu_ids))
+    # The framework's own peak of device memory, where the job reported one.
+    peak = "" if info.memory_peak_mb is None else f"peak {format_mb(info.memory_peak_mb)}"
     if info.gpu_memory_mb is not None:
         share = format_mb(info.gpu_memory_mb)
-        return f"{ids} ({share})" if ids else f"{share} share"
+        if not ids:
+            return f"{share} share"
+        return f"{ids} ({share}, {peak})" if peak else f"{ids} ({share})"
+    if ids and peak:
+        return f"{ids} ({peak})"
     return ids or (str(info.gpus) if info.gpus else "-")
 
 
@@ -60,14 +77,15 @@ def job_table(infos: list[JobInfo], gpus: dict[int, GpuInfo]) -> Table:
     for i in infos:
         table.add_row(
             i.id,
-            i.name or "-",
+            Text(i.name or "-"),  # a sweep's run is NAME[lr=0.1]: not markup
             Text(i.state.value, style=STATE_STYLE[i.state]),
+            str(i.priority),
             gpus_column(i),
             gpu_use(i, gpus),
             ago(i.created_at),
             duration(i),
             format_metrics(i.latest_metrics) if i.latest_metrics else "-",
-            " ".join(i.command),
+            Text(" ".join(i.command)),
         )
     return table
 

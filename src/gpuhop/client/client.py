@@ -13,9 +13,9 @@ to the module of each feature; none of them imports this one.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -23,7 +23,9 @@ import httpx
 import gpuhop.client.endpoints as endpoints
 import gpuhop.client.host as host
 import gpuhop.client.jobs as jobs
+import gpuhop.client.notebook as notebooks
 import gpuhop.client.serving as serving
+import gpuhop.client.sweeps as sweeps
 import gpuhop.client.tokens as tokens
 from gpuhop.api import (
     AgentInfo,
@@ -180,6 +182,12 @@ class Client:
         python: str | None = None,
         private_network: bool = False,
         pack: bool = False,
+        after: str | Job | Sequence[str | Job] = (),
+        after_any: bool = False,
+        timeout: str | float | None = None,
+        retry_on: str = "infra",
+        notify: Sequence[str] = (),
+        mixed_gpus: bool = False,
     ) -> Job:
         """Sync `workdir` and queue `command` there. Returns at once with a `Job` handle.
 
@@ -199,6 +207,17 @@ class Client:
         own, whose ports only `forward` reaches (an older agent refuses it). `pack` puts the
         workers on as few nodes as possible on an agent with the Ray backend (default:
         spread across nodes; an older agent refuses it).
+
+        `priority` (-100..100, default 0): higher starts first, ties by age; above 0 is an
+        admin's call on a team agent. `after` (jobs, or their ids or names): the job waits
+        in the queue until they end, and is cancelled if one does not succeed, unless
+        `after_any`. `timeout` ("6h", "90m", "30s" or seconds): SIGTERM when it passes,
+        SIGKILL 10 s later; the job ends with class `timeout`. `retry_on`: "infra" (the
+        default) retries only attempts the machine ended (lost, oom-host, killed,
+        gpu-fault), "any" also the job's own failures (app-error, oom-gpu).
+        `notify`: webhook URLs the agent POSTs the job's start and end to (JSON; a Slack
+        incoming webhook gets a `text`). `mixed_gpus`: several GPUs may be of different
+        models (by default the job waits for GPUs of one model and topology group).
         """
         return jobs.submit(
             self.session,
@@ -220,7 +239,46 @@ class Client:
             python=python,
             private_network=private_network,
             pack=pack,
+            after=after,
+            after_any=after_any,
+            timeout=timeout,
+            retry_on=retry_on,
+            notify=notify,
+            mixed_gpus=mixed_gpus,
         )
+
+    def sweep(
+        self,
+        command: str | Sequence[str],
+        params: Mapping[str, Sequence[str]] | None = None,
+        *,
+        array: int | None = None,
+        max_parallel: int | None = None,
+        name: str | None = None,
+        workdir: str | os.PathLike[str] = ".",
+        **options: Any,
+    ) -> sweeps.Sweep:
+        """Queue one job per combination of `params` (and per index of an `array` of N,
+        with GPUHOP_ARRAY_INDEX set), `{key}` in `command` replaced by each run's value.
+
+        All runs share one synced tree. The agent runs at most `max_parallel` of them at
+        once. Each run is named `NAME[key=value,...]`. `options` are `submit`'s (gpus, env,
+        notify, ...). Returns the `Sweep`; `Client.sweep_runs(sweep.id)` lists its runs.
+        """
+        return sweeps.submit(
+            self.session,
+            command,
+            params or {},
+            array=array,
+            max_parallel=max_parallel,
+            name=name,
+            workdir=workdir,
+            options=options,
+        )
+
+    def sweep_runs(self, sweep: str) -> list[JobInfo]:
+        """The runs of a sweep, by its id (or name: the newest sweep of that name)."""
+        return jobs.list_jobs(self.session, limit=10_000, sweep=sweep)
 
     def upload(
         self, files: list[FileEntry], on_upload: Callable[[int, int], None] | None = None
@@ -273,6 +331,39 @@ class Client:
     def model(self, ref: str) -> serving.Model:
         """A handle on a model server job, by its name (as given to `serve`) or job id."""
         return serving.model(self.session, ref)
+
+    # -- notebooks (see gpuhop.client.notebook) ------------------------------------------------
+
+    def start_notebook(
+        self,
+        *,
+        workdir: str | os.PathLike[str] = ".",
+        gpus: int = 0,
+        gpu_memory: str | int | None = None,
+        name: str | None = None,
+        idle: int = notebooks.DEFAULT_IDLE,
+        env: dict[str, str] | None = None,
+        requirements: str | os.PathLike[str] | bool | None = None,
+        python: str | None = None,
+    ) -> notebooks.Notebook:
+        """JupyterLab on the GPU host as a job in `workdir` (synced), holding its GPUs.
+        Kernels idle for `idle` seconds stop, and then the server (0: never). Returns at
+        once; `wait_ready()`, then `forward()`, and `url(fwd.url)` is the link with the token."""
+        return notebooks.start(
+            self.session,
+            workdir=workdir,
+            gpus=gpus,
+            gpu_memory=gpu_memory,
+            name=name,
+            idle=idle,
+            env=env,
+            requirements=requirements,
+            python=python,
+        )
+
+    def notebook(self, ref: str | None = None) -> notebooks.Notebook | None:
+        """The notebook job `ref` names, or your newest queued or running one (None: none)."""
+        return notebooks.find(self.session, ref)
 
     def job(self, ref: str) -> Job:
         """A handle on an existing job, by id, unique id prefix, or name."""

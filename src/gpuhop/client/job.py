@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import quote_from_bytes
 
 import httpx
 
-from gpuhop.api import ArtifactEntry, JobInfo, JobState, TensorBoardInfo, validate_relpath
+from gpuhop.api import ArtifactEntry, JobInfo, JobState, TensorBoardInfo, WorkdirEntry
 from gpuhop.client.errors import GpuhopError
+from gpuhop.client.pull import PullPlan, fetch_planned, plan_pull
 from gpuhop.client.session import Connected, Session, quote, session_of
 
 if TYPE_CHECKING:
@@ -65,6 +65,15 @@ class Job:
         """Stop the job: SIGTERM to its processes, SIGKILL after `grace` seconds."""
         response = self.session.request(
             "POST", f"/v1/jobs/{self.id}/cancel", params={"grace": grace}
+        )
+        self.info = JobInfo.model_validate(response.json())
+        return self.info
+
+    def requeue(self, priority: int) -> JobInfo:
+        """Give the queued job a new priority (higher starts first; above the default is
+        an admin's call on a team agent)."""
+        response = self.session.request(
+            "POST", f"/v1/jobs/{self.id}/requeue", json={"priority": priority}
         )
         self.info = JobInfo.model_validate(response.json())
         return self.info
@@ -155,59 +164,43 @@ class Job:
         response = self.session.request("GET", f"/v1/jobs/{self.id}/artifacts")
         return [ArtifactEntry.model_validate(a) for a in response.json()]
 
+    def workdir_outputs(self) -> list[WorkdirEntry]:
+        """The files the job created or changed in its work dir (not the synced sources)."""
+        response = self.session.request("GET", f"/v1/jobs/{self.id}/workdir")
+        return [WorkdirEntry.model_validate(e) for e in response.json()]
+
+    def plan_pull(
+        self,
+        dest: str | os.PathLike[str] | None,
+        workdir: str | os.PathLike[str] | None = None,
+        overwrite: bool = False,
+    ) -> PullPlan:
+        """What `pull` would fetch, without fetching it (see `pull`)."""
+        return plan_pull(self.session, self.id, dest, workdir, overwrite)
+
     def pull(
         self,
-        dest: str | os.PathLike[str],
+        dest: str | os.PathLike[str] | None,
         on_file: Callable[[ArtifactEntry], None] | None = None,
         on_bytes: Callable[[int, int], None] | None = None,
+        *,
+        workdir: str | os.PathLike[str] | None = None,
+        overwrite: bool = False,
+        plan: PullPlan | None = None,
     ) -> list[Path]:
-        """Download the job's artifacts into `dest`. Unchanged files are not fetched again.
+        """Download the job's artifacts into `dest` (None: not them) and, with `workdir`,
+        the files the job created or changed in its work dir into `workdir` (say "." for
+        where they would be had the script run here). Unchanged files are not fetched
+        again. A local work-dir file that differs from what was synced is kept, not
+        overwritten (`plan_pull(...).kept` lists them), unless `overwrite`.
 
         `on_file(entry)` is called after each file fetched, and `on_bytes(done, total)` as
         bytes arrive, `total` being what is fetched (unchanged files are not counted).
+        Give `plan` (from `plan_pull`) to fetch what it lists.
         """
-        root = Path(dest).absolute()
-        root.mkdir(parents=True, exist_ok=True)
-        written: list[Path] = []
-        todo: list[tuple[ArtifactEntry, bytes, Path]] = []
-        for art in self.artifacts():
-            name = art.name_bytes()
-            try:
-                # Checked with any bytes that are not UTF-8 replaced: the same slashes and dots.
-                validate_relpath(name.decode("utf-8", "replace"))
-            except ValueError as e:
-                raise GpuhopError(f"agent sent a bad artifact path: {e}", "bad_path") from None
-            target = root / os.fsdecode(name)  # the same bytes, whatever they are
-            if not target.resolve().is_relative_to(root.resolve()):
-                raise GpuhopError(f"artifact {art.path} would land outside {root}", "bad_path")
-            if target.is_file():
-                st = target.stat()
-                if st.st_size == art.size and int(st.st_mtime) == int(art.mtime):
-                    written.append(target)
-                    continue
-            todo.append((art, name, target))
-        total = sum(art.size for art, _, _ in todo)
-        done = 0
-        for art, name, target in todo:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            part = target.with_name(target.name + ".gpuhop-part")
-            with (
-                self.session.stream(
-                    "GET", f"/v1/jobs/{self.id}/artifacts/{quote_from_bytes(name, safe='/')}"
-                ) as response,
-                open(part, "wb") as f,
-            ):
-                for chunk in response.iter_bytes(1 << 20):
-                    f.write(chunk)
-                    done += len(chunk)
-                    if on_bytes is not None:
-                        on_bytes(done, max(total, done))
-            os.utime(part, (art.mtime, art.mtime))
-            os.replace(part, target)
-            written.append(target)
-            if on_file is not None:
-                on_file(art)
-        return written
+        if plan is None:
+            plan = plan_pull(self.session, self.id, dest, workdir, overwrite)
+        return fetch_planned(self.session, plan, on_file, on_bytes)
 
 
 class TensorBoard:

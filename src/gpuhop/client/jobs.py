@@ -6,14 +6,16 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from gpuhop.api import JobInfo, JobState, SubmitRequest
+from gpuhop.api import JobInfo, JobState, RetryOn, SubmitRequest, parse_duration
 from gpuhop.client.data import parse_mount
 from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.job import Job
+from gpuhop.client.leftovers import outputs_warning
 from gpuhop.client.session import Session
 from gpuhop.client.spec import (
     SyncStats,
@@ -22,6 +24,7 @@ from gpuhop.client.spec import (
     share_mb,
     tree_of,
 )
+from gpuhop.client.sync import ScanResult
 from gpuhop.client.upload import Progress, UploadProgress, scan, send_files, send_tree
 
 
@@ -46,23 +49,45 @@ def submit(
     python: str | None = None,
     private_network: bool = False,
     pack: bool = False,
+    after: str | Job | Sequence[str | Job] = (),
+    after_any: bool = False,
+    timeout: str | float | None = None,
+    retry_on: str = "infra",
+    notify: Sequence[str] = (),
+    mixed_gpus: bool = False,
+    sweep: str | None = None,
+    max_parallel: int | None = None,
+    synced: Synced | None = None,
 ) -> Job:
     """Sync `workdir` and queue `command` there; see `Client.submit`. What the sync did is
-    left in `session.last_sync`."""
+    left in `session.last_sync`. With `synced` (from `scan_workdir`), the work dir is not
+    scanned again: the runs of a sweep share one tree."""
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     if not argv:
         raise GpuhopError("no command given", code="bad_request")
     gpu_memory_mb = share_mb(gpu_memory, gpus)
     root = Path(workdir).absolute()
     argv[0] = script_in_workdir(argv[0], root)
-    result = scan(session, root, on_hash)
+    synced = synced or scan_workdir(session, root, on_hash)
+    result, tree_bytes, tree = synced.result, synced.tree_bytes, synced.tree
     if argv[0].endswith(".py") and argv[0] not in {f.path for f in result.files}:
         raise GpuhopError(
             f"{argv[0]} is excluded from the sync by .gitignore, .gpuhopignore or gpuhop's"
             " defaults; un-ignore it (a '!' line in .gpuhopignore) to run it",
             code="bad_request",
         )
-    tree_bytes, tree = tree_of(result.files)
+    try:
+        seconds = None if timeout is None else parse_duration(timeout)
+    except ValueError as e:
+        raise GpuhopError(f"timeout: {e}", code="bad_request") from None
+    if retry_on not in set(RetryOn):
+        raise GpuhopError(
+            f"retry_on: {retry_on!r} is not one of {', '.join(RetryOn)}", code="bad_request"
+        )
+    deps = [after] if isinstance(after, str | Job) else list(after)
+    note = outputs_warning(result.files, root, session.cache_dir)
+    if note is not None:
+        result.warnings.append(note)
     # Fields left at None are not sent, so an older agent still takes a plain request.
     try:
         body = SubmitRequest(
@@ -82,11 +107,21 @@ def submit(
             python=python,
             private_network=private_network or None,
             pack=pack or None,
+            after=[d.id if isinstance(d, Job) else d for d in deps],
+            after_any=after_any,
+            timeout=seconds,
+            retry_on=RetryOn(retry_on),
+            notify=list(notify) or None,
+            mixed_gpus=mixed_gpus or None,
+            sweep=sweep,
+            max_parallel=max_parallel,
         ).model_dump(mode="json", exclude_none=True)
     except ValidationError as e:
         raise invalid("the job was not submitted", e) from None
-    if not body["data"]:
-        del body["data"]  # an older agent takes a request without it
+    # An older agent takes a request without these when they say nothing new.
+    for key, unset in (("data", []), ("after", []), ("after_any", False), ("retry_on", "infra")):
+        if body[key] == unset:
+            del body[key]
     sent = (0, 0)
     try:
         response = session.request("POST", "/v1/jobs", json=body)
@@ -102,11 +137,31 @@ def submit(
     return Job(session, JobInfo.model_validate(response.json()))
 
 
+@dataclass(frozen=True)
+class Synced:
+    """A scanned work dir: its files and its tree, ready to submit jobs in (see `submit`)."""
+
+    result: ScanResult
+    tree_bytes: bytes
+    tree: str
+
+
+def scan_workdir(session: Session, root: Path, on_hash: Progress | None = None) -> Synced:
+    result = scan(session, root, on_hash)
+    return Synced(result, *tree_of(result.files))
+
+
 def list_jobs(
-    session: Session, states: Sequence[JobState | str] | None = None, limit: int = 200
+    session: Session,
+    states: Sequence[JobState | str] | None = None,
+    limit: int = 200,
+    sweep: str | None = None,
 ) -> list[JobInfo]:
-    """The agent's jobs (at most `limit`), only those in `states` when given."""
+    """The agent's jobs (at most `limit`), only those in `states` when given; with `sweep`,
+    that sweep's runs (a sweep id, or a name for the newest sweep of that name)."""
     params: list[tuple[str, str | int]] = [("limit", limit)]
+    if sweep is not None:
+        params.append(("sweep", sweep))
     params += [("state", JobState(s).value) for s in states or ()]
     return [
         JobInfo.model_validate(j) for j in session.request("GET", "/v1/jobs", params=params).json()

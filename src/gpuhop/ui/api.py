@@ -51,10 +51,11 @@ def jobs(
     request: Request,
     state: list[JobState] | None = Query(default=None),
     limit: int = Query(default=200, ge=1, le=2000),
+    sweep: str | None = Query(default=None, max_length=80),
 ) -> dict[str, object]:
     # The agent's clock comes along: a running job's duration must not depend on the
     # browser's machine keeping the same time as the GPU host.
-    found = jobs_service.list_jobs(ctx(request), caller_of(request), state, limit)
+    found = jobs_service.list_jobs(ctx(request), caller_of(request), state, limit, sweep)
     return {"now": time.time(), "jobs": found}
 
 

@@ -80,6 +80,11 @@ def job_page(ref: str) -> FileResponse:
     return _page("job.html")
 
 
+@router.get("/sweeps/{ref}")
+def sweep_page(ref: str) -> FileResponse:
+    return _page("sweep.html")
+
+
 @router.get("/gpus")
 def gpus_page() -> FileResponse:
     return _page("gpus.html")

@@ -66,10 +66,20 @@ class _SmiHost(GpuHost):
         return out
 
 
-def discover(fake: int | None = None, fake_memory_mb: int = FAKE_GPU_MEMORY_MB) -> GpuHost:
-    """The host's GPUs. `fake=N` returns N made-up GPUs and looks at no hardware."""
+def discover(
+    fake: int | None = None,
+    fake_memory_mb: int = FAKE_GPU_MEMORY_MB,
+    fake_models: str | None = None,
+) -> GpuHost:
+    """The host's GPUs. `fake=N` returns N made-up GPUs and looks at no hardware;
+    `fake_models` names each one's model, and optionally topology group, as
+    "MODEL[@GROUP],..." (e.g. "A100@0,A100@0,V100,V100")."""
     if fake is not None:
-        gpus = [GpuInfo(index=i, name="Fake GPU", memory_mb=fake_memory_mb) for i in range(fake)]
+        kinds = parse_fake_models(fake_models, fake)
+        gpus = [
+            GpuInfo(index=i, name=name, memory_mb=fake_memory_mb, group=group)
+            for i, (name, group) in enumerate(kinds)
+        ]
         return GpuHost("fake", gpus)
     nvml_error: str | None = None
     try:
@@ -83,6 +93,23 @@ def discover(fake: int | None = None, fake_memory_mb: int = FAKE_GPU_MEMORY_MB) 
     if host.error is None and nvml_error is not None and host.source == "none":
         host.error = nvml_error
     return host
+
+
+def parse_fake_models(spec: str | None, count: int) -> list[tuple[str, str | None]]:
+    """Each fake GPU's (model, group) from "MODEL[@GROUP],..."; "Fake GPU" for all without."""
+    if spec is None:
+        return [("Fake GPU", None)] * count
+    parts = [p.strip() for p in spec.split(",")]
+    if len(parts) != count or not all(parts):
+        raise ValueError(
+            f"--fake-gpu-models {spec!r}: give one non-empty MODEL[@GROUP] per fake GPU"
+            f" ({count}), separated by commas"
+        )
+    out: list[tuple[str, str | None]] = []
+    for part in parts:
+        name, _, group = part.partition("@")
+        out.append((name, group or None))
+    return out
 
 
 class _NoDriver(Exception):

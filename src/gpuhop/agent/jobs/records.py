@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuhop.api import JobState
 
@@ -49,6 +49,15 @@ class JobRecord:
     gpu_memory_mb: int | None = None
     owner: str | None = None
     private_network: bool = False
+    end_class: str | None = None
+    after: list[str] = field(default_factory=list)
+    after_any: bool = False
+    timeout: float | None = None
+    retry_on: str = "infra"
+    sweep: str | None = None
+    max_parallel: int | None = None
+    mixed_gpus: bool = False
+    notify: list[str] = field(default_factory=list)
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> JobRecord:
@@ -77,6 +86,15 @@ class JobRecord:
             gpu_memory_mb=row["gpu_memory_mb"],
             owner=row["owner"],
             private_network=bool(row["private_network"]),
+            end_class=row["end_class"],
+            after=json.loads(row["after_ids"]),
+            after_any=bool(row["after_any"]),
+            timeout=row["timeout"],
+            retry_on=row["retry_on"],
+            sweep=row["sweep"],
+            max_parallel=row["max_parallel"],
+            mixed_gpus=bool(row["mixed_gpus"]),
+            notify=json.loads(row["notify"]),
         )
 
 

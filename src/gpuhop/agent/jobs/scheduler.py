@@ -16,6 +16,13 @@ Policy:
 - No starvation: the first GPU job (whole or share) that does not fit blocks every GPU job
   behind it, so a large job is never passed over by a stream of small ones. CPU jobs still
   start.
+- Several whole GPUs for one job are of one model and topology group (`GpuKind`): a slower
+  card holds back every synchronous step. The job takes the lowest-indexed group with
+  enough free GPUs, and waits (blocking, as above) while none has, unless it allows mixed
+  GPUs (`mixed_gpus`).
+- Limits that are not about GPUs being busy make a job wait without blocking others: a
+  user's GPUs held at once (`Limits.user_gpus`), and a sweep's runs at once (its
+  `max_parallel`). Why each such job waits goes to `waiting`.
 - A job that could never fit on this host (more GPUs than it has, or a share larger than
   every GPU) is passed over instead of blocking the queue for good (`could_ever_fit`).
   Submit refuses such jobs, so this happens only after an agent restart with fewer or
@@ -24,6 +31,7 @@ Policy:
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -36,6 +44,10 @@ class Pending:
     created_at: float
     # A share of one GPU in MB; None for whole-GPU and CPU jobs.
     gpu_memory_mb: int | None = None
+    owner: str | None = None
+    sweep: str | None = None
+    max_parallel: int | None = None
+    mixed_gpus: bool = False
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,16 @@ class Holding:
     job_id: str
     gpu_ids: tuple[int, ...]
     gpu_memory_mb: int | None = None
+    owner: str | None = None
+    sweep: str | None = None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-user limits of a team agent (None: no limit). Users in `exempt` (admins) have none."""
+
+    user_gpus: int | None = None
+    exempt: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -85,39 +107,103 @@ class _Gpus:
 
 
 def plan(
-    pending: Iterable[Pending], gpus: Mapping[int, int], holdings: Iterable[Holding] = ()
+    pending: Iterable[Pending],
+    gpus: Mapping[int, int],
+    holdings: Iterable[Holding] = (),
+    *,
+    kinds: Mapping[int, str] | None = None,
+    limits: Limits = Limits(),
+    waiting: dict[str, str] | None = None,
 ) -> list[Placement]:
     """Return the jobs to start now and the GPUs each gets.
 
     `gpus` maps each GPU's index to its memory in MB; `holdings` are the started jobs'.
+    `kinds` maps each GPU to its model and topology group (one kind: all alike).
+    `waiting`, when given, is filled with why a job waits on a limit rather than on GPUs.
     """
+    holdings = list(holdings)
     state = _Gpus(gpus, holdings)
+    kinds = kinds or {}
+    held_by = Counter[str | None]()
+    sweep_runs = Counter[tuple[str | None, str]]()
+    for held in holdings:
+        held_by[held.owner] += len(held.gpu_ids)
+        if held.sweep is not None:
+            sweep_runs[held.owner, held.sweep] += 1
     placements: list[Placement] = []
     gpu_queue_blocked = False
     for job in sorted(pending, key=lambda j: (-j.priority, j.created_at, j.job_id)):
+        sweep_key = (job.owner, job.sweep or "")
+        if job.max_parallel is not None and sweep_runs[sweep_key] >= job.max_parallel:
+            _wait(waiting, job, f"its sweep already runs {job.max_parallel} (max_parallel)")
+            continue
         if job.gpus == 0 and job.gpu_memory_mb is None:
             placements.append(Placement(job.job_id, ()))
+            sweep_runs[sweep_key] += 1
             continue
-        if gpu_queue_blocked or not could_ever_fit(job, gpus):
+        if gpu_queue_blocked or not could_ever_fit(job, gpus, kinds):
+            continue
+        cap = None if job.owner in limits.exempt else limits.user_gpus
+        if cap is not None and held_by[job.owner] + job.gpus > cap:
+            _wait(
+                waiting,
+                job,
+                f"{job.owner or 'its owner'} holds {held_by[job.owner]} GPU(s) and this job"
+                f" asks for {job.gpus}; the agent's limit is {cap} per user at once",
+            )
             continue
         taken: tuple[int, ...]
         if job.gpu_memory_mb is not None:
             gpu = state.best_fit(job.gpu_memory_mb)
             taken = () if gpu is None else (gpu,)
         else:
-            empty = state.empty()
-            taken = tuple(empty[: job.gpus]) if job.gpus <= len(empty) else ()
+            taken = _whole(state.empty(), job, kinds)
+            if not taken and job.gpus <= len(state.empty()):
+                _wait(waiting, job, f"no {job.gpus} free GPUs of one model (see --mixed-gpus)")
         if not taken:
             gpu_queue_blocked = True
             continue
         for gpu in taken:
             state.take(gpu, job.gpu_memory_mb)
+        held_by[job.owner] += len(taken)
+        if job.sweep is not None:
+            sweep_runs[sweep_key] += 1
         placements.append(Placement(job.job_id, taken))
     return placements
 
 
-def could_ever_fit(job: Pending, gpus: Mapping[int, int]) -> bool:
+def _wait(waiting: dict[str, str] | None, job: Pending, why: str) -> None:
+    if waiting is not None:
+        waiting[job.job_id] = why
+
+
+def _whole(empty: list[int], job: Pending, kinds: Mapping[int, str]) -> tuple[int, ...]:
+    """The GPUs a whole-GPU job takes from `empty`: the lowest-indexed that are all of one
+    kind (the first kind in index order with enough), or any for a mixed or 1-GPU job."""
+    if job.gpus > len(empty):
+        return ()
+    if job.mixed_gpus or job.gpus <= 1:
+        return tuple(empty[: job.gpus])
+    by_kind: dict[str, list[int]] = {}
+    for gpu in empty:
+        by_kind.setdefault(kinds.get(gpu, ""), []).append(gpu)
+    for same in by_kind.values():
+        if len(same) >= job.gpus:
+            return tuple(same[: job.gpus])
+    return ()
+
+
+def could_ever_fit(
+    job: Pending, gpus: Mapping[int, int], kinds: Mapping[int, str] | None = None
+) -> bool:
     """Whether the job fits on these GPUs when nothing else runs."""
     if job.gpu_memory_mb is not None:
         return job.gpu_memory_mb <= max(gpus.values(), default=0)
-    return job.gpus <= len(gpus)
+    if job.mixed_gpus or job.gpus <= 1 or not kinds:
+        return job.gpus <= len(gpus)
+    return job.gpus <= largest_kind(gpus, kinds)
+
+
+def largest_kind(gpus: Iterable[int], kinds: Mapping[int, str]) -> int:
+    """How many GPUs the largest group of one kind has."""
+    return max(Counter(kinds.get(g, "") for g in gpus).values(), default=0)

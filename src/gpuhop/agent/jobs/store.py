@@ -5,7 +5,7 @@ crash between two steps) can never move a job twice. GPUs in use are derived fro
 that hold them, never kept in a second place, so they cannot drift after a restart.
 
 Columns added after the first release are added to an existing jobs.db when the store opens
-(see `ADDED_COLUMNS`), so an agent upgrade keeps every job it knew.
+(see `schema.ADDED_COLUMNS`), so an agent upgrade keeps every job it knew.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from gpuhop.agent.jobs.records import (
     JobRecord,
 )
 from gpuhop.agent.jobs.scheduler import Holding
+from gpuhop.agent.jobs.schema import ADDED_ATTEMPT_COLUMNS, ADDED_COLUMNS, SCHEMA
 from gpuhop.api import JobState
 
 # What the rest of the agent imports from here (the records live in `records`).
@@ -38,62 +39,6 @@ __all__ = [
     "JobRecord",
     "JobStore",
 ]
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id            TEXT PRIMARY KEY,
-    name          TEXT,
-    state         TEXT NOT NULL,
-    command       TEXT NOT NULL,
-    env           TEXT NOT NULL,
-    gpus          INTEGER NOT NULL,
-    priority      INTEGER NOT NULL,
-    gpu_ids       TEXT NOT NULL DEFAULT '[]',
-    attempt       INTEGER NOT NULL DEFAULT 1,
-    created_at    REAL NOT NULL,
-    started_at    REAL,
-    ended_at      REAL,
-    exit_code     INTEGER,
-    signal        INTEGER,
-    reason        TEXT,
-    pid           INTEGER,
-    pid_start     TEXT,
-    cancel_requested INTEGER NOT NULL DEFAULT 0,
-    retries       INTEGER NOT NULL DEFAULT 0,
-    workers       INTEGER NOT NULL DEFAULT 1,
-    worker_timeout INTEGER NOT NULL DEFAULT 300,
-    gpu_memory_mb INTEGER,
-    owner         TEXT,
-    private_network INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
-CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
--- One row per finished attempt of a job that was retried (the last attempt lives in jobs).
-CREATE TABLE IF NOT EXISTS attempts (
-    job_id     TEXT NOT NULL REFERENCES jobs(id),
-    attempt    INTEGER NOT NULL,
-    state      TEXT NOT NULL,
-    started_at REAL,
-    ended_at   REAL,
-    exit_code  INTEGER,
-    signal     INTEGER,
-    reason     TEXT,
-    PRIMARY KEY (job_id, attempt)
-);
-"""
-
-# Columns a jobs.db made by an older agent may lack: name -> its type and default, as in
-# SCHEMA. Each is added by ALTER TABLE when the store opens; adding one is idempotent.
-ADDED_COLUMNS = {
-    "gpu_memory_mb": "INTEGER",
-    "retries": "INTEGER NOT NULL DEFAULT 0",
-    "workers": "INTEGER NOT NULL DEFAULT 1",
-    "worker_timeout": "INTEGER NOT NULL DEFAULT 300",
-    # The user who submitted the job; NULL for jobs from before ownership (admins see them).
-    "owner": "TEXT",
-    # 1: the job runs in a private network namespace, its ports reached through its relay.
-    "private_network": "INTEGER NOT NULL DEFAULT 0",
-}
 
 
 class JobStore:
@@ -116,6 +61,10 @@ class JobStore:
                 if name not in have:
                     # Names and types come from ADDED_COLUMNS above, never from input.
                     self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {decl}")
+            have = {row["name"] for row in self._db.execute("PRAGMA table_info(attempts)")}
+            for name, decl in ADDED_ATTEMPT_COLUMNS.items():
+                if name not in have:
+                    self._db.execute(f"ALTER TABLE attempts ADD COLUMN {name} {decl}")
 
     def close(self) -> None:
         with self._lock:
@@ -145,6 +94,14 @@ class JobStore:
         gpu_memory_mb: int | None = None,
         owner: str | None = None,
         private_network: bool = False,
+        after: Sequence[str] = (),
+        after_any: bool = False,
+        timeout: float | None = None,
+        retry_on: str = "infra",
+        sweep: str | None = None,
+        max_parallel: int | None = None,
+        mixed_gpus: bool = False,
+        notify: Sequence[str] = (),
     ) -> JobRecord:
         """Insert a queued job. With `job_id`, that id is used (and must be new)."""
         now = time.time() if now is None else now
@@ -156,8 +113,9 @@ class JobStore:
                     self._db.execute(
                         "INSERT INTO jobs (id, name, state, command, env, gpus, priority,"
                         " created_at, retries, workers, worker_timeout, gpu_memory_mb, owner,"
-                        " private_network)"
-                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        " private_network, after_ids, after_any, timeout, retry_on,"
+                        " sweep, max_parallel, mixed_gpus, notify)"
+                        f" VALUES ({', '.join('?' * 22)})",
                         (
                             job_id,
                             name,
@@ -173,6 +131,14 @@ class JobStore:
                             gpu_memory_mb,
                             owner,
                             int(private_network),
+                            json.dumps(list(after)),
+                            int(after_any),
+                            timeout,
+                            retry_on,
+                            sweep,
+                            max_parallel,
+                            int(mixed_gpus),
+                            json.dumps(list(notify)),
                         ),
                     )
                     break
@@ -221,10 +187,14 @@ class JobStore:
         states: Iterable[JobState] | None = None,
         limit: int = 1000,
         owner: str | None = None,
+        sweep: str | None = None,
     ) -> list[JobRecord]:
-        """The newest jobs first; with `owner`, only that user's."""
+        """The newest jobs first; with `owner`, only that user's; with `sweep`, only its runs."""
         where: list[str] = []
         params: list[Any] = []
+        if sweep is not None:
+            where.append("sweep = ?")
+            params.append(sweep)
         if states is not None:
             values = [s.value for s in states]
             where.append(f"state IN ({','.join('?' * len(values))})")
@@ -246,6 +216,43 @@ class JobStore:
             (JobState.queued.value,),
         )
         return [JobRecord.from_row(r) for r in rows]
+
+    def states(self, job_ids: Iterable[str]) -> dict[str, tuple[JobState, str | None]]:
+        """The state and end class of each of these jobs that exists."""
+        ids = list(job_ids)
+        if not ids:
+            return {}
+        rows = self._query(
+            f"SELECT id, state, end_class FROM jobs WHERE id IN ({','.join('?' * len(ids))})",
+            ids,
+        )
+        return {r["id"]: (JobState(r["state"]), r["end_class"]) for r in rows}
+
+    def end_classes(self) -> dict[str, int]:
+        """How many finished jobs ended in each class (jobs from before classes left out)."""
+        rows = self._query(
+            "SELECT end_class, count(*) FROM jobs WHERE end_class IS NOT NULL GROUP BY end_class"
+        )
+        return {r[0]: r[1] for r in rows}
+
+    def newest_sweep(self, prefix: str, owner: str | None = None) -> str | None:
+        """The newest sweep whose id is `prefix` or starts with `prefix-` (a sweep's name)."""
+        mine, mine_params = _owned(owner)
+        rows = self._query(
+            "SELECT sweep FROM jobs WHERE (sweep = ? OR substr(sweep, 1, ?) = ?)"
+            f"{mine} ORDER BY sweep = ? DESC, created_at DESC LIMIT 1",
+            (prefix, len(prefix) + 1, f"{prefix}-", *mine_params, prefix),
+        )
+        return rows[0]["sweep"] if rows else None
+
+    def queued_of(self, owner: str | None) -> int:
+        """How many of `owner`'s jobs are queued."""
+        return int(
+            self._query(
+                "SELECT count(*) FROM jobs WHERE state = ? AND owner IS ?",
+                (JobState.queued.value, owner),
+            )[0][0]
+        )
 
     def count(self, state: JobState) -> int:
         return int(self._query("SELECT count(*) FROM jobs WHERE state = ?", (state.value,))[0][0])
@@ -277,9 +284,8 @@ class JobStore:
     def holdings(self) -> Sequence[Holding]:
         """What the starting and running jobs hold: their GPUs and, for shares, how much."""
         return [
-            Holding(job.id, tuple(job.gpu_ids), job.gpu_memory_mb)
+            Holding(job.id, tuple(job.gpu_ids), job.gpu_memory_mb, job.owner, job.sweep)
             for job in reversed(self.list(ACTIVE_STATES))  # oldest first
-            if job.gpu_ids
         ]
 
     def transition(
@@ -313,7 +319,7 @@ class JobStore:
                 moved = self._db.execute(
                     "UPDATE jobs SET state = ?, attempt = attempt + 1, gpu_ids = '[]',"
                     " started_at = NULL, ended_at = NULL, exit_code = NULL, signal = NULL,"
-                    " reason = NULL, pid = NULL, pid_start = NULL"
+                    " reason = NULL, pid = NULL, pid_start = NULL, end_class = NULL"
                     " WHERE id = ? AND state IN (?, ?) AND attempt = ?",
                     (
                         JobState.queued.value,
@@ -326,7 +332,7 @@ class JobStore:
                 if moved:
                     self._db.execute(
                         "INSERT INTO attempts (job_id, attempt, state, started_at, ended_at,"
-                        " exit_code, signal, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        " exit_code, signal, reason, end_class) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             job.id,
                             job.attempt,
@@ -336,6 +342,7 @@ class JobStore:
                             outcome.get("exit_code"),
                             outcome.get("signal"),
                             outcome.get("reason"),
+                            outcome.get("end_class"),
                         ),
                     )
                 self._db.execute("COMMIT")
@@ -375,5 +382,7 @@ _UPDATABLE = frozenset(
         "pid_start",
         "cancel_requested",
         "attempt",
+        "end_class",
+        "priority",
     }
 )

@@ -19,12 +19,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpuhop.agent.jobs.endings import classify
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import JobRecord, JobStore
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.treefile import read_entries
 from gpuhop.agent.storage.usage import disk_note
-from gpuhop.api import JobState, ManifestEntry
+from gpuhop.api import EndClass, JobState, ManifestEntry, RetryOn
 from gpuhop.backends import jobdeps
 from gpuhop.backends.base import Backend, Ending, Started, StartError
 from gpuhop.backends.leader import read_json as _read_json
@@ -55,9 +56,13 @@ class Supervisor:
         on_change: Callable[[], None],
         backend: Backend,
         team: Callable[[], bool] = lambda: False,
+        on_event: Callable[[str, str], None] = lambda job_id, event: None,
     ):
         """`team`: whether the agent serves more than its owner now (a TLS listener, or
-        tokens of more than one user); such an agent starts no job without a sandbox."""
+        tokens of more than one user); such an agent starts no job without a sandbox.
+        `on_event(job_id, event)`: a job "started", or ended for good (the event is its
+        final state); for its notifications, and it must not block."""
+        self.on_event = on_event
         self.paths = paths
         self.team = team
         # Where the jobs' processes run (gpuhop.backends): this host, or a cluster.
@@ -102,8 +107,16 @@ class Supervisor:
         )
         if self.store.get(job_id).cancel_requested:
             self.backend.interrupt(started)
+        # Before the watch: a job that ends at once must not tell of its end first.
+        self._event(job_id, "started")
         self._watch(job_id, jp, started)
         self.on_change()
+
+    def _event(self, job_id: str, event: str) -> None:
+        try:
+            self.on_event(job_id, event)
+        except Exception:  # a notification's trouble never touches the job
+            log.exception("notifying about job %s failed", job_id)
 
     def _fail_start(self, job_id: str, jp: JobPaths, e: Exception) -> None:
         if isinstance(e, StartError | OSError):
@@ -116,9 +129,15 @@ class Supervisor:
         self._until_recorded(
             f"job {job_id} failed to start",
             lambda: self.store.transition(
-                job_id, [JobState.starting], JobState.failed, reason=reason, ended_at=time.time()
+                job_id,
+                [JobState.starting],
+                JobState.failed,
+                reason=reason,
+                ended_at=time.time(),
+                end_class=EndClass.app_error.value,
             ),
         )
+        self._event(job_id, JobState.failed.value)
         self.on_change()
 
     def _until_recorded(self, what: str, record: Callable[[], object]) -> None:
@@ -151,8 +170,12 @@ class Supervisor:
     def _materialise(self, jp: JobPaths) -> None:
         for d in (jp.work, jp.artifacts, jp.checkpoints):
             d.mkdir(parents=True, exist_ok=True)
-        if not jp.tree.exists():
-            return
+        if jp.tree.exists():
+            self._copy_tree(jp)
+        # After the last copy: what the job writes later is newer (see services/workdir.py).
+        jp.materialised.touch()  # sets the mtime to now on a retry's second making too
+
+    def _copy_tree(self, jp: JobPaths) -> None:
         # Every path is relative with no '..' (ManifestEntry checks it again here), and the
         # work dir is new, holding only what is made below: nothing can lead out of it.
         # The tree is read an entry at a time, and its files copied one after another: on a
@@ -207,7 +230,10 @@ class Supervisor:
             reason = f"the job's process vanished with no exit status{shim}"
         elif sig is not None:
             state = JobState.failed
-            reason = f"{describe_signal(sig)} after {elapsed}"
+            how = describe_signal(sig)
+            if end.oom_killed:
+                how = f"killed by the kernel's OOM killer (out of host memory, signal {sig})"
+            reason = f"{how} after {elapsed}"
         elif exit_code == 0:
             state = JobState.succeeded
             reason = f"exited with code 0 after {elapsed}"
@@ -219,11 +245,30 @@ class Supervisor:
         if state in (JobState.failed, JobState.lost) and stopped is None:
             reason += disk_note(jp.root, jp.log)
         self._killed_after_grace.discard(job_id)
-        outcome = {"exit_code": exit_code, "signal": sig, "reason": reason, "ended_at": now}
-        if state in (JobState.failed, JobState.lost) and job.attempt <= job.retries and not stopped:
+        end_class = classify(
+            state,
+            exit_code=exit_code,
+            sig=sig,
+            log=jp.log,
+            stopped_class=(stopped or {}).get("class"),
+            oom_killed=end.oom_killed,
+        )
+        outcome = {
+            "exit_code": exit_code,
+            "signal": sig,
+            "reason": reason,
+            "ended_at": now,
+            "end_class": end_class.value,
+        }
+        if (
+            state in (JobState.failed, JobState.lost)
+            and job.attempt <= job.retries
+            and RetryOn(job.retry_on).retries(end_class)
+            and stopped is None
+        ):
             self._retry(job, jp, state, outcome)
-        else:
-            self.store.transition(job_id, [JobState.starting, JobState.running], state, **outcome)
+        elif self.store.transition(job_id, [JobState.starting, JobState.running], state, **outcome):
+            self._event(job_id, state.value)
         self.on_change()
 
     def _retry(
@@ -232,8 +277,9 @@ class Supervisor:
         """Queue the job's next attempt: a fresh work dir, the same checkpoint dir."""
         with open(jp.log, "ab") as f:
             f.write(
-                f"gpuhop: attempt {job.attempt} {state.value}: {outcome['reason']};"
-                f" retrying (attempt {job.attempt + 1} of {job.retries + 1})\n".encode()
+                f"gpuhop: attempt {job.attempt} {state.value}: {outcome['reason']}"
+                f" [{outcome['end_class']}]; retrying (attempt {job.attempt + 1} of"
+                f" {job.retries + 1})\n".encode()
             )
         for leftover in (jp.status, jp.shim_pid, jp.root / KILL_AT):
             leftover.unlink(missing_ok=True)
@@ -288,14 +334,21 @@ class Supervisor:
             return  # still starting: launch() sees the flag once the process exists
         self._terminate(job, grace)
 
-    def stop(self, job: JobRecord, reason: str, grace: float = 5.0) -> None:
-        """Stop a running job for a reason of the agent's own (a cap it passed): the job
-        fails with `reason` and is not retried. The reason is a file in the job's dir, so
-        an agent restarted meanwhile still records it. Idempotent."""
+    def stop(
+        self,
+        job: JobRecord,
+        reason: str,
+        grace: float = 5.0,
+        end_class: EndClass = EndClass.app_error,
+    ) -> None:
+        """Stop a running job for a reason of the agent's own (a cap or a time limit it
+        passed): the job fails with `reason` and `end_class`, and is not retried. The reason
+        is a file in the job's dir, so an agent restarted meanwhile still records it.
+        Idempotent."""
         jp = self.job_paths(job.id)
         if job.pid is None or (jp.root / STOPPED).exists():
             return
-        (jp.root / STOPPED).write_text(json.dumps({"reason": reason}))
+        (jp.root / STOPPED).write_text(json.dumps({"reason": reason, "class": end_class.value}))
         log.warning("job %s %s", job.id, reason)
         self._terminate(job, grace)
 

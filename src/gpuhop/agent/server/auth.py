@@ -19,13 +19,12 @@ token is revoked, streams included (see `revocation`).
 
 from __future__ import annotations
 
-import getpass
 import json
 import logging
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gpuhop.agent.callers import SCOPE_KEY, Caller
+from gpuhop.agent.callers import SCOPE_KEY, Caller, owner_login
 from gpuhop.agent.server.logs import Throttle
 from gpuhop.agent.server.revocation import run_while_valid
 from gpuhop.agent.storage.tokens import TokenStore
@@ -34,14 +33,6 @@ from gpuhop.ui.guard import NOT_LOGGED_IN, denied_page
 
 log = logging.getLogger("gpuhop.agent")
 REFUSAL_LOG_WINDOW = 5.0
-
-
-def owner_login() -> str:
-    """The OS login name of the agent's user: who the Unix socket's callers are."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "owner"
 
 
 class OwnerAuth:

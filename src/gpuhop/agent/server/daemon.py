@@ -44,10 +44,12 @@ def serve(
     listen: ListenSpec | None = None,
     policy: dict[str, Any] | None = None,
     backend: BackendSettings | None = None,
+    fake_gpu_models: str | None = None,
 ) -> None:
     """Run the agent in this process until SIGTERM or SIGINT.
 
-    `fake_gpus=N` pretends the host has N GPUs of `fake_gpu_memory_mb` (default 8192) each.
+    `fake_gpus=N` pretends the host has N GPUs of `fake_gpu_memory_mb` (default 8192) each,
+    of the models `fake_gpu_models` names ("MODEL[@GROUP],...", one per GPU).
     `listen` opens a TCP listener beside the Unix socket: TLS (unless `--no-tls` on
     loopback) and bearer tokens, serving the same app in the same event loop.
     `policy` overrides settings of agent.toml (retention, quotas: see gpuhop.agent.storage.policy).
@@ -66,7 +68,8 @@ def serve(
         paths.pidfile.write_text(f"{os.getpid()}\n")
         with contextlib.suppress(FileNotFoundError):
             paths.listen_file.unlink()  # left by an agent that died
-        _serve_locked(paths, fake_gpus, fake_gpu_memory_mb, listen, settings, backend)
+        fake = (fake_gpus, fake_gpu_memory_mb, fake_gpu_models)
+        _serve_locked(paths, fake, listen, settings, backend)
     finally:
         for leftover in (paths.socket, paths.listen_file, paths.pidfile):
             with contextlib.suppress(OSError):
@@ -76,8 +79,7 @@ def serve(
 
 def _serve_locked(
     paths: AgentPaths,
-    fake_gpus: int | None,
-    fake_gpu_memory_mb: int | None,
+    fake: tuple[int | None, int | None, str | None],
     listen: ListenSpec | None,
     policy: policy_mod.Policy,
     backend: BackendSettings | None,
@@ -91,14 +93,20 @@ def _serve_locked(
     from gpuhop.backends import remember, resolve
 
     log = logging.getLogger("gpuhop.agent")
+    fake_gpus, fake_gpu_memory_mb, fake_gpu_models = fake
     fd_limit = raise_file_limit()
     where = resolve(paths.home, backend)
     if where.name != "local" and fake_gpus is not None:
         raise AgentError("--fake-gpus is for the local backend; a Ray cluster has its own GPUs")
     local = where.name == "local"
-    gpu_host = (
-        gpus.discover(fake_gpus, fake_gpu_memory_mb or gpus.FAKE_GPU_MEMORY_MB) if local else None
-    )
+    try:
+        gpu_host = (
+            gpus.discover(fake_gpus, fake_gpu_memory_mb or gpus.FAKE_GPU_MEMORY_MB, fake_gpu_models)
+            if local
+            else None
+        )
+    except ValueError as e:
+        raise AgentError(str(e)) from None
     # Before any listener exists: a cluster that cannot be used stops the agent here.
     job_backend = open_backend(where, paths, sys.executable, gpu_host)
     remember(paths.home, where)

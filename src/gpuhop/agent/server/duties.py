@@ -1,4 +1,5 @@
-"""Runs in the agent: its periodic duties (garbage collection, the log cap, GPU sampling).
+"""Runs in the agent: its periodic duties (garbage collection, the log cap, time limits, GPU
+sampling).
 
 Each duty is a small object with an interval and one `run()` (SkyPilot's `SkyletEvent`);
 `run()` runs in a worker thread, so a slow walk of the disk never holds up a request, and
@@ -16,7 +17,7 @@ from typing import Protocol
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import gc
 from gpuhop.agent.storage.usage import format_bytes
-from gpuhop.api import JobState
+from gpuhop.api import EndClass, JobState, format_seconds
 
 log = logging.getLogger("gpuhop.agent.server.duties")
 
@@ -63,6 +64,31 @@ class LogCap:
                 )
 
 
+class TimeLimits:
+    """Stops a running job whose `--timeout` passed: SIGTERM, SIGKILL after the grace
+    period, class `timeout`. The limit runs from the attempt's start as the store keeps it,
+    so an agent restarted meanwhile still stops the job on time."""
+
+    interval = 1.0
+    grace = 10.0
+
+    def __init__(self, rt: AgentContext):
+        self.rt = rt
+
+    def run(self) -> None:
+        now = time.time()
+        for job in self.rt.store.list([JobState.running], limit=100_000):
+            if job.timeout is None or job.started_at is None or job.pid is None:
+                continue
+            if now >= job.started_at + job.timeout:
+                self.rt.supervisor.stop(
+                    job,
+                    f"timed out (its time limit is {format_seconds(job.timeout)})",
+                    grace=self.grace,
+                    end_class=EndClass.timeout,
+                )
+
+
 class SampleGpus:
     """Records each GPU's memory use and load for the dashboard's GPU page."""
 
@@ -76,6 +102,7 @@ class SampleGpus:
 
 def duties(rt: AgentContext) -> list[Duty]:
     out: list[Duty] = [SampleGpus(rt)] if rt.gpus else []
+    out.append(TimeLimits(rt))
     if rt.policy.gc_every_hours > 0:
         out.append(Collect(rt))
     if rt.policy.log_cap is not None:

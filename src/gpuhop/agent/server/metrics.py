@@ -27,7 +27,7 @@ from prometheus_client.utils import floatToGoString
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import gpus as gpus_service
-from gpuhop.api import JobState
+from gpuhop.api import EndClass, JobState
 from gpuhop.version import __version__
 
 MB = 2**20
@@ -82,6 +82,16 @@ class AgentCollector(Collector):
             "Jobs ever submitted to this agent.",
             value=sum(counts.values()),
         )
+        ended = CounterMetricFamily(
+            "gpuhop_jobs_ended",
+            "Finished jobs by why they ended (their class: succeeded, app-error, oom-gpu,"
+            " killed, timeout, ...). Jobs an older agent finished are not counted.",
+            labels=["class"],
+        )
+        classes = store.end_classes()
+        for end in EndClass:
+            ended.add_metric([end.value], classes.get(end.value, 0))
+        yield ended
         run_times = HistogramMetricFamily(
             "gpuhop_job_duration_seconds",
             "How long finished jobs ran (their last attempt, start to end), by how they ended."

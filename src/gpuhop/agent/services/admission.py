@@ -20,11 +20,16 @@ def check_priority(req: SubmitRequest, caller: Caller) -> None:
     """A shared queue is served by priority, then age: jumping it is an admin's call. On a
     single-user agent the only caller is the owner, an admin, so this binds only the users
     of a team agent. Asking for the default or less is always allowed."""
-    if req.priority > DEFAULT_PRIORITY and not caller.admin:
+    check_priority_value(req.priority, caller)
+
+
+def check_priority_value(priority: int, caller: Caller) -> None:
+    """The rule of `check_priority`, also for a queued job's new priority (`requeue`)."""
+    if priority > DEFAULT_PRIORITY and not caller.admin:
         raise ApiError(
             403,
             ErrorCode.forbidden,
-            f"priority {req.priority} is above the default ({DEFAULT_PRIORITY}): on a team"
+            f"priority {priority} is above the default ({DEFAULT_PRIORITY}): on a team"
             " agent only an admin may raise a job's priority (the default or lower is fine)",
         )
 

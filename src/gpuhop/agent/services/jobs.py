@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
 import shutil
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
-from pathlib import Path
 
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
+from gpuhop.agent.jobs.metricstail import latest_metrics, memory_peak_mb
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
-from gpuhop.agent.services import admission, deps, gc
+from gpuhop.agent.services import admission, deps, fairuse, gc, queue
 from gpuhop.api import (
     AttemptInfo,
+    EndClass,
     ErrorCode,
     JobInfo,
     JobState,
+    RetryOn,
     SubmitRequest,
     format_mb,
     validate_relpath,
@@ -29,33 +31,11 @@ from gpuhop.api import (
 from gpuhop.backends.base import Refused
 from gpuhop.home import JobPaths
 
-METRICS_TAIL_BYTES = 16 * 1024
-
 log = logging.getLogger("gpuhop.agent")
 
 
 def _dt(ts: float | None) -> datetime | None:
     return None if ts is None else datetime.fromtimestamp(ts, tz=UTC)
-
-
-def latest_metrics(path: Path) -> dict[str, object] | None:
-    """The last complete JSON line of a job's metrics file."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - METRICS_TAIL_BYTES))
-            tail = f.read()
-    except OSError:
-        return None
-    for line in reversed(tail.splitlines()):
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            return value
-    return None
 
 
 def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
@@ -87,6 +67,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
                 exit_code=a["exit_code"],
                 signal=a["signal"],
                 reason=a["reason"],
+                end_class=a["end_class"],
             )
             for a in (rt.store.attempts(job.id) if job.attempt > 1 else [])
         ],
@@ -98,11 +79,23 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         reason=None if job.reason is None else as_text(job.reason),
         log_size=log_size,
         latest_metrics=latest_metrics(jp.metrics),
+        memory_peak_mb=memory_peak_mb(jp.metrics),
         pruned_at=_dt(marker["pruned_at"]) if (marker := gc.pruned(jp)) else None,
         gpu_memory_mb=job.gpu_memory_mb,
         owner=job.owner,
         # A job on a Ray cluster has no private network, whatever its workers.
         private_network=(job.private_network or job.workers > 1) and not rt.backend.elsewhere(jp),
+        end_class=None if job.end_class is None else EndClass(job.end_class),
+        after=job.after,
+        after_any=job.after_any,
+        waiting_for=queue.waiting_for(rt, job),
+        timeout=job.timeout,
+        retry_on=RetryOn(job.retry_on),
+        waiting=rt.waiting.get(job.id) if job.state == JobState.queued else None,
+        sweep=job.sweep,
+        max_parallel=job.max_parallel,
+        mixed_gpus=job.mixed_gpus,
+        notify=job.notify,
         **deps.info_fields(jp),
     )
 
@@ -128,14 +121,29 @@ def find(rt: AgentContext, ref: str, caller: Caller) -> JobRecord:
 
 
 def list_jobs(
-    rt: AgentContext, caller: Caller, states: list[JobState] | None, limit: int
+    rt: AgentContext,
+    caller: Caller,
+    states: list[JobState] | None,
+    limit: int,
+    sweep: str | None = None,
 ) -> list[JobInfo]:
-    """The newest jobs `caller` may see."""
-    return [to_info(rt, j) for j in rt.store.list(states, limit, owner=caller.owner_filter)]
+    """The newest jobs `caller` may see; with `sweep` (a sweep's id, or its name for the
+    newest sweep of that name), that sweep's runs."""
+    owner = caller.owner_filter
+    if sweep is not None:
+        found = rt.store.newest_sweep(sweep, owner=owner)
+        if found is None:
+            raise not_found(f"no sweep matches {sweep!r}")
+        sweep = found
+    return [to_info(rt, j) for j in rt.store.list(states, limit, owner=owner, sweep=sweep)]
 
 
 def _check_command(rt: AgentContext, req: SubmitRequest) -> None:
     head = req.command[0]
+    if head == "-m":  # a module run by the job's Python (gpuhop's notebook runner)
+        if len(req.command) < 2 or not req.command[1]:
+            raise ApiError(400, ErrorCode.bad_request, "-m needs a module name to run")
+        return
     if head.endswith(".py") or ("/" in head and not head.startswith("/")):
         try:
             rel = validate_relpath(head[2:] if head.startswith("./") else head)
@@ -208,6 +216,7 @@ def submit(
             ErrorCode.unsatisfiable,
             f"the job asks for {req.gpus} GPU{'s' if req.gpus != 1 else ''}; this host has {total}",
         )
+    fairuse.check(rt, req, caller)
     if req.tree is not None and (
         not rt.trees.has(req.tree)
         # Another user's tree is "not on the agent" to this one: knowing its digest is not
@@ -221,6 +230,7 @@ def submit(
             {"tree": req.tree},
         )
     _check_command(rt, req)
+    after = queue.resolve_after(rt, req, caller)
     tree_paths = {e["path"] for e in rt.trees.entries(req.tree)} if req.tree and req.data else set()
     job_deps = deps.check(rt, req, tree_paths, caller)
     if req.tree is not None:
@@ -248,6 +258,14 @@ def submit(
             gpu_memory_mb=req.gpu_memory_mb,
             owner=caller.user,
             private_network=bool(req.private_network),
+            after=after,
+            after_any=req.after_any,
+            timeout=req.timeout,
+            retry_on=req.retry_on.value,
+            sweep=req.sweep,
+            max_parallel=req.max_parallel,
+            mixed_gpus=bool(req.mixed_gpus),
+            notify=req.notify or [],
         )
     except BaseException:
         # A full disk (files or the job store), a bad source: no half job.
@@ -267,6 +285,8 @@ def cancel(rt: AgentContext, ref: str, grace: float, caller: Caller) -> JobInfo:
         JobState.cancelled,
         reason="cancelled before it started",
         cancel_requested=1,
+        ended_at=time.time(),
+        end_class=EndClass.cancelled.value,
     ):
         rt.wake()
         return to_info(rt, rt.store.get(job.id))

@@ -3,9 +3,10 @@
 A model server is an ordinary job whose command is `python -m gpuhop.serving` (the agent's
 Python), so the scheduler, GPUs, logs and cancel all apply. What marks it is a spec file
 in its job dir (`serving.json`: model name, source, batching). A SavedModel from a finished
-job's artifacts never leaves the host: its files are hard-linked into the new job's work
-dir (copied across file systems). That is safe because the serving job runs gpuhop's own
-server, which only reads them. An uploaded SavedModel is the job's synced work dir.
+job (its artifacts, or its work dir: see `savedmodels`) never leaves the host: its files
+are hard-linked into the new job's work dir (copied across file systems). That is safe
+because the serving job runs gpuhop's own server, which only reads them. An uploaded
+SavedModel is the job's synced work dir.
 
 The server binds the host's loopback on a free port and writes it to `serving-ready.json`
 in its work dir once it accepts connections. `proxy` sends a caller's request there: the
@@ -35,13 +36,13 @@ from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services import jobs
+from gpuhop.agent.services.savedmodels import SAVED_MODEL_PB, find_saved_model
 from gpuhop.api import ErrorCode, JobInfo, JobState, ServeRequest, ServingInfo, SubmitRequest
 from gpuhop.home import JobPaths
 
 SPEC_FILE = "serving.json"
 READY_FILE = "serving-ready.json"
-SAVED_MODEL_PB = "saved_model.pb"
-MODEL_DIR = "model"  # in the work dir, for a SavedModel from a job's artifacts
+MODEL_DIR = "model"  # in the work dir, for a SavedModel from another job
 # Predict bodies are parsed whole by the server; this caps what the agent passes on.
 MAX_BODY = 256 * 1024 * 1024
 # A model call on a busy GPU may take long; a server that says nothing for this long is hung.
@@ -106,49 +107,6 @@ def start(rt: AgentContext, req: ServeRequest, caller: Caller) -> JobInfo:
 
     submit = SubmitRequest(command=command, tree=req.tree, name=req.name, gpus=req.gpus)
     return jobs.submit(rt, submit, caller, prepare=prepare)
-
-
-def find_saved_model(rt: AgentContext, job: JobRecord, path: str | None) -> tuple[Path, str]:
-    """The SavedModel dir in `job`'s artifacts: at `path`, or the only one there."""
-    if not job.state.finished:
-        raise ApiError(
-            409,
-            ErrorCode.conflict,
-            f"job {job.id} is {job.state.value}; serve its SavedModel once it has ended",
-            {"state": job.state.value},
-        )
-    root = rt.supervisor.job_paths(job.id).artifacts.resolve()
-    if path is not None:
-        full = root / path
-        if not full.resolve().is_relative_to(root) or any(
-            p.is_symlink() for p in (full, *full.parents) if p.is_relative_to(root)
-        ):
-            raise ApiError(400, ErrorCode.bad_path, f"{path} leads out of job {job.id}'s artifacts")
-        if not (full / SAVED_MODEL_PB).is_file():
-            raise not_found(
-                f"job {job.id} has no SavedModel at {path} in its artifacts (no {SAVED_MODEL_PB}"
-                " there)"
-            )
-        return full, path
-    found = sorted(
-        Path(d).relative_to(root).as_posix() or "."
-        for d, _dirs, names in os.walk(root)
-        if SAVED_MODEL_PB in names
-    )
-    if not found:
-        raise not_found(
-            f"job {job.id} has no SavedModel in its artifacts (no {SAVED_MODEL_PB}); export one"
-            " into $GPUHOP_ARTIFACTS_DIR, e.g. model.export(gpuhop.tf.artifacts_dir() / 'model')"
-        )
-    if len(found) > 1:
-        raise ApiError(
-            409,
-            ErrorCode.ambiguous,
-            f"job {job.id} has {len(found)} SavedModels in its artifacts ({', '.join(found[:5])});"
-            f" name one as {job.id}:PATH",
-            {"paths": found},
-        )
-    return root / found[0], found[0]
 
 
 def _link_tree(src: Path, dest: Path) -> None:

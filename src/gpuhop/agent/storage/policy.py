@@ -10,6 +10,13 @@ From `agent.toml` in the state dir, then from `python -m gpuhop.agent` options, 
     storage_quota = "50GiB"   # blobs, trees and datasets together
     jobs_quota = "200GiB"     # job dirs: work dirs, logs, metrics, artifacts, checkpoints
     log_cap = "1GiB"          # one job's log; a job that passes it is stopped and fails
+    user_max_gpus = 4         # a user's jobs hold at most this many GPUs at once; more wait
+    user_max_queued = 50      # a user may have this many jobs queued; more are refused (429)
+    notify = ["https://hooks.slack.com/services/..."]   # every job's start and end go here
+    notify_allowed_hosts = ["hooks.slack.com", "ci.example.com:8443"]  # see jobs/notifier
+    notify_timeout_seconds = 10   # a webhook that has not answered by then is tried again
+
+Per-user limits bind users who are not admins. No limit is set by default.
 
 Sizes are bytes, or a number with a binary unit (KiB, MiB, GiB, TiB; K, M, G, T alike).
 No quota is set by default.
@@ -24,10 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpuhop.api.models import check_webhook_url
+
 CONFIG_NAME = "agent.toml"
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*\Z", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 SIZE_FIELDS = ("storage_quota", "jobs_quota", "log_cap")
+LIMIT_FIELDS = ("user_max_gpus", "user_max_queued")
+LIST_FIELDS = ("notify", "notify_allowed_hosts")
 
 
 class PolicyError(ValueError):
@@ -44,6 +55,11 @@ class Policy:
     storage_quota: int | None = None
     jobs_quota: int | None = None
     log_cap: int | None = None
+    user_max_gpus: int | None = None
+    user_max_queued: int | None = None
+    notify: tuple[str, ...] = ()
+    notify_allowed_hosts: tuple[str, ...] = ()
+    notify_timeout_seconds: float = 10.0
 
     @property
     def grace_seconds(self) -> float:
@@ -81,6 +97,19 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     try:
         if name in SIZE_FIELDS:
             return None if value in (None, "", "none", 0) else parse_bytes(value)
+        if name in LIST_FIELDS:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise ValueError("give a list of strings")
+            if name == "notify":
+                for url in value:
+                    check_webhook_url(url)
+            return tuple(value)
+        if name in LIMIT_FIELDS:
+            if value in (None, "", "none") or isinstance(value, bool):
+                return None
+            if int(value) < 0:
+                raise ValueError("it is negative")
+            return int(value)
         if name == "keep_jobs":
             number: float = int(value)
         else:

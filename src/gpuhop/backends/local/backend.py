@@ -11,9 +11,11 @@ attempt's end to the job's status file, so a restarted agent still learns how it
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -21,9 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.api import SubmitRequest
-from gpuhop.backends.base import SCRUBBED_ENV, GpuHost, JobAttempt
+from gpuhop.backends import kerasmode
+from gpuhop.backends.base import (
+    QUIET_TF,
+    SCRUBBED_ENV,
+    Ending,
+    GpuHost,
+    JobAttempt,
+    Started,
+    StartError,
+)
 from gpuhop.backends.jobdeps import python as job_python
 from gpuhop.backends.leader import LeaderBackend, read_json
+from gpuhop.backends.local import cgroups
 from gpuhop.backends.local.commands import resolve_command
 from gpuhop.backends.local.sandbox import HOW_TO_ALLOW
 from gpuhop.backends.procs import alive
@@ -34,23 +46,22 @@ SHIM = str(Path(__file__).with_name("shim.py"))
 SANDBOX = str(Path(__file__).with_name("sandbox.py"))
 
 
-@functools.cache
-def _has_tf_keras(python: str) -> bool:
-    """Whether the job's interpreter can import tf_keras (checked once, without importing)."""
-    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('tf_keras') is None)"
-    try:
-        return subprocess.run([python, "-c", probe], timeout=60).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
-
-
 def job_environment(
-    job: JobAttempt, jp: JobPaths, base: dict[str, str] | None = None
+    job: JobAttempt,
+    jp: JobPaths,
+    base: dict[str, str] | None = None,
+    gpu_total_mb: int | None = None,
 ) -> dict[str, str]:
     """The job's environment: the host's, the job's own variables, then gpuhop's contract.
 
-    When an after-`import tensorflow` action applies (see gpuhop.runtime.hook), the hook's
-    start-up directory goes first on PYTHONPATH, before whatever PYTHONPATH the job has.
+    Defaults the job may override: TensorFlow's C++ start-up chatter quieted (INFO and
+    WARNING lines, such as the oneDNN notice; errors still show), and gpuhop's Keras
+    callbacks added to every `fit` (`GPUHOP_AUTO=1`, see gpuhop.runtime.hook). A share job
+    (`gpu_memory_mb` of a GPU of `gpu_total_mb`) also gets that share as a fraction, for
+    JAX's allocator (XLA_PYTHON_CLIENT_MEM_FRACTION) and PyTorch's (the hook).
+
+    When an after-import action applies (see gpuhop.runtime.hook), the hook's start-up
+    directory goes first on PYTHONPATH, before whatever PYTHONPATH the job has.
     """
     env = {
         k: v
@@ -59,13 +70,20 @@ def job_environment(
     }
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", QUIET_TF)
     # GPU indices are NVML's (PCI bus order); CUDA's default order may differ.
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    if job.gpu_memory_mb is not None and gpu_total_mb:
+        fraction = f"{min(1.0, job.gpu_memory_mb / gpu_total_mb):.4f}"
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = fraction
+        env["GPUHOP_GPU_MEMORY_FRACTION"] = fraction
     env.update(job.env)
+    env.setdefault("GPUHOP_AUTO", "1")
     env.update(
         {
             "GPUHOP_JOB_ID": job.id,
             "GPUHOP_ATTEMPT": str(job.attempt),
+            "GPUHOP_RETRIES": str(job.retries),
             "GPUHOP_ARTIFACTS_DIR": str(jp.artifacts),
             "GPUHOP_TENSORBOARD_DIR": str(jp.tensorboard),
             "GPUHOP_CHECKPOINT_DIR": str(jp.checkpoints),
@@ -83,6 +101,14 @@ def job_environment(
             p for p in (hook.STARTUP_DIR, env.get("PYTHONPATH")) if p
         )
     return env
+
+
+def _remove_tree(path: Path) -> None:
+    """Remove a job's tree, including read-only dirs it made."""
+    for dirpath, _dirs, _files in os.walk(path):
+        with contextlib.suppress(OSError):
+            os.chmod(dirpath, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 class LocalBackend(LeaderBackend):
@@ -119,7 +145,8 @@ class LocalBackend(LeaderBackend):
         return self._isolation
 
     def check_submit(self, req: SubmitRequest) -> None:
-        """Every kind of job runs here."""
+        """Every kind of job runs here; a multi-worker one in a mode that works for its Keras."""
+        kerasmode.check_submit(req, self.python)
 
     def end_the_rest(self, jp: JobPaths) -> None:
         """A sandboxed job's processes (`setsid` ones too) all live in its PID namespace,
@@ -138,22 +165,61 @@ class LocalBackend(LeaderBackend):
     def leader(
         self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]
     ) -> tuple[list[str], dict[str, str]]:
-        env = job_environment(job, jp)
+        env = job_environment(job, jp, gpu_total_mb=self._gpu_total_mb(job))
         python = job_python(deps, self.python)
+        # `python` and `pip` in the job's shell commands are the job's own interpreter's.
+        env["PATH"] = os.pathsep.join(
+            p for p in (os.path.dirname(python), env.get("PATH", os.defpath)) if p
+        )
+        jp.tmp.mkdir(mode=0o700, exist_ok=True)
+        # The sandbox binds it over /tmp; without one, TMPDIR is all that points there.
+        env["TMPDIR"] = "/tmp" if self._sandboxed(deps) else str(jp.tmp)
         argv = resolve_command(job.command, jp.work, env.get("PATH", os.defpath), python)
-        gang = self._write_gang(job, jp, env) if job.workers > 1 else []
+        gang = self._write_gang(job, jp, env, python) if job.workers > 1 else []
         gang += self._shim_args(deps, jp, job.workers)
         if job.private_network or job.workers > 1:
             gang += ["--relay", str(jp.relay)]
         shim = [self.python, "-I", "-S", SHIM, str(jp.status), str(jp.shim_pid)]
-        return [*shim, *gang, "--", *argv], env
+        leader = [*shim, *gang, "--", *argv]
+        cgroup = cgroups.make(jp, f"{job.id}-{job.attempt}")
+        return (leader if cgroup is None else cgroups.wrap(cgroup, leader)), env
 
-    def _write_gang(self, job: JobAttempt, jp: JobPaths, env: dict[str, str]) -> list[str]:
+    def start(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
+        try:
+            return super().start(job, jp, deps)
+        except BaseException:
+            cgroups.oom_kills(jp)  # removes the attempt's cgroup, if it was made
+            raise
+
+    def _ending(self, jp: JobPaths, started: Started | None, returncode: int | None) -> Ending:
+        end = super()._ending(jp, started, returncode)
+        _remove_tree(jp.tmp)  # the job's /tmp: nothing of the job is left to use it
+        # Read once the job's processes are all gone (the sweep above waits for them).
+        return dataclasses.replace(end, oom_killed=True) if cgroups.oom_kills(jp) else end
+
+    def _gpu_total_mb(self, job: JobAttempt) -> int | None:
+        """The memory of a share job's GPU (None for other jobs, or if unknown)."""
+        if job.gpu_memory_mb is None or not job.gpu_ids:
+            return None
+        return next((g.memory_mb for g in self.gpu_host.gpus if g.index == job.gpu_ids[0]), None)
+
+    def _sandboxed(self, deps: dict[str, Any]) -> bool:
+        return self.isolation() is None or bool(deps.get("data"))
+
+    def _write_gang(
+        self, job: JobAttempt, jp: JobPaths, env: dict[str, str], python: str
+    ) -> list[str]:
         """Describe a multi-worker job's workers for the shim; return the shim's arguments.
 
-        Each worker gets its slice of the job's GPUs and its own log; the shim adds each
-        worker's TF_CONFIG once it has the ports of the job's private network.
+        Each worker gets its slice of the job's GPUs and its own log; the shim adds what
+        each worker is told of its peers (TF_CONFIG, or Keras 3's distribution variables,
+        by the job's mode: see kerasmode) once it has the ports of the job's private network.
         """
+        try:
+            mode = kerasmode.decide(job.env, lambda m: kerasmode.packages(python).get(m, False))
+        except kerasmode.KerasRefusal as e:
+            raise StartError(str(e)) from None
+        env.update({k: v for k, v in mode.env.items() if k not in job.env})
         per = len(job.gpu_ids) // job.workers
         workers = []
         for i in range(job.workers):
@@ -167,20 +233,8 @@ class LocalBackend(LeaderBackend):
                     "log": str(jp.worker_log(i)),
                 }
             )
-        spec = {"workers": workers, "grace": 10, "timeout": job.worker_timeout}
+        spec = {"workers": workers, "grace": 10, "timeout": job.worker_timeout, "mode": mode.mode}
         jp.gang.write_text(json.dumps(spec))
-        if "TF_USE_LEGACY_KERAS" not in job.env:
-            if _has_tf_keras(self.python):
-                # Keras 3's fit fails under MultiWorkerMirroredStrategy (keras#20585).
-                env["TF_USE_LEGACY_KERAS"] = "1"
-            else:
-                with open(jp.log, "ab") as f:
-                    f.write(
-                        b"gpuhop: tf-keras is not installed on this host, so Keras 3 runs this"
-                        b" job; its model.fit does not work under MultiWorkerMirroredStrategy"
-                        b" (keras-team/keras#20585). Use a custom training loop, or"
-                        b" `pip install tf-keras` on the host.\n"
-                    )
         return ["--gang", str(jp.gang)]
 
     def _shim_args(self, deps: dict[str, Any], jp: JobPaths, workers: int) -> list[str]:
@@ -192,7 +246,7 @@ class LocalBackend(LeaderBackend):
             spec = dict(deps["env"], requirements=str(jp.root / "requirements.txt"))
             (jp.root / "env.json").write_text(json.dumps(spec))
             args += ["--env", str(jp.root / "env.json")]
-        if self.isolation() is not None and not deps.get("data"):
+        if not self._sandboxed(deps):
             return args  # a single-user agent's choice; see gpuhop doctor
         binds = []
         for mount in deps.get("data", []):
@@ -204,6 +258,7 @@ class LocalBackend(LeaderBackend):
             "work": str(jp.work),
             "keep": self._view(deps, jp, workers),
             "binds": binds,
+            "tmp": str(jp.tmp),
         }
         (jp.root / "sandbox.json").write_text(json.dumps(spec))
         return [*args, "--sandbox", str(jp.root / "sandbox.json")]
@@ -223,9 +278,12 @@ class LocalBackend(LeaderBackend):
         readable = [*deps.get("readonly", [])]
         if deps.get("env"):
             readable.append(deps["env"]["dir"])
-        # gpuhop's own Python, when it lives in the state dir (`remote bootstrap` puts its
-        # venv there): the job's interpreter and its start-up hook come from it.
+        # gpuhop's own Python and package, where they lie in the state dir (`remote
+        # bootstrap` puts its venv there) or under /tmp (a checkout there, which the job's
+        # own /tmp hides): the job's interpreter and its start-up hook come from them.
         install = Path(self.python).parent.parent
-        if install.is_relative_to(self.paths.home):
-            readable.append(str(install))
+        package = Path(hook.__file__).resolve().parents[2]  # src/ or site-packages/
+        for path in dict.fromkeys((install, package)):
+            if any(path.is_relative_to(p) for p in (self.paths.home, "/tmp")):
+                readable.append(str(path))
         return keep + [{"path": p, "readonly": True} for p in readable]

@@ -17,8 +17,14 @@ def resolve_command(
     command: list[str], work: Path, path_env: str, python: str, where: str = "the GPU host"
 ) -> list[str]:
     """The argv for `command` run from the work dir: a `.py` script in it runs with `python`,
-    a path must be an executable file, and a bare name is looked up on `path_env`."""
+    and so does `-m MODULE` (as `python -m MODULE`: gpuhop's own in-job programs, such as
+    the notebook runner, run in the job's Python); a path must be an executable file, and a
+    bare name is looked up on `path_env`."""
     head, rest = command[0], command[1:]
+    if head == "-m":
+        if not rest or not rest[0]:
+            raise StartError("-m needs a module name to run")
+        return [python, "-m", *rest]
     if head.endswith(".py"):
         if not (work / head).is_file():
             raise StartError(f"script {head} is not in the job's work dir")

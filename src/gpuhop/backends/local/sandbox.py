@@ -11,7 +11,11 @@ be chmod'ed back to writable). Instead the job runs in private namespaces made b
   logs (writable), its Python environment and what else it may read (read-only). The
   agent's socket, job store, tokens, TLS key, blobs, trees, datasets and every other job's
   dir are not there. Each dataset's assembled tree is bind-mounted at its mount point in
-  the work dir and remounted read-only. The tmpfs itself is read-only;
+  the work dir and remounted read-only. The tmpfs itself is read-only. The job's own
+  temporary dir (`tmp` in the spec, in its job dir, removed when it ends) is bound over
+  `/tmp`, so what it writes there neither collides with other jobs nor outlives it; where
+  the state dir (or anything else the job must see) lies under `/tmp`, it is bound back at
+  its own path inside that;
 - a PID namespace with its own /proc, so the job sees and signals only its own processes
   and cannot reach the host's mounts through another process's /proc/PID/root; when its
   first process (the shim's child) ends, the kernel kills every process left in it, so
@@ -156,11 +160,14 @@ def _setup(spec: dict, uid: int) -> None:
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     home = os.path.realpath(spec["home"])
     work = os.path.realpath(spec["work"])
+    tmp = spec.get("tmp")
+    tmp_fd = _open(tmp, DIRS) if tmp else None
     keep = []  # (fd, path, is_dir, readonly), opened while the real state dir is in view
     for entry in spec["keep"]:
         path = os.path.realpath(entry["path"])
-        if os.path.commonpath([home, path]) != home:
-            continue  # outside the state dir: in view anyway
+        hidden = [home] + (["/tmp"] if tmp_fd is not None else [])
+        if not any(os.path.commonpath([h, path]) == h for h in hidden):
+            continue  # outside the state dir and /tmp: in view anyway
         fd = _open(path, DIRS_OR_FILES)
         keep.append((fd, path, stat.S_ISDIR(os.fstat(fd).st_mode), entry.get("readonly", False)))
     binds = []
@@ -169,6 +176,10 @@ def _setup(spec: dict, uid: int) -> None:
         if os.path.commonpath([work, target]) != work or not os.path.isdir(target):
             raise SandboxError(0, f"mount point {bind['target']} is not a directory in {work}")
         binds.append((_open(bind["source"], DIRS), target))
+    if tmp_fd is not None:
+        _bind_fd(tmp_fd, "/tmp", readonly=False)
+        os.close(tmp_fd)
+        os.makedirs(home, exist_ok=True)  # in the job's /tmp, where the state dir is under /tmp
     _mount("tmpfs", home, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=1m")
     for fd, path, directory, readonly in keep:
         _make_target(path, directory)

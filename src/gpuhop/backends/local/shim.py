@@ -9,7 +9,8 @@ atomically, so a restarted agent still learns how the job ended. Signals sent to
 group (cancel) reach the job; the shim itself keeps waiting for it.
 
 With `--gang SPEC` (a JSON file from the supervisor) it runs a multi-worker job: one
-process per worker, each with its own environment, log file and TF_CONFIG, all inside a
+process per worker, each with its own environment, log file and TF_CONFIG (or Keras 3's
+distribution variables: gangenv.py), all inside a
 private network namespace so TensorFlow's unauthenticated gRPC ports (which bind every
 interface) are reachable from nowhere but each other. Worker logs are merged into the
 job's log line by line with a `[worker I]` prefix. When one worker fails, the others
@@ -209,14 +210,12 @@ def run_gang(spec: dict, command: list, relay=None) -> dict:
     if refused is not None:
         refused["detail"] = "no private network for the workers"
         return refused
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(len(workers))]}
+    ports, mode = free_ports(len(workers)), spec.get("mode", "tf")
     running: dict = {}
     tails = []
     for index, worker in enumerate(workers):
         env = dict(os.environ, **worker["env"])
-        env["TF_CONFIG"] = json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": index}}
-        )
+        env.update(_sibling("gangenv").worker_env(mode, ports, index))
         running[_spawn(command, env, worker["log"])] = index
         tails.append(LogTail(worker["log"], f"[worker {index}] "))
     if relay is not None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.api import ErrorCode, GpuInfo, SubmitRequest
+from gpuhop.backends import kerasmode
 from gpuhop.backends.base import SCRUBBED_ENV, GpuHost, JobAttempt, Refused, Started, StartError
 from gpuhop.backends.leader import LeaderBackend
 from gpuhop.backends.settings import BackendSettings
@@ -145,6 +146,8 @@ class RayBackend(LeaderBackend):
                 "a private network (TensorFlow servers) exists only on the agent's own host,"
                 " and this agent runs jobs on a Ray cluster"
             )
+        elif req.workers > 1:
+            why = _keras_on_the_cluster(req.env)
         if why is not None:
             raise Refused(ErrorCode.bad_request, f"{why} (agent started with --backend ray)")
         per_worker = req.gpus // req.workers
@@ -166,6 +169,7 @@ class RayBackend(LeaderBackend):
             "address": self.address,
             "job_id": job.id,
             "attempt": job.attempt,
+            "retries": job.retries,
             "command": job.command,
             "python": deps.get("python"),
             "env": job.env,
@@ -225,6 +229,23 @@ def _gpus(nodes: list[dict[str, Any]]) -> list[GpuInfo]:
             gpu_name = node["accelerator"] or "GPU"
             out.append(GpuInfo(index=len(out), name=gpu_name, memory_mb=0, node=label))
     return out
+
+
+def _keras_on_the_cluster(env: dict[str, str]) -> str | None:
+    """Why the job's Keras cannot run across the cluster's workers, if it cannot. The
+    nodes' packages are theirs (each worker checks for tf-keras); the modes are checked
+    here. Keras 3's keras.distribution (JAX) runs on the local backend only."""
+    try:
+        mode = kerasmode.decide(env, lambda m: True)
+    except kerasmode.KerasRefusal as e:
+        return str(e)
+    if mode.mode == kerasmode.KERAS_JAX:
+        return (
+            "Keras 3 on JAX across processes (keras.distribution) runs on an agent with the"
+            " local backend only; on the cluster, use --keras tf-keras"
+            " (MultiWorkerMirroredStrategy)"
+        )
+    return None
 
 
 def ray_node_of_this_user() -> bool:

@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from gpuhop.backends.base import QUIET_TF
 from gpuhop.backends.local.commands import resolve_command
 from gpuhop.backends.ray import transfer
 from gpuhop.runtime import hook
@@ -139,11 +140,14 @@ class JobWorker:
         }
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", QUIET_TF)
         env.update(spec["env"])
+        env.setdefault("GPUHOP_AUTO", "1")
         env.update(
             {
                 "GPUHOP_JOB_ID": spec["job_id"],
                 "GPUHOP_ATTEMPT": str(spec["attempt"]),
+                "GPUHOP_RETRIES": str(spec.get("retries", 0)),
                 "GPUHOP_ARTIFACTS_DIR": str(self.artifacts),
                 "GPUHOP_CHECKPOINT_DIR": str(self.checkpoints),
                 "GPUHOP_METRICS_FILE": str(self.metrics),

@@ -5,6 +5,7 @@ import { h, replace } from "/ui/static/common.js";
 
 const NS = "http://www.w3.org/2000/svg";
 const MAX_POINTS = 1500;
+const COLOURS = 8; // series colours in style.css (s0..s7); more series reuse them
 const MARGIN = { left: 56, right: 14, top: 10, bottom: 24 };
 
 function svg(tag, attrs, text) {
@@ -47,7 +48,7 @@ export class LineChart {
     this.host = h("div", { class: "plot" });
     this.tip = h("div", { class: "tip", hidden: true });
     const legend = this.o.labels && this.o.labels.length > 1
-      ? h("div", { class: "legend" }, this.o.labels.map((l, i) => h("span", { class: `key${i}` }, l)))
+      ? h("div", { class: "legend" }, this.o.labels.map((l, i) => h("span", { class: `key${i % COLOURS}` }, l)))
       : null;
     this.el = h("figure", { class: "chart", "data-metric": this.o.name || this.o.title, "data-points": 0 },
       h("figcaption", {}, h("span", {}, this.o.title), this.latest), legend, this.host, this.tip);
@@ -112,11 +113,11 @@ export class LineChart {
         d += `${pen}${px(x).toFixed(1)},${py(y).toFixed(1)}`;
         pen = "L";
       }
-      root.append(svg("path", { class: `line s${i}`, d }));
+      root.append(svg("path", { class: `line s${i % COLOURS}`, d }));
     });
 
     const cursor = svg("line", { class: "cursor", y1: MARGIN.top, y2: MARGIN.top + plotH, visibility: "hidden" });
-    const dots = lines.map((_, i) => svg("circle", { r: 3.5, class: `dot${i}`, visibility: "hidden" }));
+    const dots = lines.map((_, i) => svg("circle", { r: 3.5, class: `dot${i % COLOURS}`, visibility: "hidden" }));
     const overlay = svg("rect", { x: MARGIN.left, y: MARGIN.top, width: plotW, height: plotH, fill: "transparent" });
     root.append(cursor, ...dots, overlay);
     overlay.addEventListener("mousemove", (event) => this.hover(event, root, lines, { px, py, x0, x1, plotW, cursor, dots }));

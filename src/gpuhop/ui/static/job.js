@@ -84,6 +84,7 @@ function drawJob() {
 
 function outcome(j) {
   const parts = [];
+  if (j.end_class) parts.push(j.end_class);
   if (j.reason) parts.push(j.reason);
   else if (j.exit_code !== null && j.exit_code !== undefined) parts.push(`exited with code ${j.exit_code}`);
   if (j.signal) parts.push(`signal ${j.signal}`);
@@ -109,6 +110,12 @@ function drawSpec() {
       fact("Workers", job.workers > 1 ? String(job.workers) : "1"),
       fact("Attempt", `${job.attempt} of ${job.retries + 1}`),
       fact("Priority", String(job.priority)),
+      fact("After", job.after && job.after.length
+        ? `${job.after.join(", ")} (${job.after_any ? "however they end" : "if all succeed"})` : null),
+      fact("Waits for", job.waiting_for && job.waiting_for.length ? job.waiting_for.join(", ") : null),
+      fact("Time limit", job.timeout ? `${job.timeout} s` : null),
+      fact("Class", job.end_class),
+      fact("Sweep", job.sweep ? h("a", { href: `/ui/sweeps/${encodeURIComponent(job.sweep)}` }, job.sweep) : null),
       fact("Data", job.data && job.data.length ? job.data.join(", ") : null),
       fact("Python env", job.python_env),
       fact("Python", job.python),
@@ -134,7 +141,7 @@ function drawSide() {
   const env = Object.entries(job.env || {});
   const attempts = [...(job.attempts || []), {
     attempt: job.attempt, state: job.state, started_at: job.started_at, ended_at: job.ended_at,
-    exit_code: job.exit_code, signal: job.signal, reason: job.reason,
+    exit_code: job.exit_code, signal: job.signal, reason: job.reason, end_class: job.end_class,
   }];
   replace(side,
     h("h2", {}, "Environment"),

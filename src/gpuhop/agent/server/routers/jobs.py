@@ -8,8 +8,15 @@ from fastapi.responses import FileResponse, StreamingResponse
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import jobs as service
-from gpuhop.agent.services import outputs
-from gpuhop.api import ArtifactEntry, JobInfo, JobState, SubmitRequest
+from gpuhop.agent.services import outputs, queue, workdir
+from gpuhop.api import (
+    ArtifactEntry,
+    JobInfo,
+    JobState,
+    RequeueRequest,
+    SubmitRequest,
+    WorkdirEntry,
+)
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -28,8 +35,9 @@ def list_jobs(
     request: Request,
     state: list[JobState] | None = Query(default=None),
     limit: int = Query(default=200, ge=1, le=10_000),
+    sweep: str | None = Query(default=None, max_length=80),
 ) -> list[JobInfo]:
-    return service.list_jobs(ctx(request), caller_of(request), state, limit)
+    return service.list_jobs(ctx(request), caller_of(request), state, limit, sweep)
 
 
 @router.get("/{ref}")
@@ -43,6 +51,13 @@ def cancel(
     ref: str, request: Request, grace: float = Query(default=10.0, ge=0, le=3600)
 ) -> JobInfo:
     return service.cancel(ctx(request), ref, grace, caller_of(request))
+
+
+@router.post("/{ref}/requeue")
+def requeue(ref: str, req: RequeueRequest, request: Request) -> JobInfo:
+    c, caller = ctx(request), caller_of(request)
+    job = queue.requeue(c, service.find(c, ref, caller), req.priority, caller)
+    return service.to_info(c, job)
 
 
 @router.get("/{ref}/log")
@@ -87,3 +102,20 @@ def artifact(ref: str, path: str, request: Request) -> FileResponse:
     # `path` routes the request; the name's bytes come from the URL itself.
     name = outputs.requested_artifact(request.scope["raw_path"])
     return FileResponse(outputs.artifact_path(c, job.id, name))
+
+
+@router.get("/{ref}/workdir")
+def workdir_outputs(ref: str, request: Request) -> list[WorkdirEntry]:
+    """The files the job created or changed in its work dir."""
+    c = ctx(request)
+    job = service.find(c, ref, caller_of(request))
+    outputs.check_not_pruned(c, job)
+    return workdir.list_outputs(c, job)
+
+
+@router.get("/{ref}/workdir/{path:path}")
+def workdir_file(ref: str, path: str, request: Request) -> FileResponse:
+    c = ctx(request)
+    job = service.find(c, ref, caller_of(request))
+    outputs.check_not_pruned(c, job)
+    return FileResponse(workdir.output_path(c, job, path))

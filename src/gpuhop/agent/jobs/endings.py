@@ -1,0 +1,76 @@
+"""Runs in the agent: why an attempt ended (`api.EndClass`), from what the backend reported,
+what the agent did to it, and the tail of its log.
+
+An ML engineer reads the class to decide what to do next: fix the code (`app-error`), ask for
+more GPU memory (`oom-gpu`) or host memory (`oom-host`), or just run it again (`killed`,
+`lost`); and `--retry-on infra` retries only the classes that are not the code's fault.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+from gpuhop.api import EndClass, JobState
+
+# How much of the log's end is searched for a framework's GPU out-of-memory error.
+LOG_TAIL_BYTES = 64 * 1024
+
+# What TensorFlow, PyTorch and JAX print when a GPU allocation fails.
+GPU_OOM = re.compile(
+    rb"ResourceExhaustedError"
+    rb"|OOM when allocating tensor"
+    rb"|CUDA out of memory"
+    rb"|torch\.OutOfMemoryError"
+    rb"|RESOURCE_EXHAUSTED"
+)
+
+
+# Signals a program raises on itself when it crashes: its own error, not one from outside.
+_CRASHES = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL})
+
+
+def gpu_oom_in(log: Path) -> bool:
+    """Whether the end of a job's log holds a framework's GPU out-of-memory error."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
+            tail = f.read()
+    except OSError:
+        return False
+    return GPU_OOM.search(tail) is not None
+
+
+def classify(
+    state: JobState,
+    *,
+    exit_code: int | None,
+    sig: int | None,
+    log: Path,
+    stopped_class: str | None = None,
+    oom_killed: bool = False,
+) -> EndClass:
+    """The class of an attempt that ended in `state`.
+
+    `stopped_class`: the class the agent gave when it stopped the job itself (a time limit);
+    `oom_killed`: the job's own cgroup counted an OOM kill. Without that, a SIGKILL stays
+    `killed`: on a host that cannot tell, the OOM killer is not guessed at.
+    """
+    if state is JobState.succeeded:
+        return EndClass.succeeded
+    if state is JobState.cancelled:
+        return EndClass.cancelled
+    if state is JobState.lost:
+        return EndClass.lost
+    if stopped_class is not None:
+        return EndClass(stopped_class)
+    if gpu_oom_in(log):
+        return EndClass.oom_gpu
+    if sig == signal.SIGKILL and oom_killed:
+        return EndClass.oom_host
+    if sig is not None and sig not in _CRASHES:
+        return EndClass.killed
+    return EndClass.app_error

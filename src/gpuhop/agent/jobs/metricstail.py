@@ -1,0 +1,49 @@
+"""Runs in the agent: the latest line of a job's metrics file (its answers, notifications),
+and the device memory the job last reported."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+METRICS_TAIL_BYTES = 16 * 1024
+# Keys of a record that only reports device memory (the start-up hook's, at the job's exit).
+MEMORY_ONLY = {"time", "memory_mb", "memory_peak_mb"}
+
+
+def _tail_records(path: Path) -> list[dict[str, object]]:
+    """The complete JSON records at the end of a job's metrics file, newest first."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - METRICS_TAIL_BYTES))
+            tail = f.read()
+    except OSError:
+        return []
+    records = []
+    for line in reversed(tail.splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            records.append(value)
+    return records
+
+
+def latest_metrics(path: Path) -> dict[str, object] | None:
+    """The last complete JSON line of a job's metrics file that has metrics of its own (a
+    record of device memory alone does not replace them)."""
+    return next((r for r in _tail_records(path) if not set(r) <= MEMORY_ONLY), None)
+
+
+def memory_peak_mb(path: Path) -> float | None:
+    """The most device memory the job's framework has had in use, in MB, as the job last
+    reported it (a framework's peak only grows), or None if it reported none."""
+    for record in _tail_records(path):
+        peak = record.get("memory_peak_mb")
+        if isinstance(peak, (int, float)) and not isinstance(peak, bool):
+            return float(peak)
+    return None

@@ -1,0 +1,267 @@
+"""Runs in the agent: tells webhooks that a job started or ended, in the background.
+
+A job's start or end is put on a bounded queue and the caller goes on at once: neither the
+supervisor nor the scheduler ever waits for a webhook. A few sender threads POST each
+notification; one that fails (no answer within `timeout`, a refused connection, a 5xx) is
+tried again after 1, 2, 4 ... seconds, up to `tries` times, then dropped with a warning.
+When `max_pending` notifications are waiting (a webhook down for long), new ones are dropped
+and logged rather than held without bound.
+
+Which hosts a notification may reach is `HostRule`'s call: on a team agent a user must not
+be able to make the agent POST to its own listener or to loopback services of other users
+of the host (SSRF). See `HostRule` and the README's security section.
+"""
+
+from __future__ import annotations
+
+import heapq
+import ipaddress
+import itertools
+import logging
+import socket
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from gpuhop.agent.jobs.records import JobRecord
+
+log = logging.getLogger("gpuhop.agent")
+
+SLACK_HOST = "hooks.slack.com"
+
+
+class HostRule:
+    """Which hosts notifications may go to.
+
+    With `allowed` (agent.toml's `notify_allowed_hosts`): only those, each `HOST`,
+    `HOST:PORT` or `*.DOMAIN`; an admin who lists a loopback or private host allows it.
+    Without: any host whose every address is public (not loopback, private, link-local or
+    otherwise reserved), checked when the notification is sent, so a name that resolves to
+    127.0.0.1 is refused too.
+    """
+
+    def __init__(self, allowed: Iterable[str] = ()):
+        self.allowed = tuple(a.lower() for a in allowed)
+
+    def listed(self, host: str, port: int) -> bool:
+        for entry in self.allowed:
+            if entry.startswith("*.") and host.endswith(entry[1:]):
+                return True
+            if entry in (host, f"{host}:{port}"):
+                return True
+        return False
+
+    def refusal(self, url: str, resolve: bool) -> str | None:
+        """Why `url` may not be notified, or None. `resolve`: look the name up as well (a
+        sender thread does; a submit checks only what the URL itself says)."""
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        if self.allowed:
+            if self.listed(host, port):
+                return None
+            return (
+                f"{host}:{port} is not among the hosts this agent notifies"
+                f" (notify_allowed_hosts in its agent.toml: {', '.join(self.allowed)})"
+            )
+        if host == "localhost" or host.endswith(".localhost"):
+            return f"{host} is this host; only an admin can allow it (notify_allowed_hosts)"
+        try:
+            addresses = [ipaddress.ip_address(host)]
+        except ValueError:
+            if not resolve:
+                return None
+            try:
+                infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            except OSError as e:
+                return f"{host} cannot be resolved ({e})"
+            addresses = [ipaddress.ip_address(str(info[4][0]).split("%")[0]) for info in infos]
+        for address in addresses:
+            if not address.is_global:
+                return (
+                    f"{host} is at {address}, a loopback, private or reserved address; only"
+                    " an admin can allow it (notify_allowed_hosts in agent.toml)"
+                )
+        return None
+
+
+def payload(
+    job: JobRecord, event: str, url: str, metrics: Mapping[str, object] | None
+) -> dict[str, Any]:
+    """What a webhook is sent of `event` ("started", or the state a job ended in): the
+    job's facts as they are now, and a one-line `text`; Slack gets only the text."""
+    duration = None
+    if job.started_at is not None:
+        duration = round((job.ended_at or time.time()) - job.started_at, 3)
+    name = f" ({job.name})" if job.name else ""
+    text = f"gpuhop: job {job.id}{name} of {job.owner or 'the owner'} {event}"
+    if event != "started" and job.reason:
+        text += f": {job.reason}"
+    if metrics:
+        shown = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+        text += "; " + ", ".join(f"{k}={v:.4g}" for k, v in list(shown.items())[:6])
+    if urlsplit(url).hostname == SLACK_HOST:
+        return {"text": text}
+    return {
+        "event": event,
+        "text": text,
+        "job": {
+            "id": job.id,
+            "name": job.name,
+            "owner": job.owner,
+            "state": job.state.value,
+            # Set by agents that classify how jobs end (issue 22); None before that.
+            "end_class": getattr(job, "end_class", None),
+            "exit_code": job.exit_code,
+            "signal": job.signal,
+            "reason": job.reason,
+            "attempt": job.attempt,
+            "duration_s": duration,
+            "sweep": job.sweep,
+            "metrics": dict(metrics) if metrics else None,
+        },
+    }
+
+
+@dataclass(order=True)
+class _Delivery:
+    due: float
+    seq: int
+    url: str = field(compare=False)
+    body: dict[str, Any] = field(compare=False)
+    # Deliveries of one key (a job, to one URL) go one after another, in order.
+    key: tuple[str, str] = field(compare=False, default=("", ""))
+    tries: int = field(default=0, compare=False)
+
+
+class Notifier:
+    """The background senders. `send` never blocks; `close` stops the threads."""
+
+    def __init__(
+        self,
+        rule: HostRule,
+        *,
+        senders: int = 4,
+        max_pending: int = 1000,
+        timeout: float = 5.0,
+        tries: int = 5,
+        first_delay: float = 1.0,
+    ):
+        self.rule = rule
+        self.max_pending = max_pending
+        self.timeout = timeout
+        self.tries = tries
+        self.first_delay = first_delay
+        self.dropped = 0
+        self._heap: list[_Delivery] = []
+        self._pending = 0  # waiting in the heap or behind another, or being sent
+        # A key with a delivery in the heap or being sent -> those queued behind it.
+        self._behind: dict[tuple[str, str], deque[_Delivery]] = {}
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._senders = senders
+        self._http: httpx.Client | None = None
+        self._threads: list[threading.Thread] = []
+
+    def _start(self) -> None:
+        """The senders and their HTTP client, made at the first notification (most agents
+        notify nobody). Called with the lock held."""
+        self._http = httpx.Client(timeout=self.timeout, follow_redirects=False, trust_env=False)
+        self._threads = [
+            threading.Thread(target=self._run, name=f"notify-{i}", daemon=True)
+            for i in range(self._senders)
+        ]
+        for t in self._threads:
+            t.start()
+
+    def send(self, url: str, body: dict[str, Any], key: str = "") -> bool:
+        """Queue one notification; False (and logged) if too many are waiting. Those of
+        one `key` (a job's) to one URL arrive in the order sent: a job's end never
+        overtakes its start, even while the start is being retried."""
+        with self._cond:
+            if self._closed:
+                return False
+            if not self._threads:
+                self._start()
+            if self._pending >= self.max_pending:
+                self.dropped += 1
+                log.warning("notification to %s dropped: %d already waiting", url, self._pending)
+                return False
+            self._pending += 1
+            item = _Delivery(time.monotonic(), next(self._seq), url, body, (url, key))
+            if item.key in self._behind:
+                self._behind[item.key].append(item)
+            else:
+                self._behind[item.key] = deque()
+                heapq.heappush(self._heap, item)
+                self._cond.notify()
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and (not self._heap or self._heap[0].due > time.monotonic()):
+                    wait = self._heap[0].due - time.monotonic() if self._heap else None
+                    self._cond.wait(wait)
+                if self._closed:
+                    return
+                item = heapq.heappop(self._heap)
+            try:
+                error = self._deliver(item)
+            except Exception as e:  # a bug here must not end the sender
+                error = f"{type(e).__name__}: {e}"
+            with self._cond:
+                item.tries += 1
+                if error is not None and item.tries < self.tries and not self._closed:
+                    item.due = time.monotonic() + self.first_delay * 2 ** (item.tries - 1)
+                    heapq.heappush(self._heap, item)
+                    self._cond.notify()
+                    continue
+                self._pending -= 1
+                self._next_of(item.key)
+            if error is not None:
+                log.warning("notification to %s failed %d times: %s", item.url, item.tries, error)
+
+    def _next_of(self, key: tuple[str, str]) -> None:
+        """A delivery of `key` is done (taken or given up): the next of that key may go."""
+        behind = self._behind.get(key)
+        if not behind:
+            self._behind.pop(key, None)
+            return
+        nxt = behind.popleft()
+        nxt.due = time.monotonic()
+        heapq.heappush(self._heap, nxt)
+        self._cond.notify()
+
+    def _deliver(self, item: _Delivery) -> str | None:
+        """POST one notification; None when the webhook took it, else why not."""
+        refused = self.rule.refusal(item.url, resolve=True)
+        if refused is not None:
+            item.tries = self.tries  # not worth retrying
+            return refused
+        assert self._http is not None
+        try:
+            response = self._http.post(item.url, json=item.body)
+        except httpx.HTTPError as e:
+            return f"{type(e).__name__}: {e}"
+        if response.status_code >= 300:
+            return f"HTTP {response.status_code}"
+        return None
+
+    def close(self) -> None:
+        """Stop the senders; one stuck on a webhook that never answers is left (a daemon
+        thread): the agent's shutdown never waits for a webhook."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        for t in self._threads:
+            t.join(timeout=1.0)
+        if self._http is not None and not any(t.is_alive() for t in self._threads):
+            self._http.close()

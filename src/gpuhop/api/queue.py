@@ -1,0 +1,95 @@
+"""The queue's words on the wire: why a job ended (`EndClass`), what a retry is for
+(`RetryOn`), a changed priority (`RequeueRequest`), and time limits as people write them.
+
+Runs on both sides. Pydantic and the standard library only.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+
+from pydantic import Field
+
+from gpuhop.api.base import StrictModel
+
+__all__ = [
+    "INFRA_CLASSES",
+    "EndClass",
+    "RequeueRequest",
+    "RetryOn",
+    "format_seconds",
+    "parse_duration",
+]
+
+
+class EndClass(StrEnum):
+    """Why a finished job ended, besides its exit code: a bug of the job's, or the machine."""
+
+    succeeded = "succeeded"  # exit code 0
+    app_error = "app-error"  # a non-zero exit (or it could not start)
+    oom_host = "oom-host"  # the kernel's OOM killer, as the job's cgroup told
+    oom_gpu = "oom-gpu"  # the framework's GPU out-of-memory error in the log's tail
+    killed = "killed"  # a signal from outside (an unexplained SIGKILL included)
+    timeout = "timeout"  # its --timeout passed
+    cancelled = "cancelled"  # a user, or a dependency that did not succeed
+    lost = "lost"  # its process vanished with no exit status (host or agent gone)
+    idle = "idle"  # held GPUs idle past the agent's limit (reserved)
+    gpu_fault = "gpu-fault"  # a GPU it held had a hardware fault (reserved)
+
+
+# The failures that say nothing about the job's code: worth another attempt by default.
+INFRA_CLASSES = frozenset({EndClass.lost, EndClass.oom_host, EndClass.killed, EndClass.gpu_fault})
+
+
+class RetryOn(StrEnum):
+    """Which failed attempts `retries` runs again."""
+
+    infra = "infra"  # lost, oom-host, killed, gpu-fault: the machine's fault, not the code's
+    any = "any"  # every failure: also app-error, oom-gpu (never timeout, cancelled, idle)
+
+    def retries(self, end: EndClass) -> bool:
+        if self is RetryOn.infra:
+            return end in INFRA_CLASSES
+        return end not in (EndClass.succeeded, EndClass.cancelled, EndClass.timeout, EndClass.idle)
+
+
+class RequeueRequest(StrictModel):
+    """`gpuhop requeue JOB --priority N`: a queued job's new place in the queue."""
+
+    priority: int = Field(ge=-100, le=100)
+
+
+_DURATION_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*\Z", re.IGNORECASE)
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+# A week: longer is a typo, not a limit.
+MAX_TIMEOUT = 7 * 86400
+
+
+def parse_duration(text: str | float) -> float:
+    """Seconds in "6h", "90m", "30s", "2d" or a plain number of seconds. Raises ValueError."""
+    if isinstance(text, bool):
+        raise ValueError(f"{text!r} is not a duration")
+    if isinstance(text, int | float):
+        seconds = float(text)
+    else:
+        m = _DURATION_RE.match(text)
+        if m is None:
+            raise ValueError(
+                f"{text!r} is not a duration; give e.g. 6h, 90m, 30s, 2d or plain seconds"
+            )
+        seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2).lower()]
+    if not 0 < seconds <= MAX_TIMEOUT:
+        raise ValueError(f"{text!r}: a time limit is more than 0 and at most 7 days")
+    return seconds
+
+
+def format_seconds(seconds: float) -> str:
+    """6h, 1h30m, 90s: the shortest exact way to write a time limit."""
+    s = round(seconds)
+    if s < 60 or s % 60:
+        return f"{s}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60}m{s % 60}s"
+    m = s // 60
+    if m < 60 or m % 60:
+        return f"{m}m" if m < 60 else f"{m // 60}h{m % 60}m"
+    return f"{m // 60}h"

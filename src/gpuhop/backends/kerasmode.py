@@ -1,0 +1,140 @@
+"""Runs in the agent: which multi-worker mode a `--workers N` job gets, from the Keras and
+backend it uses, or why it cannot run.
+
+Two modes work (FACTS.md, keras-team/keras#20585):
+- `tf`: one TensorFlow worker per process under MultiWorkerMirroredStrategy, with TF_CONFIG;
+  Keras is tf-keras (`TF_USE_LEGACY_KERAS=1`), since Keras 3's `fit` fails under it.
+- `keras-jax`: Keras 3 on JAX, `keras.distribution` across the processes; each gets
+  KERAS_DISTRIBUTION_JOB_ADDRESSES (the coordinator), _NUM_PROCESSES and _PROCESS_ID, the
+  variables `keras.distribution.initialize()` reads (the local backend's shim sets them:
+  `backends/local/gangenv.py`).
+
+What decides, first to last: `GPUHOP_KERAS` (`--keras tf-keras|keras3`), `KERAS_BACKEND`,
+`TF_USE_LEGACY_KERAS` in the job's environment, then the job's interpreter's packages
+(tf-keras where it is there, else Keras 3 on JAX where there is no TensorFlow).
+Keras 3 `fit` on TensorFlow, and Keras 3 on PyTorch, are refused before the job starts, with
+the fix. `TF_USE_LEGACY_KERAS=0` keeps Keras 3 on TensorFlow under the strategy, for custom
+training loops, which work there.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from gpuhop.api import ErrorCode, SubmitRequest
+from gpuhop.backends.base import Refused
+
+KERAS_CHOICES = ("tf-keras", "keras3")
+TF, KERAS_JAX = "tf", "keras-jax"
+FIX_TF_FIT = (
+    "run with -e KERAS_BACKEND=jax (Keras 3's own keras.distribution across the workers),"
+    " or --keras tf-keras (MultiWorkerMirroredStrategy)"
+)
+
+
+class KerasRefusal(ValueError):
+    """The job's Keras cannot run across processes as asked; the message has the fix."""
+
+
+@dataclass(frozen=True)
+class WorkerMode:
+    mode: str  # TF or KERAS_JAX
+    env: dict[str, str] = field(default_factory=dict)  # what the job's environment gets
+
+
+def _truthy(value: str | None) -> bool | None:
+    if value is None:
+        return None
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+def decide(env: Mapping[str, str], has: Callable[[str], bool]) -> WorkerMode:
+    """The mode for a multi-worker job with environment `env`; `has(module)` says whether the
+    job's interpreter can import it. Raises KerasRefusal."""
+    keras = env.get("GPUHOP_KERAS")
+    if keras is not None and keras not in KERAS_CHOICES:
+        raise KerasRefusal(f"--keras takes tf-keras or keras3, not {keras!r}")
+    backend = env.get("KERAS_BACKEND", "").strip().lower() or None
+    legacy = _truthy(env.get("TF_USE_LEGACY_KERAS"))
+    if keras == "tf-keras" or (keras is None and backend is None and legacy is not False):
+        if backend not in (None, "tensorflow"):
+            raise KerasRefusal(
+                f"tf-keras runs on TensorFlow only, and the job sets KERAS_BACKEND={backend};"
+                " drop --keras tf-keras to use Keras 3 on it"
+            )
+        if has("tf_keras"):
+            return WorkerMode(TF, {"TF_USE_LEGACY_KERAS": "1"})
+        if keras is None and not has("tensorflow") and has("keras") and has("jax"):
+            return WorkerMode(KERAS_JAX, {"KERAS_BACKEND": "jax"})  # the only Keras there
+        raise KerasRefusal(
+            "tf-keras is not installed for the job's Python, so Keras 3 would run this"
+            " multi-worker job, and its fit does not work under MultiWorkerMirroredStrategy"
+            " (keras-team/keras#20585): `pip install tf-keras` on the host, or "
+            + FIX_TF_FIT.removesuffix(", or --keras tf-keras (MultiWorkerMirroredStrategy)")
+            + "; a custom training loop without fit: -e TF_USE_LEGACY_KERAS=0"
+        )
+    backend = backend or "tensorflow"
+    if backend == "jax":
+        missing = [m for m in ("keras", "jax") if not has(m)]
+        if missing:
+            raise KerasRefusal(
+                f"Keras 3 on JAX across processes needs {' and '.join(missing)} for the job's"
+                f" Python: `pip install {' '.join(missing)}` on the host (jax[cuda12] for GPUs)"
+            )
+        return WorkerMode(KERAS_JAX, {"KERAS_BACKEND": "jax"})
+    if backend == "tensorflow":
+        if keras is None and legacy is False:
+            return WorkerMode(TF)  # Keras 3 under the strategy: a custom loop's choice
+        raise KerasRefusal(
+            "Keras 3 fit on the TensorFlow backend does not work under"
+            f" MultiWorkerMirroredStrategy (keras-team/keras#20585): {FIX_TF_FIT}"
+        )
+    raise KerasRefusal(
+        f"Keras 3 on the {backend} backend across processes is not supported by gpuhop:"
+        f" {FIX_TF_FIT}"
+    )
+
+
+PROBED = ("tensorflow", "tf_keras", "keras", "jax")
+PROBE = (
+    "import importlib.util as u, json;"
+    f" print(json.dumps({{m: u.find_spec(m) is not None for m in {PROBED!r}}}))"
+)
+
+
+@functools.lru_cache(maxsize=16)
+def packages(python: str) -> dict[str, bool]:
+    """Which of tensorflow, tf_keras, keras and jax `python` can import (found, not
+    imported)."""
+    import json
+
+    try:
+        done = subprocess.run(
+            [python, "-c", PROBE], capture_output=True, text=True, timeout=60, check=True
+        )
+        found: dict[str, bool] = json.loads(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return {}
+    return found
+
+
+def check_submit(req: SubmitRequest, python: str) -> None:
+    """Refuse a job whose Keras cannot run across its workers as asked, before it is queued.
+    Its packages are checked where they are known: a job with requirements gets its own
+    venv, checked when it starts."""
+    if req.workers <= 1:
+        keras = req.env.get("GPUHOP_KERAS")
+        if keras is not None and keras not in KERAS_CHOICES:
+            raise Refused(ErrorCode.bad_request, f"--keras takes tf-keras or keras3, not {keras!r}")
+        return
+    interpreter = req.python or python
+    try:
+        if req.requirements is not None:
+            decide(req.env, lambda m: True)
+        else:
+            decide(req.env, lambda m: packages(interpreter).get(m, False))
+    except KerasRefusal as e:
+        raise Refused(ErrorCode.bad_request, str(e)) from None

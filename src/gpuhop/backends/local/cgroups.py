@@ -1,0 +1,110 @@
+"""Runs in the agent (local backend): a memory cgroup of its own for each attempt, where the
+host lets the agent make one, so that the kernel's OOM kills among the job's processes are
+counted and its end says `oom-host` instead of a guess.
+
+The cgroup is a child of the agent's own memory cgroup (cgroup v1's memory hierarchy, or
+cgroup v2 where the agent's cgroup hands the memory controller to its children). It sets no
+limit: the kernel counts an OOM kill in the cgroup of the process it kills, whichever limit
+(the host's, a container's, or one an admin set on the job's cgroup) was reached. The
+leader joins it before it execs (`wrap`), so every process of the job is born inside. Where
+no cgroup can be made the job runs as before, and a SIGKILL stays `killed`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+from pathlib import Path
+
+from gpuhop.home import JobPaths
+
+PROC = Path("/proc/self")
+
+
+def _file(jp: JobPaths) -> Path:
+    return jp.root / "cgroup.json"
+
+
+@functools.cache
+def agent_cgroup() -> tuple[Path, str] | None:
+    """The agent's own memory cgroup and the file that counts OOM kills in its children."""
+    try:
+        membership = (PROC / "cgroup").read_text().splitlines()
+        mounts = (PROC / "mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    for line in mounts:
+        left, sep, right = line.partition(" - ")
+        if not sep:
+            continue
+        fields, (fstype, _source, options, *_) = left.split(), right.split()
+        root, point = fields[3], fields[4]
+        if fstype == "cgroup" and "memory" in options.split(","):
+            want, counter = (lambda c: "memory" in c.split(",")), "memory.oom_control"
+        elif fstype == "cgroup2":
+            want, counter = (lambda c: c == ""), "memory.events"
+        else:
+            continue
+        for entry in membership:
+            _, controllers, rel = entry.split(":", 2)
+            if not want(controllers) or not rel.startswith(root):
+                continue
+            here = Path(point) / rel[len(root) :].lstrip("/")
+            delegated = _read(here / "cgroup.subtree_control").split()
+            if counter == "memory.events" and "memory" not in delegated:
+                break  # children of this v2 cgroup get no memory controller
+            if here.is_dir():
+                return here, counter
+    return None
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
+
+
+def make(jp: JobPaths, name: str) -> Path | None:
+    """A new cgroup for one attempt, recorded in the job's dir; None where none can be made."""
+    found = agent_cgroup()
+    if found is None:
+        return None
+    parent, counter = found
+    path = parent / f"gpuhop-{name}"
+    try:
+        path.mkdir(exist_ok=True)
+        if not (path / counter).exists():
+            path.rmdir()
+            return None
+        _file(jp).write_text(json.dumps({"path": str(path), "counter": counter}))
+    except OSError:
+        return None
+    return path
+
+
+def wrap(path: Path, argv: list[str]) -> list[str]:
+    """`argv` run by a shell that first moves itself into the cgroup at `path` (and runs
+    `argv` anyway, outside it, if it cannot): the same pid, so nothing else changes."""
+    join = 'echo $$ > "$0" 2>/dev/null; exec "$@"'
+    return ["/bin/sh", "-c", join, str(path / "cgroup.procs"), *argv]
+
+
+def oom_kills(jp: JobPaths) -> int:
+    """How many OOM kills the attempt's cgroup counted; the cgroup is removed (its
+    processes are gone by now). 0 where the attempt had none."""
+    try:
+        spec = json.loads(_file(jp).read_text())
+        path, counter = Path(spec["path"]), str(spec["counter"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
+    kills = 0
+    for line in _read(path / counter).splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill" and value.strip().isdigit():
+            kills = int(value)
+    with contextlib.suppress(OSError):
+        path.rmdir()
+    _file(jp).unlink(missing_ok=True)
+    return kills

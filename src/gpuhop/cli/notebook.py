@@ -1,0 +1,235 @@
+"""Runs on the user's machine: `gpuhop notebook`, JupyterLab on the GPU host as a job,
+forwarded here; and the `.ipynb` side of `gpuhop run` (a notebook as a batch job)."""
+
+from __future__ import annotations
+
+import functools
+import re
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from gpuhop.cli.connect import OnOption, client_for
+from gpuhop.cli.jobs import _parse_env, _parse_share
+from gpuhop.cli.output import fail, human_bytes, say, state_text
+from gpuhop.client import Client, GpuhopError
+
+if TYPE_CHECKING:
+    from gpuhop.client.forward import ErrorHandler, Forward
+    from gpuhop.client.notebook import Notebook
+
+DEFAULT_LOCAL_PORT = 8888  # Jupyter's own
+UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_idle(text: str) -> int:
+    """`2h`, `90m`, `30s`, `3600` (seconds), or `0`/`off` (never) as seconds."""
+    if text.strip().lower() in ("0", "off", "never"):
+        return 0
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text.lower())
+    if match is None:
+        fail(f"--idle takes a duration such as 2h, 90m, 600s or 0 (never), not {text!r}")
+    return max(1, round(float(match.group(1)) * UNITS[match.group(2)]))
+
+
+def notebook(
+    job_ref: str | None = typer.Argument(
+        None,
+        metavar="JOB",
+        help="Re-attach to this notebook job (id, prefix or name). Default: your newest"
+        " running one, else a new one.",
+    ),
+    gpus: int = typer.Option(0, "--gpus", "-g", min=0, help="Whole GPUs for the notebook."),
+    gpu_memory: str | None = typer.Option(
+        None,
+        "--gpu-memory",
+        metavar="SIZE",
+        help="Instead of whole GPUs: a share of one GPU (6GiB, 6G, 6144M, or MB).",
+    ),
+    name: str | None = typer.Option(
+        None,
+        "--name",
+        "-n",
+        help="Name the new notebook job (or re-attach to the one of that name).",
+    ),
+    idle: str = typer.Option(
+        "2h",
+        "--idle",
+        metavar="DURATION",
+        help="Stop kernels idle this long, and then the server, freeing its GPUs (2h, 30m,"
+        " 600s; 0 for never).",
+    ),
+    new: bool = typer.Option(False, "--new", help="Start another notebook even if one runs."),
+    url_only: bool = typer.Option(
+        False,
+        "--url",
+        help="Print the server's URL with its token (for VS Code or a local JupyterLab:"
+        " 'Existing Jupyter Server') instead of opening a browser; keeps forwarding.",
+    ),
+    local_port: int | None = typer.Option(
+        None,
+        "--local-port",
+        "-p",
+        min=0,
+        max=65535,
+        help=f"The port here (default: {DEFAULT_LOCAL_PORT} if free, else any; 0 for any).",
+    ),
+    no_browser: bool = typer.Option(False, "--no-browser", help="Print the URL; open nothing."),
+    env: list[str] = typer.Option(
+        [], "--env", "-e", metavar="KEY=VALUE", help="Set an environment variable (repeatable)."
+    ),
+    data: list[str] = typer.Option(
+        [], "--data", metavar="NAME[:VERSION]=MOUNT", help="Mount a dataset (as for run)."
+    ),
+    workdir: Path = typer.Option(
+        Path("."), "--workdir", "-C", help="The directory to sync (default: this one)."
+    ),
+    requirements: Path | None = typer.Option(
+        None,
+        "--requirements",
+        "-r",
+        metavar="FILE",
+        help="Packages for the job's venv (default: requirements.txt here, if any).",
+    ),
+    no_requirements: bool = typer.Option(
+        False, "--no-requirements", help="Ignore requirements.txt: use the host's packages."
+    ),
+    python: str | None = typer.Option(
+        None, "--python", metavar="PATH", help="Run Jupyter and its kernels with this Python."
+    ),
+    on: str | None = OnOption,
+) -> None:
+    """JupyterLab on the GPU host, as a job, opened here; kernels outlive this command.
+
+    The server runs in this directory's synced copy, with the GPUs it asks for (queued
+    like any job: see gpuhop ps, cancel). It is forwarded to 127.0.0.1 here through the
+    agent's connection; its token is made here and never written to the job's log.
+    Ctrl-C stops forwarding only: the server and its kernels keep running, and
+    `gpuhop notebook` again re-attaches. Kernels idle for --idle stop, and then the server,
+    so the GPUs come back; `gpuhop pull JOB` brings back what it wrote to
+    $GPUHOP_ARTIFACTS_DIR.
+
+    Example: gpuhop notebook --gpus 1
+    """
+    from gpuhop.client import notebook as nb_client
+
+    idle_s = parse_idle(idle)
+    share_mb = _parse_share(gpu_memory, gpus)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
+    with client_for(on) as client:
+        try:
+            nb = None if new else nb_client.find(client.session, job_ref or name)
+        except GpuhopError as e:
+            if job_ref is not None or e.status != 404:
+                fail(e.message)
+            nb = None
+        if nb is not None and nb.job.state.finished:
+            if job_ref is not None:
+                fail(
+                    f"notebook job {nb.job.id} has {nb.job.state.value}"
+                    f" ({nb.job.info.reason or '-'}); start another: gpuhop notebook"
+                )
+            nb = None
+        if nb is not None:
+            say(f"re-attaching to notebook job {nb.job.id} ({state_text(nb.job.state)})")
+            if gpus or share_mb is not None or python or requirements or env or data:
+                say(
+                    "[yellow]the GPU, Python, env and data options apply to a new notebook;"
+                    " --new starts one[/yellow]"
+                )
+        else:
+            start = functools.partial(
+                nb_client.start,
+                client.session,
+                workdir=workdir,
+                gpus=gpus,
+                gpu_memory=share_mb,
+                name=name,
+                idle=idle_s,
+                env=_parse_env(env),
+                data=data,
+                requirements=False if no_requirements else requirements,
+                python=python,
+            )
+            nb = _start(client, start)
+        _attach(nb, local_port, url_only, no_browser)
+
+
+def _start(client: Client, start: Callable[..., Notebook]) -> Notebook:
+    """Sync and queue the notebook job (`start(on_upload=...)`), saying what was sent."""
+    from gpuhop.cli.progress import transfer, wants_live
+
+    try:
+        with transfer("uploading", wants_live(False, sys.stderr)) as on_upload:
+            nb = start(on_upload=on_upload)
+    except GpuhopError as e:
+        fail(e.message)
+    stats = client.last_sync
+    synced = f"synced {stats.files} files ({human_bytes(stats.bytes)}); " if stats else ""
+    say(f"{synced}notebook job {nb.job.id} {nb.job.state.value}")
+    return nb
+
+
+def _attach(nb: Notebook, local_port: int | None, url_only: bool, no_browser: bool) -> None:
+    job = nb.job
+
+    def queued(info: object) -> None:
+        say(f"notebook job {job.id} is queued, waiting for its GPUs (gpuhop ps)")
+
+    def refused(e: GpuhopError) -> None:
+        say(f"[yellow]a connection was refused: {e.message}[/yellow]")
+
+    try:
+        nb.wait_ready(timeout=180, on_queued=queued)
+        fwd = _forward(nb, local_port, refused)
+    except GpuhopError as e:
+        fail(e.message)
+    except KeyboardInterrupt:
+        say(f"stopped waiting; notebook job {job.id} goes on (gpuhop cancel {job.id} stops it)")
+        raise typer.Exit(130) from None
+    with fwd:
+        link = nb.url(fwd.url, "" if url_only else "lab")
+        say(
+            f"JupyterLab of job {job.id} at {fwd.url} (Ctrl-C stops forwarding; the server"
+            f" and its kernels keep running)\n  re-attach: gpuhop notebook {job.id}\n"
+            f"  stop it:   gpuhop cancel {job.id}"
+        )
+        sys.stdout.write(link + "\n")
+        sys.stdout.flush()
+        if not (url_only or no_browser):
+            from gpuhop.cli.tensorboard import _open_browser
+
+            _open_browser(link)
+        try:
+            fwd.wait()
+        except KeyboardInterrupt:
+            say(f"stopped forwarding; notebook job {job.id} keeps running")
+            return
+    ended = fwd.ended
+    if ended is not None:
+        say(f"notebook job {job.id} {state_text(ended.state)}: {ended.reason or '-'}")
+
+
+def _forward(nb: Notebook, local_port: int | None, on_error: ErrorHandler) -> Forward:
+    """The server forwarded to `local_port`; by default Jupyter's port, or any if taken."""
+    if local_port is not None:
+        return nb.forward(local_port, on_error=on_error)
+    try:
+        return nb.forward(DEFAULT_LOCAL_PORT, on_error=on_error)
+    except GpuhopError as e:
+        if e.code != "local_port":
+            raise
+        return nb.forward(0, on_error=on_error)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(notebook)

@@ -1,0 +1,246 @@
+"""Runs on the user's machine: `gpuhop sweep` (one job per combination of parameter values,
+followed together in one table) and `gpuhop sweep show SWEEP` (every run with its state and
+final metrics, sorted by one of them)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.markup import escape
+from rich.table import Table
+
+from gpuhop.api import JobInfo, JobState
+from gpuhop.cli.connect import OnOption, client_for
+from gpuhop.cli.jobs import _parse_env
+from gpuhop.cli.output import (
+    STATE_STYLE,
+    duration,
+    fail,
+    format_metrics,
+    print_json,
+    print_table,
+    say,
+)
+from gpuhop.client import Client, GpuhopError
+from gpuhop.client.sweeps import parse_param
+
+POLL_SECONDS = 1.0
+# Keys of a metrics line that say where the run is, not how well it does.
+NOT_METRICS = ("time", "epochs", "step", "epoch")
+
+
+def sweep(
+    command: list[str] = typer.Argument(
+        ...,
+        metavar="SCRIPT.py|COMMAND [ARGS]... | show SWEEP",
+        help="The command of every run, with {NAME} where each -p value goes; or `show"
+        " SWEEP [--metric NAME] [--desc] [--json]` for a sweep's table of results.",
+        show_default=False,
+    ),
+    param: list[str] = typer.Option(
+        [],
+        "--param",
+        "-p",
+        metavar="NAME=V1,V2,...",
+        help="A parameter and its values (repeatable); one run per combination.",
+    ),
+    array: int | None = typer.Option(
+        None,
+        "--array",
+        min=1,
+        max=1000,
+        metavar="N",
+        help="N runs with GPUHOP_ARRAY_INDEX=0..N-1 (and {index} in the command).",
+    ),
+    max_parallel: int | None = typer.Option(
+        None, "--max-parallel", min=1, metavar="K", help="At most K runs at once (the agent's)."
+    ),
+    name: str | None = typer.Option(
+        None, "--name", "-n", help="The sweep's name; its runs are NAME[lr=0.1,batch=32]."
+    ),
+    gpus: int = typer.Option(0, "--gpus", "-g", min=0, help="Whole GPUs for each run."),
+    env: list[str] = typer.Option(
+        [], "--env", "-e", metavar="KEY=VALUE", help="Set an environment variable (repeatable)."
+    ),
+    notify: list[str] = typer.Option(
+        [], "--notify", metavar="URL", help="A webhook told of each run's start and end."
+    ),
+    workdir: Path = typer.Option(
+        Path("."), "--workdir", "-C", help="The directory to sync (once, for every run)."
+    ),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Print the sweep id and return."),
+    on: str | None = OnOption,
+) -> None:
+    """Run a script once per combination of parameter values, and follow the runs together.
+
+    The work dir is synced once; every run gets the same files. A compact table shows each
+    run's state and latest metrics until all have ended; Ctrl-C detaches (the runs go on).
+    The exit code is 0 if every run succeeded, else 1.
+
+    Example: gpuhop sweep -p lr=0.1,0.01,0.001 -p batch=32,64 --max-parallel 2
+    train.py --lr {lr} --batch {batch}
+
+    Then: gpuhop sweep show NAME --metric val_loss
+    """
+    if command[0] == "show":
+        _dispatch_show([*command[1:], *(["--on", on] if on else [])])
+        return
+    try:
+        params = dict(parse_param(p) for p in param)
+        if len(params) != len(param):
+            fail("a parameter is given twice with -p")
+        with client_for(on) as client:
+            made = client.sweep(
+                command,
+                params,
+                array=array,
+                max_parallel=max_parallel,
+                name=name,
+                workdir=workdir,
+                gpus=gpus,
+                env=_parse_env(env),
+                notify=notify,
+            )
+            if detach:
+                print(made.id)
+                return
+            say(f"sweep {made.id}: {len(made.runs)} runs queued (one synced tree)")
+            runs = _follow(client, made.id)
+    except GpuhopError as e:
+        fail(e.message)
+    say(f"sweep {made.id}: {_counts(runs)}; results: gpuhop sweep show {made.id}")
+    raise typer.Exit(0 if all(r.state == JobState.succeeded for r in runs) else 1)
+
+
+def _follow(client: Client, sweep_id: str) -> list[JobInfo]:
+    """Poll the sweep's runs until all have ended, drawing the table in place on a
+    terminal and printing each run's changes of state otherwise."""
+    live = sys.stdout.isatty()
+    seen: dict[str, JobState] = {}
+    view = Live(console=Console(), auto_refresh=False) if live else None
+    try:
+        with view or contextlib.nullcontext():
+            while True:
+                runs = sorted(client.sweep_runs(sweep_id), key=lambda r: r.created_at)
+                if view is not None:
+                    view.update(_live_table(runs), refresh=True)
+                else:
+                    for run in runs:
+                        if seen.get(run.id) != run.state:
+                            seen[run.id] = run.state
+                            say(f"{escape(run.name or '-')} ({run.id}) {run.state.value}")
+                if all(r.state.finished for r in runs):
+                    return runs
+                time.sleep(POLL_SECONDS)
+    except KeyboardInterrupt:
+        say(
+            f"detached from sweep {sweep_id}; its runs go on.\n"
+            f"  results:  gpuhop sweep show {sweep_id}"
+        )
+        raise typer.Exit(130) from None
+
+
+def _live_table(runs: list[JobInfo]) -> Table:
+    table = Table(box=None, header_style="bold", pad_edge=False, caption=_counts(runs))
+    for col in ("RUN", "JOB", "STATE", "DURATION", "METRICS"):
+        table.add_column(col, no_wrap=col != "METRICS")
+    for r in runs:
+        style = STATE_STYLE[r.state]
+        state = r.state.value if not r.waiting else f"{r.state.value} ({escape(r.waiting)})"
+        table.add_row(
+            escape(r.name or "-"),
+            r.id,
+            f"[{style}]{state}[/]",
+            duration(r),
+            format_metrics(r.latest_metrics),
+        )
+    return table
+
+
+def _counts(runs: list[JobInfo]) -> str:
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.state.value] = counts.get(r.state.value, 0) + 1
+    return ", ".join(f"{n} {state}" for state, n in counts.items())
+
+
+def show(
+    sweep_ref: str = typer.Argument(..., metavar="SWEEP", help="A sweep's id, or its name."),
+    metric: str | None = typer.Option(
+        None, "--metric", "-m", help="Sort by this final metric (lowest first)."
+    ),
+    desc: bool = typer.Option(False, "--desc", help="Highest first (accuracy, say)."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    on: str | None = OnOption,
+) -> None:
+    """Every run of a sweep with its state and final metrics, sorted by --metric."""
+    try:
+        with client_for(on) as client:
+            runs = client.sweep_runs(sweep_ref)
+    except GpuhopError as e:
+        fail(e.message)
+    runs = sorted(runs, key=lambda r: r.created_at)
+    if metric is not None:
+        runs = sorted(runs, key=lambda r: _sort_key(r, metric, desc))
+    if json_out:
+        print_json([r.model_dump(mode="json") for r in runs])
+        return
+    names = _metric_names(runs, metric)
+    print_table(
+        ("RUN", "JOB", "STATE", "DURATION", *(n.upper() for n in names)),
+        [
+            (
+                escape(r.name or "-"),
+                r.id,
+                r.state.value,
+                duration(r),
+                *(_value((r.latest_metrics or {}).get(n)) for n in names),
+            )
+            for r in runs
+        ],
+    )
+    if metric is not None and metric not in names:
+        say(f"no run has reported {metric!r} yet")
+
+
+def _sort_key(run: JobInfo, metric: str, desc: bool) -> tuple[int, float]:
+    value = (run.latest_metrics or {}).get(metric)
+    if not isinstance(value, int | float) or isinstance(value, bool) or math.isnan(value):
+        return (1, 0.0)  # runs without it last
+    return (0, -float(value) if desc else float(value))
+
+
+def _metric_names(runs: list[JobInfo], first: str | None) -> list[str]:
+    names: dict[str, None] = {}
+    if first is not None and any(first in (r.latest_metrics or {}) for r in runs):
+        names[first] = None
+    for r in runs:
+        for key, value in (r.latest_metrics or {}).items():
+            if key not in NOT_METRICS and isinstance(value, int | float):
+                names[key] = None
+    return list(names)
+
+
+def _value(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "-" if value is None else str(value)
+
+
+def _dispatch_show(args: list[str]) -> None:
+    app = typer.Typer(add_completion=False, rich_markup_mode=None)
+    app.command()(show)
+    app(args=args, prog_name="gpuhop sweep show")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True}
+    )(sweep)

@@ -1,0 +1,162 @@
+"""Runs on the user's machine: a sweep (or array) is one job per combination of parameter
+values, all in one synced tree, queued with one sweep id so that the agent runs at most
+`max_parallel` of them at once. `Client.sweep` says what each argument means."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import secrets
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gpuhop.client.jobs as jobs
+from gpuhop.api.models import JOB_NAME_RE
+from gpuhop.client.errors import GpuhopError
+from gpuhop.client.job import Job
+from gpuhop.client.session import Session
+
+MAX_RUNS = 1000
+ARRAY_KEY = "index"
+ARRAY_ENV = "GPUHOP_ARRAY_INDEX"
+_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# A value goes into the run's name (`NAME[lr=0.1]`), so it takes that name's characters,
+# less the ones that separate its parts.
+_VALUE_RE = re.compile(r"[A-Za-z0-9._+-]{1,40}\Z")
+_SWEEP_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,40}\Z")
+
+
+@dataclass
+class Sweep:
+    """A queued sweep: its id (what `gpuhop sweep show` takes) and its runs, in order."""
+
+    id: str
+    name: str
+    runs: list[Job]
+
+
+def parse_param(text: str) -> tuple[str, list[str]]:
+    """`-p lr=0.1,0.01` -> ("lr", ["0.1", "0.01"]). Raises GpuhopError naming the problem."""
+    key, sep, values = text.partition("=")
+    if not sep or not _KEY_RE.match(key):
+        raise GpuhopError(
+            f"-p {text!r}: give NAME=V1,V2,... with NAME a letter or '_' then letters, digits"
+            " or '_'",
+            code="bad_request",
+        )
+    return key, values.split(",")
+
+
+def combinations(
+    params: Mapping[str, Sequence[str]], array: int | None = None
+) -> list[dict[str, str]]:
+    """Every combination of the values (the first parameter varies slowest); an array of N
+    adds `index` = 0..N-1. Raises GpuhopError for a bad value or too many runs."""
+    grid = {k: list(v) for k, v in params.items()}
+    if array is not None:
+        if array < 1:
+            raise GpuhopError("--array N needs N of 1 or more", code="bad_request")
+        if ARRAY_KEY in grid:
+            raise GpuhopError(f"-p {ARRAY_KEY}=... clashes with --array", code="bad_request")
+        grid[ARRAY_KEY] = [str(i) for i in range(array)]
+    if not grid:
+        raise GpuhopError("a sweep needs -p NAME=V1,V2,... or --array N", code="bad_request")
+    for key, values in grid.items():
+        if not _KEY_RE.match(key):
+            raise GpuhopError(f"parameter name {key!r} is not valid", code="bad_request")
+        for value in values:
+            if not _VALUE_RE.match(value):
+                raise GpuhopError(
+                    f"{key}={value!r}: a value is 1-40 letters, digits or . _ + -",
+                    code="bad_request",
+                )
+        if len(set(values)) != len(values):
+            raise GpuhopError(f"{key} lists a value twice", code="bad_request")
+    total = 1
+    for values in grid.values():
+        total *= len(values)
+    if total > MAX_RUNS:
+        raise GpuhopError(f"the sweep has {total} runs; at most {MAX_RUNS}", code="bad_request")
+    keys = list(grid)
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*grid.values())]
+
+
+def fill(argv: Sequence[str], values: Mapping[str, str]) -> list[str]:
+    """`argv` with each `{key}` replaced by its value; other braces are left alone."""
+    out = []
+    for arg in argv:
+        for key, value in values.items():
+            arg = arg.replace("{" + key + "}", value)
+        out.append(arg)
+    return out
+
+
+def run_name(name: str, values: Mapping[str, str]) -> str:
+    text = f"{name}[{','.join(f'{k}={v}' for k, v in values.items())}]"
+    if not JOB_NAME_RE.match(text):
+        raise GpuhopError(
+            f"the run name {text!r} is too long (at most 128 characters): use a shorter"
+            " --name or fewer parameters",
+            code="bad_request",
+        )
+    return text
+
+
+def submit(
+    session: Session,
+    command: str | Sequence[str],
+    params: Mapping[str, Sequence[str]],
+    *,
+    array: int | None,
+    max_parallel: int | None,
+    name: str | None,
+    workdir: str | os.PathLike[str],
+    options: Mapping[str, Any],
+) -> Sweep:
+    argv = shlex.split(command) if isinstance(command, str) else list(command)
+    if not argv:
+        raise GpuhopError("no command given", code="bad_request")
+    runs = combinations(params, array)
+    for key in params:
+        if not any("{" + key + "}" in arg for arg in argv):
+            raise GpuhopError(
+                f"parameter {key} is not used in the command: write {{{key}}} where its value"
+                " goes, e.g. train.py --" + key + " {" + key + "}",
+                code="bad_request",
+            )
+    if name is not None and not _SWEEP_NAME_RE.match(name):
+        raise GpuhopError(
+            f"--name {name!r}: 1-41 letters, digits, '.', '_' or '-', starting with a letter"
+            " or digit",
+            code="bad_request",
+        )
+    label = name or "sweep"
+    sweep_id = f"{label}-{secrets.token_hex(3)}"
+    names = [run_name(label, values) for values in runs]
+    root = Path(workdir).absolute()
+    options = dict(options)
+    synced = jobs.scan_workdir(session, root, options.pop("on_hash", None))
+    base_env = dict(options.pop("env", None) or {})
+    queued = []
+    for values, run in zip(runs, names, strict=True):
+        env = dict(base_env)
+        if array is not None:
+            env[ARRAY_ENV] = values[ARRAY_KEY]
+        queued.append(
+            jobs.submit(
+                session,
+                fill(argv, values),
+                workdir=root,
+                name=run,
+                env=env,
+                sweep=sweep_id,
+                max_parallel=max_parallel,
+                synced=synced,
+                **options,
+            )
+        )
+    return Sweep(sweep_id, label, queued)

@@ -1,0 +1,145 @@
+"""Runs inside the job: gpuhop's Keras callbacks, built on whichever Keras the job uses, and
+the `Model.fit` patch the start-up hook applies to scripts that never import gpuhop.
+
+Every function takes the Keras module to build on (Keras 3's `keras`, TensorFlow's
+`tf.keras`, or `tf_keras`), so nothing here imports Keras or TensorFlow: the public faces are
+gpuhop.keras (Keras 3 on any backend) and gpuhop.tf (TensorFlow's Keras).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from gpuhop.runtime import checkpoint_dir, log_metrics, tensorboard_dir
+from gpuhop.runtime.memory import device_memory
+
+__all__ = [
+    "backup_callback",
+    "callbacks",
+    "metrics_callback",
+    "patch_fit",
+    "tensorboard_callback",
+]
+
+# Set in a job's environment by the agent: how many times a failed attempt is retried.
+RETRIES_ENV = "GPUHOP_RETRIES"
+# Where `fit` takes `callbacks` positionally: fit(x, y, batch_size, epochs, verbose, callbacks)
+# in Keras 3 and tf-keras alike.
+CALLBACKS_POSITION = 5
+
+
+def metrics_callback(keras: Any, every_n_steps: int = 0) -> Any:
+    """A Keras callback that writes each epoch's logs (and optionally every N steps') to
+    the job's metrics file, as `{"epoch": E, "epochs": N, "step": S, "loss": ..., ...}` lines
+    (N: the epochs `fit` was asked for). Each epoch's line also carries the framework's own
+    device memory in use and its peak (`memory_mb`, `memory_peak_mb`) where it reports them.
+    The start-up hook sees it (`gpuhop_metrics`) and adds no second one."""
+
+    class MetricsCallback(keras.callbacks.Callback):
+        gpuhop_metrics = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.step = 0
+            self.epoch = 0
+
+        def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+            self.epoch = epoch + 1
+
+        def _total(self) -> dict[str, int]:
+            # The number of epochs fit() was asked for: `gpuhop run` shows "epoch 3/10".
+            epochs = (self.params or {}).get("epochs")
+            return {"epochs": int(epochs)} if isinstance(epochs, int) else {}
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            self.step += 1
+            if every_n_steps and self.step % every_n_steps == 0:
+                log_metrics(step=self.step, epoch=self.epoch, **self._total(), **(logs or {}))
+
+        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            values = {**(logs or {}), **device_memory()}
+            log_metrics(step=self.step, epoch=epoch + 1, **self._total(), **values)
+
+    return MetricsCallback()
+
+
+def backup_callback(keras: Any) -> Any:
+    """Keras's BackupAndRestore in the job's checkpoint dir (kept across retries): a killed
+    attempt's retry resumes at its last finished epoch."""
+    return keras.callbacks.BackupAndRestore(str(checkpoint_dir() / "backup"))
+
+
+def tensorboard_callback(keras: Any, **options: Any) -> Any:
+    """Keras's TensorBoard callback writing to the job's TensorBoard dir (`tensorboard_dir()`),
+    which `gpuhop tensorboard JOB` serves live. `options` go to
+    `keras.callbacks.TensorBoard` (histogram_freq=1, update_freq="batch", ...).
+
+    With the default `update_freq="epoch"`, Keras 3's callback still makes a (no-op)
+    summary call per metric after every batch, about 0.8 ms a batch on a CPU: a large share
+    of a fast GPU step. This one skips them; what it writes is the same.
+    """
+    options.setdefault("log_dir", str(tensorboard_dir()))
+
+    class TensorBoard(keras.callbacks.TensorBoard):
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            epochly = self.update_freq == "epoch"
+            super().on_train_batch_end(batch, None if epochly else logs)
+
+    return TensorBoard(**options)
+
+
+def callbacks(
+    keras: Any, backup: bool = True, every_n_steps: int = 0, tensorboard: bool = False
+) -> list[Any]:
+    """The callbacks a gpuhop job wants: metrics, and (with `backup`) a BackupAndRestore in
+    the job's checkpoint dir, so a retried job resumes at its last finished epoch.
+
+    `tensorboard=True` adds `tensorboard_callback()`. It is off by default because it costs
+    something every epoch (10-20 ms on a CPU: a few summary writes), and the metrics file
+    already feeds `gpuhop show`.
+    """
+    out = [metrics_callback(keras, every_n_steps)]
+    if backup:
+        out.append(backup_callback(keras))
+    if tensorboard:
+        out.append(tensorboard_callback(keras))
+    return out
+
+
+def _with_ours(keras: Any, given: Any, backup: bool) -> Any:
+    """The script's callbacks plus gpuhop's metrics callback, unless it passes one, and with
+    `backup` a BackupAndRestore, unless it passes one. A CallbackList is left alone."""
+    if given is not None and not isinstance(given, (list, tuple)):
+        return given
+    out = list(given or [])
+    if not any(getattr(c, "gpuhop_metrics", False) for c in out):
+        out.append(metrics_callback(keras))
+    if backup and not any(isinstance(c, keras.callbacks.BackupAndRestore) for c in out):
+        out.append(backup_callback(keras))
+    return out
+
+
+def patch_fit(keras: Any) -> str:
+    """Make every `keras.Model.fit` add gpuhop's callbacks (see `_with_ours`); with retries
+    (`GPUHOP_RETRIES` above 0), BackupAndRestore too. Returns what it did, in words."""
+    model = keras.Model
+    original = model.fit
+    if getattr(original, "gpuhop_patched", False):
+        return "Model.fit already adds gpuhop's callbacks"
+    backup = int(os.environ.get(RETRIES_ENV) or 0) > 0
+
+    @functools.wraps(original)
+    def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(args) > CALLBACKS_POSITION:
+            args = list(args)  # type: ignore[assignment]
+            args[CALLBACKS_POSITION] = _with_ours(keras, args[CALLBACKS_POSITION], backup)  # type: ignore[index]
+        else:
+            kwargs["callbacks"] = _with_ours(keras, kwargs.get("callbacks"), backup)
+        return original(self, *args, **kwargs)
+
+    fit.gpuhop_patched = True  # type: ignore[attr-defined]
+    model.fit = fit
+    extra = " and BackupAndRestore" if backup else ""
+    return f"Model.fit adds gpuhop's metrics callback{extra}"

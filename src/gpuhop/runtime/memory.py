@@ -1,0 +1,87 @@
+"""Runs inside the job: the framework's own view of its device memory, for the metrics file.
+
+NVML's per-process figure is what a framework has reserved, which for TensorFlow and JAX is
+what they were allowed to take, not what the job needed. The frameworks' allocators know
+better: TensorFlow's `get_memory_info` (current and peak), JAX's `memory_stats()` and
+PyTorch's `memory_allocated` / `max_memory_allocated`. Only a framework the job has already
+imported is asked (this imports none); devices are the job's GPUs, and the largest reading
+across them is reported, since a share is a share of one GPU.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+__all__ = ["MEMORY_KEYS", "device_memory", "report"]
+
+MB = 1024 * 1024
+# The metrics keys, in MB: device memory in use now, and the most in use so far.
+MEMORY_KEYS = ("memory_mb", "memory_peak_mb")
+
+Reading = tuple[int, int]  # (bytes in use, peak bytes), one device
+
+
+def _tensorflow(tf: object) -> list[Reading]:
+    config = tf.config  # type: ignore[attr-defined]
+    out = []
+    for i, _ in enumerate(config.list_logical_devices("GPU")):
+        info = config.experimental.get_memory_info(f"GPU:{i}")
+        out.append((int(info["current"]), int(info["peak"])))
+    return out
+
+
+def _jax(jax: object) -> list[Reading]:
+    out = []
+    for device in jax.local_devices():  # type: ignore[attr-defined]
+        stats = device.memory_stats()  # None where the platform keeps none (the CPU)
+        if stats and "bytes_in_use" in stats:
+            in_use = int(stats["bytes_in_use"])
+            out.append((in_use, int(stats.get("peak_bytes_in_use", in_use))))
+    return out
+
+
+def _torch(torch: object) -> list[Reading]:
+    cuda = torch.cuda  # type: ignore[attr-defined]
+    if not cuda.is_initialized():
+        return []  # asking would start CUDA in a job that never used it
+    return [
+        (int(cuda.memory_allocated(i)), int(cuda.max_memory_allocated(i)))
+        for i in range(cuda.device_count())
+    ]
+
+
+READERS: dict[str, Callable[[object], list[Reading]]] = {
+    "tensorflow": _tensorflow,
+    "jax": _jax,
+    "torch": _torch,
+}
+
+
+def device_memory() -> dict[str, float]:
+    """`{"memory_mb": ..., "memory_peak_mb": ...}` from the first framework the job has
+    imported that reports device memory, or {} (no GPU, or no such framework)."""
+    for name, read in READERS.items():
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        try:
+            readings = read(module)
+        except Exception:  # a reading is never worth failing a job's epoch over
+            continue
+        if readings:
+            return {
+                "memory_mb": round(max(r[0] for r in readings) / MB, 1),
+                "memory_peak_mb": round(max(r[1] for r in readings) / MB, 1),
+            }
+    return {}
+
+
+def report() -> None:
+    """Append the device memory now (and the peak) to the job's metrics file, if the job's
+    framework reports any: the start-up hook does at the job's exit."""
+    from gpuhop.runtime import log_metrics
+
+    memory = device_memory()
+    if memory:
+        log_metrics(memory_mb=memory["memory_mb"], memory_peak_mb=memory["memory_peak_mb"])

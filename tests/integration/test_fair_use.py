@@ -1,0 +1,98 @@
+"""Fair use on a team agent (issue 22): agent.toml limits each user's GPUs held at once (a
+job over it waits, and `show` says why, while other users' jobs go past it) and queued jobs
+(over it, a submit is refused with 429). A real agent with a TLS listener and two users."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuhop.api import JobState
+from tests.conftest import Agent, wait_until
+from tests.integration import test_tls
+from tests.integration.test_tls import raw_http
+
+remote = test_tls.remote
+SLEEP = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+
+@pytest.fixture(scope="module")
+def tls_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    root = Path(tmp_path_factory.mktemp("fair-agent"))
+    (root / "home").mkdir()
+    (root / "home" / "agent.toml").write_text("user_max_gpus = 1\nuser_max_queued = 2\n")
+    agent = Agent(root / "home", root / "cache", 3, args=("--listen", "127.0.0.1:0"))
+    try:
+        yield agent.start()
+    finally:
+        agent.shutdown()
+
+
+@pytest.fixture(scope="module")
+def tokens(tls_agent: Agent) -> dict[str, str]:
+    with tls_agent.client() as owner:
+        return {
+            "alice": owner.create_token("alice").token,
+            "bob": owner.create_token("bob").token,
+            "carol": owner.create_token("carol", admin=True).token,
+        }
+
+
+def test_a_user_over_the_gpu_limit_waits_and_over_the_queue_limit_is_refused(
+    tls_agent, tokens, remote
+):
+    submitted: list[str] = []
+    try:
+        with (
+            raw_http(tls_agent, tokens["alice"]) as alice,
+            raw_http(tls_agent, tokens["bob"]) as bob,
+        ):
+
+            def submit(http, **fields):
+                r = http.post("/v1/jobs", json={"command": SLEEP, **fields})
+                if r.status_code == 201:
+                    submitted.append(r.json()["id"])
+                return r
+
+            def state(http, job_id):
+                return http.get(f"/v1/jobs/{job_id}").json()
+
+            first = submit(alice, gpus=1).json()["id"]
+            wait_until(lambda: state(alice, first)["state"] == "running")
+            second = submit(alice, gpus=1).json()["id"]
+            why = wait_until(lambda: state(alice, second)["waiting"])
+            assert "alice holds 1 GPU(s)" in why and "limit is 1 per user" in why
+            # Bob's job, queued after it, is not held back by alice's waiting one.
+            theirs = submit(bob, gpus=1).json()["id"]
+            wait_until(lambda: state(bob, theirs)["state"] == "running")
+            assert state(alice, second)["state"] == "queued"
+            # A CPU job holds no GPU: it runs whatever alice's GPUs.
+            cpu = submit(alice).json()["id"]
+            wait_until(lambda: state(alice, cpu)["state"] == "running")
+            # Two queued: the third is refused, naming the limit.
+            assert submit(alice, gpus=1).status_code == 201
+            refused = submit(alice, gpus=1)
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["code"] == "too_many"
+            assert "alice already has 2 job(s) queued" in refused.json()["message"]
+            assert "user_max_queued" in refused.json()["message"]
+            assert submit(bob).status_code == 201  # bob's queue is his own
+            # A job that alone asks for more than the limit could never start: refused.
+            greedy = submit(bob, gpus=2)
+            assert greedy.status_code == 400 and "at most 1 at once" in greedy.json()["message"]
+        # `gpuhop show` tells alice why her job waits.
+        remote(tokens["alice"]).close()  # writes the remote 'team' for the CLI
+        env = {**os.environ, "GPUHOP_REMOTE": "team", "GPUHOP_TOKEN": tokens["alice"]}
+        shown = tls_agent.cli("show", second, env=env)
+        assert shown.returncode == 0, shown.stderr
+        assert "waiting" in shown.stdout and "limit is 1 per user" in shown.stdout
+        with tls_agent.client() as owner:
+            assert owner.job(second).state == JobState.queued
+    finally:
+        with raw_http(tls_agent, tokens["carol"]) as carol:
+            for job_id in submitted:
+                carol.post(f"/v1/jobs/{job_id}/cancel", params={"grace": 0})

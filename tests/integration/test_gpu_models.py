@@ -1,0 +1,55 @@
+"""GPUs that match (issue 22): a job asking for several GPUs gets GPUs of one model, waiting
+rather than mixing unless it allows mixed GPUs; `gpus` shows each GPU's model. Fake GPUs of
+two models, interleaved so that the lowest free indices are never alike."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuhop.api import JobState
+from gpuhop.client import GpuhopError
+from tests.conftest import wait_until
+
+MODELS = "A100,V100,A100,V100"
+SLEEP = "import time; time.sleep(120)"
+
+
+def test_multi_gpu_jobs_get_one_model_or_wait_unless_mixed(make_agent, project):
+    agent = make_agent(fake_gpus=4, args=("--fake-gpu-models", MODELS))
+    root = project({"sleep.py": SLEEP})
+    listed = agent.cli("gpus")
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[1] for line in listed.stdout.splitlines()[1:]] == MODELS.split(",")
+    with agent.client() as client:
+
+        def run(gpus: int, **more):
+            return client.submit(["sleep.py"], workdir=root, gpus=gpus, **more)
+
+        def started(job):
+            """The job's info once it runs."""
+            return wait_until(lambda: (info := job.refresh()).state == JobState.running and info)
+
+        pair = started(run(2))
+        assert pair.gpu_ids == [0, 2]  # both A100s, not GPUs 0 and 1
+        with pytest.raises(GpuhopError) as three:
+            run(3)
+        assert three.value.status == 400
+        assert "at most 2 alike (2 x A100, 2 x V100)" in three.value.message
+        assert "--mixed-gpus" in three.value.message
+        client.job(pair.id).cancel(grace=0)
+        wait_until(lambda: client.job(pair.id).state.finished)
+        # GPU 0 (A100) and 1 (V100) busy: the two free ones are of two models.
+        singles = [started(run(1)) for _ in range(2)]
+        assert sorted(g for s in singles for g in s.gpu_ids) == [0, 1]
+        mixed = started(run(2, mixed_gpus=True))
+        assert mixed.gpu_ids == [2, 3] and mixed.mixed_gpus
+        client.job(mixed.id).cancel(grace=0)
+        wait_until(lambda: client.job(mixed.id).state.finished)
+        alike = run(2)
+        why = wait_until(lambda: alike.refresh().waiting)
+        assert "no 2 free GPUs of one model" in why
+        shown = agent.cli("show", alike.id)
+        assert "no 2 free GPUs of one model" in shown.stdout
+        a100 = next(s for s in singles if s.gpu_ids == [0])
+        client.job(a100.id).cancel(grace=0)
+        assert started(alike).gpu_ids == [0, 2]

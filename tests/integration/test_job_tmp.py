@@ -1,0 +1,86 @@
+"""Inside a job: its own /tmp (private, gone when it ends), and its own interpreter first on
+PATH. A real agent runs the jobs in their namespaces; its state dir is under /tmp (as a
+user's may be), which the job's private /tmp must not hide from it."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuhop.client import GpuhopError
+from tests.conftest import Agent, wait_until
+
+
+@pytest.fixture(scope="module")
+def agent_in_tmp() -> Iterator[Agent]:
+    root = Path(tempfile.mkdtemp(prefix="gpuhop-test-", dir="/tmp"))
+    agent = Agent(root / "home", root / "cache", None).start()
+    try:
+        yield agent
+    finally:
+        agent.shutdown()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# Writes its name into /tmp/<dir>/who, waits for the test's go-ahead (a file the test puts
+# in the job's artifacts dir), then says whose name it finds there.
+HOLDER = """
+import os, sys, tempfile, time
+name, ckpt = sys.argv[1], os.path.join("/tmp", sys.argv[2])
+print("found before:", os.listdir(ckpt) if os.path.exists(ckpt) else None, flush=True)
+os.makedirs(ckpt)
+with open(os.path.join(ckpt, "who"), "w") as f:
+    f.write(name)
+print("TMPDIR:", os.environ["TMPDIR"], tempfile.gettempdir(), flush=True)
+print("ready", flush=True)
+go = os.path.join(os.environ["GPUHOP_ARTIFACTS_DIR"], "go")
+while sys.argv[3:] == ["--wait"] and not os.path.exists(go):
+    time.sleep(0.05)
+with open(os.path.join(ckpt, "who")) as f:
+    print("found after:", f.read(), flush=True)
+"""
+
+
+def test_two_jobs_writing_the_same_tmp_path_see_only_their_own(agent_in_tmp, project):
+    ckpt = f"ckpt-{uuid.uuid4().hex[:8]}"  # unique on this machine's shared /tmp
+    root = project({"hold.py": HOLDER})
+    with agent_in_tmp.client() as client:
+        first = client.submit(["hold.py", "first", ckpt, "--wait"], workdir=root)
+        try:
+            wait_until(lambda: b"ready" in b"".join(first.logs()), timeout=60)
+            second = client.submit(["hold.py", "second", ckpt], workdir=root)
+            assert second.wait(timeout=60).state.value == "succeeded"
+            (agent_in_tmp.paths.jobs / first.id / "artifacts" / "go").touch()
+            assert first.wait(timeout=60).state.value == "succeeded"
+        finally:
+            with contextlib.suppress(GpuhopError):  # already ended, as it should have
+                first.cancel(grace=0)
+        logs = [b"".join(job.logs()).decode() for job in (first, second)]
+
+    for log, name in zip(logs, ("first", "second"), strict=True):
+        assert "found before: None" in log  # neither saw the other's /tmp/ckpt
+        assert f"found after: {name}" in log
+        assert "TMPDIR: /tmp /tmp" in log
+    # Nothing of theirs is left in the host's /tmp, nor in their job dirs.
+    assert not (Path("/tmp") / ckpt).exists()
+    for job in (first, second):
+        assert not (agent_in_tmp.paths.jobs / job.id / "tmp").exists()
+
+
+def test_python_in_a_jobs_shell_is_the_jobs_interpreter(agent_in_tmp, tmp_path):
+    run = agent_in_tmp.cli(
+        "run", "sh", "-c", "python -c 'import sys; print(sys.executable)'; pip --version",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    # The agent's interpreter (the one the tests run with), and its pip.
+    lines = run.stdout.splitlines()
+    assert lines[0] == sys.executable
+    assert str(Path(sys.executable).parent.parent) in lines[1]

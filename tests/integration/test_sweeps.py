@@ -1,0 +1,89 @@
+"""Sweeps and arrays (issue 22): one job per combination, one synced tree, the agent holding
+a sweep to --max-parallel runs at once, and `sweep show`'s table sorted by a metric."""
+
+from __future__ import annotations
+
+import json
+
+from gpuhop.api import JobState
+from tests.conftest import wait_until
+
+TRAIN = """
+import json, os, sys, time
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+lr, batch = float(args["--lr"]), int(args["--batch"])
+time.sleep(0.3)
+with open(os.environ["GPUHOP_METRICS_FILE"], "a") as f:
+    f.write(json.dumps({"epoch": 1, "val_loss": lr * batch}) + "\\n")
+"""
+
+
+def most_at_once(runs) -> int:
+    """The most runs whose [start, end] intervals overlap at one moment (from the records)."""
+    edges = sorted(
+        [(r.started_at, 1) for r in runs] + [(r.ended_at, -1) for r in runs],
+        key=lambda e: (e[0], e[1]),  # an end before a start at the same instant
+    )
+    now = peak = 0
+    for _, step in edges:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def test_a_sweep_of_six_runs_at_most_two_at_once_and_shows_one_table(make_agent, project):
+    agent = make_agent(fake_gpus=2)
+    root = project({"train.py": TRAIN})
+
+    done = agent.cli(
+        "sweep", "-p", "lr=0.1,0.01,0.001", "-p", "batch=32,64", "--max-parallel", "2",
+        "--name", "grid", "train.py", "--lr", "{lr}", "--batch", "{batch}",
+        cwd=root,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr
+    assert "6 runs queued" in done.stderr and "6 succeeded" in done.stderr
+    with agent.client() as client:
+        runs = client.sweep_runs("grid")
+        assert len(runs) == 6 and {r.state for r in runs} == {JobState.succeeded}
+        assert {r.name for r in runs} == {
+            f"grid[lr={lr},batch={b}]" for lr in ("0.1", "0.01", "0.001") for b in (32, 64)
+        }
+        assert {r.max_parallel for r in runs} == {2} and len({r.sweep for r in runs}) == 1
+        assert most_at_once(runs) <= 2
+        # The runs shared one tree: the agent holds one tree, and one copy of train.py.
+        assert len(list(agent.paths.trees.iterdir())) == 1
+    table = agent.cli("sweep", "show", "grid", "--metric", "val_loss", cwd=root)
+    assert table.returncode == 0, table.stderr
+    rows = [line for line in table.stdout.splitlines() if line.startswith("grid[")]
+    assert len(rows) == 6
+    # Sorted by val_loss, lowest first: lr=0.001 with batch 32 is the best run.
+    assert rows[0].startswith("grid[lr=0.001,batch=32]") and "0.032" in rows[0]
+    assert rows[-1].startswith("grid[lr=0.1,batch=64]") and "6.4" in rows[-1]
+    as_json = json.loads(agent.cli("sweep", "show", "grid", "--json", cwd=root).stdout)
+    assert len(as_json) == 6
+
+
+def test_an_array_sets_its_index_and_a_bad_sweep_is_refused(make_agent, project):
+    agent = make_agent()
+    root = project(
+        {"echo.py": "import os, sys; print('index', os.environ['GPUHOP_ARRAY_INDEX'], sys.argv[1])"}
+    )
+
+    done = agent.cli("sweep", "--array", "3", "-n", "arr", "-d", "echo.py", "i{index}", cwd=root)
+
+    assert done.returncode == 0, done.stderr
+    sweep_id = done.stdout.strip()
+    with agent.client() as client:
+
+        def finished():
+            runs = client.sweep_runs(sweep_id)
+            return runs if len(runs) == 3 and all(r.state.finished for r in runs) else None
+
+        runs = wait_until(finished)
+        logs = sorted(b"".join(client.job(r.id).logs()).decode().strip() for r in runs)
+    assert logs == ["index 0 i0", "index 1 i1", "index 2 i2"]
+    unused = agent.cli("sweep", "-p", "lr=1,2", "echo.py", "x", cwd=root)
+    assert unused.returncode != 0 and "parameter lr is not used in the command" in unused.stderr
+    unknown = agent.cli("sweep", "show", "no-such-sweep", cwd=root)
+    assert unknown.returncode != 0 and "no sweep matches 'no-such-sweep'" in unknown.stderr

@@ -1,0 +1,202 @@
+"""What a job writes in its work dir comes back: a real agent, real jobs, the SDK and the CLI.
+
+The job writes where tutorials write (`./my_model.keras`, `training_1/cp.ckpt...`), changes
+one synced file, rewrites another with the same bytes, imports a local module (Python's
+`__pycache__`), and leaves a link out and a name that is not UTF-8: only the new and changed
+files are listed, and a pull puts them where the script would have left them locally,
+never over a local edit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import httpx
+import pytest
+
+from gpuhop.api import JobState
+from gpuhop.client import GpuhopError
+from tests.conftest import wait_until
+
+JOB = """
+import os, helper
+open("my_model.keras", "wb").write(b"k" * 3000)
+os.makedirs("training_1", exist_ok=True)
+open("training_1/cp.ckpt.index", "wb").write(b"i" * 10)
+open("config.txt", "w").write("lr=0.2\\n")        # same size as synced, other content
+open("same.txt", "w").write("unchanged\\n")       # rewritten with the synced bytes
+open("grown.txt", "a").write("more\\n")
+os.symlink("/etc/passwd", "leak")
+open(os.fsdecode(b"bad-\\xff"), "w").write("x")
+open(os.path.join(os.environ["GPUHOP_ARTIFACTS_DIR"], "report.txt"), "w").write("ok")
+"""
+
+
+def raw(agent) -> httpx.Client:
+    return httpx.Client(
+        transport=httpx.HTTPTransport(uds=str(agent.paths.socket)), base_url="http://gpuhop"
+    )
+
+
+def _project(project):
+    return project(
+        {
+            "job.py": JOB,
+            "helper.py": "X = 1\n",
+            "config.txt": "lr=0.1\n",
+            "same.txt": "unchanged\n",
+            "grown.txt": "a\n",
+        }
+    )
+
+
+def test_new_and_changed_files_are_listed_and_pulled_home(shared_agent, project, tmp_path):
+    root = _project(project)
+    with shared_agent.client() as client:
+        job = client.submit(["job.py"], workdir=root)
+        assert job.wait(60).state == JobState.succeeded, b"".join(job.logs()).decode()
+        listed = {e.path: e for e in job.workdir_outputs()}
+        assert sorted(listed) == [
+            "config.txt",
+            "grown.txt",
+            "my_model.keras",
+            "training_1/cp.ckpt.index",
+        ]
+        assert listed["my_model.keras"].base is None and listed["my_model.keras"].size == 3000
+        assert listed["config.txt"].base is not None
+
+        (root / "grown.txt").write_text("edited here\n")  # a local edit since the sync
+        plan = job.plan_pull(tmp_path / "arts", workdir=root)
+        assert plan.kept == [root / "grown.txt"]
+        files = job.pull(tmp_path / "arts", workdir=root)
+        assert (root / "my_model.keras").read_bytes() == b"k" * 3000
+        assert (root / "training_1" / "cp.ckpt.index").read_bytes() == b"i" * 10
+        assert (root / "config.txt").read_text() == "lr=0.2\n"  # still as synced: replaced
+        assert (root / "grown.txt").read_text() == "edited here\n"  # the local edit is kept
+        assert (tmp_path / "arts" / "report.txt").read_text() == "ok"
+        assert len(files) == 4
+        assert not (root / "leak").exists() and not (root / "same.txt.gpuhop-part").exists()
+
+        again = job.plan_pull(tmp_path / "arts", workdir=root)
+        assert again.todo == []  # everything is here already
+
+        job.pull(None, workdir=root, overwrite=True)
+        assert (root / "grown.txt").read_text() == "a\nmore\n"
+
+        with raw(shared_agent) as http:
+            leak = http.get(f"/v1/jobs/{job.id}/workdir/leak")
+            up = http.get(f"/v1/jobs/{job.id}/workdir/..%2Fdeps.json")
+            missing = http.get(f"/v1/jobs/{job.id}/workdir/nothing-here")
+    assert leak.status_code == 400 and "leads out" in leak.json()["message"]
+    assert up.status_code in (400, 404)
+    assert missing.status_code == 404 and "nothing-here" in missing.json()["message"]
+
+
+def test_cli_pull_brings_back_both_and_only_picks_one(shared_agent, project, tmp_path):
+    root = _project(project)
+    run = shared_agent.cli(
+        "run", "--no-progress", "--pull", str(tmp_path / "arts"), "job.py", cwd=root
+    )
+    assert run.returncode == 0, run.stderr
+    assert "pulled 1 artifact file(s)" in run.stderr
+    assert "pulled 4 file(s) the job wrote in its work dir" in run.stderr
+    assert "kept" not in run.stderr
+    assert (root / "my_model.keras").stat().st_size == 3000
+
+    job_id = re.search(r"job (\w+) succeeded", run.stderr).group(1)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    only = shared_agent.cli("pull", job_id, "--only", "workdir", cwd=elsewhere)
+    assert only.returncode == 0, only.stderr
+    assert sorted(os.listdir(elsewhere)) == [
+        "config.txt",
+        "grown.txt",
+        "my_model.keras",
+        "training_1",
+    ]
+    arts = shared_agent.cli("pull", job_id, "--only", "artifacts", "-o", "a", cwd=elsewhere)
+    assert arts.returncode == 0, arts.stderr
+    assert (elsewhere / "a" / "report.txt").read_text() == "ok"
+    assert "work dir" not in arts.stderr
+
+
+def test_run_warns_once_about_training_outputs_in_the_synced_tree(shared_agent, project):
+    root = project(
+        {
+            "job.py": "print('hi')\n",
+            "my_model.keras": "k" * (1 << 20),
+            "export/v1/saved_model.pb": "pb",
+            "export/v1/variables/variables.index": "ix",
+            "logs/events.out.tfevents.1.host": "e",
+            "notes.txt": "small and not an output",
+        }
+    )
+    first = shared_agent.cli("run", "--no-progress", "job.py", cwd=root)
+    assert first.returncode == 0, first.stderr
+    said = " ".join(first.stderr.split())
+    assert "look like training outputs" in said
+    assert "export/v1/, logs/events.out.tfevents.1.host, my_model.keras" in said
+    lines = first.stderr.split(".gpuhopignore:")[1].split("gpuhop:")[0].split()
+    assert lines == ["*.keras", "/export/v1/", "events.out.tfevents.*"]
+    again = shared_agent.cli("run", "--no-progress", "job.py", cwd=root)
+    assert again.returncode == 0 and "training outputs" not in again.stderr  # said once
+
+    (root / ".gpuhopignore").write_text("\n".join(lines) + "\n")
+    skipped = shared_agent.cli("run", "--no-progress", "job.py", cwd=root)
+    assert (
+        "training outputs" not in skipped.stderr and "synced 3 files" in skipped.stderr
+    )  # job.py, notes.txt, .gpuhopignore
+
+
+def test_serve_finds_a_savedmodel_the_job_wrote_in_its_work_dir(shared_agent, project):
+    root = project(
+        {
+            "job.py": "import os\n"
+            "for d in ('export/a', 'export/b'):\n"
+            "    os.makedirs(d)\n"
+            "    open(d + '/saved_model.pb', 'wb').write(b'pb ' + d.encode())\n",
+            "synced/saved_model.pb": "sent with the job: not one the job made",
+        }
+    )
+    with shared_agent.client() as client:
+        job = client.submit(["job.py"], workdir=root)
+        assert job.wait(60).state == JobState.succeeded
+        with pytest.raises(GpuhopError) as two:
+            client.serve(job, name="m", wait=False)
+        assert "2 SavedModels (export/a (work dir), export/b (work dir))" in two.value.message
+        model = client.serve(f"{job.id}:export/a", name="m", wait=False)
+        try:
+            assert model.info.source == f"job {job.id}:export/a (work dir)"
+            jobs = shared_agent.paths.jobs
+            linked = jobs / model.info.job / "work" / "model" / "saved_model.pb"
+            original = jobs / job.id / "work" / "export" / "a" / "saved_model.pb"
+            assert os.stat(linked).st_ino == os.stat(original).st_ino
+        finally:
+            model.job.cancel(grace=1)
+            model.job.wait(timeout=30)
+
+
+def test_a_running_jobs_work_dir_files_wait_until_it_has_ended(shared_agent, project, tmp_path):
+    root = project(
+        {
+            "job.py": "import os, sys, time\n"
+            "open('out.txt', 'w').write('x')\n"
+            "while not os.path.exists(sys.argv[1]):\n"
+            "    time.sleep(0.05)\n"
+        }
+    )
+    release = tmp_path / "release"
+    with shared_agent.client() as client, raw(shared_agent) as http:
+        job = client.submit(["job.py", str(release)], workdir=root)
+        try:
+            wait_until(lambda: (shared_agent.paths.job_dir(job.id) / "work/out.txt").exists())
+            plan = job.plan_pull(None, workdir=tmp_path / "here")
+            early = http.get(f"/v1/jobs/{job.id}/workdir/out.txt")
+        finally:
+            release.touch()
+        assert job.wait(60).state == JobState.succeeded
+        later = job.plan_pull(None, workdir=tmp_path / "here")
+    assert plan.todo == [] and "come back once it has ended" in (plan.workdir_note or "")
+    assert early.status_code == 409 and "running" in early.json()["message"]
+    assert [e.path for _, e, _ in later.todo] == ["out.txt"]

@@ -1,0 +1,129 @@
+"""Which hosts a notification may reach (the SSRF rule) and what a webhook is sent."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuhop.agent.jobs.notifier import HostRule, payload
+from gpuhop.agent.jobs.records import JobRecord
+from gpuhop.agent.storage.policy import Policy, PolicyError
+from gpuhop.api import JobState
+from gpuhop.api.models import check_webhook_url
+
+
+def record(**more: object) -> JobRecord:
+    fields: dict = dict(
+        id="abcd1234",
+        name="grid[lr=0.1]",
+        state=JobState.failed,
+        command=["train.py"],
+        env={},
+        gpus=1,
+        priority=0,
+        gpu_ids=[0],
+        attempt=1,
+        created_at=100.0,
+        started_at=110.0,
+        ended_at=170.5,
+        exit_code=3,
+        reason="exited with code 3 after 1 min",
+        owner="alice",
+    )
+    fields.update(more)
+    return JobRecord(**fields)
+
+
+def test_a_slack_incoming_webhook_gets_only_a_text():
+    body = payload(record(), "failed", "https://hooks.slack.com/services/T0/B0/x", {"loss": 0.5})
+
+    assert body == {
+        "text": "gpuhop: job abcd1234 (grid[lr=0.1]) of alice failed: exited with code 3"
+        " after 1 min; loss=0.5"
+    }
+
+
+def test_another_webhook_gets_the_jobs_facts_as_json():
+    body = payload(record(), "failed", "https://ci.example.com/hook", {"loss": 0.5, "epoch": 2})
+
+    job = body["job"]
+    assert body["event"] == "failed" and body["text"].startswith("gpuhop: job abcd1234")
+    assert (job["id"], job["owner"], job["state"], job["exit_code"]) == (
+        "abcd1234",
+        "alice",
+        "failed",
+        3,
+    )
+    assert job["duration_s"] == 60.5 and job["metrics"] == {"loss": 0.5, "epoch": 2}
+    assert job["end_class"] is None  # an agent without failure classes
+
+
+def test_a_start_says_started_and_no_reason_even_if_the_job_has_ended_since():
+    body = payload(record(state=JobState.succeeded), "started", "http://x.example/", None)
+    assert body["event"] == "started" and "exited" not in body["text"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8000/",
+        "http://[::1]/",
+        "http://169.254.169.254/latest/meta-data",  # a cloud's metadata service
+        "http://192.168.1.10/",
+        "http://0.0.0.0:9000/",
+        "http://localhost/",
+        "http://agent.localhost/",
+    ],
+)
+def test_with_no_allow_list_loopback_private_and_link_local_hosts_are_refused(url: str):
+    assert HostRule().refusal(url, resolve=False) is not None
+
+
+def test_with_no_allow_list_a_public_host_passes():
+    assert HostRule().refusal("https://93.184.216.34/hook", resolve=False) is None
+    assert HostRule().refusal("https://hooks.slack.com/services/x", resolve=False) is None
+
+
+def test_an_allow_list_takes_only_its_hosts_ports_and_domains():
+    rule = HostRule(["127.0.0.1:9000", "*.example.com", "hooks.slack.com"])
+
+    assert rule.refusal("http://127.0.0.1:9000/x", resolve=True) is None
+    assert rule.refusal("https://ci.example.com/x", resolve=True) is None
+    assert rule.refusal("https://hooks.slack.com/x", resolve=True) is None
+    assert "not among" in (rule.refusal("http://127.0.0.1:9001/x", resolve=True) or "")
+    assert "not among" in (rule.refusal("https://evil.com/x", resolve=True) or "")
+    assert "not among" in (rule.refusal("https://example.com.evil.com/", resolve=True) or "")
+
+
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("ftp://example.com/", "only http:// and https://"),
+        ("http:///nohost", "only http:// and https://"),
+        ("https://user:pw@example.com/", "credentials"),
+        ("https://example.com:99999/", "notify URL"),
+        ("https://example.com/a b", "spaces"),
+    ],
+)
+def test_bad_webhook_urls_are_named(url: str, why: str):
+    with pytest.raises(ValueError, match=why):
+        check_webhook_url(url)
+
+
+def test_agent_toml_takes_notify_lists_and_user_limits():
+    policy = Policy().with_settings(
+        {
+            "notify": ["https://hooks.slack.com/services/x"],
+            "notify_allowed_hosts": ["hooks.slack.com"],
+            "user_max_gpus": 2,
+            "user_max_queued": 10,
+        },
+        "agent.toml",
+    )
+    assert policy.notify == ("https://hooks.slack.com/services/x",)
+    assert (policy.user_max_gpus, policy.user_max_queued) == (2, 10)
+    with pytest.raises(PolicyError, match="notify"):
+        Policy().with_settings({"notify": "https://x"}, "agent.toml")
+    with pytest.raises(PolicyError, match="only http"):
+        Policy().with_settings({"notify": ["file:///x"]}, "agent.toml")
+    with pytest.raises(PolicyError, match="negative"):
+        Policy().with_settings({"user_max_gpus": -1}, "agent.toml")
