@@ -20,6 +20,7 @@ import datasets
 import forward
 import load
 import logs
+import memory
 import overhead
 import resync
 import serving
@@ -39,6 +40,7 @@ BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "forward": forward.run,
     "datasets": datasets.run,
     "load": load.run,
+    "memory": memory.run,
     "serving": serving.run,
     "tfops": tfops.run,
     "ray_backend": ray_backend.run,

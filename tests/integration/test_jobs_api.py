@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import stat
 from pathlib import Path
 
@@ -259,13 +260,76 @@ class TestBadInput:
     def test_oversized_tree(self, shared_agent):
         from gpuhop.agent.server.routers.trees import MAX_TREE_BYTES
 
+        tmp = shared_agent.home / "tmp"
         with raw(shared_agent) as http:
             r = http.post(
                 "/v1/trees",
                 content=b"[" + b" " * (MAX_TREE_BYTES + 1),
                 headers={"content-type": "application/json"},
             )
-        assert r.status_code == 413 and r.json()["code"] == "too_large"
+            assert r.status_code == 413 and r.json()["code"] == "too_large"
+            message = r.json()["message"]
+            assert f"over {MAX_TREE_BYTES >> 20} MiB" in message and ".gpuhopignore" in message
+            # The agent goes on answering, trees included, and kept nothing of that one.
+            assert http.get("/v1/jobs").status_code == 200
+            entry = {"path": "x.py", "digest": "ab" * 32, "size": 3}
+            assert http.post("/v1/trees", json={"entries": [entry]}).status_code == 409
+        assert not any(p.name.startswith("tree-") for p in tmp.iterdir())
+
+    def test_oversized_dataset_manifest(self, shared_agent):
+        from gpuhop.agent.server.routers.trees import MAX_TREE_BYTES
+
+        with raw(shared_agent) as http:
+            r = http.post(
+                "/v1/datasets/huge",
+                content=b"[" + b" " * (MAX_TREE_BYTES + 1),
+                headers={"content-type": "application/json"},
+            )
+            assert r.status_code == 413 and r.json()["code"] == "too_large"
+            assert "manifest (the list of its files) is over 64 MiB" in r.json()["message"]
+            assert http.get("/v1/datasets/huge").status_code == 404
+
+    def test_a_tree_sent_slowly_holds_up_no_other_tree(self, shared_agent):
+        # One client sends half a tree and stops; another's tree is checked meanwhile.
+        stalled = socket.socket(socket.AF_UNIX)
+        try:
+            stalled.connect(str(shared_agent.paths.socket))
+            stalled.sendall(
+                b"POST /v1/trees HTTP/1.1\r\nHost: gpuhop\r\ncontent-type: application/json\r\n"
+                b"content-length: 100000\r\n\r\n" + b'{"entries": [' + b" " * 70_000
+            )
+            entry = {"path": "x.py", "digest": "ab" * 32, "size": 3}
+            with raw(shared_agent) as http:
+                r = http.post("/v1/trees", json={"entries": [entry]}, timeout=30)
+            assert r.status_code == 409 and r.json()["code"] == "missing_blobs"
+        finally:
+            stalled.close()
+
+    @pytest.mark.parametrize(
+        ("body", "words"),
+        [
+            (b'{"entries": [], "extra": 1}', "extra: a tree has no such field"),
+            (b'{"entries": [], "entries": []}', "entries: given twice"),
+            (b"{}", "entries: Field required"),
+            (b'{"entries": {}}', "expected the list of entries"),
+            (b'{"entries": [{"path": "a"', "entries.0 is not valid JSON"),
+            (b'{"entries": []} []', "more follows its end"),
+            (b'{"entries": ["\xe9"]}', "not valid UTF-8"),
+            (
+                b'{"entries": [{"path": "\\ud800", "digest": "' + b"0" * 64 + b'", "size": 1}]}',
+                "entries.0.path: path is not valid text: it holds a lone surrogate",
+            ),
+            (
+                b'{"entries": [{"path": "a", "digest": "' + b"0" * 64 + b'", "size": -1}]}',
+                "entries.0.size",
+            ),
+        ],
+    )
+    def test_trees_that_are_not_trees(self, shared_agent, body, words):
+        with raw(shared_agent) as http:
+            r = http.post("/v1/trees", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 422, r.text
+        assert r.json()["code"] == "bad_request" and words in r.json()["message"], r.text
 
     def test_unknown_fields_and_malformed_json(self, shared_agent):
         with raw(shared_agent) as http:

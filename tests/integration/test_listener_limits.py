@@ -22,7 +22,12 @@ import httpx
 import pytest
 
 from gpuhop.agent.server.guard import HANDSHAKE_TIMEOUT, PER_ADDRESS
-from gpuhop.agent.server.protocol import HEAD_TIMEOUT, KEEP_ALIVE_TIMEOUT, MAX_HEAD_BYTES
+from gpuhop.agent.server.protocol import (
+    BODY_WINDOW,
+    HEAD_TIMEOUT,
+    KEEP_ALIVE_TIMEOUT,
+    MAX_HEAD_BYTES,
+)
 from tests.conftest import Agent, wait_until
 
 pytestmark = pytest.mark.timeout(180)
@@ -262,3 +267,55 @@ def test_a_flood_of_unauthenticated_requests_writes_few_log_lines(agent):
     assert 1 <= len(refused) <= windows + 1, refused
     assert len(invalid) <= windows + 1, invalid
     assert len(written) <= 2 * windows + 4, written
+
+
+def test_a_body_sent_a_byte_a_second_is_cut_off_and_the_socket_answers(agent):
+    _, files_before = report("before the slow bodies", agent)
+    with agent.client() as owner:
+        token = owner.create_token("slowpoke").token
+    head = (
+        b"POST /v1/jobs HTTP/1.1\r\nHost: gpu-box\r\ncontent-type: application/json\r\n"
+        b"Authorization: Bearer " + token.encode() + b"\r\ncontent-length: 100000\r\n\r\n"
+    )
+    slow = []
+    for _ in range(5):
+        sock = tls(agent)
+        sock.sendall(head + b'{"')
+        sock.setblocking(False)  # select may wake for TLS records that hold no data
+        slow.append(sock)
+    try:
+        started = time.monotonic()
+        open_ = set(slow)
+        answers: list[bytes] = []
+        owner_answered = 0
+        with agent.client() as owner:
+            while open_ and time.monotonic() - started < 2 * BODY_WINDOW + 10:
+                for sock in open_:
+                    with contextlib.suppress(OSError):
+                        sock.send(b" ")
+                readable, _, _ = select.select(list(open_), [], [], 1.0)
+                for sock in readable:
+                    try:
+                        got = sock.recv(4096)
+                    except ssl.SSLWantReadError:
+                        continue
+                    except OSError:
+                        got = b""
+                    if got:
+                        answers.append(got)
+                    else:
+                        open_.discard(sock)
+                if open_:  # the Unix socket answers meanwhile
+                    assert owner.info().pid == agent.pid
+                    owner_answered += 1
+        elapsed = time.monotonic() - started
+        assert not open_, f"{len(open_)} slow bodies still open after {elapsed:.0f}s"
+        assert owner_answered >= BODY_WINDOW / 2, owner_answered
+        assert len(answers) == 5 and all(a.startswith(b"HTTP/1.1 408 ") for a in answers), answers
+        assert b"the request body arrived too slowly" in answers[0]
+        report("with 5 slow bodies cut off", agent)
+    finally:
+        for sock in slow:
+            sock.close()
+    wait_until(lambda: open_files(agent.pid) <= files_before + 2, timeout=10)
+    report("after the slow bodies were cut off", agent)

@@ -1,6 +1,6 @@
 """Files as Linux allows them and jobs write them (issue 19): names that are not UTF-8, a
-metrics line longer than a read, a dataset push cut short. Each is refused naming the file
-or skipped, and never stops the agent's answers."""
+metrics line longer than a read, a dataset push cut short. Each is carried byte for byte,
+refused naming the file, or skipped, and never stops the agent's answers."""
 
 from __future__ import annotations
 
@@ -42,11 +42,22 @@ with open(os.environ["GPUHOP_METRICS_FILE"], "w") as f:
 """
 
 
-def test_artifacts_and_metrics_that_once_broke_their_answers(shared_agent, project):
+def test_artifacts_and_metrics_that_once_broke_their_answers(shared_agent, project, tmp_path):
     with shared_agent.client() as client:
         job = client.submit(["a.py"], workdir=project({"a.py": ARTIFACTS + METRICS}))
         assert job.wait(60).state == JobState.succeeded
-        assert [a.path for a in job.artifacts()] == ["good.txt"]
+        # A name that is not UTF-8 is listed (shown escaped) and pulled byte for byte.
+        listed = job.artifacts()
+        assert [(a.path, a.name_bytes()) for a in listed] == [
+            ("caf\\xe9.txt", BAD),
+            ("good.txt", b"good.txt"),
+        ]
+        pull = shared_agent.cli("pull", job.id, "-o", str(tmp_path / "out"))
+        assert pull.returncode == 0, pull.stderr
+        out = os.fsencode(tmp_path / "out")
+        assert sorted(os.listdir(out)) == [BAD, b"good.txt"]
+        with open(os.path.join(out, BAD), "rb") as f:
+            assert f.read() == b"x"
         records: list[dict] = []
         offset = 0
         for _ in range(5):  # a follower reads on from where it stopped

@@ -29,8 +29,9 @@ SLEEP = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep
 WRITE_PAGE = [
     sys.executable,
     "-c",
-    "import os; open(os.path.join(os.environ['GPUHOP_ARTIFACTS_DIR'], 'report.html'), 'w')"
-    ".write('<script>alert(1)</script>')",
+    "import os; d = os.environ['GPUHOP_ARTIFACTS_DIR'];"
+    " open(os.path.join(d, 'report.html'), 'w').write('<script>alert(1)</script>');"
+    " open(os.path.join(os.fsencode(d), b'caf\\xe9.txt'), 'w').write('latin-1')",
 ]
 NOT_ROUTED = {"/ui/login", "/ui/static/{name}"}
 
@@ -181,6 +182,12 @@ def test_an_artifact_is_a_download_never_a_page(owner_http):
     assert r.headers["content-type"] == "application/octet-stream"
     assert r.headers["content-disposition"].startswith("attachment")
     assert r.headers["content-security-policy"].startswith("sandbox")
+    # A name that is not UTF-8: listed with its bytes, and fetched by them.
+    listed = owner_http.get(f"/ui/api/jobs/{job}/artifacts", headers=with_cookie(cookie)).json()
+    odd = next(a for a in listed if a.get("raw"))
+    assert odd["path"] == "caf\\xe9.txt" and odd["raw"] == "caf%E9.txt"
+    r = owner_http.get(f"/ui/api/jobs/{job}/artifacts/{odd['raw']}", headers=with_cookie(cookie))
+    assert r.status_code == 200 and r.content == b"latin-1"
 
 
 def test_a_cancel_wants_the_dashboards_own_header(owner_http):

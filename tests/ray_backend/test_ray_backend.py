@@ -171,3 +171,19 @@ def test_an_agent_with_a_wrong_token_is_refused(ray_cluster, tmp_path):
     assert start.returncode == 2
     assert "refused gpuhop's token" in start.stderr
     assert read_pid(AgentPaths(home)) is None
+
+
+def test_a_team_agent_beside_a_ray_node_of_its_own_user_starts_no_job(ray_agent, project):
+    # The test cluster's nodes run on this host as the agent's user: a job placed on one
+    # could read the agent's state dir. A single-user agent runs jobs (as the tests above
+    # do); once the agent serves a team (tokens of two users), it starts none, saying why.
+    with ray_agent.client() as owner:
+        made = [owner.create_token(user) for user in ("alice", "bob")]
+        try:
+            job = owner.submit(["t.py"], workdir=project({"t.py": "print(1)\n"}))
+            info = job.wait(120)
+            assert info.state == JobState.failed
+            assert "a Ray node runs on this host as the agent's own user" in (info.reason or "")
+        finally:
+            for token in made:
+                owner.revoke_token(token.id)

@@ -8,6 +8,7 @@ import pytest
 
 from gpuhop.agent.services.doctor import Facts, evaluate
 from gpuhop.api import CheckStatus, DoctorCheck, GpuInfo
+from gpuhop.backends.ray.backend import SAME_USER_NODE
 from gpuhop.cli.doctor import exit_code
 
 GIB = 2**30
@@ -208,3 +209,14 @@ def test_a_host_without_namespaces_warns_a_single_user_and_fails_a_team():
     team = verdicts(replace(GPU_HOST, isolation=why, team=True))["job sandbox"]
     assert team[0] == CheckStatus.failed and "no job starts" in team[1]
     assert verdicts(replace(GPU_HOST, team=True))["job sandbox"][0] == CheckStatus.passed
+
+
+def test_on_a_ray_cluster_doctor_says_jobs_are_not_sandboxed():
+    ray = replace(GPU_HOST, ray=True)
+    alone = verdicts(ray)["job sandbox"]
+    assert alone[0] == CheckStatus.passed and "unsandboxed" in alone[1]
+    team = verdicts(replace(ray, team=True))["job sandbox"]
+    assert team[0] == CheckStatus.warning and "not kept apart" in team[1]
+    beside = verdicts(replace(ray, team=True, isolation=SAME_USER_NODE))["job sandbox"]
+    assert beside[0] == CheckStatus.failed and "no job starts" in beside[1]
+    assert "agent's own user" in beside[1]

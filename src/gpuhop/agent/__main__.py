@@ -44,8 +44,16 @@ def main() -> int:
     parser.add_argument("--gc-grace-minutes", type=float, default=None)
     parser.add_argument("--env-keep-days", type=float, default=None)
     parser.add_argument("--storage-quota", default=None, metavar="SIZE")
-    parser.add_argument("--jobs-quota", default=None, metavar="SIZE")
-    parser.add_argument("--log-cap", default=None, metavar="SIZE")
+    parser.add_argument(
+        "--jobs-quota",
+        default=None,
+        metavar="SIZE",
+        help="job dirs in all, checked when a job is submitted (admission only: what a"
+        " running job writes is not held to it; its log is, by --log-cap)",
+    )
+    parser.add_argument(
+        "--log-cap", default=None, metavar="SIZE", help="one job's log; enforced while it runs"
+    )
     args = parser.parse_args()
     if args.fake_gpu_memory is not None and args.fake_gpus is None:
         parser.error("--fake-gpu-memory needs --fake-gpus")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from enum import StrEnum
+from urllib.parse import unquote_to_bytes
 
 from pydantic import Field, field_validator, model_validator
 
@@ -401,9 +402,18 @@ class BlobCheckResult(WireModel):
 
 
 class ArtifactEntry(WireModel):
+    """A file a job left in its artifacts dir. Linux allows any bytes in a name, and JSON
+    carries only text: a name that is not UTF-8 comes as `raw`, its exact bytes
+    percent-encoded, with `path` showing them as `\\xNN` for people. Either way the file is
+    fetched at `artifacts/` + `quote(name_bytes())`."""
+
     path: str
     size: int
     mtime: float
+    raw: str | None = None
+
+    def name_bytes(self) -> bytes:
+        return unquote_to_bytes(self.raw) if self.raw is not None else self.path.encode()
 
 
 class WorkdirEntry(ArtifactEntry):

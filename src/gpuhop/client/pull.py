@@ -15,10 +15,11 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import quote_from_bytes
 
 from gpuhop.api import ArtifactEntry, WorkdirEntry, validate_relpath
 from gpuhop.client.errors import GpuhopError
-from gpuhop.client.session import Session, quote
+from gpuhop.client.session import Session
 
 
 @dataclass
@@ -46,14 +47,17 @@ class PullPlan:
         ]
 
 
-def _target(root: Path, path: str, what: str) -> Path:
+def _target(root: Path, entry: ArtifactEntry, what: str) -> Path:
+    """Where `entry` lands under `root`: its name's own bytes (see ArtifactEntry.raw)."""
+    name = entry.name_bytes()
     try:
-        validate_relpath(path)
+        # Checked with any bytes that are not UTF-8 replaced: the same slashes and dots.
+        validate_relpath(name.decode("utf-8", "replace"))
     except ValueError as e:
         raise GpuhopError(f"agent sent a bad {what} path: {e}", "bad_path") from None
-    target = root / path
+    target = root / os.fsdecode(name)
     if not target.resolve().is_relative_to(root.resolve()):
-        raise GpuhopError(f"{what} {path} would land outside {root}", "bad_path")
+        raise GpuhopError(f"{what} {entry.path} would land outside {root}", "bad_path")
     return target
 
 
@@ -85,7 +89,7 @@ def plan_pull(
         listing = session.request("GET", f"/v1/jobs/{job_id}/artifacts").json()
         for raw in listing:
             art = ArtifactEntry.model_validate(raw)
-            target = _target(root, art.path, "artifact")
+            target = _target(root, art, "artifact")
             if target.is_file() and _same(target, art):
                 out.current.append(("artifacts", target))
             else:
@@ -101,7 +105,7 @@ def plan_pull(
             listing = []
         for raw in listing:
             entry = WorkdirEntry.model_validate(raw)
-            target = _target(root, entry.path, "work-dir file")
+            target = _target(root, entry, "work-dir file")
             if target.is_symlink() or (target.exists() and not target.is_file()):
                 out.kept.append(target)  # never written through a link, nor over a folder
             elif not target.exists():
@@ -133,7 +137,7 @@ def fetch_planned(
         except OSError as e:
             raise GpuhopError(f"cannot make a folder for {target}: {e}", "bad_path") from None
         part = target.with_name(target.name + ".gpuhop-part")
-        url = f"/v1/jobs/{pulled.job_id}/{route}/{quote(entry.path, safe='/')}"
+        url = f"/v1/jobs/{pulled.job_id}/{route}/{quote_from_bytes(entry.name_bytes(), safe='/')}"
         with session.stream("GET", url) as response, open(part, "wb") as f:
             for chunk in response.iter_bytes(1 << 20):
                 f.write(chunk)

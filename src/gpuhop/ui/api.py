@@ -115,11 +115,12 @@ def artifact(ref: str, path: str, request: Request) -> FileResponse:
     c = ctx(request)
     job = jobs_service.find(c, ref, caller_of(request))
     outputs.check_not_pruned(c, job)
-    full = outputs.artifact_path(c, job.id, path)
+    name = outputs.requested_artifact(request.scope["raw_path"])
+    full = outputs.artifact_path(c, job.id, name)
     return FileResponse(
         full,
         media_type="application/octet-stream",
-        filename=full.name,
+        filename=os.fsencode(full.name).decode("utf-8", "replace"),
         content_disposition_type="attachment",
         headers={"Content-Security-Policy": "sandbox; default-src 'none'"},
     )

@@ -12,17 +12,18 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import posixpath
 import shutil
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from gpuhop.agent.jobs.endings import classify
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import JobRecord, JobStore
 from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.treefile import read_entries
 from gpuhop.agent.storage.usage import disk_note
 from gpuhop.api import EndClass, JobState, ManifestEntry, RetryOn
 from gpuhop.backends import jobdeps
@@ -167,23 +168,28 @@ class Supervisor:
             )
 
     def _materialise(self, jp: JobPaths) -> None:
-        entries = (
-            [ManifestEntry(**e) for e in json.loads(jp.tree.read_bytes())["entries"]]
-            if jp.tree.exists()
-            else []
-        )
         for d in (jp.work, jp.artifacts, jp.checkpoints):
             d.mkdir(parents=True, exist_ok=True)
-        # Every path is relative with no '..' (ManifestEntry checks it again here), and the
-        # work dir is new, holding only what is made below: nothing can lead out of it.
-        work = jp.work
-        for parent in sorted({str(Path(e.path).parent) for e in entries}):
-            (work / parent).mkdir(parents=True, exist_ok=True)
-        # One after another: on a 2-core ext4 host, 8 copying threads took 5x longer.
-        for entry in entries:
-            self.blobs.copy_to(entry.digest, work / entry.path, entry.executable)
+        if jp.tree.exists():
+            self._copy_tree(jp)
         # After the last copy: what the job writes later is newer (see services/workdir.py).
         jp.materialised.touch()  # sets the mtime to now on a retry's second making too
+
+    def _copy_tree(self, jp: JobPaths) -> None:
+        # Every path is relative with no '..' (ManifestEntry checks it again here), and the
+        # work dir is new, holding only what is made below: nothing can lead out of it.
+        # The tree is read an entry at a time, and its files copied one after another: on a
+        # 2-core ext4 host, 8 copying threads took 5x longer.
+        work = jp.work
+        made: set[str] = set()
+        with open(jp.tree, "rb") as f:
+            for item in read_entries(f):
+                entry = ManifestEntry.model_validate(item)
+                parent = posixpath.dirname(entry.path)
+                if parent and parent not in made:
+                    (work / parent).mkdir(parents=True, exist_ok=True)
+                    made.add(parent)
+                self.blobs.copy_to(entry.digest, work / entry.path, entry.executable)
 
     # -- watching -------------------------------------------------------------------------
 

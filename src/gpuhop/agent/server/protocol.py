@@ -5,8 +5,11 @@ is for h11 only): a client could send headers for ever, each buffered, before an
 checked. Here a request head (request line and headers) is refused with 431 once it passes
 `MAX_HEAD_BYTES` or `MAX_HEADERS`, and a connection is closed when a head takes longer than
 `HEAD_TIMEOUT` to arrive, counted from the connection's start or from the first byte of a
-request after a keep-alive pause (a client sending a byte at a time gains nothing). uvicorn's
-own `timeout_keep_alive` closes connections idle between requests.
+request after a keep-alive pause (a client sending a byte at a time gains nothing). A body
+must then keep coming: in each `BODY_WINDOW` while it is awaited, at least `MIN_BODY_RATE`
+bytes a second on average, or the request is answered 408 and the connection closed. Windows
+in which the agent itself stopped reading (its buffer full, the route busy) do not count.
+uvicorn's own `timeout_keep_alive` closes connections idle between requests.
 
 `on_lost`, given by the listener's guard (`gpuhop.agent.server.guard`), is called once when
 the connection ends, also after an upgrade to a WebSocket (whose protocol then owns it).
@@ -26,6 +29,8 @@ MAX_HEADERS = 100
 HEAD_TIMEOUT = 10.0
 KEEP_ALIVE_TIMEOUT = 5
 REFUSAL_GRACE = 1.0
+BODY_WINDOW = 10.0
+MIN_BODY_RATE = 1024  # bytes a second, averaged over a window
 
 _431 = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
@@ -33,6 +38,7 @@ _431 = (
     b"content-length: %d\r\n"
     b"connection: close\r\n\r\n%s"
 )
+_408 = _431.replace(b"431 Request Header Fields Too Large", b"408 Request Timeout")
 
 
 class _HeadTooLarge(Exception):
@@ -50,6 +56,11 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._refused = False
         self._too_large_seen = False
+        # While a request's body is awaited: bytes of it in this window, and whether the
+        # agent paused reading in it (then the client is not to blame for a slow window).
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body_bytes = 0
+        self._body_excused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -57,6 +68,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm_head_timer()
+        self._disarm_body_timer()
         try:
             super().connection_lost(exc)
         finally:
@@ -71,6 +83,8 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             if self._head_timer is None:
                 self._arm_head_timer()  # the first bytes of a request after a keep-alive pause
             self._head_bytes += len(data)
+        elif self._body_timer is not None:
+            self._body_bytes += len(data)
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -89,9 +103,12 @@ class BoundedHttpProtocol(HttpToolsProtocol):
             return
         if self._head_bytes is not None and self._head_bytes > MAX_HEAD_BYTES:
             self._refuse_head()  # no end of the head yet, and past the bound
+        if self._body_timer is not None and self.flow.read_paused:
+            self._body_excused = True
 
     def handle_websocket_upgrade(self) -> None:
         self._disarm_head_timer()
+        self._disarm_body_timer()
         self._head_bytes = None
         super().handle_websocket_upgrade()
         upgraded = self.transport.get_protocol()
@@ -127,8 +144,10 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._disarm_head_timer()
         self._head_bytes = None
         super().on_headers_complete()
+        self._arm_body_timer()  # disarmed at once if the request has no body
 
     def on_message_complete(self) -> None:
+        self._disarm_body_timer()
         super().on_message_complete()
         self._head_bytes = 0
 
@@ -167,6 +186,48 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         self._head_timer = None
         if not self.transport.is_closing():
             self.transport.close()
+
+    def _arm_body_timer(self) -> None:
+        self._disarm_body_timer()
+        self._body_bytes = 0
+        self._body_excused = self.flow.read_paused
+        self._body_timer = self.loop.call_later(BODY_WINDOW, self._body_window_ended)
+
+    def _disarm_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_window_ended(self) -> None:
+        self._body_timer = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        # A client that asked to be told to go on (Expect: 100-continue) waits for the route.
+        waiting = cycle is not None and cycle.waiting_for_100_continue
+        if self._body_excused or waiting or self._body_bytes >= MIN_BODY_RATE * BODY_WINDOW:
+            self._arm_body_timer()
+            return
+        self._refused = True
+        # uvicorn's logger: throttled as a flood's lines are (see gpuhop.agent.server.logs).
+        self.logger.warning(
+            "closed a connection from %s: its request body came at under %d bytes a second",
+            self.client[0] if self.client else "?",
+            MIN_BODY_RATE,
+        )
+        if cycle is not None and not cycle.response_started:
+            # The route waiting on the body gets a disconnect, and anything it answers is
+            # dropped: the 408 is the answer.
+            cycle.disconnected = True
+            cycle.message_event.set()
+            message = (
+                f"the request body arrived too slowly (under {MIN_BODY_RATE} bytes a second"
+                f" over {BODY_WINDOW:.0f} s); the connection is closed"
+            ).encode()
+            self.transport.write(_408 % (len(message), message))
+        self.transport.close()
+        transport = self.transport
+        self.loop.call_later(REFUSAL_GRACE, transport.abort)
 
     def _release(self) -> None:
         on_lost, self._on_lost = self._on_lost, None

@@ -133,6 +133,14 @@ def _check_owner(rt: AgentContext, name: str, version: int | None, caller: Calle
 
 def remove(rt: AgentContext, name: str, version: int | None, caller: Caller) -> list[int]:
     _name(name)
+    # The checks and the removal under the name's lock, as for a push: no one else's version
+    # (of a name freed and taken again meanwhile) is removed on the strength of this
+    # caller's own.
+    with rt.datasets.locked(name):
+        return _remove(rt, name, version, caller)
+
+
+def _remove(rt: AgentContext, name: str, version: int | None, caller: Caller) -> list[int]:
     try:
         targets = [rt.datasets.info(name, version).version] if version else None
     except DatasetNotFound as e:

@@ -53,6 +53,7 @@ class Facts:
     # serves a team, which then starts no job.
     isolation: str | None = None
     team: bool = False
+    ray: bool = False  # jobs run on a Ray cluster's nodes, not under this host's sandbox
 
     @property
     def real_gpus(self) -> bool:
@@ -109,6 +110,7 @@ def gather(ctx: AgentContext, report: dict[str, Any]) -> Facts:
         probe=report,
         isolation=ctx.backend.isolation(),
         team=ctx.team(),
+        ray=ctx.backend.name == "ray",
     )
 
 
@@ -351,6 +353,8 @@ def _disk(f: Facts) -> DoctorCheck:
 
 def _sandbox(f: Facts) -> DoctorCheck:
     name = "job sandbox"
+    if f.ray:
+        return _ray_sandbox(f)
     if f.isolation is None:
         detail = (
             "every job runs in its own view of this host (private mount and PID namespaces):"
@@ -367,6 +371,24 @@ def _sandbox(f: Facts) -> DoctorCheck:
         " outlive it. Fine for your own jobs; a team agent starts none"
     )
     return _check(name, CheckStatus.warning, detail, fix)
+
+
+def _ray_sandbox(f: Facts) -> DoctorCheck:
+    name = "job sandbox"
+    if f.isolation is not None:
+        status = CheckStatus.failed if f.team else CheckStatus.warning
+        return _check(name, status, f.isolation + (": no job starts" if f.team else ""))
+    detail = (
+        "jobs run on the Ray cluster's nodes as Ray's user, unsandboxed: each sees that"
+        " user's files and processes on its node (other jobs' there too, and Ray's own), but"
+        " not this agent's state dir"
+    )
+    if f.team:
+        # Not a failure: the README says so, and a team may trust each other with a cluster.
+        return _check(
+            name, CheckStatus.warning, f"{detail}; this team's users are not kept apart there"
+        )
+    return _check(name, CheckStatus.passed, detail)
 
 
 def _major_minor(version: str) -> tuple[int, int]:

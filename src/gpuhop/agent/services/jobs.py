@@ -149,7 +149,7 @@ def _check_command(rt: AgentContext, req: SubmitRequest) -> None:
             rel = validate_relpath(head[2:] if head.startswith("./") else head)
         except ValueError as e:
             raise ApiError(400, ErrorCode.bad_path, f"script: {e}") from None
-        if req.tree is None or rel not in {e["path"] for e in rt.trees.entries(req.tree)}:
+        if req.tree is None or not any(e["path"] == rel for e in rt.trees.entries(req.tree)):
             raise ApiError(
                 400,
                 ErrorCode.bad_request,

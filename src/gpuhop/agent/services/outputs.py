@@ -10,6 +10,7 @@ import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
@@ -125,31 +126,41 @@ def list_artifacts(rt: AgentContext, job_id: str) -> list[ArtifactEntry]:
             full = Path(dirpath) / name
             if full.is_symlink():
                 continue  # a job's links are not followed out of its artifacts dir
-            rel = full.relative_to(root).as_posix()
-            try:
-                rel.encode()
-            except UnicodeEncodeError:
-                # No answer can carry a name that is not UTF-8: leave it out, and say so.
-                shown = os.fsencode(rel).decode("utf-8", "backslashreplace")
-                log.warning(
-                    "job %s: artifact %s is not listed: its name is not UTF-8", job_id, shown
-                )
-                continue
+            rel = os.fsencode(full.relative_to(root).as_posix())
             st = full.stat()
-            out.append(ArtifactEntry(path=rel, size=st.st_size, mtime=st.st_mtime))
+            try:
+                entry = ArtifactEntry(path=rel.decode(), size=st.st_size, mtime=st.st_mtime)
+            except UnicodeDecodeError:
+                # A name that is not UTF-8 travels as its bytes (see ArtifactEntry).
+                entry = ArtifactEntry(
+                    path=rel.decode("utf-8", "backslashreplace"),
+                    raw=quote_from_bytes(rel, safe="/"),
+                    size=st.st_size,
+                    mtime=st.st_mtime,
+                )
+            out.append(entry)
     out.sort(key=lambda a: a.path)
     return out
 
 
-def artifact_path(rt: AgentContext, job_id: str, path: str) -> Path:
+def requested_artifact(raw_path: bytes) -> bytes:
+    """The artifact's name as the request's URL gave it, byte for byte (the router's own
+    `path` is decoded as UTF-8, so a name that is not UTF-8 would come out changed)."""
+    _, _, quoted = raw_path.partition(b"/artifacts/")
+    return unquote_to_bytes(quoted)
+
+
+def artifact_path(rt: AgentContext, job_id: str, name: bytes) -> Path:
+    shown = name.decode("utf-8", "backslashreplace")
     try:
-        validate_relpath(path)
+        # Checked with any bytes that are not UTF-8 replaced: the same slashes and dots.
+        validate_relpath(name.decode("utf-8", "replace"))
     except ValueError as e:
         raise ApiError(400, ErrorCode.bad_path, str(e)) from None
     root = JobPaths(rt.paths.job_dir(job_id)).artifacts.resolve()
-    full = root / path
+    full = root / os.fsdecode(name)
     if full.is_symlink() or not full.resolve().is_relative_to(root):
-        raise ApiError(400, ErrorCode.bad_path, f"artifact {path} leads out of the artifacts dir")
+        raise ApiError(400, ErrorCode.bad_path, f"artifact {shown} leads out of the artifacts dir")
     if not full.is_file():
-        raise not_found(f"job {job_id} has no artifact {path}")
+        raise not_found(f"job {job_id} has no artifact {shown}")
     return full

@@ -11,20 +11,28 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import ValidationError
 
 from gpuhop.agent.errors import ApiError, describe_errors
 from gpuhop.agent.storage.blobs import BlobStore, durable
-from gpuhop.api import ErrorCode, Tree
-from gpuhop.api.models import SHA256_RE
+from gpuhop.agent.storage.treefile import TreeFileError, read_entries
+from gpuhop.api import ErrorCode
+from gpuhop.api.models import MAX_MANIFEST_FILES, SHA256_RE, ManifestEntry
+
+TREE_TOO_LARGE = (
+    "the tree (the list of the work dir's files) is over {mib} MiB, the most the agent"
+    " takes: leave generated or bulky files out of the work dir (.gpuhopignore) and push data"
+    " as a dataset (gpuhop data push)"
+)
 
 
 class TreeError(ValueError):
@@ -78,30 +86,99 @@ class TreeStore:
                 path.unlink(missing_ok=True)
             return st.st_size
 
-    def entries(self, digest: str) -> list[dict]:
-        """The entries of a stored tree (checked on arrival; not re-validated here)."""
-        entries: list[dict] = json.loads(self.path(digest).read_bytes())["entries"]
-        return entries
+    def entries(self, digest: str) -> Iterator[dict[str, Any]]:
+        """The entries of a stored tree, read one at a time (checked on arrival; not
+        re-validated here)."""
+        with open(self.path(digest), "rb") as f:
+            yield from read_entries(f)
 
-    def store(self, raw: bytes) -> tuple[str, Tree]:
-        """Check and keep an uploaded tree. Raises TreeError, MissingBlobs, or pydantic's
-        ValidationError for a body that is not a tree."""
-        tree = Tree.model_validate_json(raw)
-        check_paths([e.path for e in tree.entries])
-        missing = self.blobs.missing([e.digest for e in tree.entries])
+    def receive(self, limit: int, refusal: str = TREE_TOO_LARGE) -> TreeUpload:
+        """A temp file for a tree arriving (see TreeUpload); `store` it, then `close` it."""
+        return TreeUpload(self.tmp, limit, refusal)
+
+    def store(self, upload: TreeUpload) -> tuple[str, TreeSummary]:
+        """Check and keep an uploaded tree, read from its file one entry at a time. Raises
+        TreeError, MissingBlobs, or pydantic's ValidationError for a body that is not a tree."""
+        upload.file.flush()
+        upload.file.seek(0)
+        paths: list[str] = []
+        digests: set[str] = set()
+        size = 0
+        for index, item in enumerate(read_entries(upload.file)):
+            if index >= MAX_MANIFEST_FILES:
+                raise TreeFileError(f"entries: a tree lists at most {MAX_MANIFEST_FILES} files")
+            try:
+                entry = ManifestEntry.model_validate(item)
+            except ValidationError as e:
+                raise TreeFileError(describe_errors(_at(e, index))) from None
+            paths.append(entry.path)
+            digests.add(entry.digest)
+            size += entry.size
+        files = len(paths)
+        check_paths(paths)
+        del paths
+        missing = self.blobs.missing(sorted(digests))
         if missing:
             raise MissingBlobs(missing)
-        digest = hashlib.sha256(raw).hexdigest()
+        digest = upload.sha256.hexdigest()
         dest = self.path(digest)
         with self._lock:
             self._touched[digest] = time.time()
             if not dest.exists():
-                fd, name = tempfile.mkstemp(dir=self.tmp, prefix="tree-")
-                with os.fdopen(fd, "wb") as f:
-                    f.write(raw)
-                    durable(f)
-                os.replace(name, dest)
-        return digest, tree
+                durable(upload.file)
+                os.replace(upload.name, dest)
+        return digest, TreeSummary(files, size, sorted(digests))
+
+
+@dataclass(frozen=True)
+class TreeSummary:
+    """What the agent keeps of a tree it checked: its figures, not its entries (on disk)."""
+
+    files: int
+    bytes: int
+    digests: list[str]  # each once
+
+
+class TreeTooLarge(Exception):
+    """A body past its cap; the message (`refusal` with the cap in MiB) says what to do."""
+
+
+class TreeUpload:
+    """A manifest's bytes (a tree's, a dataset version's) as they arrive: written to a temp
+    file and hashed, never held whole. Raises TreeTooLarge once they pass `limit`, with
+    `refusal` (a format string of `mib`) as its message."""
+
+    def __init__(self, tmp: Path, limit: int, refusal: str = TREE_TOO_LARGE):
+        self.limit = limit
+        self.refusal = refusal
+        self.size = 0
+        self.sha256 = hashlib.sha256()
+        fd, self.name = tempfile.mkstemp(dir=tmp, prefix="tree-")
+        self.file = os.fdopen(fd, "w+b")
+
+    def write(self, data: bytes) -> None:
+        self.size += len(data)
+        if self.size > self.limit:
+            raise TreeTooLarge(self.refusal.format(mib=self.limit >> 20))
+        self.sha256.update(data)
+        self.file.write(data)
+
+    def read(self) -> bytes:
+        """All of it (for a manifest that is parsed whole)."""
+        self.file.flush()
+        self.file.seek(0)
+        return self.file.read()
+
+    def close(self) -> None:
+        """Drop the temp file (gone already if the tree was stored)."""
+        self.file.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.name)
+
+
+def _at(error: ValidationError, index: int) -> list[dict[str, Any]]:
+    """pydantic's errors for one entry, placed at `entries.INDEX` as for the whole tree."""
+    return [{**e, "loc": ("entries", index, *e["loc"])} for e in error.errors()]
 
 
 def check_paths(paths: list[str], what: str = "tree") -> None:
@@ -127,6 +204,8 @@ def manifest_errors() -> Iterator[None]:
         yield
     except ValidationError as e:
         raise ApiError(422, ErrorCode.bad_request, describe_errors(e.errors())) from None
+    except TreeFileError as e:
+        raise ApiError(422, ErrorCode.bad_request, str(e)) from None
     except TreeError as e:
         raise ApiError(400, ErrorCode.bad_path, str(e)) from None
     except MissingBlobs as e:

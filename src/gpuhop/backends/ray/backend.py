@@ -44,6 +44,12 @@ TF_PORTS_NOTE = (
     " private network namespace (as on the local backend) cannot span hosts, so keep the"
     " Ray cluster on a private network that only its nodes can reach"
 )
+SAME_USER_NODE = (
+    "a Ray node runs on this host as the agent's own user, and jobs on Ray's nodes run"
+    " unsandboxed as that user: a job placed there could read the agent's state dir (its"
+    " tokens, TLS key and job store) and use its socket as the owner. Run Ray on this host as"
+    " another user than the agent's, or keep this host out of the cluster"
+)
 NO_AUTH = (
     "the Ray cluster at {address} does not enforce token authentication, so anyone who can"
     " reach its ports can run code on every node. Restart it with RAY_AUTH_MODE=token in the"
@@ -72,6 +78,7 @@ class RayBackend(LeaderBackend):
         self.nodes = nodes
         self.ray_env = {"RAY_AUTH_MODE": "token" if auth else "disabled"}
         self.token_file = settings.ray_token_file
+        self._beside = SAME_USER_NODE if ray_node_of_this_user() else None
 
     @classmethod
     def connect(cls, settings: BackendSettings, python: str) -> RayBackend:
@@ -112,9 +119,11 @@ class RayBackend(LeaderBackend):
         )
 
     def isolation(self) -> str | None:
-        """Jobs run on the cluster's nodes as Ray's user, with files sent to them: the
-        agent's state dir is not theirs to see (a node beside the agent is not sandboxed)."""
-        return None
+        """Jobs run on the cluster's nodes as Ray's user, unsandboxed (see the README): on
+        a node of another host, or of this one run by another user, the agent's state dir
+        (mode 0700) is out of their reach; on a node of this host run by the agent's own
+        user it is not, and then this says so (a team agent starts no job)."""
+        return self._beside
 
     def check_submit(self, req: SubmitRequest) -> None:
         """Refuse, with what to do instead, the jobs that need the agent's own host."""
@@ -237,3 +246,20 @@ def _keras_on_the_cluster(env: dict[str, str]) -> str | None:
             " (MultiWorkerMirroredStrategy)"
         )
     return None
+
+
+def ray_node_of_this_user() -> bool:
+    """Whether a Ray node (its raylet) runs on this host as this process's user."""
+    uid = os.getuid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/comm") as f:
+                if f.read().strip() != "raylet":
+                    continue
+            if entry.stat().st_uid == uid:
+                return True
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return False

@@ -307,7 +307,8 @@ async function refreshArtifacts() {
       h("thead", {}, h("tr", {}, ["File", "Size", "Modified"].map((c) => h("th", {}, c)))),
       h("tbody", {}, list.map((a) => h("tr", {},
         h("td", {}, h("a", {
-          href: `${base}/artifacts/${a.path.split("/").map(encodeURIComponent).join("/")}`,
+          // A name that is not UTF-8 comes percent-encoded as `raw` (see ArtifactEntry).
+          href: `${base}/artifacts/${a.raw ?? a.path.split("/").map(encodeURIComponent).join("/")}`,
           download: a.path.split("/").pop(),
         }, a.path)),
         h("td", { class: "num" }, bytes(a.size)),

@@ -11,7 +11,7 @@ from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
 from gpuhop.agent.server.routers.blobs import drain
-from gpuhop.agent.server.routers.trees import MAX_TREE_BYTES, read_limited
+from gpuhop.agent.server.routers.trees import MAX_TREE_BYTES, receive
 from gpuhop.agent.services import datasets as service
 from gpuhop.agent.services import envs as envs_service
 from gpuhop.agent.storage import chunks
@@ -46,13 +46,30 @@ async def upload_chunks(request: Request) -> dict[str, int]:
     return {"stored": stored, "bytes": size, "received": received}
 
 
+# A manifest is parsed whole, and its version's record keeps every file: some hundreds of
+# MB at the cap. One push at a time, so that many at once cost the agent no more than one;
+# the others wait with their manifests on disk.
+_ONE_PUSH = asyncio.Semaphore(1)
+MANIFEST_TOO_LARGE = (
+    "the dataset's manifest (the list of its files) is over {mib} MiB, the most the agent"
+    " takes: push its directories as datasets of their own, or pack small files into larger"
+    " ones (tar, TFRecord)"
+)
+
+
 @router.post("/v1/datasets/{name}", status_code=201)
 async def push(name: str, request: Request, shared: bool = False) -> DatasetInfo:
-    raw = await read_limited(request, MAX_TREE_BYTES, "a manifest")
-    # Assembling the version copies its bytes: off the event loop.
-    return await asyncio.to_thread(
-        service.push, ctx(request), name, raw, caller_of(request), shared
-    )
+    upload = ctx(request).trees.receive(MAX_TREE_BYTES, MANIFEST_TOO_LARGE)
+    try:
+        await receive(request, upload)
+        async with _ONE_PUSH:
+            raw = await asyncio.to_thread(upload.read)
+            # Assembling the version copies its bytes: off the event loop.
+            return await asyncio.to_thread(
+                service.push, ctx(request), name, raw, caller_of(request), shared
+            )
+    finally:
+        upload.close()
 
 
 @router.get("/v1/datasets")

@@ -99,7 +99,9 @@ def artifact(ref: str, path: str, request: Request) -> FileResponse:
     c = ctx(request)
     job = service.find(c, ref, caller_of(request))
     outputs.check_not_pruned(c, job)
-    return FileResponse(outputs.artifact_path(c, job.id, path))
+    # `path` routes the request; the name's bytes come from the URL itself.
+    name = outputs.requested_artifact(request.scope["raw_path"])
+    return FileResponse(outputs.artifact_path(c, job.id, name))
 
 
 @router.get("/{ref}/workdir")

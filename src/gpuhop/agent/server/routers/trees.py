@@ -8,41 +8,46 @@ from fastapi import APIRouter, Request
 
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.errors import ApiError
-from gpuhop.agent.storage.trees import manifest_errors
+from gpuhop.agent.server.routers.blobs import drain
+from gpuhop.agent.storage.trees import TreeTooLarge, TreeUpload, manifest_errors
 from gpuhop.api import ErrorCode, TreeStored
 
 router = APIRouter(prefix="/v1/trees", tags=["trees"])
 
 # 200,000 files at about 150 bytes each, with room to spare.
 MAX_TREE_BYTES = 64 * 1024 * 1024
-# Reading and checking a tree at that cap takes a few hundred MB: one tree at a time, so
-# that many uploads at once cost the agent no more than one (the others wait unread).
+# A tree goes to a temp file as it arrives (a piece at a time in memory, so a slow sender
+# holds up no one else) and is then checked from there an entry at a time (see
+# TreeStore.store), which holds its paths and distinct digests: some tens of MB at the cap.
+# One check at a time, so that many uploads at once cost the agent no more than one.
 _ONE_TREE = asyncio.Semaphore(1)
 
 
-async def read_limited(request: Request, limit: int, what: str) -> bytes:
-    """A body read whole, refused with 413 once it passes `limit` bytes."""
-    raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > limit:
-            raise ApiError(413, ErrorCode.too_large, f"{what} may be at most {limit} bytes")
-    return bytes(raw)
+async def receive(request: Request, upload: TreeUpload) -> None:
+    """Write the request's body to `upload`; past its cap, drain the rest and answer 413."""
+    try:
+        async for chunk in request.stream():
+            upload.write(chunk)
+    except TreeTooLarge as e:
+        await drain(request)  # so that the client, still sending, reads the answer
+        raise ApiError(413, ErrorCode.too_large, str(e)) from None
 
 
 @router.post("", status_code=201)
 async def upload(request: Request) -> TreeStored:
     ctx = request.app.state.ctx
     caller = caller_of(request)
-    async with _ONE_TREE:
-        raw = await read_limited(request, MAX_TREE_BYTES, "a tree")
-        with manifest_errors():
-            digest, tree = await asyncio.to_thread(ctx.trees.store, raw)
-        del raw
+    upload = ctx.trees.receive(MAX_TREE_BYTES)
+    try:
+        await receive(request, upload)
+        async with _ONE_TREE:
+            with manifest_errors():
+                digest, tree = await asyncio.to_thread(ctx.trees.store, upload)
+    finally:
+        upload.close()
     if not caller.admin:
         # A tree may name only blobs this user has uploaded (see gpuhop.agent.storage.claims).
-        digests = [e.digest for e in tree.entries]
-        unclaimed = await asyncio.to_thread(ctx.claims.unclaimed, caller.user, "blob", digests)
+        unclaimed = await asyncio.to_thread(ctx.claims.unclaimed, caller.user, "blob", tree.digests)
         if unclaimed:
             raise ApiError(
                 409,
@@ -51,6 +56,4 @@ async def upload(request: Request) -> TreeStored:
                 {"missing": unclaimed},
             )
         await asyncio.to_thread(ctx.claims.claim, caller.user, "tree", [digest])
-    return TreeStored(
-        digest=digest, files=len(tree.entries), bytes=sum(e.size for e in tree.entries)
-    )
+    return TreeStored(digest=digest, files=tree.files, bytes=tree.bytes)
