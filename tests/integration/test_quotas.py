@@ -3,9 +3,11 @@ and nothing else harmed."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -105,12 +107,23 @@ def small_disk(tmp_path):
 
 
 FILLER = """
+import errno
 import os
 with open(os.path.join(os.environ["GPUHOP_ARTIFACTS_DIR"], "fill.bin"), "wb") as f:
     while True:
         f.write(b"0" * 65536)
         f.flush()
 """
+
+
+def _fill(path: Path) -> None:
+    """Append to `path` until its disk is full."""
+    try:
+        with open(path, "ab", buffering=0) as f:
+            while True:
+                f.write(b"0" * 4096)
+    except OSError as e:
+        assert e.errno == errno.ENOSPC, e
 
 
 def test_a_disk_that_fills_fails_that_job_only(make_agent, project, tmp_path, small_disk):
@@ -128,6 +141,8 @@ def test_a_disk_that_fills_fails_that_job_only(make_agent, project, tmp_path, sm
             info = filler.wait(60)
             assert info.state == JobState.failed
             assert "ran out of space" in info.reason, info.reason
+            # The job's end freed its own bookkeeping (a page or so): fill that too.
+            _fill(agent.home / "jobs" / filler.id / "artifacts" / "fill.bin")
             # A submission while the disk is full: 507, and no half job dir left behind.
             dirs = set(os.listdir(agent.home / "jobs"))
             with pytest.raises(GpuhopError) as e:
