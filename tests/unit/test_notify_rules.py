@@ -8,7 +8,7 @@ from gpuhop.agent.jobs.notifier import HostRule, payload
 from gpuhop.agent.jobs.records import JobRecord
 from gpuhop.agent.storage.policy import Policy, PolicyError
 from gpuhop.api import JobState
-from gpuhop.api.models import check_webhook_url
+from gpuhop.api.queue import check_webhook_url
 
 
 def record(**more: object) -> JobRecord:

@@ -16,7 +16,6 @@ from gpuhop.api.agent import (
 from gpuhop.api.errors import ErrorBody, ErrorCode
 from gpuhop.api.fingerprints import fingerprint_of, normalize_fingerprint
 from gpuhop.api.models import (
-    ArtifactEntry,
     AttemptInfo,
     BlobCheck,
     BlobCheckResult,
@@ -26,9 +25,9 @@ from gpuhop.api.models import (
     SubmitRequest,
     Tree,
     TreeStored,
-    WorkdirEntry,
     validate_relpath,
 )
+from gpuhop.api.outputs import ArtifactEntry, WorkdirEntry
 from gpuhop.api.queue import EndClass, RequeueRequest, RetryOn, format_seconds, parse_duration
 from gpuhop.api.serving import ServeRequest, ServingInfo
 from gpuhop.api.sizes import format_mb, parse_mb

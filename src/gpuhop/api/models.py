@@ -5,12 +5,11 @@ from __future__ import annotations
 import re
 from datetime import datetime
 from enum import StrEnum
-from urllib.parse import unquote_to_bytes
 
 from pydantic import Field, field_validator, model_validator
 
 from gpuhop.api.base import StrictModel, WireModel, check_text
-from gpuhop.api.queue import EndClass, RetryOn
+from gpuhop.api.queue import EndClass, RetryOn, check_webhook_url
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}\Z")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
@@ -297,25 +296,6 @@ class SubmitRequest(StrictModel):
         return v
 
 
-def check_webhook_url(url: str) -> str:
-    """`url` if it is an http(s) URL with a host and no credentials, else raise ValueError.
-    Which hosts the agent posts to is the agent's call (gpuhop.agent.services.notify)."""
-    from urllib.parse import urlsplit
-
-    if len(url) > 2048 or any(c in url for c in "\x00\r\n "):
-        raise ValueError(f"notify URL {url[:80]!r}: too long, or has spaces or control characters")
-    try:
-        parts = urlsplit(url)
-        parts.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError as e:
-        raise ValueError(f"notify URL {url[:80]!r}: {e}") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"notify URL {url[:80]!r}: only http:// and https:// URLs are allowed")
-    if parts.username or parts.password:
-        raise ValueError(f"notify URL {url[:80]!r}: credentials in the URL are not allowed")
-    return url
-
-
 class AttemptInfo(WireModel):
     """How one earlier attempt of a retried job ended."""
 
@@ -399,26 +379,3 @@ class BlobCheck(StrictModel):
 
 class BlobCheckResult(WireModel):
     missing: list[str]
-
-
-class ArtifactEntry(WireModel):
-    """A file a job left in its artifacts dir. Linux allows any bytes in a name, and JSON
-    carries only text: a name that is not UTF-8 comes as `raw`, its exact bytes
-    percent-encoded, with `path` showing them as `\\xNN` for people. Either way the file is
-    fetched at `artifacts/` + `quote(name_bytes())`."""
-
-    path: str
-    size: int
-    mtime: float
-    raw: str | None = None
-
-    def name_bytes(self) -> bytes:
-        return unquote_to_bytes(self.raw) if self.raw is not None else self.path.encode()
-
-
-class WorkdirEntry(ArtifactEntry):
-    """A file the job created or changed in its work dir. `base` is the sha256 of the synced
-    file it replaced (None for a new file): a pull replaces only a local file still equal to
-    it, never local edits."""
-
-    base: str | None = None

@@ -1,5 +1,6 @@
 """The queue's words on the wire: why a job ended (`EndClass`), what a retry is for
-(`RetryOn`), a changed priority (`RequeueRequest`), and time limits as people write them.
+(`RetryOn`), a changed priority (`RequeueRequest`), time limits as people write them, and
+the webhooks told of a job's start and end (`check_webhook_url`).
 
 Runs on both sides. Pydantic and the standard library only.
 """
@@ -93,3 +94,22 @@ def format_seconds(seconds: float) -> str:
     if m < 60 or m % 60:
         return f"{m}m" if m < 60 else f"{m // 60}h{m % 60}m"
     return f"{m // 60}h"
+
+
+def check_webhook_url(url: str) -> str:
+    """`url` if it is an http(s) URL with a host and no credentials, else raise ValueError.
+    Which hosts the agent posts to is the agent's call (gpuhop.agent.services.notify)."""
+    from urllib.parse import urlsplit
+
+    if len(url) > 2048 or any(c in url for c in "\x00\r\n "):
+        raise ValueError(f"notify URL {url[:80]!r}: too long, or has spaces or control characters")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as e:
+        raise ValueError(f"notify URL {url[:80]!r}: {e}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"notify URL {url[:80]!r}: only http:// and https:// URLs are allowed")
+    if parts.username or parts.password:
+        raise ValueError(f"notify URL {url[:80]!r}: credentials in the URL are not allowed")
+    return url

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuhop.api.models import check_webhook_url
+from gpuhop.api.queue import check_webhook_url
 
 CONFIG_NAME = "agent.toml"
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*\Z", re.IGNORECASE)
