@@ -16,6 +16,7 @@ from gpuhop.agent.jobs.scheduler import Pending, could_ever_fit, plan
 from gpuhop.agent.jobs.store import JobStore
 from gpuhop.agent.jobs.supervisor import Supervisor
 from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.checkouts import CheckoutStore
 from gpuhop.agent.storage.claims import ClaimStore
 from gpuhop.agent.storage.datasets import DatasetStore
 from gpuhop.agent.storage.envs import EnvStore
@@ -60,8 +61,15 @@ class AgentContext:
         self.trees = TreeStore(paths.trees, paths.tmp, self.blobs)
         self.datasets = DatasetStore(paths.home / "datasets", self.blobs)
         self.envs = EnvStore(paths.home / "envs")
+        self.checkouts = CheckoutStore(paths.home / "checkouts", paths.tmp, self.blobs)
         self.supervisor = Supervisor(
-            paths, self.store, self.blobs, on_change=self.wake, backend=backend, team=self.team
+            paths,
+            self.store,
+            self.blobs,
+            on_change=self.wake,
+            backend=backend,
+            team=self.team,
+            checkouts=self.checkouts,
         )
         self.tokens = TokenStore(paths.tokens_db)
         self.claims = ClaimStore(paths.claims_db)

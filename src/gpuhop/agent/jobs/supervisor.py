@@ -1,8 +1,9 @@
 """Runs in the agent: each job's attempts through the agent's backend, recorded in the store.
 
-The agent never runs user code itself. For each job it copies the work dir out of the blob
-store and asks the backend (gpuhop.backends) to start the attempt's process group. A thread
-waits for the backend to say the attempt ended; the supervisor then records the outcome in
+The agent never runs user code itself. For each job it readies the work dir's files (the
+tree's shared checkout, or a copy out of the blob store) and asks the backend
+(gpuhop.backends) to start the attempt's process group. A thread waits for the backend to
+say the attempt ended; the supervisor then records the outcome in
 words a user can act on, and queues the next attempt of a job that asked for retries. The
 backend starts, watches and stops processes; the states, retries and GPUs are the agent's.
 """
@@ -10,6 +11,7 @@ backend starts, watches and stops processes; the states, retries and GPUs are th
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import shutil
@@ -22,6 +24,7 @@ from typing import Any
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import JobRecord, JobStore
 from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.checkouts import CheckoutStore
 from gpuhop.agent.storage.usage import disk_note
 from gpuhop.api import JobState, ManifestEntry
 from gpuhop.backends import jobdeps
@@ -54,6 +57,7 @@ class Supervisor:
         on_change: Callable[[], None],
         backend: Backend,
         team: Callable[[], bool] = lambda: False,
+        checkouts: CheckoutStore | None = None,
     ):
         """`team`: whether the agent serves more than its owner now (a TLS listener, or
         tokens of more than one user); such an agent starts no job without a sandbox."""
@@ -63,6 +67,8 @@ class Supervisor:
         self.backend = backend
         self.store = store
         self.blobs = blobs
+        # Each tree materialised once, for backends that show it to jobs through an overlay.
+        self.checkouts = checkouts
         self.on_change = on_change
         self.python = backend.python
         self._killed_after_grace: set[str] = set()
@@ -83,8 +89,11 @@ class Supervisor:
         try:
             job = self.store.get(job_id)
             self._check_isolation()
-            self._materialise(jp)
-            started = self.backend.start(job, jp, jobdeps.read(jp))
+            deps = jobdeps.read(jp)
+            checkout = self._materialise(jp)
+            if checkout is not None:
+                deps["checkout"] = str(checkout)
+            started = self.backend.start(job, jp, deps)
         except Exception as e:
             self._fail_start(job_id, jp, e)
             return
@@ -147,14 +156,19 @@ class Supervisor:
                 f" {problem}"
             )
 
-    def _materialise(self, jp: JobPaths) -> None:
-        entries = (
-            [ManifestEntry(**e) for e in json.loads(jp.tree.read_bytes())["entries"]]
-            if jp.tree.exists()
-            else []
-        )
+    def _materialise(self, jp: JobPaths) -> Path | None:
+        """Give the job its files: the tree's shared checkout, which the backend shows the
+        job through a writable overlay (returned), or, where the backend has no such view,
+        a copy of every file in the job's work dir (None). Either way the job can never
+        modify the stored blobs."""
         for d in (jp.work, jp.artifacts, jp.checkpoints):
             d.mkdir(parents=True, exist_ok=True)
+        if not jp.tree.exists():
+            return None
+        raw = jp.tree.read_bytes()
+        entries = [ManifestEntry(**e) for e in json.loads(raw)["entries"]]
+        if self.checkouts is not None and self.backend.work_view() is None:
+            return self.checkouts.ensure(hashlib.sha256(raw).hexdigest(), entries)
         # Every path is relative with no '..' (ManifestEntry checks it again here), and the
         # work dir is new, holding only what is made below: nothing can lead out of it.
         work = jp.work
@@ -163,6 +177,7 @@ class Supervisor:
         # One after another: on a 2-core ext4 host, 8 copying threads took 5x longer.
         for entry in entries:
             self.blobs.copy_to(entry.digest, work / entry.path, entry.executable)
+        return None
 
     # -- watching -------------------------------------------------------------------------
 

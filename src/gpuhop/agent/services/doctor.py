@@ -53,6 +53,8 @@ class Facts:
     # serves a team, which then starts no job.
     isolation: str | None = None
     team: bool = False
+    # Why each job gets a copy of its files rather than an overlay of the shared checkout.
+    work_view: str | None = None
 
     @property
     def real_gpus(self) -> bool:
@@ -109,6 +111,7 @@ def gather(ctx: AgentContext, report: dict[str, Any]) -> Facts:
         probe=report,
         isolation=ctx.backend.isolation(),
         team=ctx.team(),
+        work_view=ctx.backend.work_view(),
     )
 
 
@@ -161,6 +164,7 @@ def evaluate(f: Facts) -> list[DoctorCheck]:
         _tf_keras(f),
         _disk(f),
         _sandbox(f),
+        _work_dirs(f),
     ]
 
 
@@ -367,6 +371,21 @@ def _sandbox(f: Facts) -> DoctorCheck:
         " outlive it. Fine for your own jobs; a team agent starts none"
     )
     return _check(name, CheckStatus.warning, detail, fix)
+
+
+def _work_dirs(f: Facts) -> DoctorCheck:
+    name = "job work dirs"
+    if f.work_view is None:
+        detail = (
+            "overlay: each tree is materialised once and each job sees it through a writable"
+            " overlay of its own, so a job in a large tree starts at once"
+        )
+        return _check(name, CheckStatus.passed, detail)
+    detail = (
+        f"copy: each job gets a copy of every file of its tree ({f.work_view}), so a job in"
+        " a large tree waits for the copy; put large data in datasets"
+    )
+    return _check(name, CheckStatus.warning, detail, "allow overlayfs in user namespaces")
 
 
 def _major_minor(version: str) -> tuple[int, int]:

@@ -115,6 +115,9 @@ class RayBackend(LeaderBackend):
         agent's state dir is not theirs to see (a node beside the agent is not sandboxed)."""
         return None
 
+    def work_view(self) -> str | None:
+        return "the job's files are sent to the cluster's nodes from a copy"
+
     def check_submit(self, req: SubmitRequest) -> None:
         """Refuse, with what to do instead, the jobs that need the agent's own host."""
         why = None
