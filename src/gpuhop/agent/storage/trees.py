@@ -1,8 +1,9 @@
 """Runs in the agent: stored work-dir trees (manifests), named by the sha256 of their bytes.
 
 A tree is checked once, when it arrives: safe unique paths, no file that is also a
-directory, every blob present. Jobs then name it by digest, so an unchanged project is
-never re-sent or re-checked. Trees, like blobs, are written by atomic rename, and like
+directory, every blob present; a re-sync checks each entry's own fields only where it differs
+from the last tree stored. Jobs then name a tree by digest, so an unchanged project is never
+re-sent or re-checked. Trees, like blobs, are written by atomic rename, and like
 blobs are protected from garbage collection for a while after anyone asked about or stored
 them (see `BlobStore.remove`), so a job submitted right after its tree arrived finds it.
 """
@@ -23,8 +24,8 @@ from pydantic import ValidationError
 
 from gpuhop.agent.errors import ApiError, describe_errors
 from gpuhop.agent.storage.blobs import BlobStore, durable
-from gpuhop.api import ErrorCode, Tree
-from gpuhop.api.models import SHA256_RE
+from gpuhop.api import ErrorCode, ManifestEntry, Tree
+from gpuhop.api.models import MAX_MANIFEST_FILES, SHA256_RE
 
 
 class TreeError(ValueError):
@@ -44,6 +45,9 @@ class TreeStore:
         self.blobs = blobs
         self._touched: dict[str, float] = {}
         self._lock = threading.Lock()
+        # The entries of the last tree stored, each checked then: the next tree (a re-sync
+        # of the same project) checks only the entries that are not among them.
+        self._checked: set[EntryKey] = set()
 
     def path(self, digest: str) -> Path:
         if not SHA256_RE.match(digest):
@@ -86,11 +90,13 @@ class TreeStore:
     def store(self, raw: bytes) -> tuple[str, Tree]:
         """Check and keep an uploaded tree. Raises TreeError, MissingBlobs, or pydantic's
         ValidationError for a body that is not a tree."""
-        tree = Tree.model_validate_json(raw)
+        checked = self._checked
+        tree = _unchanged_checked(raw, checked) or Tree.model_validate_json(raw)
         check_paths([e.path for e in tree.entries])
         missing = self.blobs.missing([e.digest for e in tree.entries])
         if missing:
             raise MissingBlobs(missing)
+        self._checked = {_key(e) for e in tree.entries}
         digest = hashlib.sha256(raw).hexdigest()
         dest = self.path(digest)
         with self._lock:
@@ -102,6 +108,42 @@ class TreeStore:
                     durable(f)
                 os.replace(name, dest)
         return digest, tree
+
+
+# An entry as its JSON gives it: path, digest, size, executable.
+EntryKey = tuple[str, str, int, bool]
+ENTRY_FIELDS = frozenset(ManifestEntry.model_fields)
+
+
+def _key(e: ManifestEntry) -> EntryKey:
+    return (e.path, e.digest, e.size, e.executable)
+
+
+def _unchanged_checked(raw: bytes, checked: set[EntryKey]) -> Tree | None:
+    """The tree in `raw`, if it is plainly a tree whose entries were each checked before,
+    or are valid now; None for anything else, which the full check then refuses (or
+    accepts) with its own words."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    if type(body) is not dict or body.keys() != {"entries"} or type(body["entries"]) is not list:
+        return None
+    if len(body["entries"]) > MAX_MANIFEST_FILES:
+        return None
+    entries = []
+    for e in body["entries"]:
+        if type(e) is not dict or not e.keys() <= ENTRY_FIELDS:
+            return None
+        key = (e.get("path"), e.get("digest"), e.get("size"), e.get("executable", False))
+        if tuple(map(type, key)) == (str, str, int, bool) and key in checked:
+            entries.append(ManifestEntry.model_construct(None, **e))
+            continue
+        try:
+            entries.append(ManifestEntry.model_validate(e))
+        except ValidationError:
+            return None
+    return Tree.model_construct(None, entries=entries)
 
 
 def check_paths(paths: list[str], what: str = "tree") -> None:
