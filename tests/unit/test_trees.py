@@ -97,15 +97,15 @@ def test_a_checkout_is_built_once_and_the_next_links_its_unchanged_files(trees, 
     entries = tree(blobs, FILES)
     entries[0]["executable"] = True
     first_digest, first = trees.store(raw(entries))
-    one = checkouts.ensure(first_digest, first.entries)
-    assert checkouts.ensure(first_digest, first.entries) == one
+    one = checkouts.ensure(first_digest, lambda: first.entries)
+    assert checkouts.ensure(first_digest, lambda: first.entries) == one
     assert (one / "d/0.txt").stat().st_mode & 0o777 == 0o755
     assert (one / "d/1.txt").stat().st_mode & 0o777 == 0o644
 
     entries[1] = tree(blobs, {"d/1.txt": b"edited"})[0]
     entries[0]["executable"] = False
     second_digest, second = trees.store(raw(entries))
-    two = checkouts.ensure(second_digest, second.entries)
+    two = checkouts.ensure(second_digest, lambda: second.entries)
     assert (two / "d/1.txt").read_bytes() == b"edited"
     assert (one / "d/1.txt").read_bytes() == b"file 1"
     # Changed content or mode: a new file. Unchanged: the same file, linked.
@@ -125,6 +125,6 @@ def test_a_checkout_that_fails_half_way_leaves_nothing(trees, blobs, tmp_path):
     checkouts = CheckoutStore(tmp_path / "checkouts", tmp_path / "tmp", blobs)
     entries = [ManifestEntry(path="a.txt", digest="0" * 64, size=1)]  # never uploaded
     with pytest.raises(FileNotFoundError):
-        checkouts.ensure("1" * 64, entries)
+        checkouts.ensure("1" * 64, lambda: entries)
     assert checkouts.digests() == []
     assert list((tmp_path / "tmp").iterdir()) == []

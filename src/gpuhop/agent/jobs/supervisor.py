@@ -166,16 +166,20 @@ class Supervisor:
         if not jp.tree.exists():
             return None
         raw = jp.tree.read_bytes()
-        entries = [ManifestEntry(**e) for e in json.loads(raw)["entries"]]
+
+        def entries() -> list[ManifestEntry]:
+            return [ManifestEntry(**e) for e in json.loads(raw)["entries"]]
+
         if self.checkouts is not None and self.backend.work_view() is None:
             return self.checkouts.ensure(hashlib.sha256(raw).hexdigest(), entries)
         # Every path is relative with no '..' (ManifestEntry checks it again here), and the
         # work dir is new, holding only what is made below: nothing can lead out of it.
         work = jp.work
-        for parent in sorted({str(Path(e.path).parent) for e in entries}):
+        files = entries()
+        for parent in sorted({str(Path(e.path).parent) for e in files}):
             (work / parent).mkdir(parents=True, exist_ok=True)
         # One after another: on a 2-core ext4 host, 8 copying threads took 5x longer.
-        for entry in entries:
+        for entry in files:
             self.blobs.copy_to(entry.digest, work / entry.path, entry.executable)
         return None
 

@@ -17,6 +17,7 @@ import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,9 +47,9 @@ class CheckoutStore:
             raise ValueError(f"{digest!r} is not a sha256 hex digest")
         return self.root / digest
 
-    def ensure(self, digest: str, entries: list[ManifestEntry]) -> Path:
-        """The checkout of tree `digest` (whose entries are `entries`), built if missing.
-        One at a time: two jobs of a new tree build it once."""
+    def ensure(self, digest: str, entries: Callable[[], list[ManifestEntry]]) -> Path:
+        """The checkout of tree `digest`, built from `entries()` if missing. One at a time:
+        two jobs of a new tree build it once."""
         dest = self.path(digest)
         with self._lock:
             if dest.is_dir():
@@ -56,7 +57,7 @@ class CheckoutStore:
             self.root.mkdir(parents=True, exist_ok=True)
             building = Path(tempfile.mkdtemp(dir=self.tmp, prefix="checkout-"))
             try:
-                files = self._build(building, entries)
+                files = self._build(building, entries())
                 os.chmod(building, 0o755)
                 os.replace(building, dest)
             except BaseException:
