@@ -32,6 +32,9 @@ os.chmod("keep.txt", 0o600)
 os.unlink("gone.txt")
 with open("new.txt", "w") as f:
     f.write("made by the job")
+if os.getuid() == 0:  # an overlay in a user namespace cannot rename a lower directory
+    os.rename("bin", "renamed")
+    os.rename("renamed", "bin")
 print(json.dumps({"seen": seen, "work": sorted(os.listdir("."))}), flush=True)
 """
 

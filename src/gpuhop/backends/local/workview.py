@@ -33,13 +33,17 @@ def mount(spec: dict, mount_fn) -> None:
     try:
         lower, upper, scratch_fd = (f"/proc/self/fd/{fd}" for fd in fds)
         options = f"lowerdir={lower},upperdir={upper},workdir={scratch_fd}"
-        try:
-            mount_fn("overlay", work, "overlay", 0, options)
-        except OSError:
-            if os.getuid() == 0:
-                raise
-            # In a user namespace the overlay keeps its own attributes in user.* xattrs.
-            mount_fn("overlay", work, "overlay", 0, options + ",userxattr")
+        # redirect_dir lets a job rename a directory of its tree (else EXDEV, as `mv` copes
+        # with but os.rename does not); in a user namespace the overlay keeps its own
+        # attributes in user.* xattrs, where the kernel allows no redirects.
+        tries = [",redirect_dir=on", ""] if os.getuid() == 0 else [",userxattr", ""]
+        for i, extra in enumerate(tries):
+            try:
+                mount_fn("overlay", work, "overlay", 0, options + extra)
+                break
+            except OSError:
+                if i == len(tries) - 1:
+                    raise
     finally:
         for fd in fds:
             os.close(fd)
