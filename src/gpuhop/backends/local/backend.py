@@ -18,6 +18,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -301,9 +302,19 @@ class LocalBackend(LeaderBackend):
         # gpuhop's own Python and package, where they lie in the state dir (`remote
         # bootstrap` puts its venv there) or under /tmp (a checkout there, which the job's
         # own /tmp hides): the job's interpreter and its start-up hook come from them.
+        # Also every dir on the agent's own sys.path (the job's interpreter is the agent's, or
+        # a venv on top of it): a `.pth` file may add one there, as `remote bootstrap`'s venv
+        # does for the host's TensorFlow.
         install = Path(self.python).parent.parent
         package = Path(hook.__file__).resolve().parents[2]  # src/ or site-packages/
-        for path in dict.fromkeys((install, package)):
-            if any(path.is_relative_to(p) for p in (self.paths.home, "/tmp")):
+        on_path = [
+            Path(p)
+            for p in sys.path
+            if Path(p).name in ("site-packages", "dist-packages") and os.path.isdir(p)
+        ]
+        for path in dict.fromkeys((install, package, *on_path)):
+            if any(path.is_relative_to(p) for p in (self.paths.home, "/tmp")) and not any(
+                path.is_relative_to(p) for p in (install, package) if p != path
+            ):
                 readable.append(str(path))
         return keep + [{"path": p, "readonly": True} for p in readable]
