@@ -4,14 +4,17 @@ GPUs have sat at 0 % in the GPU history."""
 
 from __future__ import annotations
 
+from rich.console import Console
+
 from gpuhop.agent.host.gpuhistory import GpuHistory, sample_every
 from gpuhop.agent.host.health import describe
 from gpuhop.agent.jobs.scheduler import Pending, plan
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services.idleguard import NOTEBOOK_SERVER, _guarded
 from gpuhop.agent.storage.quarantine import QuarantineStore
-from gpuhop.api import JobState
+from gpuhop.api import GpuInfo, JobState
 from gpuhop.backends.base import Fault, Usage
+from gpuhop.cli.ps import gpu_panel
 from gpuhop.client.notebook import SERVE
 from gpuhop.runtime import notebook
 
@@ -59,6 +62,14 @@ def test_the_scheduler_gives_a_gpu_out_of_service_to_no_job():
     assert [(p.job_id, p.gpu_ids) for p in placed] == [("a", (1,)), ("c", ())]
     share = plan([Pending("s", 0, 0, 1.0, gpu_memory_mb=1024)], {0: 8192}, out_of_service=[0])
     assert share == []
+    waiting: dict[str, str] = {}
+    assert (
+        plan([Pending("two", 2, 0, 1.0)], {0: 1, 1: 1}, out_of_service=[1], waiting=waiting) == []
+    )
+    assert waiting == {
+        "two": "GPU(s) 1 quarantined for a hardware fault; it needs them back"
+        " (gpuhop gpus --release N)"
+    }
 
 
 def test_idle_since_is_the_start_of_the_last_run_of_zero_readings():
@@ -96,3 +107,15 @@ def test_the_idle_guard_watches_whole_gpu_jobs_but_not_notebooks_or_shares():
     assert _guarded(job(["-m", "gpuhop.runtime.notebook", "run", "nb.ipynb"]))  # a batch run
     assert not _guarded(job(["train.py"], gpu_memory_mb=1024))
     assert NOTEBOOK_SERVER == SERVE and NOTEBOOK_SERVER[1] == notebook.MODULE  # in step
+
+
+def test_tops_gpu_panel_names_a_quarantined_gpus_fault():
+    gpus = [
+        GpuInfo(index=0, name="A100", memory_mb=8192, job_ids=["3fa9"]),
+        GpuInfo(index=1, name="A100", memory_mb=8192, quarantined="XID 79 (GPU fell off the bus)"),
+    ]
+    console = Console(width=200, record=True)
+    console.print(gpu_panel(gpus))
+    lines = console.export_text().splitlines()
+    assert "3fa9" in lines[1]
+    assert "QUARANTINED: XID 79 (GPU fell off the bus)" in lines[2]

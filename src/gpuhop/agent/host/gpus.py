@@ -55,6 +55,7 @@ class _NvmlHost(GpuHost):
         return self._health.faults()
 
     def close(self) -> None:
+        self._health.close()
         with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
 

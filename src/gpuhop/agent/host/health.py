@@ -155,6 +155,12 @@ class NvmlHealth:
                 out[index] = fault
         return out
 
+    def close(self) -> None:
+        if self._events is not None:
+            with contextlib.suppress(self._nvml.NVMLError):
+                self._nvml.nvmlEventSetFree(self._events)
+            self._events = None
+
     def _drain_xids(self) -> dict[int, int]:
         nvml = self._nvml
         seen: dict[int, int] = {}

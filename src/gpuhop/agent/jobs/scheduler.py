@@ -129,7 +129,9 @@ def plan(
     `out_of_service`: GPUs that no job may get (quarantined).
     """
     holdings = list(holdings)
-    state = _Gpus(gpus, holdings, out_of_service)
+    out = sorted(set(out_of_service) & set(gpus))
+    state = _Gpus(gpus, holdings, out)
+    in_service = {g: m for g, m in gpus.items() if g not in out}
     kinds = kinds or {}
     held_by = Counter[str | None]()
     sweep_runs = Counter[tuple[str | None, str]]()
@@ -168,6 +170,13 @@ def plan(
             if not taken and job.gpus <= len(state.empty()):
                 _wait(waiting, job, f"no {job.gpus} free GPUs of one model (see --mixed-gpus)")
         if not taken:
+            if out and not could_ever_fit(job, in_service, kinds):
+                _wait(
+                    waiting,
+                    job,
+                    f"GPU(s) {','.join(map(str, out))} quarantined for a hardware fault; it"
+                    " needs them back (gpuhop gpus --release N)",
+                )
             gpu_queue_blocked = True
             continue
         for gpu in taken:
