@@ -45,8 +45,11 @@ def gpus(
         )
         say("GPUs of the Ray cluster; Ray decides which node and GPU each job gets")
         return
+    # A HEALTH column only when some GPU is out of service: the usual table stays narrow.
+    health = any(g.quarantined for g in infos)
     print_table(
-        ("GPU", "MODEL", "GROUP", "MEMORY USED", "UTIL", "RESERVED", "JOBS", "HEALTH"),
+        ("GPU", "MODEL", "GROUP", "MEMORY USED", "UTIL", "RESERVED", "JOBS")
+        + (("HEALTH",) if health else ()),
         [
             (
                 str(g.index),
@@ -56,8 +59,8 @@ def gpus(
                 "-" if g.utilization is None else f"{g.utilization}%",
                 _reserved(g),
                 ", ".join(g.job_ids) or "-",
-                "QUARANTINED" if g.quarantined else "ok",
             )
+            + ((("QUARANTINED" if g.quarantined else "ok"),) if health else ())
             for g in infos
         ],
     )
