@@ -140,7 +140,18 @@ def test_detach_ps_show_logs_and_cancel(shared_agent, project):
             "while True:\n    time.sleep(0.05)\n"
         }
     )
-    detach = shared_agent.cli("run", "--detach", "--name", "slowpoke", "slow.py", cwd=root)
+    detach = shared_agent.cli(
+        "run",
+        "--detach",
+        "--name",
+        "slowpoke",
+        "-e",
+        "HF_TOKEN=hf-s3cret",
+        "-e",
+        "LR=0.1",
+        "slow.py",
+        cwd=root,
+    )
     assert detach.returncode == 0, detach.stderr
     job_id = detach.stdout.strip()
     assert len(job_id) == 8
@@ -152,6 +163,12 @@ def test_detach_ps_show_logs_and_cancel(shared_agent, project):
 
     wait_until(running, timeout=60)
     wait_until(lambda: shared_agent.cli("logs", "slowpoke").stdout == "started\n", timeout=30)
+    # `show` hides values whose names say secret, as the dashboard does; --json has them.
+    shown = shared_agent.cli("show", "slowpoke").stdout
+    assert "HF_TOKEN=******" in shown and "LR=0.1" in shown and "hf-s3cret" not in shown
+    assert json.loads(shared_agent.cli("show", "--json", job_id).stdout)["env"]["HF_TOKEN"] == (
+        "hf-s3cret"
+    )
     ps = json.loads(shared_agent.cli("ps", "--json", "--state", "running").stdout)
     assert job_id in [j["id"] for j in ps]
     table = shared_agent.cli("ps").stdout

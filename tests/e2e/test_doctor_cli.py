@@ -36,6 +36,7 @@ def test_doctor_reports_this_host_honestly(shared_agent):
         "tf-keras",
         "disk space",
         "job sandbox",
+        "job work dirs",
     ]
     assert code == (0 if all(c["ok"] for c in checks) else 1)
     marks = {"passed": "✓", "warning": "!", "failed": "✗", "skipped": "-"}

@@ -59,6 +59,15 @@ def test_gc_removes_only_what_nothing_needs(make_agent, project, tmp_path):
         orphan_tree, orphan_blobs = upload_only(client, orphan_root, agent.cache)
         before = stored_blobs(agent)
         assert orphan_blobs <= before
+        # Each job's tree is materialised once as a checkout (where the host allows an
+        # overlay view of it; otherwise jobs get copies and there are none).
+        checkouts = agent.home / "checkouts"
+        done_checkout, holder_checkout = (
+            checkouts
+            / hashlib.sha256((agent.paths.job_dir(j.id) / "tree.json").read_bytes()).hexdigest()
+            for j in (done, holder)
+        )
+        assert done_checkout.is_dir() == holder_checkout.is_dir() == checkouts.is_dir()
 
         dry = client.gc(dry_run=True)
         assert stored_blobs(agent) == before  # a dry run removes nothing
@@ -70,6 +79,9 @@ def test_gc_removes_only_what_nothing_needs(make_agent, project, tmp_path):
         assert report.freed["blobs"].count == len(orphan_blobs)
         assert report.freed["blobs"].bytes == len(b"nobody runs this" * 5000)
         assert not (agent.home / "trees" / f"{orphan_tree}.json").exists()
+        # The pruned job's checkout went with its tree; the running job's stays.
+        assert not done_checkout.exists()
+        assert holder_checkout.is_dir() == checkouts.is_dir()
 
         # The old job's record stays; its files are gone, and asking for them says why.
         info = client.job(done.id).refresh()

@@ -64,6 +64,7 @@ def test_a_healthy_gpu_host_passes_everything():
         "tf-keras",
         "disk space",
         "job sandbox",
+        "job work dirs",
     ]
     assert {c.status for c in checks} == {CheckStatus.passed}
     assert all(c.ok for c in checks)
@@ -210,6 +211,14 @@ def test_doctor_exit_code_follows_the_failed_checks():
     assert exit_code([check(CheckStatus.passed), check(CheckStatus.skipped)]) == 0
     assert exit_code([check(CheckStatus.warning)]) == 0
     assert exit_code([check(CheckStatus.passed), check(CheckStatus.failed)]) == 1
+
+
+def test_doctor_says_whether_jobs_get_an_overlay_or_a_copy():
+    overlay = verdicts(GPU_HOST)["job work dirs"]
+    assert overlay[0] == CheckStatus.passed and overlay[1].startswith("overlay:")
+    why = "overlayfs: mount: Operation not permitted"
+    copy = verdicts(replace(GPU_HOST, work_view=why))["job work dirs"]
+    assert copy[0] == CheckStatus.warning and copy[1].startswith("copy:") and why in copy[1]
 
 
 def test_a_host_without_namespaces_warns_a_single_user_and_fails_a_team():

@@ -20,6 +20,7 @@ from gpuhop.agent.jobs.scheduler import Limits, Pending, could_ever_fit, plan
 from gpuhop.agent.jobs.store import JobRecord, JobStore
 from gpuhop.agent.jobs.supervisor import Supervisor
 from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.checkouts import CheckoutStore
 from gpuhop.agent.storage.claims import ClaimStore
 from gpuhop.agent.storage.datasets import DatasetStore
 from gpuhop.agent.storage.envs import EnvStore
@@ -70,6 +71,7 @@ class AgentContext:
         self.envs = EnvStore(paths.home / "envs")
         self.notify_rule = HostRule(self.policy.notify_allowed_hosts)
         self.notifier = Notifier(self.notify_rule, timeout=self.policy.notify_timeout_seconds)
+        self.checkouts = CheckoutStore(paths.home / "checkouts", paths.tmp, self.blobs)
         self.supervisor = Supervisor(
             paths,
             self.store,
@@ -78,6 +80,7 @@ class AgentContext:
             backend=backend,
             team=self.team,
             on_event=self.notify,
+            checkouts=self.checkouts,
         )
         # Why each queued job that waits on a limit (not on busy GPUs) waits; see `plan`.
         self.waiting: dict[str, str] = {}

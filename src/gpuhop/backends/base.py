@@ -171,10 +171,16 @@ class Backend(Protocol):
         agent's state but its own files; else why not, and what to allow."""
         ...
 
+    def work_view(self) -> str | None:
+        """None when each job sees its tree's shared checkout (`deps["checkout"]`) through
+        a writable view of its own, so the agent materialises each tree once; else why each
+        job gets a copy of every file in its work dir instead."""
+        ...
+
     def start(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
-        """Start one attempt (its work dir is in place) with its output going to `jp.log`.
-        Raises StartError, or OSError, saying why it could not (the agent fails the attempt
-        with that reason on any exception, and frees its GPUs)."""
+        """Start one attempt (its work dir, or its checkout, is in place) with its output
+        going to `jp.log`. Raises StartError, or OSError, saying why it could not (the agent
+        fails the attempt with that reason on any exception, and frees its GPUs)."""
         ...
 
     def adopt(self, jp: JobPaths) -> Started | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import typer
 
@@ -11,6 +12,9 @@ from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.jobs import _job
 from gpuhop.cli.output import ago, duration, format_metrics, human_bytes, print_json, state_text
 from gpuhop.cli.queue import queue_rows
+
+# Env names whose values `show` hides (the dashboard's job page hides the same).
+SECRET_KEY = re.compile(r"secret|token|passw|api_?key|credential|private", re.IGNORECASE)
 
 
 def show(
@@ -55,7 +59,7 @@ def show(
         env_text = f"env {info.python_env[:12]} from " if info.python_env else ""
         rows.insert(4, ("python", f"{env_text}{info.python}"))
     if info.env:
-        rows.insert(4, ("env", " ".join(f"{k}={v}" for k, v in info.env.items())))
+        rows.insert(4, ("env", " ".join(f"{k}={_shown(k, v)}" for k, v in info.env.items())))
     for key, value in rows:
         out.print(f"[bold]{key:>9}[/bold]  {value}", soft_wrap=True)
     for past in info.attempts:
@@ -87,6 +91,12 @@ def suggest_share(peak_mb: float) -> str:
     if want < 1024:
         return f"{math.ceil(want)}MiB"
     return format_mb(math.ceil(want / 102.4) * 102.4).replace(" ", "")
+
+
+def _shown(key: str, value: str) -> str:
+    """An env value as `show` prints it: hidden where its name says it is a secret (a
+    notebook's JUPYTER_TOKEN, an API key), as on the dashboard; `show --json` has it all."""
+    return "******" if SECRET_KEY.search(key) else value
 
 
 def _gpus_text(info: JobInfo) -> str:

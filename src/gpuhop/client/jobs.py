@@ -129,9 +129,11 @@ def submit(
         if e.code != "missing_tree":
             raise
         # A new or changed tree: send the files the agent lacks, then the tree, then
-        # ask again. An unchanged tree skips all of this.
-        sent = send_files(session, result.files, on_upload)
-        send_tree(session, tree_bytes, result.files, on_upload)
+        # ask again. An unchanged tree skips all of this. Only the files this scan hashed
+        # are new to the agent as a rule; it names any other it lacks when the tree comes.
+        count, size = send_files(session, result.changed, on_upload)
+        more = send_tree(session, tree_bytes, result.files, on_upload)
+        sent = (count + more[0], size + more[1])
         response = session.request("POST", "/v1/jobs", json=body)
     session.last_sync = SyncStats(result, *sent)
     return Job(session, JobInfo.model_validate(response.json()))

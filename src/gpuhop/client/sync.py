@@ -62,6 +62,8 @@ class ScanResult:
     hashed: int  # files whose hash was not in the cache
     seconds: float
     warnings: list[str] = field(default_factory=list)
+    # Those files: new or changed since the last scan, so the ones an agent may lack.
+    changed: list[FileEntry] = field(default_factory=list)
 
     @property
     def total_bytes(self) -> int:
@@ -368,7 +370,7 @@ def scan(
     cache.prune({f.path for f in files})
     cache.replace_listings(listings)
     cache.save()
-    return ScanResult(files, len(fresh), time.perf_counter() - started, warnings)
+    return ScanResult(files, len(fresh), time.perf_counter() - started, warnings, fresh)
 
 
 def _executable(st: os.stat_result) -> bool:

@@ -38,6 +38,8 @@ def send_files(
     session: Session, files: list[FileEntry], on_upload: UploadProgress | None = None
 ) -> tuple[int, int]:
     """Send the files the agent lacks. Returns (files sent, bytes sent)."""
+    if not files:
+        return 0, 0
     by_digest = {f.digest: f for f in files}
     check_body = {"digests": list(by_digest)}
     result = BlobCheckResult.model_validate(
@@ -77,17 +79,21 @@ def send_tree(
     tree_bytes: bytes,
     files: list[FileEntry],
     on_upload: UploadProgress | None,
-) -> None:
-    """Send a tree (see `spec.tree_of`) whose files the agent has."""
+) -> tuple[int, int]:
+    """Send a tree (see `spec.tree_of`) whose files the agent should have. Where it lacks
+    some after all, send those and the tree again. Returns (files, bytes) sent for that."""
     headers = {"content-type": "application/json"}
     try:
         session.request("POST", "/v1/trees", content=tree_bytes, headers=headers)
     except GpuhopError as e:
         if e.code != "missing_blobs":
             raise
-        # Blobs vanished since they were checked (garbage collection): once more.
-        send_files(session, files, on_upload)
+        # Files the agent was never asked about (the hash cache knew them from a sync to
+        # another agent), or blobs collected since they were checked: once more.
+        sent = send_files(session, files, on_upload)
         session.request("POST", "/v1/trees", content=tree_bytes, headers=headers)
+        return sent
+    return 0, 0
 
 
 def frames(

@@ -1,8 +1,9 @@
 """Runs in the agent: each job's attempts through the agent's backend, recorded in the store.
 
-The agent never runs user code itself. For each job it copies the work dir out of the blob
-store and asks the backend (gpuhop.backends) to start the attempt's process group. A thread
-waits for the backend to say the attempt ended; the supervisor then records the outcome in
+The agent never runs user code itself. For each job it readies the work dir's files (the
+tree's shared checkout, or a copy out of the blob store) and asks the backend
+(gpuhop.backends) to start the attempt's process group. A thread waits for the backend to
+say the attempt ended; the supervisor then records the outcome in
 words a user can act on, and queues the next attempt of a job that asked for retries. The
 backend starts, watches and stops processes; the states, retries and GPUs are the agent's.
 """
@@ -10,19 +11,22 @@ backend starts, watches and stops processes; the states, retries and GPUs are th
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import posixpath
 import shutil
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from gpuhop.agent.jobs.endings import classify
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import JobRecord, JobStore
 from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.checkouts import CheckoutStore
 from gpuhop.agent.storage.treefile import read_entries
 from gpuhop.agent.storage.usage import disk_note
 from gpuhop.api import EndClass, JobState, ManifestEntry, RetryOn
@@ -57,6 +61,7 @@ class Supervisor:
         backend: Backend,
         team: Callable[[], bool] = lambda: False,
         on_event: Callable[[str, str], None] = lambda job_id, event: None,
+        checkouts: CheckoutStore | None = None,
     ):
         """`team`: whether the agent serves more than its owner now (a TLS listener, or
         tokens of more than one user); such an agent starts no job without a sandbox.
@@ -69,6 +74,8 @@ class Supervisor:
         self.backend = backend
         self.store = store
         self.blobs = blobs
+        # Each tree materialised once, for backends that show it to jobs through an overlay.
+        self.checkouts = checkouts
         self.on_change = on_change
         self.python = backend.python
         self._killed_after_grace: set[str] = set()
@@ -89,8 +96,11 @@ class Supervisor:
         try:
             job = self.store.get(job_id)
             self._check_isolation()
-            self._materialise(jp)
-            started = self.backend.start(job, jp, jobdeps.read(jp))
+            deps = jobdeps.read(jp)
+            checkout = self._materialise(jp)
+            if checkout is not None:
+                deps["checkout"] = str(checkout)
+            started = self.backend.start(job, jp, deps)
         except Exception as e:
             self._fail_start(job_id, jp, e)
             return
@@ -167,29 +177,42 @@ class Supervisor:
                 f" {problem}"
             )
 
-    def _materialise(self, jp: JobPaths) -> None:
+    def _materialise(self, jp: JobPaths) -> Path | None:
+        """Give the job its files: the tree's shared checkout, which the backend shows the
+        job through a writable overlay (returned), or, where the backend has no such view,
+        a copy of every file in the job's work dir (None). Either way the job can never
+        modify the stored blobs."""
         for d in (jp.work, jp.artifacts, jp.checkpoints):
             d.mkdir(parents=True, exist_ok=True)
-        if jp.tree.exists():
-            self._copy_tree(jp)
+        view = self._files(jp) if jp.tree.exists() else None
         # After the last copy: what the job writes later is newer (see services/workdir.py).
         jp.materialised.touch()  # sets the mtime to now on a retry's second making too
+        return view
 
-    def _copy_tree(self, jp: JobPaths) -> None:
+    def _files(self, jp: JobPaths) -> Path | None:
+        def entries() -> Iterator[ManifestEntry]:
+            # The tree is read an entry at a time: a big one is never in memory whole.
+            with open(jp.tree, "rb") as f:
+                for item in read_entries(f):
+                    yield ManifestEntry.model_validate(item)
+
+        if self.checkouts is not None and self.backend.work_view() is None:
+            with open(jp.tree, "rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
+            return self.checkouts.ensure(digest, lambda: list(entries()))
         # Every path is relative with no '..' (ManifestEntry checks it again here), and the
         # work dir is new, holding only what is made below: nothing can lead out of it.
         # The tree is read an entry at a time, and its files copied one after another: on a
         # 2-core ext4 host, 8 copying threads took 5x longer.
         work = jp.work
         made: set[str] = set()
-        with open(jp.tree, "rb") as f:
-            for item in read_entries(f):
-                entry = ManifestEntry.model_validate(item)
-                parent = posixpath.dirname(entry.path)
-                if parent and parent not in made:
-                    (work / parent).mkdir(parents=True, exist_ok=True)
-                    made.add(parent)
-                self.blobs.copy_to(entry.digest, work / entry.path, entry.executable)
+        for entry in entries():
+            parent = posixpath.dirname(entry.path)
+            if parent and parent not in made:
+                (work / parent).mkdir(parents=True, exist_ok=True)
+                made.add(parent)
+            self.blobs.copy_to(entry.digest, work / entry.path, entry.executable)
+        return None
 
     # -- watching -------------------------------------------------------------------------
 

@@ -56,6 +56,8 @@ class Facts:
     team: bool = False
     ray: bool = False  # jobs run on a Ray cluster's nodes, not under this host's sandbox
     quarantined: dict[int, str] = field(default_factory=dict)  # GPU -> its fault
+    # Why each job gets a copy of its files rather than an overlay of the shared checkout.
+    work_view: str | None = None
 
     @property
     def real_gpus(self) -> bool:
@@ -114,6 +116,7 @@ def gather(ctx: AgentContext, report: dict[str, Any]) -> Facts:
         team=ctx.team(),
         ray=ctx.backend.name == "ray",
         quarantined={i: q.detail for i, q in ctx.quarantine.all().items()},
+        work_view=ctx.backend.work_view(),
     )
 
 
@@ -167,6 +170,7 @@ def evaluate(f: Facts) -> list[DoctorCheck]:
         _tf_keras(f),
         _disk(f),
         _sandbox(f),
+        _work_dirs(f),
     ]
 
 
@@ -393,6 +397,21 @@ def _ray_sandbox(f: Facts) -> DoctorCheck:
             name, CheckStatus.warning, f"{detail}; this team's users are not kept apart there"
         )
     return _check(name, CheckStatus.passed, detail)
+
+
+def _work_dirs(f: Facts) -> DoctorCheck:
+    name = "job work dirs"
+    if f.work_view is None:
+        detail = (
+            "overlay: each tree is materialised once and each job sees it through a writable"
+            " overlay of its own, so a job in a large tree starts at once"
+        )
+        return _check(name, CheckStatus.passed, detail)
+    detail = (
+        f"copy: each job gets a copy of every file of its tree ({f.work_view}), so a job in"
+        " a large tree waits for the copy; put large data in datasets"
+    )
+    return _check(name, CheckStatus.warning, detail, "allow overlayfs in user namespaces")
 
 
 def _major_minor(version: str) -> tuple[int, int]:

@@ -10,7 +10,7 @@ What goes, in this order:
    never through a finished state), so a job that is queued, starting or running is never
    pruned. Job dirs that no row owns (a submission that crashed half way) go once older
    than the grace period.
-2. **Trees** in trees/ that no remaining job dir holds a copy of.
+2. **Trees** in trees/ that no remaining job dir holds a copy of, and their checkouts.
 3. **Blobs** that no remaining job's tree, no kept tree and no dataset version names.
    Blobs are what a queued job (or the next attempt of a running one) is materialised
    from; its dir keeps a copy of its tree, so they stay while the job is not pruned.
@@ -85,6 +85,12 @@ def collect(
                 continue
             removed_trees.append(digest)
             _add(freed["trees"], size)
+        if not dry_run:
+            # A checkout is the materialised copy of its tree, which no job needs any more.
+            kept = set(rt.trees.digests())
+            for digest in rt.checkouts.digests():
+                if digest not in kept:
+                    rt.checkouts.remove(digest)
         live_blobs |= _dataset_chunks(rt)
         removed_blobs = []
         for digest in rt.blobs.digests():

@@ -233,7 +233,8 @@ def submit(
     after = queue.resolve_after(rt, req, caller)
     tree_paths = {e["path"] for e in rt.trees.entries(req.tree)} if req.tree and req.data else set()
     job_deps = deps.check(rt, req, tree_paths, caller)
-    if req.tree is not None:
+    if req.tree is not None and rt.policy.jobs_quota is not None:
+        # A stat per file of the tree: only where a quota asks for it.
         rt.meter.check_jobs(admission.tree_bytes(rt, req.tree))
     # Everything the job needs is on disk before its row exists: the scheduler may pick up
     # a queued job at any moment.

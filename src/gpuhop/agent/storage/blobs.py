@@ -142,13 +142,16 @@ class BlobStore:
                 self.path(digest).unlink(missing_ok=True)
 
     def missing(self, digests: list[str]) -> list[str]:
-        seen: set[str] = set()
-        out = []
-        for d in digests:
-            if d not in seen and not self.has(d):
-                out.append(d)
-            seen.add(d)
-        return out
+        """The digests not stored. Asking protects each from collection for a while."""
+        now = time.time()
+        unseen = []
+        with self._lock:  # the digests seen before, at once: a large tree is mostly those
+            for d in dict.fromkeys(digests):
+                if d in self._present:
+                    self._touched[d] = now
+                else:
+                    unseen.append(d)
+        return [d for d in unseen if not self.has(d)]
 
     def copy_to(self, digest: str, dest: Path, executable: bool = False) -> None:
         """Copy a blob out to `dest` as a new, writable file (the blob stays untouched).

@@ -1,8 +1,9 @@
 """Runs in the agent: stored work-dir trees (manifests), named by the sha256 of their bytes.
 
 A tree is checked once, when it arrives: safe unique paths, no file that is also a
-directory, every blob present. Jobs then name it by digest, so an unchanged project is
-never re-sent or re-checked. Trees, like blobs, are written by atomic rename, and like
+directory, every blob present; a re-sync checks each entry's own fields only where it differs
+from the last tree stored. Jobs then name a tree by digest, so an unchanged project is never
+re-sent or re-checked. Trees, like blobs, are written by atomic rename, and like
 blobs are protected from garbage collection for a while after anyone asked about or stored
 them (see `BlobStore.remove`), so a job submitted right after its tree arrived finds it.
 """
@@ -52,6 +53,9 @@ class TreeStore:
         self.blobs = blobs
         self._touched: dict[str, float] = {}
         self._lock = threading.Lock()
+        # The entries of the last tree stored, each checked then: the next tree (a re-sync
+        # of the same project) checks only the entries that are not among them.
+        self._checked: set[EntryKey] = set()
 
     def path(self, digest: str) -> Path:
         if not SHA256_RE.match(digest):
@@ -97,29 +101,38 @@ class TreeStore:
         return TreeUpload(self.tmp, limit, refusal)
 
     def store(self, upload: TreeUpload) -> tuple[str, TreeSummary]:
-        """Check and keep an uploaded tree, read from its file one entry at a time. Raises
-        TreeError, MissingBlobs, or pydantic's ValidationError for a body that is not a tree."""
+        """Check and keep an uploaded tree, read from its file one entry at a time. An entry
+        the last stored tree had, as it had it, was checked then and is not again (a re-sync
+        of the same project checks only what changed). Raises TreeError, MissingBlobs, or
+        pydantic's ValidationError for a body that is not a tree."""
         upload.file.flush()
         upload.file.seek(0)
+        checked = self._checked
+        keys: list[EntryKey] = []
         paths: list[str] = []
         digests: set[str] = set()
         size = 0
         for index, item in enumerate(read_entries(upload.file)):
             if index >= MAX_MANIFEST_FILES:
                 raise TreeFileError(f"entries: a tree lists at most {MAX_MANIFEST_FILES} files")
-            try:
-                entry = ManifestEntry.model_validate(item)
-            except ValidationError as e:
-                raise TreeFileError(describe_errors(_at(e, index))) from None
-            paths.append(entry.path)
-            digests.add(entry.digest)
-            size += entry.size
+            key = _plain_key(item)
+            if key is None or key not in checked:
+                try:
+                    key = _key(ManifestEntry.model_validate(item))
+                except ValidationError as e:
+                    raise TreeFileError(describe_errors(_at(e, index))) from None
+            if len(keys) < REMEMBER_ENTRIES:
+                keys.append(key)
+            paths.append(key[0])
+            digests.add(key[1])
+            size += key[2]
         files = len(paths)
         check_paths(paths)
         del paths
         missing = self.blobs.missing(sorted(digests))
         if missing:
             raise MissingBlobs(missing)
+        self._checked = set(keys) if files <= REMEMBER_ENTRIES else set()
         digest = upload.sha256.hexdigest()
         dest = self.path(digest)
         with self._lock:
@@ -179,6 +192,29 @@ class TreeUpload:
 def _at(error: ValidationError, index: int) -> list[dict[str, Any]]:
     """pydantic's errors for one entry, placed at `entries.INDEX` as for the whole tree."""
     return [{**e, "loc": ("entries", index, *e["loc"])} for e in error.errors()]
+
+
+# An entry as its JSON gives it: path, digest, size, executable.
+EntryKey = tuple[str, str, int, bool]
+ENTRY_FIELDS = frozenset(ManifestEntry.model_fields)
+# The entries of a tree up to this many are remembered (as checked) for the next tree; a
+# bigger one is checked in full each time rather than held in memory.
+REMEMBER_ENTRIES = 50_000
+
+
+def _key(e: ManifestEntry) -> EntryKey:
+    return (e.path, e.digest, e.size, e.executable)
+
+
+def _plain_key(item: object) -> EntryKey | None:
+    """The entry's key if it is plainly an entry (a dict of entry fields of the right
+    types), else None: the full check then refuses (or accepts) it in its own words."""
+    if type(item) is not dict or not item.keys() <= ENTRY_FIELDS:
+        return None
+    key = (item.get("path"), item.get("digest"), item.get("size"), item.get("executable", False))
+    if tuple(map(type, key)) != (str, str, int, bool):
+        return None
+    return key  # type: ignore[return-value]
 
 
 def check_paths(paths: list[str], what: str = "tree") -> None:

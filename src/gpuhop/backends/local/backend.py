@@ -44,6 +44,7 @@ from gpuhop.runtime import hook
 
 SHIM = str(Path(__file__).with_name("shim.py"))
 SANDBOX = str(Path(__file__).with_name("sandbox.py"))
+WORKVIEW = str(Path(__file__).with_name("workview.py"))
 
 
 def job_environment(
@@ -111,6 +112,20 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _probe(python: str, helper: str) -> str | None:
+    """Run `helper --probe`: None if it passed, else why not."""
+    try:
+        probe = subprocess.run(
+            [python, "-I", "-S", helper, "--probe"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"the probe {Path(helper).name} did not run ({e})"
+    if probe.returncode == 0:
+        return None
+    why = probe.stderr.strip().splitlines()[-1:] or [f"exit code {probe.returncode}"]
+    return why[0]
+
+
 class LocalBackend(LeaderBackend):
     name = "local"
 
@@ -125,24 +140,24 @@ class LocalBackend(LeaderBackend):
 
     @functools.cached_property
     def _isolation(self) -> str | None:
-        try:
-            probe = subprocess.run(
-                [self.python, "-I", "-S", SANDBOX, "--probe"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-            )
-        except (OSError, subprocess.SubprocessError) as e:
-            return f"the namespace probe did not run ({e})"
-        if probe.returncode == 0:
-            return None
-        why = probe.stderr.strip().splitlines()[-1:] or [f"exit code {probe.returncode}"]
-        return f"{why[0]}; {HOW_TO_ALLOW}"
+        why = _probe(self.python, SANDBOX)
+        return None if why is None else f"{why}; {HOW_TO_ALLOW}"
 
     def isolation(self) -> str | None:
         """None when every job runs in its own view of this host (sandbox.py); else why
         not, and what to allow. Asked of the host once."""
         return self._isolation
+
+    @functools.cached_property
+    def _work_view(self) -> str | None:
+        if self.isolation() is not None:
+            return "jobs run without a sandbox here, and the overlay lives in one"
+        return _probe(self.python, WORKVIEW)
+
+    def work_view(self) -> str | None:
+        """None when each job sees its tree's checkout through an overlay of its own
+        (workview.py); else why it gets a copy. Asked of the host once."""
+        return self._work_view
 
     def check_submit(self, req: SubmitRequest) -> None:
         """Every kind of job runs here; a multi-worker one in a mode that works for its Keras."""
@@ -174,7 +189,11 @@ class LocalBackend(LeaderBackend):
         jp.tmp.mkdir(mode=0o700, exist_ok=True)
         # The sandbox binds it over /tmp; without one, TMPDIR is all that points there.
         env["TMPDIR"] = "/tmp" if self._sandboxed(deps) else str(jp.tmp)
-        argv = resolve_command(job.command, jp.work, env.get("PATH", os.defpath), python)
+        # What the job will see in its work dir: its checkout, under what the agent put there.
+        files = jp.work if (jp.work / job.command[0]).exists() else deps.get("checkout", jp.work)
+        argv = resolve_command(job.command, Path(files), env.get("PATH", os.defpath), python)
+        if argv[0].startswith(f"{files}/"):  # a program in the checkout: run it from the view
+            argv[0] = f"{jp.work}{argv[0][len(str(files)) :]}"
         gang = self._write_gang(job, jp, env, python) if job.workers > 1 else []
         gang += self._shim_args(deps, jp, job.workers)
         if job.private_network or job.workers > 1:
@@ -256,6 +275,7 @@ class LocalBackend(LeaderBackend):
         spec = {
             "home": str(self.paths.home),
             "work": str(jp.work),
+            "lower": deps.get("checkout"),
             "keep": self._view(deps, jp, workers),
             "binds": binds,
             "tmp": str(jp.tmp),

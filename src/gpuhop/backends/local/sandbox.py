@@ -11,8 +11,9 @@ be chmod'ed back to writable). Instead the job runs in private namespaces made b
   logs (writable), its Python environment and what else it may read (read-only). The
   agent's socket, job store, tokens, TLS key, blobs, trees, datasets and every other job's
   dir are not there. Each dataset's assembled tree is bind-mounted at its mount point in
-  the work dir and remounted read-only. The tmpfs itself is read-only. The job's own
-  temporary dir (`tmp` in the spec, in its job dir, removed when it ends) is bound over
+  the work dir and remounted read-only. Where the job's tree has a checkout, the work dir
+  bound back is an overlay of it (workview.py). The tmpfs itself is read-only. The job's
+  own temporary dir (`tmp` in the spec, in its job dir, removed when it ends) is bound over
   `/tmp`, so what it writes there neither collides with other jobs nor outlives it; where
   the state dir (or anything else the job must see) lies under `/tmp`, it is bound back at
   its own path inside that;
@@ -160,6 +161,9 @@ def _setup(spec: dict, uid: int) -> None:
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     home = os.path.realpath(spec["home"])
     work = os.path.realpath(spec["work"])
+    if spec.get("lower"):
+        # Before the work dir is opened below: the job is given the overlay, not the dir.
+        _sibling("workview").mount(spec, _mount)
     tmp = spec.get("tmp")
     tmp_fd = _open(tmp, DIRS) if tmp else None
     keep = []  # (fd, path, is_dir, readonly), opened while the real state dir is in view
@@ -196,6 +200,14 @@ def _setup(spec: dict, uid: int) -> None:
         for cap in range(last + 1):
             _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "dropping capabilities")
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def _sibling(name: str):
+    # -I leaves this file's directory off sys.path; the helpers beside it are stdlib-only.
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return __import__(name)
 
 
 def probe() -> str | None:

@@ -43,12 +43,12 @@ import time
 POLL_SECONDS = 0.05
 
 
-def _write_atomic(path: str, data: dict) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
+def _write_atomic(path: str, data: dict, durable: bool = True) -> None:
+    with open(tmp := f"{path}.tmp", "w") as f:
         json.dump(data, f)
         f.flush()
-        os.fsync(f.fileno())
+        if durable:  # not a pid file: after a crash of the host, its processes are gone
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -299,7 +299,7 @@ def main(argv: list) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     command = rest[1:]
-    _write_atomic(pid_path, {"pid": os.getpid()})
+    _write_atomic(pid_path, {"pid": os.getpid()}, durable=False)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         # A handler, not SIG_IGN: exec resets handled signals to their default in the child.
         signal.signal(sig, lambda *_: None)
@@ -368,7 +368,7 @@ def _enter_sandbox(spec: dict, pid_path: str) -> tuple:
     os.close(write_end)
     # The agent releases the job's GPUs once this process is gone: the PID namespace's
     # first process ends only after every other process in it has.
-    _write_atomic(pid_path, {"pid": os.getpid(), "init": child, "init_start": _start(child)})
+    _write_atomic(pid_path, {"pid": os.getpid(), "init": child, "init_start": _start(child)}, False)
     with os.fdopen(read_end, "rb") as r:
         report = r.read()
     while True:

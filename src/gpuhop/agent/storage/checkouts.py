@@ -1,0 +1,109 @@
+"""Runs in the agent: each stored tree materialised once, as a checkout that jobs see through
+an overlay (gpuhop.backends.local.workview) instead of each job copying every file.
+
+A checkout is `checkouts/<tree digest>/`, the tree's files with their modes (0644, or 0755
+for executables), built in the temp dir and renamed into place whole, so a checkout that
+exists is complete. Nothing writes into a checkout after that: a job sees it only as the
+lower layer of its overlay, which copies a file up before any change. A new tree reuses the
+files of the checkout built before it (hard links, for every path whose digest and mode are
+unchanged), so one changed file costs one copy and a link per other file, not a copy of
+every file. Checkouts whose tree is gone are removed by garbage collection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.api import ManifestEntry
+from gpuhop.api.models import SHA256_RE
+
+
+@dataclass
+class _Built:
+    """The last checkout built: reused by the next one."""
+
+    path: Path
+    files: dict[str, tuple[str, bool]]  # path -> (digest, executable)
+
+
+class CheckoutStore:
+    def __init__(self, root: Path, tmp: Path, blobs: BlobStore):
+        self.root = root
+        self.tmp = tmp
+        self.blobs = blobs
+        self._lock = threading.Lock()
+        self._last: _Built | None = None
+
+    def path(self, digest: str) -> Path:
+        if not SHA256_RE.match(digest):
+            raise ValueError(f"{digest!r} is not a sha256 hex digest")
+        return self.root / digest
+
+    def ensure(self, digest: str, entries: Callable[[], list[ManifestEntry]]) -> Path:
+        """The checkout of tree `digest`, built from `entries()` if missing. One at a time:
+        two jobs of a new tree build it once."""
+        dest = self.path(digest)
+        with self._lock:
+            if dest.is_dir():
+                return dest
+            self.root.mkdir(parents=True, exist_ok=True)
+            building = Path(tempfile.mkdtemp(dir=self.tmp, prefix="checkout-"))
+            try:
+                files = self._build(building, entries())
+                os.chmod(building, 0o755)
+                os.replace(building, dest)
+            except BaseException:
+                remove(building)
+                raise
+            self._last = _Built(dest, files)
+        return dest
+
+    def _build(self, into: Path, entries: list[ManifestEntry]) -> dict[str, tuple[str, bool]]:
+        # Every path is relative with no '..' (ManifestEntry checks it), and `into` is new.
+        for parent in sorted({os.path.dirname(e.path) for e in entries} - {""}):
+            (into / parent).mkdir(parents=True, exist_ok=True)
+        last = self._last if self._last is not None and self._last.path.is_dir() else None
+        files: dict[str, tuple[str, bool]] = {}
+        for entry in entries:
+            key = (entry.digest, entry.executable)
+            target = into / entry.path
+            if last is not None and last.files.get(entry.path) == key:
+                try:
+                    os.link(last.path / entry.path, target)
+                    files[entry.path] = key
+                    continue
+                except OSError:
+                    pass  # removed meanwhile, or too many links: copy it
+            self.blobs.copy_to(entry.digest, target, entry.executable)
+            files[entry.path] = key
+        return files
+
+    def digests(self) -> list[str]:
+        try:
+            return [p.name for p in self.root.iterdir() if SHA256_RE.match(p.name)]
+        except FileNotFoundError:
+            return []
+
+    def remove(self, digest: str) -> None:
+        """Remove a checkout (its tree is gone; no job can still be using it)."""
+        with self._lock:
+            path = self.path(digest)
+            if self._last is not None and self._last.path == path:
+                self._last = None
+            if path.is_dir():
+                gone = Path(tempfile.mkdtemp(dir=self.tmp, prefix="checkout-gone-"))
+                os.replace(path, gone / digest)
+                remove(gone)
+
+
+def remove(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(path)

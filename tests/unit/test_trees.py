@@ -1,0 +1,145 @@
+"""The agent's tree store and checkouts on real files: a re-sync checks only what changed
+since the last tree, yet refuses a bad entry or a missing blob exactly as a first sync does;
+a checkout is built once and reuses the unchanged files of the one before."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.checkouts import CheckoutStore
+from gpuhop.agent.storage.treefile import TreeFileError
+from gpuhop.agent.storage.trees import MissingBlobs, TreeError, TreeStore, TreeSummary
+from gpuhop.api import ManifestEntry
+
+
+@pytest.fixture
+def blobs(tmp_path: Path) -> BlobStore:
+    for d in ("blobs", "tmp", "trees"):
+        (tmp_path / d).mkdir()
+    return BlobStore(tmp_path / "blobs", tmp_path / "tmp")
+
+
+@pytest.fixture
+def trees(tmp_path: Path, blobs: BlobStore) -> TreeStore:
+    return TreeStore(tmp_path / "trees", tmp_path / "tmp", blobs)
+
+
+def put(blobs: BlobStore, data: bytes) -> str:
+    digest = hashlib.sha256(data).hexdigest()
+    blobs.put(digest, data)
+    return digest
+
+
+def tree(blobs: BlobStore, files: dict[str, bytes]) -> list[dict]:
+    return [
+        {"path": path, "digest": put(blobs, data), "size": len(data), "executable": False}
+        for path, data in files.items()
+    ]
+
+
+def raw(entries: list[dict]) -> bytes:
+    return json.dumps({"entries": entries}).encode()
+
+
+def store(trees: TreeStore, body: bytes) -> tuple[str, TreeSummary]:
+    """Store a tree as the agent does: arrived in a temp file, checked an entry at a time."""
+    upload = trees.receive(len(body) + 1)
+    try:
+        upload.write(body)
+        return trees.store(upload)
+    finally:
+        upload.close()
+
+
+def stored_entries(trees: TreeStore, digest: str) -> list[ManifestEntry]:
+    return [ManifestEntry.model_validate(e) for e in trees.entries(digest)]
+
+
+FILES = {f"d/{i}.txt": f"file {i}".encode() for i in range(20)}
+
+
+def test_a_re_sync_with_one_bad_entry_is_refused_as_a_first_sync_would_be(trees, blobs):
+    entries = tree(blobs, FILES)
+    store(trees, raw(entries))
+    for bad, error in [
+        ({**entries[3], "path": "../escape.txt"}, TreeFileError),
+        ({**entries[3], "path": "/etc/passwd"}, TreeFileError),
+        ({**entries[3], "digest": "not-a-digest"}, TreeFileError),
+        ({**entries[3], "size": -1}, TreeFileError),
+        ({**entries[3], "extra": 1}, TreeFileError),
+        ({**entries[3], "path": "d/4.txt"}, TreeError),  # twice
+        ({**entries[3], "path": "d/4.txt/x"}, TreeError),  # a file and a directory
+    ]:
+        changed = [*entries[:3], bad, *entries[4:]]
+        with pytest.raises(error):
+            store(trees, raw(changed))
+    # Unknown top-level fields, and entries that are not objects, are refused too.
+    with pytest.raises(TreeFileError):
+        store(trees, json.dumps({"entries": entries, "more": 1}).encode())
+    with pytest.raises(TreeFileError):
+        store(trees, json.dumps({"entries": [*entries, "d/x.txt"]}).encode())
+
+
+def test_a_re_sync_names_a_blob_that_is_gone_since_the_last_tree(trees, blobs, tmp_path):
+    entries = tree(blobs, FILES)
+    store(trees, raw(entries))
+    gone = entries[5]["digest"]
+    assert blobs.remove(gone, untouched_since=float("inf")) is not None
+    with pytest.raises(MissingBlobs) as refused:
+        store(trees, raw(entries))
+    assert refused.value.missing == [gone]
+
+
+def test_a_re_sync_with_one_changed_file_stores_the_new_tree(trees, blobs):
+    entries = tree(blobs, FILES)
+    first, _ = store(trees, raw(entries))
+    entries[7] = tree(blobs, {"d/7.txt": b"edited"})[0]
+    second, stored = store(trees, raw(entries))
+    assert second != first
+    assert stored.files == len(FILES)
+    assert [e["path"] for e in trees.entries(second)] == list(FILES)
+    assert list(trees.entries(second))[7]["digest"] == hashlib.sha256(b"edited").hexdigest()
+
+
+def test_a_checkout_is_built_once_and_the_next_links_its_unchanged_files(trees, blobs, tmp_path):
+    checkouts = CheckoutStore(tmp_path / "checkouts", tmp_path / "tmp", blobs)
+    entries = tree(blobs, FILES)
+    entries[0]["executable"] = True
+    first_digest, _ = store(trees, raw(entries))
+    one = checkouts.ensure(first_digest, lambda: stored_entries(trees, first_digest))
+    assert checkouts.ensure(first_digest, lambda: stored_entries(trees, first_digest)) == one
+    assert (one / "d/0.txt").stat().st_mode & 0o777 == 0o755
+    assert (one / "d/1.txt").stat().st_mode & 0o777 == 0o644
+
+    entries[1] = tree(blobs, {"d/1.txt": b"edited"})[0]
+    entries[0]["executable"] = False
+    second_digest, _ = store(trees, raw(entries))
+    two = checkouts.ensure(second_digest, lambda: stored_entries(trees, second_digest))
+    assert (two / "d/1.txt").read_bytes() == b"edited"
+    assert (one / "d/1.txt").read_bytes() == b"file 1"
+    # Changed content or mode: a new file. Unchanged: the same file, linked.
+    for name in ("d/0.txt", "d/1.txt"):
+        assert os.stat(one / name).st_ino != os.stat(two / name).st_ino
+    assert (two / "d/0.txt").stat().st_mode & 0o777 == 0o644
+    assert os.stat(one / "d/2.txt").st_ino == os.stat(two / "d/2.txt").st_ino
+    # The stored blobs are never part of a checkout.
+    assert os.stat(blobs.path(entries[2]["digest"])).st_nlink == 1
+
+    checkouts.remove(first_digest)
+    assert not one.exists() and checkouts.digests() == [second_digest]
+    assert (two / "d/2.txt").read_bytes() == b"file 2"
+
+
+def test_a_checkout_that_fails_half_way_leaves_nothing(trees, blobs, tmp_path):
+    checkouts = CheckoutStore(tmp_path / "checkouts", tmp_path / "tmp", blobs)
+    entries = [ManifestEntry(path="a.txt", digest="0" * 64, size=1)]  # never uploaded
+    with pytest.raises(FileNotFoundError):
+        checkouts.ensure("1" * 64, lambda: entries)
+    assert checkouts.digests() == []
+    assert list((tmp_path / "tmp").iterdir()) == []
