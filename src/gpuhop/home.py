@@ -67,6 +67,16 @@ class AgentPaths:
         return self.home / "listen.json"
 
     @property
+    def quarantine(self) -> Path:
+        """The GPUs taken out of service for a hardware fault (see agent.storage.quarantine)."""
+        return self.home / "quarantine.json"
+
+    @property
+    def fake_gpus_seam(self) -> Path:
+        """Read by an agent with --fake-gpus: each fake GPU's load and faults, for tests."""
+        return self.home / "fake-gpus.json"
+
+    @property
     def blobs(self) -> Path:
         return self.home / "blobs"
 

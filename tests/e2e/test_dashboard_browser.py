@@ -2,7 +2,8 @@
 sees it: a real agent with a fake GPU, `gpuhop ui --no-browser` as a real process, and its
 login link opened in chromium. A job that logs metrics is watched until its loss chart gains
 points, shown on the GPU page as the holder of the GPU, and cancelled from its page. Without
-the login, nothing is shown. A screenshot of the job page is kept in test-output/.
+the login, nothing is shown. A GPU quarantined for a fault says why on the GPU page. A
+screenshot of the job page is kept in test-output/.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO, Agent
+from tests.conftest import REPO, Agent, wait_until
 
 CHROMIUM = os.environ.get("GPUHOP_TEST_CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = REPO / "test-output"
@@ -211,5 +212,23 @@ def test_a_sweeps_page_draws_every_runs_curve_on_one_chart(dashboard, browser, p
     expect(chart.locator("svg path.line")).to_have_count(3)
     expect(chart).to_have_attribute("data-points", "15")
     expect(chart.locator(".legend")).to_contain_text("lrs[lr=3]")
+    assert not errors, errors
+    context.close()
+
+
+def test_the_gpu_page_says_why_a_gpu_is_quarantined(dashboard, browser):
+    agent, _, link = dashboard
+    agent.paths.fake_gpus_seam.write_text('{"0": {"xid": 79}}')
+    with agent.client() as client:
+        wait_until(lambda: client.gpus()[0].quarantined)
+    context = browser.new_context()
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(link)
+    page.click("nav >> text=GPUs")
+    note = page.locator('[data-gpu="0"] [data-quarantined="0"]')
+    sync_api.expect(note).to_contain_text("Quarantined: XID 79 (GPU fell off the bus)")
+    sync_api.expect(note).to_contain_text("gpuhop gpus --release 0")
     assert not errors, errors
     context.close()

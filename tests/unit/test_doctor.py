@@ -60,6 +60,7 @@ def test_a_healthy_gpu_host_passes_everything():
         "TensorFlow",
         "CUDA version",
         "TensorFlow sees the GPUs",
+        "GPU health",
         "tf-keras",
         "disk space",
         "job sandbox",
@@ -72,6 +73,17 @@ def test_a_healthy_gpu_host_passes_everything():
     assert v["CUDA version"][1] == (
         "the driver supports CUDA up to 12.6; TensorFlow was built for 12.5.1"
     )
+
+
+def test_a_quarantined_gpu_is_named_with_its_fault_and_the_fix():
+    one = verdicts(replace(GPU_HOST, quarantined={1: "XID 79 (GPU fell off the bus)"}))
+    status, detail, fix = one["GPU health"]
+    assert status == CheckStatus.warning  # jobs still run on GPU 0
+    assert "GPU 1: XID 79 (GPU fell off the bus)" in detail and "other GPUs" in detail
+    assert fix is not None and "gpuhop gpus --release N" in fix
+    both = replace(GPU_HOST, quarantined={0: "2 uncorrectable ECC error(s)", 1: "lost"})
+    assert statuses(both)["GPU health"] == CheckStatus.failed
+    assert statuses(CPU_HOST)["GPU health"] == CheckStatus.skipped
 
 
 def test_a_cpu_only_host_is_a_valid_setup():

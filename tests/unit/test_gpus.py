@@ -60,3 +60,28 @@ def test_on_a_gpu_host_nvidia_smi_agrees_with_nvml():
         assert all(u.memory_used_mb is not None for u in smi.usage().values())
     finally:
         nvml.close()
+
+
+def test_fake_gpus_read_load_and_faults_from_their_seam_file(tmp_path):
+    seam = tmp_path / "fake-gpus.json"
+    host = gpus.discover(fake=3, fake_seam=seam)
+    assert host.usage()[0] == gpus.Usage(0, 0) and host.faults() == {}  # no file: all well
+    seam.write_text('{"0": {"utilization": 85}, "1": {"xid": 79}, "2": {"xid": 13}}')
+    assert host.usage()[0] == gpus.Usage(0, 85)
+    # XID 13 is a job's own illegal memory access: never a GPU fault.
+    assert {i: (f.kind, f.detail) for i, f in host.faults().items()} == {
+        1: ("xid", "XID 79 (GPU fell off the bus)")
+    }
+    seam.write_text("{not json")
+    assert host.faults() == {} and host.usage()[0] == gpus.Usage(0, 0)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_host_nvml_reports_no_fault_on_healthy_gpus():
+    host = gpus.discover()
+    try:
+        assert host.source == "nvml", host.error
+        assert host.faults() == {}
+        assert host.faults() == {}  # the XID event set drains without blocking
+    finally:
+        host.close()

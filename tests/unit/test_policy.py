@@ -22,6 +22,8 @@ def test_defaults_then_the_file_then_options(tmp_path):
         ('storage_quota = "lots"\n', "storage_quota"),
         ("keep_jobs = -1\n", "negative"),
         ("keep_jobs = [\n", "agent.toml"),
+        ('idle_action = "kill"\n', "idle_action = 'kill': give one of 'warn', 'cancel'"),
+        ("idle_gpu_minutes = -1\n", "idle_gpu_minutes = -1: give a number of minutes above 0"),
     ],
 )
 def test_a_bad_setting_is_named(tmp_path, text, words):
@@ -36,3 +38,9 @@ def test_a_bad_setting_is_named(tmp_path, text, words):
 )
 def test_sizes(text, size):
     assert parse_bytes(text) == size
+
+
+def test_the_idle_guard_takes_fractional_minutes_and_is_off_by_default(tmp_path):
+    assert (Policy().idle_gpu_minutes, Policy().idle_action) == (None, "warn")
+    (tmp_path / "agent.toml").write_text('idle_gpu_minutes = 0.05\nidle_action = "cancel"\n')
+    assert (load(tmp_path).idle_gpu_minutes, load(tmp_path).idle_action) == (0.05, "cancel")

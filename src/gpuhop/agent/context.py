@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from gpuhop.agent.callers import owner_login
-from gpuhop.agent.host.gpuhistory import GpuHistory
+from gpuhop.agent.host.gpuhistory import GpuHistory, sample_every
 from gpuhop.agent.jobs.after import judge
 from gpuhop.agent.jobs.metricstail import latest_metrics
 from gpuhop.agent.jobs.notifier import HostRule, Notifier, payload
@@ -25,6 +25,7 @@ from gpuhop.agent.storage.claims import ClaimStore
 from gpuhop.agent.storage.datasets import DatasetStore
 from gpuhop.agent.storage.envs import EnvStore
 from gpuhop.agent.storage.policy import Policy
+from gpuhop.agent.storage.quarantine import QuarantineStore
 from gpuhop.agent.storage.tokens import TokenStore
 from gpuhop.agent.storage.trees import TreeStore
 from gpuhop.agent.storage.usage import DiskMeter
@@ -57,8 +58,11 @@ class AgentContext:
         # The GPUs as found at start; their live readings come from gpu_host.usage().
         self.gpus = gpu_host.gpus
         self.fake_gpus = gpu_host.fake
-        # The last hour of their readings, sampled by a duty (the dashboard's GPU page).
-        self.gpu_history = GpuHistory()
+        # The last hour of their readings, sampled by a duty (the dashboard's GPU page, the
+        # idle guard: which samples often enough to see a few readings in its window).
+        self.gpu_history = GpuHistory(sample_every(self.policy.idle_gpu_minutes))
+        # GPUs out of service for a hardware fault (see services/gpuhealth.py).
+        self.quarantine = QuarantineStore(paths.quarantine)
         self.pid = os.getpid()
         self.store = JobStore(paths.db)
         self.blobs = BlobStore(paths.blobs, paths.tmp)
@@ -151,6 +155,7 @@ class AgentContext:
             kinds=kinds,
             limits=self.limits(),
             waiting=waiting,
+            out_of_service=self.quarantine.all(),
         )
         self.waiting = waiting
         for placement in placements:

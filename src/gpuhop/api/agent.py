@@ -32,6 +32,11 @@ class GpuInfo(WireModel):
     # Its topology group where known (GPUs of one group share a switch or NVLink): a job
     # asking for several GPUs gets them of one model and one group (unless mixed_gpus).
     group: str | None = None
+    # Why it is out of service (a hardware fault: XID, ECC, retired pages, fallen off the
+    # bus), and since when; None for a GPU in service. No new job gets a quarantined GPU
+    # until an admin releases it (`gpuhop gpus --release N`).
+    quarantined: str | None = None
+    quarantined_since: float | None = None
 
     @property
     def kind(self) -> str:

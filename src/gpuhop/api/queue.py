@@ -35,8 +35,8 @@ class EndClass(StrEnum):
     timeout = "timeout"  # its --timeout passed
     cancelled = "cancelled"  # a user, or a dependency that did not succeed
     lost = "lost"  # its process vanished with no exit status (host or agent gone)
-    idle = "idle"  # held GPUs idle past the agent's limit (reserved)
-    gpu_fault = "gpu-fault"  # a GPU it held had a hardware fault (reserved)
+    idle = "idle"  # cancelled by the idle guard: its whole GPUs sat at 0 % too long
+    gpu_fault = "gpu-fault"  # a GPU it held had a hardware fault and was quarantined
 
 
 # The failures that say nothing about the job's code: worth another attempt by default.

@@ -51,6 +51,18 @@ class Usage:
     utilization: int | None  # percent
 
 
+@dataclass(frozen=True)
+class Fault:
+    """A hardware fault of one GPU, as its driver reports it: the GPU must not run jobs.
+
+    `kind` is one of a few words ("xid", "ecc", "retired-pages", "lost"), for metrics;
+    `detail` says what was seen, in words; a different detail is a new fault.
+    """
+
+    kind: str
+    detail: str
+
+
 @dataclass
 class GpuHost:
     """The GPUs a backend offers the scheduler, and where their facts come from.
@@ -74,6 +86,11 @@ class GpuHost:
     def usage(self) -> dict[int, Usage]:
         """Memory used and utilisation of each GPU now. Unknown readings are None."""
         return {g.index: Usage(0, 0) if self.fake else Usage(None, None) for g in self.gpus}
+
+    def faults(self) -> dict[int, Fault]:
+        """The GPUs with a hardware fault now (or, for one-off events such as an XID error,
+        seen since the last call). None known: an empty dict."""
+        return {}
 
     def close(self) -> None:
         pass

@@ -33,7 +33,11 @@ def _paths(home: Path | None) -> AgentPaths:
 def start(
     home: Path | None = HomeOption,
     fake_gpus: int | None = typer.Option(
-        None, "--fake-gpus", min=0, help="Pretend the host has N GPUs (for tests and demos)."
+        None,
+        "--fake-gpus",
+        min=0,
+        help="Pretend the host has N GPUs (for tests and demos). Their load and faults are"
+        " read from fake-gpus.json in the state dir (see the README's GPU health).",
     ),
     fake_gpu_memory: int | None = typer.Option(
         None,

@@ -12,9 +12,19 @@ from gpuhop.client import GpuhopError
 
 def gpus(
     json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    release: int | None = typer.Option(
+        None,
+        "--release",
+        metavar="N",
+        help="Put GPU N, quarantined for a hardware fault, back in service (admins only).",
+    ),
     on: str | None = OnOption,
 ) -> None:
-    """List the host's GPUs: memory used, load, and the jobs holding each (read live)."""
+    """List the host's GPUs: memory used, load, the jobs holding each (read live), and
+    which are quarantined for a hardware fault (XID, ECC, retired pages, off the bus)."""
+    if release is not None:
+        _release(release, on)
+        return
     try:
         with client_for(on) as client:
             infos = client.gpus()
@@ -35,8 +45,11 @@ def gpus(
         )
         say("GPUs of the Ray cluster; Ray decides which node and GPU each job gets")
         return
+    # A HEALTH column only when some GPU is out of service: the usual table stays narrow.
+    health = any(g.quarantined for g in infos)
     print_table(
-        ("GPU", "MODEL", "GROUP", "MEMORY USED", "UTIL", "RESERVED", "JOBS"),
+        ("GPU", "MODEL", "GROUP", "MEMORY USED", "UTIL", "RESERVED", "JOBS")
+        + (("HEALTH",) if health else ()),
         [
             (
                 str(g.index),
@@ -47,11 +60,27 @@ def gpus(
                 _reserved(g),
                 ", ".join(g.job_ids) or "-",
             )
+            + ((("QUARANTINED" if g.quarantined else "ok"),) if health else ())
             for g in infos
         ],
     )
+    for g in infos:
+        if g.quarantined:
+            say(
+                f"GPU {g.index} is quarantined: {g.quarantined}; no job gets it until an admin"
+                f" runs: gpuhop gpus --release {g.index}"
+            )
     if fake:
         say("these GPUs are fake (agent started with --fake-gpus); jobs run on the CPU")
+
+
+def _release(index: int, on: str | None) -> None:
+    try:
+        with client_for(on) as client:
+            info = client.release_gpu(index)
+    except GpuhopError as e:
+        fail(e.message)
+    say(f"GPU {info.index} ({info.name}) is back in service; new jobs may get it")
 
 
 def _mb(mb: int | None) -> str:

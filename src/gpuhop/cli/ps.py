@@ -103,7 +103,9 @@ def gpu_panel(gpus: list[GpuInfo]) -> Table:
             g.name,
             _bar(g.utilization),
             f"{used} / {format_mb(g.memory_mb)}",
-            ", ".join(g.job_ids) or "-",
+            Text(f"QUARANTINED: {g.quarantined}", style="bold red")
+            if g.quarantined
+            else ", ".join(g.job_ids) or "-",
         )
     return table
 

@@ -118,6 +118,10 @@ class Client:
         """The host's GPUs: memory used and load now, and the jobs holding each."""
         return host.gpus(self.session)
 
+    def release_gpu(self, index: int) -> GpuInfo:
+        """Put GPU `index`, quarantined for a hardware fault, back in service (admins only)."""
+        return host.release_gpu(self.session, index)
+
     def doctor(self, fresh: bool = False) -> list[DoctorCheck]:
         """Preflight checks of the GPU host (driver, CUDA, TensorFlow build, disk). Its
         TensorFlow probe is reused for a minute; `fresh` (admins only) runs a new one."""

@@ -22,6 +22,12 @@ def gpus(session: Session) -> list[GpuInfo]:
     return [GpuInfo.model_validate(g) for g in session.request("GET", "/v1/agent/gpus").json()]
 
 
+def release_gpu(session: Session, index: int) -> GpuInfo:
+    """Put a quarantined GPU back in service (admins only)."""
+    response = session.request("POST", f"/v1/agent/gpus/{index}/release")
+    return GpuInfo.model_validate(response.json())
+
+
 def doctor(session: Session, fresh: bool = False) -> list[DoctorCheck]:
     """Preflight checks of the GPU host (driver, CUDA, TensorFlow build, disk). The agent
     reuses its TensorFlow probe for a minute; `fresh` (admins only) asks for a new one."""

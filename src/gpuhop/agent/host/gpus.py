@@ -2,8 +2,9 @@
 
 Discovery tries NVML first (the `nvidia-ml-py` package, imported as `pynvml`), then the
 `nvidia-smi` program, and else reports no GPU; `--fake-gpus N` makes N made-up GPUs and
-looks at no hardware. The GPUs themselves (index, name, memory) are found once, at agent
-start; what they are doing is read each time it is asked for, since other programs on the
+looks at no hardware (their load and faults come from a file: see `health.FakeGpuHost`).
+The GPUs themselves (index, name, memory) are found once, at agent start; what they are
+doing (and their faults) is read each time it is asked for, since other programs on the
 host use them too.
 
 Indices are NVML's, which follow the PCI bus order, as nvidia-smi's do; the supervisor sets
@@ -17,10 +18,12 @@ import logging
 import re
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
+from gpuhop.agent.host.health import FakeGpuHost, NvmlHealth
 from gpuhop.api import GpuInfo
-from gpuhop.backends.base import GpuHost, Usage
+from gpuhop.backends.base import Fault, GpuHost, Usage
 
 log = logging.getLogger("gpuhop.agent")
 
@@ -32,6 +35,7 @@ class _NvmlHost(GpuHost):
     def __init__(self, nvml: Any, **facts: Any):
         super().__init__("nvml", **facts)
         self._nvml = nvml
+        self._health = NvmlHealth(nvml, [g.index for g in self.gpus])
 
     def usage(self) -> dict[int, Usage]:
         out = {}
@@ -47,7 +51,11 @@ class _NvmlHost(GpuHost):
             out[gpu.index] = Usage(memory, util)
         return out
 
+    def faults(self) -> dict[int, Fault]:
+        return self._health.faults()
+
     def close(self) -> None:
+        self._health.close()
         with contextlib.suppress(self._nvml.NVMLError):
             self._nvml.nvmlShutdown()
 
@@ -70,17 +78,19 @@ def discover(
     fake: int | None = None,
     fake_memory_mb: int = FAKE_GPU_MEMORY_MB,
     fake_models: str | None = None,
+    fake_seam: Path | None = None,
 ) -> GpuHost:
     """The host's GPUs. `fake=N` returns N made-up GPUs and looks at no hardware;
     `fake_models` names each one's model, and optionally topology group, as
-    "MODEL[@GROUP],..." (e.g. "A100@0,A100@0,V100,V100")."""
+    "MODEL[@GROUP],..." (e.g. "A100@0,A100@0,V100,V100"); `fake_seam` is the file their
+    load and faults are read from (see `health.FakeGpuHost`)."""
     if fake is not None:
         kinds = parse_fake_models(fake_models, fake)
         gpus = [
             GpuInfo(index=i, name=name, memory_mb=fake_memory_mb, group=group)
             for i, (name, group) in enumerate(kinds)
         ]
-        return GpuHost("fake", gpus)
+        return FakeGpuHost(gpus, fake_seam)
     nvml_error: str | None = None
     try:
         return _nvml_host()

@@ -55,14 +55,16 @@ def classify(
 ) -> EndClass:
     """The class of an attempt that ended in `state`.
 
-    `stopped_class`: the class the agent gave when it stopped the job itself (a time limit);
+    `stopped_class`: the class the agent gave when it stopped the job itself (a time limit,
+    a GPU fault, an idle job);
     `oom_killed`: the job's own cgroup counted an OOM kill. Without that, a SIGKILL stays
     `killed`: on a host that cannot tell, the OOM killer is not guessed at.
     """
     if state is JobState.succeeded:
         return EndClass.succeeded
     if state is JobState.cancelled:
-        return EndClass.cancelled
+        # The agent's own cancel (an idle job) says why; a user's is plain `cancelled`.
+        return EndClass(stopped_class) if stopped_class else EndClass.cancelled
     if state is JobState.lost:
         return EndClass.lost
     if stopped_class is not None:

@@ -23,6 +23,8 @@ Policy:
 - Limits that are not about GPUs being busy make a job wait without blocking others: a
   user's GPUs held at once (`Limits.user_gpus`), and a sweep's runs at once (its
   `max_parallel`). Why each such job waits goes to `waiting`.
+- A GPU out of service (quarantined for a hardware fault) is given to no job; jobs that
+  would need it wait, as for a busy GPU.
 - A job that could never fit on this host (more GPUs than it has, or a share larger than
   every GPU) is passed over instead of blocking the queue for good (`could_ever_fit`).
   Submit refuses such jobs, so this happens only after an agent restart with fewer or
@@ -78,9 +80,12 @@ class Placement:
 class _Gpus:
     """The GPUs' occupancy while a plan is made: whole-GPU owners and the shares on each."""
 
-    def __init__(self, memory: Mapping[int, int], holdings: Iterable[Holding]):
+    def __init__(
+        self, memory: Mapping[int, int], holdings: Iterable[Holding], out: Iterable[int] = ()
+    ):
         self.memory = dict(memory)
-        self.whole: set[int] = set()
+        # Out of service: as if a whole-GPU job held it.
+        self.whole: set[int] = set(out)
         self.shared = dict.fromkeys(self.memory, 0)
         for held in holdings:
             for gpu in held.gpu_ids:
@@ -114,15 +119,19 @@ def plan(
     kinds: Mapping[int, str] | None = None,
     limits: Limits = Limits(),
     waiting: dict[str, str] | None = None,
+    out_of_service: Iterable[int] = (),
 ) -> list[Placement]:
     """Return the jobs to start now and the GPUs each gets.
 
     `gpus` maps each GPU's index to its memory in MB; `holdings` are the started jobs'.
     `kinds` maps each GPU to its model and topology group (one kind: all alike).
     `waiting`, when given, is filled with why a job waits on a limit rather than on GPUs.
+    `out_of_service`: GPUs that no job may get (quarantined).
     """
     holdings = list(holdings)
-    state = _Gpus(gpus, holdings)
+    out = sorted(set(out_of_service) & set(gpus))
+    state = _Gpus(gpus, holdings, out)
+    in_service = {g: m for g, m in gpus.items() if g not in out}
     kinds = kinds or {}
     held_by = Counter[str | None]()
     sweep_runs = Counter[tuple[str | None, str]]()
@@ -161,6 +170,13 @@ def plan(
             if not taken and job.gpus <= len(state.empty()):
                 _wait(waiting, job, f"no {job.gpus} free GPUs of one model (see --mixed-gpus)")
         if not taken:
+            if out and not could_ever_fit(job, in_service, kinds):
+                _wait(
+                    waiting,
+                    job,
+                    f"GPU(s) {','.join(map(str, out))} quarantined for a hardware fault; it"
+                    " needs them back (gpuhop gpus --release N)",
+                )
             gpu_queue_blocked = True
             continue
         for gpu in taken:

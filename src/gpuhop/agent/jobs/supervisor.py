@@ -240,7 +240,7 @@ class Supervisor:
             how = " (killed after the grace period)" if job_id in self._killed_after_grace else ""
             reason = f"cancelled after {elapsed}{how}"
         elif stopped is not None:
-            state = JobState.failed
+            state = JobState(stopped.get("state", JobState.failed.value))
             reason = f"{stopped.get('reason', 'stopped by the agent')} after {elapsed}"
         elif not end.recorded and end.leader_returncode is not None and disk_note(jp.root, jp.log):
             # The leader ended (it is our child) but could not write the status on a full disk.
@@ -273,7 +273,7 @@ class Supervisor:
             exit_code=exit_code,
             sig=sig,
             log=jp.log,
-            stopped_class=(stopped or {}).get("class"),
+            stopped_class=None if stopped is None or job.cancel_requested else stopped.get("class"),
             oom_killed=end.oom_killed,
         )
         outcome = {
@@ -287,7 +287,7 @@ class Supervisor:
             state in (JobState.failed, JobState.lost)
             and job.attempt <= job.retries
             and RetryOn(job.retry_on).retries(end_class)
-            and stopped is None
+            and (stopped is None or stopped.get("retry", False))
         ):
             self._retry(job, jp, state, outcome)
         elif self.store.transition(job_id, [JobState.starting, JobState.running], state, **outcome):
@@ -304,7 +304,7 @@ class Supervisor:
                 f" [{outcome['end_class']}]; retrying (attempt {job.attempt + 1} of"
                 f" {job.retries + 1})\n".encode()
             )
-        for leftover in (jp.status, jp.shim_pid, jp.root / KILL_AT):
+        for leftover in (jp.status, jp.shim_pid, jp.root / KILL_AT, jp.root / STOPPED):
             leftover.unlink(missing_ok=True)
         shutil.rmtree(jp.work, ignore_errors=True)
         # The files are ready before the job is queued: the scheduler may start it at once.
@@ -363,15 +363,19 @@ class Supervisor:
         reason: str,
         grace: float = 5.0,
         end_class: EndClass = EndClass.app_error,
+        state: JobState = JobState.failed,
+        retry: bool = False,
     ) -> None:
         """Stop a running job for a reason of the agent's own (a cap or a time limit it
-        passed): the job fails with `reason` and `end_class`, and is not retried. The reason
-        is a file in the job's dir, so an agent restarted meanwhile still records it.
-        Idempotent."""
+        passed): the job ends in `state` (failed, or cancelled) with `reason` and
+        `end_class`, and is retried only if `retry` (a GPU's fault: not the job's) and its
+        retry rule agrees. The reason is a file in the job's dir, so an agent restarted
+        meanwhile still records it. Idempotent."""
         jp = self.job_paths(job.id)
         if job.pid is None or (jp.root / STOPPED).exists():
             return
-        (jp.root / STOPPED).write_text(json.dumps({"reason": reason, "class": end_class.value}))
+        why = {"reason": reason, "class": end_class.value, "state": state.value, "retry": retry}
+        (jp.root / STOPPED).write_text(json.dumps(why))
         log.warning("job %s %s", job.id, reason)
         self._terminate(job, grace)
 
@@ -403,7 +407,8 @@ class Supervisor:
         timer.start()
 
     def _kill_after_grace(self, job_id: str, started: Started) -> None:
-        if self.store.get(job_id).state.finished:
-            return
+        job = self.store.get(job_id)
+        if job.state.finished or job.pid not in (None, started.pid):
+            return  # ended, or a retry (after a GPU fault) runs now: not the one to kill
         self._killed_after_grace.add(job_id)
         self.backend.kill(started)

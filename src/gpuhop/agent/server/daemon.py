@@ -101,7 +101,12 @@ def _serve_locked(
     local = where.name == "local"
     try:
         gpu_host = (
-            gpus.discover(fake_gpus, fake_gpu_memory_mb or gpus.FAKE_GPU_MEMORY_MB, fake_gpu_models)
+            gpus.discover(
+                fake_gpus,
+                fake_gpu_memory_mb or gpus.FAKE_GPU_MEMORY_MB,
+                fake_gpu_models,
+                fake_seam=paths.fake_gpus_seam,
+            )
             if local
             else None
         )

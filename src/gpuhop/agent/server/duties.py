@@ -1,5 +1,5 @@
 """Runs in the agent: its periodic duties (garbage collection, the log cap, time limits, GPU
-sampling).
+sampling, GPU health, the idle guard).
 
 Each duty is a small object with an interval and one `run()` (SkyPilot's `SkyletEvent`);
 `run()` runs in a worker thread, so a slow walk of the disk never holds up a request, and
@@ -15,7 +15,8 @@ import time
 from typing import Protocol
 
 from gpuhop.agent.context import AgentContext
-from gpuhop.agent.services import gc
+from gpuhop.agent.services import gc, gpuhealth
+from gpuhop.agent.services.idleguard import IdleGuard
 from gpuhop.agent.storage.usage import format_bytes
 from gpuhop.api import EndClass, JobState, format_seconds
 
@@ -100,8 +101,22 @@ class SampleGpus:
         self.rt.gpu_history.record(time.time(), self.rt.gpu_host.usage())
 
 
+class WatchGpuHealth:
+    """Quarantines GPUs with a hardware fault and stops the jobs on them (services/gpuhealth)."""
+
+    interval = 1.0
+
+    def __init__(self, rt: AgentContext):
+        self.rt = rt
+
+    def run(self) -> None:
+        gpuhealth.watch(self.rt)
+
+
 def duties(rt: AgentContext) -> list[Duty]:
-    out: list[Duty] = [SampleGpus(rt)] if rt.gpus else []
+    out: list[Duty] = [SampleGpus(rt), WatchGpuHealth(rt)] if rt.gpus else []
+    if rt.gpus and rt.policy.idle_gpu_minutes is not None:
+        out.append(IdleGuard(rt))
     out.append(TimeLimits(rt))
     if rt.policy.gc_every_hours > 0:
         out.append(Collect(rt))

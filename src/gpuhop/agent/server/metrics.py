@@ -5,9 +5,10 @@ and the GPU host, so the figures survive an agent restart and agree with `gpuhop
 `gpuhop gpus`. The job store never deletes a job's row (retention removes files only), so
 the counts that only grow (jobs submitted, the run-time histogram) are true counters.
 
-Labels are bounded: job states, GPU indices and names. No job ids, names or users: ids
-would make a new series per job forever, and any token may scrape (see `routers.metrics`),
-so a user must not learn other users' job names or how busy each user is.
+Labels are bounded: job states, GPU indices and names, a GPU fault's kind (a few words).
+No job ids, names or users: ids would make a new series per job forever, and any token
+may scrape (see `routers.metrics`), so a user must not learn other users' job names or how
+busy each user is.
 """
 
 from __future__ import annotations
@@ -132,7 +133,18 @@ class AgentCollector(Collector):
             "Jobs that hold the GPU now (share jobs may be several).",
             labels=labels,
         )
+        quarantined = GaugeMetricFamily(
+            "gpuhop_gpu_quarantined",
+            "1 for a GPU out of service for a hardware fault (xid, ecc, retired-pages, lost),"
+            " until an admin releases it; 0 for a GPU in service (fault label empty).",
+            labels=[*labels, "fault"],
+        )
+        faults = self.ctx.quarantine.all()
         for gpu in gpus_service.describe(self.ctx, _EVERYONE):
+            fault = faults.get(gpu.index)
+            quarantined.add_metric(
+                [str(gpu.index), gpu.name, fault.kind if fault else ""], 1 if fault else 0
+            )
             key = [str(gpu.index), gpu.name]
             if gpu.utilization is not None:  # unknown readings (no NVML support) are left out
                 util.add_metric(key, gpu.utilization)
@@ -141,7 +153,7 @@ class AgentCollector(Collector):
             total.add_metric(key, gpu.memory_mb * MB)
             reserved.add_metric(key, (gpu.memory_reserved_mb or 0) * MB)
             holders.add_metric(key, len(gpu.job_ids))
-        yield from (util, used, total, reserved, holders)
+        yield from (util, used, total, reserved, holders, quarantined)
 
 
 def registry(ctx: AgentContext) -> CollectorRegistry:

@@ -28,6 +28,7 @@ from typing import Any
 
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.host import probe
+from gpuhop.agent.services.gpuhealth import doctor_check as gpu_health
 from gpuhop.api import CheckStatus, DoctorCheck, GpuInfo, format_mb
 from gpuhop.backends.base import SCRUBBED_ENV
 
@@ -54,6 +55,7 @@ class Facts:
     isolation: str | None = None
     team: bool = False
     ray: bool = False  # jobs run on a Ray cluster's nodes, not under this host's sandbox
+    quarantined: dict[int, str] = field(default_factory=dict)  # GPU -> its fault
     # Why each job gets a copy of its files rather than an overlay of the shared checkout.
     work_view: str | None = None
 
@@ -113,6 +115,7 @@ def gather(ctx: AgentContext, report: dict[str, Any]) -> Facts:
         isolation=ctx.backend.isolation(),
         team=ctx.team(),
         ray=ctx.backend.name == "ray",
+        quarantined={i: q.detail for i, q in ctx.quarantine.all().items()},
         work_view=ctx.backend.work_view(),
     )
 
@@ -163,6 +166,7 @@ def evaluate(f: Facts) -> list[DoctorCheck]:
         _tensorflow(f),
         _cuda(f),
         _tf_gpus(f),
+        gpu_health(f.gpus, f.quarantined),
         _tf_keras(f),
         _disk(f),
         _sandbox(f),

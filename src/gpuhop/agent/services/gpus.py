@@ -1,4 +1,5 @@
-"""Runs in the agent: the host's GPUs as clients see them, read live, with the jobs on each."""
+"""Runs in the agent: the host's GPUs as clients see them, read live, with the jobs on each
+and why a GPU is out of service."""
 
 from __future__ import annotations
 
@@ -29,9 +30,11 @@ def describe(ctx: AgentContext, caller: Caller) -> list[GpuInfo]:
             whole = memory.get(index, 0)
             share = whole if held.gpu_memory_mb is None else held.gpu_memory_mb
             reserved[index] = reserved.get(index, 0) + share
+    quarantined = ctx.quarantine.all()
     out = []
     for gpu in ctx.gpus:
         now = usage.get(gpu.index)
+        fault = quarantined.get(gpu.index)
         out.append(
             gpu.model_copy(
                 update={
@@ -39,6 +42,8 @@ def describe(ctx: AgentContext, caller: Caller) -> list[GpuInfo]:
                     "utilization": now.utilization if now else None,
                     "memory_reserved_mb": reserved.get(gpu.index, 0),
                     "job_ids": holders.get(gpu.index, []),
+                    "quarantined": fault.detail if fault else None,
+                    "quarantined_since": fault.since if fault else None,
                 }
             )
         )

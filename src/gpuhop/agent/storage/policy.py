@@ -15,8 +15,12 @@ From `agent.toml` in the state dir, then from `python -m gpuhop.agent` options, 
     notify = ["https://hooks.slack.com/services/..."]   # every job's start and end go here
     notify_allowed_hosts = ["hooks.slack.com", "ci.example.com:8443"]  # see jobs/notifier
     notify_timeout_seconds = 10   # a webhook that has not answered by then is tried again
+    idle_gpu_minutes = 30     # a job holding whole GPUs at 0 % this long is warned in its log
+    idle_action = "warn"      # ... and left alone ("warn"), or cancelled, class idle ("cancel")
 
 Per-user limits bind users who are not admins. No limit is set by default.
+The idle guard is off by default; notebooks (`gpuhop notebook`) are exempt from it: they
+end by their own idle rule.
 
 Sizes are bytes, or a number with a binary unit (KiB, MiB, GiB, TiB; K, M, G, T alike).
 No quota is set by default.
@@ -39,6 +43,7 @@ _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 SIZE_FIELDS = ("storage_quota", "jobs_quota", "log_cap")
 LIMIT_FIELDS = ("user_max_gpus", "user_max_queued")
 LIST_FIELDS = ("notify", "notify_allowed_hosts")
+IDLE_ACTIONS = ("warn", "cancel")
 
 
 class PolicyError(ValueError):
@@ -60,6 +65,8 @@ class Policy:
     notify: tuple[str, ...] = ()
     notify_allowed_hosts: tuple[str, ...] = ()
     notify_timeout_seconds: float = 10.0
+    idle_gpu_minutes: float | None = None
+    idle_action: str = "warn"
 
     @property
     def grace_seconds(self) -> float:
@@ -110,6 +117,16 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             if int(value) < 0:
                 raise ValueError("it is negative")
             return int(value)
+        if name == "idle_action":
+            if value not in IDLE_ACTIONS:
+                raise ValueError(f"give one of {', '.join(map(repr, IDLE_ACTIONS))}")
+            return value
+        if name == "idle_gpu_minutes":
+            if value in (None, "", "none", 0) or isinstance(value, bool):
+                return None
+            if float(value) <= 0:
+                raise ValueError("give a number of minutes above 0 (fractions allowed)")
+            return float(value)
         if name == "keep_jobs":
             number: float = int(value)
         else:

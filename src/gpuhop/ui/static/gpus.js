@@ -1,5 +1,6 @@
 // gpuhop dashboard: the GPUs page. Each GPU's load and memory over the last hour (sampled
-// by the agent every few seconds), what it reads now, and which jobs hold it.
+// by the agent every few seconds), what it reads now, which jobs hold it, and why it is
+// quarantined if a hardware fault took it out of service.
 
 import { LineChart } from "/ui/static/chart.js";
 import { api, h, jobHref, mb, poll, replace, topbar } from "/ui/static/common.js";
@@ -68,7 +69,11 @@ async function refresh() {
   for (const gpu of gpus) {
     const c = card(gpu);
     const where = gpu.node ? ` · node ${gpu.node}` : "";  // an agent on a Ray cluster
-    replace(c.head, h("h2", {}, `GPU ${gpu.index}`), h("span", { class: "muted" }, `${gpu.name} · ${mb(gpu.memory_mb)}${where}`));
+    replace(c.head, h("h2", {}, `GPU ${gpu.index}`), h("span", { class: "muted" }, `${gpu.name} · ${mb(gpu.memory_mb)}${where}`),
+      gpu.quarantined
+        ? h("p", { class: "quarantined", "data-quarantined": gpu.index },
+          `Quarantined: ${gpu.quarantined}. No job gets this GPU until an admin runs: gpuhop gpus --release ${gpu.index}`)
+        : null);
     const used = gpu.memory_used_mb;
     replace(c.stats,
       stat("utilisation", gpu.utilization === null ? "n/a" : `${gpu.utilization}%`, gpu.utilization === null ? null : gpu.utilization / 100),

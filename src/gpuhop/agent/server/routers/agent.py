@@ -10,6 +10,7 @@ from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
 from gpuhop.agent.services import doctor as doctor_service
 from gpuhop.agent.services import gc as gc_service
+from gpuhop.agent.services import gpuhealth
 from gpuhop.agent.services import gpus as gpus_service
 from gpuhop.api import AgentInfo, DoctorCheck, ErrorCode, GpuInfo, JobState
 from gpuhop.api.upkeep import DiskUsage, GcReport
@@ -45,6 +46,15 @@ def info(request: Request) -> AgentInfo:
 @router.get("/gpus")
 def gpus(request: Request) -> list[GpuInfo]:
     return gpus_service.describe(ctx(request), caller_of(request))
+
+
+@router.post("/gpus/{index}/release")
+def release_gpu(request: Request, index: int) -> GpuInfo:
+    """Put a quarantined GPU back in service (admins only)."""
+    c = ctx(request)
+    caller = caller_of(request)
+    gpuhealth.release(c, caller, index)
+    return next(g for g in gpus_service.describe(c, caller) if g.index == index)
 
 
 @router.get("/doctor")
