@@ -17,8 +17,14 @@ from tests.conftest import Agent, wait_until
 from tests.integration.test_tls import UNAUTHORIZED, raw_http
 
 GiB = 2**30
-# Waits for a file named "go" in its work dir, then exits 0.
-WAITER = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\n"
+# Waits for a file named "go" in its artifacts dir, then exits 0. (Not its work dir: that
+# is an overlay in the job's own mount namespace, which a file made beside it on the host
+# may never reach.)
+WAITER = (
+    "import os, time\n"
+    "go = os.path.join(os.environ['GPUHOP_ARTIFACTS_DIR'], 'go')\n"
+    "while not os.path.exists(go):\n    time.sleep(0.02)\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +58,7 @@ def value(metrics: dict, family: str, sample: str | None = None, **labels: str) 
 
 
 def go(agent: Agent, job_id: str) -> None:
-    (agent.paths.jobs / job_id / "work" / "go").touch()
+    (agent.paths.jobs / job_id / "artifacts" / "go").touch()
 
 
 def test_jobs_queue_gpus_and_run_times_follow_the_jobs(agent, project):

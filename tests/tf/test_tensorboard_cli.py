@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.tf, pytest.mark.timeout(300)]
 # Trains a tiny model for one epoch once the test says "go", then idles until cancelled.
 TRAIN = """
 import os, time
-while not os.path.exists("go"):
+while not os.path.exists(os.path.join(os.environ["GPUHOP_ARTIFACTS_DIR"], "go")):
     time.sleep(0.05)
 import numpy as np
 import tensorflow as tf
@@ -59,7 +59,7 @@ def test_tensorboard_shows_a_running_jobs_logs_live_and_ctrl_c_stops_it(make_age
             with httpx.Client(base_url=url, timeout=30) as http:
                 assert http.get("/data/runs").json() == []  # nothing logged yet
 
-                (agent.paths.jobs / job.id / "work" / "go").touch()
+                (agent.paths.jobs / job.id / "artifacts" / "go").touch()
                 # TensorBoard lists a run as soon as it finds its directory, and loads its
                 # scalars on a later pass of its reload loop: wait for the tag itself.
                 wait_until(
