@@ -33,6 +33,7 @@ def test_doctor_reports_this_host_honestly(shared_agent):
         "TensorFlow",
         "CUDA version",
         "TensorFlow sees the GPUs",
+        "GPU health",
         "tf-keras",
         "disk space",
         "job sandbox",

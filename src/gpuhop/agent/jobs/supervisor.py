@@ -11,25 +11,22 @@ backend starts, watches and stops processes; the states, retries and GPUs are th
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
-import posixpath
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from gpuhop.agent.jobs.endings import classify
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import JobRecord, JobStore
+from gpuhop.agent.jobs.workdirs import materialise
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.checkouts import CheckoutStore
-from gpuhop.agent.storage.treefile import read_entries
 from gpuhop.agent.storage.usage import disk_note
-from gpuhop.api import EndClass, JobState, ManifestEntry, RetryOn
+from gpuhop.api import EndClass, JobState, RetryOn
 from gpuhop.backends import jobdeps
 from gpuhop.backends.base import Backend, Ending, Started, StartError
 from gpuhop.backends.leader import read_json as _read_json
@@ -97,7 +94,7 @@ class Supervisor:
             job = self.store.get(job_id)
             self._check_isolation()
             deps = jobdeps.read(jp)
-            checkout = self._materialise(jp)
+            checkout = materialise(jp, self.blobs, self.checkouts, self.backend.work_view())
             if checkout is not None:
                 deps["checkout"] = str(checkout)
             started = self.backend.start(job, jp, deps)
@@ -176,43 +173,6 @@ class Supervisor:
                 " and this host cannot give a job its own view of it, so no job starts:"
                 f" {problem}"
             )
-
-    def _materialise(self, jp: JobPaths) -> Path | None:
-        """Give the job its files: the tree's shared checkout, which the backend shows the
-        job through a writable overlay (returned), or, where the backend has no such view,
-        a copy of every file in the job's work dir (None). Either way the job can never
-        modify the stored blobs."""
-        for d in (jp.work, jp.artifacts, jp.checkpoints):
-            d.mkdir(parents=True, exist_ok=True)
-        view = self._files(jp) if jp.tree.exists() else None
-        # After the last copy: what the job writes later is newer (see services/workdir.py).
-        jp.materialised.touch()  # sets the mtime to now on a retry's second making too
-        return view
-
-    def _files(self, jp: JobPaths) -> Path | None:
-        def entries() -> Iterator[ManifestEntry]:
-            # The tree is read an entry at a time: a big one is never in memory whole.
-            with open(jp.tree, "rb") as f:
-                for item in read_entries(f):
-                    yield ManifestEntry.model_validate(item)
-
-        if self.checkouts is not None and self.backend.work_view() is None:
-            with open(jp.tree, "rb") as f:
-                digest = hashlib.file_digest(f, "sha256").hexdigest()
-            return self.checkouts.ensure(digest, lambda: list(entries()))
-        # Every path is relative with no '..' (ManifestEntry checks it again here), and the
-        # work dir is new, holding only what is made below: nothing can lead out of it.
-        # The tree is read an entry at a time, and its files copied one after another: on a
-        # 2-core ext4 host, 8 copying threads took 5x longer.
-        work = jp.work
-        made: set[str] = set()
-        for entry in entries():
-            parent = posixpath.dirname(entry.path)
-            if parent and parent not in made:
-                (work / parent).mkdir(parents=True, exist_ok=True)
-                made.add(parent)
-            self.blobs.copy_to(entry.digest, work / entry.path, entry.executable)
-        return None
 
     # -- watching -------------------------------------------------------------------------
 

@@ -1,0 +1,114 @@
+"""Runs in the agent: what `gpuhop doctor` knows of the host (`Facts`), and its checks of the
+host itself rather than of TensorFlow on it: the state dir's free disk, the job sandbox, and
+how jobs get their work dirs. Pure functions of the facts, like the rest of
+`doctor.evaluate`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuhop.api import CheckStatus, DoctorCheck, GpuInfo, format_mb
+
+LOW_DISK = 10 * 2**30
+FULL_DISK = 1 * 2**30
+
+
+@dataclass
+class Facts:
+    gpu_source: str  # "nvml", "nvidia-smi", "fake" or "none": see agent/gpus.py
+    gpus: list[GpuInfo]
+    driver_version: str | None
+    driver_cuda: str | None  # the newest CUDA the driver supports
+    driver_error: str | None
+    state_dir: str
+    disk_free: int
+    # What probe.py reported; {"probe_error": ...} if it could not run.
+    probe: dict[str, Any] = field(default_factory=dict)
+    # Why jobs cannot have their own view of the host (None: they do), and whether the agent
+    # serves a team, which then starts no job.
+    isolation: str | None = None
+    team: bool = False
+    ray: bool = False  # jobs run on a Ray cluster's nodes, not under this host's sandbox
+    quarantined: dict[int, str] = field(default_factory=dict)  # GPU -> its fault
+    # Why each job gets a copy of its files rather than an overlay of the shared checkout.
+    work_view: str | None = None
+
+    @property
+    def real_gpus(self) -> bool:
+        return bool(self.gpus) and self.gpu_source != "fake"
+
+
+def check(name: str, status: CheckStatus, detail: str, fix: str | None = None) -> DoctorCheck:
+    return DoctorCheck(name=name, status=status, detail=detail, fix=fix)
+
+
+def disk(f: Facts) -> DoctorCheck:
+    name = "disk space"
+    detail = f"{format_mb(f.disk_free / 2**20)} free in the agent's state dir {f.state_dir}"
+    fix = "free space there, or give the agent a state dir on a larger disk (GPUHOP_HOME)"
+    if f.disk_free < FULL_DISK:
+        return check(name, CheckStatus.failed, detail, fix)
+    if f.disk_free < LOW_DISK:
+        return check(
+            name,
+            CheckStatus.warning,
+            f"{detail}: under {format_mb(LOW_DISK / 2**20)}, checkpoints may not fit",
+            fix,
+        )
+    return check(name, CheckStatus.passed, detail)
+
+
+def sandbox(f: Facts) -> DoctorCheck:
+    name = "job sandbox"
+    if f.ray:
+        return _ray(f)
+    if f.isolation is None:
+        detail = (
+            "every job runs in its own view of this host (private mount and PID namespaces):"
+            " it sees its own files, not the agent's socket, tokens, job store or other jobs"
+        )
+        return check(name, CheckStatus.passed, detail)
+    fix = f"allow namespaces: {f.isolation}"
+    if f.team:
+        detail = "this host allows no namespaces for jobs, and the agent serves a team"
+        return check(name, CheckStatus.failed, f"{detail}: no job starts", fix)
+    detail = (
+        "this host allows no namespaces for jobs, so they run unsandboxed as the agent's"
+        " user: a job can reach the agent's socket and state dir, and a setsid child can"
+        " outlive it. Fine for your own jobs; a team agent starts none"
+    )
+    return check(name, CheckStatus.warning, detail, fix)
+
+
+def _ray(f: Facts) -> DoctorCheck:
+    name = "job sandbox"
+    if f.isolation is not None:
+        status = CheckStatus.failed if f.team else CheckStatus.warning
+        return check(name, status, f.isolation + (": no job starts" if f.team else ""))
+    detail = (
+        "jobs run on the Ray cluster's nodes as Ray's user, unsandboxed: each sees that"
+        " user's files and processes on its node (other jobs' there too, and Ray's own), but"
+        " not this agent's state dir"
+    )
+    if f.team:
+        # Not a failure: the README says so, and a team may trust each other with a cluster.
+        return check(
+            name, CheckStatus.warning, f"{detail}; this team's users are not kept apart there"
+        )
+    return check(name, CheckStatus.passed, detail)
+
+
+def work_dirs(f: Facts) -> DoctorCheck:
+    name = "job work dirs"
+    if f.work_view is None:
+        detail = (
+            "overlay: each tree is materialised once and each job sees it through a writable"
+            " overlay of its own, so a job in a large tree starts at once"
+        )
+        return check(name, CheckStatus.passed, detail)
+    detail = (
+        f"copy: each job gets a copy of every file of its tree ({f.work_view}), so a job in"
+        " a large tree waits for the copy; put large data in datasets"
+    )
+    return check(name, CheckStatus.warning, detail, "allow overlayfs in user namespaces")
