@@ -52,6 +52,13 @@ MAY_IMPORT: dict[str, set[str]] = {
         "gpuhop.runtime",
         "gpuhop.version",
     },
+    "gpuhop.backends.slurm": {
+        "gpuhop.backends",
+        "gpuhop.backends.local",  # how a job's command is found, and its shim's words
+        "gpuhop.api",
+        "gpuhop.home",
+        "gpuhop.runtime",
+    },
     # The agent, bottom to top.
     "gpuhop.agent.errors": {"gpuhop.api"},
     "gpuhop.agent.callers": set(),
@@ -103,6 +110,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "gpuhop.backends",
         "gpuhop.backends.local",  # the daemon opens the backend it was started with
         "gpuhop.backends.ray",
+        "gpuhop.backends.slurm",
         "gpuhop.api",
         "gpuhop.home",
         "gpuhop.version",

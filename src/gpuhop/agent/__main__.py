@@ -37,6 +37,9 @@ def main() -> int:
     parser.add_argument("--ray-address", default=None, metavar="HOST:PORT")
     parser.add_argument("--ray-token-file", default=None, metavar="FILE")
     parser.add_argument("--ray-allow-no-auth", action="store_true")
+    parser.add_argument("--partition", default=None)
+    parser.add_argument("--account", default=None)
+    parser.add_argument("--qos", default=None)
     # Retention and quotas (see gpuhop.agent.storage.policy); these win over agent.toml.
     parser.add_argument("--keep-days", type=float, default=None)
     parser.add_argument("--keep-jobs", type=int, default=None)
@@ -64,10 +67,18 @@ def main() -> int:
     backend = None
     if args.backend is not None:
         backend = BackendSettings(
-            args.backend, args.ray_address, args.ray_token_file, args.ray_allow_no_auth
+            args.backend,
+            args.ray_address,
+            args.ray_token_file,
+            args.ray_allow_no_auth,
+            args.partition,
+            args.account,
+            args.qos,
         )
     elif args.ray_address or args.ray_token_file or args.ray_allow_no_auth:
         parser.error("--ray-address, --ray-token-file, --ray-allow-no-auth go with --backend ray")
+    elif args.partition or args.account or args.qos:
+        parser.error("--partition, --account and --qos go with --backend slurm")
     code = 0
     try:
         listen = None

@@ -110,6 +110,7 @@ class JobAttempt(Protocol):
     gpu_memory_mb: int | None
     private_network: bool
     retries: int  # how many times a failed attempt is queued again
+    timeout: float | None  # seconds it may run (--timeout); the agent enforces it too
 
 
 @dataclass(frozen=True)
@@ -132,11 +133,20 @@ class Ending:
     leader_returncode: int | None = None  # None: not the agent's child (adopted), or unknown
     # The job's own cgroup counted an OOM kill (a leader that puts its job in one says so).
     oom_killed: bool = False
+    # The leader's class for the end (api.EndClass), where it knows better than the agent:
+    # a cluster's own time limit ("timeout").
+    end_class: str | None = None
 
     @classmethod
     def from_status(cls, status: dict[str, Any] | None, leader_returncode: int | None) -> Ending:
         if status is None:
             return cls(recorded=False, leader_returncode=leader_returncode)
+        if status.get("lost"):
+            # The leader saw the job lost where it ran (a cluster's node failed): no exit
+            # status, in the leader's words.
+            return cls(
+                recorded=False, detail=str(status["lost"]), leader_returncode=leader_returncode
+            )
         return cls(
             recorded=True,
             exit_code=status.get("exit_code"),
@@ -145,13 +155,14 @@ class Ending:
             detail=status.get("detail") or None,
             leader_returncode=leader_returncode,
             oom_killed=bool(status.get("oom_killed")),
+            end_class=status.get("end_class") or None,
         )
 
 
 class Backend(Protocol):
     """Where a job's processes run. The agent calls it; it never calls back into the agent."""
 
-    name: str  # "local", "ray"
+    name: str  # "local", "ray", "slurm"
     address: str | None  # the cluster's address; None for the agent's own host
     remote: bool  # whether jobs run on other hosts than the agent's (no ports, no serving)
     where: str  # in words: "this host", "the Ray cluster"
@@ -214,4 +225,9 @@ class Backend(Protocol):
 
     def elsewhere(self, jp: JobPaths) -> bool:
         """Whether this job (any attempt) runs on other hosts than the agent's."""
+        ...
+
+    def waiting(self, jp: JobPaths) -> str | None:
+        """Why a started attempt does not run yet, in the cluster's words (Slurm's pending
+        reason); None when it runs, or on a backend that starts jobs at once."""
         ...

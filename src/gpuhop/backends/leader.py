@@ -120,6 +120,9 @@ class LeaderBackend:
     def elsewhere(self, jp: JobPaths) -> bool:
         return False
 
+    def waiting(self, jp: JobPaths) -> str | None:
+        return None
+
 
 def read_json(path: Path) -> dict[str, Any] | None:
     try:

@@ -13,7 +13,8 @@ from typing import Any
 
 from gpuhop.home import AgentError
 
-BACKENDS = ("local", "ray")
+BACKENDS = ("local", "ray", "slurm")
+_SLURM_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 SETTINGS_FILE = "backend.json"
 _ADDRESS_RE = re.compile(r"^(\[[0-9a-fA-F:]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
 
@@ -24,6 +25,9 @@ class BackendSettings:
     ray_address: str | None = None
     ray_token_file: str | None = None
     ray_allow_no_auth: bool = False
+    slurm_partition: str | None = None
+    slurm_account: str | None = None
+    slurm_qos: str | None = None
 
     def check(self) -> None:
         """Raise AgentError naming what is wrong with these settings."""
@@ -34,6 +38,18 @@ class BackendSettings:
             raise AgentError(
                 "--ray-address, --ray-token-file and --ray-allow-no-auth go with --backend ray"
             )
+        slurm_options = {
+            "--partition": self.slurm_partition,
+            "--account": self.slurm_account,
+            "--qos": self.slurm_qos,
+        }
+        if self.name != "slurm" and any(slurm_options.values()):
+            raise AgentError("--partition, --account and --qos go with --backend slurm")
+        for option, value in slurm_options.items():
+            if value is not None and not _SLURM_NAME_RE.match(value):
+                raise AgentError(
+                    f"{option} {value!r} is not a Slurm name (letters, digits, '.', '_', '-')"
+                )
         if self.name == "ray":
             if not self.ray_address:
                 raise AgentError(
@@ -57,6 +73,13 @@ class BackendSettings:
             out += ["--ray-token-file", self.ray_token_file]
         if self.ray_allow_no_auth:
             out.append("--ray-allow-no-auth")
+        for option, value in (
+            ("--partition", self.slurm_partition),
+            ("--account", self.slurm_account),
+            ("--qos", self.slurm_qos),
+        ):
+            if value:
+                out += [option, value]
         return out
 
 

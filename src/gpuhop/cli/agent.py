@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 import typer
@@ -73,8 +74,9 @@ def start(
     backend: str | None = typer.Option(
         None,
         "--backend",
-        metavar="local|ray",
-        help="Where jobs run: on this host (local), or on a Ray cluster (ray)."
+        metavar="local|ray|slurm",
+        help="Where jobs run: on this host (local), on a Ray cluster (ray), or as Slurm"
+        " jobs of this host's Slurm cluster (slurm)."
         " Default: what this state dir's agent used last, else local.",
     ),
     ray_address: str | None = typer.Option(
@@ -97,6 +99,13 @@ def start(
         help="Use a Ray cluster that does not enforce token authentication (refused"
         " otherwise: anyone who reaches its ports can run code on its nodes).",
     ),
+    partition: str | None = typer.Option(
+        None, "--partition", metavar="P", help="The Slurm partition of jobs (--backend slurm)."
+    ),
+    account: str | None = typer.Option(
+        None, "--account", metavar="A", help="The Slurm account jobs are charged to."
+    ),
+    qos: str | None = typer.Option(None, "--qos", metavar="Q", help="The Slurm QOS of jobs."),
 ) -> None:
     """Start the agent: on a Unix socket only (no TCP port) unless --listen asks for one.
 
@@ -111,6 +120,10 @@ def start(
     back here. gpuhop and TensorFlow must be installed on every node, in the Python that
     Ray's workers use. The cluster must enforce Ray's token authentication
     (RAY_AUTH_MODE=token), unless --ray-allow-no-auth.
+
+    With --backend slurm (on the cluster's login node, as your own user) every job becomes
+    one `sbatch` job of yours, optionally in --partition, --account and --qos; the agent's
+    state dir must be on a filesystem the compute nodes see. Single-process jobs only.
     """
     paths = _paths(home)
     if fake_gpu_memory is not None and fake_gpus is None:
@@ -119,7 +132,9 @@ def start(
         fail("--fake-gpu-models names the models of fake GPUs; give --fake-gpus N too")
     if listen is None and (no_tls or tls_cert or tls_key):
         fail("--no-tls, --tls-cert and --tls-key go with --listen HOST:PORT")
-    where = _backend(backend, ray_address, ray_token_file, ray_allow_no_auth)
+    where = _backend(
+        backend, ray_address, ray_token_file, ray_allow_no_auth, (partition, account, qos)
+    )
     running = read_pid(paths)
     if running is not None:
         fail(f"an agent already runs for {paths.home} (pid {running}); `gpuhop agent stop` first")
@@ -160,15 +175,21 @@ def start(
 
 
 def _backend(
-    name: str | None, address: str | None, token_file: Path | None, allow_no_auth: bool
+    name: str | None,
+    address: str | None,
+    token_file: Path | None,
+    allow_no_auth: bool,
+    slurm: tuple[str | None, str | None, str | None],
 ) -> BackendSettings | None:
     """The --backend options, checked; None when not given (the agent keeps its last)."""
     if name is None:
         if address or token_file or allow_no_auth:
             fail("--ray-address, --ray-token-file and --ray-allow-no-auth go with --backend ray")
+        if any(slurm):
+            fail("--partition, --account and --qos go with --backend slurm")
         return None
     settings = BackendSettings(
-        name, address, str(token_file.absolute()) if token_file else None, allow_no_auth
+        name, address, str(token_file.absolute()) if token_file else None, allow_no_auth, *slurm
     )
     try:
         settings.check()
@@ -176,6 +197,8 @@ def _backend(
         fail(str(e))
     if name == "ray" and importlib.util.find_spec("ray") is None:
         fail("the ray backend needs Ray on this host: pip install 'gpuhop[ray]'")
+    if name == "slurm" and shutil.which("sbatch") is None:
+        fail("the slurm backend needs Slurm's commands (sbatch, squeue, scancel) on this host")
     return settings
 
 

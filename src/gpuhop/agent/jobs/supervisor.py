@@ -233,7 +233,11 @@ class Supervisor:
             exit_code=exit_code,
             sig=sig,
             log=jp.log,
-            stopped_class=None if stopped is None or job.cancel_requested else stopped.get("class"),
+            stopped_class=end.end_class
+            if stopped is None
+            else None
+            if job.cancel_requested
+            else stopped.get("class"),
             oom_killed=end.oom_killed,
         )
         outcome = {

@@ -295,6 +295,10 @@ def open_backend(
         from gpuhop.backends.ray.backend import RayBackend
 
         return RayBackend.connect(settings, python)
+    if settings.name == "slurm":
+        from gpuhop.backends.slurm.backend import SlurmBackend
+
+        return SlurmBackend.connect(settings, paths.home, python)
     from gpuhop.backends.local.backend import LocalBackend
 
     assert gpu_host is not None

@@ -91,7 +91,11 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         waiting_for=queue.waiting_for(rt, job),
         timeout=job.timeout,
         retry_on=RetryOn(job.retry_on),
-        waiting=rt.waiting.get(job.id) if job.state == JobState.queued else None,
+        waiting=rt.waiting.get(job.id)
+        if job.state == JobState.queued
+        else rt.backend.waiting(jp)
+        if job.state in (JobState.starting, JobState.running)
+        else None,
         sweep=job.sweep,
         max_parallel=job.max_parallel,
         mixed_gpus=job.mixed_gpus,

@@ -1,0 +1,216 @@
+"""Runs in the agent: the Slurm backend, which runs every job as one `sbatch` job of the
+agent's own user on the Slurm cluster of the host it runs on (a login node).
+
+Each attempt is led from this host by gpuhop.backends.slurm.leader (submit, follow with
+`squeue`, cancel with `scancel`), and runs on its compute node under
+gpuhop.backends.slurm.task. The job's work dir, log, metrics, artifacts and checkpoints are
+those in the agent's state dir, which must be on a filesystem the compute nodes see.
+
+The scheduler hands out the partition's GPUs (GRES `gpu`) as `sinfo` listed them at start,
+so a job waits in gpuhop's queue while the agent's own jobs hold them all; Slurm decides
+where each job runs, and while it keeps a job pending its reason shows in `show`.
+Single-process jobs only: --workers > 1 is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from gpuhop.api import ErrorCode, GpuInfo, SubmitRequest
+from gpuhop.backends.base import SCRUBBED_ENV, GpuHost, JobAttempt, Refused, Started
+from gpuhop.backends.leader import LeaderBackend
+from gpuhop.backends.settings import BackendSettings
+from gpuhop.home import AgentError, JobPaths
+
+log = logging.getLogger("gpuhop.agent")
+
+SPEC_NAME = "slurm-spec.json"
+ID_NAME = "slurm.json"
+WAITING_NAME = "slurm-waiting"
+EXIT_NAME = "slurm-exit.json"
+COMMAND_TIMEOUT = 60.0
+# Seconds a cancelled job's leader gets after the grace for Slurm to end the job.
+CLEAN_UP_SECONDS = 30.0
+_GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
+SAME_USER = (
+    "jobs run on the Slurm cluster's nodes as the agent's own user, unsandboxed, and the"
+    " agent's state dir (its tokens, TLS key and job store) is on a filesystem they see:"
+    " any job could read it and act as the agent's owner"
+)
+
+
+def runs_on_slurm(jp: JobPaths) -> bool:
+    """Whether this job (any attempt) was submitted to Slurm."""
+    return (jp.root / SPEC_NAME).exists()
+
+
+class SlurmBackend(LeaderBackend):
+    name = "slurm"
+    remote = True
+    where = "the Slurm cluster"
+
+    def __init__(self, settings: BackendSettings, nodes: list[tuple[str, int]], python: str):
+        super().__init__(GpuHost("slurm", gpus=_gpus(nodes)), python)
+        self.settings = settings
+        self.nodes = nodes
+        self.address = settings.slurm_partition
+
+    @classmethod
+    def connect(cls, settings: BackendSettings, home: Path, python: str) -> SlurmBackend:
+        """Ask `sinfo` for the partition's nodes; raise AgentError saying why it cannot."""
+        if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
+            raise AgentError(
+                "the slurm backend needs Slurm's commands (sbatch, squeue, scancel, sinfo)"
+                " on the agent's host: run the agent on the cluster's login node"
+            )
+        argv = ["sinfo", "-h", "-N", "-o", "%N|%G"]
+        if settings.slurm_partition:
+            argv += ["-p", settings.slurm_partition]
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise AgentError(f"sinfo failed: {e}") from None
+        if out.returncode != 0:
+            raise AgentError(f"sinfo failed: {out.stderr.strip()}")
+        nodes = _nodes(out.stdout)
+        if not nodes:
+            where = f"partition {settings.slurm_partition}" if settings.slurm_partition else ""
+            raise AgentError(f"sinfo lists no nodes {where}".strip())
+        log.info("Slurm: job files are under %s, which the compute nodes must see", home)
+        return cls(settings, nodes, python)
+
+    def describe(self) -> str:
+        part = self.settings.slurm_partition or "the default partition"
+        gpus = sum(n for _, n in self.nodes)
+        return f"running jobs as Slurm jobs in {part}: {len(self.nodes)} node(s), {gpus} GPU(s)"
+
+    def isolation(self) -> str | None:
+        return SAME_USER
+
+    def work_view(self) -> str | None:
+        return "the job runs on a compute node from a copy of its files in its work dir"
+
+    def check_submit(self, req: SubmitRequest) -> None:
+        """Refuse, with what to do instead, the jobs that need the agent's own host."""
+        why = None
+        if req.data:
+            why = (
+                "datasets are mounted from the agent's host and cannot reach Slurm's compute"
+                " nodes; put the data on the shared filesystem"
+            )
+        elif req.requirements is not None:
+            why = (
+                "jobs on Slurm run with the nodes' own Python packages; a requirements file"
+                " (requirements.txt is sent by default) cannot be installed there. Use"
+                " --no-requirements, and install what the job needs where the nodes see it"
+            )
+        elif req.gpu_memory_mb is not None:
+            why = "shares of a GPU (--gpu-memory) are not supported on Slurm"
+        elif req.private_network:
+            why = (
+                "a private network (TensorFlow servers) exists only on the agent's own host,"
+                " and this agent runs jobs on Slurm"
+            )
+        elif req.workers > 1:
+            why = "multi-worker jobs (--workers > 1) are not supported on Slurm yet"
+        if why is not None:
+            raise Refused(ErrorCode.bad_request, f"{why} (agent started with --backend slurm)")
+        largest = max((n for _, n in self.nodes), default=0)
+        if req.gpus > largest:
+            raise Refused(
+                ErrorCode.unsatisfiable,
+                f"the job asks for {req.gpus} GPU(s) on one node; the largest node of the"
+                f" Slurm partition has {largest}",
+            )
+
+    def leader(
+        self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]
+    ) -> tuple[list[str], dict[str, str]]:
+        exit_file = jp.root / EXIT_NAME
+        exit_file.unlink(missing_ok=True)
+        (jp.root / "grace").unlink(missing_ok=True)
+        (jp.root / ID_NAME).unlink(missing_ok=True)
+        spec = {
+            "job_id": job.id,
+            "attempt": job.attempt,
+            "retries": job.retries,
+            "command": job.command,
+            "python": deps.get("python") or self.python,
+            "env": job.env,
+            "gpus": job.gpus,
+            "timeout": job.timeout,
+            "partition": self.settings.slurm_partition,
+            "account": self.settings.slurm_account,
+            "qos": self.settings.slurm_qos,
+            "work": str(jp.work),
+            "log": str(jp.log),
+            "artifacts": str(jp.artifacts),
+            "checkpoints": str(jp.checkpoints),
+            "metrics": str(jp.metrics),
+            "exit_file": str(exit_file),
+        }
+        (jp.root / SPEC_NAME).write_text(json.dumps(spec))
+        argv = [self.python, "-m", "gpuhop.backends.slurm.leader"]
+        argv += [str(jp.status), str(jp.shim_pid), str(jp.root / SPEC_NAME)]
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in SCRUBBED_ENV and not k.startswith(("GPUHOP_", "SLURM_"))
+        }
+        if "SLURM_CONF" in os.environ:
+            env["SLURM_CONF"] = os.environ["SLURM_CONF"]
+        env["PYTHONUNBUFFERED"] = "1"
+        return argv, env
+
+    def elsewhere(self, jp: JobPaths) -> bool:
+        return runs_on_slurm(jp)
+
+    def waiting(self, jp: JobPaths) -> str | None:
+        try:
+            return (jp.root / WAITING_NAME).read_text() or None
+        except OSError:
+            return None
+
+    def stop(self, jp: JobPaths, started: Started, grace: float) -> float:
+        """Tell the job's leader its grace, then SIGTERM; how long to wait before SIGKILL."""
+        (jp.root / "grace").write_text(f"{grace}")
+        super().stop(jp, started, grace)
+        return grace + CLEAN_UP_SECONDS
+
+    def end_the_rest(self, jp: JobPaths) -> None:
+        """The leader is gone: cancel its Slurm job if it is still there (a leader killed
+        before it saw the job end), so that a job never runs twice."""
+        try:
+            slurm_id = json.loads((jp.root / ID_NAME).read_text())["job_id"]
+        except (OSError, ValueError, KeyError):
+            return
+        try:
+            subprocess.run(["scancel", str(slurm_id)], capture_output=True, timeout=COMMAND_TIMEOUT)
+        except (OSError, subprocess.SubprocessError) as e:
+            log.warning("could not cancel Slurm job %s: %s", slurm_id, e)
+        (jp.root / WAITING_NAME).unlink(missing_ok=True)
+
+
+def _nodes(sinfo: str) -> list[tuple[str, int]]:
+    """(node, GPUs) from `sinfo -N -o '%N|%G'`, each node once."""
+    out: dict[str, int] = {}
+    for line in sinfo.splitlines():
+        name, _, gres = line.strip().partition("|")
+        if name:
+            out[name] = sum(int(n) for n in _GPU_GRES.findall(gres))
+    return list(out.items())
+
+
+def _gpus(nodes: list[tuple[str, int]]) -> list[GpuInfo]:
+    out: list[GpuInfo] = []
+    for name, count in nodes:
+        for _ in range(count):
+            out.append(GpuInfo(index=len(out), name="GPU", memory_mb=0, node=name))
+    return out
