@@ -1,6 +1,8 @@
 """The backends the contract suite runs against (huey's `StorageTests` idea): each is a real
-agent started with `--backend NAME`, and for Ray a real two-node Ray cluster on this machine
-(tests/ray_backend/cluster.py). `local` always runs; `ray` skips where Ray is not installed.
+agent started with `--backend NAME`, for Ray a real two-node Ray cluster on this machine
+(tests/ray_backend/cluster.py), for Slurm a real one-node Slurm cluster
+(tests/slurm_backend/cluster.py). `local` always runs; `ray` skips where Ray is not
+installed, `slurm` where Slurm is not.
 """
 
 from __future__ import annotations
@@ -14,8 +16,9 @@ import pytest
 
 from tests.conftest import Agent, wait_until
 from tests.ray_backend.cluster import RayCluster
+from tests.slurm_backend.cluster import SlurmCluster
 
-BACKENDS = ["local", "ray"]
+BACKENDS = ["local", "ray", "slurm"]
 
 
 @dataclass
@@ -26,11 +29,16 @@ class Target:
     agent: Agent  # shared by the module's scenarios that need no agent of their own
     args: tuple[str, ...]  # `python -m gpuhop.agent` arguments that choose this backend
     cluster: RayCluster | None = None
+    slurm: SlurmCluster | None = None
 
     def settled(self) -> None:
-        """Wait until the backend holds nothing for ended jobs (Ray: actors, placement groups)."""
+        """Wait until the backend holds nothing for ended jobs (Ray: actors, placement groups;
+        Slurm: jobs in squeue)."""
         if self.cluster is not None:
             wait_until(self.cluster.empty, timeout=60)
+        if self.slurm is not None:
+            slurm = self.slurm
+            wait_until(lambda: not slurm.jobs(), timeout=60)
 
 
 def _agent(root: Path, args: tuple[str, ...]) -> Agent:
@@ -45,6 +53,18 @@ def backend(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Target
             yield Target("local", agent, ())
         finally:
             agent.shutdown()
+        return
+    if request.param == "slurm":
+        from tests.slurm_backend.conftest import start_cluster as start_slurm
+
+        for slurm in start_slurm(tmp_path_factory.mktemp("slurm")):
+            args = ("--backend", "slurm")
+            agent = _agent(tmp_path_factory.mktemp("slurm-agent"), args)
+            try:
+                yield Target("slurm", agent, args, slurm=slurm)
+            finally:
+                agent.shutdown()
+                wait_until(lambda: not slurm.jobs(), timeout=60)  # noqa: B023
         return
     if importlib.util.find_spec("ray") is None:
         pytest.skip("Ray is not installed (pip install 'gpuhop[ray]')")

@@ -65,3 +65,49 @@ def test_a_job_with_one_gpu_sees_the_gpu_slurm_gave_it(slurm_agent, slurm_cluste
     assert "visible: 0 " in run.stdout  # Slurm's GRES index, not the scheduler's
     assert f"as Slurm job" in run.stdout and slurm_cluster.node in run.stdout
     assert not slurm_cluster.jobs() or wait_until(lambda: not slurm_cluster.jobs())
+
+
+def test_slurms_pending_reason_shows_and_a_cancel_leaves_no_slurm_job(
+    slurm_agent, slurm_cluster, tmp_path
+):
+    # Another user's job (submitted by hand, outside gpuhop) holds both GPUs of the node.
+    hold = tmp_path / "hold"
+    hold.touch()
+    hog = slurm_cluster.run(
+        "sbatch", "--parsable", "--gres=gpu:2", f"--output={tmp_path / 'hog.out'}",
+        "--wrap", f"while [ -e {hold} ]; do sleep 0.1; done",
+    ).strip()  # fmt: skip
+    try:
+        wait_until(lambda: "RUNNING" in slurm_cluster.run("squeue", "-h", "-j", hog, "-o", "%T"))
+        work = _script(tmp_path, "gpus.py", SHOW_GPUS)
+        job_id = _submit(slurm_agent, work, "--gpus", "1", "gpus.py")
+        # gpuhop's scheduler sees its GPUs free and starts the job; Slurm keeps it pending.
+        waiting = wait_until(
+            lambda: (
+                (w := _show(slurm_agent, job_id).get("waiting") or "").endswith("Resources") and w
+            ),
+            timeout=60,
+        )
+        assert waiting.startswith("Slurm job ") and waiting.endswith(" is pending: Resources")
+        assert f"waiting {waiting}" in " ".join(slurm_agent.cli("show", job_id).stdout.split())
+        slurm_id = waiting.split()[2]
+        assert slurm_agent.cli("cancel", job_id).returncode == 0
+        info = wait_until(
+            lambda: (i := _show(slurm_agent, job_id))["state"] == "cancelled" and i, timeout=60
+        )
+        assert info["waiting"] is None
+        assert slurm_id not in slurm_cluster.run("squeue", "-h", "-o", "%i").split()
+        assert "visible:" not in slurm_agent.cli("logs", job_id).stdout  # it never ran
+    finally:
+        hold.unlink()
+    wait_until(lambda: hog not in slurm_cluster.jobs(), timeout=60)
+
+
+def test_multi_worker_jobs_and_gpu_shares_are_refused_with_the_reason(slurm_agent, tmp_path):
+    work = _script(tmp_path, "gpus.py", SHOW_GPUS)
+    out = slurm_agent.cli("run", "--no-requirements", "--workers", "2", "gpus.py", cwd=work)
+    assert out.returncode != 0
+    assert "--workers > 1" in out.stderr and "--backend slurm" in out.stderr
+    out = slurm_agent.cli("run", "--no-requirements", "--gpus", "3", "gpus.py", cwd=work)
+    assert out.returncode != 0
+    assert "the largest node of the Slurm partition has 2" in out.stderr

@@ -59,7 +59,9 @@ def slurm(*argv: str) -> subprocess.CompletedProcess[str]:
 def sbatch_args(spec: dict[str, Any], script: Path) -> list[str]:
     args = ["sbatch", "--parsable", f"--job-name=gpuhop-{spec['job_id']}"]
     args += [f"--output={spec['log']}", "--open-mode=append", f"--chdir={spec['work']}"]
-    args += ["--nodes=1", "--ntasks=1", "--export=ALL"]
+    # --no-requeue: a job whose node fails is not run again by Slurm behind the agent's back
+    # (gpuhop's own --retries decide that, on a fresh attempt).
+    args += ["--nodes=1", "--ntasks=1", "--export=ALL", "--no-requeue"]
     if spec["gpus"]:
         args.append(f"--gres=gpu:{spec['gpus']}")
     if spec.get("timeout"):
@@ -141,7 +143,9 @@ class Follow:
                 break
             last, reason = now
             if last == "PENDING":
-                self._waiting(f"Slurm job {self.id} is pending: {reason}")
+                # "None": Slurm's scheduler has not looked at the job yet.
+                why = f": {reason}" if reason and reason != "None" else ""
+                self._waiting(f"Slurm job {self.id} is pending{why}")
             else:
                 self.waiting_file.unlink(missing_ok=True)
                 ran = ran or last not in ("PENDING", "CANCELLED")
