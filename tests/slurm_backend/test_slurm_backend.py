@@ -5,15 +5,10 @@ CLI as a user would."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
 
-from gpuhop.api import JobState
-from gpuhop.client.embedded import start_background
-from gpuhop.home import read_pid
 from tests.conftest import wait_until
 from tests.slurm_backend.conftest import skip_without_slurm
 
@@ -63,8 +58,8 @@ def test_a_job_with_one_gpu_sees_the_gpu_slurm_gave_it(slurm_agent, slurm_cluste
     assert run.returncode == 0, run.stdout + run.stderr
     assert "gpuhop: submitted as Slurm job" in run.stdout
     assert "visible: 0 " in run.stdout  # Slurm's GRES index, not the scheduler's
-    assert f"as Slurm job" in run.stdout and slurm_cluster.node in run.stdout
-    assert not slurm_cluster.jobs() or wait_until(lambda: not slurm_cluster.jobs())
+    assert f"gpuhop: running on {slurm_cluster.node}" in run.stdout
+    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
 
 
 def test_slurms_pending_reason_shows_and_a_cancel_leaves_no_slurm_job(
@@ -111,3 +106,28 @@ def test_multi_worker_jobs_and_gpu_shares_are_refused_with_the_reason(slurm_agen
     out = slurm_agent.cli("run", "--no-requirements", "--gpus", "3", "gpus.py", cwd=work)
     assert out.returncode != 0
     assert "the largest node of the Slurm partition has 2" in out.stderr
+
+
+def test_a_job_whose_node_fails_is_lost_and_not_run_again(slurm_agent, slurm_cluster, tmp_path):
+    hold = tmp_path / "hold"
+    hold.touch()
+    work = _script(tmp_path, "hold.py", HOLD)
+    job_id = _submit(slurm_agent, work, "hold.py", str(tmp_path))
+    node = slurm_cluster.node
+    try:
+        wait_until(lambda: (tmp_path / f"pid-{job_id}").exists(), timeout=60)
+        slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=down", "reason=test")
+        info = wait_until(
+            lambda: (i := _show(slurm_agent, job_id))["state"] not in ("running", "starting") and i,
+            timeout=90,
+        )
+    finally:
+        hold.unlink(missing_ok=True)
+        if slurm_cluster.node_state().startswith("down"):
+            slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=resume")
+        wait_until(lambda: slurm_cluster.node_state() == "idle", timeout=60)
+    assert (info["state"], info["end_class"]) == ("lost", "lost"), info
+    assert "its node failed (NODE_FAIL)" in info["reason"]
+    log = slurm_agent.cli("logs", job_id).stdout
+    assert log.count("submitted as Slurm job") == 1  # --no-requeue: Slurm did not run it again
+    assert not slurm_cluster.jobs()

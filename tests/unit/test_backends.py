@@ -1,4 +1,4 @@
-"""The backend settings, and the Ray backend's pure parts (no Ray needed)."""
+"""The backend settings, and the Ray and Slurm backends' pure parts (no Ray or Slurm needed)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,16 @@ from gpuhop.backends import BackendSettings, remember, resolve
 from gpuhop.backends.ray import transfer
 from gpuhop.backends.ray.backend import _gpus
 from gpuhop.backends.ray.launcher import Prefixer, how
+from gpuhop.backends.slurm.backend import _nodes
 from gpuhop.home import AgentError
 
 
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        (BackendSettings("slurm"), "unknown backend 'slurm'"),
+        (BackendSettings("lsf"), "unknown backend 'lsf'"),
+        (BackendSettings("local", slurm_partition="gpu"), "go with --backend slurm"),
+        (BackendSettings("slurm", slurm_qos="x; rm -rf /"), "--qos 'x; rm -rf /' is not a Slurm"),
         (BackendSettings("ray"), "needs --ray-address HOST:PORT"),
         (BackendSettings("ray", "ray://head:10001"), "is not HOST:PORT"),
         (BackendSettings("ray", "http://head:8265"), "is not HOST:PORT"),
@@ -46,6 +49,10 @@ def test_the_backend_is_remembered_once_it_worked(tmp_path):
     assert resolve(tmp_path, None) == ray
     assert resolve(tmp_path, BackendSettings()) == BackendSettings()  # given wins
     assert ray.args() == ["--backend", "ray", "--ray-address", "head:6379", "--ray-allow-no-auth"]
+    slurm = BackendSettings("slurm", slurm_partition="gpu", slurm_account="lab-7")
+    remember(tmp_path, slurm)
+    assert resolve(tmp_path, None) == slurm
+    assert slurm.args() == ["--backend", "slurm", "--partition", "gpu", "--account", "lab-7"]
     (tmp_path / "backend.json").write_text("{not json")
     with pytest.raises(AgentError, match="start the agent with --backend"):
         resolve(tmp_path, None)
@@ -132,3 +139,8 @@ def test_cluster_gpus_are_numbered_across_nodes_head_first():
         (2, "gpu-b (bbbbbbbb)", "GPU"),
         (3, "gpu-d", "H100"),
     ]
+
+
+def test_slurm_nodes_and_their_gpus_from_sinfo():
+    sinfo = "a|gpu:4\nb|gpu:a100:2(S:0-1),shard:8\nc|(null)\na|gpu:4\n"
+    assert _nodes(sinfo) == [("a", 4), ("b", 2), ("c", 0)]

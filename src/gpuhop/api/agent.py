@@ -64,7 +64,7 @@ class AgentInfo(WireModel):
     jobs_running: int
     jobs_queued: int
     listener: ListenerInfo | None = None
-    # Where jobs run: "local" (this host) or "ray" (the cluster at `ray_address`).
+    # Where jobs run: "local" (this host), "ray" (the cluster at `ray_address`) or "slurm".
     backend: str = "local"
     ray_address: str | None = None
     # Who the agent takes the caller for: the token's user, or the agent's owner on its socket.

@@ -257,7 +257,9 @@ def status(
     if info.listener is not None:
         tls = f"TLS, certificate {info.listener.fingerprint}" if info.listener.tls else "no TLS"
         typer.echo(f"listening on {info.listener.url} ({tls})")
-    if info.backend != "local":
+    if info.backend == "slurm":
+        typer.echo("backend: slurm, jobs run as Slurm jobs of the agent's user")
+    elif info.backend != "local":
         typer.echo(f"backend: {info.backend}, jobs run on the cluster at {info.ray_address}")
     typer.echo(f"GPUs: {gpus}{' (fake)' if info.fake_gpus else ''}")
     typer.echo(f"jobs: {info.jobs_running} running, {info.jobs_queued} queued")

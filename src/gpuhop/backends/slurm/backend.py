@@ -60,7 +60,7 @@ class SlurmBackend(LeaderBackend):
         super().__init__(GpuHost("slurm", gpus=_gpus(nodes)), python)
         self.settings = settings
         self.nodes = nodes
-        self.address = settings.slurm_partition
+        self.address = None  # Slurm's commands find the cluster (slurm.conf, $SLURM_CONF)
 
     @classmethod
     def connect(cls, settings: BackendSettings, home: Path, python: str) -> SlurmBackend:
