@@ -5,6 +5,8 @@ CLI as a user would."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -131,3 +133,33 @@ def test_a_job_whose_node_fails_is_lost_and_not_run_again(slurm_agent, slurm_clu
     log = slurm_agent.cli("logs", job_id).stdout
     assert log.count("submitted as Slurm job") == 1  # --no-requeue: Slurm did not run it again
     assert not slurm_cluster.jobs()
+
+
+def test_a_killed_leader_leaves_no_slurm_job_and_the_job_is_lost(
+    slurm_agent, slurm_cluster, tmp_path
+):
+    hold = tmp_path / "hold"
+    hold.touch()
+    work = _script(tmp_path, "hold.py", HOLD)
+    job_id = _submit(slurm_agent, work, "hold.py", str(tmp_path))
+    try:
+        wait_until(lambda: (tmp_path / f"pid-{job_id}").exists(), timeout=60)
+        leader = json.loads(slurm_agent.paths.job_dir(job_id).joinpath("shim.pid").read_text())
+        os.kill(leader["pid"], signal.SIGKILL)
+        info = wait_until(
+            lambda: (i := _show(slurm_agent, job_id))["state"] == "lost" and i, timeout=60
+        )
+        # The agent cancelled the Slurm job by the id kept in the job's dir.
+        wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+    finally:
+        hold.unlink(missing_ok=True)
+    assert info["end_class"] == "lost"
+    assert "released" not in slurm_agent.cli("logs", job_id).stdout
+
+
+def test_gpus_lists_the_partitions_gpu_nodes(slurm_agent, slurm_cluster):
+    out = slurm_agent.cli("gpus")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count(slurm_cluster.node) >= 2, out.stdout  # its 2 GPUs, by node
+    status = slurm_agent.cli("agent", "status", "--home", str(slurm_agent.home))
+    assert "backend: slurm" in status.stdout

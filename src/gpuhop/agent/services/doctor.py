@@ -89,7 +89,7 @@ def gather(ctx: AgentContext, report: dict[str, Any]) -> Facts:
         probe=report,
         isolation=ctx.backend.isolation(),
         team=ctx.team(),
-        ray=ctx.backend.name == "ray",
+        ray=ctx.backend.remote,  # a cluster (Ray, Slurm): not this host's sandbox
         quarantined={i: q.detail for i, q in ctx.quarantine.all().items()},
         work_view=ctx.backend.work_view(),
     )

@@ -58,7 +58,7 @@ def forwardable(rt: AgentContext, ref: str, caller: Caller) -> JobRecord:
         raise ApiError(
             409,
             ErrorCode.conflict,
-            f"job {job.id} runs on the Ray cluster, not on the agent's host; gpuhop forward"
+            f"job {job.id} runs on {rt.backend.where}, not on the agent's host; gpuhop forward"
             " reaches ports on the agent's host only",
         )
     if job.state != JobState.running:

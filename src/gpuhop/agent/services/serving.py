@@ -59,8 +59,9 @@ def start(rt: AgentContext, req: ServeRequest, caller: Caller) -> JobInfo:
         raise ApiError(
             400,
             ErrorCode.bad_request,
-            "model servers run on the agent's own host, and this agent runs jobs on a Ray"
-            " cluster (--backend ray); serve from an agent with the local backend",
+            "model servers run on the agent's own host, and this agent runs jobs on"
+            f" {rt.backend.where} (--backend {rt.backend.name}); serve from an agent with the"
+            " local backend",
         )
     model_dir, source, files = ".", f"uploaded directory (tree {(req.tree or '')[:12]})", None
     if req.source_job is not None:
