@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,3 +165,35 @@ def test_gpus_lists_the_partitions_gpu_nodes(slurm_agent, slurm_cluster):
     assert out.stdout.count(slurm_cluster.node) >= 2, out.stdout  # its 2 GPUs, by node
     status = slurm_agent.cli("agent", "status", "--home", str(slurm_agent.home))
     assert "backend: slurm" in status.stdout
+
+
+def test_agent_start_keeps_the_partition_and_names_a_bad_one(slurm_cluster, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUHOP_")}
+    env["GPUHOP_CONFIG_DIR"] = str(tmp_path / "config")
+    home = str(tmp_path / "home")
+
+    def agent(*args: str):
+        return subprocess.run(
+            [sys.executable, "-m", "gpuhop", "agent", *args, "--home", home],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    out = agent("start", "--partition", "debug")
+    assert out.returncode != 0 and "go with --backend slurm" in out.stderr
+    out = agent("start", "--backend", "slurm", "--partition", "nosuch")
+    assert out.returncode != 0
+    assert "sinfo lists no nodes in partition nosuch" in out.stdout + out.stderr
+    out = agent("start", "--backend", "slurm", "--partition", "debug", "--qos", "normal")
+    try:
+        assert out.returncode == 0, out.stdout + out.stderr
+        kept = json.loads((tmp_path / "home" / "backend.json").read_text())
+        assert (kept["name"], kept["slurm_partition"], kept["slurm_qos"]) == (
+            "slurm",
+            "debug",
+            "normal",
+        )
+    finally:
+        assert agent("stop").returncode == 0

@@ -81,7 +81,7 @@ class SlurmBackend(LeaderBackend):
             raise AgentError(f"sinfo failed: {out.stderr.strip()}")
         nodes = _nodes(out.stdout)
         if not nodes:
-            where = f"partition {settings.slurm_partition}" if settings.slurm_partition else ""
+            where = f"in partition {settings.slurm_partition}" if settings.slurm_partition else ""
             raise AgentError(f"sinfo lists no nodes {where}".strip())
         log.info("Slurm: job files are under %s, which the compute nodes must see", home)
         return cls(settings, nodes, python)
