@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -54,6 +55,18 @@ def _write_atomic(path: Path, data: dict[str, Any]) -> None:
 
 def slurm(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
+
+
+def cancel(*argv: str) -> None:
+    """`scancel ARGV`; a failure is said in the log (the agent cancels by id again once
+    this leader has ended)."""
+    try:
+        out = slurm("scancel", *argv)
+    except (OSError, subprocess.SubprocessError) as e:
+        say(f"scancel failed: {e}")
+        return
+    if out.returncode != 0:
+        say(f"scancel failed: {out.stderr.strip()}")
 
 
 def sbatch_args(spec: dict[str, Any], script: Path) -> list[str]:
@@ -100,8 +113,8 @@ class Follow:
         script = self.root / "slurm-batch.sh"
         script.write_text(
             "#!/bin/sh\n"
-            f"exec {json.dumps(self.spec['python'])} -m gpuhop.backends.slurm.task"
-            f" {json.dumps(str(self.root / 'slurm-task.json'))}\n"
+            f"exec {shlex.quote(self.spec['python'])} -m gpuhop.backends.slurm.task"
+            f" {shlex.quote(str(self.root / 'slurm-task.json'))}\n"
         )
         _write_atomic(self.root / "slurm-task.json", self.spec)
         try:
@@ -122,13 +135,13 @@ class Follow:
             if _stop.is_set() and not stopping:
                 stopping = True
                 if ran:
-                    slurm("scancel", "--full", "--signal=TERM", self.id)
+                    cancel("--full", "--signal=TERM", self.id)
                     kill_at = time.monotonic() + self._grace()
                 else:
-                    slurm("scancel", self.id)
+                    cancel(self.id)
             if kill_at is not None and time.monotonic() > kill_at:
-                slurm("scancel", "--full", "--signal=KILL", self.id)
-                slurm("scancel", self.id)
+                cancel("--full", "--signal=KILL", self.id)
+                cancel(self.id)
                 kill_at = None
             try:
                 now = state(self.id)
