@@ -30,6 +30,7 @@ import transports
 from harness import REPO, Row, Settings, machine, markdown
 
 import ray_backend
+import slurm_backend
 
 BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "start_latency": start_latency.run,
@@ -44,6 +45,7 @@ BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "serving": serving.run,
     "tfops": tfops.run,
     "ray_backend": ray_backend.run,
+    "slurm_backend": slurm_backend.run,
 }
 
 

@@ -1,0 +1,85 @@
+"""Slurm backend: a job on Slurm through gpuhop, next to what a Slurm user types instead.
+
+Starts the test suite's one-node Slurm cluster (tests/slurm_backend/cluster.py: munged,
+slurmctld and slurmd of this machine, started and stopped by pid) and a private agent on it
+with `--backend slurm`. Then, over repeats, hello.py from launch to its line "hello":
+`gpuhop run --no-requirements hello.py` against a hand-written `sbatch` of the same script
+plus `tail -f` of its output file (until the job has left squeue). Both wait for the same
+Slurm scheduler (`sched_interval=1` in the test cluster's slurm.conf). Skipped without
+Slurm, or when not run as root (the test cluster's daemons run as root).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+from harness import PYTHON, REPO, Row, Settings, private_agent, time_first_line
+
+sys.path.insert(0, str(REPO))
+from tests.slurm_backend import cluster as slurm_cluster  # the test suite's Slurm cluster
+
+NAME = "slurm_backend"
+HELLO = 'print("hello", flush=True)\n'
+WHAT = "hello.py on Slurm: launch → first output line"
+ALTERNATIVE = "sbatch hello.py + tail -f of its output file"
+NOTE = "both wait for the same slurmctld (one node, sched_interval=1)"
+
+
+def by_hand(project: Path, out: Path) -> list[str]:
+    """What a Slurm user runs: sbatch, then follow the output file until the job is gone."""
+    q = shlex.quote
+    script = (
+        f": > {q(str(out))}; id=$(sbatch --parsable --output={q(str(out))} --open-mode=append"
+        f" --wrap {q(f'{PYTHON} hello.py')}) || exit 1;"
+        ' (while [ -n "$(squeue -h -j "$id" -o %i 2>/dev/null)" ]; do sleep 0.2; done) & w=$!;'
+        # Not the last command, so bash does not exec tail: it reaps the watcher, whose
+        # zombie tail --pid would otherwise wait on forever.
+        f" tail -n +1 -f --pid=$w {q(str(out))}; exit 0"
+    )
+    return ["bash", "-c", script]
+
+
+def run(settings: Settings) -> list[Row]:
+    gone = slurm_cluster.missing()
+    why = f"Slurm is not installed ({', '.join(gone)})" if gone else None
+    if why is None and os.getuid() != 0:
+        why = "the test Slurm cluster's daemons run as root"
+    if why is not None:
+        return [Row(NAME, WHAT, "s", [], ALTERNATIVE, None, f"skipped: {why}")]
+    repeats = settings.repeats(default=5, quick=2)
+    mine: list[float] = []
+    theirs: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="gpuhop-bench-") as tmp:
+        root = Path(tmp)
+        (root / "slurm").mkdir()
+        project = root / "project"
+        project.mkdir()
+        (project / "hello.py").write_text(HELLO)
+        with contextlib.ExitStack() as stack:
+            cluster = slurm_cluster.start(root / "slurm")
+            stack.callback(cluster.stop)
+            before = os.environ.get("SLURM_CONF")
+            os.environ["SLURM_CONF"] = str(cluster.conf)  # for the agent this starts
+            stack.callback(
+                lambda: (
+                    os.environ.pop("SLURM_CONF", None)
+                    if before is None
+                    else os.environ.update(SLURM_CONF=before)
+                )
+            )
+            agent = stack.enter_context(private_agent(root / "agent", "--backend", "slurm"))
+            env = {**agent.env, "GPUHOP_CONFIG_DIR": str(root / "config")}
+            gpuhop = [PYTHON, "-m", "gpuhop", "run", "--no-requirements", "hello.py"]
+            hand = by_hand(project, root / "hello.out")
+            for i in range(repeats + 1):  # the first round warms up (Python's caches)
+                first, _ = time_first_line(gpuhop, project, env, b"hello")
+                other, _ = time_first_line(hand, project, cluster.env, b"hello")
+                if i:
+                    mine.append(first)
+                    theirs.append(other)
+    return [Row(NAME, WHAT, "s", mine, ALTERNATIVE, theirs, NOTE)]
