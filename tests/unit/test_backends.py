@@ -8,10 +8,12 @@ import tarfile
 import pytest
 
 from gpuhop.backends import BackendSettings, remember, resolve
+from gpuhop.backends.base import Ending
 from gpuhop.backends.ray import transfer
 from gpuhop.backends.ray.backend import _gpus
 from gpuhop.backends.ray.launcher import Prefixer, how
 from gpuhop.backends.slurm.backend import _nodes
+from gpuhop.backends.slurm.leader import Follow, sbatch_args
 from gpuhop.home import AgentError
 
 
@@ -144,3 +146,31 @@ def test_cluster_gpus_are_numbered_across_nodes_head_first():
 def test_slurm_nodes_and_their_gpus_from_sinfo():
     sinfo = "a|gpu:4\nb|gpu:a100:2(S:0-1),shard:8\nc|(null)\na|gpu:4\n"
     assert _nodes(sinfo) == [("a", 4), ("b", 2), ("c", 0)]
+
+
+def test_a_slurm_job_asks_sbatch_for_its_gpus_time_and_account(tmp_path):
+    spec = {"job_id": "ab12", "log": "/s/log", "work": "/s/work", "gpus": 2, "timeout": 90.0}
+    args = sbatch_args({**spec, "partition": "gpu", "account": "lab-7", "qos": None}, tmp_path)
+    assert "--gres=gpu:2" in args and "--time=2" in args  # whole minutes, rounded up
+    assert "--partition=gpu" in args and "--account=lab-7" in args
+    assert "--no-requeue" in args and not any(a.startswith("--qos") for a in args)
+    assert args[-1] == str(tmp_path)
+    plain = sbatch_args({**spec, "gpus": 0, "timeout": None}, tmp_path)
+    assert not any(a.startswith(("--gres", "--time")) for a in plain)
+
+
+def test_how_a_slurm_job_ended_maps_onto_gpuhops_classes(tmp_path):
+    exit_file = tmp_path / "exit.json"
+    follow = Follow({"exit_file": str(exit_file)}, tmp_path)
+    follow.id = "17"
+    lost = Ending.from_status(follow.ending("NODE_FAIL", ran=True), None)
+    assert (lost.recorded, lost.detail) == (
+        False,
+        "Slurm job 17 was lost: its node failed (NODE_FAIL)",
+    )
+    exit_file.write_text('{"exit_code": null, "signal": 15}')
+    timed_out = Ending.from_status(follow.ending("TIMEOUT", ran=True), None)
+    assert (timed_out.signal, timed_out.end_class) == (15, "timeout")
+    exit_file.write_text('{"exit_code": 0, "signal": null}')
+    done = Ending.from_status(follow.ending("COMPLETED", ran=True), None)
+    assert (done.exit_code, done.end_class, done.detail) == (0, None, None)
