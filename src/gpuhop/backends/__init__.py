@@ -3,6 +3,8 @@
 - `local` (the default): on the agent's own host, each job under a shim (backends.local).
 - `ray`: on the nodes of an existing Ray cluster (backends.ray), each job under a launcher
   on the agent's host that drives Ray actors on the nodes.
+- `slurm`: as Slurm jobs of the agent's user (backends.slurm), each followed by a leader on
+  the agent's host (sbatch, squeue, scancel) and run on its node by a small task.
 
 The store, the scheduler, logs, metrics, artifacts and the API are the same for all; a
 backend starts, watches and stops each attempt, offers the scheduler its GPUs, and refuses

@@ -228,16 +228,15 @@ class Supervisor:
         if state in (JobState.failed, JobState.lost) and stopped is None:
             reason += disk_note(jp.root, jp.log)
         self._killed_after_grace.discard(job_id)
+        # Why the agent stopped it (a time limit, a GPU fault), else the backend's own word
+        # (a cluster's time limit); a user's cancel is just that.
+        why_stopped = stopped.get("class") if stopped is not None else end.end_class
         end_class = classify(
             state,
             exit_code=exit_code,
             sig=sig,
             log=jp.log,
-            stopped_class=end.end_class
-            if stopped is None
-            else None
-            if job.cancel_requested
-            else stopped.get("class"),
+            stopped_class=None if job.cancel_requested else why_stopped,
             oom_killed=end.oom_killed,
         )
         outcome = {
