@@ -56,9 +56,12 @@ class SlurmBackend(LeaderBackend):
     remote = True
     where = "the Slurm cluster"
 
-    def __init__(self, settings: BackendSettings, nodes: list[tuple[str, int]], python: str):
+    def __init__(
+        self, settings: BackendSettings, nodes: list[tuple[str, int]], python: str, home: Path
+    ):
         super().__init__(GpuHost("slurm", gpus=_gpus(nodes)), python)
         self.settings = settings
+        self.home = home
         self.nodes = nodes
         self.address = None  # Slurm's commands find the cluster (slurm.conf, $SLURM_CONF)
 
@@ -83,19 +86,24 @@ class SlurmBackend(LeaderBackend):
         if not nodes:
             where = f"in partition {settings.slurm_partition}" if settings.slurm_partition else ""
             raise AgentError(f"sinfo lists no nodes {where}".strip())
-        log.info("Slurm: job files are under %s, which the compute nodes must see", home)
-        return cls(settings, nodes, python)
+        return cls(settings, nodes, python, home)
 
     def describe(self) -> str:
         part = self.settings.slurm_partition or "the default partition"
         gpus = sum(n for _, n in self.nodes)
-        return f"running jobs as Slurm jobs in {part}: {len(self.nodes)} node(s), {gpus} GPU(s)"
+        return (
+            f"running jobs as Slurm jobs in {part}: {len(self.nodes)} node(s), {gpus} GPU(s);"
+            f" their files are under {self.home}, which the compute nodes must see"
+        )
 
     def isolation(self) -> str | None:
         return SAME_USER
 
     def work_view(self) -> str | None:
-        return "the job runs on a compute node from a copy of its files in its work dir"
+        return (
+            "each job runs on a Slurm compute node from a copy of its files in its work dir"
+            f" under {self.home}, which must be on a filesystem the nodes see"
+        )
 
     def check_submit(self, req: SubmitRequest) -> None:
         """Refuse, with what to do instead, the jobs that need the agent's own host."""
