@@ -2,9 +2,10 @@
 
 Each command runs for real against a warm local agent under `python -X importtime`; a row
 gives the sum of its top-level imports next to a bare `python -X importtime -c pass` (the
-interpreter's own start-up), and its note names the heaviest packages. The full
-`-X importtime` output of each command is written to importtime-COMMAND.txt beside the
-results.
+interpreter's own imports), and its note names the packages that took longest (each
+module's own time, added up by top-level package: a model class's pydantic build counts
+for the gpuhop module that defines it). The full `-X importtime` output of each command is
+written to bench/results/importtime-COMMAND.txt.
 """
 
 from __future__ import annotations
