@@ -21,9 +21,11 @@ from harness import PYTHON, BenchError, Row, Settings, percentile, private_agent
 from gpuhop import Client
 
 NAME = "load"
-HOLD = "import os, sys, time\nwhile not os.path.exists(sys.argv[1]):\n    time.sleep(0.05)\n"
-CHATTY = (
-    "import os, sys, time\ni = 0\nwhile not os.path.exists(sys.argv[1]):\n"
+# Jobs wait for a file named "go" in their artifacts dir (their /tmp is their own).
+GO = "import os, time\ngo = os.path.join(os.environ['GPUHOP_ARTIFACTS_DIR'], 'go')\n"
+HOLD = GO + "while not os.path.exists(go):\n    time.sleep(0.05)\n"
+CHATTY = GO + (
+    "i = 0\nwhile not os.path.exists(go):\n"
     "    print(f'line {i}', flush=True); i += 1; time.sleep(0.02)\nprint('done', flush=True)\n"
 )
 FOLLOWERS = """
@@ -87,19 +89,15 @@ def run(settings: Settings) -> list[Row]:
         project.mkdir()
         (project / "hold.py").write_text(HOLD)
         (project / "chatty.py").write_text(CHATTY)
-        release = root / "release"
         opts = ("--fake-gpus", "1")
         with private_agent(root / "agent", *opts) as agent, agent.client() as client:
             for _ in range(repeats):
                 lat["idle"].append(time_ps(client, seconds))
                 rate["idle"].append(concurrent_rate(agent, seconds))
-            client.submit(["hold.py", str(release)], workdir=project, gpus=1)
+            client.submit(["hold.py"], workdir=project, gpus=1)
             for _ in range(queued_n):
-                client.submit(["hold.py", str(release)], workdir=project, gpus=1)
-            chatty = [
-                client.submit(["chatty.py", str(release)], workdir=project).id
-                for _ in range(chatty_n)
-            ]
+                client.submit(["hold.py"], workdir=project, gpus=1)
+            chatty = [client.submit(["chatty.py"], workdir=project).id for _ in range(chatty_n)]
             followers = subprocess.Popen(
                 [PYTHON, "-c", FOLLOWERS, str(agent.home), str(agent.cache), str(per_job), *chatty],
                 env=agent.env,
@@ -117,15 +115,20 @@ def run(settings: Settings) -> list[Row]:
                     lat["load"].append(time_ps(client, seconds))
                     rate["load"].append(concurrent_rate(agent, seconds))
             finally:
-                release.touch()
+                # The queued jobs are cancelled; the running ones end on their go file.
+                for job in client.jobs(["queued"], limit=10_000):
+                    client.job(job.id).cancel(grace=0)
+                for job in client.jobs(["starting", "running"], limit=10_000):
+                    go = agent.home / "jobs" / job.id / "artifacts" / "go"
+                    if go.parent.is_dir():
+                        go.touch()
                 verdict = followers.communicate(timeout=300)[0].strip()
             if followers.returncode != 0:
                 raise BenchError(f"followers: {verdict}")
-            # Let the queue drain so the agent stops cleanly (each job ends at once now).
-            deadline = time.monotonic() + 600
+            deadline = time.monotonic() + 120
             while client.jobs(["queued", "starting", "running"], limit=10_000):
                 if time.monotonic() > deadline:
-                    raise BenchError("the queue did not drain in 10 minutes")
+                    raise BenchError("the jobs did not end in 2 minutes")
                 time.sleep(0.5)
 
     load = (

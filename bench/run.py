@@ -18,6 +18,7 @@ from pathlib import Path
 
 import datasets
 import forward
+import imports
 import load
 import logs
 import memory
@@ -34,6 +35,7 @@ import slurm_backend
 
 BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "start_latency": start_latency.run,
+    "imports": imports.run,
     "resync": resync.run,
     "overhead": overhead.run,
     "logs": logs.run,

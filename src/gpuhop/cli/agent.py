@@ -263,3 +263,7 @@ def status(
         typer.echo(f"backend: {info.backend}, jobs run on the cluster at {info.ray_address}")
     typer.echo(f"GPUs: {gpus}{' (fake)' if info.fake_gpus else ''}")
     typer.echo(f"jobs: {info.jobs_running} running, {info.jobs_queued} queued")
+
+
+def register(main: typer.Typer) -> None:
+    main.add_typer(app, name="agent")

@@ -274,3 +274,7 @@ def _disconnect(remote: remotes.Remote) -> bool:
         return SshConnection(remote).disconnect()
     except GpuhopError:
         return False
+
+
+def register(main: typer.Typer) -> None:
+    main.add_typer(app, name="remote")

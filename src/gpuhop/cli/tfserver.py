@@ -100,3 +100,7 @@ def list_servers(on: str | None = OnOption) -> None:
 
 def _remote_arg(on: str | None) -> str:
     return f"{on!r}, " if on else ""
+
+
+def register(main: typer.Typer) -> None:
+    main.add_typer(app, name="tf-server")

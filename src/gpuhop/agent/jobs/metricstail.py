@@ -12,7 +12,7 @@ METRICS_TAIL_BYTES = 16 * 1024
 MEMORY_ONLY = {"time", "memory_mb", "memory_peak_mb"}
 
 
-def _tail_records(path: Path) -> list[dict[str, object]]:
+def tail_records(path: Path) -> list[dict[str, object]]:
     """The complete JSON records at the end of a job's metrics file, newest first."""
     try:
         with open(path, "rb") as f:
@@ -36,13 +36,19 @@ def _tail_records(path: Path) -> list[dict[str, object]]:
 def latest_metrics(path: Path) -> dict[str, object] | None:
     """The last complete JSON line of a job's metrics file that has metrics of its own (a
     record of device memory alone does not replace them)."""
-    return next((r for r in _tail_records(path) if not set(r) <= MEMORY_ONLY), None)
+    return latest_of(tail_records(path))
 
 
-def memory_peak_mb(path: Path) -> float | None:
+def latest_of(records: list[dict[str, object]]) -> dict[str, object] | None:
+    """`latest_metrics` of records read by `tail_records`."""
+    return next((r for r in records if not set(r) <= MEMORY_ONLY), None)
+
+
+def memory_peak_of(records: list[dict[str, object]]) -> float | None:
     """The most device memory the job's framework has had in use, in MB, as the job last
-    reported it (a framework's peak only grows), or None if it reported none."""
-    for record in _tail_records(path):
+    reported it (a framework's peak only grows), or None if it reported none; of records
+    read by `tail_records`."""
+    for record in records:
         peak = record.get("memory_peak_mb")
         if isinstance(peak, (int, float)) and not isinstance(peak, bool):
             return float(peak)

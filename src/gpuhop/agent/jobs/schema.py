@@ -39,6 +39,8 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
+-- `ps` asks for the newest jobs: read in this order, not every row sorted per request.
+CREATE INDEX IF NOT EXISTS jobs_created ON jobs(created_at);
 -- One row per finished attempt of a job that was retried (the last attempt lives in jobs).
 CREATE TABLE IF NOT EXISTS attempts (
     job_id     TEXT NOT NULL REFERENCES jobs(id),

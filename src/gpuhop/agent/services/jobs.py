@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -13,7 +14,7 @@ from datetime import UTC, datetime
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
-from gpuhop.agent.jobs.metricstail import latest_metrics, memory_peak_mb
+from gpuhop.agent.jobs.metricstail import latest_of, memory_peak_of, tail_records
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
 from gpuhop.agent.services import admission, deps, fairuse, gc, queue
@@ -28,6 +29,7 @@ from gpuhop.api import (
     format_mb,
     validate_relpath,
 )
+from gpuhop.backends import jobdeps
 from gpuhop.backends.base import Refused
 from gpuhop.home import JobPaths
 
@@ -40,10 +42,19 @@ def _dt(ts: float | None) -> datetime | None:
 
 def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
     jp = rt.supervisor.job_paths(job.id)
+    # One listing of the job's dir, then only the files it has: a queued job has none of
+    # them, and `ps` under load lists dozens of those (a failed open each cost more than the
+    # rest of the job's answer). The metrics file's tail is read once for both fields.
     try:
-        log_size = jp.log.stat().st_size
+        present = set(os.listdir(jp.root))
     except OSError:
-        log_size = 0
+        present = set()
+    log_size = 0
+    if jp.log.name in present:
+        with contextlib.suppress(OSError):
+            log_size = jp.log.stat().st_size
+    metrics = tail_records(jp.metrics) if jp.metrics.name in present else []
+    marker = gc.pruned(jp) if gc.PRUNED in present else None
     return JobInfo(
         id=job.id,
         name=None if job.name is None else as_text(job.name),
@@ -78,9 +89,9 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         signal=job.signal,
         reason=None if job.reason is None else as_text(job.reason),
         log_size=log_size,
-        latest_metrics=latest_metrics(jp.metrics),
-        memory_peak_mb=memory_peak_mb(jp.metrics),
-        pruned_at=_dt(marker["pruned_at"]) if (marker := gc.pruned(jp)) else None,
+        latest_metrics=latest_of(metrics),
+        memory_peak_mb=memory_peak_of(metrics),
+        pruned_at=_dt(marker["pruned_at"]) if marker else None,
         gpu_memory_mb=job.gpu_memory_mb,
         owner=job.owner,
         # A job on a Ray cluster has no private network, whatever its workers.
@@ -100,7 +111,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         max_parallel=job.max_parallel,
         mixed_gpus=job.mixed_gpus,
         notify=job.notify,
-        **deps.info_fields(jp),
+        **(deps.info_fields(jp) if jobdeps.path(jp).name in present else {}),
     )
 
 

@@ -1,0 +1,55 @@
+"""The `gpuhop` entry point: each command loads only its own module, and the table that says
+which module that is matches what the modules register."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import typer.main
+
+from gpuhop.cli.main import COMMANDS, build, command_of
+
+
+def names(app: typer.Typer) -> list[str]:
+    group = typer.main.get_group(app)
+    return list(group.commands)
+
+
+def test_the_table_lists_every_command_the_modules_register() -> None:
+    assert sorted(names(build())) == sorted(COMMANDS)
+
+
+def test_each_command_registers_its_own_module_only() -> None:
+    for name, module in COMMANDS.items():
+        registered = names(build([name, "--help"]))
+        assert name in registered
+        assert {COMMANDS[n] for n in registered} == {module}
+
+
+def test_the_command_is_the_first_argument_that_is_no_flag() -> None:
+    assert command_of(["--version"]) is None
+    assert command_of(["-h"]) is None
+    assert command_of(["ps", "-a"]) == "ps"
+    assert command_of(["run", "train.py", "logs"]) == "run"
+
+
+def test_no_command_or_an_unknown_one_registers_them_all() -> None:
+    assert sorted(names(build([]))) == sorted(COMMANDS)
+    assert sorted(names(build(["--help"]))) == sorted(COMMANDS)
+    assert sorted(names(build(["pss"]))) == sorted(COMMANDS)
+
+
+def test_ps_loads_neither_other_commands_nor_httpx_cli() -> None:
+    code = (
+        "import sys\n"
+        "from gpuhop.cli.main import build\n"
+        "build(['ps'])\n"
+        "prefixes = ('gpuhop.cli.', 'httpx._main', 'click', 'pygments')\n"
+        "print(sorted(m for m, v in sys.modules.items() if v and m.startswith(prefixes)))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = eval(out.stdout)  # a printed list of names
+    assert "gpuhop.cli.agent" not in loaded
+    assert "gpuhop.cli.notebook" not in loaded
+    assert not [m for m in loaded if m.startswith(("httpx._main", "click", "pygments"))]
