@@ -29,6 +29,7 @@ import math, time
 from gpuhop.runtime import artifacts_dir, log_metrics
 
 (artifacts_dir() / "config.json").write_text('{"lr": 0.01}')
+log_metrics(memory_mb=300.0, memory_peak_mb=2048.0)  # as the hook's framework readings
 for step in range(1, 2000):
     loss = 2.0 * math.exp(-step / 20)
     log_metrics(step=step, epoch=step // 10 + 1, loss=loss, accuracy=1 - loss / 2.2)
@@ -120,6 +121,7 @@ def test_watch_a_job_train_and_cancel_it_from_the_browser(
     expect(page.locator("#command")).to_have_text("train.py --lr 0.01")
     expect(page.locator("#env")).to_contain_text("cosine")
     expect(page.locator("#env")).not_to_contain_text("not-for-screenshots")  # masked
+    expect(page.locator(".facts")).to_contain_text("peak 2.0 GiB")
     artifact = page.locator("#artifacts a", has_text="config.json")
     expect(artifact).to_be_visible(timeout=15_000)
     with page.expect_download() as download:

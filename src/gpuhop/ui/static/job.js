@@ -96,6 +96,13 @@ function quote(arg) {
   return /^[\w@%+=:,./-]+$/.test(arg) ? arg : `'${arg.replace(/'/g, "'\\''")}'`;
 }
 
+// The most GPU memory the job's framework had in use, by its own count (as `gpuhop show`).
+function memoryText(job) {
+  if (job.memory_peak_mb === null || job.memory_peak_mb === undefined) return null;
+  const peak = mb(Math.round(job.memory_peak_mb));
+  return job.gpu_memory_mb ? `peak ${peak} of a ${mb(job.gpu_memory_mb)} share` : `peak ${peak}`;
+}
+
 function fact(label, value) {
   return value === null || value === undefined || value === "" ? null : [h("dt", {}, label), h("dd", {}, value)];
 }
@@ -107,6 +114,7 @@ function drawSpec() {
     h("dl", { class: "facts" },
       fact("GPUs", gpuText(job)),
       fact("GPU share", job.gpu_memory_mb ? mb(job.gpu_memory_mb) : null),
+      fact("GPU memory", memoryText(job)),
       fact("Workers", job.workers > 1 ? String(job.workers) : "1"),
       fact("Attempt", `${job.attempt} of ${job.retries + 1}`),
       fact("Priority", String(job.priority)),
