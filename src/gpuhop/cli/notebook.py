@@ -16,10 +16,10 @@ import typer
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.jobs import _parse_env, _parse_share
 from gpuhop.cli.output import fail, human_bytes, say, state_text
+from gpuhop.cli.usualport import forward_at, interrupt
 from gpuhop.client import Client, GpuhopError
 
 if TYPE_CHECKING:
-    from gpuhop.client.forward import ErrorHandler, Forward
     from gpuhop.client.notebook import Notebook
 
 DEFAULT_LOCAL_PORT = 8888  # Jupyter's own
@@ -120,7 +120,7 @@ def notebook(
     idle_s = parse_idle(idle)
     share_mb = _parse_share(gpu_memory, gpus)
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
+        signal.signal(sig, interrupt)
     with client_for(on) as client:
         try:
             nb = None if new else nb_client.find(client.session, job_ref or name)
@@ -186,7 +186,7 @@ def _attach(nb: Notebook, local_port: int | None, url_only: bool, no_browser: bo
 
     try:
         nb.wait_ready(timeout=180, on_queued=queued)
-        fwd = _forward(nb, local_port, refused)
+        fwd = forward_at(nb, DEFAULT_LOCAL_PORT, local_port, refused)
     except GpuhopError as e:
         fail(e.message)
     except KeyboardInterrupt:
@@ -213,22 +213,6 @@ def _attach(nb: Notebook, local_port: int | None, url_only: bool, no_browser: bo
     ended = fwd.ended
     if ended is not None:
         say(f"notebook job {job.id} {state_text(ended.state)}: {ended.reason or '-'}")
-
-
-def _forward(nb: Notebook, local_port: int | None, on_error: ErrorHandler) -> Forward:
-    """The server forwarded to `local_port`; by default Jupyter's port, or any if taken."""
-    if local_port is not None:
-        return nb.forward(local_port, on_error=on_error)
-    try:
-        return nb.forward(DEFAULT_LOCAL_PORT, on_error=on_error)
-    except GpuhopError as e:
-        if e.code != "local_port":
-            raise
-        return nb.forward(0, on_error=on_error)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def register(app: typer.Typer) -> None:

@@ -12,11 +12,11 @@ import typer
 
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import fail, say, state_text
+from gpuhop.cli.usualport import forward_at, interrupt
 from gpuhop.client import GpuhopError
 
 if TYPE_CHECKING:
-    from gpuhop.client.forward import ErrorHandler, Forward
-    from gpuhop.client.tensorboard import TensorBoard
+    pass
 
 DEFAULT_LOCAL_PORT = 6006
 HOW_TO_LOG = (
@@ -62,7 +62,7 @@ def tensorboard(
 
     # A closed terminal (SIGHUP) or a kill (SIGTERM) cleans up as Ctrl-C does.
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _interrupt)
+        signal.signal(sig, interrupt)
     with client_for(on) as client:
         try:
             tb = tb_client.start(client, job_ref, wait=False)
@@ -96,7 +96,7 @@ def tensorboard(
 
         try:
             tb.wait_ready(timeout)
-            fwd = _forward(tb, local_port, refused)
+            fwd = forward_at(tb, DEFAULT_LOCAL_PORT, local_port, refused)
         except GpuhopError as e:
             stop_server()
             fail(e.message)
@@ -121,22 +121,6 @@ def tensorboard(
         ended = fwd.ended
         reason = f": {ended.reason}" if ended is not None and ended.reason else ""
         fail(f"TensorBoard job {info.job} ended{reason}; see gpuhop logs {info.job}", code=1)
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def _forward(tb: TensorBoard, local_port: int | None, on_error: ErrorHandler) -> Forward:
-    """TensorBoard forwarded to `local_port`; by default its usual port, or any if taken."""
-    if local_port is not None:
-        return tb.forward(local_port, on_error=on_error)
-    try:
-        return tb.forward(DEFAULT_LOCAL_PORT, on_error=on_error)
-    except GpuhopError as e:
-        if e.code != "local_port":
-            raise
-        return tb.forward(0, on_error=on_error)
 
 
 def _open_browser(url: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 METRICS_TAIL_BYTES = 16 * 1024
@@ -22,8 +23,14 @@ def tail_records(path: Path) -> list[dict[str, object]]:
             tail = f.read()
     except OSError:
         return []
+    return parse_records(reversed(tail.splitlines()))
+
+
+def parse_records(lines: Iterable[bytes]) -> list[dict[str, object]]:
+    """The JSON objects among metrics-file lines, in order; anything else is skipped (a job
+    may write what it likes to its metrics file)."""
     records = []
-    for line in reversed(tail.splitlines()):
+    for line in lines:
         try:
             value = json.loads(line)
         except ValueError:

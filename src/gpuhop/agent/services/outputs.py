@@ -4,7 +4,6 @@ its metrics, its artifacts; and the word when GC has pruned them."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -14,6 +13,7 @@ from urllib.parse import quote_from_bytes, unquote_to_bytes
 
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
+from gpuhop.agent.jobs.metricstail import parse_records
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services import gc
 from gpuhop.api import ArtifactEntry, ErrorCode, validate_relpath
@@ -105,15 +105,7 @@ def read_metrics(rt: AgentContext, job_id: str, offset: int) -> tuple[list[dict]
         # it is not JSON and is skipped on the next read, up to its end.
         log.warning("job %s: skipped part of a metrics line over %d bytes", job_id, METRICS_READ)
         return [], offset + len(data)
-    records = []
-    for line in data[:end].splitlines():
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            records.append(value)
-    return records, offset + end
+    return parse_records(data[:end].splitlines()), offset + end
 
 
 def list_artifacts(rt: AgentContext, job_id: str) -> list[ArtifactEntry]:
