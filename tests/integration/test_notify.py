@@ -152,6 +152,31 @@ def test_a_webhook_hears_of_a_jobs_start_and_success_or_failure(notify_agent, we
     assert webhook.events("/bad")[1]["job"]["exit_code"] == 3
 
 
+def test_a_job_cancelled_before_it_starts_is_told_once(notify_agent, webhook, project):
+    root = project(
+        {
+            "bad.py": "raise SystemExit(3)\n",
+            "ok.py": "pass\n",
+            "nap.py": "import time; time.sleep(60)\n",
+        }
+    )
+    with notify_agent.client() as client:
+        first = client.submit(["bad.py"], workdir=root)
+        # Waits for `first`, which fails: cancelled before it starts, naming it.
+        after = client.submit(["ok.py"], workdir=root, after=first, notify=[f"{webhook.url}/a"])
+        assert after.wait(timeout=60).state == JobState.cancelled
+        held = client.submit(["nap.py"], workdir=root, after=after, after_any=True)
+        queued = client.submit(["ok.py"], workdir=root, after=held, notify=[f"{webhook.url}/q"])
+        queued.cancel()
+        held.cancel()
+    wait_until(lambda: webhook.events("/a") and webhook.events("/q"))
+    for path, job in (("/a", after), ("/q", queued)):
+        (told,) = webhook.events(path)
+        assert told["event"] == "cancelled" and told["job"]["id"] == job.id
+        assert told["job"]["end_class"] == "cancelled"
+    assert first.id in webhook.events("/a")[0]["job"]["reason"]
+
+
 def test_unreachable_webhooks_hold_up_neither_submits_nor_other_jobs(
     notify_agent, webhook, project
 ):

@@ -186,6 +186,7 @@ class AgentContext:
             end_class=EndClass.cancelled.value,
         ):
             log.info("job %s %s", job.id, verdict.cancel_reason)
+            self.notify(job.id, JobState.cancelled.value)
             self.wake()  # the jobs that run after this one learn it now
         return verdict.ready
 

@@ -116,8 +116,7 @@ def payload(
             "name": job.name,
             "owner": job.owner,
             "state": job.state.value,
-            # Set by agents that classify how jobs end (issue 22); None before that.
-            "end_class": getattr(job, "end_class", None),
+            "end_class": job.end_class,  # None for jobs an older agent finished
             "exit_code": job.exit_code,
             "signal": job.signal,
             "reason": job.reason,

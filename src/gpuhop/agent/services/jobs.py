@@ -305,6 +305,7 @@ def cancel(rt: AgentContext, ref: str, grace: float, caller: Caller) -> JobInfo:
         end_class=EndClass.cancelled.value,
     ):
         rt.wake()
+        rt.notify(job.id, JobState.cancelled.value)  # it never started: this is its end
         return to_info(rt, rt.store.get(job.id))
     rt.supervisor.cancel(rt.store.get(job.id), grace)
     return to_info(rt, rt.store.get(job.id))

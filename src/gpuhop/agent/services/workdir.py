@@ -17,7 +17,6 @@ dir), and names that are not UTF-8 (logged, as for artifacts).
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import JobRecord
+from gpuhop.agent.storage.treefile import read_entries
 from gpuhop.api import ErrorCode, ManifestEntry, WorkdirEntry, validate_relpath
 from gpuhop.backends import jobdeps
 
@@ -55,19 +55,17 @@ def _check(rt: AgentContext, job: JobRecord) -> None:
 
 
 def _synced(jp_tree: Path) -> dict[str, ManifestEntry]:
+    """The job's synced files by path, its tree read an entry at a time."""
     try:
-        raw = json.loads(jp_tree.read_bytes())["entries"]
+        with open(jp_tree, "rb") as f:
+            return {e["path"]: ManifestEntry.model_validate(e) for e in read_entries(f)}
     except (OSError, ValueError, KeyError):
         return {}
-    return {e["path"]: ManifestEntry(**e) for e in raw}
 
 
 def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def list_outputs(rt: AgentContext, job: JobRecord) -> list[WorkdirEntry]:
