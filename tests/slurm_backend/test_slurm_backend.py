@@ -102,11 +102,16 @@ def test_slurms_pending_reason_shows_and_a_cancel_leaves_no_slurm_job(
     wait_until(lambda: hog not in slurm_cluster.jobs(), timeout=60)
 
 
-def test_multi_worker_jobs_and_gpu_shares_are_refused_with_the_reason(slurm_agent, tmp_path):
+def test_jobs_that_do_not_fit_the_partition_are_refused_with_the_reason(slurm_agent, tmp_path):
     work = _script(tmp_path, "gpus.py", SHOW_GPUS)
     out = slurm_agent.cli("run", "--no-requirements", "--workers", "2", "gpus.py", cwd=work)
     assert out.returncode != 0
-    assert "--workers > 1" in out.stderr and "--backend slurm" in out.stderr
+    assert "run one per node, and the Slurm partition has 1 node(s)" in out.stderr
+    assert "--pack" in out.stderr
+    args = ("--workers", "2", "--gpus-per-worker", "3", "--pack", "gpus.py")
+    out = slurm_agent.cli("run", "--no-requirements", *args, cwd=work)
+    assert out.returncode != 0
+    assert "each worker asks for 3 GPU(s) on one node" in out.stderr
     out = slurm_agent.cli("run", "--no-requirements", "--gpus", "3", "gpus.py", cwd=work)
     assert out.returncode != 0
     assert "the largest node of the Slurm partition has 2" in out.stderr

@@ -185,7 +185,7 @@ class SubmitRequest(StrictModel):
     # another host or from the host itself; `gpuhop forward` reaches them through the
     # agent. Multi-worker jobs always run in one. An agent that predates this refuses it.
     private_network: bool | None = None
-    # On an agent with the Ray backend: put the workers on as few nodes as possible
+    # On an agent with the Ray or Slurm backend: put the workers on as few nodes as possible
     # instead of spreading them across nodes. An agent that predates this refuses it.
     pack: bool | None = None
     # Jobs (ids, prefixes or names) this one waits for; with `after_any`, it runs however

@@ -151,8 +151,8 @@ def run(
     pack: bool = typer.Option(
         False,
         "--pack",
-        help="On an agent with the Ray backend: put the workers on as few nodes as possible"
-        " (default: spread across nodes).",
+        help="On an agent with the Ray or Slurm backend: put the workers on as few nodes as"
+        " possible (default: spread across nodes; on Slurm, one worker per node).",
     ),
     retries: int = typer.Option(
         0,

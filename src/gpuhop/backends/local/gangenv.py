@@ -13,15 +13,17 @@ import json
 MODES = ("tf", "keras-jax")
 
 
-def worker_env(mode: str, ports: list, index: int) -> dict:
-    """The variables worker `index` of `len(ports)` gets, its peers on loopback `ports`."""
+def worker_env(mode: str, ports: list, index: int, hosts: list | None = None) -> dict:
+    """The variables worker `index` of `len(ports)` gets, its peers on loopback `ports` (or
+    each on its own host of `hosts`: the Slurm backend's workers)."""
+    hosts = hosts or ["127.0.0.1"] * len(ports)
     if mode == "keras-jax":
         return {
-            "KERAS_DISTRIBUTION_JOB_ADDRESSES": f"127.0.0.1:{ports[0]}",
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES": f"{hosts[0]}:{ports[0]}",
             "KERAS_DISTRIBUTION_NUM_PROCESSES": str(len(ports)),
             "KERAS_DISTRIBUTION_PROCESS_ID": str(index),
         }
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    cluster = {"worker": [f"{h}:{p}" for h, p in zip(hosts, ports, strict=True)]}
     return {
         "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
     }

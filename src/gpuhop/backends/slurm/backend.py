@@ -9,7 +9,9 @@ those in the agent's state dir, which must be on a filesystem the compute nodes 
 The scheduler hands out the partition's GPUs (GRES `gpu`) as `sinfo` listed them at start,
 so a job waits in gpuhop's queue while the agent's own jobs hold them all; Slurm decides
 where each job runs, and while it keeps a job pending its reason shows in `show`.
-Single-process jobs only: --workers > 1 is refused.
+A multi-worker job (--workers N) is one Slurm job of N tasks, one per node (several with
+--pack), that `srun` starts together (gpuhop.backends.slurm.gang); each worker gets its
+TF_CONFIG (or Keras 3's distribution variables) for its peers on the allocation's nodes.
 """
 
 from __future__ import annotations
@@ -24,7 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.api import ErrorCode, GpuInfo, SubmitRequest
-from gpuhop.backends.base import SCRUBBED_ENV, GpuHost, JobAttempt, Refused, Started
+from gpuhop.backends import kerasmode
+from gpuhop.backends.base import (
+    SCRUBBED_ENV,
+    GpuHost,
+    JobAttempt,
+    Refused,
+    Started,
+    StartError,
+)
 from gpuhop.backends.leader import LeaderBackend
 from gpuhop.backends.settings import BackendSettings
 from gpuhop.home import AgentError, JobPaths
@@ -127,15 +137,35 @@ class SlurmBackend(LeaderBackend):
                 " and this agent runs jobs on Slurm"
             )
         elif req.workers > 1:
-            why = "multi-worker jobs (--workers > 1) are not supported on Slurm yet"
+            try:
+                kerasmode.decide(req.env, lambda m: True)  # the nodes' packages are theirs
+            except kerasmode.KerasRefusal as e:
+                why = str(e)
         if why is not None:
             raise Refused(ErrorCode.bad_request, f"{why} (agent started with --backend slurm)")
+        self._check_room(req)
+
+    def _check_room(self, req: SubmitRequest) -> None:
         largest = max((n for _, n in self.nodes), default=0)
-        if req.gpus > largest:
+        per_worker = req.gpus // req.workers
+        if per_worker > largest:
+            each = "the job asks" if req.workers == 1 else "each worker asks"
             raise Refused(
                 ErrorCode.unsatisfiable,
-                f"the job asks for {req.gpus} GPU(s) on one node; the largest node of the"
+                f"{each} for {per_worker} GPU(s) on one node; the largest node of the"
                 f" Slurm partition has {largest}",
+            )
+        if req.workers > 1 and not req.pack and req.workers > len(self.nodes):
+            raise Refused(
+                ErrorCode.unsatisfiable,
+                f"the job's {req.workers} workers run one per node, and the Slurm partition"
+                f" has {len(self.nodes)} node(s): use --pack to allow several per node",
+            )
+        if req.workers > 1 and req.gpus > sum(n for _, n in self.nodes):
+            raise Refused(
+                ErrorCode.unsatisfiable,
+                f"the job asks for {req.gpus} GPU(s) in all; the Slurm partition has"
+                f" {sum(n for _, n in self.nodes)}",
             )
 
     def leader(
@@ -164,6 +194,21 @@ class SlurmBackend(LeaderBackend):
             "metrics": str(jp.metrics),
             "exit_file": str(exit_file),
         }
+        if job.workers > 1:
+            try:
+                mode = kerasmode.decide(job.env, lambda m: True)
+            except kerasmode.KerasRefusal as e:
+                raise StartError(str(e)) from None
+            spec.update(
+                workers=job.workers,
+                pack=bool(deps.get("pack")),
+                mode=mode.mode,
+                mode_env=mode.env,
+                worker_timeout=job.worker_timeout,
+                worker_logs=[str(jp.worker_log(i)) for i in range(job.workers)],
+            )
+            for i in range(job.workers):
+                jp.worker_log(i).touch()
         (jp.root / SPEC_NAME).write_text(json.dumps(spec))
         argv = [self.python, "-m", "gpuhop.backends.slurm.leader"]
         argv += [str(jp.status), str(jp.shim_pid), str(jp.root / SPEC_NAME)]

@@ -74,9 +74,19 @@ def sbatch_args(spec: dict[str, Any], script: Path) -> list[str]:
     args += [f"--output={spec['log']}", "--open-mode=append", f"--chdir={spec['work']}"]
     # --no-requeue: a job whose node fails is not run again by Slurm behind the agent's back
     # (gpuhop's own --retries decide that, on a fresh attempt).
-    args += ["--nodes=1", "--ntasks=1", "--export=ALL", "--no-requeue"]
-    if spec["gpus"]:
-        args.append(f"--gres=gpu:{spec['gpus']}")
+    args += ["--export=ALL", "--no-requeue"]
+    workers = spec.get("workers", 1)
+    if workers > 1:
+        # One task per worker, one per node unless packed (then as few nodes as fit them).
+        args.append(f"--ntasks={workers}")
+        if not spec.get("pack"):
+            args += [f"--nodes={workers}", "--ntasks-per-node=1"]
+        if spec["gpus"]:
+            args.append(f"--gpus-per-task={spec['gpus'] // workers}")
+    else:
+        args += ["--nodes=1", "--ntasks=1"]
+        if spec["gpus"]:
+            args.append(f"--gres=gpu:{spec['gpus']}")
     if spec.get("timeout"):
         args.append(f"--time={max(1, math.ceil(spec['timeout'] / 60))}")
     for option in ("partition", "account", "qos"):
@@ -111,9 +121,10 @@ class Follow:
 
     def submit(self) -> dict[str, Any] | None:
         script = self.root / "slurm-batch.sh"
+        step = "gang" if self.spec.get("workers", 1) > 1 else "task"
         script.write_text(
             "#!/bin/sh\n"
-            f"exec {shlex.quote(self.spec['python'])} -m gpuhop.backends.slurm.task"
+            f"exec {shlex.quote(self.spec['python'])} -m gpuhop.backends.slurm.{step}"
             f" {shlex.quote(str(self.root / 'slurm-task.json'))}\n"
         )
         _write_atomic(self.root / "slurm-task.json", self.spec)

@@ -4,6 +4,12 @@ ended to the exit file that the leader (gpuhop.backends.slurm.leader) reads.
 
 `python -m gpuhop.backends.slurm.task SPEC`; SPEC is the JSON file the leader wrote on the
 shared filesystem. Slurm sets CUDA_VISIBLE_DEVICES for the GPUs (GRES) it gave the job.
+
+In a multi-worker job it runs once per worker, as Slurm task SLURM_PROCID of the `srun` that
+gpuhop.backends.slurm.gang started: the worker is told of its peers (TF_CONFIG, or Keras 3's
+distribution variables, by the job's mode: gpuhop.backends.local.gangenv), its output goes
+to its own log and, each line prefixed with its index, to the job's, and it ends in its own
+exit file, which the gang reads.
 """
 
 from __future__ import annotations
@@ -14,22 +20,41 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from gpuhop.backends.base import QUIET_TF, StartError
 from gpuhop.backends.local.commands import resolve_command
+from gpuhop.backends.local.gangenv import worker_env
 from gpuhop.runtime import hook
 
+PEERS_VAR = "GPUHOP_SLURM_PEERS"  # what the gang tells each task: its peers' hosts and ports
 
-def environment(spec: dict[str, Any]) -> dict[str, str]:
+
+def worker_exit_file(spec: dict[str, Any], index: int) -> Path:
+    return Path(f"{spec['exit_file']}.worker-{index}")
+
+
+def write_exit(path: Path, result: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def environment(spec: dict[str, Any], index: int | None = None) -> dict[str, str]:
     """The node's environment (sbatch carried the leader's, Slurm added its own), then the
-    job's variables, then gpuhop's contract."""
+    job's variables, then gpuhop's contract (and worker `index`'s, in a multi-worker job)."""
+    peers = os.environ.get(PEERS_VAR)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUHOP_")}
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", QUIET_TF)
     env.pop("TF_CONFIG", None)
+    env.update({k: v for k, v in spec.get("mode_env", {}).items() if k not in spec["env"]})
     env.update(spec["env"])
     env.setdefault("GPUHOP_AUTO", "1")
     env.update(
@@ -44,14 +69,42 @@ def environment(spec: dict[str, Any]) -> dict[str, str]:
     )
     if not spec["gpus"]:
         env["CUDA_VISIBLE_DEVICES"] = ""  # no GRES asked: none of the node's GPUs
+    if index is not None and peers is not None:
+        hosts_ports = json.loads(peers)
+        env.update(worker_env(spec["mode"], hosts_ports["ports"], index, hosts_ports["hosts"]))
+        env["GPUHOP_WORKER_INDEX"] = str(index)
+        env["GPUHOP_NUM_WORKERS"] = str(spec["workers"])
+        env["GPUHOP_WORKER_TIMEOUT"] = str(spec["worker_timeout"])
     if hook.wanted(env):
         paths = (hook.STARTUP_DIR, env.get("PYTHONPATH"))
         env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     return env
 
 
+def _port_taken(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("", port))
+        except OSError:
+            return True
+    return False
+
+
+def _tee(proc: subprocess.Popen[bytes], log: Path, index: int) -> None:
+    """The worker's output to its own log, and each line, prefixed, to the job's."""
+    assert proc.stdout is not None
+    prefix = f"[worker {index}] ".encode()
+    with open(log, "ab") as own:
+        for line in iter(proc.stdout.readline, b""):
+            own.write(line)
+            own.flush()
+            sys.stdout.buffer.write(prefix + line)
+            sys.stdout.buffer.flush()
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
-    env = environment(spec)
+    index = int(os.environ["SLURM_PROCID"]) if spec.get("workers", 1) > 1 else None
+    env = environment(spec, index)
     work = Path(spec["work"])
     host = socket.gethostname()
     try:
@@ -62,18 +115,30 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         print(f"gpuhop: could not start: {e}", flush=True)
         return {"exit_code": 1, "signal": None, "detail": f"could not start: {e}"}
     gpus = env.get("CUDA_VISIBLE_DEVICES") or "none"
+    who = "" if index is None else f"worker {index} "
     print(
-        f"gpuhop: running on {host} as Slurm job {os.environ.get('SLURM_JOB_ID', '?')},"
+        f"gpuhop: {who}running on {host} as Slurm job {os.environ.get('SLURM_JOB_ID', '?')},"
         f" GPUs: {gpus}",
         flush=True,
     )
-    proc = subprocess.Popen(argv, cwd=work, env=env, stdin=subprocess.DEVNULL)
+    if index is not None:
+        port = json.loads(os.environ[PEERS_VAR])["ports"][index]
+        if _port_taken(port):
+            why = f"worker {index}'s port {port} on {host} is in use; run the job again"
+            print(f"gpuhop: could not start: {why}", flush=True)
+            return {"exit_code": 1, "signal": None, "detail": f"could not start: {why}"}
+    out, err = (None, None) if index is None else (subprocess.PIPE, subprocess.STDOUT)
+    proc = subprocess.Popen(
+        argv, cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err
+    )
 
     def forward(sig: int, _frame: object) -> None:
         proc.send_signal(sig)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
+    if index is not None:
+        _tee(proc, Path(spec["worker_logs"][index]), index)
     code = proc.wait()
     if code < 0:
         return {"exit_code": None, "signal": -code}
@@ -86,12 +151,12 @@ def main(argv: list[str]) -> int:
         return 2
     spec = json.loads(Path(argv[0]).read_text())
     result = run(spec)
-    tmp = f"{spec['exit_file']}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, spec["exit_file"])
+    if spec.get("workers", 1) > 1:
+        index = int(os.environ["SLURM_PROCID"])
+        write_exit(worker_exit_file(spec, index), {**result, "ended_at": time.time()})
+        failed = result["signal"] is not None or result["exit_code"] != 0
+        return 1 if failed else 0  # srun --kill-on-bad-exit stops the others
+    write_exit(Path(spec["exit_file"]), result)
     return 0
 
 

@@ -1,0 +1,139 @@
+"""Runs on the first node of a multi-worker job's Slurm allocation, as its batch step: works
+out where each worker runs and on which port, launches them all together with `srun` (one
+task per worker, gpuhop.backends.slurm.task), and writes how the gang ended to the exit file
+that the leader (gpuhop.backends.slurm.leader) reads.
+
+`python -m gpuhop.backends.slurm.gang SPEC`. Worker I is Slurm task I (SLURM_PROCID), put on
+the allocation's nodes in order (`--distribution=block`), as many on each as
+SLURM_TASKS_PER_NODE says. Its port is a base port drawn from the Slurm job id, plus I; each
+worker checks that its own is free before it starts. One worker failing ends the others
+(`srun --kill-on-bad-exit=1`), and the job ends as that worker did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+from gpuhop.backends.local.shim import how
+from gpuhop.backends.slurm.task import PEERS_VAR, worker_exit_file, write_exit
+
+PORT_RANGE = (20000, 60000)
+_COUNT = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
+
+
+def hostnames(nodelist: str) -> list[str]:
+    """The allocation's nodes, in Slurm's order (`scontrol show hostnames`)."""
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return out.stdout.split()
+
+
+def task_hosts(hosts: list[str], tasks_per_node: str) -> list[str]:
+    """Each task's node under block distribution: SLURM_TASKS_PER_NODE ("2,1(x3)") gives
+    how many tasks each node of `hosts` runs, in order."""
+    counts: list[int] = []
+    for part in tasks_per_node.split(","):
+        m = _COUNT.match(part.strip())
+        if m is None:
+            raise ValueError(f"cannot read SLURM_TASKS_PER_NODE={tasks_per_node!r}")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    if len(counts) != len(hosts):
+        raise ValueError(f"SLURM_TASKS_PER_NODE={tasks_per_node!r} does not match {hosts}")
+    return [host for host, n in zip(hosts, counts, strict=True) for _ in range(n)]
+
+
+def base_port(slurm_id: str, workers: int) -> int:
+    """The first worker's port: the Slurm job id hashed into PORT_RANGE, so that two jobs
+    sharing a node are unlikely to collide (each worker still checks its own)."""
+    low, high = PORT_RANGE
+    return low + zlib.crc32(slurm_id.encode()) % (high - low - workers)
+
+
+def ending(spec: dict[str, Any], srun_code: int) -> dict[str, Any]:
+    """How the gang ended, from each worker's exit file: the first worker to fail (by the
+    time it ended) and how many others were stopped."""
+    outcomes: dict[int, dict[str, Any]] = {}
+    for i in range(spec["workers"]):
+        with contextlib.suppress(OSError, ValueError):
+            outcomes[i] = json.loads(worker_exit_file(spec, i).read_text())
+    failed = [
+        (o.get("ended_at", 0.0), i)
+        for i, o in outcomes.items()
+        if o["signal"] is not None or o["exit_code"] != 0
+    ]
+    if not failed:
+        if srun_code == 0 and len(outcomes) == spec["workers"]:
+            return {"exit_code": 0, "signal": None}
+        return {
+            "exit_code": srun_code or 1,
+            "signal": None,
+            "detail": f"srun ended with code {srun_code}; see the job's log",
+        }
+    _, index = min(failed)
+    outcome = {k: outcomes[index][k] for k in ("exit_code", "signal")}
+    if "detail" in outcomes[index]:
+        outcome["detail"] = f"worker {index}: {outcomes[index]['detail']}"
+        return outcome
+    ok = sum(
+        1 for i, o in outcomes.items() if i != index and (o["exit_code"], o["signal"]) == (0, None)
+    )
+    stopped = spec["workers"] - 1 - ok
+    detail = f"worker {index} {how(outcome)} first"
+    if stopped:
+        detail += f"; {stopped} other worker{'s were' if stopped > 1 else ' was'} stopped"
+    return {**outcome, "detail": detail}
+
+
+def run(spec: dict[str, Any], spec_path: str) -> dict[str, Any]:
+    workers = spec["workers"]
+    for i in range(workers):
+        worker_exit_file(spec, i).unlink(missing_ok=True)
+    slurm_id = os.environ.get("SLURM_JOB_ID", "0")
+    try:
+        hosts = task_hosts(
+            hostnames(os.environ["SLURM_JOB_NODELIST"]), os.environ["SLURM_TASKS_PER_NODE"]
+        )
+    except (OSError, KeyError, ValueError, subprocess.SubprocessError) as e:
+        print(f"gpuhop: could not start: cannot place the workers: {e}", flush=True)
+        return {"exit_code": 1, "signal": None, "detail": f"could not place the workers: {e}"}
+    base = base_port(slurm_id, workers)
+    peers = {"hosts": hosts[:workers], "ports": [base + i for i in range(workers)]}
+    argv = ["srun", "--kill-on-bad-exit=1", "--distribution=block", f"--ntasks={workers}"]
+    argv += ["--export=ALL", spec["python"], "-m", "gpuhop.backends.slurm.task", spec_path]
+    env = dict(os.environ, **{PEERS_VAR: json.dumps(peers)})
+    print(f"gpuhop: {workers} workers on {', '.join(sorted(set(hosts)))}", flush=True)
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+
+    def forward(sig: int, _frame: object) -> None:
+        proc.send_signal(sig)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    return ending(spec, proc.wait())
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m gpuhop.backends.slurm.gang SPEC", file=sys.stderr)
+        return 2
+    spec = json.loads(Path(argv[0]).read_text())
+    write_exit(Path(spec["exit_file"]), run(spec, argv[0]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,95 @@
+"""Multi-worker jobs on the Slurm backend: one Slurm job of N tasks that `srun` starts
+together, each told of its peers, on the real one-node test cluster (so packed: --pack)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from gpuhop.backends.slurm.gang import base_port, task_hosts
+from tests.conftest import wait_until
+from tests.slurm_backend.conftest import skip_without_slurm
+from tests.slurm_backend.test_slurm_backend import _script, _show, _submit
+
+pytestmark = pytest.mark.timeout(180)
+
+TELL = """
+import json, os
+config = json.loads(os.environ["TF_CONFIG"])
+print("index", config["task"]["index"], "of", len(config["cluster"]["worker"]),
+      config["cluster"]["worker"][config["task"]["index"]],
+      os.environ["GPUHOP_WORKER_INDEX"], os.environ["GPUHOP_NUM_WORKERS"], flush=True)
+"""
+
+# Each worker writes its pid and holds on until killed.
+HOLD = """
+import os, sys, time
+open(f"{sys.argv[1]}/pid-{os.environ['GPUHOP_WORKER_INDEX']}", "w").write(str(os.getpid()))
+print("up", flush=True)
+time.sleep(300)
+"""
+
+
+def test_task_hosts_follow_slurms_tasks_per_node():
+    assert task_hosts(["a", "b", "c"], "2,1(x2)") == ["a", "a", "b", "c"]
+    assert task_hosts(["a"], "2") == ["a", "a"]
+    with pytest.raises(ValueError, match="does not match"):
+        task_hosts(["a", "b"], "2")
+    with pytest.raises(ValueError, match="cannot read SLURM_TASKS_PER_NODE"):
+        task_hosts(["a"], "two")
+    assert base_port("123", 4) == base_port("123", 4)
+    assert 20000 <= base_port("123", 4) < 60000 - 4
+
+
+def test_each_of_two_tasks_gets_its_tf_config_and_its_own_log(slurm_agent, slurm_cluster, tmp_path):
+    skip_without_slurm()
+    work = _script(tmp_path, "tell.py", TELL)
+    job_id = _submit(slurm_agent, work, "--workers", "2", "--pack", "tell.py")
+    info = wait_until(
+        lambda: (i := _show(slurm_agent, job_id))["state"] not in ("queued", "running") and i,
+        timeout=60,
+    )
+    assert info["state"] == "succeeded", info
+    log = slurm_agent.cli("logs", job_id).stdout
+    node = slurm_cluster.node
+    lines = {}
+    for i in range(2):
+        out = slurm_agent.cli("logs", "--worker", str(i), job_id)
+        assert out.returncode == 0, out.stderr
+        lines[i] = out.stdout.strip()
+        assert f"[worker {i}] {lines[i]}" in log  # the job's log has both, prefixed
+    index = [lines[i].split() for i in range(2)]
+    assert [w[:4] for w in index] == [["index", "0", "of", "2"], ["index", "1", "of", "2"]]
+    assert [w[5:] for w in index] == [["0", "2"], ["1", "2"]]
+    hosts, ports = zip(*(w[4].rsplit(":", 1) for w in index), strict=True)
+    assert hosts == (node, node) and ports[0] != ports[1]
+    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+
+
+def test_a_worker_killed_by_the_test_fails_the_gang(slurm_agent, slurm_cluster, tmp_path):
+    skip_without_slurm()
+    work = _script(tmp_path, "hold.py", HOLD)
+    job_id = _submit(slurm_agent, work, "--workers", "2", "--pack", "hold.py", str(tmp_path))
+    pids = [tmp_path / f"pid-{i}" for i in range(2)]
+    wait_until(lambda: all(p.exists() for p in pids), timeout=60)
+    worker0 = int(pids[0].read_text())
+    try:
+        os.kill(int(pids[1].read_text()), signal.SIGKILL)
+        info = wait_until(
+            lambda: (i := _show(slurm_agent, job_id))["state"] == "failed" and i, timeout=60
+        )
+    finally:
+        wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+    assert info["reason"].startswith("worker 1 was killed by signal 9 (SIGKILL) first")
+    assert "1 other worker was stopped" in info["reason"]
+    assert not _alive(worker0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
