@@ -4,7 +4,9 @@ together, each told of its peers, on the real one-node test cluster (so packed: 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +16,8 @@ from tests.slurm_backend.conftest import skip_without_slurm
 from tests.slurm_backend.test_slurm_backend import _script, _show, _submit
 
 pytestmark = pytest.mark.timeout(180)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 TELL = """
 import json, os
@@ -85,6 +89,24 @@ def test_a_worker_killed_by_the_test_fails_the_gang(slurm_agent, slurm_cluster, 
     assert info["reason"].startswith("worker 1 was killed by signal 9 (SIGKILL) first")
     assert "1 other worker was stopped" in info["reason"]
     assert not _alive(worker0)
+
+
+@pytest.mark.tf
+def test_two_tasks_train_to_the_same_weights(slurm_agent, slurm_cluster, tmp_path):
+    skip_without_slurm()
+    work = tmp_path / "work"
+    shutil.copytree(EXAMPLES / "multiworker", work / "multiworker")
+    args = ("--workers", "2", "--pack", "multiworker/train.py", "--epochs", "1")
+    run = slurm_agent.cli("run", "--no-requirements", *args, cwd=work, timeout=170)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    finals = {
+        line.split("] ", 1)[0]: line.split("final loss: ", 1)[1]
+        for line in run.stdout.splitlines()
+        if "final loss: " in line
+    }
+    assert set(finals) == {"[worker 0", "[worker 1"}
+    assert finals["[worker 0"] == finals["[worker 1"]  # MWMS kept the two in step
+    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
 
 
 def _alive(pid: int) -> bool:
