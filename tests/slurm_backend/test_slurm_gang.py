@@ -27,10 +27,13 @@ print("index", config["task"]["index"], "of", len(config["cluster"]["worker"]),
       os.environ["GPUHOP_WORKER_INDEX"], os.environ["GPUHOP_NUM_WORKERS"], flush=True)
 """
 
-# Each worker writes its pid and holds on until killed.
+# Each worker writes its pid (whole, then renamed into place) and holds on until killed.
 HOLD = """
 import os, sys, time
-open(f"{sys.argv[1]}/pid-{os.environ['GPUHOP_WORKER_INDEX']}", "w").write(str(os.getpid()))
+pid = f"{sys.argv[1]}/pid-{os.environ['GPUHOP_WORKER_INDEX']}"
+with open(pid + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.replace(pid + ".tmp", pid)
 print("up", flush=True)
 time.sleep(300)
 """
@@ -77,18 +80,38 @@ def test_a_worker_killed_by_the_test_fails_the_gang(slurm_agent, slurm_cluster, 
     work = _script(tmp_path, "hold.py", HOLD)
     job_id = _submit(slurm_agent, work, "--workers", "2", "--pack", "hold.py", str(tmp_path))
     pids = [tmp_path / f"pid-{i}" for i in range(2)]
-    wait_until(lambda: all(p.exists() for p in pids), timeout=60)
-    worker0 = int(pids[0].read_text())
     try:
+        _wait_for(slurm_agent, job_id, pids)
+        worker0 = int(pids[0].read_text())
         os.kill(int(pids[1].read_text()), signal.SIGKILL)
         info = wait_until(
             lambda: (i := _show(slurm_agent, job_id))["state"] == "failed" and i, timeout=60
         )
     finally:
-        wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+        _end(slurm_agent, slurm_cluster, job_id)
     assert info["reason"].startswith("worker 1 was killed by signal 9 (SIGKILL) first")
     assert "1 other worker was stopped" in info["reason"]
     assert not _alive(worker0)
+
+
+def test_a_cancelled_gang_ends_every_worker_and_leaves_no_slurm_job(
+    slurm_agent, slurm_cluster, tmp_path
+):
+    skip_without_slurm()
+    work = _script(tmp_path, "hold.py", HOLD)
+    job_id = _submit(slurm_agent, work, "--workers", "2", "--pack", "hold.py", str(tmp_path))
+    pids = [tmp_path / f"pid-{i}" for i in range(2)]
+    try:
+        _wait_for(slurm_agent, job_id, pids)
+        workers = [int(p.read_text()) for p in pids]
+        assert slurm_agent.cli("cancel", job_id).returncode == 0
+        info = wait_until(
+            lambda: (i := _show(slurm_agent, job_id))["state"] == "cancelled" and i, timeout=60
+        )
+    finally:
+        _end(slurm_agent, slurm_cluster, job_id)
+    assert info["state"] == "cancelled"
+    wait_until(lambda: not any(_alive(pid) for pid in workers), timeout=30)
 
 
 @pytest.mark.tf
@@ -107,6 +130,22 @@ def test_two_tasks_train_to_the_same_weights(slurm_agent, slurm_cluster, tmp_pat
     assert set(finals) == {"[worker 0", "[worker 1"}
     assert finals["[worker 0"] == finals["[worker 1"]  # MWMS kept the two in step
     wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+
+
+def _wait_for(agent, job_id: str, pids: list[Path]) -> None:
+    """Until every worker has written its pid; failing, with the job's log and state."""
+    try:
+        wait_until(lambda: all(p.exists() for p in pids), timeout=60)
+    except pytest.fail.Exception:
+        log = agent.cli("logs", job_id).stdout[-3000:]
+        pytest.fail(f"the workers did not start: {_show(agent, job_id)}\n{log}")
+
+
+def _end(agent, cluster, job_id: str) -> None:
+    """The job ended (cancelled, if a failing test left it running) and gone from Slurm."""
+    if _show(agent, job_id)["state"] in ("queued", "running"):
+        agent.cli("cancel", "--grace", "1", job_id)
+    wait_until(lambda: not cluster.jobs(), timeout=60)
 
 
 def _alive(pid: int) -> bool:
