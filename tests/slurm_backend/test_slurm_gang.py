@@ -132,6 +132,27 @@ def test_two_tasks_train_to_the_same_weights(slurm_agent, slurm_cluster, tmp_pat
     wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
 
 
+@pytest.mark.tf
+def test_keras3_on_jax_across_two_tasks_trains_to_the_same_weights(
+    slurm_agent, slurm_cluster, tmp_path
+):
+    skip_without_slurm()
+    work = tmp_path / "work"
+    shutil.copytree(EXAMPLES / "keras3-jax-multiworker", work / "example")
+    args = ("--workers", "2", "--pack", "-e", "KERAS_BACKEND=jax", "example/train.py")
+    run = slurm_agent.cli("run", "--no-requirements", *args, "--epochs", "1", cwd=work, timeout=170)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    finals = {
+        line.split("] ", 1)[0]: line.split("final loss: ", 1)[1]
+        for line in run.stdout.splitlines()
+        if "final loss: " in line
+    }
+    assert set(finals) == {"[worker 0", "[worker 1"}
+    assert finals["[worker 0"] == finals["[worker 1"]  # keras.distribution kept them in step
+    assert "process 1 of 2: 2 devices in the mesh" in run.stdout
+    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+
+
 def _wait_for(agent, job_id: str, pids: list[Path]) -> None:
     """Until every worker has written its pid; failing, with the job's log and state."""
     try:
