@@ -24,7 +24,8 @@ import json, os
 config = json.loads(os.environ["TF_CONFIG"])
 print("index", config["task"]["index"], "of", len(config["cluster"]["worker"]),
       config["cluster"]["worker"][config["task"]["index"]],
-      os.environ["GPUHOP_WORKER_INDEX"], os.environ["GPUHOP_NUM_WORKERS"], flush=True)
+      os.environ["GPUHOP_WORKER_INDEX"], os.environ["GPUHOP_NUM_WORKERS"],
+      "gpus", os.environ["CUDA_VISIBLE_DEVICES"], flush=True)
 """
 
 # Each worker writes its pid (whole, then renamed into place) and holds on until killed.
@@ -53,7 +54,8 @@ def test_task_hosts_follow_slurms_tasks_per_node():
 def test_each_of_two_tasks_gets_its_tf_config_and_its_own_log(slurm_agent, slurm_cluster, tmp_path):
     skip_without_slurm()
     work = _script(tmp_path, "tell.py", TELL)
-    job_id = _submit(slurm_agent, work, "--workers", "2", "--pack", "tell.py")
+    args = ("--workers", "2", "--gpus-per-worker", "1", "--pack", "tell.py")
+    job_id = _submit(slurm_agent, work, *args)
     info = wait_until(
         lambda: (i := _show(slurm_agent, job_id))["state"] not in ("queued", "running") and i,
         timeout=60,
@@ -69,7 +71,8 @@ def test_each_of_two_tasks_gets_its_tf_config_and_its_own_log(slurm_agent, slurm
         assert f"[worker {i}] {lines[i]}" in log  # the job's log has both, prefixed
     index = [lines[i].split() for i in range(2)]
     assert [w[:4] for w in index] == [["index", "0", "of", "2"], ["index", "1", "of", "2"]]
-    assert [w[5:] for w in index] == [["0", "2"], ["1", "2"]]
+    assert [w[5:7] for w in index] == [["0", "2"], ["1", "2"]]
+    assert sorted(w[8] for w in index) == ["0", "1"]  # each task its own GPU, as Slurm set it
     hosts, ports = zip(*(w[4].rsplit(":", 1) for w in index), strict=True)
     assert hosts == (node, node) and ports[0] != ports[1]
     wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
