@@ -78,6 +78,8 @@ def ending(spec: dict[str, Any], srun_code: int) -> dict[str, Any]:
     if not failed:
         if srun_code == 0 and len(outcomes) == spec["workers"]:
             return {"exit_code": 0, "signal": None}
+        if srun_code < 0:
+            return {"exit_code": None, "signal": -srun_code}
         return {
             "exit_code": srun_code or 1,
             "signal": None,
