@@ -32,7 +32,7 @@ def open_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluste
         (["--backend", "ray"], "--backend ray needs --ray-address HOST:PORT"),
         (["--ray-address", "10.0.0.5:6379"], "go with --backend ray"),
         (["--backend", "ray", "--ray-address", "ray://head:10001"], "is not HOST:PORT"),
-        (["--backend", "slurm"], "unknown backend 'slurm'"),
+        (["--backend", "kubernetes"], "unknown backend 'kubernetes'"),
     ],
 )
 def test_the_backend_options_are_checked(tmp_path, args, message):
