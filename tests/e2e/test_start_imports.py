@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 # Loaded by other commands only: the tree scanner's pattern library (a sync), the datasets
-# module (`--data`, `data`, `env`), the SSH and TLS ways to a remote, numpy (the chunker).
+# module (`--data`, `data`, `env`), the SSH and TLS ways to a remote, numpy (the chunker),
+# httpx (TLS remotes only: a Unix socket is spoken to with the standard library).
 NOT_ON_THESE_PATHS = (
     "pathspec",
     "gpuhop.client.data",
@@ -18,7 +19,9 @@ NOT_ON_THESE_PATHS = (
     "gpuhop.client.tls",
     "numpy",
     "click",
-    "httpx._main",
+    "httpx",
+    "httpcore",
+    "h11",
 )
 
 RECORD_MODULES = """

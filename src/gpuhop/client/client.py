@@ -17,8 +17,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 # Siblings by their full names, never through the package, whose __init__ imports this.
 import gpuhop.client.endpoints as endpoints
 import gpuhop.client.host as host
@@ -47,6 +45,8 @@ from gpuhop.client.upload import Progress, send_files
 from gpuhop.home import AgentPaths, default_home
 
 if TYPE_CHECKING:
+    import httpx
+
     from gpuhop.client.dashboard import Dashboard
     from gpuhop.client.data import Datasets, Envs
 
