@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import httpcore
 from httpcore._backends.sync import SyncStream
 
-from gpuhop.client.transport import httpx_module
+from gpuhop.client.httpxmodule import httpx_module
 
 if TYPE_CHECKING:
     import httpx

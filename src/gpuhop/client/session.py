@@ -53,7 +53,7 @@ class Session:
             self.http = UnixClient(endpoint.uds, endpoint.headers, DEFAULT_TIMEOUT)
             self.transport_errors = (TransportError,)
         else:
-            from gpuhop.client.transport import httpx_module
+            from gpuhop.client.httpxmodule import httpx_module
 
             hx = httpx_module()
             self.http = hx.Client(
@@ -72,7 +72,7 @@ class Session:
     def _options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         timeout = kwargs.get("timeout")
         if isinstance(timeout, Timeout) and not isinstance(self.http, UnixClient):
-            from gpuhop.client.transport import httpx_module
+            from gpuhop.client.httpxmodule import httpx_module
 
             kwargs["timeout"] = httpx_module().Timeout(timeout.read, connect=timeout.connect)
         return kwargs

@@ -11,8 +11,6 @@ same place with the same credentials.
 from __future__ import annotations
 
 import ssl
-import sys
-import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -22,24 +20,6 @@ from gpuhop.home import AgentPaths
 
 if TYPE_CHECKING:
     import httpx
-
-
-def httpx_module() -> types.ModuleType:
-    """httpx, imported without its command-line client.
-
-    httpx's __init__ imports its CLI (click, rich, pygments: a third of a command's
-    start-up) whenever those are installed; an entry of None makes that import fail at
-    once, and httpx then leaves its `main` a stub. The SDK never runs httpx's CLI.
-    """
-    if "httpx" not in sys.modules and "httpx._main" not in sys.modules:
-        sys.modules["httpx._main"] = None  # type: ignore[assignment]
-        try:
-            import httpx
-        finally:
-            del sys.modules["httpx._main"]  # a later `import httpx._main` works as ever
-    import httpx
-
-    return httpx
 
 
 @dataclass
