@@ -34,11 +34,12 @@ main()
 """
 
 
-def modules_of(agent, tmp_path, *args: str) -> list[str]:
+def modules_of(agent, tmp_path, *args: str, cwd=None) -> list[str]:
     record = tmp_path / f"modules-{args[0]}.json"
     proc = subprocess.run(
         [sys.executable, "-c", RECORD_MODULES, str(record), *args],
         env=agent.env,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=60,
@@ -71,3 +72,10 @@ def test_ps_show_logs_and_cancel_load_only_what_they_use(shared_agent, project, 
         finally:
             if not waiting.refresh().state.finished:  # the test failed before its cancel
                 waiting.cancel()
+
+
+def test_run_speaks_to_the_local_agent_without_httpx(shared_agent, project, tmp_path):
+    root = project({"hello.py": "print('hello')\n"})
+    loaded = modules_of(shared_agent, tmp_path, "run", "hello.py", cwd=root)
+    assert "gpuhop.cli.main" in loaded
+    assert not [m for m in loaded if m.split(".")[0] in ("httpx", "httpcore", "h11")]
