@@ -44,3 +44,13 @@ def test_query_parameters_read_as_httpx_wrote_them():
     assert query({"follow": True, "offset": 0}) == "?follow=true&offset=0"
     assert query([("state", "queued"), ("state", "running")]) == "?state=queued&state=running"
     assert query({"state": ["a b", "c"]}) == "?state=a+b&state=c"
+
+
+def test_a_timeout_in_seconds_as_httpx_takes_it(shared_agent):
+    with shared_agent.client() as client:
+        http = client.session.http
+        assert isinstance(http, UnixClient)
+        assert http.get("/v1/agent", timeout=30.0).status_code == 200
+        assert http.get("/v1/agent", timeout=None).status_code == 200
+        with pytest.raises(TypeError, match="timeout takes seconds"):
+            http.get("/v1/agent", timeout="soon")

@@ -166,6 +166,17 @@ class UnixClient:
         conn.sock.settimeout(timeout.read)
         return conn
 
+    def _timeout(self, given: object) -> Timeout:
+        """As httpx reads `timeout`: left out, the client's; a number (or None, no limit)
+        for the connect and each read alike; or a Timeout."""
+        if given is ...:
+            return self.timeout
+        if isinstance(given, Timeout):
+            return given
+        if given is None or isinstance(given, int | float):
+            return Timeout(given, connect=given if given is not None else self.timeout.connect)
+        raise TypeError(f"timeout takes seconds or a Timeout, not {given!r}")
+
     def _give_back(self, conn: _UnixConnection, answer: http.client.HTTPResponse) -> None:
         reusable = answer.isclosed() and not answer.will_close  # read to its end
         answer.close()
@@ -184,7 +195,7 @@ class UnixClient:
         json: object = None,
         content: bytes | Iterable[bytes] | None = None,
         headers: Mapping[str, str] | None = None,
-        timeout: Timeout | None = None,
+        timeout: object = ...,
     ) -> Response:
         sent = {**self.headers, **(headers or {})}
         body: bytes | Iterable[bytes] | None = content
@@ -192,7 +203,7 @@ class UnixClient:
             body = jsonlib.dumps(json).encode()
             sent["Content-Type"] = "application/json"
         try:
-            conn = self._connection(timeout or self.timeout)
+            conn = self._connection(self._timeout(timeout))
             try:
                 conn.request(method, url + query(params), body=body, headers=sent)
                 raw = conn.getresponse()
