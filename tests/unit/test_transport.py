@@ -54,3 +54,27 @@ def test_the_transport_still_speaks_http_over_a_unix_socket(tmp_path: Path) -> N
             t.start()
             assert http.get("/v1/info").text == "ok"
             t.join()
+
+
+@pytest.mark.parametrize("kind", ["missing", "stale"])
+def test_the_sdk_session_on_a_dead_socket_says_so_and_leaks_nothing(
+    tmp_path: Path, kind: str
+) -> None:
+    from gpuhop.client.errors import GpuhopError
+    from gpuhop.client.session import Session
+    from gpuhop.client.unixhttp import UnixClient
+
+    path = tmp_path / "agent.sock"
+    if kind == "stale":
+        _stale_socket(path)
+    session = Session(Endpoint("the agent at X", uds=str(path)), tmp_path / "cache")
+    assert isinstance(session.http, UnixClient)  # the standard library's, not httpx
+    try:
+        for _ in range(3):
+            with pytest.raises(GpuhopError) as caught:
+                session.request("GET", "/v1/agent")
+            assert caught.value.code == "unreachable"
+            assert "cannot reach the agent at X" in caught.value.message
+    finally:
+        session.close()
+    gc.collect()

@@ -17,8 +17,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 # Siblings by their full names, never through the package, whose __init__ imports this.
 import gpuhop.client.endpoints as endpoints
 import gpuhop.client.host as host
@@ -38,7 +36,6 @@ from gpuhop.api import (
     UiLoginCode,
 )
 from gpuhop.api.upkeep import DiskUsage, GcReport
-from gpuhop.client.data import Datasets, Envs
 from gpuhop.client.job import Job, get
 from gpuhop.client.session import Session
 from gpuhop.client.spec import SyncStats
@@ -48,7 +45,10 @@ from gpuhop.client.upload import Progress, send_files
 from gpuhop.home import AgentPaths, default_home
 
 if TYPE_CHECKING:
+    import httpx
+
     from gpuhop.client.dashboard import Dashboard
+    from gpuhop.client.data import Datasets, Envs
 
 
 def client_cache_dir() -> Path:
@@ -293,11 +293,15 @@ class Client:
     @property
     def data(self) -> Datasets:
         """Datasets on the agent: push, list, versions, files, remove."""
+        from gpuhop.client.data import Datasets  # not on the paths of `ps`, `run`, `logs`
+
         return Datasets(self.session)
 
     @property
     def envs(self) -> Envs:
         """The Python environments the agent built for jobs: list, remove."""
+        from gpuhop.client.data import Envs
+
         return Envs(self.session)
 
     # -- model servers (see gpuhop.client.serving) ----------------------------------------

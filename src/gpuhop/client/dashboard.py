@@ -25,8 +25,8 @@ import http.cookiejar
 import socket
 import threading
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
-import httpx
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
 from starlette.requests import Request, cookie_parser
@@ -34,9 +34,15 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gpuhop.client.errors import GpuhopError
+from gpuhop.client.httpxmodule import httpx_module
 from gpuhop.client.session import Session
 from gpuhop.client.tokens import login_code
 from gpuhop.client.transport import Endpoint
+
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = httpx_module()  # without its CLI
 
 AGENT_COOKIE = "gpuhop_ui"
 MAX_BODY = 64 * 1024

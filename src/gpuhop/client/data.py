@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 from pydantic import ValidationError
 
 from gpuhop.api.data import CHUNK_HEADER, MISSING_BATCH, DatasetInfo, EnvInfo
@@ -29,6 +28,7 @@ from gpuhop.api.models import DataMount
 from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.session import Session, quote
 from gpuhop.client.sync import RACY_WINDOW_NS, SyncError, check_name
+from gpuhop.client.unixhttp import Timeout
 
 UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
 # (phase, done, total): phase "chunking" counts bytes read, "uploading" raw bytes sent.
@@ -174,7 +174,7 @@ class Datasets:
             params={"shared": "true"} if shared else {},
             content=json.dumps(manifest, separators=(",", ":")).encode(),
             headers={"content-type": "application/json"},
-            timeout=httpx.Timeout(3600.0, connect=5.0),
+            timeout=Timeout(3600.0, connect=5.0),
         )
         return PushResult(
             info=DatasetInfo.model_validate(response.json()),
@@ -253,7 +253,7 @@ class Datasets:
             "POST",
             "/v1/chunks/upload",
             content=body(),
-            timeout=httpx.Timeout(600.0, connect=5.0),
+            timeout=Timeout(600.0, connect=5.0),
         )
 
     def list(self) -> list[DatasetInfo]:

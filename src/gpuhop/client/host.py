@@ -3,11 +3,10 @@ GPUs, preflight checks, disk use), and garbage collection there."""
 
 from __future__ import annotations
 
-import httpx
-
 from gpuhop.api import AgentInfo, DoctorCheck, GpuInfo
 from gpuhop.api.upkeep import DiskUsage, GcReport
 from gpuhop.client.session import Session
+from gpuhop.client.unixhttp import Timeout
 
 # `doctor` imports TensorFlow on the host, which can take a while on a cold GPU host.
 DOCTOR_TIMEOUT = 240.0
@@ -35,7 +34,7 @@ def doctor(session: Session, fresh: bool = False) -> list[DoctorCheck]:
         "GET",
         "/v1/agent/doctor",
         params={"fresh": "true"} if fresh else None,
-        timeout=httpx.Timeout(DOCTOR_TIMEOUT, connect=5.0),
+        timeout=Timeout(DOCTOR_TIMEOUT, connect=5.0),
     )
     return [DoctorCheck.model_validate(c) for c in response.json()]
 

@@ -14,12 +14,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import httpx
-
 from gpuhop.api import ArtifactEntry, JobInfo, JobState, TensorBoardInfo, WorkdirEntry
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.pull import PullPlan, fetch_planned, plan_pull
 from gpuhop.client.session import Connected, Session, quote, session_of
+from gpuhop.client.unixhttp import Timeout
 
 if TYPE_CHECKING:
     from gpuhop.client.forward import ErrorHandler, Forward
@@ -129,14 +128,14 @@ class Job:
                         "follow": follow,
                         **({"worker": worker} if worker is not None else {}),
                     },
-                    timeout=httpx.Timeout(None, connect=5.0),
+                    timeout=Timeout(None, connect=5.0),
                 ) as response:
                     for chunk in response.iter_raw():
                         position += len(chunk)
                         give_up_at = None
                         yield chunk
                 return
-            except (httpx.TransportError, httpx.StreamError) as e:
+            except self.session.transport_errors as e:
                 if not follow:
                     raise GpuhopError(
                         f"lost the agent while reading logs: {e}", "unreachable"
@@ -149,7 +148,7 @@ class Job:
                         f" for {RECONNECT_PATIENCE:.0f}s",
                         code="unreachable",
                     ) from None
-                # Probe first: a failed httpx connect to a Unix socket leaks that socket.
+                # Probe first: no reconnect attempts against an agent that is not there.
                 while not self.session.endpoint.reachable() and time.monotonic() < give_up_at:
                     time.sleep(0.1)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from gpuhop.api import JobInfo, JobState, RetryOn, SubmitRequest, parse_duration
-from gpuhop.client.data import parse_mount
+from gpuhop.api.models import DataMount
 from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.job import Job
 from gpuhop.client.leftovers import outputs_warning
@@ -102,7 +102,7 @@ def submit(
             gpus_per_worker=gpus_per_worker,
             worker_timeout=worker_timeout,
             gpu_memory_mb=gpu_memory_mb,
-            data=[parse_mount(m) for m in data],
+            data=_mounts(data),
             requirements=requirements_text(requirements, root),
             python=python,
             private_network=private_network or None,
@@ -168,3 +168,12 @@ def list_jobs(
     return [
         JobInfo.model_validate(j) for j in session.request("GET", "/v1/jobs", params=params).json()
     ]
+
+
+def _mounts(data: Sequence[str]) -> list[DataMount]:
+    """The `--data` mounts; the datasets module (gpuhop.api.data with it) only when asked."""
+    if not data:
+        return []
+    from gpuhop.client.data import parse_mount
+
+    return [parse_mount(m) for m in data]

@@ -18,21 +18,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-import httpx
-
 from gpuhop.api import JobInfo, ServeRequest, ServingInfo
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.job import Job, get
 from gpuhop.client.session import Connected, Session, session_of
 from gpuhop.client.spec import tree_of
+from gpuhop.client.unixhttp import Timeout
 from gpuhop.client.upload import scan, send_files, send_tree
 
 if TYPE_CHECKING:
     from gpuhop.client.forward import Forward
+    from gpuhop.client.session import Response
 
 SAVED_MODEL_PB = "saved_model.pb"
 # A predict may wait on a busy GPU; the agent gives up on a silent server after 300 s.
-PREDICT_TIMEOUT = httpx.Timeout(330.0, connect=5.0)
+PREDICT_TIMEOUT = Timeout(330.0, connect=5.0)
 
 
 class Model:
@@ -77,15 +77,12 @@ class Model:
             delay = min(delay * 1.5, 0.5)
         return self.info
 
-    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    def request(self, method: str, path: str, **kwargs: Any) -> Response:
         """Any request to the server, e.g. ("GET", "/v1/models/digits"): the raw answer,
         whatever its status. Raises GpuhopError only when the agent cannot be reached."""
         url = f"/v1/serve/{quote(self.info.job, safe='')}/{path.lstrip('/')}"
         kwargs.setdefault("timeout", PREDICT_TIMEOUT)
-        try:
-            return self.session.http.request(method, url, **kwargs)
-        except httpx.TransportError as e:
-            raise self.session.unreachable(e) from None
+        return self.session.send(method, url, **kwargs)
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         response = self.request(method, path, **kwargs)
@@ -131,7 +128,7 @@ class Model:
         return self.job.forward(info.port, local_port, host)
 
 
-def check(response: httpx.Response) -> None:
+def check(response: Response) -> None:
     """Raise GpuhopError for an error answer: TF Serving's {"error"} or the agent's."""
     if response.status_code < 400:
         return

@@ -12,19 +12,31 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from urllib.parse import quote as _url_quote
-
-import httpx
 
 from gpuhop.api import ErrorBody
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.spec import SyncStats
 from gpuhop.client.transport import Endpoint
+from gpuhop.client.unixhttp import Response as UnixResponse
+from gpuhop.client.unixhttp import Timeout, TransportError, UnixClient
+
+if TYPE_CHECKING:
+    import httpx
+
+    Response: TypeAlias = httpx.Response | UnixResponse
+
+DEFAULT_TIMEOUT = Timeout(60.0, connect=5.0)
 
 
 class Session:
-    """A connection to one agent through `endpoint` (or `transport`, in tests)."""
+    """A connection to one agent through `endpoint` (or `transport`, in tests).
+
+    An agent on a Unix socket (this machine's, or a remote's through its SSH tunnel) is
+    spoken to with the standard library (unixhttp); a TLS remote, or a given transport,
+    through httpx, imported only then.
+    """
 
     def __init__(
         self,
@@ -34,46 +46,70 @@ class Session:
     ):
         self.endpoint = endpoint
         self.cache_dir = cache_dir
-        self.http = httpx.Client(
-            transport=transport or endpoint.transport(),
-            base_url=endpoint.base_url,
-            headers=endpoint.headers,
-            timeout=httpx.Timeout(60.0, connect=5.0),
-        )
+        self.http: httpx.Client | UnixClient
+        self.transport_errors: tuple[type[Exception], ...]
+        """What a request that did not get through raises (a follower reconnects on it)."""
+        if transport is None and endpoint.uds is not None and endpoint.ssl_context is None:
+            self.http = UnixClient(endpoint.uds, endpoint.headers, DEFAULT_TIMEOUT)
+            self.transport_errors = (TransportError,)
+        else:
+            from gpuhop.client.httpxmodule import httpx_module
+
+            hx = httpx_module()
+            self.http = hx.Client(
+                transport=transport or endpoint.transport(),
+                base_url=endpoint.base_url,
+                headers=endpoint.headers,
+                timeout=hx.Timeout(DEFAULT_TIMEOUT.read, connect=DEFAULT_TIMEOUT.connect),
+            )
+            self.transport_errors = (hx.TransportError, hx.StreamError)
         self.last_sync: SyncStats | None = None
         """What the last submit's sync did."""
 
     def close(self) -> None:
         self.http.close()
 
-    def request(self, method: str, url: str, **kwargs: object) -> httpx.Response:
+    def _options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        timeout = kwargs.get("timeout")
+        if isinstance(timeout, Timeout) and not isinstance(self.http, UnixClient):
+            from gpuhop.client.httpxmodule import httpx_module
+
+            kwargs["timeout"] = httpx_module().Timeout(timeout.read, connect=timeout.connect)
+        return kwargs
+
+    def send(self, method: str, url: str, **kwargs: Any) -> Response:
+        """The raw answer, whatever its status; GpuhopError only when it did not get
+        through. `timeout`: a unixhttp.Timeout."""
+        try:
+            return self.http.request(method, url, **self._options(kwargs))
+        except self.transport_errors as e:
+            raise self.unreachable(e) from None
+
+    def request(self, method: str, url: str, **kwargs: Any) -> Response:
         """A request whose error answer is raised as GpuhopError, as is one that did not
         get through."""
-        try:
-            response = self.http.request(method, url, **kwargs)  # type: ignore[arg-type]
-        except httpx.TransportError as e:
-            raise self.unreachable(e) from None
+        response = self.send(method, url, **kwargs)
         self.check(response)
         return response
 
     @contextlib.contextmanager
-    def stream(self, method: str, url: str, **kwargs: object) -> Iterator[httpx.Response]:
+    def stream(self, method: str, url: str, **kwargs: Any) -> Iterator[Response]:
         """A streamed answer; an error answer is raised as GpuhopError. Transport errors
-        pass through as they are: a follower reconnects on them."""
-        with self.http.stream(method, url, **kwargs) as response:  # type: ignore[arg-type]
+        (`transport_errors`) pass through as they are: a follower reconnects on them."""
+        with self.http.stream(method, url, **self._options(kwargs)) as response:
             if response.status_code >= 400:
                 response.read()
                 self.check(response)
             yield response
 
-    def unreachable(self, e: httpx.TransportError) -> GpuhopError:
+    def unreachable(self, e: BaseException) -> GpuhopError:
         """The error for a request that did not get through, as precise as can be found."""
         explained = self.endpoint.explain(e)
         return GpuhopError(
             explained or f"cannot reach {self.endpoint.description}: {e}", code="unreachable"
         )
 
-    def check(self, response: httpx.Response) -> None:
+    def check(self, response: Response) -> None:
         """`check`, with a 401 (TCP listener: no valid token) said in words to act on."""
         try:
             check(response)
@@ -101,7 +137,7 @@ def session_of(via: Session | Connected) -> Session:
     return via if isinstance(via, Session) else via.session
 
 
-def check(response: httpx.Response) -> None:
+def check(response: Response) -> None:
     """Raise GpuhopError with the agent's own words for a 4xx/5xx answer."""
     if response.status_code < 400:
         return

@@ -19,8 +19,10 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pathspec
+if TYPE_CHECKING:
+    import pathspec
 
 IGNORE_FILES = (".gitignore", ".gpuhopignore")
 # Never worth sending; a `!pattern` in .gpuhopignore brings any of them back.
@@ -151,6 +153,8 @@ class IgnoreLayer:
     """
 
     def __init__(self, prefix: str, lines: list[str] | tuple[str, ...]):
+        import pathspec  # only where a tree is scanned: not on `ps`, `logs` or `cancel`
+
         self.prefix = prefix
         self.spec = pathspec.GitIgnoreSpec.from_lines(lines)
         self.ignore = _joined(p for p in self.spec.patterns if p.include is True)

@@ -9,14 +9,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
-
 from gpuhop.api import BlobCheckResult
 from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.session import Session
 from gpuhop.client.sync import FileEntry, ScanResult, SyncError
 from gpuhop.client.sync import scan as scan_tree
+from gpuhop.client.unixhttp import Timeout
 
 CHUNK = 1 << 20
 # Upload in batches so a dropped connection costs at most one batch.
@@ -61,7 +60,7 @@ def send_files(
                 "POST",
                 "/v1/blobs/upload",
                 content=frames(batch, progress),
-                timeout=httpx.Timeout(600.0, connect=5.0),
+                timeout=Timeout(600.0, connect=5.0),
             )
         except GpuhopError as e:
             if e.code == "bad_blob":
