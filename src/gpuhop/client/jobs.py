@@ -25,7 +25,9 @@ from gpuhop.client.spec import (
     tree_of,
 )
 from gpuhop.client.sync import ScanResult
-from gpuhop.client.upload import Progress, UploadProgress, scan, send_files, send_tree
+from gpuhop.client.trees import LastTree, entries_of
+from gpuhop.client.trees import send as send_tree
+from gpuhop.client.upload import Progress, UploadProgress, scan
 
 
 def submit(
@@ -122,19 +124,29 @@ def submit(
     for key, unset in (("data", []), ("after", []), ("after_any", False), ("retry_on", "infra")):
         if body[key] == unset:
             del body[key]
-    sent = (0, 0)
-    try:
+    sent: tuple[int, int, str] = (0, 0, "")
+    last = LastTree.digest_of(session.cache_dir, root)
+    if last is not None and last != tree:
+        # Changed since this work dir's last sync: the tree is new to the agent as a rule,
+        # so it goes first (as a delta from the last), and the job needs one request.
+        sent = send_tree(session, root, (tree_bytes, tree), result.files, result.changed, on_upload)
         response = session.request("POST", "/v1/jobs", json=body)
-    except GpuhopError as e:
-        if e.code != "missing_tree":
-            raise
-        # A new or changed tree: send the files the agent lacks, then the tree, then
-        # ask again. An unchanged tree skips all of this. Only the files this scan hashed
-        # are new to the agent as a rule; it names any other it lacks when the tree comes.
-        count, size = send_files(session, result.changed, on_upload)
-        more = send_tree(session, tree_bytes, result.files, on_upload)
-        sent = (count + more[0], size + more[1])
-        response = session.request("POST", "/v1/jobs", json=body)
+    else:
+        try:
+            response = session.request("POST", "/v1/jobs", json=body)
+        except GpuhopError as e:
+            if e.code != "missing_tree":
+                raise
+            # New to this agent: the files it lacks, the tree, and the job again. Only the
+            # files this scan hashed are new to the agent as a rule; it names any other it
+            # lacks when the tree comes.
+            sent = send_tree(
+                session, root, (tree_bytes, tree), result.files, result.changed, on_upload
+            )
+            response = session.request("POST", "/v1/jobs", json=body)
+        else:
+            if last != tree:  # the agent had it: the next change can go as a delta from it
+                LastTree.save(session.cache_dir, root, tree, entries_of(result.files))
     session.last_sync = SyncStats(result, *sent)
     return Job(session, JobInfo.model_validate(response.json()))
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import os
-from pathlib import Path, PurePosixPath
+import re
+from pathlib import Path
 
 from gpuhop.client.sync import FileEntry
 
@@ -31,28 +32,28 @@ OUTPUT_NAMES = (
     ("events.out.tfevents.*", "events.out.tfevents.*"),
 )
 SHOWN = 8
+# Any of the names above, in one regex: a name it does not match (most) costs one match.
+_ANY_OUTPUT = re.compile("|".join(fnmatch.translate(pattern) for pattern, _ in OUTPUT_NAMES))
 
 
 def training_outputs(files: list[FileEntry]) -> tuple[list[tuple[str, int]], list[str]]:
     """The synced files that look like training outputs, as (path, bytes) with a SavedModel
     dir as one item, and the `.gpuhopignore` lines that skip them."""
     # A SavedModel at the top would be the whole work dir: only those below it count.
-    saved_dirs = sorted(
-        {
-            str(PurePosixPath(f.path).parent)
-            for f in files
-            if PurePosixPath(f.path).name == SAVED_MODEL_PB and "/" in f.path
-        }
-    )
+    marker = "/" + SAVED_MODEL_PB
+    saved_dirs = sorted({f.path[: -len(marker)] for f in files if f.path.endswith(marker)})
     items: dict[str, int] = {}
     lines: set[str] = set()
     for f in files:
-        owner = next((d for d in saved_dirs if f.path.startswith(d + "/")), None)
-        if owner is not None:
-            items[f"{owner}/"] = items.get(f"{owner}/", 0) + f.size
-            lines.add(f"/{owner}/")
+        if saved_dirs:
+            owner = next((d for d in saved_dirs if f.path.startswith(d + "/")), None)
+            if owner is not None:
+                items[f"{owner}/"] = items.get(f"{owner}/", 0) + f.size
+                lines.add(f"/{owner}/")
+                continue
+        name = f.path.rpartition("/")[2]
+        if _ANY_OUTPUT.match(name) is None:
             continue
-        name = PurePosixPath(f.path).name
         for pattern, line in OUTPUT_NAMES:
             if fnmatch.fnmatchcase(name, pattern):
                 items[f.path] = f.size

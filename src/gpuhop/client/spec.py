@@ -5,11 +5,11 @@ a GPU share), and what the sync did."""
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
 from gpuhop.api import parse_mb
+from gpuhop.api.trees import tree_bytes
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.sync import FileEntry, ScanResult
 
@@ -17,7 +17,9 @@ from gpuhop.client.sync import FileEntry, ScanResult
 class SyncStats:
     """What the last submit's sync did."""
 
-    def __init__(self, scan_result: ScanResult, files_sent: int, bytes_sent: int):
+    def __init__(
+        self, scan_result: ScanResult, files_sent: int, bytes_sent: int, tree_sent: str = ""
+    ):
         self.files = len(scan_result.files)
         self.bytes = scan_result.total_bytes
         self.hashed = scan_result.hashed
@@ -25,6 +27,9 @@ class SyncStats:
         self.warnings = scan_result.warnings
         self.files_sent = files_sent
         self.bytes_sent = bytes_sent
+        # How the tree went: "" (the agent had it), "delta" (the changes from the work
+        # dir's last tree) or "whole".
+        self.tree_sent = tree_sent
 
 
 def share_mb(gpu_memory: str | int | None, gpus: int) -> int | None:
@@ -81,10 +86,7 @@ def script_in_workdir(head: str, root: Path) -> str:
 
 
 def tree_of(files: list[FileEntry]) -> tuple[bytes, str]:
-    """The tree (see `gpuhop.api.Tree`) of a scanned work dir: its bytes and its digest."""
-    entries = [
-        {"path": f.path, "digest": f.digest, "size": f.size, "executable": f.executable}
-        for f in files
-    ]
-    raw = json.dumps({"entries": entries}, separators=(",", ":")).encode()
+    """The tree (see `gpuhop.api.Tree`) of a scanned work dir: its bytes and its digest, as
+    the agent writes a tree it makes from a delta (`gpuhop.api.trees`)."""
+    raw = tree_bytes((f.path, f.digest, f.size, f.executable) for f in files)
     return raw, hashlib.sha256(raw).hexdigest()

@@ -251,28 +251,39 @@ def walk(
     while stack:
         directory, prefix, rules, real, ancestors = stack.pop()
         try:
-            dst = os.stat(directory)
+            # Files are looked up from the directory's descriptor: a stat of a name, not of
+            # a path the kernel walks from the root each time.
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as e:
             raise SyncError(f"cannot read directory {directory}: {e.strerror}") from None
-        hit = cached.get(prefix) if cached else None
-        if hit is not None and hit[:3] == (dst.st_mtime_ns, dst.st_ino, rules.key):
-            kept = hit[3]
-        else:
-            kept = _list_dir(directory, prefix, rules, root, warnings)
-            hit = (dst.st_mtime_ns, dst.st_ino, rules.key, kept)
-        if fresh is not None and scan_ns - max(dst.st_mtime_ns, dst.st_ctime_ns) >= RACY_WINDOW_NS:
-            fresh[prefix] = hit
+        try:
+            dst = os.fstat(fd)
+            hit = cached.get(prefix) if cached else None
+            if hit is not None and hit[:3] == (dst.st_mtime_ns, dst.st_ino, rules.key):
+                kept = hit[3]
+            else:
+                kept = _list_dir(directory, prefix, rules, root, warnings)
+                hit = (dst.st_mtime_ns, dst.st_ino, rules.key, kept)
+            racy = scan_ns - max(dst.st_mtime_ns, dst.st_ctime_ns) < RACY_WINDOW_NS
+            if fresh is not None and not racy:
+                fresh[prefix] = hit
+            files = []
+            for name, kind in kept:
+                if kind == FILE:
+                    try:
+                        st = os.stat(name, dir_fd=fd)
+                    except OSError:
+                        continue  # gone since it was listed
+                    if stat.S_ISREG(st.st_mode):
+                        files.append((prefix + name, f"{directory}/{name}", st))
+        finally:
+            os.close(fd)
+        yield from files
         for name, kind in kept:
+            if kind == FILE:
+                continue
             path = f"{directory}/{name}"
             rel = prefix + name
-            if kind == FILE:
-                try:
-                    st = os.stat(path)
-                except OSError:
-                    continue  # gone since it was listed
-                if stat.S_ISREG(st.st_mode):
-                    yield rel, path, st
-                continue
             child = Path(os.path.realpath(path)) if kind == LINKED_DIR else real / name
             if child in ancestors:
                 warnings.append(f"skipped {rel}: a link back into its own parent (a loop)")
@@ -348,12 +359,14 @@ def scan(
     known: list[FileEntry] = []
     todo: list[tuple[str, str, os.stat_result]] = []
     listings: Listings = {}
+    entries = cache.entries
     for rel, abspath, st in walk(root, warnings, cache.listings, listings, scan_ns):
-        digest = cache.lookup(rel, st)
-        if digest is None:
-            todo.append((rel, abspath, st))
+        # HashCache.lookup, inline: this loop runs once per file of the tree on every sync.
+        hit = entries.get(rel)
+        if hit is not None and hit[:4] == (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino):
+            known.append(FileEntry(rel, abspath, st.st_size, hit[4], _executable(st)))
         else:
-            known.append(FileEntry(rel, abspath, st.st_size, digest, _executable(st)))
+            todo.append((rel, abspath, st))
 
     def hash_one(item: tuple[str, str, os.stat_result]) -> FileEntry:
         rel, abspath, st = item

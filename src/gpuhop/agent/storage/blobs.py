@@ -144,13 +144,11 @@ class BlobStore:
     def missing(self, digests: list[str]) -> list[str]:
         """The digests not stored. Asking protects each from collection for a while."""
         now = time.time()
-        unseen = []
+        wanted = dict.fromkeys(digests)
         with self._lock:  # the digests seen before, at once: a large tree is mostly those
-            for d in dict.fromkeys(digests):
-                if d in self._present:
-                    self._touched[d] = now
-                else:
-                    unseen.append(d)
+            seen = wanted.keys() & self._present
+            self._touched.update(dict.fromkeys(seen, now))
+        unseen = [d for d in wanted if d not in seen] if len(seen) < len(wanted) else []
         return [d for d in unseen if not self.has(d)]
 
     def copy_to(self, digest: str, dest: Path, executable: bool = False) -> None:

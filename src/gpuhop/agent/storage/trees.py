@@ -2,10 +2,12 @@
 
 A tree is checked once, when it arrives: safe unique paths, no file that is also a
 directory, every blob present; a re-sync checks each entry's own fields only where it differs
-from the last tree stored. Jobs then name a tree by digest, so an unchanged project is never
-re-sent or re-checked. Trees, like blobs, are written by atomic rename, and like
-blobs are protected from garbage collection for a while after anyone asked about or stored
-them (see `BlobStore.remove`), so a job submitted right after its tree arrived finds it.
+from the last tree stored. A re-sync may also come as a delta (`TreeDelta`): the changes
+from a tree the agent holds, which the agent applies and writes out itself. Jobs then name
+a tree by digest, so an unchanged project is never re-sent or re-checked. Trees, like
+blobs, are written by atomic rename, and like blobs are protected from garbage collection
+for a while after anyone asked about or stored them (see `BlobStore.remove`), so a job
+submitted right after its tree arrived finds it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import tempfile
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +31,7 @@ from gpuhop.agent.storage.blobs import BlobStore, durable
 from gpuhop.agent.storage.treefile import TreeFileError, read_entries
 from gpuhop.api import ErrorCode
 from gpuhop.api.models import MAX_MANIFEST_FILES, SHA256_RE, ManifestEntry
+from gpuhop.api.trees import TreeDelta, tree_bytes
 
 TREE_TOO_LARGE = (
     "the tree (the list of the work dir's files) is over {mib} MiB, the most the agent"
@@ -38,6 +42,10 @@ TREE_TOO_LARGE = (
 
 class TreeError(ValueError):
     """A tree that is malformed; the message names the offending path."""
+
+
+class MissingTree(LookupError):
+    """The tree a delta is against is not stored (any more)."""
 
 
 class MissingBlobs(LookupError):
@@ -53,9 +61,11 @@ class TreeStore:
         self.blobs = blobs
         self._touched: dict[str, float] = {}
         self._lock = threading.Lock()
-        # The entries of the last tree stored, each checked then: the next tree (a re-sync
-        # of the same project) checks only the entries that are not among them.
-        self._checked: set[EntryKey] = set()
+        # The entries of the trees stored (or read for a delta) last, each checked then, by
+        # tree digest, newest last: the next tree (a re-sync of the same project) checks
+        # only the entries that are not among the newest's, and a delta against one of them
+        # needs no read of its file. At most REMEMBER_ENTRIES entries in all.
+        self._recent: OrderedDict[str, Entries] = OrderedDict()
 
     def path(self, digest: str) -> Path:
         if not SHA256_RE.match(digest):
@@ -107,8 +117,9 @@ class TreeStore:
         pydantic's ValidationError for a body that is not a tree."""
         upload.file.flush()
         upload.file.seek(0)
-        checked = self._checked
-        keys: list[EntryKey] = []
+        with self._lock:
+            checked = next(reversed(self._recent.values()), {})
+        kept: Entries = {}
         paths: list[str] = []
         digests: set[str] = set()
         size = 0
@@ -116,13 +127,13 @@ class TreeStore:
             if index >= MAX_MANIFEST_FILES:
                 raise TreeFileError(f"entries: a tree lists at most {MAX_MANIFEST_FILES} files")
             key = _plain_key(item)
-            if key is None or key not in checked:
+            if key is None or checked.get(key[0]) != key:
                 try:
                     key = _key(ManifestEntry.model_validate(item))
                 except ValidationError as e:
                     raise TreeFileError(describe_errors(_at(e, index))) from None
-            if len(keys) < REMEMBER_ENTRIES:
-                keys.append(key)
+            if index < REMEMBER_ENTRIES:
+                kept[key[0]] = key
             paths.append(key[0])
             digests.add(key[1])
             size += key[2]
@@ -132,7 +143,6 @@ class TreeStore:
         missing = self.blobs.missing(sorted(digests))
         if missing:
             raise MissingBlobs(missing)
-        self._checked = set(keys) if files <= REMEMBER_ENTRIES else set()
         digest = upload.sha256.hexdigest()
         dest = self.path(digest)
         with self._lock:
@@ -140,7 +150,97 @@ class TreeStore:
             if not dest.exists():
                 durable(upload.file)
                 os.replace(upload.name, dest)
+        if files <= REMEMBER_ENTRIES:
+            self._remember(digest, kept)
         return digest, TreeSummary(files, size, sorted(digests))
+
+    def store_delta(self, delta: TreeDelta, limit: int) -> tuple[str, TreeSummary]:
+        """Apply `delta` to its parent (which the caller may read: the route checks) and keep
+        the tree that makes, if it is the one the client named. The changed entries were
+        checked as the request was parsed; the parent's were when it arrived; the whole
+        tree's paths are checked again where the delta adds one. Every blob the tree names
+        must be present. Raises MissingTree, TreeError, TreeFileError, MissingBlobs."""
+        entries = dict(self._entries_of(delta.parent))
+        removed = set(delta.removed)
+        if len(removed) != len(delta.removed):
+            raise TreeError(f"the delta removes {_twice(delta.removed)} twice")
+        changed = [e.path for e in delta.changed]
+        if len(set(changed)) != len(changed):
+            raise TreeError(f"the delta lists {_twice(changed)} twice")
+        for path in delta.removed:
+            if entries.pop(path, None) is None:
+                raise TreeError(f"the delta removes {path}, which its parent tree does not have")
+        added = False
+        for e in delta.changed:
+            if e.path in removed:
+                raise TreeError(f"the delta both removes and changes {e.path}")
+            added = added or e.path not in entries
+            entries[e.path] = (e.path, e.digest, e.size, e.executable)
+        if len(entries) > MAX_MANIFEST_FILES:
+            raise TreeFileError(f"entries: a tree lists at most {MAX_MANIFEST_FILES} files")
+        if added:
+            check_paths(list(entries))
+            # A dict keeps its order: the parent's (by path) as long as no path was added.
+            entries = dict(sorted(entries.items()))
+        raw = tree_bytes(entries.values())
+        if len(raw) > limit:
+            raise TreeTooLarge(TREE_TOO_LARGE.format(mib=limit >> 20))
+        digest = hashlib.sha256(raw).hexdigest()
+        if digest != delta.digest:
+            raise TreeFileError(
+                f"digest: the delta against {delta.parent} makes tree {digest}, not"
+                f" {delta.digest}; send the whole tree"
+            )
+        digests = list({e[1] for e in entries.values()})
+        missing = self.blobs.missing(digests)
+        if missing:
+            raise MissingBlobs(missing)
+        dest = self.path(digest)
+        with self._lock:
+            self._touched[digest] = time.time()
+            exists = dest.exists()
+        if not exists:
+            fd, name = tempfile.mkstemp(dir=self.tmp, prefix="tree-")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(raw)
+                    durable(f)
+                os.replace(name, dest)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name)
+                raise
+        if len(entries) <= REMEMBER_ENTRIES:
+            self._remember(digest, entries)
+        size = sum(e[2] for e in entries.values())
+        return digest, TreeSummary(len(entries), size, digests)
+
+    def _entries_of(self, digest: str) -> Entries:
+        """A stored tree's entries: from memory if it is a recent one, else from its file
+        (checked when it arrived). Raises MissingTree if it is not stored."""
+        with self._lock:
+            hit = self._recent.get(digest)
+            if hit is not None:
+                self._recent.move_to_end(digest)
+                return hit
+        entries: Entries = {}
+        try:
+            for e in self.entries(digest):
+                path = e["path"]
+                entries[path] = (path, e["digest"], e["size"], e.get("executable", False))
+        except FileNotFoundError:
+            raise MissingTree(digest) from None
+        if len(entries) <= REMEMBER_ENTRIES:
+            self._remember(digest, entries)
+        return entries
+
+    def _remember(self, digest: str, entries: Entries) -> None:
+        with self._lock:
+            self._recent.pop(digest, None)
+            self._recent[digest] = entries
+            held = sum(map(len, self._recent.values()))
+            while held > REMEMBER_ENTRIES and len(self._recent) > 1:
+                held -= len(self._recent.popitem(last=False)[1])
 
 
 @dataclass(frozen=True)
@@ -196,9 +296,11 @@ def _at(error: ValidationError, index: int) -> list[dict[str, Any]]:
 
 # An entry as its JSON gives it: path, digest, size, executable.
 EntryKey = tuple[str, str, int, bool]
+# A tree's entries by path.
+Entries = dict[str, EntryKey]
 ENTRY_FIELDS = frozenset(ManifestEntry.model_fields)
-# The entries of a tree up to this many are remembered (as checked) for the next tree; a
-# bigger one is checked in full each time rather than held in memory.
+# The entries of trees up to this many in all are remembered (as checked) for the next
+# tree; a bigger tree is checked in full each time rather than held in memory.
 REMEMBER_ENTRIES = 50_000
 
 
@@ -215,6 +317,15 @@ def _plain_key(item: object) -> EntryKey | None:
     if tuple(map(type, key)) != (str, str, int, bool):
         return None
     return key  # type: ignore[return-value]
+
+
+def _twice(items: list[str]) -> str:
+    seen: set[str] = set()
+    for item in items:
+        if item in seen:
+            return item
+        seen.add(item)
+    return ""
 
 
 def check_paths(paths: list[str], what: str = "tree") -> None:
@@ -246,3 +357,10 @@ def manifest_errors() -> Iterator[None]:
         raise ApiError(400, ErrorCode.bad_path, str(e)) from None
     except MissingBlobs as e:
         raise ApiError(409, ErrorCode.missing_blobs, str(e), {"missing": e.missing}) from None
+    except MissingTree as e:
+        raise ApiError(
+            409,
+            ErrorCode.missing_tree,
+            f"tree {e.args[0]} is not on the agent; send the whole tree",
+            {"tree": e.args[0]},
+        ) from None

@@ -1,4 +1,5 @@
-"""Runs in the agent: /v1/trees (work-dir manifests, stored once, named by digest)."""
+"""Runs in the agent: /v1/trees (work-dir manifests, stored once, named by digest), sent
+whole or, for a re-sync, as the changes from a tree the caller already stored."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import asyncio
 from fastapi import APIRouter, Request
 
 from gpuhop.agent.callers import caller_of
+from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
 from gpuhop.agent.server.routers.blobs import drain
 from gpuhop.agent.storage.trees import TreeTooLarge, TreeUpload, manifest_errors
 from gpuhop.api import ErrorCode, TreeStored
+from gpuhop.api.trees import TreeDelta
 
 router = APIRouter(prefix="/v1/trees", tags=["trees"])
 
@@ -46,14 +49,50 @@ async def upload(request: Request) -> TreeStored:
     finally:
         upload.close()
     if not caller.admin:
-        # A tree may name only blobs this user has uploaded (see gpuhop.agent.storage.claims).
-        unclaimed = await asyncio.to_thread(ctx.claims.unclaimed, caller.user, "blob", tree.digests)
-        if unclaimed:
-            raise ApiError(
-                409,
-                ErrorCode.missing_blobs,
-                f"{len(unclaimed)} blob(s) of this tree are not on the agent; upload them first",
-                {"missing": unclaimed},
-            )
-        await asyncio.to_thread(ctx.claims.claim, caller.user, "tree", [digest])
+        await _claim(ctx, caller.user, digest, tree.digests)
     return TreeStored(digest=digest, files=tree.files, bytes=tree.bytes)
+
+
+@router.post("/delta", status_code=201)
+async def upload_delta(delta: TreeDelta, request: Request) -> TreeStored:
+    """A tree as its changes from `delta.parent`. The parent must be one this caller may
+    read (stored by them, for a user who is not an admin): knowing a tree's digest is not
+    holding its files. Else 409 missing_tree, and the client sends the whole tree."""
+    ctx = request.app.state.ctx
+    caller = caller_of(request)
+    parent = delta.parent
+    if not ctx.trees.has(parent) or (
+        not caller.admin
+        and await asyncio.to_thread(ctx.claims.unclaimed, caller.user, "tree", [parent])
+    ):
+        raise ApiError(
+            409,
+            ErrorCode.missing_tree,
+            f"tree {parent} is not on the agent; send the whole tree",
+            {"tree": parent},
+        )
+    async with _ONE_TREE:
+        with manifest_errors():
+            try:
+                digest, tree = await asyncio.to_thread(ctx.trees.store_delta, delta, MAX_TREE_BYTES)
+            except TreeTooLarge as e:
+                raise ApiError(413, ErrorCode.too_large, str(e)) from None
+    if not caller.admin:
+        # The parent's blobs were this user's when they stored it (a tree is claimed only
+        # then), and stay stored while it does: only the changed entries' need a look.
+        await _claim(ctx, caller.user, digest, [e.digest for e in delta.changed])
+    return TreeStored(digest=digest, files=tree.files, bytes=tree.bytes)
+
+
+async def _claim(ctx: AgentContext, user: str, tree: str, blobs: list[str]) -> None:
+    """Give `user` the tree, if they hold every blob of `blobs` (see
+    gpuhop.agent.storage.claims: a tree may name only blobs its user has uploaded)."""
+    unclaimed = await asyncio.to_thread(ctx.claims.unclaimed, user, "blob", blobs)
+    if unclaimed:
+        raise ApiError(
+            409,
+            ErrorCode.missing_blobs,
+            f"{len(unclaimed)} blob(s) of this tree are not on the agent; upload them first",
+            {"missing": unclaimed},
+        )
+    await asyncio.to_thread(ctx.claims.claim, user, "tree", [tree])

@@ -1,0 +1,53 @@
+"""A work dir's tree as both sides write it, and a tree given as its changes from another.
+
+Runs on both sides. The client names a tree by the sha256 of its bytes; a tree sent as a
+delta is written out by the agent, so both write it here, byte for byte the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from json.encoder import encode_basestring_ascii
+
+from pydantic import Field, field_validator
+
+from gpuhop.api.base import StrictModel
+from gpuhop.api.models import SHA256_RE, ManifestEntry
+
+# A delta past this many changes is refused; the client sends the whole tree instead.
+MAX_DELTA_ENTRIES = 20_000
+
+# One file of a tree: path, digest, size, executable.
+EntryTuple = tuple[str, str, int, bool]
+
+
+def tree_bytes(entries: Iterable[EntryTuple]) -> bytes:
+    """The canonical bytes of a tree of `entries` (given in path order): what
+    `json.dumps({"entries": [{"path": .., "digest": .., "size": .., "executable": ..}, ..]},
+    separators=(",", ":"))` gives, written without making a dict per entry (a tree of
+    5,000 files is written on every sync)."""
+    quote = encode_basestring_ascii
+    parts = [
+        f'{{"path":{quote(p)},"digest":{quote(d)},"size":{int(s)},'
+        f'"executable":{"true" if x else "false"}}}'
+        for p, d, s, x in entries
+    ]
+    return ('{"entries":[' + ",".join(parts) + "]}").encode()
+
+
+class TreeDelta(StrictModel):
+    """A new tree as its changes from `parent`, a tree the agent holds and the caller may
+    read: entries added or changed, paths removed. The agent writes the new tree out
+    (`tree_bytes`) and keeps it only if it hashes to `digest`, the client's own name for it."""
+
+    parent: str
+    digest: str
+    changed: list[ManifestEntry] = Field(default_factory=list, max_length=MAX_DELTA_ENTRIES)
+    removed: list[str] = Field(default_factory=list, max_length=MAX_DELTA_ENTRIES)
+
+    @field_validator("parent", "digest")
+    @classmethod
+    def _sha256(cls, v: str) -> str:
+        if not SHA256_RE.match(v):
+            raise ValueError(f"{v[:80]!r} is not a sha256 hex digest")
+        return v

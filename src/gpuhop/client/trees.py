@@ -1,0 +1,208 @@
+"""Runs on the user's machine: sending a work dir's tree to the agent, as the changes from
+the tree this work dir last sent where the agent holds that one, else whole.
+
+A re-sync after an edit then costs three requests whatever the tree's size: the changed
+files (those whose content the last tree did not have), the delta (a few entries, not
+5,000), and the job. The agent applies the delta to its own copy of the last tree, checks
+every blob the new tree names, and keeps it only if it hashes to the digest this side
+computed (see `gpuhop.api.trees`). An agent without that tree, or one the caller may not
+read, answers 409 missing_tree, and the tree goes whole.
+
+The last tree sent is kept per work dir under the cache dir (`trees/KEY`), beside the hash
+cache: its digest (first, so that an unchanged tree reads only that), then its entries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import marshal
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpuhop.api.trees import MAX_DELTA_ENTRIES, EntryTuple
+from gpuhop.client.errors import GpuhopError
+from gpuhop.client.session import Session
+from gpuhop.client.sync import FileEntry
+from gpuhop.client.unixhttp import Timeout
+from gpuhop.client.upload import UploadProgress, frames, send_files, send_tree
+
+# The record's first bytes: a new format gets a new one, and an old record is ignored.
+MAGIC = b"gpuhop-tree-1\n"
+# Changed files up to this many bytes in all are sent without asking the agent first
+# whether it lacks them: a round trip costs more than sending them again.
+SEND_UNASKED_BYTES = 1 << 20
+
+
+@dataclass
+class LastTree:
+    """The tree a work dir sent last: its digest and its entries, in path order."""
+
+    digest: str
+    entries: list[EntryTuple]
+
+    @staticmethod
+    def path_for(cache_dir: Path, root: Path) -> Path:
+        key = hashlib.sha256(os.fsencode(root.resolve())).hexdigest()[:24]
+        return cache_dir / "trees" / key
+
+    @classmethod
+    def digest_of(cls, cache_dir: Path | None, root: Path) -> str | None:
+        """The last tree's digest alone (a read of its first bytes)."""
+        if cache_dir is None:
+            return None
+        try:
+            with open(cls.path_for(cache_dir, root), "rb") as f:
+                head = f.read(len(MAGIC) + 64)
+        except OSError:
+            return None
+        if len(head) != len(MAGIC) + 64 or not head.startswith(MAGIC):
+            return None
+        return head[len(MAGIC) :].decode("ascii", "replace")
+
+    @classmethod
+    def load(cls, cache_dir: Path | None, root: Path) -> LastTree | None:
+        if cache_dir is None:
+            return None
+        try:
+            data = cls.path_for(cache_dir, root).read_bytes()
+            if data.startswith(MAGIC):
+                digest = data[len(MAGIC) : len(MAGIC) + 64].decode("ascii")
+                entries = marshal.loads(data[len(MAGIC) + 64 :])
+                if isinstance(entries, list):
+                    return cls(digest, entries)
+        except (OSError, ValueError, EOFError, TypeError):
+            pass
+        return None
+
+    @classmethod
+    def save(
+        cls, cache_dir: Path | None, root: Path, digest: str, entries: list[EntryTuple]
+    ) -> None:
+        """Record the tree of `entries` as sent from `root` (best effort: it is a cache)."""
+        if cache_dir is None:
+            return
+        path = cls.path_for(cache_dir, root)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(MAGIC + digest.encode() + marshal.dumps(entries))
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+
+
+def delta_of(last: LastTree, entries: list[EntryTuple]) -> tuple[list[EntryTuple], list[str]]:
+    """The entries of `entries` that `last` does not have as they are, and the paths of
+    `last` that `entries` no longer has."""
+    before, after = set(last.entries), set(entries)
+    changed = [e for e in entries if e not in before]
+    paths = {e[0] for e in changed}
+    removed = [e[0] for e in last.entries if e not in after and e[0] not in paths]
+    return changed, removed
+
+
+def send(
+    session: Session,
+    root: Path,
+    tree: tuple[bytes, str],
+    files: list[FileEntry],
+    hashed: list[FileEntry],
+    on_upload: UploadProgress | None,
+) -> tuple[int, int, str]:
+    """Make sure the agent holds `tree` (its bytes and digest), the tree of `files`, of which
+    `hashed` are the ones the scan hashed (new or changed, as a rule). Returns the files and
+    bytes sent for it, and how the tree went ("delta" or "whole"). The tree is recorded as
+    the work dir's last."""
+    raw, digest = tree
+    entries = entries_of(files)
+    last = LastTree.load(session.cache_dir, root)
+    sent = None
+    if last is not None and last.digest != digest:
+        sent = _send_delta(session, last, digest, entries, files, hashed, on_upload)
+    how = "delta"
+    if sent is None:
+        count, size = send_files(session, hashed, on_upload)
+        more = send_tree(session, raw, files, on_upload)
+        sent, how = (count + more[0], size + more[1]), "whole"
+    LastTree.save(session.cache_dir, root, digest, entries)
+    return (*sent, how)
+
+
+def entries_of(files: list[FileEntry]) -> list[EntryTuple]:
+    return [(f.path, f.digest, f.size, f.executable) for f in files]
+
+
+def _send_delta(
+    session: Session,
+    last: LastTree,
+    digest: str,
+    entries: list[EntryTuple],
+    files: list[FileEntry],
+    hashed: list[FileEntry],
+    on_upload: UploadProgress | None,
+) -> tuple[int, int] | None:
+    """Send the files the last tree did not have and the delta; None where the agent wants
+    the whole tree (it lacks the last one) or the delta is too large to be worth it."""
+    changed, removed = delta_of(last, entries)
+    if len(changed) + len(removed) > min(MAX_DELTA_ENTRIES, max(64, len(files) // 4)):
+        return None
+    known = {d for _, d, _, _ in last.entries}
+    new = list({f.digest: f for f in hashed if f.digest not in known}.values())
+    size = sum(f.size for f in new)
+    if size <= SEND_UNASKED_BYTES:
+        sent = _upload(session, new, on_upload)
+    else:
+        sent = send_files(session, new, on_upload)
+    body = {
+        "parent": last.digest,
+        "digest": digest,
+        "changed": [{"path": p, "digest": d, "size": s, "executable": x} for p, d, s, x in changed],
+        "removed": removed,
+    }
+    for attempt in (1, 2):
+        try:
+            session.request("POST", "/v1/trees/delta", json=body)
+            return sent
+        except GpuhopError as e:
+            if e.code == "missing_tree":
+                return None
+            if e.code != "missing_blobs" or attempt == 2:
+                raise
+            # Files the hash cache knew that this agent lacks (or no longer has): those.
+            more = send_files(session, files, on_upload)
+            sent = (sent[0] + more[0], sent[1] + more[1])
+    return sent
+
+
+def _upload(
+    session: Session, files: list[FileEntry], on_upload: UploadProgress | None
+) -> tuple[int, int]:
+    """Upload `files` (a few, small) without asking which the agent lacks."""
+    if not files:
+        return 0, 0
+    total = sum(f.size for f in files)
+    done = 0
+
+    def progress(n: int) -> None:
+        nonlocal done
+        done += n
+        if on_upload is not None:
+            on_upload(done, total)
+
+    try:
+        session.request(
+            "POST",
+            "/v1/blobs/upload",
+            content=frames(files, progress),
+            timeout=Timeout(600.0, connect=5.0),
+        )
+    except GpuhopError as e:
+        if e.code == "bad_blob":
+            raise GpuhopError(
+                f"{e.message} (a file changed while it was being sent? run again)",
+                code=e.code,
+                status=e.status,
+            ) from None
+        raise
+    return len(files), total
