@@ -4,6 +4,7 @@ knew (a second agent, the same project) still gets every one of them."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 
@@ -54,3 +55,89 @@ def test_an_agent_that_lacks_files_the_hash_cache_knew_gets_them_all(make_agent,
         assert _shows(client, root, "more/7.txt") == "file 7"
         assert client.last_sync is not None
         assert client.last_sync.hashed == 0 and client.last_sync.files_sent == len(FILES)
+
+
+# Prints each file under src/ as the job sees it: path, executable or not, content digest.
+LISTER = """import hashlib, os
+for top, _, names in os.walk("src"):
+    for name in names:
+        path = os.path.join(top, name)
+        with open(path, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()[:12]
+        print(path, os.access(path, os.X_OK), digest)
+"""
+TREE = {
+    "list.py": LISTER,
+    ".gpuhopignore": "src/*.tmp\n",
+    "src/a.txt": "alpha",
+    "src/b.txt": "bravo",
+    "src/sub/c.txt": "charlie",
+}
+
+
+def _expected(root) -> list[str]:
+    """What LISTER should print for the work dir as it is here (links followed, .tmp
+    files left out as .gpuhopignore says)."""
+    lines = []
+    for top, _, names in os.walk(root / "src"):
+        for name in names:
+            path = os.path.join(top, name)
+            if name.endswith(".tmp") and top == str(root / "src"):
+                continue
+            with open(path, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()[:12]
+            lines.append(f"{os.path.relpath(path, root)} {os.access(path, os.X_OK)} {digest}")
+    return sorted(lines)
+
+
+def _listed(client: Client, root) -> list[str]:
+    job = client.submit(["list.py"], workdir=root)
+    assert job.wait(60).state == JobState.succeeded, job.info.reason
+    return sorted(b"".join(job.logs()).decode().splitlines())
+
+
+def test_edits_renames_removals_modes_and_links_go_as_deltas(make_agent, project):
+    agent = make_agent()
+    root = project(TREE)
+    with agent.client() as client:
+        assert _listed(client, root) == _expected(root)
+        assert client.last_sync is not None and client.last_sync.tree_sent == "whole"
+        steps = [
+            lambda: (root / "src/a.txt").write_text("ALPHA"),  # same size, same second
+            lambda: (root / "src/b.txt").rename(root / "src/sub/b2.txt"),
+            lambda: (root / "src/sub/c.txt").unlink(),
+            lambda: (root / "src/a.txt").chmod(0o755),
+            lambda: (root / "src/link.txt").symlink_to("sub/b2.txt"),
+            lambda: (root / "src/d").mkdir() or (root / "src/d/new.txt").write_text("delta"),
+        ]
+        for step in steps:
+            step()
+            (root / "src/scratch.tmp").write_text(f"ignored {time.time()}")
+            assert _listed(client, root) == _expected(root)
+            assert client.last_sync.tree_sent == "delta"
+        # Nothing changed: the agent has the tree, nothing is sent.
+        assert _listed(client, root) == _expected(root)
+        assert client.last_sync.tree_sent == "" and client.last_sync.files_sent == 0
+
+
+def test_a_delta_an_agent_cannot_take_goes_whole(make_agent, project):
+    """Another agent (the same user's hash cache and record of the last tree), and a
+    record of the last tree that is no longer readable: the tree goes whole, and the job
+    sees the edit."""
+    first, second = make_agent(), make_agent()
+    root = project(TREE)
+    with first.client() as client:
+        assert _listed(client, root) == _expected(root)
+    (root / "src/a.txt").write_text("edited")
+    with Client(second.home, autostart=False, cache_dir=first.cache) as client:
+        assert _listed(client, root) == _expected(root)
+        assert client.last_sync is not None and client.last_sync.tree_sent == "whole"
+    with first.client() as client:
+        (root / "src/b.txt").write_text("edited too")
+        for record in (first.cache / "trees").iterdir():
+            record.write_bytes(b"gpuhop-tree-1\n" + b"0" * 10)
+        assert _listed(client, root) == _expected(root)
+        assert client.last_sync is not None and client.last_sync.tree_sent == "whole"
+        (root / "src/sub/c.txt").write_text("and again")
+        assert _listed(client, root) == _expected(root)
+        assert client.last_sync.tree_sent == "delta"

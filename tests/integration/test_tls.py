@@ -352,6 +352,46 @@ def test_knowing_a_digest_is_not_holding_the_file(remote, tokens, tls_agent, pro
         assert job.wait(timeout=60).state == JobState.succeeded
 
 
+def test_a_delta_cannot_reach_a_tree_or_a_file_one_has_not_stored(
+    remote, tokens, tls_agent, project, tmp_path
+):
+    """A tree sent as a delta is held to the same rule: Bob cannot build on Alice's tree,
+    nor add her secret file to a tree of his own by naming its digest."""
+    secret = "alice's secret for deltas\n"
+    root = project({"train.py": "print(open('secret.txt').read())", "secret.txt": secret})
+    with remote(tokens["alice"]) as alice:
+        assert alice.submit(["train.py"], workdir=root).wait(timeout=60).state.value == "succeeded"
+    files = scan(root, tmp_path / "scan-cache").files
+    _, alices = tree_of(files)
+    theirs = tmp_path / "bob"
+    theirs.mkdir()
+    (theirs / "train.py").write_text("print(open('secret.txt').read())")
+    with remote(tokens["bob"]) as bob_client:
+        assert bob_client.submit(["train.py"], workdir=theirs).wait(timeout=60).state.value
+    bobs_files = scan(theirs, tmp_path / "scan-cache").files
+    _, bobs = tree_of(bobs_files)
+    stolen = next(f for f in files if f.path == "secret.txt")
+    _, wanted = tree_of(sorted([*bobs_files, stolen], key=lambda f: f.path))
+    entry = {"path": "secret.txt", "digest": stolen.digest, "size": stolen.size}
+
+    with raw_http(tls_agent, tokens["bob"]) as bob:
+        on_hers = bob.post(
+            "/v1/trees/delta", json={"parent": alices, "digest": wanted, "removed": ["x"]}
+        )
+        assert on_hers.status_code == 409, on_hers.text
+        assert on_hers.json()["code"] == "missing_tree"
+        assert alices in on_hers.json()["message"]
+        on_his = bob.post(
+            "/v1/trees/delta", json={"parent": bobs, "digest": wanted, "changed": [entry]}
+        )
+        assert on_his.status_code == 409, on_his.text
+        assert on_his.json()["code"] == "missing_blobs"
+        assert on_his.json()["detail"]["missing"] == [stolen.digest]
+        run = bob.post("/v1/jobs", json={"command": ["train.py"], "tree": wanted})
+        assert run.status_code == 409
+        assert run.json()["code"] == "missing_tree"
+
+
 def test_a_forwarded_port_carries_real_traffic_over_tls_for_its_owner_only(
     remote, tokens, tls_agent, tmp_path
 ):

@@ -326,6 +326,49 @@ def test_recently_modified_files_are_not_cached(tmp_path: Path):
     assert scan(work, cache).hashed == 2
 
 
+def test_an_edit_in_the_same_tick_as_the_scan_before_is_seen(tmp_path: Path):
+    """git's racily clean file: written, scanned, and rewritten at the same size with the
+    very same mtime (as a coarse clock would give it). The first scan must not have cached
+    it, so the second hashes it again."""
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    make_tree(work, {"a.txt": "aaa"})
+    before = os.stat(work / "a.txt")
+    assert by_path(scan(work, cache))["a.txt"].digest == sha256("aaa")
+    (work / "a.txt").write_text("AAA")
+    os.utime(work / "a.txt", ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert by_path(scan(work, cache))["a.txt"].digest == sha256("AAA")
+
+
+@pytest.mark.parametrize("how", ["in place", "replaced"])
+def test_an_old_file_edited_keeping_its_size_and_mtime_is_hashed_again(
+    tmp_path: Path, settled_clock, how: str
+):
+    """The cached size and mtime match; the ctime (and, replaced by a rename, the inode)
+    does not."""
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    make_tree(work, {"a.txt": "aaa", "b.txt": "bbb"})
+    age_all(work)
+    scan(work, cache)
+    if how == "in place":
+        (work / "b.txt").write_text("BBB")
+    else:
+        (work / "new").write_text("BBB")
+        os.replace(work / "new", work / "b.txt")
+    os.utime(work / "b.txt", (LONG_AGO, LONG_AGO))
+    result = scan(work, cache)
+    assert result.hashed == 1
+    assert by_path(result)["b.txt"].digest == sha256("BBB")
+
+
+def test_a_mode_change_alone_is_seen(tmp_path: Path, settled_clock):
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    make_tree(work, {"run.sh": "echo hi"})
+    age_all(work)
+    assert not by_path(scan(work, cache))["run.sh"].executable
+    (work / "run.sh").chmod(0o755)
+    assert by_path(scan(work, cache))["run.sh"].executable
+
+
 def test_deleted_file_leaves_the_manifest_and_the_cache(tmp_path: Path, settled_clock):
     work, cache = tmp_path / "work", tmp_path / "cache"
     make_tree(work, {"keep.txt": "k", "gone.txt": "g"})
