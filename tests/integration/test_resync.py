@@ -4,13 +4,19 @@ knew (a second agent, the same project) still gets every one of them."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import time
 
+import pytest
+
 from gpuhop import Client
 from gpuhop.api import JobState
+from gpuhop.api.trees import tree_bytes
+from gpuhop.client import GpuhopError
 from gpuhop.client.sync import RACY_WINDOW_NS
+from gpuhop.client.trees import LastTree
 from tests.conftest import wait_until
 
 FILES = {"show.py": "import sys\nprint(open(sys.argv[1]).read())\n", "a.txt": "first"}
@@ -141,3 +147,32 @@ def test_a_delta_an_agent_cannot_take_goes_whole(make_agent, project):
         (root / "src/sub/c.txt").write_text("and again")
         assert _listed(client, root) == _expected(root)
         assert client.last_sync.tree_sent == "delta"
+
+
+def test_a_delta_whose_inline_content_is_wrong_is_refused(make_agent, project):
+    agent = make_agent()
+    root = project(TREE)
+    with agent.client() as client:
+        assert _listed(client, root) == _expected(root)
+        last = LastTree.load(agent.cache, root)
+        assert last is not None
+        data = b"the new file"
+        digest = hashlib.sha256(data).hexdigest()
+        entries = sorted([*last.entries, ("src/new.txt", digest, len(data), False)])
+        body = {
+            "parent": last.digest,
+            "digest": hashlib.sha256(tree_bytes(entries)).hexdigest(),
+            "changed": [{"path": "src/new.txt", "digest": digest, "size": len(data)}],
+        }
+        for blob, code, words in [
+            (base64.b64encode(b"something else").decode(), "bad_blob", "its content hashes"),
+            ("not base64!", "bad_request", f"blobs.{digest}: not base64"),
+            (None, "missing_blobs", "1 file(s) of the tree have not been uploaded"),
+        ]:
+            sent = {**body, "blobs": {digest: blob}} if blob else body
+            with pytest.raises(GpuhopError) as refused:
+                client.session.request("POST", "/v1/trees/delta", json=sent)
+            assert (refused.value.code, words in refused.value.message) == (code, True)
+        sent = {**body, "blobs": {digest: base64.b64encode(data).decode()}}
+        stored = client.session.request("POST", "/v1/trees/delta", json=sent).json()
+        assert (stored["digest"], stored["files"]) == (body["digest"], len(entries))

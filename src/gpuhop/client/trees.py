@@ -1,12 +1,12 @@
 """Runs on the user's machine: sending a work dir's tree to the agent, as the changes from
 the tree this work dir last sent where the agent holds that one, else whole.
 
-A re-sync after an edit then costs three requests whatever the tree's size: the changed
-files (those whose content the last tree did not have), the delta (a few entries, not
-5,000), and the job. The agent applies the delta to its own copy of the last tree, checks
-every blob the new tree names, and keeps it only if it hashes to the digest this side
-computed (see `gpuhop.api.trees`). An agent without that tree, or one the caller may not
-read, answers 409 missing_tree, and the tree goes whole.
+A re-sync after an edit then costs two requests whatever the tree's size: the delta (a few
+entries, not 5,000, with the content of the files the last tree did not have, up to 1 MiB
+of them; more are uploaded first), and the job. The agent applies the delta to its own copy
+of the last tree, checks every blob the new tree names, and keeps it only if it hashes to
+the digest this side computed (see `gpuhop.api.trees`). An agent without that tree, or one
+the caller may not read, answers 409 missing_tree, and the tree goes whole.
 
 The last tree sent is kept per work dir under the cache dir (`trees/KEY`), beside the hash
 cache: its digest (first, so that an unchanged tree reads only that), then its entries.
@@ -14,24 +14,21 @@ cache: its digest (first, so that an unchanged tree reads only that), then its e
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import marshal
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuhop.api.trees import MAX_DELTA_ENTRIES, EntryTuple
+from gpuhop.api.trees import MAX_DELTA_ENTRIES, MAX_INLINE_BYTES, EntryTuple
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.session import Session
 from gpuhop.client.sync import FileEntry
-from gpuhop.client.unixhttp import Timeout
-from gpuhop.client.upload import UploadProgress, frames, send_files, send_tree
+from gpuhop.client.upload import UploadProgress, send_files, send_tree
 
 # The record's first bytes: a new format gets a new one, and an old record is ignored.
 MAGIC = b"gpuhop-tree-1\n"
-# Changed files up to this many bytes in all are sent without asking the agent first
-# whether it lacks them: a round trip costs more than sending them again.
-SEND_UNASKED_BYTES = 1 << 20
 
 
 @dataclass
@@ -142,16 +139,19 @@ def _send_delta(
     hashed: list[FileEntry],
     on_upload: UploadProgress | None,
 ) -> tuple[int, int] | None:
-    """Send the files the last tree did not have and the delta; None where the agent wants
-    the whole tree (it lacks the last one) or the delta is too large to be worth it."""
+    """Send the delta, with the files the last tree did not have (inside it, or uploaded
+    first where they are large); None where the agent wants the whole tree (it lacks the
+    last one) or the delta is too large to be worth it."""
     changed, removed = delta_of(last, entries)
     if len(changed) + len(removed) > min(MAX_DELTA_ENTRIES, max(64, len(files) // 4)):
         return None
     known = {d for _, d, _, _ in last.entries}
     new = list({f.digest: f for f in hashed if f.digest not in known}.values())
     size = sum(f.size for f in new)
-    if size <= SEND_UNASKED_BYTES:
-        sent = _upload(session, new, on_upload)
+    inline: dict[str, str] = {}
+    if size <= MAX_INLINE_BYTES:
+        inline = _inline(new)
+        sent = (len(new), size)
     else:
         sent = send_files(session, new, on_upload)
     body = {
@@ -159,6 +159,7 @@ def _send_delta(
         "digest": digest,
         "changed": [{"path": p, "digest": d, "size": s, "executable": x} for p, d, s, x in changed],
         "removed": removed,
+        "blobs": inline,
     }
     for attempt in (1, 2):
         try:
@@ -167,6 +168,12 @@ def _send_delta(
         except GpuhopError as e:
             if e.code == "missing_tree":
                 return None
+            if e.code == "bad_blob":
+                raise GpuhopError(
+                    f"{e.message} (a file changed while it was being sent? run again)",
+                    code=e.code,
+                    status=e.status,
+                ) from None
             if e.code != "missing_blobs" or attempt == 2:
                 raise
             # Files the hash cache knew that this agent lacks (or no longer has): those.
@@ -175,34 +182,14 @@ def _send_delta(
     return sent
 
 
-def _upload(
-    session: Session, files: list[FileEntry], on_upload: UploadProgress | None
-) -> tuple[int, int]:
-    """Upload `files` (a few, small) without asking which the agent lacks."""
-    if not files:
-        return 0, 0
-    total = sum(f.size for f in files)
-    done = 0
-
-    def progress(n: int) -> None:
-        nonlocal done
-        done += n
-        if on_upload is not None:
-            on_upload(done, total)
-
-    try:
-        session.request(
-            "POST",
-            "/v1/blobs/upload",
-            content=frames(files, progress),
-            timeout=Timeout(600.0, connect=5.0),
-        )
-    except GpuhopError as e:
-        if e.code == "bad_blob":
-            raise GpuhopError(
-                f"{e.message} (a file changed while it was being sent? run again)",
-                code=e.code,
-                status=e.status,
-            ) from None
-        raise
-    return len(files), total
+def _inline(files: list[FileEntry]) -> dict[str, str]:
+    """The content of `files` (a few, small), base64 by digest, read as the scan hashed
+    them: one that changed since is refused by the agent (its bytes match no digest)."""
+    blobs = {}
+    for f in files:
+        try:
+            with open(f.abspath, "rb") as fh:
+                blobs[f.digest] = base64.b64encode(fh.read(f.size + 1)).decode()
+        except OSError as e:
+            raise GpuhopError(f"cannot read {f.path}: {e.strerror}", code="bad_request") from None
+    return blobs

@@ -4,6 +4,8 @@ whole or, for a re-sync, as the changes from a tree the caller already stored.""
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 
 from fastapi import APIRouter, Request
 
@@ -11,6 +13,7 @@ from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
 from gpuhop.agent.server.routers.blobs import drain
+from gpuhop.agent.storage.blobs import BlobError
 from gpuhop.agent.storage.trees import TreeTooLarge, TreeUpload, manifest_errors
 from gpuhop.api import ErrorCode, TreeStored
 from gpuhop.api.trees import TreeDelta
@@ -71,6 +74,10 @@ async def upload_delta(delta: TreeDelta, request: Request) -> TreeStored:
             f"tree {parent} is not on the agent; send the whole tree",
             {"tree": parent},
         )
+    if delta.blobs:
+        stored = await asyncio.to_thread(_store_inline, ctx, delta.blobs)
+        if not caller.admin:  # their bytes matched: proof of holding them
+            await asyncio.to_thread(ctx.claims.claim, caller.user, "blob", stored)
     async with _ONE_TREE:
         with manifest_errors():
             try:
@@ -82,6 +89,20 @@ async def upload_delta(delta: TreeDelta, request: Request) -> TreeStored:
         # then), and stay stored while it does: only the changed entries' need a look.
         await _claim(ctx, caller.user, digest, [e.digest for e in delta.changed])
     return TreeStored(digest=digest, files=tree.files, bytes=tree.bytes)
+
+
+def _store_inline(ctx: AgentContext, blobs: dict[str, str]) -> list[str]:
+    """Store the files a delta carries; each must hash to its digest."""
+    for digest, text in blobs.items():
+        try:
+            data = base64.b64decode(text, validate=True)
+        except binascii.Error:
+            raise ApiError(422, ErrorCode.bad_request, f"blobs.{digest}: not base64") from None
+        try:
+            ctx.blobs.put(digest, data)
+        except BlobError as e:
+            raise ApiError(400, ErrorCode.bad_blob, str(e)) from None
+    return list(blobs)
 
 
 async def _claim(ctx: AgentContext, user: str, tree: str, blobs: list[str]) -> None:
