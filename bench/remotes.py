@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -47,10 +48,12 @@ def ssh_unavailable() -> str | None:
 def ssh_remote(root: Path, base_env: dict[str, str]) -> Iterator[Remote]:
     """Remote 'lab' over a loopback sshd, bootstrapped; everything stopped afterwards."""
     remote_home = root / "remote-home"
-    server = sshd.Sshd(
-        root / "sshd",
-        remote_env={"GPUHOP_HOME": str(remote_home), "TF_CPP_MIN_LOG_LEVEL": "2"},
-    ).start()
+    remote_env = {"GPUHOP_HOME": str(remote_home), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    # A bench of another tree (PYTHONPATH=OTHER/src, as for a before/after pair) runs that
+    # tree on the remote side too.
+    if os.environ.get("PYTHONPATH"):
+        remote_env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+    server = sshd.Sshd(root / "sshd", remote_env=remote_env).start()
     env = {**base_env, **server.client_env, "GPUHOP_CONFIG_DIR": str(root / "config")}
     try:
         gpuhop = [PYTHON, "-m", "gpuhop"]

@@ -181,3 +181,12 @@ def test_a_malformed_delta_is_refused_as_it_is_parsed(field, value, words):
     body = {"parent": "0" * 64, "digest": "1" * 64, field: value}
     with pytest.raises(ValidationError, match=words):
         TreeDelta.model_validate(body)
+
+
+def test_a_delta_against_a_tree_too_large_to_hold_is_refused(trees, blobs, tmp_path, monkeypatch):
+    """Its entries would all be held in memory: the client is asked for the whole tree."""
+    parent, files = stored_parent(trees, blobs)
+    monkeypatch.setattr("gpuhop.agent.storage.trees.MAX_DELTA_PARENT_FILES", 5)
+    fresh = TreeStore(tmp_path / "trees", tmp_path / "tmp", blobs)
+    with pytest.raises(MissingTree, match="too large to take a delta against; send the whole"):
+        fresh.store_delta(delta(parent, files, [files[0]]), 1 << 20)

@@ -16,6 +16,9 @@ from gpuhop.api.models import SHA256_RE, ManifestEntry
 
 # A delta past this many changes is refused; the client sends the whole tree instead.
 MAX_DELTA_ENTRIES = 20_000
+# A delta is taken only against a tree of at most this many files (the agent holds the
+# parent's entries in memory to apply it); a larger tree is always sent whole.
+MAX_DELTA_PARENT_FILES = 50_000
 # New files up to this many bytes in all may come inside the delta (base64), so that an
 # edit costs one request, not an upload and then the delta.
 MAX_INLINE_BYTES = 1 << 20

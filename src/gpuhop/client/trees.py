@@ -18,10 +18,16 @@ import base64
 import hashlib
 import marshal
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuhop.api.trees import MAX_DELTA_ENTRIES, MAX_INLINE_BYTES, EntryTuple
+from gpuhop.api.trees import (
+    MAX_DELTA_ENTRIES,
+    MAX_DELTA_PARENT_FILES,
+    MAX_INLINE_BYTES,
+    EntryTuple,
+)
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.session import Session
 from gpuhop.client.sync import FileEntry
@@ -80,7 +86,7 @@ class LastTree:
         if cache_dir is None:
             return
         path = cls.path_for(cache_dir, root)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp = path.with_suffix(f".tmp{os.getpid()}-{threading.get_ident()}")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_bytes(MAGIC + digest.encode() + marshal.dumps(entries))
@@ -115,7 +121,7 @@ def send(
     entries = entries_of(files)
     last = LastTree.load(session.cache_dir, root)
     sent = None
-    if last is not None and last.digest != digest:
+    if last is not None and last.digest != digest and len(last.entries) <= MAX_DELTA_PARENT_FILES:
         sent = _send_delta(session, last, digest, entries, files, hashed, on_upload)
     how = "delta"
     if sent is None:

@@ -31,7 +31,7 @@ from gpuhop.agent.storage.blobs import BlobStore, durable
 from gpuhop.agent.storage.treefile import TreeFileError, read_entries
 from gpuhop.api import ErrorCode
 from gpuhop.api.models import MAX_MANIFEST_FILES, SHA256_RE, ManifestEntry
-from gpuhop.api.trees import TreeDelta, tree_bytes
+from gpuhop.api.trees import MAX_DELTA_PARENT_FILES, TreeDelta, tree_bytes
 
 TREE_TOO_LARGE = (
     "the tree (the list of the work dir's files) is over {mib} MiB, the most the agent"
@@ -45,7 +45,12 @@ class TreeError(ValueError):
 
 
 class MissingTree(LookupError):
-    """The tree a delta is against is not stored (any more)."""
+    """The tree a delta is against is not stored (any more), or is too large to take one:
+    the client sends the whole tree."""
+
+    def __init__(self, digest: str, why: str = "not on the agent"):
+        super().__init__(f"tree {digest} is {why}; send the whole tree")
+        self.digest = digest
 
 
 class MissingBlobs(LookupError):
@@ -226,6 +231,8 @@ class TreeStore:
         entries: Entries = {}
         try:
             for e in self.entries(digest):
+                if len(entries) >= MAX_DELTA_PARENT_FILES:
+                    raise MissingTree(digest, "too large to take a delta against")
                 path = e["path"]
                 entries[path] = (path, e["digest"], e["size"], e.get("executable", False))
         except FileNotFoundError:
@@ -358,9 +365,4 @@ def manifest_errors() -> Iterator[None]:
     except MissingBlobs as e:
         raise ApiError(409, ErrorCode.missing_blobs, str(e), {"missing": e.missing}) from None
     except MissingTree as e:
-        raise ApiError(
-            409,
-            ErrorCode.missing_tree,
-            f"tree {e.args[0]} is not on the agent; send the whole tree",
-            {"tree": e.args[0]},
-        ) from None
+        raise ApiError(409, ErrorCode.missing_tree, str(e), {"tree": e.digest}) from None
