@@ -172,7 +172,8 @@ def _send_delta(
             session.request("POST", "/v1/trees/delta", json=body)
             return sent
         except GpuhopError as e:
-            if e.code == "missing_tree":
+            # An agent without this tree, or one from before deltas (no such route).
+            if e.code == "missing_tree" or e.status in (404, 405):
                 return None
             if e.code == "bad_blob":
                 raise GpuhopError(
