@@ -25,17 +25,6 @@ import gpuhop.client.notebook as notebooks
 import gpuhop.client.serving as serving
 import gpuhop.client.sweeps as sweeps
 import gpuhop.client.tokens as tokens
-from gpuhop.api import (
-    AgentInfo,
-    DoctorCheck,
-    GpuInfo,
-    JobInfo,
-    JobState,
-    TokenCreated,
-    TokenInfo,
-    UiLoginCode,
-)
-from gpuhop.api.upkeep import DiskUsage, GcReport
 from gpuhop.client.job import Job, get
 from gpuhop.client.session import Session
 from gpuhop.client.spec import SyncStats
@@ -47,6 +36,17 @@ from gpuhop.home import AgentPaths, default_home
 if TYPE_CHECKING:
     import httpx
 
+    from gpuhop.api import (
+        AgentInfo,
+        DoctorCheck,
+        GpuInfo,
+        JobInfo,
+        JobState,
+        TokenCreated,
+        TokenInfo,
+        UiLoginCode,
+    )
+    from gpuhop.api.upkeep import DiskUsage, GcReport
     from gpuhop.client.dashboard import Dashboard
     from gpuhop.client.data import Datasets, Envs
 
@@ -117,6 +117,10 @@ class Client:
     def gpus(self) -> list[GpuInfo]:
         """The host's GPUs: memory used and load now, and the jobs holding each."""
         return host.gpus(self.session)
+
+    def gpus_json(self) -> list[dict[str, Any]]:
+        """`gpus`, as the agent's JSON."""
+        return host.gpus_json(self.session)
 
     def release_gpu(self, index: int) -> GpuInfo:
         """Put GPU `index`, quarantined for a hardware fault, back in service (admins only)."""
@@ -381,3 +385,9 @@ class Client:
         self, states: Sequence[JobState | str] | None = None, limit: int = 200
     ) -> list[JobInfo]:
         return jobs.list_jobs(self.session, states, limit)
+
+    def jobs_json(
+        self, states: Sequence[JobState | str] | None = None, limit: int = 200
+    ) -> list[dict[str, Any]]:
+        """`jobs`, as the agent's JSON (no model built: what `gpuhop ps` reads)."""
+        return jobs.list_json(self.session, states, limit)

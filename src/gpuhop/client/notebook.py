@@ -18,13 +18,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuhop.api import JobInfo, JobState
+from gpuhop.api.states import JobState
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.job import Job, get
 from gpuhop.client.jobs import list_jobs, submit
 from gpuhop.client.session import Session, quote
 
 if TYPE_CHECKING:
+    from gpuhop.api import JobInfo
     from gpuhop.client.forward import ErrorHandler, Forward
 
 # What the job runs; keep in step with gpuhop.runtime.notebook (the client never imports it).
