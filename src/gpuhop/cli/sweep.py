@@ -158,7 +158,7 @@ def _live_table(runs: list[JobInfo]) -> Table:
             escape(r.name or "-"),
             r.id,
             f"[{style}]{state}[/]",
-            duration(r),
+            duration(r.started_at, r.ended_at),
             format_metrics(r.latest_metrics),
         )
     return table
@@ -200,7 +200,7 @@ def show(
                 escape(r.name or "-"),
                 r.id,
                 r.state.value,
-                duration(r),
+                duration(r.started_at, r.ended_at),
                 *(_value((r.latest_metrics or {}).get(n)) for n in names),
             )
             for r in runs
