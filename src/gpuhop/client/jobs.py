@@ -14,21 +14,13 @@ from gpuhop.api.queue import parse_duration
 from gpuhop.api.states import JobState, RetryOn
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.job import Job
-from gpuhop.client.leftovers import outputs_warning
 from gpuhop.client.session import Session
-from gpuhop.client.spec import (
-    SyncStats,
-    requirements_text,
-    script_in_workdir,
-    share_mb,
-    tree_of,
-)
-from gpuhop.client.sync import ScanResult
-from gpuhop.client.upload import Progress, UploadProgress, scan, send_files, send_tree
 
 if TYPE_CHECKING:
     from gpuhop.api import JobInfo
     from gpuhop.api.models import DataMount
+    from gpuhop.client.sync import ScanResult
+    from gpuhop.client.upload import Progress, UploadProgress
 
 
 def submit(
@@ -65,6 +57,11 @@ def submit(
     """Sync `workdir` and queue `command` there; see `Client.submit`. What the sync did is
     left in `session.last_sync`. With `synced` (from `scan_workdir`), the work dir is not
     scanned again: the runs of a sweep share one tree."""
+    # The sync's modules (the scanner, hashing, uploads): loaded by a submit, not by `ps`.
+    from gpuhop.client.leftovers import outputs_warning
+    from gpuhop.client.spec import SyncStats, requirements_text, script_in_workdir, share_mb
+    from gpuhop.client.upload import send_files, send_tree
+
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     if not argv:
         raise GpuhopError("no command given", code="bad_request")
@@ -154,6 +151,9 @@ class Synced:
 
 
 def scan_workdir(session: Session, root: Path, on_hash: Progress | None = None) -> Synced:
+    from gpuhop.client.spec import tree_of
+    from gpuhop.client.upload import scan
+
     result = scan(session, root, on_hash)
     return Synced(result, *tree_of(result.files))
 

@@ -12,7 +12,6 @@ job's spec, which only its owner and admins see), and read back from there when 
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -175,6 +174,8 @@ def start(
     """Queue a JupyterLab server job in `workdir` (synced); returns at once. `idle`: seconds
     after which idle kernels stop, and then the server (0: never). The other arguments are
     as for `Client.submit`."""
+    from secrets import token_urlsafe
+
     if idle < 0:
         raise GpuhopError(f"idle must be 0 (never) or more seconds, not {idle}", "bad_request")
     job = submit(
@@ -184,7 +185,7 @@ def start(
         gpus=gpus,
         gpu_memory=gpu_memory,
         name=name,
-        env={**(env or {}), TOKEN_ENV: secrets.token_urlsafe(32)},
+        env={**(env or {}), TOKEN_ENV: token_urlsafe(32)},
         data=data,
         requirements=requirements,
         python=python,

@@ -16,7 +16,6 @@ import dataclasses
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -118,6 +117,8 @@ def load() -> RemotesFile:
 
 def save(config: RemotesFile) -> None:
     """Write the file atomically, readable by its owner only."""
+    import tempfile
+
     path = config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)

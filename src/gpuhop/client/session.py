@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from urllib.parse import quote as _url_quote
 
 from gpuhop.client.errors import GpuhopError
-from gpuhop.client.spec import SyncStats
 from gpuhop.client.transport import Endpoint
 from gpuhop.client.unixhttp import Response as UnixResponse
 from gpuhop.client.unixhttp import Timeout, TransportError, UnixClient
 
 if TYPE_CHECKING:
     import httpx
+
+    from gpuhop.client.spec import SyncStats
 
     Response: TypeAlias = httpx.Response | UnixResponse
 
