@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpuhop.api import JobInfo, JobState
+from gpuhop.cli import params
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.jobs import _parse_env
 from gpuhop.cli.output import (
@@ -236,7 +237,7 @@ def _value(value: object) -> str:
 
 def _dispatch_show(args: list[str]) -> None:
     app = typer.Typer(add_completion=False, rich_markup_mode=None)
-    app.command()(show)
+    app.command()(params.for_typer(show))  # its --on is declared for gpuhop.cli.params
     app(args=args, prog_name="gpuhop sweep show")
 
 
