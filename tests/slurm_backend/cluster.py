@@ -6,6 +6,9 @@ there too, ports picked free), and stopped by those pids, leaving nothing behind
 The node is this host (`hostname -s`) with 2 CPUs and 2 made-up GPUs (GRES `gpu:2`,
 backed by links named gpu0 and gpu1 to /dev/null and /dev/zero: slurmd wants a character
 device that exists, and sets CUDA_VISIBLE_DEVICES from the number in the name).
+slurmd runs in a mount namespace of its own with an empty tmpfs over `hidden`: a dir of this
+host (the login node) that the compute node does not see, as a login node's local disk is
+unseen by a real cluster's nodes; everything else is the same filesystem on both sides.
 Accounting storage is off: `sacct` has nothing, so the backend reads states from `squeue`
 and exit codes from its batch script.
 """
@@ -22,7 +25,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel")
+BINARIES = (
+    "munged",
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "srun",
+    "squeue",
+    "sinfo",
+    "scancel",
+    "unshare",
+)
 START_TIMEOUT = 60.0
 
 
@@ -54,6 +67,11 @@ class SlurmCluster:
     node: str
     conf: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def hidden(self) -> Path:
+        """A dir the agent's host sees and the compute node does not (an empty tmpfs there)."""
+        return self.root / "login-only"
 
     @property
     def env(self) -> dict[str, str]:
@@ -196,7 +214,14 @@ def start(root: Path) -> SlurmCluster:
         )
         _wait(lambda: (munge / "munge.socket").exists(), cluster, "munged's socket")
         spawn(["/usr/sbin/slurmctld", "-D", "-i", "-f", str(conf)], "slurmctld.out")
-        spawn(["/usr/sbin/slurmd", "-D", "-f", str(conf), "-N", node], "slurmd.out")
+        cluster.hidden.mkdir()
+        # `unshare` and `sh` exec slurmd: its pid is the one started here.
+        hide = f'mount -t tmpfs gpuhop-test-node {cluster.hidden} && exec "$@"'
+        slurmd = ["/usr/sbin/slurmd", "-D", "-f", str(conf), "-N", node]
+        spawn(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", hide, "sh", *slurmd],
+            "slurmd.out",
+        )
         _wait(lambda: _idle(cluster), cluster, f"node {node} idle in sinfo")
     except BaseException:
         cluster.stop()

@@ -164,10 +164,43 @@ def test_a_killed_leader_leaves_no_slurm_job_and_the_job_is_lost(
     assert "released" not in slurm_agent.cli("logs", job_id).stdout
 
 
-def test_gpus_lists_the_partitions_gpu_nodes(slurm_agent, slurm_cluster):
-    out = slurm_agent.cli("gpus")
+def test_gpus_lists_the_partitions_nodes_and_the_users_slurm_jobs(
+    slurm_agent, slurm_cluster, tmp_path
+):
+    listed = json.loads(slurm_agent.cli("gpus", "--json").stdout)
+    assert [(g["index"], g["node"]) for g in listed] == [
+        (0, slurm_cluster.node),
+        (1, slurm_cluster.node),
+    ]
+    hold = tmp_path / "hold"
+    hold.touch()
+    # The user's own Slurm job from outside gpuhop, and a gpuhop job.
+    other = slurm_cluster.run(
+        "sbatch", "--parsable", "--gres=gpu:1", "--job-name=by-hand", "--output=/dev/null",
+        "--wrap", f"while [ -e {hold} ]; do sleep 0.1; done",
+    ).strip()  # fmt: skip
+    work = _script(tmp_path, "hold.py", HOLD)
+    try:
+        job_id = _submit(slurm_agent, work, "--gpus", "1", "hold.py", str(tmp_path))
+        wait_until(lambda: (tmp_path / f"pid-{job_id}").exists(), timeout=60)
+        out = slurm_agent.cli("gpus", env={**slurm_agent.env, "COLUMNS": "200"})
+    finally:
+        hold.unlink()
     assert out.returncode == 0, out.stderr
-    assert out.stdout.count(slurm_cluster.node) >= 2, out.stdout  # its 2 GPUs, by node
+    rows = [line.split() for line in out.stdout.splitlines()]
+    node = next(r for r in rows if r and r[0] == slurm_cluster.node)
+    # GRES, in use (by both jobs: "gpu:2", or with indexes "gpu:2(IDX:0-1)"), state.
+    assert node[1] == "gpu:2" and node[2].startswith("gpu:2") and node[3] == "allocated", rows
+    mine = next(r for r in rows if job_id in r)
+    assert mine[2:] == [f"gpuhop-{job_id}", "RUNNING", slurm_cluster.node, "gpu:1", "-"], rows
+    theirs = next(r for r in rows if r and r[0] == other)
+    assert theirs[1:] == ["-", "by-hand", "RUNNING", slurm_cluster.node, "gpu:1", "-"], rows
+    assert (
+        "nodes of Slurm's default partition (sinfo) and your Slurm jobs (squeue --me); 2 GPU(s)"
+        in " ".join(out.stderr.split())
+    )
+    wait_until(lambda: _show(slurm_agent, job_id)["state"] == "succeeded", timeout=60)
+    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
     status = slurm_agent.cli("agent", "status", "--home", str(slurm_agent.home))
     assert "backend: slurm" in status.stdout
 
@@ -202,3 +235,44 @@ def test_agent_start_keeps_the_partition_and_names_a_bad_one(slurm_cluster, tmp_
         )
     finally:
         assert agent("stop").returncode == 0
+
+
+def test_what_needs_the_agents_own_host_is_refused_with_the_reason(
+    slurm_agent, slurm_cluster, tmp_path
+):
+    work = _script(tmp_path, "gpus.py", SHOW_GPUS)
+    (work / "requirements.txt").write_text("numpy\n")
+    for options, message in [
+        (["--gpu-memory", "1GiB", "--no-requirements"], "shares of a GPU (--gpu-memory)"),
+        ([], "Use --no-requirements"),
+    ]:
+        out = slurm_agent.cli("run", *options, "gpus.py", cwd=work)
+        assert out.returncode == 2 and message in out.stderr, (options, out.stderr)
+        assert "(agent started with --backend slurm)" in out.stderr
+    out = slurm_agent.cli("tf-server", "start", "--no-wait", "--name", "slurm-tfs")
+    assert out.returncode != 0
+    assert "a private network (TensorFlow servers) exists only on the agent's own host" in (
+        " ".join(out.stderr.split())
+    )
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "saved_model.pb").write_bytes(b"not really")
+    out = slurm_agent.cli("serve", str(model), "--name", "m", "--detach")
+    assert out.returncode != 0
+    assert "model servers run on the agent's own host" in " ".join(out.stderr.split())
+    # A running Slurm job's ports are on its node, not on the agent's host.
+    hold = tmp_path / "hold"
+    hold.touch()
+    work = _script(tmp_path, "hold.py", HOLD)
+    job_id = _submit(slurm_agent, work, "hold.py", str(tmp_path))
+    try:
+        wait_until(lambda: (tmp_path / f"pid-{job_id}").exists(), timeout=60)
+        out = slurm_agent.cli("forward", job_id, "8888", timeout=60)
+    finally:
+        hold.unlink()
+    assert out.returncode != 0
+    assert f"job {job_id} runs on the Slurm cluster, not on the agent's host" in " ".join(
+        out.stderr.split()
+    )
+    wait_until(lambda: _show(slurm_agent, job_id)["state"] == "succeeded", timeout=60)
+    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)

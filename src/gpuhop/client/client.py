@@ -35,6 +35,7 @@ from gpuhop.api import (
     TokenInfo,
     UiLoginCode,
 )
+from gpuhop.api.agent import ClusterInfo
 from gpuhop.api.upkeep import DiskUsage, GcReport
 from gpuhop.client.job import Job, get
 from gpuhop.client.session import Session
@@ -117,6 +118,12 @@ class Client:
     def gpus(self) -> list[GpuInfo]:
         """The host's GPUs: memory used and load now, and the jobs holding each."""
         return host.gpus(self.session)
+
+    def cluster(self) -> ClusterInfo:
+        """On an agent with the Slurm backend: the partition's nodes (GRES, state) and the
+        user's Slurm jobs, with the gpuhop job each runs. GpuhopError (unsupported) on an
+        agent whose jobs run on its own host."""
+        return host.cluster(self.session)
 
     def release_gpu(self, index: int) -> GpuInfo:
         """Put GPU `index`, quarantined for a hardware fault, back in service (admins only)."""

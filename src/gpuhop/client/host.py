@@ -4,6 +4,7 @@ GPUs, preflight checks, disk use), and garbage collection there."""
 from __future__ import annotations
 
 from gpuhop.api import AgentInfo, DoctorCheck, GpuInfo
+from gpuhop.api.agent import ClusterInfo
 from gpuhop.api.upkeep import DiskUsage, GcReport
 from gpuhop.client.session import Session
 from gpuhop.client.unixhttp import Timeout
@@ -19,6 +20,11 @@ def info(session: Session) -> AgentInfo:
 def gpus(session: Session) -> list[GpuInfo]:
     """The host's GPUs: memory used and load now, and the jobs holding each."""
     return [GpuInfo.model_validate(g) for g in session.request("GET", "/v1/agent/gpus").json()]
+
+
+def cluster(session: Session) -> ClusterInfo:
+    """On an agent with a cluster backend (Slurm): its nodes and the user's jobs there."""
+    return ClusterInfo.model_validate(session.request("GET", "/v1/agent/cluster").json())
 
 
 def release_gpu(session: Session, index: int) -> GpuInfo:
