@@ -51,6 +51,7 @@ RUNNING_NAME = "slurm-running.json"  # when Slurm started running the attempt (t
 COMMAND_TIMEOUT = 60.0
 # Seconds a cancelled job's leader gets after the grace for Slurm to end the job.
 CLEAN_UP_SECONDS = 30.0
+_SHARING = re.compile(r"(?:^|[|,])(shard|mps)(?=[:,(\s]|$)", re.MULTILINE)
 _GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
 SAME_USER = (
     "jobs run on the Slurm cluster's nodes as the agent's own user, unsandboxed, and the"
@@ -82,6 +83,7 @@ class SlurmBackend(LeaderBackend):
         self.home = home
         self.nodes = nodes
         self.seen = seen or shared.SharedCheck(None, "not checked")
+        self.sharing: set[str] = set()  # GRES for a share of a GPU that the nodes offer
         self.address = None  # Slurm's commands find the cluster (slurm.conf, $SLURM_CONF)
 
     @classmethod
@@ -110,7 +112,9 @@ class SlurmBackend(LeaderBackend):
         seen = shared.check(jobs, home, scope(settings))
         if not seen.ok:
             log.warning("cannot tell whether Slurm's nodes see %s: %s", jobs, seen.detail)
-        return cls(settings, nodes, python, home, seen)
+        backend = cls(settings, nodes, python, home, seen)
+        backend.sharing = set(_SHARING.findall(out.stdout))
+        return backend
 
     def describe(self) -> str:
         part = self.settings.slurm_partition or "the default partition"
@@ -153,7 +157,15 @@ class SlurmBackend(LeaderBackend):
                 " --no-requirements, and install what the job needs where the nodes see it"
             )
         elif req.gpu_memory_mb is not None:
-            why = "shares of a GPU (--gpu-memory) are not supported on Slurm"
+            why = (
+                "shares of a GPU (--gpu-memory) are not supported on Slurm, which hands out"
+                " whole GPUs"
+            )
+            if self.sharing:
+                why += (
+                    f" (the partition's nodes offer {' and '.join(sorted(self.sharing))} GRES,"
+                    " which gpuhop does not ask for: submit such a job with sbatch yourself)"
+                )
         elif req.private_network:
             why = (
                 "a private network (TensorFlow servers) exists only on the agent's own host,"
