@@ -9,6 +9,9 @@ device that exists, and sets CUDA_VISIBLE_DEVICES from the number in the name).
 slurmd runs in a mount namespace of its own with an empty tmpfs over `hidden`: a dir of this
 host (the login node) that the compute node does not see, as a login node's local disk is
 unseen by a real cluster's nodes; everything else is the same filesystem on both sides.
+Job ids start at a random number (FirstJobId): clusters started one after another (one per
+test module) would otherwise give their jobs the same ids, and so a gang's workers the same
+ports (drawn from the job id), while the last cluster's may still be in use.
 Accounting storage is off: `sacct` has nothing, so the backend reads states from `squeue`
 and exit codes from its batch script.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -159,6 +163,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu
 ReturnToService=2
+FirstJobId={random.randint(1000, 9_000_000)}
 SchedulerParameters=sched_interval=1
 MessageTimeout=10
 KillWait=5
