@@ -83,9 +83,14 @@ def probe(jobs: Path, scope: list[str]) -> SharedCheck:
     argv = ["srun", "--quiet", "--nodes=1", "--ntasks=1", f"--immediate={PROBE_SECONDS}"]
     argv += ["--time=1", "--job-name=gpuhop-probe", *scope]
     argv += ["sh", "-c", PROBE, MARK, str(ask), str(reply)]
+    # A new job of its own, even from an agent started inside an allocation (salloc).
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    if "SLURM_CONF" in os.environ:
+        env["SLURM_CONF"] = os.environ["SLURM_CONF"]
     try:
         out = subprocess.run(
             argv,
+            env=env,
             capture_output=True,
             text=True,
             timeout=PROBE_SECONDS + COMMAND_TIMEOUT,
