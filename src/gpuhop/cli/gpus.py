@@ -22,7 +22,10 @@ def gpus(
     on: str | None = OnOption,
 ) -> None:
     """List the host's GPUs: memory used, load, the jobs holding each (read live), and
-    which are quarantined for a hardware fault (XID, ECC, retired pages, off the bus)."""
+    which are quarantined for a hardware fault (XID, ECC, retired pages, off the bus).
+
+    On an agent with the Slurm backend: the partition's nodes as Slurm lists them now
+    (GRES, in use, state) and your Slurm jobs, with the gpuhop job each runs."""
     if release is not None:
         _release(release, on)
         return
