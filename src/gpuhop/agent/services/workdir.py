@@ -51,9 +51,9 @@ def _check(rt: AgentContext, job: JobRecord) -> None:
         raise ApiError(
             409,
             ErrorCode.unsupported,
-            f"this agent runs jobs on {rt.backend.where}, where each worker's work dir is a"
-            " temp dir on its node that is removed with the job: only $GPUHOP_ARTIFACTS_DIR"
-            " comes back (gpuhop pull --only artifacts)",
+            "this agent runs jobs on a Ray cluster, where each worker's work dir is a temp dir"
+            " on its node that is removed with the job: only $GPUHOP_ARTIFACTS_DIR comes back"
+            " (gpuhop pull --only artifacts)",
         )
 
 
