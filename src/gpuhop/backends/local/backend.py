@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -38,10 +39,13 @@ from gpuhop.backends.jobdeps import python as job_python
 from gpuhop.backends.leader import LeaderBackend, read_json
 from gpuhop.backends.local import cgroups
 from gpuhop.backends.local.commands import resolve_command
+from gpuhop.backends.local.forkserver import ForkServer, ServerGone
 from gpuhop.backends.local.sandbox import HOW_TO_ALLOW
 from gpuhop.backends.procs import alive
 from gpuhop.home import AgentPaths, JobPaths
 from gpuhop.runtime import hook
+
+log = logging.getLogger("gpuhop.agent")
 
 SHIM = str(Path(__file__).with_name("shim.py"))
 SANDBOX = str(Path(__file__).with_name("sandbox.py"))
@@ -130,11 +134,13 @@ def _probe(python: str, helper: str) -> str | None:
 class LocalBackend(LeaderBackend):
     name = "local"
 
-    def __init__(self, paths: AgentPaths, gpu_host: GpuHost, python: str):
+    def __init__(self, paths: AgentPaths, gpu_host: GpuHost, python: str, fork_server: bool = True):
         """`paths`: the agent's state dir, whose stored copies a sandboxed job must not
         write; `python` runs the shim, and a job's `.py` script unless it has its own."""
         super().__init__(gpu_host, python)
         self.paths = paths
+        # Jobs' shims are forked by a warm server (None: each is a fresh interpreter).
+        self._forks: ForkServer | None = ForkServer(python) if fork_server else None
 
     def describe(self) -> str:
         return f"running jobs on this host ({len(self.gpu_host.gpus)} GPU(s))"
@@ -181,6 +187,14 @@ class LocalBackend(LeaderBackend):
     def leader(
         self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]
     ) -> tuple[list[str], dict[str, str]]:
+        args, env, cgroup = self._shim(job, jp, deps)
+        leader = [self.python, "-I", "-S", SHIM, *args]
+        return (leader if cgroup is None else cgroups.wrap(cgroup, leader)), env
+
+    def _shim(
+        self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]
+    ) -> tuple[list[str], dict[str, str], Path | None]:
+        """The shim's arguments and environment, and the attempt's cgroup (if one was made)."""
         env = job_environment(job, jp, gpu_total_mb=self._gpu_total_mb(job))
         python = job_python(deps, self.python)
         # `python` and `pip` in the job's shell commands are the job's own interpreter's.
@@ -199,17 +213,49 @@ class LocalBackend(LeaderBackend):
         gang += self._shim_args(deps, jp, job.workers)
         if job.private_network or job.workers > 1:
             gang += ["--relay", str(jp.relay)]
-        shim = [self.python, "-I", "-S", SHIM, str(jp.status), str(jp.shim_pid)]
-        leader = [*shim, *gang, "--", *argv]
-        cgroup = cgroups.make(jp, f"{job.id}-{job.attempt}")
-        return (leader if cgroup is None else cgroups.wrap(cgroup, leader)), env
+        args = [str(jp.status), str(jp.shim_pid), *gang, "--", *argv]
+        return args, env, cgroups.make(jp, f"{job.id}-{job.attempt}")
 
     def start(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
         try:
-            return super().start(job, jp, deps)
+            return self._spawn(job, jp, deps) or super().start(job, jp, deps)
         except BaseException:
             cgroups.oom_kills(jp)  # removes the attempt's cgroup, if it was made
             raise
+
+    def _spawn(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started | None:
+        """Start the shim through the warm shim server; None where it cannot (the caller
+        then starts a fresh interpreter for it)."""
+        if self._forks is None:
+            return None
+        try:
+            args, env, cgroup = self._shim(job, jp, deps)
+            pid, start = self._forks.spawn(
+                args, env, jp.work, jp.log, None if cgroup is None else cgroup / "cgroup.procs"
+            )
+        except ServerGone as e:
+            log.warning("job %s: %s; starting its shim directly", job.id, e)
+            cgroups.oom_kills(jp)  # made again by the direct start
+            return None
+        except (StartError, OSError):
+            raise
+        except Exception as e:  # as LeaderBackend.start: the job's fault, said as such
+            raise StartError(f"{type(e).__name__}: {e}") from e
+        return Started(pid, start)
+
+    def wait(self, jp: JobPaths, started: Started) -> Ending:
+        end = None if self._forks is None else self._forks.ended(started.pid)
+        if end is None:
+            return super().wait(jp, started)
+        code = end.result()
+        self._forks.forget(started.pid)  # type: ignore[union-attr]
+        if code is None:  # the server went away first: watch the shim as after a restart
+            return super().wait(jp, started)
+        return self._ending(jp, started, code)
+
+    def close(self) -> None:
+        if self._forks is not None:
+            self._forks.close()
 
     def _ending(self, jp: JobPaths, started: Started | None, returncode: int | None) -> Ending:
         end = super()._ending(jp, started, returncode)
