@@ -97,7 +97,9 @@ def _child(sock: socket.socket, request: dict, log: int) -> None:
         os.dup2(null, 0)
         os.dup2(log, 1)
         os.dup2(log, 2)
-        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        for fd in (log, null):
+            if fd > 2:
+                os.close(fd)
         if request.get("cgroup"):
             # As the agent's `sh -c 'echo $$ > cgroup.procs'` does: where it cannot, the job
             # runs outside it.
