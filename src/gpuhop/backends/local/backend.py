@@ -134,13 +134,13 @@ def _probe(python: str, helper: str) -> str | None:
 class LocalBackend(LeaderBackend):
     name = "local"
 
-    def __init__(self, paths: AgentPaths, gpu_host: GpuHost, python: str, fork_server: bool = True):
+    def __init__(self, paths: AgentPaths, gpu_host: GpuHost, python: str):
         """`paths`: the agent's state dir, whose stored copies a sandboxed job must not
         write; `python` runs the shim, and a job's `.py` script unless it has its own."""
         super().__init__(gpu_host, python)
         self.paths = paths
-        # Jobs' shims are forked by a warm server (None: each is a fresh interpreter).
-        self._forks: ForkServer | None = ForkServer(python) if fork_server else None
+        # Jobs' shims are forked by a warm server (a fresh interpreter each where it fails).
+        self._forks = ForkServer(python)
 
     def describe(self) -> str:
         return f"running jobs on this host ({len(self.gpu_host.gpus)} GPU(s))"
@@ -226,8 +226,6 @@ class LocalBackend(LeaderBackend):
     def _spawn(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started | None:
         """Start the shim through the warm shim server; None where it cannot (the caller
         then starts a fresh interpreter for it)."""
-        if self._forks is None:
-            return None
         try:
             args, env, cgroup = self._shim(job, jp, deps)
             pid, start = self._forks.spawn(
@@ -244,18 +242,17 @@ class LocalBackend(LeaderBackend):
         return Started(pid, start)
 
     def wait(self, jp: JobPaths, started: Started) -> Ending:
-        end = None if self._forks is None else self._forks.ended(started.pid)
+        end = self._forks.ended(started.pid)
         if end is None:
             return super().wait(jp, started)
         code = end.result()
-        self._forks.forget(started.pid)  # type: ignore[union-attr]
+        self._forks.forget(started.pid)
         if code is None:  # the server went away first: watch the shim as after a restart
             return super().wait(jp, started)
         return self._ending(jp, started, code)
 
     def close(self) -> None:
-        if self._forks is not None:
-            self._forks.close()
+        self._forks.close()
 
     def _ending(self, jp: JobPaths, started: Started | None, returncode: int | None) -> Ending:
         end = super()._ending(jp, started, returncode)

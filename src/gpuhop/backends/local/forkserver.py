@@ -22,6 +22,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+from gpuhop.backends.base import StartError
+
 log = logging.getLogger("gpuhop.agent")
 
 SERVER = str(Path(__file__).with_name("shimserver.py"))
@@ -50,7 +52,9 @@ class ForkServer:
         self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, cgroup: Path | None
     ) -> tuple[int, str | None]:
         """Start a shim with `argv` (its arguments); returns its pid and start time.
-        Raises ServerGone where the server cannot do it."""
+        Raises ServerGone where the server did not start it, and StartError where it may
+        have (it took the request and never answered): starting it another way could then
+        run the job twice."""
         message = json.dumps(
             {
                 "argv": argv,
@@ -61,15 +65,22 @@ class ForkServer:
         ).encode()
         with self._lock:
             sock = self._running()
-            try:
-                with open(log_path, "ab") as logfile:
+            with open(log_path, "ab") as logfile:
+                try:
                     socket.send_fds(sock, [message], [logfile.fileno()])
+                except OSError as e:
+                    self._stop()
+                    raise ServerGone(f"the shim server did not take the request ({e})") from e
+            try:
                 answer = self._answers.get(timeout=ANSWER_SECONDS)
-            except (OSError, queue.Empty) as e:
+            except queue.Empty:
+                answer = None
+            if answer is None:
                 self._stop()
-                raise ServerGone(f"the shim server did not answer ({e or 'timeout'})") from e
-        if answer is None:
-            raise ServerGone("the shim server ended")
+                raise StartError(
+                    "the agent's shim server ended or hung before it said whether it started"
+                    " the job; not starting it again, as it may run"
+                )
         if "error" in answer:
             raise ServerGone(f"the shim server could not start the shim: {answer['error']}")
         return int(answer["pid"]), answer.get("start")
