@@ -58,6 +58,8 @@ def test_a_job_shim_is_forked_by_the_server_and_outlives_it(make_agent, project)
         # The shim leads a session of its own, as one the agent started would.
         assert int(_stat(shim)[1]) == server
         assert os.getsid(shim) == shim
+        # Its request (the job's environment) went through a file the shim read and removed.
+        assert not (agent.paths.job_dir(job.id) / "shim-request.json").exists()
         wait_until(lambda: b"job" in b"".join(job.logs()), timeout=30)
 
         os.kill(server, signal.SIGKILL)  # the running job is watched on without it

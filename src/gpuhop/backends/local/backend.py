@@ -50,6 +50,8 @@ log = logging.getLogger("gpuhop.agent")
 SHIM = str(Path(__file__).with_name("shim.py"))
 SANDBOX = str(Path(__file__).with_name("sandbox.py"))
 WORKVIEW = str(Path(__file__).with_name("workview.py"))
+# In a job's dir: what its shim runs, for the shim server; the shim reads it and removes it.
+SHIM_REQUEST = "shim-request.json"
 
 
 def job_environment(
@@ -228,9 +230,9 @@ class LocalBackend(LeaderBackend):
         then starts a fresh interpreter for it)."""
         try:
             args, env, cgroup = self._shim(job, jp, deps)
-            pid, start = self._forks.spawn(
-                args, env, jp.work, jp.log, None if cgroup is None else cgroup / "cgroup.procs"
-            )
+            procs = None if cgroup is None else cgroup / "cgroup.procs"
+            request = jp.root / SHIM_REQUEST
+            pid, start = self._forks.spawn(args, env, jp.work, jp.log, procs, request)
         except ServerGone as e:
             log.warning("job %s: %s; starting its shim directly", job.id, e)
             cgroups.oom_kills(jp)  # made again by the direct start

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import queue
 import socket
 import subprocess
@@ -49,20 +50,26 @@ class ForkServer:
         self._ends: dict[int, Future[int | None]] = {}
 
     def spawn(
-        self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, cgroup: Path | None
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        log_path: Path,
+        cgroup: Path | None,
+        request: Path,
     ) -> tuple[int, str | None]:
-        """Start a shim with `argv` (its arguments); returns its pid and start time.
+        """Start a shim with `argv` (its arguments), its request written to the file
+        `request` (in the job's dir, hidden from jobs); returns its pid and start time.
         Raises ServerGone where the server did not start it, and StartError where it may
         have (it took the request and never answered): starting it another way could then
         run the job twice."""
-        message = json.dumps(
-            {
-                "argv": argv,
-                "env": env,
-                "cwd": str(cwd),
-                "cgroup": None if cgroup is None else str(cgroup),
-            }
-        ).encode()
+        # The request goes in a file that only the shim, once forked, reads: the server's
+        # memory, which every later shim inherits, never holds a job's environment.
+        spec = {"argv": argv, "env": env, "cwd": str(cwd), "cgroup": cgroup and str(cgroup)}
+        fd = os.open(request, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with open(fd, "w") as f:
+            json.dump(spec, f)
+        message = json.dumps({"request": str(request)}).encode()
         with self._lock:
             sock = self._running()
             with open(log_path, "ab") as logfile:

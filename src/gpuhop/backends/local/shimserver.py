@@ -4,9 +4,12 @@ job's shim instead of the agent starting a fresh interpreter for it. Standard li
 
 Started as `python -I -S shimserver.py FD`, where FD is its end of a SOCK_SEQPACKET socket
 pair with the agent. It imports the shim and every helper the shim may need once, then waits
-for requests: each is one JSON message {"argv": the shim's arguments, "env": the job's
-environment, "cwd": where it starts, "cgroup": a cgroup.procs file to join or null} with the
-job's log file as an attached descriptor. It forks a child that becomes exactly what a shim
+for requests: each is one JSON message {"request": PATH} with the job's log file as an
+attached descriptor. PATH, in the job's dir, holds {"argv": the shim's arguments, "env":
+the job's environment, "cwd": where it starts, "cgroup": a cgroup.procs file to join or
+null}; only the forked child reads it (and removes it), so no job's environment ever passes
+through the server's memory, which every later shim inherits. It forks a child that becomes
+exactly what a shim
 started by the agent would be: the leader of a new session, stdin /dev/null, stdout and
 stderr on the log, the job's environment and directory, in the attempt's cgroup, running
 `shim.main`, and it answers {"pid": PID, "start": its start time} (or {"error": why}).
@@ -53,9 +56,9 @@ def serve(sock: socket.socket) -> int:
         signal.pthread_sigmask(signal.SIG_BLOCK, _CHLD)
         try:
             try:
-                request = json.loads(msg)
-                if len(fds) != 1:
-                    raise ValueError(f"expected the log's descriptor, got {len(fds)}")
+                request = json.loads(msg)["request"]
+                if not isinstance(request, str) or len(fds) != 1:
+                    raise ValueError("expected a request file and the log's descriptor")
                 pid = os.fork()
                 if pid == 0:
                     _child(sock, request, fds[0])  # never returns
@@ -86,7 +89,7 @@ def _reap(sock: socket.socket) -> None:
         _send(sock, {"ended": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def _child(sock: socket.socket, request: dict, log: int) -> None:
+def _child(sock: socket.socket, path: str, log: int) -> None:
     code = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -100,6 +103,9 @@ def _child(sock: socket.socket, request: dict, log: int) -> None:
         for fd in (log, null):
             if fd > 2:
                 os.close(fd)
+        with open(path) as f:
+            request = json.load(f)
+        os.unlink(path)
         if request.get("cgroup"):
             # As the agent's `sh -c 'echo $$ > cgroup.procs'` does: where it cannot, the job
             # runs outside it.
