@@ -119,6 +119,19 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _check_os_text(argv: list[str], env: dict[str, str]) -> None:
+    """Raise what Popen raises for arguments or variables the OS cannot take (a lone
+    surrogate: UnicodeEncodeError; an embedded NUL, a name with "="), before the shim server
+    is asked: the job then fails to start saying why, as a directly started shim would."""
+    for text in (*argv, *env.values()):
+        if b"\0" in os.fsencode(text):
+            raise ValueError("embedded null byte")
+    for name in env:
+        raw = os.fsencode(name)
+        if not raw or b"=" in raw or b"\0" in raw:
+            raise ValueError(f"illegal environment variable name: {name!r}")
+
+
 def _probe(python: str, helper: str) -> str | None:
     """Run `helper --probe`: None if it passed, else why not."""
     try:
@@ -230,6 +243,7 @@ class LocalBackend(LeaderBackend):
         then starts a fresh interpreter for it)."""
         try:
             args, env, cgroup = self._shim(job, jp, deps)
+            _check_os_text(args, env)
             procs = None if cgroup is None else cgroup / "cgroup.procs"
             request = jp.root / SHIM_REQUEST
             pid, start = self._forks.spawn(args, env, jp.work, jp.log, procs, request)
