@@ -250,3 +250,8 @@ class Backend(Protocol):
         """Why a started attempt does not run yet, in the cluster's words (Slurm's pending
         reason); None when it runs, or on a backend that starts jobs at once."""
         ...
+
+    def close(self) -> None:
+        """Release what the backend holds (a helper process) when the agent stops; jobs
+        already started go on."""
+        ...

@@ -133,6 +133,9 @@ class LeaderBackend:
     def waiting(self, jp: JobPaths) -> str | None:
         return None
 
+    def close(self) -> None:
+        pass
+
 
 def read_json(path: Path) -> dict[str, Any] | None:
     try:
