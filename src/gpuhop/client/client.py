@@ -43,6 +43,7 @@ if TYPE_CHECKING:
         TokenInfo,
         UiLoginCode,
     )
+    from gpuhop.api.agent import ClusterInfo
     from gpuhop.api.upkeep import DiskUsage, GcReport
     from gpuhop.client.dashboard import Dashboard
     from gpuhop.client.data import Datasets, Envs
@@ -121,6 +122,12 @@ class Client:
     def gpus_json(self) -> list[dict[str, Any]]:
         """`gpus`, as the agent's JSON."""
         return host.gpus_json(self.session)
+
+    def cluster(self) -> ClusterInfo:
+        """On an agent with the Slurm backend: the partition's nodes (GRES, state) and the
+        user's Slurm jobs, with the gpuhop job each runs. GpuhopError (unsupported) on an
+        agent whose jobs run on its own host."""
+        return host.cluster(self.session)
 
     def release_gpu(self, index: int) -> GpuInfo:
         """Put GPU `index`, quarantined for a hardware fault, back in service (admins only)."""

@@ -11,6 +11,7 @@ from gpuhop.client.session import Session
 from gpuhop.client.unixhttp import Timeout
 
 if TYPE_CHECKING:
+    from gpuhop.api.agent import ClusterInfo
     from gpuhop.api.upkeep import DiskUsage, GcReport
 
 # `doctor` imports TensorFlow on the host, which can take a while on a cold GPU host.
@@ -30,6 +31,13 @@ def gpus_json(session: Session) -> list[dict[str, Any]]:
     """`gpus`, as the agent's JSON."""
     data: list[dict[str, Any]] = session.request("GET", "/v1/agent/gpus").json()
     return data
+
+
+def cluster(session: Session) -> ClusterInfo:
+    """On an agent with a cluster backend (Slurm): its nodes and the user's jobs there."""
+    from gpuhop.api.agent import ClusterInfo
+
+    return ClusterInfo.model_validate(session.request("GET", "/v1/agent/cluster").json())
 
 
 def release_gpu(session: Session, index: int) -> api.GpuInfo:
