@@ -190,6 +190,16 @@ class JobStore:
         sweep: str | None = None,
     ) -> list[JobRecord]:
         """The newest jobs first; with `owner`, only that user's; with `sweep`, only its runs."""
+        return [JobRecord.from_row(r) for r in self.list_rows(states, limit, owner, sweep)]
+
+    def list_rows(
+        self,
+        states: Iterable[JobState] | None = None,
+        limit: int = 1000,
+        owner: str | None = None,
+        sweep: str | None = None,
+    ) -> Sequence[sqlite3.Row]:
+        """`list`'s rows as stored, for a caller that keeps what it made of each row."""
         where: list[str] = []
         params: list[Any] = []
         if sweep is not None:
@@ -203,10 +213,9 @@ class JobStore:
             where.append("owner = ?")
             params.append(owner)
         clause = f" WHERE {' AND '.join(where)}" if where else ""
-        rows = self._query(
+        return self._query(
             f"SELECT * FROM jobs{clause} ORDER BY created_at DESC LIMIT ?", (*params, limit)
         )
-        return [JobRecord.from_row(r) for r in rows]
 
     def queued(self) -> Sequence[JobRecord]:
         """Every queued job, in the order the scheduler considers them (no limit: `list`

@@ -37,6 +37,7 @@ from gpuhop.agent.server.routers import (
     ui,
 )
 from gpuhop.agent.services.doctor import ProbeRuns
+from gpuhop.agent.services.listing import Listing
 from gpuhop.agent.services.serving import Upstream
 from gpuhop.agent.storage.blobs import QuotaExceeded
 from gpuhop.api import ErrorCode
@@ -88,6 +89,8 @@ def create_app(ctx: AgentContext) -> FastAPI:
     app.state.probes = ProbeRuns()
     # The dashboard's login codes and browser sessions (in memory; see gpuhop.ui.sessions).
     app.state.ui_sessions = UiSessions()
+    # `ps`'s answer, each job's JSON kept until it changes (see `services.listing`).
+    app.state.listing = Listing()
     routers = (jobs.router, ports.router, blobs.router, trees.router, agent.router)
     extra = (tokens.router, datasets.router, serving.router, tensorboard.router, ui.router)
     for router in (*routers, *extra):

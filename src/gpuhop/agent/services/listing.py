@@ -1,0 +1,116 @@
+"""Runs in the agent: `ps`'s answer (GET /v1/jobs), each job's JSON kept until what it
+shows changes.
+
+Under load `ps` lists dozens of jobs that have not changed since the last `ps`: most are
+queued. Building each one's JobInfo (pydantic) and serialising it again cost more than the
+rest of the request, so each job's JSON is kept with the inputs it was made from (its
+record, and for a job that has run, the files of its dir that the answer reads) and made
+again only when one of them differs. The answer is the same bytes `to_info` and FastAPI
+would give: the JSON of each JobInfo, joined into a list.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import TypeAdapter
+
+from gpuhop.agent.callers import Caller
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.jobs.store import JobRecord
+from gpuhop.agent.services import gc, queue
+from gpuhop.agent.services.jobs import resolve_sweep, to_info
+from gpuhop.api import JobInfo, JobState
+from gpuhop.backends import jobdeps
+from gpuhop.home import JobPaths
+
+# As many as one request may list (the route's `limit`): a full listing never evicts itself.
+KEPT = 10_000
+_INFO = TypeAdapter(JobInfo)
+
+
+@dataclass
+class _Kept:
+    row: tuple[object, ...]  # the job's row as stored
+    job: JobRecord  # made from it
+    inputs: tuple[object, ...]  # the rest the answer was made from (see `_inputs`)
+    data: bytes  # the job's JobInfo as JSON
+
+
+class Listing:
+    """Each job's JobInfo as JSON, with the inputs it was made from. Safe from any thread."""
+
+    def __init__(self, kept: int = KEPT):
+        self.kept = kept
+        self._lock = threading.Lock()
+        self._jobs: OrderedDict[str, _Kept] = OrderedDict()
+
+    def json(self, rt: AgentContext, row: sqlite3.Row) -> bytes:
+        """The JobInfo of the job stored as `row`, as JSON as FastAPI would serialise it."""
+        values = tuple(row)
+        with self._lock:
+            kept = self._jobs.get(row["id"])
+        # Making a JobRecord of a row costs as much as the rest of a kept answer.
+        job = kept.job if kept is not None and kept.row == values else JobRecord.from_row(row)
+        inputs = _inputs(rt, job)
+        if kept is not None and kept.job is job and kept.inputs == inputs:
+            return kept.data
+        # FastAPI's own serialisation of a response model (by alias, nothing excluded).
+        data = _INFO.dump_json(to_info(rt, job), by_alias=True)
+        with self._lock:
+            self._jobs[job.id] = _Kept(values, job, inputs, data)
+            self._jobs.move_to_end(job.id)
+            while len(self._jobs) > self.kept:
+                self._jobs.popitem(last=False)
+        return data
+
+    def list_json(
+        self,
+        rt: AgentContext,
+        caller: Caller,
+        states: list[JobState] | None,
+        limit: int,
+        sweep: str | None = None,
+    ) -> bytes:
+        """`jobs.list_jobs`'s answer as a JSON list: the newest jobs `caller` may see."""
+        owner = caller.owner_filter
+        sweep = resolve_sweep(rt, sweep, owner)
+        rows = rt.store.list_rows(states, limit, owner=owner, sweep=sweep)
+        return b"[" + b",".join(self.json(rt, row) for row in rows) + b"]"
+
+
+_ANY = JobPaths(Path("job"))
+# The files of a job's dir whose contents its JobInfo shows (see `jobs.to_info`); the other
+# names there count too, by their presence (a backend's marker of where the job ran).
+_READ = frozenset({_ANY.log.name, _ANY.metrics.name, gc.PRUNED, jobdeps.path(_ANY).name})
+
+
+def _inputs(rt: AgentContext, job: JobRecord) -> tuple[object, ...]:
+    """What the job's JobInfo is made of besides its record and the agent's fixed
+    settings."""
+    # For a queued job, what it waits for: the scheduler's word, its dependencies.
+    record = (rt.waiting.get(job.id), queue.waiting_for(rt, job))
+    if job.state is JobState.queued:
+        # A queued job's files are those it was submitted with, and, for one queued again
+        # for a retry, its last attempt's: nothing writes them until it starts (its record
+        # changes then), and retention prunes only finished jobs.
+        return record
+    jp = rt.supervisor.job_paths(job.id)
+    try:
+        names = frozenset(os.listdir(jp.root))
+    except OSError:
+        names = frozenset()
+    files = []
+    for name in sorted(names & _READ):
+        try:
+            st = os.stat(jp.root / name)
+        except OSError:
+            continue
+        files.append((name, st.st_size, st.st_mtime_ns))
+    waiting = rt.backend.waiting(jp) if job.state in (JobState.starting, JobState.running) else None
+    return (*record, names, tuple(files), waiting)
