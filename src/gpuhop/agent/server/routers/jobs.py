@@ -74,8 +74,9 @@ def log(
 ) -> StreamingResponse:
     c = ctx(request)
     job = service.find(c, ref, caller_of(request))
+    path = outputs.log_path(c, job, worker)
     return StreamingResponse(
-        outputs.follow_log(c, job.id, outputs.log_path(c, job, worker), offset, follow),
+        outputs.follow_log(request.app.state.log_watch, job.id, path, offset, follow),
         media_type="application/octet-stream",
         headers={"X-Gpuhop-Job": job.id},
     )
