@@ -45,6 +45,10 @@ def listed(raw: httpx.Client) -> dict[str, dict]:
     return {j["id"]: j for j in raw.get("/v1/jobs", params={"limit": 50}).json()}
 
 
+def metrics_step(raw: httpx.Client, job_id: str) -> int | None:
+    return (listed(raw)[job_id]["latest_metrics"] or {}).get("step")
+
+
 def test_ps_answers_each_job_as_show_does_and_shows_every_change(make_agent, project):
     agent = make_agent(fake_gpus=1)
     root = project({"hold.py": HOLD, "quick.py": QUICK})
@@ -72,7 +76,7 @@ def test_ps_answers_each_job_as_show_does_and_shows_every_change(make_agent, pro
         # A running job's log and metrics, as it writes them.
         for step in range(2):
             (art / f"more{step}").touch()
-            wait_until(lambda s=step: (listed(raw)[holder.id]["latest_metrics"] or {}).get("step") == s)
+            wait_until(lambda s=step: metrics_step(raw, holder.id) == s)
             wait_until(lambda: listed(raw)[holder.id]["log_size"] == log.stat().st_size)
         assert listed(raw)[holder.id]["state"] == "running"
 
