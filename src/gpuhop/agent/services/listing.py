@@ -12,7 +12,6 @@ would give: the JSON of each JobInfo, joined into a list.
 from __future__ import annotations
 
 import os
-import sqlite3
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -36,8 +35,7 @@ _INFO = TypeAdapter(JobInfo)
 
 @dataclass
 class _Kept:
-    row: tuple[object, ...]  # the job's row as stored
-    job: JobRecord  # made from it
+    job: JobRecord  # the store's record of the job (the same object while its row is)
     inputs: tuple[object, ...]  # the rest the answer was made from (see `_inputs`)
     data: bytes  # the job's JobInfo as JSON
 
@@ -50,20 +48,18 @@ class Listing:
         self._lock = threading.Lock()
         self._jobs: OrderedDict[str, _Kept] = OrderedDict()
 
-    def json(self, rt: AgentContext, row: sqlite3.Row) -> bytes:
-        """The JobInfo of the job stored as `row`, as JSON as FastAPI would serialise it."""
-        values = tuple(row)
-        with self._lock:
-            kept = self._jobs.get(row["id"])
-        # Making a JobRecord of a row costs as much as the rest of a kept answer.
-        job = kept.job if kept is not None and kept.row == values else JobRecord.from_row(row)
+    def json(self, rt: AgentContext, job: JobRecord) -> bytes:
+        """The job's JobInfo as JSON, as FastAPI would serialise it."""
         inputs = _inputs(rt, job)
+        with self._lock:
+            kept = self._jobs.get(job.id)
+        # The store gives the same record for a row that has not changed (`KeptRecords`).
         if kept is not None and kept.job is job and kept.inputs == inputs:
             return kept.data
         # FastAPI's own serialisation of a response model (by alias, nothing excluded).
         data = _INFO.dump_json(to_info(rt, job), by_alias=True)
         with self._lock:
-            self._jobs[job.id] = _Kept(values, job, inputs, data)
+            self._jobs[job.id] = _Kept(job, inputs, data)
             self._jobs.move_to_end(job.id)
             while len(self._jobs) > self.kept:
                 self._jobs.popitem(last=False)
@@ -80,8 +76,8 @@ class Listing:
         """`jobs.list_jobs`'s answer as a JSON list: the newest jobs `caller` may see."""
         owner = caller.owner_filter
         sweep = resolve_sweep(rt, sweep, owner)
-        rows = rt.store.list_rows(states, limit, owner=owner, sweep=sweep)
-        return b"[" + b",".join(self.json(rt, row) for row in rows) + b"]"
+        jobs = rt.store.list(states, limit, owner=owner, sweep=sweep)
+        return b"[" + b",".join(self.json(rt, job) for job in jobs) + b"]"
 
 
 _ANY = JobPaths(Path("job"))
