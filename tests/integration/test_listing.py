@@ -14,8 +14,11 @@ import os, time
 from gpuhop.runtime import log_metrics
 art = os.environ["GPUHOP_ARTIFACTS_DIR"]
 print("started", flush=True)
-step = 0
+step = said = 0
 while not os.path.exists(os.path.join(art, "go")):
+    if not said and os.path.exists(os.path.join(art, "say")):
+        print("said", flush=True)
+        said = 1
     if os.path.exists(os.path.join(art, f"more{step}")):
         print(f"more {step}", flush=True)
         log_metrics(step=step, loss=1.0 / (step + 1))
@@ -79,6 +82,11 @@ def test_ps_answers_each_job_as_show_does_and_shows_every_change(make_agent, pro
             wait_until(lambda s=step: metrics_step(raw, holder.id) == s)
             wait_until(lambda: listed(raw)[holder.id]["log_size"] == log.stat().st_size)
         assert listed(raw)[holder.id]["state"] == "running"
+        # Its log alone grows: still the job's own answer, byte for byte.
+        (art / "say").touch()
+        wait_until(lambda: b"said" in log.read_bytes())
+        wait_until(lambda: listed(raw)[holder.id]["log_size"] == log.stat().st_size)
+        assert listing(raw) == one_by_one(raw, ids)
 
         # A queued job's priority, then its end; and what its dependant waits for.
         queued.requeue(-5)

@@ -36,8 +36,10 @@ _INFO = TypeAdapter(JobInfo)
 @dataclass
 class _Kept:
     job: JobRecord  # the store's record of the job (the same object while its row is)
-    inputs: tuple[object, ...]  # the rest the answer was made from (see `_inputs`)
-    data: bytes  # the job's JobInfo as JSON
+    inputs: tuple[object, ...]  # the rest the answer was made from but its log (`_inputs`)
+    log_size: int | None  # its log's size then; None: not looked at (a queued job)
+    info: JobInfo
+    data: bytes  # `info` as JSON
 
 
 class Listing:
@@ -50,16 +52,23 @@ class Listing:
 
     def json(self, rt: AgentContext, job: JobRecord) -> bytes:
         """The job's JobInfo as JSON, as FastAPI would serialise it."""
-        inputs = _inputs(rt, job)
+        inputs, log_size = _inputs(rt, job)
         with self._lock:
             kept = self._jobs.get(job.id)
         # The store gives the same record for a row that has not changed (`KeptRecords`).
+        info = None
         if kept is not None and kept.job is job and kept.inputs == inputs:
-            return kept.data
+            if kept.log_size == log_size:
+                return kept.data
+            if log_size is not None and kept.log_size is not None:
+                # Only its log grew (a running job, between two `ps`): the answer but that.
+                info = kept.info.model_copy(update={"log_size": log_size})
+        if info is None:
+            info = to_info(rt, job)
         # FastAPI's own serialisation of a response model (by alias, nothing excluded).
-        data = _INFO.dump_json(to_info(rt, job), by_alias=True)
+        data = _INFO.dump_json(info, by_alias=True)
         with self._lock:
-            self._jobs[job.id] = _Kept(job, inputs, data)
+            self._jobs[job.id] = _Kept(job, inputs, log_size, info, data)
             self._jobs.move_to_end(job.id)
             while len(self._jobs) > self.kept:
                 self._jobs.popitem(last=False)
@@ -86,27 +95,31 @@ _ANY = JobPaths(Path("job"))
 _READ = frozenset({_ANY.log.name, _ANY.metrics.name, gc.PRUNED, jobdeps.path(_ANY).name})
 
 
-def _inputs(rt: AgentContext, job: JobRecord) -> tuple[object, ...]:
+def _inputs(rt: AgentContext, job: JobRecord) -> tuple[tuple[object, ...], int | None]:
     """What the job's JobInfo is made of besides its record and the agent's fixed
-    settings."""
+    settings; and apart, its log's size (None where the log is not looked at)."""
     # For a queued job, what it waits for: the scheduler's word, its dependencies.
     record = (rt.waiting.get(job.id), queue.waiting_for(rt, job))
     if job.state is JobState.queued:
         # A queued job's files are those it was submitted with, and, for one queued again
         # for a retry, its last attempt's: nothing writes them until it starts (its record
         # changes then), and retention prunes only finished jobs.
-        return record
+        return record, None
     jp = rt.supervisor.job_paths(job.id)
     try:
         names = frozenset(os.listdir(jp.root))
     except OSError:
         names = frozenset()
     files = []
+    log_size = None
     for name in sorted(names & _READ):
         try:
             st = os.stat(jp.root / name)
         except OSError:
             continue
-        files.append((name, st.st_size, st.st_mtime_ns))
+        if name == _ANY.log.name:
+            log_size = st.st_size  # all the answer shows of the log
+        else:
+            files.append((name, st.st_size, st.st_mtime_ns))
     waiting = rt.backend.waiting(jp) if job.state in (JobState.starting, JobState.running) else None
-    return (*record, names, tuple(files), waiting)
+    return (*record, names, tuple(files), waiting), log_size
