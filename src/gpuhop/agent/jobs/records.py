@@ -109,9 +109,9 @@ class JobRecord:
 class KeptRecords:
     """The record made of each job's row, kept while the row stays the same: the scheduler's
     pass over every queued job, each second, and `ps` make a record only of a row that
-    changed. Safe from any thread."""
+    changed. The `kept` rows read most recently are kept. Safe from any thread."""
 
-    def __init__(self, kept: int = 20_000):
+    def __init__(self, kept: int = 5_000):
         self.kept = kept
         self._lock = threading.Lock()
         self._records: OrderedDict[str, tuple[tuple[object, ...], JobRecord]] = OrderedDict()

@@ -28,8 +28,9 @@ from gpuhop.api import JobInfo, JobState
 from gpuhop.backends import jobdeps
 from gpuhop.home import JobPaths
 
-# As many as one request may list (the route's `limit`): a full listing never evicts itself.
-KEPT = 10_000
+# Jobs whose answers are kept, the most recently listed: ten default `ps` (200 jobs each).
+# A longer listing is answered all the same, making again what it evicted.
+KEPT = 2_000
 _INFO = TypeAdapter(JobInfo)
 
 
