@@ -25,6 +25,7 @@ from gpuhop.agent.jobs.records import (
     AmbiguousJob,
     JobNotFound,
     JobRecord,
+    KeptRecords,
 )
 from gpuhop.agent.jobs.scheduler import Holding
 from gpuhop.agent.jobs.schema import ADDED_ATTEMPT_COLUMNS, ADDED_COLUMNS, SCHEMA
@@ -46,6 +47,7 @@ class JobStore:
 
     def __init__(self, path: Path):
         self._lock = threading.RLock()
+        self._kept = KeptRecords()
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -208,7 +210,7 @@ class JobStore:
         rows = self._query(
             f"SELECT * FROM jobs{clause} ORDER BY created_at DESC LIMIT ?", (*params, limit)
         )
-        return [JobRecord.from_row(r) for r in rows]
+        return self._kept.records(rows)
 
     def queued(self) -> Sequence[JobRecord]:
         """Every queued job, in the order the scheduler considers them (no limit: `list`
@@ -217,7 +219,7 @@ class JobStore:
             "SELECT * FROM jobs WHERE state = ? ORDER BY priority DESC, created_at, id",
             (JobState.queued.value,),
         )
-        return [JobRecord.from_row(r) for r in rows]
+        return self._kept.records(rows)
 
     def states(self, job_ids: Iterable[str]) -> dict[str, tuple[JobState, str | None]]:
         """The state and end class of each of these jobs that exists."""

@@ -37,6 +37,8 @@ from gpuhop.agent.server.routers import (
     ui,
 )
 from gpuhop.agent.services.doctor import ProbeRuns
+from gpuhop.agent.services.listing import Listing
+from gpuhop.agent.services.logwatch import LogWatch
 from gpuhop.agent.services.serving import Upstream
 from gpuhop.agent.storage.blobs import QuotaExceeded
 from gpuhop.api import ErrorCode
@@ -79,6 +81,7 @@ def create_app(ctx: AgentContext) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await app.state.upstream.aclose()
+            await app.state.log_watch.aclose()
 
     app = FastAPI(title="gpuhop agent", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
@@ -88,6 +91,10 @@ def create_app(ctx: AgentContext) -> FastAPI:
     app.state.probes = ProbeRuns()
     # The dashboard's login codes and browser sessions (in memory; see gpuhop.ui.sessions).
     app.state.ui_sessions = UiSessions()
+    # `ps`'s answer, each job's JSON kept until it changes (see `services.listing`).
+    app.state.listing = Listing()
+    # The `logs -f` streams' shared watches of their logs (see `services.logwatch`).
+    app.state.log_watch = LogWatch(ctx.store)
     routers = (jobs.router, ports.router, blobs.router, trees.router, agent.router)
     extra = (tokens.router, datasets.router, serving.router, tensorboard.router, ui.router)
     for router in (*routers, *extra):

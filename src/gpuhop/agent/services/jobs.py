@@ -145,12 +145,18 @@ def list_jobs(
     """The newest jobs `caller` may see; with `sweep` (a sweep's id, or its name for the
     newest sweep of that name), that sweep's runs."""
     owner = caller.owner_filter
-    if sweep is not None:
-        found = rt.store.newest_sweep(sweep, owner=owner)
-        if found is None:
-            raise not_found(f"no sweep matches {sweep!r}")
-        sweep = found
+    sweep = resolve_sweep(rt, sweep, owner)
     return [to_info(rt, j) for j in rt.store.list(states, limit, owner=owner, sweep=sweep)]
+
+
+def resolve_sweep(rt: AgentContext, sweep: str | None, owner: str | None) -> str | None:
+    """The id of the sweep `sweep` names (its id, or the newest of that name), or None."""
+    if sweep is None:
+        return None
+    found = rt.store.newest_sweep(sweep, owner=owner)
+    if found is None:
+        raise not_found(f"no sweep matches {sweep!r}")
+    return found
 
 
 def _check_command(rt: AgentContext, req: SubmitRequest) -> None:
