@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, describe_errors, error_response
+from gpuhop.agent.server import handoff
 from gpuhop.agent.server.duties import run_duties
 from gpuhop.agent.server.limits import BodyLimit
 from gpuhop.agent.server.routers import (
@@ -70,6 +71,9 @@ def create_app(ctx: AgentContext) -> FastAPI:
         tasks = [
             asyncio.create_task(ctx.run_scheduler(), name="scheduler"),
             asyncio.create_task(run_duties(ctx), name="duties"),
+            asyncio.create_task(
+                handoff.serve(ctx, handoff.listen(ctx.paths.handoff)), name="handoff"
+            ),
         ]
         try:
             yield
