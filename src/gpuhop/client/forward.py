@@ -97,7 +97,7 @@ class Forward:
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._done = threading.Event()
-        self._loop = asyncio.new_event_loop()
+        self._loop = _new_loop()
         self._tunnels: set[asyncio.Task[None]] = set()
         self._server = self._loop.run_until_complete(
             asyncio.start_server(self._tunnel, sock=listener, limit=CHUNK)
@@ -285,6 +285,16 @@ async def _pump(
         with contextlib.suppress(asyncio.CancelledError, OSError):
             await up
     return ws.close_code == 1000
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop where it is installed (each message of a forwarded connection
+    costs less there: remote TensorFlow ops are many small ones), else asyncio's own."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 def _close_local(writer: asyncio.StreamWriter, reset: bool) -> None:

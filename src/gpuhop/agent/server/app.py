@@ -102,6 +102,8 @@ def create_app(ctx: AgentContext) -> FastAPI:
     app.add_middleware(BodyLimit)
     # Every /ui path but the login and the static files needs a session (gpuhop.ui.guard).
     app.add_middleware(UiGuard, sessions=app.state.ui_sessions)
+    # Requests to model servers skip the routing (see routers.serving).
+    app.add_middleware(serving.Proxy)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
