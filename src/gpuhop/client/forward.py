@@ -35,8 +35,9 @@ from websockets.asyncio.client import ClientConnection, connect, unix_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 
 from gpuhop.api import ErrorBody, JobInfo
-from gpuhop.client import handoff
 from gpuhop.client.errors import GpuhopError
+from gpuhop.client.handoff import connect as handed_over
+from gpuhop.client.handoff import pump as pump_handed_over
 from gpuhop.client.session import Session
 
 EOF = "eof"
@@ -201,7 +202,7 @@ class Forward:
         try:
             sock = await self._handed_over()
             if sock is not None:
-                clean = await handoff.pump(reader, writer, sock)
+                clean = await pump_handed_over(reader, writer, sock)
             else:
                 async with await self._open_websocket() as ws:
                     clean = await _pump(reader, writer, ws)
@@ -222,7 +223,7 @@ class Forward:
         path = self.job.session.endpoint.handoff
         if path is None:
             return None
-        return await asyncio.to_thread(handoff.connect, path, self.job.id, self.remote_port)
+        return await asyncio.to_thread(handed_over, path, self.job.id, self.remote_port)
 
     async def _open_websocket(self) -> ClientConnection:
         endpoint = self.job.session.endpoint
