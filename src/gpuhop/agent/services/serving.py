@@ -18,6 +18,7 @@ so a TF Serving client and the SDK both read them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -39,6 +40,7 @@ from gpuhop.agent.services import jobs
 from gpuhop.agent.services.savedmodels import SAVED_MODEL_PB, find_saved_model
 from gpuhop.agent.services.upstream import Pool, UpstreamError, UpstreamTimeout
 from gpuhop.api import ErrorCode, JobInfo, JobState, ServeRequest, ServingInfo, SubmitRequest
+from gpuhop.backends import listeners
 from gpuhop.home import JobPaths
 
 SPEC_FILE = "serving.json"
@@ -230,7 +232,7 @@ async def proxy(
     key = (caller.user, caller.admin, ref)
     target = upstream.target(key)
     if target is None:
-        found = _find(rt, ref, caller)
+        found = await _find(rt, ref, caller)
         if isinstance(found, Response):
             return found
         target = found
@@ -279,8 +281,10 @@ async def proxy(
     )
 
 
-def _find(rt: AgentContext, ref: str, caller: Caller) -> Target | Response:
-    """The model server `ref` names, if it is ready; else the error answer."""
+async def _find(rt: AgentContext, ref: str, caller: Caller) -> Target | Response:
+    """The model server `ref` names, if it is ready; else the error answer. Its port is
+    the one the job wrote, so it is taken only if the job's own processes are what listens
+    there (as for `gpuhop forward`): never another user's model server or the agent's."""
     try:
         job = jobs.find(rt, ref, caller)
         spec = _spec(rt, job)
@@ -294,6 +298,14 @@ def _find(rt: AgentContext, ref: str, caller: Caller) -> Target | Response:
             why = f"is {job.state.value}; its model is not loaded yet (try again shortly)"
         return error(
             503, ErrorCode.conflict, f"the model server {spec.get('name')} (job {job.id}) {why}"
+        )
+    host, why = await asyncio.to_thread(listeners.job_loopback, job.pid or 0, port)
+    if host != "127.0.0.1":
+        return error(
+            502,
+            ErrorCode.not_listening,
+            f"the model server of job {job.id} does not listen on 127.0.0.1:{port}"
+            f" ({why or 'only on ::1'})",
         )
     return Target(job.id, str(spec.get("name", job.name or job.id)), port)
 
