@@ -59,6 +59,9 @@ WHOLE = 1024 * 1024
 # ended in the meantime fails the request (502), and the next one looks again.
 TARGET_SECONDS = 1.0
 MAX_TARGETS = 4096
+# Who listens on a model server's port is asked of the kernel (a walk of /proc, some ms on
+# a busy host) this often per server, not at every lookup.
+VERIFIED_SECONDS = 30.0
 
 
 # -- starting a model server ---------------------------------------------------------------
@@ -196,6 +199,7 @@ class Upstream:
     def __init__(self) -> None:
         self.pool = Pool()
         self._targets: dict[tuple[str, bool, str], tuple[float, Target]] = {}
+        self._verified: dict[tuple[str, int], float] = {}
 
     def target(self, key: tuple[str, bool, str]) -> Target | None:
         """The model server `key` (caller, ref) found within the last TARGET_SECONDS."""
@@ -208,6 +212,16 @@ class Upstream:
         if len(self._targets) >= MAX_TARGETS:
             self._targets.clear()
         self._targets[key] = (time.monotonic(), target)
+
+    def verified(self, job: str, port: int) -> bool:
+        """Whether the job's own processes were found listening on `port` lately."""
+        when = self._verified.get((job, port))
+        return when is not None and time.monotonic() - when <= VERIFIED_SECONDS
+
+    def verify(self, job: str, port: int) -> None:
+        if len(self._verified) >= MAX_TARGETS:
+            self._verified.clear()
+        self._verified[(job, port)] = time.monotonic()
 
     def forget(self, key: tuple[str, bool, str]) -> None:
         self._targets.pop(key, None)
@@ -232,7 +246,7 @@ async def proxy(
     key = (caller.user, caller.admin, ref)
     target = upstream.target(key)
     if target is None:
-        found = await _find(rt, ref, caller)
+        found = await _find(rt, upstream, ref, caller)
         if isinstance(found, Response):
             return found
         target = found
@@ -281,7 +295,9 @@ async def proxy(
     )
 
 
-async def _find(rt: AgentContext, ref: str, caller: Caller) -> Target | Response:
+async def _find(
+    rt: AgentContext, upstream: Upstream, ref: str, caller: Caller
+) -> Target | Response:
     """The model server `ref` names, if it is ready; else the error answer. Its port is
     the one the job wrote, so it is taken only if the job's own processes are what listens
     there (as for `gpuhop forward`): never another user's model server or the agent's."""
@@ -299,14 +315,16 @@ async def _find(rt: AgentContext, ref: str, caller: Caller) -> Target | Response
         return error(
             503, ErrorCode.conflict, f"the model server {spec.get('name')} (job {job.id}) {why}"
         )
-    host, why = await asyncio.to_thread(listeners.job_loopback, job.pid or 0, port)
-    if host != "127.0.0.1":
-        return error(
-            502,
-            ErrorCode.not_listening,
-            f"the model server of job {job.id} does not listen on 127.0.0.1:{port}"
-            f" ({why or 'only on ::1'})",
-        )
+    if not upstream.verified(job.id, port):
+        host, why = await asyncio.to_thread(listeners.job_loopback, job.pid or 0, port)
+        if host != "127.0.0.1":
+            return error(
+                502,
+                ErrorCode.not_listening,
+                f"the model server of job {job.id} does not listen on 127.0.0.1:{port}"
+                f" ({why or 'only on ::1'})",
+            )
+        upstream.verify(job.id, port)
     return Target(job.id, str(spec.get("name", job.name or job.id)), port)
 
 
