@@ -16,9 +16,9 @@ Protocol, per connection: the agent sends the port as 2 bytes (big-endian); the 
 answers 1 byte, 0 if it connected, else the errno of the failed connect (capped at 255).
 With the 0 comes the connected socket itself (SCM_RIGHTS), and the relay is done: the
 agent reads and writes the job's port directly, with no copy through this process (a
-remote TensorFlow op is many small messages, and each hop costs every one of them). A
-relay whose 0 carries no socket (an older shim) moves the bytes itself, both ways until
-each side has closed (half-closes are passed on).
+remote TensorFlow op is many small messages, and each hop costs every one of them). An
+older shim's relay sent the 0 alone and then moved the bytes itself; the agent still
+takes that from jobs that outlived an agent upgrade.
 """
 
 import contextlib
