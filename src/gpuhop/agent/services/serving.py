@@ -256,8 +256,8 @@ async def proxy(
     if size is not None and size > MAX_BODY:
         return error(413, ErrorCode.too_large, _too_large_message())
     target_path = "/" + quote(path, safe="/:@")
-    if request.url.query:
-        target_path += "?" + request.url.query
+    if query := request.scope.get("query_string"):  # as sent (request.url rebuilds it all)
+        target_path += "?" + query.decode("latin-1")
     headers = {k: v for k in PASSED_HEADERS if (v := request.headers.get(k)) is not None}
     body = None
     if request.method in ("POST", "PUT", "PATCH"):
