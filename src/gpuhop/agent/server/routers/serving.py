@@ -15,6 +15,7 @@ agent); the route below stays for the API's schema and any other method.
 
 from __future__ import annotations
 
+import logging
 import re
 
 from fastapi import APIRouter, Request, Response
@@ -23,7 +24,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import serving as service
-from gpuhop.api import JobInfo, ServeRequest, ServingInfo
+from gpuhop.api import ErrorCode, JobInfo, ServeRequest, ServingInfo
+
+log = logging.getLogger("gpuhop.agent")
 
 router = APIRouter(prefix="/v1/serve", tags=["serving"])
 
@@ -63,7 +66,11 @@ class Proxy:
             match = PROXIED.fullmatch(scope["path"])
             if match is not None:
                 request = Request(scope, receive)
-                response = await proxy(match["ref"], match["path"], request)
+                try:
+                    response = await proxy(match["ref"], match["path"], request)
+                except Exception as e:  # the app's handlers sit in the routing skipped here
+                    log.exception("%s %s failed", scope["method"], scope["path"])
+                    response = service.error(500, ErrorCode.internal, f"the agent failed: {e}")
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
