@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, describe_errors, error_response
+from gpuhop.agent.server import handoff
 from gpuhop.agent.server.duties import run_duties
 from gpuhop.agent.server.limits import BodyLimit
 from gpuhop.agent.server.routers import (
@@ -72,6 +73,9 @@ def create_app(ctx: AgentContext) -> FastAPI:
         tasks = [
             asyncio.create_task(ctx.run_scheduler(), name="scheduler"),
             asyncio.create_task(run_duties(ctx), name="duties"),
+            asyncio.create_task(
+                handoff.serve(ctx, handoff.listen(ctx.paths.handoff)), name="handoff"
+            ),
         ]
         try:
             yield
@@ -105,6 +109,8 @@ def create_app(ctx: AgentContext) -> FastAPI:
     app.add_middleware(BodyLimit)
     # Every /ui path but the login and the static files needs a session (gpuhop.ui.guard).
     app.add_middleware(UiGuard, sessions=app.state.ui_sessions)
+    # Requests to model servers skip the routing (see routers.serving).
+    app.add_middleware(serving.Proxy)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
