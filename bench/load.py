@@ -10,6 +10,7 @@ follower's stream is checked against the log file at the end: nothing lost under
 
 from __future__ import annotations
 
+import os
 import subprocess
 import tempfile
 import threading
@@ -19,6 +20,7 @@ from pathlib import Path
 from harness import PYTHON, BenchError, Row, Settings, percentile, private_agent
 
 from gpuhop import Client
+from gpuhop.home import AgentPaths, read_pid
 
 NAME = "load"
 # Jobs wait for a file named "go" in their artifacts dir (their /tmp is their own).
@@ -59,6 +61,25 @@ def time_ps(client: Client, seconds: float) -> list[float]:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """The process's CPU time so far (user and system), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def time_ps_and_cpu(client: Client, pid: int, seconds: float) -> tuple[list[float], float]:
+    """`time_ps`, and the agent's CPU time (s) per request: less what it spends meanwhile
+    on everything else (followers, jobs), measured for a second before with no request.
+    Unlike the latency, this does not depend on what else runs on the machine."""
+    c0, t0 = cpu_seconds(pid), time.perf_counter()
+    time.sleep(1.0)
+    background = (cpu_seconds(pid) - c0) / (time.perf_counter() - t0)
+    c0, t0 = cpu_seconds(pid), time.perf_counter()
+    latencies = time_ps(client, seconds)
+    used = cpu_seconds(pid) - c0 - background * (time.perf_counter() - t0)
+    return latencies, max(used, 0.0) / len(latencies)
+
+
 def concurrent_rate(agent, seconds: float, clients: int = 4) -> float:
     counts = [0] * clients
 
@@ -81,8 +102,9 @@ def run(settings: Settings) -> list[Row]:
     queued_n, chatty_n, per_job = (100, 4, 5) if settings.quick else (400, 6, 6)
     seconds = 3.0 if settings.quick else 10.0
     repeats = settings.repeats(default=3, quick=1)
-    lat = {"idle": [], "load": []}
-    rate = {"idle": [], "load": []}
+    lat: dict[str, list[list[float]]] = {"idle": [], "load": []}
+    rate: dict[str, list[float]] = {"idle": [], "load": []}
+    cpu: dict[str, list[float]] = {"idle": [], "load": []}
     with tempfile.TemporaryDirectory(prefix="gpuhop-bench-") as tmp:
         root = Path(tmp)
         project = root / "project"
@@ -91,9 +113,18 @@ def run(settings: Settings) -> list[Row]:
         (project / "chatty.py").write_text(CHATTY)
         opts = ("--fake-gpus", "1")
         with private_agent(root / "agent", *opts) as agent, agent.client() as client:
+            pid = read_pid(AgentPaths(agent.home))
+            if pid is None:
+                raise BenchError("the agent wrote no pid file")
+
+            def measure(kind: str) -> None:
+                latencies, per_request = time_ps_and_cpu(client, pid, seconds)
+                lat[kind].append(latencies)
+                cpu[kind].append(per_request)
+                rate[kind].append(concurrent_rate(agent, seconds))
+
             for _ in range(repeats):
-                lat["idle"].append(time_ps(client, seconds))
-                rate["idle"].append(concurrent_rate(agent, seconds))
+                measure("idle")
             client.submit(["hold.py"], workdir=project, gpus=1)
             for _ in range(queued_n):
                 client.submit(["hold.py"], workdir=project, gpus=1)
@@ -112,8 +143,7 @@ def run(settings: Settings) -> list[Row]:
                 if queued != queued_n:
                     raise BenchError(f"{queued} jobs queued, expected {queued_n}")
                 for _ in range(repeats):
-                    lat["load"].append(time_ps(client, seconds))
-                    rate["load"].append(concurrent_rate(agent, seconds))
+                    measure("load")
             finally:
                 # The queued jobs are cancelled; the running ones end on their go file.
                 for job in client.jobs(["queued"], limit=10_000):
@@ -159,6 +189,15 @@ def run(settings: Settings) -> list[Row]:
             ms("load", 99),
             "same agent, no jobs",
             ms("idle", 99),
+            load,
+        ),
+        Row(
+            NAME,
+            "agent CPU time per ps (less its CPU/s without requests)",
+            "ms",
+            [1000 * c for c in cpu["load"]],
+            "same agent, no jobs",
+            [1000 * c for c in cpu["idle"]],
             load,
         ),
         Row(

@@ -31,6 +31,12 @@ class AgentPaths:
         return self.home / "agent.sock"
 
     @property
+    def handoff(self) -> Path:
+        """Where a client on this host is handed a job's connected port (0600; see
+        gpuhop.agent.server.handoff). No longer a name than the socket's."""
+        return self.home / "fwd.sock"
+
+    @property
     def pidfile(self) -> Path:
         return self.home / "agent.pid"
 

@@ -3,7 +3,9 @@ listens on.
 
 `Forward` listens locally; each connection it accepts gets its own WebSocket to the agent
 (`/v1/jobs/{id}/ports/{port}`) through the client's endpoint, so forwarding works over
-the local socket, an SSH tunnel and TLS alike, with the same credentials. One asyncio
+an SSH tunnel and TLS alike, with the same credentials. With the agent on this host, the
+agent hands over the job's connected socket instead (`gpuhop.client.handoff`) and the
+bytes go straight between the local connection and the job. One asyncio
 loop on a thread of its own moves the bytes of every connection (websockets' threaded
 client holds one lock across a blocked send and its receives, which deadlocks an echo
 under backpressure). A watcher thread closes everything when the job ends. See
@@ -34,6 +36,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 
 from gpuhop.api import ErrorBody, JobInfo
 from gpuhop.client.errors import GpuhopError
+from gpuhop.client.handoff import connect as handed_over
+from gpuhop.client.handoff import pump as pump_handed_over
 from gpuhop.client.session import Session
 
 EOF = "eof"
@@ -94,7 +98,7 @@ class Forward:
         self._lock = threading.Lock()
         self._closing = threading.Event()
         self._done = threading.Event()
-        self._loop = asyncio.new_event_loop()
+        self._loop = _new_loop()
         self._tunnels: set[asyncio.Task[None]] = set()
         self._server = self._loop.run_until_complete(
             asyncio.start_server(self._tunnel, sock=listener, limit=CHUNK)
@@ -196,8 +200,12 @@ class Forward:
             writer.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         clean = False
         try:
-            async with await self._open_websocket() as ws:
-                clean = await _pump(reader, writer, ws)
+            sock = await self._handed_over()
+            if sock is not None:
+                clean = await pump_handed_over(reader, writer, sock)
+            else:
+                async with await self._open_websocket() as ws:
+                    clean = await _pump(reader, writer, ws)
         except GpuhopError as e:
             if self._on_error is not None and not self._closing.is_set():
                 self._on_error(e)
@@ -208,6 +216,14 @@ class Forward:
         finally:
             self._tunnels.discard(task)
             _close_local(writer, reset=not clean)
+
+    async def _handed_over(self) -> socket.socket | None:
+        """The job's port itself, where the agent runs on this host (see
+        `gpuhop.client.handoff`); None where the bytes go over a WebSocket instead."""
+        path = self.job.session.endpoint.handoff
+        if path is None:
+            return None
+        return await asyncio.to_thread(handed_over, path, self.job.id, self.remote_port)
 
     async def _open_websocket(self) -> ClientConnection:
         endpoint = self.job.session.endpoint
@@ -270,6 +286,16 @@ async def _pump(
         with contextlib.suppress(asyncio.CancelledError, OSError):
             await up
     return ws.close_code == 1000
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop where it is installed (each message of a forwarded connection
+    costs less there: remote TensorFlow ops are many small ones), else asyncio's own."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
 
 
 def _close_local(writer: asyncio.StreamWriter, reset: bool) -> None:

@@ -31,6 +31,9 @@ class Endpoint:
     base_url: str = "http://gpuhop"
     uds: str | None = None
     """A Unix socket to connect to instead of base_url's host and port."""
+    handoff: str | None = None
+    """The agent's handoff socket, where the agent runs on this host: a forward is handed
+    the job's connected socket there (see `gpuhop.client.handoff`)."""
     ssl_context: ssl.SSLContext | None = None
     headers: dict[str, str] = field(default_factory=dict)
     """Sent with every request and WebSocket handshake (the bearer token)."""
@@ -66,5 +69,6 @@ def local_endpoint(paths: AgentPaths, autostart: bool = True) -> Endpoint:
     return Endpoint(
         description=f"the gpuhop agent at {paths.socket}",
         uds=str(paths.socket),
+        handoff=str(paths.handoff),
         reachable=lambda: socket_answers(paths.socket),
     )

@@ -25,6 +25,7 @@ from gpuhop.agent.jobs.records import (
     AmbiguousJob,
     JobNotFound,
     JobRecord,
+    KeptRecords,
 )
 from gpuhop.agent.jobs.scheduler import Holding
 from gpuhop.agent.jobs.schema import ADDED_ATTEMPT_COLUMNS, ADDED_COLUMNS, SCHEMA
@@ -46,6 +47,7 @@ class JobStore:
 
     def __init__(self, path: Path):
         self._lock = threading.RLock()
+        self._kept = KeptRecords()
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -102,6 +104,7 @@ class JobStore:
         max_parallel: int | None = None,
         mixed_gpus: bool = False,
         notify: Sequence[str] = (),
+        tree: str | None = None,
     ) -> JobRecord:
         """Insert a queued job. With `job_id`, that id is used (and must be new)."""
         now = time.time() if now is None else now
@@ -114,8 +117,8 @@ class JobStore:
                         "INSERT INTO jobs (id, name, state, command, env, gpus, priority,"
                         " created_at, retries, workers, worker_timeout, gpu_memory_mb, owner,"
                         " private_network, after_ids, after_any, timeout, retry_on,"
-                        " sweep, max_parallel, mixed_gpus, notify)"
-                        f" VALUES ({', '.join('?' * 22)})",
+                        " sweep, max_parallel, mixed_gpus, notify, tree)"
+                        f" VALUES ({', '.join('?' * 23)})",
                         (
                             job_id,
                             name,
@@ -139,6 +142,7 @@ class JobStore:
                             max_parallel,
                             int(mixed_gpus),
                             json.dumps(list(notify)),
+                            tree,
                         ),
                     )
                     break
@@ -206,7 +210,7 @@ class JobStore:
         rows = self._query(
             f"SELECT * FROM jobs{clause} ORDER BY created_at DESC LIMIT ?", (*params, limit)
         )
-        return [JobRecord.from_row(r) for r in rows]
+        return self._kept.records(rows)
 
     def queued(self) -> Sequence[JobRecord]:
         """Every queued job, in the order the scheduler considers them (no limit: `list`
@@ -215,7 +219,7 @@ class JobStore:
             "SELECT * FROM jobs WHERE state = ? ORDER BY priority DESC, created_at, id",
             (JobState.queued.value,),
         )
-        return [JobRecord.from_row(r) for r in rows]
+        return self._kept.records(rows)
 
     def states(self, job_ids: Iterable[str]) -> dict[str, tuple[JobState, str | None]]:
         """The state and end class of each of these jobs that exists."""

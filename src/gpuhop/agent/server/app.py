@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, describe_errors, error_response
+from gpuhop.agent.server import handoff
 from gpuhop.agent.server.duties import run_duties
 from gpuhop.agent.server.limits import BodyLimit
 from gpuhop.agent.server.routers import (
@@ -37,6 +38,8 @@ from gpuhop.agent.server.routers import (
     ui,
 )
 from gpuhop.agent.services.doctor import ProbeRuns
+from gpuhop.agent.services.listing import Listing
+from gpuhop.agent.services.logwatch import LogWatch
 from gpuhop.agent.services.serving import Upstream
 from gpuhop.agent.storage.blobs import QuotaExceeded
 from gpuhop.api import ErrorCode
@@ -70,6 +73,9 @@ def create_app(ctx: AgentContext) -> FastAPI:
         tasks = [
             asyncio.create_task(ctx.run_scheduler(), name="scheduler"),
             asyncio.create_task(run_duties(ctx), name="duties"),
+            asyncio.create_task(
+                handoff.serve(ctx, handoff.listen(ctx.paths.handoff)), name="handoff"
+            ),
         ]
         try:
             yield
@@ -79,6 +85,7 @@ def create_app(ctx: AgentContext) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await app.state.upstream.aclose()
+            await app.state.log_watch.aclose()
 
     app = FastAPI(title="gpuhop agent", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
@@ -88,6 +95,10 @@ def create_app(ctx: AgentContext) -> FastAPI:
     app.state.probes = ProbeRuns()
     # The dashboard's login codes and browser sessions (in memory; see gpuhop.ui.sessions).
     app.state.ui_sessions = UiSessions()
+    # `ps`'s answer, each job's JSON kept until it changes (see `services.listing`).
+    app.state.listing = Listing()
+    # The `logs -f` streams' shared watches of their logs (see `services.logwatch`).
+    app.state.log_watch = LogWatch(ctx.store)
     routers = (jobs.router, ports.router, blobs.router, trees.router, agent.router)
     extra = (tokens.router, datasets.router, serving.router, tensorboard.router, ui.router)
     for router in (*routers, *extra):
@@ -98,6 +109,8 @@ def create_app(ctx: AgentContext) -> FastAPI:
     app.add_middleware(BodyLimit)
     # Every /ui path but the login and the static files needs a session (gpuhop.ui.guard).
     app.add_middleware(UiGuard, sessions=app.state.ui_sessions)
+    # Requests to model servers skip the routing (see routers.serving).
+    app.add_middleware(serving.Proxy)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:

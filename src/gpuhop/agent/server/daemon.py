@@ -71,7 +71,7 @@ def serve(
         fake = (fake_gpus, fake_gpu_memory_mb, fake_gpu_models)
         _serve_locked(paths, fake, listen, settings, backend)
     finally:
-        for leftover in (paths.socket, paths.listen_file, paths.pidfile):
+        for leftover in (paths.socket, paths.handoff, paths.listen_file, paths.pidfile):
             with contextlib.suppress(OSError):
                 leftover.unlink()
         os.close(lock_fd)

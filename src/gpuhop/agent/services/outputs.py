@@ -3,7 +3,7 @@ its metrics, its artifacts; and the word when GC has pruned them."""
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -16,6 +16,7 @@ from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.metricstail import parse_records
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services import gc
+from gpuhop.agent.services.logwatch import LogWatch
 from gpuhop.api import ArtifactEntry, ErrorCode, validate_relpath
 from gpuhop.home import JobPaths
 
@@ -57,25 +58,26 @@ def log_path(rt: AgentContext, job: JobRecord, worker: int | None) -> Path:
 
 
 async def follow_log(
-    rt: AgentContext, job_id: str, path: Path, offset: int, follow: bool
+    watch: LogWatch, job_id: str, path: Path, offset: int, follow: bool
 ) -> AsyncIterator[bytes]:
-    """Yield a log from byte `offset`; with `follow`, until the job has ended and all is sent."""
-    delay = 0.005
-    f = None
-    try:
+    """Yield a log from byte `offset`; with `follow`, until the job has ended and all is sent.
+
+    A followed log waits on the agent's one watch of that file (see `logwatch`), not on a
+    poll of its own."""
+    with contextlib.ExitStack() as stack:
+        follower = stack.enter_context(watch.follow(job_id, path)) if follow else None
+        f = None
         while True:
             if f is None and path.exists():
-                f = open(path, "rb")  # noqa: SIM115 - closed in finally
+                f = stack.enter_context(open(path, "rb"))
                 f.seek(offset)
             chunk = f.read(LOG_CHUNK) if f is not None else b""
             if chunk:
-                delay = 0.005
                 yield chunk
                 continue
-            if not follow:
+            if follower is None:
                 return
-            finished = rt.store.get(job_id).state.finished
-            if finished:
+            if follower.ended:
                 # The state is recorded after the process ended: one more read gets the rest.
                 if f is None and path.exists():
                     continue
@@ -83,11 +85,7 @@ async def follow_log(
                 if rest:
                     yield rest
                 return
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.025)
-    finally:
-        if f is not None:
-            f.close()
+            await follower.changed()
 
 
 def read_metrics(rt: AgentContext, job_id: str, offset: int) -> tuple[list[dict], int]:

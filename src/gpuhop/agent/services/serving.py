@@ -18,15 +18,16 @@ so a TF Serving client and the SDK both read them.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
-from collections.abc import AsyncIterator
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import httpx
 from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -37,7 +38,9 @@ from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services import jobs
 from gpuhop.agent.services.savedmodels import SAVED_MODEL_PB, find_saved_model
+from gpuhop.agent.services.upstream import Pool, UpstreamError, UpstreamTimeout
 from gpuhop.api import ErrorCode, JobInfo, JobState, ServeRequest, ServingInfo, SubmitRequest
+from gpuhop.backends import listeners
 from gpuhop.home import JobPaths
 
 SPEC_FILE = "serving.json"
@@ -49,6 +52,16 @@ MAX_BODY = 256 * 1024 * 1024
 READ_TIMEOUT = 300.0
 # Request headers passed to the server. Nothing else: never Authorization or cookies.
 PASSED_HEADERS = ("content-type", "accept")
+# Bodies up to this size (both ways) are passed whole, larger ones streamed.
+WHOLE = 1024 * 1024
+# A model server found for a caller is used again without looking for this long: the
+# store and the job's files are read once a second, not for every request. A server that
+# ended in the meantime fails the request (502), and the next one looks again.
+TARGET_SECONDS = 1.0
+MAX_TARGETS = 4096
+# Who listens on a model server's port is asked of the kernel (a walk of /proc, some ms on
+# a busy host) this often per server, not at every lookup.
+VERIFIED_SECONDS = 30.0
 
 
 # -- starting a model server ---------------------------------------------------------------
@@ -170,24 +183,51 @@ def info(rt: AgentContext, ref: str, caller: Caller) -> ServingInfo:
 # -- the proxy ----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where a caller's requests to one model server go."""
+
+    job: str
+    name: str
+    port: int
+
+
 class Upstream:
-    """The agent's one HTTP client for model servers: connections are kept and reused."""
+    """The agent's connections to model servers (kept and reused, see `upstream`), and
+    where each caller's model servers were found lately."""
 
     def __init__(self) -> None:
-        self._client: httpx.AsyncClient | None = None
+        self.pool = Pool()
+        self._targets: dict[tuple[str, bool, str], tuple[float, Target]] = {}
+        self._verified: dict[tuple[str, int], float] = {}
 
-    def client(self) -> httpx.AsyncClient:
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(READ_TIMEOUT, connect=5.0, pool=30.0),
-                limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-                trust_env=False,  # no proxy from the agent's environment for loopback
-            )
-        return self._client
+    def target(self, key: tuple[str, bool, str]) -> Target | None:
+        """The model server `key` (caller, ref) found within the last TARGET_SECONDS."""
+        found = self._targets.get(key)
+        if found is None or time.monotonic() - found[0] > TARGET_SECONDS:
+            return None
+        return found[1]
+
+    def remember(self, key: tuple[str, bool, str], target: Target) -> None:
+        if len(self._targets) >= MAX_TARGETS:
+            self._targets.clear()
+        self._targets[key] = (time.monotonic(), target)
+
+    def verified(self, job: str, port: int) -> bool:
+        """Whether the job's own processes were found listening on `port` lately."""
+        when = self._verified.get((job, port))
+        return when is not None and time.monotonic() - when <= VERIFIED_SECONDS
+
+    def verify(self, job: str, port: int) -> None:
+        if len(self._verified) >= MAX_TARGETS:
+            self._verified.clear()
+        self._verified[(job, port)] = time.monotonic()
+
+    def forget(self, key: tuple[str, bool, str]) -> None:
+        self._targets.pop(key, None)
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
+        self.pool.close()
 
 
 class _TooLarge(Exception):
@@ -203,6 +243,64 @@ def error(status: int, code: ErrorCode, message: str) -> JSONResponse:
 async def proxy(
     rt: AgentContext, upstream: Upstream, ref: str, path: str, request: Request, caller: Caller
 ) -> Response:
+    key = (caller.user, caller.admin, ref)
+    target = upstream.target(key)
+    if target is None:
+        found = await _find(rt, upstream, ref, caller)
+        if isinstance(found, Response):
+            return found
+        target = found
+        upstream.remember(key, target)
+    declared = request.headers.get("content-length")
+    size = int(declared) if declared is not None and declared.isdigit() else None
+    if size is not None and size > MAX_BODY:
+        return error(413, ErrorCode.too_large, _too_large_message())
+    target_path = "/" + quote(path, safe="/:@")
+    if query := request.scope.get("query_string"):  # as sent (request.url rebuilds it all)
+        target_path += "?" + query.decode("latin-1")
+    headers = {k: v for k in PASSED_HEADERS if (v := request.headers.get(k)) is not None}
+    body = None
+    if request.method in ("POST", "PUT", "PATCH"):
+        try:
+            body = await _read_capped(request)
+        except _TooLarge:
+            return error(413, ErrorCode.too_large, _too_large_message())
+    try:
+        answer = await upstream.pool.send(
+            target.port, request.method, target_path, headers, body, READ_TIMEOUT
+        )
+        passed = {
+            k: v for k in ("content-type", "content-encoding") if (v := answer.headers.get(k))
+        }
+        length = answer.length
+        if length is not None and length <= WHOLE:
+            content = await answer.read(READ_TIMEOUT)
+            return Response(content, status_code=answer.status, headers=passed)
+    except UpstreamTimeout:
+        return error(
+            504, ErrorCode.internal, f"the model server of job {target.job} did not answer in time"
+        )
+    except UpstreamError as e:
+        upstream.forget(key)  # the job may have ended: look again next time
+        return error(
+            502,
+            ErrorCode.not_listening,
+            f"cannot reach the model server of job {target.job} on port {target.port}: {e}",
+        )
+    return StreamingResponse(
+        answer.stream(READ_TIMEOUT),
+        status_code=answer.status,
+        headers=passed,
+        background=BackgroundTask(answer.release),
+    )
+
+
+async def _find(
+    rt: AgentContext, upstream: Upstream, ref: str, caller: Caller
+) -> Target | Response:
+    """The model server `ref` names, if it is ready; else the error answer. Its port is
+    the one the job wrote, so it is taken only if the job's own processes are what listens
+    there (as for `gpuhop forward`): never another user's model server or the agent's."""
     try:
         job = jobs.find(rt, ref, caller)
         spec = _spec(rt, job)
@@ -217,49 +315,28 @@ async def proxy(
         return error(
             503, ErrorCode.conflict, f"the model server {spec.get('name')} (job {job.id}) {why}"
         )
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY:
-        return error(413, ErrorCode.too_large, _too_large_message())
-    url = f"http://127.0.0.1:{port}/{quote(path, safe='/:@')}"
-    if request.url.query:
-        url += "?" + request.url.query
-    headers = {k: v for k in PASSED_HEADERS if (v := request.headers.get(k)) is not None}
-    has_body = request.method in ("POST", "PUT", "PATCH")
-    client = upstream.client()
-    outgoing = client.build_request(
-        request.method, url, headers=headers, content=_capped(request) if has_body else None
-    )
-    try:
-        answer = await client.send(outgoing, stream=True)
-    except _TooLarge:
-        return error(413, ErrorCode.too_large, _too_large_message())
-    except httpx.TimeoutException:
-        return error(
-            504, ErrorCode.internal, f"the model server of job {job.id} did not answer in time"
-        )
-    except httpx.TransportError as e:
-        return error(
-            502,
-            ErrorCode.not_listening,
-            f"cannot reach the model server of job {job.id} on port {port}: {e}",
-        )
-    kept = ("content-type", "content-encoding")
-    passed = {k: v for k in kept if (v := answer.headers.get(k)) is not None}
-    return StreamingResponse(
-        answer.aiter_raw(),
-        status_code=answer.status_code,
-        headers=passed,
-        background=BackgroundTask(answer.aclose),
-    )
+    if not upstream.verified(job.id, port):
+        host, why = await asyncio.to_thread(listeners.job_loopback, job.pid or 0, port)
+        if host != "127.0.0.1":
+            return error(
+                502,
+                ErrorCode.not_listening,
+                f"the model server of job {job.id} does not listen on 127.0.0.1:{port}"
+                f" ({why or 'only on ::1'})",
+            )
+        upstream.verify(job.id, port)
+    return Target(job.id, str(spec.get("name", job.name or job.id)), port)
 
 
-async def _capped(request: Request) -> AsyncIterator[bytes]:
-    seen = 0
+async def _read_capped(request: Request) -> bytes:
+    """The request's body, whole: the server parses it whole anyway (see MAX_BODY)."""
+    chunks, seen = [], 0
     async for chunk in request.stream():
         seen += len(chunk)
         if seen > MAX_BODY:
             raise _TooLarge
-        yield chunk
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _too_large_message() -> str:

@@ -31,7 +31,8 @@ from gpuhop.agent.storage.blobs import BlobStore, durable
 from gpuhop.agent.storage.treefile import TreeFileError, read_entries
 from gpuhop.api import ErrorCode
 from gpuhop.api.models import MAX_MANIFEST_FILES, SHA256_RE, ManifestEntry
-from gpuhop.api.trees import MAX_DELTA_PARENT_FILES, TreeDelta, tree_bytes
+from gpuhop.api.treedelta import TreeDelta
+from gpuhop.api.trees import MAX_DELTA_PARENT_FILES, tree_bytes
 
 TREE_TOO_LARGE = (
     "the tree (the list of the work dir's files) is over {mib} MiB, the most the agent"

@@ -13,8 +13,12 @@ join a user namespace while it is single-threaded, which the agent never is. The
 works the same for root and non-root agents, and the agent needs no privilege at all.
 
 Protocol, per connection: the agent sends the port as 2 bytes (big-endian); the relay
-answers 1 byte, 0 if it connected, else the errno of the failed connect (capped at 255);
-then bytes flow both ways until each side has closed (half-closes are passed on).
+answers 1 byte, 0 if it connected, else the errno of the failed connect (capped at 255).
+With the 0 comes the connected socket itself (SCM_RIGHTS), and the relay is done: the
+agent reads and writes the job's port directly, with no copy through this process (a
+remote TensorFlow op is many small messages, and each hop costs every one of them). An
+older shim's relay sent the 0 alone and then moved the bytes itself; the agent still
+takes that from jobs that outlived an agent upgrade.
 """
 
 import contextlib
@@ -24,7 +28,6 @@ import socket
 import struct
 import threading
 
-CHUNK = 256 * 1024
 CONNECT_TIMEOUT = 5.0
 LOOPBACKS = (("127.0.0.1", socket.AF_INET), ("::1", socket.AF_INET6))
 
@@ -102,22 +105,6 @@ def _serve(conn: socket.socket) -> None:
             with contextlib.suppress(OSError):
                 conn.sendall(bytes([min(e.errno or errno.ETIMEDOUT, 255)]))
             return
-        with target:
-            conn.sendall(b"\x00")
-            other = threading.Thread(target=_pump, args=(target, conn), daemon=True)
-            other.start()
-            _pump(conn, target)
-            other.join()
-
-
-def _pump(src: socket.socket, dst: socket.socket) -> None:
-    """Copy until EOF, then half-close `dst`; on a failure, shut both sockets down so the
-    other direction ends too."""
-    try:
-        while data := src.recv(CHUNK):
-            dst.sendall(data)
-        dst.shutdown(socket.SHUT_WR)
-    except OSError:
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
+        with target, contextlib.suppress(OSError):
+            # The agent now holds the connection; this process's copy closes.
+            socket.send_fds(conn, [b"\x00"], [target.fileno()])

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import jobs as service
 from gpuhop.agent.services import outputs, queue, workdir
+from gpuhop.agent.services.listing import Listing
 from gpuhop.api import (
     ArtifactEntry,
     JobInfo,
@@ -30,14 +31,17 @@ def submit(req: SubmitRequest, request: Request) -> JobInfo:
     return service.submit(ctx(request), req, caller_of(request))
 
 
-@router.get("")
+@router.get("", response_model=list[JobInfo])
 def list_jobs(
     request: Request,
     state: list[JobState] | None = Query(default=None),
     limit: int = Query(default=200, ge=1, le=10_000),
     sweep: str | None = Query(default=None, max_length=80),
-) -> list[JobInfo]:
-    return service.list_jobs(ctx(request), caller_of(request), state, limit, sweep)
+) -> Response:
+    # Already JSON (each job's kept until it changes: see `services.listing`).
+    listing: Listing = request.app.state.listing
+    body = listing.list_json(ctx(request), caller_of(request), state, limit, sweep)
+    return Response(body, media_type="application/json")
 
 
 @router.get("/{ref}")
@@ -70,8 +74,9 @@ def log(
 ) -> StreamingResponse:
     c = ctx(request)
     job = service.find(c, ref, caller_of(request))
+    path = outputs.log_path(c, job, worker)
     return StreamingResponse(
-        outputs.follow_log(c, job.id, outputs.log_path(c, job, worker), offset, follow),
+        outputs.follow_log(request.app.state.log_watch, job.id, path, offset, follow),
         media_type="application/octet-stream",
         headers={"X-Gpuhop-Job": job.id},
     )

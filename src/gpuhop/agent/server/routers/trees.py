@@ -16,7 +16,7 @@ from gpuhop.agent.server.routers.blobs import drain
 from gpuhop.agent.storage.blobs import BlobError
 from gpuhop.agent.storage.trees import TreeTooLarge, TreeUpload, manifest_errors
 from gpuhop.api import ErrorCode, TreeStored
-from gpuhop.api.trees import TreeDelta
+from gpuhop.api.treedelta import TreeDelta
 
 router = APIRouter(prefix="/v1/trees", tags=["trees"])
 

@@ -1,0 +1,126 @@
+"""Runs in the agent: `ps`'s answer (GET /v1/jobs), each job's JSON kept until what it
+shows changes.
+
+Under load `ps` lists dozens of jobs that have not changed since the last `ps`: most are
+queued. Building each one's JobInfo (pydantic) and serialising it again cost more than the
+rest of the request, so each job's JSON is kept with the inputs it was made from (its
+record, and for a job that has run, the files of its dir that the answer reads) and made
+again only when one of them differs. The answer is the same bytes `to_info` and FastAPI
+would give: the JSON of each JobInfo, joined into a list.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import TypeAdapter
+
+from gpuhop.agent.callers import Caller
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.jobs.store import JobRecord
+from gpuhop.agent.services import gc, queue
+from gpuhop.agent.services.jobs import resolve_sweep, to_info
+from gpuhop.api import JobInfo, JobState
+from gpuhop.backends import jobdeps
+from gpuhop.home import JobPaths
+
+# Jobs whose answers are kept, the most recently listed: ten default `ps` (200 jobs each).
+# A longer listing is answered all the same, making again what it evicted.
+KEPT = 2_000
+_INFO = TypeAdapter(JobInfo)
+
+
+@dataclass
+class _Kept:
+    job: JobRecord  # the store's record of the job (the same object while its row is)
+    inputs: tuple[object, ...]  # the rest the answer was made from but its log (`_inputs`)
+    log_size: int | None  # its log's size then; None: not looked at (a queued job)
+    info: JobInfo
+    data: bytes  # `info` as JSON
+
+
+class Listing:
+    """Each job's JobInfo as JSON, with the inputs it was made from. Safe from any thread."""
+
+    def __init__(self, kept: int = KEPT):
+        self.kept = kept
+        self._lock = threading.Lock()
+        self._jobs: OrderedDict[str, _Kept] = OrderedDict()
+
+    def json(self, rt: AgentContext, job: JobRecord) -> bytes:
+        """The job's JobInfo as JSON, as FastAPI would serialise it."""
+        inputs, log_size = _inputs(rt, job)
+        with self._lock:
+            kept = self._jobs.get(job.id)
+        # The store gives the same record for a row that has not changed (`KeptRecords`).
+        info = None
+        if kept is not None and kept.job is job and kept.inputs == inputs:
+            if kept.log_size == log_size:
+                return kept.data
+            if log_size is not None and kept.log_size is not None:
+                # Only its log grew (a running job, between two `ps`): the answer but that.
+                info = kept.info.model_copy(update={"log_size": log_size})
+        if info is None:
+            info = to_info(rt, job)
+        # FastAPI's own serialisation of a response model (by alias, nothing excluded).
+        data = _INFO.dump_json(info, by_alias=True)
+        with self._lock:
+            self._jobs[job.id] = _Kept(job, inputs, log_size, info, data)
+            self._jobs.move_to_end(job.id)
+            while len(self._jobs) > self.kept:
+                self._jobs.popitem(last=False)
+        return data
+
+    def list_json(
+        self,
+        rt: AgentContext,
+        caller: Caller,
+        states: list[JobState] | None,
+        limit: int,
+        sweep: str | None = None,
+    ) -> bytes:
+        """`jobs.list_jobs`'s answer as a JSON list: the newest jobs `caller` may see."""
+        owner = caller.owner_filter
+        sweep = resolve_sweep(rt, sweep, owner)
+        jobs = rt.store.list(states, limit, owner=owner, sweep=sweep)
+        return b"[" + b",".join(self.json(rt, job) for job in jobs) + b"]"
+
+
+_ANY = JobPaths(Path("job"))
+# The files of a job's dir whose contents its JobInfo shows (see `jobs.to_info`); the other
+# names there count too, by their presence (a backend's marker of where the job ran).
+_READ = frozenset({_ANY.log.name, _ANY.metrics.name, gc.PRUNED, jobdeps.path(_ANY).name})
+
+
+def _inputs(rt: AgentContext, job: JobRecord) -> tuple[tuple[object, ...], int | None]:
+    """What the job's JobInfo is made of besides its record and the agent's fixed
+    settings; and apart, its log's size (None where the log is not looked at)."""
+    # For a queued job, what it waits for: the scheduler's word, its dependencies.
+    record = (rt.waiting.get(job.id), queue.waiting_for(rt, job))
+    if job.state is JobState.queued:
+        # A queued job's files are those it was submitted with, and, for one queued again
+        # for a retry, its last attempt's: nothing writes them until it starts (its record
+        # changes then), and retention prunes only finished jobs.
+        return record, None
+    jp = rt.supervisor.job_paths(job.id)
+    try:
+        names = frozenset(os.listdir(jp.root))
+    except OSError:
+        names = frozenset()
+    files = []
+    log_size = None
+    for name in sorted(names & _READ):
+        try:
+            st = os.stat(jp.root / name)
+        except OSError:
+            continue
+        if name == _ANY.log.name:
+            log_size = st.st_size  # all the answer shows of the log
+        else:
+            files.append((name, st.st_size, st.st_mtime_ns))
+    waiting = rt.backend.waiting(jp) if job.state in (JobState.starting, JobState.running) else None
+    return (*record, names, tuple(files), waiting), log_size
