@@ -6,6 +6,7 @@ refused with a message naming what, leaving nothing stored."""
 from __future__ import annotations
 
 import hashlib
+import marshal
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from gpuhop.agent.storage.trees import MissingBlobs, MissingTree, TreeError, Tre
 from gpuhop.api.treedelta import TreeDelta
 from gpuhop.client.spec import tree_of
 from gpuhop.client.sync import FileEntry
+from gpuhop.client.trees import LastTree
 from tests.unit.test_trees import put, store
 
 
@@ -190,3 +192,25 @@ def test_a_delta_against_a_tree_too_large_to_hold_is_refused(trees, blobs, tmp_p
     fresh = TreeStore(tmp_path / "trees", tmp_path / "tmp", blobs)
     with pytest.raises(MissingTree, match="too large to take a delta against; send the whole"):
         fresh.store_delta(delta(parent, files, [files[0]]), 1 << 20)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        b"gpuhop-tree-1\n" + b"a" * 10,
+        b"gpuhop-tree-0\n" + b"a" * 64 + marshal.dumps([]),
+        b"gpuhop-tree-1\n" + b"a" * 64 + b"not marshal",
+        b"gpuhop-tree-1\n" + b"a" * 64 + marshal.dumps([["p", "d", 1, False]]),
+        b"gpuhop-tree-1\n" + b"a" * 64 + marshal.dumps({"p": 1}),
+    ],
+)
+def test_a_record_of_the_last_tree_that_is_not_one_is_no_record(tmp_path, payload):
+    """The client's record is a cache: anything but what it wrote means "send it whole"."""
+    record = LastTree.path_for(tmp_path, tmp_path)
+    record.parent.mkdir(parents=True)
+    record.write_bytes(payload)
+    assert LastTree.load(tmp_path, tmp_path) is None
+    LastTree.save(tmp_path, tmp_path, "b" * 64, [("p", "d" * 64, 1, True)])
+    assert LastTree.load(tmp_path, tmp_path) == LastTree("b" * 64, [("p", "d" * 64, 1, True)])
+    assert LastTree.digest_of(tmp_path, tmp_path) == "b" * 64

@@ -72,7 +72,10 @@ class LastTree:
             if data.startswith(MAGIC):
                 digest = data[len(MAGIC) : len(MAGIC) + 64].decode("ascii")
                 entries = marshal.loads(data[len(MAGIC) + 64 :])
-                if isinstance(entries, list):
+                # Written by this module, but a cache: anything else is no record.
+                if isinstance(entries, list) and all(
+                    type(e) is tuple and len(e) == 4 for e in entries
+                ):
                     return cls(digest, entries)
         except (OSError, ValueError, EOFError, TypeError):
             pass
