@@ -18,6 +18,7 @@ import stat
 import time
 import types
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from gpuhop.client.sync import RACY_WINDOW_NS, SyncError, check_name
 from gpuhop.client.unixhttp import Timeout
 
 UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
+CHUNKERS = 2  # files chunked at once
 # (phase, done, total): phase "chunking" counts bytes read, "uploading" raw bytes sent.
 PushProgress = Callable[[str, int, int], None]
 
@@ -145,14 +147,23 @@ class Datasets:
         cache = _ChunkCache(self.session.cache_dir, root)
         todo = sum(f.size for f in files if cache.get(f) is None)
         done = chunked = 0
+        fresh = []
         for f in files:
             f.chunks = cache.get(f)
             if f.chunks is None:
-                f.chunks = [(c.size, c.digest) for c in _chunking().chunk_file(f.abspath)]
+                fresh.append(f)
+        # Files are chunked two at a time: numpy and hashlib let go of the GIL, so a file
+        # takes one core each; the order of the results is the order of the files.
+        pool = ThreadPoolExecutor(max_workers=min(CHUNKERS, os.cpu_count() or 1))
+        try:
+            for f, found in zip(fresh, pool.map(_chunks_of, fresh), strict=True):
+                f.chunks = found
                 chunked += 1
                 done += f.size
                 if on_progress is not None:
                     on_progress("chunking", done, todo)
+        finally:
+            pool.shutdown(cancel_futures=True)  # an error (or ^C) chunks no further file
         cache.save(files)
         digests = list(dict.fromkeys(d for f in files for _, d in f.chunks or ()))
         missing = set(self._missing(digests))
@@ -230,16 +241,13 @@ class Datasets:
         total: int,
         on_progress: PushProgress | None,
     ) -> None:
+        # Not hashed again here: the agent checks every chunk against its digest, and a file
+        # changed since it was chunked is refused there (bad_blob, said below in words).
         def body() -> Iterator[bytes]:
             for f, offset, size, digest in batch:
                 with open(f.abspath, "rb") as fh:
                     fh.seek(offset)
                     data = fh.read(size)
-                if hashlib.sha256(data).hexdigest() != digest:
-                    raise GpuhopError(
-                        f"{f.path} changed while it was being pushed; push again",
-                        code="bad_request",
-                    )
                 encoding, payload = _chunking().encode(data)
                 counts[0] += 1
                 counts[1] += size
@@ -249,12 +257,22 @@ class Datasets:
                 yield CHUNK_HEADER.pack(bytes.fromhex(digest), size, len(payload), encoding)
                 yield payload
 
-        self.session.request(
-            "POST",
-            "/v1/chunks/upload",
-            content=body(),
-            timeout=Timeout(600.0, connect=5.0),
-        )
+        try:
+            self.session.request(
+                "POST",
+                "/v1/chunks/upload",
+                content=body(),
+                timeout=Timeout(600.0, connect=5.0),
+            )
+        except GpuhopError as e:
+            if e.code != "bad_blob":
+                raise
+            changed = [f.path for f, _, _, digest in batch if digest in e.message]
+            raise GpuhopError(
+                f"{changed[0] if changed else 'a file'} changed while it was being pushed;"
+                f" push again ({e.message})",
+                code="bad_request",
+            ) from None
 
     def list(self) -> list[DatasetInfo]:
         """Every version of every dataset this caller may see: their own, those shared with
@@ -335,6 +353,10 @@ def parse_mount(text: str) -> DataMount:
         return DataMount(name=name, version=int(number) if colon else None, mount=mount)
     except ValidationError as e:
         raise invalid(f"--data {text}", e) from None
+
+
+def _chunks_of(f: _File) -> list[tuple[int, str]]:
+    return [(c.size, c.digest) for c in _chunking().chunk_file(f.abspath)]
 
 
 def _chunking() -> types.ModuleType:

@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from gpuhop.agent.storage.pump import pump
 from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.api.models import SHA256_RE
 
@@ -202,7 +203,8 @@ class BlobStore:
         self, chunks: AsyncIterator[bytes], on_blob: Callable[[str], None] = lambda d: None
     ) -> tuple[int, int]:
         """Store every framed blob in an upload stream. Returns (blobs stored, bytes).
-        `on_blob` hears the digest of every blob whose bytes matched it, stored now or before.
+        `on_blob` hears the digest of every blob whose bytes matched it, stored now or before
+        (from a worker thread: the hashing and writing happen there, see `pump`).
 
         Blobs completed before an error stay stored, so a retried upload sends only the rest;
         except when the disk filled up: then the blobs this upload stored are removed at once
@@ -210,58 +212,81 @@ class BlobStore:
         than after the GC's grace period. Raises BlobError on a bad frame or a content/hash
         mismatch.
         """
-        header = bytearray()  # a frame header split across network chunks
-        stored = 0
-        total = 0
-        writer: _BlobWriter | None = None
-        new: dict[str, float] = {}  # blobs this upload stored: when
+        frames = _Frames(self, on_blob)
         try:
-            async for chunk in chunks:
-                # Through a view: a blob's bytes go to its file without being copied first.
-                view = memoryview(chunk)
-                pos = 0
-                while pos < len(view) or (writer is not None and writer.remaining == 0):
-                    if writer is None:
-                        need = FRAME_HEADER.size - len(header)
-                        header += view[pos : pos + need]
-                        pos += need
-                        if len(header) < FRAME_HEADER.size:
-                            break
-                        raw, size = FRAME_HEADER.unpack(header)
-                        header.clear()
-                        if size > self.max_blob_size:
-                            raise BlobError(
-                                f"blob {raw.hex()} is {size} bytes, over the limit of"
-                                f" {self.max_blob_size}"
-                            )
-                        if not self.has(raw.hex()):
-                            self.check_quota(size)
-                        writer = _BlobWriter(self, raw.hex(), size)
-                    take = min(len(view) - pos, writer.remaining)
-                    writer.write(view[pos : pos + take])
-                    pos += take
-                    if writer.remaining == 0:
-                        size = writer.finish()
-                        if size:
-                            new[writer.digest] = self._touched[writer.digest]
-                        total += size
-                        stored += 1
-                        on_blob(writer.digest)
-                        writer = None
+            await pump(chunks, frames.feed)
         except BaseException as e:
-            if writer is not None:
-                writer.abort()  # a broken stream leaves no half-written blob behind
-            if isinstance(e, OSError) and e.errno in NO_SPACE:
-                self._unstore(new)
+            frames.abort(e)
             raise
-        if writer is not None:
-            writer.abort()
+        return frames.end()
+
+
+class _Frames:
+    """The blob frames of one upload, fed to it piece by piece (in one thread at a time)."""
+
+    def __init__(self, store: BlobStore, on_blob: Callable[[str], None]):
+        self.store = store
+        self.on_blob = on_blob
+        self.header = bytearray()  # a frame header split across network chunks
+        self.writer: _BlobWriter | None = None
+        self.stored = 0
+        self.total = 0
+        self.new: dict[str, float] = {}  # blobs this upload stored: when
+
+    def feed(self, pieces: list[bytes]) -> None:
+        for piece in pieces:
+            self._feed(memoryview(piece))
+
+    def _feed(self, view: memoryview) -> None:
+        # Through a view: a blob's bytes go to its file without being copied first.
+        store = self.store
+        pos = 0
+        while pos < len(view) or (self.writer is not None and self.writer.remaining == 0):
+            if self.writer is None:
+                need = FRAME_HEADER.size - len(self.header)
+                self.header += view[pos : pos + need]
+                pos += need
+                if len(self.header) < FRAME_HEADER.size:
+                    return
+                raw, size = FRAME_HEADER.unpack(self.header)
+                self.header.clear()
+                if size > store.max_blob_size:
+                    raise BlobError(
+                        f"blob {raw.hex()} is {size} bytes, over the limit of {store.max_blob_size}"
+                    )
+                if not store.has(raw.hex()):
+                    store.check_quota(size)
+                self.writer = _BlobWriter(store, raw.hex(), size)
+            writer = self.writer
+            take = min(len(view) - pos, writer.remaining)
+            writer.write(view[pos : pos + take])
+            pos += take
+            if writer.remaining == 0:
+                size = writer.finish()
+                if size:
+                    self.new[writer.digest] = store._touched[writer.digest]
+                self.total += size
+                self.stored += 1
+                self.on_blob(writer.digest)
+                self.writer = None
+
+    def abort(self, e: BaseException) -> None:
+        if self.writer is not None:
+            self.writer.abort()  # a broken stream leaves no half-written blob behind
+            self.writer = None
+        if isinstance(e, OSError) and e.errno in NO_SPACE:
+            self.store._unstore(self.new)
+
+    def end(self) -> tuple[int, int]:
+        if self.writer is not None:
+            self.writer.abort()
             raise BlobError(
-                f"upload ended inside blob {writer.digest}: {writer.remaining} bytes missing"
+                f"upload ended inside blob {self.writer.digest}:"
+                f" {self.writer.remaining} bytes missing"
             )
-        if header:
+        if self.header:
             raise BlobError("upload ended inside a frame header")
-        return stored, total
+        return self.stored, self.total
 
 
 class _BlobWriter:

@@ -8,11 +8,11 @@ the rest.
 
 from __future__ import annotations
 
-import asyncio
 import zlib
 from collections.abc import AsyncIterator, Callable
 
 from gpuhop.agent.storage.blobs import BlobError, BlobStore
+from gpuhop.agent.storage.pump import pump
 from gpuhop.api.data import CHUNK_HEADER, MAX_CHUNK_SIZE
 
 RAW, ZLIB = 0, 1
@@ -42,29 +42,46 @@ async def receive(
     on_chunk: Callable[[str], None] = lambda digest: None,
 ) -> tuple[int, int, int]:
     """Store every chunk of an upload. Returns (chunks stored, their bytes, bytes received).
-    `on_chunk` hears the digest of every chunk whose bytes matched it, new or not."""
-    buf = bytearray()
-    stored = stored_bytes = received = 0
-    async for piece in stream:
-        received += len(piece)
-        buf += piece
-        while len(buf) >= CHUNK_HEADER.size:
-            raw, size, wire, encoding = CHUNK_HEADER.unpack_from(buf)
+    `on_chunk` hears the digest of every chunk whose bytes matched it, new or not (from a
+    worker thread: decoding, hashing and storing happen there, see `pump`)."""
+    chunks = _Chunks(store, on_chunk)
+    await pump(stream, chunks.feed)
+    if chunks.buf:
+        raise BlobError("the upload ended inside a chunk")
+    return chunks.stored, chunks.stored_bytes, chunks.received
+
+
+class _Chunks:
+    """The chunks of one upload, fed to it piece by piece (in one thread at a time)."""
+
+    def __init__(self, store: BlobStore, on_chunk: Callable[[str], None]):
+        self.store = store
+        self.on_chunk = on_chunk
+        self.buf = bytearray()  # bytes of chunks not yet whole
+        self.stored = self.stored_bytes = self.received = 0
+
+    def feed(self, pieces: list[bytes]) -> None:
+        buf = self.buf
+        for piece in pieces:
+            self.received += len(piece)
+            buf += piece
+        pos = 0
+        while len(buf) - pos >= CHUNK_HEADER.size:
+            raw, size, wire, encoding = CHUNK_HEADER.unpack_from(buf, pos)
             digest = raw.hex()
             if size > MAX_CHUNK_SIZE or wire > MAX_CHUNK_SIZE:
                 raise BlobError(f"chunk {digest} is over the limit of {MAX_CHUNK_SIZE} bytes")
-            end = CHUNK_HEADER.size + wire
+            end = pos + CHUNK_HEADER.size + wire
             if len(buf) < end:
                 break
-            payload = bytes(buf[CHUNK_HEADER.size : end])
-            del buf[:end]
-            n = await asyncio.to_thread(_store, store, digest, encoding, payload, size)
-            stored += n > 0
-            stored_bytes += n
-            on_chunk(digest)
-    if buf:
-        raise BlobError("the upload ended inside a chunk")
-    return stored, stored_bytes, received
+            with memoryview(buf) as view:  # one copy of the payload, not two
+                payload = bytes(view[pos + CHUNK_HEADER.size : end])
+            pos = end
+            n = _store(self.store, digest, encoding, payload, size)
+            self.stored += n > 0
+            self.stored_bytes += n
+            self.on_chunk(digest)
+        del buf[:pos]  # once per batch: the bytes left are at most one chunk's
 
 
 def _store(store: BlobStore, digest: str, encoding: int, payload: bytes, size: int) -> int:
