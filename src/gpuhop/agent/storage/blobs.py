@@ -12,6 +12,7 @@ is never removed, so an upload in progress keeps its blobs until its tree arrive
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import fcntl
 import hashlib
@@ -21,9 +22,11 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import BinaryIO
 
+from gpuhop.agent.storage import settle
 from gpuhop.agent.storage.pump import pump
 from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.api.models import SHA256_RE
@@ -178,26 +181,49 @@ class BlobStore:
     def put(self, digest: str, data: bytes) -> int:
         """Store one blob held in memory (a dataset chunk) if it is new; return the bytes
         stored. Raises BlobError if `data` does not hash to `digest`."""
+        return self.put_later(digest, data).result()
+
+    def put_later(self, digest: str, data: bytes) -> Future[int]:
+        """`put`, answered once the blob is durable and named (see `settle`): the bytes
+        stored. BlobError at once if `data` does not hash to `digest`."""
         actual = hashlib.sha256(data).hexdigest()
         if actual != digest:
             raise BlobError(f"blob {digest}: its content hashes to {actual}; it was rejected")
         if self.has(digest):
-            return 0
+            return settle.done(0)
         self.check_quota(len(data))
         fd, name = tempfile.mkstemp(dir=self.tmp, prefix="chunk-")
+        f = os.fdopen(fd, "wb")
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                durable(f)
+            f.write(data)
         except BaseException:
+            f.close()
             os.unlink(name)
             raise
-        os.chmod(name, 0o444)
-        dest = self.path(digest)
-        dest.parent.mkdir(exist_ok=True)
-        os.replace(name, dest)
-        self._stored(digest, len(data))
-        return len(data)
+        return settle.settle(lambda: self._name(f, Path(name), digest, len(data)))
+
+    def _name(self, f: BinaryIO, tmp: Path, digest: str, size: int) -> int:
+        """Flush a written blob to the disk, then name it (in a settling thread). On disk
+        before it is named: after a power loss a stored blob is whole or absent (the store
+        trusts a name once it exists)."""
+        try:
+            try:
+                durable(f)
+            finally:
+                f.close()
+            dest = self.path(digest)
+            if dest.exists():
+                tmp.unlink(missing_ok=True)
+                self._stored(digest, 0)  # sent again: protected again
+                return 0
+            dest.parent.mkdir(exist_ok=True)
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, dest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self._stored(digest, size)
+        return size
 
     async def receive(
         self, chunks: AsyncIterator[bytes], on_blob: Callable[[str], None] = lambda d: None
@@ -215,10 +241,10 @@ class BlobStore:
         frames = _Frames(self, on_blob)
         try:
             await pump(chunks, frames.feed)
+            return await asyncio.to_thread(frames.end)  # waits for the last blobs' fsyncs
         except BaseException as e:
-            frames.abort(e)
+            await asyncio.to_thread(frames.abort, e)
             raise
-        return frames.end()
 
 
 class _Frames:
@@ -232,6 +258,7 @@ class _Frames:
         self.stored = 0
         self.total = 0
         self.new: dict[str, float] = {}  # blobs this upload stored: when
+        self.pending = settle.Pending(self._named)
 
     def feed(self, pieces: list[bytes]) -> None:
         for piece in pieces:
@@ -262,27 +289,31 @@ class _Frames:
             writer.write(view[pos : pos + take])
             pos += take
             if writer.remaining == 0:
-                size = writer.finish()
-                if size:
-                    self.new[writer.digest] = store._touched[writer.digest]
-                self.total += size
-                self.stored += 1
-                self.on_blob(writer.digest)
                 self.writer = None
+                self.pending.add(writer.finish(), writer.digest)
+
+    def _named(self, digest: str, size: int) -> None:
+        if size:
+            self.new[digest] = self.store._touched[digest]
+        self.total += size
+        self.stored += 1
+        self.on_blob(digest)
 
     def abort(self, e: BaseException) -> None:
         if self.writer is not None:
             self.writer.abort()  # a broken stream leaves no half-written blob behind
             self.writer = None
+        self.pending.abandon()
         if isinstance(e, OSError) and e.errno in NO_SPACE:
             self.store._unstore(self.new)
 
     def end(self) -> tuple[int, int]:
+        self.pending.wait()
         if self.writer is not None:
-            self.writer.abort()
+            writer, self.writer = self.writer, None
+            writer.abort()
             raise BlobError(
-                f"upload ended inside blob {self.writer.digest}:"
-                f" {self.writer.remaining} bytes missing"
+                f"upload ended inside blob {writer.digest}: {writer.remaining} bytes missing"
             )
         if self.header:
             raise BlobError("upload ended inside a frame header")
@@ -309,29 +340,18 @@ class _BlobWriter:
         self.file.close()
         self.tmp_path.unlink(missing_ok=True)
 
-    def finish(self) -> int:
-        # On disk before it is named: after a power loss a stored blob is whole or absent
-        # (the store trusts a name once it exists).
-        try:
-            durable(self.file)
-        finally:
-            self.file.close()
+    def finish(self) -> Future[int]:
+        """The blob checked, then made durable and named in the background (see `settle`):
+        the bytes stored, 0 if it was stored already."""
         actual = self.hash.hexdigest()
         if actual != self.digest:
-            self.tmp_path.unlink(missing_ok=True)
+            self.abort()
             raise BlobError(
                 f"blob {self.digest}: its content hashes to {actual}; the upload was rejected"
             )
-        dest = self.store.path(self.digest)
-        if dest.exists():
-            self.tmp_path.unlink(missing_ok=True)
-            self.store._stored(self.digest, 0)  # sent again: protected again
-            return 0
-        dest.parent.mkdir(exist_ok=True)
-        os.chmod(self.tmp_path, 0o444)
-        os.replace(self.tmp_path, dest)
-        self.store._stored(self.digest, self.size)
-        return self.size
+        return settle.settle(
+            lambda: self.store._name(self.file, self.tmp_path, self.digest, self.size)
+        )
 
 
 def durable(f: BinaryIO) -> None:

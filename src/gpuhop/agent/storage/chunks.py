@@ -8,9 +8,11 @@ the rest.
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections.abc import AsyncIterator, Callable
 
+from gpuhop.agent.storage import settle
 from gpuhop.agent.storage.blobs import BlobError, BlobStore
 from gpuhop.agent.storage.pump import pump
 from gpuhop.api.data import CHUNK_HEADER, MAX_CHUNK_SIZE
@@ -45,7 +47,12 @@ async def receive(
     `on_chunk` hears the digest of every chunk whose bytes matched it, new or not (from a
     worker thread: decoding, hashing and storing happen there, see `pump`)."""
     chunks = _Chunks(store, on_chunk)
-    await pump(stream, chunks.feed)
+    try:
+        await pump(stream, chunks.feed)
+    except BaseException:
+        await asyncio.to_thread(chunks.pending.abandon)
+        raise
+    await asyncio.to_thread(chunks.pending.wait)  # the last chunks' fsyncs
     if chunks.buf:
         raise BlobError("the upload ended inside a chunk")
     return chunks.stored, chunks.stored_bytes, chunks.received
@@ -59,6 +66,12 @@ class _Chunks:
         self.on_chunk = on_chunk
         self.buf = bytearray()  # bytes of chunks not yet whole
         self.stored = self.stored_bytes = self.received = 0
+        self.pending = settle.Pending(self._named)
+
+    def _named(self, digest: str, size: int) -> None:
+        self.stored += size > 0
+        self.stored_bytes += size
+        self.on_chunk(digest)
 
     def feed(self, pieces: list[bytes]) -> None:
         buf = self.buf
@@ -77,14 +90,9 @@ class _Chunks:
             with memoryview(buf) as view:  # one copy of the payload, not two
                 payload = bytes(view[pos + CHUNK_HEADER.size : end])
             pos = end
-            n = _store(self.store, digest, encoding, payload, size)
-            self.stored += n > 0
-            self.stored_bytes += n
-            self.on_chunk(digest)
+            data = decode(encoding, payload, size, digest)
+            # Checked even when the chunk is stored already: the bytes prove that the sender
+            # holds them (see gpuhop.agent.storage.claims). A client sends a stored chunk only
+            # when asked to.
+            self.pending.add(self.store.put_later(digest, data), digest)
         del buf[:pos]  # once per batch: the bytes left are at most one chunk's
-
-
-def _store(store: BlobStore, digest: str, encoding: int, payload: bytes, size: int) -> int:
-    # Checked even when the chunk is stored already: the bytes prove that the sender holds
-    # them (see gpuhop.agent.storage.claims). A client sends a stored chunk only when asked to.
-    return store.put(digest, decode(encoding, payload, size, digest))
