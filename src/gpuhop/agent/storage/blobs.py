@@ -69,6 +69,8 @@ class BlobStore:
         self.check_quota: Callable[[int], None] = lambda size: None
         # Bytes stored since the last call of `take_added` (for the disk usage figures).
         self._added = 0
+        # Bytes written but not yet named (see `settle`): counted against the quota too.
+        self._settling = 0
 
     def path(self, digest: str) -> Path:
         if not SHA256_RE.match(digest):
@@ -191,7 +193,7 @@ class BlobStore:
             raise BlobError(f"blob {digest}: its content hashes to {actual}; it was rejected")
         if self.has(digest):
             return settle.done(0)
-        self.check_quota(len(data))
+        self._check_quota(len(data))
         fd, name = tempfile.mkstemp(dir=self.tmp, prefix="chunk-")
         f = os.fdopen(fd, "wb")
         try:
@@ -200,7 +202,26 @@ class BlobStore:
             f.close()
             os.unlink(name)
             raise
-        return settle.settle(lambda: self._name(f, Path(name), digest, len(data)))
+        return self._settle(f, Path(name), digest, len(data))
+
+    def _check_quota(self, size: int) -> None:
+        """`check_quota`, counting the blobs still on their way to disk as stored."""
+        with self._lock:
+            settling = self._settling
+        self.check_quota(size + settling)
+
+    def _settle(self, f: BinaryIO, tmp: Path, digest: str, size: int) -> Future[int]:
+        with self._lock:
+            self._settling += size
+
+        def name() -> int:
+            try:
+                return self._name(f, tmp, digest, size)
+            finally:
+                with self._lock:
+                    self._settling -= size
+
+        return settle.settle(name)
 
     def _name(self, f: BinaryIO, tmp: Path, digest: str, size: int) -> int:
         """Flush a written blob to the disk, then name it (in a settling thread). On disk
@@ -282,7 +303,7 @@ class _Frames:
                         f"blob {raw.hex()} is {size} bytes, over the limit of {store.max_blob_size}"
                     )
                 if not store.has(raw.hex()):
-                    store.check_quota(size)
+                    store._check_quota(size)
                 self.writer = _BlobWriter(store, raw.hex(), size)
             writer = self.writer
             take = min(len(view) - pos, writer.remaining)
@@ -349,9 +370,7 @@ class _BlobWriter:
             raise BlobError(
                 f"blob {self.digest}: its content hashes to {actual}; the upload was rejected"
             )
-        return settle.settle(
-            lambda: self.store._name(self.file, self.tmp_path, self.digest, self.size)
-        )
+        return self.store._settle(self.file, self.tmp_path, self.digest, self.size)
 
 
 def durable(f: BinaryIO) -> None:
