@@ -33,6 +33,8 @@ P = 0x9E3779B1
 # Top bits: they depend on every byte of the window. MASK_HARD's bits include MASK_EASY's.
 MASK_HARD = np.uint32(((1 << 22) - 1) << 10)
 MASK_EASY = np.uint32(((1 << 18) - 1) << 14)
+EASY_BELOW = np.uint32(1 << 14)  # h & MASK_EASY == 0  <=>  h < 2**14
+HARD_BELOW = np.uint32(1 << 10)  # h & MASK_HARD == 0  <=>  h < 2**10
 # Compress a chunk only when a sample of it shrinks by at least this much (zlib on random
 # bytes costs about 45 ms per MiB here and saves nothing; a 16 KiB sample costs 0.7 ms).
 SAMPLE = 16 * 1024
@@ -85,9 +87,10 @@ def _span_candidates(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     h[0] = s[WINDOW - 1]
     np.subtract(s[WINDOW:], s[:-WINDOW], out=h[1:])
     np.multiply(h, up[WINDOW - 1 : n], out=h)
-    np.bitwise_and(h, MASK_EASY, out=s[: len(h)])
-    easy = np.flatnonzero(s[: len(h)] == 0)
-    hard = easy[(h[easy] & MASK_HARD) == 0]
+    # The masks are top bits: a hash has none of them set exactly when it is below their
+    # lowest one, so one comparison does the masking and the test in one pass.
+    easy = np.flatnonzero(h < EASY_BELOW)
+    hard = easy[h[easy] < HARD_BELOW]
     return hard + (WINDOW - 1), easy + (WINDOW - 1)
 
 
