@@ -165,13 +165,15 @@ class Datasets:
         try:
             chunked = iter(pool.map(_chunks_of, fresh))
             for f in files:
+                batch.append(f)
                 if f.chunks is None:
                     f.chunks = next(chunked)
                     done += f.size
                     if on_progress is not None:
                         on_progress("chunking", done, todo)
-                batch.append(f)
-                batch_bytes += f.size
+                    # Only what was chunked now counts: a re-push, its files mostly known
+                    # from the cache, asks about them all at once, as before.
+                    batch_bytes += f.size
                 if batch_bytes >= UPLOAD_BATCH_BYTES:
                     upload.files(batch)
                     batch, batch_bytes = [], 0
