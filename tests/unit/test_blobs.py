@@ -6,11 +6,13 @@ import asyncio
 import hashlib
 import os
 import stat
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from gpuhop.agent.storage import blobs as blobs_module
 from gpuhop.agent.storage.blobs import BlobError, BlobStore
 from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.client.sync import FileEntry
@@ -231,3 +233,24 @@ def test_a_file_that_shrank_since_it_was_hashed_keeps_the_body_length_and_is_ref
     with pytest.raises(BlobError, match="hashes to"):
         receive(store, body)
     assert files_under(store.root) == []
+
+
+def test_a_blob_is_named_only_after_its_flush_and_counts_against_the_quota_meanwhile(
+    store, monkeypatch
+):
+    flushed = threading.Event()
+    monkeypatch.setattr(blobs_module, "durable", lambda f: flushed.wait(60))  # a slow disk
+    asked: list[int] = []
+    store.check_quota = asked.append
+    first, second = b"a" * 1000, b"b" * 300
+    settling = [
+        store.put_later(digest_of(first), first),
+        store.put_later(digest_of(second), second),
+    ]
+    assert asked == [1000, 300 + 1000]  # the first, not yet named, counted as stored
+    assert not store.path(digest_of(first)).exists() and not store.has(digest_of(first))
+    flushed.set()
+    assert [f.result() for f in settling] == [1000, 300]
+    assert store.path(digest_of(first)).read_bytes() == first
+    store.put(digest_of(b"c"), b"c")
+    assert asked[-1] == 1  # nothing settling any more
