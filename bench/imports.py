@@ -6,10 +6,15 @@ interpreter's own imports), and its note names the packages that took longest (e
 module's own time, added up by top-level package: a model class's pydantic build counts
 for the gpuhop module that defines it). The full `-X importtime` output of each command is
 written to bench/results/importtime-COMMAND.txt.
+
+Each command also runs as a user runs it (no -X importtime), and a row gives the CPU time
+(user + system) its process took, next to `python -c pass`'s: on a busy shared machine wall
+times and import times swell with the load, CPU times much less.
 """
 
 from __future__ import annotations
 
+import resource
 import subprocess
 import tempfile
 from pathlib import Path
@@ -43,6 +48,14 @@ def importtime(argv: list[str], cwd: Path, env: dict[str, str]) -> str:
     return proc.stderr
 
 
+def cpu_time(argv: list[str], cwd: Path, env: dict[str, str]) -> float:
+    """Seconds of CPU (user + system) that `python ARGV` took."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    subprocess.run([PYTHON, *argv], cwd=cwd, env=env, capture_output=True, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
 def run(settings: Settings) -> list[Row]:
     repeats = settings.repeats(default=5, quick=2)
     with tempfile.TemporaryDirectory(prefix="gpuhop-bench-") as tmp:
@@ -69,6 +82,7 @@ def run(settings: Settings) -> list[Row]:
 
             floor = [bare()]
             samples: dict[str, list[float]] = {name: [] for name in commands}
+            cpu: dict[str, list[float]] = {name: [] for name in [*commands, "pass"]}
             texts: dict[str, str] = {}
             for _ in range(repeats):
                 for name, argv in commands.items():
@@ -76,7 +90,11 @@ def run(settings: Settings) -> list[Row]:
                         argv = [*argv[:-1], client.submit(["wait.py"], workdir=project).id]
                     texts[name] = importtime(argv, project, agent.env)
                     samples[name].append(sum(import_times(texts[name]).values()))
+                    if name == "cancel":
+                        argv = [*argv[:-1], client.submit(["wait.py"], workdir=project).id]
+                    cpu[name].append(1000 * cpu_time(argv, project, agent.env))
                 floor.append(bare())
+                cpu["pass"].append(1000 * cpu_time(["-c", "pass"], project, agent.env))
     OUT.mkdir(parents=True, exist_ok=True)
     rows = []
     for name, text in texts.items():
@@ -85,5 +103,9 @@ def run(settings: Settings) -> list[Row]:
         note = "heaviest: " + ", ".join(f"{mod} {ms:.0f} ms" for mod, ms in top)
         rows.append(
             Row(NAME, f"gpuhop {name}: imports", "ms", samples[name], "python -c pass", floor, note)
+        )
+    for name in commands:
+        rows.append(
+            Row(NAME, f"gpuhop {name}: CPU time", "ms", cpu[name], "python -c pass", cpu["pass"])
         )
     return rows

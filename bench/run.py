@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+import agent_start
 import datasets
 import forward
 import imports
@@ -35,6 +36,7 @@ import slurm_backend
 
 BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "start_latency": start_latency.run,
+    "agent_start": agent_start.run,
     "imports": imports.run,
     "resync": resync.run,
     "overhead": overhead.run,

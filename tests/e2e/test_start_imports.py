@@ -1,6 +1,7 @@
-"""What the everyday commands import: `ps`, `show`, `logs` and `cancel` against a real agent
-load only what they use (issue 17: a command starts in a tenth of a second). Each runs as a
-user runs it, in its own interpreter, which writes the names of its modules at exit."""
+"""What the everyday commands import: `ps`, `show`, `logs`, `cancel` and `run` against a real
+agent load only what they use (issue 17: a command starts in a tenth of a second). Each runs
+as a user runs it, in its own interpreter, which writes the names of its modules at exit.
+Their output goes to a pipe, as in a script: nothing is drawn, so rich stays out too."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ import sys
 
 # Loaded by other commands only: the tree scanner's pattern library (a sync), the datasets
 # module (`--data`, `data`, `env`), the SSH and TLS ways to a remote, numpy (the chunker),
-# httpx (TLS remotes only: a Unix socket is spoken to with the standard library).
+# httpx (TLS remotes only: a Unix socket is spoken to with the standard library); and on any
+# of them, pydantic (the SDK reads the agent's JSON; the agent validates what it is sent),
+# typer (gpuhop.cli.params parses a plain command line) and rich (only to draw).
+ANYWHERE = ("pydantic", "pydantic_core", "typer", "rich", "httpx", "httpcore", "h11")
 NOT_ON_THESE_PATHS = (
+    *ANYWHERE,
     "pathspec",
     "gpuhop.client.data",
     "gpuhop.api.data",
@@ -19,9 +24,6 @@ NOT_ON_THESE_PATHS = (
     "gpuhop.client.tls",
     "numpy",
     "click",
-    "httpx",
-    "httpcore",
-    "h11",
 )
 
 RECORD_MODULES = """
@@ -74,8 +76,20 @@ def test_ps_show_logs_and_cancel_load_only_what_they_use(shared_agent, project, 
                 waiting.cancel()
 
 
-def test_run_speaks_to_the_local_agent_without_httpx(shared_agent, project, tmp_path):
+def test_run_loads_neither_httpx_nor_pydantic_typer_or_rich(shared_agent, project, tmp_path):
     root = project({"hello.py": "print('hello')\n"})
     loaded = modules_of(shared_agent, tmp_path, "run", "hello.py", cwd=root)
     assert "gpuhop.cli.main" in loaded
-    assert not [m for m in loaded if m.split(".")[0] in ("httpx", "httpcore", "h11")]
+    assert not [m for m in loaded if m.split(".")[0] in ANYWHERE]
+
+
+def test_a_mistake_is_still_typers_to_explain(shared_agent, tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpuhop", "ps", "--limit", "0"],
+        env=shared_agent.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "Invalid value for '--limit'" in proc.stderr

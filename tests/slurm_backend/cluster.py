@@ -6,6 +6,12 @@ there too, ports picked free), and stopped by those pids, leaving nothing behind
 The node is this host (`hostname -s`) with 2 CPUs and 2 made-up GPUs (GRES `gpu:2`,
 backed by links named gpu0 and gpu1 to /dev/null and /dev/zero: slurmd wants a character
 device that exists, and sets CUDA_VISIBLE_DEVICES from the number in the name).
+slurmd runs in a mount namespace of its own with an empty tmpfs over `hidden`: a dir of this
+host (the login node) that the compute node does not see, as a login node's local disk is
+unseen by a real cluster's nodes; everything else is the same filesystem on both sides.
+Job ids start at a random number (FirstJobId): clusters started one after another (one per
+test module) would otherwise give their jobs the same ids, and so a gang's workers the same
+ports (drawn from the job id), while the last cluster's may still be in use.
 Accounting storage is off: `sacct` has nothing, so the backend reads states from `squeue`
 and exit codes from its batch script.
 """
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -22,7 +29,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel")
+BINARIES = (
+    "munged",
+    "slurmctld",
+    "slurmd",
+    "sbatch",
+    "srun",
+    "squeue",
+    "sinfo",
+    "scancel",
+    "unshare",
+)
 START_TIMEOUT = 60.0
 
 
@@ -54,6 +71,11 @@ class SlurmCluster:
     node: str
     conf: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def hidden(self) -> Path:
+        """A dir the agent's host sees and the compute node does not (an empty tmpfs there)."""
+        return self.root / "login-only"
 
     @property
     def env(self) -> dict[str, str]:
@@ -141,6 +163,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu
 ReturnToService=2
+FirstJobId={random.randint(1000, 9_000_000)}
 SchedulerParameters=sched_interval=1
 MessageTimeout=10
 KillWait=5
@@ -196,7 +219,14 @@ def start(root: Path) -> SlurmCluster:
         )
         _wait(lambda: (munge / "munge.socket").exists(), cluster, "munged's socket")
         spawn(["/usr/sbin/slurmctld", "-D", "-i", "-f", str(conf)], "slurmctld.out")
-        spawn(["/usr/sbin/slurmd", "-D", "-f", str(conf), "-N", node], "slurmd.out")
+        cluster.hidden.mkdir()
+        # `unshare` and `sh` exec slurmd: its pid is the one started here.
+        hide = f'mount -t tmpfs gpuhop-test-node {cluster.hidden} && exec "$@"'
+        slurmd = ["/usr/sbin/slurmd", "-D", "-f", str(conf), "-N", node]
+        spawn(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", hide, "sh", *slurmd],
+            "slurmd.out",
+        )
         _wait(lambda: _idle(cluster), cluster, f"node {node} idle in sinfo")
     except BaseException:
         cluster.stop()

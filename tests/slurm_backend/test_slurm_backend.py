@@ -1,6 +1,11 @@
 """The Slurm backend end to end: a real agent (--backend slurm) on a real one-node Slurm
 cluster (slurmctld, slurmd and munged of this machine, 2 made-up GPUs), driven through the
-CLI as a user would."""
+CLI as a user would.
+
+Slurm counts time limits in whole minutes and checks them every 30 seconds (slurmctld's
+PERIODIC_TIMEOUT): the time-limit test shortens a running job's limit with `scontrol update`,
+as an admin would, and then waits for Slurm's own check: the one slow wait here (0-30 s).
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -164,10 +170,43 @@ def test_a_killed_leader_leaves_no_slurm_job_and_the_job_is_lost(
     assert "released" not in slurm_agent.cli("logs", job_id).stdout
 
 
-def test_gpus_lists_the_partitions_gpu_nodes(slurm_agent, slurm_cluster):
-    out = slurm_agent.cli("gpus")
+def test_gpus_lists_the_partitions_nodes_and_the_users_slurm_jobs(
+    slurm_agent, slurm_cluster, tmp_path
+):
+    listed = json.loads(slurm_agent.cli("gpus", "--json").stdout)
+    assert [(g["index"], g["node"]) for g in listed] == [
+        (0, slurm_cluster.node),
+        (1, slurm_cluster.node),
+    ]
+    hold = tmp_path / "hold"
+    hold.touch()
+    # The user's own Slurm job from outside gpuhop, and a gpuhop job.
+    other = slurm_cluster.run(
+        "sbatch", "--parsable", "--gres=gpu:1", "--job-name=by-hand", "--output=/dev/null",
+        "--wrap", f"while [ -e {hold} ]; do sleep 0.1; done",
+    ).strip()  # fmt: skip
+    work = _script(tmp_path, "hold.py", HOLD)
+    try:
+        job_id = _submit(slurm_agent, work, "--gpus", "1", "hold.py", str(tmp_path))
+        wait_until(lambda: (tmp_path / f"pid-{job_id}").exists(), timeout=60)
+        out = slurm_agent.cli("gpus", env={**slurm_agent.env, "COLUMNS": "200"})
+    finally:
+        hold.unlink()
     assert out.returncode == 0, out.stderr
-    assert out.stdout.count(slurm_cluster.node) >= 2, out.stdout  # its 2 GPUs, by node
+    rows = [line.split() for line in out.stdout.splitlines()]
+    node = next(r for r in rows if r and r[0] == slurm_cluster.node)
+    # GRES, in use (by both jobs: "gpu:2", or with indexes "gpu:2(IDX:0-1)"), state.
+    assert node[1] == "gpu:2" and node[2].startswith("gpu:2") and node[3] == "allocated", rows
+    mine = next(r for r in rows if job_id in r)
+    assert mine[2:] == [f"gpuhop-{job_id}", "RUNNING", slurm_cluster.node, "gpu:1", "-"], rows
+    theirs = next(r for r in rows if r and r[0] == other)
+    assert theirs[1:] == ["-", "by-hand", "RUNNING", slurm_cluster.node, "gpu:1", "-"], rows
+    assert (
+        "nodes of Slurm's default partition (sinfo) and your Slurm jobs (squeue --me); 2 GPU(s)"
+        in " ".join(out.stderr.split())
+    )
+    wait_until(lambda: _show(slurm_agent, job_id)["state"] == "succeeded", timeout=60)
+    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
     status = slurm_agent.cli("agent", "status", "--home", str(slurm_agent.home))
     assert "backend: slurm" in status.stdout
 
@@ -202,3 +241,98 @@ def test_agent_start_keeps_the_partition_and_names_a_bad_one(slurm_cluster, tmp_
         )
     finally:
         assert agent("stop").returncode == 0
+
+
+def test_what_needs_the_agents_own_host_is_refused_with_the_reason(
+    slurm_agent, slurm_cluster, tmp_path
+):
+    work = _script(tmp_path, "gpus.py", SHOW_GPUS)
+    (work / "requirements.txt").write_text("numpy\n")
+    for options, message in [
+        (["--gpu-memory", "1GiB", "--no-requirements"], "shares of a GPU (--gpu-memory)"),
+        ([], "Use --no-requirements"),
+    ]:
+        out = slurm_agent.cli("run", *options, "gpus.py", cwd=work)
+        assert out.returncode == 2 and message in out.stderr, (options, out.stderr)
+        assert "(agent started with --backend slurm)" in out.stderr
+    out = slurm_agent.cli("tf-server", "start", "--no-wait", "--name", "slurm-tfs")
+    assert out.returncode != 0
+    assert "a private network (TensorFlow servers) exists only on the agent's own host" in (
+        " ".join(out.stderr.split())
+    )
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "saved_model.pb").write_bytes(b"not really")
+    out = slurm_agent.cli("serve", str(model), "--name", "m", "--detach")
+    assert out.returncode != 0
+    assert "model servers run on the agent's own host" in " ".join(out.stderr.split())
+    # A running Slurm job's ports are on its node, not on the agent's host.
+    hold = tmp_path / "hold"
+    hold.touch()
+    work = _script(tmp_path, "hold.py", HOLD)
+    job_id = _submit(slurm_agent, work, "hold.py", str(tmp_path))
+    try:
+        wait_until(lambda: (tmp_path / f"pid-{job_id}").exists(), timeout=60)
+        out = slurm_agent.cli("forward", job_id, "8888", timeout=60)
+    finally:
+        hold.unlink()
+    assert out.returncode != 0
+    assert f"job {job_id} runs on the Slurm cluster, not on the agent's host" in " ".join(
+        out.stderr.split()
+    )
+    wait_until(lambda: _show(slurm_agent, job_id)["state"] == "succeeded", timeout=60)
+    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+
+
+def _ended(agent, job_id: str, timeout: float = 60) -> dict:
+    return wait_until(
+        lambda: (i := _show(agent, job_id))["state"] not in ("queued", "running") and i,
+        timeout=timeout,
+    )
+
+
+def test_time_limits_count_from_slurms_start_and_slurms_own_limit_is_a_timeout(
+    slurm_agent, slurm_cluster, tmp_path
+):
+    hold = tmp_path / "hold"
+    hold.touch()
+    work = _script(tmp_path, "hold.py", HOLD)
+    # Another job of the user holds both GPUs (and one of the node's 2 CPUs).
+    hog = slurm_cluster.run(
+        "sbatch", "--parsable", "--gres=gpu:2", "--output=/dev/null",
+        "--wrap", f"while [ -e {hold} ]; do sleep 0.1; done",
+    ).strip()  # fmt: skip
+    try:
+        wait_until(lambda: "RUNNING" in slurm_cluster.run("squeue", "-h", "-j", hog, "-o", "%T"))
+        # A: runs at once, under a Slurm limit of 10 minutes (--timeout 600), which the test
+        # then takes away: Slurm ends it, TIMEOUT.
+        slow = _submit(slurm_agent, work, "--timeout", "600", "hold.py", str(tmp_path))
+        wait_until(lambda: (tmp_path / f"pid-{slow}").exists(), timeout=60)
+        slurm_id = slurm_cluster.run("squeue", "-h", "-n", f"gpuhop-{slow}", "-o", "%i").strip()
+        assert slurm_cluster.run("squeue", "-h", "-j", slurm_id, "-o", "%l").strip() == "10:00"
+        slurm_cluster.run("scontrol", "update", f"jobid={slurm_id}", "TimeLimit=-10")
+        # B: --timeout 2 while Slurm keeps it pending (the GPUs are the other job's): its
+        # limit has not started.
+        b_sync = tmp_path / "b"
+        b_sync.mkdir()
+        (b_sync / "hold").touch()  # B holds on until it is stopped
+        args = ("--gpus", "1", "--timeout", "2", "hold.py", str(b_sync))
+        quick = _submit(slurm_agent, work, *args)
+        wait_until(lambda: (_show(slurm_agent, quick).get("waiting") or "").endswith("Resources"))
+        pending_since = time.monotonic()
+        info_a = _ended(slurm_agent, slow, timeout=90)  # Slurm's check: every 30 s
+        wait_until(lambda: time.monotonic() > pending_since + 3)  # past B's 2 s, pending
+        info_b = _show(slurm_agent, quick)
+        assert info_b["state"] == "running" and info_b["waiting"].endswith("Resources"), info_b
+        hold.unlink()  # the other job ends; Slurm starts B, and B's 2 s begin
+        wait_until(lambda: (b_sync / f"pid-{quick}").exists(), timeout=60)
+        info_b = _ended(slurm_agent, quick)
+    finally:
+        hold.unlink(missing_ok=True)
+        (tmp_path / "b" / "hold").unlink(missing_ok=True)
+    assert (info_a["state"], info_a["end_class"]) == ("failed", "timeout"), info_a
+    assert f"Slurm's time limit ended it (Slurm job {slurm_id}, TIMEOUT)" in info_a["reason"]
+    assert (info_b["state"], info_b["end_class"]) == ("failed", "timeout"), info_b
+    assert "timed out (its time limit is 2s)" in info_b["reason"], info_b
+    assert "holding" in slurm_agent.cli("logs", quick).stdout  # it ran before its limit
+    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)

@@ -157,12 +157,23 @@ def test_keras3_on_jax_across_two_tasks_trains_to_the_same_weights(
 
 
 def _wait_for(agent, job_id: str, pids: list[Path]) -> None:
-    """Until every worker has written its pid; failing, with the job's log and state."""
+    """Until every worker has written its pid; failing at once if the job ends first (a
+    worker that could not start), else after a deadline, with the job's state and log."""
+
+    ended = agent.paths.job_dir(job_id) / "status.json"  # the leader's last word
+
+    def up() -> bool:
+        if all(p.exists() for p in pids):
+            return True
+        if ended.exists():
+            raise AssertionError("the job ended before all its workers were up")
+        return False
+
     try:
-        wait_until(lambda: all(p.exists() for p in pids), timeout=60)
-    except pytest.fail.Exception:
+        wait_until(up, timeout=120)
+    except (AssertionError, pytest.fail.Exception) as e:
         log = agent.cli("logs", job_id).stdout[-3000:]
-        pytest.fail(f"the workers did not start: {_show(agent, job_id)}\n{log}")
+        pytest.fail(f"the workers did not start ({e}): {_show(agent, job_id)}\n{log}")
 
 
 def _end(agent, cluster, job_id: str) -> None:

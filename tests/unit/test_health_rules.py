@@ -115,7 +115,7 @@ def test_tops_gpu_panel_names_a_quarantined_gpus_fault():
         GpuInfo(index=1, name="A100", memory_mb=8192, quarantined="XID 79 (GPU fell off the bus)"),
     ]
     console = Console(width=200, record=True)
-    console.print(gpu_panel(gpus))
+    console.print(gpu_panel([g.model_dump(mode="json") for g in gpus]))  # as `top` reads them
     lines = console.export_text().splitlines()
     assert "3fa9" in lines[1]
     assert "QUARANTINED: XID 79 (GPU fell off the bus)" in lines[2]

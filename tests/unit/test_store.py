@@ -225,6 +225,9 @@ VALUES ('0ld0ld00', 'running', '["old.py"]', '{}', 1, 0, '[2]', 5.0);
 """
 
 
+ANY_JOB = {"command": ["n.py"], "env": {}, "gpus": 0, "priority": 0, "name": None}
+
+
 def test_an_older_jobs_db_gains_the_new_columns_and_keeps_its_jobs(tmp_path: Path):
     path = tmp_path / "jobs.db"
     with sqlite3.connect(path) as db:
@@ -241,6 +244,10 @@ def test_an_older_jobs_db_gains_the_new_columns_and_keeps_its_jobs(tmp_path: Pat
                 command=["n.py"], env={}, gpus=1, priority=0, name=None, gpu_memory_mb=512
             )
             assert s.get(new.id).gpu_memory_mb == 512
+            # A job from before trees were recorded has none: its start hashes its copy.
+            assert old.tree is None
+            tree = "ab" * 32
+            assert s.get(s.create(**ANY_JOB, tree=tree).id).tree == tree
         finally:
             s.close()
 

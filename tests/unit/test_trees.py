@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from gpuhop.agent.jobs.workdirs import materialise
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.checkouts import CheckoutStore
 from gpuhop.agent.storage.treefile import TreeFileError
 from gpuhop.agent.storage.trees import MissingBlobs, TreeError, TreeStore, TreeSummary
 from gpuhop.api import ManifestEntry
+from gpuhop.home import JobPaths
 
 
 @pytest.fixture
@@ -143,3 +145,28 @@ def test_a_checkout_that_fails_half_way_leaves_nothing(trees, blobs, tmp_path):
         checkouts.ensure("1" * 64, lambda: entries)
     assert checkouts.digests() == []
     assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_a_job_finds_its_checkout_by_the_digest_recorded_at_submit_or_by_its_copy(
+    trees, blobs, tmp_path
+):
+    checkouts = CheckoutStore(tmp_path / "checkouts", tmp_path / "tmp", blobs)
+    digest, _ = store(trees, raw(tree(blobs, FILES)))
+    recorded, older = (JobPaths(tmp_path / "jobs" / name) for name in ("recorded", "older"))
+    for jp in (recorded, older):
+        jp.root.mkdir(parents=True)
+        jp.tree.write_bytes(trees.path(digest).read_bytes())
+
+    # A job stored by this agent names its tree; one from an older agent (no digest in its
+    # row) gets the same checkout by hashing its copy of the tree.
+    view = materialise(recorded, blobs, checkouts, None, digest)
+    assert view == checkouts.path(digest)
+    assert (view / "d/3.txt").read_bytes() == b"file 3"
+    assert materialise(older, blobs, checkouts, None, None) == view
+    assert checkouts.digests() == [digest]
+    # Where the backend has no overlay, the job gets a copy of its files and no view.
+    copied = JobPaths(tmp_path / "jobs" / "copied")
+    copied.root.mkdir()
+    copied.tree.write_bytes(trees.path(digest).read_bytes())
+    assert materialise(copied, blobs, checkouts, "no overlay here", digest) is None
+    assert (copied.work / "d/3.txt").read_bytes() == b"file 3"

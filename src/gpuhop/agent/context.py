@@ -239,6 +239,7 @@ class AgentContext:
 
     def close(self) -> None:
         self._launcher.shutdown(wait=True)
+        self.backend.close()
         self.notifier.close()
         self.store.close()
         self.tokens.close()

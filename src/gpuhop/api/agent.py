@@ -44,6 +44,37 @@ class GpuInfo(WireModel):
         return f"{self.name}@{self.group or ''}"
 
 
+class ClusterNode(WireModel):
+    """One node of a cluster's partition, as its scheduler lists it (Slurm: `sinfo`)."""
+
+    name: str
+    gres: str  # its generic resources, as the scheduler says them ("gpu:4", "(null)")
+    gres_used: str  # of them, what jobs (anyone's) hold now ("gpu:1(IDX:0)")
+    state: str  # "idle", "mixed", "allocated", "down", "drained"...
+
+
+class ClusterJob(WireModel):
+    """One of the agent's user's jobs on the cluster (Slurm: `squeue --me`): the gpuhop job
+    it runs, if any, and what it holds or asks for."""
+
+    cluster_id: str  # the scheduler's job id
+    job_id: str | None  # the gpuhop job it runs; None for a job submitted outside gpuhop
+    name: str
+    state: str  # the scheduler's ("PENDING", "RUNNING"...)
+    nodes: str  # where it runs ("" while pending)
+    gpus: str  # its GPUs as the scheduler says them ("gpu:1", "gpu:1 per task"; "" for none)
+    reason: str | None  # why it is pending, in the scheduler's words
+
+
+class ClusterInfo(WireModel):
+    """What a cluster backend's scheduler says now: its nodes and the user's jobs there."""
+
+    backend: str
+    partition: str | None  # None: the cluster's default
+    nodes: list[ClusterNode]
+    jobs: list[ClusterJob]
+
+
 class ListenerInfo(WireModel):
     """The agent's TCP listener, as bound (also written to `listen.json` in its state dir)."""
 

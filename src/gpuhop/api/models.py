@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from enum import StrEnum
 
 from pydantic import Field, field_validator, model_validator
 
 from gpuhop.api.base import StrictModel, WireModel, check_text
-from gpuhop.api.queue import EndClass, RetryOn, check_webhook_url
+from gpuhop.api.queue import check_webhook_url
+from gpuhop.api.states import EndClass, JobState, RetryOn
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}\Z")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
@@ -64,27 +64,6 @@ def validate_relpath(path: str) -> str:
         if len(part.encode()) > MAX_NAME_BYTES:
             raise ValueError(f"path {path[:80]!r}: a name longer than {MAX_NAME_BYTES} bytes")
     return path
-
-
-class JobState(StrEnum):
-    """A job's state. Allowed transitions are listed on each state."""
-
-    queued = "queued"  # -> starting (scheduler allocated it), cancelled
-    starting = "starting"  # -> running (process started), failed (could not start), cancelled
-    running = "running"  # -> succeeded, failed, cancelled, lost
-    succeeded = "succeeded"  # terminal: exit code 0
-    failed = "failed"  # terminal: non-zero exit, a signal, or a start error
-    cancelled = "cancelled"  # terminal: a user asked for it
-    lost = "lost"  # terminal: the process vanished with no exit status while the agent was away
-
-    @property
-    def finished(self) -> bool:
-        return self in TERMINAL_STATES
-
-
-TERMINAL_STATES = frozenset(
-    {JobState.succeeded, JobState.failed, JobState.cancelled, JobState.lost}
-)
 
 
 class ManifestEntry(StrictModel):
@@ -294,6 +273,12 @@ class SubmitRequest(StrictModel):
         if not v[0] or any("\x00" in a for a in v):
             raise ValueError("command must start with a non-empty program and contain no NUL")
         return v
+
+
+class RequeueRequest(StrictModel):
+    """`gpuhop requeue JOB --priority N`: a queued job's new place in the queue."""
+
+    priority: int = Field(ge=-100, le=100)
 
 
 class AttemptInfo(WireModel):

@@ -1,64 +1,23 @@
 """The queue's words on the wire: why a job ended (`EndClass`), what a retry is for
-(`RetryOn`), a changed priority (`RequeueRequest`), time limits as people write them, and
-the webhooks told of a job's start and end (`check_webhook_url`).
+(`RetryOn`), time limits as people write them, and the webhooks told of a job's start and
+end (`check_webhook_url`). A changed priority (`RequeueRequest`) is in `models`.
 
-Runs on both sides. Pydantic and the standard library only.
+Runs on both sides. The standard library only: the CLI parses --timeout without pydantic.
 """
 
 from __future__ import annotations
 
 import re
-from enum import StrEnum
 
-from pydantic import Field
-
-from gpuhop.api.base import StrictModel
+from gpuhop.api.states import INFRA_CLASSES, EndClass, RetryOn
 
 __all__ = [
     "INFRA_CLASSES",
     "EndClass",
-    "RequeueRequest",
     "RetryOn",
     "format_seconds",
     "parse_duration",
 ]
-
-
-class EndClass(StrEnum):
-    """Why a finished job ended, besides its exit code: a bug of the job's, or the machine."""
-
-    succeeded = "succeeded"  # exit code 0
-    app_error = "app-error"  # a non-zero exit (or it could not start)
-    oom_host = "oom-host"  # the kernel's OOM killer, as the job's cgroup told
-    oom_gpu = "oom-gpu"  # the framework's GPU out-of-memory error in the log's tail
-    killed = "killed"  # a signal from outside (an unexplained SIGKILL included)
-    timeout = "timeout"  # its --timeout passed
-    cancelled = "cancelled"  # a user, or a dependency that did not succeed
-    lost = "lost"  # its process vanished with no exit status (host or agent gone)
-    idle = "idle"  # cancelled by the idle guard: its whole GPUs sat at 0 % too long
-    gpu_fault = "gpu-fault"  # a GPU it held had a hardware fault and was quarantined
-
-
-# The failures that say nothing about the job's code: worth another attempt by default.
-INFRA_CLASSES = frozenset({EndClass.lost, EndClass.oom_host, EndClass.killed, EndClass.gpu_fault})
-
-
-class RetryOn(StrEnum):
-    """Which failed attempts `retries` runs again."""
-
-    infra = "infra"  # lost, oom-host, killed, gpu-fault: the machine's fault, not the code's
-    any = "any"  # every failure: also app-error, oom-gpu (never timeout, cancelled, idle)
-
-    def retries(self, end: EndClass) -> bool:
-        if self is RetryOn.infra:
-            return end in INFRA_CLASSES
-        return end not in (EndClass.succeeded, EndClass.cancelled, EndClass.timeout, EndClass.idle)
-
-
-class RequeueRequest(StrictModel):
-    """`gpuhop requeue JOB --priority N`: a queued job's new place in the queue."""
-
-    priority: int = Field(ge=-100, le=100)
 
 
 _DURATION_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*\Z", re.IGNORECASE)

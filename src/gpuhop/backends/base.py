@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from gpuhop.api import ErrorCode, GpuInfo, SubmitRequest
+    from gpuhop.api.agent import ClusterInfo
     from gpuhop.home import JobPaths
 
 # Variables the agent's own environment must not hand to a job (or to Ray's processes).
@@ -182,6 +183,18 @@ class Backend(Protocol):
         agent's state but its own files; else why not, and what to allow."""
         ...
 
+    def files_seen(self) -> tuple[bool | None, str] | None:
+        """None where jobs use their files on the agent's host (or get copies of them:
+        Ray); else whether the cluster's nodes were seen to share the agent's jobs dir (None:
+        not checked), and where the files are, in words."""
+        ...
+
+    def cluster(self) -> ClusterInfo | None:
+        """What the cluster's own scheduler says now of its nodes and of the user's jobs
+        there (`gpuhop gpus`); None where it has nothing to add to the GPUs it offers. Raises
+        Refused when the scheduler does not answer."""
+        ...
+
     def work_view(self) -> str | None:
         """None when each job sees its tree's shared checkout (`deps["checkout"]`) through
         a writable view of its own, so the agent materialises each tree once; else why each
@@ -227,7 +240,18 @@ class Backend(Protocol):
         """Whether this job (any attempt) runs on other hosts than the agent's."""
         ...
 
+    def running_since(self, jp: JobPaths, started: float) -> float | None:
+        """When the attempt began to run where it runs: `started` (when the agent started
+        it) on a backend that runs it at once; on a cluster that may keep it pending (Slurm),
+        when the cluster started it, or None while it has not. A --timeout runs from then."""
+        ...
+
     def waiting(self, jp: JobPaths) -> str | None:
         """Why a started attempt does not run yet, in the cluster's words (Slurm's pending
         reason); None when it runs, or on a backend that starts jobs at once."""
+        ...
+
+    def close(self) -> None:
+        """Release what the backend holds (a helper process) when the agent stops; jobs
+        already started go on."""
         ...

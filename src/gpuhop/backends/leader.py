@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuhop.api.agent import ClusterInfo
 from gpuhop.backends.base import Ending, GpuHost, JobAttempt, Started, StartError
 from gpuhop.backends.procs import alive, signal_group, start_time
 from gpuhop.home import JobPaths
@@ -120,8 +121,20 @@ class LeaderBackend:
     def elsewhere(self, jp: JobPaths) -> bool:
         return False
 
+    def files_seen(self) -> tuple[bool | None, str] | None:
+        return None
+
+    def cluster(self) -> ClusterInfo | None:
+        return None
+
+    def running_since(self, jp: JobPaths, started: float) -> float | None:
+        return started
+
     def waiting(self, jp: JobPaths) -> str | None:
         return None
+
+    def close(self) -> None:
+        pass
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

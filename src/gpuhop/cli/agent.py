@@ -122,8 +122,10 @@ def start(
     (RAY_AUTH_MODE=token), unless --ray-allow-no-auth.
 
     With --backend slurm (on the cluster's login node, as your own user) every job becomes
-    one `sbatch` job of yours, optionally in --partition, --account and --qos; the agent's
-    state dir must be on a filesystem the compute nodes see. Single-process jobs only.
+    one `sbatch` job of yours, optionally in --partition, --account and --qos (--workers N:
+    N tasks started together by srun). The agent's state dir (--home) must be on a
+    filesystem the compute nodes see: at start, a tiny `srun` on one node checks that it
+    does, and the agent refuses to start where it does not.
     """
     paths = _paths(home)
     if fake_gpu_memory is not None and fake_gpus is None:

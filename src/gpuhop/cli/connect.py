@@ -3,12 +3,11 @@ it selects."""
 
 from __future__ import annotations
 
-import typer
-
+from gpuhop.cli import params
 from gpuhop.cli.output import fail
 from gpuhop.client import Client, GpuhopError
 
-OnOption = typer.Option(
+OnOption = params.Option(
     None,
     "--on",
     metavar="REMOTE",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpuhop.api import GpuInfo, format_mb
+from gpuhop.api.agent import ClusterInfo
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import fail, print_json, print_table, say
 from gpuhop.client import GpuhopError
@@ -21,14 +22,20 @@ def gpus(
     on: str | None = OnOption,
 ) -> None:
     """List the host's GPUs: memory used, load, the jobs holding each (read live), and
-    which are quarantined for a hardware fault (XID, ECC, retired pages, off the bus)."""
+    which are quarantined for a hardware fault (XID, ECC, retired pages, off the bus).
+
+    On an agent with the Slurm backend: the partition's nodes as Slurm lists them now
+    (GRES, in use, state) and your Slurm jobs, with the gpuhop job each runs."""
     if release is not None:
         _release(release, on)
         return
+    cluster: ClusterInfo | None = None
     try:
         with client_for(on) as client:
             infos = client.gpus()
-            fake = client.info().fake_gpus if infos else False
+            info = client.info() if infos else None
+            if info is not None and info.backend == "slurm" and not json_out:
+                cluster = client.cluster()
     except GpuhopError as e:
         fail(e.message)
     if json_out:
@@ -36,6 +43,9 @@ def gpus(
         return
     if not infos:
         say("this host has no GPU; jobs run on the CPU")
+        return
+    if cluster is not None:
+        _slurm(cluster, len(infos))
         return
     if any(g.node for g in infos):
         # A Ray cluster's GPUs: Ray places the jobs, so gpuhop knows only how many are held.
@@ -70,8 +80,40 @@ def gpus(
                 f"GPU {g.index} is quarantined: {g.quarantined}; no job gets it until an admin"
                 f" runs: gpuhop gpus --release {g.index}"
             )
-    if fake:
+    if info is not None and info.fake_gpus:
         say("these GPUs are fake (agent started with --fake-gpus); jobs run on the CPU")
+
+
+def _slurm(cluster: ClusterInfo, gpus: int) -> None:
+    """The partition's nodes as sinfo lists them, then the user's Slurm jobs (squeue)."""
+    part = f"partition {cluster.partition}" if cluster.partition else "default partition"
+    print_table(
+        ("NODE", "GRES", "IN USE", "STATE"),
+        [(n.name, n.gres, n.gres_used, n.state) for n in cluster.nodes],
+    )
+    if cluster.jobs:
+        print_table(
+            ("SLURM JOB", "GPUHOP JOB", "NAME", "STATE", "NODES", "GPUS", "REASON"),
+            [
+                (
+                    j.cluster_id,
+                    j.job_id or "-",
+                    j.name,
+                    j.state,
+                    j.nodes or "-",
+                    j.gpus or "-",
+                    j.reason or "-",
+                )
+                for j in cluster.jobs
+            ],
+        )
+    else:
+        say("you have no job on the Slurm cluster now")
+    say(
+        f"the nodes of Slurm's {part} (sinfo) and your Slurm jobs (squeue --me); {gpus} GPU(s)"
+        " there for gpuhop's jobs: Slurm decides which node and GPU each gets, and keeps a job"
+        " pending while other jobs hold them"
+    )
 
 
 def _release(index: int, on: str | None) -> None:

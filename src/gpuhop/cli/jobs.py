@@ -3,25 +3,28 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Callable, Iterator, Mapping
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import typer
-from rich.markup import escape
-
-from gpuhop.api import JobInfo, parse_mb
+from gpuhop.api.sizes import parse_mb
+from gpuhop.api.states import EndClass, JobState
+from gpuhop.cli import params
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import (
-    err,
+    echo,
+    escape,
     exit_code_for,
     fail,
     format_metrics,
     human_bytes,
     say,
     state_text,
+    wants_live,
 )
-from gpuhop.cli.pull import pull_job
 from gpuhop.cli.queue import (
     AfterAnyOption,
     AfterOption,
@@ -32,6 +35,9 @@ from gpuhop.cli.queue import (
 )
 from gpuhop.client import Client, GpuhopError, Job
 from gpuhop.client.notebook import batch_command
+
+if TYPE_CHECKING:
+    import typer
 
 
 class KerasChoice(StrEnum):
@@ -56,7 +62,7 @@ def _parse_env(pairs: list[str]) -> dict[str, str]:
     return env
 
 
-NoProgressOption = typer.Option(
+NoProgressOption = params.Option(
     False,
     "--no-progress",
     help="Plain log output: no live status line under it (also the case when output is not"
@@ -71,46 +77,48 @@ def _stream(job: Job, worker: int | None = None) -> None:
         out.flush()
 
 
-def _follow(job: Job, worker: int | None = None, live: bool = False) -> JobInfo:
+def _follow(job: Job, worker: int | None = None, live: bool = False) -> Mapping[str, Any]:
     """Stream a job's log until it ends, with a live status line under it when `live`.
-    Ctrl-C detaches; the job goes on."""
+    Returns the ended job's JSON. Ctrl-C detaches; the job goes on."""
     try:
         if live:
             from gpuhop.cli.progress import follow_live
 
             return follow_live(job, worker)
         _stream(job, worker)
-        return job.wait()
+        return job.wait_json()
     except KeyboardInterrupt:
-        err.print()
+        echo("", stderr=True)
         say(
             f"detached from job {job.id}; it keeps running.\n"
             f"  re-attach: gpuhop logs -f {job.id}\n  stop it:   gpuhop cancel {job.id}"
         )
-        raise typer.Exit(130) from None
+        raise SystemExit(130) from None
 
 
-def _summary(info: JobInfo) -> str:
-    text = f"job {info.id} {state_text(info.state)}"
-    if info.reason:
-        text += f": {info.reason}"
-    if info.end_class is not None and info.end_class.value != info.state.value:
-        text += f" ({info.end_class.value})"  # why it failed, where the state does not say
-    if info.latest_metrics:
-        text += f"\n  last metrics: {format_metrics(info.latest_metrics)}"
+def _summary(info: Mapping[str, Any]) -> str:
+    """How a job ended, from its JSON."""
+    state, end_class = JobState(info["state"]), info.get("end_class")
+    text = f"job {info['id']} {state_text(state)}"
+    if info.get("reason"):
+        text += f": {info['reason']}"
+    if end_class is not None and EndClass(end_class).value != state.value:
+        text += f" ({end_class})"  # why it failed, where the state does not say
+    if info.get("latest_metrics"):
+        text += f"\n  last metrics: {format_metrics(info['latest_metrics'])}"
     return text
 
 
 def run(
-    command: list[str] = typer.Argument(
+    command: list[str] = params.Argument(
         ...,
         metavar="SCRIPT.py|NOTEBOOK.ipynb|COMMAND [ARGS]...",
         help="A Python script in this directory, or a program on the GPU host, and its"
         " arguments; or a notebook, run top to bottom, and its -p NAME=VALUE parameters.",
         show_default=False,
     ),
-    gpus: int = typer.Option(0, "--gpus", "-g", min=0, help="Whole GPUs to give the job."),
-    gpu_memory: str | None = typer.Option(
+    gpus: int = params.Option(0, "--gpus", "-g", min=0, help="Whole GPUs to give the job."),
+    gpu_memory: str | None = params.Option(
         None,
         "--gpu-memory",
         metavar="SIZE",
@@ -118,11 +126,11 @@ def run(
         " job may share with other such jobs. TensorFlow, JAX and PyTorch in the job are"
         " capped at it.",
     ),
-    name: str | None = typer.Option(None, "--name", "-n", help="A name to find the job by."),
-    env: list[str] = typer.Option(
+    name: str | None = params.Option(None, "--name", "-n", help="A name to find the job by."),
+    env: list[str] = params.Option(
         [], "--env", "-e", metavar="KEY=VALUE", help="Set an environment variable (repeatable)."
     ),
-    workers: int = typer.Option(
+    workers: int = params.Option(
         1,
         "--workers",
         "-w",
@@ -131,30 +139,30 @@ def run(
         help="Run N worker processes: tf-keras under MultiWorkerMirroredStrategy (TF_CONFIG"
         " made for you), or Keras 3 on JAX with keras.distribution (-e KERAS_BACKEND=jax).",
     ),
-    keras: KerasChoice | None = typer.Option(
+    keras: KerasChoice | None = params.Option(
         None,
         "--keras",
         help="Which Keras the workers of a --workers job use (default: from KERAS_BACKEND and"
         " TF_USE_LEGACY_KERAS, then what the host has). keras3 takes its backend from"
         " KERAS_BACKEND; only jax runs across processes.",
     ),
-    gpus_per_worker: int = typer.Option(
+    gpus_per_worker: int = params.Option(
         0, "--gpus-per-worker", min=0, help="Whole GPUs for each worker of a multi-worker job."
     ),
-    worker_timeout: int = typer.Option(
+    worker_timeout: int = params.Option(
         300,
         "--worker-timeout",
         min=5,
         metavar="SECONDS",
         help="How long a worker waits for its peers to join before the job fails.",
     ),
-    pack: bool = typer.Option(
+    pack: bool = params.Option(
         False,
         "--pack",
         help="On an agent with the Ray or Slurm backend: put the workers on as few nodes as"
         " possible (default: spread across nodes; on Slurm, one worker per node).",
     ),
-    retries: int = typer.Option(
+    retries: int = params.Option(
         0,
         "--retries",
         min=0,
@@ -162,7 +170,7 @@ def run(
         help="Run a failed attempt again up to N times (see --retry-on);"
         " $GPUHOP_CHECKPOINT_DIR is kept.",
     ),
-    no_auto: bool = typer.Option(
+    no_auto: bool = params.Option(
         False,
         "--no-auto",
         help="Leave Keras's fit as it is: no metrics callback (and, with --retries, no"
@@ -173,28 +181,28 @@ def run(
     after: list[str] | None = AfterOption,
     after_any: bool = AfterAnyOption,
     timeout: str | None = TimeoutOption,
-    detach: bool = typer.Option(
+    detach: bool = params.Option(
         False, "--detach", "-d", help="Print the job id and return at once."
     ),
-    pull: Path | None = typer.Option(
+    pull: Path | None = params.Option(
         None,
         "--pull",
         metavar="DIR",
         help="When the job ends, pull its artifacts into DIR, and the files it created or"
         " changed in its work dir back into the synced directory.",
     ),
-    workdir: Path = typer.Option(
+    workdir: Path = params.Option(
         Path("."), "--workdir", "-C", help="The directory to sync (default: this one)."
     ),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="Print only the job's own output."),
-    data: list[str] = typer.Option(
+    quiet: bool = params.Option(False, "--quiet", "-q", help="Print only the job's own output."),
+    data: list[str] = params.Option(
         [],
         "--data",
         metavar="NAME[:VERSION]=MOUNT",
         help="Mount a dataset read-only at MOUNT in the work dir (repeatable; latest version"
         " unless pinned, e.g. mnist:2=data).",
     ),
-    requirements: Path | None = typer.Option(
+    requirements: Path | None = params.Option(
         None,
         "--requirements",
         "-r",
@@ -202,20 +210,20 @@ def run(
         help="Packages for the job's venv, built once per set on the host and reused; the"
         " host's TensorFlow stays visible. Default: requirements.txt here, if any.",
     ),
-    no_requirements: bool = typer.Option(
+    no_requirements: bool = params.Option(
         False, "--no-requirements", help="Ignore requirements.txt: run with the host's packages."
     ),
-    python: str | None = typer.Option(
+    python: str | None = params.Option(
         None, "--python", metavar="PATH", help="Run with this interpreter on the host."
     ),
-    notify: list[str] = typer.Option(
+    notify: list[str] = params.Option(
         [],
         "--notify",
         metavar="URL|desktop",
         help="POST the job's start and end (JSON) to this webhook; a Slack incoming webhook"
         " works as is (repeatable). 'desktop': a desktop notification here when it ends.",
     ),
-    mixed_gpus: bool = typer.Option(
+    mixed_gpus: bool = params.Option(
         False,
         "--mixed-gpus",
         help="Several GPUs may be of different models (default: the job waits for GPUs of"
@@ -242,11 +250,9 @@ def run(
     desktop = "desktop" in notify
     if desktop and detach:
         fail("--notify desktop tells this terminal when the job ends; it needs a run that waits")
-    from gpuhop.cli.progress import transfer, wants_live
-
     client = client_for(on)
     try:
-        with transfer("uploading", wants_live(no_progress or quiet, sys.stderr)) as on_upload:
+        with _uploading(wants_live(no_progress or quiet, sys.stderr)) as on_upload:
             if command[0].endswith(".ipynb"):  # a notebook, run top to bottom with nbclient
                 command = batch_command(command, workdir)
             job = client.submit(
@@ -294,10 +300,24 @@ def run(
     if desktop:
         from gpuhop.cli.notify import desktop_notify
 
-        desktop_notify(f"gpuhop: job {info.id} {info.state.value}", _summary(info))
+        desktop_notify(f"gpuhop: job {info['id']} {info['state']}", _summary(info))
     if pull is not None:
+        from gpuhop.cli.pull import pull_job
+
         pull_job(job, pull, workdir, live=wants_live(quiet, sys.stderr))
-    raise typer.Exit(exit_code_for(info))
+    raise SystemExit(exit_code_for(info))
+
+
+@contextlib.contextmanager
+def _uploading(live: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A progress bar for the upload on a terminal (rich, loaded then); else nothing."""
+    if not live:
+        yield None
+        return
+    from gpuhop.cli.progress import transfer
+
+    with transfer("uploading", True) as on_upload:
+        yield on_upload
 
 
 def _parse_share(gpu_memory: str | None, gpus: int) -> int | None:
@@ -316,9 +336,11 @@ def _parse_share(gpu_memory: str | None, gpus: int) -> int | None:
 
 
 def logs(
-    job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
-    follow: bool = typer.Option(False, "--follow", "-f", help="Keep streaming until the job ends."),
-    worker: int | None = typer.Option(
+    job_ref: str = params.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
+    follow: bool = params.Option(
+        False, "--follow", "-f", help="Keep streaming until the job ends."
+    ),
+    worker: int | None = params.Option(
         None, "--worker", min=0, help="Only this worker's output (multi-worker jobs)."
     ),
     no_progress: bool = NoProgressOption,
@@ -332,8 +354,6 @@ def logs(
         job = _job(client, job_ref)
         try:
             if follow:
-                from gpuhop.cli.progress import wants_live
-
                 info = _follow(job, worker, live=wants_live(no_progress))
                 say(_summary(info))
             else:
@@ -346,20 +366,20 @@ def logs(
 
 
 def cancel(
-    job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
-    grace: float = typer.Option(
+    job_ref: str = params.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
+    grace: float = params.Option(
         10.0, "--grace", min=0, help="Seconds between SIGTERM and SIGKILL."
     ),
-    wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until the job has stopped."),
+    wait: bool = params.Option(True, "--wait/--no-wait", help="Wait until the job has stopped."),
     on: str | None = OnOption,
 ) -> None:
     """Stop a job: SIGTERM to all its processes, then SIGKILL after the grace period."""
     with client_for(on) as client:
         job = _job(client, job_ref)
         try:
-            info = job.cancel(grace=grace)
-            if wait and not info.state.finished:
-                info = job.wait(timeout=grace + 30)
+            info = job.cancel_json(grace=grace)
+            if wait and not JobState(info["state"]).finished:
+                info = job.wait_json(timeout=grace + 30)
         except GpuhopError as e:
             fail(e.message)
         except TimeoutError as e:
@@ -367,9 +387,12 @@ def cancel(
         say(_summary(info))
 
 
+# Commands' context settings (typer's, and `params.parse` honours them): everything after
+# `run`'s script is the script's.
+CONTEXT = {"run": {"allow_interspersed_args": False, "ignore_unknown_options": True}}
+
+
 def register(app: typer.Typer) -> None:
-    app.command(
-        context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True}
-    )(run)
+    app.command(context_settings=CONTEXT["run"])(run)
     for fn in (logs, cancel):
         app.command()(fn)

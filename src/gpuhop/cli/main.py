@@ -4,17 +4,26 @@ A command imports only its own module: `gpuhop ps` never loads the code (and the
 of `agent start`, `notebook` or `data push`. `main` reads the command's name from the
 arguments and registers the module that defines it; the root's help, `--version` and a name
 that is no command register them all, so the listing and click's suggestions stay whole.
+
+The everyday commands (`FAST`) are parsed here without typer when their command line is
+plain and valid (see `gpuhop.cli.params`), from the very declarations typer reads for
+everything else: `--help`, a mistake, every other command.
 """
 
 from __future__ import annotations
 
+import errno
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-import typer
-
+from gpuhop.cli import params
 from gpuhop.version import __version__
+
+if TYPE_CHECKING:
+    import typer
 
 # Each command (or group) and the module under gpuhop.cli whose `register(app)` adds it, in
 # the order they are registered. tests/unit/test_cli_main.py checks it against what the
@@ -46,14 +55,21 @@ COMMANDS: dict[str, str] = {
 }
 
 
+# The commands `main` parses itself when it can: each is the function of that name in its
+# module (COMMANDS).
+FAST = frozenset({"run", "ps", "show", "logs", "cancel"})
+
+
 def _version(value: bool) -> None:
     if value:
+        import typer
+
         typer.echo(f"gpuhop {__version__}")
         raise typer.Exit()
 
 
 def _root(
-    version: bool = typer.Option(
+    version: bool = params.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
@@ -68,6 +84,8 @@ def command_of(args: Sequence[str]) -> str | None:
 def build(args: Sequence[str] | None = None) -> typer.Typer:
     """The `gpuhop` app with the command that `args` names registered, or every command
     when they name none of them (None: all)."""
+    import typer
+
     app = typer.Typer(
         name="gpuhop",
         help=(
@@ -81,13 +99,64 @@ def build(args: Sequence[str] | None = None) -> typer.Typer:
         rich_markup_mode=None,
         context_settings={"help_option_names": ["-h", "--help"]},
     )
-    app.callback()(_root)
+    app.callback()(params.for_typer(_root))
     name = command_of(args) if args is not None else None
     modules = [COMMANDS[name]] if name in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
     for module in modules:
         importlib.import_module(f"gpuhop.cli.{module}").register(app)
+    _for_typer(app)
     return app
 
 
+def _for_typer(app: typer.Typer) -> None:
+    """Every command and group callback of `app` as typer reads it (`params.for_typer`)."""
+    for command in app.registered_commands:
+        if command.callback is not None:
+            command.callback = params.for_typer(command.callback)
+    for group in app.registered_groups:
+        if group.typer_instance is not None:
+            _for_typer(group.typer_instance)
+    if app.registered_callback is not None and app.registered_callback.callback is not None:
+        app.registered_callback.callback = params.for_typer(app.registered_callback.callback)
+
+
+def fast_command(args: Sequence[str]) -> tuple[Callable[..., Any], dict[str, Any]] | None:
+    """The command function and its arguments, where `args` name a command of `FAST` with
+    a command line `params.parse` takes; else None (typer parses it)."""
+    if not args or args[0] not in FAST:
+        return None
+    module = importlib.import_module(f"gpuhop.cli.{COMMANDS[args[0]]}")
+    fn = getattr(module, args[0])
+    kwargs = params.parse(fn, args[1:], getattr(module, "CONTEXT", {}).get(args[0]))
+    return None if kwargs is None else (fn, kwargs)
+
+
+def run_fast(fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """Run a command as click's standalone mode does: Ctrl-C says "Aborted!", a closed
+    pipe (`gpuhop ps | head`) ends it quietly, both with code 1."""
+    try:
+        fn(**kwargs)
+    except KeyboardInterrupt:
+        sys.stderr.write("\nAborted!\n")
+        sys.exit(1)
+    except OSError as e:
+        if e.errno != errno.EPIPE:
+            raise
+        # No more writes to the closed pipe, not even Python's flush at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)
+    except Exception as e:
+        typer = sys.modules.get("typer")  # loaded by a part of the command that uses it
+        if typer is None or not isinstance(e, typer.Exit):
+            raise
+        sys.exit(e.exit_code)
+
+
 def main() -> None:
-    build(sys.argv[1:])()
+    args = sys.argv[1:]
+    fast = fast_command(args)
+    if fast is not None:
+        run_fast(*fast)
+        return
+    build(args)()

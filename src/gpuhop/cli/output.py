@@ -1,20 +1,46 @@
-"""Runs on the user's machine: how the CLI talks to a person (stderr) and to scripts (stdout)."""
+"""Runs on the user's machine: how the CLI talks to a person (stderr) and to scripts (stdout).
+
+Messages are written in rich's markup. On a terminal rich draws them; written to a pipe or a
+file they come out as rich would write them there (`gpuhop.cli.plain`), without loading rich:
+the commands' plain output paths start without it. A job is the agent's JSON (a dict with
+`JobInfo`'s fields), as `Job.data` and the SDK's `*_json` calls give it.
+"""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import NoReturn
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
-import typer
-from rich.console import Console
-from rich.markup import escape
+from gpuhop.api.states import JobState
+from gpuhop.cli.plain import escape, plain, styled
 
-from gpuhop.api import JobInfo, JobState
+if TYPE_CHECKING:
+    from rich.console import Console
 
-# No emoji codes: ":cd:" in a certificate fingerprint must stay as it is.
-err = Console(stderr=True, highlight=False, emoji=False)
+
+@functools.cache
+def console(stderr: bool = False) -> Console:
+    """rich's console on stdout or stderr, made on first use (drawing only)."""
+    from rich.console import Console
+
+    # No emoji codes: ":cd:" in a certificate fingerprint must stay as it is.
+    return Console(stderr=stderr, highlight=False, emoji=False)
+
+
+def echo(markup: str, stderr: bool = False) -> None:
+    """One line of markup: drawn by rich on a terminal, written plain elsewhere."""
+    stream: IO[str] = sys.stderr if stderr else sys.stdout
+    if styled(stream):
+        console(stderr).print(markup, soft_wrap=True)
+    else:
+        stream.write(plain(markup) + "\n")
+        stream.flush()
+
 
 STATE_STYLE = {
     JobState.queued: "yellow",
@@ -27,14 +53,24 @@ STATE_STYLE = {
 }
 
 
+def wants_live(no_progress: bool, stream: object = None) -> bool:
+    """A live display only on a terminal that can redraw, and never when asked not to."""
+    target = sys.stdout if stream is None else stream
+    if no_progress or os.environ.get("TERM") == "dumb":
+        return False
+    isatty = getattr(target, "isatty", None)
+    return bool(isatty and isatty())
+
+
 def say(message: str) -> None:
-    err.print(f"[dim]gpuhop:[/dim] {message}", soft_wrap=True)
+    echo(f"[dim]gpuhop:[/dim] {message}", stderr=True)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
     # Escaped: an error names paths, URLs and user input, whose brackets are not markup.
-    err.print(f"[bold red]gpuhop: error:[/bold red] {escape(message)}", soft_wrap=True)
-    raise typer.Exit(code)
+    echo(f"[bold red]gpuhop: error:[/bold red] {escape(message)}", stderr=True)
+    # SystemExit, not typer.Exit: a command that `main` parsed itself runs without typer.
+    raise SystemExit(code)
 
 
 def print_json(data: object) -> None:
@@ -62,7 +98,13 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def ago(ts: datetime | None) -> str:
+def when(value: datetime | str | None) -> datetime | None:
+    """A time as the wire writes it (ISO 8601), or as a model holds it."""
+    return datetime.fromisoformat(value) if isinstance(value, str) else value
+
+
+def ago(value: datetime | str | None) -> str:
+    ts = when(value)
     if ts is None:
         return "-"
     seconds = (datetime.now(UTC) - ts).total_seconds()
@@ -75,11 +117,12 @@ def ago(ts: datetime | None) -> str:
     return ts.astimezone().strftime("%Y-%m-%d %H:%M")
 
 
-def duration(info: JobInfo) -> str:
-    if info.started_at is None:
+def duration(started_at: datetime | str | None, ended_at: datetime | str | None) -> str:
+    start = when(started_at)
+    if start is None:
         return "-"
-    end = info.ended_at or datetime.now(UTC)
-    seconds = (end - info.started_at).total_seconds()
+    end = when(ended_at) or datetime.now(UTC)
+    seconds = (end - start).total_seconds()
     if seconds < 60:
         return f"{seconds:.1f}s"
     if seconds < 3600:
@@ -105,12 +148,13 @@ def format_metrics(metrics: dict[str, object] | None) -> str:
     return " ".join(parts)
 
 
-def exit_code_for(info: JobInfo) -> int:
+def exit_code_for(info: Mapping[str, Any]) -> int:
     """The exit code `gpuhop run` returns: the job's own, 128+N for a signal, 1 otherwise."""
-    if info.state == JobState.succeeded:
+    state = JobState(info["state"])
+    if state == JobState.succeeded:
         return 0
-    if info.exit_code is not None:
-        return info.exit_code
-    if info.signal is not None:
-        return 128 + info.signal
-    return 130 if info.state == JobState.cancelled else 1
+    if info.get("exit_code") is not None:
+        return int(info["exit_code"])
+    if info.get("signal") is not None:
+        return 128 + int(info["signal"])
+    return 130 if state == JobState.cancelled else 1

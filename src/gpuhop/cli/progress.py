@@ -10,10 +10,8 @@ Both draw only on a terminal; `wants_live()` says whether to use them at all.
 from __future__ import annotations
 
 import codecs
-import os
-import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -25,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuhop.api import JobInfo, JobState
-from gpuhop.cli.output import STATE_STYLE, err
+from gpuhop.cli.output import STATE_STYLE, console, wants_live
 from gpuhop.client import GpuhopError, Job
 
 if TYPE_CHECKING:
@@ -37,15 +35,6 @@ POLL_SECONDS = 1.0
 MIN_POLL_SECONDS = 0.25
 # Keys of a metrics record that are not metrics (see gpuhop.runtime.log_metrics).
 NOT_METRICS = frozenset({"time", "step", "epoch", "epochs"})
-
-
-def wants_live(no_progress: bool, stream: object = None) -> bool:
-    """A live display only on a terminal that can redraw, and never when asked not to."""
-    target = sys.stdout if stream is None else stream
-    if no_progress or os.environ.get("TERM") == "dumb":
-        return False
-    isatty = getattr(target, "isatty", None)
-    return bool(isatty and isatty())
 
 
 def elapsed_text(seconds: float) -> str:
@@ -146,7 +135,10 @@ def _as_shown(text: str) -> str:
     return "".join(line.rpartition("\r")[2] for line in text.splitlines(keepends=True))
 
 
-def follow_live(job: Job, worker: int | None = None) -> JobInfo:
+__all__ = ["follow_live", "transfer", "transfer_bar", "wants_live"]
+
+
+def follow_live(job: Job, worker: int | None = None) -> Mapping[str, Any]:
     """Stream a job's log to stdout with a status line under it, until the job ends."""
     console = Console(highlight=False, emoji=False)
     status = JobStatus(job)
@@ -177,7 +169,7 @@ def follow_live(job: Job, worker: int | None = None) -> JobInfo:
         stop.set()
         output.set()
         thread.join(timeout=5)
-    return job.wait()
+    return job.wait_json()
 
 
 def transfer_bar(label: str, **options: Any) -> Progress:
@@ -199,7 +191,7 @@ def transfer_bar(label: str, **options: Any) -> Progress:
         TransferSpeedColumn(),
         TimeRemainingColumn(),
     )
-    return Progress(*columns, console=err, **options)
+    return Progress(*columns, console=console(stderr=True), **options)
 
 
 @contextmanager

@@ -8,10 +8,9 @@ from enum import StrEnum
 from pathlib import Path
 
 import typer
-from rich.markup import escape
 
 from gpuhop.cli.connect import OnOption, client_for
-from gpuhop.cli.output import fail, human_bytes, say
+from gpuhop.cli.output import escape, fail, human_bytes, say
 from gpuhop.client import GpuhopError, Job
 
 DEFAULT_PULL_DIR = Path("gpuhop-artifacts")

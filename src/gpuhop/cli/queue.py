@@ -4,16 +4,20 @@ about them."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-import typer
-
-from gpuhop.api import JobInfo, RetryOn, format_seconds, parse_duration
+from gpuhop.api.queue import format_seconds, parse_duration
+from gpuhop.api.states import RetryOn
+from gpuhop.cli import params
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import fail, say
 from gpuhop.client import GpuhopError
 
-PriorityOption = typer.Option(
+if TYPE_CHECKING:
+    import typer
+
+PriorityOption = params.Option(
     0,
     "--priority",
     min=-100,
@@ -21,26 +25,26 @@ PriorityOption = typer.Option(
     help="Higher starts first (-100..100; ties by age). On a team agent only an admin may go"
     " above 0.",
 )
-AfterOption = typer.Option(
+AfterOption = params.Option(
     None,
     "--after",
     metavar="JOB[,JOB...]",
     help="Wait in the queue until these jobs end (ids, prefixes or names; repeatable).",
 )
-AfterAnyOption = typer.Option(
+AfterAnyOption = params.Option(
     False,
     "--after-any/--after-ok",
     help="--after-ok (default): run only if every --after job succeeded, else be cancelled"
     " saying which did not. --after-any: run however they ended.",
 )
-TimeoutOption = typer.Option(
+TimeoutOption = params.Option(
     None,
     "--timeout",
     metavar="DURATION",
     help="A time limit (6h, 90m, 30s, or seconds): SIGTERM when it passes, SIGKILL 10s later;"
     " the job ends with class timeout and is not retried.",
 )
-RetryOnOption = typer.Option(
+RetryOnOption = params.Option(
     RetryOn.infra.value,
     "--retry-on",
     metavar="infra|any",
@@ -73,26 +77,27 @@ def queue_options(
     }
 
 
-def queue_rows(info: JobInfo) -> list[tuple[str, str]]:
-    """`show`'s lines about the queue: priority, dependencies, time limit, end class."""
-    rows = [("priority", str(info.priority))]
-    if info.after:
-        how = "however they end" if info.after_any else "if all succeed"
-        rows.append(("after", f"{', '.join(info.after)} ({how})"))
-    if info.waiting_for:
-        rows.append(("waits for", ", ".join(info.waiting_for)))
-    if info.timeout is not None:
-        rows.append(("timeout", format_seconds(info.timeout)))
-    if info.retries:
-        rows.append(("retry on", info.retry_on.value))
-    if info.end_class is not None:
-        rows.append(("class", info.end_class.value))
+def queue_rows(info: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """`show`'s lines about the queue: priority, dependencies, time limit, end class (from
+    the job's JSON)."""
+    rows = [("priority", str(info["priority"]))]
+    if info.get("after"):
+        how = "however they end" if info.get("after_any") else "if all succeed"
+        rows.append(("after", f"{', '.join(info['after'])} ({how})"))
+    if info.get("waiting_for"):
+        rows.append(("waits for", ", ".join(info["waiting_for"])))
+    if info.get("timeout") is not None:
+        rows.append(("timeout", format_seconds(info["timeout"])))
+    if info.get("retries"):
+        rows.append(("retry on", info.get("retry_on", RetryOn.infra)))
+    if info.get("end_class") is not None:
+        rows.append(("class", info["end_class"]))
     return rows
 
 
 def requeue(
-    job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
-    priority: int = typer.Option(
+    job_ref: str = params.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
+    priority: int = params.Option(
         ...,
         "--priority",
         min=-100,

@@ -1,72 +1,85 @@
-"""Runs on the user's machine: `gpuhop show JOB`, one job in full."""
+"""Runs on the user's machine: `gpuhop show JOB`, one job in full, read from the agent's
+JSON (`Job.data`): no model built, and no rich where the output is not a terminal."""
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-import typer
-
-from gpuhop.api import JobInfo, format_mb
+from gpuhop.api.sizes import format_mb
+from gpuhop.api.states import JobState
+from gpuhop.cli import params
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.jobs import _job
-from gpuhop.cli.output import ago, duration, format_metrics, human_bytes, print_json, state_text
+from gpuhop.cli.output import (
+    ago,
+    duration,
+    echo,
+    escape,
+    format_metrics,
+    human_bytes,
+    print_json,
+    state_text,
+)
 from gpuhop.cli.queue import queue_rows
+
+Info = Mapping[str, Any]
 
 # Env names whose values `show` hides (the dashboard's job page hides the same).
 SECRET_KEY = re.compile(r"secret|token|passw|api_?key|credential|private", re.IGNORECASE)
 
+if TYPE_CHECKING:
+    import typer
+
 
 def show(
-    job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    job_ref: str = params.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
+    json_out: bool = params.Option(False, "--json", help="Print JSON for scripts."),
     on: str | None = OnOption,
 ) -> None:
     """Show one job: its state, how it ended, GPUs, and latest metrics."""
     with client_for(on) as client:
-        info = _job(client, job_ref).info
+        info = _job(client, job_ref).data
     if json_out:
-        print_json(info.model_dump(mode="json"))
+        print_json(info)
         return
-    from rich.console import Console
-    from rich.markup import escape
-
-    out = Console(highlight=False, emoji=False)
+    get = info.get
     rows = [
-        ("id", info.id),
-        ("name", escape(info.name or "-")),
-        ("state", state_text(info.state)),
-        ("command", escape(" ".join(info.command))),
+        ("id", info["id"]),
+        ("name", escape(get("name") or "-")),
+        ("state", state_text(JobState(info["state"]))),
+        ("command", escape(" ".join(info["command"]))),
         ("gpus", _gpus_text(info)),
-        ("attempt", f"{info.attempt} of {info.retries + 1}"),
-        ("created", ago(info.created_at)),
-        ("duration", duration(info)),
-        ("result", info.reason or "-"),
+        ("attempt", f"{info['attempt']} of {get('retries', 0) + 1}"),
+        ("created", ago(info["created_at"])),
+        ("duration", duration(get("started_at"), get("ended_at"))),
+        ("result", get("reason") or "-"),
         *queue_rows(info),
-        ("log", human_bytes(info.log_size)),
-        ("metrics", format_metrics(info.latest_metrics)),
+        ("log", human_bytes(get("log_size", 0))),
+        ("metrics", format_metrics(get("latest_metrics"))),
     ]
-    if info.memory_peak_mb is not None:
+    if get("memory_peak_mb") is not None:
         rows.insert(5, ("memory", memory_text(info)))
-    if info.waiting:
-        rows.insert(3, ("waiting", info.waiting))
-    if info.sweep:
-        limit = f" (at most {info.max_parallel} at once)" if info.max_parallel else ""
-        rows.insert(2, ("sweep", f"{info.sweep}{limit}"))
-    if info.data:
-        rows.insert(4, ("data", " ".join(info.data)))
-    if info.python_env or info.python:
-        env_text = f"env {info.python_env[:12]} from " if info.python_env else ""
-        rows.insert(4, ("python", f"{env_text}{info.python}"))
-    if info.env:
-        rows.insert(4, ("env", " ".join(f"{k}={_shown(k, v)}" for k, v in info.env.items())))
+    if get("waiting"):
+        rows.insert(3, ("waiting", info["waiting"]))
+    if get("sweep"):
+        limit = f" (at most {info['max_parallel']} at once)" if get("max_parallel") else ""
+        rows.insert(2, ("sweep", f"{info['sweep']}{limit}"))
+    if get("data"):
+        rows.insert(4, ("data", " ".join(info["data"])))
+    if get("python_env") or get("python"):
+        env_text = f"env {info['python_env'][:12]} from " if get("python_env") else ""
+        rows.insert(4, ("python", f"{env_text}{get('python')}"))
+    if get("env"):
+        rows.insert(4, ("env", " ".join(f"{k}={_shown(k, v)}" for k, v in info["env"].items())))
     for key, value in rows:
-        out.print(f"[bold]{key:>9}[/bold]  {value}", soft_wrap=True)
-    for past in info.attempts:
-        out.print(
-            f"[bold]{'attempt ' + str(past.attempt):>9}[/bold]  {state_text(past.state)}:"
-            f" {past.reason or '-'}",
-            soft_wrap=True,
+        echo(f"[bold]{key:>9}[/bold]  {value}")
+    for past in get("attempts", ()):
+        echo(
+            f"[bold]{'attempt ' + str(past['attempt']):>9}[/bold]"
+            f"  {state_text(JobState(past['state']))}: {past.get('reason') or '-'}"
         )
 
 
@@ -74,13 +87,13 @@ def show(
 SHARE_HEADROOM = 1.2
 
 
-def memory_text(info: JobInfo) -> str:
+def memory_text(info: Info) -> str:
     """ "peak 5.1 GiB of a 6 GiB share", and for a finished job the share it would need."""
-    peak = info.memory_peak_mb or 0.0
+    peak = info.get("memory_peak_mb") or 0.0
     text = f"peak {format_mb(peak)} (the framework's own count)"
-    if info.gpu_memory_mb is not None:
-        text = f"peak {format_mb(peak)} of a {format_mb(info.gpu_memory_mb)} share"
-    if info.state.finished and peak > 0:
+    if info.get("gpu_memory_mb") is not None:
+        text = f"peak {format_mb(peak)} of a {format_mb(info['gpu_memory_mb'])} share"
+    if JobState(info["state"]).finished and peak > 0:
         text += f"; next time --gpu-memory {suggest_share(peak)} would do (peak + 20 %)"
     return text
 
@@ -99,15 +112,16 @@ def _shown(key: str, value: str) -> str:
     return "******" if SECRET_KEY.search(key) else value
 
 
-def _gpus_text(info: JobInfo) -> str:
-    if info.gpu_memory_mb is not None:
-        share = f"a {format_mb(info.gpu_memory_mb)} share"
-        if info.gpu_ids:
-            return f"{info.gpu_ids[0]} ({share}, may be shared with other jobs)"
+def _gpus_text(info: Info) -> str:
+    gpu_ids = info["gpu_ids"]
+    if info.get("gpu_memory_mb") is not None:
+        share = f"a {format_mb(info['gpu_memory_mb'])} share"
+        if gpu_ids:
+            return f"{gpu_ids[0]} ({share}, may be shared with other jobs)"
         return f"{share} of one GPU requested"
-    if info.gpu_ids:
-        return ",".join(map(str, info.gpu_ids))
-    return f"{info.gpus} requested" if info.gpus else "none (CPU)"
+    if gpu_ids:
+        return ",".join(map(str, gpu_ids))
+    return f"{info['gpus']} requested" if info["gpus"] else "none (CPU)"
 
 
 def register(app: typer.Typer) -> None:

@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpuhop.api import JobInfo, JobState
+from gpuhop.cli import params
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.jobs import _parse_env
 from gpuhop.cli.output import (
@@ -158,7 +159,7 @@ def _live_table(runs: list[JobInfo]) -> Table:
             escape(r.name or "-"),
             r.id,
             f"[{style}]{state}[/]",
-            duration(r),
+            duration(r.started_at, r.ended_at),
             format_metrics(r.latest_metrics),
         )
     return table
@@ -200,7 +201,7 @@ def show(
                 escape(r.name or "-"),
                 r.id,
                 r.state.value,
-                duration(r),
+                duration(r.started_at, r.ended_at),
                 *(_value((r.latest_metrics or {}).get(n)) for n in names),
             )
             for r in runs
@@ -236,7 +237,7 @@ def _value(value: object) -> str:
 
 def _dispatch_show(args: list[str]) -> None:
     app = typer.Typer(add_completion=False, rich_markup_mode=None)
-    app.command()(show)
+    app.command()(params.for_typer(show))  # its --on is declared for gpuhop.cli.params
     app(args=args, prog_name="gpuhop sweep show")
 
 

@@ -92,7 +92,13 @@ def list_servers(on: str | None = OnOption) -> None:
     print_table(
         ("ID", "NAME", "STATE", "GPUS", "CREATED"),
         [
-            (i.id, i.name or "-", state_text(i.state), gpus_column(i), ago(i.created_at))
+            (
+                i.id,
+                i.name or "-",
+                state_text(i.state),
+                gpus_column(i.model_dump(mode="json")),
+                ago(i.created_at),
+            )
             for i in infos
         ],
     )

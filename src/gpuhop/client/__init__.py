@@ -1,14 +1,24 @@
 """The client side of gpuhop: the Python SDK that the CLI is built on."""
 
+from typing import TYPE_CHECKING
+
 from gpuhop.client.client import Client
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.job import Job
-from gpuhop.client.spec import SyncStats
 
 __all__ = ["Client", "Forward", "GpuhopError", "Job", "Model", "SyncStats", "TensorBoard"]
 
 
+if TYPE_CHECKING:
+    from gpuhop.client.spec import SyncStats
+
+
 def __getattr__(name: str) -> object:
+    # The sync's modules load with a submit, not with every command.
+    if name == "SyncStats":
+        from gpuhop.client.spec import SyncStats
+
+        return SyncStats
     # Forward needs websockets and asyncio: loaded only by those who forward ports.
     if name == "Forward":
         from gpuhop.client.forward import Forward

@@ -22,33 +22,34 @@ import gpuhop.client.endpoints as endpoints
 import gpuhop.client.host as host
 import gpuhop.client.jobs as jobs
 import gpuhop.client.notebook as notebooks
-import gpuhop.client.serving as serving
-import gpuhop.client.sweeps as sweeps
-import gpuhop.client.tokens as tokens
-from gpuhop.api import (
-    AgentInfo,
-    DoctorCheck,
-    GpuInfo,
-    JobInfo,
-    JobState,
-    TokenCreated,
-    TokenInfo,
-    UiLoginCode,
-)
-from gpuhop.api.upkeep import DiskUsage, GcReport
 from gpuhop.client.job import Job, get
 from gpuhop.client.session import Session
-from gpuhop.client.spec import SyncStats
-from gpuhop.client.sync import FileEntry
 from gpuhop.client.transport import Endpoint
-from gpuhop.client.upload import Progress, send_files
 from gpuhop.home import AgentPaths, default_home
 
 if TYPE_CHECKING:
     import httpx
 
+    # Loaded inside the calls that use them: `gpuhop ps` needs none of them.
+    import gpuhop.client.serving as serving
+    import gpuhop.client.sweeps as sweeps
+    from gpuhop.api import (
+        AgentInfo,
+        DoctorCheck,
+        GpuInfo,
+        JobInfo,
+        JobState,
+        TokenCreated,
+        TokenInfo,
+        UiLoginCode,
+    )
+    from gpuhop.api.agent import ClusterInfo
+    from gpuhop.api.upkeep import DiskUsage, GcReport
     from gpuhop.client.dashboard import Dashboard
     from gpuhop.client.data import Datasets, Envs
+    from gpuhop.client.spec import SyncStats
+    from gpuhop.client.sync import FileEntry
+    from gpuhop.client.upload import Progress
 
 
 def client_cache_dir() -> Path:
@@ -118,6 +119,16 @@ class Client:
         """The host's GPUs: memory used and load now, and the jobs holding each."""
         return host.gpus(self.session)
 
+    def gpus_json(self) -> list[dict[str, Any]]:
+        """`gpus`, as the agent's JSON."""
+        return host.gpus_json(self.session)
+
+    def cluster(self) -> ClusterInfo:
+        """On an agent with the Slurm backend: the partition's nodes (GRES, state) and the
+        user's Slurm jobs, with the gpuhop job each runs. GpuhopError (unsupported) on an
+        agent whose jobs run on its own host."""
+        return host.cluster(self.session)
+
     def release_gpu(self, index: int) -> GpuInfo:
         """Put GPU `index`, quarantined for a hardware fault, back in service (admins only)."""
         return host.release_gpu(self.session, index)
@@ -141,6 +152,8 @@ class Client:
     def ui_login_code(self) -> UiLoginCode:
         """A one-time code that logs a browser in to the agent's dashboard as this client's
         user: once, within a minute, and only through this client's credentials."""
+        import gpuhop.client.tokens as tokens
+
         return tokens.login_code(self.session)
 
     def dashboard(self, port: int = 0) -> Dashboard:
@@ -154,13 +167,19 @@ class Client:
 
     def create_token(self, user: str, admin: bool = False) -> TokenCreated:
         """A new bearer token for `user`. The token is in the answer and nowhere else."""
+        import gpuhop.client.tokens as tokens
+
         return tokens.create(self.session, user, admin)
 
     def tokens(self) -> list[TokenInfo]:
+        import gpuhop.client.tokens as tokens
+
         return tokens.list_tokens(self.session)
 
     def revoke_token(self, token_id: str) -> TokenInfo:
         """Revoke a token by id; requests carrying it are refused from now on."""
+        import gpuhop.client.tokens as tokens
+
         return tokens.revoke(self.session, token_id)
 
     # -- jobs ---------------------------------------------------------------------------------
@@ -269,6 +288,8 @@ class Client:
         once. Each run is named `NAME[key=value,...]`. `options` are `submit`'s (gpus, env,
         notify, ...). Returns the `Sweep`; `Client.sweep_runs(sweep.id)` lists its runs.
         """
+        import gpuhop.client.sweeps as sweeps
+
         return sweeps.submit(
             self.session,
             command,
@@ -288,6 +309,8 @@ class Client:
         self, files: list[FileEntry], on_upload: Callable[[int, int], None] | None = None
     ) -> tuple[int, int]:
         """Send the files the agent lacks. Returns (files sent, bytes sent)."""
+        from gpuhop.client.upload import send_files
+
         return send_files(self.session, files, on_upload)
 
     @property
@@ -325,6 +348,8 @@ class Client:
         `max_batch_size` rows (1: no batching), waiting at most `batch_timeout_ms`. With
         `wait`, returns once the server answers (GpuhopError if its job ends first).
         """
+        import gpuhop.client.serving as serving
+
         return serving.serve(
             self.session,
             source,
@@ -338,6 +363,8 @@ class Client:
 
     def model(self, ref: str) -> serving.Model:
         """A handle on a model server job, by its name (as given to `serve`) or job id."""
+        import gpuhop.client.serving as serving
+
         return serving.model(self.session, ref)
 
     # -- notebooks (see gpuhop.client.notebook) ------------------------------------------------
@@ -381,3 +408,9 @@ class Client:
         self, states: Sequence[JobState | str] | None = None, limit: int = 200
     ) -> list[JobInfo]:
         return jobs.list_jobs(self.session, states, limit)
+
+    def jobs_json(
+        self, states: Sequence[JobState | str] | None = None, limit: int = 200
+    ) -> list[dict[str, Any]]:
+        """`jobs`, as the agent's JSON (no model built: what `gpuhop ps` reads)."""
+        return jobs.list_json(self.session, states, limit)

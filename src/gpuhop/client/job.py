@@ -12,15 +12,16 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from gpuhop.api import ArtifactEntry, JobInfo, JobState, TensorBoardInfo, WorkdirEntry
+from gpuhop.api.states import JobState
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.pull import PullPlan, fetch_planned, plan_pull
 from gpuhop.client.session import Connected, Session, quote, session_of
 from gpuhop.client.unixhttp import Timeout
 
 if TYPE_CHECKING:
+    from gpuhop.api import ArtifactEntry, JobInfo, TensorBoardInfo, WorkdirEntry
     from gpuhop.client.forward import ErrorHandler, Forward
 
 # How long a follower keeps trying to reconnect to an agent that went away.
@@ -28,45 +29,86 @@ RECONNECT_PATIENCE = 30.0
 
 
 class Job:
-    """A handle on one job. `info` is the state as last fetched; `refresh()` fetches again."""
+    """A handle on one job. `info` is the state as last fetched; `refresh()` fetches again.
 
-    def __init__(self, client: Session | Connected, info: JobInfo):
+    The handle keeps the agent's JSON (`data`) and builds the `JobInfo` model from it on
+    first use of `info`: the CLI's `ps`, `show`, `logs` and `cancel` read `data` and the
+    `*_json` calls, and never load pydantic. Each `*_json` call is the request its model
+    twin makes (which is built on it), returning the JSON as it came.
+    """
+
+    def __init__(self, client: Session | Connected, info: JobInfo | dict[str, Any]):
         self.session = session_of(client)  # a Client, or the session it talks through
-        self.info = info
+        self._data: dict[str, Any] | None = info if isinstance(info, dict) else None
+        self._info: JobInfo | None = None if isinstance(info, dict) else info
 
     def __repr__(self) -> str:
-        return f"Job({self.id!r}, state={self.info.state.value!r})"
+        return f"Job({self.id!r}, state={self.state.value!r})"
+
+    @property
+    def data(self) -> dict[str, Any]:
+        """The job as the agent last sent it: its JSON (`JobInfo`'s fields), no model built."""
+        if self._data is None:
+            assert self._info is not None
+            self._data = self._info.model_dump(mode="json")
+        return self._data
+
+    @property
+    def info(self) -> JobInfo:
+        """The job as last fetched, as a `JobInfo` (built from `data` on first use)."""
+        if self._info is None:
+            from gpuhop.api.models import JobInfo  # pydantic: only for those who ask
+
+            self._info = JobInfo.model_validate(self._data)
+        return self._info
+
+    def _update(self, data: dict[str, Any]) -> dict[str, Any]:
+        self._data, self._info = data, None
+        return data
 
     @property
     def id(self) -> str:
-        return self.info.id
+        return str(self.data["id"]) if self._info is None else self._info.id
 
     @property
     def state(self) -> JobState:
-        return self.info.state
+        return JobState(self.data["state"]) if self._info is None else self._info.state
 
     def refresh(self) -> JobInfo:
-        self.info = fetch(self.session, self.id)
+        self.refresh_json()
         return self.info
+
+    def refresh_json(self) -> dict[str, Any]:
+        """`refresh`, returning the agent's JSON."""
+        return self._update(fetch_json(self.session, self.id))
 
     def wait(self, timeout: float | None = None) -> JobInfo:
         """Block until the job has ended; return its final info. Raises TimeoutError."""
+        self.wait_json(timeout)
+        return self.info
+
+    def wait_json(self, timeout: float | None = None) -> dict[str, Any]:
+        """`wait`, returning the agent's JSON."""
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.02
-        while not self.refresh().state.finished:
+        while not JobState(self.refresh_json()["state"]).finished:
             if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"job {self.id} still {self.info.state.value} after {timeout}s")
+                raise TimeoutError(f"job {self.id} still {self.state.value} after {timeout}s")
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
-        return self.info
+        return self.data
 
     def cancel(self, grace: float = 10.0) -> JobInfo:
         """Stop the job: SIGTERM to its processes, SIGKILL after `grace` seconds."""
+        self.cancel_json(grace)
+        return self.info
+
+    def cancel_json(self, grace: float = 10.0) -> dict[str, Any]:
+        """`cancel`, returning the agent's JSON."""
         response = self.session.request(
             "POST", f"/v1/jobs/{self.id}/cancel", params={"grace": grace}
         )
-        self.info = JobInfo.model_validate(response.json())
-        return self.info
+        return self._update(response.json())
 
     def requeue(self, priority: int) -> JobInfo:
         """Give the queued job a new priority (higher starts first; above the default is
@@ -74,7 +116,7 @@ class Job:
         response = self.session.request(
             "POST", f"/v1/jobs/{self.id}/requeue", json={"priority": priority}
         )
-        self.info = JobInfo.model_validate(response.json())
+        self._update(response.json())
         return self.info
 
     def forward(
@@ -160,11 +202,15 @@ class Job:
         return data["records"], data["next_offset"]
 
     def artifacts(self) -> list[ArtifactEntry]:
+        from gpuhop.api import ArtifactEntry
+
         response = self.session.request("GET", f"/v1/jobs/{self.id}/artifacts")
         return [ArtifactEntry.model_validate(a) for a in response.json()]
 
     def workdir_outputs(self) -> list[WorkdirEntry]:
         """The files the job created or changed in its work dir (not the synced sources)."""
+        from gpuhop.api import WorkdirEntry
+
         response = self.session.request("GET", f"/v1/jobs/{self.id}/workdir")
         return [WorkdirEntry.model_validate(e) for e in response.json()]
 
@@ -218,6 +264,8 @@ class TensorBoard:
     ) -> TensorBoard:
         """The server for the job `ref` names: the one already running for it, or a new
         one. With `wait`, return once it answers (see `wait_ready`)."""
+        from gpuhop.api import TensorBoardInfo
+
         response = session.request("POST", f"/v1/jobs/{quote(ref)}/tensorboard")
         tb = cls(session, TensorBoardInfo.model_validate(response.json()))
         if wait:
@@ -227,6 +275,8 @@ class TensorBoard:
     @classmethod
     def find(cls, session: Session, ref: str) -> TensorBoard:
         """The server that runs for the job `ref` names (GpuhopError 404 if none)."""
+        from gpuhop.api import TensorBoardInfo
+
         response = session.request("GET", f"/v1/jobs/{quote(ref)}/tensorboard")
         return cls(session, TensorBoardInfo.model_validate(response.json()))
 
@@ -286,11 +336,12 @@ class TensorBoard:
         return f"TensorBoard (job {job.id}) has {info.state.value}: {info.reason}{said}"
 
 
-def fetch(session: Session, ref: str) -> JobInfo:
-    """The info of the job `ref` names (id, unique id prefix, or name)."""
-    return JobInfo.model_validate(session.request("GET", f"/v1/jobs/{quote(ref)}").json())
+def fetch_json(session: Session, ref: str) -> dict[str, Any]:
+    """The job `ref` names (id, unique id prefix, or name), as the agent's JSON."""
+    data: dict[str, Any] = session.request("GET", f"/v1/jobs/{quote(ref)}").json()
+    return data
 
 
 def get(session: Session, ref: str) -> Job:
     """A handle on the job `ref` names."""
-    return Job(session, fetch(session, ref))
+    return Job(session, fetch_json(session, ref))

@@ -8,24 +8,19 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from gpuhop.api import JobInfo, JobState, RetryOn, SubmitRequest, parse_duration
-from gpuhop.api.models import DataMount
-from gpuhop.client.errors import GpuhopError, invalid
+from gpuhop.api.queue import parse_duration
+from gpuhop.api.states import JobState, RetryOn
+from gpuhop.client.errors import GpuhopError
 from gpuhop.client.job import Job
-from gpuhop.client.leftovers import outputs_warning
 from gpuhop.client.session import Session
-from gpuhop.client.spec import (
-    SyncStats,
-    requirements_text,
-    script_in_workdir,
-    share_mb,
-    tree_of,
-)
-from gpuhop.client.sync import ScanResult
-from gpuhop.client.upload import Progress, UploadProgress, scan, send_files, send_tree
+
+if TYPE_CHECKING:
+    from gpuhop.api import JobInfo
+    from gpuhop.api.models import DataMount
+    from gpuhop.client.sync import ScanResult
+    from gpuhop.client.upload import Progress, UploadProgress
 
 
 def submit(
@@ -62,6 +57,11 @@ def submit(
     """Sync `workdir` and queue `command` there; see `Client.submit`. What the sync did is
     left in `session.last_sync`. With `synced` (from `scan_workdir`), the work dir is not
     scanned again: the runs of a sweep share one tree."""
+    # The sync's modules (the scanner, hashing, uploads): loaded by a submit, not by `ps`.
+    from gpuhop.client.leftovers import outputs_warning
+    from gpuhop.client.spec import SyncStats, requirements_text, script_in_workdir, share_mb
+    from gpuhop.client.upload import send_files, send_tree
+
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     if not argv:
         raise GpuhopError("no command given", code="bad_request")
@@ -88,36 +88,36 @@ def submit(
     note = outputs_warning(result.files, root, session.cache_dir)
     if note is not None:
         result.warnings.append(note)
-    # Fields left at None are not sent, so an older agent still takes a plain request.
-    try:
-        body = SubmitRequest(
-            command=argv,
-            tree=tree,
-            name=name,
-            gpus=gpus,
-            env=dict(env or {}),
-            priority=priority,
-            retries=retries,
-            workers=workers,
-            gpus_per_worker=gpus_per_worker,
-            worker_timeout=worker_timeout,
-            gpu_memory_mb=gpu_memory_mb,
-            data=_mounts(data),
-            requirements=requirements_text(requirements, root),
-            python=python,
-            private_network=private_network or None,
-            pack=pack or None,
-            after=[d.id if isinstance(d, Job) else d for d in deps],
-            after_any=after_any,
-            timeout=seconds,
-            retry_on=RetryOn(retry_on),
-            notify=list(notify) or None,
-            mixed_gpus=mixed_gpus or None,
-            sweep=sweep,
-            max_parallel=max_parallel,
-        ).model_dump(mode="json", exclude_none=True)
-    except ValidationError as e:
-        raise invalid("the job was not submitted", e) from None
+    # `SubmitRequest`'s fields, checked by the agent (its 422 names each bad one): no
+    # pydantic here, before `gpuhop run`'s first byte. Fields left at None are not sent, so
+    # an older agent still takes a plain request.
+    fields: dict[str, Any] = dict(
+        command=argv,
+        tree=tree,
+        name=name,
+        gpus=gpus,
+        env=dict(env or {}),
+        priority=priority,
+        retries=retries,
+        workers=workers,
+        gpus_per_worker=gpus_per_worker,
+        worker_timeout=worker_timeout,
+        gpu_memory_mb=gpu_memory_mb,
+        data=[m.model_dump(mode="json") for m in _mounts(data)],
+        requirements=requirements_text(requirements, root),
+        python=python,
+        private_network=private_network or None,
+        pack=pack or None,
+        after=[d.id if isinstance(d, Job) else d for d in deps],
+        after_any=after_any,
+        timeout=seconds,
+        retry_on=RetryOn(retry_on).value,
+        notify=list(notify) or None,
+        mixed_gpus=mixed_gpus or None,
+        sweep=sweep,
+        max_parallel=max_parallel,
+    )
+    body = {key: value for key, value in fields.items() if value is not None}
     # An older agent takes a request without these when they say nothing new.
     for key, unset in (("data", []), ("after", []), ("after_any", False), ("retry_on", "infra")):
         if body[key] == unset:
@@ -126,6 +126,8 @@ def submit(
     try:
         response = session.request("POST", "/v1/jobs", json=body)
     except GpuhopError as e:
+        if e.status == 422:
+            raise GpuhopError(f"the job was not submitted: {e.message}", e.code, 422) from None
         if e.code != "missing_tree":
             raise
         # A new or changed tree: send the files the agent lacks, then the tree, then
@@ -136,7 +138,7 @@ def submit(
         sent = (count + more[0], size + more[1])
         response = session.request("POST", "/v1/jobs", json=body)
     session.last_sync = SyncStats(result, *sent)
-    return Job(session, JobInfo.model_validate(response.json()))
+    return Job(session, response.json())
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,9 @@ class Synced:
 
 
 def scan_workdir(session: Session, root: Path, on_hash: Progress | None = None) -> Synced:
+    from gpuhop.client.spec import tree_of
+    from gpuhop.client.upload import scan
+
     result = scan(session, root, on_hash)
     return Synced(result, *tree_of(result.files))
 
@@ -161,13 +166,24 @@ def list_jobs(
 ) -> list[JobInfo]:
     """The agent's jobs (at most `limit`), only those in `states` when given; with `sweep`,
     that sweep's runs (a sweep id, or a name for the newest sweep of that name)."""
+    from gpuhop.api.models import JobInfo
+
+    return [JobInfo.model_validate(j) for j in list_json(session, states, limit, sweep)]
+
+
+def list_json(
+    session: Session,
+    states: Sequence[JobState | str] | None = None,
+    limit: int = 200,
+    sweep: str | None = None,
+) -> list[dict[str, Any]]:
+    """`list_jobs`, as the agent's JSON."""
     params: list[tuple[str, str | int]] = [("limit", limit)]
     if sweep is not None:
         params.append(("sweep", sweep))
     params += [("state", JobState(s).value) for s in states or ()]
-    return [
-        JobInfo.model_validate(j) for j in session.request("GET", "/v1/jobs", params=params).json()
-    ]
+    jobs: list[dict[str, Any]] = session.request("GET", "/v1/jobs", params=params).json()
+    return jobs
 
 
 def _mounts(data: Sequence[str]) -> list[DataMount]:

@@ -12,19 +12,19 @@ job's spec, which only its owner and admins see), and read back from there when 
 from __future__ import annotations
 
 import os
-import secrets
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gpuhop.api import JobInfo, JobState
+from gpuhop.api.states import JobState
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.job import Job, get
 from gpuhop.client.jobs import list_jobs, submit
 from gpuhop.client.session import Session, quote
 
 if TYPE_CHECKING:
+    from gpuhop.api import JobInfo
     from gpuhop.client.forward import ErrorHandler, Forward
 
 # What the job runs; keep in step with gpuhop.runtime.notebook (the client never imports it).
@@ -174,6 +174,8 @@ def start(
     """Queue a JupyterLab server job in `workdir` (synced); returns at once. `idle`: seconds
     after which idle kernels stop, and then the server (0: never). The other arguments are
     as for `Client.submit`."""
+    from secrets import token_urlsafe
+
     if idle < 0:
         raise GpuhopError(f"idle must be 0 (never) or more seconds, not {idle}", "bad_request")
     job = submit(
@@ -183,7 +185,7 @@ def start(
         gpus=gpus,
         gpu_memory=gpu_memory,
         name=name,
-        env={**(env or {}), TOKEN_ENV: secrets.token_urlsafe(32)},
+        env={**(env or {}), TOKEN_ENV: token_urlsafe(32)},
         data=data,
         requirements=requirements,
         python=python,

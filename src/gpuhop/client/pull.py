@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote_from_bytes
 
-from gpuhop.api import ArtifactEntry, WorkdirEntry, validate_relpath
+# The models load on first use (gpuhop.api is lazy): a pull needs them, `logs` does not.
+import gpuhop.api as api
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.session import Session
 
@@ -28,7 +29,7 @@ class PullPlan:
 
     job_id: str
     # (route under /v1/jobs/JOB, entry, local target) of each file to fetch.
-    todo: list[tuple[str, ArtifactEntry, Path]] = field(default_factory=list)
+    todo: list[tuple[str, api.ArtifactEntry, Path]] = field(default_factory=list)
     # (route, local path) of each file here already, unchanged.
     current: list[tuple[str, Path]] = field(default_factory=list)
     # Local work-dir files that differ from what was synced: kept, not overwritten.
@@ -47,12 +48,12 @@ class PullPlan:
         ]
 
 
-def _target(root: Path, entry: ArtifactEntry, what: str) -> Path:
+def _target(root: Path, entry: api.ArtifactEntry, what: str) -> Path:
     """Where `entry` lands under `root`: its name's own bytes (see ArtifactEntry.raw)."""
     name = entry.name_bytes()
     try:
         # Checked with any bytes that are not UTF-8 replaced: the same slashes and dots.
-        validate_relpath(name.decode("utf-8", "replace"))
+        api.validate_relpath(name.decode("utf-8", "replace"))
     except ValueError as e:
         raise GpuhopError(f"agent sent a bad {what} path: {e}", "bad_path") from None
     target = root / os.fsdecode(name)
@@ -61,7 +62,7 @@ def _target(root: Path, entry: ArtifactEntry, what: str) -> Path:
     return target
 
 
-def _same(target: Path, entry: ArtifactEntry) -> bool:
+def _same(target: Path, entry: api.ArtifactEntry) -> bool:
     st = target.stat()
     return st.st_size == entry.size and int(st.st_mtime) == int(entry.mtime)
 
@@ -85,7 +86,7 @@ def plan_pull(
         root = Path(artifacts).absolute()
         listing = session.request("GET", f"/v1/jobs/{job_id}/artifacts").json()
         for raw in listing:
-            art = ArtifactEntry.model_validate(raw)
+            art = api.ArtifactEntry.model_validate(raw)
             target = _target(root, art, "artifact")
             if target.is_file() and _same(target, art):
                 out.current.append(("artifacts", target))
@@ -101,7 +102,7 @@ def plan_pull(
             out.workdir_note = e.message
             listing = []
         for raw in listing:
-            entry = WorkdirEntry.model_validate(raw)
+            entry = api.WorkdirEntry.model_validate(raw)
             target = _target(root, entry, "work-dir file")
             if target.is_symlink() or (target.exists() and not target.is_file()):
                 out.kept.append(target)  # never written through a link, nor over a folder
@@ -121,7 +122,7 @@ def plan_pull(
 def fetch_planned(
     session: Session,
     pulled: PullPlan,
-    on_file: Callable[[ArtifactEntry], None] | None = None,
+    on_file: Callable[[api.ArtifactEntry], None] | None = None,
     on_bytes: Callable[[int, int], None] | None = None,
 ) -> list[Path]:
     """Fetch what `pulled` lists; return every file now here (fetched or already current).

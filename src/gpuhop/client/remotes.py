@@ -4,18 +4,22 @@
 ($GPUHOP_CONFIG_DIR, else the platform's), mode 0600 in a 0700 dir: it may hold tokens.
 A command talks to the remote named by `--on`, else $GPUHOP_REMOTE, else the default
 remote, else the local agent. The name `local` always means the local agent.
+
+Every command reads this file first, so it is plain dataclasses and `json`: no pydantic
+before the first byte of a command's output.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import re
-import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from gpuhop.client.errors import GpuhopError
 
@@ -24,10 +28,9 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 SCHEMES = ("ssh", "https")
 
 
-class Remote(BaseModel):
+@dataclass
+class Remote:
     """One configured remote agent."""
-
-    model_config = ConfigDict(extra="ignore", defer_build=True)
 
     name: str
     url: str
@@ -48,12 +51,38 @@ class Remote(BaseModel):
     def scheme(self) -> str:
         return urlsplit(self.url).scheme
 
+    @classmethod
+    def from_json(cls, data: object) -> Remote:
+        """A remote as stored; keys it does not know (a newer gpuhop's) are ignored."""
+        if not isinstance(data, dict):
+            raise ValueError("a remote is not an object")
+        known = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
+        for key, value in known.items():
+            if not isinstance(value, str) and (value is not None or key in ("name", "url")):
+                raise ValueError(f"{key} is not a string")
+        return cls(**known)
 
-class RemotesFile(BaseModel):
-    model_config = ConfigDict(extra="ignore", defer_build=True)
+    def to_json(self) -> dict[str, str]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
+
+@dataclass
+class RemotesFile:
     default: str | None = None
-    remotes: dict[str, Remote] = Field(default_factory=dict)
+    remotes: dict[str, Remote] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: object) -> RemotesFile:
+        if not isinstance(data, dict):
+            raise ValueError("not an object")
+        default, remotes = data.get("default"), data.get("remotes", {})
+        if not (default is None or isinstance(default, str)) or not isinstance(remotes, dict):
+            raise ValueError("default or remotes of the wrong type")
+        return cls(default, {name: Remote.from_json(r) for name, r in remotes.items()})
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"default": self.default} if self.default is not None else {}
+        return data | {"remotes": {name: r.to_json() for name, r in self.remotes.items()}}
 
 
 def config_dir() -> Path:
@@ -78,8 +107,8 @@ def load() -> RemotesFile:
     except OSError as e:
         raise GpuhopError(f"cannot read {path}: {e.strerror}", code="bad_config") from None
     try:
-        return RemotesFile.model_validate_json(raw)
-    except ValueError as e:
+        return RemotesFile.from_json(json.loads(raw))
+    except (ValueError, TypeError) as e:
         raise GpuhopError(
             f"{path} is not a valid gpuhop remotes file ({e.__class__.__name__}); fix or remove it",
             code="bad_config",
@@ -88,13 +117,15 @@ def load() -> RemotesFile:
 
 def save(config: RemotesFile) -> None:
     """Write the file atomically, readable by its owner only."""
+    import tempfile
+
     path = config_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".remotes-", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(config.model_dump_json(indent=2, exclude_none=True))
+            f.write(json.dumps(config.to_json(), indent=2))
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:

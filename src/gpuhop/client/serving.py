@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from gpuhop.api import JobInfo, ServeRequest, ServingInfo
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.job import Job, get
 from gpuhop.client.session import Connected, Session, session_of
@@ -27,6 +26,7 @@ from gpuhop.client.unixhttp import Timeout
 from gpuhop.client.upload import scan, send_files, send_tree
 
 if TYPE_CHECKING:
+    from gpuhop.api import ServingInfo
     from gpuhop.client.forward import Forward
     from gpuhop.client.session import Response
 
@@ -150,6 +150,8 @@ def _plain(value: Any) -> Any:
 
 def _info(session: Session, ref: str) -> ServingInfo:
     response = session.request("GET", f"/v1/serve/{quote(ref, safe='')}")
+    from gpuhop.api import ServingInfo
+
     return ServingInfo.model_validate(response.json())
 
 
@@ -170,6 +172,8 @@ def serve(
     timeout: float = 600.0,
 ) -> Model:
     """Start a model server job; see `Client.serve`."""
+    from gpuhop.api import JobInfo, ServeRequest
+
     fields: dict[str, Any] = {
         "name": name,
         "gpus": gpus,

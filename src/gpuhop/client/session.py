@@ -15,15 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 from urllib.parse import quote as _url_quote
 
-from gpuhop.api import ErrorBody
 from gpuhop.client.errors import GpuhopError
-from gpuhop.client.spec import SyncStats
 from gpuhop.client.transport import Endpoint
 from gpuhop.client.unixhttp import Response as UnixResponse
 from gpuhop.client.unixhttp import Timeout, TransportError, UnixClient
 
 if TYPE_CHECKING:
     import httpx
+
+    from gpuhop.client.spec import SyncStats
 
     Response: TypeAlias = httpx.Response | UnixResponse
 
@@ -141,14 +141,20 @@ def check(response: Response) -> None:
     """Raise GpuhopError with the agent's own words for a 4xx/5xx answer."""
     if response.status_code < 400:
         return
+    # `ErrorBody`, read as JSON: an expected answer (`missing_tree` on a first `run`) loads
+    # no pydantic.
     try:
-        body = ErrorBody.model_validate(response.json())
-        raise GpuhopError(body.message, body.code.value, response.status_code, body.detail)
+        body = response.json()
     except ValueError:
-        raise GpuhopError(
-            f"the agent answered {response.status_code}: {response.text[:500]}",
-            status=response.status_code,
-        ) from None
+        body = None
+    if isinstance(body, dict):
+        code, message, detail = body.get("code"), body.get("message"), body.get("detail")
+        if isinstance(code, str) and isinstance(message, str) and isinstance(detail, dict | None):
+            raise GpuhopError(message, code, response.status_code, detail)
+    raise GpuhopError(
+        f"the agent answered {response.status_code}: {response.text[:500]}",
+        status=response.status_code,
+    )
 
 
 def quote(ref: str, safe: str = "") -> str:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import gpuhop.client.jobs as jobs
-from gpuhop.api.models import JOB_NAME_RE
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.job import Job
 from gpuhop.client.session import Session
@@ -97,6 +96,8 @@ def fill(argv: Sequence[str], values: Mapping[str, str]) -> list[str]:
 
 def run_name(name: str, values: Mapping[str, str]) -> str:
     text = f"{name}[{','.join(f'{k}={v}' for k, v in values.items())}]"
+    from gpuhop.api.models import JOB_NAME_RE
+
     if not JOB_NAME_RE.match(text):
         raise GpuhopError(
             f"the run name {text!r} is too long (at most 128 characters): use a shorter"

@@ -4,28 +4,29 @@ dashboard."""
 
 from __future__ import annotations
 
-from gpuhop.api import TokenCreated, TokenInfo, TokenRequest, UiLoginCode
+# The models load on first use (gpuhop.api is lazy): not on the paths of `ps` or `run`.
+import gpuhop.api as api
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.session import Session, quote
 
 
-def create(session: Session, user: str, admin: bool = False) -> TokenCreated:
+def create(session: Session, user: str, admin: bool = False) -> api.TokenCreated:
     """A new bearer token for `user`. The token is in the answer and nowhere else."""
-    body = TokenRequest(user=user, admin=admin).model_dump(mode="json")
-    return TokenCreated.model_validate(session.request("POST", "/v1/tokens", json=body).json())
+    body = api.TokenRequest(user=user, admin=admin).model_dump(mode="json")
+    return api.TokenCreated.model_validate(session.request("POST", "/v1/tokens", json=body).json())
 
 
-def list_tokens(session: Session) -> list[TokenInfo]:
-    return [TokenInfo.model_validate(t) for t in session.request("GET", "/v1/tokens").json()]
+def list_tokens(session: Session) -> list[api.TokenInfo]:
+    return [api.TokenInfo.model_validate(t) for t in session.request("GET", "/v1/tokens").json()]
 
 
-def revoke(session: Session, token_id: str) -> TokenInfo:
+def revoke(session: Session, token_id: str) -> api.TokenInfo:
     """Revoke a token by id; requests carrying it are refused from now on."""
     response = session.request("DELETE", f"/v1/tokens/{quote(token_id)}")
-    return TokenInfo.model_validate(response.json())
+    return api.TokenInfo.model_validate(response.json())
 
 
-def login_code(session: Session) -> UiLoginCode:
+def login_code(session: Session) -> api.UiLoginCode:
     """A one-time code that logs a browser in to the agent's dashboard as this session's
     user: once, within a minute, and only through this session's credentials."""
     try:
@@ -39,4 +40,4 @@ def login_code(session: Session) -> UiLoginCode:
             code="not_found",
             status=404,
         ) from None
-    return UiLoginCode.model_validate(response.json())
+    return api.UiLoginCode.model_validate(response.json())

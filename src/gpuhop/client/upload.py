@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from gpuhop.api import BlobCheckResult
 from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.session import Session
@@ -41,10 +40,9 @@ def send_files(
         return 0, 0
     by_digest = {f.digest: f for f in files}
     check_body = {"digests": list(by_digest)}
-    result = BlobCheckResult.model_validate(
-        session.request("POST", "/v1/blobs/missing", json=check_body).json()
-    )
-    todo = [by_digest[d] for d in result.missing]
+    # `BlobCheckResult`, read as JSON: no pydantic on `run`'s path.
+    missing = session.request("POST", "/v1/blobs/missing", json=check_body).json()["missing"]
+    todo = [by_digest[d] for d in missing]
     total = sum(f.size for f in todo)
     sent = 0
     for batch in batches(todo, UPLOAD_BATCH_BYTES):

@@ -58,6 +58,7 @@ class JobRecord:
     max_parallel: int | None = None
     mixed_gpus: bool = False
     notify: list[str] = field(default_factory=list)
+    tree: str | None = None
 
     @classmethod
     def from_row(cls, row: sqlite3.Row) -> JobRecord:
@@ -95,6 +96,7 @@ class JobRecord:
             max_parallel=row["max_parallel"],
             mixed_gpus=bool(row["mixed_gpus"]),
             notify=json.loads(row["notify"]),
+            tree=row["tree"],
         )
 
 

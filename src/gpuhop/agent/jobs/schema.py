@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     sweep         TEXT,
     max_parallel  INTEGER,
     mixed_gpus    INTEGER NOT NULL DEFAULT 0,
-    notify        TEXT NOT NULL DEFAULT '[]'
+    notify        TEXT NOT NULL DEFAULT '[]',
+    tree          TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
@@ -81,6 +82,10 @@ ADDED_COLUMNS = {
     "mixed_gpus": "INTEGER NOT NULL DEFAULT 0",
     # The webhooks told of the job's start and end (a JSON list).
     "notify": "TEXT NOT NULL DEFAULT '[]'",
+    # The digest of the job's tree (its copy is `tree.json` in its job dir), known at submit
+    # so that a start need not hash that copy again; NULL for a job with no tree, or from an
+    # agent before it (its start hashes the copy).
+    "tree": "TEXT",
 }
 # The same for the attempts table.
 ADDED_ATTEMPT_COLUMNS = {"end_class": "TEXT"}

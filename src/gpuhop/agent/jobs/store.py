@@ -102,6 +102,7 @@ class JobStore:
         max_parallel: int | None = None,
         mixed_gpus: bool = False,
         notify: Sequence[str] = (),
+        tree: str | None = None,
     ) -> JobRecord:
         """Insert a queued job. With `job_id`, that id is used (and must be new)."""
         now = time.time() if now is None else now
@@ -114,8 +115,8 @@ class JobStore:
                         "INSERT INTO jobs (id, name, state, command, env, gpus, priority,"
                         " created_at, retries, workers, worker_timeout, gpu_memory_mb, owner,"
                         " private_network, after_ids, after_any, timeout, retry_on,"
-                        " sweep, max_parallel, mixed_gpus, notify)"
-                        f" VALUES ({', '.join('?' * 22)})",
+                        " sweep, max_parallel, mixed_gpus, notify, tree)"
+                        f" VALUES ({', '.join('?' * 23)})",
                         (
                             job_id,
                             name,
@@ -139,6 +140,7 @@ class JobStore:
                             max_parallel,
                             int(mixed_gpus),
                             json.dumps(list(notify)),
+                            tree,
                         ),
                     )
                     break

@@ -94,7 +94,9 @@ class Supervisor:
             job = self.store.get(job_id)
             self._check_isolation()
             deps = jobdeps.read(jp)
-            checkout = materialise(jp, self.blobs, self.checkouts, self.backend.work_view())
+            checkout = materialise(
+                jp, self.blobs, self.checkouts, self.backend.work_view(), job.tree
+            )
             if checkout is not None:
                 deps["checkout"] = str(checkout)
             started = self.backend.start(job, jp, deps)

@@ -16,15 +16,20 @@ from gpuhop.home import JobPaths
 
 
 def materialise(
-    jp: JobPaths, blobs: BlobStore, checkouts: CheckoutStore | None, no_view: str | None
+    jp: JobPaths,
+    blobs: BlobStore,
+    checkouts: CheckoutStore | None,
+    no_view: str | None,
+    digest: str | None = None,
 ) -> Path | None:
     """Give the job its files: the tree's shared checkout, which the backend shows the job
     through a writable overlay (returned), or, where the backend has no such view (`no_view`
     says why), a copy of every file in the job's work dir (None). Either way the job can
-    never modify the stored blobs."""
+    never modify the stored blobs. `digest` is the tree's, as recorded at submit; without it
+    (a job from an older agent) the job's copy of the tree is hashed to find it."""
     for d in (jp.work, jp.artifacts, jp.checkpoints):
         d.mkdir(parents=True, exist_ok=True)
-    view = _files(jp, blobs, checkouts, no_view) if jp.tree.exists() else None
+    view = _files(jp, blobs, checkouts, no_view, digest) if jp.tree.exists() else None
     # After the last copy: what the job writes later is newer (see services/workdir.py).
     jp.materialised.touch()  # sets the mtime to now on a retry's second making too
     return view
@@ -38,11 +43,16 @@ def _entries(jp: JobPaths) -> Iterator[ManifestEntry]:
 
 
 def _files(
-    jp: JobPaths, blobs: BlobStore, checkouts: CheckoutStore | None, no_view: str | None
+    jp: JobPaths,
+    blobs: BlobStore,
+    checkouts: CheckoutStore | None,
+    no_view: str | None,
+    digest: str | None,
 ) -> Path | None:
     if checkouts is not None and no_view is None:
-        with open(jp.tree, "rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        if digest is None:
+            with open(jp.tree, "rb") as f:
+                digest = hashlib.file_digest(f, "sha256").hexdigest()
         return checkouts.ensure(digest, lambda: list(_entries(jp)))
     # Every path is relative with no '..' (ManifestEntry checks it again here), and the work
     # dir is new, holding only what is made below: nothing can lead out of it. The files are

@@ -67,8 +67,9 @@ class LogCap:
 
 class TimeLimits:
     """Stops a running job whose `--timeout` passed: SIGTERM, SIGKILL after the grace
-    period, class `timeout`. The limit runs from the attempt's start as the store keeps it,
-    so an agent restarted meanwhile still stops the job on time."""
+    period, class `timeout`. The limit runs from the attempt's start as the store keeps it
+    (or, on a cluster that kept it pending, from when the cluster started it: see
+    Backend.running_since), so an agent restarted meanwhile still stops the job on time."""
 
     interval = 1.0
     grace = 10.0
@@ -81,7 +82,9 @@ class TimeLimits:
         for job in self.rt.store.list([JobState.running], limit=100_000):
             if job.timeout is None or job.started_at is None or job.pid is None:
                 continue
-            if now >= job.started_at + job.timeout:
+            jp = self.rt.supervisor.job_paths(job.id)
+            since = self.rt.backend.running_since(jp, job.started_at)
+            if since is not None and now >= since + job.timeout:
                 self.rt.supervisor.stop(
                     job,
                     f"timed out (its time limit is {format_seconds(job.timeout)})",

@@ -92,6 +92,7 @@ def gather(ctx: AgentContext, report: dict[str, Any]) -> Facts:
         ray=ctx.backend.remote,  # a cluster (Ray, Slurm): not this host's sandbox
         quarantined={i: q.detail for i, q in ctx.quarantine.all().items()},
         work_view=ctx.backend.work_view(),
+        files_seen=ctx.backend.files_seen(),
     )
 
 
@@ -146,6 +147,7 @@ def evaluate(f: Facts) -> list[DoctorCheck]:
         hostchecks.disk(f),
         hostchecks.sandbox(f),
         hostchecks.work_dirs(f),
+        *hostchecks.shared_files(f),
     ]
 
 

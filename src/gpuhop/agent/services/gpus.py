@@ -3,10 +3,15 @@ and why a GPU is out of service."""
 
 from __future__ import annotations
 
+import contextlib
+
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
-from gpuhop.agent.jobs.store import ACTIVE_STATES
-from gpuhop.api import GpuInfo
+from gpuhop.agent.errors import ApiError
+from gpuhop.agent.jobs.store import ACTIVE_STATES, JobNotFound, JobRecord
+from gpuhop.api import ErrorCode, GpuInfo
+from gpuhop.api.agent import ClusterInfo
+from gpuhop.backends.base import Refused
 
 
 def describe(ctx: AgentContext, caller: Caller) -> list[GpuInfo]:
@@ -48,3 +53,37 @@ def describe(ctx: AgentContext, caller: Caller) -> list[GpuInfo]:
             )
         )
     return out
+
+
+def cluster(ctx: AgentContext, caller: Caller) -> ClusterInfo:
+    """What the cluster's scheduler says of its nodes and the agent's user's jobs there.
+
+    Those jobs are all the agent's OS user's, gpuhop's and others; a caller who is not an
+    admin sees only their own gpuhop jobs among them. A name that looks like a gpuhop job's
+    but names none of the agent's jobs is not taken for one.
+    """
+    try:
+        info = ctx.backend.cluster()
+    except Refused as e:
+        raise ApiError(503, e.code, e.message) from None
+    if info is None:
+        raise ApiError(
+            409,
+            ErrorCode.unsupported,
+            f"this agent runs jobs on {ctx.backend.where} (--backend {ctx.backend.name}),"
+            " which has no scheduler of its own to ask: gpuhop gpus lists its GPUs",
+        )
+    jobs = []
+    for job in info.jobs:
+        record: JobRecord | None = None
+        if job.job_id:
+            with contextlib.suppress(JobNotFound):
+                record = ctx.store.get(job.job_id)
+        if record is None:
+            if not caller.admin:
+                continue
+            job = job.model_copy(update={"job_id": None})
+        elif caller.owner_filter is not None and record.owner != caller.owner_filter:
+            continue
+        jobs.append(job)
+    return info.model_copy(update={"jobs": jobs})

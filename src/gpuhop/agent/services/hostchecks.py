@@ -33,6 +33,9 @@ class Facts:
     quarantined: dict[int, str] = field(default_factory=dict)  # GPU -> its fault
     # Why each job gets a copy of its files rather than an overlay of the shared checkout.
     work_view: str | None = None
+    # Whether a cluster's nodes see the agent's jobs dir (None: not checked), in words; None
+    # for a backend whose jobs do not use their files there (see Backend.files_seen).
+    files_seen: tuple[bool | None, str] | None = None
 
     @property
     def real_gpus(self) -> bool:
@@ -112,3 +115,21 @@ def work_dirs(f: Facts) -> DoctorCheck:
         " a large tree waits for the copy; put large data in datasets"
     )
     return check(name, CheckStatus.warning, detail, "allow overlayfs in user namespaces")
+
+
+def shared_files(f: Facts) -> list[DoctorCheck]:
+    """Where a Slurm job's files live, and whether the nodes were seen to share them."""
+    if f.files_seen is None:
+        return []
+    ok, detail = f.files_seen
+    name = "shared filesystem"
+    if ok:
+        return [check(name, CheckStatus.passed, detail)]
+    return [
+        check(
+            name,
+            CheckStatus.warning,
+            f"jobs' files are under {f.state_dir}/jobs, which the compute nodes must see; {detail}",
+            "restart the agent when the partition has a free node, to check again",
+        )
+    ]

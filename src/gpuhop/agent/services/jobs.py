@@ -164,7 +164,7 @@ def _check_command(rt: AgentContext, req: SubmitRequest) -> None:
             rel = validate_relpath(head[2:] if head.startswith("./") else head)
         except ValueError as e:
             raise ApiError(400, ErrorCode.bad_path, f"script: {e}") from None
-        if req.tree is None or not any(e["path"] == rel for e in rt.trees.entries(req.tree)):
+        if req.tree is None or not _in_tree(rt, req.tree, rel):
             raise ApiError(
                 400,
                 ErrorCode.bad_request,
@@ -182,6 +182,15 @@ def _check_command(rt: AgentContext, req: SubmitRequest) -> None:
         raise ApiError(
             400, ErrorCode.bad_request, f"command {head!r} was not found on the GPU host"
         )
+
+
+def _in_tree(rt: AgentContext, digest: str, rel: str) -> bool:
+    """Whether the stored tree `digest` lists the file `rel`. Its checkout, where one was made
+    (a tree run before), answers with one stat; otherwise (or if it says no: collection may
+    have just removed it) the tree's entries are read."""
+    if os.path.isfile(rt.checkouts.path(digest) / rel):
+        return True
+    return any(e["path"] == rel for e in rt.trees.entries(digest))
 
 
 def _claim_job_dir(rt: AgentContext) -> tuple[str, JobPaths]:
@@ -207,6 +216,13 @@ def _check_share(rt: AgentContext, share_mb: int) -> None:
             ErrorCode.unsatisfiable,
             f"the job asks for {format_mb(share_mb)} of GPU memory; {has}",
         )
+
+
+def _keep_copy(source: os.PathLike[str], dest: os.PathLike[str]) -> None:
+    try:
+        os.link(source, dest)
+    except OSError:  # another filesystem, too many links: a copy
+        shutil.copyfile(source, dest)
 
 
 def submit(
@@ -257,8 +273,9 @@ def submit(
     try:
         deps.store(jp, job_deps, req)
         if req.tree is not None:
-            # The job keeps its own copy, so it never depends on the shared tree staying.
-            shutil.copyfile(rt.trees.path(req.tree), jp.tree)
+            # The job keeps its own copy, so it never depends on the shared tree staying: a
+            # hard link, as a stored tree is never written after its rename into place.
+            _keep_copy(rt.trees.path(req.tree), jp.tree)
         if prepare is not None:
             prepare(jp)
         job = rt.store.create(
@@ -282,6 +299,7 @@ def submit(
             max_parallel=req.max_parallel,
             mixed_gpus=bool(req.mixed_gpus),
             notify=req.notify or [],
+            tree=req.tree,
         )
     except BaseException:
         # A full disk (files or the job store), a bad source: no half job.

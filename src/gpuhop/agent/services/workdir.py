@@ -8,6 +8,7 @@ when the tree has no such path, or when it differs from the tree's entry: anothe
 `JobPaths.materialised` is taken as synced without reading it, so a large unchanged tree
 costs one `stat` per file.
 
+On a Slurm agent the job's work dir is the same dir, on the shared filesystem its nodes use.
 Only a finished job's files are listed and read: no process of it is left to swap a file
 for a link between the check and the read. Left out: `__pycache__` dirs (Python's own), a
 `.venv` the job made, the datasets' mount points, links (never followed out of the work
@@ -44,7 +45,9 @@ def _check(rt: AgentContext, job: JobRecord) -> None:
             " ended (its artifacts can be pulled now: gpuhop pull --only artifacts)",
             {"state": job.state.value},
         )
-    if rt.backend.remote:
+    if rt.backend.remote and rt.backend.files_seen() is None:
+        # Ray: the job ran in a copy of its files on a node. (Slurm's nodes use the job's own
+        # work dir, on the shared filesystem, so its files are here.)
         raise ApiError(
             409,
             ErrorCode.unsupported,

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -38,14 +39,19 @@ from gpuhop.backends.jobdeps import python as job_python
 from gpuhop.backends.leader import LeaderBackend, read_json
 from gpuhop.backends.local import cgroups
 from gpuhop.backends.local.commands import resolve_command
+from gpuhop.backends.local.forkserver import ForkServer, ServerGone
 from gpuhop.backends.local.sandbox import HOW_TO_ALLOW
 from gpuhop.backends.procs import alive
 from gpuhop.home import AgentPaths, JobPaths
 from gpuhop.runtime import hook
 
+log = logging.getLogger("gpuhop.agent")
+
 SHIM = str(Path(__file__).with_name("shim.py"))
 SANDBOX = str(Path(__file__).with_name("sandbox.py"))
 WORKVIEW = str(Path(__file__).with_name("workview.py"))
+# In a job's dir: what its shim runs, for the shim server; the shim reads it and removes it.
+SHIM_REQUEST = "shim-request.json"
 
 
 def job_environment(
@@ -113,6 +119,19 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _check_os_text(argv: list[str], env: dict[str, str]) -> None:
+    """Raise what Popen raises for arguments or variables the OS cannot take (a lone
+    surrogate: UnicodeEncodeError; an embedded NUL, a name with "="), before the shim server
+    is asked: the job then fails to start saying why, as a directly started shim would."""
+    for text in (*argv, *env.values()):
+        if b"\0" in os.fsencode(text):
+            raise ValueError("embedded null byte")
+    for name in env:
+        raw = os.fsencode(name)
+        if not raw or b"=" in raw or b"\0" in raw:
+            raise ValueError(f"illegal environment variable name: {name!r}")
+
+
 def _probe(python: str, helper: str) -> str | None:
     """Run `helper --probe`: None if it passed, else why not."""
     try:
@@ -135,6 +154,8 @@ class LocalBackend(LeaderBackend):
         write; `python` runs the shim, and a job's `.py` script unless it has its own."""
         super().__init__(gpu_host, python)
         self.paths = paths
+        # Jobs' shims are forked by a warm server (a fresh interpreter each where it fails).
+        self._forks = ForkServer(python)
 
     def describe(self) -> str:
         return f"running jobs on this host ({len(self.gpu_host.gpus)} GPU(s))"
@@ -181,6 +202,14 @@ class LocalBackend(LeaderBackend):
     def leader(
         self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]
     ) -> tuple[list[str], dict[str, str]]:
+        args, env, cgroup = self._shim(job, jp, deps)
+        leader = [self.python, "-I", "-S", SHIM, *args]
+        return (leader if cgroup is None else cgroups.wrap(cgroup, leader)), env
+
+    def _shim(
+        self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]
+    ) -> tuple[list[str], dict[str, str], Path | None]:
+        """The shim's arguments and environment, and the attempt's cgroup (if one was made)."""
         env = job_environment(job, jp, gpu_total_mb=self._gpu_total_mb(job))
         python = job_python(deps, self.python)
         # `python` and `pip` in the job's shell commands are the job's own interpreter's.
@@ -199,17 +228,47 @@ class LocalBackend(LeaderBackend):
         gang += self._shim_args(deps, jp, job.workers)
         if job.private_network or job.workers > 1:
             gang += ["--relay", str(jp.relay)]
-        shim = [self.python, "-I", "-S", SHIM, str(jp.status), str(jp.shim_pid)]
-        leader = [*shim, *gang, "--", *argv]
-        cgroup = cgroups.make(jp, f"{job.id}-{job.attempt}")
-        return (leader if cgroup is None else cgroups.wrap(cgroup, leader)), env
+        args = [str(jp.status), str(jp.shim_pid), *gang, "--", *argv]
+        return args, env, cgroups.make(jp, f"{job.id}-{job.attempt}")
 
     def start(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
         try:
-            return super().start(job, jp, deps)
+            return self._spawn(job, jp, deps) or super().start(job, jp, deps)
         except BaseException:
             cgroups.oom_kills(jp)  # removes the attempt's cgroup, if it was made
             raise
+
+    def _spawn(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started | None:
+        """Start the shim through the warm shim server; None where it cannot (the caller
+        then starts a fresh interpreter for it)."""
+        try:
+            args, env, cgroup = self._shim(job, jp, deps)
+            _check_os_text(args, env)
+            procs = None if cgroup is None else cgroup / "cgroup.procs"
+            request = jp.root / SHIM_REQUEST
+            pid, start = self._forks.spawn(args, env, jp.work, jp.log, procs, request)
+        except ServerGone as e:
+            log.warning("job %s: %s; starting its shim directly", job.id, e)
+            cgroups.oom_kills(jp)  # made again by the direct start
+            return None
+        except (StartError, OSError):
+            raise
+        except Exception as e:  # as LeaderBackend.start: the job's fault, said as such
+            raise StartError(f"{type(e).__name__}: {e}") from e
+        return Started(pid, start)
+
+    def wait(self, jp: JobPaths, started: Started) -> Ending:
+        end = self._forks.ended(started.pid)
+        if end is None:
+            return super().wait(jp, started)
+        code = end.result()
+        self._forks.forget(started.pid)
+        if code is None:  # the server went away first: watch the shim as after a restart
+            return super().wait(jp, started)
+        return self._ending(jp, started, code)
+
+    def close(self) -> None:
+        self._forks.close()
 
     def _ending(self, jp: JobPaths, started: Started | None, returncode: int | None) -> Ending:
         end = super()._ending(jp, started, returncode)

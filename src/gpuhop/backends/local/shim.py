@@ -2,7 +2,7 @@
 
 Started by the supervisor as `python -I -S shim.py STATUS_FILE PID_FILE [--gang SPEC]
 [--relay SOCKET] -- COMMAND...` in a new session, with stdout and stderr already pointing
-at the job's log.
+at the job's log (or forked, as just that, by the warm shim server: shimserver.py).
 It imports the standard library only (fast start, and no path to gpuhop's modules under
 -I), outlives an agent restart, and writes the job's exit status to STATUS_FILE
 atomically, so a restarted agent still learns how the job ended. Signals sent to the

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.api import ErrorCode, GpuInfo, SubmitRequest
+from gpuhop.api.agent import ClusterInfo
 from gpuhop.backends import kerasmode
 from gpuhop.backends.base import (
     SCRUBBED_ENV,
@@ -37,6 +38,7 @@ from gpuhop.backends.base import (
 )
 from gpuhop.backends.leader import LeaderBackend
 from gpuhop.backends.settings import BackendSettings
+from gpuhop.backends.slurm import shared, view
 from gpuhop.home import AgentError, JobPaths
 
 log = logging.getLogger("gpuhop.agent")
@@ -45,9 +47,11 @@ SPEC_NAME = "slurm-spec.json"
 ID_NAME = "slurm.json"
 WAITING_NAME = "slurm-waiting"
 EXIT_NAME = "slurm-exit.json"
+RUNNING_NAME = "slurm-running.json"  # when Slurm started running the attempt (the leader's)
 COMMAND_TIMEOUT = 60.0
 # Seconds a cancelled job's leader gets after the grace for Slurm to end the job.
 CLEAN_UP_SECONDS = 30.0
+_SHARING = re.compile(r"(?:^|[|,])(shard|mps)(?=[:,(\s]|$)", re.MULTILINE)
 _GPU_GRES = re.compile(r"(?:^|,)gpu(?::[^:,(]+)?:(\d+)")
 SAME_USER = (
     "jobs run on the Slurm cluster's nodes as the agent's own user, unsandboxed, and the"
@@ -67,12 +71,19 @@ class SlurmBackend(LeaderBackend):
     where = "the Slurm cluster"
 
     def __init__(
-        self, settings: BackendSettings, nodes: list[tuple[str, int]], python: str, home: Path
+        self,
+        settings: BackendSettings,
+        nodes: list[tuple[str, int]],
+        python: str,
+        home: Path,
+        seen: shared.SharedCheck | None = None,
     ):
         super().__init__(GpuHost("slurm", gpus=_gpus(nodes)), python)
         self.settings = settings
         self.home = home
         self.nodes = nodes
+        self.seen = seen or shared.SharedCheck(None, "not checked")
+        self.sharing: set[str] = set()  # GRES for a share of a GPU that the nodes offer
         self.address = None  # Slurm's commands find the cluster (slurm.conf, $SLURM_CONF)
 
     @classmethod
@@ -96,7 +107,14 @@ class SlurmBackend(LeaderBackend):
         if not nodes:
             where = f"in partition {settings.slurm_partition}" if settings.slurm_partition else ""
             raise AgentError(f"sinfo lists no nodes {where}".strip())
-        return cls(settings, nodes, python, home)
+        jobs = home / "jobs"
+        jobs.mkdir(parents=True, exist_ok=True)
+        seen = shared.check(jobs, home, scope(settings))
+        if not seen.ok:
+            log.warning("cannot tell whether Slurm's nodes see %s: %s", jobs, seen.detail)
+        backend = cls(settings, nodes, python, home, seen)
+        backend.sharing = set(_SHARING.findall(out.stdout))
+        return backend
 
     def describe(self) -> str:
         part = self.settings.slurm_partition or "the default partition"
@@ -108,6 +126,15 @@ class SlurmBackend(LeaderBackend):
 
     def isolation(self) -> str | None:
         return SAME_USER
+
+    def files_seen(self) -> tuple[bool | None, str] | None:
+        return self.seen.ok, self.seen.detail
+
+    def cluster(self) -> ClusterInfo | None:
+        try:
+            return view.describe(scope(self.settings), self.settings.slurm_partition)
+        except view.SlurmViewError as e:
+            raise Refused(ErrorCode.unsupported, f"Slurm does not answer: {e}") from None
 
     def work_view(self) -> str | None:
         return (
@@ -130,7 +157,15 @@ class SlurmBackend(LeaderBackend):
                 " --no-requirements, and install what the job needs where the nodes see it"
             )
         elif req.gpu_memory_mb is not None:
-            why = "shares of a GPU (--gpu-memory) are not supported on Slurm"
+            why = (
+                "shares of a GPU (--gpu-memory) are not supported on Slurm, which hands out"
+                " whole GPUs"
+            )
+            if self.sharing:
+                why += (
+                    f" (the partition's nodes offer {' and '.join(sorted(self.sharing))} GRES,"
+                    " which gpuhop does not ask for: submit such a job with sbatch yourself)"
+                )
         elif req.private_network:
             why = (
                 "a private network (TensorFlow servers) exists only on the agent's own host,"
@@ -175,6 +210,7 @@ class SlurmBackend(LeaderBackend):
         exit_file.unlink(missing_ok=True)
         (jp.root / "grace").unlink(missing_ok=True)
         (jp.root / ID_NAME).unlink(missing_ok=True)
+        (jp.root / RUNNING_NAME).unlink(missing_ok=True)
         spec = {
             "job_id": job.id,
             "attempt": job.attempt,
@@ -231,6 +267,13 @@ class SlurmBackend(LeaderBackend):
         except OSError:
             return None
 
+    def running_since(self, jp: JobPaths, started: float) -> float | None:
+        """When Slurm started the attempt, as its leader saw it; None while it is pending."""
+        try:
+            return float(json.loads((jp.root / RUNNING_NAME).read_text())["since"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def stop(self, jp: JobPaths, started: Started, grace: float) -> float:
         """Tell the job's leader its grace, then SIGTERM; how long to wait before SIGKILL."""
         (jp.root / "grace").write_text(f"{grace}")
@@ -249,6 +292,19 @@ class SlurmBackend(LeaderBackend):
         except (OSError, subprocess.SubprocessError) as e:
             log.warning("could not cancel Slurm job %s: %s", slurm_id, e)
         (jp.root / WAITING_NAME).unlink(missing_ok=True)
+
+
+def scope(settings: BackendSettings) -> list[str]:
+    """The sbatch/srun options that put a job where the agent's settings say."""
+    out = []
+    for option, value in (
+        ("partition", settings.slurm_partition),
+        ("account", settings.slurm_account),
+        ("qos", settings.slurm_qos),
+    ):
+        if value:
+            out.append(f"--{option}={value}")
+    return out
 
 
 def _nodes(sinfo: str) -> list[tuple[str, int]]:

@@ -35,6 +35,7 @@ EXIT_FILE_WAIT = 10.0  # seconds for the batch step's exit file to show on this 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED"}  # fmt: skip
 LOST = {"NODE_FAIL", "BOOT_FAIL"}
+RUNNING_NAME = "slurm-running.json"
 
 _stop = threading.Event()
 
@@ -172,7 +173,10 @@ class Follow:
                 self._waiting(f"Slurm job {self.id} is pending{why}")
             else:
                 self.waiting_file.unlink(missing_ok=True)
-                ran = ran or last not in ("PENDING", "CANCELLED")
+                if not ran and last not in ("PENDING", "CANCELLED"):
+                    ran = True
+                    # From now on the job's --timeout runs (the agent's TimeLimits reads it).
+                    _write_atomic(self.root / RUNNING_NAME, {"since": time.time()})
             if last in ENDED:
                 break
             _stop.wait(POLL_SECONDS)

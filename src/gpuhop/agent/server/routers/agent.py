@@ -13,6 +13,7 @@ from gpuhop.agent.services import gc as gc_service
 from gpuhop.agent.services import gpuhealth
 from gpuhop.agent.services import gpus as gpus_service
 from gpuhop.api import AgentInfo, DoctorCheck, ErrorCode, GpuInfo, JobState
+from gpuhop.api.agent import ClusterInfo
 from gpuhop.api.upkeep import DiskUsage, GcReport
 from gpuhop.version import __version__
 
@@ -46,6 +47,12 @@ def info(request: Request) -> AgentInfo:
 @router.get("/gpus")
 def gpus(request: Request) -> list[GpuInfo]:
     return gpus_service.describe(ctx(request), caller_of(request))
+
+
+@router.get("/cluster")
+def cluster(request: Request) -> ClusterInfo:
+    """A cluster backend's nodes and the user's jobs there, as its scheduler says them."""
+    return gpus_service.cluster(ctx(request), caller_of(request))
 
 
 @router.post("/gpus/{index}/release")

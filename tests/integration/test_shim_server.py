@@ -1,0 +1,81 @@
+"""The local backend starts each job's shim by a fork of its warm shim server: the shim is
+what one started by the agent would be (its own session, its log as output, the job's
+environment), a server that dies is replaced at the next job while the jobs it started are
+still watched to their end, and the server ends with the agent."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+from gpuhop.api import JobState
+from tests.conftest import wait_until
+
+WAITING = """
+import os, time
+print("job", os.environ["GPUHOP_JOB_ID"], flush=True)
+go = os.path.join(os.environ["GPUHOP_ARTIFACTS_DIR"], "go")
+while not os.path.exists(go):
+    time.sleep(0.02)
+print("went", flush=True)
+"""
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command's name (state is [0], ppid [1])."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _servers(agent_pid: int) -> list[int]:
+    """The shim servers the agent started: its children running shimserver.py."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+            stat = _stat(int(pid))
+        except (OSError, IndexError):
+            continue
+        if int(stat[1]) == agent_pid and b"shimserver.py" in argv and stat[0] != "Z":
+            found.append(int(pid))
+    return found
+
+
+def _shim_pid(agent, job_id: str) -> int:
+    path = agent.paths.job_dir(job_id) / "shim.pid"
+    wait_until(path.exists, timeout=30)
+    return int(json.loads(path.read_text())["pid"])
+
+
+def test_a_job_shim_is_forked_by_the_server_and_outlives_it(make_agent, project):
+    agent = make_agent()
+    root = project({"wait.py": WAITING})
+    with agent.client() as client:
+        job = client.submit(["wait.py"], workdir=root)
+        shim = _shim_pid(agent, job.id)
+        [server] = wait_until(lambda: _servers(agent.pid), timeout=30)
+        # The shim leads a session of its own, as one the agent started would.
+        assert int(_stat(shim)[1]) == server
+        assert os.getsid(shim) == shim
+        # Its request (the job's environment) went through a file the shim read and removed.
+        assert not (agent.paths.job_dir(job.id) / "shim-request.json").exists()
+        wait_until(lambda: b"job" in b"".join(job.logs()), timeout=30)
+
+        os.kill(server, signal.SIGKILL)  # the running job is watched on without it
+        wait_until(lambda: not _servers(agent.pid) or _servers(agent.pid) != [server])
+        (agent.paths.job_dir(job.id) / "artifacts" / "go").touch()
+        job.wait(timeout=60)
+        assert job.refresh().state == JobState.succeeded, job.info.reason
+        assert b"".join(job.logs()).decode().splitlines() == [f"job {job.id}", "went"]
+
+        # The next job gets a new server.
+        again = client.submit(["python", "-c", "print('again')"], workdir=root)
+        again.wait(timeout=60)
+        assert again.refresh().state == JobState.succeeded, again.info.reason
+        assert b"".join(again.logs()) == b"again\n"
+        [new_server] = _servers(agent.pid)
+        assert new_server != server
+
+    agent.shutdown()
+    wait_until(lambda: not Path(f"/proc/{new_server}").exists() or _stat(new_server)[0] == "Z")
