@@ -106,6 +106,30 @@ def test_an_interrupted_push_resumes_without_resending(shared_agent, tmp_path, m
     assert result.chunks_sent == result.chunks - 3
 
 
+def test_a_file_changed_during_a_push_is_named_and_nothing_of_it_is_kept(
+    shared_agent, tmp_path, monkeypatch
+):
+    tree = make_tree(tmp_path / "ds", seed=4)
+    monkeypatch.setattr(data_module, "UPLOAD_BATCH_BYTES", 1)  # one chunk per request
+    victim = tree / "part1" / "file5.bin"  # sent after part0's files and big.bin
+
+    def rewrite_once(phase: str, done: int, total: int) -> None:
+        if phase == "uploading" and not changed:
+            changed.append(True)
+            victim.write_bytes(os.urandom(victim.stat().st_size))  # same size, new bytes
+
+    changed: list[bool] = []
+    with shared_agent.client() as client:
+        with pytest.raises(GpuhopError, match=r"part1/file5\.bin changed while it was being"):
+            client.data.push(tree, "changed-midway", on_progress=rewrite_once)
+        with pytest.raises(GpuhopError):
+            client.data.versions("changed-midway")  # no version was made
+        again = client.data.push(tree, "changed-midway")  # the new content, as it is now
+    assert again.info.version == 1
+    stored = shared_agent.home / "datasets" / "changed-midway" / "v1"
+    assert tree_digest(stored) == tree_digest(tree)
+
+
 def test_a_job_reads_a_mounted_dataset_and_cannot_change_it(shared_agent, project, tmp_path):
     tree = make_tree(tmp_path / "ds", seed=3)
     stored = shared_agent.home / "datasets" / "frozen" / "v1"

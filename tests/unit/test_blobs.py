@@ -6,13 +6,17 @@ import asyncio
 import hashlib
 import os
 import stat
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from gpuhop.agent.storage import blobs as blobs_module
 from gpuhop.agent.storage.blobs import BlobError, BlobStore
 from gpuhop.api.framing import FRAME_HEADER
+from gpuhop.client.sync import FileEntry
+from gpuhop.client.upload import body_size, frames
 
 
 def digest_of(data: bytes) -> str:
@@ -196,3 +200,57 @@ def test_copy_to_of_an_unknown_blob_fails(store: BlobStore, tmp_path: Path):
     with pytest.raises(FileNotFoundError):
         store.copy_to(digest_of(b"never uploaded"), tmp_path / "dest")
     assert not (tmp_path / "dest").exists()
+
+
+def upload_body(tmp_path: Path, contents: list[bytes]) -> tuple[list[FileEntry], list[bytes]]:
+    """Files on disk as the client's scan lists them, and its upload body for them."""
+    files = []
+    for i, data in enumerate(contents):
+        path = tmp_path / f"f{i}"
+        path.write_bytes(data)
+        files.append(FileEntry(path.name, str(path), len(data), digest_of(data), False))
+    return files, list(frames(files))
+
+
+def test_the_clients_upload_body_is_stored_blob_for_blob(store, tmp_path):
+    contents = [os.urandom(3 * 1024 * 1024 + 5), b"small", b"", os.urandom(700_000)]
+    files, body = upload_body(tmp_path, contents)
+    assert sum(map(len, body)) == body_size(files)  # what Content-Length declares
+    assert receive(store, b"".join(body)) == (4, sum(map(len, contents)))
+    for data in contents:
+        assert store.path(digest_of(data)).read_bytes() == data
+
+
+def test_a_file_that_shrank_since_it_was_hashed_keeps_the_body_length_and_is_refused(
+    store, tmp_path
+):
+    data = os.urandom(2 * 1024 * 1024)
+    (tmp_path / "src").mkdir()
+    files = [FileEntry("f", str(tmp_path / "src" / "f"), len(data), digest_of(data), False)]
+    (tmp_path / "src" / "f").write_bytes(data[:1000])  # cut short after the scan
+    body = b"".join(frames(files))
+    assert len(body) == body_size(files)
+    with pytest.raises(BlobError, match="hashes to"):
+        receive(store, body)
+    assert files_under(store.root) == []
+
+
+def test_a_blob_is_named_only_after_its_flush_and_counts_against_the_quota_meanwhile(
+    store, monkeypatch
+):
+    flushed = threading.Event()
+    monkeypatch.setattr(blobs_module, "durable", lambda f: flushed.wait(60))  # a slow disk
+    asked: list[int] = []
+    store.check_quota = asked.append
+    first, second = b"a" * 1000, b"b" * 300
+    settling = [
+        store.put_later(digest_of(first), first),
+        store.put_later(digest_of(second), second),
+    ]
+    assert asked == [1000, 300 + 1000]  # the first, not yet named, counted as stored
+    assert not store.path(digest_of(first)).exists() and not store.has(digest_of(first))
+    flushed.set()
+    assert [f.result() for f in settling] == [1000, 300]
+    assert store.path(digest_of(first)).read_bytes() == first
+    store.put(digest_of(b"c"), b"c")
+    assert asked[-1] == 1  # nothing settling any more

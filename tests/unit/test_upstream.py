@@ -15,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from gpuhop.agent.services import upstream
 from gpuhop.agent.services.upstream import MAX_HEAD, Pool, UpstreamError, UpstreamTimeout
 
 pytestmark = pytest.mark.timeout(60)
@@ -99,6 +100,29 @@ def test_a_connection_the_server_closed_is_replaced():
             pool.close()
 
     asyncio.run(with_uvicorn(test, keep_alive=0.1))
+
+
+def test_an_idle_connection_is_closed_after_a_while(monkeypatch):
+    """A model server that ends must not leave the agent holding its connections: an idle
+    one closes itself after IDLE_SECONDS, though the server would keep it (60 s here)."""
+    monkeypatch.setattr(upstream, "IDLE_SECONDS", 0.2)
+
+    async def test(port: int) -> None:
+        pool = Pool()
+        try:
+            answer = await pool.send(port, "POST", "/echo", {}, b"one", 10)
+            assert await answer.read(10) == b"one"
+            kept = pool._idle[port][0]
+            await asyncio.sleep(0.6)
+            assert port not in pool._idle
+            assert kept.writer.is_closing()
+            again = await pool.send(port, "POST", "/echo", {}, b"two", 10)
+            assert await again.read(10) == b"two"
+            assert again.headers["x-peer"] != answer.headers["x-peer"]
+        finally:
+            pool.close()
+
+    asyncio.run(with_uvicorn(test, keep_alive=60))
 
 
 def test_a_chunked_answer_streams_whole():

@@ -18,6 +18,7 @@ import stat
 import time
 import types
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from gpuhop.client.sync import RACY_WINDOW_NS, SyncError, check_name
 from gpuhop.client.unixhttp import Timeout
 
 UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
+CHUNKERS = 2  # files chunked at once
 # (phase, done, total): phase "chunking" counts bytes read, "uploading" raw bytes sent.
 PushProgress = Callable[[str, int, int], None]
 
@@ -114,7 +116,9 @@ class _ChunkCache:
 
     def save(self, files: list[_File]) -> None:
         racy = time.time_ns() - RACY_WINDOW_NS
-        self.entries = {f.path: [f.key, f.chunks] for f in files if f.key[1] < racy}
+        self.entries = {
+            f.path: [f.key, f.chunks] for f in files if f.key[1] < racy and f.chunks is not None
+        }
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.entries, separators=(",", ":")))
@@ -144,19 +148,40 @@ class Datasets:
         files = _walk(root)
         cache = _ChunkCache(self.session.cache_dir, root)
         todo = sum(f.size for f in files if cache.get(f) is None)
-        done = chunked = 0
+        fresh = []
         for f in files:
             f.chunks = cache.get(f)
             if f.chunks is None:
-                f.chunks = [(c.size, c.digest) for c in _chunking().chunk_file(f.abspath)]
-                chunked += 1
-                done += f.size
-                if on_progress is not None:
-                    on_progress("chunking", done, todo)
-        cache.save(files)
-        digests = list(dict.fromkeys(d for f in files for _, d in f.chunks or ()))
-        missing = set(self._missing(digests))
-        sent = self._upload(files, missing, on_progress)
+                fresh.append(f)
+        upload = _Upload(self, on_progress)
+        done = 0
+        batch: list[_File] = []
+        batch_bytes = 0
+        # Files are chunked two at a time, in threads (numpy and hashlib let go of the GIL),
+        # while the chunks of the files before them are asked about and sent: the agent's
+        # hashing and writing run beside the chunking, not after it. Results come in the
+        # order of the files.
+        pool = ThreadPoolExecutor(max_workers=min(CHUNKERS, os.cpu_count() or 1))
+        try:
+            chunked = iter(pool.map(_chunks_of, fresh))
+            for f in files:
+                batch.append(f)
+                if f.chunks is None:
+                    f.chunks = next(chunked)
+                    done += f.size
+                    if on_progress is not None:
+                        on_progress("chunking", done, todo)
+                    # Only what was chunked now counts: a re-push, its files mostly known
+                    # from the cache, asks about them all at once, as before.
+                    batch_bytes += f.size
+                if batch_bytes >= UPLOAD_BATCH_BYTES:
+                    upload.files(batch)
+                    batch, batch_bytes = [], 0
+            upload.files(batch)
+        finally:
+            pool.shutdown(cancel_futures=True)  # an error (or ^C) chunks no further file
+            cache.save(files)  # the files chunked so far: a retry reads only the rest
+        sent = upload.counts
         manifest = {
             "files": [
                 {
@@ -180,11 +205,11 @@ class Datasets:
             info=DatasetInfo.model_validate(response.json()),
             files=len(files),
             bytes=sum(f.size for f in files),
-            chunks=len(digests),
+            chunks=len(upload.seen),
             chunks_sent=sent[0],
             bytes_sent=sent[1],
             wire_bytes=sent[2],
-            files_chunked=chunked,
+            files_chunked=len(fresh),
             seconds=time.perf_counter() - started,
         )
 
@@ -197,32 +222,6 @@ class Datasets:
             ]
         return missing
 
-    def _upload(
-        self, files: list[_File], missing: set[str], on_progress: PushProgress | None
-    ) -> tuple[int, int, int]:
-        """Send the missing chunks in batches. Returns (chunks, raw bytes, wire bytes)."""
-        plan: list[tuple[_File, int, int, str]] = []  # file, offset, size, digest
-        for f in files:
-            offset = 0
-            for size, digest in f.chunks or ():
-                if digest in missing:
-                    plan.append((f, offset, size, digest))
-                    missing.discard(digest)  # a chunk shared by several files travels once
-                offset += size
-        total = sum(size for _, _, size, _ in plan)
-        counts = [0, 0, 0]
-        batch: list[tuple[_File, int, int, str]] = []
-        batch_bytes = 0
-        for item in plan:
-            batch.append(item)
-            batch_bytes += item[2]
-            if batch_bytes >= UPLOAD_BATCH_BYTES:
-                self._send(batch, counts, total, on_progress)
-                batch, batch_bytes = [], 0
-        if batch:
-            self._send(batch, counts, total, on_progress)
-        return counts[0], counts[1], counts[2]
-
     def _send(
         self,
         batch: list[tuple[_File, int, int, str]],
@@ -230,16 +229,15 @@ class Datasets:
         total: int,
         on_progress: PushProgress | None,
     ) -> None:
+        """One upload request: these chunks, compressed where that pays."""
+
+        # Not hashed again here: the agent checks every chunk against its digest, and a file
+        # changed since it was chunked is refused there (bad_blob, said below in words).
         def body() -> Iterator[bytes]:
             for f, offset, size, digest in batch:
                 with open(f.abspath, "rb") as fh:
                     fh.seek(offset)
                     data = fh.read(size)
-                if hashlib.sha256(data).hexdigest() != digest:
-                    raise GpuhopError(
-                        f"{f.path} changed while it was being pushed; push again",
-                        code="bad_request",
-                    )
                 encoding, payload = _chunking().encode(data)
                 counts[0] += 1
                 counts[1] += size
@@ -249,12 +247,22 @@ class Datasets:
                 yield CHUNK_HEADER.pack(bytes.fromhex(digest), size, len(payload), encoding)
                 yield payload
 
-        self.session.request(
-            "POST",
-            "/v1/chunks/upload",
-            content=body(),
-            timeout=Timeout(600.0, connect=5.0),
-        )
+        try:
+            self.session.request(
+                "POST",
+                "/v1/chunks/upload",
+                content=body(),
+                timeout=Timeout(600.0, connect=5.0),
+            )
+        except GpuhopError as e:
+            if e.code != "bad_blob":
+                raise
+            changed = [f.path for f, _, _, digest in batch if digest in e.message]
+            raise GpuhopError(
+                f"{changed[0] if changed else 'a file'} changed while it was being pushed;"
+                f" push again ({e.message})",
+                code="bad_request",
+            ) from None
 
     def list(self) -> list[DatasetInfo]:
         """Every version of every dataset this caller may see: their own, those shared with
@@ -297,6 +305,46 @@ class Datasets:
         return removed
 
 
+class _Upload:
+    """A push's chunks on their way: each batch of files' chunks that the agent lacks, sent
+    in requests of about UPLOAD_BATCH_BYTES (an interrupted push loses at most one)."""
+
+    def __init__(self, datasets: Datasets, on_progress: PushProgress | None):
+        self.datasets = datasets
+        self.on_progress = on_progress
+        self.seen: dict[str, None] = {}  # every digest of the push, each asked about once
+        self.counts = [0, 0, 0]  # chunks, raw bytes, wire bytes sent
+        self.total = 0  # raw bytes to send, as known so far
+
+    def files(self, files: list[_File]) -> None:
+        new = [d for f in files for _, d in f.chunks or () if d not in self.seen]
+        new = list(dict.fromkeys(new))
+        self.seen.update(dict.fromkeys(new))
+        missing = set(self.datasets._missing(new)) if new else set()
+        plan: list[tuple[_File, int, int, str]] = []  # file, offset, size, digest
+        for f in files:
+            offset = 0
+            for size, digest in f.chunks or ():
+                if digest in missing:
+                    plan.append((f, offset, size, digest))
+                    missing.discard(digest)  # a chunk shared by several files travels once
+                offset += size
+        self.total += sum(size for _, _, size, _ in plan)
+        batch: list[tuple[_File, int, int, str]] = []
+        batch_bytes = 0
+        for item in plan:
+            batch.append(item)
+            batch_bytes += item[2]
+            if batch_bytes >= UPLOAD_BATCH_BYTES:
+                self._send(batch)
+                batch, batch_bytes = [], 0
+        if batch:
+            self._send(batch)
+
+    def _send(self, batch: list[tuple[_File, int, int, str]]) -> None:
+        self.datasets._send(batch, self.counts, self.total, self.on_progress)
+
+
 class Envs:
     """`client.envs`: the Python environments the agent built for jobs' requirements."""
 
@@ -335,6 +383,10 @@ def parse_mount(text: str) -> DataMount:
         return DataMount(name=name, version=int(number) if colon else None, mount=mount)
     except ValidationError as e:
         raise invalid(f"--data {text}", e) from None
+
+
+def _chunks_of(f: _File) -> list[tuple[int, str]]:
+    return [(c.size, c.digest) for c in _chunking().chunk_file(f.abspath)]
 
 
 def _chunking() -> types.ModuleType:

@@ -58,6 +58,7 @@ def send_files(
                 "POST",
                 "/v1/blobs/upload",
                 content=frames(batch, progress),
+                headers={"content-length": str(body_size(batch))},
                 timeout=Timeout(600.0, connect=5.0),
             )
         except GpuhopError as e:
@@ -96,26 +97,39 @@ def send_tree(
 def frames(
     files: list[FileEntry], progress: Callable[[int], None] | None = None
 ) -> Iterator[bytes]:
-    """The upload body, in pieces of about 1 MiB: small files share a piece, so a tree of
-    many small files is not sent as thousands of tiny writes."""
+    """The upload body, exactly `body_size(files)` bytes: a file's bytes as read (1 MiB at
+    a time, not copied again), small files and the frame headers gathered into pieces of
+    about 1 MiB, so a tree of many small files is not sent as thousands of tiny writes.
+    A file that shrank since it was hashed is padded to its size with zeros: the agent
+    refuses that blob for its digest (bad_blob), and the length stays as declared."""
     buf = bytearray()
     for f in files:
         buf += FRAME_HEADER.pack(bytes.fromhex(f.digest), f.size)
         remaining = f.size
-        with open(f.abspath, "rb") as fh:
+        with open(f.abspath, "rb", buffering=0) as fh:
             while remaining > 0:
-                data = fh.read(min(CHUNK, remaining))
-                if not data:
-                    break  # shrank since it was hashed: the agent will report the blob short
+                data = fh.read(min(CHUNK, remaining)) or bytes(min(CHUNK, remaining))
                 remaining -= len(data)
-                buf += data
                 if progress is not None:
                     progress(len(data))
+                if len(data) >= CHUNK // 2:
+                    if buf:
+                        yield bytes(buf)
+                        buf.clear()
+                    yield data
+                    continue
+                buf += data
                 if len(buf) >= CHUNK:
                     yield bytes(buf)
                     buf.clear()
     if buf:
         yield bytes(buf)
+
+
+def body_size(files: list[FileEntry]) -> int:
+    """The length of `frames(files)`: sent as Content-Length, so no chunked framing (and no
+    copy of every piece to frame it) is needed."""
+    return sum(FRAME_HEADER.size + f.size for f in files)
 
 
 def batches(files: list[FileEntry], limit: int) -> Iterator[list[FileEntry]]:

@@ -23,6 +23,8 @@ import httptools
 CONNECT_TIMEOUT = 5.0
 MAX_HEAD = 64 * 1024  # status line and headers of an answer
 MAX_IDLE = 64  # idle connections kept per port
+IDLE_SECONDS = 5.0  # an idle connection is closed after this (a model server that ended
+# must not leave the agent holding its connections until its port is used again)
 READ = 64 * 1024
 
 
@@ -38,6 +40,7 @@ class _Connection:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader = reader
         self.writer = writer
+        self.expiry: asyncio.TimerHandle | None = None
 
     def usable(self) -> bool:
         """Whether an idle connection may carry another request (the server has not closed
@@ -142,6 +145,9 @@ class Pool:
         idle = self._idle.get(port)
         while idle:
             conn = idle.pop()
+            if conn.expiry is not None:
+                conn.expiry.cancel()
+                conn.expiry = None
             if conn.usable():
                 return conn
             conn.close()
@@ -153,6 +159,17 @@ class Pool:
             conn.close()
         else:
             idle.append(conn)
+            loop = asyncio.get_running_loop()
+            conn.expiry = loop.call_later(IDLE_SECONDS, self._expire, port, conn)
+
+    def _expire(self, port: int, conn: _Connection) -> None:
+        idle = self._idle.get(port, [])
+        if conn in idle:
+            idle.remove(conn)
+            if not idle:
+                del self._idle[port]
+        conn.expiry = None
+        conn.close()
 
     async def _connect(self, port: int) -> _Connection:
         try:
@@ -169,6 +186,8 @@ class Pool:
     def close(self) -> None:
         for idle in self._idle.values():
             for conn in idle:
+                if conn.expiry is not None:
+                    conn.expiry.cancel()
                 conn.close()
         self._idle.clear()
 

@@ -12,6 +12,7 @@ is never removed, so an upload in progress keeps its blobs until its tree arrive
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import fcntl
 import hashlib
@@ -21,9 +22,12 @@ import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import BinaryIO
 
+from gpuhop.agent.storage import settle
+from gpuhop.agent.storage.pump import pump
 from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.api.models import SHA256_RE
 
@@ -65,6 +69,8 @@ class BlobStore:
         self.check_quota: Callable[[int], None] = lambda size: None
         # Bytes stored since the last call of `take_added` (for the disk usage figures).
         self._added = 0
+        # Bytes written but not yet named (see `settle`): counted against the quota too.
+        self._settling = 0
 
     def path(self, digest: str) -> Path:
         if not SHA256_RE.match(digest):
@@ -175,32 +181,75 @@ class BlobStore:
     def put(self, digest: str, data: bytes) -> int:
         """Store one blob held in memory (a dataset chunk) if it is new; return the bytes
         stored. Raises BlobError if `data` does not hash to `digest`."""
+        return self.put_later(digest, data).result()
+
+    def put_later(self, digest: str, data: bytes) -> Future[int]:
+        """`put`, answered once the blob is durable and named (see `settle`): the bytes
+        stored. BlobError at once if `data` does not hash to `digest`."""
         actual = hashlib.sha256(data).hexdigest()
         if actual != digest:
             raise BlobError(f"blob {digest}: its content hashes to {actual}; it was rejected")
         if self.has(digest):
-            return 0
-        self.check_quota(len(data))
+            return settle.done(0)
+        self._check_quota(len(data))
         fd, name = tempfile.mkstemp(dir=self.tmp, prefix="chunk-")
+        f = os.fdopen(fd, "wb")
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                durable(f)
+            f.write(data)
         except BaseException:
+            f.close()
             os.unlink(name)
             raise
-        os.chmod(name, 0o444)
-        dest = self.path(digest)
-        dest.parent.mkdir(exist_ok=True)
-        os.replace(name, dest)
-        self._stored(digest, len(data))
-        return len(data)
+        return self._settle(f, Path(name), digest, len(data))
+
+    def _check_quota(self, size: int) -> None:
+        """`check_quota`, counting the blobs still on their way to disk as stored."""
+        with self._lock:
+            settling = self._settling
+        self.check_quota(size + settling)
+
+    def _settle(self, f: BinaryIO, tmp: Path, digest: str, size: int) -> Future[int]:
+        with self._lock:
+            self._settling += size
+
+        def name() -> int:
+            try:
+                return self._name(f, tmp, digest, size)
+            finally:
+                with self._lock:
+                    self._settling -= size
+
+        return settle.settle(name)
+
+    def _name(self, f: BinaryIO, tmp: Path, digest: str, size: int) -> int:
+        """Flush a written blob to the disk, then name it (in a settling thread). On disk
+        before it is named: after a power loss a stored blob is whole or absent (the store
+        trusts a name once it exists)."""
+        try:
+            try:
+                durable(f)
+            finally:
+                f.close()
+            dest = self.path(digest)
+            if dest.exists():
+                tmp.unlink(missing_ok=True)
+                self._stored(digest, 0)  # sent again: protected again
+                return 0
+            dest.parent.mkdir(exist_ok=True)
+            os.chmod(tmp, 0o444)
+            os.replace(tmp, dest)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self._stored(digest, size)
+        return size
 
     async def receive(
         self, chunks: AsyncIterator[bytes], on_blob: Callable[[str], None] = lambda d: None
     ) -> tuple[int, int]:
         """Store every framed blob in an upload stream. Returns (blobs stored, bytes).
-        `on_blob` hears the digest of every blob whose bytes matched it, stored now or before.
+        `on_blob` hears the digest of every blob whose bytes matched it, stored now or before
+        (from a worker thread: the hashing and writing happen there, see `pump`).
 
         Blobs completed before an error stay stored, so a retried upload sends only the rest;
         except when the disk filled up: then the blobs this upload stored are removed at once
@@ -208,58 +257,86 @@ class BlobStore:
         than after the GC's grace period. Raises BlobError on a bad frame or a content/hash
         mismatch.
         """
-        header = bytearray()  # a frame header split across network chunks
-        stored = 0
-        total = 0
-        writer: _BlobWriter | None = None
-        new: dict[str, float] = {}  # blobs this upload stored: when
+        frames = _Frames(self, on_blob)
         try:
-            async for chunk in chunks:
-                # Through a view: a blob's bytes go to its file without being copied first.
-                view = memoryview(chunk)
-                pos = 0
-                while pos < len(view) or (writer is not None and writer.remaining == 0):
-                    if writer is None:
-                        need = FRAME_HEADER.size - len(header)
-                        header += view[pos : pos + need]
-                        pos += need
-                        if len(header) < FRAME_HEADER.size:
-                            break
-                        raw, size = FRAME_HEADER.unpack(header)
-                        header.clear()
-                        if size > self.max_blob_size:
-                            raise BlobError(
-                                f"blob {raw.hex()} is {size} bytes, over the limit of"
-                                f" {self.max_blob_size}"
-                            )
-                        if not self.has(raw.hex()):
-                            self.check_quota(size)
-                        writer = _BlobWriter(self, raw.hex(), size)
-                    take = min(len(view) - pos, writer.remaining)
-                    writer.write(view[pos : pos + take])
-                    pos += take
-                    if writer.remaining == 0:
-                        size = writer.finish()
-                        if size:
-                            new[writer.digest] = self._touched[writer.digest]
-                        total += size
-                        stored += 1
-                        on_blob(writer.digest)
-                        writer = None
+            await pump(chunks, frames.feed)
+            return await asyncio.to_thread(frames.end)  # waits for the last blobs' fsyncs
         except BaseException as e:
-            if writer is not None:
-                writer.abort()  # a broken stream leaves no half-written blob behind
-            if isinstance(e, OSError) and e.errno in NO_SPACE:
-                self._unstore(new)
+            await asyncio.to_thread(frames.abort, e)
             raise
-        if writer is not None:
+
+
+class _Frames:
+    """The blob frames of one upload, fed to it piece by piece (in one thread at a time)."""
+
+    def __init__(self, store: BlobStore, on_blob: Callable[[str], None]):
+        self.store = store
+        self.on_blob = on_blob
+        self.header = bytearray()  # a frame header split across network chunks
+        self.writer: _BlobWriter | None = None
+        self.stored = 0
+        self.total = 0
+        self.new: dict[str, float] = {}  # blobs this upload stored: when
+        self.pending = settle.Pending(self._named)
+
+    def feed(self, pieces: list[bytes]) -> None:
+        for piece in pieces:
+            self._feed(memoryview(piece))
+
+    def _feed(self, view: memoryview) -> None:
+        # Through a view: a blob's bytes go to its file without being copied first.
+        store = self.store
+        pos = 0
+        while pos < len(view) or (self.writer is not None and self.writer.remaining == 0):
+            if self.writer is None:
+                need = FRAME_HEADER.size - len(self.header)
+                self.header += view[pos : pos + need]
+                pos += need
+                if len(self.header) < FRAME_HEADER.size:
+                    return
+                raw, size = FRAME_HEADER.unpack(self.header)
+                self.header.clear()
+                if size > store.max_blob_size:
+                    raise BlobError(
+                        f"blob {raw.hex()} is {size} bytes, over the limit of {store.max_blob_size}"
+                    )
+                if not store.has(raw.hex()):
+                    store._check_quota(size)
+                self.writer = _BlobWriter(store, raw.hex(), size)
+            writer = self.writer
+            take = min(len(view) - pos, writer.remaining)
+            writer.write(view[pos : pos + take])
+            pos += take
+            if writer.remaining == 0:
+                self.writer = None
+                self.pending.add(writer.finish(), writer.digest)
+
+    def _named(self, digest: str, size: int) -> None:
+        if size:
+            self.new[digest] = self.store._touched[digest]
+        self.total += size
+        self.stored += 1
+        self.on_blob(digest)
+
+    def abort(self, e: BaseException) -> None:
+        if self.writer is not None:
+            self.writer.abort()  # a broken stream leaves no half-written blob behind
+            self.writer = None
+        self.pending.abandon()
+        if isinstance(e, OSError) and e.errno in NO_SPACE:
+            self.store._unstore(self.new)
+
+    def end(self) -> tuple[int, int]:
+        self.pending.wait()
+        if self.writer is not None:
+            writer, self.writer = self.writer, None
             writer.abort()
             raise BlobError(
                 f"upload ended inside blob {writer.digest}: {writer.remaining} bytes missing"
             )
-        if header:
+        if self.header:
             raise BlobError("upload ended inside a frame header")
-        return stored, total
+        return self.stored, self.total
 
 
 class _BlobWriter:
@@ -282,29 +359,16 @@ class _BlobWriter:
         self.file.close()
         self.tmp_path.unlink(missing_ok=True)
 
-    def finish(self) -> int:
-        # On disk before it is named: after a power loss a stored blob is whole or absent
-        # (the store trusts a name once it exists).
-        try:
-            durable(self.file)
-        finally:
-            self.file.close()
+    def finish(self) -> Future[int]:
+        """The blob checked, then made durable and named in the background (see `settle`):
+        the bytes stored, 0 if it was stored already."""
         actual = self.hash.hexdigest()
         if actual != self.digest:
-            self.tmp_path.unlink(missing_ok=True)
+            self.abort()
             raise BlobError(
                 f"blob {self.digest}: its content hashes to {actual}; the upload was rejected"
             )
-        dest = self.store.path(self.digest)
-        if dest.exists():
-            self.tmp_path.unlink(missing_ok=True)
-            self.store._stored(self.digest, 0)  # sent again: protected again
-            return 0
-        dest.parent.mkdir(exist_ok=True)
-        os.chmod(self.tmp_path, 0o444)
-        os.replace(self.tmp_path, dest)
-        self.store._stored(self.digest, self.size)
-        return self.size
+        return self.store._settle(self.file, self.tmp_path, self.digest, self.size)
 
 
 def durable(f: BinaryIO) -> None:

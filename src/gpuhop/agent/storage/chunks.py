@@ -12,7 +12,9 @@ import asyncio
 import zlib
 from collections.abc import AsyncIterator, Callable
 
+from gpuhop.agent.storage import settle
 from gpuhop.agent.storage.blobs import BlobError, BlobStore
+from gpuhop.agent.storage.pump import pump
 from gpuhop.api.data import CHUNK_HEADER, MAX_CHUNK_SIZE
 
 RAW, ZLIB = 0, 1
@@ -42,32 +44,55 @@ async def receive(
     on_chunk: Callable[[str], None] = lambda digest: None,
 ) -> tuple[int, int, int]:
     """Store every chunk of an upload. Returns (chunks stored, their bytes, bytes received).
-    `on_chunk` hears the digest of every chunk whose bytes matched it, new or not."""
-    buf = bytearray()
-    stored = stored_bytes = received = 0
-    async for piece in stream:
-        received += len(piece)
-        buf += piece
-        while len(buf) >= CHUNK_HEADER.size:
-            raw, size, wire, encoding = CHUNK_HEADER.unpack_from(buf)
+    `on_chunk` hears the digest of every chunk whose bytes matched it, new or not (from a
+    worker thread: decoding, hashing and storing happen there, see `pump`)."""
+    chunks = _Chunks(store, on_chunk)
+    try:
+        await pump(stream, chunks.feed)
+    except BaseException:
+        await asyncio.to_thread(chunks.pending.abandon)
+        raise
+    await asyncio.to_thread(chunks.pending.wait)  # the last chunks' fsyncs
+    if chunks.buf:
+        raise BlobError("the upload ended inside a chunk")
+    return chunks.stored, chunks.stored_bytes, chunks.received
+
+
+class _Chunks:
+    """The chunks of one upload, fed to it piece by piece (in one thread at a time)."""
+
+    def __init__(self, store: BlobStore, on_chunk: Callable[[str], None]):
+        self.store = store
+        self.on_chunk = on_chunk
+        self.buf = bytearray()  # bytes of chunks not yet whole
+        self.stored = self.stored_bytes = self.received = 0
+        self.pending = settle.Pending(self._named)
+
+    def _named(self, digest: str, size: int) -> None:
+        self.stored += size > 0
+        self.stored_bytes += size
+        self.on_chunk(digest)
+
+    def feed(self, pieces: list[bytes]) -> None:
+        buf = self.buf
+        for piece in pieces:
+            self.received += len(piece)
+            buf += piece
+        pos = 0
+        while len(buf) - pos >= CHUNK_HEADER.size:
+            raw, size, wire, encoding = CHUNK_HEADER.unpack_from(buf, pos)
             digest = raw.hex()
             if size > MAX_CHUNK_SIZE or wire > MAX_CHUNK_SIZE:
                 raise BlobError(f"chunk {digest} is over the limit of {MAX_CHUNK_SIZE} bytes")
-            end = CHUNK_HEADER.size + wire
+            end = pos + CHUNK_HEADER.size + wire
             if len(buf) < end:
                 break
-            payload = bytes(buf[CHUNK_HEADER.size : end])
-            del buf[:end]
-            n = await asyncio.to_thread(_store, store, digest, encoding, payload, size)
-            stored += n > 0
-            stored_bytes += n
-            on_chunk(digest)
-    if buf:
-        raise BlobError("the upload ended inside a chunk")
-    return stored, stored_bytes, received
-
-
-def _store(store: BlobStore, digest: str, encoding: int, payload: bytes, size: int) -> int:
-    # Checked even when the chunk is stored already: the bytes prove that the sender holds
-    # them (see gpuhop.agent.storage.claims). A client sends a stored chunk only when asked to.
-    return store.put(digest, decode(encoding, payload, size, digest))
+            with memoryview(buf) as view:  # one copy of the payload, not two
+                payload = bytes(view[pos + CHUNK_HEADER.size : end])
+            pos = end
+            data = decode(encoding, payload, size, digest)
+            # Checked even when the chunk is stored already: the bytes prove that the sender
+            # holds them (see gpuhop.agent.storage.claims). A client sends a stored chunk only
+            # when asked to.
+            self.pending.add(self.store.put_later(digest, data), digest)
+        del buf[:pos]  # once per batch: the bytes left are at most one chunk's

@@ -1,0 +1,64 @@
+"""Runs in the agent: blobs made durable and named in the background, several at once.
+
+A blob is named only once its bytes are on disk (see `blobs`): after a power loss a stored
+blob is whole or absent. Waiting for each fsync before receiving the next blob made an
+upload as slow as one small synchronous write after another (a dataset is chunks of about
+1 MiB). Here a written blob is handed to a few threads that fsync it and then rename it
+into place, while the upload goes on writing the next ones; the disk sees several flushes
+at once (which the filesystem's journal commits together), and the upload answers only
+once every blob of it is named (`Pending.wait`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+SETTLERS = 4  # fsyncs in flight at once, over all uploads
+IN_FLIGHT = 32  # blobs of one upload waiting to be named, at most (open files)
+
+_pool: ThreadPoolExecutor | None = None
+
+
+def settle(work: Callable[[], int]) -> Future[int]:
+    """Run `work` (fsync and rename one blob; returns the bytes stored) in the background."""
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=SETTLERS, thread_name_prefix="blob-settle")
+    return _pool.submit(work)
+
+
+def done(size: int) -> Future[int]:
+    """A blob that needed no settling (stored already): `size` at once."""
+    future: Future[int] = Future()
+    future.set_result(size)
+    return future
+
+
+class Pending:
+    """One upload's blobs on their way to disk, reported in the order they arrived."""
+
+    def __init__(self, on_named: Callable[[str, int], None], limit: int = IN_FLIGHT):
+        self.on_named = on_named  # (digest, bytes stored: 0 if it was there before)
+        self.limit = limit
+        self._queue: list[tuple[Future[int], str]] = []
+
+    def add(self, future: Future[int], digest: str) -> None:
+        self._queue.append((future, digest))
+        if len(self._queue) > self.limit:
+            self.wait(keep=self.limit // 2)
+
+    def wait(self, keep: int = 0) -> None:
+        """Until at most `keep` blobs are on their way; raises the first one's error."""
+        while len(self._queue) > keep:
+            future, digest = self._queue.pop(0)
+            self.on_named(digest, future.result())
+
+    def abandon(self) -> None:
+        """After an error: wait for the blobs still settling (named or not), reporting those
+        named, so that the caller may clean up after all of them."""
+        while self._queue:
+            future, digest = self._queue.pop(0)
+            with contextlib.suppress(Exception):
+                self.on_named(digest, future.result())
