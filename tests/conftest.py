@@ -33,6 +33,12 @@ EXAMPLES = REPO / "examples"
 # keeps the last 3 runs' there, as it does under /tmp). Set before pytest first asks.
 os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", "/var/tmp")
 
+# Ctrl-C reaches the commands these tests start as it does on a user's terminal, also where
+# the suite itself was started with SIGINT ignored (a shell's `cmd &` without job control
+# does that, and every child inherits it: Python then never raises KeyboardInterrupt).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @functools.cache
 def has_nvidia_gpu() -> bool:

@@ -10,6 +10,7 @@ attempt's end to the job's status file, so a restarted agent still learns how it
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -52,6 +53,8 @@ SANDBOX = str(Path(__file__).with_name("sandbox.py"))
 WORKVIEW = str(Path(__file__).with_name("workview.py"))
 # In a job's dir: what its shim runs, for the shim server; the shim reads it and removes it.
 SHIM_REQUEST = "shim-request.json"
+# How often a job whose shim the server started is checked for an end the server never told.
+END_CHECK_SECONDS = 5.0
 
 
 def job_environment(
@@ -261,7 +264,16 @@ class LocalBackend(LeaderBackend):
         end = self._forks.ended(started.pid)
         if end is None:
             return super().wait(jp, started)
-        code = end.result()
+        code = None
+        while True:
+            try:
+                code = end.result(timeout=END_CHECK_SECONDS)
+                break
+            except concurrent.futures.TimeoutError:
+                # The server tells each end; should that word ever be lost, a shim that is
+                # gone must not leave its job running forever: watch it as after a restart.
+                if not self.alive(started):
+                    break
         self._forks.forget(started.pid)
         if code is None:  # the server went away first: watch the shim as after a restart
             return super().wait(jp, started)
