@@ -31,7 +31,7 @@ from gpuhop.api.trees import (
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.session import Session
 from gpuhop.client.sync import FileEntry
-from gpuhop.client.upload import UploadProgress, send_files, send_tree
+from gpuhop.client.upload import UploadProgress, changed_while_sent, send_files, send_tree
 
 # The record's first bytes: a new format gets a new one, and an old record is ignored.
 MAGIC = b"gpuhop-tree-1\n"
@@ -179,11 +179,7 @@ def _send_delta(
             if e.code == "missing_tree" or e.status in (404, 405):
                 return None
             if e.code == "bad_blob":
-                raise GpuhopError(
-                    f"{e.message} (a file changed while it was being sent? run again)",
-                    code=e.code,
-                    status=e.status,
-                ) from None
+                raise changed_while_sent(e) from None
             if e.code != "missing_blobs" or attempt == 2:
                 raise
             # Files the hash cache knew that this agent lacks (or no longer has): those.

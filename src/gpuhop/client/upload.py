@@ -62,14 +62,20 @@ def send_files(
                 timeout=Timeout(600.0, connect=5.0),
             )
         except GpuhopError as e:
-            if e.code == "bad_blob":
-                raise GpuhopError(
-                    f"{e.message} (a file changed while it was being sent? run again)",
-                    code=e.code,
-                    status=e.status,
-                ) from None
-            raise
+            raise changed_while_sent(e) from None
     return len(todo), total
+
+
+def changed_while_sent(e: GpuhopError) -> GpuhopError:
+    """The agent refused a file's bytes as not matching their hash: most often the file
+    changed after it was hashed. Say so; any other error is returned as it is."""
+    if e.code != "bad_blob":
+        return e
+    return GpuhopError(
+        f"{e.message} (a file changed while it was being sent? run again)",
+        code=e.code,
+        status=e.status,
+    )
 
 
 def send_tree(
