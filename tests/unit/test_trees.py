@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuhop.agent.jobs.workdirs import materialise
+from gpuhop.agent.storage import checkouts as checkouts_module
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.checkouts import CheckoutStore
 from gpuhop.agent.storage.treefile import TreeFileError
@@ -136,6 +137,36 @@ def test_a_checkout_is_built_once_and_the_next_links_its_unchanged_files(trees, 
     checkouts.remove(first_digest)
     assert not one.exists() and checkouts.digests() == [second_digest]
     assert (two / "d/2.txt").read_bytes() == b"file 2"
+
+
+def test_a_checkout_reads_its_tree_once_and_remembers_only_small_ones(
+    trees, blobs, tmp_path, monkeypatch
+):
+    """The entries arrive as a stream (read once, never held whole); a tree of more than
+    REMEMBER_ENTRIES files is built in full but not kept for the next build's links."""
+    monkeypatch.setattr(checkouts_module, "REMEMBER_ENTRIES", 3)
+    checkouts = CheckoutStore(tmp_path / "checkouts", tmp_path / "tmp", blobs)
+    nested = {f"a/b{i % 2}/c/{i}.txt": b"file %d" % i for i in range(4)}
+    big_digest, _ = store(trees, raw(tree(blobs, nested)))
+    reads = []
+
+    def once():
+        reads.append(1)
+        yield from stored_entries(trees, big_digest)
+
+    big = checkouts.ensure(big_digest, once)
+    assert reads == [1]
+    assert {str(p.relative_to(big)) for p in big.rglob("*.txt")} == set(nested)
+    assert (big / "a/b1/c/3.txt").read_bytes() == b"file 3"
+    small = dict(list(nested.items())[:2])
+    small_digest, _ = store(trees, raw(tree(blobs, small)))
+    two = checkouts.ensure(small_digest, lambda: iter(stored_entries(trees, small_digest)))
+    name = next(iter(small))
+    assert os.stat(big / name).st_ino != os.stat(two / name).st_ino  # big: not remembered
+    third = {**small, "new.txt": b"new"}
+    third_digest, _ = store(trees, raw(tree(blobs, third)))
+    three = checkouts.ensure(third_digest, lambda: iter(stored_entries(trees, third_digest)))
+    assert os.stat(two / name).st_ino == os.stat(three / name).st_ino  # small: linked
 
 
 def test_a_checkout_that_fails_half_way_leaves_nothing(trees, blobs, tmp_path):

@@ -53,7 +53,7 @@ def _files(
         if digest is None:
             with open(jp.tree, "rb") as f:
                 digest = hashlib.file_digest(f, "sha256").hexdigest()
-        return checkouts.ensure(digest, lambda: list(_entries(jp)))
+        return checkouts.ensure(digest, lambda: _entries(jp))
     # Every path is relative with no '..' (ManifestEntry checks it again here), and the work
     # dir is new, holding only what is made below: nothing can lead out of it. The files are
     # copied one after another: on a 2-core ext4 host, 8 copying threads took 5x longer.

@@ -7,7 +7,9 @@ exists is complete. Nothing writes into a checkout after that: a job sees it onl
 lower layer of its overlay, which copies a file up before any change. A new tree reuses the
 files of the checkout built before it (hard links, for every path whose digest and mode are
 unchanged), so one changed file costs one copy and a link per other file, not a copy of
-every file. Checkouts whose tree is gone are removed by garbage collection.
+every file (a tree of more than REMEMBER_ENTRIES files is not remembered for that). A tree
+is read an entry at a time while its checkout is built: a big one is never in memory whole.
+Checkouts whose tree is gone are removed by garbage collection.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.trees import REMEMBER_ENTRIES
 from gpuhop.api import ManifestEntry
 from gpuhop.api.models import SHA256_RE
 
@@ -47,7 +50,7 @@ class CheckoutStore:
             raise ValueError(f"{digest!r} is not a sha256 hex digest")
         return self.root / digest
 
-    def ensure(self, digest: str, entries: Callable[[], list[ManifestEntry]]) -> Path:
+    def ensure(self, digest: str, entries: Callable[[], Iterable[ManifestEntry]]) -> Path:
         """The checkout of tree `digest`, built from `entries()` if missing. One at a time:
         two jobs of a new tree build it once."""
         dest = self.path(digest)
@@ -63,27 +66,35 @@ class CheckoutStore:
             except BaseException:
                 remove(building)
                 raise
-            self._last = _Built(dest, files)
+            self._last = None if files is None else _Built(dest, files)
         return dest
 
-    def _build(self, into: Path, entries: list[ManifestEntry]) -> dict[str, tuple[str, bool]]:
+    def _build(
+        self, into: Path, entries: Iterable[ManifestEntry]
+    ) -> dict[str, tuple[str, bool]] | None:
+        """Build the checkout in `into`; what it holds, or None for a tree too big to keep."""
         # Every path is relative with no '..' (ManifestEntry checks it), and `into` is new.
-        for parent in sorted({os.path.dirname(e.path) for e in entries} - {""}):
-            (into / parent).mkdir(parents=True, exist_ok=True)
         last = self._last if self._last is not None and self._last.path.is_dir() else None
-        files: dict[str, tuple[str, bool]] = {}
+        made: set[str] = set()
+        files: dict[str, tuple[str, bool]] | None = {}
         for entry in entries:
+            parent = os.path.dirname(entry.path)
+            if parent and parent not in made:
+                (into / parent).mkdir(parents=True, exist_ok=True)
+                made.add(parent)
             key = (entry.digest, entry.executable)
             target = into / entry.path
+            if files is not None:
+                files[entry.path] = key
+                if len(files) > REMEMBER_ENTRIES:
+                    files = None
             if last is not None and last.files.get(entry.path) == key:
                 try:
                     os.link(last.path / entry.path, target)
-                    files[entry.path] = key
                     continue
                 except OSError:
                     pass  # removed meanwhile, or too many links: copy it
             self.blobs.copy_to(entry.digest, target, entry.executable)
-            files[entry.path] = key
         return files
 
     def digests(self) -> list[str]:
