@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import hashlib
-import posixpath
 from collections.abc import Iterator
 from pathlib import Path
 
 from gpuhop.agent.storage.blobs import BlobStore
-from gpuhop.agent.storage.checkouts import CheckoutStore
+from gpuhop.agent.storage.checkouts import CheckoutStore, placed
 from gpuhop.agent.storage.treefile import read_entries
 from gpuhop.api import ManifestEntry
 from gpuhop.home import JobPaths
@@ -54,14 +53,8 @@ def _files(
             with open(jp.tree, "rb") as f:
                 digest = hashlib.file_digest(f, "sha256").hexdigest()
         return checkouts.ensure(digest, lambda: _entries(jp))
-    # Every path is relative with no '..' (ManifestEntry checks it again here), and the work
-    # dir is new, holding only what is made below: nothing can lead out of it. The files are
-    # copied one after another: on a 2-core ext4 host, 8 copying threads took 5x longer.
-    made: set[str] = set()
-    for entry in _entries(jp):
-        parent = posixpath.dirname(entry.path)
-        if parent and parent not in made:
-            (jp.work / parent).mkdir(parents=True, exist_ok=True)
-            made.add(parent)
-        blobs.copy_to(entry.digest, jp.work / entry.path, entry.executable)
+    # The files are copied one after another: on a 2-core ext4 host, 8 copying threads took
+    # 5x longer.
+    for entry, target in placed(jp.work, _entries(jp)):
+        blobs.copy_to(entry.digest, target, entry.executable)
     return None

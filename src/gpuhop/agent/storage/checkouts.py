@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,17 +73,10 @@ class CheckoutStore:
         self, into: Path, entries: Iterable[ManifestEntry]
     ) -> dict[str, tuple[str, bool]] | None:
         """Build the checkout in `into`; what it holds, or None for a tree too big to keep."""
-        # Every path is relative with no '..' (ManifestEntry checks it), and `into` is new.
         last = self._last if self._last is not None and self._last.path.is_dir() else None
-        made: set[str] = set()
         files: dict[str, tuple[str, bool]] | None = {}
-        for entry in entries:
-            parent = os.path.dirname(entry.path)
-            if parent and parent not in made:
-                (into / parent).mkdir(parents=True, exist_ok=True)
-                made.add(parent)
+        for entry, target in placed(into, entries):
             key = (entry.digest, entry.executable)
-            target = into / entry.path
             if files is not None:
                 files[entry.path] = key
                 if len(files) > REMEMBER_ENTRIES:
@@ -113,6 +106,19 @@ class CheckoutStore:
                 gone = Path(tempfile.mkdtemp(dir=self.tmp, prefix="checkout-gone-"))
                 os.replace(path, gone / digest)
                 remove(gone)
+
+
+def placed(into: Path, entries: Iterable[ManifestEntry]) -> Iterator[tuple[ManifestEntry, Path]]:
+    """Each entry with where its file goes under `into`, its parent dir made first. Every
+    path is relative with no '..' (ManifestEntry checks it), and `into` holds only what is
+    made here: nothing can lead out of it."""
+    made: set[str] = set()
+    for entry in entries:
+        parent = os.path.dirname(entry.path)
+        if parent and parent not in made:
+            (into / parent).mkdir(parents=True, exist_ok=True)
+            made.add(parent)
+        yield entry, into / entry.path
 
 
 def remove(path: Path) -> None:
