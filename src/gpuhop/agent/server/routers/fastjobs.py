@@ -44,6 +44,9 @@ LOG = re.compile(r"/v1/jobs/(?P<ref>[^/]+)/log")
 MAX_LIMIT = 10_000
 DEFAULT_LIMIT = 200
 MAX_SWEEP = 80
+# Listings up to this long are made on the event loop: a `ps` (50 jobs) of kept answers
+# costs less than a hop to a worker thread and back.
+INLINE_LIMIT = DEFAULT_LIMIT
 _STATES = {s.value: s for s in JobState}
 # A non-negative integer as the client writes one (no sign, no spaces, no leading zeros).
 _NUMBER = re.compile(r"0|[1-9][0-9]{0,17}")
@@ -82,7 +85,11 @@ class FastJobs:
         try:
             states, limit, sweep = list_query(scope["query_string"])
             listing: Listing = app.state.listing
-            body = listing.list_json(app.state.ctx, caller, states, limit, sweep)
+            args = (app.state.ctx, caller, states, limit, sweep)
+            if limit <= INLINE_LIMIT:
+                body = listing.list_json(*args)
+            else:  # a long listing reads many jobs' dirs: not on the event loop
+                body = await asyncio.to_thread(listing.list_json, *args)
         except Exception:
             return False
         headers = [(b"content-length", str(len(body)).encode()), (b"content-type", _JSON)]
