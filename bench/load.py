@@ -2,8 +2,9 @@
 
 A job holds the one (fake) GPU, N jobs queue behind it, C chatty CPU jobs print a line every
 20 ms, and F followers (in a separate process, so they do not share this one's GIL) follow
-those logs. Meanwhile this process times `ps` as the CLI sends it (GET /v1/jobs?limit=50):
-one client in a loop (latency p50/p99, requests/s), then 4 clients at once (requests/s).
+those logs. Meanwhile this process times `ps` as the CLI sends and reads it (GET
+/v1/jobs?limit=50, its JSON parsed, no models built: `Client.jobs_json`): one client in a
+loop (latency p50/p99, requests/s), then 4 clients at once (requests/s).
 The same is measured on the same agent before any job exists, as the baseline. Every
 follower's stream is checked against the log file at the end: nothing lost under load.
 """
@@ -56,7 +57,7 @@ def time_ps(client: Client, seconds: float) -> list[float]:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         t0 = time.perf_counter()
-        client.jobs(limit=50)
+        client.jobs_json(limit=50)
         out.append(time.perf_counter() - t0)
     return out
 
@@ -87,7 +88,7 @@ def concurrent_rate(agent, seconds: float, clients: int = 4) -> float:
         with agent.client() as c:
             end = time.perf_counter() + seconds
             while time.perf_counter() < end:
-                c.jobs(limit=50)
+                c.jobs_json(limit=50)
                 counts[i] += 1
 
     threads = [threading.Thread(target=hammer, args=(i,)) for i in range(clients)]
