@@ -3,7 +3,7 @@ a real agent gives, for each query, the same status, headers and bytes as its Fa
 
 The route's answer is had by adding a parameter the fast path does not take (`via=route`):
 FastAPI ignores a parameter no route declares, and the fast path hands any query it does not
-take to the route (tests/unit/test_fastjobs.py shows that it does)."""
+take to the route (tests/unit/test_fastjobs_queries.py shows that it does)."""
 
 from __future__ import annotations
 
