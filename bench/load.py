@@ -68,17 +68,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def time_ps_and_cpu(client: Client, pid: int, seconds: float) -> tuple[list[float], float]:
+def time_ps_and_cpu(client: Client, pid: int, seconds: float) -> tuple[list[float], float, float]:
     """`time_ps`, and the agent's CPU time (s) per request: less what it spends meanwhile
     on everything else (followers, jobs), measured for a second before with no request.
-    Unlike the latency, this does not depend on what else runs on the machine."""
+    Unlike the latency, this does not depend on what else runs on the machine. Last, that
+    second's CPU time per second."""
     c0, t0 = cpu_seconds(pid), time.perf_counter()
     time.sleep(1.0)
     background = (cpu_seconds(pid) - c0) / (time.perf_counter() - t0)
     c0, t0 = cpu_seconds(pid), time.perf_counter()
     latencies = time_ps(client, seconds)
     used = cpu_seconds(pid) - c0 - background * (time.perf_counter() - t0)
-    return latencies, max(used, 0.0) / len(latencies)
+    return latencies, max(used, 0.0) / len(latencies), background
 
 
 def concurrent_rate(agent, seconds: float, clients: int = 4) -> float:
@@ -106,6 +107,7 @@ def run(settings: Settings) -> list[Row]:
     lat: dict[str, list[list[float]]] = {"idle": [], "load": []}
     rate: dict[str, list[float]] = {"idle": [], "load": []}
     cpu: dict[str, list[float]] = {"idle": [], "load": []}
+    background: dict[str, list[float]] = {"idle": [], "load": []}
     with tempfile.TemporaryDirectory(prefix="gpuhop-bench-") as tmp:
         root = Path(tmp)
         project = root / "project"
@@ -119,9 +121,10 @@ def run(settings: Settings) -> list[Row]:
                 raise BenchError("the agent wrote no pid file")
 
             def measure(kind: str) -> None:
-                latencies, per_request = time_ps_and_cpu(client, pid, seconds)
+                latencies, per_request, busy = time_ps_and_cpu(client, pid, seconds)
                 lat[kind].append(latencies)
                 cpu[kind].append(per_request)
+                background[kind].append(busy)
                 rate[kind].append(concurrent_rate(agent, seconds))
 
             for _ in range(repeats):
@@ -199,6 +202,15 @@ def run(settings: Settings) -> list[Row]:
             [1000 * c for c in cpu["load"]],
             "same agent, no jobs",
             [1000 * c for c in cpu["idle"]],
+            load,
+        ),
+        Row(
+            NAME,
+            "agent CPU time per second with no ps (followers' streams, jobs, scheduler)",
+            "ms/s",
+            [1000 * b for b in background["load"]],
+            "same agent, no jobs",
+            [1000 * b for b in background["idle"]],
             load,
         ),
         Row(
