@@ -2,7 +2,7 @@
 
 A plain shared library, loaded with ctypes (no Python API: one build serves any Python).
 Without a C compiler the install goes on with a warning, and pushes chunk with numpy: the
-same cut points, about 8x the CPU time.
+same cut points, about twice the CPU time.
 """
 
 from __future__ import annotations
