@@ -8,6 +8,7 @@ same cut points, about twice the CPU time.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,15 +25,20 @@ class CustomBuildHook(BuildHookInterface):
         if self.target_name != "wheel":
             return
         source, library = Path(self.root, SOURCE), Path(self.root, LIBRARY)
-        compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-        if compiler is None:
+        compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or "gcc"]
+        if shutil.which(compiler[0]) is None:
             self.app.display_warning(
                 "gpuhop: no C compiler (cc): dataset pushes will chunk with numpy (slower)"
             )
             return
-        command = [compiler, "-O3", "-shared", "-fPIC", "-o", str(library), str(source)]
+        # Built beside it, then renamed over it: a process that has it loaded keeps its copy.
+        built = library.with_name(f".{library.name}.{os.getpid()}")
+        command = [*compiler, "-O3", "-shared", "-fPIC", "-o", str(built), str(source)]
         done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
+        if done.returncode == 0:
+            os.replace(built, library)
+        else:
+            built.unlink(missing_ok=True)
             self.app.display_warning(
                 f"gpuhop: building {SOURCE} failed, dataset pushes will chunk with numpy"
                 f" (slower):\n{done.stderr}"
