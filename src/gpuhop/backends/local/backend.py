@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -210,9 +211,14 @@ class LocalBackend(LeaderBackend):
         return (leader if cgroup is None else cgroups.wrap(cgroup, leader)), env
 
     def _shim(
-        self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]
+        self,
+        job: JobAttempt,
+        jp: JobPaths,
+        deps: dict[str, Any],
+        cgroup: Callable[[JobPaths, str], Path | None] = cgroups.make,
     ) -> tuple[list[str], dict[str, str], Path | None]:
-        """The shim's arguments and environment, and the attempt's cgroup (if one was made)."""
+        """The shim's arguments and environment, and the attempt's cgroup (if one was made,
+        or for `cgroups.plan`, will be)."""
         env = job_environment(job, jp, gpu_total_mb=self._gpu_total_mb(job))
         python = job_python(deps, self.python)
         # `python` and `pip` in the job's shell commands are the job's own interpreter's.
@@ -232,7 +238,7 @@ class LocalBackend(LeaderBackend):
         if job.private_network or job.workers > 1:
             gang += ["--relay", str(jp.relay)]
         args = [str(jp.status), str(jp.shim_pid), *gang, "--", *argv]
-        return args, env, cgroups.make(jp, f"{job.id}-{job.attempt}")
+        return args, env, cgroup(jp, f"{job.id}-{job.attempt}")
 
     def start(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
         try:
@@ -245,11 +251,11 @@ class LocalBackend(LeaderBackend):
         """Start the shim through the warm shim server; None where it cannot (the caller
         then starts a fresh interpreter for it)."""
         try:
-            args, env, cgroup = self._shim(job, jp, deps)
+            # The server makes the cgroup, or gives its waiting shim's cgroup that name.
+            args, env, cgroup = self._shim(job, jp, deps, cgroups.plan)
             _check_os_text(args, env)
-            procs = None if cgroup is None else cgroup / "cgroup.procs"
             request = jp.root / SHIM_REQUEST
-            pid, start = self._forks.spawn(args, env, jp.work, jp.log, procs, request)
+            pid, start = self._forks.spawn(args, env, jp.work, jp.log, cgroup, request)
         except ServerGone as e:
             log.warning("job %s: %s; starting its shim directly", job.id, e)
             cgroups.oom_kills(jp)  # made again by the direct start

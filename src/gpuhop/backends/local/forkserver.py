@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.backends.base import StartError
+from gpuhop.backends.local import cgroups
 
 log = logging.getLogger("gpuhop.agent")
 
@@ -59,17 +60,18 @@ class ForkServer:
         request: Path,
     ) -> tuple[int, str | None]:
         """Start a shim with `argv` (its arguments), its request written to the file
-        `request` (in the job's dir, hidden from jobs); returns its pid and start time.
+        `request` (in the job's dir, hidden from jobs), in the new cgroup `cgroup` (a path
+        not yet made: the server makes it); returns its pid and start time.
         Raises ServerGone where the server did not start it, and StartError where it may
         have (it took the request and never answered): starting it another way could then
         run the job twice."""
         # The request goes in a file that only the shim, once forked, reads: the server's
         # memory, which every later shim inherits, never holds a job's environment.
-        spec = {"argv": argv, "env": env, "cwd": str(cwd), "cgroup": cgroup and str(cgroup)}
+        spec = {"argv": argv, "env": env, "cwd": str(cwd)}
         fd = os.open(request, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with open(fd, "w") as f:
             json.dump(spec, f)
-        message = json.dumps({"request": str(request)}).encode()
+        message = json.dumps({"request": str(request), "cgroup": cgroup and str(cgroup)}).encode()
         with self._lock:
             sock = self._running()
             with open(log_path, "ab") as logfile:
@@ -109,8 +111,10 @@ class ForkServer:
         self._stop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
+            found = cgroups.agent_cgroup()  # where the server makes its waiting shims' own
+            where = [] if found is None else [str(found[0]), found[1]]
             self._proc = subprocess.Popen(
-                [self.python, "-I", "-S", SERVER, str(theirs.fileno())],
+                [self.python, "-I", "-S", SERVER, str(theirs.fileno()), *where],
                 stdin=subprocess.DEVNULL,
                 pass_fds=[theirs.fileno()],
                 start_new_session=True,  # no signal meant for the agent's group reaches it
