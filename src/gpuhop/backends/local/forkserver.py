@@ -33,6 +33,19 @@ SERVER = str(Path(__file__).with_name("shimserver.py"))
 ANSWER_SECONDS = 30.0
 
 
+def check_os_text(argv: list[str], env: dict[str, str]) -> None:
+    """Raise what Popen raises for arguments or variables the OS cannot take (a lone
+    surrogate: UnicodeEncodeError; an embedded NUL, a name with "="), before the shim server
+    is asked: the job then fails to start saying why, as a directly started shim would."""
+    for text in (*argv, *env.values()):
+        if b"\0" in os.fsencode(text):
+            raise ValueError("embedded null byte")
+    for name in env:
+        raw = os.fsencode(name)
+        if not raw or b"=" in raw or b"\0" in raw:
+            raise ValueError(f"illegal environment variable name: {name!r}")
+
+
 class ServerGone(OSError):
     """The shim server could not be started or reached; start the shim another way."""
 
@@ -58,16 +71,18 @@ class ForkServer:
         log_path: Path,
         cgroup: Path | None,
         request: Path,
+        specs: dict[str, Any] | None = None,
     ) -> tuple[int, str | None]:
         """Start a shim with `argv` (its arguments), its request written to the file
         `request` (in the job's dir, hidden from jobs), in the new cgroup `cgroup` (a path
-        not yet made: the server makes it); returns its pid and start time.
+        not yet made: the server makes it), given `specs` (what its spec files would say,
+        such as {"sandbox": ...}); returns its pid and start time.
         Raises ServerGone where the server did not start it, and StartError where it may
         have (it took the request and never answered): starting it another way could then
         run the job twice."""
         # The request goes in a file that only the shim, once forked, reads: the server's
         # memory, which every later shim inherits, never holds a job's environment.
-        spec = {"argv": argv, "env": env, "cwd": str(cwd)}
+        spec = {"argv": argv, "env": env, "cwd": str(cwd), "specs": specs or {}}
         fd = os.open(request, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with open(fd, "w") as f:
             json.dump(spec, f)

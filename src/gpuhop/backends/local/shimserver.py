@@ -7,7 +7,8 @@ SOCK_SEQPACKET socket pair with the agent, and CGROUPS the agent's memory cgroup
 file there that a memory cgroup has). It imports the shim and every helper the shim may need
 once, then waits for requests: each is one JSON message {"request": PATH, "cgroup": DIR or
 null} with the job's log file as an attached descriptor. PATH, in the job's dir, holds
-{"argv": the shim's arguments, "env": the job's environment, "cwd": where it starts}; only
+{"argv": the shim's arguments, "env": the job's environment, "cwd": where it starts,
+"specs": what the shim would read from its spec files (`{"sandbox": ...}`)}; only
 the shim reads it (and removes it), so no job's environment ever passes through the
 server's memory, which every later shim inherits. DIR is the attempt's cgroup, not yet made.
 The shim becomes exactly what a shim started by the agent would be: the leader of a new
@@ -298,7 +299,7 @@ def _become_shim(path: str, log: int, cgroup) -> int:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    return shim.main(request["argv"])
+    return shim.main(request["argv"], request.get("specs"))
 
 
 def _exit(code: int) -> None:
