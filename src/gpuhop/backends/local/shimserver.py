@@ -23,7 +23,8 @@ and its move into a cgroup of its own (which on cgroup v1 waits out an RCU grace
 5-15 ms) are paid while no job waits. A request then renames the spare's cgroup to the
 attempt's (cgroup v1 renames a cgroup with its processes in it; where the kernel refuses,
 the shim joins the attempt's cgroup itself, as before) and hands the spare the request and
-the log; the next spare is forked at once. A spare holds nothing of a job until then. Where
+the log; the next spare is forked 50 ms later, once that job has started (a request before
+then gets a fork made at once, as without spares). A spare holds nothing of a job until then. Where
 there is no spare (its fork failed, or it died), the server forks the shim as it runs.
 
 The server is single-threaded and forks only from its main loop, so each child starts with
@@ -53,6 +54,8 @@ for _helper in ("sandbox", "workview", "gangenv", "relay", "envbuild"):
 MAX_MESSAGE = 1 << 22
 _CHLD = {signal.SIGCHLD}
 SPARE_PREFIX = "gpuhop-spare"
+# Seconds after a request before the next spare is forked (a request sooner gets a fork).
+SPARE_AFTER = 0.05
 
 
 class Spare:
@@ -82,10 +85,21 @@ class Server:
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
         while True:
+            # The next spare is forked once the last one's job has had time to start: not
+            # while it starts, on the same cores.
+            self.sock.settimeout(SPARE_AFTER if self.spare is None else None)
             try:
                 msg, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_MESSAGE, 4)
+            except TimeoutError:
+                signal.pthread_sigmask(signal.SIG_BLOCK, _CHLD)
+                try:
+                    self.spare = self._fork_spare()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
+                continue
             except OSError:
                 return 0
+            self.sock.settimeout(None)
             if not msg:
                 return 0  # the agent is gone
             # A child's end is told only after its pid: SIGCHLD waits until the answer is sent.
@@ -106,8 +120,6 @@ class Server:
                     for fd in fds:
                         os.close(fd)
                 self._send(reply)
-                if self.spare is None:
-                    self.spare = self._fork_spare()
             finally:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
 
