@@ -129,7 +129,10 @@ class Server:
         join = cgroup
         if spare is not None and not _ready(spare):
             spare.sock.close()  # it died before it was ready: its end is reaped
+            _remove(spare.cgroup)
             spare = None
+        if spare is not None and cgroup is None and spare.cgroup is not None:
+            join = os.path.dirname(spare.cgroup)  # none for this attempt: the server's own
         if spare is not None:
             if cgroup is not None and spare.cgroup is not None and self.renames:
                 try:
@@ -143,8 +146,10 @@ class Server:
                 message = json.dumps({"request": request, "cgroup": join}).encode()
                 socket.send_fds(spare.sock, [message], [log])
                 return spare.pid
-            except OSError:
-                join = cgroup  # it died waiting: its end is reaped and its cgroup removed
+            except OSError:  # it died waiting: its end is reaped
+                if join is not None:
+                    _remove(spare.cgroup)
+                join = cgroup
             finally:
                 spare.sock.close()
         if join is not None:
@@ -158,7 +163,7 @@ class Server:
         """A new spare in a new cgroup of its own (where the agent has one); None if the
         fork fails."""
         cgroup = None
-        if self.cgroups is not None:
+        if self.cgroups is not None and self.renames:  # else it would join one twice
             self.made += 1
             cgroup = os.path.join(self.cgroups[0], f"{SPARE_PREFIX}-{os.getpid()}-{self.made}")
             try:
@@ -270,7 +275,7 @@ def _spare(server: Server, sock: socket.socket, cgroup) -> None:
         message = json.loads(msg)
         join = message.get("cgroup")
         if join is not None and _join(join):
-            _remove(cgroup)  # the kernel would not rename it: left for the attempt's own
+            _remove(cgroup)  # not renamed (the kernel refused, or the job has no cgroup)
         code = _become_shim(message["request"], fds[0], None)
     except BaseException as e:
         with contextlib.suppress(OSError):
