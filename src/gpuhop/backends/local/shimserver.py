@@ -260,11 +260,11 @@ def _spare(server: Server, sock: socket.socket, cgroup) -> None:
         if cgroup is not None and not _join(cgroup):
             _remove(cgroup)
             cgroup = None
-        # Only now may the server rename the cgroup: the spare is in it.
-        sock.send(b"alone" if cgroup is None else b"ready")
         try:
+            # Only now may the server rename the cgroup: the spare is in it.
+            sock.send(b"alone" if cgroup is None else b"ready")
             msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 1)
-        except OSError:  # reset: the server ended before it read our word
+        except OSError:  # the server ended first (a reset, if it never read our word)
             msg, fds = b"", []
         sock.close()
         if not msg or len(fds) != 1:  # the server is gone
