@@ -3,10 +3,11 @@
 
 A shim started by the agent costs a Python start and the imports of the shim and its helpers
 (tens of milliseconds, more on a busy host) before the job's own process exists; the server
-has paid them once and only forks. A job's shim is the same either way: the leader of its
-own session with its log as stdout and stderr, run by the same code. The server is started
-on first use and again if it ended; where it cannot be reached the caller starts the shim
-itself, as before.
+has paid them once, and forks each shim before its job comes (in a memory cgroup of its
+own, which the request renames to the attempt's: see shimserver.py). A job's shim is the
+same either way: the leader of its own session with its log as stdout and stderr, run by
+the same code. The server is started on first use and again if it ended; where it cannot be
+reached the caller starts the shim itself, as before.
 """
 
 from __future__ import annotations
