@@ -108,8 +108,12 @@ def test_a_waiting_shim_takes_the_job_into_the_attempts_cgroup(make_agent, proje
         procs = {int(p) for p in (cgroup / "cgroup.procs").read_text().split()}
         assert shim in procs and len(procs) >= 2, procs
         [server] = _servers(agent.pid)
+        # The server makes the spare's cgroup, then forks the spare, which joins it.
         [spare_cgroup] = wait_until(lambda: _spares(cgroup.parent, server), timeout=30)
-        [spare] = [int(p) for p in (spare_cgroup / "cgroup.procs").read_text().split()]
+        [spare] = wait_until(
+            lambda: [int(p) for p in (spare_cgroup / "cgroup.procs").read_text().split()],
+            timeout=30,
+        )
         assert int(_stat(spare)[1]) == server and os.getsid(spare) == spare
         (agent.paths.job_dir(job.id) / "artifacts" / "go").touch()
         job.wait(timeout=60)
