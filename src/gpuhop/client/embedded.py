@@ -10,7 +10,6 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -61,6 +60,8 @@ def start_background(
     if fake_gpu_memory_mb is not None:
         cmd += ["--fake-gpu-memory", str(fake_gpu_memory_mb)]
     cmd += agent_args
+    import subprocess  # only to start an agent: not on a command that finds it running
+
     with open(paths.logfile, "ab") as logf:
         # Through a short-lived intermediate (a double fork), so the agent is not our child:
         # it outlives this process and never lingers as its zombie.

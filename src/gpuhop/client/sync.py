@@ -16,7 +16,6 @@ import re
 import stat
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -152,21 +151,34 @@ class IgnoreLayer:
     Here the ignoring patterns and the negations are each joined into one regex. A path
     matched by only one of them is decided at once; one matched by both (rare) goes to
     pathspec, which knows which pattern came last.
+
+    The patterns are compiled (and pathspec imported) on the first path checked: a scan
+    whose directories are all unchanged since the last one reuses their cached listings and
+    checks no path, so a re-run of `gpuhop run` never loads pathspec.
     """
 
     def __init__(self, prefix: str, lines: list[str] | tuple[str, ...]):
-        import pathspec  # only where a tree is scanned: not on `ps`, `logs` or `cancel`
-
         self.prefix = prefix
-        self.spec = pathspec.GitIgnoreSpec.from_lines(lines)
-        self.ignore = _joined(p for p in self.spec.patterns if p.include is True)
-        self.keep = _joined(p for p in self.spec.patterns if p.include is False)
+        self.lines = lines
+        self.spec: pathspec.GitIgnoreSpec | None = None
+        self.ignore: re.Pattern[str] | None = None
+        self.keep: re.Pattern[str] | None = None
+
+    def _compile(self) -> pathspec.GitIgnoreSpec:
+        import pathspec  # only where a path is checked: see above
+
+        spec = pathspec.GitIgnoreSpec.from_lines(self.lines)
+        self.ignore = _joined(p for p in spec.patterns if p.include is True)
+        self.keep = _joined(p for p in spec.patterns if p.include is False)
+        self.spec = spec
+        return spec
 
     def check(self, path: str) -> bool | None:
+        spec = self.spec if self.spec is not None else self._compile()
         ignored = self.ignore is not None and self.ignore.match(path) is not None
         kept = self.keep is not None and self.keep.match(path) is not None
         if ignored and kept:
-            return bool(self.spec.check_file(path).include)
+            return bool(spec.check_file(path).include)
         if ignored:
             return True
         return False if kept else None
@@ -385,9 +397,14 @@ def scan(
             on_hashed(entry)
         return entry
 
-    # hashlib releases the GIL on large reads, so threads help on a cold cache.
-    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-        fresh = list(pool.map(hash_one, todo)) if len(todo) > 8 else [hash_one(t) for t in todo]
+    if len(todo) > 8:
+        # hashlib releases the GIL on large reads, so threads help on a cold cache.
+        from concurrent.futures import ThreadPoolExecutor  # loads logging: only then
+
+        with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+            fresh = list(pool.map(hash_one, todo))
+    else:
+        fresh = [hash_one(t) for t in todo]
     for item, entry in zip(todo, fresh, strict=True):
         cache.remember(entry.path, item[2], entry.digest, scan_ns)
     files = sorted(known + fresh, key=lambda f: f.path)

@@ -10,7 +10,6 @@ same place with the same credentials.
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -19,6 +18,8 @@ from gpuhop.client.embedded import ensure_agent, socket_answers
 from gpuhop.home import AgentPaths
 
 if TYPE_CHECKING:
+    import ssl
+
     import httpx
 
 
