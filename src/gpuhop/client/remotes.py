@@ -22,6 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from gpuhop.client.errors import GpuhopError
+from gpuhop.home import user_dir
 
 LOCAL = "local"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -89,9 +90,7 @@ def config_dir() -> Path:
     env = os.environ.get("GPUHOP_CONFIG_DIR")
     if env:
         return Path(env).expanduser().absolute()
-    import platformdirs
-
-    return Path(platformdirs.user_config_dir("gpuhop"))
+    return user_dir("config")
 
 
 def config_path() -> Path:
