@@ -18,10 +18,9 @@ import hashlib
 import os
 import shlex
 import stat
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit
 
 from gpuhop.client.embedded import socket_answers
@@ -30,6 +29,9 @@ from gpuhop.client.remotes import Remote
 from gpuhop.client.remotes import update as update_remote
 from gpuhop.client.sshcipher import cipher_options
 from gpuhop.client.transport import Endpoint
+
+if TYPE_CHECKING:
+    import subprocess
 
 CONTROL_PERSIST = "10m"
 CONNECT_TIMEOUT = 15
@@ -50,6 +52,8 @@ def runtime_dir() -> Path:
     elif os.environ.get("XDG_RUNTIME_DIR"):
         path = Path(os.environ["XDG_RUNTIME_DIR"]) / "gpuhop"
     else:
+        import tempfile
+
         path = Path(tempfile.gettempdir()) / f"gpuhop-{os.getuid()}"
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = path.lstat()
@@ -124,6 +128,8 @@ class SshConnection:
         check: bool = True,
     ) -> subprocess.CompletedProcess[bytes]:
         """Run a POSIX sh `script` with `args` ($1...) on the host; ssh errors are raised."""
+        import subprocess  # here and below: a command with a warm connection spawns no ssh
+
         self.ensure_master()
         remote_cmd = " ".join(shlex.quote(a) for a in ("sh", "-c", script, "sh", *args))
         try:
@@ -151,6 +157,8 @@ class SshConnection:
         return result
 
     def master_alive(self) -> bool:
+        import subprocess
+
         try:
             result = subprocess.run(
                 [*self.argv("-O", "check"), self.target.destination],
@@ -165,6 +173,9 @@ class SshConnection:
         """Open the master connection unless it is up; ssh errors become clear ones."""
         if self.master_alive():
             return
+        import subprocess
+        import tempfile
+
         # The master carries every byte of the tunnel: AES-GCM first where that is faster.
         ciphers = cipher_options(self.argv(), self.target.destination)
         # -f: ssh goes to the background once authenticated, so this returns then. Its
@@ -194,6 +205,8 @@ class SshConnection:
 
     def forward(self, local: Path, remote_socket: str) -> None:
         """Serve `remote_socket` (on the host) at `local` (here), through the master."""
+        import subprocess
+
         self.ensure_master()
         result = subprocess.run(
             [
@@ -208,6 +221,8 @@ class SshConnection:
 
     def disconnect(self) -> bool:
         """Close the master connection (and with it every forward). False if none was up."""
+        import subprocess
+
         if not self.master_alive():
             return False
         subprocess.run(
