@@ -18,9 +18,8 @@ import hashlib
 import os
 import shlex
 import stat
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from gpuhop.client.embedded import socket_answers
@@ -67,8 +66,7 @@ def runtime_dir() -> Path:
     return path
 
 
-@dataclass(frozen=True)
-class SshTarget:
+class SshTarget(NamedTuple):
     """Where `ssh` connects: ssh://[user@]host[:port] (host may be an alias in ssh_config)."""
 
     host: str
