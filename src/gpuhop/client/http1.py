@@ -30,7 +30,12 @@ MAX_HEADERS = 100
 class Connection:
     """One connection to the socket, and what has been received on it but not yet read."""
 
-    def __init__(self, path: str, connect_timeout: float | None) -> None:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._buffer = b""
+
+    @classmethod
+    def open(cls, path: str, connect_timeout: float | None) -> Connection:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(connect_timeout)
@@ -38,8 +43,7 @@ class Connection:
         except OSError:
             sock.close()  # never left for the garbage collector (a ResourceWarning)
             raise
-        self.sock = sock
-        self._buffer = b""
+        return cls(sock)
 
     def close(self) -> None:
         self.sock.close()

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import unquote, urlsplit
 
-from gpuhop.client.embedded import socket_answers
+from gpuhop.client.embedded import connect, socket_answers
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.remotes import Remote
 from gpuhop.client.remotes import update as update_remote
@@ -293,7 +293,9 @@ def local_socket(remote: Remote) -> Path:
 def ssh_endpoint(remote: Remote) -> Endpoint:
     """An endpoint for an ssh:// remote, connecting (or reusing the connection) first."""
     sock = local_socket(remote) if remote.remote_home else None
-    if sock is None or not socket_answers(sock):
+    # The connection that finds the forward up is the first request's (see connect_agent).
+    connected = connect(sock) if sock is not None else None
+    if sock is None or connected is None:
         conn = SshConnection(remote)
         home = remote_home(conn)
         sock = local_socket(remote)
@@ -309,6 +311,7 @@ def ssh_endpoint(remote: Remote) -> Endpoint:
         uds=str(sock),
         reachable=lambda: socket_answers(bound),
         explain=explain,
+        connected=connected,
     )
 
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from gpuhop.client.embedded import ensure_agent, socket_answers
+from gpuhop.client.embedded import connect_agent, socket_answers
 from gpuhop.home import AgentPaths
 
 if TYPE_CHECKING:
+    import socket
     import ssl
 
     import httpx
@@ -43,12 +44,16 @@ class Endpoint:
     transport error, when the transport can find out (the SSH transport asks the host
     whether its agent runs; the TLS one names a certificate that is not the pinned one).
 
+    `connected`: a connection to `uds` made already (the one that found the agent), which
+    the session's first request goes on; the session takes it (`take_connected`).
+
     A plain class, as the other records on a command's path: `dataclasses` would load
     `inspect`, some 8 ms of every command's start.
     """
 
     __slots__ = (
         "base_url",
+        "connected",
         "description",
         "explain",
         "handoff",
@@ -68,6 +73,7 @@ class Endpoint:
         headers: dict[str, str] | None = None,
         reachable: Callable[[], bool] = _always,
         explain: Callable[[BaseException], str | None] = _nothing_to_add,
+        connected: socket.socket | None = None,
     ) -> None:
         self.description = description
         self.base_url = base_url
@@ -77,6 +83,12 @@ class Endpoint:
         self.headers: dict[str, str] = {} if headers is None else headers
         self.reachable = reachable
         self.explain = explain
+        self.connected = connected
+
+    def take_connected(self) -> socket.socket | None:
+        """The connection made already, if any, for the caller to use (or close)."""
+        connected, self.connected = self.connected, None
+        return connected
 
     def __repr__(self) -> str:
         return f"Endpoint({self.description!r}, uds={self.uds!r}, base_url={self.base_url!r})"
@@ -101,11 +113,10 @@ class Endpoint:
 
 def local_endpoint(paths: AgentPaths, autostart: bool = True) -> Endpoint:
     """The agent of `paths` on this machine, started first if asked to."""
-    if autostart:
-        ensure_agent(paths)
     return Endpoint(
         description=f"the gpuhop agent at {paths.socket}",
         uds=str(paths.socket),
         handoff=str(paths.handoff),
         reachable=lambda: socket_answers(paths.socket),
+        connected=connect_agent(paths) if autostart else None,
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json as jsonlib
+import socket
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
@@ -76,11 +77,19 @@ class UnixClient:
     status line polls while the log streams): each request takes an idle connection or
     opens one, and gives it back when its answer has been read to the end."""
 
-    def __init__(self, path: str, headers: Mapping[str, str], timeout: Timeout) -> None:
+    def __init__(
+        self,
+        path: str,
+        headers: Mapping[str, str],
+        timeout: Timeout,
+        connected: socket.socket | None = None,
+    ) -> None:
+        """`connected`: a connection to `path` made already (the endpoint's probe), which
+        the first request goes on."""
         self.path = path
         self.headers = dict(headers)
         self.timeout = timeout
-        self._idle: list[Connection] = []
+        self._idle: list[Connection] = [] if connected is None else [Connection(connected)]
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -101,7 +110,7 @@ class UnixClient:
                 conn.close()
                 conn = None
         if conn is None:
-            conn = Connection(self.path, timeout.connect)
+            conn = Connection.open(self.path, timeout.connect)
         conn.sock.settimeout(timeout.read)
         return conn
 
