@@ -158,6 +158,24 @@ def test_a_body_of_unknown_length_is_sent_chunked_and_a_known_one_as_it_is(serve
     assert http.server.connections == 1
 
 
+def test_a_body_of_any_size_or_buffer_type_arrives_whole(serve):
+    received: list[bytes] = []
+
+    def handle(conn: socket.socket, head: bytes) -> None:
+        size = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        body = b""
+        while len(body) < size:
+            body += conn.recv(1 << 20)
+        received.append(body)
+        conn.sendall(b"HTTP/1.1 204 No Content\r\n\r\n")
+
+    http = serve(handle)
+    big = bytes(range(256)) * 4096  # 1 MiB: sent apart from the head
+    for body in (b"small", bytearray(b"array"), memoryview(b"view"), big, memoryview(big)):
+        http.post("/up", content=body)
+    assert received == [b"small", b"array", b"view", big, big]
+
+
 @pytest.mark.parametrize(
     ("sent", "said"),
     [

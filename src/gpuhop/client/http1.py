@@ -99,8 +99,10 @@ class Connection:
         if body is None:
             sock.sendall(head)
         elif isinstance(body, bytes | bytearray | memoryview):
-            sock.sendall(head + body if len(body) < READ_SIZE else head)
-            if len(body) >= READ_SIZE:
+            if len(body) < READ_SIZE:  # one write for a small request: head and body
+                sock.sendall(head + bytes(body))
+            else:  # not copied to be joined
+                sock.sendall(head)
                 sock.sendall(body)
         else:
             sock.sendall(head)
