@@ -26,7 +26,6 @@ from gpuhop.client.embedded import connect, socket_answers
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.remotes import Remote
 from gpuhop.client.remotes import update as update_remote
-from gpuhop.client.sshcipher import cipher_options
 from gpuhop.client.transport import Endpoint
 
 if TYPE_CHECKING:
@@ -173,6 +172,8 @@ class SshConnection:
             return
         import subprocess
         import tempfile
+
+        from gpuhop.client.sshcipher import cipher_options  # spawns ssh -G: only here
 
         # The master carries every byte of the tunnel: AES-GCM first where that is faster.
         ciphers = cipher_options(self.argv(), self.target.destination)
