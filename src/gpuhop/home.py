@@ -4,25 +4,54 @@ from __future__ import annotations
 
 import fcntl
 import os
-from dataclasses import dataclass
+import sys
 from pathlib import Path
-
-import platformdirs
+from typing import NamedTuple
 
 # sockaddr_un.sun_path is 108 bytes on Linux, including the terminating NUL.
 MAX_SOCKET_PATH = 107
+
+# The XDG base directories (the XDG Base Directory Specification): each kind's variable,
+# and where it defaults to under the home directory.
+XDG_DIRS = {
+    "data": ("XDG_DATA_HOME", ".local/share"),
+    "config": ("XDG_CONFIG_HOME", ".config"),
+    "cache": ("XDG_CACHE_HOME", ".cache"),
+}
+
+
+def user_dir(kind: str) -> Path:
+    """gpuhop's per-user "data", "config" or "cache" dir, where platformdirs puts it.
+
+    On Linux that is the XDG base dir, read here: its variable where that is an absolute
+    path (unset, empty or relative counts as unset), else its default under $HOME, and
+    "gpuhop" in it; importing platformdirs (with tempfile, shutil and random) would cost
+    every command about 15 ms of its start. Elsewhere (macOS), and where $HOME is not an
+    absolute path, platformdirs says. tests/unit/test_home.py checks the two agree."""
+    if kind not in XDG_DIRS:
+        raise ValueError(f"no per-user dir of kind {kind!r} (one of: {', '.join(XDG_DIRS)})")
+    variable, default = XDG_DIRS[kind]
+    home = os.environ.get("HOME")
+    if sys.platform.startswith("linux") and home is not None and os.path.isabs(home):
+        base = os.environ.get(variable, "")
+        return Path(base if os.path.isabs(base) else os.path.join(home, default), "gpuhop")
+    import platformdirs
+
+    return Path(getattr(platformdirs, f"user_{kind}_dir")("gpuhop"))
 
 
 def default_home() -> Path:
     env = os.environ.get("GPUHOP_HOME")
     if env:
         return Path(env).expanduser().absolute()
-    return Path(platformdirs.user_data_dir("gpuhop")).absolute()
+    return user_dir("data").absolute()
 
 
-@dataclass(frozen=True)
-class AgentPaths:
-    """The layout of an agent's state directory. Everything the agent writes lives here."""
+class AgentPaths(NamedTuple):
+    """The layout of an agent's state directory. Everything the agent writes lives here.
+
+    (A NamedTuple, as the other records on a command's path: `dataclasses` would load
+    `inspect`, some 8 ms of every command's start.)"""
 
     home: Path
 
@@ -114,8 +143,7 @@ class AgentPaths:
             )
 
 
-@dataclass(frozen=True)
-class JobPaths:
+class JobPaths(NamedTuple):
     """The files of one job, under `<home>/jobs/<id>/`."""
 
     root: Path

@@ -25,6 +25,28 @@ NOT_ON_THESE_PATHS = (
     "numpy",
     "click",
 )
+# The standard library's heavier modules, which none of these commands loads on its way (a
+# few ms each): http.client with email (the agent is spoken to on a plain socket), ssl
+# (TLS remotes only), dataclasses with inspect (the records on the path are plain classes),
+# concurrent.futures with logging (hashing many files only), subprocess and tempfile
+# (starting an agent or an ssh only), and platformdirs (the XDG dirs are read on Linux).
+STDLIB_NOT_ON_THESE_PATHS = (
+    "http",
+    "email",
+    "ssl",
+    "dataclasses",
+    "inspect",
+    "concurrent",
+    "logging",
+    "subprocess",
+    "tempfile",
+    *(("platformdirs",) if sys.platform.startswith("linux") else ()),
+)
+
+
+def loaded_of(loaded: list[str], names: tuple[str, ...]) -> list[str]:
+    return [m for m in loaded if m in names or m.split(".")[0] in names]
+
 
 RECORD_MODULES = """
 import atexit, json, sys
@@ -65,11 +87,7 @@ def test_ps_show_logs_and_cancel_load_only_what_they_use(shared_agent, project, 
             ):
                 loaded = modules_of(shared_agent, tmp_path, *args)
                 assert "gpuhop.cli.main" in loaded  # the command ran in that interpreter
-                heavy = [
-                    m
-                    for m in loaded
-                    if m in NOT_ON_THESE_PATHS or m.split(".")[0] in NOT_ON_THESE_PATHS
-                ]
+                heavy = loaded_of(loaded, NOT_ON_THESE_PATHS + STDLIB_NOT_ON_THESE_PATHS)
                 assert not heavy, f"gpuhop {args[0]} imported {heavy}"
         finally:
             if not waiting.refresh().state.finished:  # the test failed before its cancel
@@ -77,10 +95,12 @@ def test_ps_show_logs_and_cancel_load_only_what_they_use(shared_agent, project, 
 
 
 def test_run_loads_neither_httpx_nor_pydantic_typer_or_rich(shared_agent, project, tmp_path):
+    """Nor pathspec: a work dir without ignore files is matched against the defaults
+    without it (tests/unit/test_sync.py checks the re-run of an unchanged one)."""
     root = project({"hello.py": "print('hello')\n"})
     loaded = modules_of(shared_agent, tmp_path, "run", "hello.py", cwd=root)
     assert "gpuhop.cli.main" in loaded
-    assert not [m for m in loaded if m.split(".")[0] in ANYWHERE]
+    assert not loaded_of(loaded, (*ANYWHERE, *STDLIB_NOT_ON_THESE_PATHS, "pathspec"))
 
 
 def test_a_mistake_is_still_typers_to_explain(shared_agent, tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhop.client import GpuhopError
+from gpuhop.client import Client, GpuhopError
 from gpuhop.client.unixhttp import UnixClient, query
 
 
@@ -54,3 +54,15 @@ def test_a_timeout_in_seconds_as_httpx_takes_it(shared_agent):
         assert http.get("/v1/agent", timeout=None).status_code == 200
         with pytest.raises(TypeError, match="timeout takes seconds"):
             http.get("/v1/agent", timeout="soon")
+
+
+def test_the_connection_that_found_the_agent_carries_the_first_request(shared_agent):
+    # Found as a command finds it: the agent's socket is tried (and the agent started if
+    # none answers); that connection is kept for the first request.
+    with Client(shared_agent.home, cache_dir=shared_agent.cache) as client:
+        http = client.session.http
+        assert isinstance(http, UnixClient)
+        found = list(http._idle)
+        assert len(found) == 1  # kept from finding the agent, not closed for a new one
+        client.jobs()
+        assert http._idle == found

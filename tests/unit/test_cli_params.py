@@ -113,3 +113,30 @@ def test_typer_reads_the_same_declarations() -> None:
     assert ctx.params == {"name": "x", "times": 3}
     assert params.parse(command, ["x", "-t3"]) == {"name": "x", "times": 3}
     assert params.parse(command, ["x", "-t0"]) is None  # typer says why
+
+
+def _plain(a, b=1, *, c, d="x"):
+    pass
+
+
+def _star(*args):
+    pass
+
+
+@pytest.mark.parametrize("command", sorted(FAST))
+def test_parameters_are_read_as_inspect_reads_them(command):
+    import inspect
+
+    fn = getattr(importlib.import_module(f"gpuhop.cli.{COMMANDS[command]}"), command)
+    for f in (fn, _plain):
+        expected = [
+            (p.name, params._NO_DEFAULT if p.default is inspect.Parameter.empty else p.default)
+            for p in inspect.signature(f).parameters.values()
+        ]
+        assert params.parameters(f) == expected
+
+
+def test_a_function_with_star_args_or_a_wrapper_is_left_to_typer():
+    for fn in (_star, functools.wraps(_plain)(lambda *a, **k: None), print):
+        with pytest.raises(params.Unsure):
+            params.parameters(fn)

@@ -189,6 +189,60 @@ def test_default_ignores(tmp_path: Path):
     assert paths(scan(tmp_path)) == ["pkg/mod.py", "train.py"]
 
 
+DEFAULT_CASES = [
+    *(f"{d}/" for d in (".git", ".venv", "__pycache__", "gpuhop-artifacts", ".ruff_cache")),
+    *(f"a/b/{d}/" for d in (".git", ".hg", ".svn", ".ipynb_checkpoints", ".mypy_cache")),
+    ".git/config", "a/.git/HEAD", ".pytest_cache/v/x", "a/__pycache__/m.cpython-311.pyc",
+    ".git", "a/.venv", "gpuhop-artifacts",  # files, not directories: kept
+    ".gitx/", "x.git/", "a/git/", "venv/", "__pycache__x/", "pycache/",
+    "m.pyc", "m.pyo", "m.pyd", "a/b/m.pyc", ".pyc", "m.pyc/", "m.pyd/inner.txt",
+    "m.py", "m.pyx", "m.pycx", "pyc", "a.pyc.txt", "a/b/c.py", "README", "x/y/z/",
+    "M.PYC", ".GIT/",  # pathspec matches case-sensitively
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", DEFAULT_CASES)
+def test_the_default_ignores_match_without_pathspec_as_pathspec_does(path: str):
+    assert sync.DefaultsLayer().check(path) == sync.IgnoreLayer("", sync.DEFAULT_IGNORES).check(
+        path
+    )
+
+
+def test_a_root_without_ignore_files_loads_no_pathspec(tmp_path: Path):
+    make_tree(tmp_path, {"a.py": "", "m.pyc": "", "__pycache__/x.pyc": "", "sub/b.py": ""})
+    rules = sync.IgnoreRules.root(tmp_path)
+    assert isinstance(rules.layers[0], sync.DefaultsLayer)
+    assert paths(scan(tmp_path)) == ["a.py", "sub/b.py"]
+    (tmp_path / ".gitignore").write_text("sub/\n")
+    assert isinstance(sync.IgnoreRules.root(tmp_path).layers[0], sync.IgnoreLayer)
+    assert paths(scan(tmp_path)) == [".gitignore", "a.py"]
+
+
+def test_a_rescan_of_unchanged_dirs_compiles_no_ignore_patterns(
+    tmp_path: Path, settled_clock, monkeypatch
+):
+    """Unchanged directories' listings are reused: no path is checked, so an ignore file's
+    patterns are never compiled (and pathspec never imported) on a re-run."""
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    make_tree(work, {".gitignore": "*.log\n", "a.py": "", "x.log": "", "sub/b.py": ""})
+    age_all(work)
+    compiled: list[tuple[str, ...]] = []
+    compile_patterns = sync.IgnoreLayer._compile
+
+    def counted(layer: sync.IgnoreLayer):
+        compiled.append(tuple(layer.lines))
+        return compile_patterns(layer)
+
+    monkeypatch.setattr(sync.IgnoreLayer, "_compile", counted)
+    assert paths(scan(work, cache)) == [".gitignore", "a.py", "sub/b.py"]
+    assert len(compiled) == 1
+    assert paths(scan(work, cache)) == [".gitignore", "a.py", "sub/b.py"]
+    assert len(compiled) == 1  # the second scan checked no path
+    (work / "sub" / "c.log").write_text("")
+    assert paths(scan(work, cache)) == [".gitignore", "a.py", "sub/b.py"]
+    assert len(compiled) == 2  # sub changed: listed and matched again
+
+
 def test_gpuhopignore_negation_brings_back_a_default_ignore(tmp_path: Path):
     make_tree(tmp_path, {".gpuhopignore": "!*.pyc\n", "lib.pyc": "", "x.py": ""})
 

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import enum
 import functools
-import inspect
 import os
 import types
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 # Keywords of typer.Option/Argument that only change help texts: `parse` may ignore them.
 HELP_ONLY = frozenset({"help", "metavar", "show_default", "show_envvar", "rich_help_panel"})
@@ -33,13 +31,12 @@ PARSED = frozenset({"min", "max", "envvar"})
 SETTINGS = frozenset({"allow_interspersed_args", "ignore_unknown_options"})
 
 
-@dataclass(frozen=True)
-class Param:
+class Param(NamedTuple):
     """What `typer.Option(default, *decls, **kw)` or `typer.Argument(default, **kw)` says."""
 
     default: Any
-    decls: tuple[str, ...] = ()
-    kw: dict[str, Any] = field(default_factory=dict)
+    decls: tuple[str, ...]
+    kw: dict[str, Any]
     argument: bool = False
 
 
@@ -56,6 +53,8 @@ def Argument(default: Any, **kw: Any) -> Any:
 def for_typer(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` as typer reads it: each `Param` default made the typer.Option/Argument it
     stands for (a function with none is returned as it is)."""
+    import inspect  # typer's path only (typer loads it anyway): `parse` reads __code__
+
     signature = inspect.signature(fn)
     if not any(isinstance(p.default, Param) for p in signature.parameters.values()):
         return fn
@@ -100,22 +99,47 @@ def parse(
         return None
 
 
-@dataclass
-class _Spec:
+class _Spec(NamedTuple):
     name: str
     param: Param
     kind: Any  # the value's type, Optional and list taken off
     many: bool  # a list: repeatable, or every remaining argument
 
 
+_NO_DEFAULT = object()
+
+
+def parameters(fn: Callable[..., Any]) -> list[tuple[str, Any]]:
+    """Each parameter of a plain function and its default (`_NO_DEFAULT` if none), in
+    order, as `inspect.signature` lists them, read from the function's code and defaults:
+    `inspect` (with `ast`, `dis` and `tokenize`) would cost a command some 5 ms of its
+    start. A function that takes *args or **kwargs, or wraps another, raises Unsure."""
+    code = getattr(fn, "__code__", None)
+    if code is None or hasattr(fn, "__wrapped__") or code.co_flags & 0x0C:  # VARARGS|VARKW
+        raise Unsure
+    names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    defaults = fn.__defaults__ or ()
+    kwdefaults = fn.__kwdefaults__ or {}
+    first_default = code.co_argcount - len(defaults)
+    return [
+        (
+            name,
+            defaults[i - first_default]
+            if first_default <= i < code.co_argcount
+            else kwdefaults.get(name, _NO_DEFAULT),
+        )
+        for i, name in enumerate(names)
+    ]
+
+
 def _specs(fn: Callable[..., Any]) -> list[_Spec]:
     hints = typing.get_type_hints(fn)
     specs = []
-    for name, p in inspect.signature(fn).parameters.items():
-        if not isinstance(p.default, Param) or set(p.default.kw) - HELP_ONLY - PARSED:
+    for name, default in parameters(fn):
+        if not isinstance(default, Param) or set(default.kw) - HELP_ONLY - PARSED:
             raise Unsure
         kind, many = _unwrap(hints[name])
-        specs.append(_Spec(name, p.default, kind, many))
+        specs.append(_Spec(name, default, kind, many))
     return specs
 
 

@@ -25,7 +25,7 @@ import gpuhop.client.notebook as notebooks
 from gpuhop.client.job import Job, get
 from gpuhop.client.session import Session
 from gpuhop.client.transport import Endpoint
-from gpuhop.home import AgentPaths, default_home
+from gpuhop.home import AgentPaths, default_home, user_dir
 
 if TYPE_CHECKING:
     import httpx
@@ -56,9 +56,7 @@ def client_cache_dir() -> Path:
     env = os.environ.get("GPUHOP_CACHE_DIR")
     if env:
         return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("gpuhop"))
+    return user_dir("cache")
 
 
 class Client:

@@ -10,7 +10,6 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -19,24 +18,37 @@ from pathlib import Path
 from gpuhop.home import EXIT_MARK, AgentError, AgentPaths, read_pid
 
 
-def socket_answers(path: Path, timeout: float = 1.0) -> bool:
+def connect(path: Path, timeout: float = 1.0) -> socket.socket | None:
+    """A connection to the Unix socket at `path`, or None where nothing answers."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:
         s.connect(str(path))
-        return True
     except OSError:
-        return False
-    finally:
         s.close()
+        return None
+    return s
 
 
-def ensure_agent(paths: AgentPaths, timeout: float = 30.0) -> int:
-    """Return the pid of the agent of `paths`, starting one if none answers."""
-    pid = read_pid(paths)
-    if pid is not None and socket_answers(paths.socket):
-        return pid
-    return start_background(paths, timeout=timeout)
+def socket_answers(path: Path, timeout: float = 1.0) -> bool:
+    s = connect(path, timeout)
+    if s is None:
+        return False
+    s.close()
+    return True
+
+
+def connect_agent(paths: AgentPaths, timeout: float = 30.0) -> socket.socket:
+    """A connection to the agent of `paths`, starting one first if none answers. The
+    connection that finds the agent is the one the first request goes on: no probe of its
+    own (through an SSH tunnel, a channel opened for nothing)."""
+    if read_pid(paths) is not None and (sock := connect(paths.socket)) is not None:
+        return sock
+    start_background(paths, timeout=timeout)
+    sock = connect(paths.socket)
+    if sock is None:
+        raise AgentError(f"the agent at {paths.socket} stopped answering as soon as it started")
+    return sock
 
 
 def start_background(
@@ -61,6 +73,8 @@ def start_background(
     if fake_gpu_memory_mb is not None:
         cmd += ["--fake-gpu-memory", str(fake_gpu_memory_mb)]
     cmd += agent_args
+    import subprocess  # only to start an agent: not on a command that finds it running
+
     with open(paths.logfile, "ab") as logf:
         # Through a short-lived intermediate (a double fork), so the agent is not our child:
         # it outlives this process and never lingers as its zombie.

@@ -6,9 +6,8 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuhop.api.queue import parse_duration
 from gpuhop.api.states import JobState, RetryOn
@@ -159,8 +158,7 @@ def _post_job(session: Session, body: dict[str, Any]) -> Any:
         raise
 
 
-@dataclass(frozen=True)
-class Synced:
+class Synced(NamedTuple):
     """A scanned work dir: its files and its tree, ready to submit jobs in (see `submit`)."""
 
     result: ScanResult

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote_from_bytes
 
@@ -23,19 +22,27 @@ from gpuhop.client.errors import GpuhopError
 from gpuhop.client.session import Session
 
 
-@dataclass
 class PullPlan:
     """What a pull fetches, what is already here, and what it leaves alone."""
 
-    job_id: str
-    # (route under /v1/jobs/JOB, entry, local target) of each file to fetch.
-    todo: list[tuple[str, api.ArtifactEntry, Path]] = field(default_factory=list)
-    # (route, local path) of each file here already, unchanged.
-    current: list[tuple[str, Path]] = field(default_factory=list)
-    # Local work-dir files that differ from what was synced: kept, not overwritten.
-    kept: list[Path] = field(default_factory=list)
-    # Why the work dir's files could not be listed (a backend without them), if so.
-    workdir_note: str | None = None
+    __slots__ = ("current", "job_id", "kept", "todo", "workdir_note")
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        # (route under /v1/jobs/JOB, entry, local target) of each file to fetch.
+        self.todo: list[tuple[str, api.ArtifactEntry, Path]] = []
+        # (route, local path) of each file here already, unchanged.
+        self.current: list[tuple[str, Path]] = []
+        # Local work-dir files that differ from what was synced: kept, not overwritten.
+        self.kept: list[Path] = []
+        # Why the work dir's files could not be listed (a backend without them), if so.
+        self.workdir_note: str | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"PullPlan(job {self.job_id}: {len(self.todo)} to fetch, {len(self.current)}"
+            f" current, {len(self.kept)} kept)"
+        )
 
     @property
     def size(self) -> int:

@@ -12,40 +12,76 @@ before the first byte of a command's output.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from gpuhop.client.errors import GpuhopError
+from gpuhop.home import user_dir
 
 LOCAL = "local"
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 SCHEMES = ("ssh", "https")
 
 
-@dataclass
 class Remote:
-    """One configured remote agent."""
+    """One configured remote agent (a plain class, as the other records on a command's
+    path: `dataclasses` would load `inspect`, some 8 ms of every command's start)."""
 
-    name: str
-    url: str
-    """ssh://[user@]host[:port] or https://host:port."""
-    # https: the pinned certificate (PEM) and its SHA-256 fingerprint, and the bearer token.
-    fingerprint: str | None = None
-    certificate: str | None = None
-    token: str | None = None
-    # ssh: the interpreter bootstrap installs with, and what it found (set by bootstrap or
-    # discovered on first use).
-    python: str | None = None
-    remote_home: str | None = None
-    """The remote agent's state dir ($GPUHOP_HOME there)."""
-    remote_gpuhop: str | None = None
-    """The gpuhop executable on the remote host."""
+    # Its fields, in the order they are stored.
+    FIELDS = (
+        "name",
+        "url",
+        "fingerprint",
+        "certificate",
+        "token",
+        "python",
+        "remote_home",
+        "remote_gpuhop",
+    )
+    __slots__ = FIELDS
+
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        fingerprint: str | None = None,
+        certificate: str | None = None,
+        token: str | None = None,
+        python: str | None = None,
+        remote_home: str | None = None,
+        remote_gpuhop: str | None = None,
+    ) -> None:
+        self.name = name
+        self.url = url
+        """ssh://[user@]host[:port] or https://host:port."""
+        # https: the pinned certificate (PEM) and its SHA-256 fingerprint, and the token.
+        self.fingerprint = fingerprint
+        self.certificate = certificate
+        self.token = token
+        # ssh: the interpreter bootstrap installs with, and what it found (set by
+        # bootstrap or discovered on first use).
+        self.python = python
+        self.remote_home = remote_home
+        """The remote agent's state dir ($GPUHOP_HOME there)."""
+        self.remote_gpuhop = remote_gpuhop
+        """The gpuhop executable on the remote host."""
+
+    def _values(self) -> tuple[str | None, ...]:
+        return tuple(getattr(self, name) for name in self.FIELDS)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Remote):
+            return NotImplemented
+        return self._values() == other._values()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: no hash
+
+    def __repr__(self) -> str:  # never the token
+        return f"Remote(name={self.name!r}, url={self.url!r})"
 
     @property
     def scheme(self) -> str:
@@ -56,20 +92,36 @@ class Remote:
         """A remote as stored; keys it does not know (a newer gpuhop's) are ignored."""
         if not isinstance(data, dict):
             raise ValueError("a remote is not an object")
-        known = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
+        known = {name: data[name] for name in cls.FIELDS if name in data}
         for key, value in known.items():
             if not isinstance(value, str) and (value is not None or key in ("name", "url")):
                 raise ValueError(f"{key} is not a string")
         return cls(**known)
 
     def to_json(self) -> dict[str, str]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        return {k: v for k, v in zip(self.FIELDS, self._values(), strict=True) if v is not None}
 
 
-@dataclass
 class RemotesFile:
-    default: str | None = None
-    remotes: dict[str, Remote] = field(default_factory=dict)
+    """The configured remotes, and which one is the default."""
+
+    __slots__ = ("default", "remotes")
+
+    def __init__(
+        self, default: str | None = None, remotes: dict[str, Remote] | None = None
+    ) -> None:
+        self.default = default
+        self.remotes: dict[str, Remote] = {} if remotes is None else remotes
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RemotesFile):
+            return NotImplemented
+        return (self.default, self.remotes) == (other.default, other.remotes)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: no hash
+
+    def __repr__(self) -> str:
+        return f"RemotesFile(default={self.default!r}, remotes={list(self.remotes)!r})"
 
     @classmethod
     def from_json(cls, data: object) -> RemotesFile:
@@ -89,9 +141,7 @@ def config_dir() -> Path:
     env = os.environ.get("GPUHOP_CONFIG_DIR")
     if env:
         return Path(env).expanduser().absolute()
-    import platformdirs
-
-    return Path(platformdirs.user_config_dir("gpuhop"))
+    return user_dir("config")
 
 
 def config_path() -> Path:

@@ -49,10 +49,13 @@ class Session:
         self.http: httpx.Client | UnixClient
         self.transport_errors: tuple[type[Exception], ...]
         """What a request that did not get through raises (a follower reconnects on it)."""
+        connected = endpoint.take_connected()
         if transport is None and endpoint.uds is not None and endpoint.ssl_context is None:
-            self.http = UnixClient(endpoint.uds, endpoint.headers, DEFAULT_TIMEOUT)
+            self.http = UnixClient(endpoint.uds, endpoint.headers, DEFAULT_TIMEOUT, connected)
             self.transport_errors = (TransportError,)
         else:
+            if connected is not None:
+                connected.close()
             from gpuhop.client.httpxmodule import httpx_module
 
             hx = httpx_module()

@@ -18,18 +18,18 @@ import hashlib
 import os
 import shlex
 import stat
-import subprocess
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import unquote, urlsplit
 
-from gpuhop.client.embedded import socket_answers
+from gpuhop.client.embedded import connect, socket_answers
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.remotes import Remote
 from gpuhop.client.remotes import update as update_remote
-from gpuhop.client.sshcipher import cipher_options
 from gpuhop.client.transport import Endpoint
+
+if TYPE_CHECKING:
+    import subprocess
 
 CONTROL_PERSIST = "10m"
 CONNECT_TIMEOUT = 15
@@ -50,6 +50,8 @@ def runtime_dir() -> Path:
     elif os.environ.get("XDG_RUNTIME_DIR"):
         path = Path(os.environ["XDG_RUNTIME_DIR"]) / "gpuhop"
     else:
+        import tempfile
+
         path = Path(tempfile.gettempdir()) / f"gpuhop-{os.getuid()}"
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = path.lstat()
@@ -63,8 +65,7 @@ def runtime_dir() -> Path:
     return path
 
 
-@dataclass(frozen=True)
-class SshTarget:
+class SshTarget(NamedTuple):
     """Where `ssh` connects: ssh://[user@]host[:port] (host may be an alias in ssh_config)."""
 
     host: str
@@ -124,6 +125,8 @@ class SshConnection:
         check: bool = True,
     ) -> subprocess.CompletedProcess[bytes]:
         """Run a POSIX sh `script` with `args` ($1...) on the host; ssh errors are raised."""
+        import subprocess  # here and below: a command with a warm connection spawns no ssh
+
         self.ensure_master()
         remote_cmd = " ".join(shlex.quote(a) for a in ("sh", "-c", script, "sh", *args))
         try:
@@ -151,6 +154,8 @@ class SshConnection:
         return result
 
     def master_alive(self) -> bool:
+        import subprocess
+
         try:
             result = subprocess.run(
                 [*self.argv("-O", "check"), self.target.destination],
@@ -165,6 +170,11 @@ class SshConnection:
         """Open the master connection unless it is up; ssh errors become clear ones."""
         if self.master_alive():
             return
+        import subprocess
+        import tempfile
+
+        from gpuhop.client.sshcipher import cipher_options  # spawns ssh -G: only here
+
         # The master carries every byte of the tunnel: AES-GCM first where that is faster.
         ciphers = cipher_options(self.argv(), self.target.destination)
         # -f: ssh goes to the background once authenticated, so this returns then. Its
@@ -194,6 +204,8 @@ class SshConnection:
 
     def forward(self, local: Path, remote_socket: str) -> None:
         """Serve `remote_socket` (on the host) at `local` (here), through the master."""
+        import subprocess
+
         self.ensure_master()
         result = subprocess.run(
             [
@@ -208,6 +220,8 @@ class SshConnection:
 
     def disconnect(self) -> bool:
         """Close the master connection (and with it every forward). False if none was up."""
+        import subprocess
+
         if not self.master_alive():
             return False
         subprocess.run(
@@ -280,7 +294,9 @@ def local_socket(remote: Remote) -> Path:
 def ssh_endpoint(remote: Remote) -> Endpoint:
     """An endpoint for an ssh:// remote, connecting (or reusing the connection) first."""
     sock = local_socket(remote) if remote.remote_home else None
-    if sock is None or not socket_answers(sock):
+    # The connection that finds the forward up is the first request's (see connect_agent).
+    connected = connect(sock) if sock is not None else None
+    if sock is None or connected is None:
         conn = SshConnection(remote)
         home = remote_home(conn)
         sock = local_socket(remote)
@@ -296,6 +312,7 @@ def ssh_endpoint(remote: Remote) -> Endpoint:
         uds=str(sock),
         reachable=lambda: socket_answers(bound),
         explain=explain,
+        connected=connected,
     )
 
 

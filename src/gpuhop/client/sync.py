@@ -16,10 +16,8 @@ import re
 import stat
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     import pathspec
@@ -49,8 +47,7 @@ class SyncError(Exception):
     """The work dir cannot be synced as it is; the message names the file and what to do."""
 
 
-@dataclass(frozen=True)
-class FileEntry:
+class FileEntry(NamedTuple):
     path: str  # relative, POSIX
     abspath: str
     size: int
@@ -58,16 +55,31 @@ class FileEntry:
     executable: bool
 
 
-@dataclass
 class ScanResult:
-    files: list[FileEntry]
-    hashed: int  # files whose hash was not in the cache
-    seconds: float
-    warnings: list[str] = field(default_factory=list)
-    # Those files: new or changed since the last scan, so the ones an agent may lack.
-    changed: list[FileEntry] = field(default_factory=list)
-    # (files, bytes) sent to the agent while the scan hashed (see `upload.scan`).
-    uploaded: tuple[int, int] = (0, 0)
+    """What a scan found (a plain class: no `dataclasses`, hence no `inspect`, on `run`)."""
+
+    __slots__ = ("changed", "files", "hashed", "seconds", "uploaded", "warnings")
+
+    def __init__(
+        self,
+        files: list[FileEntry],
+        hashed: int,
+        seconds: float,
+        warnings: list[str] | None = None,
+        changed: list[FileEntry] | None = None,
+        uploaded: tuple[int, int] = (0, 0),
+    ) -> None:
+        self.files = files
+        self.hashed = hashed  # files whose hash was not in the cache
+        self.seconds = seconds
+        self.warnings = [] if warnings is None else warnings
+        # Those files: new or changed since the last scan, so the ones an agent may lack.
+        self.changed = [] if changed is None else changed
+        # (files, bytes) sent to the agent while the scan hashed (see `upload.scan`).
+        self.uploaded = uploaded
+
+    def __repr__(self) -> str:
+        return f"ScanResult({len(self.files)} files, hashed={self.hashed}, seconds={self.seconds})"
 
     @property
     def total_bytes(self) -> int:
@@ -152,24 +164,58 @@ class IgnoreLayer:
     Here the ignoring patterns and the negations are each joined into one regex. A path
     matched by only one of them is decided at once; one matched by both (rare) goes to
     pathspec, which knows which pattern came last.
+
+    The patterns are compiled (and pathspec imported) on the first path checked: a scan
+    whose directories are all unchanged since the last one reuses their cached listings and
+    checks no path, so a re-run of `gpuhop run` never loads pathspec.
     """
 
     def __init__(self, prefix: str, lines: list[str] | tuple[str, ...]):
-        import pathspec  # only where a tree is scanned: not on `ps`, `logs` or `cancel`
-
         self.prefix = prefix
-        self.spec = pathspec.GitIgnoreSpec.from_lines(lines)
-        self.ignore = _joined(p for p in self.spec.patterns if p.include is True)
-        self.keep = _joined(p for p in self.spec.patterns if p.include is False)
+        self.lines = lines
+        self.spec: pathspec.GitIgnoreSpec | None = None
+        self.ignore: re.Pattern[str] | None = None
+        self.keep: re.Pattern[str] | None = None
+
+    def _compile(self) -> pathspec.GitIgnoreSpec:
+        import pathspec  # only where a path is checked: see above
+
+        spec = pathspec.GitIgnoreSpec.from_lines(self.lines)
+        self.ignore = _joined(p for p in spec.patterns if p.include is True)
+        self.keep = _joined(p for p in spec.patterns if p.include is False)
+        self.spec = spec
+        return spec
 
     def check(self, path: str) -> bool | None:
+        spec = self.spec if self.spec is not None else self._compile()
         ignored = self.ignore is not None and self.ignore.match(path) is not None
         kept = self.keep is not None and self.keep.match(path) is not None
         if ignored and kept:
-            return bool(self.spec.check_file(path).include)
+            return bool(spec.check_file(path).include)
         if ignored:
             return True
         return False if kept else None
+
+
+class DefaultsLayer:
+    """The root's layer where the root has no ignore file: `DEFAULT_IGNORES` alone, matched
+    without pathspec (which loads `dataclasses` and `inspect` with it), as pathspec matches
+    them: a name ending in .pyc, .pyo or .pyd anywhere in the path, or one of the ignored
+    directories' names as a directory anywhere in it. None of them is a negation, so a path
+    is ignored (True) or left to the next layer (None). tests/unit/test_sync.py checks it
+    against pathspec's answers."""
+
+    prefix = ""
+    DIRECTORIES = frozenset(p.rstrip("/") for p in DEFAULT_IGNORES if p.endswith("/"))
+    SUFFIXES = (".pyc", ".pyo", ".pyd")  # *.py[cod]
+
+    def check(self, path: str) -> bool | None:
+        parts = path.split("/")
+        # A path ending in "/" names a directory: every part is a directory's name (the
+        # last one empty); otherwise the last part is the file's.
+        if any(part in self.DIRECTORIES for part in parts[:-1]):
+            return True
+        return True if any(part.endswith(self.SUFFIXES) for part in parts) else None
 
 
 def _joined(patterns: Iterator[pathspec.Pattern]) -> re.Pattern[str] | None:
@@ -201,7 +247,7 @@ def _read_ignore_files(directory: Path) -> list[str]:
 class IgnoreRules:
     """The ignore layers in force in one directory, outermost first."""
 
-    def __init__(self, layers: tuple[IgnoreLayer, ...], key: str):
+    def __init__(self, layers: tuple[IgnoreLayer | DefaultsLayer, ...], key: str):
         self.layers = layers
         # Names the rules in force: a cached listing is valid only under the same key.
         self.key = key
@@ -210,8 +256,10 @@ class IgnoreRules:
     def root(cls, root: Path) -> IgnoreRules:
         # The defaults and the root's own files form one layer: they share the root as
         # their base, and the root's lines come later, so they win as git would have it.
-        lines = [*DEFAULT_IGNORES, *_read_ignore_files(root)]
-        return cls((IgnoreLayer("", lines),), _rules_key("", "", lines))
+        own = _read_ignore_files(root)
+        lines = [*DEFAULT_IGNORES, *own]
+        layer = IgnoreLayer("", lines) if own else DefaultsLayer()
+        return cls((layer,), _rules_key("", "", lines))
 
     def enter(self, directory: Path, prefix: str) -> IgnoreRules:
         lines = _read_ignore_files(directory)
@@ -385,9 +433,14 @@ def scan(
             on_hashed(entry)
         return entry
 
-    # hashlib releases the GIL on large reads, so threads help on a cold cache.
-    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
-        fresh = list(pool.map(hash_one, todo)) if len(todo) > 8 else [hash_one(t) for t in todo]
+    if len(todo) > 8:
+        # hashlib releases the GIL on large reads, so threads help on a cold cache.
+        from concurrent.futures import ThreadPoolExecutor  # loads logging: only then
+
+        with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+            fresh = list(pool.map(hash_one, todo))
+    else:
+        fresh = [hash_one(t) for t in todo]
     for item, entry in zip(todo, fresh, strict=True):
         cache.remember(entry.path, item[2], entry.digest, scan_ns)
     files = sorted(known + fresh, key=lambda f: f.path)

@@ -10,39 +10,88 @@ same place with the same credentials.
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from gpuhop.client.embedded import ensure_agent, socket_answers
+from gpuhop.client.embedded import connect_agent, socket_answers
 from gpuhop.home import AgentPaths
 
 if TYPE_CHECKING:
+    import socket
+    import ssl
+
     import httpx
 
 
-@dataclass
-class Endpoint:
-    """Where an agent answers and how to speak to it."""
+def _always() -> bool:
+    return True
 
-    description: str
-    """Names the agent in error messages: "the local agent at ...", "remote 'lab' (...)"."""
-    base_url: str = "http://gpuhop"
-    uds: str | None = None
-    """A Unix socket to connect to instead of base_url's host and port."""
-    handoff: str | None = None
-    """The agent's handoff socket, where the agent runs on this host: a forward is handed
-    the job's connected socket there (see `gpuhop.client.handoff`)."""
-    ssl_context: ssl.SSLContext | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    """Sent with every request and WebSocket handshake (the bearer token)."""
-    reachable: Callable[[], bool] = lambda: True
-    """Whether reconnecting is worth a try now (cheap; called before each reconnect)."""
-    explain: Callable[[BaseException], str | None] = lambda exc: None
-    """Why a request failed to get through, in words that say more than the transport
-    error, when the transport can find out (the SSH transport asks the host whether its
-    agent runs; the TLS one names a certificate that is not the pinned one)."""
+
+def _nothing_to_add(exc: BaseException) -> str | None:
+    return None
+
+
+class Endpoint:
+    """Where an agent answers and how to speak to it.
+
+    `description` names the agent in error messages: "the local agent at ...", "remote
+    'lab' (...)". `uds`: a Unix socket to connect to instead of base_url's host and port.
+    `handoff`: the agent's handoff socket, where the agent runs on this host (a forward is
+    handed the job's connected socket there; see `gpuhop.client.handoff`). `headers` are
+    sent with every request and WebSocket handshake (the bearer token). `reachable()`:
+    whether reconnecting is worth a try now (cheap; called before each reconnect).
+    `explain(exc)`: why a request failed to get through, in words that say more than the
+    transport error, when the transport can find out (the SSH transport asks the host
+    whether its agent runs; the TLS one names a certificate that is not the pinned one).
+
+    `connected`: a connection to `uds` made already (the one that found the agent), which
+    the session's first request goes on; the session takes it (`take_connected`).
+
+    A plain class, as the other records on a command's path: `dataclasses` would load
+    `inspect`, some 8 ms of every command's start.
+    """
+
+    __slots__ = (
+        "base_url",
+        "connected",
+        "description",
+        "explain",
+        "handoff",
+        "headers",
+        "reachable",
+        "ssl_context",
+        "uds",
+    )
+
+    def __init__(
+        self,
+        description: str,
+        base_url: str = "http://gpuhop",
+        uds: str | None = None,
+        handoff: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        headers: dict[str, str] | None = None,
+        reachable: Callable[[], bool] = _always,
+        explain: Callable[[BaseException], str | None] = _nothing_to_add,
+        connected: socket.socket | None = None,
+    ) -> None:
+        self.description = description
+        self.base_url = base_url
+        self.uds = uds
+        self.handoff = handoff
+        self.ssl_context = ssl_context
+        self.headers: dict[str, str] = {} if headers is None else headers
+        self.reachable = reachable
+        self.explain = explain
+        self.connected = connected
+
+    def take_connected(self) -> socket.socket | None:
+        """The connection made already, if any, for the caller to use (or close)."""
+        connected, self.connected = self.connected, None
+        return connected
+
+    def __repr__(self) -> str:
+        return f"Endpoint({self.description!r}, uds={self.uds!r}, base_url={self.base_url!r})"
 
     def transport(self) -> httpx.BaseTransport:
         """An httpx transport to this endpoint (TLS remotes; tests that speak httpx)."""
@@ -64,11 +113,10 @@ class Endpoint:
 
 def local_endpoint(paths: AgentPaths, autostart: bool = True) -> Endpoint:
     """The agent of `paths` on this machine, started first if asked to."""
-    if autostart:
-        ensure_agent(paths)
     return Endpoint(
         description=f"the gpuhop agent at {paths.socket}",
         uds=str(paths.socket),
         handoff=str(paths.handoff),
         reachable=lambda: socket_answers(paths.socket),
+        connected=connect_agent(paths) if autostart else None,
     )

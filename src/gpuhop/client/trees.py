@@ -19,7 +19,6 @@ import hashlib
 import marshal
 import os
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 from gpuhop.api.trees import (
@@ -37,12 +36,24 @@ from gpuhop.client.upload import UploadProgress, changed_while_sent, send_files,
 MAGIC = b"gpuhop-tree-1\n"
 
 
-@dataclass
 class LastTree:
     """The tree a work dir sent last: its digest and its entries, in path order."""
 
-    digest: str
-    entries: list[EntryTuple]
+    __slots__ = ("digest", "entries")
+
+    def __init__(self, digest: str, entries: list[EntryTuple]) -> None:
+        self.digest = digest
+        self.entries = entries
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, LastTree):
+            return NotImplemented
+        return (self.digest, self.entries) == (other.digest, other.entries)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: no hash
+
+    def __repr__(self) -> str:
+        return f"LastTree({self.digest!r}, {len(self.entries)} entries)"
 
     @staticmethod
     def path_for(cache_dir: Path, root: Path) -> Path:

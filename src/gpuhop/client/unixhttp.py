@@ -1,9 +1,9 @@
-"""Runs on the user's machine: HTTP/1.1 to an agent's Unix socket with the standard library.
+"""Runs on the user's machine: HTTP/1.1 to an agent's Unix socket, on a plain socket.
 
-The local agent's socket and the local end of an SSH tunnel need no TLS and no HTTP/2:
-`http.client` over AF_UNIX does what the SDK asks of them (one kept-alive connection,
-chunked uploads, streamed answers for `logs -f`) and spares every command httpx, httpcore
-and h11 at start-up. TLS remotes keep httpx (session.py picks).
+The local agent's socket and the local end of an SSH tunnel need no TLS and no HTTP/2: the
+requests and answers are framed by `gpuhop.client.http1` over `socket`, which every command
+has loaded anyway; httpx, and the standard library's `http.client` (with `email`), are
+spared at start-up. TLS remotes keep httpx (session.py picks).
 
 What it offers is the part of httpx's `Client` and `Response` that the SDK uses: `request`
 and `stream` with params, json, content, headers and a timeout; `status_code`, `headers`,
@@ -14,98 +14,40 @@ getting through (refused, reset, timed out, a broken answer) is raised as `Trans
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json as jsonlib
-import select
 import socket
 import threading
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
+from gpuhop.client.http1 import Connection, Response, TransportError, request_head
 
-class TransportError(Exception):
-    """A request that did not get through, or an answer cut off."""
+__all__ = ["Response", "Timeout", "TransportError", "UnixClient", "query"]
 
 
-@dataclass(frozen=True)
 class Timeout:
     """Seconds to wait: for the connection, and for each read (None: as long as it takes)."""
 
-    read: float | None
-    connect: float = 5.0
+    __slots__ = ("connect", "read")
+
+    def __init__(self, read: float | None, connect: float = 5.0) -> None:
+        self.read = read
+        self.connect = connect
+
+    def __repr__(self) -> str:
+        return f"Timeout(read={self.read!r}, connect={self.connect!r})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Timeout):
+            return NotImplemented
+        return (self.read, self.connect) == (other.read, other.connect)
+
+    def __hash__(self) -> int:
+        return hash((self.read, self.connect))
 
 
-READ_SIZE = 64 * 1024
 MAX_IDLE = 4
-
-
-class Response:
-    """An answer: its body read in full (`request`) or as it comes (`stream`)."""
-
-    def __init__(self, raw: http.client.HTTPResponse, release: Any) -> None:
-        self._raw = raw
-        self._release = release
-        self._content: bytes | None = None
-        self._released = False
-        self.status_code = raw.status
-        self.headers = raw.headers
-
-    def read(self) -> bytes:
-        if self._content is None:
-            try:
-                self._content = self._raw.read()
-            except (OSError, http.client.HTTPException) as e:
-                raise TransportError(f"the answer was cut off: {e}") from e
-            finally:
-                self.close()
-        return self._content
-
-    @property
-    def content(self) -> bytes:
-        return self.read()
-
-    @property
-    def text(self) -> str:
-        return self.read().decode("utf-8", errors="replace")
-
-    def json(self) -> Any:
-        return jsonlib.loads(self.read())
-
-    def iter_raw(self, chunk_size: int | None = None) -> Iterator[bytes]:
-        """The body as it arrives: what the agent has written so far, at most `chunk_size`
-        bytes a piece, never waiting for a full buffer."""
-        try:
-            while chunk := self._raw.read1(chunk_size or READ_SIZE):
-                yield chunk
-        except (OSError, http.client.HTTPException) as e:
-            raise TransportError(f"the answer was cut off: {e}") from e
-        finally:
-            self.close()
-
-    iter_bytes = iter_raw  # the agent sends no content-encoding
-
-    def close(self) -> None:
-        if not self._released:
-            self._released = True
-            self._release(self._raw)
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, connect_timeout: float) -> None:
-        super().__init__("gpuhop", timeout=connect_timeout)
-        self.path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(self.timeout)
-            sock.connect(self.path)
-        except OSError:
-            sock.close()  # never left for the garbage collector (a ResourceWarning)
-            raise
-        self.sock = sock
 
 
 def _param(value: object) -> str:
@@ -135,11 +77,19 @@ class UnixClient:
     status line polls while the log streams): each request takes an idle connection or
     opens one, and gives it back when its answer has been read to the end."""
 
-    def __init__(self, path: str, headers: Mapping[str, str], timeout: Timeout) -> None:
+    def __init__(
+        self,
+        path: str,
+        headers: Mapping[str, str],
+        timeout: Timeout,
+        connected: socket.socket | None = None,
+    ) -> None:
+        """`connected`: a connection to `path` made already (the endpoint's probe), which
+        the first request goes on."""
         self.path = path
         self.headers = dict(headers)
         self.timeout = timeout
-        self._idle: list[_UnixConnection] = []
+        self._idle: list[Connection] = [] if connected is None else [Connection(connected)]
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -148,7 +98,7 @@ class UnixClient:
         for conn in idle:
             conn.close()
 
-    def _connection(self, timeout: Timeout) -> _UnixConnection:
+    def _connection(self, timeout: Timeout) -> Connection:
         """An idle connection the agent has not closed meanwhile, else a new one."""
         conn = None
         while conn is None:
@@ -156,13 +106,11 @@ class UnixClient:
                 if not self._idle:
                     break
                 conn = self._idle.pop()
-            if conn.sock is None or _closed(conn.sock):
+            if not conn.idle_and_open():
                 conn.close()
                 conn = None
         if conn is None:
-            conn = _UnixConnection(self.path, timeout.connect)
-            conn.connect()
-        assert conn.sock is not None
+            conn = Connection.open(self.path, timeout.connect)
         conn.sock.settimeout(timeout.read)
         return conn
 
@@ -177,14 +125,11 @@ class UnixClient:
             return Timeout(given, connect=given if given is not None else self.timeout.connect)
         raise TypeError(f"timeout takes seconds or a Timeout, not {given!r}")
 
-    def _give_back(self, conn: _UnixConnection, answer: http.client.HTTPResponse) -> None:
-        reusable = answer.isclosed() and not answer.will_close  # read to its end
-        answer.close()
-        if reusable:
-            with self._lock:
-                if len(self._idle) < MAX_IDLE:
-                    self._idle.append(conn)
-                    return
+    def _give_back(self, conn: Connection) -> None:
+        with self._lock:
+            if len(self._idle) < MAX_IDLE:
+                self._idle.append(conn)
+                return
         conn.close()
 
     def _send(
@@ -202,17 +147,28 @@ class UnixClient:
         if json is not None:
             body = jsonlib.dumps(json).encode()
             sent["Content-Type"] = "application/json"
+        names = {key.lower() for key in sent}
+        chunked = False
+        if isinstance(body, bytes | bytearray | memoryview):
+            if "content-length" not in names:
+                sent["Content-Length"] = str(len(body))
+        elif body is not None and "content-length" not in names:
+            chunked = True  # an iterable of unknown length
+            sent["Transfer-Encoding"] = "chunked"
+        elif body is None and method in ("POST", "PUT", "PATCH"):
+            sent.setdefault("Content-Length", "0")
+        head = request_head(method, url + query(params), sent)
+        settimeout = self._timeout(timeout)
         try:
-            conn = self._connection(self._timeout(timeout))
+            conn = self._connection(settimeout)
             try:
-                conn.request(method, url + query(params), body=body, headers=sent)
-                raw = conn.getresponse()
+                conn.send_request(head, body, chunked)
+                return Response(conn, method, self._give_back)
             except BaseException:
                 conn.close()
                 raise
-        except (OSError, http.client.HTTPException) as e:
+        except OSError as e:
             raise TransportError(str(e) or type(e).__name__) from e
-        return Response(raw, lambda answer: self._give_back(conn, answer))
 
     def request(self, method: str, url: str, **kwargs: Any) -> Response:
         response = self._send(method, url, **kwargs)
@@ -232,14 +188,3 @@ class UnixClient:
 
     def post(self, url: str, **kwargs: Any) -> Response:
         return self.request("POST", url, **kwargs)
-
-
-def _closed(sock: socket.socket) -> bool:
-    """Whether the peer closed an idle connection: readable with nothing to read."""
-    readable, _, _ = select.select([sock], [], [], 0)
-    if not readable:
-        return False
-    try:
-        return sock.recv(1, socket.MSG_PEEK) == b""
-    except OSError:
-        return True

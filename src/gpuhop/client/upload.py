@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.client.errors import GpuhopError
@@ -18,6 +18,9 @@ from gpuhop.client.session import Session
 from gpuhop.client.sync import FileEntry, ScanResult, SyncError
 from gpuhop.client.sync import scan as scan_tree
 from gpuhop.client.unixhttp import Timeout
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future, ThreadPoolExecutor
 
 CHUNK = 1 << 20
 # Upload in batches so a dropped connection costs at most one batch.
@@ -75,6 +78,10 @@ class EarlySender:
         self._room.acquire()
         with self._lock:
             if self._pool is None:
+                # Only once a batch is hashed: concurrent.futures (with logging) stays out
+                # of a `run` whose files the agent has.
+                from concurrent.futures import ThreadPoolExecutor
+
                 self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuhop-send")
             send = self._pool.submit(send_files, self.session, batch)
             self._sends.append(send)

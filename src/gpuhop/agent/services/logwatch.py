@@ -2,7 +2,8 @@
 
 `logs -f` streams (`outputs.follow_log`) wait here for their log to grow or their job to
 end. One task per log file polls it (a stat; when it has not grown, the job's state in the
-store), backing off from `FAST` to `SLOW` while nothing happens, and wakes every stream
+store), backing off from `FAST` to `SLOW` while nothing happens (after its first `EAGER`
+seconds, in which a job that has just started prints its first line), and wakes every stream
 that follows it. So 36 followers of 6 jobs cost the event loop 6 polls a tick, not 36 reads
 and 36 store lookups, and a user who follows one job from many terminals does not slow
 the agent for everyone else. Polling, not inotify: on a Slurm or Ray agent the log is on a
@@ -25,6 +26,10 @@ log = logging.getLogger("gpuhop.agent")
 # Seconds between polls: FAST right after the log grew, doubling to SLOW while it does not.
 FAST = 0.005
 SLOW = 0.025
+# ... and FAST for the first EAGER seconds of a watch: `gpuhop run` follows its job from
+# the submit on, and waits for the first line the job prints as it starts (backed off to
+# SLOW by then, the poll saw that line up to 25 ms late).
+EAGER = 0.25
 
 
 class WatchedLog:
@@ -108,12 +113,14 @@ class LogWatch:
 
     async def _poll(self, watched: WatchedLog) -> None:
         delay = FAST
+        clock = asyncio.get_running_loop().time
+        eager_until = clock() + EAGER
         try:
             while watched.waiters:
                 if self._check(watched):
                     delay = FAST
                     watched.wake()
-                else:
+                elif clock() >= eager_until:
                     delay = min(delay * 2, SLOW)
                 await asyncio.sleep(delay)
         finally:
