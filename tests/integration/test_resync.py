@@ -176,3 +176,76 @@ def test_a_delta_whose_inline_content_is_wrong_is_refused(make_agent, project):
         sent = {**body, "blobs": {digest: base64.b64encode(data).decode()}}
         stored = client.session.request("POST", "/v1/trees/delta", json=sent).json()
         assert (stored["digest"], stored["files"]) == (body["digest"], len(entries))
+
+
+def test_an_edit_goes_inside_the_job_request(make_agent, project, monkeypatch):
+    """A re-sync after an edit is one request: the job's, with the tree's delta inside."""
+    agent = make_agent()
+    root = project(TREE)
+    with agent.client() as client:
+        assert _listed(client, root) == _expected(root)
+        sent: list[str] = []
+        send = client.session.send
+
+        def spy(method: str, url: str, **kwargs):
+            sent.append(f"{method} {url}")
+            return send(method, url, **kwargs)
+
+        monkeypatch.setattr(client.session, "send", spy)
+        (root / "src/a.txt").write_text("edited in one request")
+        job = client.submit(["list.py"], workdir=root)
+        assert sent == ["POST /v1/jobs"]
+        assert client.last_sync is not None and client.last_sync.tree_sent == "delta"
+        assert client.last_sync.files_sent == 1
+        assert job.wait(60).state == JobState.succeeded, job.info.reason
+        assert sorted(b"".join(job.logs()).decode().splitlines()) == _expected(root)
+
+
+def test_a_job_request_with_a_bad_delta_is_refused_and_stores_nothing(make_agent, project):
+    agent = make_agent()
+    root = project(TREE)
+    with agent.client() as client:
+        assert _listed(client, root) == _expected(root)
+        last = LastTree.load(agent.cache, root)
+        assert last is not None
+        data = b"a file new to the agent"
+        blob = hashlib.sha256(data).hexdigest()
+        entries = sorted([*last.entries, ("src/new.txt", blob, len(data), False)])
+        tree = hashlib.sha256(tree_bytes(entries)).hexdigest()
+        delta = {
+            "parent": last.digest,
+            "digest": tree,
+            "changed": [{"path": "src/new.txt", "digest": blob, "size": len(data)}],
+            "blobs": {blob: base64.b64encode(data).decode()},
+        }
+
+        def submit(tree: str = tree, **changes) -> dict:
+            body = {"command": ["list.py"], "tree": tree, "tree_delta": {**delta, **changes}}
+            return client.session.request("POST", "/v1/jobs", json=body).json()
+
+        unknown, wrong = "0" * 64, "1" * 64
+        jobs = len(client.jobs())
+        for bad, status, code, words in [
+            ({"parent": unknown}, 409, "missing_tree", f"tree {unknown} is not on the agent"),
+            ({"digest": wrong, "tree": wrong}, 422, "bad_request", f"makes tree {tree}, not"),
+            ({"blobs": {}}, 409, "missing_blobs", "have not been uploaded"),
+            ({"blobs": {blob: base64.b64encode(b"else").decode()}}, 400, "bad_blob", "hashes"),
+            ({"removed": ["src/gone.txt"]}, 400, "bad_path", "src/gone.txt, which its parent"),
+            ({"tree": last.digest}, 422, "bad_request", "tree must be its digest"),
+        ]:
+            with pytest.raises(GpuhopError) as refused:
+                submit(**bad)
+            assert (refused.value.status, refused.value.code) == (status, code), bad
+            assert words in refused.value.message, refused.value.message
+        # Nothing was stored: no job, no tree, not the file.
+        assert len(client.jobs()) == jobs
+        missing = client.session.request("POST", "/v1/blobs/missing", json={"digests": [blob]})
+        assert missing.json()["missing"] == [blob]
+        with pytest.raises(GpuhopError) as absent:
+            client.session.request("POST", "/v1/jobs", json={"command": ["list.py"], "tree": tree})
+        assert absent.value.code == "missing_tree"
+        # The right one: the tree and the file are stored, and the job sees them.
+        job = client.job(submit()["id"])
+        assert job.wait(60).state == JobState.succeeded, job.info.reason
+        lines = b"".join(job.logs()).decode().splitlines()
+        assert f"src/new.txt False {blob[:12]}" in lines

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.treefile import TreeFileError
 from gpuhop.agent.storage.trees import MissingBlobs, MissingTree, TreeError, TreeStore
-from gpuhop.api.treedelta import TreeDelta
+from gpuhop.api.models import TreeDelta
 from gpuhop.client.spec import tree_of
 from gpuhop.client.sync import FileEntry
 from gpuhop.client.trees import LastTree

@@ -1,5 +1,5 @@
 """A work dir's tree as both sides write it, and the bounds of a tree sent as a delta
-(`gpuhop.api.treedelta`).
+(`gpuhop.api.models.TreeDelta`).
 
 Runs on both sides, with the standard library only (a submit imports no pydantic). The
 client names a tree by the sha256 of its bytes; a tree sent as a delta is written out by

@@ -60,8 +60,7 @@ def submit(
     # The sync's modules (the scanner, hashing, uploads): loaded by a submit, not by `ps`.
     from gpuhop.client.leftovers import outputs_warning
     from gpuhop.client.spec import SyncStats, requirements_text, script_in_workdir, share_mb
-    from gpuhop.client.trees import LastTree, entries_of
-    from gpuhop.client.trees import send as send_tree
+    from gpuhop.client.trees import LastTree, entries_of, post_with_tree
 
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     if not argv:
@@ -125,24 +124,25 @@ def submit(
             del body[key]
     sent: tuple[int, int, str] = (0, 0, "")
     last = LastTree.digest_of(session.cache_dir, root)
+
+    def post(fields: dict[str, Any]) -> Any:
+        return _post_job(session, {**body, **fields})
+
+    scanned = (session, root, (tree_bytes, tree), result.files, result.changed, on_upload)
     if last is not None and last != tree:
         # Changed since this work dir's last sync: the tree is new to the agent as a rule,
-        # so it goes first (as a delta from the last), and the job needs one request.
-        sent = send_tree(session, root, (tree_bytes, tree), result.files, result.changed, on_upload)
-        response = _post_job(session, body)
+        # so it goes with the job (as a delta from the last, or whole and first).
+        response, sent = post_with_tree(*scanned, post)
     else:
         try:
-            response = _post_job(session, body)
+            response = post({})
         except GpuhopError as e:
             if e.code != "missing_tree":
                 raise
             # New to this agent: the files it lacks, the tree, and the job again. Only the
             # files this scan hashed are new to the agent as a rule; it names any other it
             # lacks when the tree comes.
-            sent = send_tree(
-                session, root, (tree_bytes, tree), result.files, result.changed, on_upload
-            )
-            response = _post_job(session, body)
+            response, sent = post_with_tree(*scanned, post)
         else:
             if last != tree:  # the agent had it: the next change can go as a delta from it
                 LastTree.save(session.cache_dir, root, tree, entries_of(result.files))

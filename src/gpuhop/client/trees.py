@@ -1,12 +1,13 @@
 """Runs on the user's machine: sending a work dir's tree to the agent, as the changes from
 the tree this work dir last sent where the agent holds that one, else whole.
 
-A re-sync after an edit then costs two requests whatever the tree's size: the delta (a few
-entries, not 5,000, with the content of the files the last tree did not have, up to 1 MiB
-of them; more are uploaded first), and the job. The agent applies the delta to its own copy
-of the last tree, checks every blob the new tree names, and keeps it only if it hashes to
-the digest this side computed (see `gpuhop.api.trees`). An agent without that tree, or one
-the caller may not read, answers 409 missing_tree, and the tree goes whole.
+A re-sync after an edit then costs one request whatever the tree's size: the job's, with
+the delta inside (a few entries, not 5,000, with the content of the files the last tree did
+not have, up to 1 MiB of them; more are uploaded first). The agent applies the delta to its
+own copy of the last tree, checks every blob the new tree names, and keeps it only if it
+hashes to the digest this side computed (see `gpuhop.api.trees`), before it looks at the
+job. An agent without that tree, or one the caller may not read, answers 409 missing_tree,
+and the tree goes whole.
 
 The last tree sent is kept per work dir under the cache dir (`trees/KEY`), beside the hash
 cache: its digest (first, so that an unchanged tree reads only that), then its entries.
@@ -19,8 +20,10 @@ import hashlib
 import marshal
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from gpuhop.api.trees import (
     MAX_DELTA_ENTRIES,
@@ -33,6 +36,7 @@ from gpuhop.client.session import Session
 from gpuhop.client.sync import FileEntry
 from gpuhop.client.upload import UploadProgress, changed_while_sent, send_files, send_tree
 
+R = TypeVar("R")
 # The record's first bytes: a new format gets a new one, and an old record is ignored.
 MAGIC = b"gpuhop-tree-1\n"
 
@@ -108,38 +112,59 @@ def delta_of(last: LastTree, entries: list[EntryTuple]) -> tuple[list[EntryTuple
     return changed, removed
 
 
-def send(
+def post_with_tree(
     session: Session,
     root: Path,
     tree: tuple[bytes, str],
     files: list[FileEntry],
     hashed: list[FileEntry],
     on_upload: UploadProgress | None,
-) -> tuple[int, int, str]:
+    post: Callable[[dict[str, Any]], R],
+) -> tuple[R, tuple[int, int, str]]:
     """Make sure the agent holds `tree` (its bytes and digest), the tree of `files`, of which
-    `hashed` are the ones the scan hashed (new or changed, as a rule). Returns the files and
-    bytes sent for it, and how the tree went ("delta" or "whole"). The tree is recorded as
-    the work dir's last."""
+    `hashed` are the ones the scan hashed (new or changed, as a rule), and post the request
+    that needs it: `post(fields)` with `fields` added to its body. Where this work dir sent
+    a tree before, the tree goes inside that request as its delta from that one
+    (`tree_delta`: one request for an edit); else, or where the agent cannot take a delta,
+    whole and first. Returns what `post` returned, and the files and bytes sent for the
+    tree and how it went ("delta" or "whole"). The tree is recorded as the work dir's last."""
     raw, digest = tree
     entries = entries_of(files)
     last = LastTree.load(session.cache_dir, root)
-    sent = None
     if last is not None and last.digest != digest and len(last.entries) <= MAX_DELTA_PARENT_FILES:
-        sent = _send_delta(session, last, digest, entries, files, hashed, on_upload)
-    how = "delta"
-    if sent is None:
-        count, size = send_files(session, hashed, on_upload)
-        more = send_tree(session, raw, files, on_upload)
-        sent, how = (count + more[0], size + more[1]), "whole"
+        made = _delta(session, last, digest, entries, files, hashed, on_upload)
+        if made is not None:
+            delta, sent = made
+            for attempt in (1, 2):
+                try:
+                    answer = post({"tree_delta": delta})
+                except GpuhopError as e:
+                    # An agent without the last tree, or one from before deltas in a job
+                    # request (which names the field it does not know): the whole tree.
+                    if e.code == "missing_tree" or (e.status == 422 and "tree_delta" in str(e)):
+                        break
+                    if e.code == "bad_blob":
+                        raise changed_while_sent(e) from None
+                    if e.code != "missing_blobs" or attempt == 2:
+                        raise
+                    # Files the hash cache knew that this agent lacks (or no longer has).
+                    more = send_files(session, files, on_upload)
+                    sent = (sent[0] + more[0], sent[1] + more[1])
+                    continue
+                LastTree.save(session.cache_dir, root, digest, entries)
+                return answer, (*sent, "delta")
+    count, size = send_files(session, hashed, on_upload)
+    more = send_tree(session, raw, files, on_upload)
+    answer = post({})
     LastTree.save(session.cache_dir, root, digest, entries)
-    return (*sent, how)
+    return answer, (count + more[0], size + more[1], "whole")
 
 
 def entries_of(files: list[FileEntry]) -> list[EntryTuple]:
     return [(f.path, f.digest, f.size, f.executable) for f in files]
 
 
-def _send_delta(
+def _delta(
     session: Session,
     last: LastTree,
     digest: str,
@@ -147,10 +172,10 @@ def _send_delta(
     files: list[FileEntry],
     hashed: list[FileEntry],
     on_upload: UploadProgress | None,
-) -> tuple[int, int] | None:
-    """Send the delta, with the files the last tree did not have (inside it, or uploaded
-    first where they are large); None where the agent wants the whole tree (it lacks the
-    last one) or the delta is too large to be worth it."""
+) -> tuple[dict[str, Any], tuple[int, int]] | None:
+    """The delta from `last` as the JSON of a `TreeDelta`, with the files the last tree did
+    not have inside it (or uploaded first, where they are large), and the files and bytes
+    that makes; None where the delta is too large to be worth it."""
     changed, removed = delta_of(last, entries)
     if len(changed) + len(removed) > min(MAX_DELTA_ENTRIES, max(64, len(files) // 4)):
         return None
@@ -163,29 +188,14 @@ def _send_delta(
         sent = (len(new), size)
     else:
         sent = send_files(session, new, on_upload)
-    body = {
+    delta = {
         "parent": last.digest,
         "digest": digest,
         "changed": [{"path": p, "digest": d, "size": s, "executable": x} for p, d, s, x in changed],
         "removed": removed,
         "blobs": inline,
     }
-    for attempt in (1, 2):
-        try:
-            session.request("POST", "/v1/trees/delta", json=body)
-            return sent
-        except GpuhopError as e:
-            # An agent without this tree, or one from before deltas (no such route).
-            if e.code == "missing_tree" or e.status in (404, 405):
-                return None
-            if e.code == "bad_blob":
-                raise changed_while_sent(e) from None
-            if e.code != "missing_blobs" or attempt == 2:
-                raise
-            # Files the hash cache knew that this agent lacks (or no longer has): those.
-            more = send_files(session, files, on_upload)
-            sent = (sent[0] + more[0], sent[1] + more[1])
-    return sent
+    return delta, sent
 
 
 def _inline(files: list[FileEntry]) -> dict[str, str]:
