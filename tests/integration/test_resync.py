@@ -8,6 +8,7 @@ import base64
 import hashlib
 import os
 import time
+from typing import NamedTuple
 
 import pytest
 
@@ -15,7 +16,8 @@ from gpuhop import Client
 from gpuhop.api import JobState
 from gpuhop.api.trees import tree_bytes
 from gpuhop.client import GpuhopError
-from gpuhop.client.sync import RACY_WINDOW_NS
+from gpuhop.client.spec import tree_of
+from gpuhop.client.sync import RACY_WINDOW_NS, scan
 from gpuhop.client.trees import LastTree
 from tests.conftest import wait_until
 
@@ -149,13 +151,27 @@ def test_a_delta_an_agent_cannot_take_goes_whole(make_agent, project):
         assert client.last_sync.tree_sent == "delta"
 
 
+class _Last(NamedTuple):
+    digest: str
+    entries: list[tuple[str, str, int, bool]]
+
+
+def _last(agent, root) -> _Last:
+    """The tree the work dir sent last: its digest as the client recorded it, and its
+    entries as a scan (with no hash cache) finds them."""
+    digest = LastTree.digest_of(agent.cache, root)
+    assert digest is not None
+    files = scan(root).files
+    assert tree_of(files)[1] == digest
+    return _Last(digest, [(f.path, f.digest, f.size, f.executable) for f in files])
+
+
 def test_a_delta_whose_inline_content_is_wrong_is_refused(make_agent, project):
     agent = make_agent()
     root = project(TREE)
     with agent.client() as client:
         assert _listed(client, root) == _expected(root)
-        last = LastTree.load(agent.cache, root)
-        assert last is not None
+        last = _last(agent, root)
         data = b"the new file"
         digest = hashlib.sha256(data).hexdigest()
         entries = sorted([*last.entries, ("src/new.txt", digest, len(data), False)])
@@ -206,8 +222,7 @@ def test_a_job_request_with_a_bad_delta_is_refused_and_stores_nothing(make_agent
     root = project(TREE)
     with agent.client() as client:
         assert _listed(client, root) == _expected(root)
-        last = LastTree.load(agent.cache, root)
-        assert last is not None
+        last = _last(agent, root)
         data = b"a file new to the agent"
         blob = hashlib.sha256(data).hexdigest()
         entries = sorted([*last.entries, ("src/new.txt", blob, len(data), False)])

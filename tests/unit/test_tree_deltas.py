@@ -198,11 +198,11 @@ def test_a_delta_against_a_tree_too_large_to_hold_is_refused(trees, blobs, tmp_p
     "payload",
     [
         b"",
-        b"gpuhop-tree-1\n" + b"a" * 10,
-        b"gpuhop-tree-0\n" + b"a" * 64 + marshal.dumps([]),
-        b"gpuhop-tree-1\n" + b"a" * 64 + b"not marshal",
-        b"gpuhop-tree-1\n" + b"a" * 64 + marshal.dumps([["p", "d", 1, False]]),
-        b"gpuhop-tree-1\n" + b"a" * 64 + marshal.dumps({"p": 1}),
+        b"gpuhop-tree-2\n" + b"a" * 10,
+        b"gpuhop-tree-0\n" + b"a" * 64,
+        b"gpuhop-tree-2\n" + b"A" * 64,
+        b"gpuhop-tree-2\n" + b"a" * 64 + b"more",
+        b"gpuhop-tree-1\n" + b"a" * 64,
     ],
 )
 def test_a_record_of_the_last_tree_that_is_not_one_is_no_record(tmp_path, payload):
@@ -210,7 +210,14 @@ def test_a_record_of_the_last_tree_that_is_not_one_is_no_record(tmp_path, payloa
     record = LastTree.path_for(tmp_path, tmp_path)
     record.parent.mkdir(parents=True)
     record.write_bytes(payload)
-    assert LastTree.load(tmp_path, tmp_path) is None
-    LastTree.save(tmp_path, tmp_path, "b" * 64, [("p", "d" * 64, 1, True)])
-    assert LastTree.load(tmp_path, tmp_path) == LastTree("b" * 64, [("p", "d" * 64, 1, True)])
+    assert LastTree.digest_of(tmp_path, tmp_path) is None
+    LastTree.save(tmp_path, tmp_path, "b" * 64)
     assert LastTree.digest_of(tmp_path, tmp_path) == "b" * 64
+
+
+def test_a_record_of_the_first_format_still_names_its_tree(tmp_path):
+    """A record from before (the digest, then the tree's entries) keeps deltas going."""
+    record = LastTree.path_for(tmp_path, tmp_path)
+    record.parent.mkdir(parents=True)
+    record.write_bytes(b"gpuhop-tree-1\n" + b"c" * 64 + marshal.dumps([("p", "d" * 64, 1, True)]))
+    assert LastTree.digest_of(tmp_path, tmp_path) == "c" * 64
