@@ -6,6 +6,7 @@ refused with a message naming what, leaving nothing stored."""
 from __future__ import annotations
 
 import hashlib
+import json
 import marshal
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.treefile import TreeFileError
 from gpuhop.agent.storage.trees import MissingBlobs, MissingTree, TreeError, TreeStore
 from gpuhop.api.models import TreeDelta
+from gpuhop.api.trees import tree_bytes
 from gpuhop.client.spec import tree_of
 from gpuhop.client.sync import FileEntry
 from gpuhop.client.trees import LastTree
@@ -221,3 +223,23 @@ def test_a_record_of_the_first_format_still_names_its_tree(tmp_path):
     record.parent.mkdir(parents=True)
     record.write_bytes(b"gpuhop-tree-1\n" + b"c" * 64 + marshal.dumps([("p", "d" * 64, 1, True)]))
     assert LastTree.digest_of(tmp_path, tmp_path) == "c" * 64
+
+
+def test_a_trees_bytes_are_its_json():
+    """Both sides write a tree without json.dumps, and name it by the bytes: they must be
+    json.dumps's, byte for byte, whatever the paths hold."""
+    digest = hashlib.sha256(b"x").hexdigest()
+    entries = [
+        ("a b/ü ñ.txt", digest, 0, False),
+        ('q"uote/tab\there', digest, 12, True),
+        ("emoji/\U0001f600\u2028", digest, 10**12, False),
+    ]
+    expected = json.dumps(
+        {
+            "entries": [
+                {"path": p, "digest": d, "size": s, "executable": x} for p, d, s, x in entries
+            ]
+        },
+        separators=(",", ":"),
+    ).encode()
+    assert tree_bytes(entries) == expected

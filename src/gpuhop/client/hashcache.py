@@ -14,7 +14,9 @@ from __future__ import annotations
 import hashlib
 import marshal
 import os
+import threading
 from pathlib import Path
+from typing import Any
 
 RACY_WINDOW_NS = 2_000_000_000
 CACHE_VERSION = 2
@@ -42,14 +44,27 @@ class HashCache:
         self.dirty = False
         if path is not None:
             try:
-                data = marshal.loads(path.read_bytes())
-                if isinstance(data, dict) and data.get("version") == CACHE_VERSION:
-                    self.entries = data["entries"]
-                    self.listings = data["listings"]
-                    tree = data.get("tree")
-                    self.tree = tree if isinstance(tree, str) else None
+                self._load(path)
             except (OSError, ValueError, EOFError, TypeError, KeyError):
-                self.entries, self.listings = {}, {}
+                self.entries, self.listings, self.tree = {}, {}, None
+
+    def _load(self, path: Path) -> None:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            version = (st.st_ino, st.st_size, st.st_mtime_ns)
+            known = _read.get(path)
+            if known is not None and known[0] == version:
+                data = known[1]
+            else:
+                data = marshal.loads(f.read())
+                if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
+                    return
+                _keep(path, version, data)
+        # Copies: this scan changes them, and the file may yet stay as it is.
+        self.entries = dict(data["entries"])
+        self.listings = dict(data["listings"])
+        tree = data.get("tree")
+        self.tree = tree if isinstance(tree, str) else None
 
     @staticmethod
     def key(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -97,9 +112,29 @@ class HashCache:
             "listings": self.listings,
             "tree": self.tree,
         }
-        tmp.write_bytes(marshal.dumps(data))
+        with open(tmp, "wb") as f:
+            f.write(marshal.dumps(data))
+            st = os.fstat(f.fileno())
         os.replace(tmp, self.path)
+        _keep(self.path, (st.st_ino, st.st_size, st.st_mtime_ns), data)
         self.dirty = False
+
+
+# The caches this process read or wrote last, by path, with the file's inode, size and
+# mtime then: a process that scans a work dir again (the SDK's `submit`) reads its cache
+# again only if another process wrote it since.
+# (A stale one costs only hashing: each file's hash still needs its stat to match.)
+_read: dict[Path, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+_read_lock = threading.Lock()
+_KEPT = 4
+
+
+def _keep(path: Path, version: tuple[int, int, int], data: dict[str, Any]) -> None:
+    with _read_lock:
+        _read.pop(path, None)
+        _read[path] = (version, data)
+        while len(_read) > _KEPT:
+            del _read[next(iter(_read))]
 
 
 def cache_path_for(cache_dir: Path, root: Path) -> Path:

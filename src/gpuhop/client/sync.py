@@ -141,7 +141,9 @@ def _read_ignore_files(directory: Path) -> list[str]:
     lines: list[str] = []
     for name in IGNORE_FILES:
         try:
-            lines += (directory / name).read_text(errors="replace").splitlines()
+            # A plain open (not pathlib's): tried twice in every directory of every scan.
+            with open(f"{directory}/{name}", errors="replace") as f:
+                lines += f.read().splitlines()
         except (FileNotFoundError, NotADirectoryError):
             continue
         except OSError as e:
