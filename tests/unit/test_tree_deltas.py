@@ -155,6 +155,21 @@ def test_a_delta_naming_a_blob_the_agent_lacks_is_refused_naming_it(trees, blobs
     assert refused.value.missing == [gone]
 
 
+def test_a_delta_with_its_files_inside_stores_them_only_with_its_tree(trees, blobs):
+    parent, files = stored_parent(trees, blobs)
+    data = b"a new file, inside the delta"
+    new = FileEntry("d/new.txt", "", len(data), hashlib.sha256(data).hexdigest(), False)
+    after = sorted([*files, new], key=lambda f: f.path)
+    wrong = delta(parent, after, [new]).model_copy(update={"digest": "f" * 64})
+    with pytest.raises(TreeFileError, match="digest: the delta against"):
+        trees.store_delta(wrong, 1 << 20, {new.digest: data})
+    assert blobs.missing([new.digest]) == [new.digest]
+    assert not trees.has("f" * 64)
+    digest, summary = trees.store_delta(delta(parent, after, [new]), 1 << 20, {new.digest: data})
+    assert (digest, summary.files) == (tree_of(after)[1], len(after))
+    assert blobs.path(new.digest).read_bytes() == data
+
+
 def test_a_delta_against_a_tree_not_stored_is_refused(trees, blobs):
     _, files = stored_parent(trees, blobs)
     with pytest.raises(MissingTree):
