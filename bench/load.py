@@ -2,8 +2,9 @@
 
 A job holds the one (fake) GPU, N jobs queue behind it, C chatty CPU jobs print a line every
 20 ms, and F followers (in a separate process, so they do not share this one's GIL) follow
-those logs. Meanwhile this process times `ps` as the CLI sends it (GET /v1/jobs?limit=50):
-one client in a loop (latency p50/p99, requests/s), then 4 clients at once (requests/s).
+those logs. Meanwhile this process times `ps` as the CLI sends and reads it (GET
+/v1/jobs?limit=50, its JSON parsed, no models built: `Client.jobs_json`): one client in a
+loop (latency p50/p99, requests/s), then 4 clients at once (requests/s).
 The same is measured on the same agent before any job exists, as the baseline. Every
 follower's stream is checked against the log file at the end: nothing lost under load.
 """
@@ -56,7 +57,7 @@ def time_ps(client: Client, seconds: float) -> list[float]:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         t0 = time.perf_counter()
-        client.jobs(limit=50)
+        client.jobs_json(limit=50)
         out.append(time.perf_counter() - t0)
     return out
 
@@ -67,17 +68,18 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def time_ps_and_cpu(client: Client, pid: int, seconds: float) -> tuple[list[float], float]:
+def time_ps_and_cpu(client: Client, pid: int, seconds: float) -> tuple[list[float], float, float]:
     """`time_ps`, and the agent's CPU time (s) per request: less what it spends meanwhile
     on everything else (followers, jobs), measured for a second before with no request.
-    Unlike the latency, this does not depend on what else runs on the machine."""
+    Unlike the latency, this does not depend on what else runs on the machine. Last, that
+    second's CPU time per second."""
     c0, t0 = cpu_seconds(pid), time.perf_counter()
     time.sleep(1.0)
     background = (cpu_seconds(pid) - c0) / (time.perf_counter() - t0)
     c0, t0 = cpu_seconds(pid), time.perf_counter()
     latencies = time_ps(client, seconds)
     used = cpu_seconds(pid) - c0 - background * (time.perf_counter() - t0)
-    return latencies, max(used, 0.0) / len(latencies)
+    return latencies, max(used, 0.0) / len(latencies), background
 
 
 def concurrent_rate(agent, seconds: float, clients: int = 4) -> float:
@@ -87,7 +89,7 @@ def concurrent_rate(agent, seconds: float, clients: int = 4) -> float:
         with agent.client() as c:
             end = time.perf_counter() + seconds
             while time.perf_counter() < end:
-                c.jobs(limit=50)
+                c.jobs_json(limit=50)
                 counts[i] += 1
 
     threads = [threading.Thread(target=hammer, args=(i,)) for i in range(clients)]
@@ -105,6 +107,7 @@ def run(settings: Settings) -> list[Row]:
     lat: dict[str, list[list[float]]] = {"idle": [], "load": []}
     rate: dict[str, list[float]] = {"idle": [], "load": []}
     cpu: dict[str, list[float]] = {"idle": [], "load": []}
+    background: dict[str, list[float]] = {"idle": [], "load": []}
     with tempfile.TemporaryDirectory(prefix="gpuhop-bench-") as tmp:
         root = Path(tmp)
         project = root / "project"
@@ -118,9 +121,10 @@ def run(settings: Settings) -> list[Row]:
                 raise BenchError("the agent wrote no pid file")
 
             def measure(kind: str) -> None:
-                latencies, per_request = time_ps_and_cpu(client, pid, seconds)
+                latencies, per_request, busy = time_ps_and_cpu(client, pid, seconds)
                 lat[kind].append(latencies)
                 cpu[kind].append(per_request)
+                background[kind].append(busy)
                 rate[kind].append(concurrent_rate(agent, seconds))
 
             for _ in range(repeats):
@@ -198,6 +202,15 @@ def run(settings: Settings) -> list[Row]:
             [1000 * c for c in cpu["load"]],
             "same agent, no jobs",
             [1000 * c for c in cpu["idle"]],
+            load,
+        ),
+        Row(
+            NAME,
+            "agent CPU time per second with no ps (followers' streams, jobs, scheduler)",
+            "ms/s",
+            [1000 * b for b in background["load"]],
+            "same agent, no jobs",
+            [1000 * b for b in background["idle"]],
             load,
         ),
         Row(

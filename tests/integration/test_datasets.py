@@ -278,3 +278,23 @@ def test_a_large_file_pushes_in_batches_over_the_json_body_cap(shared_agent, tmp
         stored = shared_agent.home / "datasets" / "large-file" / "v1"
         assert tree_digest(stored) == tree_digest(tree)
         client.data.remove("large-file")
+
+
+def test_a_dataset_chunked_with_numpy_is_not_sent_again_by_the_c_chunker(
+    shared_agent, tmp_path, monkeypatch
+):
+    """Where the C chunker was not built, pushes chunk with numpy; a later push of the same
+    files with the C chunker makes the same chunks, so nothing travels again."""
+    from gpuhop.client import chunking
+
+    assert chunking._native() is not None, "the C chunker was not built (scripts/setup-venv)"
+    tree = make_tree(tmp_path / "ds", seed=5)
+    with shared_agent.client() as client, monkeypatch.context() as patch:
+        patch.setattr(chunking, "_native", lambda: None)
+        before = client.data.push(tree, "either-chunker")
+    assert before.chunks > len(list(tree.rglob("*.*")))  # big.bin has several chunks
+    moved = tree.rename(tmp_path / "moved")  # another path: its chunk cache is empty
+    with shared_agent.client() as client:
+        after = client.data.push(moved, "either-chunker")
+    assert (after.info.version, after.info.new) == (1, False)
+    assert after.files_chunked == before.files and after.chunks_sent == 0

@@ -364,6 +364,33 @@ class TestBadInput:
         assert list((shared_agent.home / "tmp").iterdir()) == []
 
 
+def test_a_body_in_many_uneven_pieces_is_stored_exactly(shared_agent):
+    # The agent keeps a body as the pieces that arrived (protocol.BodyHttpProtocol): pieces
+    # of 1 byte to 100 KiB, frame headers split across them, must come out in order.
+    blobs = [os.urandom(n) for n in (1, 70_000, 300_000, 5, 1_000_000)]
+    body = b"".join(FRAME_HEADER.pack(hashlib.sha256(b).digest(), len(b)) + b for b in blobs)
+    sizes = [1, 3, 39, 7_000, 100_000, 2, 65_537, 13]
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(shared_agent.paths.socket))
+        sock.sendall(
+            b"POST /v1/blobs/upload HTTP/1.1\r\nhost: gpuhop\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+        )
+        pos, i = 0, 0
+        while pos < len(body):
+            sock.sendall(body[pos : pos + sizes[i % len(sizes)]])
+            pos += sizes[i % len(sizes)]
+            i += 1
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["stored"] == len(blobs)
+    for b in blobs:
+        digest = hashlib.sha256(b).hexdigest()
+        assert (shared_agent.home / "blobs" / digest[:2] / digest).read_bytes() == b
+
+
 def test_socket_is_private_and_no_tcp_port_is_open(shared_agent):
     sock = shared_agent.paths.socket
     assert stat.S_IMODE(sock.stat().st_mode) == 0o600

@@ -264,3 +264,53 @@ def test_a_job_request_with_a_bad_delta_is_refused_and_stores_nothing(make_agent
         assert job.wait(60).state == JobState.succeeded, job.info.reason
         lines = b"".join(job.logs()).decode().splitlines()
         assert f"src/new.txt False {blob[:12]}" in lines
+
+
+# Prints the sha256 of every .bin file the job sees.
+DIGESTS = """import glob, hashlib
+for path in sorted(glob.glob("*.bin")):
+    print(path, hashlib.sha256(open(path, "rb").read()).hexdigest())
+"""
+
+
+def test_a_first_upload_is_sent_while_it_is_hashed(shared_agent, project, monkeypatch):
+    # Batches of 500 kB instead of 64 MiB: this 2.4 MB tree goes mostly while it is hashed
+    # (upload.EarlySender), the rest as usual; the job sees every byte of every file.
+    from gpuhop.client import upload
+
+    monkeypatch.setattr(upload, "UPLOAD_BATCH_BYTES", 500_000)
+    root = project({"digests.py": DIGESTS})
+    blobs = {f"{i}.bin": os.urandom(300_000) for i in range(8)}
+    for name, data in blobs.items():
+        (root / name).write_bytes(data)
+    with shared_agent.client() as client:
+        job = client.submit(["digests.py"], workdir=root)
+        assert job.wait(60).state == JobState.succeeded, job.info.reason
+        seen = b"".join(job.logs()).decode().split()
+        sync = client.last_sync
+    assert seen == [x for n in sorted(blobs) for x in (n, hashlib.sha256(blobs[n]).hexdigest())]
+    assert sync is not None and sync.files_sent == 9 and sync.bytes_sent >= 8 * 300_000
+
+
+def test_an_early_batch_the_agent_refuses_stops_the_rest(shared_agent, tmp_path):
+    from gpuhop.client.sync import FileEntry
+    from gpuhop.client.upload import EarlySender
+
+    def entry(name: str, data: bytes, digest: str | None = None) -> FileEntry:
+        (tmp_path / name).write_bytes(data)
+        real = hashlib.sha256(data).hexdigest()
+        return FileEntry(name, str(tmp_path / name), len(data), digest or real, False)
+
+    liar = entry("liar.bin", os.urandom(1000), digest=hashlib.sha256(b"other").hexdigest())
+    later = entry("later.bin", os.urandom(1000))
+    with shared_agent.client() as client:
+        early = EarlySender(client.session, batch_bytes=1)
+        early.hashed(liar)  # as if it changed after it was hashed: refused (bad_blob)
+        wait_until(lambda: early._failed, timeout=30)
+        early.hashed(later)  # not sent: the scan's error comes first
+        with pytest.raises(GpuhopError, match="changed while it was being sent"):
+            early.finish()
+        missing = client.session.request(
+            "POST", "/v1/blobs/missing", json={"digests": [liar.digest, later.digest]}
+        ).json()["missing"]
+    assert missing == [liar.digest, later.digest]

@@ -10,6 +10,8 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from gpuhop.api import JobState
 from tests.conftest import wait_until
 
@@ -79,3 +81,52 @@ def test_a_job_shim_is_forked_by_the_server_and_outlives_it(make_agent, project)
 
     agent.shutdown()
     wait_until(lambda: not Path(f"/proc/{new_server}").exists() or _stat(new_server)[0] == "Z")
+
+
+def _spares(parent: Path, server: int) -> list[Path]:
+    return sorted(parent.glob(f"gpuhop-spare-{server}-*"))
+
+
+def test_a_waiting_shim_takes_the_job_into_the_attempts_cgroup(make_agent, project):
+    """The server forks each shim before its job comes, in a cgroup of its own: the job's
+    request renames that cgroup to the attempt's (or the shim joins the attempt's), so every
+    process of the job is in it. A waiting shim that dies is replaced; none, nor its cgroup,
+    outlives the agent."""
+    agent = make_agent()
+    root = project({"wait.py": WAITING})
+    with agent.client() as client:
+        job = client.submit(["wait.py"], workdir=root)
+        shim = _shim_pid(agent, job.id)
+        wait_until(lambda: b"job" in b"".join(job.logs()), timeout=30)
+        made = agent.paths.job_dir(job.id) / "cgroup.json"
+        if not made.exists():
+            (agent.paths.job_dir(job.id) / "artifacts" / "go").touch()
+            job.wait(timeout=60)
+            pytest.skip("this host lets the agent make no memory cgroup for a job")
+        cgroup = Path(json.loads(made.read_text())["path"])
+        # The shim, the sandbox's first process and the job's own: all in the attempt's.
+        procs = {int(p) for p in (cgroup / "cgroup.procs").read_text().split()}
+        assert shim in procs and len(procs) >= 2, procs
+        [server] = _servers(agent.pid)
+        # The server makes the spare's cgroup, then forks the spare, which joins it.
+        [spare_cgroup] = wait_until(lambda: _spares(cgroup.parent, server), timeout=30)
+        [spare] = wait_until(
+            lambda: [int(p) for p in (spare_cgroup / "cgroup.procs").read_text().split()],
+            timeout=30,
+        )
+        assert int(_stat(spare)[1]) == server and os.getsid(spare) == spare
+        (agent.paths.job_dir(job.id) / "artifacts" / "go").touch()
+        job.wait(timeout=60)
+        assert job.refresh().state == JobState.succeeded, job.info.reason
+        assert not cgroup.exists()  # removed with the attempt
+
+        os.kill(spare, signal.SIGKILL)  # the next job is forked by the server itself
+        wait_until(lambda: not spare_cgroup.exists(), timeout=30)
+        again = client.submit(["python", "-c", "print('again')"], workdir=root)
+        again.wait(timeout=60)
+        assert again.refresh().state == JobState.succeeded, again.info.reason
+        assert b"".join(again.logs()) == b"again\n"
+        assert wait_until(lambda: _spares(cgroup.parent, server), timeout=30)
+
+    agent.shutdown()
+    wait_until(lambda: not _spares(cgroup.parent, server), timeout=30)

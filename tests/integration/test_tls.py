@@ -284,6 +284,42 @@ def test_hostile_requests_get_4xx_with_reasons(tls_agent, tokens):
     assert "path" in answers[5].json()["message"]
 
 
+def test_blob_uploads_over_tls_store_only_whole_checked_blobs_of_a_token_holder(tls_agent, tokens):
+    from gpuhop.api.framing import FRAME_HEADER
+
+    def frame(data: bytes, digest: bytes | None = None) -> bytes:
+        return FRAME_HEADER.pack(digest or hashlib.sha256(data).digest(), len(data)) + data
+
+    def stored(data: bytes) -> bool:
+        digest = hashlib.sha256(data).hexdigest()
+        return (tls_agent.home / "blobs" / digest[:2] / digest).exists()
+
+    anon, liar, cut = os.urandom(70_000), os.urandom(300_000), os.urandom(2_000_000)
+    with raw_http(tls_agent, None) as web:
+        refused = web.post("/v1/blobs/upload", content=frame(anon))
+    with raw_http(tls_agent, tokens["alice"]) as web:
+        wrong = web.post("/v1/blobs/upload", content=frame(liar, hashlib.sha256(b"x").digest()))
+    assert refused.status_code == 401 and not stored(anon)
+    assert wrong.status_code == 400 and wrong.json()["code"] == "bad_blob" and not stored(liar)
+    # A body that ends before its Content-Length: the connection closes halfway.
+    host, _, port = tls_agent.listener.address.rpartition(":")
+    pem, _ = fetch_certificate(tls_agent.listener.url)
+    conn = http.client.HTTPSConnection(host, int(port), context=pinned_context(pem), timeout=30)
+    body = frame(cut)
+    writing = lambda: list((tls_agent.home / "tmp").glob("upload-*"))  # noqa: E731
+    try:
+        conn.putrequest("POST", "/v1/blobs/upload")
+        conn.putheader("Authorization", f"Bearer {tokens['alice']}")
+        conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders()
+        conn.send(body[:1_500_000])  # past the 1 MiB the agent gathers before writing
+        wait_until(writing, timeout=30)  # the agent is writing the blob's first half
+    finally:
+        conn.close()
+    wait_until(lambda: not writing(), timeout=30)  # and drops it when the connection ends
+    assert not stored(cut)
+
+
 def test_artifact_paths_cannot_climb_out(remote, tokens, tls_agent, project):
     client = remote(tokens["alice"])
     job = client.submit(["train.py"], workdir=project({"train.py": WRITER}), env={"WHO": "a"})

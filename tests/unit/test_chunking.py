@@ -62,6 +62,50 @@ def test_small_and_empty_files(tmp_path):
     assert (only.offset, only.size) == (0, 5)
 
 
+def fixed_inputs() -> list[bytes]:
+    rng = random.Random(11)
+    return [
+        *(rng.randbytes(n) for n in (0, 5, 31, 32, 33, 34, 35, 36, 100, 4097, 3_000_007)),
+        bytes(100_000),  # every position matches: the hash of zeros is 0
+        bytes(rng.choice(b"ab") for _ in range(300_000)),
+        b"abc" * 50_000,
+    ]
+
+
+def test_the_c_chunker_finds_what_the_numpy_one_finds():
+    native = chunking._native()
+    assert native is not None, "the C chunker was not built (scripts/setup-venv builds it)"
+    for data in fixed_inputs():
+        array = np.frombuffer(data, dtype=np.uint8)
+        c_hard, c_easy = chunking._native_candidates(native, array)
+        np_hard, np_easy = chunking._numpy_candidates(array)
+        assert np.array_equal(c_hard, np_hard), len(data)
+        assert np.array_equal(c_easy, np_easy), len(data)
+
+
+# Cut points of fixed inputs, as the numpy chunker made them before the C one came: a
+# dataset pushed then is not sent again. They must never move.
+RANDOM_SIZES = [1168813, 1204913, 1084162, 1137934, 1172221, 1096599, 1127904, 888487]
+RANDOM_SIZES += [1234672, 1156572, 1048356, 262279]
+RANDOM_DIGESTS = "687259ae26067519b8101006938305cf46127bcc2eb847f4f0f2f633dff61526"
+LOW_ENTROPY_SIZES = [1120660, 1349491, 675609, *[262144] * 7, 262112]
+
+
+@pytest.mark.parametrize("implementation", ["c", "numpy"])
+def test_cut_points_of_fixed_inputs_never_move(tmp_path, monkeypatch, implementation):
+    if implementation == "numpy":
+        monkeypatch.setattr(chunking, "_native", lambda: None)
+    else:
+        assert chunking._native() is not None
+    chunks = chunk_file(write(tmp_path / "random", random.Random(17).randbytes(12 << 20)))
+    assert [c.size for c in chunks] == RANDOM_SIZES
+    joined = "".join(c.digest for c in chunks).encode()
+    assert hashlib.sha256(joined).hexdigest() == RANDOM_DIGESTS
+    rng = random.Random(3)
+    low = bytes(rng.choice(b"ab") for _ in range(3 << 20)) + bytes(2 << 20)
+    assert [c.size for c in chunk_file(write(tmp_path / "low", low))] == LOW_ENTROPY_SIZES
+
+
 def test_compression_only_where_it_pays(blob):
     noise = blob[: 1 << 20]
     assert encode(noise) == (chunking.RAW, noise)

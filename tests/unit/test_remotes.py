@@ -110,6 +110,8 @@ def test_the_wheel_is_reproducible_and_complete() -> None:
         } <= names
         assert "gpuhop = gpuhop.cli.main:main" in zf.read(f"{dist_info}/entry_points.txt").decode()
         assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
+        # A py3-none-any wheel carries no library built for this machine (the chunker's).
+        assert "gpuhop/client/_cdc.c" in names and not [n for n in names if n.endswith(".so")]
         for line in zf.read(f"{dist_info}/RECORD").decode().splitlines():
             path, digest, size = line.split(",")
             if not digest:

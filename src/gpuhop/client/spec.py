@@ -25,8 +25,9 @@ class SyncStats:
         self.hashed = scan_result.hashed
         self.scan_seconds = scan_result.seconds
         self.warnings = scan_result.warnings
-        self.files_sent = files_sent
-        self.bytes_sent = bytes_sent
+        # Sent while the scan hashed, and then.
+        self.files_sent = scan_result.uploaded[0] + files_sent
+        self.bytes_sent = scan_result.uploaded[1] + bytes_sent
         # How the tree went: "" (the agent had it), "delta" (the changes from the work
         # dir's last tree) or "whole".
         self.tree_sent = tree_sent

@@ -85,6 +85,8 @@ class ScanResult:
     removed: list[str] = field(default_factory=list)
     # Of `changed`, those whose content the last scan did not have at their path.
     new: list[FileEntry] = field(default_factory=list)
+    # (files, bytes) sent to the agent while the scan hashed (see `upload.scan`).
+    uploaded: tuple[int, int] = (0, 0)
 
     @property
     def total_bytes(self) -> int:
@@ -302,8 +304,10 @@ def scan(
     root: Path,
     cache_dir: Path | None = None,
     on_hash: Callable[[int], None] | None = None,
+    on_hashed: Callable[[FileEntry], None] | None = None,
 ) -> ScanResult:
-    """Walk `root` and hash what changed since the last scan."""
+    """Walk `root` and hash what changed since the last scan. `on_hashed` hears each file
+    hashed, as soon as it is (from a hashing thread)."""
     started = time.perf_counter()
     if not root.is_dir():
         raise SyncError(f"work dir {root} is not a directory")
@@ -342,7 +346,10 @@ def scan(
             raise SyncError(f"cannot read {rel}: {e.strerror}") from None
         if on_hash is not None:
             on_hash(st.st_size)
-        return FileEntry(rel, abspath, st.st_size, digest, _executable(st))
+        entry = FileEntry(rel, abspath, st.st_size, digest, _executable(st))
+        if on_hashed is not None:
+            on_hashed(entry)
+        return entry
 
     # hashlib releases the GIL on large reads, so threads help on a cold cache.
     with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:

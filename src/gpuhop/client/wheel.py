@@ -20,7 +20,8 @@ from gpuhop.version import __version__
 # A fixed timestamp makes the archive depend on the content only.
 EPOCH = (1980, 1, 1, 0, 0, 0)
 SKIP_DIRS = {"__pycache__"}
-SKIP_SUFFIXES = (".pyc", ".pyo")
+# The chunker's C library is built for this machine (the host's gpuhop chunks with numpy).
+SKIP_SUFFIXES = (".pyc", ".pyo", ".so")
 
 
 def build_wheel() -> tuple[str, bytes]:

@@ -72,6 +72,13 @@ class JobStore:
         with self._lock:
             self._db.close()
 
+    @property
+    def changes(self) -> int:
+        """How many rows this store has written since it opened. The agent's store is the
+        only writer of its file, so a query's answer at one count is its answer until the
+        count moves (`services.listing` keeps `ps`'s list of jobs so)."""
+        return self._db.total_changes
+
     def _query(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
         with self._lock:
             return self._db.execute(sql, tuple(params)).fetchall()

@@ -28,6 +28,7 @@ from gpuhop.agent.server.routers import (
     agent,
     blobs,
     datasets,
+    fastjobs,
     jobs,
     metrics,
     ports,
@@ -109,6 +110,8 @@ def create_app(ctx: AgentContext) -> FastAPI:
     app.add_middleware(BodyLimit)
     # Every /ui path but the login and the static files needs a session (gpuhop.ui.guard).
     app.add_middleware(UiGuard, sessions=app.state.ui_sessions)
+    # `ps` and `logs` skip the routing (see routers.fastjobs).
+    app.add_middleware(fastjobs.FastJobs)
     # Requests to model servers skip the routing (see routers.serving).
     app.add_middleware(serving.Proxy)
 

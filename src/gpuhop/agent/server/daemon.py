@@ -90,6 +90,7 @@ def _serve_locked(
     from gpuhop.agent.host import gpus
     from gpuhop.agent.server.app import create_app
     from gpuhop.agent.server.auth import OwnerAuth, TokenAuth
+    from gpuhop.agent.server.protocol import BodyHttpProtocol
     from gpuhop.backends import remember, resolve
 
     log = logging.getLogger("gpuhop.agent")
@@ -140,7 +141,7 @@ def _serve_locked(
         "timeout_graceful_shutdown": 2,
     }
     # One lifespan (the scheduler) for the agent: the Unix socket's server runs it.
-    servers = [(_Server(uvicorn.Config(OwnerAuth(app), **common)), sock)]
+    servers = [(_Server(uvicorn.Config(OwnerAuth(app), http=BodyHttpProtocol, **common)), sock)]
     if tcp is not None:
         config = uvicorn.Config(
             TokenAuth(app, ctx.tokens),

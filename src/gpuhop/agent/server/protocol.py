@@ -1,4 +1,5 @@
-"""Runs in the agent: the TCP listener's HTTP protocol, uvicorn's httptools one with bounds.
+"""Runs in the agent: the listeners' HTTP protocol, uvicorn's httptools one with a cheaper
+body path (`BodyHttpProtocol`, both listeners) and, on the TCP listener, bounds.
 
 uvicorn bounds none of a request's head with httptools (its `h11_max_incomplete_event_size`
 is for h11 only): a client could send headers for ever, each buffered, before any token is
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import httptools
+from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -45,7 +47,57 @@ class _HeadTooLarge(Exception):
     """Raised in a parser callback: the request head passed a bound."""
 
 
-class BoundedHttpProtocol(HttpToolsProtocol):
+class _Pieces:
+    """A request body's pieces as they arrived, in uvicorn's place for its bytearray.
+
+    uvicorn copies every piece into a bytearray (`cycle.body += body`) and that into new
+    bytes when the app receives it (`bytes(cycle.body)`): two copies of every byte of an
+    upload on the event loop, and a buffer grown by reallocation. Kept as a list, the app
+    gets the one piece that arrived as it is (`b"".join` of one bytes object is that
+    object), or the pieces joined: one copy at most."""
+
+    __slots__ = ("pieces", "size")
+
+    def __init__(self) -> None:
+        self.pieces: list[bytes] = []
+        self.size = 0
+
+    def add(self, piece: bytes) -> None:
+        self.pieces.append(piece)
+        self.size += len(piece)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        return b"".join(self.pieces)
+
+
+class BodyHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, with a request body kept as its pieces (`_Pieces`)."""
+
+    def on_body(self, body: bytes) -> None:
+        cycle = self.cycle
+        if (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete:
+            return
+        current: object = cycle.body
+        if isinstance(current, _Pieces):
+            pieces = current
+        elif isinstance(current, bytearray) and not current:
+            # uvicorn puts a new bytearray there after each receive: ours instead.
+            pieces = _Pieces()
+            cycle.body = pieces  # type: ignore[assignment]  # uvicorn reads bytes(body)
+        else:
+            # An older uvicorn, which hands `cycle.body` itself to the app: its own way.
+            super().on_body(body)
+            return
+        pieces.add(body)
+        if pieces.size > HIGH_WATER_LIMIT:
+            self.flow.pause_reading()
+        cycle.message_event.set()
+
+
+class BoundedHttpProtocol(BodyHttpProtocol):
     def __init__(self, *args: Any, on_lost: Callable[[], None] | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self._on_lost = on_lost

@@ -5,8 +5,9 @@ Under load `ps` lists dozens of jobs that have not changed since the last `ps`: 
 queued. Building each one's JobInfo (pydantic) and serialising it again cost more than the
 rest of the request, so each job's JSON is kept with the inputs it was made from (its
 record, and for a job that has run, the files of its dir that the answer reads) and made
-again only when one of them differs. The answer is the same bytes `to_info` and FastAPI
-would give: the JSON of each JobInfo, joined into a list.
+again only when one of them differs. The list of jobs a query finds is kept too, until the
+job store writes anything. The answer is the same bytes `to_info` and FastAPI would give:
+the JSON of each JobInfo, joined into a list.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from gpuhop.home import JobPaths
 # A longer listing is answered all the same, making again what it evicted.
 KEPT = 2_000
 _INFO = TypeAdapter(JobInfo)
+# Queries whose jobs are kept (owner, states, limit, sweep): a few users' `ps` and `top`.
+KEPT_LISTS = 64
 
 
 @dataclass
@@ -50,6 +53,8 @@ class Listing:
         self.kept = kept
         self._lock = threading.Lock()
         self._jobs: OrderedDict[str, _Kept] = OrderedDict()
+        # The jobs each recent query found, and the store's count of changes then.
+        self._lists: OrderedDict[tuple[object, ...], tuple[int, list[JobRecord]]] = OrderedDict()
 
     def json(self, rt: AgentContext, job: JobRecord) -> bytes:
         """The job's JobInfo as JSON, as FastAPI would serialise it."""
@@ -85,8 +90,21 @@ class Listing:
     ) -> bytes:
         """`jobs.list_jobs`'s answer as a JSON list: the newest jobs `caller` may see."""
         owner = caller.owner_filter
-        sweep = resolve_sweep(rt, sweep, owner)
-        jobs = rt.store.list(states, limit, owner=owner, sweep=sweep)
+        key = (owner, None if states is None else tuple(states), limit, sweep)
+        # Read before the query: a row written meanwhile moves it, and the next call asks again.
+        changes = rt.store.changes
+        with self._lock:
+            kept = self._lists.get(key)
+        if kept is not None and kept[0] == changes:
+            jobs = kept[1]
+        else:
+            found = resolve_sweep(rt, sweep, owner)
+            jobs = rt.store.list(states, limit, owner=owner, sweep=found)
+            with self._lock:
+                self._lists[key] = (changes, jobs)
+                self._lists.move_to_end(key)
+                while len(self._lists) > KEPT_LISTS:
+                    self._lists.popitem(last=False)
         return b"[" + b",".join(self.json(rt, job) for job in jobs) + b"]"
 
 

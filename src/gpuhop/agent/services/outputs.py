@@ -74,7 +74,9 @@ async def follow_log(
             chunk = f.read(LOG_CHUNK) if f is not None else b""
             if chunk:
                 yield chunk
-                continue
+                if len(chunk) == LOG_CHUNK:
+                    continue
+                # Short: that read reached the end (no read more per chunk to find so).
             if follower is None:
                 return
             if follower.ended:

@@ -183,7 +183,7 @@ class BlobStore:
         stored. Raises BlobError if `data` does not hash to `digest`."""
         return self.put_later(digest, data).result()
 
-    def put_later(self, digest: str, data: bytes) -> Future[int]:
+    def put_later(self, digest: str, data: bytes | memoryview) -> Future[int]:
         """`put`, answered once the blob is durable and named (see `settle`): the bytes
         stored. BlobError at once if `data` does not hash to `digest`."""
         actual = hashlib.sha256(data).hexdigest()

@@ -20,7 +20,10 @@ from gpuhop.api.data import CHUNK_HEADER, MAX_CHUNK_SIZE
 RAW, ZLIB = 0, 1
 
 
-def decode(encoding: int, payload: bytes, size: int, digest: str) -> bytes:
+def decode(
+    encoding: int, payload: bytes | memoryview, size: int, digest: str
+) -> bytes | memoryview:
+    data: bytes | memoryview
     if encoding == RAW:
         data = payload
     elif encoding == ZLIB:
@@ -87,12 +90,13 @@ class _Chunks:
             end = pos + CHUNK_HEADER.size + wire
             if len(buf) < end:
                 break
-            with memoryview(buf) as view:  # one copy of the payload, not two
-                payload = bytes(view[pos + CHUNK_HEADER.size : end])
+            # Hashed and written where it lies (no copy); the views are let go before the
+            # buffer shrinks.
+            with memoryview(buf) as view, view[pos + CHUNK_HEADER.size : end] as payload:
+                data = decode(encoding, payload, size, digest)
+                # Checked even when the chunk is stored already: the bytes prove that the
+                # sender holds them (see gpuhop.agent.storage.claims). A client sends a
+                # stored chunk only when asked to.
+                self.pending.add(self.store.put_later(digest, data), digest)
             pos = end
-            data = decode(encoding, payload, size, digest)
-            # Checked even when the chunk is stored already: the bytes prove that the sender
-            # holds them (see gpuhop.agent.storage.claims). A client sends a stored chunk only
-            # when asked to.
-            self.pending.add(self.store.put_later(digest, data), digest)
         del buf[:pos]  # once per batch: the bytes left are at most one chunk's

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from gpuhop.backends.jobdeps import python as job_python
 from gpuhop.backends.leader import LeaderBackend, read_json
 from gpuhop.backends.local import cgroups
 from gpuhop.backends.local.commands import resolve_command
-from gpuhop.backends.local.forkserver import ForkServer, ServerGone
+from gpuhop.backends.local.forkserver import ForkServer, ServerGone, check_os_text
 from gpuhop.backends.local.sandbox import HOW_TO_ALLOW
 from gpuhop.backends.procs import alive
 from gpuhop.home import AgentPaths, JobPaths
@@ -122,19 +123,6 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _check_os_text(argv: list[str], env: dict[str, str]) -> None:
-    """Raise what Popen raises for arguments or variables the OS cannot take (a lone
-    surrogate: UnicodeEncodeError; an embedded NUL, a name with "="), before the shim server
-    is asked: the job then fails to start saying why, as a directly started shim would."""
-    for text in (*argv, *env.values()):
-        if b"\0" in os.fsencode(text):
-            raise ValueError("embedded null byte")
-    for name in env:
-        raw = os.fsencode(name)
-        if not raw or b"=" in raw or b"\0" in raw:
-            raise ValueError(f"illegal environment variable name: {name!r}")
-
-
 def _probe(python: str, helper: str) -> str | None:
     """Run `helper --probe`: None if it passed, else why not."""
     try:
@@ -210,9 +198,16 @@ class LocalBackend(LeaderBackend):
         return (leader if cgroup is None else cgroups.wrap(cgroup, leader)), env
 
     def _shim(
-        self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]
+        self,
+        job: JobAttempt,
+        jp: JobPaths,
+        deps: dict[str, Any],
+        cgroup: Callable[[JobPaths, str], Path | None] = cgroups.make,
+        specs: dict[str, Any] | None = None,
     ) -> tuple[list[str], dict[str, str], Path | None]:
-        """The shim's arguments and environment, and the attempt's cgroup (if one was made)."""
+        """The shim's arguments and environment, and the attempt's cgroup (if one was made,
+        or for `cgroups.plan`, will be). With `specs`, the sandbox's spec goes there, not
+        to a file."""
         env = job_environment(job, jp, gpu_total_mb=self._gpu_total_mb(job))
         python = job_python(deps, self.python)
         # `python` and `pip` in the job's shell commands are the job's own interpreter's.
@@ -228,11 +223,11 @@ class LocalBackend(LeaderBackend):
         if argv[0].startswith(f"{files}/"):  # a program in the checkout: run it from the view
             argv[0] = f"{jp.work}{argv[0][len(str(files)) :]}"
         gang = self._write_gang(job, jp, env, python) if job.workers > 1 else []
-        gang += self._shim_args(deps, jp, job.workers)
+        gang += self._shim_args(deps, jp, job.workers, specs)
         if job.private_network or job.workers > 1:
             gang += ["--relay", str(jp.relay)]
         args = [str(jp.status), str(jp.shim_pid), *gang, "--", *argv]
-        return args, env, cgroups.make(jp, f"{job.id}-{job.attempt}")
+        return args, env, cgroup(jp, f"{job.id}-{job.attempt}")
 
     def start(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
         try:
@@ -245,11 +240,12 @@ class LocalBackend(LeaderBackend):
         """Start the shim through the warm shim server; None where it cannot (the caller
         then starts a fresh interpreter for it)."""
         try:
-            args, env, cgroup = self._shim(job, jp, deps)
-            _check_os_text(args, env)
-            procs = None if cgroup is None else cgroup / "cgroup.procs"
+            # The server makes the cgroup, or gives its waiting shim's cgroup that name.
+            specs: dict[str, Any] = {}  # handed over in the request: one file fewer
+            args, env, cgroup = self._shim(job, jp, deps, cgroups.plan, specs)
+            check_os_text(args, env)
             request = jp.root / SHIM_REQUEST
-            pid, start = self._forks.spawn(args, env, jp.work, jp.log, procs, request)
+            pid, start = self._forks.spawn(args, env, jp.work, jp.log, cgroup, request, specs)
         except ServerGone as e:
             log.warning("job %s: %s; starting its shim directly", job.id, e)
             cgroups.oom_kills(jp)  # made again by the direct start
@@ -328,7 +324,9 @@ class LocalBackend(LeaderBackend):
         jp.gang.write_text(json.dumps(spec))
         return ["--gang", str(jp.gang)]
 
-    def _shim_args(self, deps: dict[str, Any], jp: JobPaths, workers: int) -> list[str]:
+    def _shim_args(
+        self, deps: dict[str, Any], jp: JobPaths, workers: int, specs: dict[str, Any] | None
+    ) -> list[str]:
         """The shim's `--env` and `--sandbox` arguments for these deps; makes the datasets'
         mount points. Every job gets a sandbox where this host allows one; a job with
         datasets gets one anyway (and fails, saying why, where the host allows none)."""
@@ -352,6 +350,9 @@ class LocalBackend(LeaderBackend):
             "binds": binds,
             "tmp": str(jp.tmp),
         }
+        if specs is not None:
+            specs["sandbox"] = spec
+            return args
         (jp.root / "sandbox.json").write_text(json.dumps(spec))
         return [*args, "--sandbox", str(jp.root / "sandbox.json")]
 

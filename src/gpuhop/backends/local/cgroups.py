@@ -78,10 +78,30 @@ def make(jp: JobPaths, name: str) -> Path | None:
         if not (path / counter).exists():
             path.rmdir()
             return None
-        _file(jp).write_text(json.dumps({"path": str(path), "counter": counter}))
+        _record(jp, path, counter)
     except OSError:
         return None
     return path
+
+
+def plan(jp: JobPaths, name: str) -> Path | None:
+    """The path of a new cgroup for one attempt, recorded in the job's dir (so that its end
+    removes it) but not made: the shim server makes it, or renames its waiting shim's cgroup
+    to it (shimserver.py). None where the agent has no memory cgroup to make it in."""
+    found = agent_cgroup()
+    if found is None:
+        return None
+    parent, counter = found
+    path = parent / f"gpuhop-{name}"
+    try:
+        _record(jp, path, counter)
+    except OSError:
+        return None
+    return path
+
+
+def _record(jp: JobPaths, path: Path, counter: str) -> None:
+    _file(jp).write_text(json.dumps({"path": str(path), "counter": counter}))
 
 
 def wrap(path: Path, argv: list[str]) -> list[str]:

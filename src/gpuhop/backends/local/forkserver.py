@@ -3,10 +3,11 @@
 
 A shim started by the agent costs a Python start and the imports of the shim and its helpers
 (tens of milliseconds, more on a busy host) before the job's own process exists; the server
-has paid them once and only forks. A job's shim is the same either way: the leader of its
-own session with its log as stdout and stderr, run by the same code. The server is started
-on first use and again if it ended; where it cannot be reached the caller starts the shim
-itself, as before.
+has paid them once, and forks each shim before its job comes (in a memory cgroup of its
+own, which the request renames to the attempt's: see shimserver.py). A job's shim is the
+same either way: the leader of its own session with its log as stdout and stderr, run by
+the same code. The server is started on first use and again if it ended; where it cannot be
+reached the caller starts the shim itself, as before.
 """
 
 from __future__ import annotations
@@ -24,12 +25,26 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.backends.base import StartError
+from gpuhop.backends.local import cgroups
 
 log = logging.getLogger("gpuhop.agent")
 
 SERVER = str(Path(__file__).with_name("shimserver.py"))
 # How long a request waits for the server's answer (a fork takes milliseconds).
 ANSWER_SECONDS = 30.0
+
+
+def check_os_text(argv: list[str], env: dict[str, str]) -> None:
+    """Raise what Popen raises for arguments or variables the OS cannot take (a lone
+    surrogate: UnicodeEncodeError; an embedded NUL, a name with "="), before the shim server
+    is asked: the job then fails to start saying why, as a directly started shim would."""
+    for text in (*argv, *env.values()):
+        if b"\0" in os.fsencode(text):
+            raise ValueError("embedded null byte")
+    for name in env:
+        raw = os.fsencode(name)
+        if not raw or b"=" in raw or b"\0" in raw:
+            raise ValueError(f"illegal environment variable name: {name!r}")
 
 
 class ServerGone(OSError):
@@ -57,19 +72,22 @@ class ForkServer:
         log_path: Path,
         cgroup: Path | None,
         request: Path,
+        specs: dict[str, Any] | None = None,
     ) -> tuple[int, str | None]:
         """Start a shim with `argv` (its arguments), its request written to the file
-        `request` (in the job's dir, hidden from jobs); returns its pid and start time.
+        `request` (in the job's dir, hidden from jobs), in the new cgroup `cgroup` (a path
+        not yet made: the server makes it), given `specs` (what its spec files would say,
+        such as {"sandbox": ...}); returns its pid and start time.
         Raises ServerGone where the server did not start it, and StartError where it may
         have (it took the request and never answered): starting it another way could then
         run the job twice."""
         # The request goes in a file that only the shim, once forked, reads: the server's
         # memory, which every later shim inherits, never holds a job's environment.
-        spec = {"argv": argv, "env": env, "cwd": str(cwd), "cgroup": cgroup and str(cgroup)}
+        spec = {"argv": argv, "env": env, "cwd": str(cwd), "specs": specs or {}}
         fd = os.open(request, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with open(fd, "w") as f:
             json.dump(spec, f)
-        message = json.dumps({"request": str(request)}).encode()
+        message = json.dumps({"request": str(request), "cgroup": cgroup and str(cgroup)}).encode()
         with self._lock:
             sock = self._running()
             with open(log_path, "ab") as logfile:
@@ -109,8 +127,10 @@ class ForkServer:
         self._stop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
+            found = cgroups.agent_cgroup()  # where the server makes its waiting shims' own
+            where = [] if found is None else [str(found[0]), found[1]]
             self._proc = subprocess.Popen(
-                [self.python, "-I", "-S", SERVER, str(theirs.fileno())],
+                [self.python, "-I", "-S", SERVER, str(theirs.fileno()), *where],
                 stdin=subprocess.DEVNULL,
                 pass_fds=[theirs.fileno()],
                 start_new_session=True,  # no signal meant for the agent's group reaches it

@@ -284,9 +284,9 @@ USAGE = (
 )
 
 
-def main(argv: list) -> int:
+def main(argv: list, given: dict | None = None) -> int:
     status_path, pid_path, *rest = argv
-    specs: dict = {}
+    specs = dict(given or {})  # from the shim server's request: as --sandbox would give
     relay = None
     while rest[:1] in (["--gang"], ["--env"], ["--sandbox"], ["--relay"]) and len(rest) > 1:
         if rest[0] == "--relay":

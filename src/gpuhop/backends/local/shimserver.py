@@ -2,24 +2,36 @@
 job's shim instead of the agent starting a fresh interpreter for it. Standard library only
 (it runs with `python -I -S`, as the shim does).
 
-Started as `python -I -S shimserver.py FD`, where FD is its end of a SOCK_SEQPACKET socket
-pair with the agent. It imports the shim and every helper the shim may need once, then waits
-for requests: each is one JSON message {"request": PATH} with the job's log file as an
-attached descriptor. PATH, in the job's dir, holds {"argv": the shim's arguments, "env":
-the job's environment, "cwd": where it starts, "cgroup": a cgroup.procs file to join or
-null}; only the forked child reads it (and removes it), so no job's environment ever passes
-through the server's memory, which every later shim inherits. It forks a child that becomes
-exactly what a shim
-started by the agent would be: the leader of a new session, stdin /dev/null, stdout and
-stderr on the log, the job's environment and directory, in the attempt's cgroup, running
-`shim.main`, and it answers {"pid": PID, "start": its start time} (or {"error": why}).
-When a child ends, the server reaps it at once (so its pid never lingers as a zombie) and
-tells the agent {"ended": PID, "code": its exit code, negative for a signal}.
+Started as `python -I -S shimserver.py FD [CGROUPS COUNTER]`, where FD is its end of a
+SOCK_SEQPACKET socket pair with the agent, and CGROUPS the agent's memory cgroup (COUNTER the
+file there that a memory cgroup has). It imports the shim and every helper the shim may need
+once, then waits for requests: each is one JSON message {"request": PATH, "cgroup": DIR or
+null} with the job's log file as an attached descriptor. PATH, in the job's dir, holds
+{"argv": the shim's arguments, "env": the job's environment, "cwd": where it starts,
+"specs": what the shim would read from its spec files (`{"sandbox": ...}`)}; only
+the shim reads it (and removes it), so no job's environment ever passes through the
+server's memory, which every later shim inherits. DIR is the attempt's cgroup, not yet made.
+The shim becomes exactly what a shim started by the agent would be: the leader of a new
+session, stdin /dev/null, stdout and stderr on the log, the job's environment and directory,
+in the attempt's cgroup, running `shim.main`, and the server answers {"pid": PID, "start":
+its start time} (or {"error": why}). When a child ends, the server reaps it at once (so its
+pid never lingers as a zombie) and tells the agent {"ended": PID, "code": its exit code,
+negative for a signal}.
+
+The shim is forked before its job asks, and waits (a "spare"): its fork, its new session
+and its move into a cgroup of its own (which on cgroup v1 waits out an RCU grace period of
+5-15 ms) are paid while no job waits. A request then renames the spare's cgroup to the
+attempt's (cgroup v1 renames a cgroup with its processes in it; where the kernel refuses,
+the shim joins the attempt's cgroup itself, as before) and hands the spare the request and
+the log; the next spare is forked 50 ms later, once that job has started (a request before
+then gets a fork made at once, as without spares). A spare holds nothing of a job until then. Where
+there is no spare (its fork failed, or it died), the server forks the shim as it runs.
 
 The server is single-threaded and forks only from its main loop, so each child starts with
 a clean copy of a small, idle interpreter. It ends when the agent's end of the socket
-closes (the agent stopped or died); jobs it started live on, as jobs started by the agent
-do, and a restarted agent finds them by their pid files.
+closes (the agent stopped or died); its spare then leaves its cgroup, removes it and ends,
+and jobs it started live on, as jobs started by the agent do, and a restarted agent finds
+them by their pid files.
 """
 
 import contextlib
@@ -41,91 +53,279 @@ for _helper in ("sandbox", "workview", "gangenv", "relay", "envbuild"):
 
 MAX_MESSAGE = 1 << 22
 _CHLD = {signal.SIGCHLD}
+SPARE_PREFIX = "gpuhop-spare"
+# Seconds after a request before the next spare is forked (a request sooner gets a fork).
+SPARE_AFTER = 0.05
 
 
-def serve(sock: socket.socket) -> int:
-    signal.signal(signal.SIGCHLD, lambda *_: _reap(sock))
-    while True:
-        try:
-            msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 4)
-        except OSError:
-            return 0
-        if not msg:
-            return 0  # the agent is gone
-        # A child's end is told only after its pid: SIGCHLD waits until the answer is sent.
+class Spare:
+    """A shim forked ahead of its job: its pid, the server's end of its socket, and the
+    cgroup it joined (None where it has none)."""
+
+    def __init__(self, pid: int, sock: socket.socket, cgroup):
+        self.pid = pid
+        self.sock = sock
+        self.cgroup = cgroup
+
+
+class Server:
+    def __init__(self, sock: socket.socket, cgroups=None):
+        self.sock = sock
+        # (the agent's memory cgroup, the file a memory cgroup has), for the spares' own.
+        self.cgroups = cgroups
+        self.spare = None
+        self.renames = True  # cgroup v2 refuses to rename a cgroup: then joins it is
+        self.made = 0
+
+    def serve(self) -> int:
+        signal.signal(signal.SIGCHLD, lambda *_: self._reap())
         signal.pthread_sigmask(signal.SIG_BLOCK, _CHLD)
         try:
-            try:
-                request = json.loads(msg)["request"]
-                if not isinstance(request, str) or len(fds) != 1:
-                    raise ValueError("expected a request file and the log's descriptor")
-                pid = os.fork()
-                if pid == 0:
-                    _child(sock, request, fds[0])  # never returns
-                reply = {"pid": pid, "start": shim._start(pid)}
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                reply = {"error": f"{type(e).__name__}: {e}"}
-            finally:
-                for fd in fds:
-                    os.close(fd)
-            _send(sock, reply)
+            self.spare = self._fork_spare()
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
+        while True:
+            # The next spare is forked once the last one's job has had time to start: not
+            # while it starts, on the same cores.
+            self.sock.settimeout(SPARE_AFTER if self.spare is None else None)
+            try:
+                msg, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_MESSAGE, 4)
+            except TimeoutError:
+                signal.pthread_sigmask(signal.SIG_BLOCK, _CHLD)
+                try:
+                    self.spare = self._fork_spare()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
+                continue
+            except OSError:
+                return 0
+            self.sock.settimeout(None)
+            if not msg:
+                return 0  # the agent is gone
+            # A child's end is told only after its pid: SIGCHLD waits until the answer is sent.
+            signal.pthread_sigmask(signal.SIG_BLOCK, _CHLD)
+            try:
+                try:
+                    message = json.loads(msg)
+                    request, cgroup = message["request"], message.get("cgroup")
+                    if not isinstance(request, str) or len(fds) != 1:
+                        raise ValueError("expected a request file and the log's descriptor")
+                    if cgroup is not None and not isinstance(cgroup, str):
+                        raise ValueError("expected the cgroup's path")
+                    pid = self._start(request, fds[0], cgroup)
+                    reply = {"pid": pid, "start": shim._start(pid)}
+                except (OSError, ValueError, KeyError, TypeError) as e:
+                    reply = {"error": f"{type(e).__name__}: {e}"}
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+                self._send(reply)
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
 
-
-def _send(sock: socket.socket, message: dict) -> None:
-    with contextlib.suppress(OSError):  # the agent is gone: the loop ends at its next read
-        sock.send(json.dumps(message).encode())
-
-
-def _reap(sock: socket.socket) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
+    def _start(self, request: str, log: int, cgroup) -> int:
+        """Start the shim of one request: the spare, or a fork made now. Returns its pid."""
+        spare, self.spare = self.spare, None
+        join = cgroup
+        if spare is not None and not _ready(spare):
+            spare.sock.close()  # it died before it was ready: its end is reaped
+            _remove(spare.cgroup)
+            spare = None
+        if spare is not None and cgroup is None and spare.cgroup is not None:
+            join = os.path.dirname(spare.cgroup)  # none for this attempt: the server's own
+        if spare is not None:
+            if cgroup is not None and spare.cgroup is not None and self.renames:
+                try:
+                    os.rename(spare.cgroup, cgroup)
+                    join = None  # the spare is in the attempt's cgroup already
+                except OSError:
+                    self.renames = False
+            try:
+                if join is not None:
+                    _make(join)
+                message = json.dumps({"request": request, "cgroup": join}).encode()
+                socket.send_fds(spare.sock, [message], [log])
+                return spare.pid
+            except OSError:  # it died waiting: its end is reaped
+                if join is not None:
+                    _remove(spare.cgroup)
+                join = cgroup
+            finally:
+                spare.sock.close()
+        if join is not None:
+            _make(join)
+        pid = os.fork()
         if pid == 0:
-            return
-        _send(sock, {"ended": pid, "code": os.waitstatus_to_exitcode(status)})
+            _child(self, request, log, join)  # never returns
+        return pid
+
+    def _fork_spare(self):
+        """A new spare in a new cgroup of its own (where the agent has one); None if the
+        fork fails."""
+        cgroup = None
+        if self.cgroups is not None and self.renames:  # else it would join one twice
+            self.made += 1
+            cgroup = os.path.join(self.cgroups[0], f"{SPARE_PREFIX}-{os.getpid()}-{self.made}")
+            try:
+                os.mkdir(cgroup)
+                if not os.path.exists(os.path.join(cgroup, self.cgroups[1])):
+                    os.rmdir(cgroup)
+                    cgroup = None
+            except OSError:
+                cgroup = None
+        try:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            pid = os.fork()
+        except OSError:
+            _remove(cgroup)
+            return None
+        if pid == 0:
+            ours.close()
+            _spare(self, theirs, cgroup)  # never returns
+        theirs.close()
+        return Spare(pid, ours, cgroup)
+
+    def _send(self, message: dict) -> None:
+        with contextlib.suppress(OSError):  # the agent is gone: the loop ends at its next read
+            self.sock.send(json.dumps(message).encode())
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            spare = self.spare
+            if spare is not None and pid == spare.pid:
+                # A spare died waiting (killed): no job's end; a new one comes with the next
+                # request, which the server then forks itself.
+                self.spare = None
+                spare.sock.close()
+                _remove(spare.cgroup)
+                continue
+            self._send({"ended": pid, "code": os.waitstatus_to_exitcode(status)})
+
+    def close_in_child(self) -> None:
+        """In a forked child: let go of the server's sockets."""
+        self.sock.close()
+        if self.spare is not None:
+            self.spare.sock.close()
 
 
-def _child(sock: socket.socket, path: str, log: int) -> None:
+def _ready(spare: Spare) -> bool:
+    """Wait until the spare has its session and cgroup (it says whether it joined one);
+    False if it died first."""
+    try:
+        said = spare.sock.recv(16)
+    except OSError:
+        return False
+    if said == b"alone":
+        spare.cgroup = None  # it could not join its cgroup, and removed it
+    return bool(said)
+
+
+def _make(cgroup: str) -> None:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(cgroup)
+
+
+def _remove(cgroup) -> None:
+    if cgroup is not None:
+        with contextlib.suppress(OSError):
+            os.rmdir(cgroup)
+
+
+def _join(cgroup: str) -> bool:
+    """Move this process into `cgroup`, as the agent's `sh -c 'echo $$ > cgroup.procs'`
+    does; where it cannot, the job runs outside it."""
+    try:
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as f:
+            f.write(str(os.getpid()))
+    except OSError:
+        return False
+    return True
+
+
+def _spare(server: Server, sock: socket.socket, cgroup) -> None:
+    """A spare's life: a session and a cgroup of its own, then wait for a request and
+    become its shim; end (leaving its cgroup, and removing it) if the server ends first."""
     code = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
-        sock.close()
+        server.close_in_child()
         os.setsid()
-        null = os.open(os.devnull, os.O_RDWR)
-        os.dup2(null, 0)
-        os.dup2(log, 1)
-        os.dup2(log, 2)
-        for fd in (log, null):
-            if fd > 2:
-                os.close(fd)
-        with open(path) as f:
-            request = json.load(f)
-        os.unlink(path)
-        if request.get("cgroup"):
-            # As the agent's `sh -c 'echo $$ > cgroup.procs'` does: where it cannot, the job
-            # runs outside it.
-            try:
-                with open(request["cgroup"], "w") as f:
-                    f.write(str(os.getpid()))
-            except OSError:
-                pass
-        os.chdir(request["cwd"])
-        os.environ.clear()
-        os.environ.update(request["env"])
-        code = shim.main(request["argv"])
+        if cgroup is not None and not _join(cgroup):
+            _remove(cgroup)
+            cgroup = None
+        try:
+            # Only now may the server rename the cgroup: the spare is in it.
+            sock.send(b"alone" if cgroup is None else b"ready")
+            msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 1)
+        except OSError:  # the server ended first (a reset, if it never read our word)
+            msg, fds = b"", []
+        sock.close()
+        if not msg or len(fds) != 1:  # the server is gone
+            if cgroup is not None:
+                _join(os.path.dirname(cgroup))
+                _remove(cgroup)
+            os._exit(0)
+        message = json.loads(msg)
+        join = message.get("cgroup")
+        if join is not None and _join(join):
+            _remove(cgroup)  # not renamed (the kernel refused, or the job has no cgroup)
+        code = _become_shim(message["request"], fds[0], None)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.write(2, f"gpuhop: the job's shim failed: {type(e).__name__}: {e}\n".encode())
+    finally:
+        _exit(code)
+
+
+def _child(server: Server, path: str, log: int, cgroup) -> None:
+    code = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
+        server.close_in_child()
+        os.setsid()
+        code = _become_shim(path, log, cgroup)
     except BaseException as e:
         os.write(2, f"gpuhop: the job's shim failed: {type(e).__name__}: {e}\n".encode())
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(OSError, ValueError):
-                stream.flush()
-        os._exit(code)
+        _exit(code)
+
+
+def _become_shim(path: str, log: int, cgroup) -> int:
+    """Take the job's log as output, read its request (and remove it), join `cgroup` if
+    given, and run the shim."""
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    for fd in (log, null):
+        if fd > 2:
+            os.close(fd)
+    with open(path) as f:
+        request = json.load(f)
+    os.unlink(path)
+    if cgroup is not None:
+        _join(cgroup)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    return shim.main(request["argv"], request.get("specs"))
+
+
+def _exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(serve(socket.socket(fileno=int(sys.argv[1]))))
+    _cgroups = (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else None
+    sys.exit(Server(socket.socket(fileno=int(sys.argv[1])), _cgroups).serve())

@@ -23,8 +23,7 @@ def _install_hook() -> None:
     try:
         # Loaded from its file rather than imported: importing the gpuhop package would cost
         # tens of ms in every Python process of the job, and this Python may not have it.
-        from importlib.machinery import ModuleSpec, SourceFileLoader
-
+        ModuleSpec, SourceFileLoader = _machinery()
         name = "_gpuhop_hook"
         path = os.path.join(os.path.dirname(_HERE), "hook.py")
         loader = SourceFileLoader(name, path)
@@ -43,10 +42,30 @@ def _install_hook() -> None:
         )
 
 
-def _chain() -> None:
-    """Run the sitecustomize this one shadows, as Python would have run it."""
+def _machinery():
+    """ModuleSpec and SourceFileLoader: those that loaded this file, as importing
+    importlib.machinery for them costs half a millisecond in every process of the job."""
+    spec = globals().get("__spec__")
+    if spec is not None and type(spec.loader).__name__ == "SourceFileLoader":
+        return type(spec), type(spec.loader)
+    from importlib.machinery import ModuleSpec, SourceFileLoader
+
+    return ModuleSpec, SourceFileLoader
+
+
+def _path_finder():
+    """The import system's PathFinder (on sys.meta_path), without importing importlib."""
+    for finder in sys.meta_path:
+        if getattr(finder, "__name__", None) == "PathFinder":
+            return finder
     from importlib.machinery import PathFinder
 
+    return PathFinder
+
+
+def _chain() -> None:
+    """Run the sitecustomize this one shadows, as Python would have run it."""
+    PathFinder = _path_finder()
     here = os.path.normcase(_HERE)
     rest = [p for p in sys.path if os.path.normcase(os.path.abspath(p or os.curdir)) != here]
     spec = PathFinder.find_spec("sitecustomize", rest)
