@@ -147,8 +147,8 @@ def run(settings: Settings) -> list[Row]:
             [synced for synced, _, _ in changed.gpuhop],
             "rsync -a SRC/ DST/",
             changed.rsync or None,
-            f"{skipped}gpuhop: hash 1 file; 2 requests: the tree as a delta from the last one"
-            " (the file inside), then the job",
+            f"{skipped}gpuhop: hash 1 file; 1 request: the job, its tree inside as a delta from"
+            " the last one (the file inside)",
         ),
         Row(
             NAME,

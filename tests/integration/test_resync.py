@@ -8,6 +8,7 @@ import base64
 import hashlib
 import os
 import time
+from typing import NamedTuple
 
 import pytest
 
@@ -15,7 +16,8 @@ from gpuhop import Client
 from gpuhop.api import JobState
 from gpuhop.api.trees import tree_bytes
 from gpuhop.client import GpuhopError
-from gpuhop.client.sync import RACY_WINDOW_NS
+from gpuhop.client.spec import tree_of
+from gpuhop.client.sync import RACY_WINDOW_NS, scan
 from gpuhop.client.trees import LastTree
 from tests.conftest import wait_until
 
@@ -149,13 +151,27 @@ def test_a_delta_an_agent_cannot_take_goes_whole(make_agent, project):
         assert client.last_sync.tree_sent == "delta"
 
 
+class _Last(NamedTuple):
+    digest: str
+    entries: list[tuple[str, str, int, bool]]
+
+
+def _last(agent, root) -> _Last:
+    """The tree the work dir sent last: its digest as the client recorded it, and its
+    entries as a scan (with no hash cache) finds them."""
+    digest = LastTree.digest_of(agent.cache, root)
+    assert digest is not None
+    files = scan(root).files
+    assert tree_of(files)[1] == digest
+    return _Last(digest, [(f.path, f.digest, f.size, f.executable) for f in files])
+
+
 def test_a_delta_whose_inline_content_is_wrong_is_refused(make_agent, project):
     agent = make_agent()
     root = project(TREE)
     with agent.client() as client:
         assert _listed(client, root) == _expected(root)
-        last = LastTree.load(agent.cache, root)
-        assert last is not None
+        last = _last(agent, root)
         data = b"the new file"
         digest = hashlib.sha256(data).hexdigest()
         entries = sorted([*last.entries, ("src/new.txt", digest, len(data), False)])
@@ -176,6 +192,78 @@ def test_a_delta_whose_inline_content_is_wrong_is_refused(make_agent, project):
         sent = {**body, "blobs": {digest: base64.b64encode(data).decode()}}
         stored = client.session.request("POST", "/v1/trees/delta", json=sent).json()
         assert (stored["digest"], stored["files"]) == (body["digest"], len(entries))
+
+
+def test_an_edit_goes_inside_the_job_request(make_agent, project, monkeypatch):
+    """A re-sync after an edit is one request: the job's, with the tree's delta inside."""
+    agent = make_agent()
+    root = project(TREE)
+    with agent.client() as client:
+        assert _listed(client, root) == _expected(root)
+        sent: list[str] = []
+        send = client.session.send
+
+        def spy(method: str, url: str, **kwargs):
+            sent.append(f"{method} {url}")
+            return send(method, url, **kwargs)
+
+        monkeypatch.setattr(client.session, "send", spy)
+        (root / "src/a.txt").write_text("edited in one request")
+        job = client.submit(["list.py"], workdir=root)
+        assert sent == ["POST /v1/jobs"]
+        assert client.last_sync is not None and client.last_sync.tree_sent == "delta"
+        assert client.last_sync.files_sent == 1
+        assert job.wait(60).state == JobState.succeeded, job.info.reason
+        assert sorted(b"".join(job.logs()).decode().splitlines()) == _expected(root)
+
+
+def test_a_job_request_with_a_bad_delta_is_refused_and_stores_nothing(make_agent, project):
+    agent = make_agent()
+    root = project(TREE)
+    with agent.client() as client:
+        assert _listed(client, root) == _expected(root)
+        last = _last(agent, root)
+        data = b"a file new to the agent"
+        blob = hashlib.sha256(data).hexdigest()
+        entries = sorted([*last.entries, ("src/new.txt", blob, len(data), False)])
+        tree = hashlib.sha256(tree_bytes(entries)).hexdigest()
+        delta = {
+            "parent": last.digest,
+            "digest": tree,
+            "changed": [{"path": "src/new.txt", "digest": blob, "size": len(data)}],
+            "blobs": {blob: base64.b64encode(data).decode()},
+        }
+
+        def submit(tree: str = tree, **changes) -> dict:
+            body = {"command": ["list.py"], "tree": tree, "tree_delta": {**delta, **changes}}
+            return client.session.request("POST", "/v1/jobs", json=body).json()
+
+        unknown, wrong = "0" * 64, "1" * 64
+        jobs = len(client.jobs())
+        for bad, status, code, words in [
+            ({"parent": unknown}, 409, "missing_tree", f"tree {unknown} is not on the agent"),
+            ({"digest": wrong, "tree": wrong}, 422, "bad_request", f"makes tree {tree}, not"),
+            ({"blobs": {}}, 409, "missing_blobs", "have not been uploaded"),
+            ({"blobs": {blob: base64.b64encode(b"else").decode()}}, 400, "bad_blob", "hashes"),
+            ({"removed": ["src/gone.txt"]}, 400, "bad_path", "src/gone.txt, which its parent"),
+            ({"tree": last.digest}, 422, "bad_request", "tree must be its digest"),
+        ]:
+            with pytest.raises(GpuhopError) as refused:
+                submit(**bad)
+            assert (refused.value.status, refused.value.code) == (status, code), bad
+            assert words in refused.value.message, refused.value.message
+        # Nothing was stored: no job, no tree, not the file.
+        assert len(client.jobs()) == jobs
+        missing = client.session.request("POST", "/v1/blobs/missing", json={"digests": [blob]})
+        assert missing.json()["missing"] == [blob]
+        with pytest.raises(GpuhopError) as absent:
+            client.session.request("POST", "/v1/jobs", json={"command": ["list.py"], "tree": tree})
+        assert absent.value.code == "missing_tree"
+        # The right one: the tree and the file are stored, and the job sees them.
+        job = client.job(submit()["id"])
+        assert job.wait(60).state == JobState.succeeded, job.info.reason
+        lines = b"".join(job.logs()).decode().splitlines()
+        assert f"src/new.txt False {blob[:12]}" in lines
 
 
 # Prints the sha256 of every .bin file the job sees.

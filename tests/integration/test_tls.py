@@ -423,6 +423,14 @@ def test_a_delta_cannot_reach_a_tree_or_a_file_one_has_not_stored(
         assert on_his.status_code == 409, on_his.text
         assert on_his.json()["code"] == "missing_blobs"
         assert on_his.json()["detail"]["missing"] == [stolen.digest]
+        # The same deltas inside a job request: the same answers.
+        for delta, code in [
+            ({"parent": alices, "digest": wanted, "removed": ["x"]}, "missing_tree"),
+            ({"parent": bobs, "digest": wanted, "changed": [entry]}, "missing_blobs"),
+        ]:
+            job = {"command": ["train.py"], "tree": wanted, "tree_delta": delta}
+            refused = bob.post("/v1/jobs", json=job)
+            assert (refused.status_code, refused.json()["code"]) == (409, code), refused.text
         run = bob.post("/v1/jobs", json={"command": ["train.py"], "tree": wanted})
         assert run.status_code == 409
         assert run.json()["code"] == "missing_tree"

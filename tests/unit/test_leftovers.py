@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gpuhop.client.leftovers import outputs_warning, training_outputs
 from gpuhop.client.sync import FileEntry
 
@@ -45,3 +47,26 @@ def test_small_outputs_are_not_worth_a_warning(tmp_path: Path):
     assert "model.keras" in (outputs_warning(big, tmp_path, tmp_path / "cache") or "")
     assert outputs_warning(big, tmp_path, tmp_path / "cache") is None  # once
     assert outputs_warning(big, tmp_path, None) is not None  # no cache: every time
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "m.keras",
+        "x/m.keras",
+        "w.h5",
+        "d/w.hdf5",
+        "a.ckpt-1",
+        "ckpt-3.index",
+        "d/ckpt-3.data-00000-of-00001",
+        "checkpoint",
+        "d/checkpoint",
+        "events.out.tfevents.1",
+        "t/events.out.tfevents.1.host",
+        "s/m/saved_model.pb",
+    ],
+)
+def test_each_kind_of_output_is_found_alone_in_a_tree(path: str):
+    files = [entry("a/train.py"), entry(path), entry("z/data.csv")]
+    assert training_outputs(files)[0], path
+    assert training_outputs([entry("a/train.py"), entry("z/checkpoints.txt")]) == ([], [])

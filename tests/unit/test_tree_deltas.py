@@ -6,6 +6,7 @@ refused with a message naming what, leaving nothing stored."""
 from __future__ import annotations
 
 import hashlib
+import json
 import marshal
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from pydantic import ValidationError
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.treefile import TreeFileError
 from gpuhop.agent.storage.trees import MissingBlobs, MissingTree, TreeError, TreeStore
-from gpuhop.api.treedelta import TreeDelta
+from gpuhop.api.models import TreeDelta
+from gpuhop.api.trees import tree_bytes
 from gpuhop.client.spec import tree_of
 from gpuhop.client.sync import FileEntry
 from gpuhop.client.trees import LastTree
@@ -153,6 +155,21 @@ def test_a_delta_naming_a_blob_the_agent_lacks_is_refused_naming_it(trees, blobs
     assert refused.value.missing == [gone]
 
 
+def test_a_delta_with_its_files_inside_stores_them_only_with_its_tree(trees, blobs):
+    parent, files = stored_parent(trees, blobs)
+    data = b"a new file, inside the delta"
+    new = FileEntry("d/new.txt", "", len(data), hashlib.sha256(data).hexdigest(), False)
+    after = sorted([*files, new], key=lambda f: f.path)
+    wrong = delta(parent, after, [new]).model_copy(update={"digest": "f" * 64})
+    with pytest.raises(TreeFileError, match="digest: the delta against"):
+        trees.store_delta(wrong, 1 << 20, {new.digest: data})
+    assert blobs.missing([new.digest]) == [new.digest]
+    assert not trees.has("f" * 64)
+    digest, summary = trees.store_delta(delta(parent, after, [new]), 1 << 20, {new.digest: data})
+    assert (digest, summary.files) == (tree_of(after)[1], len(after))
+    assert blobs.path(new.digest).read_bytes() == data
+
+
 def test_a_delta_against_a_tree_not_stored_is_refused(trees, blobs):
     _, files = stored_parent(trees, blobs)
     with pytest.raises(MissingTree):
@@ -198,11 +215,11 @@ def test_a_delta_against_a_tree_too_large_to_hold_is_refused(trees, blobs, tmp_p
     "payload",
     [
         b"",
-        b"gpuhop-tree-1\n" + b"a" * 10,
-        b"gpuhop-tree-0\n" + b"a" * 64 + marshal.dumps([]),
-        b"gpuhop-tree-1\n" + b"a" * 64 + b"not marshal",
-        b"gpuhop-tree-1\n" + b"a" * 64 + marshal.dumps([["p", "d", 1, False]]),
-        b"gpuhop-tree-1\n" + b"a" * 64 + marshal.dumps({"p": 1}),
+        b"gpuhop-tree-2\n" + b"a" * 10,
+        b"gpuhop-tree-0\n" + b"a" * 64,
+        b"gpuhop-tree-2\n" + b"A" * 64,
+        b"gpuhop-tree-2\n" + b"a" * 64 + b"more",
+        b"gpuhop-tree-1\n" + b"a" * 64,
     ],
 )
 def test_a_record_of_the_last_tree_that_is_not_one_is_no_record(tmp_path, payload):
@@ -210,7 +227,34 @@ def test_a_record_of_the_last_tree_that_is_not_one_is_no_record(tmp_path, payloa
     record = LastTree.path_for(tmp_path, tmp_path)
     record.parent.mkdir(parents=True)
     record.write_bytes(payload)
-    assert LastTree.load(tmp_path, tmp_path) is None
-    LastTree.save(tmp_path, tmp_path, "b" * 64, [("p", "d" * 64, 1, True)])
-    assert LastTree.load(tmp_path, tmp_path) == LastTree("b" * 64, [("p", "d" * 64, 1, True)])
+    assert LastTree.digest_of(tmp_path, tmp_path) is None
+    LastTree.save(tmp_path, tmp_path, "b" * 64)
     assert LastTree.digest_of(tmp_path, tmp_path) == "b" * 64
+
+
+def test_a_record_of_the_first_format_still_names_its_tree(tmp_path):
+    """A record from before (the digest, then the tree's entries) keeps deltas going."""
+    record = LastTree.path_for(tmp_path, tmp_path)
+    record.parent.mkdir(parents=True)
+    record.write_bytes(b"gpuhop-tree-1\n" + b"c" * 64 + marshal.dumps([("p", "d" * 64, 1, True)]))
+    assert LastTree.digest_of(tmp_path, tmp_path) == "c" * 64
+
+
+def test_a_trees_bytes_are_its_json():
+    """Both sides write a tree without json.dumps, and name it by the bytes: they must be
+    json.dumps's, byte for byte, whatever the paths hold."""
+    digest = hashlib.sha256(b"x").hexdigest()
+    entries = [
+        ("a b/ü ñ.txt", digest, 0, False),
+        ('q"uote/tab\there', digest, 12, True),
+        ("emoji/\U0001f600\u2028", digest, 10**12, False),
+    ]
+    expected = json.dumps(
+        {
+            "entries": [
+                {"path": p, "digest": d, "size": s, "executable": x} for p, d, s, x in entries
+            ]
+        },
+        separators=(",", ":"),
+    ).encode()
+    assert tree_bytes(entries) == expected

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
         RequeueRequest,
         SubmitRequest,
         Tree,
+        TreeDelta,
         TreeStored,
         validate_relpath,
     )
@@ -71,6 +72,7 @@ _WHERE: dict[str, str] = {
     "TokenInfo": "agent",
     "TokenRequest": "agent",
     "Tree": "models",
+    "TreeDelta": "models",
     "TreeStored": "models",
     "UiLoginCode": "ui",
     "WorkdirEntry": "outputs",
@@ -109,6 +111,7 @@ __all__ = [
     "TokenInfo",
     "TokenRequest",
     "Tree",
+    "TreeDelta",
     "TreeStored",
     "UiLoginCode",
     "WorkdirEntry",

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from gpuhop.api.base import StrictModel, WireModel, check_text
 from gpuhop.api.queue import check_webhook_url
 from gpuhop.api.states import EndClass, JobState, RetryOn
+from gpuhop.api.trees import MAX_DELTA_ENTRIES, MAX_INLINE_BYTES
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}\Z")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
@@ -98,6 +99,36 @@ class TreeStored(WireModel):
     bytes: int
 
 
+class TreeDelta(StrictModel):
+    """A tree as its changes from `parent` (one the caller stored): entries added or changed,
+    paths removed, and the content of new files (`blobs`: digest -> base64). The agent
+    keeps the tree it makes (`api.trees.tree_bytes`) only if it hashes to `digest`."""
+
+    parent: str
+    digest: str
+    changed: list[ManifestEntry] = Field(default_factory=list, max_length=MAX_DELTA_ENTRIES)
+    removed: list[str] = Field(default_factory=list, max_length=MAX_DELTA_ENTRIES)
+    blobs: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("blobs")
+    @classmethod
+    def _blobs(cls, v: dict[str, str]) -> dict[str, str]:
+        for digest in v:
+            cls._sha256(digest)
+        if sum(map(len, v.values())) * 3 // 4 > MAX_INLINE_BYTES:
+            raise ValueError(
+                f"more than {MAX_INLINE_BYTES >> 20} MiB of files inline; upload them first"
+            )
+        return v
+
+    @field_validator("parent", "digest")
+    @classmethod
+    def _sha256(cls, v: str) -> str:
+        if not SHA256_RE.match(v):
+            raise ValueError(f"{v[:80]!r} is not a sha256 hex digest")
+        return v
+
+
 DATASET_NAME_RULE = (
     "a dataset name is 1-64 characters of letters, digits, '.', '_' or '-', starting with a"
     " letter or digit"
@@ -183,6 +214,8 @@ class SubmitRequest(StrictModel):
     max_parallel: int | None = Field(default=None, ge=1, le=10_000)
     # Several whole GPUs may be of different models (default: all of one model and group).
     mixed_gpus: bool | None = None
+    # A re-sync in the job's request: its tree (`tree`) as a delta, kept as by /v1/trees/delta.
+    tree_delta: TreeDelta | None = None
 
     @field_validator("notify")
     @classmethod
@@ -200,6 +233,12 @@ class SubmitRequest(StrictModel):
                 " starting with a letter or digit"
             )
         return v
+
+    @model_validator(mode="after")
+    def _tree_delta(self) -> SubmitRequest:
+        if self.tree_delta is not None and self.tree != self.tree_delta.digest:
+            raise ValueError("tree_delta makes the job's tree: tree must be its digest")
+        return self
 
     @model_validator(mode="after")
     def _max_parallel(self) -> SubmitRequest:

@@ -1,5 +1,5 @@
 """A work dir's tree as both sides write it, and the bounds of a tree sent as a delta
-(`gpuhop.api.treedelta`).
+(`gpuhop.api.models.TreeDelta`).
 
 Runs on both sides, with the standard library only (a submit imports no pydantic). The
 client names a tree by the sha256 of its bytes; a tree sent as a delta is written out by
@@ -25,14 +25,11 @@ EntryTuple = tuple[str, str, int, bool]
 
 
 def tree_bytes(entries: Iterable[EntryTuple]) -> bytes:
-    """The canonical bytes of a tree of `entries` (given in path order): what
-    `json.dumps({"entries": [{"path": .., "digest": .., "size": .., "executable": ..}, ..]},
-    separators=(",", ":"))` gives, written without making a dict per entry (a tree of
-    5,000 files is written on every sync)."""
+    """The canonical bytes of a tree of `entries` (given in path order, each digest a sha256
+    in hex, as checked on both sides): what `json.dumps({"entries": [{"path": .., "digest":
+    .., "size": .., "executable": ..}, ..]}, separators=(",", ":"))` gives, written without
+    making a dict per entry (a tree of 5,000 files is written on every sync)."""
     quote = encode_basestring_ascii
-    parts = [
-        f'{{"path":{quote(p)},"digest":{quote(d)},"size":{int(s)},'
-        f'"executable":{"true" if x else "false"}}}'
-        for p, d, s, x in entries
-    ]
+    entry = '{"path":%s,"digest":"%s","size":%d,"executable":%s}'
+    parts = [entry % (quote(p), d, s, "true" if x else "false") for p, d, s, x in entries]
     return ('{"entries":[' + ",".join(parts) + "]}").encode()

@@ -59,8 +59,7 @@ def submit(
     # The sync's modules (the scanner, hashing, uploads): loaded by a submit, not by `ps`.
     from gpuhop.client.leftovers import outputs_warning
     from gpuhop.client.spec import SyncStats, requirements_text, script_in_workdir, share_mb
-    from gpuhop.client.trees import LastTree, entries_of
-    from gpuhop.client.trees import send as send_tree
+    from gpuhop.client.trees import LastTree, post_with_tree
 
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     if not argv:
@@ -69,7 +68,7 @@ def submit(
     root = Path(workdir).absolute()
     argv[0] = script_in_workdir(argv[0], root)
     synced = synced or scan_workdir(session, root, on_hash)
-    result, tree_bytes, tree = synced.result, synced.tree_bytes, synced.tree
+    result, tree = synced.result, synced.tree
     if argv[0].endswith(".py") and argv[0] not in {f.path for f in result.files}:
         raise GpuhopError(
             f"{argv[0]} is excluded from the sync by .gitignore, .gpuhopignore or gpuhop's"
@@ -124,27 +123,27 @@ def submit(
             del body[key]
     sent: tuple[int, int, str] = (0, 0, "")
     last = LastTree.digest_of(session.cache_dir, root)
+
+    def post(fields: dict[str, Any]) -> Any:
+        return _post_job(session, {**body, **fields})
+
     if last is not None and last != tree:
         # Changed since this work dir's last sync: the tree is new to the agent as a rule,
-        # so it goes first (as a delta from the last), and the job needs one request.
-        sent = send_tree(session, root, (tree_bytes, tree), result.files, result.changed, on_upload)
-        response = _post_job(session, body)
+        # so it goes with the job (as a delta from the last, or whole and first).
+        response, sent = post_with_tree(session, root, result, on_upload, post)
     else:
         try:
-            response = _post_job(session, body)
+            response = post({})
         except GpuhopError as e:
             if e.code != "missing_tree":
                 raise
             # New to this agent: the files it lacks, the tree, and the job again. Only the
             # files this scan hashed are new to the agent as a rule; it names any other it
             # lacks when the tree comes.
-            sent = send_tree(
-                session, root, (tree_bytes, tree), result.files, result.changed, on_upload
-            )
-            response = _post_job(session, body)
+            response, sent = post_with_tree(session, root, result, on_upload, post)
         else:
             if last != tree:  # the agent had it: the next change can go as a delta from it
-                LastTree.save(session.cache_dir, root, tree, entries_of(result.files))
+                LastTree.save(session.cache_dir, root, tree)
     session.last_sync = SyncStats(result, *sent)
     return Job(session, response.json())
 
@@ -167,11 +166,10 @@ class Synced(NamedTuple):
 
 
 def scan_workdir(session: Session, root: Path, on_hash: Progress | None = None) -> Synced:
-    from gpuhop.client.spec import tree_of
     from gpuhop.client.upload import scan
 
     result = scan(session, root, on_hash)
-    return Synced(result, *tree_of(result.files))
+    return Synced(result, result.tree, result.digest)
 
 
 def list_jobs(

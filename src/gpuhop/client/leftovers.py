@@ -36,9 +36,28 @@ SHOWN = 8
 _ANY_OUTPUT = re.compile("|".join(fnmatch.translate(pattern) for pattern, _ in OUTPUT_NAMES))
 
 
+# What a path holds wherever one of the names above (or a SavedModel's) ends it, in a list
+# of paths each between NULs (no name holds one): a tree without any, the rule, is told by
+# a few searches in C rather than a match per file.
+_MARKS = (
+    ".keras\0",
+    ".h5\0",
+    ".hdf5\0",
+    ".ckpt",
+    *(
+        sep + name
+        for name in ("ckpt-", "checkpoint\0", "events.out.tfevents.", f"{SAVED_MODEL_PB}\0")
+        for sep in "/\0"
+    ),
+)
+
+
 def training_outputs(files: list[FileEntry]) -> tuple[list[tuple[str, int]], list[str]]:
     """The synced files that look like training outputs, as (path, bytes) with a SavedModel
     dir as one item, and the `.gpuhopignore` lines that skip them."""
+    listing = "\0" + "\0".join([f.path for f in files]) + "\0"
+    if not any(mark in listing for mark in _MARKS):
+        return [], []
     # A SavedModel at the top would be the whole work dir: only those below it count.
     marker = "/" + SAVED_MODEL_PB
     saved_dirs = sorted({f.path[: -len(marker)] for f in files if f.path.endswith(marker)})

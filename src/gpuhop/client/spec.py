@@ -20,8 +20,8 @@ class SyncStats:
     def __init__(
         self, scan_result: ScanResult, files_sent: int, bytes_sent: int, tree_sent: str = ""
     ):
+        self._scan = scan_result
         self.files = len(scan_result.files)
-        self.bytes = scan_result.total_bytes
         self.hashed = scan_result.hashed
         self.scan_seconds = scan_result.seconds
         self.warnings = scan_result.warnings
@@ -31,6 +31,11 @@ class SyncStats:
         # How the tree went: "" (the agent had it), "delta" (the changes from the work
         # dir's last tree) or "whole".
         self.tree_sent = tree_sent
+
+    @property
+    def bytes(self) -> int:
+        """The work dir's bytes (added up when asked: a sum over every file)."""
+        return self._scan.total_bytes
 
 
 def share_mb(gpu_memory: str | int | None, gpus: int) -> int | None:

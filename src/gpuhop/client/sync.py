@@ -10,7 +10,6 @@ stat per file. Files modified in the two seconds before a scan are not cached (g
 from __future__ import annotations
 
 import hashlib
-import marshal
 import os
 import re
 import stat
@@ -18,6 +17,17 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
+
+from gpuhop.api.trees import tree_bytes
+from gpuhop.client.hashcache import (  # the cache's version and window, named here too
+    CACHE_VERSION as CACHE_VERSION,
+)
+from gpuhop.client.hashcache import (
+    RACY_WINDOW_NS,
+    HashCache,
+    Listings,
+    cache_path_for,
+)
 
 if TYPE_CHECKING:
     import pathspec
@@ -37,8 +47,7 @@ DEFAULT_IGNORES = (
     ".ruff_cache/",
     "gpuhop-artifacts/",
 )
-RACY_WINDOW_NS = 2_000_000_000
-CACHE_VERSION = 2
+_FORMAT, _REGULAR = stat.S_IFMT(0o177777), stat.S_IFREG
 # Kinds of kept directory entries in a cached listing.
 FILE, DIR, LINKED_DIR = 0, 1, 2
 
@@ -48,6 +57,8 @@ class SyncError(Exception):
 
 
 class FileEntry(NamedTuple):
+    """One file of a work dir (a tuple: a scan makes one per file, 5,000 on every sync)."""
+
     path: str  # relative, POSIX
     abspath: str
     size: int
@@ -58,7 +69,19 @@ class FileEntry(NamedTuple):
 class ScanResult:
     """What a scan found (a plain class: no `dataclasses`, hence no `inspect`, on `run`)."""
 
-    __slots__ = ("changed", "files", "hashed", "seconds", "uploaded", "warnings")
+    __slots__ = (
+        "changed",
+        "digest",
+        "files",
+        "hashed",
+        "new",
+        "previous",
+        "removed",
+        "seconds",
+        "tree",
+        "uploaded",
+        "warnings",
+    )
 
     def __init__(
         self,
@@ -67,6 +90,11 @@ class ScanResult:
         seconds: float,
         warnings: list[str] | None = None,
         changed: list[FileEntry] | None = None,
+        tree: bytes = b"",
+        digest: str = "",
+        previous: str | None = None,
+        removed: list[str] | None = None,
+        new: list[FileEntry] | None = None,
         uploaded: tuple[int, int] = (0, 0),
     ) -> None:
         self.files = files
@@ -75,6 +103,15 @@ class ScanResult:
         self.warnings = [] if warnings is None else warnings
         # Those files: new or changed since the last scan, so the ones an agent may lack.
         self.changed = [] if changed is None else changed
+        # The tree of `files` (see `gpuhop.api.Tree`): its bytes and digest.
+        self.tree = tree
+        self.digest = digest
+        # The tree the last scan made (None if unknown), and the paths it had that this one
+        # has not: with `changed`, this tree as a delta from that one.
+        self.previous = previous
+        self.removed = [] if removed is None else removed
+        # Of `changed`, those whose content the last scan did not have at their path.
+        self.new = [] if new is None else new
         # (files, bytes) sent to the agent while the scan hashed (see `upload.scan`).
         self.uploaded = uploaded
 
@@ -89,72 +126,6 @@ class ScanResult:
 def hash_file(path: str | os.PathLike[str]) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-class HashCache:
-    """What the last scan learned, stored with marshal:
-
-    - `entries`: relpath -> (size, mtime_ns, ctime_ns, inode, digest) for each file;
-    - `listings`: dir relpath -> (mtime_ns, inode, ignore-rules key, [(name, kind)]), the
-      directory's entries that survived the ignore rules. A directory whose mtime and rules
-      are unchanged has the same entries, so it is not listed or matched again.
-    """
-
-    def __init__(self, path: Path | None):
-        self.path = path
-        self.entries: dict[str, tuple[int, int, int, int, str]] = {}
-        self.listings: dict[str, tuple[int, int, str, list[tuple[str, int]]]] = {}
-        self.dirty = False
-        if path is not None:
-            try:
-                data = marshal.loads(path.read_bytes())
-                if isinstance(data, dict) and data.get("version") == CACHE_VERSION:
-                    self.entries = data["entries"]
-                    self.listings = data["listings"]
-            except (OSError, ValueError, EOFError, TypeError, KeyError):
-                self.entries, self.listings = {}, {}
-
-    @staticmethod
-    def key(st: os.stat_result) -> tuple[int, int, int, int]:
-        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
-
-    def lookup(self, rel: str, st: os.stat_result) -> str | None:
-        hit = self.entries.get(rel)
-        if hit is not None and hit[:4] == self.key(st):
-            return hit[4]
-        return None
-
-    def remember(self, rel: str, st: os.stat_result, digest: str, scan_ns: int) -> None:
-        if scan_ns - max(st.st_mtime_ns, st.st_ctime_ns) < RACY_WINDOW_NS:
-            return
-        self.entries[rel] = (*self.key(st), digest)
-        self.dirty = True
-
-    def replace_listings(self, listings: dict[str, tuple[int, int, str, list[tuple[str, int]]]]):
-        if listings != self.listings:
-            self.listings = listings
-            self.dirty = True
-
-    def prune(self, keep: set[str]) -> None:
-        stale = self.entries.keys() - keep
-        for rel in stale:
-            del self.entries[rel]
-        self.dirty = self.dirty or bool(stale)
-
-    def save(self) -> None:
-        if self.path is None or not self.dirty:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-        data = {"version": CACHE_VERSION, "entries": self.entries, "listings": self.listings}
-        tmp.write_bytes(marshal.dumps(data))
-        os.replace(tmp, self.path)
-        self.dirty = False
-
-
-def cache_path_for(cache_dir: Path, root: Path) -> Path:
-    key = hashlib.sha256(os.fsencode(root.resolve())).hexdigest()[:24]
-    return cache_dir / "hashes" / f"{key}.marshal"
 
 
 class IgnoreLayer:
@@ -236,7 +207,9 @@ def _read_ignore_files(directory: Path) -> list[str]:
     lines: list[str] = []
     for name in IGNORE_FILES:
         try:
-            lines += (directory / name).read_text(errors="replace").splitlines()
+            # A plain open (not pathlib's): tried twice in every directory of every scan.
+            with open(f"{directory}/{name}", errors="replace") as f:
+                lines += f.read().splitlines()
         except (FileNotFoundError, NotADirectoryError):
             continue
         except OSError as e:
@@ -277,17 +250,15 @@ class IgnoreRules:
         return False
 
 
-Listings = dict[str, tuple[int, int, str, list[tuple[str, int]]]]
-
-
 def walk(
     root: Path,
     warnings: list[str],
     cached: Listings | None = None,
     fresh: Listings | None = None,
     scan_ns: int = 0,
-) -> Iterator[tuple[str, str, os.stat_result]]:
-    """Yield (relpath, abspath, stat) for every file to send (in no particular order).
+) -> Iterator[tuple[str, str, list[tuple[str, os.stat_result]]]]:
+    """Yield (relpath prefix, path, [(name, stat)]) for each directory with the files in it
+    to send (in no particular order).
 
     With `cached` listings from an earlier scan, a directory whose mtime, inode and ignore
     rules are unchanged is not listed again; `fresh` receives the listings worth keeping.
@@ -318,17 +289,18 @@ def walk(
             if fresh is not None and not racy:
                 fresh[prefix] = hit
             files = []
+            lookup = os.stat
             for name, kind in kept:
                 if kind == FILE:
                     try:
-                        st = os.stat(name, dir_fd=fd)
+                        st = lookup(name, dir_fd=fd)
                     except OSError:
                         continue  # gone since it was listed
-                    if stat.S_ISREG(st.st_mode):
-                        files.append((prefix + name, f"{directory}/{name}", st))
+                    if st.st_mode & _FORMAT == _REGULAR:
+                        files.append((name, st))
         finally:
             os.close(fd)
-        yield from files
+        yield prefix, str(directory), files
         for name, kind in kept:
             if kind == FILE:
                 continue
@@ -412,13 +384,25 @@ def scan(
     todo: list[tuple[str, str, os.stat_result]] = []
     listings: Listings = {}
     entries = cache.entries
-    for rel, abspath, st in walk(root, warnings, cache.listings, listings, scan_ns):
+    for prefix, directory, found in walk(root, warnings, cache.listings, listings, scan_ns):
         # HashCache.lookup, inline: this loop runs once per file of the tree on every sync.
-        hit = entries.get(rel)
-        if hit is not None and hit[:4] == (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino):
-            known.append(FileEntry(rel, abspath, st.st_size, hit[4], _executable(st)))
-        else:
-            todo.append((rel, abspath, st))
+        for name, st in found:
+            rel = prefix + name
+            hit = entries.get(rel)
+            if (
+                hit is not None
+                and hit[1] == st.st_mtime_ns
+                and hit[0] == st.st_size
+                and hit[3] == st.st_ino
+                and hit[2] == st.st_ctime_ns
+            ):
+                known.append(
+                    FileEntry(
+                        rel, f"{directory}/{name}", hit[0], hit[4], st.st_mode & stat.S_IXUSR != 0
+                    )
+                )
+            else:
+                todo.append((rel, f"{directory}/{name}", st))
 
     def hash_one(item: tuple[str, str, os.stat_result]) -> FileEntry:
         rel, abspath, st = item
@@ -441,13 +425,26 @@ def scan(
             fresh = list(pool.map(hash_one, todo))
     else:
         fresh = [hash_one(t) for t in todo]
+    new = []
     for item, entry in zip(todo, fresh, strict=True):
+        hit = entries.get(entry.path)
+        if hit is None or hit[4] != entry.digest:
+            new.append(entry)
         cache.remember(entry.path, item[2], entry.digest, scan_ns)
-    files = sorted(known + fresh, key=lambda f: f.path)
-    cache.prune({f.path for f in files})
+    known += fresh
+    known.sort()  # by path: FileEntry is a tuple, its path first (and each path once)
+    files = known
+    removed = cache.prune({f.path for f in files})
+    raw = tree_bytes((f.path, f.digest, f.size, f.executable) for f in files)
+    digest = hashlib.sha256(raw).hexdigest()
+    previous = cache.tree
+    cache.name_tree(digest)
     cache.replace_listings(listings)
     cache.save()
-    return ScanResult(files, len(fresh), time.perf_counter() - started, warnings, fresh)
+    seconds = time.perf_counter() - started
+    return ScanResult(
+        files, len(fresh), seconds, warnings, fresh, raw, digest, previous, removed, new
+    )
 
 
 def _executable(st: os.stat_result) -> bool:

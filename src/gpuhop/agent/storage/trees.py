@@ -20,6 +20,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,8 +31,7 @@ from gpuhop.agent.errors import ApiError, describe_errors
 from gpuhop.agent.storage.blobs import BlobStore, durable
 from gpuhop.agent.storage.treefile import TreeFileError, read_entries
 from gpuhop.api import ErrorCode
-from gpuhop.api.models import MAX_MANIFEST_FILES, SHA256_RE, ManifestEntry
-from gpuhop.api.treedelta import TreeDelta
+from gpuhop.api.models import MAX_MANIFEST_FILES, SHA256_RE, ManifestEntry, TreeDelta
 from gpuhop.api.trees import MAX_DELTA_PARENT_FILES, tree_bytes
 
 TREE_TOO_LARGE = (
@@ -160,12 +160,42 @@ class TreeStore:
             self._remember(digest, kept)
         return digest, TreeSummary(files, size, sorted(digests))
 
-    def store_delta(self, delta: TreeDelta, limit: int) -> tuple[str, TreeSummary]:
-        """Apply `delta` to its parent (which the caller may read: the route checks) and keep
-        the tree that makes, if it is the one the client named. The changed entries were
-        checked as the request was parsed; the parent's were when it arrived; the whole
+    def store_delta(
+        self, delta: TreeDelta, limit: int, inline: dict[str, bytes] | None = None
+    ) -> tuple[str, TreeSummary]:
+        """Apply `delta` to its parent (which the caller may read: the caller checks) and keep
+        the tree that makes, if it is the one the client named, with `inline`, the content of
+        new files by digest (each checked against its digest already). The changed entries
+        were checked as the request was parsed; the parent's were when it arrived; the whole
         tree's paths are checked again where the delta adds one. Every blob the tree names
-        must be present. Raises MissingTree, TreeError, TreeFileError, MissingBlobs."""
+        must be present or inline. Nothing is stored unless all of that holds. Raises
+        MissingTree, TreeError, TreeFileError, TreeTooLarge, MissingBlobs."""
+        inline = inline or {}
+        entries = self._applied(delta)
+        raw = tree_bytes(entries.values())
+        if len(raw) > limit:
+            raise TreeTooLarge(TREE_TOO_LARGE.format(mib=limit >> 20))
+        digest = hashlib.sha256(raw).hexdigest()
+        if digest != delta.digest:
+            raise TreeFileError(
+                f"digest: the delta against {delta.parent} makes tree {digest}, not"
+                f" {delta.digest}; send the whole tree"
+            )
+        digests = list({e[1] for e in entries.values()})
+        missing = [d for d in self.blobs.missing(digests) if d not in inline]
+        if missing:
+            raise MissingBlobs(missing)
+        # The new files are flushed (in the blob store's settling threads) while the tree is
+        # written and flushed here; the tree is named only once they are.
+        pending = [self.blobs.put_later(d, data) for d, data in inline.items()]
+        self._keep(digest, raw, pending)
+        if len(entries) <= REMEMBER_ENTRIES:
+            self._remember(digest, entries)
+        size = sum(e[2] for e in entries.values())
+        return digest, TreeSummary(len(entries), size, digests)
+
+    def _applied(self, delta: TreeDelta) -> Entries:
+        """The entries of the tree `delta` makes from its parent, in path order."""
         entries = dict(self._entries_of(delta.parent))
         removed = set(delta.removed)
         if len(removed) != len(delta.removed):
@@ -188,38 +218,31 @@ class TreeStore:
             check_paths(list(entries))
             # A dict keeps its order: the parent's (by path) as long as no path was added.
             entries = dict(sorted(entries.items()))
-        raw = tree_bytes(entries.values())
-        if len(raw) > limit:
-            raise TreeTooLarge(TREE_TOO_LARGE.format(mib=limit >> 20))
-        digest = hashlib.sha256(raw).hexdigest()
-        if digest != delta.digest:
-            raise TreeFileError(
-                f"digest: the delta against {delta.parent} makes tree {digest}, not"
-                f" {delta.digest}; send the whole tree"
-            )
-        digests = list({e[1] for e in entries.values()})
-        missing = self.blobs.missing(digests)
-        if missing:
-            raise MissingBlobs(missing)
+        return entries
+
+    def _keep(self, digest: str, raw: bytes, blobs: list[Future[int]]) -> None:
+        """Write the tree `raw` under its digest, on disk before it is named, and after
+        `blobs` (being stored) are."""
         dest = self.path(digest)
         with self._lock:
             self._touched[digest] = time.time()
             exists = dest.exists()
-        if not exists:
-            fd, name = tempfile.mkstemp(dir=self.tmp, prefix="tree-")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(raw)
-                    durable(f)
-                os.replace(name, dest)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(name)
-                raise
-        if len(entries) <= REMEMBER_ENTRIES:
-            self._remember(digest, entries)
-        size = sum(e[2] for e in entries.values())
-        return digest, TreeSummary(len(entries), size, digests)
+        if exists:
+            for blob in blobs:
+                blob.result()
+            return
+        fd, name = tempfile.mkstemp(dir=self.tmp, prefix="tree-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(raw)
+                durable(f)
+            for blob in blobs:
+                blob.result()
+            os.replace(name, dest)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name)
+            raise
 
     def _entries_of(self, digest: str) -> Entries:
         """A stored tree's entries: from memory if it is a recent one, else from its file

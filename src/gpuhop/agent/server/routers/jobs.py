@@ -8,7 +8,7 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import jobs as service
-from gpuhop.agent.services import outputs, queue, workdir
+from gpuhop.agent.services import outputs, queue, trees, workdir
 from gpuhop.agent.services.listing import Listing
 from gpuhop.api import (
     ArtifactEntry,
@@ -28,7 +28,10 @@ def ctx(request: Request) -> AgentContext:
 
 @router.post("", status_code=201)
 def submit(req: SubmitRequest, request: Request) -> JobInfo:
-    return service.submit(ctx(request), req, caller_of(request))
+    c, caller = ctx(request), caller_of(request)
+    if req.tree_delta is not None:  # a re-sync: the job's tree as its changes from the last
+        trees.store_delta(c, req.tree_delta, caller)
+    return service.submit(c, req, caller)
 
 
 @router.get("", response_model=list[JobInfo])
