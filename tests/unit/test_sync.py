@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.client import sync
+from gpuhop.client import ignores, sync
 from gpuhop.client.sync import HashCache, ScanResult, SyncError, cache_path_for, scan
 
 LONG_AGO = time.time() - 3600
@@ -203,18 +203,18 @@ DEFAULT_CASES = [
 
 @pytest.mark.parametrize("path", DEFAULT_CASES)
 def test_the_default_ignores_match_without_pathspec_as_pathspec_does(path: str):
-    assert sync.DefaultsLayer().check(path) == sync.IgnoreLayer("", sync.DEFAULT_IGNORES).check(
-        path
-    )
+    assert ignores.DefaultsLayer().check(path) == ignores.IgnoreLayer(
+        "", ignores.DEFAULT_IGNORES
+    ).check(path)
 
 
 def test_a_root_without_ignore_files_loads_no_pathspec(tmp_path: Path):
     make_tree(tmp_path, {"a.py": "", "m.pyc": "", "__pycache__/x.pyc": "", "sub/b.py": ""})
-    rules = sync.IgnoreRules.root(tmp_path)
-    assert isinstance(rules.layers[0], sync.DefaultsLayer)
+    rules = ignores.IgnoreRules.root(tmp_path)
+    assert isinstance(rules.layers[0], ignores.DefaultsLayer)
     assert paths(scan(tmp_path)) == ["a.py", "sub/b.py"]
     (tmp_path / ".gitignore").write_text("sub/\n")
-    assert isinstance(sync.IgnoreRules.root(tmp_path).layers[0], sync.IgnoreLayer)
+    assert isinstance(ignores.IgnoreRules.root(tmp_path).layers[0], ignores.IgnoreLayer)
     assert paths(scan(tmp_path)) == [".gitignore", "a.py"]
 
 
@@ -227,13 +227,13 @@ def test_a_rescan_of_unchanged_dirs_compiles_no_ignore_patterns(
     make_tree(work, {".gitignore": "*.log\n", "a.py": "", "x.log": "", "sub/b.py": ""})
     age_all(work)
     compiled: list[tuple[str, ...]] = []
-    compile_patterns = sync.IgnoreLayer._compile
+    compile_patterns = ignores.IgnoreLayer._compile
 
-    def counted(layer: sync.IgnoreLayer):
+    def counted(layer: ignores.IgnoreLayer):
         compiled.append(tuple(layer.lines))
         return compile_patterns(layer)
 
-    monkeypatch.setattr(sync.IgnoreLayer, "_compile", counted)
+    monkeypatch.setattr(ignores.IgnoreLayer, "_compile", counted)
     assert paths(scan(work, cache)) == [".gitignore", "a.py", "sub/b.py"]
     assert len(compiled) == 1
     assert paths(scan(work, cache)) == [".gitignore", "a.py", "sub/b.py"]

@@ -1,4 +1,5 @@
-"""Runs on the user's machine: the one exception type the SDK raises for a failed request."""
+"""Runs on the user's machine: the exception types the SDK raises: `GpuhopError` for a failed
+request, `SyncError` for a work dir that cannot be synced as it is."""
 
 from __future__ import annotations
 
@@ -37,3 +38,7 @@ def invalid(what: str, error: ValidationError) -> GpuhopError:
         for err in error.errors()
     )
     return GpuhopError(f"{what}: {reasons}", code="bad_request")
+
+
+class SyncError(Exception):
+    """The work dir cannot be synced as it is; the message names the file and what to do."""
