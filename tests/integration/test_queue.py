@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -304,3 +305,39 @@ def test_bad_queue_options_are_refused_naming_the_problem(shared_agent, project)
         run = shared_agent.cli("run", *args, "ok.py", cwd=root)
         assert run.returncode == 2, (args, run.stdout)
         assert message in run.stderr, (args, run.stderr)
+
+
+def test_submits_at_once_never_give_one_gpu_to_two_jobs(make_agent, project):
+    """Each submit runs a scheduler pass in its own request's thread: passes from eight
+    requests at once (and the agent's loop) take turns, so two GPUs go to two jobs."""
+    agent = make_agent(fake_gpus=2)
+    root = project({"sleeper.py": SLEEPER, "ok.py": "print('ok')\n"})
+    with agent.client() as client:
+        client.submit(["ok.py"], workdir=root).wait(30)  # the tree is on the agent now
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            jobs = list(
+                pool.map(lambda _: client.submit(["sleeper.py"], workdir=root, gpus=1), range(8))
+            )
+        try:
+            wait_until(lambda: sum(j.refresh().state == JobState.running for j in jobs) == 2)
+            infos = [j.refresh() for j in jobs]
+            holding = sorted(tuple(i.gpu_ids) for i in infos if i.state != JobState.queued)
+            assert holding == [(0,), (1,)], [(i.id, i.state, i.gpu_ids) for i in infos]
+        finally:
+            for job in jobs:
+                with contextlib.suppress(GpuhopError):
+                    job.cancel(grace=0)
+        for job in jobs:
+            job.wait(30)
+
+
+def test_a_cancel_while_the_job_starts_ends_it(shared_agent, project):
+    """The submit's own pass moves the job to `starting` before the answer, so this cancel
+    comes while its shim sets up: a SIGTERM then can come before the job's process, and the
+    SIGKILL after the grace must still end it."""
+    root = project({"sleeper.py": SLEEPER})
+    with shared_agent.client() as client:
+        job = client.submit(["sleeper.py"], workdir=root)
+        job.cancel(grace=0.5)
+        info = job.wait(30)
+    assert info.state == JobState.cancelled, info.reason
