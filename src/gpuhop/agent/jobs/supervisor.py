@@ -328,6 +328,9 @@ class Supervisor:
         """Ask a started job to stop: SIGTERM to its group, SIGKILL after `grace` seconds."""
         self._start_cancels[job.id] = grace
         self.store.update(job.id, cancel_requested=1)
+        # Read again after the flag: a start recorded since is then seen here, or else
+        # launch() sees the flag after recording it (one of the two stops the job).
+        job = self.store.get(job.id)
         if job.pid is None:
             return  # still starting: launch() sees the flag once the process exists
         self._start_cancels.pop(job.id, None)
