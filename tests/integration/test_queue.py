@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.api import EndClass, JobState
+from gpuhop.api import EndClass, JobState, SubmitRequest
 from gpuhop.client import GpuhopError
 from gpuhop.client.embedded import start_background
+from gpuhop.client.jobs import scan_workdir
 from tests.conftest import wait_until
 from tests.integration.test_agent_restart import kill_agent_hard
 from tests.integration.test_metrics import scrape, value
@@ -314,21 +315,29 @@ def test_submits_at_once_never_give_one_gpu_to_two_jobs(make_agent, project):
     root = project({"sleeper.py": SLEEPER, "ok.py": "print('ok')\n"})
     with agent.client() as client:
         client.submit(["ok.py"], workdir=root).wait(30)  # the tree is on the agent now
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            jobs = list(
-                pool.map(lambda _: client.submit(["sleeper.py"], workdir=root, gpus=1), range(8))
-            )
+        tree = scan_workdir(client.session, root).tree
+        body = SubmitRequest(command=["sleeper.py"], tree=tree, gpus=1).model_dump(
+            mode="json", exclude_none=True
+        )
+
+        def post(_: int) -> str:
+            with agent.client() as own:  # a connection of its own: eight requests at once
+                return str(own.session.request("POST", "/v1/jobs", json=body).json()["id"])
+
         try:
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                jobs = [client.job(job_id) for job_id in pool.map(post, range(8))]
             wait_until(lambda: sum(j.refresh().state == JobState.running for j in jobs) == 2)
             infos = [j.refresh() for j in jobs]
             holding = sorted(tuple(i.gpu_ids) for i in infos if i.state != JobState.queued)
             assert holding == [(0,), (1,)], [(i.id, i.state, i.gpu_ids) for i in infos]
-        finally:
-            for job in jobs:
+        finally:  # every job this test made, also those of a half-done start
+            left = [client.job(i.id) for i in client.jobs() if not i.state.finished]
+            for job in left:
                 with contextlib.suppress(GpuhopError):
                     job.cancel(grace=0)
-        for job in jobs:
-            job.wait(30)
+            for job in left:
+                job.wait(30)
 
 
 def test_a_cancel_while_the_job_starts_ends_it(shared_agent, project):
