@@ -8,13 +8,15 @@ import contextlib
 import json
 import os
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from gpuhop.api import EndClass, JobState
+from gpuhop.api import EndClass, JobState, SubmitRequest
 from gpuhop.client import GpuhopError
 from gpuhop.client.embedded import start_background
+from gpuhop.client.jobs import scan_workdir
 from tests.conftest import wait_until
 from tests.integration.test_agent_restart import kill_agent_hard
 from tests.integration.test_metrics import scrape, value
@@ -304,3 +306,47 @@ def test_bad_queue_options_are_refused_naming_the_problem(shared_agent, project)
         run = shared_agent.cli("run", *args, "ok.py", cwd=root)
         assert run.returncode == 2, (args, run.stdout)
         assert message in run.stderr, (args, run.stderr)
+
+
+def test_submits_at_once_never_give_one_gpu_to_two_jobs(make_agent, project):
+    """Each submit runs a scheduler pass in its own request's thread: passes from eight
+    requests at once (and the agent's loop) take turns, so two GPUs go to two jobs."""
+    agent = make_agent(fake_gpus=2)
+    root = project({"sleeper.py": SLEEPER, "ok.py": "print('ok')\n"})
+    with agent.client() as client:
+        client.submit(["ok.py"], workdir=root).wait(30)  # the tree is on the agent now
+        tree = scan_workdir(client.session, root).tree
+        body = SubmitRequest(command=["sleeper.py"], tree=tree, gpus=1).model_dump(
+            mode="json", exclude_none=True
+        )
+
+        def post(_: int) -> str:
+            with agent.client() as own:  # a connection of its own: eight requests at once
+                return str(own.session.request("POST", "/v1/jobs", json=body).json()["id"])
+
+        try:
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                jobs = [client.job(job_id) for job_id in pool.map(post, range(8))]
+            wait_until(lambda: sum(j.refresh().state == JobState.running for j in jobs) == 2)
+            infos = [j.refresh() for j in jobs]
+            holding = sorted(tuple(i.gpu_ids) for i in infos if i.state != JobState.queued)
+            assert holding == [(0,), (1,)], [(i.id, i.state, i.gpu_ids) for i in infos]
+        finally:  # every job this test made, also those of a half-done start
+            left = [client.job(i.id) for i in client.jobs() if not i.state.finished]
+            for job in left:
+                with contextlib.suppress(GpuhopError):
+                    job.cancel(grace=0)
+            for job in left:
+                job.wait(30)
+
+
+def test_a_cancel_while_the_job_starts_ends_it(shared_agent, project):
+    """The submit's own pass moves the job to `starting` before the answer, so this cancel
+    comes while its shim sets up: a SIGTERM then can come before the job's process, and the
+    SIGKILL after the grace must still end it."""
+    root = project({"sleeper.py": SLEEPER})
+    with shared_agent.client() as client:
+        job = client.submit(["sleeper.py"], workdir=root)
+        job.cancel(grace=0.5)
+        info = job.wait(30)
+    assert info.state == JobState.cancelled, info.reason

@@ -96,6 +96,11 @@ class AgentContext:
         self._launcher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="launch")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event: asyncio.Event | None = None
+        # One scheduler pass at a time, from whichever thread asks (see `_passes`); set
+        # once the previous agent's jobs are re-attached, before any pass may run.
+        self._pass_lock = threading.Lock()
+        self._pass_due = False
+        self._passes_open = False
 
     def team(self) -> bool:
         """Whether this agent serves more than its owner now: a TCP listener is open, or
@@ -107,6 +112,36 @@ class AgentContext:
         loop, event = self._loop, self._event
         if loop is not None and event is not None and not loop.is_closed():
             loop.call_soon_threadsafe(event.set)
+
+    def start_now(self) -> None:
+        """Start the queued jobs that fit, in the calling thread (a submit's route): the
+        job's start waits for no turn of the event loop. Passes never overlap (two at once
+        could give one GPU to two jobs): one asked for while another runs is run by that
+        one, after it. A pass that raises leaves the job to the scheduler's loop."""
+        if not self._passes_open:
+            self.wake()
+            return
+        try:
+            self._passes()
+        except Exception:
+            log.exception("scheduling from a request failed; the scheduler's loop retries")
+            self.wake()
+
+    def _passes(self) -> None:
+        """Run `schedule_once` until no pass is due, unless another thread is in one: that
+        thread then runs the pass due. Never waits for the lock (the event loop calls it)."""
+        self._pass_due = True
+        # Checked again after the release: a pass asked for between the holder's last
+        # check and its release is run here, not lost.
+        while self._pass_due:
+            if not self._pass_lock.acquire(blocking=False):
+                return
+            try:
+                while self._pass_due:
+                    self._pass_due = False
+                    self.schedule_once()
+            finally:
+                self._pass_lock.release()
 
     def notify(self, job_id: str, event: str) -> None:
         """Queue the notifications of a job's start or end (its own webhooks, the agent's)."""
@@ -228,9 +263,10 @@ class AgentContext:
         self._event = asyncio.Event()
         await asyncio.to_thread(self.supervisor.reattach)
         self.reattached.set()
+        self._passes_open = True
         while True:
             try:
-                self.schedule_once()
+                self._passes()
             except Exception:
                 log.exception("scheduling failed; trying again in %.0fs", SCHEDULE_INTERVAL)
             with contextlib.suppress(TimeoutError):

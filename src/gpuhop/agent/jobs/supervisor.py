@@ -46,6 +46,9 @@ RETRY_MAX = 10.0
 # In a job's dir: when a job being stopped gets its SIGKILL, so that an agent restarted
 # within the grace period still sends it.
 KILL_AT = "kill_at.json"
+# The grace of a cancel that reached a starting job, where this agent did not see it (it
+# came before a restart).
+DEFAULT_GRACE = 10.0
 
 
 class Supervisor:
@@ -76,6 +79,8 @@ class Supervisor:
         self.on_change = on_change
         self.python = backend.python
         self._killed_after_grace: set[str] = set()
+        # The grace of a cancel that came while its job was starting, by job id.
+        self._start_cancels: dict[str, float] = {}
 
     def job_paths(self, job_id: str) -> JobPaths:
         return JobPaths(self.paths.job_dir(job_id))
@@ -114,8 +119,11 @@ class Supervisor:
                 started_at=time.time(),
             ),
         )
-        if self.store.get(job_id).cancel_requested:
-            self.backend.interrupt(started)
+        job = self.store.get(job_id)
+        if job.cancel_requested:
+            # SIGTERM may come before the job's process exists (the shim still sets up its
+            # sandbox) and be lost: the SIGKILL after the cancel's grace ends it all the same.
+            self._terminate(job, self._start_cancels.pop(job_id, DEFAULT_GRACE))
         # Before the watch: a job that ends at once must not tell of its end first.
         self._event(job_id, "started")
         self._watch(job_id, jp, started)
@@ -128,6 +136,7 @@ class Supervisor:
             log.exception("notifying about job %s failed", job_id)
 
     def _fail_start(self, job_id: str, jp: JobPaths, e: Exception) -> None:
+        self._start_cancels.pop(job_id, None)
         if isinstance(e, StartError | OSError):
             why = str(e)
         else:
@@ -317,9 +326,14 @@ class Supervisor:
 
     def cancel(self, job: JobRecord, grace: float) -> None:
         """Ask a started job to stop: SIGTERM to its group, SIGKILL after `grace` seconds."""
+        self._start_cancels[job.id] = grace
         self.store.update(job.id, cancel_requested=1)
+        # Read again after the flag: a start recorded since is then seen here, or else
+        # launch() sees the flag after recording it (one of the two stops the job).
+        job = self.store.get(job.id)
         if job.pid is None:
             return  # still starting: launch() sees the flag once the process exists
+        self._start_cancels.pop(job.id, None)
         self._terminate(job, grace)
 
     def stop(
