@@ -524,3 +524,34 @@ def test_editing_a_parent_ignore_file_relists_the_directories_below(tmp_path, se
     (work / "a" / ".gitignore").write_text("*.bin\n")
     age_all(work)
     assert paths(scan(work, cache)) == ["a/.gitignore", "a/b/keep.txt"]
+
+
+def test_scans_of_one_work_dir_from_threads_of_one_process_all_save_the_cache(tmp_path: Path):
+    # Two `Client.submit`s of one work dir at once, from one process: each saves the hash
+    # cache through a temp file of its own (one named by the pid alone was renamed away
+    # under the other: FileNotFoundError).
+    import threading
+
+    work, cache = tmp_path / "work", tmp_path / "cache"
+    work.mkdir()
+    for i in range(20):
+        (work / f"f{i}.txt").write_text(str(i))
+    errors: list[BaseException] = []
+    digests: list[str] = []
+
+    def one(n: int) -> None:
+        try:
+            for _ in range(5):
+                (work / f"t{n}.txt").write_text(str(time.time_ns()))  # each save has work
+                digests.append(scan(work, cache).digest)
+        except BaseException as e:  # the test reads them below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(digests) == 20
+    assert not [p.name for p in cache_path_for(cache, work).parent.iterdir() if ".tmp" in p.name]

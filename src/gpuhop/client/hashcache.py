@@ -105,7 +105,8 @@ class HashCache:
         if self.path is None or not self.dirty:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".tmp{os.getpid()}")
+        # Named per thread too: two submits of one work dir from one process save at once.
+        tmp = self.path.with_suffix(f".tmp{os.getpid()}-{threading.get_ident()}")
         data = {
             "version": CACHE_VERSION,
             "entries": self.entries,
