@@ -59,6 +59,9 @@ class _Kept:
     log_size: int | None  # its log's size then; None: not looked at (a queued job)
     info: JobInfo
     data: bytes  # `info` as JSON
+    # `data` around its log size's digits, found the first time only the log grew (`_around`);
+    # () where they cannot be told from the rest.
+    around: tuple[bytes, ...] | None = None
 
 
 class Listing:
@@ -82,18 +85,27 @@ class Listing:
             if kept.log_size == log_size:
                 return kept.data
             if log_size is not None and kept.log_size is not None:
-                # Only its log grew (a running job, between two `ps`): the answer but that.
+                # Only its log grew (a running job, between two `ps`): the answer but that,
+                # its digits put in place of the old ones.
+                around = kept.around if kept.around is not None else _around(kept.info)
+                if around:
+                    data = around[0] + b"%d" % log_size + around[1]
+                    self._keep(_Kept(job, inputs, log_size, kept.info, data, around))
+                    return data
                 info = kept.info.model_copy(update={"log_size": log_size})
         if info is None:
             info = to_info(rt, job)
         # FastAPI's own serialisation of a response model (by alias, nothing excluded).
         data = _INFO.dump_json(info, by_alias=True)
+        self._keep(_Kept(job, inputs, log_size, info, data))
+        return data
+
+    def _keep(self, kept: _Kept) -> None:
         with self._lock:
-            self._jobs[job.id] = _Kept(job, inputs, log_size, info, data)
-            self._jobs.move_to_end(job.id)
+            self._jobs[kept.job.id] = kept
+            self._jobs.move_to_end(kept.job.id)
             while len(self._jobs) > self.kept:
                 self._jobs.popitem(last=False)
-        return data
 
     def list_json(
         self,
@@ -150,6 +162,21 @@ class Listing:
 def _said(waiting: dict[str, str], jobs: list[JobRecord]) -> list[str | None]:
     """The scheduler's word on each queued job of `jobs` (why it waits), in order."""
     return [waiting.get(job.id) for job in jobs if job.state is JobState.queued]
+
+
+# A log size no job has: where it stands in a job's JSON is where its log size goes.
+_PROBE = 987_654_321_987_654_321
+_PROBED = b'"log_size":%d' % _PROBE
+
+
+def _around(info: JobInfo) -> tuple[bytes, ...]:
+    """The job's JSON before and after its log size's digits, as two pieces; () where the
+    probe's digits show up twice (a metric of that name and value), to be safe."""
+    probe = _INFO.dump_json(info.model_copy(update={"log_size": _PROBE}), by_alias=True)
+    if probe.count(_PROBED) != 1:
+        return ()
+    at = probe.index(_PROBED) + len(b'"log_size":')
+    return probe[:at], probe[at + len(b"%d" % _PROBE) :]
 
 
 _ANY = JobPaths(Path("job"))
