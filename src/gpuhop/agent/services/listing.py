@@ -182,7 +182,8 @@ def _around(info: JobInfo) -> tuple[bytes, ...]:
 _ANY = JobPaths(Path("job"))
 # The files of a job's dir whose contents its JobInfo shows (see `jobs.to_info`); the other
 # names there count too, by their presence (a backend's marker of where the job ran).
-_READ = frozenset({_ANY.log.name, _ANY.metrics.name, gc.PRUNED, jobdeps.path(_ANY).name})
+_LOG = _ANY.log.name
+_READ = frozenset({_LOG, _ANY.metrics.name, gc.PRUNED, jobdeps.path(_ANY).name})
 
 
 def _inputs(rt: AgentContext, job: JobRecord) -> tuple[tuple[object, ...], int | None]:
@@ -196,18 +197,19 @@ def _inputs(rt: AgentContext, job: JobRecord) -> tuple[tuple[object, ...], int |
         # changes then), and retention prunes only finished jobs.
         return record, None
     jp = rt.supervisor.job_paths(job.id)
+    root = os.fspath(jp.root) + os.sep  # paths as text: pathlib's joins cost more than a stat
     try:
-        names = frozenset(os.listdir(jp.root))
+        names = frozenset(os.listdir(root))
     except OSError:
         names = frozenset()
     files = []
     log_size = None
     for name in sorted(names & _READ):
         try:
-            st = os.stat(jp.root / name)
+            st = os.stat(root + name)
         except OSError:
             continue
-        if name == _ANY.log.name:
+        if name == _LOG:
             log_size = st.st_size  # all the answer shows of the log
         else:
             files.append((name, st.st_size, st.st_mtime_ns))
