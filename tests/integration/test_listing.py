@@ -4,6 +4,8 @@ change: a job's state, priority and dependencies, its log and metrics as it writ
 
 from __future__ import annotations
 
+import json
+
 import httpx
 
 from gpuhop.api import JobState
@@ -102,3 +104,28 @@ def test_ps_answers_each_job_as_show_does_and_shows_every_change(make_agent, pro
         wait_until(lambda: not client.jobs(["queued", "starting", "running"]), 60)
         final = listing(raw)
         assert final == one_by_one(raw, ids)
+
+
+def test_ps_shows_the_schedulers_word_on_a_queued_job_without_a_row_written(make_agent, project):
+    """Why a queued job waits is the scheduler's, not the job store's: a GPU quarantined for
+    a fault (its own store) changes it with no job's row written, and `ps` shows it."""
+    agent = make_agent(fake_gpus=2)
+    root = project({"hold.py": HOLD})
+    transport = httpx.HTTPTransport(uds=str(agent.paths.socket))
+    with agent.client() as client, httpx.Client(transport=transport, base_url="http://x") as raw:
+        holder = client.submit(["hold.py"], workdir=root, gpus=1)
+        try:
+            wait_until(lambda: listed(raw)[holder.id]["state"] == "running", 60)
+            both = client.submit(["hold.py"], workdir=root, gpus=2)  # waits for GPU 1 too
+            assert listed(raw)[both.id]["waiting"] is None  # busy GPUs: no word
+            assert listed(raw)[both.id]["waiting"] is None  # the kept answer
+            free = 1 - listed(raw)[holder.id]["gpu_ids"][0]
+            seam = agent.paths.fake_gpus_seam  # the fake GPUs' readings (test_gpu_health)
+            seam.with_suffix(".tmp").write_text(json.dumps({str(free): {"xid": 79}}))
+            seam.with_suffix(".tmp").replace(seam)
+            why = wait_until(lambda: listed(raw)[both.id]["waiting"], 30)
+            assert f"GPU(s) {free} quarantined" in why
+            assert listed(raw)[both.id]["state"] == "queued"
+        finally:
+            for job in client.jobs(["queued", "starting", "running"]):
+                client.job(job.id).cancel(grace=0)

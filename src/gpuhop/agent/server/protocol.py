@@ -12,6 +12,12 @@ bytes a second on average, or the request is answered 408 and the connection clo
 in which the agent itself stopped reading (its buffer full, the route busy) do not count.
 uvicorn's own `timeout_keep_alive` closes connections idle between requests.
 
+An answer's head is written with its first body message (`_HeldHead`) when that message
+follows at once, as it does for every answer of known length: uvicorn writes them apart, and
+the first write wakes the client only for it to wait for the second. A head whose body does
+not follow in the same turn of the event loop (a stream that waits for its first chunk) is
+written then, alone, as before.
+
 `on_lost`, given by the listener's guard (`gpuhop.agent.server.guard`), is called once when
 the connection ends, also after an upgrade to a WebSocket (whose protocol then owns it).
 """
@@ -73,8 +79,62 @@ class _Pieces:
         return b"".join(self.pieces)
 
 
+class _HeldHead:
+    """A request cycle's transport, holding the answer's head until the next write.
+
+    uvicorn's cycle writes the head (status line and headers) when the app starts its
+    answer and each body message as it comes. The head is held here and written with the
+    next write, in one `writelines`, or alone at the end of the event loop's turn if none
+    comes meanwhile; a close writes it first. Everything else is the transport's own."""
+
+    __slots__ = ("_cycle", "_flush", "_held", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any):
+        self._transport = transport
+        self._cycle = cycle  # its `response_started` tells the head from a 100 Continue
+        self._held: bytes | None = None
+        self._flush: asyncio.Handle | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._release()
+            self._transport.writelines((held, data))
+        elif self._flush is None and self._cycle.response_started:
+            self._held = data  # the head: uvicorn writes it first once the answer starts
+            self._flush = asyncio.get_running_loop().call_soon(self.flush)
+        else:
+            self._transport.write(data)
+
+    def flush(self) -> None:
+        held = self._held
+        if held is not None:
+            self._release()
+            self._transport.write(held)
+
+    def _release(self) -> None:
+        self._held = None
+        assert self._flush is not None
+        self._flush.cancel()  # the handle stays: one head a cycle
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class BodyHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, with a request body kept as its pieces (`_Pieces`)."""
+    """uvicorn's httptools protocol, with a request body kept as its pieces (`_Pieces`) and
+    an answer's head written with its body (`_HeldHead`)."""
+
+    def on_headers_complete(self) -> None:
+        before = self.cycle
+        super().on_headers_complete()
+        cycle = self.cycle
+        if cycle is not before and cycle is not None and cycle.transport is self.transport:
+            cycle.transport = _HeldHead(self.transport, cycle)  # type: ignore[assignment]
 
     def on_body(self, body: bytes) -> None:
         cycle = self.cycle

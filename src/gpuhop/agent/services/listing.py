@@ -6,8 +6,11 @@ queued. Building each one's JobInfo (pydantic) and serialising it again cost mor
 rest of the request, so each job's JSON is kept with the inputs it was made from (its
 record, and for a job that has run, the files of its dir that the answer reads) and made
 again only when one of them differs. The list of jobs a query finds is kept too, until the
-job store writes anything. The answer is the same bytes `to_info` and FastAPI would give:
-the JSON of each JobInfo, joined into a list.
+job store writes anything, and with it the answer's bytes: while the store writes nothing and
+the scheduler's word on the listed queued jobs is the same, a queued job's JSON is the same
+(nothing else it shows can change: see `_inputs`), so only the jobs that are not queued are
+looked at again, and the kept bytes are the answer if none of theirs changed. The answer is
+the same bytes `to_info` and FastAPI would give: the JSON of each JobInfo, joined into a list.
 """
 
 from __future__ import annotations
@@ -38,12 +41,27 @@ KEPT_LISTS = 64
 
 
 @dataclass
+class _Answer:
+    """A query's answer at one count of the store's changes (`JobStore.changes`)."""
+
+    changes: int
+    jobs: list[JobRecord]  # what the query found, newest first
+    waiting: dict[str, str]  # the scheduler's `rt.waiting` then
+    said: list[str | None]  # its word on each queued job of `jobs` then
+    parts: list[bytes]  # each job's JSON, as `Listing.json` gave it
+    body: bytes  # the answer: `parts` as a JSON list
+
+
+@dataclass
 class _Kept:
     job: JobRecord  # the store's record of the job (the same object while its row is)
     inputs: tuple[object, ...]  # the rest the answer was made from but its log (`_inputs`)
     log_size: int | None  # its log's size then; None: not looked at (a queued job)
     info: JobInfo
     data: bytes  # `info` as JSON
+    # `data` around its log size's digits, found the first time only the log grew (`_around`);
+    # () where they cannot be told from the rest.
+    around: tuple[bytes, ...] | None = None
 
 
 class Listing:
@@ -53,8 +71,8 @@ class Listing:
         self.kept = kept
         self._lock = threading.Lock()
         self._jobs: OrderedDict[str, _Kept] = OrderedDict()
-        # The jobs each recent query found, and the store's count of changes then.
-        self._lists: OrderedDict[tuple[object, ...], tuple[int, list[JobRecord]]] = OrderedDict()
+        # Each recent query's answer, with the jobs it found and the store's count then.
+        self._lists: OrderedDict[tuple[object, ...], _Answer] = OrderedDict()
 
     def json(self, rt: AgentContext, job: JobRecord) -> bytes:
         """The job's JobInfo as JSON, as FastAPI would serialise it."""
@@ -67,18 +85,27 @@ class Listing:
             if kept.log_size == log_size:
                 return kept.data
             if log_size is not None and kept.log_size is not None:
-                # Only its log grew (a running job, between two `ps`): the answer but that.
+                # Only its log grew (a running job, between two `ps`): the answer but that,
+                # its digits put in place of the old ones.
+                around = kept.around if kept.around is not None else _around(kept.info)
+                if around:
+                    data = around[0] + b"%d" % log_size + around[1]
+                    self._keep(_Kept(job, inputs, log_size, kept.info, data, around))
+                    return data
                 info = kept.info.model_copy(update={"log_size": log_size})
         if info is None:
             info = to_info(rt, job)
         # FastAPI's own serialisation of a response model (by alias, nothing excluded).
         data = _INFO.dump_json(info, by_alias=True)
+        self._keep(_Kept(job, inputs, log_size, info, data))
+        return data
+
+    def _keep(self, kept: _Kept) -> None:
         with self._lock:
-            self._jobs[job.id] = _Kept(job, inputs, log_size, info, data)
-            self._jobs.move_to_end(job.id)
+            self._jobs[kept.job.id] = kept
+            self._jobs.move_to_end(kept.job.id)
             while len(self._jobs) > self.kept:
                 self._jobs.popitem(last=False)
-        return data
 
     def list_json(
         self,
@@ -93,25 +120,70 @@ class Listing:
         key = (owner, None if states is None else tuple(states), limit, sweep)
         # Read before the query: a row written meanwhile moves it, and the next call asks again.
         changes = rt.store.changes
+        waiting = rt.waiting  # the scheduler puts a new dict there on each pass
         with self._lock:
             kept = self._lists.get(key)
-        if kept is not None and kept[0] == changes:
-            jobs = kept[1]
+        if kept is not None and kept.changes == changes:
+            jobs = kept.jobs
+            if waiting is not kept.waiting:
+                if _said(waiting, jobs) != kept.said:
+                    kept = None  # a queued job's wait, as the scheduler sees it, changed
+                else:
+                    kept.waiting = waiting  # a new pass, the same word: compared once
         else:
             found = resolve_sweep(rt, sweep, owner)
             jobs = rt.store.list(states, limit, owner=owner, sweep=found)
-            with self._lock:
-                self._lists[key] = (changes, jobs)
-                self._lists.move_to_end(key)
-                while len(self._lists) > KEPT_LISTS:
-                    self._lists.popitem(last=False)
-        return b"[" + b",".join(self.json(rt, job) for job in jobs) + b"]"
+            kept = None
+        if kept is not None:
+            # Only what is not queued can change under the same count: a running job's log,
+            # metrics and marker files, a finished job's pruning.
+            parts = kept.parts
+            for i, job in enumerate(jobs):
+                if (
+                    job.state is not JobState.queued
+                    and (data := self.json(rt, job)) is not parts[i]
+                ):
+                    parts = parts.copy() if parts is kept.parts else parts
+                    parts[i] = data
+            if parts is kept.parts:
+                return kept.body
+        else:
+            parts = [self.json(rt, job) for job in jobs]
+        body = b"[" + b",".join(parts) + b"]"
+        answer = _Answer(changes, jobs, waiting, _said(waiting, jobs), parts, body)
+        with self._lock:
+            self._lists[key] = answer
+            self._lists.move_to_end(key)
+            while len(self._lists) > KEPT_LISTS:
+                self._lists.popitem(last=False)
+        return body
+
+
+def _said(waiting: dict[str, str], jobs: list[JobRecord]) -> list[str | None]:
+    """The scheduler's word on each queued job of `jobs` (why it waits), in order."""
+    return [waiting.get(job.id) for job in jobs if job.state is JobState.queued]
+
+
+# A log size no job has: where it stands in a job's JSON is where its log size goes.
+_PROBE = 987_654_321_987_654_321
+_PROBED = b'"log_size":%d' % _PROBE
+
+
+def _around(info: JobInfo) -> tuple[bytes, ...]:
+    """The job's JSON before and after its log size's digits, as two pieces; () where the
+    probe's digits show up twice (a metric of that name and value), to be safe."""
+    probe = _INFO.dump_json(info.model_copy(update={"log_size": _PROBE}), by_alias=True)
+    if probe.count(_PROBED) != 1:
+        return ()
+    at = probe.index(_PROBED) + len(b'"log_size":')
+    return probe[:at], probe[at + len(b"%d" % _PROBE) :]
 
 
 _ANY = JobPaths(Path("job"))
 # The files of a job's dir whose contents its JobInfo shows (see `jobs.to_info`); the other
 # names there count too, by their presence (a backend's marker of where the job ran).
-_READ = frozenset({_ANY.log.name, _ANY.metrics.name, gc.PRUNED, jobdeps.path(_ANY).name})
+_LOG = _ANY.log.name
+_READ = frozenset({_LOG, _ANY.metrics.name, gc.PRUNED, jobdeps.path(_ANY).name})
 
 
 def _inputs(rt: AgentContext, job: JobRecord) -> tuple[tuple[object, ...], int | None]:
@@ -125,18 +197,19 @@ def _inputs(rt: AgentContext, job: JobRecord) -> tuple[tuple[object, ...], int |
         # changes then), and retention prunes only finished jobs.
         return record, None
     jp = rt.supervisor.job_paths(job.id)
+    root = os.fspath(jp.root) + os.sep  # paths as text: pathlib's joins cost more than a stat
     try:
-        names = frozenset(os.listdir(jp.root))
+        names = frozenset(os.listdir(root))
     except OSError:
         names = frozenset()
     files = []
     log_size = None
     for name in sorted(names & _READ):
         try:
-            st = os.stat(jp.root / name)
+            st = os.stat(root + name)
         except OSError:
             continue
-        if name == _ANY.log.name:
+        if name == _LOG:
             log_size = st.st_size  # all the answer shows of the log
         else:
             files.append((name, st.st_size, st.st_mtime_ns))
