@@ -147,6 +147,8 @@ class LocalBackend(LeaderBackend):
         self.paths = paths
         # Jobs' shims are forked by a warm server (a fresh interpreter each where it fails).
         self._forks = ForkServer(python)
+        # Cgroups an earlier run left (an end that came while the kernel still refused).
+        cgroups.sweep(paths.jobs)
 
     def describe(self) -> str:
         return f"running jobs on this host ({len(self.gpu_host.gpus)} GPU(s))"
@@ -277,6 +279,7 @@ class LocalBackend(LeaderBackend):
 
     def close(self) -> None:
         self._forks.close()
+        cgroups.sweep(self.paths.jobs)
 
     def _ending(self, jp: JobPaths, started: Started | None, returncode: int | None) -> Ending:
         end = super()._ending(jp, started, returncode)

@@ -8,18 +8,29 @@ limit: the kernel counts an OOM kill in the cgroup of the process it kills, whic
 (the host's, a container's, or one an admin set on the job's cgroup) was reached. The
 leader joins it before it execs (`wrap`), so every process of the job is born inside. Where
 no cgroup can be made the job runs as before, and a SIGKILL stays `killed`.
+
+The attempt's end removes its cgroup (`oom_kills`), SIGKILLing what of the attempt is still
+in it and retrying while the kernel refuses (EBUSY: a killed process still exiting). One it
+could not remove keeps its record in the job's dir, and the agent's start and stop remove
+it (`sweep`): only those recorded there, so never another agent's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 from gpuhop.home import JobPaths
 
 PROC = Path("/proc/self")
+# How long `remove` waits for a cgroup's last processes to leave it (SIGKILLed, exiting).
+EMPTY_SECONDS = 5.0
 
 
 def _file(jp: JobPaths) -> Path:
@@ -113,18 +124,68 @@ def wrap(path: Path, argv: list[str]) -> list[str]:
 
 def oom_kills(jp: JobPaths) -> int:
     """How many OOM kills the attempt's cgroup counted; the cgroup is removed (its
-    processes are gone by now). 0 where the attempt had none."""
-    try:
-        spec = json.loads(_file(jp).read_text())
-        path, counter = Path(spec["path"]), str(spec["counter"])
-    except (OSError, ValueError, KeyError, TypeError):
+    processes are gone by now, or are ended). 0 where the attempt had none."""
+    found = _recorded(jp)
+    if found is None:
         return 0
+    path, counter = found
     kills = 0
     for line in _read(path / counter).splitlines():
         key, _, value = line.partition(" ")
         if key == "oom_kill" and value.strip().isdigit():
             kills = int(value)
-    with contextlib.suppress(OSError):
-        path.rmdir()
-    _file(jp).unlink(missing_ok=True)
-    return kills
+    if remove(path, wait=EMPTY_SECONDS):
+        _file(jp).unlink(missing_ok=True)
+    return kills  # else the record stays, for `sweep` to remove the cgroup later
+
+
+def _recorded(jp: JobPaths) -> tuple[Path, str] | None:
+    try:
+        spec = json.loads(_file(jp).read_text())
+        return Path(spec["path"]), str(spec["counter"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def remove(path: Path, wait: float = 0.0, kill: bool = True) -> bool:
+    """Remove an ended attempt's cgroup; True once it is gone. The kernel refuses (EBUSY)
+    while a process is in it, and for a moment after its last one was SIGKILLed, while
+    that one still exits: so retry for up to `wait` seconds, SIGKILLing (with `kill`) what
+    is still in it: every process in an attempt's cgroup is that attempt's."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            path.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as e:
+            if e.errno != errno.EBUSY or time.monotonic() >= deadline:
+                return False
+        if kill:
+            for pid in _read(path / "cgroup.procs").split():
+                with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
+                    os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.01)
+
+
+def sweep(jobs: Path) -> int:
+    """Remove the cgroups of this agent's attempts that a job's end could not (recorded in
+    its jobs' dirs, so never another agent's) and that are empty now: a running job's is
+    not, and stays. Returns how many were removed."""
+    found = agent_cgroup()
+    if found is None:
+        return 0
+    removed = 0
+    for record in jobs.glob("*/cgroup.json"):
+        try:
+            path = Path(json.loads(record.read_text())["path"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        # Ours only: a child of the agent's cgroup, by our name (not a spare's).
+        ours = path.parent == found[0] and path.name.startswith("gpuhop-")
+        spare = path.name.startswith("gpuhop-spare-")
+        if ours and not spare and path.is_dir() and remove(path, kill=False):
+            record.unlink(missing_ok=True)
+            removed += 1
+    return removed
