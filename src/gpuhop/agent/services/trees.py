@@ -51,12 +51,7 @@ def store_delta(rt: AgentContext, delta: TreeDelta, caller: Caller) -> TreeStore
         named = list({e.digest for e in delta.changed if e.digest not in inline})
         unclaimed = rt.claims.unclaimed(caller.user, "blob", named)
         if unclaimed:
-            raise ApiError(
-                409,
-                ErrorCode.missing_blobs,
-                f"{len(unclaimed)} blob(s) of this tree are not on the agent; upload them first",
-                {"missing": unclaimed},
-            )
+            raise missing_blobs(unclaimed)
     with _ONE_DELTA, manifest_errors():
         try:
             digest, tree = rt.trees.store_delta(delta, MAX_TREE_BYTES, inline)
@@ -66,6 +61,16 @@ def store_delta(rt: AgentContext, delta: TreeDelta, caller: Caller) -> TreeStore
         rt.claims.claim(caller.user, "blob", list(inline))
         rt.claims.claim(caller.user, "tree", [digest])
     return TreeStored(digest=digest, files=tree.files, bytes=tree.bytes)
+
+
+def missing_blobs(unclaimed: list[str]) -> ApiError:
+    """The refusal of a tree that names files the caller has not uploaded."""
+    return ApiError(
+        409,
+        ErrorCode.missing_blobs,
+        f"{len(unclaimed)} blob(s) of this tree are not on the agent; upload them first",
+        {"missing": unclaimed},
+    )
 
 
 def _decoded(blobs: dict[str, str]) -> dict[str, bytes]:

@@ -65,10 +65,5 @@ async def _claim(ctx: AgentContext, user: str, tree: str, blobs: list[str]) -> N
     gpuhop.agent.storage.claims: a tree may name only blobs its user has uploaded)."""
     unclaimed = await asyncio.to_thread(ctx.claims.unclaimed, user, "blob", blobs)
     if unclaimed:
-        raise ApiError(
-            409,
-            ErrorCode.missing_blobs,
-            f"{len(unclaimed)} blob(s) of this tree are not on the agent; upload them first",
-            {"missing": unclaimed},
-        )
+        raise trees.missing_blobs(unclaimed)
     await asyncio.to_thread(ctx.claims.claim, user, "tree", [tree])
