@@ -79,11 +79,10 @@ def _read(path: Path) -> str:
 
 def make(jp: JobPaths, name: str) -> Path | None:
     """A new cgroup for one attempt, recorded in the job's dir; None where none can be made."""
-    found = agent_cgroup()
+    found = _attempt_path(name)
     if found is None:
         return None
-    parent, counter = found
-    path = parent / f"gpuhop-{name}"
+    path, counter = found
     try:
         path.mkdir(exist_ok=True)
         if not (path / counter).exists():
@@ -99,16 +98,25 @@ def plan(jp: JobPaths, name: str) -> Path | None:
     """The path of a new cgroup for one attempt, recorded in the job's dir (so that its end
     removes it) but not made: the shim server makes it, or renames its waiting shim's cgroup
     to it (shimserver.py). None where the agent has no memory cgroup to make it in."""
-    found = agent_cgroup()
+    found = _attempt_path(name)
     if found is None:
         return None
-    parent, counter = found
-    path = parent / f"gpuhop-{name}"
+    path, counter = found
     try:
         _record(jp, path, counter)
     except OSError:
         return None
     return path
+
+
+def _attempt_path(name: str) -> tuple[Path, str] | None:
+    """Where the attempt `name`'s cgroup goes, under the agent's, and the memory counter
+    file that tells it is a memory cgroup; None where the agent has no memory cgroup."""
+    found = agent_cgroup()
+    if found is None:
+        return None
+    parent, counter = found
+    return parent / f"gpuhop-{name}", counter
 
 
 def _record(jp: JobPaths, path: Path, counter: str) -> None:
