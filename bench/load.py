@@ -3,8 +3,9 @@
 A job holds the one (fake) GPU, N jobs queue behind it, C chatty CPU jobs print a line every
 20 ms, and F followers (in a separate process, so they do not share this one's GIL) follow
 those logs. Meanwhile this process times `ps` as the CLI sends and reads it (GET
-/v1/jobs?limit=50, its JSON parsed, no models built: `Client.jobs_json`): one client in a
-loop (latency p50/p99, requests/s), then 4 clients at once (requests/s).
+/v1/jobs?limit=50&fields=..., the table's columns, its JSON parsed, no models built:
+`Client.jobs_json` as `gpuhop ps` calls it): one client in a loop (latency p50/p99,
+requests/s), then 4 clients at once (requests/s).
 The same is measured on the same agent before any job exists, as the baseline. Every
 follower's stream is checked against the log file at the end: nothing lost under load.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 from harness import PYTHON, BenchError, Row, Settings, percentile, private_agent
 
 from gpuhop import Client
+from gpuhop.cli.ps import FIELDS
 from gpuhop.home import AgentPaths, read_pid
 
 NAME = "load"
@@ -57,7 +59,7 @@ def time_ps(client: Client, seconds: float) -> list[float]:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         t0 = time.perf_counter()
-        client.jobs_json(limit=50)
+        client.jobs_json(limit=50, fields=FIELDS)
         out.append(time.perf_counter() - t0)
     return out
 
@@ -89,7 +91,7 @@ def concurrent_rate(agent, seconds: float, clients: int = 4) -> float:
         with agent.client() as c:
             end = time.perf_counter() + seconds
             while time.perf_counter() < end:
-                c.jobs_json(limit=50)
+                c.jobs_json(limit=50, fields=FIELDS)
                 counts[i] += 1
 
     threads = [threading.Thread(target=hammer, args=(i,)) for i in range(clients)]
@@ -179,7 +181,7 @@ def run(settings: Settings) -> list[Row]:
     return [
         Row(
             NAME,
-            "ps (GET /v1/jobs?limit=50) latency, median",
+            "ps (GET /v1/jobs?limit=50, the table's fields) latency, median",
             "ms",
             ms("load", 50),
             "same agent, no jobs",

@@ -53,6 +53,9 @@ def test_ps_answers_every_query_as_its_route_does(shared_agent, project, raw):
         [("state", "succeeded")],
         [("limit", "5"), ("state", "succeeded"), ("state", "queued")],
         [("state", "queued")],
+        [("fields", "id,state,command")],
+        [("limit", "50"), ("fields", "id")],
+        [("fields", "state,id"), ("state", "succeeded")],
     ]
     for query in queries:
         fast, route = both(raw, "/v1/jobs", query)
@@ -63,6 +66,7 @@ def test_ps_answers_every_query_as_its_route_does(shared_agent, project, raw):
         "limit": [[("limit", "0")], [("limit", "10001")], [("limit", "many")], [("limit", "")]],
         "state": [[("state", "asleep")], [("state", "")]],
         "sweep": [[("sweep", "s" * 81)], [("sweep", "no-such-sweep")]],
+        "fields": [[("fields", "id,colour")], [("fields", "")], [("fields", "id,")]],
     }
     for name, queries in bad.items():
         for query in queries:

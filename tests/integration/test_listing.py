@@ -50,6 +50,27 @@ def listed(raw: httpx.Client) -> dict[str, dict]:
     return {j["id"]: j for j in raw.get("/v1/jobs", params={"limit": 50}).json()}
 
 
+# `ps`'s columns, and another set with the log's size (the one value a running job's log
+# changes).
+FIELD_SETS = [
+    "id,name,state,priority,gpus,gpu_ids,memory_peak_mb,gpu_memory_mb,created_at,started_at,"
+    "ended_at,latest_metrics,command",
+    "log_size,id,waiting_for",
+]
+
+
+def same_in_fields(raw: httpx.Client) -> None:
+    """Each field set's listing is the whole listing's jobs with those fields only, the same
+    values, in JobInfo's order; and it is kept (the same again)."""
+    whole = raw.get("/v1/jobs", params={"limit": 50}).json()
+    for fields in FIELD_SETS:
+        r = raw.get("/v1/jobs", params={"limit": 50, "fields": fields})
+        assert r.status_code == 200, r.text
+        names = fields.split(",")
+        assert r.json() == [{k: v for k, v in job.items() if k in names} for job in whole]
+        assert [list(job) for job in r.json()] == [[k for k in job if k in names] for job in whole]
+
+
 def metrics_step(raw: httpx.Client, job_id: str) -> int | None:
     return (listed(raw)[job_id]["latest_metrics"] or {}).get("step")
 
@@ -74,6 +95,7 @@ def test_ps_answers_each_job_as_show_does_and_shows_every_change(make_agent, pro
         assert ids == [waiter.id, queued.id, holder.id, done.id]
         assert first == one_by_one(raw, ids)
         assert listing(raw) == first
+        same_in_fields(raw)
         jobs = listed(raw)
         assert jobs[done.id]["latest_metrics"]["accuracy"] == 0.5
         assert jobs[waiter.id]["waiting_for"] == [queued.id]
@@ -83,12 +105,14 @@ def test_ps_answers_each_job_as_show_does_and_shows_every_change(make_agent, pro
             (art / f"more{step}").touch()
             wait_until(lambda s=step: metrics_step(raw, holder.id) == s)
             wait_until(lambda: listed(raw)[holder.id]["log_size"] == log.stat().st_size)
+            same_in_fields(raw)
         assert listed(raw)[holder.id]["state"] == "running"
         # Its log alone grows: still the job's own answer, byte for byte.
         (art / "say").touch()
         wait_until(lambda: b"said" in log.read_bytes())
         wait_until(lambda: listed(raw)[holder.id]["log_size"] == log.stat().st_size)
         assert listing(raw) == one_by_one(raw, ids)
+        same_in_fields(raw)
 
         # A queued job's priority, then its end; and what its dependant waits for.
         queued.requeue(-5)
@@ -104,6 +128,7 @@ def test_ps_answers_each_job_as_show_does_and_shows_every_change(make_agent, pro
         wait_until(lambda: not client.jobs(["queued", "starting", "running"]), 60)
         final = listing(raw)
         assert final == one_by_one(raw, ids)
+        same_in_fields(raw)
 
 
 def test_ps_shows_the_schedulers_word_on_a_queued_job_without_a_row_written(make_agent, project):

@@ -19,8 +19,11 @@ from gpuhop.client.unixhttp import query
 def test_the_clients_own_queries_are_taken():
     # As the SDK writes them (gpuhop.client.jobs.list_json, Job.logs).
     q = query([("limit", 50), ("sweep", "lr sweep/1"), ("state", "queued"), ("state", "running")])
-    assert list_query(q[1:].encode()) == ([JobState.queued, JobState.running], 50, "lr sweep/1")
-    assert list_query(b"") == (None, 200, None)
+    got = ([JobState.queued, JobState.running], 50, "lr sweep/1", None)
+    assert list_query(q[1:].encode()) == got
+    assert list_query(b"") == (None, 200, None, None)
+    q = query([("limit", 50), ("fields", "id,state,command")])
+    assert list_query(q[1:].encode()) == (None, 50, None, frozenset({"id", "state", "command"}))
     assert log_query(query({"offset": 12, "follow": True, "worker": 1})[1:].encode()) == (
         12,
         True,
@@ -45,6 +48,10 @@ def test_the_clients_own_queries_are_taken():
         "sweep=a&sweep=b",
         "via=route",
         "limit",
+        "fields=",
+        "fields=id,colour",
+        "fields=id,",
+        "fields=id&fields=state",
     ],
 )
 def test_any_other_list_query_goes_to_the_route(bad):

@@ -53,6 +53,23 @@ COLUMNS = (
     "COMMAND",
 )
 
+# What the table shows of each job: all `ps` asks the agent for (`--json` asks for all).
+FIELDS = (
+    "id",
+    "name",
+    "state",
+    "priority",
+    "gpus",
+    "gpu_ids",
+    "memory_peak_mb",
+    "gpu_memory_mb",
+    "created_at",
+    "started_at",
+    "ended_at",
+    "latest_metrics",
+    "command",
+)
+
 
 def gpus_column(info: Info) -> str:
     ids = ",".join(map(str, info["gpu_ids"]))
@@ -156,9 +173,12 @@ def _bar(percent: int | None, width: int = 10) -> Text:
 
 
 def _snapshot(
-    client: Client, states: list[JobState], limit: int, with_gpus: bool
+    client: Client, states: list[JobState], limit: int, with_gpus: bool, whole: bool = False
 ) -> tuple[list[Info], list[Info]]:
-    infos: list[Info] = list(client.jobs_json(states or None, limit=limit))
+    """The jobs (the table's fields of each; every field with `whole`) and, where one of
+    them runs on a GPU or `with_gpus`, the GPUs."""
+    fields = None if whole else FIELDS
+    infos: list[Info] = list(client.jobs_json(states or None, limit=limit, fields=fields))
     running = any(i["state"] == JobState.running and i["gpu_ids"] for i in infos)
     gpus: list[Info] = list(client.gpus_json()) if with_gpus or running else []
     return infos, gpus
@@ -231,7 +251,7 @@ def ps(
         return
     with client_for(on) as client:
         try:
-            infos, gpus = _snapshot(client, state, limit, with_gpus=False)
+            infos, gpus = _snapshot(client, state, limit, with_gpus=False, whole=json_out)
         except GpuhopError as e:
             fail(e.message)
     if json_out:

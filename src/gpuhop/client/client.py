@@ -408,7 +408,11 @@ class Client:
         return jobs.list_jobs(self.session, states, limit)
 
     def jobs_json(
-        self, states: Sequence[JobState | str] | None = None, limit: int = 200
+        self,
+        states: Sequence[JobState | str] | None = None,
+        limit: int = 200,
+        fields: Sequence[str] | None = None,
     ) -> list[dict[str, Any]]:
-        """`jobs`, as the agent's JSON (no model built: what `gpuhop ps` reads)."""
-        return jobs.list_json(self.session, states, limit)
+        """`jobs`, as the agent's JSON (no model built: what `gpuhop ps` reads); only
+        `fields` of each job (JobInfo's names) where they are given."""
+        return jobs.list_json(self.session, states, limit, fields=fields)

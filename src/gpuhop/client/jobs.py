@@ -190,11 +190,15 @@ def list_json(
     states: Sequence[JobState | str] | None = None,
     limit: int = 200,
     sweep: str | None = None,
+    fields: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """`list_jobs`, as the agent's JSON."""
+    """`list_jobs`, as the agent's JSON; each job with only `fields` (JobInfo's names)
+    where they are given (an agent older than them sends all)."""
     params: list[tuple[str, str | int]] = [("limit", limit)]
     if sweep is not None:
         params.append(("sweep", sweep))
+    if fields is not None:
+        params.append(("fields", ",".join(fields)))
     params += [("state", JobState(s).value) for s in states or ()]
     jobs: list[dict[str, Any]] = session.request("GET", "/v1/jobs", params=params).json()
     return jobs

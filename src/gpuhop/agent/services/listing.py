@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import TypeAdapter
@@ -36,8 +37,12 @@ from gpuhop.home import JobPaths
 # A longer listing is answered all the same, making again what it evicted.
 KEPT = 2_000
 _INFO = TypeAdapter(JobInfo)
-# Queries whose jobs are kept (owner, states, limit, sweep): a few users' `ps` and `top`.
+# Queries whose jobs are kept (owner, states, limit, sweep, fields): a few users' `ps` and
+# `top`.
 KEPT_LISTS = 64
+# The fields of JobInfo an answer is made of; None: all of them.
+Fields = frozenset[str] | None
+_LOG_SIZE = "log_size"
 
 
 @dataclass
@@ -62,6 +67,8 @@ class _Kept:
     # `data` around its log size's digits, found the first time only the log grew (`_around`);
     # () where they cannot be told from the rest.
     around: tuple[bytes, ...] | None = None
+    # The answers of chosen fields only (`Listing.json`'s `fields`), made as asked.
+    subsets: dict[frozenset[str], bytes] = field(default_factory=dict)
 
 
 class Listing:
@@ -73,39 +80,59 @@ class Listing:
         self._jobs: OrderedDict[str, _Kept] = OrderedDict()
         # Each recent query's answer, with the jobs it found and the store's count then.
         self._lists: OrderedDict[tuple[object, ...], _Answer] = OrderedDict()
+        self._dirs = _Dirs(kept)
 
-    def json(self, rt: AgentContext, job: JobRecord) -> bytes:
-        """The job's JobInfo as JSON, as FastAPI would serialise it."""
-        inputs, log_size = _inputs(rt, job)
+    def json(self, rt: AgentContext, job: JobRecord, fields: Fields = None) -> bytes:
+        """The job's JobInfo as JSON, as FastAPI would serialise it; only `fields` of it
+        where they are given (`ps` asks for its columns), in JobInfo's order."""
+        kept = self._entry(rt, job, log=fields is None or _LOG_SIZE in fields)
+        if fields is None:
+            return kept.data
+        data = kept.subsets.get(fields)
+        if data is None:
+            info = kept.info
+            if kept.log_size is not None and info.log_size != kept.log_size:
+                info = info.model_copy(update={"log_size": kept.log_size})  # see `_entry`
+            data = _INFO.dump_json(info, by_alias=True, include=set(fields))
+            kept.subsets[fields] = data  # a dict's one store: safe from any thread
+        return data
+
+    def _entry(self, rt: AgentContext, job: JobRecord, log: bool = True) -> _Kept:
+        """The job's kept answer, made again where what it was made from changed; without
+        `log`, its log's size is not looked at (kept as it was), for fields without it."""
+        inputs, log_size = _inputs(rt, job, self._dirs, log)
         with self._lock:
             kept = self._jobs.get(job.id)
         # The store gives the same record for a row that has not changed (`KeptRecords`).
         info = None
         if kept is not None and kept.job is job and kept.inputs == inputs:
-            if kept.log_size == log_size:
-                return kept.data
+            if kept.log_size == log_size or not log:
+                return kept
             if log_size is not None and kept.log_size is not None:
                 # Only its log grew (a running job, between two `ps`): the answer but that,
-                # its digits put in place of the old ones.
+                # its digits put in place of the old ones; `kept.info` keeps the old size.
+                # The answers of fields without the log size stay the same bytes.
                 around = kept.around if kept.around is not None else _around(kept.info)
                 if around:
                     data = around[0] + b"%d" % log_size + around[1]
-                    self._keep(_Kept(job, inputs, log_size, kept.info, data, around))
-                    return data
+                    same = {f: d for f, d in kept.subsets.items() if _LOG_SIZE not in f}
+                    return self._keep(_Kept(job, inputs, log_size, kept.info, data, around, same))
                 info = kept.info.model_copy(update={"log_size": log_size})
         if info is None:
             info = to_info(rt, job)
+            if not log and job.state is not JobState.queued:
+                log_size = info.log_size  # as `to_info` found it
         # FastAPI's own serialisation of a response model (by alias, nothing excluded).
         data = _INFO.dump_json(info, by_alias=True)
-        self._keep(_Kept(job, inputs, log_size, info, data))
-        return data
+        return self._keep(_Kept(job, inputs, log_size, info, data))
 
-    def _keep(self, kept: _Kept) -> None:
+    def _keep(self, kept: _Kept) -> _Kept:
         with self._lock:
             self._jobs[kept.job.id] = kept
             self._jobs.move_to_end(kept.job.id)
             while len(self._jobs) > self.kept:
                 self._jobs.popitem(last=False)
+        return kept
 
     def list_json(
         self,
@@ -114,10 +141,12 @@ class Listing:
         states: list[JobState] | None,
         limit: int,
         sweep: str | None = None,
+        fields: Fields = None,
     ) -> bytes:
-        """`jobs.list_jobs`'s answer as a JSON list: the newest jobs `caller` may see."""
+        """`jobs.list_jobs`'s answer as a JSON list: the newest jobs `caller` may see, each
+        with only `fields` where they are given."""
         owner = caller.owner_filter
-        key = (owner, None if states is None else tuple(states), limit, sweep)
+        key = (owner, None if states is None else tuple(states), limit, sweep, fields)
         # Read before the query: a row written meanwhile moves it, and the next call asks again.
         changes = rt.store.changes
         waiting = rt.waiting  # the scheduler puts a new dict there on each pass
@@ -141,14 +170,14 @@ class Listing:
             for i, job in enumerate(jobs):
                 if (
                     job.state is not JobState.queued
-                    and (data := self.json(rt, job)) is not parts[i]
+                    and (data := self.json(rt, job, fields)) is not parts[i]
                 ):
                     parts = parts.copy() if parts is kept.parts else parts
                     parts[i] = data
             if parts is kept.parts:
                 return kept.body
         else:
-            parts = [self.json(rt, job) for job in jobs]
+            parts = [self.json(rt, job, fields) for job in jobs]
         body = b"[" + b",".join(parts) + b"]"
         answer = _Answer(changes, jobs, waiting, _said(waiting, jobs), parts, body)
         with self._lock:
@@ -157,6 +186,17 @@ class Listing:
             while len(self._lists) > KEPT_LISTS:
                 self._lists.popitem(last=False)
         return body
+
+
+def parse_fields(text: str) -> frozenset[str]:
+    """`fields` of GET /v1/jobs: JobInfo's field names, comma-separated (`id,state`).
+    ValueError naming the first that is not one."""
+    names = text.split(",")
+    for name in names:
+        if name not in JobInfo.model_fields:
+            known = ", ".join(JobInfo.model_fields)
+            raise ValueError(f"fields: {name!r} is not a field of a job (they are: {known})")
+    return frozenset(names)
 
 
 def _said(waiting: dict[str, str], jobs: list[JobRecord]) -> list[str | None]:
@@ -186,9 +226,54 @@ _LOG = _ANY.log.name
 _READ = frozenset({_LOG, _ANY.metrics.name, gc.PRUNED, jobdeps.path(_ANY).name})
 
 
-def _inputs(rt: AgentContext, job: JobRecord) -> tuple[tuple[object, ...], int | None]:
+class _Dirs:
+    """Running jobs' dirs as `_inputs` reads them: each one's path as text, and the names in
+    it, listed again only when the dir's mtime moved (or is too recent to tell)."""
+
+    # A name made within the same tick of the filesystem's clock as the last listing leaves
+    # the dir's mtime as it was: a listing that recent is not relied on (as git does with
+    # its index's "racy" entries).
+    RACY_NS = 50_000_000
+
+    def __init__(self, kept: int):
+        self.kept = kept
+        self._paths: dict[str, tuple[JobPaths, str]] = {}
+        self._names: dict[str, tuple[int, frozenset[str]]] = {}
+
+    def paths(self, rt: AgentContext, job_id: str) -> tuple[JobPaths, str]:
+        """The job's paths, and its dir as text (pathlib's joins cost more than a stat)."""
+        found = self._paths.get(job_id)
+        if found is None:
+            if len(self._paths) > self.kept:
+                self._paths.clear()
+            jp = rt.supervisor.job_paths(job_id)
+            found = self._paths[job_id] = (jp, os.fspath(jp.root) + os.sep)
+        return found
+
+    def names(self, root: str) -> frozenset[str]:
+        try:
+            mtime = os.stat(root).st_mtime_ns
+        except OSError:
+            return frozenset()
+        seen = self._names.get(root)
+        if seen is not None and seen[0] == mtime and time.time_ns() - mtime > self.RACY_NS:
+            return seen[1]
+        try:
+            names = frozenset(os.listdir(root))
+        except OSError:
+            return frozenset()
+        if len(self._names) > self.kept:
+            self._names.clear()
+        self._names[root] = (mtime, names)
+        return names
+
+
+def _inputs(
+    rt: AgentContext, job: JobRecord, dirs: _Dirs, log: bool = True
+) -> tuple[tuple[object, ...], int | None]:
     """What the job's JobInfo is made of besides its record and the agent's fixed
-    settings; and apart, its log's size (None where the log is not looked at)."""
+    settings; and apart, its log's size (None where the log is not looked at: a queued
+    job's, or any where not `log`)."""
     # For a queued job, what it waits for: the scheduler's word, its dependencies.
     record = (rt.waiting.get(job.id), queue.waiting_for(rt, job))
     if job.state is JobState.queued:
@@ -196,15 +281,13 @@ def _inputs(rt: AgentContext, job: JobRecord) -> tuple[tuple[object, ...], int |
         # for a retry, its last attempt's: nothing writes them until it starts (its record
         # changes then), and retention prunes only finished jobs.
         return record, None
-    jp = rt.supervisor.job_paths(job.id)
-    root = os.fspath(jp.root) + os.sep  # paths as text: pathlib's joins cost more than a stat
-    try:
-        names = frozenset(os.listdir(root))
-    except OSError:
-        names = frozenset()
+    jp, root = dirs.paths(rt, job.id)
+    names = dirs.names(root)
     files = []
     log_size = None
     for name in sorted(names & _READ):
+        if name == _LOG and not log:
+            continue
         try:
             st = os.stat(root + name)
         except OSError:

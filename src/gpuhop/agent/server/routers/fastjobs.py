@@ -35,7 +35,7 @@ from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import jobs as service
 from gpuhop.agent.services import outputs
-from gpuhop.agent.services.listing import Listing
+from gpuhop.agent.services.listing import Fields, Listing, parse_fields
 from gpuhop.api import JobState
 
 LIST = "/v1/jobs"
@@ -44,6 +44,8 @@ LOG = re.compile(r"/v1/jobs/(?P<ref>[^/]+)/log")
 MAX_LIMIT = 10_000
 DEFAULT_LIMIT = 200
 MAX_SWEEP = 80
+MAX_FIELDS = 2_000
+_FIELDS: dict[str, frozenset[str]] = {}
 # Listings up to this long are made on the event loop: a `ps` (50 jobs) of kept answers
 # costs less than a hop to a worker thread and back.
 INLINE_LIMIT = DEFAULT_LIMIT
@@ -83,9 +85,9 @@ class FastJobs:
         caller = caller_of(HTTPConnection(scope))
         app = scope["app"]
         try:
-            states, limit, sweep = list_query(scope["query_string"])
+            states, limit, sweep, fields = list_query(scope["query_string"])
             listing: Listing = app.state.listing
-            args = (app.state.ctx, caller, states, limit, sweep)
+            args = (app.state.ctx, caller, states, limit, sweep, fields)
             if limit <= INLINE_LIMIT:
                 body = listing.list_json(*args)
             else:  # a long listing reads many jobs' dirs: not on the event loop
@@ -114,10 +116,11 @@ class FastJobs:
         return True
 
 
-def list_query(query: bytes) -> tuple[list[JobState] | None, int, str | None]:
-    """`state` (repeated), `limit` and `sweep` of GET /v1/jobs, in the client's form."""
+def list_query(query: bytes) -> tuple[list[JobState] | None, int, str | None, Fields]:
+    """`state` (repeated), `limit`, `sweep` and `fields` of GET /v1/jobs, in the client's
+    form."""
     states: list[JobState] = []
-    limit = sweep = None
+    limit = sweep = fields = None
     for key, value in _pairs(query):
         if key == "state" and value in _STATES:
             states.append(_STATES[value])
@@ -127,9 +130,24 @@ def list_query(query: bytes) -> tuple[list[JobState] | None, int, str | None]:
                 raise Refer(key)
         elif key == "sweep" and sweep is None and len(value) <= MAX_SWEEP:
             sweep = value
+        elif key == "fields" and fields is None and len(value) <= MAX_FIELDS:
+            fields = _fields(value)
         else:
             raise Refer(key)
-    return states or None, DEFAULT_LIMIT if limit is None else limit, sweep
+    return states or None, DEFAULT_LIMIT if limit is None else limit, sweep, fields
+
+
+def _fields(text: str) -> frozenset[str]:
+    # The same few sets each time (`ps`'s columns): parsed once each.
+    found = _FIELDS.get(text)
+    if found is None:
+        try:
+            found = parse_fields(text)
+        except ValueError:
+            raise Refer(text) from None  # the route answers it, naming the field
+        if len(_FIELDS) < 64:
+            _FIELDS[text] = found
+    return found
 
 
 def log_query(query: bytes) -> tuple[int, bool, int | None]:

@@ -7,11 +7,13 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
+from gpuhop.agent.errors import ApiError
 from gpuhop.agent.services import jobs as service
 from gpuhop.agent.services import outputs, queue, trees, workdir
-from gpuhop.agent.services.listing import Listing
+from gpuhop.agent.services.listing import Listing, parse_fields
 from gpuhop.api import (
     ArtifactEntry,
+    ErrorCode,
     JobInfo,
     JobState,
     RequeueRequest,
@@ -40,10 +42,20 @@ def list_jobs(
     state: list[JobState] | None = Query(default=None),
     limit: int = Query(default=200, ge=1, le=10_000),
     sweep: str | None = Query(default=None, max_length=80),
+    fields: str | None = Query(
+        default=None,
+        max_length=2_000,
+        description="Only these fields of each job, comma-separated (`id,state,command`);"
+        " all of them by default. `gpuhop ps` asks for the columns it shows.",
+    ),
 ) -> Response:
     # Already JSON (each job's kept until it changes: see `services.listing`).
+    try:
+        chosen = None if fields is None else parse_fields(fields)
+    except ValueError as e:
+        raise ApiError(422, ErrorCode.bad_request, str(e)) from None
     listing: Listing = request.app.state.listing
-    body = listing.list_json(ctx(request), caller_of(request), state, limit, sweep)
+    body = listing.list_json(ctx(request), caller_of(request), state, limit, sweep, chosen)
     return Response(body, media_type="application/json")
 
 
