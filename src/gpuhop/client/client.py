@@ -414,5 +414,5 @@ class Client:
         fields: Sequence[str] | None = None,
     ) -> list[dict[str, Any]]:
         """`jobs`, as the agent's JSON (no model built: what `gpuhop ps` reads); only
-        `fields` of each job (JobInfo's names) where they are given."""
+        those of `fields` (JobInfo's names) that are not null, where they are given."""
         return jobs.list_json(self.session, states, limit, fields=fields)

@@ -192,8 +192,9 @@ def list_json(
     sweep: str | None = None,
     fields: Sequence[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """`list_jobs`, as the agent's JSON; each job with only `fields` (JobInfo's names)
-    where they are given (an agent older than them sends all)."""
+    """`list_jobs`, as the agent's JSON; each job with only those of `fields` (JobInfo's
+    names) that are not null, where they are given (an agent older than them sends all:
+    read a field that may be null with `.get`)."""
     params: list[tuple[str, str | int]] = [("limit", limit)]
     if sweep is not None:
         params.append(("sweep", sweep))

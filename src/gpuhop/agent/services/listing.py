@@ -83,8 +83,9 @@ class Listing:
         self._dirs = _Dirs(kept)
 
     def json(self, rt: AgentContext, job: JobRecord, fields: Fields = None) -> bytes:
-        """The job's JobInfo as JSON, as FastAPI would serialise it; only `fields` of it
-        where they are given (`ps` asks for its columns), in JobInfo's order."""
+        """The job's JobInfo as JSON, as FastAPI would serialise it; where `fields` are
+        given (`ps` asks for its columns), only those of them that are not null, in
+        JobInfo's order: a short answer, quick to send and to parse."""
         kept = self._entry(rt, job, log=fields is None or _LOG_SIZE in fields)
         if fields is None:
             return kept.data
@@ -93,7 +94,7 @@ class Listing:
             info = kept.info
             if kept.log_size is not None and info.log_size != kept.log_size:
                 info = info.model_copy(update={"log_size": kept.log_size})  # see `_entry`
-            data = _INFO.dump_json(info, by_alias=True, include=set(fields))
+            data = _INFO.dump_json(info, by_alias=True, include=set(fields), exclude_none=True)
             kept.subsets[fields] = data  # a dict's one store: safe from any thread
         return data
 

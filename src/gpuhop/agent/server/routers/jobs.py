@@ -45,8 +45,9 @@ def list_jobs(
     fields: str | None = Query(
         default=None,
         max_length=2_000,
-        description="Only these fields of each job, comma-separated (`id,state,command`);"
-        " all of them by default. `gpuhop ps` asks for the columns it shows.",
+        description="Only these fields of each job, comma-separated (`id,state,command`),"
+        " and of them only those with a value (a null one is left out); all of them, nulls"
+        " too, by default. `gpuhop ps` asks for the columns it shows.",
     ),
 ) -> Response:
     # Already JSON (each job's kept until it changes: see `services.listing`).
