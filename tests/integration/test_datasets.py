@@ -84,6 +84,30 @@ def test_a_second_push_sends_only_the_changed_file(shared_agent, tmp_path):
         assert files["part1/file3.bin"]["size"] != 11_000
 
 
+def test_a_version_of_several_many_chunk_files_is_assembled_whole(shared_agent, tmp_path):
+    """Files of several chunks are copied into place together (storage.datasets'
+    ASSEMBLERS): each whole, with its mode, beside files linked to their one chunk."""
+    rng = random.Random(7)
+    tree = tmp_path / "many"
+    for i in range(4):
+        path = tree / "shards" / f"shard{i}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(rng.randbytes(3 * 1024 * 1024 + i))
+    tool = tree / "tool.sh"
+    tool.write_text("#!/bin/sh\necho hi\n")
+    tool.chmod(0o755)
+    (tree / "small.txt").write_text("small")
+    for path in tree.rglob("*"):
+        age(path)
+    with shared_agent.client() as client:
+        pushed = client.data.push(tree, "assembled")
+    assert pushed.chunks > 6  # each shard is several chunks
+    stored = shared_agent.home / "datasets" / "assembled" / "v1"
+    assert tree_digest(stored) == tree_digest(tree)
+    assert (stored / "tool.sh").stat().st_mode & 0o777 == 0o555
+    assert [p.stat().st_mode & 0o777 for p in sorted(stored.glob("shards/*"))] == [0o444] * 4
+
+
 def test_an_interrupted_push_resumes_without_resending(shared_agent, tmp_path, monkeypatch):
     tree = make_tree(tmp_path / "ds", seed=2)
     monkeypatch.setattr(data_module, "UPLOAD_BATCH_BYTES", 1)  # one chunk per request

@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -44,6 +45,8 @@ class DatasetNotFound(LookupError):
 
 # In sharing.json's users: shared with every user of the agent.
 EVERYONE = "*"
+# Threads copying a version's many-chunk files into place at once.
+ASSEMBLERS = 2
 
 
 class DatasetStore:
@@ -204,10 +207,14 @@ class DatasetStore:
         self, files: list[DatasetFile], into: Path, previous: tuple[Path, list[dict]] | None
     ) -> None:
         """Build a version's tree. A file unchanged since the previous version is a hard link
-        to it there (both are read-only), so a re-push costs what changed, not the whole."""
+        to it there (both are read-only), so a re-push costs what changed, not the whole.
+        Files made of several chunks are copied together on ASSEMBLERS threads (the kernel
+        copies; the GIL is let go)."""
         before = {}
         if previous is not None:
             before = {f["path"]: (f["chunks"], f["executable"]) for f in previous[1]}
+        copies: list[tuple[Path, list[str]]] = []
+        made: list[tuple[DatasetFile, Path]] = []  # not linked to the previous version
         for f in files:
             dest = into / f.path
             dest.parent.mkdir(parents=True, exist_ok=True)
@@ -217,16 +224,29 @@ class DatasetStore:
             if len(f.chunks) == 1 and not f.executable:
                 os.link(self.blobs.path(f.chunks[0]), dest)
             else:
-                with open(dest, "wb") as out:
-                    for digest in f.chunks:
-                        with open(self.blobs.path(digest), "rb") as chunk:
-                            _copy_all(chunk.fileno(), out.fileno())
+                copies.append((dest, f.chunks))
+            made.append((f, dest))
+        if len(copies) > 1:
+            workers = min(ASSEMBLERS, os.cpu_count() or 1, len(copies))
+            with ThreadPoolExecutor(workers, thread_name_prefix="gpuhop-assemble") as pool:
+                for done in [pool.submit(self._concatenate, *c) for c in copies]:
+                    done.result()  # the first error, once every copy has ended
+        else:
+            for copy in copies:
+                self._concatenate(*copy)
+        for f, dest in made:
             actual = dest.stat().st_size
             if actual != f.size:
                 raise TreeError(f"{f.path}: its chunks add up to {actual} bytes, not {f.size}")
             os.chmod(dest, 0o555 if f.executable else 0o444)
         for dirpath, _dirs, _files in os.walk(into, topdown=False):
             os.chmod(dirpath, 0o555)
+
+    def _concatenate(self, dest: Path, chunks: list[str]) -> None:
+        with open(dest, "wb") as out:
+            for digest in chunks:
+                with open(self.blobs.path(digest), "rb") as chunk:
+                    _copy_all(chunk.fileno(), out.fileno())
 
     def remove(self, name: str, version: int | None) -> list[int]:
         """Remove one version, or all of them; returns the versions removed."""
