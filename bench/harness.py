@@ -123,6 +123,18 @@ class PrivateAgent:
     def client(self) -> Client:
         return Client(self.home, autostart=False, cache_dir=self.cache)
 
+    def cancel_jobs(self) -> None:
+        """Cancel every job not ended yet through the agent, queued ones first (so that
+        killing a running one starts none of them), and wait for their ends: the agent
+        then removes what each attempt had (its cgroup). Nothing if the agent is gone."""
+        with contextlib.suppress(Exception), self.client() as client:
+            for states in (["queued"], ["starting", "running"]):
+                for job in client.jobs(states, limit=10_000):
+                    client.job(job.id).cancel(grace=0)
+            deadline = time.monotonic() + 30
+            while client.jobs(["queued", "starting", "running"]) and time.monotonic() < deadline:
+                time.sleep(0.1)
+
     def kill_jobs(self) -> None:
         """Kill the jobs still running (after an error or Ctrl-C), by process group."""
         for job in (JobPaths(d) for d in AgentPaths(self.home).jobs.glob("*")):
@@ -142,8 +154,10 @@ def private_agent(root: Path, *options: str) -> Iterator[PrivateAgent]:
         agent.cli("agent", "start", *options)
         yield agent
     finally:
+        agent.cancel_jobs()
         agent.kill_jobs()
         agent.cli("agent", "stop")
+        agent.kill_jobs()  # one the scheduler started meanwhile (it outlives the agent)
 
 
 # -- running and timing -------------------------------------------------------------------------
