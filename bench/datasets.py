@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import BenchError, Row, Settings, private_agent, timed_run
+from harness import BenchError, Row, Settings, private_agent, quiet_disk, timed_run
 
 NAME = "datasets"
 SEED = 0
@@ -63,16 +63,19 @@ def run(settings: Settings) -> list[Row]:
         mb = size / 1e6
         for i in range(first_pushes):
             mirror = root / "mirror"
+            quiet_disk()  # each copy and push from a disk with nothing left to flush
             rsyncs.append(mb / timed_run(["rsync", "-a", f"{tree}/", f"{mirror}/"]))
             if i < first_pushes - 1:
                 shutil.rmtree(mirror)
             synced = root / "synced"  # as gpuhop stores: each file on disk before it is named
+            quiet_disk()
             fsyncs.append(mb / timed_run(["rsync", "-a", "--fsync", f"{tree}/", f"{synced}/"]))
             shutil.rmtree(synced)
         rng = random.Random(SEED + 1)
         for i in range(first_pushes):
             home = root / f"agent{i}"
             with private_agent(home) as agent, agent.client() as client:
+                quiet_disk()
                 start = time.perf_counter()
                 first = client.data.push(tree, "bench")
                 uploads.append(mb / (time.perf_counter() - start))

@@ -163,6 +163,13 @@ def private_agent(root: Path, *options: str) -> Iterator[PrivateAgent]:
 # -- running and timing -------------------------------------------------------------------------
 
 
+def quiet_disk() -> None:
+    """Flush what earlier steps wrote (`sync`), so that the next measurement does not pay
+    for their writeback: on this kind of VM a GB still in the page cache halves the next
+    write's speed."""
+    os.sync()
+
+
 def run_checked(
     argv: list[str],
     cwd: Path | None = None,

@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness import PYTHON, Row, Settings, private_agent, timed_run
+from harness import PYTHON, Row, Settings, private_agent, quiet_disk, timed_run
 from remotes import Remote, remote_host, ssh_remote, ssh_unavailable, tls_remote
 from resync import make_tree
 
@@ -156,19 +156,27 @@ def run(settings: Settings) -> list[Row]:
             gcm = " ".join([*ssh_argv(lab), "-c", "aes128-gcm@openssh.com"])
             with tls_remote(root / "tls", local.env) as team:
                 for i in range(bulk_runs):
+                    # Each measured from a disk with nothing left to flush (`quiet_disk`).
+                    quiet_disk()
                     bulk["limit"].append(loopback_limit(big))
+                    quiet_disk()
                     bulk["disk"].append(disk_limit(big, root / f"disk{i}"))
+                    quiet_disk()
                     bulk["rsync"].append(bulk_bytes / 1e6 / rsync(lab, big, root / f"rsync{i}"))
                     # As gpuhop does: its tunnel's cipher, every file on disk before the end.
+                    quiet_disk()
                     seconds = rsync(lab, big, root / f"gcm{i}", "--fsync", ssh=gcm)
                     bulk["rsync-gcm"].append(bulk_bytes / 1e6 / seconds)
+                    quiet_disk()
                     bulk["scp"].append(bulk_bytes / 1e6 / scp(lab, big, root / f"scp{i}"))
                     for name in (f"rsync{i}", f"gcm{i}", f"scp{i}"):
                         shutil.rmtree(root / name)
                     renew(big)
+                    quiet_disk()
                     seconds = gpuhop_sync(lab, big, root / f"cache-bulk-ssh{i}")
                     bulk["ssh"].append(bulk_bytes / 1e6 / seconds)
                     renew(big)
+                    quiet_disk()
                     seconds = gpuhop_sync(team, big, root / f"cache-bulk-tls{i}")
                     bulk["tls"].append(bulk_bytes / 1e6 / seconds)
 
