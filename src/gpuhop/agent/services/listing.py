@@ -40,6 +40,8 @@ _INFO = TypeAdapter(JobInfo)
 # Queries whose jobs are kept (owner, states, limit, sweep, fields): a few users' `ps` and
 # `top`.
 KEPT_LISTS = 64
+# Field sets whose answers are kept per job (`ps`'s, `top`'s, a script's few).
+KEPT_SUBSETS = 8
 # The fields of JobInfo an answer is made of; None: all of them.
 Fields = frozenset[str] | None
 _LOG_SIZE = "log_size"
@@ -95,6 +97,8 @@ class Listing:
             if kept.log_size is not None and info.log_size != kept.log_size:
                 info = info.model_copy(update={"log_size": kept.log_size})  # see `_entry`
             data = _INFO.dump_json(info, by_alias=True, include=set(fields), exclude_none=True)
+            if len(kept.subsets) >= KEPT_SUBSETS:  # a caller asking for ever new sets
+                kept.subsets = {}
             kept.subsets[fields] = data  # a dict's one store: safe from any thread
         return data
 
