@@ -5,9 +5,13 @@ still watched to their end, and the server ends with the agent."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,3 +134,38 @@ def test_a_waiting_shim_takes_the_job_into_the_attempts_cgroup(make_agent, proje
 
     agent.shutdown()
     wait_until(lambda: not _spares(cgroup.parent, server), timeout=30)
+
+
+def test_each_shim_leads_its_session_by_the_time_its_pid_is_answered(tmp_path):
+    """The agent signals a job's process group (a cancel) as soon as it has the shim's pid:
+    the server answers only once that group exists, for shims asked for faster than it
+    forks spares too (a pid answered before the child's `setsid` once let a cancel with no
+    grace reach nothing, and the job ran on)."""
+    from gpuhop.backends.local.forkserver import SERVER
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    server = subprocess.Popen(
+        [sys.executable, "-I", "-S", SERVER, str(theirs.fileno())],
+        pass_fds=[theirs.fileno()],
+        start_new_session=True,
+    )
+    theirs.close()
+    shims: list[int] = []
+    log = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for n in range(6):  # back to back: the first takes the spare, the rest are forked
+            request = tmp_path / f"request-{n}"
+            os.mkfifo(request)  # the shim blocks opening it, in its own session by then
+            message = json.dumps({"request": str(request), "cgroup": None}).encode()
+            socket.send_fds(ours, [message], [log])
+            answer = json.loads(ours.recv(1 << 16))
+            shims.append(answer["pid"])
+            assert os.getpgid(answer["pid"]) == answer["pid"], n
+            assert os.getsid(answer["pid"]) == answer["pid"], n
+    finally:
+        os.close(log)
+        for pid in shims:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        ours.close()  # the server ends when the agent's end closes
+        server.wait(timeout=30)

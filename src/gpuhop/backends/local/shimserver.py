@@ -23,9 +23,11 @@ and its move into a cgroup of its own (which on cgroup v1 waits out an RCU grace
 5-15 ms) are paid while no job waits. A request then renames the spare's cgroup to the
 attempt's (cgroup v1 renames a cgroup with its processes in it; where the kernel refuses,
 the shim joins the attempt's cgroup itself, as before) and hands the spare the request and
-the log; the next spare is forked 50 ms later, once that job has started (a request before
-then gets a fork made at once, as without spares). A spare holds nothing of a job until then. Where
-there is no spare (its fork failed, or it died), the server forks the shim as it runs.
+the log; the next spare is forked 50 ms later, once that job has started. A spare holds nothing of a
+job until then. Where there is no spare (a request came sooner, its fork failed, or it
+died), the server forks one at once, with no cgroup of its own (the shim joins the
+attempt's itself). Either way the server answers with the shim's pid only once the shim
+leads its own session, so a cancel right after the answer reaches its whole group.
 
 The server is single-threaded and forks only from its main loop, so each child starts with
 a clean copy of a small, idle interpreter. It ends when the agent's end of the socket
@@ -124,17 +126,25 @@ class Server:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
 
     def _start(self, request: str, log: int, cgroup) -> int:
-        """Start the shim of one request: the spare, or a fork made now. Returns its pid."""
-        spare, self.spare = self.spare, None
-        join = cgroup
-        if spare is not None and not _ready(spare):
-            spare.sock.close()  # it died before it was ready: its end is reaped
-            _remove(spare.cgroup)
-            spare = None
-        if spare is not None and cgroup is None and spare.cgroup is not None:
-            join = os.path.dirname(spare.cgroup)  # none for this attempt: the server's own
-        if spare is not None:
-            if cgroup is not None and spare.cgroup is not None and self.renames:
+        """Start the shim of one request: the spare, or else one forked now the same way.
+        Returns its pid only once it leads its own session: a cancel that signals the
+        group at once must find it (a pid answered before the child's setsid left a
+        SIGTERM and SIGKILL with no group to reach, and the job running)."""
+        for attempt in range(2):
+            spare, self.spare = self.spare, None
+            if spare is None and attempt == 1:
+                spare = self._fork_spare(own_cgroup=False)  # it joins the attempt's itself
+            if spare is None:
+                continue
+            if not _ready(spare):
+                spare.sock.close()  # it died before it was ready: its end is reaped
+                _remove(spare.cgroup)
+                continue
+            join = cgroup
+            if cgroup is None and spare.cgroup is not None:
+                join = os.path.dirname(spare.cgroup)  # none for this attempt: the server's own
+            renamable = cgroup is not None and not os.path.exists(cgroup)  # not a dead one's
+            if renamable and spare.cgroup is not None and self.renames:
                 try:
                     os.rename(spare.cgroup, cgroup)
                     join = None  # the spare is in the attempt's cgroup already
@@ -149,21 +159,15 @@ class Server:
             except OSError:  # it died waiting: its end is reaped
                 if join is not None:
                     _remove(spare.cgroup)
-                join = cgroup
             finally:
                 spare.sock.close()
-        if join is not None:
-            _make(join)
-        pid = os.fork()
-        if pid == 0:
-            _child(self, request, log, join)  # never returns
-        return pid
+        raise OSError("could not fork the job's shim")
 
-    def _fork_spare(self):
-        """A new spare in a new cgroup of its own (where the agent has one); None if the
-        fork fails."""
+    def _fork_spare(self, own_cgroup: bool = True):
+        """A new spare, in a new cgroup of its own if `own_cgroup` (where the agent has
+        one); None if the fork fails."""
         cgroup = None
-        if self.cgroups is not None and self.renames:  # else it would join one twice
+        if own_cgroup and self.cgroups is not None and self.renames:  # else it would join one twice
             self.made += 1
             cgroup = os.path.join(self.cgroups[0], f"{SPARE_PREFIX}-{os.getpid()}-{self.made}")
             try:
@@ -280,20 +284,6 @@ def _spare(server: Server, sock: socket.socket, cgroup) -> None:
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.write(2, f"gpuhop: the job's shim failed: {type(e).__name__}: {e}\n".encode())
-    finally:
-        _exit(code)
-
-
-def _child(server: Server, path: str, log: int, cgroup) -> None:
-    code = 1
-    try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
-        server.close_in_child()
-        os.setsid()
-        code = _become_shim(path, log, cgroup)
-    except BaseException as e:
-        os.write(2, f"gpuhop: the job's shim failed: {type(e).__name__}: {e}\n".encode())
     finally:
         _exit(code)
 
