@@ -7,7 +7,11 @@ a read-only bind mount (see `sandbox.py`), never a copy. A single-chunk file is 
 to its blob (no second copy on disk), and a file unchanged since the previous version is a
 hard link to it there; other files are assembled with copy_file_range.
 A version exists once its JSON is written, which happens last, by atomic rename, so a crash
-mid-push leaves no half version.
+mid-push leaves no half version. Before that, every file the assembly wrote and every
+directory of the tree is flushed to the disk (linked files are blobs, flushed when stored),
+and after it the dataset's directory: a push that answered survives a power loss whole. (A
+version named before its files' bytes reached the disk came back from one as files of the
+right names and no content.)
 
 A dataset is its pusher's: on a team agent other users neither see nor mount it unless it
 is shared, with everyone or with named users, in `datasets/NAME/sharing.json` (for every
@@ -186,6 +190,7 @@ class DatasetStore:
                 self.blobs.check_quota(copied)
                 self._assemble(manifest.files, tmp, previous)
                 os.replace(tmp, self.tree_path(name, version))
+                _flush_dir(folder)
             except BaseException:
                 _remove_tree(tmp)
                 raise
@@ -241,12 +246,14 @@ class DatasetStore:
             os.chmod(dest, 0o555 if f.executable else 0o444)
         for dirpath, _dirs, _files in os.walk(into, topdown=False):
             os.chmod(dirpath, 0o555)
+            _flush_dir(dirpath)
 
     def _concatenate(self, dest: Path, chunks: list[str]) -> None:
         with open(dest, "wb") as out:
             for digest in chunks:
                 with open(self.blobs.path(digest), "rb") as chunk:
                     _copy_all(chunk.fileno(), out.fileno())
+            os.fsync(out.fileno())  # on the disk before the version names it
 
     def remove(self, name: str, version: int | None) -> list[int]:
         """Remove one version, or all of them; returns the versions removed."""
@@ -303,6 +310,16 @@ def _write_atomic(path: Path, data: bytes) -> None:
         f.write(data)
         durable(f)
     os.replace(name, path)
+    _flush_dir(path.parent)  # the new name too
+
+
+def _flush_dir(path: str | os.PathLike[str]) -> None:
+    """Flush a directory's entries (names made, renamed) to the disk."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _bytes(path: Path) -> int:
