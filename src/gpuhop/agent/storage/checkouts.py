@@ -2,10 +2,13 @@
 an overlay (gpuhop.backends.local.workview) instead of each job copying every file.
 
 A checkout is `checkouts/<tree digest>/`, the tree's files with their modes (0644, or 0755
-for executables), built in the temp dir and renamed into place whole, so a checkout that
-exists is complete. Nothing writes into a checkout after that: a job sees it only as the
-lower layer of its overlay, which copies a file up before any change. A new tree reuses the
-files of the checkout built before it (hard links, for every path whose digest and mode are
+for executables), built in the temp dir, flushed to the disk (the files copied and every
+directory, on `settle.FLUSHERS` threads) and renamed into place whole, so a checkout that
+exists is complete, after a power loss too (one named before its bytes reached the disk
+could come back from one as files of the right names and no content, for every later job
+of its tree). Nothing writes into a checkout after that: a job sees it only as the lower
+layer of its overlay, which copies a file up before any change. A new tree reuses the files
+of the checkout built before it (hard links, for every path whose digest and mode are
 unchanged), so one changed file costs one copy and a link per other file, not a copy of
 every file (a tree of more than REMEMBER_ENTRIES files is not remembered for that). A tree
 is read an entry at a time while its checkout is built: a big one is never in memory whole.
@@ -23,6 +26,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpuhop.agent.storage import settle
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.trees import REMEMBER_ENTRIES
 from gpuhop.api import ManifestEntry
@@ -63,6 +67,7 @@ class CheckoutStore:
                 files = self._build(building, entries())
                 os.chmod(building, 0o755)
                 os.replace(building, dest)
+                settle.flush_dir(self.root)
             except BaseException:
                 remove(building)
                 raise
@@ -75,6 +80,7 @@ class CheckoutStore:
         """Build the checkout in `into`; what it holds, or None for a tree too big to keep."""
         last = self._last if self._last is not None and self._last.path.is_dir() else None
         files: dict[str, tuple[str, bool]] | None = {}
+        copied: list[Path] = []
         for entry, target in placed(into, entries):
             key = (entry.digest, entry.executable)
             if files is not None:
@@ -88,6 +94,8 @@ class CheckoutStore:
                 except OSError:
                     pass  # removed meanwhile, or too many links: copy it
             self.blobs.copy_to(entry.digest, target, entry.executable)
+            copied.append(target)
+        settle.flush(copied, into)
         return files
 
     def digests(self) -> list[str]:

@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
+from gpuhop.agent.storage import settle
 from gpuhop.agent.storage.blobs import BlobStore, durable
 from gpuhop.agent.storage.trees import MissingBlobs, TreeError, check_paths
 from gpuhop.api.data import DatasetFile, DatasetInfo, DatasetManifest
@@ -190,7 +191,7 @@ class DatasetStore:
                 self.blobs.check_quota(copied)
                 self._assemble(manifest.files, tmp, previous)
                 os.replace(tmp, self.tree_path(name, version))
-                _flush_dir(folder)
+                settle.flush_dir(folder)
             except BaseException:
                 _remove_tree(tmp)
                 raise
@@ -246,7 +247,7 @@ class DatasetStore:
             os.chmod(dest, 0o555 if f.executable else 0o444)
         for dirpath, _dirs, _files in os.walk(into, topdown=False):
             os.chmod(dirpath, 0o555)
-            _flush_dir(dirpath)
+        settle.flush([], into)  # the files copied are flushed as they are copied
 
     def _concatenate(self, dest: Path, chunks: list[str]) -> None:
         with open(dest, "wb") as out:
@@ -310,16 +311,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
         f.write(data)
         durable(f)
     os.replace(name, path)
-    _flush_dir(path.parent)  # the new name too
-
-
-def _flush_dir(path: str | os.PathLike[str]) -> None:
-    """Flush a directory's entries (names made, renamed) to the disk."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    settle.flush_dir(path.parent)  # the new name too
 
 
 def _bytes(path: Path) -> int:

@@ -1,4 +1,6 @@
-"""Runs in the agent: blobs made durable and named in the background, several at once.
+"""Runs in the agent: blobs made durable and named in the background, several at once; and
+the trees made from them (checkouts, dataset versions) flushed to the disk before they are
+named, the same way.
 
 A blob is named only once its bytes are on disk (see `blobs`): after a power loss a stored
 blob is whole or absent. Waiting for each fsync before receiving the next blob made an
@@ -12,11 +14,14 @@ once every blob of it is named (`Pending.wait`).
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 SETTLERS = 4  # fsyncs in flight at once, over all uploads
 IN_FLIGHT = 32  # blobs of one upload waiting to be named, at most (open files)
+FLUSHERS = 8  # files of a new tree (a checkout, a dataset version) flushed at once
 
 _pool: ThreadPoolExecutor | None = None
 
@@ -62,3 +67,25 @@ class Pending:
             future, digest = self._queue.pop(0)
             with contextlib.suppress(Exception):
                 self.on_named(digest, future.result())
+
+
+def flush(files: list[Path], root: Path) -> None:
+    """Flush `files` and every directory under `root` to the disk, on FLUSHERS threads (the
+    filesystem's journal commits flushes made at once together)."""
+    dirs = [dirpath for dirpath, _dirs, _files in os.walk(root)]
+    with ThreadPoolExecutor(FLUSHERS, "gpuhop-flush") as pool:
+        for _ in pool.map(_fsync, [*files, *dirs]):
+            pass
+
+
+def _fsync(path: str | os.PathLike[str]) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def flush_dir(path: str | os.PathLike[str]) -> None:
+    """Flush a directory's entries (names made, renamed) to the disk."""
+    _fsync(path)
