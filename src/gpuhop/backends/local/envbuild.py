@@ -103,9 +103,19 @@ def _build(spec: dict, short: str) -> str | None:
     }
     with open(os.path.join(env_dir, LAST_USED), "w") as f:
         f.write(str(time.time()))
+    # Every file pip wrote is on the disk before the marker says the environment is built:
+    # one named before could come back from a power loss as empty files, for every job.
+    os.sync()
     tmp = os.path.join(env_dir, MARKER + ".tmp")
     with open(tmp, "w") as f:
         json.dump(info, f)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, os.path.join(env_dir, MARKER))
+    directory = os.open(env_dir, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
     _say(f"built environment {short} in {seconds:.1f}s")
     return None
