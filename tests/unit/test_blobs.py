@@ -17,6 +17,7 @@ from gpuhop.agent.storage.blobs import BlobError, BlobStore
 from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.client.sync import FileEntry
 from gpuhop.client.upload import body_size, frames
+from tests.conftest import wait_until
 
 
 def digest_of(data: bytes) -> str:
@@ -247,7 +248,10 @@ def test_a_blob_is_named_only_after_its_flush_and_counts_against_the_quota_meanw
         store.put_later(digest_of(first), first),
         store.put_later(digest_of(second), second),
     ]
-    assert asked == [1000, 300 + 1000]  # the first, not yet named, counted as stored
+    # Each is hashed, checked and written on a settling thread: the one asked about second
+    # counts the first, not yet named, as stored.
+    wait_until(lambda: len(asked) == 2)
+    assert asked in ([1000, 300 + 1000], [300, 1000 + 300])
     assert not store.path(digest_of(first)).exists() and not store.has(digest_of(first))
     flushed.set()
     assert [f.result() for f in settling] == [1000, 300]

@@ -65,6 +65,7 @@ class BlobStore:
         # When each digest was last asked about or stored (wall clock), for `remove`.
         self._touched: dict[str, float] = {}
         self._lock = threading.Lock()
+        self._reserving = threading.Lock()
         # Called with a new blob's size before it is written; raises QuotaExceeded.
         self.check_quota: Callable[[int], None] = lambda size: None
         # Bytes stored since the last call of `take_added` (for the disk usage figures).
@@ -178,29 +179,40 @@ class BlobStore:
             shutil.copyfile(src, dest)
         os.chmod(dest, 0o755 if executable else 0o644)
 
-    def put(self, digest: str, data: bytes) -> int:
-        """Store one blob held in memory (a dataset chunk) if it is new; return the bytes
-        stored. Raises BlobError if `data` does not hash to `digest`."""
-        return self.put_later(digest, data).result()
-
-    def put_later(self, digest: str, data: bytes | memoryview) -> Future[int]:
-        """`put`, answered once the blob is durable and named (see `settle`): the bytes
-        stored. BlobError at once if `data` does not hash to `digest`."""
+    def put(self, digest: str, data: bytes | memoryview) -> int:
+        """Store one blob held in memory (a dataset chunk) if it is new, durable and named
+        before this returns; return the bytes stored. Raises BlobError if `data` does not
+        hash to `digest`."""
         actual = hashlib.sha256(data).hexdigest()
         if actual != digest:
             raise BlobError(f"blob {digest}: its content hashes to {actual}; it was rejected")
         if self.has(digest):
-            return settle.done(0)
-        self._check_quota(len(data))
-        fd, name = tempfile.mkstemp(dir=self.tmp, prefix="chunk-")
-        f = os.fdopen(fd, "wb")
+            return 0
+        size = len(data)
+        with self._reserving:  # checked and counted in one step: two at once never both pass
+            self._check_quota(size)
+            with self._lock:
+                self._settling += size
         try:
-            f.write(data)
-        except BaseException:
-            f.close()
-            os.unlink(name)
-            raise
-        return self._settle(f, Path(name), digest, len(data))
+            fd, name = tempfile.mkstemp(dir=self.tmp, prefix="chunk-")
+            f = os.fdopen(fd, "wb")
+            try:
+                f.write(data)
+            except BaseException:
+                f.close()
+                os.unlink(name)
+                raise
+            return self._name(f, Path(name), digest, size)
+        finally:
+            with self._lock:
+                self._settling -= size
+
+    def put_later(self, digest: str, data: bytes | memoryview) -> Future[int]:
+        """`put` in a settling thread (see `settle`): hashed, checked, written, flushed and
+        named there, beside the caller and the other blobs on their way. The future holds
+        the bytes stored, or the error (BlobError for bytes that do not hash to `digest`).
+        `data` must not change until then."""
+        return settle.settle(lambda: self.put(digest, data))
 
     def _check_quota(self, size: int) -> None:
         """`check_quota`, counting the blobs still on their way to disk as stored."""

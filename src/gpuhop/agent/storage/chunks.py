@@ -1,9 +1,10 @@
 """Runs in the agent: receives dataset chunks (see `gpuhop.api.data` for the framing).
 
 Each chunk is decoded (zlib, bounded by its declared size, so a small upload cannot
-inflate into a large one), checked against its sha256, and stored in the blob store by
-atomic rename. Chunks completed before an error stay stored: a retried push sends only
-the rest.
+inflate into a large one), then checked against its sha256 and stored in the blob store by
+atomic rename, on the settling threads (`settle`): the reading thread only frames and
+hands over, so hashing and writing run on every core. Chunks completed before an error
+stay stored: a retried push sends only the rest.
 """
 
 from __future__ import annotations
@@ -52,10 +53,10 @@ async def receive(
     chunks = _Chunks(store, on_chunk)
     try:
         await pump(stream, chunks.feed)
+        await asyncio.to_thread(chunks.pending.wait)  # the last chunks, hashed and on disk
     except BaseException:
         await asyncio.to_thread(chunks.pending.abandon)
         raise
-    await asyncio.to_thread(chunks.pending.wait)  # the last chunks' fsyncs
     if chunks.buf:
         raise BlobError("the upload ended inside a chunk")
     return chunks.stored, chunks.stored_bytes, chunks.received
@@ -90,13 +91,13 @@ class _Chunks:
             end = pos + CHUNK_HEADER.size + wire
             if len(buf) < end:
                 break
-            # Hashed and written where it lies (no copy); the views are let go before the
-            # buffer shrinks.
-            with memoryview(buf) as view, view[pos + CHUNK_HEADER.size : end] as payload:
-                data = decode(encoding, payload, size, digest)
-                # Checked even when the chunk is stored already: the bytes prove that the
-                # sender holds them (see gpuhop.agent.storage.claims). A client sends a
-                # stored chunk only when asked to.
-                self.pending.add(self.store.put_later(digest, data), digest)
+            # A view of the batch's buffer, hashed and written where it lies (no copy) by a
+            # settling thread: the buffer is never changed again (the bytes left over go on
+            # in a new one), so it lives, unchanged, until the last chunk in it is stored.
+            data = decode(encoding, memoryview(buf)[pos + CHUNK_HEADER.size : end], size, digest)
+            # Checked even when the chunk is stored already: the bytes prove that the
+            # sender holds them (see gpuhop.agent.storage.claims). A client sends a
+            # stored chunk only when asked to.
+            self.pending.add(self.store.put_later(digest, data), digest)
             pos = end
-        del buf[:pos]  # once per batch: the bytes left are at most one chunk's
+        self.buf = buf[pos:] if pos else buf  # at most one chunk's bytes

@@ -6,7 +6,8 @@ A blob is named only once its bytes are on disk (see `blobs`): after a power los
 blob is whole or absent. Waiting for each fsync before receiving the next blob made an
 upload as slow as one small synchronous write after another (a dataset is chunks of about
 1 MiB). Here a written blob is handed to a few threads that fsync it and then rename it
-into place, while the upload goes on writing the next ones; the disk sees several flushes
+into place (a dataset chunk is handed over before it is even hashed and written: see
+`BlobStore.put_later`), while the upload goes on with the next ones; the disk sees several flushes
 at once (which the filesystem's journal commits together), and the upload answers only
 once every blob of it is named (`Pending.wait`).
 """
