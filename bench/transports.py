@@ -18,7 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness import PYTHON, Row, Settings, private_agent, quiet_disk, timed_run
+from harness import PYTHON, Row, Settings, private_agent, quiet_disk, run_checked, timed_run
 from remotes import Remote, remote_host, ssh_remote, ssh_unavailable, tls_remote
 from resync import make_tree
 
@@ -52,10 +52,18 @@ def renew(tree: Path) -> None:
 
 
 def gpuhop_sync(remote: Remote, tree: Path, cache: Path) -> float:
-    """Seconds for `gpuhop run --on REMOTE -d true` in `tree`: sync and submit."""
+    """Seconds for `gpuhop run --on REMOTE -d true` in `tree`: sync and submit. Then (not
+    timed) waits for that job to end: its start makes the tree's checkout (a copy of every
+    file, on a disk with no reflinks), which must not run beside the next measurement."""
     env = {**remote.env, "GPUHOP_CACHE_DIR": str(cache)}
-    return timed_run([PYTHON, "-m", "gpuhop", "run", "--on", remote.name, "-d", "true"],
-                     cwd=tree, env=env)  # fmt: skip
+    with tempfile.TemporaryFile() as out:
+        seconds = timed_run([PYTHON, "-m", "gpuhop", "run", "--on", remote.name, "-d", "true"],
+                            cwd=tree, env=env, stdout=out)  # fmt: skip
+        out.seek(0)
+        job = out.read().decode().split()[-1]
+        run_checked([PYTHON, "-m", "gpuhop", "logs", "--on", remote.name, "-f", job], env=env,
+                    stdout=out)  # fmt: skip
+    return seconds
 
 
 def ssh_argv(remote: Remote) -> list[str]:
