@@ -7,7 +7,8 @@ BIN := $(VENV)/bin
 setup:
 	@bash scripts/setup-venv
 
-# System packages the tests need (OpenSSH's server for the SSH transport's tests).
+# System packages the tests and the bench need (OpenSSH's server for the SSH transport's
+# tests, Chromium, Slurm and munge; rsync for the bench).
 system:
 	@bash scripts/setup-system
 
@@ -25,7 +26,7 @@ lint: setup
 
 check: lint test
 
-bench: setup
+bench: setup system
 	$(BIN)/python bench/run.py $(BENCH_ARGS)
 
 clean:
