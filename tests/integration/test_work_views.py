@@ -17,6 +17,7 @@ import pytest
 
 from gpuhop.api import JobState
 from gpuhop.backends.local.backend import SANDBOX, WORKVIEW, _probe
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.skipif(
     _probe(sys.executable, SANDBOX) is not None or _probe(sys.executable, WORKVIEW) is not None,
@@ -110,3 +111,37 @@ def test_a_changed_tree_gets_its_own_checkout_that_reuses_the_unchanged_files(
     # The unchanged files are the same files, linked, not copied again.
     assert os.stat(old / "keep.txt").st_ino == os.stat(new / "keep.txt").st_ino
     assert os.stat(old / "data.txt").st_ino != os.stat(new / "data.txt").st_ino
+
+
+def test_checkouts_of_another_boot_are_built_again_and_this_boots_are_kept(make_agent, project):
+    """Checkouts are not flushed to disk as they are built: after the host's next boot
+    (after a power loss, one may hold empty files) the agent lets them go, and the next job
+    of each tree builds its checkout again. A restart in the same boot keeps them."""
+    agent = make_agent()
+    root = project(FILES)
+    with agent.client() as client:
+        first = client.submit(["cat", "data.txt"], workdir=root)
+        first.wait(timeout=60)
+    checkout = _checkout(agent, first.id)
+    record = agent.paths.home / "checkouts" / "boot"
+    assert record.read_text() == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    before = os.stat(checkout / "data.txt").st_ino
+
+    agent.shutdown()
+    agent.start()  # the same boot: kept
+    assert os.stat(checkout / "data.txt").st_ino == before
+
+    agent.shutdown()
+    (checkout / "data.txt").write_text("")  # what a power loss may leave of it
+    record.write_text("an-earlier-boot")
+    agent.start()
+    assert not checkout.exists()  # out of the way before the agent answers anyone
+    assert record.read_text() != "an-earlier-boot"
+    with agent.client() as client:
+        again = client.submit(["cat", "data.txt"], workdir=root)
+        again.wait(timeout=60)
+        assert again.refresh().state == JobState.succeeded, again.info.reason
+        assert b"".join(again.logs()) == b"stored"
+    assert (checkout / "data.txt").read_text() == "stored"  # built again, from the blobs
+    tmp = agent.paths.tmp
+    wait_until(lambda: not any(p.name.startswith("checkout-gone-") for p in tmp.iterdir()))
