@@ -247,7 +247,7 @@ class DatasetStore:
             os.chmod(dest, 0o555 if f.executable else 0o444)
         for dirpath, _dirs, _files in os.walk(into, topdown=False):
             os.chmod(dirpath, 0o555)
-        settle.flush([], into)  # the files copied are flushed as they are copied
+        settle.flush_dirs(into)  # the files copied are flushed as they are copied
 
     def _concatenate(self, dest: Path, chunks: list[str]) -> None:
         with open(dest, "wb") as out:

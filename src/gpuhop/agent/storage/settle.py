@@ -1,6 +1,5 @@
 """Runs in the agent: blobs made durable and named in the background, several at once; and
-the trees made from them (checkouts, dataset versions) flushed to the disk before they are
-named, the same way.
+the directories of a dataset version flushed to the disk before it is named.
 
 A blob is named only once its bytes are on disk (see `blobs`): after a power loss a stored
 blob is whole or absent. Waiting for each fsync before receiving the next blob made an
@@ -22,7 +21,7 @@ from pathlib import Path
 
 SETTLERS = 4  # fsyncs in flight at once, over all uploads
 IN_FLIGHT = 32  # blobs of one upload waiting to be named, at most (open files)
-FLUSHERS = 8  # files of a new tree (a checkout, a dataset version) flushed at once
+FLUSHERS = 8  # directories of a new dataset version flushed at once
 
 _pool: ThreadPoolExecutor | None = None
 
@@ -70,12 +69,13 @@ class Pending:
                 self.on_named(digest, future.result())
 
 
-def flush(files: list[Path], root: Path) -> None:
-    """Flush `files` and every directory under `root` to the disk, on FLUSHERS threads (the
-    filesystem's journal commits flushes made at once together)."""
+def flush_dirs(root: Path) -> None:
+    """Flush every directory under `root` (its entries: names made, linked, renamed) to the
+    disk, on FLUSHERS threads (the filesystem's journal commits flushes made at once
+    together)."""
     dirs = [dirpath for dirpath, _dirs, _files in os.walk(root)]
     with ThreadPoolExecutor(FLUSHERS, "gpuhop-flush") as pool:
-        for _ in pool.map(_fsync, [*files, *dirs]):
+        for _ in pool.map(_fsync, dirs):
             pass
 
 
