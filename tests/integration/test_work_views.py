@@ -130,6 +130,11 @@ def test_checkouts_of_another_boot_are_built_again_and_this_boots_are_kept(make_
     agent.shutdown()
     agent.start()  # the same boot: kept
     assert os.stat(checkout / "data.txt").st_ino == before
+    agent.shutdown()
+    record.unlink()  # as an agent from before the record left it: its jobs may still run
+    agent.start()
+    assert os.stat(checkout / "data.txt").st_ino == before
+    assert record.read_text() == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
     agent.shutdown()
     (checkout / "data.txt").write_text("")  # what a power loss may leave of it

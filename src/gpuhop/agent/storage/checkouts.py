@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.blobs import BlobStore, durable
 from gpuhop.agent.storage.settle import flush_dir
 from gpuhop.agent.storage.trees import REMEMBER_ENTRIES
 from gpuhop.api import ManifestEntry
@@ -71,16 +71,18 @@ class CheckoutStore:
         return self.root / digest
 
     def _forget_other_boots(self) -> None:
-        """At the agent's start: let go of checkouts built in another boot of the host (or
-        by an agent that kept no record of it). They move out of the way at once and are
-        removed in the background; whatever that leaves, garbage collection's sweep of the
-        temp dir removes."""
+        """At the agent's start: let go of checkouts built in another boot of the host. They
+        move out of the way at once and are removed in the background; whatever that
+        leaves, garbage collection's sweep of the temp dir removes. Without a record (made
+        by an agent from before records) they are kept: jobs of this boot, which outlive an
+        agent, may still be running on them."""
         boot, record = this_boot(), self.root / BOOT_FILE
         try:
             if record.read_text() == boot:
                 return
-        except OSError:
-            pass
+        except FileNotFoundError:
+            self._record(boot)
+            return
         old = self.digests()
         if old:
             self.tmp.mkdir(parents=True, exist_ok=True)
@@ -90,10 +92,15 @@ class CheckoutStore:
             threading.Thread(
                 target=remove, args=(gone,), name="checkouts-gone", daemon=True
             ).start()
+        self._record(boot)  # only once the old ones are out of the way
+
+    def _record(self, boot: str) -> None:
+        """Record the boot, on the disk before any checkout of it is built: a record lost
+        in a crash would keep that boot's checkouts for good."""
         self.root.mkdir(parents=True, exist_ok=True)
-        # Only after the old ones are out of the way; lost in a crash, it only costs another
-        # rebuild.
-        record.write_text(boot)
+        with open(self.root / BOOT_FILE, "wb") as f:
+            f.write(boot.encode())
+            durable(f)
         flush_dir(self.root)
 
     def ensure(self, digest: str, entries: Callable[[], Iterable[ManifestEntry]]) -> Path:

@@ -6,9 +6,9 @@ blob is whole or absent. Waiting for each fsync before receiving the next blob m
 upload as slow as one small synchronous write after another (a dataset is chunks of about
 1 MiB). Here a written blob is handed to a few threads that fsync it and then rename it
 into place (a dataset chunk is handed over before it is even hashed and written: see
-`BlobStore.put_later`), while the upload goes on with the next ones; the disk sees several flushes
-at once (which the filesystem's journal commits together), and the upload answers only
-once every blob of it is named (`Pending.wait`).
+`BlobStore.put_later`), while the upload goes on with the next ones; the disk sees
+several flushes at once (which the filesystem's journal commits together), and the upload
+answers only once every blob of it is named (`Pending.wait`).
 """
 
 from __future__ import annotations

@@ -23,11 +23,11 @@ and its move into a cgroup of its own (which on cgroup v1 waits out an RCU grace
 5-15 ms) are paid while no job waits. A request then renames the spare's cgroup to the
 attempt's (cgroup v1 renames a cgroup with its processes in it; where the kernel refuses,
 the shim joins the attempt's cgroup itself, as before) and hands the spare the request and
-the log; the next spare is forked 50 ms later, once that job has started. A spare holds nothing of a
-job until then. Where there is no spare (a request came sooner, its fork failed, or it
-died), the server forks one at once, with no cgroup of its own (the shim joins the
-attempt's itself). Either way the server answers with the shim's pid only once the shim
-leads its own session, so a cancel right after the answer reaches its whole group.
+the log; the next spare is forked 50 ms later, once that job has started. A spare holds
+nothing of a job until then. Where there is no spare (a request came sooner, its fork
+failed, or it died), the server forks one at once, with no cgroup of its own (the shim
+joins the attempt's itself). Either way the server answers with the shim's pid only once
+the shim leads its own session, so a cancel right after the answer reaches its whole group.
 
 The server is single-threaded and forks only from its main loop, so each child starts with
 a clean copy of a small, idle interpreter. It ends when the agent's end of the socket
