@@ -75,18 +75,14 @@ def flush_dirs(root: Path) -> None:
     together)."""
     dirs = [dirpath for dirpath, _dirs, _files in os.walk(root)]
     with ThreadPoolExecutor(FLUSHERS, "gpuhop-flush") as pool:
-        for _ in pool.map(_fsync, dirs):
+        for _ in pool.map(flush_dir, dirs):
             pass
 
 
-def _fsync(path: str | os.PathLike[str]) -> None:
+def flush_dir(path: str | os.PathLike[str]) -> None:
+    """Flush a directory's entries (names made, linked, renamed) to the disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def flush_dir(path: str | os.PathLike[str]) -> None:
-    """Flush a directory's entries (names made, renamed) to the disk."""
-    _fsync(path)
