@@ -7,6 +7,7 @@ TensorFlow runs in tests/e2e/test_gpu_sharing.py and, on a GPU host, at the end 
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -51,6 +52,7 @@ config = _Config()
 """
 
 FAKE_CONTEXT = """
+import json
 import os
 
 
@@ -280,6 +282,7 @@ def test_on_a_real_gpu_tensorflow_gets_the_cap(tmp_path):
 # A stand-in for PyTorch's parts the hook touches: torch.cuda's availability, device count
 # and per-process memory fraction, which the real one applies to its caching allocator.
 FAKE_TORCH = """
+import json
 import os
 
 
@@ -350,3 +353,51 @@ def test_on_a_real_gpu_pytorch_fails_past_its_share(tmp_path):
 
     assert run.returncode == 0, run.stderr
     assert run.stdout.splitlines()[-1:] == ["out of memory past the share"]
+
+
+# A stand-in for what JAX does at import and exit: an exit handler, registered while it
+# loads, drops its backends; asked after that, it starts a new one with nothing in use.
+FAKE_JAX = """
+import atexit
+
+
+class _Device:
+    def __init__(self):
+        self.in_use = self.peak = 0
+
+    def memory_stats(self):
+        return {"bytes_in_use": self.in_use, "peak_bytes_in_use": self.peak}
+
+
+_backend = None
+
+
+def local_devices():
+    global _backend
+    if _backend is None:
+        _backend = [_Device()]
+    return _backend
+
+
+@atexit.register
+def _clean_up():
+    global _backend
+    _backend = None
+"""
+
+
+def test_the_exit_report_reads_jax_before_jax_drops_its_backends(tmp_path):
+    (tmp_path / "fake-jax" / "jax").mkdir(parents=True)
+    (tmp_path / "fake-jax" / "jax" / "__init__.py").write_text(FAKE_JAX)
+    metrics = tmp_path / "metrics.jsonl"
+    code = (
+        "import jax\n"
+        "jax.local_devices()[0].peak = 3 << 30\n"
+        "jax.local_devices()[0].in_use = 1 << 30\n"
+    )
+    job = {"GPUHOP_JOB_ID": "ab12cd34", "GPUHOP_AUTO": "1", "GPUHOP_METRICS_FILE": str(metrics)}
+    run = run_python(code, tmp_path / "fake-jax", cwd=tmp_path, **job)
+
+    assert run.returncode == 0, run.stderr
+    [record] = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert (record["memory_mb"], record["memory_peak_mb"]) == (1024.0, 3072.0)

@@ -163,6 +163,13 @@ def _settle_devices(tf: Any, value: str) -> str:
     return "CPU job: TensorFlow's search for GPUs done, quietly"
 
 
+def _report_memory_at_exit(framework: Any, value: str) -> str:
+    # The framework is loaded by now, so importing this here costs nothing worth counting.
+    from gpuhop.runtime.memory import report_at_exit
+
+    return report_at_exit()
+
+
 ACTIONS: list[AfterImport] = [
     AfterImport(
         "gpu_memory_limit",
@@ -199,6 +206,16 @@ ACTIONS: list[AfterImport] = [
         "settle TensorFlow's devices quietly",
         _settle_devices,
     ),
+    *(
+        AfterImport(
+            f"{name}_memory_at_exit",
+            "GPUHOP_AUTO",
+            "report device memory at exit",
+            _report_memory_at_exit,
+            module=name,
+        )
+        for name in ("tensorflow", "jax", "torch")
+    ),
     AfterImport(
         "torch_memory_fraction",
         "GPUHOP_GPU_MEMORY_FRACTION",
@@ -231,22 +248,7 @@ def install(environ: Mapping[str, str] = os.environ) -> bool:
             _run(module, waiting.pop(name), environ)
     if waiting and not any(getattr(f, "gpuhop_watcher", False) for f in sys.meta_path):
         sys.meta_path.insert(0, _ImportWatcher(waiting, environ))
-    if any(a.env_var == "GPUHOP_AUTO" for a in actions) and environ.get("GPUHOP_METRICS_FILE"):
-        import atexit  # built in: no file to load
-
-        atexit.register(_report_memory)
     return True
-
-
-def _report_memory() -> None:
-    """At exit, the framework's own peak of device memory into the job's metrics file."""
-    if any(name in sys.modules for name in ("tensorflow", "jax", "torch")):
-        try:
-            from gpuhop.runtime.memory import report
-
-            report()
-        except Exception as e:
-            _say(f"could not report device memory at exit: {type(e).__name__}: {e}")
 
 
 def _run(module: ModuleType, actions: list[AfterImport], environ: Mapping[str, str]) -> None:

@@ -10,10 +10,12 @@ across them is reported, since a share is a share of one GPU.
 
 from __future__ import annotations
 
+import atexit
+import os
 import sys
 from collections.abc import Callable
 
-__all__ = ["MEMORY_KEYS", "device_memory", "report"]
+__all__ = ["MEMORY_KEYS", "device_memory", "report", "report_at_exit"]
 
 MB = 1024 * 1024
 # The metrics keys, in MB: device memory in use now, and the most in use so far.
@@ -32,6 +34,9 @@ def _tensorflow(tf: object) -> list[Reading]:
 
 
 def _jax(jax: object) -> list[Reading]:
+    bridge = getattr(getattr(jax, "_src", None), "xla_bridge", None)
+    if bridge is not None and not bridge.backends_are_initialized():
+        return []  # never used, or dropped at exit: asking would start a new backend
     out = []
     for device in jax.local_devices():  # type: ignore[attr-defined]
         stats = device.memory_stats()  # None where the platform keeps none (the CPU)
@@ -85,3 +90,23 @@ def report() -> None:
     memory = device_memory()
     if memory:
         log_metrics(memory_mb=memory["memory_mb"], memory_peak_mb=memory["memory_peak_mb"])
+
+
+def report_at_exit() -> str:
+    """Have `report` run at the job's exit; the start-up hook calls this right after each
+    framework's import. Registered (again) after the import, it runs before the exit
+    handlers the framework registered while it loaded: JAX's drops its backends, and asked
+    after that, JAX would start a new one with nothing in use."""
+    if not os.environ.get("GPUHOP_METRICS_FILE"):
+        return "no metrics file: device memory is not reported at exit"
+    atexit.unregister(_report_at_exit)
+    atexit.register(_report_at_exit)
+    return "device memory goes to the metrics file at exit"
+
+
+def _report_at_exit() -> None:
+    try:
+        report()
+    except Exception as e:  # the job's own exit status stands
+        print(f"gpuhop: could not report device memory at exit: {type(e).__name__}: {e}",
+              file=sys.stderr)  # fmt: skip
