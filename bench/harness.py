@@ -245,9 +245,20 @@ def machine() -> dict[str, object]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "gpuhop": f"{__version__} ({commit or 'no git'})",
+        "gpu": gpu_name(),
         "load_average": os.getloadavg()[0],  # other work on the machine skews every timing
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
     }
+
+
+def gpu_name() -> str:
+    """The GPUs nvidia-smi lists here, or "none"."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+        names = [line.split(" (UUID")[0] for line in listed.stdout.splitlines() if line]
+        if listed.returncode == 0 and names:
+            return "; ".join(names)
+    return "none"
 
 
 def _num(value: float) -> str:
@@ -285,7 +296,8 @@ def markdown(rows: list[Row], info: dict[str, object], settings: Settings) -> st
         "# gpuhop benchmarks",
         "",
         f"Machine: {info['nproc']} CPUs ({info['cpus_usable']} usable), Python {info['python']},"
-        f" {info['platform']}, load average {info['load_average']:.2f} at the start."
+        f" {info['platform']}, GPU: {info['gpu']}, load average {info['load_average']:.2f}"
+        " at the start."
         f" gpuhop {info['gpuhop']}, {info['date']}.",
         f"Mode: {'quick' if settings.quick else 'full'}"
         + (f", {settings.repeat} repeats each" if settings.repeat else ", default repeats")

@@ -20,6 +20,7 @@ from pathlib import Path
 import agent_start
 import datasets
 import forward
+import gpu_training
 import imports
 import load
 import logs
@@ -42,6 +43,7 @@ BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "imports": imports.run,
     "resync": resync.run,
     "overhead": overhead.run,
+    "gpu_training": gpu_training.run,
     "logs": logs.run,
     "transports": transports.run,
     "forward": forward.run,

@@ -10,6 +10,7 @@ return) against `rsync -az -e ssh DIR/ host:DIR/`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -85,6 +86,26 @@ def scp(remote: Remote, src: Path, dest: Path) -> float:
     return timed_run([*argv, str(src), f"{remote_host(remote)}:{dest}"])
 
 
+def bulk_over_ssh(
+    lab: Remote, big: Path, size: int, root: Path, i: int, bulk: dict[str, list[float]]
+) -> None:
+    """Sample `i` of the bulk upload over SSH: rsync, rsync as gpuhop stores, scp, gpuhop,
+    each from a disk with nothing left to flush and into a place that has none of it."""
+    quiet_disk()
+    bulk["rsync"].append(size / 1e6 / rsync(lab, big, root / f"rsync{i}"))
+    # As gpuhop does: its tunnel's cipher, every file on disk before the end.
+    gcm = " ".join([*ssh_argv(lab), "-c", "aes128-gcm@openssh.com"])
+    quiet_disk()
+    bulk["rsync-gcm"].append(size / 1e6 / rsync(lab, big, root / f"gcm{i}", "--fsync", ssh=gcm))
+    quiet_disk()
+    bulk["scp"].append(size / 1e6 / scp(lab, big, root / f"scp{i}"))
+    for name in (f"rsync{i}", f"gcm{i}", f"scp{i}"):
+        shutil.rmtree(root / name)
+    renew(big)
+    quiet_disk()
+    bulk["ssh"].append(size / 1e6 / gpuhop_sync(lab, big, root / f"cache-bulk-ssh{i}"))
+
+
 def loopback_limit(tree: Path) -> float:
     """MB/s of the tree's bytes through one TCP connection on loopback (sendfile, discard)."""
     server = socket.create_server(("127.0.0.1", 0))
@@ -128,10 +149,8 @@ def disk_limit(tree: Path, dest: Path) -> float:
 
 
 def run(settings: Settings) -> list[Row]:
+    # Without sshd or rsync (a bare GPU host) the TLS rows and the limits are still measured.
     why = ssh_unavailable()
-    if why is not None:
-        return [Row(NAME, "remote transports", "s", [], "rsync -az over ssh", None,
-                    f"skipped: {why}")]  # fmt: skip
     repeats = settings.repeats(default=5, quick=3)
     bulk_runs = settings.repeats(default=1, quick=1)
     files = 1_000 if settings.quick else 5_000
@@ -147,21 +166,22 @@ def run(settings: Settings) -> list[Row]:
         megabytes = make_tree(tree, files) / 1e6
         big = root / "big"
         bulk_bytes = make_bulk_tree(big, bulk_mb)
-        with private_agent(root / "local") as local, ssh_remote(root / "ssh", local.env) as lab:
+        with private_agent(root / "local") as local, contextlib.ExitStack() as stack:
+            lab = None if why else stack.enter_context(ssh_remote(root / "ssh", local.env))
             # Re-sync: the first sync fills the agent and the hash cache; then time them.
-            gpuhop_sync(lab, tree, root / "cache-resync")
-            rsync(lab, tree, root / "mirror")
-            for _ in range(repeats):
+            if lab is not None:
+                gpuhop_sync(lab, tree, root / "cache-resync")
+                rsync(lab, tree, root / "mirror")
+            for _ in range(repeats if lab is not None else 0):
                 unchanged["gpuhop"].append(gpuhop_sync(lab, tree, root / "cache-resync"))
                 unchanged["rsync"].append(rsync(lab, tree, root / "mirror"))
-            for victim in sorted(tree.rglob("*.bin"))[:repeats]:
+            for victim in sorted(tree.rglob("*.bin"))[: repeats if lab is not None else 0]:
                 victim.write_bytes(os.urandom(50_000))
                 changed["gpuhop"].append(gpuhop_sync(lab, tree, root / "cache-resync"))
                 changed["rsync"].append(rsync(lab, tree, root / "mirror"))
             # Bulk: every sample into a place that has none of it: rsync and scp into new
             # dirs, gpuhop with every file's first bytes rewritten (all its blobs new) and a
             # cold hash cache. The same number of samples of each.
-            gcm = " ".join([*ssh_argv(lab), "-c", "aes128-gcm@openssh.com"])
             with tls_remote(root / "tls", local.env) as team:
                 for i in range(bulk_runs):
                     # Each measured from a disk with nothing left to flush (`quiet_disk`).
@@ -169,20 +189,8 @@ def run(settings: Settings) -> list[Row]:
                     bulk["limit"].append(loopback_limit(big))
                     quiet_disk()
                     bulk["disk"].append(disk_limit(big, root / f"disk{i}"))
-                    quiet_disk()
-                    bulk["rsync"].append(bulk_bytes / 1e6 / rsync(lab, big, root / f"rsync{i}"))
-                    # As gpuhop does: its tunnel's cipher, every file on disk before the end.
-                    quiet_disk()
-                    seconds = rsync(lab, big, root / f"gcm{i}", "--fsync", ssh=gcm)
-                    bulk["rsync-gcm"].append(bulk_bytes / 1e6 / seconds)
-                    quiet_disk()
-                    bulk["scp"].append(bulk_bytes / 1e6 / scp(lab, big, root / f"scp{i}"))
-                    for name in (f"rsync{i}", f"gcm{i}", f"scp{i}"):
-                        shutil.rmtree(root / name)
-                    renew(big)
-                    quiet_disk()
-                    seconds = gpuhop_sync(lab, big, root / f"cache-bulk-ssh{i}")
-                    bulk["ssh"].append(bulk_bytes / 1e6 / seconds)
+                    if lab is not None:
+                        bulk_over_ssh(lab, big, bulk_bytes, root, i, bulk)
                     renew(big)
                     quiet_disk()
                     seconds = gpuhop_sync(team, big, root / f"cache-bulk-tls{i}")
@@ -192,7 +200,7 @@ def run(settings: Settings) -> list[Row]:
     mb = f"{bulk_bytes / 1e6:,.0f} MB in {SEED_FILE_MB} MB files"
     cli = "gpuhop run --on lab -d true (a new CLI process each time)"
     limit = bulk["limit"]
-    return [
+    over_ssh = [
         Row(NAME, f"re-sync over ssh, unchanged {size}", "s", unchanged["gpuhop"],
             "rsync -az over ssh", unchanged["rsync"], cli),
         Row(NAME, "re-sync over ssh, one 50 KB file rewritten", "s", changed["gpuhop"],
@@ -206,13 +214,20 @@ def run(settings: Settings) -> list[Row]:
             " (gpuhop fsyncs every blob before it names it); the data is random"),
         Row(NAME, f"bulk upload over ssh, {mb}", "MB/s", bulk["ssh"], "scp -r", bulk["scp"],
             "the same"),
+        Row(NAME, f"bulk upload over ssh, {mb}", "MB/s", bulk["ssh"], "loopback TCP limit",
+            limit, "the same limit"),
+    ]  # fmt: skip
+    if why is not None:
+        for row in over_ssh:
+            row.alternative, row.note = None, f"skipped: {why}"
+    return [
+        *over_ssh[:5],
         Row(NAME, f"bulk upload over TLS, {mb}", "MB/s", bulk["tls"], "loopback TCP limit",
             limit, "the limit: the same bytes through one local TCP connection (sendfile)"),
         Row(NAME, f"bulk upload over TLS, {mb}", "MB/s", bulk["tls"], "the disk's limit",
             bulk["disk"], "the same files copied in the kernel into a new dir on this disk,"
             " each flushed (as gpuhop stores each blob): no network, hash or cipher"),
-        Row(NAME, f"bulk upload over ssh, {mb}", "MB/s", bulk["ssh"], "loopback TCP limit",
-            limit, "the same limit"),
+        over_ssh[5],
         Row(NAME, "hello.py start latency", "s", [], "ray job submit", None,
             "skipped: Ray is not installed (the Ray backend is a later issue)"),
     ]  # fmt: skip
