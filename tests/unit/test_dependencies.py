@@ -1,6 +1,6 @@
 """Every library gpuhop's code imports comes with what pyproject.toml names: a plain `pip
 install gpuhop` must not lean on what TensorFlow happens to bring along (numpy did, unnamed,
-until a bare GPU host's `data push` failed for want of it).
+until `data push` in a Python with gpuhop's named dependencies alone failed for want of it).
 
 A library counts as named when it is named, or a requirement of one named (read from the
 installed distributions' metadata). The parts that run only with an extra installed
