@@ -109,15 +109,18 @@ def test_bad_input_gets_a_clear_message(shared_agent, project):
     no_cmd = shared_agent.cli("run", "definitely-not-a-program", cwd=root)
     too_many = shared_agent.cli("run", "--gpus", "4", "ok.py", cwd=root)
     unknown = shared_agent.cli("logs", "ffffffffff", cwd=root)
+    empty = [shared_agent.cli(command, "", cwd=root) for command in ("logs", "show", "cancel")]
     bad_env = shared_agent.cli("run", "-e", "NOEQUALS", "ok.py", cwd=root)
     bad_name = shared_agent.cli("run", "--name", "<b>", "ok.py", cwd=root)
-    for result in (missing, no_cmd, too_many, unknown, bad_env, bad_name):
+    for result in (missing, no_cmd, too_many, unknown, *empty, bad_env, bad_name):
         assert result.returncode == 2, result.stderr
         assert "Traceback" not in result.stderr
     assert "no such script: nope.py" in missing.stderr
     assert "'definitely-not-a-program' was not found on the GPU host" in no_cmd.stderr
     assert "asks for 4 GPUs; this host has 0" in too_many.stderr
     assert "no job matches 'ffffffffff'" in unknown.stderr
+    for result in empty:  # not the job list's answer, read as a job
+        assert "no job matches '' (an empty job reference)" in result.stderr
     assert "--env takes KEY=VALUE" in bad_env.stderr
     assert "not submitted: name: name must be 1-128 characters" in bad_name.stderr
 

@@ -266,7 +266,7 @@ class TensorBoard:
         one. With `wait`, return once it answers (see `wait_ready`)."""
         from gpuhop.api import TensorBoardInfo
 
-        response = session.request("POST", f"/v1/jobs/{quote(ref)}/tensorboard")
+        response = session.request("POST", job_url(ref, "/tensorboard"))
         tb = cls(session, TensorBoardInfo.model_validate(response.json()))
         if wait:
             tb.wait_ready(timeout)
@@ -277,7 +277,7 @@ class TensorBoard:
         """The server that runs for the job `ref` names (GpuhopError 404 if none)."""
         from gpuhop.api import TensorBoardInfo
 
-        response = session.request("GET", f"/v1/jobs/{quote(ref)}/tensorboard")
+        response = session.request("GET", job_url(ref, "/tensorboard"))
         return cls(session, TensorBoardInfo.model_validate(response.json()))
 
     @property
@@ -336,9 +336,22 @@ class TensorBoard:
         return f"TensorBoard (job {job.id}) has {info.state.value}: {info.reason}{said}"
 
 
+def job_url(ref: str, tail: str = "") -> str:
+    """The agent's URL of the job `ref` names (id, unique id prefix, or name), and `tail`.
+    An empty ref names no job, said here: the agent would take `/v1/jobs/` for the list."""
+    if not ref:
+        raise GpuhopError(
+            "no job matches '' (an empty job reference): give a job's id, a prefix of it, or"
+            " its name (`gpuhop ps` lists them)",
+            code="not_found",
+            status=404,
+        )
+    return f"/v1/jobs/{quote(ref)}{tail}"
+
+
 def fetch_json(session: Session, ref: str) -> dict[str, Any]:
     """The job `ref` names (id, unique id prefix, or name), as the agent's JSON."""
-    data: dict[str, Any] = session.request("GET", f"/v1/jobs/{quote(ref)}").json()
+    data: dict[str, Any] = session.request("GET", job_url(ref)).json()
     return data
 
 
