@@ -245,3 +245,39 @@ def test_show_gives_a_share_jobs_peak_memory_and_the_share_it_needs(make_agent, 
     assert "metrics  epoch=1 loss=0.5" in shown
     assert json.loads(agent.cli("show", "--json", "mem").stdout)["memory_peak_mb"] == 5222.4
     assert "0 (6 GiB, peak 5.1 GiB)" in agent.cli("ps").stdout
+
+
+def test_ps_gives_each_job_on_a_shared_gpu_its_own_memory(make_agent, project):
+    agent = make_agent(fake_gpus=1)
+    root = project({"hold.py": HOLDER})
+    a, b = (
+        agent.cli("run", "--detach", "--gpu-memory", "3GiB", "hold.py", cwd=root).stdout.strip()
+        for _ in range(2)
+    )
+    with agent.client() as client:
+        for job in (a, b):
+            wait_until(lambda job=job: client.job(job).state.value == "running", timeout=60)
+            wait_until(lambda job=job: b"".join(client.job(job).logs()), timeout=30)
+
+    def init(job: str) -> int:  # the job's first process, PID 1 of its namespace
+        return json.loads((agent.paths.job_dir(job) / "shim.pid").read_text())["init"]
+
+    def children(pid: int) -> list[int]:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+    # As NVML tells them: a's first process and a process of its own (the script, a child
+    # of it) on the GPU, and a program that is no job's; b has no process on it.
+    script = children(init(a))[0]
+    seam = {"0": {"processes": {str(init(a)): 1024, str(script): 2048, "1": 4000}}}
+    agent.paths.fake_gpus_seam.write_text(json.dumps(seam))
+
+    [gpu] = json.loads(agent.cli("gpus", "--json").stdout)
+    assert gpu["job_memory_mb"] == {a: 3072, b: 0}
+    rows = {line.split()[0]: line for line in agent.cli("ps").stdout.splitlines()[1:]}
+    assert "0% 3 GiB*" in rows[a] and "0% 0 MiB*" in rows[b]
+
+    # Unknown per process (NVML keeps it from us): the whole GPU's figure, as before.
+    agent.paths.fake_gpus_seam.write_text("{}")
+    assert json.loads(agent.cli("gpus", "--json").stdout)[0]["job_memory_mb"] is None
+    for job in (a, b):
+        (agent.paths.job_dir(job) / "artifacts" / "release").touch()

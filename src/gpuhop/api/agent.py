@@ -26,6 +26,10 @@ class GpuInfo(WireModel):
     memory_reserved_mb: int = 0
     # The jobs holding it: one whole-GPU job, or any number of share jobs.
     job_ids: list[str] = Field(default_factory=list)
+    # The memory each of those jobs' processes hold on it, in MB (read per process through
+    # NVML, told apart by the jobs' PID namespaces); None where that cannot be read, and
+    # only memory_used_mb, the whole GPU's, is known.
+    job_memory_mb: dict[str, int] | None = None
     # The Ray node it is on, for an agent with the Ray backend (None: the agent's host).
     # Its memory is then unknown (0), and jobs hold it in gpuhop's count: Ray places them.
     node: str | None = None

@@ -88,6 +88,11 @@ class GpuHost:
         """Memory used and utilisation of each GPU now. Unknown readings are None."""
         return {g.index: Usage(0, 0) if self.fake else Usage(None, None) for g in self.gpus}
 
+    def processes(self) -> dict[int, dict[int, int]]:
+        """GPU index -> pid (on this host) -> MiB of the GPU's memory that process holds, for
+        the GPUs whose processes can be read now (none where the driver does not say)."""
+        return {}
+
     def faults(self) -> dict[int, Fault]:
         """The GPUs with a hardware fault now (or, for one-off events such as an XID error,
         seen since the last call). None known: an empty dict."""

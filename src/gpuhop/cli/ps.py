@@ -88,12 +88,16 @@ def gpus_column(info: Info) -> str:
 
 def gpu_use(info: Info, gpus: Mapping[int, Info]) -> str:
     """A running job's GPUs, read live: utilisation (the busiest of its GPUs) and memory in
-    use on them. A shared GPU's figures are the whole GPU's: NVML does not split them."""
+    use on them: the job's own where the agent tells each job's apart, else the whole GPU's.
+    `*`: a GPU shared with other jobs, whose utilisation is the whole GPU's."""
     held = [gpus[i] for i in info["gpu_ids"] if i in gpus]
     if info["state"] != JobState.running or not held:
         return "-"
     utils = [g["utilization"] for g in held if g.get("utilization") is not None]
-    used = [g["memory_used_mb"] for g in held if g.get("memory_used_mb") is not None]
+    if all(info["id"] in (g.get("job_memory_mb") or {}) for g in held):
+        used = [g["job_memory_mb"][info["id"]] for g in held]
+    else:
+        used = [g["memory_used_mb"] for g in held if g.get("memory_used_mb") is not None]
     util = f"{max(utils)}%" if utils else "?"
     memory = format_mb(sum(used)) if used else "?"
     shared = "*" if any(len(g.get("job_ids", ())) > 1 for g in held) else ""

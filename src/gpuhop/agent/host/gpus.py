@@ -51,6 +51,19 @@ class _NvmlHost(GpuHost):
             out[gpu.index] = Usage(memory, util)
         return out
 
+    def processes(self) -> dict[int, dict[int, int]]:
+        out = {}
+        for gpu in self.gpus:
+            try:
+                handle = self._nvml.nvmlDeviceGetHandleByIndex(gpu.index)
+                running = self._nvml.nvmlDeviceGetComputeRunningProcesses(handle)
+            except self._nvml.NVMLError:
+                continue  # unknown on this GPU: its figure stays the whole GPU's
+            # usedGpuMemory is None where the driver keeps it from us (some VMs, MIG).
+            if all(p.usedGpuMemory is not None for p in running):
+                out[gpu.index] = {int(p.pid): int(p.usedGpuMemory) // 2**20 for p in running}
+        return out
+
     def faults(self) -> dict[int, Fault]:
         return self._health.faults()
 

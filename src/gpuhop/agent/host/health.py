@@ -66,7 +66,10 @@ class FakeGpuHost(GpuHost):
     read each time it is asked (missing: all idle and healthy), e.g.
 
         {"0": {"utilization": 80}, "1": {"xid": 79}, "2": {"ecc_uncorrected": 2},
-         "3": {"pages_pending": true}, "4": {"lost": true}}
+         "3": {"pages_pending": true}, "4": {"lost": true},
+         "5": {"processes": {"4242": 3072}}}
+
+    ("processes": host pid -> MiB it holds, as NVML tells them.)
     """
 
     def __init__(self, gpus: list[GpuInfo], seam: Path | None):
@@ -97,6 +100,14 @@ class FakeGpuHost(GpuHost):
         for gpu in self.gpus:
             util = readings.get(gpu.index, {}).get("utilization", 0)
             out[gpu.index] = Usage(0, util if isinstance(util, int) else None)
+        return out
+
+    def processes(self) -> dict[int, dict[int, int]]:
+        out = {}
+        for index, r in self._readings().items():
+            held = r.get("processes")
+            with contextlib.suppress(TypeError, ValueError, AttributeError):
+                out[index] = {int(pid): int(mb) for pid, mb in held.items()}  # type: ignore[union-attr]
         return out
 
     def faults(self) -> dict[int, Fault]:

@@ -8,10 +8,12 @@ import contextlib
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
+from gpuhop.agent.host.gpuprocs import memory_by_job
 from gpuhop.agent.jobs.store import ACTIVE_STATES, JobNotFound, JobRecord
 from gpuhop.api import ErrorCode, GpuInfo
 from gpuhop.api.agent import ClusterInfo
 from gpuhop.backends.base import Refused
+from gpuhop.backends.leader import read_json
 
 
 def describe(ctx: AgentContext, caller: Caller) -> list[GpuInfo]:
@@ -36,6 +38,7 @@ def describe(ctx: AgentContext, caller: Caller) -> list[GpuInfo]:
             share = whole if held.gpu_memory_mb is None else held.gpu_memory_mb
             reserved[index] = reserved.get(index, 0) + share
     quarantined = ctx.quarantine.all()
+    by_job = _memory_by_job(ctx, holders)
     out = []
     for gpu in ctx.gpus:
         now = usage.get(gpu.index)
@@ -47,12 +50,29 @@ def describe(ctx: AgentContext, caller: Caller) -> list[GpuInfo]:
                     "utilization": now.utilization if now else None,
                     "memory_reserved_mb": reserved.get(gpu.index, 0),
                     "job_ids": holders.get(gpu.index, []),
+                    "job_memory_mb": by_job.get(gpu.index),
                     "quarantined": fault.detail if fault else None,
                     "quarantined_since": fault.since if fault else None,
                 }
             )
         )
     return out
+
+
+def _memory_by_job(ctx: AgentContext, holders: dict[int, list[str]]) -> dict[int, dict[str, int]]:
+    """GPU index -> each holder's MB there (0 for one with no process on it), for the GPUs
+    whose processes the driver tells."""
+    processes = ctx.gpu_host.processes()
+    if not processes:
+        return {}
+    inits = {}
+    for job in {j for i in processes for j in holders.get(i, [])}:
+        shim = read_json(ctx.supervisor.job_paths(job).shim_pid) or {}
+        init, started = shim.get("init"), shim.get("init_start")
+        if isinstance(init, int):
+            inits[job] = (init, None if started is None else str(started))
+    used = memory_by_job(processes, inits)
+    return {i: {j: used[i].get(j, 0) for j in holders.get(i, [])} for i in processes}
 
 
 def cluster(ctx: AgentContext, caller: Caller) -> ClusterInfo:
