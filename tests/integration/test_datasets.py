@@ -14,8 +14,7 @@ import httpx
 import pytest
 
 from gpuhop.api import JobState
-from gpuhop.client import GpuhopError
-from gpuhop.client import data as data_module
+from gpuhop.client import GpuhopError, chunkupload
 from tests.conftest import wait_until
 
 
@@ -110,7 +109,7 @@ def test_a_version_of_several_many_chunk_files_is_assembled_whole(shared_agent, 
 
 def test_an_interrupted_push_resumes_without_resending(shared_agent, tmp_path, monkeypatch):
     tree = make_tree(tmp_path / "ds", seed=2)
-    monkeypatch.setattr(data_module, "UPLOAD_BATCH_BYTES", 1)  # one chunk per request
+    monkeypatch.setattr(chunkupload, "UPLOAD_BATCH_BYTES", 1)  # one chunk per request
 
     class Interrupted(Exception):
         pass
@@ -134,7 +133,7 @@ def test_a_file_changed_during_a_push_is_named_and_nothing_of_it_is_kept(
     shared_agent, tmp_path, monkeypatch
 ):
     tree = make_tree(tmp_path / "ds", seed=4)
-    monkeypatch.setattr(data_module, "UPLOAD_BATCH_BYTES", 1)  # one chunk per request
+    monkeypatch.setattr(chunkupload, "UPLOAD_BATCH_BYTES", 1)  # one chunk per request
     victim = tree / "part1" / "file5.bin"  # sent after part0's files and big.bin
 
     def rewrite_once(phase: str, done: int, total: int) -> None:

@@ -17,24 +17,22 @@ import os
 import stat
 import time
 import types
-from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import ValidationError
 
-from gpuhop.api.data import CHUNK_HEADER, MISSING_BATCH, DatasetInfo, EnvInfo
+from gpuhop.api.data import DatasetInfo, EnvInfo
 from gpuhop.api.models import DataMount
+from gpuhop.client.chunkupload import UPLOAD_BATCH_BYTES, ChunkUpload, PushProgress
 from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.session import Session, quote
 from gpuhop.client.sync import RACY_WINDOW_NS, SyncError, check_name
 from gpuhop.client.unixhttp import Timeout
 
-UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
 CHUNKERS = 2  # files chunked at once
 # (phase, done, total): phase "chunking" counts bytes read, "uploading" raw bytes sent.
-PushProgress = Callable[[str, int, int], None]
 
 
 # In `share` and `unshare`: every user of the agent.
@@ -153,7 +151,7 @@ class Datasets:
             f.chunks = cache.get(f)
             if f.chunks is None:
                 fresh.append(f)
-        upload = _Upload(self, on_progress)
+        upload = ChunkUpload(self.session, on_progress, lambda data: _chunking().encode(data))
         done = 0
         batch: list[_File] = []
         batch_bytes = 0
@@ -178,8 +176,10 @@ class Datasets:
                     upload.files(batch)
                     batch, batch_bytes = [], 0
             upload.files(batch)
+            upload.close()
         finally:
             pool.shutdown(cancel_futures=True)  # an error (or ^C) chunks no further file
+            upload.close(cancel=True)  # no-op after a clean close
             cache.save(files)  # the files chunked so far: a retry reads only the rest
         sent = upload.counts
         manifest = {
@@ -212,57 +212,6 @@ class Datasets:
             files_chunked=len(fresh),
             seconds=time.perf_counter() - started,
         )
-
-    def _missing(self, digests: list[str]) -> list[str]:
-        missing: list[str] = []
-        for i in range(0, len(digests), MISSING_BATCH):
-            body = {"digests": digests[i : i + MISSING_BATCH]}
-            missing += self.session.request("POST", "/v1/blobs/missing", json=body).json()[
-                "missing"
-            ]
-        return missing
-
-    def _send(
-        self,
-        batch: list[tuple[_File, int, int, str]],
-        counts: list[int],
-        total: int,
-        on_progress: PushProgress | None,
-    ) -> None:
-        """One upload request: these chunks, compressed where that pays."""
-
-        # Not hashed again here: the agent checks every chunk against its digest, and a file
-        # changed since it was chunked is refused there (bad_blob, said below in words).
-        def body() -> Iterator[bytes]:
-            for f, offset, size, digest in batch:
-                with open(f.abspath, "rb") as fh:
-                    fh.seek(offset)
-                    data = fh.read(size)
-                encoding, payload = _chunking().encode(data)
-                counts[0] += 1
-                counts[1] += size
-                counts[2] += CHUNK_HEADER.size + len(payload)
-                if on_progress is not None:
-                    on_progress("uploading", counts[1], total)
-                yield CHUNK_HEADER.pack(bytes.fromhex(digest), size, len(payload), encoding)
-                yield payload
-
-        try:
-            self.session.request(
-                "POST",
-                "/v1/chunks/upload",
-                content=body(),
-                timeout=Timeout(600.0, connect=5.0),
-            )
-        except GpuhopError as e:
-            if e.code != "bad_blob":
-                raise
-            changed = [f.path for f, _, _, digest in batch if digest in e.message]
-            raise GpuhopError(
-                f"{changed[0] if changed else 'a file'} changed while it was being pushed;"
-                f" push again ({e.message})",
-                code="bad_request",
-            ) from None
 
     def list(self) -> list[DatasetInfo]:
         """Every version of every dataset this caller may see: their own, those shared with
@@ -303,46 +252,6 @@ class Datasets:
         response = self.session.request("DELETE", f"/v1/datasets/{quote(name)}", params=params)
         removed: builtins.list[int] = response.json()["removed"]
         return removed
-
-
-class _Upload:
-    """A push's chunks on their way: each batch of files' chunks that the agent lacks, sent
-    in requests of about UPLOAD_BATCH_BYTES (an interrupted push loses at most one)."""
-
-    def __init__(self, datasets: Datasets, on_progress: PushProgress | None):
-        self.datasets = datasets
-        self.on_progress = on_progress
-        self.seen: dict[str, None] = {}  # every digest of the push, each asked about once
-        self.counts = [0, 0, 0]  # chunks, raw bytes, wire bytes sent
-        self.total = 0  # raw bytes to send, as known so far
-
-    def files(self, files: list[_File]) -> None:
-        new = [d for f in files for _, d in f.chunks or () if d not in self.seen]
-        new = list(dict.fromkeys(new))
-        self.seen.update(dict.fromkeys(new))
-        missing = set(self.datasets._missing(new)) if new else set()
-        plan: list[tuple[_File, int, int, str]] = []  # file, offset, size, digest
-        for f in files:
-            offset = 0
-            for size, digest in f.chunks or ():
-                if digest in missing:
-                    plan.append((f, offset, size, digest))
-                    missing.discard(digest)  # a chunk shared by several files travels once
-                offset += size
-        self.total += sum(size for _, _, size, _ in plan)
-        batch: list[tuple[_File, int, int, str]] = []
-        batch_bytes = 0
-        for item in plan:
-            batch.append(item)
-            batch_bytes += item[2]
-            if batch_bytes >= UPLOAD_BATCH_BYTES:
-                self._send(batch)
-                batch, batch_bytes = [], 0
-        if batch:
-            self._send(batch)
-
-    def _send(self, batch: list[tuple[_File, int, int, str]]) -> None:
-        self.datasets._send(batch, self.counts, self.total, self.on_progress)
 
 
 class Envs:
