@@ -25,6 +25,8 @@ from gpuhop.client.unixhttp import Timeout
 UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
 UPLOADERS = 4  # upload requests at once (no more than the CPUs)
 
+# (phase, done, total): phase "chunking" counts bytes read, "uploading" raw bytes sent. The
+# uploads call it from their threads, one at a time.
 PushProgress = Callable[[str, int, int], None]
 
 

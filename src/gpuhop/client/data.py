@@ -32,7 +32,6 @@ from gpuhop.client.sync import RACY_WINDOW_NS, SyncError, check_name
 from gpuhop.client.unixhttp import Timeout
 
 CHUNKERS = 2  # files chunked at once
-# (phase, done, total): phase "chunking" counts bytes read, "uploading" raw bytes sent.
 
 
 # In `share` and `unshare`: every user of the agent.
