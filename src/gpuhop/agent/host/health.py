@@ -106,8 +106,9 @@ class FakeGpuHost(GpuHost):
         out = {}
         for index, r in self._readings().items():
             held = r.get("processes")
-            with contextlib.suppress(TypeError, ValueError, AttributeError):
-                out[index] = {int(pid): int(mb) for pid, mb in held.items()}  # type: ignore[union-attr]
+            if isinstance(held, dict):
+                with contextlib.suppress(TypeError, ValueError):
+                    out[index] = {int(pid): int(mb) for pid, mb in held.items()}
         return out
 
     def faults(self) -> dict[int, Fault]:
