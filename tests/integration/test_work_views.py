@@ -17,7 +17,7 @@ import pytest
 
 from gpuhop.api import JobState
 from gpuhop.backends.local.backend import SANDBOX, WORKVIEW, _probe
-from tests.conftest import wait_until
+from tests.conftest import Agent, wait_until
 
 pytestmark = pytest.mark.skipif(
     _probe(sys.executable, SANDBOX) is not None or _probe(sys.executable, WORKVIEW) is not None,
@@ -113,6 +113,14 @@ def test_a_changed_tree_gets_its_own_checkout_that_reuses_the_unchanged_files(
     assert os.stat(old / "data.txt").st_ino != os.stat(new / "data.txt").st_ino
 
 
+def answering(agent: Agent) -> None:
+    """Start the agent and wait for its first answer: `start` returns once its socket takes
+    connections, which it does before it has done what it does at its start."""
+    agent.start()
+    with agent.client() as client:
+        client.info()
+
+
 def test_checkouts_of_another_boot_are_built_again_and_this_boots_are_kept(make_agent, project):
     """Checkouts are not flushed to disk as they are built: after the host's next boot
     (after a power loss, one may hold empty files) the agent lets them go, and the next job
@@ -128,18 +136,18 @@ def test_checkouts_of_another_boot_are_built_again_and_this_boots_are_kept(make_
     before = os.stat(checkout / "data.txt").st_ino
 
     agent.shutdown()
-    agent.start()  # the same boot: kept
+    answering(agent)  # the same boot: kept
     assert os.stat(checkout / "data.txt").st_ino == before
     agent.shutdown()
     record.unlink()  # as an agent from before the record left it: its jobs may still run
-    agent.start()
+    answering(agent)
     assert os.stat(checkout / "data.txt").st_ino == before
     assert record.read_text() == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
 
     agent.shutdown()
     (checkout / "data.txt").write_text("")  # what a power loss may leave of it
     record.write_text("an-earlier-boot")
-    agent.start()
+    answering(agent)
     assert not checkout.exists()  # out of the way before the agent answers anyone
     assert record.read_text() != "an-earlier-boot"
     with agent.client() as client:
