@@ -220,7 +220,8 @@ def run(settings: Settings) -> list[Row]:
             limit, "the limit: the same bytes through one local TCP connection (sendfile)"),
         Row(NAME, f"bulk upload over TLS, {mb}", "MB/s", bulk["tls"], "the disk's limit",
             bulk["disk"], "the same files copied in the kernel into a new dir on this disk,"
-            " each flushed (as gpuhop stores each blob): no network, hash or cipher"),
+            " each flushed (as gpuhop stores each blob), right before the TLS upload: no"
+            " network, hash or cipher"),
         Row(NAME, f"bulk upload over ssh, {mb}", "MB/s", bulk["ssh"], "loopback TCP limit",
             limit, "the same limit"),
         Row(NAME, "hello.py start latency", "s", [], "ray job submit", None,
