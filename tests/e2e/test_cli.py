@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuhop.home import read_pid
 from tests.conftest import EXAMPLES, wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -313,6 +314,51 @@ def test_agent_start_stop_status(make_agent, tmp_path):
     assert stop.returncode == 0 and f"agent {agent.pid} stopped" in stop.stderr
     assert agent.cli("agent", "status").returncode == 1
     assert not agent.paths.socket.exists()
+
+
+def test_an_agent_that_fails_while_it_starts_is_named_by_the_command_that_started_it(tmp_path):
+    """The agent takes connections only once it can answer them: one that fails while it
+    opens its stores is reported with its cause by the command that started it, not as a
+    connection closed on that command."""
+    from tests.conftest import Agent
+
+    agent = Agent(tmp_path / "home", tmp_path / "cache", None)
+    agent.paths.ensure()
+    (agent.home / "checkouts").write_text("a file where the agent keeps a directory")
+    try:
+        for _ in range(3):  # each command starts the agent anew, and each hears why it failed
+            ps = agent.cli("ps")
+            assert ps.returncode == 2, ps.stderr
+            assert "the agent failed to start" in ps.stderr, ps.stderr
+            assert "Not a directory" in ps.stderr and "checkouts/boot" in ps.stderr
+            assert "Connection reset" not in ps.stderr
+            assert read_pid(agent.paths) is None
+        assert not agent.paths.socket.exists()
+    finally:
+        agent.shutdown()
+
+
+def test_commands_that_start_the_agent_at_once_share_one(tmp_path):
+    """Six first commands at once: one agent starts; the others' agents find it running,
+    and each command waits for it to answer."""
+    from tests.conftest import Agent
+
+    agent = Agent(tmp_path / "home", tmp_path / "cache", None)
+    try:
+        argv = [sys.executable, "-m", "gpuhop", "ps"]
+        procs = [
+            subprocess.Popen(argv, env=agent.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            for _ in range(6)
+        ]
+        for proc in procs:
+            _out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err.decode()
+            assert b"no jobs yet" in err
+        assert read_pid(agent.paths) is not None
+        log = agent.paths.logfile.read_text()
+        assert log.count(" serving ") == 1, log
+    finally:
+        agent.shutdown()
 
 
 def test_first_command_starts_the_embedded_agent(tmp_path, project):

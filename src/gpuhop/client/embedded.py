@@ -91,11 +91,10 @@ def start_background(
             running = read_pid(paths)
             if running is not None:
                 return running
-        if _log_says_exited(paths.logfile, log_start):
-            running = read_pid(paths)
-            if running is not None and socket_answers(paths.socket):
-                return running  # another client started it first
+        if _log_says_exited(paths.logfile, log_start) and read_pid(paths) is None:
             raise AgentError(f"the agent failed to start:\n{_tail(paths.logfile)}")
+        # (Exited while an agent holds the lock: another client started that one first, and
+        # it answers once it has started.)
         time.sleep(0.02)
     raise AgentError(f"the agent did not answer within {timeout:.0f}s:\n{_tail(paths.logfile)}")
 

@@ -34,6 +34,8 @@ from gpuhop.backends import BackendSettings
 from gpuhop.home import AgentError, AgentPaths, read_pid
 
 if TYPE_CHECKING:
+    from gpuhop.agent.context import AgentContext
+    from gpuhop.api import ListenerInfo
     from gpuhop.backends.base import Backend, GpuHost
 
 
@@ -61,7 +63,7 @@ def serve(
     except policy_mod.PolicyError as e:
         raise AgentError(str(e)) from None
     lock_fd = os.open(paths.lockfile, os.O_RDWR | os.O_CREAT, 0o600)
-    if not _take_lock(lock_fd):
+    if not _take_lock(lock_fd, paths):
         raise AgentError(f"an agent already runs for {paths.home} (pid {read_pid(paths)})")
     logs_mod.configure(paths.logfile)
     try:
@@ -84,16 +86,10 @@ def _serve_locked(
     policy: policy_mod.Policy,
     backend: BackendSettings | None,
 ) -> None:
-    import uvicorn
-
     from gpuhop.agent.context import AgentContext
     from gpuhop.agent.host import gpus
-    from gpuhop.agent.server.app import create_app
-    from gpuhop.agent.server.auth import OwnerAuth, TokenAuth
-    from gpuhop.agent.server.protocol import BodyHttpProtocol
     from gpuhop.backends import remember, resolve
 
-    log = logging.getLogger("gpuhop.agent")
     fake_gpus, fake_gpu_memory_mb, fake_gpu_models = fake
     fd_limit = raise_file_limit()
     where = resolve(paths.home, backend)
@@ -129,10 +125,34 @@ def _serve_locked(
         # Written before the Unix socket exists: whoever waits for the socket to answer
         # (`gpuhop agent start`) finds the actual address and fingerprint here.
         listen_mod.write_listen_file(paths, listener)
-    sock = _bind_unix_socket(paths.socket)
     ctx = AgentContext(paths, job_backend, policy)
-    ctx.listener = listener
+    try:
+        ctx.listener = listener
+        _serve_context(ctx, paths, tcp, listener, cert_files, fd_limit)
+    finally:
+        ctx.close()
+
+
+def _serve_context(
+    ctx: AgentContext,
+    paths: AgentPaths,
+    tcp: socket.socket | None,
+    listener: ListenerInfo | None,
+    cert_files: dict[str, Any],
+    fd_limit: int,
+) -> None:
+    import uvicorn
+
+    from gpuhop.agent.server.app import create_app
+    from gpuhop.agent.server.auth import OwnerAuth, TokenAuth
+    from gpuhop.agent.server.protocol import BodyHttpProtocol
+
+    log = logging.getLogger("gpuhop.agent")
     app = create_app(ctx)
+    # Bound only now that the agent can answer: a client that connects is answered, and one
+    # that waits for it to start (`start_background`) hears of a failure above from its log,
+    # not from a connection closed on it.
+    sock = _bind_unix_socket(paths.socket)
     common: dict[str, Any] = {
         # uvicorn's lines go through the agent's own handler (see `logs`), not its own.
         "log_config": None,
@@ -166,19 +186,16 @@ def _serve_locked(
         len(ctx.gpus),
         ctx.gpu_host.source,
     )
-    if job_backend.remote:
-        log.info("%s", job_backend.describe())
+    if ctx.backend.remote:
+        log.info("%s", ctx.backend.describe())
     if listener is not None:
         log.info(
             "listening on %s; certificate fingerprint %s",
             listener.url,
             listener.fingerprint or "(none: plain HTTP on loopback)",
         )
-    try:
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            runner.run(_serve_all(servers))
-    finally:
-        ctx.close()
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(_serve_all(servers))
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
@@ -260,17 +277,32 @@ async def _serve_all(servers: list[tuple[_Server, socket.socket]]) -> None:
             loop.remove_signal_handler(sig)
 
 
-def _take_lock(fd: int, patience: float = 1.0) -> bool:
-    # A client checking for a running agent holds the lock for an instant: retry briefly.
+def _take_lock(fd: int, paths: AgentPaths, patience: float = 1.0) -> bool:
+    """The agent's lock. A client checking for a running agent holds it for an instant, so
+    a held lock is tried again for a moment; but not while a live agent holds it. An agent
+    started by a client that lost a race to start one would otherwise wait here, take the
+    lock from a running agent stopped in that moment (`gpuhop agent stop` right after the
+    commands), and run on after the stop."""
     deadline = time.monotonic() + patience
     while True:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return True
         except BlockingIOError:
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or _pid_alive(paths):
                 return False
             time.sleep(0.01)
+
+
+def _pid_alive(paths: AgentPaths) -> bool:
+    """Whether the pid file names a live process (the agent that holds the lock writes it
+    first thing; one that died may have left it)."""
+    try:
+        pid = int(paths.pidfile.read_text().strip())
+        os.kill(pid, 0)
+    except (OSError, ValueError):
+        return False  # none, unreadable, or no such process (a permission error: not ours)
+    return True
 
 
 def _bind_unix_socket(path: Path) -> socket.socket:
