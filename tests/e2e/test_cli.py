@@ -332,6 +332,9 @@ def test_an_agent_that_fails_while_it_starts_is_named_by_the_command_that_starte
             assert "the agent failed to start" in ps.stderr, ps.stderr
             assert "Not a directory" in ps.stderr and "checkouts/boot" in ps.stderr
             assert "Connection reset" not in ps.stderr
+            # What this start logged, not the last ones', and where the whole log is.
+            assert ps.stderr.count("gpuhop agent exited with code 1") == 1, ps.stderr
+            assert f"(the agent's log: {agent.paths.logfile})" in ps.stderr
             assert read_pid(agent.paths) is None
         assert not agent.paths.socket.exists()
     finally:

@@ -92,11 +92,13 @@ def start_background(
             if running is not None:
                 return running
         if _log_says_exited(paths.logfile, log_start) and read_pid(paths) is None:
-            raise AgentError(f"the agent failed to start:\n{_tail(paths.logfile)}")
+            raise AgentError(f"the agent failed to start:\n{_tail(paths.logfile, log_start)}")
         # (Exited while an agent holds the lock: another client started that one first, and
         # it answers once it has started.)
         time.sleep(0.02)
-    raise AgentError(f"the agent did not answer within {timeout:.0f}s:\n{_tail(paths.logfile)}")
+    raise AgentError(
+        f"the agent did not answer within {timeout:.0f}s:\n{_tail(paths.logfile, log_start)}"
+    )
 
 
 def stop(paths: AgentPaths, timeout: float = 10.0) -> int | None:
@@ -137,8 +139,15 @@ def _log_says_exited(logfile: Path, start: int) -> bool:
         return False
 
 
-def _tail(path: Path, lines: int = 15) -> str:
+def _tail(path: Path, start: int, lines: int = 15) -> str:
+    """The last `lines` of what the agent logged since `start` (this start's, not earlier
+    agents'), and where the whole log is."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size >= start:
+                f.seek(start)  # else the agent rotated its log: all of it is this start's
+            text = f.read().decode(errors="replace")
     except OSError:
         return "(no agent log)"
+    shown = "\n".join(text.splitlines()[-lines:]) or "(it logged nothing)"
+    return f"{shown}\n(the agent's log: {path})"
