@@ -190,8 +190,8 @@ def run(settings: Settings) -> list[Row]:
                     if lab is not None:
                         bulk_over_ssh(lab, big, bulk_bytes, root, i, bulk)
                     renew(big)
-                    # Right before the TLS upload: after GBs written, this kind of VM's disk
-                    # takes fsynced writes at half the speed of its first GB or two.
+                    # Right before the TLS upload: after a few GBs written, this kind of VM
+                    # takes writes at a fraction of its first GBs' speed (see the README).
                     quiet_disk()
                     bulk["disk"].append(disk_limit(big, root / f"disk{i}"))
                     quiet_disk()

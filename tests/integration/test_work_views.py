@@ -114,8 +114,8 @@ def test_a_changed_tree_gets_its_own_checkout_that_reuses_the_unchanged_files(
 
 
 def answering(agent: Agent) -> None:
-    """Start the agent and wait for its first answer: `start` returns once its socket takes
-    connections, which it does before it has done what it does at its start."""
+    """Start the agent and hear its first answer: what it does at its start is done by then,
+    whatever `start` waits for."""
     agent.start()
     with agent.client() as client:
         client.info()
