@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 
 import pytest
 
@@ -140,7 +141,29 @@ def test_the_agent_collects_on_its_own_and_keeps_the_newest_jobs(make_agent, pro
         assert b"".join(second.logs()) == b"hi\n"
     marker = json.loads((agent.home / "jobs" / first.id / "pruned.json").read_text())
     assert marker["bytes"] > 0
-    assert sorted(p.name for p in (agent.home / "jobs" / first.id).iterdir()) == ["pruned.json"]
+    # The marker comes first (the job reads as pruned at once), then its files go.
+    folder = agent.home / "jobs" / first.id
+    wait_until(lambda: [p.name for p in folder.iterdir()] == ["pruned.json"], timeout=30)
+
+
+def test_a_prune_stopped_half_way_is_finished_by_the_next_collection(make_agent, project):
+    """A collection that stopped after a job's marker (the agent killed mid-prune) left its
+    files: the next one removes them."""
+    agent = make_agent(args=("--gc-every-hours", "0", "--keep-jobs", "1", "--keep-days", "0"))
+    with agent.client() as client:
+        root = project({"p.py": "print('hi')\n"})
+        first = client.submit(["p.py"], workdir=root)
+        first.wait(30)
+        client.submit(["p.py"], workdir=root).wait(30)
+    folder = agent.home / "jobs" / first.id
+    left = sorted(p.name for p in folder.iterdir())
+    assert "output.log" in left
+    marker = {"pruned_at": time.time(), "bytes": 3, "why": "a collection stopped half-way"}
+    (folder / "pruned.json").write_text(json.dumps(marker))
+    gc = agent.cli("gc")
+    assert gc.returncode == 0, gc.stderr
+    assert [p.name for p in folder.iterdir()] == ["pruned.json"]
+    assert json.loads((folder / "pruned.json").read_text()) == marker  # as it was written
 
 
 def test_only_admins_collect(make_agent):

@@ -134,7 +134,14 @@ def _prune_jobs(
         if rank < policy.keep_jobs or (job.ended_at or job.created_at) > oldest_kept:
             continue
         jp = rt.supervisor.job_paths(job.id)
-        if pruned(jp) is not None or not jp.root.is_dir():
+        if not jp.root.is_dir():
+            continue
+        if pruned(jp) is not None:
+            # Pruned: the marker is written first (readers see it at once), then the rest
+            # goes. What a collection stopped half-way left goes now.
+            for child in jp.root.iterdir() if not dry_run else ():
+                if child.name != PRUNED:
+                    _remove(child)
             continue
         if rt.store.get(job.id).state not in FINISHED:
             continue  # cannot happen (finished is terminal); checked anyway
