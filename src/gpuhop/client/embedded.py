@@ -127,27 +127,29 @@ _DETACH = (
 )
 
 
-def _log_says_exited(logfile: Path, start: int) -> bool:
-    """Whether the agent wrote its exit line (see `gpuhop.agent.__main__`) since `start`."""
+def _logged_since(logfile: Path, start: int) -> bytes | None:
+    """What the agent logged since offset `start` (all of it if it rotated its log since,
+    see gpuhop.agent.server.logs); None without a log."""
     try:
         with open(logfile, "rb") as f:
-            if os.fstat(f.fileno()).st_size < start:
-                start = 0  # the agent rotated its log (see gpuhop.agent.server.logs)
-            f.seek(start)
-            return EXIT_MARK in f.read()
+            if os.fstat(f.fileno()).st_size >= start:
+                f.seek(start)
+            return f.read()
     except OSError:
-        return False
+        return None
+
+
+def _log_says_exited(logfile: Path, start: int) -> bool:
+    """Whether the agent wrote its exit line (see `gpuhop.agent.__main__`) since `start`."""
+    return EXIT_MARK in (_logged_since(logfile, start) or b"")
 
 
 def _tail(path: Path, start: int, lines: int = 15) -> str:
     """The last `lines` of what the agent logged since `start` (this start's, not earlier
     agents'), and where the whole log is."""
-    try:
-        with open(path, "rb") as f:
-            if os.fstat(f.fileno()).st_size >= start:
-                f.seek(start)  # else the agent rotated its log: all of it is this start's
-            text = f.read().decode(errors="replace")
-    except OSError:
+    logged = _logged_since(path, start)
+    if logged is None:
         return "(no agent log)"
-    shown = "\n".join(text.splitlines()[-lines:]) or "(it logged nothing)"
+    shown = "\n".join(logged.decode(errors="replace").splitlines()[-lines:])
+    shown = shown or "(it logged nothing)"
     return f"{shown}\n(the agent's log: {path})"

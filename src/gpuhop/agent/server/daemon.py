@@ -31,6 +31,7 @@ from gpuhop.agent.server.listen import ListenSpec
 from gpuhop.agent.server.protocol import KEEP_ALIVE_TIMEOUT
 from gpuhop.agent.storage import policy as policy_mod
 from gpuhop.backends import BackendSettings
+from gpuhop.backends.procs import alive
 from gpuhop.home import AgentError, AgentPaths, read_pid
 
 if TYPE_CHECKING:
@@ -298,11 +299,9 @@ def _pid_alive(paths: AgentPaths) -> bool:
     """Whether the pid file names a live process (the agent that holds the lock writes it
     first thing; one that died may have left it)."""
     try:
-        pid = int(paths.pidfile.read_text().strip())
-        os.kill(pid, 0)
+        return alive(int(paths.pidfile.read_text().strip()), None)
     except (OSError, ValueError):
-        return False  # none, unreadable, or no such process (a permission error: not ours)
-    return True
+        return False  # none yet, or unreadable
 
 
 def _bind_unix_socket(path: Path) -> socket.socket:

@@ -139,9 +139,8 @@ def _prune_jobs(
         if pruned(jp) is not None:
             # Pruned: the marker is written first (readers see it at once), then the rest
             # goes. What a collection stopped half-way left goes now.
-            for child in jp.root.iterdir() if not dry_run else ():
-                if child.name != PRUNED:
-                    _remove(child)
+            if not dry_run:
+                _empty_but_marker(jp.root)
             continue
         if rt.store.get(job.id).state not in FINISHED:
             continue  # cannot happen (finished is terminal); checked anyway
@@ -154,9 +153,7 @@ def _prune_jobs(
                 " newer finished jobs exist",
             }
             (jp.root / PRUNED).write_text(json.dumps(marker))
-            for child in jp.root.iterdir():
-                if child.name != PRUNED:
-                    _remove(child)
+            _empty_but_marker(jp.root)
         gone.append(job.id)
         _add(tally, size)
     for folder in rt.paths.jobs.iterdir() if rt.paths.jobs.is_dir() else ():
@@ -173,6 +170,12 @@ def _prune_jobs(
                 _remove(folder)
             _add(tally, size)
     return gone
+
+
+def _empty_but_marker(root: Path) -> None:
+    for child in root.iterdir():
+        if child.name != PRUNED:
+            _remove(child)
 
 
 def _has_row(rt: AgentContext, job_id: str) -> bool:
