@@ -5,7 +5,7 @@ Through the SDK in-process (`client.data.push`) into a private agent on this mac
 the transport is the agent's Unix socket: the numbers are the chunking, hashing, framing
 and storing, not a network. The tree is random bytes (incompressible: compression is tried
 on a sample and skipped), a few 256 MB files plus many 1 MB ones. Each first push goes to a
-fresh agent; the agent assembles the version once (a copy on disk) before it answers.
+fresh agent, which makes the version (each file flushed to the disk) before it answers.
 """
 
 from __future__ import annotations
@@ -101,8 +101,8 @@ def run(settings: Settings) -> list[Row]:
             uploads,
             "rsync -a",
             rsyncs,
-            "gpuhop: chunk + hash + send over the socket + store chunks + assemble the version"
-            " (fresh agent each time); rsync: a local copy",
+            "gpuhop: chunk + hash + send over the socket + check + store + flush (fresh agent"
+            " each time); rsync: a local copy, not flushed",
         ),
         Row(
             NAME,
@@ -111,9 +111,8 @@ def run(settings: Settings) -> list[Row]:
             uploads,
             "rsync -a --fsync",
             fsyncs,
-            "like for like: every file flushed to disk before the copy ends (gpuhop fsyncs"
-            " every chunk before it names it; it also writes each byte twice: the chunk, then"
-            " the version's file)",
+            "like for like: every file flushed to disk before the copy ends (gpuhop: each"
+            " byte written once, a file of several chunks being its chunks as they arrived)",
         ),
         Row(
             NAME,

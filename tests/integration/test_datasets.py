@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import random
+import threading
 import time
 from pathlib import Path
 
@@ -109,24 +110,41 @@ def test_a_version_of_several_many_chunk_files_is_assembled_whole(shared_agent, 
 
 def test_an_interrupted_push_resumes_without_resending(shared_agent, tmp_path, monkeypatch):
     tree = make_tree(tmp_path / "ds", seed=2)
-    monkeypatch.setattr(chunkupload, "UPLOAD_BATCH_BYTES", 1)  # one chunk per request
-
-    class Interrupted(Exception):
-        pass
-
-    def stop_after_three(phase: str, done: int, total: int) -> None:
-        if phase == "uploading" and calls.append(done) is None and len(calls) > 3:
-            raise Interrupted
-
-    calls: list[int] = []
+    monkeypatch.setattr(chunkupload, "UPLOAD_BATCH_BYTES", 1)  # one file per request
+    sent = interrupt_after(monkeypatch, 3)
     with shared_agent.client() as client:
         with pytest.raises(Interrupted):
-            client.data.push(tree, "resumed", on_progress=stop_after_three)
+            client.data.push(tree, "resumed")
         with pytest.raises(GpuhopError):
             client.data.versions("resumed")
+        monkeypatch.undo()
         result = client.data.push(tree, "resumed")
     assert result.info.version == 1
-    assert result.chunks_sent == result.chunks - 3
+    assert result.chunks_sent == result.chunks - sum(len(batch) for batch in sent)
+    stored = shared_agent.home / "datasets" / "resumed" / "v1"
+    assert tree_digest(stored) == tree_digest(tree)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def interrupt_after(monkeypatch, requests: int) -> list[list]:
+    """Make a push stop (raise Interrupted) after `requests` upload requests; returns the
+    chunks that those requests sent (whole: the push waits for them before it raises)."""
+    sent: list[list] = []
+    send = chunkupload.ChunkUpload._send
+    lock = threading.Lock()
+
+    def send_some(self, batch):
+        with lock:  # requests go from several threads
+            if len(sent) == requests:
+                raise Interrupted
+            sent.append(batch)
+        send(self, batch)
+
+    monkeypatch.setattr(chunkupload.ChunkUpload, "_send", send_some)
+    return sent
 
 
 def test_a_file_changed_during_a_push_is_named_and_nothing_of_it_is_kept(

@@ -2,7 +2,9 @@
 Python environments the agent builds for jobs. Runs on both sides; pydantic only.
 
 Chunks travel in the chunk framing: per chunk a 45-byte header (raw sha256 of the chunk's
-bytes, its size, the size on the wire, and the encoding: 0 raw, 1 zlib), then the payload.
+bytes, its size, the size on the wire, and the encoding: 0 raw, 1 zlib; plus PART for a
+chunk of a file of several, which the agent keeps in that file rather than as a blob of its
+own, and CONT where it follows the chunk before it in that file), then the payload.
 """
 
 from __future__ import annotations
@@ -16,9 +18,13 @@ from gpuhop.api.base import StrictModel, WireModel
 from gpuhop.api.models import MAX_MANIFEST_FILES, SHA256_RE, validate_relpath
 
 CHUNK_HEADER = struct.Struct(">32sIIB")
+# In a chunk header's encoding: one chunk of a file of several, and one that follows the
+# chunk sent before it in that file (see the docstring).
+PART = 0x80
+CONT = 0x40
 # A chunk on the wire is at most this big (the chunker cuts at 4 MiB).
 MAX_CHUNK_SIZE = 8 * 1024 * 1024
-# How many chunk digests one /v1/blobs/missing request may carry (BlobCheck's limit).
+# How many chunk digests one /v1/chunks/missing request may carry (BlobCheck's limit).
 MISSING_BATCH = MAX_MANIFEST_FILES
 
 

@@ -14,7 +14,8 @@ What goes, in this order:
 3. **Blobs** that no remaining job's tree, no kept tree and no dataset version names.
    Blobs are what a queued job (or the next attempt of a running one) is materialised
    from; its dir keeps a copy of its tree, so they stay while the job is not pruned.
-4. **Temp files** of uploads that a crash interrupted, and **environments** that no
+4. **Temp files** of uploads that a crash interrupted, dataset chunks staged for a push
+   that never came (see `chunkstore`), and **environments** that no
    queued or running job uses and none used for `env_keep_days`.
 
 Why an upload in progress loses nothing: blobs and trees that were asked about (`missing`,
@@ -102,6 +103,8 @@ def collect(
                 _add(freed["blobs"], size)
         _sweep_temp(rt.paths.tmp, cutoff, dry_run, freed["temp"])
         for size in rt.datasets.sweep_leftovers(cutoff, dry_run):
+            _add(freed["temp"], size)
+        for size in rt.datasets.chunks.sweep(cutoff, dry_run):  # of pushes never finished
             _add(freed["temp"], size)
         _remove_envs(rt, policy, now, dry_run, freed["envs"])
         if not dry_run:

@@ -13,6 +13,7 @@ is never removed, so an upload in progress keeps its blobs until its tree arrive
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -188,12 +189,7 @@ class BlobStore:
             raise BlobError(f"blob {digest}: its content hashes to {actual}; it was rejected")
         if self.has(digest):
             return 0
-        size = len(data)
-        with self._reserving:  # checked and counted in one step: two at once never both pass
-            self._check_quota(size)
-            with self._lock:
-                self._settling += size
-        try:
+        with self.reserved(len(data)):
             fd, name = tempfile.mkstemp(dir=self.tmp, prefix="chunk-")
             f = os.fdopen(fd, "wb")
             try:
@@ -202,10 +198,25 @@ class BlobStore:
                 f.close()
                 os.unlink(name)
                 raise
-            return self._name(f, Path(name), digest, size)
+            return self._name(f, Path(name), digest, len(data))
+
+    @contextlib.contextmanager
+    def reserved(self, size: int) -> Iterator[None]:
+        """`size` bytes on their way to the disk, until the block ends: checked against the
+        quota with the others on their way, and counted (in one step: two never both pass)."""
+        with self._reserving:
+            self._check_quota(size)
+            with self._lock:
+                self._settling += size
+        try:
+            yield
         finally:
             with self._lock:
                 self._settling -= size
+
+    def adopt(self, digest: str) -> None:
+        """A blob named by another store (a staged dataset chunk), its bytes counted there."""
+        self._stored(digest, 0)
 
     def put_later(self, digest: str, data: bytes | memoryview) -> Future[int]:
         """`put` in a settling thread (see `settle`): hashed, checked, written, flushed and

@@ -1,10 +1,12 @@
 """Runs in the agent: receives dataset chunks (see `gpuhop.api.data` for the framing).
 
 Each chunk is decoded (zlib, bounded by its declared size, so a small upload cannot
-inflate into a large one), then checked against its sha256 and stored in the blob store by
-atomic rename, on the settling threads (`settle`): the reading thread only frames and
-hands over, so hashing and writing run on every core. Chunks completed before an error
-stay stored: a retried push sends only the rest.
+inflate into a large one), then checked against its sha256 and kept, on the settling
+threads (`settle`): the reading thread only frames and hands over, so hashing and writing
+run on every core. A chunk that is a whole file is stored in the blob store (by atomic
+rename); the chunks of a file of several (flagged PART) are written one after another into
+a run, staged until their version is made (see `chunkstore`). Chunks completed before an
+error stay kept: a retried push sends only the rest.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import zlib
 from collections.abc import AsyncIterator, Callable
 
 from gpuhop.agent.storage import settle
-from gpuhop.agent.storage.blobs import BlobError, BlobStore
+from gpuhop.agent.storage.blobs import BlobError
+from gpuhop.agent.storage.chunkstore import ChunkStore, Run
 from gpuhop.agent.storage.pump import pump
-from gpuhop.api.data import CHUNK_HEADER, MAX_CHUNK_SIZE
+from gpuhop.api.data import CHUNK_HEADER, CONT, MAX_CHUNK_SIZE, PART
 
 RAW, ZLIB = 0, 1
 
@@ -25,6 +28,7 @@ def decode(
     encoding: int, payload: bytes | memoryview, size: int, digest: str
 ) -> bytes | memoryview:
     data: bytes | memoryview
+    encoding &= ~(PART | CONT)
     if encoding == RAW:
         data = payload
     elif encoding == ZLIB:
@@ -43,7 +47,7 @@ def decode(
 
 
 async def receive(
-    store: BlobStore,
+    store: ChunkStore,
     stream: AsyncIterator[bytes],
     on_chunk: Callable[[str], None] = lambda digest: None,
 ) -> tuple[int, int, int]:
@@ -53,9 +57,9 @@ async def receive(
     chunks = _Chunks(store, on_chunk)
     try:
         await pump(stream, chunks.feed)
-        await asyncio.to_thread(chunks.pending.wait)  # the last chunks, hashed and on disk
+        await asyncio.to_thread(chunks.end)  # the last chunks, hashed and written
     except BaseException:
-        await asyncio.to_thread(chunks.pending.abandon)
+        await asyncio.to_thread(chunks.abandon)
         raise
     if chunks.buf:
         raise BlobError("the upload ended inside a chunk")
@@ -65,12 +69,29 @@ async def receive(
 class _Chunks:
     """The chunks of one upload, fed to it piece by piece (in one thread at a time)."""
 
-    def __init__(self, store: BlobStore, on_chunk: Callable[[str], None]):
+    def __init__(self, store: ChunkStore, on_chunk: Callable[[str], None]):
         self.store = store
         self.on_chunk = on_chunk
         self.buf = bytearray()  # bytes of chunks not yet whole
         self.stored = self.stored_bytes = self.received = 0
         self.pending = settle.Pending(self._named)
+        self.run: Run | None = None  # the run the chunks of the file being sent go to
+        self.runs: list[Run] = []
+
+    def end(self) -> None:
+        self.pending.wait()
+        self._close_runs()
+
+    def abandon(self) -> None:
+        """After an error: the chunks still on their way written (or not), then the runs
+        closed (in this thread, after the last write to them)."""
+        self.pending.abandon()
+        self._close_runs()
+
+    def _close_runs(self) -> None:
+        for run in self.runs:
+            self.store.close_run(run)
+        self.runs.clear()
 
     def _named(self, digest: str, size: int) -> None:
         self.stored += size > 0
@@ -98,6 +119,14 @@ class _Chunks:
             # Checked even when the chunk is stored already: the bytes prove that the
             # sender holds them (see gpuhop.agent.storage.claims). A client sends a
             # stored chunk only when asked to.
-            self.pending.add(self.store.put_later(digest, data), digest)
+            if encoding & PART:  # a chunk of a file of several: into its run
+                if self.run is None or not encoding & CONT:
+                    self.run = self.store.open_run()
+                    self.runs.append(self.run)
+                offset, self.run.size = self.run.size, self.run.size + size
+                self.pending.add(self.store.stage_later(self.run, offset, digest, data), digest)
+            else:
+                self.run = None
+                self.pending.add(self.store.blobs.put_later(digest, data), digest)
             pos = end
         self.buf = buf[pos:] if pos else buf  # at most one chunk's bytes

@@ -1,11 +1,12 @@
 """Runs in the agent: the dataset store, versions of named file trees kept next to the GPU.
 
-A version is a manifest (files as lists of chunk digests, the chunks in the blob store)
-kept as `datasets/NAME/vN.json`, and the tree assembled from it once, in
-`datasets/NAME/vN/`, read-only (files 0444, directories 0555). Jobs get that tree through
-a read-only bind mount (see `sandbox.py`), never a copy. A single-chunk file is a hard link
-to its blob (no second copy on disk), and a file unchanged since the previous version is a
-hard link to it there; other files are assembled with copy_file_range.
+A version is a manifest (files as lists of chunk digests) kept as `datasets/NAME/vN.json`,
+and the tree assembled from it once, in `datasets/NAME/vN/`, read-only (files 0444,
+directories 0555). Jobs get that tree through a read-only bind mount (see `sandbox.py`),
+never a copy. A single-chunk file is a hard link to its blob, and a file unchanged since the
+previous version is a hard link to it there; other files are their chunks copied into place
+(copy_file_range), and are from then on where those chunks are kept (see `chunkstore`):
+every byte is stored once.
 A version exists once its JSON is written, which happens last, by atomic rename, so a crash
 mid-push leaves no half version. Before that, every file the assembly wrote and every
 directory of the tree is flushed to the disk (linked files are blobs, flushed when stored),
@@ -18,7 +19,7 @@ is shared, with everyone or with named users, in `datasets/NAME/sharing.json` (f
 version, present and future). A version recorded without an owner (pushed before datasets
 had owners) is readable by all, as it always was.
 
-Chunks are not deleted with a dataset: garbage collection (`gpuhop.agent.services.gc`)
+Blobs are not deleted with a dataset: garbage collection (`gpuhop.agent.services.gc`)
 removes those that no version names.
 """
 
@@ -32,13 +33,14 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
 from gpuhop.agent.storage import settle
 from gpuhop.agent.storage.blobs import BlobStore, durable
+from gpuhop.agent.storage.chunkstore import ChunkStore, Run
 from gpuhop.agent.storage.trees import MissingBlobs, TreeError, check_paths
 from gpuhop.api.data import DatasetFile, DatasetInfo, DatasetManifest
 from gpuhop.api.models import check_dataset_name
@@ -61,6 +63,7 @@ class DatasetStore:
         self._locks: dict[str, threading.RLock] = {}
         self._guard = threading.Lock()
         root.mkdir(exist_ok=True)
+        self.chunks = ChunkStore(blobs, self._layouts)
 
     def locked(self, name: str) -> threading.RLock:
         """The lock of one dataset name. Re-entrant: a caller holds it across its own checks
@@ -132,6 +135,13 @@ class DatasetStore:
         files: list[dict] = json.loads(self.record_path(name, version).read_text())["files"]
         return files
 
+    def _layouts(self) -> Iterator[tuple[Path, list[dict]]]:
+        """Every version's tree and its files (for `chunkstore`: where chunks are kept)."""
+        for name in self.names():
+            for version in self.versions(name):
+                with contextlib.suppress(OSError, ValueError, KeyError):
+                    yield self.tree_path(name, version), self.manifest(name, version)
+
     # -- writing ----------------------------------------------------------------------------
 
     def sweep_leftovers(self, cutoff: float, dry_run: bool = False) -> list[int]:
@@ -166,7 +176,7 @@ class DatasetStore:
         check_dataset_name(name)
         manifest = DatasetManifest.model_validate_json(raw)
         check_paths([f.path for f in manifest.files], what="dataset")
-        missing = self.blobs.missing([d for f in manifest.files for d in f.chunks])
+        missing = self.chunks.missing([d for f in manifest.files for d in f.chunks])
         if missing:
             raise MissingBlobs(missing)
         files = [f.model_dump() for f in sorted(manifest.files, key=lambda f: f.path)]
@@ -186,16 +196,17 @@ class DatasetStore:
                 if versions
                 else None
             )
-            copied = _copied_bytes(manifest.files, previous[1] if previous else [])
             try:
-                self.blobs.check_quota(copied)
-                self._assemble(manifest.files, tmp, previous)
+                sizes, staged, copied = self._assemble(manifest.files, tmp, previous)
                 os.replace(tmp, self.tree_path(name, version))
                 settle.flush_dir(folder)
             except BaseException:
                 _remove_tree(tmp)
                 raise
             self.blobs.count_added(copied)
+            for f in files:
+                if f["path"] in sizes:
+                    f["sizes"] = sizes[f["path"]]
             record = {
                 "name": name,
                 "version": version,
@@ -207,39 +218,66 @@ class DatasetStore:
                 "owner": owner,
             }
             _write_atomic(self.record_path(name, version), json.dumps(record).encode())
+            self.chunks.add_version(self.tree_path(name, version), files, staged)
             return _info(record)
 
     def _assemble(
         self, files: list[DatasetFile], into: Path, previous: tuple[Path, list[dict]] | None
-    ) -> None:
+    ) -> tuple[dict[str, list[int]], set[str], int]:
         """Build a version's tree. A file unchanged since the previous version is a hard link
-        to it there (both are read-only), so a re-push costs what changed, not the whole.
-        Files made of several chunks are copied together on ASSEMBLERS threads (the kernel
-        copies; the GIL is let go)."""
+        to it there (both are read-only), so a re-push costs what changed, not the whole. A
+        file of one chunk is a hard link to that blob; a file that arrived as one run of
+        chunks is that run, moved into place (see `chunkstore`). Other files are their
+        chunks copied into place, on ASSEMBLERS threads (the kernel copies; the GIL is let
+        go). Returns the chunk sizes of each file of several chunks (where they are kept from
+        now on), the staged chunks copied, and the bytes copied (checked against the quota
+        first: a link or a run moved takes no more room)."""
         before = {}
         if previous is not None:
-            before = {f["path"]: (f["chunks"], f["executable"]) for f in previous[1]}
-        copies: list[tuple[Path, list[str]]] = []
+            before = {f["path"]: f for f in previous[1]}
+        links: list[tuple[str, Path]] = []
+        runs: dict[Run, Path] = {}
+        copies: dict[str, tuple[int, Path, list[str]]] = {}  # path -> size, dest, chunks
         made: list[tuple[DatasetFile, Path]] = []  # not linked to the previous version
+        sizes: dict[str, list[int]] = {}
         for f in files:
             dest = into / f.path
             dest.parent.mkdir(parents=True, exist_ok=True)
-            if before.get(f.path) == (f.chunks, f.executable) and previous is not None:
-                os.link(previous[0] / f.path, dest)
+            old = before.get(f.path)
+            if old is not None and (old["chunks"], old["executable"]) == (f.chunks, f.executable):
+                os.link(previous[0] / f.path, dest)  # type: ignore[index]
+                if "sizes" in old:
+                    sizes[f.path] = old["sizes"]
                 continue
-            if len(f.chunks) == 1 and not f.executable:
-                os.link(self.blobs.path(f.chunks[0]), dest)
-            else:
-                copies.append((dest, f.chunks))
             made.append((f, dest))
-        if len(copies) > 1:
-            workers = min(ASSEMBLERS, os.cpu_count() or 1, len(copies))
-            with ThreadPoolExecutor(workers, thread_name_prefix="gpuhop-assemble") as pool:
-                for done in [pool.submit(self._concatenate, *c) for c in copies]:
-                    done.result()  # the first error, once every copy has ended
-        else:
-            for copy in copies:
-                self._concatenate(*copy)
+            if len(f.chunks) == 1 and not f.executable and self.chunks.linkable(f.chunks[0]):
+                links.append((f.chunks[0], dest))
+                continue
+            run = self.chunks.whole_run(f.chunks, f.size) if len(f.chunks) > 1 else None
+            if run is not None and run not in runs:  # two files of equal content: one copied
+                runs[run] = dest
+                sizes[f.path] = [run.chunks[offset][1] for offset in sorted(run.chunks)]
+            else:
+                copies[f.path] = (f.size, dest, f.chunks)
+        copied = sum(size for size, _dest, _chunks in copies.values())
+        self.blobs.check_quota(copied)
+        staged: set[str] = set()
+        with ThreadPoolExecutor(settle.FLUSHERS, thread_name_prefix="gpuhop-link") as pool:
+            # A staged chunk that is a whole file is made a blob first.
+            for _ in pool.map(lambda link: os.link(self.chunks.settle(link[0]), link[1]), links):
+                pass
+        workers = min(ASSEMBLERS, os.cpu_count() or 1)
+        with ThreadPoolExecutor(workers, thread_name_prefix="gpuhop-assemble") as pool:
+            done = [
+                (p, pool.submit(self._concatenate, dest, c)) for p, (_s, dest, c) in copies.items()
+            ]
+            for path, future in done:
+                sizes[path], used = future.result()  # the first error, once every copy ended
+                staged.update(used)
+        with ThreadPoolExecutor(settle.FLUSHERS, thread_name_prefix="gpuhop-flush") as pool:
+            # Last, as copies may read from them: runs flushed and moved into place.
+            for _ in pool.map(lambda item: _move(self.chunks.take(item[0]), item[1]), runs.items()):
+                pass
         for f, dest in made:
             actual = dest.stat().st_size
             if actual != f.size:
@@ -248,13 +286,26 @@ class DatasetStore:
         for dirpath, _dirs, _files in os.walk(into, topdown=False):
             os.chmod(dirpath, 0o555)
         settle.flush_dirs(into)  # the files copied are flushed as they are copied
+        return sizes, staged, copied
 
-    def _concatenate(self, dest: Path, chunks: list[str]) -> None:
+    def _concatenate(self, dest: Path, chunks: list[str]) -> tuple[list[int], list[str]]:
+        """Copy a file's chunks into place; return each one's size and those staged."""
+        sizes, staged = [], []
         with open(dest, "wb") as out:
             for digest in chunks:
-                with open(self.blobs.path(digest), "rb") as chunk:
-                    _copy_all(chunk.fileno(), out.fileno())
+                path, offset, size, was_staged = self.chunks.source(digest)
+                try:
+                    src = os.open(path, os.O_RDONLY)
+                except FileNotFoundError:  # its version removed meanwhile: sent again
+                    raise MissingBlobs([digest]) from None
+                try:
+                    sizes.append(_copy_range(src, out.fileno(), offset, size))
+                finally:
+                    os.close(src)
+                if was_staged:
+                    staged.append(digest)
             os.fsync(out.fileno())  # on the disk before the version names it
+        return sizes, staged
 
     def remove(self, name: str, version: int | None) -> list[int]:
         """Remove one version, or all of them; returns the versions removed."""
@@ -268,18 +319,8 @@ class DatasetStore:
             folder = self.root / name
             if not self.versions(name):
                 _remove_tree(folder)
+            self.chunks.forget_versions()
             return targets
-
-
-def _copied_bytes(files: list[DatasetFile], previous: list[dict]) -> int:
-    """Bytes that assembling a version writes: files neither linked to their one chunk nor
-    to an unchanged file of the previous version."""
-    before = {f["path"]: (f["chunks"], f["executable"]) for f in previous}
-    return sum(
-        f.size
-        for f in files
-        if (len(f.chunks) != 1 or f.executable) and before.get(f.path) != (f.chunks, f.executable)
-    )
 
 
 def _info(record: dict) -> DatasetInfo:
@@ -295,14 +336,29 @@ def _info(record: dict) -> DatasetInfo:
     )
 
 
-def _copy_all(src: int, dst: int) -> None:
-    """Append all of `src` to `dst`: in the kernel where it can, by reads and writes if not."""
+def _move(run: Path, dest: Path) -> None:
+    """A run, flushed to the disk, becomes a version's file."""
+    fd = os.open(run, os.O_RDONLY)
     try:
-        while os.copy_file_range(src, dst, 1 << 30):
-            pass
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(run, dest)
+
+
+def _copy_range(src: int, dst: int, offset: int, size: int | None) -> int:
+    """Append `size` bytes of `src` from `offset` (to its end: None) to `dst`: in the kernel
+    where it can, by reads and writes if not. Returns the bytes copied."""
+    left = os.fstat(src).st_size - offset if size is None else size
+    pos = offset
+    try:
+        while left > 0 and (n := os.copy_file_range(src, dst, left, pos)):
+            pos, left = pos + n, left - n
     except OSError:
-        while data := os.read(src, 1 << 20):
+        while left > 0 and (data := os.pread(src, min(left, 1 << 20), pos)):
             os.write(dst, data)
+            pos, left = pos + len(data), left - len(data)
+    return pos - offset
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

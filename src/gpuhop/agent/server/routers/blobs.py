@@ -21,15 +21,19 @@ router = APIRouter(prefix="/v1/blobs", tags=["blobs"])
 
 @router.post("/missing")
 def missing(req: BlobCheck, request: Request) -> BlobCheckResult:
-    ctx = request.app.state.ctx
+    return missing_to(request, req.digests, request.app.state.ctx.blobs.missing(req.digests))
+
+
+def missing_to(request: Request, digests: list[str], absent: list[str]) -> BlobCheckResult:
+    """What the caller is to send of `digests`: those `absent`, and for a caller who is not
+    an admin those they never sent themselves."""
     caller = caller_of(request)
-    absent = ctx.blobs.missing(req.digests)
     if caller.admin:
         return BlobCheckResult(missing=absent)
     gone = set(absent)
-    present = [d for d in req.digests if d not in gone]
-    unclaimed = set(ctx.claims.unclaimed(caller.user, "blob", present))
-    return BlobCheckResult(missing=[d for d in req.digests if d in gone or d in unclaimed])
+    present = [d for d in digests if d not in gone]
+    unclaimed = set(request.app.state.ctx.claims.unclaimed(caller.user, "blob", present))
+    return BlobCheckResult(missing=[d for d in digests if d in gone or d in unclaimed])
 
 
 async def drain(request: Request) -> None:

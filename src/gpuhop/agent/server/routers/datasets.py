@@ -10,13 +10,13 @@ from fastapi import APIRouter, Query, Request
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
-from gpuhop.agent.server.routers.blobs import drain
+from gpuhop.agent.server.routers.blobs import drain, missing_to
 from gpuhop.agent.server.routers.trees import MAX_TREE_BYTES, receive
 from gpuhop.agent.services import datasets as service
 from gpuhop.agent.services import envs as envs_service
 from gpuhop.agent.storage import chunks
 from gpuhop.agent.storage.blobs import BlobError, QuotaExceeded
-from gpuhop.api import ErrorCode
+from gpuhop.api import BlobCheck, BlobCheckResult, ErrorCode
 from gpuhop.api.data import DatasetInfo, EnvInfo
 
 router = APIRouter(tags=["datasets"])
@@ -26,13 +26,21 @@ def ctx(request: Request) -> AgentContext:
     return request.app.state.ctx
 
 
+@router.post("/v1/chunks/missing")
+def missing_chunks(req: BlobCheck, request: Request) -> BlobCheckResult:
+    """Which of a push's chunks to send: those kept nowhere (not a blob, not staged, not in
+    a version's file; see gpuhop.agent.storage.chunkstore), and those the caller has not
+    sent before."""
+    return missing_to(request, req.digests, ctx(request).datasets.chunks.missing(req.digests))
+
+
 @router.post("/v1/chunks/upload")
 async def upload_chunks(request: Request) -> dict[str, int]:
     caller = caller_of(request)
     verified: list[str] = []
     try:
         stored, size, received = await chunks.receive(
-            ctx(request).blobs, request.stream(), verified.append
+            ctx(request).datasets.chunks, request.stream(), verified.append
         )
     except BlobError as e:
         raise ApiError(400, ErrorCode.bad_blob, str(e)) from None

@@ -1,0 +1,142 @@
+"""Where a dataset's bytes are kept, on a real agent: once. A file of several chunks is its
+chunks as they arrived (moved into place, not copied), later versions take unchanged chunks
+from it, and chunks staged for a push that never came go with an agent of another boot or
+with garbage collection."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from gpuhop.client import chunkupload
+from tests.conftest import wait_until
+from tests.integration.test_datasets import (
+    Interrupted,
+    age,
+    interrupt_after,
+    make_tree,
+    tree_digest,
+)
+from tests.integration.test_gc import EAGER
+
+MIB = 1024 * 1024
+
+
+def record(agent, name: str, version: int) -> dict[str, dict]:
+    raw = (agent.home / "datasets" / name / f"v{version}.json").read_text()
+    return {f["path"]: f for f in json.loads(raw)["files"]}
+
+
+def stored_bytes(*roots: Path) -> int:
+    """Bytes under `roots` on the disk, each file (inode) counted once."""
+    seen: dict[tuple[int, int], int] = {}
+    for path in (p for root in roots for p in root.rglob("*")):
+        st = path.lstat()
+        if path.is_file() and not path.is_symlink():
+            seen[(st.st_dev, st.st_ino)] = st.st_size
+    return sum(seen.values())
+
+
+def staged(agent) -> list[Path]:
+    return [p for p in (agent.home / "blobs" / ".staged").rglob("*") if p.is_file()]
+
+
+def test_a_dataset_is_kept_once_and_its_big_files_are_not_copied(make_agent, tmp_path):
+    agent = make_agent()
+    tree = make_tree(tmp_path / "ds")
+    with agent.client() as client:
+        pushed = client.data.push(tree, "once")
+    stored = agent.home / "datasets" / "once" / "v1"
+    assert tree_digest(stored) == tree_digest(tree)
+    big = record(agent, "once", 1)["big.bin"]
+    assert len(big["chunks"]) > 1 and sum(big["sizes"]) == big["size"] == 6 * MIB
+    # Its chunks are no blobs of their own: the version's file is where they are kept.
+    blobs = agent.home / "blobs"
+    assert not [d for d in big["chunks"] if (blobs / d[:2] / d).exists()]
+    assert (stored / "big.bin").stat().st_nlink == 1
+    assert staged(agent) == []
+    everything = stored_bytes(blobs, agent.home / "datasets")
+    assert pushed.bytes <= everything < pushed.bytes + 100_000  # + the records
+
+
+def test_new_versions_take_unchanged_chunks_from_the_files_of_earlier_ones(make_agent, tmp_path):
+    agent = make_agent()
+    tree = make_tree(tmp_path / "ds", seed=5)
+    rng = random.Random(5)
+    (tree / "second.bin").write_bytes(rng.randbytes(3 * MIB))
+    age(tree / "second.bin")
+    with agent.client() as client:
+        client.data.push(tree, "versions")
+        (tree / "labels.csv").write_text("id,label\n0,1\n")
+        age(tree / "labels.csv")
+        assert client.data.push(tree, "versions").info.version == 2  # big files: linked
+        v2 = agent.home / "datasets" / "versions" / "v2"
+        assert (v2 / "big.bin").stat().st_nlink == 2
+        # The version whose files v2 links to goes; the chunks stay where v2 keeps them.
+        assert client.data.remove("versions", 1) == [1]
+        for name, at in (("big.bin", 4_000_000), ("second.bin", 100)):
+            content = bytearray((tree / name).read_bytes())
+            content[at : at + 4] = b"edit"
+            (tree / name).write_bytes(content)
+            age(tree / name)
+        third = client.data.push(tree, "versions")
+        assert third.info.version == 3
+        assert 2 <= third.chunks_sent <= 4 and third.bytes_sent < 5 * MIB
+        v3 = agent.home / "datasets" / "versions" / "v3"
+        assert tree_digest(v3) == tree_digest(tree)
+        # With v2 gone too, v3's own files keep its chunks: a push of the same tree to a
+        # new name sends nothing.
+        assert client.data.remove("versions", 2) == [2]
+        again = client.data.push(tree, "versions-again")
+        assert again.chunks_sent == 0
+        assert tree_digest(agent.home / "datasets" / "versions-again" / "v1") == tree_digest(tree)
+    assert staged(agent) == []
+
+
+def test_an_agent_restarted_mid_push_keeps_what_arrived_and_drops_other_boots(
+    make_agent, tmp_path, monkeypatch
+):
+    agent = make_agent()
+    tree = make_tree(tmp_path / "ds", seed=6)
+    monkeypatch.setattr(chunkupload, "UPLOAD_BATCH_BYTES", 1)  # one file per request
+    sent = interrupt_after(monkeypatch, 2)  # big.bin (first, a run) and one more file
+    with agent.client() as client, pytest.raises(Interrupted):
+        client.data.push(tree, "restarted")
+    monkeypatch.undo()
+    assert staged(agent)  # big.bin's run and its index
+    # What an agent of another boot of the host left: a run that a power loss may have cut.
+    other = agent.home / "blobs" / ".staged" / "another-boot"
+    other.mkdir()
+    (other / "run-0").write_bytes(b"x" * 100)
+    agent.shutdown()
+    agent.start()
+    assert not other.exists()
+    with agent.client() as client:
+        result = client.data.push(tree, "restarted")
+    assert result.chunks_sent == result.chunks - sum(len(batch) for batch in sent)
+    assert tree_digest(agent.home / "datasets" / "restarted" / "v1") == tree_digest(tree)
+    assert staged(agent) == []
+
+
+def test_chunks_of_a_push_that_never_came_are_collected(make_agent, tmp_path, monkeypatch):
+    agent = make_agent(args=EAGER)
+    tree = make_tree(tmp_path / "ds", seed=7)
+    monkeypatch.setattr(chunkupload, "UPLOAD_BATCH_BYTES", 1)
+    interrupt_after(monkeypatch, 1)  # big.bin's chunks only, staged as one run
+    with agent.client() as client:
+        with pytest.raises(Interrupted):
+            client.data.push(tree, "abandoned")
+        monkeypatch.undo()
+        runs = staged(agent)
+        assert sum(p.stat().st_size for p in runs) >= 6 * MIB
+        report = client.gc()
+        assert report.freed["temp"].bytes >= 6 * MIB
+        wait_until(lambda: staged(agent) == [], timeout=5)
+        result = client.data.push(tree, "abandoned")  # all sent again, the version whole
+        assert result.chunks_sent == result.chunks
+    assert tree_digest(agent.home / "datasets" / "abandoned" / "v1") == tree_digest(tree)
+    assert os.listdir(agent.home / "blobs" / ".staged") != []  # this boot's (empty) dir
