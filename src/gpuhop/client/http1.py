@@ -109,12 +109,27 @@ class Connection:
             for piece in body:
                 if not piece:
                     continue  # an empty chunk would end a chunked body
-                if chunked:
+                if chunked and len(piece) < READ_SIZE:  # one write, the piece copied in
                     sock.sendall(b"%X\r\n%b\r\n" % (len(piece), piece))
+                elif chunked:  # a large piece (a dataset chunk): sent where it lies
+                    send_parts(sock, [b"%X\r\n" % len(piece), piece, b"\r\n"])
                 else:
                     sock.sendall(piece)
             if chunked:
                 sock.sendall(b"0\r\n\r\n")
+
+
+def send_parts(sock: socket.socket, parts: list[bytes | bytearray | memoryview]) -> None:
+    """Send `parts` one after another in as few writes as the socket takes (sendmsg), none
+    of them copied into one."""
+    views = [memoryview(p).cast("B") for p in parts]
+    while views:
+        sent = sock.sendmsg(views)
+        while sent:
+            if sent >= len(views[0]):
+                sent -= len(views.pop(0))
+            else:
+                views[0], sent = views[0][sent:], 0
 
 
 def request_head(method: str, url: str, headers: Mapping[str, str]) -> bytes:

@@ -24,6 +24,7 @@ grace period (`sweep`). Located chunks go with the last version that holds them.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import shutil
@@ -41,6 +42,9 @@ from gpuhop.agent.storage.checkouts import this_boot
 from gpuhop.agent.storage.trees import MissingBlobs
 from gpuhop.api.models import SHA256_RE
 
+SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h
+_sync_file_range: Callable[[int, int, int, int], int] | None = None
+
 # Every version's tree and its files, as kept in its record (with "sizes" where located).
 Layouts = Callable[[], Iterator[tuple[Path, list[dict]]]]
 # Where a chunk's bytes are: (file, offset, size; None: the whole file), and whether staged.
@@ -50,9 +54,10 @@ Source = tuple[Path, int, int | None, bool]
 class Run:
     """The chunks of one file as one upload sent them, one after another in a file."""
 
-    def __init__(self, path: Path, fd: int | None = None):
+    def __init__(self, path: Path, fd: int | None = None, index_fd: int | None = None):
         self.path = path
         self.fd = fd  # open while its upload writes to it
+        self.index_fd = index_fd  # its index, as long
         self.size = 0  # bytes given out to chunks (by the upload's reading thread)
         self.chunks: dict[int, tuple[str, int]] = {}  # offset -> (digest, size), whole
         self.touched = time.time()
@@ -108,19 +113,16 @@ class ChunkStore:
     def missing(self, digests: list[str]) -> list[str]:
         """The chunks kept nowhere: neither a blob, nor staged, nor in a version's file.
         Asking protects each from collection for a while."""
-        absent = self.blobs.missing(digests)
-        if not absent:
-            return absent
         now = time.time()
-        with self._lock:
+        with self._lock:  # in memory: those of files of several chunks, most of a dataset
             located = self._locator()
-            left = []
-            for digest in absent:
+            rest = []
+            for digest in digests:
                 if digest in self._staged:
                     self._staged[digest][0].touched = now
                 elif digest not in located:
-                    left.append(digest)
-            return left
+                    rest.append(digest)
+        return self.blobs.missing(rest) if rest else rest
 
     def linkable(self, digest: str) -> bool:
         """Whether the chunk is, or can be made, a blob of its own (a file's hard link)."""
@@ -157,7 +159,15 @@ class ChunkStore:
     def open_run(self) -> Run:
         """A new run, for the chunks an upload sends of one file."""
         path = self.root / f"run-{uuid.uuid4().hex}"
-        run = Run(path, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        fd = os.open(path, flags, 0o644)
+        try:
+            index = os.open(path.with_name(path.name + ".idx"), flags | os.O_APPEND, 0o644)
+        except BaseException:
+            os.close(fd)
+            path.unlink()
+            raise
+        run = Run(path, fd, index)
         with self._lock:
             self._runs[path] = run
         return run
@@ -167,6 +177,9 @@ class ChunkStore:
         if run.fd is not None:
             os.close(run.fd)
             run.fd = None
+        if run.index_fd is not None:
+            os.close(run.index_fd)
+            run.index_fd = None
         if not run.chunks:
             self._drop(run)
 
@@ -178,15 +191,15 @@ class ChunkStore:
         if actual != digest:
             raise BlobError(f"chunk {digest}: its content hashes to {actual}; it was rejected")
         size = len(data)
-        assert run.fd is not None
+        assert run.fd is not None and run.index_fd is not None
         with self.blobs.reserved(size):
             view, at = memoryview(data), offset
             while view:
                 written = os.pwrite(run.fd, view, at)
                 view, at = view[written:], at + written
             self.blobs.count_added(size)
-        with open(run.index, "a") as index:  # one short line: appended whole
-            index.write(f"{digest} {offset} {size}\n")
+        _write_back(run.fd, offset, size)
+        os.write(run.index_fd, f"{digest} {offset} {size}\n".encode())  # appended whole
         with self._lock:
             self._register(run, digest, offset, size)
         return size
@@ -318,3 +331,16 @@ def _locate(located: dict[str, tuple[str, int, int]], tree: Path, f: dict) -> No
     for digest, size in zip(f["chunks"], sizes, strict=True):
         located.setdefault(digest, (path, offset, size))
         offset += size
+
+
+def _write_back(fd: int, offset: int, size: int) -> None:
+    """Start writing these bytes to the disk, without waiting for it (sync_file_range's
+    SYNC_FILE_RANGE_WRITE): by the time a version takes the run, most of it is there, and
+    the flush before the version is named is short. (A run that ends up copied instead is
+    written twice; a whole file's chunks, sent as one run, are not.)"""
+    global _sync_file_range
+    if _sync_file_range is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        _sync_file_range = libc.sync_file_range
+        _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    _sync_file_range(fd, offset, size, SYNC_FILE_RANGE_WRITE)  # advice: its errors change nothing
