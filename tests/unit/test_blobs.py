@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.agent.storage import blobs as blobs_module
+from gpuhop.agent.storage import settle
 from gpuhop.agent.storage.blobs import BlobError, BlobStore
 from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.client.sync import FileEntry
@@ -240,7 +240,7 @@ def test_a_blob_is_named_only_after_its_flush_and_counts_against_the_quota_meanw
     store, monkeypatch
 ):
     flushed = threading.Event()
-    monkeypatch.setattr(blobs_module, "durable", lambda f: flushed.wait(60))  # a slow disk
+    monkeypatch.setattr(settle, "durable", lambda f: flushed.wait(60))  # a slow disk
     asked: list[int] = []
     store.check_quota = asked.append
     first, second = b"a" * 1000, b"b" * 300

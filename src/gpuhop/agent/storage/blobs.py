@@ -43,6 +43,8 @@ REFLINK_UNSUPPORTED = {
 }
 
 
+# A blob's bytes are handed to the disk as they arrive, this many at a time (see settle).
+WRITE_BACK_EVERY = 8 * 1024 * 1024
 # The disk (or the user's disk quota) is full.
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
@@ -250,7 +252,7 @@ class BlobStore:
         trusts a name once it exists)."""
         try:
             try:
-                durable(f)
+                settle.durable(f)
             finally:
                 f.close()
             dest = self.path(digest)
@@ -372,11 +374,17 @@ class _BlobWriter:
         fd, name = tempfile.mkstemp(dir=store.tmp, prefix="upload-")
         self.tmp_path = Path(name)
         self.file = os.fdopen(fd, "wb")
+        self.started = 0  # bytes whose writing to the disk has been started
 
     def write(self, data: bytes | memoryview) -> None:
         self.hash.update(data)
         self.file.write(data)
         self.remaining -= len(data)
+        written = self.size - self.remaining
+        if written - self.started >= WRITE_BACK_EVERY or not self.remaining:
+            self.file.flush()
+            settle.write_back(self.file.fileno(), self.started, written - self.started)
+            self.started = written
 
     def abort(self) -> None:
         self.file.close()
@@ -392,9 +400,3 @@ class _BlobWriter:
                 f"blob {self.digest}: its content hashes to {actual}; the upload was rejected"
             )
         return self.store._settle(self.file, self.tmp_path, self.digest, self.size)
-
-
-def durable(f: BinaryIO) -> None:
-    """Flush `f` to the disk (before it is renamed into place)."""
-    f.flush()
-    os.fsync(f.fileno())

@@ -30,8 +30,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuhop.agent.storage.blobs import BlobStore, durable
-from gpuhop.agent.storage.settle import flush_dir
+from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.settle import durable, flush_dir
 from gpuhop.agent.storage.trees import REMEMBER_ENTRIES
 from gpuhop.api import ManifestEntry
 from gpuhop.api.models import SHA256_RE

@@ -24,7 +24,6 @@ grace period (`sweep`). Located chunks go with the last version that holds them.
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import shutil
@@ -41,9 +40,6 @@ from gpuhop.agent.storage.blobs import BlobError, BlobStore
 from gpuhop.agent.storage.checkouts import this_boot
 from gpuhop.agent.storage.trees import MissingBlobs
 from gpuhop.api.models import SHA256_RE
-
-SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h
-_sync_file_range: Callable[[int, int, int, int], int] | None = None
 
 # Every version's tree and its files, as kept in its record (with "sizes" where located).
 Layouts = Callable[[], Iterator[tuple[Path, list[dict]]]]
@@ -198,7 +194,7 @@ class ChunkStore:
                 written = os.pwrite(run.fd, view, at)
                 view, at = view[written:], at + written
             self.blobs.count_added(size)
-        _write_back(run.fd, offset, size)
+        settle.write_back(run.fd, offset, size)  # a run is mostly on the disk when taken
         os.write(run.index_fd, f"{digest} {offset} {size}\n".encode())  # appended whole
         with self._lock:
             self._register(run, digest, offset, size)
@@ -331,16 +327,3 @@ def _locate(located: dict[str, tuple[str, int, int]], tree: Path, f: dict) -> No
     for digest, size in zip(f["chunks"], sizes, strict=True):
         located.setdefault(digest, (path, offset, size))
         offset += size
-
-
-def _write_back(fd: int, offset: int, size: int) -> None:
-    """Start writing these bytes to the disk, without waiting for it (sync_file_range's
-    SYNC_FILE_RANGE_WRITE): by the time a version takes the run, most of it is there, and
-    the flush before the version is named is short. (A run that ends up copied instead is
-    written twice; a whole file's chunks, sent as one run, are not.)"""
-    global _sync_file_range
-    if _sync_file_range is None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        _sync_file_range = libc.sync_file_range
-        _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    _sync_file_range(fd, offset, size, SYNC_FILE_RANGE_WRITE)  # advice: its errors change nothing

@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gpuhop.agent.storage import settle
-from gpuhop.agent.storage.blobs import BlobStore, durable
+from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.chunkstore import ChunkStore, Run
 from gpuhop.agent.storage.trees import MissingBlobs, TreeError, check_paths
 from gpuhop.api.data import DatasetFile, DatasetInfo, DatasetManifest
@@ -365,7 +365,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
     fd, name = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
-        durable(f)
+        settle.durable(f)
     os.replace(name, path)
     settle.flush_dir(path.parent)  # the new name too
 

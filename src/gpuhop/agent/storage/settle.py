@@ -14,14 +14,19 @@ answers only once every blob of it is named (`Pending.wait`).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import BinaryIO
 
 SETTLERS = 4  # fsyncs in flight at once, over all uploads
 IN_FLIGHT = 32  # blobs of one upload waiting to be named, at most (open files)
 FLUSHERS = 8  # directories of a new dataset version flushed at once
+SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h
+
+_sync_file_range: Callable[[int, int, int, int], int] | None = None
 
 _pool: ThreadPoolExecutor | None = None
 
@@ -86,3 +91,21 @@ def flush_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_back(fd: int, offset: int, size: int) -> None:
+    """Start writing these bytes of a file to the disk, without waiting (sync_file_range's
+    SYNC_FILE_RANGE_WRITE), so that the flush that names it later finds them there, or on
+    their way: the disk works while the upload goes on. Advice: its errors change nothing."""
+    global _sync_file_range
+    if _sync_file_range is None:
+        function = ctypes.CDLL(None, use_errno=True).sync_file_range
+        function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+        _sync_file_range = function
+    _sync_file_range(fd, offset, size, SYNC_FILE_RANGE_WRITE)
+
+
+def durable(f: BinaryIO) -> None:
+    """Flush `f` to the disk (before it is renamed into place)."""
+    f.flush()
+    os.fsync(f.fileno())

@@ -28,7 +28,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from gpuhop.agent.errors import ApiError, describe_errors
-from gpuhop.agent.storage.blobs import BlobStore, durable
+from gpuhop.agent.storage import settle
+from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.treefile import TreeFileError, read_entries
 from gpuhop.api import ErrorCode
 from gpuhop.api.models import MAX_MANIFEST_FILES, SHA256_RE, ManifestEntry, TreeDelta
@@ -154,7 +155,7 @@ class TreeStore:
         with self._lock:
             self._touched[digest] = time.time()
             if not dest.exists():
-                durable(upload.file)
+                settle.durable(upload.file)
                 os.replace(upload.name, dest)
         if files <= REMEMBER_ENTRIES:
             self._remember(digest, kept)
@@ -235,7 +236,7 @@ class TreeStore:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(raw)
-                durable(f)
+                settle.durable(f)
             for blob in blobs:
                 blob.result()
             os.replace(name, dest)
