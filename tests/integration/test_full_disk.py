@@ -19,6 +19,7 @@ from gpuhop.api import JobState
 from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.backends.leader import read_json
 from gpuhop.backends.procs import alive
+from gpuhop.client import GpuhopError
 from tests.conftest import Agent, wait_until
 from tests.integration.test_agent_restart import WAITER
 
@@ -94,3 +95,28 @@ def test_an_upload_that_fills_the_disk_leaves_none_of_its_blobs(small_agent):
         assert r.status_code == 507, r.text
         assert "disk is full" in r.json()["message"]
     assert [p for p in agent.paths.blobs.rglob("*") if p.is_file()] == []
+
+
+def test_a_dataset_push_that_fills_the_disk_is_refused_whole_and_goes_once_room_returns(
+    small_agent, tmp_path
+):
+    agent = small_agent
+    tree = tmp_path / "ds"
+    tree.mkdir()
+    (tree / "big.bin").write_bytes(os.urandom(5 << 20))  # a file of several chunks: a run
+    (tree / "small.txt").write_text("small")
+    with agent.client() as client:
+        assert client.info().version
+        filler = fill(agent.home, leave=3 << 20)
+        with pytest.raises(GpuhopError, match="disk is full"):
+            client.data.push(tree, "too-big")
+        # Nothing of it stays: no version, and the run's chunks are gone with the room.
+        staged = agent.home / "blobs" / ".staged"
+        assert [p for p in staged.rglob("*") if p.is_file()] == []
+        with pytest.raises(GpuhopError, match="no dataset"):
+            client.data.versions("too-big")
+        filler.unlink()
+        pushed = client.data.push(tree, "too-big")
+    assert pushed.info.version == 1
+    stored = agent.home / "datasets" / "too-big" / "v1"
+    assert (stored / "big.bin").read_bytes() == (tree / "big.bin").read_bytes()

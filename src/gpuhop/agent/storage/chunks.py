@@ -16,7 +16,7 @@ import zlib
 from collections.abc import AsyncIterator, Callable
 
 from gpuhop.agent.storage import settle
-from gpuhop.agent.storage.blobs import BlobError
+from gpuhop.agent.storage.blobs import NO_SPACE, BlobError
 from gpuhop.agent.storage.chunkstore import ChunkStore, Run
 from gpuhop.agent.storage.pump import pump
 from gpuhop.api.data import CHUNK_HEADER, CONT, MAX_CHUNK_SIZE, PART
@@ -58,8 +58,10 @@ async def receive(
     try:
         await pump(stream, chunks.feed)
         await asyncio.to_thread(chunks.end)  # the last chunks, hashed and written
-    except BaseException:
-        await asyncio.to_thread(chunks.abandon)
+    except BaseException as e:
+        # A full disk: this upload's runs go at once, so that the room is free again now.
+        full = isinstance(e, OSError) and e.errno in NO_SPACE
+        await asyncio.to_thread(chunks.abandon, full)
         raise
     if chunks.buf:
         raise BlobError("the upload ended inside a chunk")
@@ -82,10 +84,14 @@ class _Chunks:
         self.pending.wait()
         self._close_runs()
 
-    def abandon(self) -> None:
+    def abandon(self, discard: bool = False) -> None:
         """After an error: the chunks still on their way written (or not), then the runs
-        closed (in this thread, after the last write to them)."""
+        closed (in this thread, after the last write to them), or with `discard` removed."""
         self.pending.abandon()
+        if discard:
+            for run in self.runs:
+                self.store.close_run(run)
+                self.store.discard(run)
         self._close_runs()
 
     def _close_runs(self) -> None:

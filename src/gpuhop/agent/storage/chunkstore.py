@@ -177,7 +177,7 @@ class ChunkStore:
             os.close(run.index_fd)
             run.index_fd = None
         if not run.chunks:
-            self._drop(run)
+            self.discard(run)
 
     def stage(self, run: Run, offset: int, digest: str, data: bytes | memoryview) -> int:
         """Write a chunk at `offset` of its run (given out by `Run.size`); return the bytes
@@ -301,7 +301,8 @@ class ChunkStore:
                     self._forget(run)
         return freed
 
-    def _drop(self, run: Run) -> None:
+    def discard(self, run: Run) -> None:
+        """Remove a closed run and what it holds."""
         with self._lock:
             self._forget(run)
 

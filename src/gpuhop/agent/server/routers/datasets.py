@@ -15,7 +15,7 @@ from gpuhop.agent.server.routers.trees import MAX_TREE_BYTES, receive
 from gpuhop.agent.services import datasets as service
 from gpuhop.agent.services import envs as envs_service
 from gpuhop.agent.storage import chunks
-from gpuhop.agent.storage.blobs import BlobError, QuotaExceeded
+from gpuhop.agent.storage.blobs import NO_SPACE, BlobError, QuotaExceeded
 from gpuhop.api import BlobCheck, BlobCheckResult, ErrorCode
 from gpuhop.api.data import DatasetInfo, EnvInfo
 
@@ -46,6 +46,10 @@ async def upload_chunks(request: Request) -> dict[str, int]:
         raise ApiError(400, ErrorCode.bad_blob, str(e)) from None
     except QuotaExceeded:
         await drain(request)  # so that the client, still sending, reads the 507
+        raise
+    except OSError as e:
+        if e.errno in NO_SPACE:
+            await drain(request)  # the same: a full disk is a 507 too
         raise
     finally:
         # Chunks that arrived whole before an error count too (see gpuhop.agent.storage.claims).
