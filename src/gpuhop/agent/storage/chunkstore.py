@@ -14,6 +14,12 @@ chunk sizes of such files). So a dataset's bytes are written to the disk once an
 once; before, every chunk was a blob of its own, flushed on arrival, beside the version's
 copy of it: a first push wrote each byte twice and a dataset took twice its size.
 
+A run's bytes are handed to the disk as they are written, and once there, dropped from the
+page cache (a read later reads the disk). A push of a dataset is a stream, not a working
+set: it leaves the page cache to what jobs are reading now, and on a VM that gives page
+cache memory back to its host, it does not pay for fresh memory every GB (a second 2 GB push
+took the agent 6.8 CPU-seconds instead of 4.1; with the pages dropped, 4.0 each).
+
 Runs are kept apart from the blobs because they are not on the disk until a version takes
 them: the blob store trusts a name once it exists, and after a power loss a run may be cut
 short. So at the agent's start the runs of another boot of the host are removed, and those
@@ -41,6 +47,9 @@ from gpuhop.agent.storage.checkouts import this_boot
 from gpuhop.agent.storage.trees import MissingBlobs
 from gpuhop.api.models import SHA256_RE
 
+# A run's bytes this far behind the chunk being written are dropped from the page cache.
+DROP_BEHIND = 16 * 1024 * 1024
+
 # Every version's tree and its files, as kept in its record (with "sizes" where located).
 Layouts = Callable[[], Iterator[tuple[Path, list[dict]]]]
 # Where a chunk's bytes are: (file, offset, size; None: the whole file), and whether staged.
@@ -55,6 +64,7 @@ class Run:
         self.fd = fd  # open while its upload writes to it
         self.index_fd = index_fd  # its index, as long
         self.size = 0  # bytes given out to chunks (by the upload's reading thread)
+        self.dropped = 0  # bytes before this are out of the page cache
         self.chunks: dict[int, tuple[str, int]] = {}  # offset -> (digest, size), whole
         self.touched = time.time()
 
@@ -195,6 +205,12 @@ class ChunkStore:
                 view, at = view[written:], at + written
             self.blobs.count_added(size)
         settle.write_back(run.fd, offset, size)  # a run is mostly on the disk when taken
+        # What was written a while before is on the disk now: out of the page cache with it
+        # (see the module's docstring). Advice, as is the write-back; races change nothing.
+        behind = offset - DROP_BEHIND
+        if behind > run.dropped:
+            os.posix_fadvise(run.fd, run.dropped, behind - run.dropped, os.POSIX_FADV_DONTNEED)
+            run.dropped = behind
         os.write(run.index_fd, f"{digest} {offset} {size}\n".encode())  # appended whole
         with self._lock:
             self._register(run, digest, offset, size)

@@ -337,10 +337,11 @@ def _info(record: dict) -> DatasetInfo:
 
 
 def _move(run: Path, dest: Path) -> None:
-    """A run, flushed to the disk, becomes a version's file."""
+    """A run, flushed to the disk (and out of the page cache), becomes a version's file."""
     fd = os.open(run, os.O_RDONLY)
     try:
         os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
     os.rename(run, dest)
