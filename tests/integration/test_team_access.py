@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import socket
+import sqlite3
 import stat
 import sys
 import threading
@@ -258,6 +259,30 @@ def test_a_dataset_is_private_to_its_pusher_unless_shared(remote, tokens, projec
     assert {d.version for d in bob.data.list() if d.name == name} == {1, 2}
     assert mount_and_read(bob, name, reader) == "v2\n"
     assert alice.data.remove(name) == [1, 2]
+
+
+def test_the_claims_of_a_removed_datasets_chunks_go_with_it(remote, tokens, tls_agent, tmp_path):
+    """A file of several chunks keeps them in the version's file, not as blobs; once the
+    version is removed, garbage collection forgets who held them (claims.db stays small)."""
+    alice, carol = remote(tokens["alice"]), remote(tokens["carol"])
+    tree = tmp_path / "alices-big"
+    tree.mkdir()
+    (tree / "big.bin").write_bytes(os.urandom(5 << 20))
+    alice.data.push(tree, "alices-big")
+    record = tls_agent.home / "datasets" / "alices-big" / "v1.json"
+    chunks = set(json.loads(record.read_text())["files"][0]["chunks"])
+    assert len(chunks) > 1 and chunks <= claimed_blobs(tls_agent)
+    assert alice.data.remove("alices-big") == [1]
+    carol.gc()
+    assert not chunks & claimed_blobs(tls_agent)
+
+
+def claimed_blobs(agent: Agent) -> set[str]:
+    db = sqlite3.connect(agent.home / "claims.db")
+    try:
+        return {row[0] for row in db.execute("SELECT digest FROM claims WHERE kind = 'blob'")}
+    finally:
+        db.close()
 
 
 def test_a_dataset_from_before_owners_stays_visible_to_all(

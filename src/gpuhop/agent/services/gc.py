@@ -25,8 +25,8 @@ are never removed, and the check and the removal take the same lock (see
 client whose blob or tree did vanish gets 409 missing_blobs/missing_tree and sends it
 again (`Client.submit` does this once).
 
-Claims (`claims.db`) of removed blobs and trees are removed with them: a claim is kept
-only for what is stored, so `claims.db` does not grow without bound.
+Claims (`claims.db`) of removed blobs, trees and dataset chunks are removed with them: a
+claim is kept only for what is stored, so `claims.db` does not grow without bound.
 """
 
 from __future__ import annotations
@@ -93,13 +93,15 @@ def collect(
                 if digest not in kept:
                     rt.checkouts.remove(digest)
         live_blobs |= _dataset_chunks(rt)
-        removed_blobs = []
+        # Listed before anything is looked at: a claim comes after what it is about is
+        # stored, so one made from here on is about something kept, and is left alone.
+        claimed = [] if dry_run else rt.claims.digests("blob")
+        kept_blobs = set()
         for digest in rt.blobs.digests():
-            if digest in live_blobs:
-                continue
-            size = rt.blobs.remove(digest, cutoff, dry_run)
-            if size is not None:
-                removed_blobs.append(digest)
+            size = None if digest in live_blobs else rt.blobs.remove(digest, cutoff, dry_run)
+            if size is None:
+                kept_blobs.add(digest)
+            else:
                 _add(freed["blobs"], size)
         _sweep_temp(rt.paths.tmp, cutoff, dry_run, freed["temp"])
         for size in rt.datasets.sweep_leftovers(cutoff, dry_run):
@@ -108,7 +110,10 @@ def collect(
             _add(freed["temp"], size)
         _remove_envs(rt, policy, now, dry_run, freed["envs"])
         if not dry_run:
-            rt.claims.forget("blob", removed_blobs)
+            # Claims of what is no longer kept: removed blobs, and the chunks of removed
+            # dataset versions (kept in their files, not as blobs: see chunkstore).
+            held = kept_blobs | rt.datasets.chunks.held()
+            rt.claims.forget("blob", [d for d in claimed if d not in held])
             rt.claims.forget("tree", removed_trees)
             rt.meter.invalidate()
     report = GcReport(dry_run=dry_run, freed=freed, pruned_jobs=gone, usage=rt.meter.usage())

@@ -130,6 +130,11 @@ class ChunkStore:
                     rest.append(digest)
         return self.blobs.missing(rest) if rest else rest
 
+    def held(self) -> set[str]:
+        """Every chunk kept here (staged or located), not counting blobs."""
+        with self._lock:
+            return self._staged.keys() | self._locator().keys()
+
     def linkable(self, digest: str) -> bool:
         """Whether the chunk is, or can be made, a blob of its own (a file's hard link)."""
         with self._lock:
@@ -197,7 +202,8 @@ class ChunkStore:
         if actual != digest:
             raise BlobError(f"chunk {digest}: its content hashes to {actual}; it was rejected")
         size = len(data)
-        assert run.fd is not None and run.index_fd is not None
+        if run.fd is None or run.index_fd is None:
+            raise BlobError(f"chunk {digest}: its upload has ended")  # cannot happen
         with self.blobs.reserved(size):
             view, at = memoryview(data), offset
             while view:

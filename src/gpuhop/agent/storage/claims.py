@@ -62,6 +62,12 @@ class ClaimStore:
                     f"DELETE FROM claims WHERE kind = ? AND digest IN ({marks})", (kind, *part)
                 )
 
+    def digests(self, kind: str) -> list[str]:
+        """Every digest of `kind` that someone claims."""
+        with self._lock:
+            rows = self._db.execute("SELECT DISTINCT digest FROM claims WHERE kind = ?", (kind,))
+            return [row[0] for row in rows]
+
     def unclaimed(self, user: str, kind: str, digests: list[str]) -> list[str]:
         """The digests of `digests` that `user` has not claimed, in their order."""
         held: set[str] = set()
