@@ -4,9 +4,9 @@ A version is a manifest (files as lists of chunk digests) kept as `datasets/NAME
 and the tree assembled from it once, in `datasets/NAME/vN/`, read-only (files 0444,
 directories 0555). Jobs get that tree through a read-only bind mount (see `sandbox.py`),
 never a copy. A single-chunk file is a hard link to its blob, and a file unchanged since the
-previous version is a hard link to it there; other files are their chunks copied into place
-(copy_file_range), and are from then on where those chunks are kept (see `chunkstore`):
-every byte is stored once.
+previous version is a hard link to it there; other files are their chunks as they arrived
+(a run, moved into place) or copied into place (copy_file_range), and are from then on
+where those chunks are kept (see `chunkstore`): every byte is stored once.
 A version exists once its JSON is written, which happens last, by atomic rename, so a crash
 mid-push leaves no half version. Before that, every file the assembly wrote and every
 directory of the tree is flushed to the disk (linked files are blobs, flushed when stored),
@@ -232,7 +232,7 @@ class DatasetStore:
         go). Returns the chunk sizes of each file of several chunks (where they are kept from
         now on), the staged chunks copied, and the bytes copied (checked against the quota
         first: a link or a run moved takes no more room)."""
-        before = {}
+        before: dict[str, dict] = {}
         if previous is not None:
             before = {f["path"]: f for f in previous[1]}
         links: list[tuple[str, Path]] = []
@@ -243,9 +243,10 @@ class DatasetStore:
         for f in files:
             dest = into / f.path
             dest.parent.mkdir(parents=True, exist_ok=True)
-            old = before.get(f.path)
-            if old is not None and (old["chunks"], old["executable"]) == (f.chunks, f.executable):
-                os.link(previous[0] / f.path, dest)  # type: ignore[index]
+            old = before.get(f.path, {})
+            same = (old.get("chunks"), old.get("executable")) == (f.chunks, f.executable)
+            if previous is not None and same:
+                os.link(previous[0] / f.path, dest)
                 if "sizes" in old:
                     sizes[f.path] = old["sizes"]
                 continue
