@@ -5,6 +5,7 @@ with garbage collection."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuhop.api.data import CHUNK_HEADER, CONT, PART
 from gpuhop.client import chunkupload
 from tests.conftest import wait_until
 from tests.integration.test_datasets import (
@@ -21,6 +23,7 @@ from tests.integration.test_datasets import (
     make_tree,
     tree_digest,
 )
+from tests.integration.test_full_disk import raw_http
 from tests.integration.test_gc import EAGER
 
 MIB = 1024 * 1024
@@ -140,3 +143,31 @@ def test_chunks_of_a_push_that_never_came_are_collected(make_agent, tmp_path, mo
         assert result.chunks_sent == result.chunks
     assert tree_digest(agent.home / "datasets" / "abandoned" / "v1") == tree_digest(tree)
     assert os.listdir(agent.home / "blobs" / ".staged") != []  # this boot's (empty) dir
+
+
+def test_a_run_with_a_bad_chunk_is_refused_and_leaves_nothing(make_agent):
+    """Chunks flagged as parts of a file, one of them not what its digest says: the upload
+    answers 400 naming it, what came before it in the run is kept (a retry sends only the
+    rest), and a run of nothing whole leaves no file."""
+    agent = make_agent()
+    good, bad = os.urandom(100_000), os.urandom(100_000)
+    good_digest = hashlib.sha256(good).hexdigest()
+    lie = hashlib.sha256(b"something else").hexdigest()
+
+    def frame(digest: str, data: bytes, flags: int) -> bytes:
+        return CHUNK_HEADER.pack(bytes.fromhex(digest), len(data), len(data), flags) + data
+
+    with raw_http(agent) as http:
+        r = http.post("/v1/chunks/upload", content=frame(lie, bad, PART))
+        assert r.status_code == 400 and r.json()["code"] == "bad_blob", r.text
+        assert lie in r.json()["message"]
+        assert staged(agent) == []
+        body = frame(good_digest, good, PART) + frame(lie, bad, PART | CONT)
+        r = http.post("/v1/chunks/upload", content=body)
+        assert r.status_code == 400 and lie in r.json()["message"]
+        missing = http.post("/v1/chunks/missing", json={"digests": [good_digest, lie]})
+        assert missing.json()["missing"] == [lie]
+        # CONT without PART (a whole file's chunk, to the blob store): checked the same.
+        r = http.post("/v1/chunks/upload", content=frame(lie, bad, CONT))
+        assert r.status_code == 400
+        assert not [p for p in (agent.home / "blobs").rglob("*") if p.name == lie]
