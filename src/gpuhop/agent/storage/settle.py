@@ -1,5 +1,6 @@
-"""Runs in the agent: blobs made durable and named in the background, several at once; and
-the directories of a dataset version flushed to the disk before it is named.
+"""Runs in the agent: blobs made durable and named in the background, several at once; the
+directories of a dataset version flushed to the disk before it is named; and the helpers
+that flush a file (`durable`) or hand its bytes to the disk early (`write_back`).
 
 A blob is named only once its bytes are on disk (see `blobs`): after a power loss a stored
 blob is whole or absent. Waiting for each fsync before receiving the next blob made an
