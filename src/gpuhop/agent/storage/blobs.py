@@ -33,14 +33,8 @@ from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.api.models import SHA256_RE
 
 FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
-REFLINK_UNSUPPORTED = {
-    errno.EOPNOTSUPP,
-    errno.ENOTTY,
-    errno.EINVAL,
-    errno.EXDEV,
-    errno.ENOSYS,
-    errno.EPERM,
-}
+REFLINK_UNSUPPORTED = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL,
+                       errno.EXDEV, errno.ENOSYS, errno.EPERM}  # fmt: skip
 
 
 # A blob's bytes are handed to the disk as they arrive, this many at a time (see settle).
