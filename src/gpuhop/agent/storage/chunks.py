@@ -88,11 +88,10 @@ class _Chunks:
         """After an error: the chunks still on their way written (or not), then the runs
         closed (in this thread, after the last write to them), or with `discard` removed."""
         self.pending.abandon()
-        if discard:
-            for run in self.runs:
-                self.store.close_run(run)
-                self.store.discard(run)
+        runs = list(self.runs)
         self._close_runs()
+        for run in runs if discard else ():
+            self.store.discard(run)
 
     def _close_runs(self) -> None:
         for run in self.runs:

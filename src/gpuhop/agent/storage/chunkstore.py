@@ -59,10 +59,10 @@ Source = tuple[Path, int, int | None, bool]
 class Run:
     """The chunks of one file as one upload sent them, one after another in a file."""
 
-    def __init__(self, path: Path, fd: int | None = None, index_fd: int | None = None):
+    def __init__(self, path: Path):
         self.path = path
-        self.fd = fd  # open while its upload writes to it
-        self.index_fd = index_fd  # its index, as long
+        self.fd: int | None = None  # open while its upload writes to it
+        self.index_fd: int | None = None  # its index, as long
         self.size = 0  # bytes given out to chunks (by the upload's reading thread)
         self.dropped = 0  # bytes before this are out of the page cache
         self.chunks: dict[int, tuple[str, int]] = {}  # offset -> (digest, size), whole
@@ -169,18 +169,17 @@ class ChunkStore:
 
     def open_run(self) -> Run:
         """A new run, for the chunks an upload sends of one file."""
-        path = self.root / f"run-{uuid.uuid4().hex}"
+        run = Run(self.root / f"run-{uuid.uuid4().hex}")
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-        fd = os.open(path, flags, 0o644)
+        run.fd = os.open(run.path, flags, 0o644)
         try:
-            index = os.open(path.with_name(path.name + ".idx"), flags | os.O_APPEND, 0o644)
+            run.index_fd = os.open(run.index, flags | os.O_APPEND, 0o644)
         except BaseException:
-            os.close(fd)
-            path.unlink()
+            os.close(run.fd)
+            run.path.unlink()
             raise
-        run = Run(path, fd, index)
         with self._lock:
-            self._runs[path] = run
+            self._runs[run.path] = run
         return run
 
     def close_run(self, run: Run) -> None:
