@@ -152,10 +152,13 @@ def test_a_job_cannot_reach_the_agents_socket(tls_agent, remote, tokens, project
 
 def test_a_job_sees_nothing_else_of_the_state_dir(tls_agent, victim, remote, tokens, project):
     home = tls_agent.paths.home
-    targets = {"list": [str(home), str(home / "jobs")]}
+    targets = {"list": [str(home), str(home / "jobs"), str(home / "users")]}
     _, listings = attack(remote, tokens, project, targets)
-    assert listings[0] == ["jobs"]
+    # Its own job's dir, and its own user's home (which holds its caches).
+    assert sorted(listings[0]) == ["jobs", "users"]
     assert len(listings[1]) == 1 and listings[1] != [victim["job"].id]
+    alice = json.loads((home / "identities.json").read_text())["alice"]
+    assert listings[2] == [str(alice)]
 
 
 def test_a_job_cannot_read_the_tls_key_tokens_or_job_store(tls_agent, remote, tokens, project):

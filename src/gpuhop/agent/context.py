@@ -9,10 +9,11 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpuhop.agent.callers import owner_login
 from gpuhop.agent.host.gpuhistory import GpuHistory, sample_every
+from gpuhop.agent.host.identities import Identities, IdentityError
 from gpuhop.agent.jobs.after import judge
 from gpuhop.agent.jobs.metricstail import latest_metrics
 from gpuhop.agent.jobs.notifier import HostRule, Notifier, payload
@@ -30,6 +31,7 @@ from gpuhop.agent.storage.tokens import TokenStore
 from gpuhop.agent.storage.trees import TreeStore
 from gpuhop.agent.storage.usage import DiskMeter
 from gpuhop.api import EndClass, JobState, ListenerInfo, format_mb
+from gpuhop.backends.base import StartError
 from gpuhop.home import AgentPaths
 
 if TYPE_CHECKING:
@@ -69,6 +71,9 @@ class AgentContext:
         self.trees = TreeStore(paths.trees, paths.tmp, self.blobs)
         self.datasets = DatasetStore(paths.home / "datasets", self.blobs)
         self.envs = EnvStore(paths.home / "envs")
+        self.identities = Identities(
+            paths.home, self.policy.job_uid_base, dict(self.policy.job_accounts)
+        )
         self.notify_rule = HostRule(self.policy.notify_allowed_hosts)
         self.notifier = Notifier(self.notify_rule, timeout=self.policy.notify_timeout_seconds)
         self.checkouts = CheckoutStore(paths.home / "checkouts", paths.tmp, self.blobs)
@@ -81,6 +86,7 @@ class AgentContext:
             team=self.team,
             on_event=self.notify,
             checkouts=self.checkouts,
+            identity=self.identity_of,
         )
         # Why each queued job that waits on a limit (not on busy GPUs) waits; see `plan`.
         self.waiting: dict[str, str] = {}
@@ -101,6 +107,26 @@ class AgentContext:
         self._pass_lock = threading.Lock()
         self._pass_due = False
         self._passes_open = False
+
+    def identity_of(self, job: JobRecord) -> dict[str, Any] | None:
+        """The identity `job` runs as: on a team agent whose backend gives jobs identities
+        of their own (this host's), one per user (gpuhop.agent.host.identities); else None,
+        and the job runs as the agent's user. Raises StartError where a team agent cannot
+        give one (it does not run as root)."""
+        if not (self.supervisor.backend.identities and self.team()):
+            return None
+        if os.geteuid() != 0:
+            raise StartError(
+                "this agent serves a team but does not run as root, so it cannot run each"
+                " user's jobs as an unprivileged identity of their own, and starts no job:"
+                " run the team agent as root (gpuhop agent start --listen ... as root; jobs"
+                " then never run as root nor as the agent's user), or serve one user only"
+            )
+        try:
+            identity = self.identities.of(job.owner or owner_login())
+        except IdentityError as e:
+            raise StartError(str(e)) from None
+        return {**identity.as_spec(), "pass": list(self.policy.job_env_pass)}
 
     def team(self) -> bool:
         """Whether this agent serves more than its owner now: a TCP listener is open, or

@@ -28,6 +28,28 @@ if TYPE_CHECKING:
 
 # Variables the agent's own environment must not hand to a job (or to Ray's processes).
 SCRUBBED_ENV = ("TF_CONFIG", "CUDA_VISIBLE_DEVICES", "GPUHOP_HOME", "GPUHOP_REMOTE")
+# What a team agent's jobs get of the agent's own environment (plus what agent.toml's
+# `job_env_pass` names): how to find programs and libraries, the locale, and how the host's
+# GPUs and math libraries are set up. Nothing else: the operator's credentials, SSH agent
+# and whatever the shell that started the agent held never reach another user's job.
+JOB_ENV_ALLOWED = (
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TERM",
+    "LD_LIBRARY_PATH",
+    "OMP_NUM_THREADS",
+    "TF_CPP_MIN_LOG_LEVEL",
+)
+JOB_ENV_ALLOWED_PREFIXES = ("LC_", "CUDA_", "NVIDIA_", "OPENBLAS_", "MKL_", "XLA_FLAGS")
+
+
+def allowed_for_jobs(name: str, extra: tuple[str, ...] = ()) -> bool:
+    """Whether a team agent passes its variable `name` on to jobs."""
+    return name in JOB_ENV_ALLOWED or name in extra or name.startswith(JOB_ENV_ALLOWED_PREFIXES)
+
+
 # TF_CPP_MIN_LOG_LEVEL for jobs that do not set it: 2 hides TensorFlow's INFO and WARNING
 # lines from C++ (the oneDNN notice, CUDA probing on a CPU host); 3 would hide errors too.
 QUIET_TF = "2"
@@ -174,6 +196,9 @@ class Backend(Protocol):
     where: str  # in words: "this host", "the Ray cluster"
     gpu_host: GpuHost  # the GPUs it offers the scheduler
     python: str  # the interpreter of gpuhop's own helpers (and of scripts, by default)
+    # Whether a team agent's jobs run as an unprivileged identity per user here (deps'
+    # "identity"); where not (a cluster), they run as the cluster's user, as before.
+    identities: bool
 
     def describe(self) -> str:
         """One line for the agent's log."""

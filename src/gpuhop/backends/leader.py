@@ -32,6 +32,7 @@ class LeaderBackend:
 
     name: str
     address: str | None = None
+    identities = False
     remote = False
     where = "this host"
 

@@ -62,12 +62,17 @@ class Supervisor:
         team: Callable[[], bool] = lambda: False,
         on_event: Callable[[str, str], None] = lambda job_id, event: None,
         checkouts: CheckoutStore | None = None,
+        identity: Callable[[JobRecord], dict[str, Any] | None] = lambda job: None,
     ):
         """`team`: whether the agent serves more than its owner now (a TLS listener, or
         tokens of more than one user); such an agent starts no job without a sandbox.
         `on_event(job_id, event)`: a job "started", or ended for good (the event is its
-        final state); for its notifications, and it must not block."""
+        final state); for its notifications, and it must not block.
+        `identity(job)`: the unprivileged identity the job runs as (a team agent's), or
+        None (it runs as the agent's user); raises StartError where it must have one and
+        cannot."""
         self.on_event = on_event
+        self.identity = identity
         self.paths = paths
         self.team = team
         # Where the jobs' processes run (gpuhop.backends): this host, or a cluster.
@@ -99,9 +104,13 @@ class Supervisor:
             job = self.store.get(job_id)
             self._check_isolation()
             deps = jobdeps.read(jp)
-            checkout = materialise(
-                jp, self.blobs, self.checkouts, self.backend.work_view(), job.tree
-            )
+            identity = self.identity(job)
+            no_view = self.backend.work_view()
+            if identity is not None:
+                deps["identity"] = identity
+                # Files of its identity's own: the shared checkout's are the agent's.
+                no_view = "a job with an identity of its own gets its own copy"
+            checkout = materialise(jp, self.blobs, self.checkouts, no_view, job.tree)
             if checkout is not None:
                 deps["checkout"] = str(checkout)
             started = self.backend.start(job, jp, deps)

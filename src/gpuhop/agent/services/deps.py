@@ -27,12 +27,8 @@ def check(
         deps["pack"] = True  # read by a scale-out backend; one host has nothing to pack
     if req.data:
         deps["data"] = _mounts(rt, req, tree_paths, caller)
-    python = None
-    if req.python is not None:
-        try:
-            python = check_python(req.python)
-        except EnvError as e:
-            raise ApiError(400, ErrorCode.bad_request, str(e)) from None
+    python = interpreter(rt, req)
+    if python is not None:
         deps["python"] = python
     if req.requirements is not None:
         if "\x00" in req.requirements:
@@ -42,6 +38,16 @@ def check(
         except EnvError as e:
             raise ApiError(400, ErrorCode.bad_request, str(e)) from None
     return deps
+
+
+def interpreter(rt: AgentContext, req: SubmitRequest) -> str | None:
+    """The job's own interpreter (`--python`), checked before anything runs it; or None."""
+    if req.python is None:
+        return None
+    try:
+        return check_python(req.python, rt.paths.home)
+    except EnvError as e:
+        raise ApiError(400, ErrorCode.bad_request, str(e)) from None
 
 
 def _mounts(

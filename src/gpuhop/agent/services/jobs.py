@@ -240,6 +240,7 @@ def submit(
     """Queue a job. `prepare` puts more files in the new job's dir before it is queued
     (a model server's SavedModel); if it raises, the job is not created."""
     admission.check_priority(req, caller)
+    deps.interpreter(rt, req)  # before the backend's check may run it
     try:
         rt.backend.check_submit(req)
     except Refused as e:

@@ -46,12 +46,25 @@ def _version(python: str, mtime_ns: int) -> str:
     return out.stdout.strip()
 
 
-def check_python(python: str) -> str:
-    """An interpreter path given by a job: absolute, an executable file. Returns it."""
+# Dirs of the state dir that hold what users sent or their jobs wrote.
+USERS_FILES = ("jobs", "blobs", "trees", "checkouts", "datasets", "envs", "users", "tmp")
+
+
+def check_python(python: str, home: Path) -> str:
+    """An interpreter path given by a job: absolute, an executable file, and none of the
+    files users sent or their jobs wrote (the agent runs it to learn its version, and a
+    user's file must never run as the agent). Returns it."""
     if not os.path.isabs(python):
         raise EnvError(f"--python takes an absolute path on the GPU host, not {python!r}")
     if not os.path.isfile(python) or not os.access(python, os.X_OK):
         raise EnvError(f"--python {python}: no executable file there on the GPU host")
+    real = Path(os.path.realpath(python))
+    home = Path(os.path.realpath(home))
+    if any(real.is_relative_to(home / d) for d in USERS_FILES):
+        raise EnvError(
+            f"--python {python}: that file lies among what users sent to the agent or their"
+            f" jobs wrote ({home}); name an interpreter installed on the GPU host"
+        )
     return os.path.normpath(python)
 
 

@@ -17,6 +17,10 @@ From `agent.toml` in the state dir, then from `python -m gpuhop.agent` options, 
     notify_timeout_seconds = 10   # a webhook that has not answered by then is tried again
     idle_gpu_minutes = 30     # a job holding whole GPUs at 0 % this long is warned in its log
     idle_action = "warn"      # ... and left alone ("warn"), or cancelled, class idle ("cancel")
+    job_uid_base = 2000000000 # a team agent's jobs run as one uid per user from here on ...
+    job_env_pass = ["HTTPS_PROXY"]  # ... with these of the agent's variables besides the usual
+    [job_accounts]            # ... or as the Unix account an admin maps a user to
+    alice = "alice"
 
 Per-user limits bind users who are not admins. No limit is set by default.
 The idle guard is off by default; notebooks (`gpuhop notebook`) are exempt from it: they
@@ -42,7 +46,7 @@ _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*\Z", re.IGNOREC
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 SIZE_FIELDS = ("storage_quota", "jobs_quota", "log_cap")
 LIMIT_FIELDS = ("user_max_gpus", "user_max_queued")
-LIST_FIELDS = ("notify", "notify_allowed_hosts")
+LIST_FIELDS = ("notify", "notify_allowed_hosts", "job_env_pass")
 IDLE_ACTIONS = ("warn", "cancel")
 
 
@@ -67,6 +71,9 @@ class Policy:
     notify_timeout_seconds: float = 10.0
     idle_gpu_minutes: float | None = None
     idle_action: str = "warn"
+    job_uid_base: int = 2_000_000_000
+    job_env_pass: tuple[str, ...] = ()
+    job_accounts: tuple[tuple[str, str], ...] = ()
 
     @property
     def grace_seconds(self) -> float:
@@ -116,6 +123,16 @@ def _coerce(name: str, value: Any, source: str) -> Any:
                 return None
             if int(value) < 0:
                 raise ValueError("it is negative")
+            return int(value)
+        if name == "job_accounts":
+            if not isinstance(value, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+            ):
+                raise ValueError('give a table of user = "unix account"')
+            return tuple(sorted(value.items()))
+        if name == "job_uid_base":
+            if isinstance(value, bool) or not 1000 <= int(value) <= 2**31 - 200_000:
+                raise ValueError("give a uid from 1000 to 2147283647")
             return int(value)
         if name == "idle_action":
             if value not in IDLE_ACTIONS:

@@ -36,6 +36,7 @@ from gpuhop.backends.base import (
     JobAttempt,
     Started,
     StartError,
+    allowed_for_jobs,
 )
 from gpuhop.backends.jobdeps import python as job_python
 from gpuhop.backends.leader import LeaderBackend, read_json
@@ -52,6 +53,8 @@ log = logging.getLogger("gpuhop.agent")
 SHIM = str(Path(__file__).with_name("shim.py"))
 SANDBOX = str(Path(__file__).with_name("sandbox.py"))
 WORKVIEW = str(Path(__file__).with_name("workview.py"))
+# In a job's dir: the job's /var/tmp, where it has an identity of its own.
+VAR_TMP = "vartmp"
 # In a job's dir: what its shim runs, for the shim server; the shim reads it and removes it.
 SHIM_REQUEST = "shim-request.json"
 # How often a job whose shim the server started is checked for an end the server never told.
@@ -63,8 +66,13 @@ def job_environment(
     jp: JobPaths,
     base: dict[str, str] | None = None,
     gpu_total_mb: int | None = None,
+    passed: tuple[str, ...] | None = None,
 ) -> dict[str, str]:
     """The job's environment: the host's, the job's own variables, then gpuhop's contract.
+
+    With `passed` (a team agent's job) only the host's variables that `allowed_for_jobs`
+    lets through, and those named in `passed`, are taken: the agent's own credentials and
+    settings never reach another user's job.
 
     Defaults the job may override: TensorFlow's C++ start-up chatter quieted (INFO and
     WARNING lines, such as the oneDNN notice; errors still show), and gpuhop's Keras
@@ -78,7 +86,9 @@ def job_environment(
     env = {
         k: v
         for k, v in (os.environ if base is None else base).items()
-        if k not in SCRUBBED_ENV and not k.startswith("GPUHOP_")
+        if k not in SCRUBBED_ENV
+        and not k.startswith("GPUHOP_")
+        and (passed is None or allowed_for_jobs(k, passed))
     }
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
@@ -139,6 +149,7 @@ def _probe(python: str, helper: str) -> str | None:
 
 class LocalBackend(LeaderBackend):
     name = "local"
+    identities = True
 
     def __init__(self, paths: AgentPaths, gpu_host: GpuHost, python: str):
         """`paths`: the agent's state dir, whose stored copies a sandboxed job must not
@@ -210,13 +221,20 @@ class LocalBackend(LeaderBackend):
         """The shim's arguments and environment, and the attempt's cgroup (if one was made,
         or for `cgroups.plan`, will be). With `specs`, the sandbox's spec goes there, not
         to a file."""
-        env = job_environment(job, jp, gpu_total_mb=self._gpu_total_mb(job))
+        identity = deps.get("identity")
+        passed = tuple(identity["pass"]) if identity else None
+        env = job_environment(job, jp, gpu_total_mb=self._gpu_total_mb(job), passed=passed)
+        if identity:
+            # Its own home (pip's, Keras's and Hugging Face's caches), not the agent's.
+            env.update(HOME=identity["home"], USER=identity["user"], LOGNAME=identity["user"])
         python = job_python(deps, self.python)
         # `python` and `pip` in the job's shell commands are the job's own interpreter's.
         env["PATH"] = os.pathsep.join(
             p for p in (os.path.dirname(python), env.get("PATH", os.defpath)) if p
         )
         jp.tmp.mkdir(mode=0o700, exist_ok=True)
+        if identity:
+            (jp.root / VAR_TMP).mkdir(mode=0o700, exist_ok=True)
         # The sandbox binds it over /tmp; without one, TMPDIR is all that points there.
         env["TMPDIR"] = "/tmp" if self._sandboxed(deps) else str(jp.tmp)
         # What the job will see in its work dir: its checkout, under what the agent put there.
@@ -284,6 +302,7 @@ class LocalBackend(LeaderBackend):
     def _ending(self, jp: JobPaths, started: Started | None, returncode: int | None) -> Ending:
         end = super()._ending(jp, started, returncode)
         _remove_tree(jp.tmp)  # the job's /tmp: nothing of the job is left to use it
+        _remove_tree(jp.root / VAR_TMP)
         # Read once the job's processes are all gone (the sweep above waits for them).
         return dataclasses.replace(end, oom_killed=True) if cgroups.oom_kills(jp) else end
 
@@ -345,35 +364,57 @@ class LocalBackend(LeaderBackend):
             target = jp.work / mount["mount"]
             target.mkdir(parents=True, exist_ok=True)
             binds.append({"source": mount["source"], "target": str(target)})
+        identity = deps.get("identity")
+        hide = _agent_home() if identity else []
         spec = {
             "home": str(self.paths.home),
             "work": str(jp.work),
             "lower": deps.get("checkout"),
-            "keep": self._view(deps, jp, workers),
+            "keep": self._view(deps, jp, workers, hide),
             "binds": binds,
             "tmp": str(jp.tmp),
         }
+        if identity:
+            spec.update(
+                identity={k: identity[k] for k in ("user", "uid", "gid")},
+                hide=hide,
+                private=[{"path": "/var/tmp", "source": str(jp.root / VAR_TMP)}],
+            )
         if specs is not None:
             specs["sandbox"] = spec
             return args
         (jp.root / "sandbox.json").write_text(json.dumps(spec))
         return [*args, "--sandbox", str(jp.root / "sandbox.json")]
 
-    def _view(self, deps: dict[str, Any], jp: JobPaths, workers: int) -> list[dict[str, Any]]:
-        """What the job sees of the state dir: its own files (made here if missing, so
-        that each can be bound), its environment and what else it may read."""
+    def _view(
+        self, deps: dict[str, Any], jp: JobPaths, workers: int, hide: list[str]
+    ) -> list[dict[str, Any]]:
+        """What the job sees of the state dir (and of what else `hide` covers): its own
+        files (made here if missing, so that each can be bound), its environment and what
+        else it may read. For a job with an identity of its own, its own files are made
+        that identity's, and so is its home."""
         for d in (jp.work, jp.artifacts, jp.checkpoints):
             d.mkdir(parents=True, exist_ok=True)
         logs = [jp.worker_log(i) for i in range(workers)] if workers > 1 else []
         files = [jp.log, jp.metrics, *logs]
         for f in files:
             f.touch()
-        keep: list[dict[str, Any]] = [
-            {"path": str(p)} for p in (jp.work, jp.artifacts, jp.checkpoints, *files)
-        ]
+        own = [jp.work, jp.artifacts, jp.checkpoints, *files]
+        identity = deps.get("identity")
+        if identity:
+            own.append(Path(identity["home"]))
+            _give(identity, [*own, jp.tmp, jp.root / VAR_TMP])
+        keep: list[dict[str, Any]] = [{"path": str(p)} for p in own]
         readable = [*deps.get("readonly", [])]
         if deps.get("env"):
             readable.append(deps["env"]["dir"])
+            if identity:
+                # Built in the job's sandbox, by the job's identity, from its requirements.
+                env_dir = Path(deps["env"]["dir"])
+                env_dir.mkdir(parents=True, exist_ok=True)
+                if not (env_dir / "gpuhop-env.json").exists():
+                    _give(identity, [env_dir])
+                readable.append(str(jp.root / "requirements.txt"))
         # gpuhop's own Python and package, where they lie in the state dir (`remote
         # bootstrap` puts its venv there) or under /tmp (a checkout there, which the job's
         # own /tmp hides): the job's interpreter and its start-up hook come from them.
@@ -387,9 +428,35 @@ class LocalBackend(LeaderBackend):
             for p in sys.path
             if Path(p).name in ("site-packages", "dist-packages") and os.path.isdir(p)
         ]
-        for path in dict.fromkeys((install, package, *on_path)):
-            if any(path.is_relative_to(p) for p in (self.paths.home, "/tmp")) and not any(
-                path.is_relative_to(p) for p in (install, package) if p != path
+        # The base interpreter of a venv, too, where `hide` covers it (root's pyenv).
+        base = Path(sys.base_prefix).resolve()
+        covered = [self.paths.home, Path("/tmp"), *map(Path, hide)]
+        for path in dict.fromkeys((install, package, base, *on_path)):
+            if any(path.is_relative_to(p) for p in covered) and not any(
+                path.is_relative_to(p) for p in (install, package, base) if p != path
             ):
                 readable.append(str(path))
         return keep + [{"path": p, "readonly": True} for p in readable]
+
+
+def _agent_home() -> list[str]:
+    """The agent's user's home, hidden from a job with an identity of its own (root's
+    /root holds its SSH keys, shell history and credentials), unless it is `/`."""
+    import pwd
+
+    try:
+        home = os.path.realpath(pwd.getpwuid(os.geteuid()).pw_dir)
+    except KeyError:
+        return []
+    return [] if home == "/" else [home]
+
+
+def _give(identity: dict[str, Any], paths: list[Path]) -> None:
+    """Make `paths` (and, for dirs, all they hold) the identity's."""
+    uid, gid = identity["uid"], identity["gid"]
+    for path in paths:
+        os.lchown(path, uid, gid)
+        if path.is_dir() and not path.is_symlink():
+            for dirpath, dirs, files in os.walk(path):
+                for name in dirs + files:
+                    os.lchown(os.path.join(dirpath, name), uid, gid)

@@ -9,6 +9,10 @@ host's TensorFlow is used as installed, never reinstalled, and a package the req
 pin is found in the venv first. pip runs with the job's environment (PIP_INDEX_URL,
 PIP_FIND_LINKS, PIP_NO_INDEX... apply) and writes to the job's log. `gpuhop-env.json` is
 written last: a venv without it is half-built and is built again.
+
+A job with an identity of its own (a team agent's) has its environment built inside its
+sandbox, as that identity, by `build` (the shim takes the lock with `claim` first): pip and
+whatever a requirement runs never run as the agent, nor see more of the host than the job.
 """
 
 import contextlib
@@ -29,6 +33,19 @@ def _say(message: str) -> None:
     sys.stdout.flush()
 
 
+def _empty(env_dir: str) -> None:
+    """Remove what is in `env_dir` (in a job's sandbox the dir itself is a mount point)."""
+    if not os.path.isdir(env_dir):
+        return
+    for name in os.listdir(env_dir):
+        path = os.path.join(env_dir, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
 def _size(path: str) -> int:
     total = 0
     for dirpath, _dirs, files in os.walk(path):
@@ -40,28 +57,41 @@ def _size(path: str) -> int:
 
 def prepare(spec: dict) -> str | None:
     """Make sure the environment of `spec` is built. Returns None, or why it failed."""
+    lock, built = claim(spec)
+    with lock:
+        return None if built else build(spec)
+
+
+def claim(spec: dict):
+    """Take the environment's build lock (waiting for a job that builds it now). Returns the
+    lock's open file, which holds the lock until closed, and whether the environment is
+    built already (then it is marked used now)."""
     env_dir, short = spec["dir"], spec["id"][:12]
     os.makedirs(os.path.dirname(env_dir), exist_ok=True)
-    with open(f"{env_dir}.lock", "a") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _say(f"waiting for another job that is building environment {short}")
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        marker = os.path.join(env_dir, MARKER)
-        if os.path.exists(marker):
-            with open(os.path.join(env_dir, LAST_USED), "w") as f:
-                f.write(str(time.time()))
-            _say(f"environment {short} is ready (reused, not built again)")
-            return None
-        return _build(spec, short)
+    lock = open(f"{env_dir}.lock", "a")  # noqa: SIM115 (held past this function)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        _say(f"waiting for another job that is building environment {short}")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    if not os.path.exists(os.path.join(env_dir, MARKER)):
+        return lock, False
+    with open(os.path.join(env_dir, LAST_USED), "w") as f:
+        f.write(str(time.time()))
+    _say(f"environment {short} is ready (reused, not built again)")
+    return lock, True
+
+
+def build(spec: dict) -> str | None:
+    """Build the environment (its lock held). Returns None, or why it failed."""
+    return _build(spec, spec["id"][:12])
 
 
 def _build(spec: dict, short: str) -> str | None:
     env_dir, python = spec["dir"], spec["python"]
     started = time.time()
     _say(f"building environment {short} with {python} (once; later jobs reuse it)")
-    shutil.rmtree(env_dir, ignore_errors=True)  # a half-built one from a crash
+    _empty(env_dir)  # a half-built one from a crash
     try:
         subprocess.run([python, "-m", "venv", "--without-pip", env_dir], check=True)
         env_python = os.path.join(env_dir, "bin", "python")
@@ -83,14 +113,14 @@ def _build(spec: dict, short: str) -> str | None:
         with open(os.path.join(own_site, "_gpuhop_base_site.pth"), "w") as f:
             f.write("\n".join(lines) + "\n")
     except (OSError, subprocess.CalledProcessError, ValueError) as e:
-        shutil.rmtree(env_dir, ignore_errors=True)
+        _empty(env_dir)
         return f"could not create a venv with {python}: {e}"
     if subprocess.run([env_python, "-c", "import pip"], capture_output=True).returncode != 0:
         subprocess.run([env_python, "-m", "ensurepip", "--default-pip"], check=False)
     pip = [env_python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
     code = subprocess.run([*pip, "-r", spec["requirements"]]).returncode
     if code != 0:
-        shutil.rmtree(env_dir, ignore_errors=True)
+        _empty(env_dir)
         return f"could not build the job's Python environment: pip install exited with {code}"
     seconds = time.time() - started
     info = {

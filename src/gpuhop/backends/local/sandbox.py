@@ -37,7 +37,9 @@ why not (the reason on stderr, exit 1): the agent asks once at start.
 """
 
 import ctypes
+import errno
 import os
+import re
 import stat
 import sys
 
@@ -46,6 +48,8 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
+MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 0x400, 0x800, 0x200000
+ST_NOATIME, ST_NODIRATIME, ST_RELATIME = 0x400, 0x800, 0x1000
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
 # What to allow, for the messages of the shim and the agent.
 HOW_TO_ALLOW = (
@@ -80,11 +84,32 @@ def _mount(source, target: str, fstype, flags: int, data=None) -> None:
     )
 
 
-def _remount_readonly(target: str) -> None:
-    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV
-    if os.statvfs(target).f_flag & os.ST_NOEXEC:
-        flags |= MS_NOEXEC  # a locked flag of the source: a remount must keep it
-    _mount(None, target, None, flags)
+def _remount_readonly(target: str, keep_flags: bool = False) -> None:
+    """Make the mount at `target` read-only, and (unless `keep_flags`, which keeps a
+    mount's own nodev) no set-uid programs or devices on it either."""
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | (0 if keep_flags else MS_NODEV)
+    _mount(None, target, None, flags | _locked_flags(target))
+
+
+def _remount_writable(target: str) -> None:
+    # A bind of a path on a read-only mount is read-only too, until remounted so.
+    _mount(None, target, None, MS_REMOUNT | MS_BIND | MS_NOSUID | _locked_flags(target))
+
+
+def _locked_flags(target: str) -> int:
+    """The flags of the mount at `target` that a remount must keep (the kernel refuses to
+    clear them where they are locked, and they are never to be loosened here)."""
+    have = os.statvfs(target).f_flag
+    flags = 0
+    for st, ms in ((os.ST_NODEV, MS_NODEV), (os.ST_NOEXEC, MS_NOEXEC)):
+        if have & st:
+            flags |= ms
+    for st, ms in ((ST_NOATIME, MS_NOATIME), (ST_NODIRATIME, MS_NODIRATIME)):
+        if have & st:
+            flags |= ms
+    if have & ST_RELATIME:
+        flags |= MS_RELATIME
+    return flags
 
 
 def enter(spec: dict) -> int:
@@ -142,10 +167,14 @@ DIRS = (stat.S_ISDIR,)
 DIRS_OR_FILES = (stat.S_ISDIR, stat.S_ISREG)
 
 
-def _bind_fd(fd: int, target: str, readonly: bool) -> None:
+def _bind_fd(fd: int, target: str, readonly: bool, writable: bool = False) -> None:
+    """Bind the file or dir of `fd` at `target`: `readonly`, or with `writable` made
+    writable where its source's mount is read-only."""
     _mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
     if readonly:
         _remount_readonly(target)
+    elif writable:
+        _remount_writable(target)
 
 
 def _make_target(target: str, directory: bool) -> None:
@@ -158,6 +187,10 @@ def _make_target(target: str, directory: bool) -> None:
 
 def _setup(spec: dict, uid: int) -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    identity = spec.get("identity")
+    if identity:
+        # Before any mount of the view's own: those are made writable only where meant.
+        _readonly_everywhere()
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     home = os.path.realpath(spec["home"])
     work = os.path.realpath(spec["work"])
@@ -166,11 +199,21 @@ def _setup(spec: dict, uid: int) -> None:
         _sibling("workview").mount(spec, _mount)
     tmp = spec.get("tmp")
     tmp_fd = _open(tmp, DIRS) if tmp else None
+    # Covered by an empty read-only tmpfs, what the job may see of them bound back: the
+    # state dir, /tmp (the job's own is bound there) and, for a job with an identity of its
+    # own, the agent's user's home (root's: /root), where the interpreter may lie.
+    hide = [os.path.realpath(h) for h in spec.get("hide", [])]
+    # Dirs of the job's own over host dirs (/var/tmp): what the job must see below them is
+    # bound back inside, as in its /tmp.
+    private = [(_open(p["source"], DIRS), p["path"]) for p in spec.get("private", [])]
+    hidden = [home, *hide, *(path for _, path in private)]
+    hidden += ["/tmp"] if tmp_fd is not None else []
     keep = []  # (fd, path, is_dir, readonly), opened while the real state dir is in view
     for entry in spec["keep"]:
         path = os.path.realpath(entry["path"])
-        hidden = [home] + (["/tmp"] if tmp_fd is not None else [])
         if not any(os.path.commonpath([h, path]) == h for h in hidden):
+            if identity and not entry.get("readonly", False):
+                raise SandboxError(0, f"{path} is to be writable but lies outside the job's view")
             continue  # outside the state dir and /tmp: in view anyway
         fd = _open(path, DIRS_OR_FILES)
         keep.append((fd, path, stat.S_ISDIR(os.fstat(fd).st_mode), entry.get("readonly", False)))
@@ -181,15 +224,24 @@ def _setup(spec: dict, uid: int) -> None:
             raise SandboxError(0, f"mount point {bind['target']} is not a directory in {work}")
         binds.append((_open(bind["source"], DIRS), target))
     if tmp_fd is not None:
-        _bind_fd(tmp_fd, "/tmp", readonly=False)
+        _bind_fd(tmp_fd, "/tmp", readonly=False, writable=bool(identity))
         os.close(tmp_fd)
-        os.makedirs(home, exist_ok=True)  # in the job's /tmp, where the state dir is under /tmp
-    _mount("tmpfs", home, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=1m")
+    for fd, target in private:
+        _bind_fd(fd, target, readonly=False, writable=True)
+        os.close(fd)
+    covers = sorted({*hide, home}, key=len)  # outer ones first
+    for cover in covers:
+        os.makedirs(cover, exist_ok=True)  # in a cover already made, or the job's /tmp
+        _mount("tmpfs", cover, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "mode=0755,size=1m")
     for fd, path, directory, readonly in keep:
         _make_target(path, directory)
-        _bind_fd(fd, path, readonly)
+        _bind_fd(fd, path, readonly, writable=bool(identity) and not readonly)
         os.close(fd)
-    _remount_readonly(home)
+    for cover in covers:
+        _remount_readonly(cover)
+    if identity:
+        # POSIX shared memory of its own, as big as the host's (it is memory, as there).
+        _mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
     for fd, target in binds:
         _bind_fd(fd, target, readonly=True)
         os.close(fd)
@@ -200,6 +252,36 @@ def _setup(spec: dict, uid: int) -> None:
         for cap in range(last + 1):
             _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), "dropping capabilities")
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+def _readonly_everywhere() -> None:
+    """Remount every mount of this (new, private) mount namespace read-only: the job's
+    root, /usr, /home, /etc, wherever gpuhop and the interpreters are installed. Device
+    files stay usable (a read-only mount still passes writes to a device)."""
+    with open("/proc/self/mountinfo") as f:
+        points = [_unescape(line.split()[4]) for line in f if len(line.split()) > 4]
+    for point in dict.fromkeys(points):
+        try:
+            _remount_readonly(point, keep_flags=True)
+        except OSError as e:
+            # Covered by a later mount, or gone: nothing of it is in view.
+            if e.errno not in (errno.ENOENT, errno.EACCES, errno.ENOTDIR, errno.EINVAL):
+                raise
+
+
+def _unescape(field: str) -> str:
+    # mountinfo writes space, tab, newline and backslash as octal escapes.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def become(identity: dict) -> None:
+    """Run from here on as the job's own identity: its uid and gid, no other groups. As
+    every uid is then non-zero, the kernel clears every capability."""
+    os.setgroups([])
+    os.setgid(identity["gid"])
+    os.setuid(identity["uid"])
+    if os.getuid() != identity["uid"] or os.geteuid() != identity["uid"]:
+        raise SandboxError(0, f"could not become uid {identity['uid']}")
 
 
 def _sibling(name: str):

@@ -110,12 +110,19 @@ CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 
+# Set where the shim made the job's private network before it gave up root (a job with an
+# identity of its own): the job is in it already.
+_NETWORK_MADE = False
+
+
 def private_network() -> None:
     """Move this process into a new network namespace whose only interface is loopback.
 
     As root a plain network namespace; otherwise inside a user namespace that maps us to
     ourselves (no privilege is gained outside it). Raises OSError if neither is allowed.
     """
+    if _NETWORK_MADE:
+        return
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWNET) != 0:
         uid, gid = os.getuid(), os.getgid()
@@ -305,12 +312,16 @@ def main(argv: list, given: dict | None = None) -> int:
         signal.signal(sig, lambda *_: None)
     # Bound now, while the job's dir is in view: the sandbox hides it from the job.
     listener = _listen_relay(relay) if relay is not None else None
-    result = _prepare(specs)
     report = None
-    if result is None and "sandbox" in specs:
-        # The parent stays outside: it records the result the child (which runs the job in
-        # its namespaces) reports, once every process of the job has ended.
-        result, report = _enter_sandbox(specs["sandbox"], pid_path)
+    if specs.get("sandbox", {}).get("identity"):
+        private = relay is not None or "gang" in specs
+        result, report = _enter_as_identity(specs, pid_path, private)
+    else:
+        result = _prepare(specs)
+        if result is None and "sandbox" in specs:
+            # The parent stays outside: it records the result the child (which runs the job
+            # in its namespaces) reports, once every process of the job has ended.
+            result, report = _enter_sandbox(specs["sandbox"], pid_path)
     if result is None:
         if "gang" in specs:
             result = run_gang(specs["gang"], command, listener)
@@ -344,6 +355,83 @@ def _prepare(specs: dict) -> dict | None:
         return None
     print(f"gpuhop: {error}", flush=True)
     return {"exit_code": 1, "signal": None, "detail": error}
+
+
+def _enter_as_identity(specs: dict, pid_path: str, private: bool) -> tuple:
+    """As `_enter_sandbox`, for a job with an identity of its own (a team agent's): its
+    environment is built in the sandbox as that identity, its private network made while
+    the child may still make one, and then the child becomes that identity for good."""
+    spec, env = specs["sandbox"], specs.get("env") or {}
+    lock = None
+    if env:
+        lock, built = _sibling("envbuild").claim(env)
+        if built:
+            lock.close()
+            lock = None
+        else:  # the environment's dir is the job's to write until it is built
+            for entry in spec["keep"]:
+                if entry["path"] == env["dir"]:
+                    entry["readonly"] = False
+    result, report = _enter_sandbox(spec, pid_path)
+    if result is not None or report is None:  # the parent (or no sandbox was had)
+        if lock is not None:
+            lock.close()  # the child holds the lock (the same open file) while it builds
+        return result, report
+    sandbox = _sibling("sandbox")
+    if lock is not None:
+        error = _build_as(spec["identity"], env)
+        sandbox._remount_readonly(env["dir"])
+        lock.close()
+        if error is not None:
+            print(f"gpuhop: {error}", flush=True)
+            return {"exit_code": 1, "signal": None, "detail": error}, report
+    if private:
+        refused = _private_network_or_refusal("This job asked for one")
+        if refused is not None:
+            return refused, report
+        global _NETWORK_MADE
+        _NETWORK_MADE = True
+    try:
+        sandbox.become(spec["identity"])
+    except OSError as e:
+        detail = f"could not run the job as its own identity ({e})"
+        print(f"gpuhop: {detail}", flush=True)
+        return {"exit_code": 1, "signal": None, "detail": detail}, report
+    return None, report
+
+
+def _build_as(identity: dict, env: dict) -> str | None:
+    """Build the job's environment in a process of the job's identity, with the job's
+    variables but none that would make Python run more than pip (the start-up hook)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_end)
+        code = 1
+        try:
+            _sibling("sandbox").become(identity)
+            for name in ("PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PYTHONUSERBASE"):
+                os.environ.pop(name, None)
+            error = _sibling("envbuild").build(env)
+            if error is not None:
+                os.write(write_end, error.encode())
+            code = 0 if error is None else 1
+        except BaseException as e:
+            os.write(write_end, f"building the environment failed: {e}".encode())
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as r:
+        error = r.read().decode(errors="replace")
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    if os.waitstatus_to_exitcode(status) == 0:
+        return None
+    return error or f"building the environment {how(_outcome(status))}"
 
 
 def _enter_sandbox(spec: dict, pid_path: str) -> tuple:

@@ -65,6 +65,7 @@ def runs_on_ray(jp: JobPaths) -> bool:
 
 class RayBackend(LeaderBackend):
     name = "ray"
+    identities = False
     remote = True
     where = "the Ray cluster"
 

@@ -1,0 +1,252 @@
+# ruff: noqa: F811 (the fixtures imported from test_tls are parameters here)
+"""A job owns nothing but its own: on a real team agent (TLS, two users, run as root as the
+README offers), each user's jobs run as an unprivileged identity of their own, in a world
+that is read-only but for the job's own dirs, with none of the agent's environment; and a
+team agent that cannot give jobs an identity (not root) starts none.
+
+Each test is a reproducer of an attack that worked before (a job rewriting gpuhop's start-up
+hook or /etc/passwd, a user's file run as the agent, the operator's credentials in every
+job's environment), now failing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gpuhop.runtime.hook
+from gpuhop.api import JobState
+from gpuhop.client import GpuhopError
+from gpuhop.home import JobPaths
+from tests.conftest import Agent, wait_until
+from tests.integration.test_tls import remote, tls_agent, tokens  # noqa: F401 (fixtures)
+from tests.team import team_agent, team_tokens
+
+PROBE = r"""
+import json, os, sys
+
+def writable_mounts():
+    # The last mount at a point is the one in view (one mounted over another covers it).
+    top = {}
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            top[fields[4].replace("\\040", " ")] = fields[5].split(",")
+    return [point for point, options in top.items() if "rw" in options]
+
+def attempt(path):
+    # Opened for writing (made if missing), and nothing written: where the sandbox fails,
+    # the host's files must not be harmed by the test that finds it.
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    except OSError as e:
+        return e.strerror
+    return "written"
+
+report = {
+    "uid": os.getuid(), "gid": os.getgid(), "euid": os.geteuid(), "groups": os.getgroups(),
+    "home": os.environ.get("HOME"), "cwd": os.getcwd(),
+    "rw_mounts": writable_mounts(),
+    "writes": {p: attempt(p) for p in json.loads(os.environ["TARGETS"])},
+    "env": dict(os.environ),
+    "root_listing": sorted(os.listdir("/root")) if os.path.isdir("/root") else None,
+}
+for d in ("/tmp", "/var/tmp", "/dev/shm", os.environ["HOME"], os.environ["GPUHOP_ARTIFACTS_DIR"]):
+    with open(os.path.join(d, "mine.txt"), "w") as f:
+        f.write("mine")
+print("REPORT " + json.dumps(report), flush=True)
+"""
+
+# What a job wrote before: every later job imports the hook, and the agent runs the shim.
+HOOK = gpuhop.runtime.hook.__file__
+SITECUSTOMIZE = str(Path(gpuhop.runtime.hook.STARTUP_DIR) / "sitecustomize.py")
+SHIM = str(Path(gpuhop.runtime.hook.__file__).parents[1] / "backends" / "local" / "shim.py")
+STDLIB_OS = str(Path(os.__file__).resolve())
+HOST_FILES = ["/etc/passwd", "/etc/cron.d/gpuhop-test", "/root/.ssh/authorized_keys"]
+
+
+def run_probe(client, project, targets: list[str], **kw) -> tuple[dict, str]:
+    root = project({"probe.py": PROBE})
+    env = {"TARGETS": json.dumps(targets), **kw.pop("env", {})}
+    job = client.submit(["probe.py"], workdir=root, env=env, **kw)
+    info = job.wait(120)
+    log = b"".join(job.logs()).decode()
+    assert info.state == JobState.succeeded, log
+    line = next(x for x in log.splitlines() if x.startswith("REPORT "))
+    return json.loads(line[len("REPORT ") :]), job.id
+
+
+def test_each_users_jobs_run_as_an_unprivileged_identity_of_their_own(
+    tls_agent, remote, tokens, project
+):
+    with remote(tokens["alice"]) as alice, remote(tokens["bob"]) as bob:
+        first, job_id = run_probe(alice, project, [])
+        again, _ = run_probe(alice, project, [])
+        other, _ = run_probe(bob, project, [])
+    agent_uid = os.stat(f"/proc/{tls_agent.paths.pidfile.read_text().strip()}").st_uid
+    for report in (first, again, other):
+        assert report["uid"] == report["euid"] == report["gid"]
+        assert report["uid"] not in (0, agent_uid)
+        assert report["groups"] == []
+    assert first["uid"] == again["uid"] != other["uid"]
+    # Its home is its own (its caches live there), kept across its jobs.
+    home = tls_agent.paths.home / "users" / str(first["uid"]) / "home"
+    assert first["home"] == again["home"] == str(home)
+    assert (home / "mine.txt").stat().st_uid == first["uid"]
+    # What it wrote is its own on the host.
+    jp = JobPaths(tls_agent.paths.job_dir(job_id))
+    assert (jp.artifacts / "mine.txt").stat().st_uid == first["uid"]
+
+
+def test_nothing_outside_a_jobs_own_dirs_is_writable(tls_agent, remote, tokens, project):
+    targets = [HOOK, SITECUSTOMIZE, SHIM, STDLIB_OS, sys.executable, *HOST_FILES]
+    targets.append("/proc/sys/kernel/core_pattern")
+    before = {p: Path(p).read_bytes() for p in targets if Path(p).is_file()}
+    missing = [p for p in targets if not Path(p).exists()]
+    try:
+        with remote(tokens["alice"]) as alice:
+            report, job_id = run_probe(alice, project, targets)
+    finally:
+        created = [p for p in missing if Path(p).exists()]
+        for path in created:
+            Path(path).unlink()
+    assert created == []
+    assert report["writes"] and all(v != "written" for v in report["writes"].values()), report
+    for path, content in before.items():
+        assert Path(path).read_bytes() == content
+    # As a property: every mount the job may write to is one of its own.
+    jp = JobPaths(tls_agent.paths.job_dir(job_id))
+    own = {str(p) for p in (jp.work, jp.artifacts, jp.checkpoints, jp.log, jp.metrics)}
+    own |= {"/tmp", "/var/tmp", "/dev/shm", report["home"]}
+    own.add("/proc")  # the job's own PID namespace's; the kernel's files in it are root's
+    assert set(report["rw_mounts"]) <= own, set(report["rw_mounts"]) - own
+    # The agent's user's home is covered: no SSH keys, history or credentials in view.
+    assert report["root_listing"] is not None and ".ssh" not in report["root_listing"]
+    # The private /tmp, /var/tmp and /dev/shm were the job's: nothing of it is left on the host.
+    assert not Path("/var/tmp/mine.txt").exists() and not Path("/dev/shm/mine.txt").exists()
+
+
+def test_the_agents_environment_never_reaches_a_team_job(tmp_path_factory, monkeypatch, project):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "operator-secret-key")
+    monkeypatch.setenv("HF_TOKEN", "hf_operator")
+    monkeypatch.setenv("SSH_AUTH_SOCK", "/run/operator/agent.sock")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    root = Path(tmp_path_factory.mktemp("env-agent"))
+    with team_agent(root, 0) as agent, agent.client() as owner:
+        token = team_tokens(agent)["alice"]
+        assert token  # two users: a team agent
+        report, _ = run_probe(owner, project, [], env={"MINE": "passed"})
+    env = report["env"]
+    assert "operator-secret-key" not in json.dumps(env)
+    for name in ("AWS_SECRET_ACCESS_KEY", "HF_TOKEN", "SSH_AUTH_SOCK", "GPUHOP_HOME"):
+        assert name not in env
+    # What a job needs still passes: PATH, the locale, what the user passed, gpuhop's own.
+    assert env["PATH"] and env["LC_ALL"] == "C.UTF-8" and env["MINE"] == "passed"
+    assert env["GPUHOP_JOB_ID"] and env["HOME"] == report["home"]
+
+
+def test_an_interpreter_among_users_files_is_refused_before_it_runs(
+    tls_agent, remote, tokens, project
+):
+    # A file of the user's tree, marked executable, is a file on the host that they wrote.
+    evil = "#!/bin/sh\nid > /var/tmp/gpuhop-evil-ran\n"
+    root = project({"evil.sh": evil, "job.py": "print('hi')\n"})
+    os.chmod(root / "evil.sh", 0o755)
+    with remote(tokens["alice"]) as alice:
+        job = alice.submit(["job.py"], workdir=root)
+        job.wait(60)
+        placed = [
+            p
+            for p in tls_agent.paths.home.rglob("evil.sh")
+            if os.access(p, os.X_OK) and p.read_text() == evil
+        ]
+        assert placed
+        for path in placed:
+            for workers in (1, 2):
+                with pytest.raises(GpuhopError) as refused:
+                    alice.submit(["job.py"], workdir=root, python=str(path), workers=workers)
+                assert refused.value.status == 400
+                assert "among what users sent" in str(refused.value)
+    assert not Path("/var/tmp/gpuhop-evil-ran").exists()
+
+
+SITE = "import os; print('SITE uid=%d' % os.getuid(), flush=True)\n"
+
+
+def test_an_environment_is_built_in_the_sandbox_as_the_users_identity(
+    tls_agent, remote, tokens, project
+):
+    """pip runs as the job's identity, where the job's own sitecustomize can run as nobody
+    else; the built environment is then read-only to the job."""
+    root = project({"probe.py": PROBE, "sitecustomize.py": SITE, "requirements.txt": "numpy\n"})
+    requirements = str(root / "requirements.txt")
+    with remote(tokens["alice"]) as alice:
+        job = alice.submit(
+            ["probe.py"],
+            workdir=root,
+            env={"TARGETS": "[]", "PYTHONPATH": "."},
+            requirements=requirements,  # numpy: found in the host's packages, no index needed
+        )
+        info = job.wait(240)
+        log = b"".join(job.logs()).decode()
+    assert info.state == JobState.succeeded, log
+    assert "built environment" in log
+    report = json.loads(next(x for x in log.splitlines() if x.startswith("REPORT "))[7:])
+    uid = report["uid"]
+    ran_as = {line.split("=", 1)[1] for line in log.splitlines() if line.startswith("SITE uid=")}
+    assert ran_as == {str(uid)}, log
+    envs = [p for p in (tls_agent.paths.home / "envs").iterdir() if p.is_dir()]
+    built = [p for p in envs if (p / "gpuhop-env.json").exists()]
+    assert built and all((p / "gpuhop-env.json").stat().st_uid == uid for p in built)
+    # Read-only in the job: a second job of alice's cannot alter what it imports from.
+    target = next(built[0].rglob("site.py"), None) or next(built[0].rglob("*.pth"))
+    with remote(tokens["alice"]) as alice:
+        again, _ = run_probe(alice, project, [str(target)], requirements=requirements)
+    assert again["writes"][str(target)] != "written"
+
+
+@pytest.fixture
+def non_root_team_agent(tmp_path: Path):
+    """A team agent whose user is not root: it runs as uid 1000 of a user namespace (which
+    maps it to this host's user, so it can read the project's interpreter), where it has no
+    capability at all, as an agent started by an ordinary account."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs unshare(1) and root, to start an agent as another uid")
+    probe = subprocess.run(
+        ["unshare", "--user", "--map-user=1000", "--map-group=1000", "id", "-u"],
+        capture_output=True,
+        text=True,
+    )
+    if probe.stdout.strip() != "1000":
+        pytest.skip(f"cannot map a user namespace here: {probe.stderr.strip()}")
+    agent = Agent(tmp_path / "home", tmp_path / "cache", None, args=("--listen", "127.0.0.1:0"))
+    agent.paths.ensure()
+    cmd = ["unshare", "--user", "--map-user=1000", "--map-group=1000"]
+    cmd += [sys.executable, "-m", "gpuhop.agent", "--home", str(agent.home), *agent.args]
+    log = open(tmp_path / "agent.out", "wb")  # noqa: SIM115 (closed at teardown)
+    proc = subprocess.Popen(cmd, env=agent.env, stdout=log, stderr=subprocess.STDOUT)
+    agent.pid = proc.pid
+    try:
+        wait_until(lambda: proc.poll() is not None or agent.paths.socket.exists(), 60)
+        assert proc.poll() is None, (tmp_path / "agent.out").read_text()
+        yield agent
+    finally:
+        agent.shutdown()
+        proc.wait(30)
+        log.close()
+
+
+def test_a_team_agent_that_is_not_root_starts_no_job_and_says_why(non_root_team_agent, project):
+    root = project({"probe.py": PROBE})
+    with non_root_team_agent.client() as owner:
+        job = owner.submit(["probe.py"], workdir=root, env={"TARGETS": "[]"})
+        info = job.wait(60)
+    assert info.state == JobState.failed
+    assert "does not run as root" in info.reason
+    assert "run the team agent as root" in info.reason
