@@ -64,6 +64,7 @@ def test_a_healthy_gpu_host_passes_everything():
         "tf-keras",
         "disk space",
         "job sandbox",
+        "job identity",
         "job work dirs",
     ]
     assert {c.status for c in checks} == {CheckStatus.passed}
@@ -230,6 +231,19 @@ def test_a_host_without_namespaces_warns_a_single_user_and_fails_a_team():
     team = verdicts(replace(GPU_HOST, isolation=why, team=True))["job sandbox"]
     assert team[0] == CheckStatus.failed and "no job starts" in team[1]
     assert verdicts(replace(GPU_HOST, team=True))["job sandbox"][0] == CheckStatus.passed
+
+
+def test_doctor_says_which_identity_jobs_run_as():
+    alone = verdicts(replace(GPU_HOST, agent_uid=1000))["job identity"]
+    assert alone[0] == CheckStatus.passed and "the agent's user (uid 1000)" in alone[1]
+    team = verdicts(replace(GPU_HOST, team=True, identity_users=2, uid_base=2_000_000_000))
+    assert team["job identity"][0] == CheckStatus.passed
+    assert "uid of their own (from 2000000000 on; 2 user(s) so far)" in team["job identity"][1]
+    not_root = verdicts(replace(GPU_HOST, team=True, agent_uid=1000))["job identity"]
+    assert not_root[0] == CheckStatus.failed and "no job starts" in not_root[1]
+    assert not_root[2] == "run the team agent as root"
+    cluster = verdicts(replace(GPU_HOST, team=True, ray=True))["job identity"]
+    assert cluster[0] == CheckStatus.warning and "cluster's user" in cluster[1]
 
 
 def test_on_a_ray_cluster_doctor_says_jobs_are_not_sandboxed():

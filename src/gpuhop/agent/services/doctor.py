@@ -93,6 +93,10 @@ def gather(ctx: AgentContext, report: dict[str, Any]) -> Facts:
         quarantined={i: q.detail for i, q in ctx.quarantine.all().items()},
         work_view=ctx.backend.work_view(),
         files_seen=ctx.backend.files_seen(),
+        agent_uid=os.geteuid(),
+        identities=ctx.backend.identities,
+        identity_users=len(ctx.identities.listed()),
+        uid_base=ctx.identities.base,
     )
 
 
@@ -146,6 +150,7 @@ def evaluate(f: Facts) -> list[DoctorCheck]:
         _tf_keras(f),
         hostchecks.disk(f),
         hostchecks.sandbox(f),
+        hostchecks.identity(f),
         hostchecks.work_dirs(f),
         *hostchecks.shared_files(f),
     ]

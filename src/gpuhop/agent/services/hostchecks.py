@@ -33,6 +33,12 @@ class Facts:
     quarantined: dict[int, str] = field(default_factory=dict)  # GPU -> its fault
     # Why each job gets a copy of its files rather than an overlay of the shared checkout.
     work_view: str | None = None
+    # Who the jobs run as: the agent's uid, whether it gives a team's users identities of
+    # their own (its backend can, and it is root), and how many users have one so far.
+    agent_uid: int = 0
+    identities: bool = True
+    identity_users: int = 0
+    uid_base: int = 0
     # Whether a cluster's nodes see the agent's jobs dir (None: not checked), in words; None
     # for a backend whose jobs do not use their files there (see Backend.files_seen).
     files_seen: tuple[bool | None, str] | None = None
@@ -82,6 +88,35 @@ def sandbox(f: Facts) -> DoctorCheck:
         " outlive it. Fine for your own jobs; a team agent starts none"
     )
     return check(name, CheckStatus.warning, detail, fix)
+
+
+def identity(f: Facts) -> DoctorCheck:
+    name = "job identity"
+    if f.ray or not f.identities:
+        detail = "jobs run as the cluster's user (the agent's on its nodes)"
+        if f.team:
+            detail += "; a team's users' jobs are not kept apart from each other there"
+            return check(name, CheckStatus.warning, detail)
+        return check(name, CheckStatus.passed, detail)
+    if not f.team:
+        detail = (
+            f"jobs run as the agent's user (uid {f.agent_uid}), whose jobs they are; a team"
+            " agent (a TLS listener, or tokens of several users) run as root runs each user's"
+            " jobs as an unprivileged uid of their own"
+        )
+        return check(name, CheckStatus.passed, detail)
+    if f.agent_uid != 0:
+        detail = (
+            f"this agent serves a team as uid {f.agent_uid}, not root, so it cannot run each"
+            " user's jobs as an identity of their own: no job starts"
+        )
+        return check(name, CheckStatus.failed, detail, "run the team agent as root")
+    detail = (
+        f"each user's jobs run as an unprivileged uid of their own (from {f.uid_base} on;"
+        f" {f.identity_users} user(s) so far), never as root or the agent's user, and see the"
+        " host read-only but for their own dirs"
+    )
+    return check(name, CheckStatus.passed, detail)
 
 
 def _ray(f: Facts) -> DoctorCheck:
