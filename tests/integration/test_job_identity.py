@@ -250,3 +250,73 @@ def test_a_team_agent_that_is_not_root_starts_no_job_and_says_why(non_root_team_
     assert info.state == JobState.failed
     assert "does not run as root" in info.reason
     assert "run the team agent as root" in info.reason
+
+
+def _wheel(folder: Path, pth_code: str) -> Path:
+    """A wheel of a package `gpuhoppth` whose only file is a .pth file running `pth_code`
+    at every start of an interpreter that has it installed."""
+    import base64
+    import hashlib
+    import zipfile
+
+    name, version = "gpuhoppth", "1.0"
+    files = {
+        "gpuhoppth.pth": pth_code + "\n",
+        f"{name}-{version}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\n"
+        f"Version: {version}\n",
+        f"{name}-{version}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\n"
+        "Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
+    record.append(f"{name}-{version}.dist-info/RECORD,,")
+    files[f"{name}-{version}.dist-info/RECORD"] = "\n".join(record) + "\n"
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for path, text in files.items():
+            z.writestr(path, text)
+    return wheel
+
+
+def test_a_users_environment_is_probed_as_their_identity_not_as_the_agent(
+    tls_agent, remote, tokens, project
+):
+    """A package of alice's own (a wheel in her tree, installed with her PIP_* variables)
+    puts a .pth file in her environment, which runs in every interpreter of it: also when
+    the agent asks a multi-worker job's interpreter which Keras it has. That must run as
+    alice's identity in a sandbox, never as the agent (root) on the host."""
+    marker = "/var/tmp/gpuhop-pth-ran-as-"
+    code = (
+        "import os; os.path.isdir('/var/tmp') and not os.access('/var/tmp', os.W_OK)"
+        f" or open({marker!r} + str(os.getuid()), 'a').close()"
+    )
+    root = project({"job.py": "print('worker ran', flush=True)\n", "requirements.txt": ""})
+    _wheel(root, code)
+    (root / "requirements.txt").write_text("gpuhoppth==1.0\n")
+    # No Keras setting: the agent asks the interpreter whether it has tf-keras.
+    env = {"PIP_FIND_LINKS": ".", "PIP_NO_INDEX": "1"}
+    try:
+        with remote(tokens["alice"]) as alice:
+            first = alice.submit(
+                ["job.py"], workdir=root, env=env, requirements=str(root / "requirements.txt")
+            )
+            assert first.wait(240).state == JobState.succeeded, b"".join(first.logs()).decode()
+            # The environment is built now: a 2-worker job's start probes its interpreter.
+            job = alice.submit(
+                ["job.py"],
+                workdir=root,
+                env=env,
+                workers=2,
+                requirements=str(root / "requirements.txt"),
+            )
+            info = job.wait(240)
+            log = b"".join(job.logs()).decode()
+        assert info.state == JobState.succeeded, (info.reason, log)
+        assert log.count("worker ran") == 2
+    finally:
+        ran = list(Path("/var/tmp").glob("gpuhop-pth-ran-as-*"))
+        for path in ran:
+            path.unlink()
+    assert ran == []

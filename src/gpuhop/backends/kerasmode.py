@@ -20,12 +20,15 @@ training loops, which work there.
 from __future__ import annotations
 
 import functools
+import logging
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gpuhop.api import ErrorCode, SubmitRequest
 from gpuhop.backends.base import Refused
+
+log = logging.getLogger("gpuhop.agent")
 
 KERAS_CHOICES = ("tf-keras", "keras3")
 TF, KERAS_JAX = "tf", "keras-jax"
@@ -106,17 +109,21 @@ PROBE = (
 
 
 @functools.lru_cache(maxsize=16)
-def packages(python: str) -> dict[str, bool]:
+def packages(python: str, prefix: tuple[str, ...] = ()) -> dict[str, bool]:
     """Which of tensorflow, tf_keras, keras and jax `python` can import (found, not
-    imported)."""
+    imported); run behind `prefix` (a sandbox that runs it as a job's identity)."""
     import json
 
     try:
         done = subprocess.run(
-            [python, "-c", PROBE], capture_output=True, text=True, timeout=60, check=True
+            [*prefix, python, "-c", PROBE], capture_output=True, text=True, timeout=60, check=True
         )
         found: dict[str, bool] = json.loads(done.stdout)
-    except (OSError, subprocess.SubprocessError, ValueError):
+    except subprocess.CalledProcessError as e:
+        log.warning("asking %s for its packages failed: %s", python, (e.stderr or "").strip())
+        return {}
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        log.warning("asking %s for its packages failed: %s", python, e)
         return {}
     return found
 

@@ -19,6 +19,7 @@ import logging
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -242,7 +243,7 @@ class LocalBackend(LeaderBackend):
         argv = resolve_command(job.command, Path(files), env.get("PATH", os.defpath), python)
         if argv[0].startswith(f"{files}/"):  # a program in the checkout: run it from the view
             argv[0] = f"{jp.work}{argv[0][len(str(files)) :]}"
-        gang = self._write_gang(job, jp, env, python) if job.workers > 1 else []
+        gang = self._write_gang(job, jp, env, python, deps) if job.workers > 1 else []
         gang += self._shim_args(deps, jp, job.workers, specs)
         if job.private_network or job.workers > 1:
             gang += ["--relay", str(jp.relay)]
@@ -316,7 +317,7 @@ class LocalBackend(LeaderBackend):
         return self.isolation() is None or bool(deps.get("data"))
 
     def _write_gang(
-        self, job: JobAttempt, jp: JobPaths, env: dict[str, str], python: str
+        self, job: JobAttempt, jp: JobPaths, env: dict[str, str], python: str, deps: dict
     ) -> list[str]:
         """Describe a multi-worker job's workers for the shim; return the shim's arguments.
 
@@ -325,7 +326,10 @@ class LocalBackend(LeaderBackend):
         by the job's mode: see kerasmode) once it has the ports of the job's private network.
         """
         try:
-            mode = kerasmode.decide(job.env, lambda m: kerasmode.packages(python).get(m, False))
+            prefix = self._probe_prefix(deps, jp)
+            mode = kerasmode.decide(
+                job.env, lambda m: kerasmode.packages(python, prefix).get(m, False)
+            )
         except kerasmode.KerasRefusal as e:
             raise StartError(str(e)) from None
         env.update({k: v for k, v in mode.env.items() if k not in job.env})
@@ -365,7 +369,7 @@ class LocalBackend(LeaderBackend):
             target.mkdir(parents=True, exist_ok=True)
             binds.append({"source": mount["source"], "target": str(target)})
         identity = deps.get("identity")
-        hide = _agent_home() if identity else []
+        hide = self._covers() if identity else []
         spec = {
             "home": str(self.paths.home),
             "work": str(jp.work),
@@ -415,12 +419,17 @@ class LocalBackend(LeaderBackend):
                 if not (env_dir / "gpuhop-env.json").exists():
                     _give(identity, [env_dir])
                 readable.append(str(jp.root / "requirements.txt"))
-        # gpuhop's own Python and package, where they lie in the state dir (`remote
-        # bootstrap` puts its venv there) or under /tmp (a checkout there, which the job's
-        # own /tmp hides): the job's interpreter and its start-up hook come from them.
-        # Also every dir on the agent's own sys.path (the job's interpreter is the agent's, or
-        # a venv on top of it): a `.pth` file may add one there, as `remote bootstrap`'s venv
-        # does for the host's TensorFlow.
+        readable += self._installs(hide)
+        return keep + [{"path": p, "readonly": True} for p in readable]
+
+    def _installs(self, hide: list[str]) -> list[str]:
+        """gpuhop's own Python and package, where they lie in the state dir (`remote
+        bootstrap` puts its venv there), under /tmp (a checkout there, which the job's own
+        /tmp hides) or under `hide`: the job's interpreter and its start-up hook come from
+        them. Also every dir on the agent's own sys.path (the job's interpreter is the
+        agent's, or a venv on top of it): a `.pth` file may add one there, as `remote
+        bootstrap`'s venv does for the host's TensorFlow; and the base interpreter of a
+        venv (root's pyenv, under a hidden /root)."""
         install = Path(self.python).parent.parent
         package = Path(hook.__file__).resolve().parents[2]  # src/ or site-packages/
         on_path = [
@@ -428,27 +437,64 @@ class LocalBackend(LeaderBackend):
             for p in sys.path
             if Path(p).name in ("site-packages", "dist-packages") and os.path.isdir(p)
         ]
-        # The base interpreter of a venv, too, where `hide` covers it (root's pyenv).
         base = Path(sys.base_prefix).resolve()
         covered = [self.paths.home, Path("/tmp"), *map(Path, hide)]
-        for path in dict.fromkeys((install, package, base, *on_path)):
-            if any(path.is_relative_to(p) for p in covered) and not any(
-                path.is_relative_to(p) for p in (install, package, base) if p != path
-            ):
-                readable.append(str(path))
-        return keep + [{"path": p, "readonly": True} for p in readable]
+        return [
+            str(path)
+            for path in dict.fromkeys((install, package, base, *on_path))
+            if any(path.is_relative_to(p) for p in covered)
+            and not any(path.is_relative_to(p) for p in (install, package, base) if p != path)
+        ]
+
+    def _covers(self) -> list[str]:
+        install = Path(self.python).parent.parent
+        return _covers([self.paths.home, install, Path(sys.base_prefix)])
+
+    def _probe_prefix(self, deps: dict[str, Any], jp: JobPaths) -> tuple[str, ...]:
+        """For a job with an identity of its own: what runs a probe of its interpreter (which
+        may be a venv its user built, with .pth files of theirs) in a sandbox of its own,
+        as that identity, seeing the state dir no more than the job would. Else ()."""
+        identity = deps.get("identity")
+        if not identity:
+            return ()
+        hide = self._covers()
+        readable = [str(jp.work), *self._installs(hide)]
+        if deps.get("env"):
+            readable.append(deps["env"]["dir"])
+        spec = {
+            "home": str(self.paths.home),
+            "work": str(jp.work),
+            "keep": [{"path": p, "readonly": True} for p in readable],
+            "binds": [],
+            "identity": {k: identity[k] for k in ("user", "uid", "gid")},
+            "hide": hide,
+        }
+        return (self.python, "-I", "-S", SANDBOX, "--run", json.dumps(spec), "--")
 
 
-def _agent_home() -> list[str]:
-    """The agent's user's home, hidden from a job with an identity of its own (root's
-    /root holds its SSH keys, shell history and credentials), unless it is `/`."""
+def _covers(reached: list[Path]) -> list[str]:
+    """What a job with an identity of its own has covered (an empty read-only tmpfs, with
+    what it may see bound back): the agent's user's home (root's /root holds its SSH keys,
+    shell history and credentials), unless it is `/`; and the first dir on the way to each
+    of `reached` (the state dir, the interpreter) that others may not pass, so that its own
+    files and the interpreter can be reached through the cover's open dirs."""
     import pwd
 
-    try:
+    covers = []
+    with contextlib.suppress(KeyError):
         home = os.path.realpath(pwd.getpwuid(os.geteuid()).pw_dir)
-    except KeyError:
-        return []
-    return [] if home == "/" else [home]
+        if home != "/":
+            covers.append(home)
+    for path in reached:
+        real = Path(os.path.realpath(path))
+        if any(real.is_relative_to(c) for c in covers):
+            continue
+        for parent in reversed([real, *real.parents][:-1]):  # from the top down, not `/`
+            with contextlib.suppress(OSError):
+                if not parent.stat().st_mode & stat.S_IXOTH:
+                    covers.append(str(parent))
+                    break
+    return covers
 
 
 def _give(identity: dict[str, Any], paths: list[Path]) -> None:

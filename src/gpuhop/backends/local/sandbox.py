@@ -32,6 +32,9 @@ The sources are opened (O_PATH) before the tmpfs hides them and bound from /proc
 and the job starts in its work dir looked up again after the mounts, so no directory of the
 real state dir stays reachable through an old reference.
 
+`python sandbox.py --run SPEC -- COMMAND...` runs COMMAND in such a view (as the spec's
+identity), for the agent's probes of a job's interpreter.
+
 `python sandbox.py --probe` says whether this host lets a job have such a view (exit 0), or
 why not (the reason on stderr, exit 1): the agent asks once at start.
 """
@@ -312,8 +315,37 @@ def probe() -> str | None:
     return None
 
 
+def run(spec: dict, argv: list) -> int:
+    """Run `argv` in a view made by `spec`, as its identity if it has one; its exit code."""
+    child = enter(spec)
+    if child == 0:
+        try:
+            if spec.get("identity"):
+                become(spec["identity"])
+            os.execvp(argv[0], argv)
+        except OSError as e:
+            os.write(2, f"gpuhop: cannot run {argv[0]!r}: {e}\n".encode())
+        os._exit(127)
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            return os.waitstatus_to_exitcode(status)
+        except InterruptedError:
+            continue
+
+
 if __name__ == "__main__" and sys.argv[1:] == ["--probe"]:
     problem = probe()
     if problem is not None:
         print(problem, file=sys.stderr)
     sys.exit(0 if problem is None else 1)
+elif __name__ == "__main__" and sys.argv[1:2] == ["--run"] and sys.argv[3:4] == ["--"]:
+    # `sandbox.py --run SPEC -- COMMAND...`: a probe of a job's interpreter (see the backend).
+    import json
+
+    try:
+        code = run(json.loads(sys.argv[2]), sys.argv[4:])
+    except OSError as e:
+        print(f"gpuhop: no sandbox for the probe: {e}", file=sys.stderr)
+        code = 1
+    sys.exit(code)
