@@ -112,9 +112,9 @@ def test_an_idle_connection_is_closed_after_a_while(monkeypatch):
         try:
             answer = await pool.send(port, "POST", "/echo", {}, b"one", 10)
             assert await answer.read(10) == b"one"
-            kept = pool._idle[port][0]
+            kept = pool._idle[("", port)][0]
             await asyncio.sleep(0.6)
-            assert port not in pool._idle
+            assert ("", port) not in pool._idle
             assert kept.writer.is_closing()
             again = await pool.send(port, "POST", "/echo", {}, b"two", 10)
             assert await again.read(10) == b"two"

@@ -49,7 +49,8 @@ def serve(
 ) -> None:
     """Serve a SavedModel on the GPU host with TensorFlow Serving's REST API.
 
-    The server runs as a job (see `gpuhop ps`, `logs`, `cancel`) on the host's loopback.
+    The server runs as a job (see `gpuhop ps`, `logs`, `cancel`) in a private network on
+    the GPU host, which no other job reaches.
     Reach it with `gpuhop predict NAME input.json`, through the agent with your
     credentials, or forward its port with `gpuhop forward` for any TF Serving client.
 
@@ -78,8 +79,8 @@ def serve(
             raise typer.Exit(130) from None
     base = f"/v1/models/{info.name}"
     say(
-        f"model {info.name} ready in job {info.job} (port {info.port} on the GPU host's"
-        f" loopback)\n"
+        f"model {info.name} ready in job {info.job} (port {info.port} in its private"
+        f" network on the GPU host)\n"
         f"  predict:  gpuhop predict {info.name} input.json\n"
         f"  REST:     gpuhop forward {info.job}, then POST"
         f" http://127.0.0.1:{TF_SERVING_REST_PORT}{base}:predict\n"

@@ -1,8 +1,9 @@
 """Runs in the serving job: `python -m gpuhop.serving --model DIR --name NAME`.
 
-Loads the SavedModel, binds the host's loopback (port 0: any free port), and once uvicorn
-accepts connections writes the ready file (`{"port": ..., "pid": ...}`, which the agent's
-proxy reads) and prints the ready line. SIGTERM (`gpuhop cancel`) stops it cleanly.
+Loads the SavedModel, binds loopback (the job's private network's, which only the agent
+reaches; port 0: any free port), and once uvicorn accepts connections writes the ready file
+(`{"port": ..., "pid": ...}`, which the agent's proxy reads) and prints the ready line.
+SIGTERM (`gpuhop cancel`) stops it cleanly.
 """
 
 from __future__ import annotations

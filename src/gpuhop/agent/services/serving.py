@@ -8,17 +8,20 @@ are hard-linked into the new job's work dir (copied across file systems). That i
 because the serving job runs gpuhop's own server, which only reads them. An uploaded
 SavedModel is the job's synced work dir.
 
-The server binds the host's loopback on a free port and writes it to `serving-ready.json`
-in its work dir once it accepts connections. `proxy` sends a caller's request there: the
-job is found with the caller (another user's model is a 404, as for every job route),
-the body is streamed up with a cap, and the answer streamed back. The agent's token never
-reaches the job. Errors are TF Serving's {"error": ...} plus gpuhop's `ErrorBody` fields,
-so a TF Serving client and the SDK both read them.
+The job runs in a private network namespace (`private_network`): its server has no
+authentication, so no other job on the host may reach it, and only the agent does, through
+the job's relay (`ports`). The server binds its loopback there on a free port and writes it
+to `serving-ready.json` in its work dir once it accepts connections. `proxy` sends a
+caller's request there: the job is found with the caller (another user's model is a 404,
+as for every job route), the body is streamed up with a cap, and the answer streamed back.
+The agent's token never reaches the job. Errors are TF Serving's {"error": ...} plus
+gpuhop's `ErrorBody` fields, so a TF Serving client and the SDK both read them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -36,9 +39,9 @@ from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import JobRecord
-from gpuhop.agent.services import jobs
+from gpuhop.agent.services import jobs, ports
 from gpuhop.agent.services.savedmodels import SAVED_MODEL_PB, find_saved_model
-from gpuhop.agent.services.upstream import Pool, UpstreamError, UpstreamTimeout
+from gpuhop.agent.services.upstream import Pool, Streams, UpstreamError, UpstreamTimeout
 from gpuhop.api import ErrorCode, JobInfo, JobState, ServeRequest, ServingInfo, SubmitRequest
 from gpuhop.backends import listeners
 from gpuhop.home import JobPaths
@@ -119,7 +122,9 @@ def start(rt: AgentContext, req: ServeRequest, caller: Caller) -> JobInfo:
             )
         (jp.root / SPEC_FILE).write_text(json.dumps(spec))
 
-    submit = SubmitRequest(command=command, tree=req.tree, name=req.name, gpus=req.gpus)
+    submit = SubmitRequest(
+        command=command, tree=req.tree, name=req.name, gpus=req.gpus, private_network=True
+    )
     return jobs.submit(rt, submit, caller, prepare=prepare)
 
 
@@ -190,6 +195,9 @@ class Target:
     job: str
     name: str
     port: int
+    # The job, where its port is in its private network (reached through its relay); None
+    # where it is on the host's loopback (a model server started before they had one).
+    private: JobRecord | None = None
 
 
 class Upstream:
@@ -265,9 +273,13 @@ async def proxy(
             body = await _read_capped(request)
         except _TooLarge:
             return error(413, ErrorCode.too_large, _too_large_message())
+    where, opener = "", None
+    if target.private is not None:
+        # Its port number is its own network's: connections are kept apart by job.
+        where, opener = target.job, functools.partial(_relayed, rt, target.private, target.port)
     try:
         answer = await upstream.pool.send(
-            target.port, request.method, target_path, headers, body, READ_TIMEOUT
+            target.port, request.method, target_path, headers, body, READ_TIMEOUT, where, opener
         )
         passed = {
             k: v for k in ("content-type", "content-encoding") if (v := answer.headers.get(k))
@@ -295,12 +307,22 @@ async def proxy(
     )
 
 
+async def _relayed(rt: AgentContext, job: JobRecord, port: int) -> Streams:
+    """A new connection to `port` in the job's private network."""
+    try:
+        return await ports.connect(rt, job, port)
+    except ApiError as e:
+        raise UpstreamError(e.message) from None
+
+
 async def _find(
     rt: AgentContext, upstream: Upstream, ref: str, caller: Caller
 ) -> Target | Response:
     """The model server `ref` names, if it is ready; else the error answer. Its port is
-    the one the job wrote, so it is taken only if the job's own processes are what listens
-    there (as for `gpuhop forward`): never another user's model server or the agent's."""
+    the one the job wrote: in its private network, where only its own processes listen;
+    on the host's loopback (a model server from before), taken only if the job's own
+    processes are what listens there (as for `gpuhop forward`): never another user's model
+    server or the agent's."""
     try:
         job = jobs.find(rt, ref, caller)
         spec = _spec(rt, job)
@@ -315,6 +337,9 @@ async def _find(
         return error(
             503, ErrorCode.conflict, f"the model server {spec.get('name')} (job {job.id}) {why}"
         )
+    name = str(spec.get("name", job.name or job.id))
+    if ports.private(job):
+        return Target(job.id, name, port, job)
     if not upstream.verified(job.id, port):
         host, why = await asyncio.to_thread(listeners.job_loopback, job.pid or 0, port)
         if host != "127.0.0.1":
@@ -325,7 +350,7 @@ async def _find(
                 f" ({why or 'only on ::1'})",
             )
         upstream.verify(job.id, port)
-    return Target(job.id, str(spec.get("name", job.name or job.id)), port)
+    return Target(job.id, name, port)
 
 
 async def _read_capped(request: Request) -> bytes:

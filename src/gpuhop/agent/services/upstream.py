@@ -1,7 +1,7 @@
 """Runs in the agent: the HTTP/1.1 client of the model-server proxy, kept lean.
 
-Every predict request through the agent is one request to a model server on this host's
-loopback, so what this client costs per request is the proxy's cost. httpx (through
+Every predict request through the agent is one request to a model server on this host,
+so what this client costs per request is the proxy's cost. httpx (through
 httpcore) spent more on its pool than on the request: a poll of every idle connection and
 a failed import per request (bench: serving, with py-spy on the agent). This is the least
 that the proxy needs: keep-alive connections per port, reused at once; the request
@@ -10,13 +10,17 @@ under uvicorn), its body read whole or streamed.
 
 A model server is a job's process, so its answers are parsed as hostile: headers are
 bounded, and a connection is reused only after an answer that ended as HTTP says it does.
+
+A server is a port: on this host's loopback, or behind an `Opener` that makes a connection
+to it (a job's private network, through its relay). `where` tells apart the connections
+to ports of the same number in different places.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httptools
 
@@ -26,6 +30,12 @@ MAX_IDLE = 64  # idle connections kept per port
 IDLE_SECONDS = 5.0  # an idle connection is closed after this (a model server that ended
 # must not leave the agent holding its connections until its port is used again)
 READ = 64 * 1024
+
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+# Makes a new connection to a server not on this host's loopback; raises UpstreamError.
+Opener = Callable[[], Awaitable[Streams]]
+# Where a server's kept connections are: (`where`, port).
+Key = tuple[str, int]
 
 
 class UpstreamError(Exception):
@@ -54,10 +64,10 @@ class _Connection:
 class Answer:
     """A model server's answer: status and headers read; the body to read or stream."""
 
-    def __init__(self, pool: Pool, port: int, conn: _Connection, parser: _Parser):
+    def __init__(self, pool: Pool, key: Key, conn: _Connection, parser: _Parser):
         self.status = parser.status
         self.headers = parser.headers
-        self._pool, self._port, self._conn, self._parser = pool, port, conn, parser
+        self._pool, self._key, self._conn, self._parser = pool, key, conn, parser
 
     @property
     def length(self) -> int | None:
@@ -92,16 +102,16 @@ class Answer:
         if conn is None:
             return
         if self._parser.complete and self._parser.keep_alive and conn.usable():
-            self._pool.put(self._port, conn)
+            self._pool.put(self._key, conn)
         else:
             conn.close()
 
 
 class Pool:
-    """Keep-alive connections to model servers on this host's loopback, by port."""
+    """Keep-alive connections to model servers, by where they are and port."""
 
     def __init__(self) -> None:
-        self._idle: dict[int, list[_Connection]] = {}
+        self._idle: dict[Key, list[_Connection]] = {}
 
     async def send(
         self,
@@ -111,18 +121,23 @@ class Pool:
         headers: dict[str, str],
         body: bytes | None,
         timeout: float,
+        where: str = "",
+        opener: Opener | None = None,
     ) -> Answer:
         """Send one request and read its answer's status and headers. A kept connection
-        that the server closed before answering is retried once on a fresh one."""
+        that the server closed before answering is retried once on a fresh one. Without
+        `opener` the server is `port` on this host's loopback; with it, `opener` makes each
+        new connection, and `where` (say, a job's id) keeps them apart from others'."""
+        key = (where, port)
         lines = [f"{method} {target} HTTP/1.1", f"host: 127.0.0.1:{port}"]
         lines += [f"{k}: {v}" for k, v in headers.items()]
         if body is not None:
             lines.append(f"content-length: {len(body)}")
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + (body or b"")
         while True:
-            conn, reused = self._take(port), True
+            conn, reused = self._take(key), True
             if conn is None:
-                conn, reused = await self._connect(port), False
+                conn, reused = await self._connect(port, opener), False
             parser = _Parser()
             try:
                 conn.writer.write(request)
@@ -139,10 +154,10 @@ class Pool:
             except BaseException:
                 conn.close()
                 raise
-            return Answer(self, port, conn, parser)
+            return Answer(self, key, conn, parser)
 
-    def _take(self, port: int) -> _Connection | None:
-        idle = self._idle.get(port)
+    def _take(self, key: Key) -> _Connection | None:
+        idle = self._idle.get(key)
         while idle:
             conn = idle.pop()
             if conn.expiry is not None:
@@ -153,25 +168,27 @@ class Pool:
             conn.close()
         return None
 
-    def put(self, port: int, conn: _Connection) -> None:
-        idle = self._idle.setdefault(port, [])
+    def put(self, key: Key, conn: _Connection) -> None:
+        idle = self._idle.setdefault(key, [])
         if len(idle) >= MAX_IDLE:
             conn.close()
         else:
             idle.append(conn)
             loop = asyncio.get_running_loop()
-            conn.expiry = loop.call_later(IDLE_SECONDS, self._expire, port, conn)
+            conn.expiry = loop.call_later(IDLE_SECONDS, self._expire, key, conn)
 
-    def _expire(self, port: int, conn: _Connection) -> None:
-        idle = self._idle.get(port, [])
+    def _expire(self, key: Key, conn: _Connection) -> None:
+        idle = self._idle.get(key, [])
         if conn in idle:
             idle.remove(conn)
             if not idle:
-                del self._idle[port]
+                del self._idle[key]
         conn.expiry = None
         conn.close()
 
-    async def _connect(self, port: int) -> _Connection:
+    async def _connect(self, port: int, opener: Opener | None) -> _Connection:
+        if opener is not None:
+            return _Connection(*await opener())
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection("127.0.0.1", port, limit=READ), CONNECT_TIMEOUT
