@@ -8,6 +8,10 @@ read, so the measuring side spends no CPU while it waits). The same job in a wor
 also holds the 5,000-file, 200 MB tree of the resync benchmark (1,000 files with --quick),
 beside the job in a work dir of one file: each tree is materialised once and each job sees
 it through an overlay, so the big tree should cost no more than a small one.
+
+Both again on a team agent (a TLS listener on loopback), where each job runs as its user's
+own unprivileged uid in a read-only view of the host, and gets its own copy of its tree
+(the shared checkout's files are the agent's), beside the same job on the single-user agent.
 """
 
 from __future__ import annotations
@@ -129,10 +133,30 @@ def plain_python() -> float:
 MIN_SAMPLES = 7
 
 
+def _samples(agent: PrivateAgent, trees: dict[str, Path], repeats: int) -> dict[str, list[float]]:
+    """`repeats` first-byte samples of a job in each of `trees`, on `agent`."""
+    out: dict[str, list[float]] = {name: [] for name in trees}
+    with agent.client() as client:
+        bodies = {}
+        for name, tree in trees.items():
+            for _ in client.submit(["hello.py"], workdir=tree).logs(follow=True):
+                pass  # the first submit uploads the tree
+            synced = scan_workdir(client.session, tree)
+            bodies[name] = SubmitRequest(command=["hello.py"], tree=synced.tree).model_dump(
+                mode="json", exclude_none=True
+            )
+            for _ in range(2):  # warm up: the checkout, the page cache
+                first_byte(agent, client.session, bodies[name])
+        for _ in range(repeats):
+            for name in trees:
+                out[name].append(first_byte(agent, client.session, bodies[name]))
+    return out
+
+
 def run(settings: Settings) -> list[Row]:
     repeats = max(settings.repeats(default=10, quick=5), MIN_SAMPLES)
     files = 1_000 if settings.quick else 5_000
-    small_runs, big_runs, plain = [], [], []
+    plain = []
     with tempfile.TemporaryDirectory(prefix="gpuhop-bench-") as tmp:
         root = Path(tmp)
         small, big = root / "small", root / "big"
@@ -140,22 +164,16 @@ def run(settings: Settings) -> list[Row]:
         (small / "hello.py").write_text(HELLO)
         megabytes = make_tree(big, files) / 1e6
         (big / "hello.py").write_text(HELLO)
-        with private_agent(root / "agent") as agent, agent.client() as client:
-            bodies = {}
-            for name, tree in (("small", small), ("big", big)):
-                for _ in client.submit(["hello.py"], workdir=tree).logs(follow=True):
-                    pass  # the first submit uploads the tree
-                synced = scan_workdir(client.session, tree)
-                bodies[name] = SubmitRequest(command=["hello.py"], tree=synced.tree).model_dump(
-                    mode="json", exclude_none=True
-                )
-                for _ in range(2):  # warm up: the checkout, the page cache
-                    first_byte(agent, client.session, bodies[name])
-            for _ in range(repeats):
-                small_runs.append(first_byte(agent, client.session, bodies["small"]))
-                big_runs.append(first_byte(agent, client.session, bodies["big"]))
-                plain.append(plain_python())
-    return [
+        trees = {"small": small, "big": big}
+        with private_agent(root / "agent") as agent:
+            alone = _samples(agent, trees, repeats)
+        for _ in range(repeats):
+            plain.append(plain_python())
+        with private_agent(root / "team", "--listen", "127.0.0.1:0") as agent:
+            team = _samples(agent, trees, repeats) if os.geteuid() == 0 else None
+    small_runs, big_runs = alone["small"], alone["big"]
+    not_root = "" if team is not None else "skipped: a team agent runs jobs only as root"
+    rows = [
         Row(
             NAME,
             'submit (POST) → the job\'s first log byte, print("hi")',
@@ -174,4 +192,23 @@ def run(settings: Settings) -> list[Row]:
             small_runs,
             "target: within 0.05 s of the one-file work dir",
         ),
+        Row(
+            NAME,
+            'the same print("hi") on a team agent (its own uid, a read-only view)',
+            "s",
+            team["small"] if team else [],
+            "on a single-user agent",
+            small_runs,
+            not_root or "what a job's own identity costs at its start",
+        ),
+        Row(
+            NAME,
+            f"on a team agent, a work dir of {files:,} files, {megabytes:.0f} MB",
+            "s",
+            team["big"] if team else [],
+            "on a single-user agent",
+            big_runs,
+            not_root or "a team job copies its tree: the checkout's files are the agent's",
+        ),
     ]
+    return rows
