@@ -498,11 +498,17 @@ def _covers(reached: list[Path]) -> list[str]:
 
 
 def _give(identity: dict[str, Any], paths: list[Path]) -> None:
-    """Make `paths` (and, for dirs, all they hold) the identity's."""
+    """Make `paths` (and, for dirs, all they hold) the identity's. A file linked from
+    elsewhere too (a model server's SavedModel, linked from the job that wrote it) stays
+    whose it is: the job reads it, and changes to it would reach the other place."""
     uid, gid = identity["uid"], identity["gid"]
     for path in paths:
         os.lchown(path, uid, gid)
         if path.is_dir() and not path.is_symlink():
             for dirpath, dirs, files in os.walk(path):
-                for name in dirs + files:
+                for name in dirs:
                     os.lchown(os.path.join(dirpath, name), uid, gid)
+                for name in files:
+                    file = os.path.join(dirpath, name)
+                    if os.lstat(file).st_nlink == 1:
+                        os.lchown(file, uid, gid)
