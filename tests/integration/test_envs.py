@@ -164,3 +164,38 @@ def test_env_rm_keeps_what_jobs_use(make_agent, project, wheels, tmp_path):
         assert client.envs.remove(busy_env[:10]) == [busy_env]
         assert client.envs.list() == []
     assert not any((agent.home / "envs").glob("*/"))
+
+
+def test_the_jobs_pip_variables_are_part_of_the_environments_id(
+    shared_agent, project, wheels, tmp_path
+):
+    root = project({"job.py": SCRIPT, "requirements.txt": "# pip variables\ntinypkg==1.0\n"})
+    with shared_agent.client() as client:
+        _, built, out = run(client, root, wheels)
+        assert built.state == JobState.succeeded, out
+        # Another variable is no part of the build: the same environment.
+        job = client.submit(["job.py"], workdir=root, env={**pip_env(wheels), "SEED": "7"})
+        assert job.wait(timeout=180).state == JobState.succeeded
+        assert job.info.python_env == built.python_env
+        # Other wheels to install from are another build: here none, so it fails.
+        empty = tmp_path / "no-wheels"
+        empty.mkdir()
+        other = client.submit(["job.py"], workdir=root, env=pip_env(empty))
+        info = other.wait(timeout=180)
+        out = b"".join(other.logs()).decode()
+    assert info.python_env != built.python_env
+    assert info.state == JobState.failed, out
+    assert "building environment" in out and "No matching distribution found for tinypkg" in out
+
+
+def test_a_single_user_agent_takes_any_requirements_line(shared_agent, project, wheels, tmp_path):
+    # The user's own host: -r, -f and the rest are pip's to read, as they were.
+    more = tmp_path / "more.txt"
+    more.write_text("tinypkg==1.0\n")
+    root = project({"job.py": SCRIPT, "requirements.txt": f"-f {wheels}\n-r {more}\n"})
+    with shared_agent.client() as client:
+        job = client.submit(["job.py"], workdir=root, env={"PIP_NO_INDEX": "1"})
+        info = job.wait(timeout=180)
+        out = b"".join(job.logs()).decode()
+    assert info.state == JobState.succeeded, out
+    assert "tinypkg 42" in out

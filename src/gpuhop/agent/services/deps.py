@@ -33,8 +33,12 @@ def check(
     if req.requirements is not None:
         if "\x00" in req.requirements:
             raise ApiError(400, ErrorCode.bad_request, "the requirements contain a NUL byte")
+        # On a team agent each user's jobs have environments of their own: another user's
+        # build, from their own index or wheels, is never what this one imports.
+        owner = caller.user if rt.team() else None
         try:
-            deps["env"] = rt.envs.spec(python or rt.supervisor.python, req.requirements)
+            python = python or rt.supervisor.python
+            deps["env"] = rt.envs.spec(python, req.requirements, req.env, owner)
         except EnvError as e:
             raise ApiError(400, ErrorCode.bad_request, str(e)) from None
     return deps

@@ -1,9 +1,11 @@
 """Runs in the agent: the cache of Python environments built for jobs' requirements.
 
-An environment's id is the sha256 of the interpreter's path and version and of the
-requirements text, so the same set on the same interpreter is built once and reused by
-every job (the build itself runs in the job's shim: see `envbuild.py`). Listing and removal
-run here; an environment that a queued, starting or running job uses is never removed.
+An environment's id is the sha256 of everything that changes its build: the interpreter's
+path and version, the requirements text, the job's variables that pip honours
+(`build_env`) and, on a team agent, the user whose job asks, so the same set on the same
+interpreter is built once and reused by that user's jobs and never by another user's (the
+build itself runs in the job's shim: see `envbuild.py`). Listing and removal run here;
+an environment that a queued, starting or running job uses is never removed.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -72,13 +75,54 @@ def python_version(python: str) -> str:
     return _version(python, os.stat(python).st_mtime_ns)
 
 
+# What in a job's environment changes a build besides the interpreter and the text: pip's
+# (and uv's) settings; where pip finds its config files and credentials; what it fetches
+# through and whom it trusts; what it imports besides the venv; what compiles a package from
+# source. Matched on the upper-cased name (proxies are read in either case).
+BUILD_ENV_PREFIXES = ("PIP_", "UV_")
+BUILD_ENV_NAMES = frozenset(
+    {
+        "HOME", "XDG_CONFIG_HOME", "XDG_CONFIG_DIRS", "NETRC",
+        "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY",
+        "REQUESTS_CA_BUNDLE", "SSL_CERT_FILE", "SSL_CERT_DIR", "CURL_CA_BUNDLE",
+        "PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONNOUSERSITE",
+        "CC", "CXX", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CUDA_HOME", "CUDA_PATH",
+    }
+)  # fmt: skip
+
+
+def build_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The variables of a job's environment that change how its requirements are built."""
+    return {
+        k: v
+        for k, v in sorted(env.items())
+        if k.upper().startswith(BUILD_ENV_PREFIXES) or k.upper() in BUILD_ENV_NAMES
+    }
+
+
 class EnvStore:
     def __init__(self, root: Path):
         self.root = root
 
-    def spec(self, python: str, requirements: str) -> dict[str, str]:
-        """What the shim needs to build or reuse the environment for this set."""
+    def spec(
+        self,
+        python: str,
+        requirements: str,
+        env: Mapping[str, str] | None = None,
+        owner: str | None = None,
+    ) -> dict[str, str]:
+        """What the shim needs to build or reuse the environment for this set, asked for by
+        a job with the variables `env`; `owner` (a team agent's caller) gets one of their own."""
         key = f"{python}\n{python_version(python)}\n{requirements}"
+        more: dict[str, object] = {}
+        if variables := build_env(env or {}):
+            more["env"] = variables
+        if owner is not None:
+            more["owner"] = owner
+        if more:
+            # In front, as JSON: it cannot be read as the start of a key without it (an
+            # interpreter's path starts with "/"), and an id without it stays what it was.
+            key = json.dumps(more, sort_keys=True) + "\n" + key
         env_id = hashlib.sha256(key.encode()).hexdigest()
         return {
             "id": env_id,
