@@ -10,7 +10,7 @@ from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import ACTIVE_STATES
 from gpuhop.agent.storage.datasets import DatasetNotFound
-from gpuhop.agent.storage.envs import EnvError, check_python
+from gpuhop.agent.storage.envs import EnvError, check_plain, check_python
 from gpuhop.api import ErrorCode, JobState, SubmitRequest
 from gpuhop.backends import jobdeps
 from gpuhop.home import JobPaths
@@ -37,6 +37,8 @@ def check(
         # build, from their own index or wheels, is never what this one imports.
         owner = caller.user if rt.team() else None
         try:
+            if owner is not None:
+                check_plain(req.requirements)
             python = python or rt.supervisor.python
             deps["env"] = rt.envs.spec(python, req.requirements, req.env, owner)
         except EnvError as e:
@@ -96,7 +98,7 @@ def store(jp: JobPaths, deps: dict[str, Any], req: SubmitRequest) -> None:
     if not deps:
         return
     if req.requirements is not None:
-        (jp.root / "requirements.txt").write_text(req.requirements)
+        (jp.root / "requirements.txt").write_text(req.requirements, encoding="utf-8")
     jobdeps.write(jp, deps)
 
 

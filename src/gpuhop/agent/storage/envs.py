@@ -4,8 +4,9 @@ An environment's id is the sha256 of everything that changes its build: the inte
 path and version, the requirements text, the job's variables that pip honours
 (`build_env`) and, on a team agent, the user whose job asks, so the same set on the same
 interpreter is built once and reused by that user's jobs and never by another user's (the
-build itself runs in the job's shim: see `envbuild.py`). Listing and removal run here;
-an environment that a queued, starting or running job uses is never removed.
+build itself runs in the job's shim: see `envbuild.py`). A team agent takes requirements
+that name packages and versions only (`check_plain`). Listing and removal run here; an
+environment that a queued, starting or running job uses is never removed.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +24,9 @@ import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import NoReturn
+
+from packaging.requirements import InvalidRequirement, Requirement
 
 from gpuhop.api.data import EnvInfo
 from gpuhop.backends.local import envbuild
@@ -73,6 +78,71 @@ def check_python(python: str, home: Path) -> str:
 
 def python_version(python: str) -> str:
     return _version(python, os.stat(python).st_mtime_ns)
+
+
+# pip's own reading of a requirements file (pip/_internal/req/req_file.py): a comment, a
+# `${VAR}` it fills in from the environment, a PEP 263 coding line in the first two lines.
+_PIP_COMMENT = re.compile(r"(^|\s+)#.*$")
+_PIP_CODING = re.compile(r"coding[:=]\s*[-\w.]+")
+# A name pip takes for an archive file beside the requirements (pip's ARCHIVE_EXTENSIONS).
+_ARCHIVES = (
+    ".whl", ".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz",
+    ".tar.xz", ".txz", ".tlz", ".tar.lz", ".tar.lzma",
+)  # fmt: skip
+
+
+def check_plain(requirements: str) -> None:
+    """Refuse requirements that name anything but packages, extras, versions and markers:
+    an option, a URL or a path would have pip read or fetch what the user names. The
+    lines are those pip reads (continuations joined, comments dropped), split as pip does."""
+    for number, line in enumerate(requirements.split("\n")[:2], start=1):
+        if line.startswith("#") and _PIP_CODING.search(line):
+            _refuse(number, line, "pip would read the file in the encoding it names")
+    for number, line in _pip_lines(requirements):
+        if any(token.startswith("-") for token in line.split(" ")):
+            _refuse(number, line, "it passes pip an option")
+        if "${" in line:
+            _refuse(number, line, "pip would put an environment variable's value there")
+        try:
+            req = Requirement(line)
+        except InvalidRequirement as e:
+            if "://" in line or re.match(r"(git|hg|svn|bzr)\+", line):
+                _refuse(number, line, "it names a URL")
+            if line.startswith((".", "/", "~", "file:")):
+                _refuse(number, line, "it names a path")
+            _refuse(number, line, f"it is not a package name and version ({e})")
+        if req.url is not None:
+            _refuse(number, line, "it names a URL")
+        if req.name.lower().endswith(_ARCHIVES):
+            _refuse(number, line, "pip would take it for the path of an archive file")
+
+
+def _pip_lines(text: str) -> list[tuple[int, str]]:
+    """(number, line) of each requirement line pip would read in `text`."""
+    out: list[tuple[int, str]] = []
+    joined: list[str] = []
+    first = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        if _PIP_COMMENT.match(line):
+            line = " " + line  # dropped below, also where it ends a continued line
+        elif line.endswith("\\"):
+            first = first or number
+            joined.append(line.strip("\\"))
+            continue
+        if joined:
+            line, number, joined, first = "".join([*joined, line]), first, [], 0
+        out.append((number, line))
+    if joined:
+        out.append((first, "".join(joined)))
+    return [(n, s) for n, line in out if (s := _PIP_COMMENT.sub("", line).strip())]
+
+
+def _refuse(number: int, line: str, why: str) -> NoReturn:
+    raise EnvError(
+        f"requirements line {number} ({line.strip()[:200]!r}): {why}. A team agent takes package"
+        " names, extras, versions and markers only (e.g. 'numpy>=1.26'): anything else would"
+        " make the agent read or fetch what a user names"
+    )
 
 
 # What in a job's environment changes a build besides the interpreter and the text: pip's
