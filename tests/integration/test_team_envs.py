@@ -6,6 +6,7 @@ imported what bob's build had installed, and a requirements line could point pip
 
 from __future__ import annotations
 
+import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,10 +41,12 @@ def tokens(tls_agent: Agent) -> dict[str, str]:
 
 def test_each_user_builds_their_own_environment(remote, tokens, tls_agent, project, wheels):
     root = project({"job.py": SCRIPT, "requirements.txt": "tinypkg==1.0\n"})
+    # In the tree: a team job's build sees nothing of the host's /var/tmp but its own.
+    shutil.copytree(wheels, root / "wheels")
     ran = {}
     for user in ("bob", "alice"):  # the same files and variables, bob first
         with remote(tokens[user]) as client:
-            job = client.submit(["job.py"], workdir=root, env=pip_env(wheels))
+            job = client.submit(["job.py"], workdir=root, env=pip_env(Path("wheels")))
             info = job.wait(timeout=180)
             out = b"".join(job.logs()).decode()
         assert info.state == JobState.succeeded, out
@@ -54,6 +57,14 @@ def test_each_user_builds_their_own_environment(remote, tokens, tls_agent, proje
     assert ran["alice"] != ran["bob"]
     envs = tls_agent.home / "envs"
     assert (envs / ran["alice"]).is_dir() and (envs / ran["bob"]).is_dir()
+    # Each lists only their own (its requirements are theirs); an admin lists both.
+    for user, own in (("alice", ran["alice"]), ("bob", ran["bob"])):
+        with raw_http(tls_agent, tokens[user]) as client:
+            listed = [e["id"] for e in client.get("/v1/envs").json()]
+        assert listed == [own], (user, listed)
+    with raw_http(tls_agent, tokens["carol"]) as admin:
+        listed = [e["id"] for e in admin.get("/v1/envs").json()]
+    assert set(listed) >= {ran["alice"], ran["bob"]}
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.services.deps import in_use
@@ -18,9 +19,14 @@ def _users(rt: AgentContext) -> dict[str, list[str]]:
     return users
 
 
-def list_all(rt: AgentContext) -> list[EnvInfo]:
+def list_all(rt: AgentContext, caller: Caller) -> list[EnvInfo]:
+    """Every cached environment; for a user of a team agent, only their own builds (their
+    requirements, and the variables their id covers, are theirs alone)."""
     users = _users(rt)
-    return [rt.envs.info(env_id, users.get(env_id, [])) for env_id in rt.envs.ids()]
+    ids = rt.envs.ids()
+    if not caller.admin and rt.team():
+        ids = [i for i in ids if rt.envs.owner(i) == caller.user]
+    return [rt.envs.info(env_id, users.get(env_id, [])) for env_id in ids]
 
 
 def remove(

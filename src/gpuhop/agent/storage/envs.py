@@ -194,12 +194,24 @@ class EnvStore:
             # interpreter's path starts with "/"), and an id without it stays what it was.
             key = json.dumps(more, sort_keys=True) + "\n" + key
         env_id = hashlib.sha256(key.encode()).hexdigest()
-        return {
+        spec = {
             "id": env_id,
             "dir": str(self.root / env_id),
             "python": python,
             "requirements_text": requirements,
         }
+        if owner is not None:
+            spec["owner"] = owner  # recorded with the build: only they list it
+        return spec
+
+    def owner(self, env_id: str) -> str | None:
+        """The user whose environment this is (a team agent's build), else None."""
+        try:
+            meta = json.loads((self.root / env_id / envbuild.MARKER).read_text())
+        except (OSError, ValueError):
+            return None
+        owner = meta.get("owner") if isinstance(meta, dict) else None
+        return owner if isinstance(owner, str) else None
 
     def ids(self) -> list[str]:
         if not self.root.is_dir():

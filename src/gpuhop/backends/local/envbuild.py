@@ -131,6 +131,8 @@ def _build(spec: dict, short: str) -> str | None:
         "build_seconds": seconds,
         "size": _size(env_dir),
     }
+    if spec.get("owner"):
+        info["owner"] = spec["owner"]
     with open(os.path.join(env_dir, LAST_USED), "w") as f:
         f.write(str(time.time()))
     # Every file pip wrote is on the disk before the marker says the environment is built:

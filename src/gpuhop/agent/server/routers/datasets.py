@@ -121,7 +121,7 @@ def remove(
 
 @router.get("/v1/envs")
 def list_envs(request: Request) -> list[EnvInfo]:
-    return envs_service.list_all(ctx(request))
+    return envs_service.list_all(ctx(request), caller_of(request))
 
 
 @router.delete("/v1/envs")
