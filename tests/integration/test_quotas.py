@@ -4,6 +4,7 @@ and nothing else harmed."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import subprocess
 import uuid
@@ -12,9 +13,12 @@ from pathlib import Path
 import pytest
 
 from gpuhop.api import JobState
+from gpuhop.api.data import CHUNK_HEADER, CONT, PART
+from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.client import GpuhopError
 from tests.conftest import wait_until
 from tests.integration.test_agent_restart import WAITER
+from tests.integration.test_full_disk import raw_http
 
 NO_GC = ("--gc-every-hours", "0")
 
@@ -54,6 +58,44 @@ def test_a_small_upload_over_the_quota_gets_507_not_500(make_agent, tmp_path):
         with agent.client() as client, pytest.raises(GpuhopError) as e:
             client.data.push(root, name="small")
         assert e.value.status == 507, e.value.message
+
+
+MIB = 1 << 20
+
+
+def blob_frames(blobs: list[bytes]) -> bytes:
+    return b"".join(FRAME_HEADER.pack(hashlib.sha256(b).digest(), len(b)) + b for b in blobs)
+
+
+def chunk_frames(whole: bytes, parts: list[bytes]) -> bytes:
+    """A dataset upload: one file of one chunk (a blob), then a file of several (a run)."""
+    flags = [0] + [PART] + [PART | CONT] * (len(parts) - 1)
+    return b"".join(
+        CHUNK_HEADER.pack(hashlib.sha256(data).digest(), len(data), len(data), flag) + data
+        for data, flag in zip([whole, *parts], flags, strict=True)
+    )
+
+
+@pytest.mark.parametrize("route", ["/v1/blobs/upload", "/v1/chunks/upload"])
+def test_gc_after_an_upload_refused_over_the_quota_frees_what_it_stored_at_once(make_agent, route):
+    # The 507 tells the user to run `gpuhop gc`; it once freed nothing of the refused
+    # upload (its blobs and runs were "recent") until the grace period had passed.
+    agent = make_agent(args=(*NO_GC, "--storage-quota", "3MiB"))
+
+    def body(mib: int) -> bytes:  # `mib` MiB of new content
+        new = [os.urandom(MIB) for _ in range(mib)]
+        return blob_frames(new) if route == "/v1/blobs/upload" else chunk_frames(*new[:1], new[1:])
+
+    with raw_http(agent) as http, agent.client() as client:
+        refused = http.post(route, content=body(4))  # the 4th MiB passes the quota
+        assert refused.status_code == 507, refused.text
+        assert "storage quota" in refused.json()["message"]
+        report = client.gc()
+        assert [p for p in agent.paths.blobs.rglob("*") if p.is_file()] == []
+        assert report.usage.storage_bytes == 0
+        # And the advice works: 3 MiB of other content fits now.
+        again = http.post(route, content=body(3))
+        assert again.status_code == 200, again.text
 
 
 def test_a_submission_over_the_jobs_quota_is_refused(make_agent, project):

@@ -8,6 +8,7 @@ client declared, and a forward that only a TCP port (open to every local user) c
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -25,6 +26,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
 from gpuhop.api import JobState
+from gpuhop.api.data import CHUNK_HEADER, CONT, PART
+from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.client import Client, GpuhopError
 from gpuhop.client.tls import fetch_certificate, pinned_context
 from tests.conftest import Agent
@@ -342,3 +345,82 @@ def test_two_users_pushing_a_new_name_at_once_cannot_both_have_it(
         with remote(tokens["carol"]) as admin:
             assert [d.version for d in admin.data.versions(name)] == [1]
             admin.data.remove(name)
+
+
+# -- what an upload tells ---------------------------------------------------------------------
+# "Answers never reveal whether another user stored given bytes" (DESIGN.md).
+
+
+def sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def blob_frames(contents: list[bytes]) -> bytes:
+    return b"".join(FRAME_HEADER.pack(bytes.fromhex(sha(d)), len(d)) + d for d in contents)
+
+
+def chunk_frames(contents: list[bytes], run: int = 2) -> bytes:
+    """Files of one chunk each (blobs), but the last `run`: one file of those (a run)."""
+    flags = [0] * (len(contents) - run) + [PART, *[PART | CONT] * (run - 1)][:run]
+    return b"".join(
+        CHUNK_HEADER.pack(bytes.fromhex(sha(d)), len(d), len(d), f) + d
+        for d, f in zip(contents, flags, strict=True)
+    )
+
+
+UPLOADS = {"/v1/blobs/upload": blob_frames, "/v1/chunks/upload": chunk_frames}
+
+
+@pytest.mark.parametrize("route", list(UPLOADS))
+def test_an_upload_answers_alike_whether_another_user_stored_its_content(tls_agent, tokens, route):
+    # Bob could once confirm a guess at Alice's file by uploading it: "bytes: 0" (blobs) or
+    # "stored: 0" (chunks) said that it was there already.
+    frames = UPLOADS[route]
+    alices = [os.urandom(70_000) for _ in range(4)]
+    fresh = [os.urandom(70_000) for _ in range(4)]  # the same sizes, stored by no one
+    with raw_http(tls_agent, tokens["alice"]) as alice:
+        assert alice.post(route, content=frames(alices)).status_code == 200
+    with raw_http(tls_agent, tokens["bob"]) as bob:
+        theirs = bob.post(route, content=frames(alices))
+        new = bob.post(route, content=frames(fresh))
+        digests = [sha(d) for d in alices + fresh]
+        missing = bob.post(route.replace("upload", "missing"), json={"digests": digests})
+    assert new.status_code == 200, new.text
+    assert (theirs.status_code, theirs.json()) == (new.status_code, new.json())
+    assert new.json()["bytes"] == 4 * 70_000  # what arrived, stored now or before
+    assert missing.json()["missing"] == []  # all his now: he sent their bytes
+
+
+@pytest.mark.parametrize("route", list(UPLOADS))
+def test_an_upload_refused_for_room_answers_alike_and_claims_nothing(tmp_path, route):
+    """At the storage quota, content stored before once skipped the check (200 where new
+    content got 507); and of a refused upload, what it had stored went, but content another
+    user had stored stayed, claimed by the uploader: `missing` told the two apart."""
+    frames = blob_frames if "blobs" in route else functools.partial(chunk_frames, run=0)
+    small, big = 20_000, 100_000
+    with team_agent(tmp_path, 0, "--storage-quota", "1MiB", "--gc-every-hours", "0") as agent:
+        tokens = team_tokens(agent)
+        alices = [os.urandom(small), os.urandom(big)]
+        with raw_http(agent, tokens["alice"]) as alice:
+            assert alice.post(route, content=frames(alices)).status_code == 200
+        with raw_http(agent, tokens["bob"]) as bob:
+            # Bob fills the quota but for 50 KB: room for a small file, not a big one.
+            filler = [os.urandom((1 << 20) - small - big - 50_000)]
+            assert bob.post(route, content=frames(filler)).status_code == 200
+            fresh = [os.urandom(small), os.urandom(big)]
+            answers = [
+                bob.post(route, content=frames(contents))
+                for contents in (
+                    [alices[1]],  # refused at once: the same answer, figures and all
+                    [fresh[1]],
+                    [alices[0], os.urandom(big)],  # refused after a first file that fits
+                    [fresh[0], os.urandom(big)],
+                )
+            ]
+            digests = [sha(d) for d in alices + fresh]
+            missing = bob.post(route.replace("upload", "missing"), json={"digests": digests})
+    assert [a.status_code for a in answers] == [507] * 4, [a.text for a in answers]
+    assert answers[0].json() == answers[1].json()
+    assert {a.json()["code"] for a in answers} == {"insufficient_storage"}
+    assert missing.json()["missing"] == digests
+

@@ -41,6 +41,8 @@ REFLINK_UNSUPPORTED = {errno.EOPNOTSUPP, errno.ENOTTY, errno.EINVAL,
 WRITE_BACK_EVERY = 8 * 1024 * 1024
 # The disk (or the user's disk quota) is full.
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+# The blobs an upload stored new (not those stored before it): digest -> when, for `unstore`.
+New = dict[str, float]
 
 
 class BlobError(ValueError):
@@ -49,6 +51,11 @@ class BlobError(ValueError):
 
 class QuotaExceeded(Exception):
     """Storing this would pass a disk quota; the message gives the figures."""
+
+
+def no_room(e: BaseException) -> bool:
+    """Whether `e` refuses an upload for room (a quota, or a full disk): a 507."""
+    return isinstance(e, QuotaExceeded) or (isinstance(e, OSError) and e.errno in NO_SPACE)
 
 
 class BlobStore:
@@ -87,11 +94,13 @@ class BlobStore:
                 return True
             return False
 
-    def _stored(self, digest: str, size: int) -> None:
+    def _stored(self, digest: str, size: int, new: New | None = None) -> None:
         with self._lock:
-            self._touched[digest] = time.time()
+            self._touched[digest] = now = time.time()
             self._present.add(digest)
             self._added += size
+            if size and new is not None:
+                new[digest] = now
 
     def count_added(self, size: int) -> None:
         """Bytes written beside the blobs (an assembled dataset), for the usage figures."""
@@ -135,7 +144,7 @@ class BlobStore:
                 path.unlink(missing_ok=True)
             return st.st_size if st.st_nlink == 1 else 0
 
-    def _unstore(self, stored: dict[str, float]) -> None:
+    def unstore(self, stored: New) -> None:
         """Remove blobs stored at the times given, unless touched since."""
         with self._lock:
             for digest, when in stored.items():
@@ -176,15 +185,14 @@ class BlobStore:
             shutil.copyfile(src, dest)
         os.chmod(dest, 0o755 if executable else 0o644)
 
-    def put(self, digest: str, data: bytes | memoryview) -> int:
+    def put(self, digest: str, data: bytes | memoryview, new: New | None = None) -> int:
         """Store one blob held in memory (a dataset chunk) if it is new, durable and named
-        before this returns; return the bytes stored. Raises BlobError if `data` does not
-        hash to `digest`."""
+        before this returns; return the bytes stored (noted in `new`). Raises BlobError if
+        `data` does not hash to `digest`. Checked against the quota and written even if
+        stored already, as `receive` does: a 507 never tells whether it was."""
         actual = hashlib.sha256(data).hexdigest()
         if actual != digest:
             raise BlobError(f"blob {digest}: its content hashes to {actual}; it was rejected")
-        if self.has(digest):
-            return 0
         with self.reserved(len(data)):
             fd, name = tempfile.mkstemp(dir=self.tmp, prefix="chunk-")
             f = os.fdopen(fd, "wb")
@@ -194,7 +202,7 @@ class BlobStore:
                 f.close()
                 os.unlink(name)
                 raise
-            return self._name(f, Path(name), digest, len(data))
+            return self._name(f, Path(name), digest, len(data), new)
 
     @contextlib.contextmanager
     def reserved(self, size: int) -> Iterator[None]:
@@ -214,12 +222,14 @@ class BlobStore:
         """A blob named by another store (a staged dataset chunk), its bytes counted there."""
         self._stored(digest, 0)
 
-    def put_later(self, digest: str, data: bytes | memoryview) -> Future[int]:
+    def put_later(
+        self, digest: str, data: bytes | memoryview, new: New | None = None
+    ) -> Future[int]:
         """`put` in a settling thread (see `settle`): hashed, checked, written, flushed and
         named there, beside the caller and the other blobs on their way. The future holds
         the bytes stored, or the error (BlobError for bytes that do not hash to `digest`).
         `data` must not change until then."""
-        return settle.settle(lambda: self.put(digest, data))
+        return settle.settle(lambda: self.put(digest, data, new))
 
     def _check_quota(self, size: int) -> None:
         """`check_quota`, counting the blobs still on their way to disk as stored."""
@@ -227,20 +237,20 @@ class BlobStore:
             settling = self._settling
         self.check_quota(size + settling)
 
-    def _settle(self, f: BinaryIO, tmp: Path, digest: str, size: int) -> Future[int]:
+    def _settle(self, f: BinaryIO, tmp: Path, digest: str, size: int, new: New) -> Future[int]:
         with self._lock:
             self._settling += size
 
         def name() -> int:
             try:
-                return self._name(f, tmp, digest, size)
+                return self._name(f, tmp, digest, size, new)
             finally:
                 with self._lock:
                     self._settling -= size
 
         return settle.settle(name)
 
-    def _name(self, f: BinaryIO, tmp: Path, digest: str, size: int) -> int:
+    def _name(self, f: BinaryIO, tmp: Path, digest: str, size: int, new: New | None) -> int:
         """Flush a written blob to the disk, then name it (in a settling thread). On disk
         before it is named: after a power loss a stored blob is whole or absent (the store
         trusts a name once it exists)."""
@@ -260,21 +270,21 @@ class BlobStore:
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
-        self._stored(digest, size)
+        self._stored(digest, size, new)
         return size
 
     async def receive(
         self, chunks: AsyncIterator[bytes], on_blob: Callable[[str], None] = lambda d: None
     ) -> tuple[int, int]:
-        """Store every framed blob in an upload stream. Returns (blobs stored, bytes).
-        `on_blob` hears the digest of every blob whose bytes matched it, stored now or before
-        (from a worker thread: the hashing and writing happen there, see `pump`).
+        """Store every framed blob in an upload stream. Returns (blobs, bytes) received,
+        stored now or before alike (an answer must not tell another user's files from new
+        ones). `on_blob` hears the digest of every blob whose bytes matched it (from a worker
+        thread: the hashing and writing happen there, see `pump`).
 
         Blobs completed before an error stay stored, so a retried upload sends only the rest;
-        except when the disk filled up: then the blobs this upload stored are removed at once
-        (unless someone asked for them since), so that the space is free again now rather
-        than after the GC's grace period. Raises BlobError on a bad frame or a content/hash
-        mismatch.
+        except after a refusal for room (`no_room`): the blobs this upload stored go at once
+        (unless asked for since), so that the room is free now, as the 507 says, not after
+        the GC's grace period. Raises BlobError on a bad frame or a content/hash mismatch.
         """
         frames = _Frames(self, on_blob)
         try:
@@ -293,10 +303,9 @@ class _Frames:
         self.on_blob = on_blob
         self.header = bytearray()  # a frame header split across network chunks
         self.writer: _BlobWriter | None = None
-        self.stored = 0
-        self.total = 0
-        self.new: dict[str, float] = {}  # blobs this upload stored: when
-        self.pending = settle.Pending(self._named)
+        self.received = self.total = 0  # blobs, their bytes
+        self.new: New = {}
+        self.pending = settle.Pending(lambda digest, _size: on_blob(digest))
 
     def feed(self, pieces: list[bytes]) -> None:
         for piece in pieces:
@@ -319,8 +328,7 @@ class _Frames:
                     raise BlobError(
                         f"blob {raw.hex()} is {size} bytes, over the limit of {store.max_blob_size}"
                     )
-                if not store.has(raw.hex()):
-                    store._check_quota(size)
+                store._check_quota(size)  # stored before or not (then dropped): alike
                 self.writer = _BlobWriter(store, raw.hex(), size)
             writer = self.writer
             take = min(len(view) - pos, writer.remaining)
@@ -328,22 +336,17 @@ class _Frames:
             pos += take
             if writer.remaining == 0:
                 self.writer = None
-                self.pending.add(writer.finish(), writer.digest)
-
-    def _named(self, digest: str, size: int) -> None:
-        if size:
-            self.new[digest] = self.store._touched[digest]
-        self.total += size
-        self.stored += 1
-        self.on_blob(digest)
+                self.pending.add(writer.finish(self.new), writer.digest)
+                self.received += 1  # counted once checked: the answer comes once named
+                self.total += writer.size
 
     def abort(self, e: BaseException) -> None:
         if self.writer is not None:
             self.writer.abort()  # a broken stream leaves no half-written blob behind
             self.writer = None
         self.pending.abandon()
-        if isinstance(e, OSError) and e.errno in NO_SPACE:
-            self.store._unstore(self.new)
+        if no_room(e):
+            self.store.unstore(self.new)
 
     def end(self) -> tuple[int, int]:
         self.pending.wait()
@@ -355,7 +358,7 @@ class _Frames:
             )
         if self.header:
             raise BlobError("upload ended inside a frame header")
-        return self.stored, self.total
+        return self.received, self.total
 
 
 class _BlobWriter:
@@ -384,7 +387,7 @@ class _BlobWriter:
         self.file.close()
         self.tmp_path.unlink(missing_ok=True)
 
-    def finish(self) -> Future[int]:
+    def finish(self, new: New) -> Future[int]:
         """The blob checked, then made durable and named in the background (see `settle`):
         the bytes stored, 0 if it was stored already."""
         actual = self.hash.hexdigest()
@@ -393,4 +396,4 @@ class _BlobWriter:
             raise BlobError(
                 f"blob {self.digest}: its content hashes to {actual}; the upload was rejected"
             )
-        return self.store._settle(self.file, self.tmp_path, self.digest, self.size)
+        return self.store._settle(self.file, self.tmp_path, self.digest, self.size, new)

@@ -6,7 +6,8 @@ threads (`settle`): the reading thread only frames and hands over, so hashing an
 run on every core. A chunk that is a whole file is stored in the blob store (by atomic
 rename); the chunks of a file of several (flagged PART) are written one after another into
 a run, staged until their version is made (see `chunkstore`). Chunks completed before an
-error stay kept: a retried push sends only the rest.
+error stay kept: a retried push sends only the rest; but not those of an upload refused for
+room (507): its runs and the blobs it stored go at once, so that the room is free again now.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import zlib
 from collections.abc import AsyncIterator, Callable
 
 from gpuhop.agent.storage import settle
-from gpuhop.agent.storage.blobs import NO_SPACE, BlobError
+from gpuhop.agent.storage.blobs import BlobError, New, no_room
 from gpuhop.agent.storage.chunkstore import ChunkStore, Run
 from gpuhop.agent.storage.pump import pump
 from gpuhop.api.data import CHUNK_HEADER, CONT, MAX_CHUNK_SIZE, PART
@@ -51,21 +52,21 @@ async def receive(
     stream: AsyncIterator[bytes],
     on_chunk: Callable[[str], None] = lambda digest: None,
 ) -> tuple[int, int, int]:
-    """Store every chunk of an upload. Returns (chunks stored, their bytes, bytes received).
-    `on_chunk` hears the digest of every chunk whose bytes matched it, new or not (from a
-    worker thread: decoding, hashing and storing happen there, see `pump`)."""
+    """Store every chunk of an upload. Returns (chunks, their bytes, bytes on the wire)
+    received, each checked against its digest and now kept, whether it was kept before or
+    not: the caller's answer must not tell another user's files from new ones. `on_chunk`
+    hears the digest of every chunk whose bytes matched it, new or not (from a worker
+    thread: decoding, hashing and storing happen there, see `pump`)."""
     chunks = _Chunks(store, on_chunk)
     try:
         await pump(stream, chunks.feed)
         await asyncio.to_thread(chunks.end)  # the last chunks, hashed and written
     except BaseException as e:
-        # A full disk: this upload's runs go at once, so that the room is free again now.
-        full = isinstance(e, OSError) and e.errno in NO_SPACE
-        await asyncio.to_thread(chunks.abandon, full)
+        await asyncio.to_thread(chunks.abandon, no_room(e))
         raise
     if chunks.buf:
         raise BlobError("the upload ended inside a chunk")
-    return chunks.stored, chunks.stored_bytes, chunks.received
+    return chunks.count, chunks.bytes, chunks.received
 
 
 class _Chunks:
@@ -73,12 +74,12 @@ class _Chunks:
 
     def __init__(self, store: ChunkStore, on_chunk: Callable[[str], None]):
         self.store = store
-        self.on_chunk = on_chunk
         self.buf = bytearray()  # bytes of chunks not yet whole
-        self.stored = self.stored_bytes = self.received = 0
-        self.pending = settle.Pending(self._named)
+        self.count = self.bytes = self.received = 0  # chunks, their bytes, wire bytes
+        self.pending = settle.Pending(lambda digest, _size: on_chunk(digest))
         self.run: Run | None = None  # the run the chunks of the file being sent go to
         self.runs: list[Run] = []
+        self.new: New = {}  # blobs this upload stored (see BlobStore.unstore)
 
     def end(self) -> None:
         self.pending.wait()
@@ -86,22 +87,20 @@ class _Chunks:
 
     def abandon(self, discard: bool = False) -> None:
         """After an error: the chunks still on their way written (or not), then the runs
-        closed (in this thread, after the last write to them), or with `discard` removed."""
+        closed (in this thread, after the last write to them), or with `discard` removed,
+        with the blobs this upload stored."""
         self.pending.abandon()
         runs = list(self.runs)
         self._close_runs()
-        for run in runs if discard else ():
-            self.store.discard(run)
+        if discard:
+            for run in runs:
+                self.store.discard(run)
+            self.store.blobs.unstore(self.new)
 
     def _close_runs(self) -> None:
         for run in self.runs:
             self.store.close_run(run)
         self.runs.clear()
-
-    def _named(self, digest: str, size: int) -> None:
-        self.stored += size > 0
-        self.stored_bytes += size
-        self.on_chunk(digest)
 
     def feed(self, pieces: list[bytes]) -> None:
         buf = self.buf
@@ -121,6 +120,8 @@ class _Chunks:
             # settling thread: the buffer is never changed again (the bytes left over go on
             # in a new one), so it lives, unchanged, until the last chunk in it is stored.
             data = decode(encoding, memoryview(buf)[pos + CHUNK_HEADER.size : end], size, digest)
+            self.count += 1  # the answer comes once each is checked and kept
+            self.bytes += size
             # Checked even when the chunk is stored already: the bytes prove that the
             # sender holds them (see gpuhop.agent.storage.claims). A client sends a
             # stored chunk only when asked to.
@@ -132,6 +133,6 @@ class _Chunks:
                 self.pending.add(self.store.stage_later(self.run, offset, digest, data), digest)
             else:
                 self.run = None
-                self.pending.add(self.store.blobs.put_later(digest, data), digest)
+                self.pending.add(self.store.blobs.put_later(digest, data, self.new), digest)
             pos = end
         self.buf = buf[pos:] if pos else buf  # at most one chunk's bytes

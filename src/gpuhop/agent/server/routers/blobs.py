@@ -1,7 +1,8 @@
 """Runs in the agent: /v1/blobs routes (which blobs are missing; framed uploads).
 
 For a caller who is not an admin, a blob they have not uploaded themselves counts as
-missing (see gpuhop.agent.storage.claims): knowing a digest is not holding the file.
+missing (see gpuhop.agent.storage.claims): knowing a digest is not holding the file. And
+no answer tells whether someone stored a blob before: an upload answers what it received.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from starlette.requests import ClientDisconnect
 
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.errors import ApiError
-from gpuhop.agent.storage.blobs import NO_SPACE, BlobError, QuotaExceeded
+from gpuhop.agent.storage.blobs import BlobError, QuotaExceeded, no_room
 from gpuhop.api import BlobCheck, BlobCheckResult, ErrorCode
 
 router = APIRouter(prefix="/v1/blobs", tags=["blobs"])
@@ -48,24 +49,32 @@ async def drain(request: Request) -> None:
             pass  # Starlette: "Stream consumed", the whole body was read
 
 
+async def refused_for_room(request: Request, received: list[str]) -> None:
+    """An upload refused for room (507, a quota or a full disk): what it stored is gone
+    already (see BlobStore.receive), and it claims nothing, not even what was stored before
+    it (by another user: `missing` would tell that apart from what went). Then the rest of
+    the body is read, so that the client, still sending, reads the 507."""
+    received.clear()
+    await drain(request)
+
+
 @router.post("/upload")
 async def upload(request: Request) -> dict[str, int]:
+    """Store the framed blobs of the body; answer how many arrived, and their bytes, stored
+    now or before alike."""
     ctx = request.app.state.ctx
     caller = caller_of(request)
     received: list[str] = []
     try:
-        stored, size = await ctx.blobs.receive(request.stream(), received.append)
+        count, size = await ctx.blobs.receive(request.stream(), received.append)
     except BlobError as e:
         raise ApiError(400, ErrorCode.bad_blob, str(e)) from None
-    except QuotaExceeded:
-        await drain(request)  # so that the client, still sending, reads the 507
-        raise
-    except OSError as e:
-        if e.errno in NO_SPACE:
-            await drain(request)  # the same: a full disk is a 507 too
+    except (QuotaExceeded, OSError) as e:
+        if no_room(e):
+            await refused_for_room(request, received)
         raise
     finally:
         # Blobs that arrived whole before an error count too: a retry sends only the rest.
         if not caller.admin:
             ctx.claims.claim(caller.user, "blob", received)
-    return {"stored": stored, "bytes": size}
+    return {"stored": count, "bytes": size}

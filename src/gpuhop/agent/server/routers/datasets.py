@@ -10,12 +10,12 @@ from fastapi import APIRouter, Query, Request
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
-from gpuhop.agent.server.routers.blobs import drain, missing_to
+from gpuhop.agent.server.routers.blobs import missing_to, refused_for_room
 from gpuhop.agent.server.routers.trees import MAX_TREE_BYTES, receive
 from gpuhop.agent.services import datasets as service
 from gpuhop.agent.services import envs as envs_service
 from gpuhop.agent.storage import chunks
-from gpuhop.agent.storage.blobs import NO_SPACE, BlobError, QuotaExceeded
+from gpuhop.agent.storage.blobs import BlobError, QuotaExceeded, no_room
 from gpuhop.api import BlobCheck, BlobCheckResult, ErrorCode
 from gpuhop.api.data import DatasetInfo, EnvInfo
 
@@ -36,26 +36,25 @@ def missing_chunks(req: BlobCheck, request: Request) -> BlobCheckResult:
 
 @router.post("/v1/chunks/upload")
 async def upload_chunks(request: Request) -> dict[str, int]:
+    """Keep the chunks of the body; answer how many arrived, their bytes and the bytes on
+    the wire, kept now or before alike (see /v1/blobs/upload)."""
     caller = caller_of(request)
     verified: list[str] = []
     try:
-        stored, size, received = await chunks.receive(
+        count, size, received = await chunks.receive(
             ctx(request).datasets.chunks, request.stream(), verified.append
         )
     except BlobError as e:
         raise ApiError(400, ErrorCode.bad_blob, str(e)) from None
-    except QuotaExceeded:
-        await drain(request)  # so that the client, still sending, reads the 507
-        raise
-    except OSError as e:
-        if e.errno in NO_SPACE:
-            await drain(request)  # the same: a full disk is a 507 too
+    except (QuotaExceeded, OSError) as e:
+        if no_room(e):
+            await refused_for_room(request, verified)
         raise
     finally:
         # Chunks that arrived whole before an error count too (see gpuhop.agent.storage.claims).
         if not caller.admin:
             ctx(request).claims.claim(caller.user, "blob", verified)
-    return {"stored": stored, "bytes": size, "received": received}
+    return {"stored": count, "bytes": size, "received": received}
 
 
 # A manifest is parsed whole, and its version's record keeps every file: some hundreds of
