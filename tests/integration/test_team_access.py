@@ -424,3 +424,30 @@ def test_an_upload_refused_for_room_answers_alike_and_claims_nothing(tmp_path, r
     assert {a.json()["code"] for a in answers} == {"insufficient_storage"}
     assert missing.json()["missing"] == digests
 
+
+def test_a_tree_naming_another_users_file_is_refused_as_one_naming_a_new_file(tls_agent, tokens):
+    """A tree that names a blob Bob never sent is refused whether anyone stored the blob or
+    not. Once, a stored one passed the store's check and was refused after it in other
+    words, and beside a blob stored by no one it was left out of the `missing` list."""
+    alices, fresh, nobodys = os.urandom(30_000), os.urandom(30_000), os.urandom(30_000)
+    with raw_http(tls_agent, tokens["alice"]) as alice:
+        assert alice.post("/v1/blobs/upload", content=blob_frames([alices])).status_code == 200
+
+    def tree(*contents: bytes) -> bytes:
+        entries = [
+            {"path": f"f{i}", "digest": sha(d), "size": len(d), "executable": False}
+            for i, d in enumerate(contents)
+        ]
+        return json.dumps({"entries": entries}).encode()
+
+    with raw_http(tls_agent, tokens["bob"]) as bob:
+        answers = {
+            guess: [bob.post("/v1/trees", content=tree(*c)) for c in ([guess], [guess, nobodys])]
+            for guess in (alices, fresh)
+        }
+    for guess, (alone, beside) in answers.items():
+        assert alone.status_code == beside.status_code == 409, alone.text
+        assert alone.json()["detail"]["missing"] == [sha(guess)]
+        assert sorted(beside.json()["detail"]["missing"]) == sorted([sha(guess), sha(nobodys)])
+    messages = {a.json()["message"] for pair in answers.values() for a in pair}
+    assert len(messages) == 2, messages  # "1 file(s) ..." and "2 file(s) ...", alike

@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,11 +117,18 @@ class TreeStore:
         """A temp file for a tree arriving (see TreeUpload); `store` it, then `close` it."""
         return TreeUpload(self.tmp, limit, refusal)
 
-    def store(self, upload: TreeUpload) -> tuple[str, TreeSummary]:
+    def store(
+        self, upload: TreeUpload, unclaimed: Callable[[list[str]], list[str]] | None = None
+    ) -> tuple[str, TreeSummary]:
         """Check and keep an uploaded tree, read from its file one entry at a time. An entry
         the last stored tree had, as it had it, was checked then and is not again (a re-sync
         of the same project checks only what changed). Raises TreeError, MissingBlobs, or
-        pydantic's ValidationError for a body that is not a tree."""
+        pydantic's ValidationError for a body that is not a tree.
+
+        `unclaimed` (for a user who is not an admin) names the blobs of those given that
+        the user never sent: missing as much as those stored by no one (see
+        gpuhop.agent.storage.claims), and refused alike, so that the answer never tells
+        which of them another user stored."""
         upload.file.flush()
         upload.file.seek(0)
         with self._lock:
@@ -148,6 +155,8 @@ class TreeStore:
         check_paths(paths)
         del paths
         missing = self.blobs.missing(sorted(digests))
+        if unclaimed is not None:
+            missing = sorted({*missing, *unclaimed(sorted(digests))})
         if missing:
             raise MissingBlobs(missing)
         digest = upload.sha256.hexdigest()

@@ -4,11 +4,11 @@ whole or, for a re-sync, as the changes from a tree the caller already stored.""
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 from fastapi import APIRouter, Request
 
 from gpuhop.agent.callers import caller_of
-from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
 from gpuhop.agent.server.routers.blobs import drain
 from gpuhop.agent.services import trees
@@ -41,15 +41,17 @@ async def upload(request: Request) -> TreeStored:
     ctx = request.app.state.ctx
     caller = caller_of(request)
     upload = ctx.trees.receive(MAX_TREE_BYTES)
+    # A blob the caller never sent is missing to them (see gpuhop.agent.storage.claims).
+    unclaimed = None if caller.admin else partial(ctx.claims.unclaimed, caller.user, "blob")
     try:
         await receive(request, upload)
         async with _ONE_TREE:
             with manifest_errors():
-                digest, tree = await asyncio.to_thread(ctx.trees.store, upload)
+                digest, tree = await asyncio.to_thread(ctx.trees.store, upload, unclaimed)
     finally:
         upload.close()
-    if not caller.admin:
-        await _claim(ctx, caller.user, digest, tree.digests)
+    if not caller.admin:  # who holds every blob it names (checked as it was stored)
+        await asyncio.to_thread(ctx.claims.claim, caller.user, "tree", [digest])
     return TreeStored(digest=digest, files=tree.files, bytes=tree.bytes)
 
 
@@ -58,12 +60,3 @@ async def upload_delta(delta: TreeDelta, request: Request) -> TreeStored:
     """A tree as its changes from `delta.parent` (see `services.trees`)."""
     ctx, caller = request.app.state.ctx, caller_of(request)
     return await asyncio.to_thread(trees.store_delta, ctx, delta, caller)
-
-
-async def _claim(ctx: AgentContext, user: str, tree: str, blobs: list[str]) -> None:
-    """Give `user` the tree, if they hold every blob of `blobs` (see
-    gpuhop.agent.storage.claims: a tree may name only blobs its user has uploaded)."""
-    unclaimed = await asyncio.to_thread(ctx.claims.unclaimed, user, "blob", blobs)
-    if unclaimed:
-        raise trees.missing_blobs(unclaimed)
-    await asyncio.to_thread(ctx.claims.claim, user, "tree", [tree])
