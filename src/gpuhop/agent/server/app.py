@@ -16,8 +16,9 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, describe_errors, error_response
@@ -147,6 +148,15 @@ def create_app(ctx: AgentContext) -> FastAPI:
             )
         log.exception("%s %s failed", request.method, request.url.path)
         return error_response(500, ErrorCode.internal, f"the agent failed: {exc}")
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, exc: ClientDisconnect) -> Response:
+        # The client went away while it sent a body (an upload given up on): nothing failed
+        # here, and no one reads the answer (nginx's "client closed request").
+        log.info(
+            "%s %s: the client went away before its body ended", request.method, request.url.path
+        )
+        return Response(status_code=499)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

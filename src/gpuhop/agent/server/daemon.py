@@ -146,7 +146,7 @@ def _serve_context(
 
     from gpuhop.agent.server.app import create_app
     from gpuhop.agent.server.auth import OwnerAuth, TokenAuth
-    from gpuhop.agent.server.protocol import BodyHttpProtocol
+    from gpuhop.agent.server.protocol import BodyHttpProtocol, DenialWebSockets
 
     log = logging.getLogger("gpuhop.agent")
     app = create_app(ctx)
@@ -160,6 +160,7 @@ def _serve_context(
         "log_level": "warning",
         "access_log": False,
         "timeout_graceful_shutdown": 2,
+        "ws": DenialWebSockets,
     }
     # One lifespan (the scheduler) for the agent: the Unix socket's server runs it.
     servers = [(_Server(uvicorn.Config(OwnerAuth(app), http=BodyHttpProtocol, **common)), sock)]

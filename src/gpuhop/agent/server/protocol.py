@@ -20,6 +20,9 @@ written then, alone, as before.
 
 `on_lost`, given by the listener's guard (`gpuhop.agent.server.guard`), is called once when
 the connection ends, also after an upgrade to a WebSocket (whose protocol then owns it).
+
+The WebSocket protocol (`DenialWebSockets`, both listeners) is uvicorn's own but for one
+line: a handshake refused with an HTTP answer counts as complete.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.flow_control import HIGH_WATER_LIMIT
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 100
@@ -345,3 +349,19 @@ class BoundedHttpProtocol(BodyHttpProtocol):
         on_lost, self._on_lost = self._on_lost, None
         if on_lost is not None:
             on_lost()
+
+
+class DenialWebSockets(WebSocketsSansIOProtocol):
+    """uvicorn's WebSocket protocol (websockets' sans-I/O one), where a handshake refused
+    with an HTTP answer (the `websocket.http.response` extension: our 401, 403 and 404 with
+    their JSON bodies) is complete once that answer is sent.
+
+    uvicorn (0.54) leaves it incomplete and logs "ASGI callable returned without completing
+    handshake." at ERROR for every such refusal, though the client got its answer
+    (Kludex/uvicorn#3138; its wsproto protocol marks it). Goes once uvicorn does the same.
+    """
+
+    async def send(self, message: Any) -> None:
+        await super().send(message)
+        if message["type"] == "websocket.http.response.body" and not message.get("more_body"):
+            self.handshake_complete = True

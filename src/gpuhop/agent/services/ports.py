@@ -275,7 +275,10 @@ async def bridge(
         while outcome is None and tasks:
             done, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
-                outcome = outcome or _outcome(task)
+                # Every task that ended is read, the first outcome kept: one left unread
+                # with an error would be reported as "Task exception was never retrieved".
+                ended = _outcome(task)
+                outcome = outcome or ended
     finally:
         for task in tasks:
             task.cancel()

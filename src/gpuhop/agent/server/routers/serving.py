@@ -46,7 +46,10 @@ def show(ref: str, request: Request) -> ServingInfo:
     return service.info(ctx(request), ref, caller_of(request))
 
 
-@router.api_route("/{ref}/{path:path}", methods=["GET", "POST"])
+# One route per method, so that each has its own OpenAPI operation id (one route with two
+# methods gives both the same id, and FastAPI warns of the duplicate).
+@router.get("/{ref}/{path:path}")
+@router.post("/{ref}/{path:path}")
 async def proxy(ref: str, path: str, request: Request) -> Response:
     upstream: service.Upstream = request.app.state.upstream
     return await service.proxy(ctx(request), upstream, ref, path, request, caller_of(request))
