@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -27,6 +28,40 @@ from gpuhop.home import AgentPaths, read_pid
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
+
+# The agents under test turn warnings into errors, as pytest does for the tests themselves
+# (pyproject's filterwarnings), and what they log is read after every test
+# (`Agent.check_log`): a traceback or a warning no test declared fails the test.
+AGENT_PYTHON_FLAGS = ("-W", "error")
+
+# An entry of an agent's log (a line with a timestamp, and the lines below it up to the next
+# one) that says something went wrong that nobody handled: a traceback (`log.exception`, or
+# an error that escaped to uvicorn or asyncio), an exception in a destructor, a warning.
+LOG_ALARM = re.compile(
+    r"Traceback \(most recent call last\)|Exception ignored|Task exception was never retrieved"
+    r"|\w+Warning: | (?:ERROR|CRITICAL) (?:uvicorn|asyncio)"
+)
+LOG_ENTRY_START = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} ", re.MULTILINE)
+
+# The agents running now, and what the current test said its agents may log (the regexes of
+# its `agent_log` marker); both kept by `_agent_logs_checked`.
+_running: list[Agent] = []
+_expected_in_log: tuple[str, ...] = ()
+
+
+def unexpected_log_entries(text: str, expected: tuple[str, ...] = ()) -> list[str]:
+    """The entries of an agent's log `text` that alarm (`LOG_ALARM`) and that none of the
+    `expected` regexes finds."""
+    starts = [m.start() for m in LOG_ENTRY_START.finditer(text)]
+    if not starts or starts[0] != 0:
+        starts.insert(0, 0)
+    entries = [text[a:b] for a, b in zip(starts, [*starts[1:], len(text)], strict=True)]
+    return [
+        entry.rstrip()
+        for entry in entries
+        if LOG_ALARM.search(entry) and not any(re.search(p, entry) for p in expected)
+    ]
+
 
 # A job has a /tmp of its own, so the files a test shares with its jobs (gates, pids,
 # markers in tmp_path) must lie outside /tmp: pytest's temp dirs go under /var/tmp (pytest
@@ -100,6 +135,8 @@ class Agent:
     pid: int = 0
     args: tuple[str, ...] = ()
     """More `python -m gpuhop.agent` arguments, e.g. ("--listen", "127.0.0.1:0")."""
+    log_checked: int = 0
+    """How far `check_log` has read `agent.log`."""
 
     @property
     def paths(self) -> AgentPaths:
@@ -118,8 +155,34 @@ class Agent:
         return env
 
     def start(self) -> Agent:
-        self.pid = start_background(self.paths, fake_gpus=self.fake_gpus, agent_args=self.args)
+        self.pid = start_background(
+            self.paths,
+            fake_gpus=self.fake_gpus,
+            agent_args=self.args,
+            python_flags=AGENT_PYTHON_FLAGS,
+        )
+        if self not in _running:
+            _running.append(self)
         return self
+
+    def check_log(self) -> None:
+        """Fail the test where this agent logged, since the last check, a traceback or a
+        warning that the test did not declare (`@pytest.mark.agent_log(REGEX, ...)`)."""
+        log = self.paths.logfile
+        if not log.exists():
+            return
+        with log.open("rb") as f:
+            if f.seek(0, os.SEEK_END) < self.log_checked:
+                self.log_checked = 0  # rotated (`agent.log.1`) since the last check
+            f.seek(self.log_checked)
+            data = f.read()
+        self.log_checked += len(data)
+        if unexpected := unexpected_log_entries(data.decode(errors="replace"), _expected_in_log):
+            pytest.fail(
+                f"the agent in {self.home} logged what no test expected (a test that provokes"
+                " it says so with @pytest.mark.agent_log(REGEX)):\n\n" + "\n\n".join(unexpected),
+                pytrace=False,
+            )
 
     @property
     def listener(self) -> ListenerInfo:
@@ -179,7 +242,27 @@ class Agent:
         if self.pid:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
+        with contextlib.suppress(ValueError):
+            _running.remove(self)
         assert read_pid(self.paths) is None
+        self.check_log()  # what it logged on its way out too
+
+
+@pytest.fixture(autouse=True)
+def _agent_logs_checked(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test, read what every running agent logged during it (`Agent.check_log`);
+    agents the test started are read once more as they stop. A test that provokes a
+    traceback or a warning on purpose declares it: `@pytest.mark.agent_log(REGEX, ...)`."""
+    global _expected_in_log
+    _expected_in_log = tuple(
+        pattern for marker in request.node.iter_markers("agent_log") for pattern in marker.args
+    )
+    try:
+        yield
+        for agent in list(_running):
+            agent.check_log()
+    finally:
+        _expected_in_log = ()
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -202,8 +285,9 @@ def make_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..
         return agent.start()
 
     yield make
-    for agent in started:
-        agent.shutdown()
+    with contextlib.ExitStack() as stopping:  # every agent stops, whichever one's log fails
+        for agent in started:
+            stopping.callback(agent.shutdown)
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from pathlib import Path
 from gpuhop.api import JobState
 from gpuhop.client.embedded import start_background
 from gpuhop.home import read_pid
-from tests.conftest import wait_until
+from tests.conftest import AGENT_PYTHON_FLAGS, wait_until
 
 WAITER = """
 import os, sys, time
@@ -42,7 +42,7 @@ def test_queued_jobs_start_after_a_restart_and_gpus_stay_single_owner(
         wait_until(lambda: first.refresh().state == JobState.running, timeout=30)
         assert second.refresh().state == JobState.queued
     kill_agent_hard(agent)
-    agent.pid = start_background(agent.paths, fake_gpus=1)
+    agent.pid = start_background(agent.paths, fake_gpus=1, python_flags=AGENT_PYTHON_FLAGS)
     with agent.client() as client:
         assert client.job(first.id).state == JobState.running
         assert client.job(second.id).state == JobState.queued
@@ -75,7 +75,7 @@ def test_log_follower_resumes_across_an_agent_restart(make_agent, project, tmp_p
         follower.start()
         wait_until(lambda: len(received) > 5, timeout=30)
         kill_agent_hard(agent)
-        agent.pid = start_background(agent.paths)
+        agent.pid = start_background(agent.paths, python_flags=AGENT_PYTHON_FLAGS)
         wait_until(lambda: len(received) > 20, timeout=30)
         release.touch()
         follower.join(timeout=60)

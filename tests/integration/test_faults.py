@@ -14,7 +14,7 @@ import httpx
 
 from gpuhop.api import JobState
 from gpuhop.client.embedded import start_background
-from tests.conftest import wait_until
+from tests.conftest import AGENT_PYTHON_FLAGS, wait_until
 from tests.integration.test_agent_restart import WAITER, kill_agent_hard
 
 COUNTER = """
@@ -54,7 +54,7 @@ def test_a_crash_between_allocation_and_start_starts_the_job_once(make_agent, pr
     with db:
         db.execute("UPDATE jobs SET state = 'starting', gpu_ids = '[0]' WHERE id = ?", (once.id,))
     db.close()
-    agent.pid = start_background(agent.paths, fake_gpus=1)
+    agent.pid = start_background(agent.paths, fake_gpus=1, python_flags=AGENT_PYTHON_FLAGS)
     with agent.client() as client:
         info = client.job(once.id).wait(30)
         assert client.job(holder.id).wait(30).exit_code == 5

@@ -11,7 +11,7 @@ from gpuhop.api import JobState
 from gpuhop.client.embedded import start_background
 from gpuhop.home import read_pid
 from tests.backends.test_contract import STUBBORN, running
-from tests.conftest import wait_until
+from tests.conftest import AGENT_PYTHON_FLAGS, wait_until
 
 # The job starts a child in a session of its own (as a daemonising library would), which
 # runs on with the marker in its argv; the parent then waits, or exits at once.
@@ -60,7 +60,9 @@ def test_a_cancelled_job_gets_its_sigkill_after_an_agent_restart(make_agent, pro
         wait_until(lambda: (tmp_path / "got-term").exists(), 30)
     os.kill(agent.pid, signal.SIGKILL)  # within the grace period
     wait_until(lambda: read_pid(agent.paths) is None, 10)
-    agent.pid = start_background(agent.paths, agent_args=agent.args)
+    agent.pid = start_background(
+        agent.paths, agent_args=agent.args, python_flags=AGENT_PYTHON_FLAGS
+    )
     with agent.client() as client:
         info = client.job(job.id).wait(60)
     assert info.state == JobState.cancelled

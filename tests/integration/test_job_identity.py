@@ -24,7 +24,7 @@ import gpuhop.runtime.hook
 from gpuhop.api import JobState
 from gpuhop.client import GpuhopError
 from gpuhop.home import JobPaths
-from tests.conftest import Agent, wait_until
+from tests.conftest import AGENT_PYTHON_FLAGS, Agent, wait_until
 from tests.integration.test_tls import remote, tls_agent, tokens  # noqa: F401 (fixtures)
 from tests.team import team_agent, team_tokens
 
@@ -228,7 +228,15 @@ def non_root_team_agent(tmp_path: Path):
     agent = Agent(tmp_path / "home", tmp_path / "cache", None, args=("--listen", "127.0.0.1:0"))
     agent.paths.ensure()
     cmd = ["unshare", "--user", "--map-user=1000", "--map-group=1000"]
-    cmd += [sys.executable, "-m", "gpuhop.agent", "--home", str(agent.home), *agent.args]
+    cmd += [
+        sys.executable,
+        *AGENT_PYTHON_FLAGS,
+        "-m",
+        "gpuhop.agent",
+        "--home",
+        str(agent.home),
+        *agent.args,
+    ]
     log = open(tmp_path / "agent.out", "wb")  # noqa: SIM115 (closed at teardown)
     proc = subprocess.Popen(cmd, env=agent.env, stdout=log, stderr=subprocess.STDOUT)
     agent.pid = proc.pid

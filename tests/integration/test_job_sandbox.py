@@ -21,7 +21,7 @@ import pytest
 
 from gpuhop.api import JobState
 from gpuhop.home import JobPaths
-from tests.conftest import Agent, wait_until
+from tests.conftest import AGENT_PYTHON_FLAGS, Agent, wait_until
 from tests.integration.test_tls import remote, tls_agent, tokens  # noqa: F401 (fixtures)
 
 ATTACK = r"""
@@ -222,7 +222,7 @@ def no_namespace_agent(tmp_path: Path):
     agent.paths.ensure()
     deny = 'echo 0 > /proc/sys/user/max_pid_namespaces && exec "$@"'
     cmd = ["unshare", "--user", "--map-root-user", "sh", "-c", deny, "sh"]
-    cmd += [sys.executable, "-m", "gpuhop.agent", "--home", str(agent.home)]
+    cmd += [sys.executable, *AGENT_PYTHON_FLAGS, "-m", "gpuhop.agent", "--home", str(agent.home)]
     log = open(tmp_path / "agent.out", "wb")  # noqa: SIM115 (closed at teardown)
     proc = subprocess.Popen(cmd, env=agent.env, stdout=log, stderr=subprocess.STDOUT)
     agent.pid = proc.pid

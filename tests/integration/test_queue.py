@@ -17,7 +17,7 @@ from gpuhop.api import EndClass, JobState, SubmitRequest
 from gpuhop.client import GpuhopError
 from gpuhop.client.embedded import start_background
 from gpuhop.client.jobs import scan_workdir
-from tests.conftest import wait_until
+from tests.conftest import AGENT_PYTHON_FLAGS, wait_until
 from tests.integration.test_agent_restart import kill_agent_hard
 from tests.integration.test_metrics import scrape, value
 
@@ -122,7 +122,7 @@ def test_dependencies_and_time_limits_survive_an_agent_restart_and_a_vanished_jo
     # While the agent is away, the whole of one job goes, its shim too: no exit status.
     shim = json.loads((agent.home / "jobs" / gone.id / "shim.pid").read_text())
     os.killpg(int(shim["pid"]), signal.SIGKILL)
-    agent.pid = start_background(agent.paths)
+    agent.pid = start_background(agent.paths, python_flags=AGENT_PYTHON_FLAGS)
     with agent.client() as client:
         assert client.job(second.id).state == JobState.queued
         release.touch()

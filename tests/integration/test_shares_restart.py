@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpuhop.api import JobState
 from gpuhop.client.embedded import start_background, stop
-from tests.conftest import wait_until
+from tests.conftest import AGENT_PYTHON_FLAGS, wait_until
 
 HOLD = """
 import os, sys, time
@@ -27,7 +27,9 @@ def test_shares_survive_a_restart_and_a_share_too_big_for_the_new_gpus_fails(
         assert big.refresh().state == JobState.queued  # 3 + 6 GiB > 8 GiB
     stop(agent.paths)  # the running job keeps running
     # Back with one 4 GiB GPU: the 3 GiB share still fits; the 6 GiB one never will.
-    agent.pid = start_background(agent.paths, fake_gpus=1, fake_gpu_memory_mb=4096)
+    agent.pid = start_background(
+        agent.paths, fake_gpus=1, fake_gpu_memory_mb=4096, python_flags=AGENT_PYTHON_FLAGS
+    )
     with agent.client() as client:
         failed = client.job(big.id).wait(timeout=30)
         assert client.job(running.id).state == JobState.running

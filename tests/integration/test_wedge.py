@@ -14,7 +14,7 @@ import pytest
 
 from gpuhop.api import JobState
 from gpuhop.client.embedded import start_background
-from tests.conftest import wait_until
+from tests.conftest import AGENT_PYTHON_FLAGS, wait_until
 from tests.integration.test_agent_restart import kill_agent_hard
 
 BASE = "http://agent"
@@ -91,7 +91,7 @@ def test_jobs_stored_with_bad_text_or_a_deep_path_fail_and_free_their_gpu(make_a
     deep.mkdir(parents=True)
     entry = {"path": DEEP, "digest": "0" * 64, "size": 0, "executable": False}
     (deep / "tree.json").write_text(json.dumps({"entries": [entry]}))
-    agent.pid = start_background(agent.paths, fake_gpus=1)
+    agent.pid = start_background(agent.paths, fake_gpus=1, python_flags=AGENT_PYTHON_FLAGS)
     with agent.client() as client:
         for job_id in ("badenv01", "deeptree"):
             info = client.job(job_id).wait(30)
@@ -114,7 +114,7 @@ def test_a_job_stuck_in_starting_by_an_older_agent_does_not_wedge_a_restart(make
     with db:
         db.execute("UPDATE jobs SET state = 'starting', gpu_ids = '[0]' WHERE id = 'stuck001'")
     db.close()
-    agent.pid = start_background(agent.paths, fake_gpus=1)
+    agent.pid = start_background(agent.paths, fake_gpus=1, python_flags=AGENT_PYTHON_FLAGS)
     with agent.client() as client:
         info = client.job("stuck001").wait(30)
         assert info.state == JobState.failed and "UnicodeEncodeError" in info.reason

@@ -57,17 +57,20 @@ def start_background(
     timeout: float = 30.0,
     fake_gpu_memory_mb: int | None = None,
     agent_args: Sequence[str] = (),
+    python_flags: Sequence[str] = (),
 ) -> int:
     """Start the agent as a daemon and wait until its socket answers. Returns its pid.
 
-    `agent_args` are more `python -m gpuhop.agent` arguments (e.g. `--listen HOST:PORT`).
+    `agent_args` are more `python -m gpuhop.agent` arguments (e.g. `--listen HOST:PORT`);
+    `python_flags` are the interpreter's (the tests pass `-W error`: flags, unlike
+    $PYTHONWARNINGS, reach neither the agent's jobs nor the commands it runs).
     """
     pid = read_pid(paths)
     if pid is not None and socket_answers(paths.socket):
         return pid
     paths.ensure()
     log_start = paths.logfile.stat().st_size if paths.logfile.exists() else 0
-    cmd = [sys.executable, "-m", "gpuhop.agent", "--home", str(paths.home)]
+    cmd = [sys.executable, *python_flags, "-m", "gpuhop.agent", "--home", str(paths.home)]
     if fake_gpus is not None:
         cmd += ["--fake-gpus", str(fake_gpus)]
     if fake_gpu_memory_mb is not None:
