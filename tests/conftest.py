@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -73,6 +74,20 @@ os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", "/var/tmp")
 # does that, and every child inherits it: Python then never raises KeyboardInterrupt).
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# CI (`.ci/run`) sets this: a real component the suite expects (Slurm, sshd, Chromium, Ray)
+# that is missing fails the tests that need it, instead of skipping them quietly.
+REQUIRE_ALL = "GPUHOP_TESTS_REQUIRE_ALL"
+
+
+def missing(what: str) -> NoReturn:
+    """Skip the calling test (or, at module level, its module) because `what`, a real
+    component it needs, is not installed; fail it instead where $GPUHOP_TESTS_REQUIRE_ALL=1.
+    Skips for other reasons (not root, no GPU) stay skips."""
+    if os.environ.get(REQUIRE_ALL) == "1":
+        pytest.fail(f"{what}, and ${REQUIRE_ALL}=1 says it must be here", pytrace=False)
+    pytest.skip(what, allow_module_level=True)
 
 
 @functools.cache

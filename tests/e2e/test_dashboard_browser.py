@@ -8,6 +8,7 @@ screenshot of the job page is kept in test-output/.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shutil
@@ -20,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import REPO, Agent, wait_until
+from tests.conftest import REPO, Agent, missing, wait_until
 
 CHROMIUM = os.environ.get("GPUHOP_TEST_CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = REPO / "test-output"
@@ -37,11 +38,11 @@ for step in range(1, 2000):
     time.sleep(0.3)
 """
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip: playwright)")
-pytestmark = pytest.mark.skipif(
-    not os.access(CHROMIUM, os.X_OK),
-    reason=f"needs Debian's chromium at {CHROMIUM} (scripts/setup-system installs it)",
-)
+if importlib.util.find_spec("playwright") is None:
+    missing("needs playwright (pip: playwright)")
+if not os.access(CHROMIUM, os.X_OK):
+    missing(f"needs Debian's chromium at {CHROMIUM} (scripts/setup-system installs it)")
+from playwright import sync_api  # noqa: E402
 
 
 @pytest.fixture

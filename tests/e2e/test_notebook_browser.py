@@ -5,6 +5,7 @@ kept in test-output/."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from collections.abc import Iterator
@@ -12,20 +13,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, Agent
+from tests.conftest import REPO, Agent, missing
 from tests.e2e.test_notebook_cli import Cli
 
 CHROMIUM = os.environ.get("GPUHOP_TEST_CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = REPO / "test-output"
 
-sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright (pip: playwright)")
-pytestmark = [
-    pytest.mark.skipif(
-        not os.access(CHROMIUM, os.X_OK),
-        reason=f"needs Debian's chromium at {CHROMIUM} (scripts/setup-system installs it)",
-    ),
-    pytest.mark.timeout(180),
-]
+if importlib.util.find_spec("playwright") is None:
+    missing("needs playwright (pip: playwright)")
+if not os.access(CHROMIUM, os.X_OK):
+    missing(f"needs Debian's chromium at {CHROMIUM} (scripts/setup-system installs it)")
+from playwright import sync_api  # noqa: E402
+
+pytestmark = [pytest.mark.timeout(180)]
 
 
 @pytest.fixture

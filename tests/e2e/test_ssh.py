@@ -17,10 +17,11 @@ from gpuhop.client import Client
 from gpuhop.client.embedded import stop
 from gpuhop.home import AgentPaths, read_pid
 from tests import sshd
-from tests.conftest import EXAMPLES, Agent
+from tests.conftest import EXAMPLES, Agent, missing
 from tests.integration.test_forward import PAGE, SERVERS, echo_through, start_servers
 
-pytestmark = pytest.mark.skipif(sshd.available() is not None, reason=str(sshd.available()))
+if (no_sshd := sshd.available()) is not None:
+    missing(no_sshd)
 
 
 @dataclass

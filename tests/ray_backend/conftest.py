@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import Agent, wait_until
+from tests.conftest import Agent, missing, wait_until
 from tests.ray_backend import cluster as helper
 from tests.ray_backend.cluster import RayCluster
 
@@ -28,7 +28,7 @@ def skip_without_ray() -> None:
     """Skip the calling test module where Ray is not installed. find_spec rather than
     importorskip: Ray's runtime (threads, C++ signal handlers) stays out of pytest."""
     if importlib.util.find_spec("ray") is None:
-        pytest.skip("Ray is not installed (pip install 'gpuhop[ray]')", allow_module_level=True)
+        missing("Ray is not installed (pip install 'gpuhop[ray]')")
 
 
 def start_cluster(tmp: Path, auth: bool, nodes: list[dict[str, Any]]) -> RayCluster:

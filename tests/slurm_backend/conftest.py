@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Agent, wait_until
+from tests.conftest import Agent, missing, wait_until
 from tests.slurm_backend import cluster as helper
 from tests.slurm_backend.cluster import SlurmCluster
 
@@ -22,9 +22,11 @@ from tests.slurm_backend.cluster import SlurmCluster
 def skip_without_slurm() -> None:
     gone = helper.missing()
     if gone:
-        pytest.skip(f"Slurm is not installed ({', '.join(gone)}; scripts/setup-system)")
+        missing(f"Slurm is not installed ({', '.join(gone)}; scripts/setup-system)")
     if os.getuid() != 0:
-        pytest.skip("the test Slurm cluster's daemons run as root (SlurmUser=root)")
+        pytest.skip(
+            "the test Slurm cluster's daemons run as root (SlurmUser=root)", allow_module_level=True
+        )
 
 
 def start_cluster(root: Path) -> Iterator[SlurmCluster]:
