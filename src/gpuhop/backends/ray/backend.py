@@ -255,15 +255,16 @@ def _keras_on_the_cluster(env: dict[str, str]) -> str | None:
 def ray_node_of_this_user() -> bool:
     """Whether a Ray node (its raylet) runs on this host as this process's user."""
     uid = os.getuid()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/comm") as f:
-                if f.read().strip() != "raylet":
-                    continue
-            if entry.stat().st_uid == uid:
-                return True
-        except OSError:
-            continue  # gone meanwhile, or not ours to read
+    with os.scandir("/proc") as entries:  # closed also on the early return
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/comm") as f:
+                    if f.read().strip() != "raylet":
+                        continue
+                if entry.stat().st_uid == uid:
+                    return True
+            except OSError:
+                continue  # gone meanwhile, or not ours to read
     return False
