@@ -316,6 +316,7 @@ def test_agent_start_stop_status(make_agent, tmp_path):
     assert not agent.paths.socket.exists()
 
 
+@pytest.mark.agent_log(r"NotADirectoryError: .*checkouts/boot")
 def test_an_agent_that_fails_while_it_starts_is_named_by_the_command_that_started_it(tmp_path):
     """The agent takes connections only once it can answer them: one that fails while it
     opens its stores is reported with its cause by the command that started it, not as a
