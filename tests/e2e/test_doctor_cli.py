@@ -37,6 +37,7 @@ def test_doctor_reports_this_host_honestly(shared_agent):
         "tf-keras",
         "disk space",
         "job sandbox",
+        "job identity",
         "job work dirs",
     ]
     assert code == (0 if all(c["ok"] for c in checks) else 1)
@@ -51,6 +52,9 @@ def test_doctor_reports_this_host_honestly(shared_agent):
             assert f"fix: {check['fix']}" in text
     by_name = {c["name"]: c for c in checks}
     assert by_name["TensorFlow"]["status"] == "passed"  # the test suite itself runs TF
+    # A single-user agent: its jobs are its user's own, and run as that user.
+    assert by_name["job identity"]["status"] == "passed"
+    assert "jobs run as the agent's user (uid " in by_name["job identity"]["detail"]
     if not has_nvidia_gpu():
         # A CPU-only host is a valid setup: nothing GPU-related fails there.
         assert by_name["NVIDIA driver"] == {
