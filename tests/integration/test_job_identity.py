@@ -102,6 +102,11 @@ def test_each_users_jobs_run_as_an_unprivileged_identity_of_their_own(
     # What it wrote is its own on the host.
     jp = JobPaths(tls_agent.paths.job_dir(job_id))
     assert (jp.artifacts / "mine.txt").stat().st_uid == first["uid"]
+    # doctor says so.
+    with tls_agent.client() as owner:
+        check = next(c for c in owner.doctor() if c.name == "job identity")
+    assert check.status == "passed", check
+    assert "each user's jobs run as an unprivileged uid of their own" in check.detail
 
 
 def test_nothing_outside_a_jobs_own_dirs_is_writable(tls_agent, remote, tokens, project):
