@@ -62,8 +62,14 @@ def test_an_older_jobs_db_gains_the_owner_column(tmp_path: Path):
         store.close()
 
 
+def store_bytes(db: Path) -> dict[str, bytes]:
+    """Every file of a SQLite store, by name: in WAL mode new rows sit in `-wal`, not the db."""
+    return {p.name: p.read_bytes() for p in db.parent.glob(db.name + "*")}
+
+
 def test_tokens_are_stored_as_hashes_and_revocable(tmp_path: Path):
-    tokens = TokenStore(tmp_path / "tokens.db")
+    db = tmp_path / "tokens.db"
+    tokens = TokenStore(db)
     try:
         record, token = tokens.create("alice", admin=False)
         checked = tokens.check(token)
@@ -71,7 +77,15 @@ def test_tokens_are_stored_as_hashes_and_revocable(tmp_path: Path):
         assert [t.last_used_at is not None for t in tokens.list()] == [True]
         assert tokens.check(token + "x") is None
         assert tokens.check("") is None
-        assert token.encode() not in (tmp_path / "tokens.db").read_bytes()
+        # While the store is open (the row in the WAL) and once it is checkpointed and closed.
+        files = store_bytes(db)
+        assert record.id.encode() in b"".join(files.values())  # the row is in what was read
+        assert not [name for name, data in files.items() if token.encode() in data]
+        tokens.close()
+        files = store_bytes(db)
+        assert record.id.encode() in files["tokens.db"]
+        assert not [name for name, data in files.items() if token.encode() in data]
+        tokens = TokenStore(db)
         assert tokens.revoke(record.id) is not None
         assert tokens.check(token) is None
         assert tokens.revoke(record.id) is None
