@@ -274,22 +274,36 @@ for path in sorted(glob.glob("*.bin")):
 
 
 def test_a_first_upload_is_sent_while_it_is_hashed(shared_agent, project, monkeypatch):
-    # Batches of 500 kB instead of 64 MiB: this 2.4 MB tree goes mostly while it is hashed
-    # (upload.EarlySender), the rest as usual; the job sees every byte of every file.
+    # Batches of 500 kB instead of 64 MiB: this 2.4 MB tree goes while it is hashed
+    # (upload.EarlySender); the job sees every byte of every file.
     from gpuhop.client import upload
 
     monkeypatch.setattr(upload, "UPLOAD_BATCH_BYTES", 500_000)
-    root = project({"digests.py": DIGESTS})
+    root = project({})
     blobs = {f"{i}.bin": os.urandom(300_000) for i in range(8)}
     for name, data in blobs.items():
         (root / name).write_bytes(data)
-    with shared_agent.client() as client:
-        job = client.submit(["digests.py"], workdir=root)
+    digests = [hashlib.sha256(data).hexdigest() for data in blobs.values()]
+    # Eight files are hashed one after another (more go to a pool of threads). A batch
+    # goes every two; the third waits until the first is sent (EarlySender.AHEAD), so the
+    # agent holds files of this tree before the scan has hashed its seventh.
+    held: list[int] = []
+    with shared_agent.client() as client, shared_agent.client() as watcher:
+
+        def on_hash(size: int) -> None:
+            missing = watcher.session.request(
+                "POST", "/v1/blobs/missing", json={"digests": digests}
+            ).json()["missing"]
+            held.append(len(digests) - len(missing))
+
+        job = client.submit(["python", "-c", DIGESTS], workdir=root, on_hash=on_hash)
         assert job.wait(60).state == JobState.succeeded, job.info.reason
         seen = b"".join(job.logs()).decode().split()
         sync = client.last_sync
     assert seen == [x for n in sorted(blobs) for x in (n, hashlib.sha256(blobs[n]).hexdigest())]
-    assert sync is not None and sync.files_sent == 9 and sync.bytes_sent >= 8 * 300_000
+    assert len(held) == len(blobs) and held[0] == 0
+    assert max(held[:-1]) >= 2, f"files the agent held after each was hashed: {held}"
+    assert sync is not None and sync.files_sent == 8 and sync.bytes_sent == 8 * 300_000
 
 
 def test_an_early_batch_the_agent_refuses_stops_the_rest(shared_agent, tmp_path):
