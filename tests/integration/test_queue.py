@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import signal
+import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -350,3 +351,17 @@ def test_a_cancel_while_the_job_starts_ends_it(shared_agent, project):
         job.cancel(grace=0.5)
         info = job.wait(30)
     assert info.state == JobState.cancelled, info.reason
+    # The leader of the job's process group had started (the agent records its pid), and
+    # no process of that group outlives the cancel: the sleeper would live 120 s.
+    with contextlib.closing(sqlite3.connect(shared_agent.paths.db)) as db:
+        (pgid,) = db.execute("SELECT pid FROM jobs WHERE id = ?", (job.id,)).fetchone()
+    assert pgid is not None
+    wait_until(lambda: not group_alive(pgid), timeout=30)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
