@@ -127,6 +127,8 @@ def test_a_code_works_only_with_the_credentials_it_was_made_for(owner_http, user
     assert owner_http.get("/ui/login", params={"code": code_for(alice)}).status_code == 401
     assert alice.get("/ui/login", params={"code": code_for(owner_http)}).status_code == 401
     assert user_http("bob").get("/ui/login", params={"code": code_for(alice)}).status_code == 401
+    # The control: a code does log in with the credentials it was made for.
+    assert login(alice, code_for(alice)) and login(owner_http, code_for(owner_http))
 
 
 def test_every_ui_route_wants_the_session_and_its_users_credentials(agent, owner_http, user_http):
