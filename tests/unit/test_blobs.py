@@ -138,8 +138,6 @@ def test_uploading_a_blob_again_keeps_the_stored_one(store: BlobStore):
     assert files_under(store.tmp) == []
 
 
-@pytest.mark.filterwarnings("ignore::ResourceWarning")
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_upload_that_breaks_off_mid_blob_leaves_no_temp_file(store: BlobStore):
     async def breaks_off() -> AsyncIterator[bytes]:
         yield frame(b"a blob of some length")[: FRAME_HEADER.size + 4]
