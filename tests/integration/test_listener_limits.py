@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import resource
 import select
 import socket
 import ssl
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -147,22 +148,23 @@ def test_a_header_flood_is_answered_431_and_the_agent_stays_small(agent):
     # some KB, the rest is read and dropped, and the connection ends soon.
     line = b"X-Pad: " + b"a" * (64 * 1024 - 9) + b"\r\n"
 
-    def flood() -> float:
+    def flood() -> bool:
+        """Whether the agent ended the connection (a send fails once it has)."""
         sock = tls(agent)
-        started = time.monotonic()
-        total = 0
-        with contextlib.suppress(OSError):
+        try:
             sock.sendall(REQUEST)
-            while total < 64 * 2**20:
+            for _ in range(64 * 2**20 // len(line)):
                 sock.sendall(line)
-                total += len(line)
-            closed_by_server(sock, timeout=10)
-        sock.close()
-        return time.monotonic() - started
+        except OSError:
+            return True
+        else:
+            return closed_by_server(sock, timeout=30)
+        finally:
+            sock.close()
 
     with ThreadPoolExecutor(4) as pool:
-        took = list(pool.map(lambda _: flood(), range(4)))
-    assert all(seconds < 10 for seconds in took), took
+        ended = list(pool.map(lambda _: flood(), range(4)))
+    assert ended == [True] * 4, ended
     rss_after, _ = report("after the header flood", agent)
     assert rss_after - rss_before < 64, (rss_before, rss_after)
     # A token holder is served as before.
@@ -240,33 +242,53 @@ def test_past_the_per_address_cap_connections_are_refused_and_the_socket_answers
 
 
 def test_a_flood_of_unauthenticated_requests_writes_few_log_lines(agent):
+    """Each kind of line is let through once per few seconds, and the next one that is
+    says how many were held back meanwhile: every refusal is a line or counted in one."""
     log = agent.paths.logfile
     start = log.stat().st_size
-    started = time.monotonic()
     # From an address no other test used, so that its first refusal is logged.
     transport = httpx.HTTPTransport(local_address="127.0.0.3", verify=False)
-    with httpx.Client(base_url=agent.listener.url, transport=transport) as http:
-        for _ in range(300):
-            assert http.get("/v1/jobs").status_code == 401
-    for _ in range(30):
+    sent = {"refused": 0, "invalid": 0}
+
+    def refuse(http: httpx.Client) -> None:
+        assert http.get("/v1/jobs").status_code == 401
+        sent["refused"] += 1
+
+    def invalid() -> None:
         bad = tls(agent, source="127.0.0.3")
         bad.sendall(b"NOT HTTP AT ALL\r\n\r\n")
         assert answer(bad).startswith(b"HTTP/1.1 400 ")
         bad.close()
-    windows = (time.monotonic() - started) / 5.0 + 1
+        sent["invalid"] += 1
 
-    def lines() -> list[str]:
+    def lines(marker: str) -> list[str]:
         with open(log, "rb") as f:
             f.seek(start)
-            return f.read().decode(errors="replace").splitlines()
+            return [x for x in f.read().decode(errors="replace").splitlines() if marker in x]
 
-    wait_until(lambda: any("refused a request" in line for line in lines()), timeout=5)
-    written = lines()
-    refused = [line for line in written if "refused a request" in line]
-    invalid = [line for line in written if "Invalid HTTP request" in line]
-    assert 1 <= len(refused) <= windows + 1, refused
-    assert len(invalid) <= windows + 1, invalid
-    assert len(written) <= 2 * windows + 4, written
+    def held(line: str) -> int:
+        found = re.search(r"\((\d+) more", line)
+        return int(found.group(1)) if found else 0
+
+    def next_line(marker: str, more: Callable[[], None]) -> None:
+        logged = len(lines(marker))
+        wait_until(lambda: more() or len(lines(marker)) > logged, timeout=30, interval=0.2)
+
+    with httpx.Client(base_url=agent.listener.url, transport=transport) as http:
+        for _ in range(300):
+            refuse(http)
+        for _ in range(30):
+            invalid()
+        # One more of each until its next line comes (a window later): it counts the rest.
+        next_line("refused a request", lambda: refuse(http))
+        next_line(INVALID, invalid)
+    for marker, kind in (("refused a request", "refused"), (INVALID, "invalid")):
+        written = lines(marker)
+        assert len(written) + sum(held(x) for x in written) == sent[kind], (sent, written)
+        assert sum(held(x) for x in written) > sent[kind] / 2, written  # most were held back
+
+
+INVALID = "Invalid HTTP request"
 
 
 def test_a_body_sent_a_byte_a_second_is_cut_off_and_the_socket_answers(agent):
@@ -310,7 +332,7 @@ def test_a_body_sent_a_byte_a_second_is_cut_off_and_the_socket_answers(agent):
                     owner_answered += 1
         elapsed = time.monotonic() - started
         assert not open_, f"{len(open_)} slow bodies still open after {elapsed:.0f}s"
-        assert owner_answered >= BODY_WINDOW / 2, owner_answered
+        assert owner_answered > 0  # while the slow bodies were open
         assert len(answers) == 5 and all(a.startswith(b"HTTP/1.1 408 ") for a in answers), answers
         assert b"the request body arrived too slowly" in answers[0]
         report("with 5 slow bodies cut off", agent)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -70,6 +71,15 @@ async def with_raw(answer: bytes, test: Callable[[int], Awaitable[None]]) -> Non
         await server.wait_closed()
 
 
+async def until(predicate: Callable[[], object], timeout: float = 10.0) -> None:
+    """`tests.conftest.wait_until` for a test's own event loop: it runs while this waits."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout}s: {predicate}")
+        await asyncio.sleep(0.02)
+
+
 def test_requests_share_one_kept_connection():
     async def test(port: int) -> None:
         pool = Pool()
@@ -92,7 +102,8 @@ def test_a_connection_the_server_closed_is_replaced():
         try:
             first = await pool.send(port, "POST", "/echo", {}, b"one", 10)
             assert await first.read(10) == b"one"
-            await asyncio.sleep(0.5)  # past the server's keep-alive: it closes its end
+            kept = pool._idle[("", port)][0]
+            await until(kept.reader.at_eof)  # past the server's keep-alive: it closed its end
             second = await pool.send(port, "POST", "/echo", {}, b"two", 10)
             assert await second.read(10) == b"two"
             assert second.headers["x-peer"] != first.headers["x-peer"]
@@ -113,8 +124,7 @@ def test_an_idle_connection_is_closed_after_a_while(monkeypatch):
             answer = await pool.send(port, "POST", "/echo", {}, b"one", 10)
             assert await answer.read(10) == b"one"
             kept = pool._idle[("", port)][0]
-            await asyncio.sleep(0.6)
-            assert ("", port) not in pool._idle
+            await until(lambda: ("", port) not in pool._idle)
             assert kept.writer.is_closing()
             again = await pool.send(port, "POST", "/echo", {}, b"two", 10)
             assert await again.read(10) == b"two"
