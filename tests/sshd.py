@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.ports import free_port
+
 SSHD = Path("/usr/sbin/sshd")
 ALIAS = "gpuhop-test"
 
@@ -35,9 +37,7 @@ def available() -> str | None:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 def _keygen(path: Path) -> str:

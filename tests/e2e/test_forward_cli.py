@@ -15,7 +15,8 @@ import pytest
 
 from gpuhop.client import Job
 from tests.conftest import Agent, wait_until
-from tests.integration.test_forward import PAGE, SERVERS, free_port, start_servers
+from tests.integration.test_forward import PAGE, SERVERS, start_servers
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

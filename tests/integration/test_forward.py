@@ -18,6 +18,7 @@ import pytest
 from gpuhop.api import JobState
 from gpuhop.client import Client, GpuhopError, Job
 from tests.conftest import Agent, wait_until
+from tests.ports import free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -43,12 +44,6 @@ while True:
     threading.Thread(target=echo, args=(conn,), daemon=True).start()
 """
 PAGE = "<h1>hello from the GPU host</h1>\n"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def job_log(job: Job) -> bytes:

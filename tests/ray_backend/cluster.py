@@ -33,7 +33,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +42,8 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
+
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -225,9 +226,7 @@ def _alive(pid: int) -> bool:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_port()
 
 
 def main() -> int:

@@ -26,7 +26,9 @@ from typing import Any
 from gpuhop.backends.local.shim import how
 from gpuhop.backends.slurm.task import PEERS_VAR, worker_exit_file, write_exit
 
-PORT_RANGE = (20000, 60000)
+# Below Linux's default ephemeral range (32768-60999), from which every client socket on a
+# node takes its port: a gang's port drawn from there could be taken by any connection.
+PORT_RANGE = (20000, 32000)
 _COUNT = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 
