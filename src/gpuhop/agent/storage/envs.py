@@ -216,7 +216,13 @@ class EnvStore:
     def ids(self) -> list[str]:
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and len(p.name) == 64)
+        # An empty dir is none: a build that failed in a job's sandbox (where its dir was a
+        # mount point and could not be removed), or one about to start.
+        return sorted(
+            p.name
+            for p in self.root.iterdir()
+            if p.is_dir() and len(p.name) == 64 and any(p.iterdir())
+        )
 
     def info(self, env_id: str, jobs: list[str]) -> EnvInfo:
         folder = self.root / env_id

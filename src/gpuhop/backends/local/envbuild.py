@@ -46,6 +46,14 @@ def _empty(env_dir: str) -> None:
                 os.unlink(path)
 
 
+def _discard(env_dir: str) -> None:
+    """A failed build's dir: emptied, and removed unless it is a mount point (in a job's
+    sandbox; the agent lists an empty one as nothing)."""
+    _empty(env_dir)
+    with contextlib.suppress(OSError):
+        os.rmdir(env_dir)
+
+
 def _size(path: str) -> int:
     total = 0
     for dirpath, _dirs, files in os.walk(path):
@@ -113,14 +121,14 @@ def _build(spec: dict, short: str) -> str | None:
         with open(os.path.join(own_site, "_gpuhop_base_site.pth"), "w") as f:
             f.write("\n".join(lines) + "\n")
     except (OSError, subprocess.CalledProcessError, ValueError) as e:
-        _empty(env_dir)
+        _discard(env_dir)
         return f"could not create a venv with {python}: {e}"
     if subprocess.run([env_python, "-c", "import pip"], capture_output=True).returncode != 0:
         subprocess.run([env_python, "-m", "ensurepip", "--default-pip"], check=False)
     pip = [env_python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
     code = subprocess.run([*pip, "-r", spec["requirements"]]).returncode
     if code != 0:
-        _empty(env_dir)
+        _discard(env_dir)
         return f"could not build the job's Python environment: pip install exited with {code}"
     seconds = time.time() - started
     info = {
