@@ -57,8 +57,9 @@ report = {
     "env": dict(os.environ),
     "root_listing": sorted(os.listdir("/root")) if os.path.isdir("/root") else None,
 }
+mine = "mine-%s.txt" % os.environ["GPUHOP_JOB_ID"]
 for d in ("/tmp", "/var/tmp", "/dev/shm", os.environ["HOME"], os.environ["GPUHOP_ARTIFACTS_DIR"]):
-    with open(os.path.join(d, "mine.txt"), "w") as f:
+    with open(os.path.join(d, mine), "w") as f:
         f.write("mine")
 print("REPORT " + json.dumps(report), flush=True)
 """
@@ -98,10 +99,10 @@ def test_each_users_jobs_run_as_an_unprivileged_identity_of_their_own(
     # Its home is its own (its caches live there), kept across its jobs.
     home = tls_agent.paths.home / "users" / str(first["uid"]) / "home"
     assert first["home"] == again["home"] == str(home)
-    assert (home / "mine.txt").stat().st_uid == first["uid"]
+    assert (home / f"mine-{job_id}.txt").stat().st_uid == first["uid"]
     # What it wrote is its own on the host.
     jp = JobPaths(tls_agent.paths.job_dir(job_id))
-    assert (jp.artifacts / "mine.txt").stat().st_uid == first["uid"]
+    assert (jp.artifacts / f"mine-{job_id}.txt").stat().st_uid == first["uid"]
     # doctor says so.
     with tls_agent.client() as owner:
         check = next(c for c in owner.doctor() if c.name == "job identity")
@@ -134,7 +135,8 @@ def test_nothing_outside_a_jobs_own_dirs_is_writable(tls_agent, remote, tokens, 
     # The agent's user's home is covered: no SSH keys, history or credentials in view.
     assert report["root_listing"] is not None and ".ssh" not in report["root_listing"]
     # The private /tmp, /var/tmp and /dev/shm were the job's: nothing of it is left on the host.
-    assert not Path("/var/tmp/mine.txt").exists() and not Path("/dev/shm/mine.txt").exists()
+    for shared in ("/tmp", "/var/tmp", "/dev/shm"):
+        assert not Path(shared, f"mine-{job_id}.txt").exists()
 
 
 def test_the_agents_environment_never_reaches_a_team_job(tmp_path_factory, monkeypatch, project):

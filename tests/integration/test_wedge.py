@@ -78,6 +78,7 @@ def _store_old_job(agent, job_id: str, command: list[str], env: dict[str, str]) 
     db.close()
 
 
+@pytest.mark.agent_log(r"starting job \w+ raised")
 def test_jobs_stored_with_bad_text_or_a_deep_path_fail_and_free_their_gpu(make_agent, project):
     agent = make_agent(fake_gpus=1)
     with agent.client() as client:
