@@ -10,8 +10,9 @@ beside the job in a work dir of one file: each tree is materialised once and eac
 it through an overlay, so the big tree should cost no more than a small one.
 
 Both again on a team agent (a TLS listener on loopback), where each job runs as its user's
-own unprivileged uid in a read-only view of the host, and gets its own copy of its tree
-(the shared checkout's files are the agent's), beside the same job on the single-user agent.
+own unprivileged uid in a read-only view of the host, and sees its tree's checkout through
+an overlay on an idmapped mount of it (its files seen as the job's user's), beside the same
+job on the single-user agent.
 """
 
 from __future__ import annotations
@@ -208,7 +209,7 @@ def run(settings: Settings) -> list[Row]:
             team["big"] if team else [],
             "on a single-user agent",
             big_runs,
-            not_root or "a team job copies its tree: the checkout's files are the agent's",
+            not_root or "an overlay of the checkout, idmapped as the job's own user's",
         ),
     ]
     return rows

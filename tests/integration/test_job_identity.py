@@ -346,3 +346,44 @@ def test_a_users_environment_is_probed_as_their_identity_not_as_the_agent(
         for path in ran:
             path.unlink()
     assert ran == []
+
+
+CHANGE = r"""
+import os
+with open("data/a.txt", "a") as f:
+    f.write(" and changed")
+with open("data/new.txt", "w") as f:
+    f.write("new")
+os.remove("data/b.txt")
+os.rename("data/c.txt", "data/d.txt")
+print("changed as", os.getuid(), flush=True)
+"""
+
+
+def test_a_team_job_changes_its_own_tree_in_place_and_the_checkout_stays(
+    tls_agent, remote, tokens, project
+):
+    """A team job sees its tree's shared checkout through an overlay in which the files are
+    its own (an idmapped mount of the checkout): it changes, adds, removes and renames
+    files of its tree as its own user, what it changed lands in its work dir as its own,
+    and the checkout other jobs see stays as it was."""
+    root = project(
+        {"change.py": CHANGE, "data/a.txt": "stored", "data/b.txt": "b", "data/c.txt": "c"}
+    )
+    with remote(tokens["alice"]) as alice:
+        job = alice.submit(["change.py"], workdir=root)
+        info = job.wait(60)
+        log = b"".join(job.logs()).decode()
+    assert info.state == JobState.succeeded, (info.reason, log)
+    uid = int(log.split("changed as ")[1].split()[0])
+    assert uid != 0
+    jp = JobPaths(tls_agent.paths.job_dir(job.id))
+    # The work dir on the host holds what the job changed, as the job's own: an overlay's
+    # upper layer, not a copy of the tree (change.py, unchanged, is not there).
+    assert (jp.work / "data" / "a.txt").read_text() == "stored and changed"
+    assert (jp.work / "data" / "a.txt").stat().st_uid == uid
+    assert (jp.work / "data" / "new.txt").stat().st_uid == uid
+    assert not (jp.work / "change.py").exists()
+    checkouts = [p for p in (tls_agent.paths.home / "checkouts").rglob("a.txt")]
+    assert checkouts and all(p.read_text() == "stored" for p in checkouts)
+    assert all(p.stat().st_uid == os.geteuid() for p in checkouts)

@@ -225,10 +225,11 @@ class Backend(Protocol):
         Refused when the scheduler does not answer."""
         ...
 
-    def work_view(self) -> str | None:
+    def work_view(self, owned: bool = False) -> str | None:
         """None when each job sees its tree's shared checkout (`deps["checkout"]`) through
         a writable view of its own, so the agent materialises each tree once; else why each
-        job gets a copy of every file in its work dir instead."""
+        job gets a copy of every file in its work dir instead. `owned`: for a job that runs
+        as an identity of its own (deps' "identity"), in whose view the files are its own."""
         ...
 
     def start(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started:

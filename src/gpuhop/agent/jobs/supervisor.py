@@ -105,11 +105,9 @@ class Supervisor:
             self._check_isolation()
             deps = jobdeps.read(jp)
             identity = self.identity(job)
-            no_view = self.backend.work_view()
             if identity is not None:
                 deps["identity"] = identity
-                # Files of its identity's own: the shared checkout's are the agent's.
-                no_view = "a job with an identity of its own gets its own copy"
+            no_view = self.backend.work_view(owned=identity is not None)
             checkout = materialise(jp, self.blobs, self.checkouts, no_view, job.tree)
             if checkout is not None:
                 deps["checkout"] = str(checkout)

@@ -54,6 +54,9 @@ log = logging.getLogger("gpuhop.agent")
 SHIM = str(Path(__file__).with_name("shim.py"))
 SANDBOX = str(Path(__file__).with_name("sandbox.py"))
 WORKVIEW = str(Path(__file__).with_name("workview.py"))
+# An unprivileged uid no account has (the top of the identities' default range, see
+# gpuhop.agent.host.identities), as which the overlay of an idmapped checkout is tried.
+PROBE_UID = 2_000_099_999
 # In a job's dir: the job's /var/tmp, where it has an identity of its own.
 VAR_TMP = "vartmp"
 # In a job's dir: what its shim runs, for the shim server; the shim reads it and removes it.
@@ -134,11 +137,14 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _probe(python: str, helper: str) -> str | None:
-    """Run `helper --probe`: None if it passed, else why not."""
+def _probe(python: str, helper: str, *args: str) -> str | None:
+    """Run `helper --probe [ARGS]`: None if it passed, else why not."""
     try:
         probe = subprocess.run(
-            [python, "-I", "-S", helper, "--probe"], capture_output=True, text=True, timeout=60
+            [python, "-I", "-S", helper, "--probe", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
         )
     except (OSError, subprocess.SubprocessError) as e:
         return f"the probe {Path(helper).name} did not run ({e})"
@@ -181,10 +187,20 @@ class LocalBackend(LeaderBackend):
             return "jobs run without a sandbox here, and the overlay lives in one"
         return _probe(self.python, WORKVIEW)
 
-    def work_view(self) -> str | None:
+    @functools.cached_property
+    def _owned_view(self) -> str | None:
+        if self.work_view() is not None:
+            return self.work_view()
+        if os.geteuid() != 0:
+            return "only a root agent gives jobs identities of their own"
+        return _probe(self.python, WORKVIEW, str(PROBE_UID))
+
+    def work_view(self, owned: bool = False) -> str | None:
         """None when each job sees its tree's checkout through an overlay of its own
-        (workview.py); else why it gets a copy. Asked of the host once."""
-        return self._work_view
+        (workview.py); else why it gets a copy. With `owned`, for a job with an identity of
+        its own, which sees the checkout idmapped as that identity's. Asked of the host
+        once each."""
+        return self._owned_view if owned else self._work_view
 
     def check_submit(self, req: SubmitRequest) -> None:
         """Every kind of job runs here; a multi-worker one in a mode that works for its Keras."""
@@ -384,6 +400,8 @@ class LocalBackend(LeaderBackend):
                 hide=hide,
                 private=[{"path": "/var/tmp", "source": str(jp.root / VAR_TMP)}],
             )
+            if spec["lower"]:  # its checkout, seen as its own (workview.py)
+                spec["lower_owner"] = {"uid": identity["uid"], "gid": identity["gid"]}
         if specs is not None:
             specs["sandbox"] = spec
             return args

@@ -190,16 +190,19 @@ def _make_target(target: str, directory: bool) -> None:
 
 def _setup(spec: dict, uid: int) -> None:
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
-    identity = spec.get("identity")
-    if identity:
-        # Before any mount of the view's own: those are made writable only where meant.
-        _readonly_everywhere()
+    # First: what follows reads its own processes in /proc (workview's idmapping).
     _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     home = os.path.realpath(spec["home"])
     work = os.path.realpath(spec["work"])
     if spec.get("lower"):
         # Before the work dir is opened below: the job is given the overlay, not the dir.
+        # And before the world is made read-only: the overlay keeps its upper layer's
+        # mount as it was when mounted, writable.
         _sibling("workview").mount(spec, _mount)
+    identity = spec.get("identity")
+    if identity:
+        # Before any mount of the view's own: those are made writable only where meant.
+        _readonly_everywhere()
     tmp = spec.get("tmp")
     tmp_fd = _open(tmp, DIRS) if tmp else None
     # Covered by an empty read-only tmpfs, what the job may see of them bound back: the
@@ -264,6 +267,8 @@ def _readonly_everywhere() -> None:
     with open("/proc/self/mountinfo") as f:
         points = [_unescape(line.split()[4]) for line in f if len(line.split()) > 4]
     for point in dict.fromkeys(points):
+        if point == "/proc":
+            continue  # the job's own PID namespace's: its files are the kernel's to guard
         try:
             _remount_readonly(point, keep_flags=True)
         except OSError as e:

@@ -126,7 +126,7 @@ class RayBackend(LeaderBackend):
         user it is not, and then this says so (a team agent starts no job)."""
         return self._beside
 
-    def work_view(self) -> str | None:
+    def work_view(self, owned: bool = False) -> str | None:
         return "the job's files are sent to the cluster's nodes from a copy"
 
     def check_submit(self, req: SubmitRequest) -> None:

@@ -136,7 +136,7 @@ class SlurmBackend(LeaderBackend):
         except view.SlurmViewError as e:
             raise Refused(ErrorCode.unsupported, f"Slurm does not answer: {e}") from None
 
-    def work_view(self) -> str | None:
+    def work_view(self, owned: bool = False) -> str | None:
         return (
             "each job runs on a Slurm compute node from a copy of its files in its work dir"
             f" under {self.home}, which must be on a filesystem the nodes see"
