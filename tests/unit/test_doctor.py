@@ -242,8 +242,10 @@ def test_doctor_says_which_identity_jobs_run_as():
     not_root = verdicts(replace(GPU_HOST, team=True, agent_uid=1000))["job identity"]
     assert not_root[0] == CheckStatus.failed and "no job starts" in not_root[1]
     assert not_root[2] == "run the team agent as root"
-    cluster = verdicts(replace(GPU_HOST, team=True, ray=True))["job identity"]
+    cluster = verdicts(replace(GPU_HOST, team=True, ray=True, agent_uid=1000))["job identity"]
     assert cluster[0] == CheckStatus.warning and "cluster's user" in cluster[1]
+    as_root = verdicts(replace(GPU_HOST, team=True, ray=True))["job identity"]
+    assert as_root[0] == CheckStatus.failed and "no job starts" in as_root[1]
 
 
 def test_on_a_ray_cluster_doctor_says_jobs_are_not_sandboxed():

@@ -113,7 +113,15 @@ class AgentContext:
         of their own (this host's), one per user (gpuhop.agent.host.identities); else None,
         and the job runs as the agent's user. Raises StartError where a team agent cannot
         give one (it does not run as root)."""
-        if not (self.supervisor.backend.identities and self.team()):
+        if not self.team():
+            return None
+        if not self.supervisor.backend.identities:
+            if os.geteuid() == 0:
+                raise StartError(
+                    "this agent serves a team and runs as root, and its jobs run on the"
+                    " cluster as its user, so every user's job would run as root there: no"
+                    " job starts. Run a cluster agent as an unprivileged account of its own"
+                )
             return None
         if os.geteuid() != 0:
             raise StartError(

@@ -94,6 +94,11 @@ def identity(f: Facts) -> DoctorCheck:
     name = "job identity"
     if f.ray or not f.identities:
         detail = "jobs run as the cluster's user (the agent's on its nodes)"
+        if f.team and f.agent_uid == 0:
+            detail = f"{detail}, root: a team's jobs would run as root there, so no job starts"
+            return check(
+                name, CheckStatus.failed, detail, "run the agent as an unprivileged account"
+            )
         if f.team:
             detail += "; a team's users' jobs are not kept apart from each other there"
             return check(name, CheckStatus.warning, detail)
