@@ -1,0 +1,182 @@
+"""A job's settings, once, for every layer: `JobSpec`.
+
+Built at the command line's edge (`gpuhop.cli.jobopts`) or by the SDK (`Client.submit`),
+sent as flat JSON (`to_wire`; the agent's `SubmitRequest` checks each field and gives the spec
+back), kept whole by the agent's store, and handed whole to the scheduler and to the backend
+that runs each attempt. What a job runs (its command) and which files it runs in (its tree)
+travel beside it: one spec may run many commands (a sweep's runs).
+
+Standard library only: `gpuhop run` builds one before its first byte goes out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+# The names a spec's fields have on the wire where they differ from the spec's own: the
+# ones agents have always known (an agent refuses a field it does not know).
+WIRE_NAMES = {"time_limit": "timeout"}
+# How often a failed attempt is run again (`retry_on`): the machine's fault only, or any.
+RETRY_ON = ("infra", "any")
+
+
+class Mount(NamedTuple):
+    """`NAME[:VERSION]=MOUNT`: a dataset, read-only at MOUNT in the job's work dir (VERSION
+    None: the latest when the job is queued)."""
+
+    name: str
+    version: int | None
+    mount: str
+
+    @classmethod
+    def parse(cls, text: str) -> Mount:
+        """`NAME[:VERSION]=MOUNT`, VERSION as 3 or v3; ValueError says what is malformed."""
+        head, sep, mount = text.partition("=")
+        name, colon, version = head.partition(":")
+        if not sep or not name or not mount:
+            raise ValueError(f"takes NAME[:VERSION]=MOUNT, got {text!r}")
+        number = version[1:] if version[:1] in ("v", "V") else version
+        if colon and not number.isdigit():
+            raise ValueError(f"{text}: the version must be a number like 3 or v3")
+        return cls(name, int(number) if colon else None, mount)
+
+    def wire(self) -> dict[str, Any]:
+        return {"name": self.name, "version": self.version, "mount": self.mount}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What a job asks for: resources, environment, place in the queue. Each field's meaning
+    is in `Client.submit`'s docstring and in `gpuhop run --help`; its limits are the agent's
+    (`SubmitRequest`), its cross-field rules `problems()`."""
+
+    # Resources.
+    gpus: int = 0  # whole GPUs; for a multi-worker job, workers * gpus_per_worker
+    gpu_memory_mb: int | None = None  # instead of whole GPUs: a share of one (MB)
+    mixed_gpus: bool = False  # several GPUs may be of different models
+    workers: int = 1
+    gpus_per_worker: int = 0
+    worker_timeout: int = 300  # seconds a worker waits for its peers
+    pack: bool = False  # workers on as few nodes as possible (Ray, Slurm)
+    # What the job runs with.
+    name: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    python: str | None = None  # an interpreter on the host
+    requirements: str | None = None  # a requirements file's text: the job's own venv
+    data: tuple[Mount, ...] = ()
+    private_network: bool = False
+    # Its place in the queue, and what ends or repeats it.
+    priority: int = 0
+    after: tuple[str, ...] = ()  # jobs (ids, prefixes or names) it waits for
+    after_any: bool = False  # run however they end (default: only if all succeeded)
+    time_limit: float | None = None  # seconds: SIGTERM when it passes
+    retries: int = 0
+    retry_on: str = "infra"
+    notify: tuple[str, ...] = ()  # webhooks told of its start and end
+    sweep: str | None = None  # the sweep (or array) it is a run of
+    max_parallel: int | None = None  # how many of the sweep's runs run at once
+
+    def problems(self, names: Mapping[str, str] | None = None) -> list[str]:
+        """What is wrong between the fields, in words, each field named as `names` calls
+        it (the command line passes its options: "--gpus"); empty when nothing is."""
+
+        def n(field_name: str) -> str:
+            return (names or {}).get(field_name, field_name)
+
+        found = []
+        if self.workers == 1 and self.gpus_per_worker:
+            found.append(
+                f"{n('gpus_per_worker')} is for multi-worker jobs ({n('workers')} N);"
+                f" use {n('gpus')}"
+            )
+        if self.workers > 1 and self.gpus and self.gpus != self.workers * self.gpus_per_worker:
+            found.append(f"a multi-worker job takes {n('gpus_per_worker')}, not {n('gpus')}")
+        if self.gpu_memory_mb is not None:
+            if self.workers > 1:
+                found.append(
+                    f"{n('gpu_memory_mb')} gives one job a share of one GPU; a multi-worker"
+                    f" job takes whole GPUs ({n('gpus_per_worker')})"
+                )
+            elif self.gpus > 1:
+                found.append(
+                    f"{n('gpu_memory_mb')} gives the job a share of one GPU; it cannot be"
+                    f" combined with {n('gpus')} {self.gpus} (use {n('gpus')} {self.gpus}"
+                    " alone for whole GPUs)"
+                )
+        if self.max_parallel is not None and self.sweep is None:
+            found.append(f"{n('max_parallel')} limits the runs of a sweep")
+        if self.after_any and not self.after:
+            found.append(f"{n('after_any')} says how to wait for {n('after')} jobs; give them too")
+        if self.retry_on not in RETRY_ON:
+            found.append(f"{n('retry_on')} takes {' or '.join(RETRY_ON)}, got {self.retry_on!r}")
+        return found
+
+    def settled(self) -> JobSpec:
+        """The spec with what follows from its other fields filled in: a multi-worker job's
+        GPUs are workers * gpus_per_worker, a share's is one GPU."""
+        if self.workers > 1:
+            return dataclasses.replace(self, gpus=self.workers * self.gpus_per_worker)
+        if self.gpu_memory_mb is not None:
+            return dataclasses.replace(self, gpus=1)
+        return self
+
+    def replace(self, **changes: Any) -> JobSpec:
+        return dataclasses.replace(self, **changes)
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field, as JSON (the agent's store keeps this)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["env"] = dict(self.env)
+        out["data"] = [m.wire() for m in self.data]
+        out["after"] = list(self.after)
+        out["notify"] = list(self.notify)
+        return out
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> JobSpec:
+        """A spec from `to_json`'s output (or the wire's: its names are taken too). Fields it
+        does not know are left out (a newer agent's), and missing ones take their default."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        wire_names = {wire: name for name, wire in WIRE_NAMES.items()}
+        fields = {}
+        for key, item in value.items():
+            name = wire_names.get(key, key)
+            if name in known and item is not None:
+                fields[name] = item
+        if "data" in fields:
+            fields["data"] = tuple(
+                Mount(m["name"], m.get("version"), m["mount"]) if isinstance(m, Mapping) else m
+                for m in fields["data"]
+            )
+        for name in ("after", "notify"):
+            if name in fields:
+                fields[name] = tuple(fields[name])
+        if "env" in fields:
+            fields["env"] = dict(fields["env"])
+        return cls(**fields)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The fields a submit sends: those not at their default, by their wire names, so an
+        older agent takes a request that asks nothing new of it."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            default = _DEFAULTS[f.name]
+            if value == default or (isinstance(default, tuple) and not value):
+                continue
+            out[WIRE_NAMES.get(f.name, f.name)] = value
+        if "data" in out:
+            out["data"] = [m.wire() for m in self.data]
+        for name in ("after", "notify"):
+            if name in out:
+                out[name] = list(out[name])
+        if "env" in out:
+            out["env"] = dict(self.env)
+        return out
+
+
+# Each field's default (a factory's made once): `to_wire` leaves out the fields at theirs.
+_DEFAULTS = {f.name: getattr(JobSpec(), f.name) for f in dataclasses.fields(JobSpec)}
