@@ -1,5 +1,5 @@
 """The import graph, read from the code: no cycles, and each part imports only the parts
-below it (the map in the README's "How it works").
+below it (the map in docs/ARCHITECTURE.md).
 
 Every import statement counts, wherever it is: at the top, under TYPE_CHECKING, or inside a
 function (a lazy import hides a cycle; it does not remove it).
