@@ -6,14 +6,15 @@ back), kept whole by the agent's store, and handed whole to the scheduler and to
 that runs each attempt. What a job runs (its command) and which files it runs in (its tree)
 travel beside it: one spec may run many commands (a sweep's runs).
 
-Standard library only: `gpuhop run` builds one before its first byte goes out.
+Standard library only, and light: `gpuhop run` builds one before its first byte goes out, so
+it is a NamedTuple (immutable, and `dataclasses` would cost the command more than the rest of
+its start).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 # The names a spec's fields have on the wire where they differ from the spec's own: the
@@ -47,8 +48,11 @@ class Mount(NamedTuple):
         return {"name": self.name, "version": self.version, "mount": self.mount}
 
 
-@dataclass(frozen=True)
-class JobSpec:
+# No variables: a default no one can change in place (every spec without env shares it).
+NO_ENV: Mapping[str, str] = MappingProxyType({})
+
+
+class JobSpec(NamedTuple):
     """What a job asks for: resources, environment, place in the queue. Each field's meaning
     is in `Client.submit`'s docstring and in `gpuhop run --help`; its limits are the agent's
     (`SubmitRequest`), its cross-field rules `problems()`."""
@@ -63,7 +67,7 @@ class JobSpec:
     pack: bool = False  # workers on as few nodes as possible (Ray, Slurm)
     # What the job runs with.
     name: str | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = NO_ENV
     python: str | None = None  # an interpreter on the host
     requirements: str | None = None  # a requirements file's text: the job's own venv
     data: tuple[Mount, ...] = ()
@@ -118,17 +122,14 @@ class JobSpec:
         """The spec with what follows from its other fields filled in: a multi-worker job's
         GPUs are workers * gpus_per_worker, a share's is one GPU."""
         if self.workers > 1:
-            return dataclasses.replace(self, gpus=self.workers * self.gpus_per_worker)
+            return self._replace(gpus=self.workers * self.gpus_per_worker)
         if self.gpu_memory_mb is not None:
-            return dataclasses.replace(self, gpus=1)
+            return self._replace(gpus=1)
         return self
-
-    def replace(self, **changes: Any) -> JobSpec:
-        return dataclasses.replace(self, **changes)
 
     def to_json(self) -> dict[str, Any]:
         """Every field, as JSON (the agent's store keeps this)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out: dict[str, Any] = self._asdict()
         out["env"] = dict(self.env)
         out["data"] = [m.wire() for m in self.data]
         out["after"] = list(self.after)
@@ -139,7 +140,7 @@ class JobSpec:
     def from_json(cls, value: Mapping[str, Any]) -> JobSpec:
         """A spec from `to_json`'s output (or the wire's: its names are taken too). Fields it
         does not know are left out (a newer agent's), and missing ones take their default."""
-        known = {f.name for f in dataclasses.fields(cls)}
+        known = set(cls._fields)
         wire_names = {wire: name for name, wire in WIRE_NAMES.items()}
         fields = {}
         for key, item in value.items():
@@ -161,13 +162,12 @@ class JobSpec:
     def to_wire(self) -> dict[str, Any]:
         """The fields a submit sends: those not at their default, by their wire names, so an
         older agent takes a request that asks nothing new of it."""
-        out = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            default = _DEFAULTS[f.name]
+        out: dict[str, Any] = {}
+        for name, value in zip(self._fields, self, strict=True):
+            default = self._field_defaults[name]
             if value == default or (isinstance(default, tuple) and not value):
                 continue
-            out[WIRE_NAMES.get(f.name, f.name)] = value
+            out[WIRE_NAMES.get(name, name)] = value
         if "data" in out:
             out["data"] = [m.wire() for m in self.data]
         for name in ("after", "notify"):
@@ -176,7 +176,3 @@ class JobSpec:
         if "env" in out:
             out["env"] = dict(self.env)
         return out
-
-
-# Each field's default (a factory's made once): `to_wire` leaves out the fields at theirs.
-_DEFAULTS = {f.name: getattr(JobSpec(), f.name) for f in dataclasses.fields(JobSpec)}
