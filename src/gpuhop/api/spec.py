@@ -127,6 +127,10 @@ class JobSpec(NamedTuple):
             return self._replace(gpus=1)
         return self
 
+    def replace(self, **changes: Any) -> JobSpec:
+        """The spec with these fields changed."""
+        return self._replace(**changes)
+
     def to_json(self) -> dict[str, Any]:
         """Every field, as JSON (the agent's store keeps this)."""
         out: dict[str, Any] = self._asdict()
