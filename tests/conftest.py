@@ -176,6 +176,11 @@ class Agent:
             agent_args=self.args,
             python_flags=AGENT_PYTHON_FLAGS,
         )
+        return self.watched()
+
+    def watched(self) -> Agent:
+        """This agent, its log read after every test from now on (`check_log`): for an
+        agent a test started itself, its output going to `paths.logfile`."""
         if self not in _running:
             _running.append(self)
         return self

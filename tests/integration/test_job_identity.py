@@ -24,7 +24,7 @@ import gpuhop.runtime.hook
 from gpuhop.api import JobState
 from gpuhop.client import GpuhopError
 from gpuhop.home import JobPaths
-from tests.conftest import AGENT_PYTHON_FLAGS, Agent, wait_until
+from tests.conftest import AGENT_PYTHON_FLAGS, Agent, missing, wait_until
 from tests.integration.test_tls import remote, tls_agent, tokens  # noqa: F401 (fixtures)
 from tests.team import team_agent, team_tokens
 
@@ -234,8 +234,10 @@ def non_root_team_agent(tmp_path: Path):
     """A team agent whose user is not root: it runs as uid 1000 of a user namespace (which
     maps it to this host's user, so it can read the project's interpreter), where it has no
     capability at all, as an agent started by an ordinary account."""
-    if shutil.which("unshare") is None or os.geteuid() != 0:
-        pytest.skip("needs unshare(1) and root, to start an agent as another uid")
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to start an agent as another uid")
+    if shutil.which("unshare") is None:
+        missing("unshare(1) is not installed (util-linux)")
     probe = subprocess.run(
         ["unshare", "--user", "--map-user=1000", "--map-group=1000", "id", "-u"],
         capture_output=True,
@@ -255,12 +257,14 @@ def non_root_team_agent(tmp_path: Path):
         str(agent.home),
         *agent.args,
     ]
-    log = open(tmp_path / "agent.out", "wb")  # noqa: SIM115 (closed at teardown)
+    # Its output where the agent's own start puts it, so that what it logs is read too.
+    log = agent.paths.logfile.open("ab")
     proc = subprocess.Popen(cmd, env=agent.env, stdout=log, stderr=subprocess.STDOUT)
     agent.pid = proc.pid
     try:
         wait_until(lambda: proc.poll() is not None or agent.paths.socket.exists(), 60)
-        assert proc.poll() is None, (tmp_path / "agent.out").read_text()
+        assert proc.poll() is None, agent.paths.logfile.read_text()
+        agent.watched()
         yield agent
     finally:
         agent.shutdown()

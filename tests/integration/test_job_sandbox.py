@@ -21,7 +21,7 @@ import pytest
 
 from gpuhop.api import JobState
 from gpuhop.home import JobPaths
-from tests.conftest import AGENT_PYTHON_FLAGS, Agent, wait_until
+from tests.conftest import AGENT_PYTHON_FLAGS, Agent, missing, wait_until
 from tests.integration.test_tls import remote, tls_agent, tokens  # noqa: F401 (fixtures)
 
 ATTACK = r"""
@@ -217,19 +217,21 @@ def no_namespace_agent(tmp_path: Path):
     """A real agent on a host that allows jobs no namespaces: it runs in a user namespace
     whose limit of PID namespaces is 0 (as a locked-down container would be)."""
     if shutil.which("unshare") is None:
-        pytest.skip("needs unshare(1)")
+        missing("unshare(1) is not installed (util-linux)")
     agent = Agent(tmp_path / "home", tmp_path / "cache", None)
     agent.paths.ensure()
     deny = 'echo 0 > /proc/sys/user/max_pid_namespaces && exec "$@"'
     cmd = ["unshare", "--user", "--map-root-user", "sh", "-c", deny, "sh"]
     cmd += [sys.executable, *AGENT_PYTHON_FLAGS, "-m", "gpuhop.agent", "--home", str(agent.home)]
-    log = open(tmp_path / "agent.out", "wb")  # noqa: SIM115 (closed at teardown)
+    # Its output where the agent's own start puts it, so that what it logs is read too.
+    log = agent.paths.logfile.open("ab")
     proc = subprocess.Popen(cmd, env=agent.env, stdout=log, stderr=subprocess.STDOUT)
     agent.pid = proc.pid
     try:
         wait_until(lambda: proc.poll() is not None or agent.paths.socket.exists(), 60)
         if proc.poll() is not None:
-            pytest.skip(f"cannot deny namespaces here: {(tmp_path / 'agent.out').read_text()}")
+            pytest.skip(f"cannot deny namespaces here: {agent.paths.logfile.read_text()}")
+        agent.watched()
         yield agent
     finally:
         agent.shutdown()

@@ -9,6 +9,8 @@ import json
 
 import pytest
 
+from tests.conftest import missing
+
 pytestmark = [pytest.mark.tf, pytest.mark.timeout(300)]
 
 # A keras-io style script: no gpuhop, no callbacks. It dies (as the OOM killer would kill
@@ -77,8 +79,9 @@ def test_no_auto_leaves_fit_alone(shared_agent, project):
     assert _epochs(shared_agent, "manual") == []
 
 
-@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="JAX is not installed")
 def test_keras_on_jax_shows_its_epochs_too(shared_agent, project):
+    if importlib.util.find_spec("jax") is None:
+        missing("JAX is not installed (pip install -e '.[dev]')")
     root = project({"train.py": UNMODIFIED})
     run = shared_agent.cli(
         "run", "--name", "on-jax", "-e", "KERAS_BACKEND=jax", "train.py", cwd=root, timeout=280

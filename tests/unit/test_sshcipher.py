@@ -11,6 +11,7 @@ import pytest
 
 from gpuhop.client import sshcipher
 from gpuhop.client.sshcipher import ciphers_of, has_aes_instructions, preferred
+from tests.conftest import missing
 
 DEFAULTS = [
     "chacha20-poly1305@openssh.com",
@@ -20,7 +21,12 @@ DEFAULTS = [
     "aes128-gcm@openssh.com",
     "aes256-gcm@openssh.com",
 ]
-needs_ssh = pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client")
+
+
+@pytest.fixture
+def ssh_client() -> None:
+    if shutil.which("ssh") is None:
+        missing("no ssh client is installed (openssh-client)")
 
 
 def test_defaults_get_aes_gcm_first_and_keep_every_cipher() -> None:
@@ -62,7 +68,7 @@ def test_aes_instructions_read_from_cpuinfo(tmp_path: Path, text: str, expected:
     assert has_aes_instructions(tmp_path / "absent") is False
 
 
-@needs_ssh
+@pytest.mark.usefixtures("ssh_client")
 def test_options_for_a_config_with_and_without_ciphers(tmp_path: Path) -> None:
     if not has_aes_instructions():
         pytest.skip("this CPU has no AES instructions: the order is left alone")
