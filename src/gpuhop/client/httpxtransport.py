@@ -4,15 +4,17 @@ a Unix socket is spoken to with the standard library (unixhttp)."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import httpcore
 from httpcore._backends.sync import SyncStream
 
 from gpuhop.client.httpxmodule import httpx_module
+from gpuhop.client.unixhttp import Timeout
 
 if TYPE_CHECKING:
     import httpx
@@ -22,6 +24,45 @@ else:
 # No TLS on a Unix socket. An empty client context (verification on, no CAs) saves loading
 # the CA bundle, about 75 ms.
 _NO_TLS = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+
+
+class HttpxClient:
+    """httpx's Client behind the session's seam (`transport.HttpClient`): a TLS remote, or
+    a transport a test gives. Takes the SDK's `Timeout`, as `UnixClient` does."""
+
+    errors: tuple[type[Exception], ...] = (httpx.TransportError, httpx.StreamError)
+
+    def __init__(
+        self,
+        transport: httpx.BaseTransport,
+        base_url: str,
+        headers: Mapping[str, str],
+        timeout: Timeout,
+    ) -> None:
+        self._client = httpx.Client(
+            transport=transport, base_url=base_url, headers=headers, timeout=_timeout(timeout)
+        )
+
+    def request(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        return self._client.request(method, url, **_options(kwargs))
+
+    @contextlib.contextmanager
+    def stream(self, method: str, url: str, **kwargs: Any) -> Iterator[httpx.Response]:
+        with self._client.stream(method, url, **_options(kwargs)) as response:
+            yield response
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _timeout(timeout: Timeout) -> httpx.Timeout:
+    return httpx.Timeout(timeout.read, connect=timeout.connect)
+
+
+def _options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(kwargs.get("timeout"), Timeout):
+        kwargs["timeout"] = _timeout(kwargs["timeout"])
+    return kwargs
 
 
 def sync_transport(uds: str | None, context: ssl.SSLContext | None) -> httpx.BaseTransport:

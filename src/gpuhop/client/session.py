@@ -12,20 +12,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote as _url_quote
 
 from gpuhop.client.errors import GpuhopError
-from gpuhop.client.transport import Endpoint
-from gpuhop.client.unixhttp import Response as UnixResponse
-from gpuhop.client.unixhttp import Timeout, TransportError, UnixClient
+from gpuhop.client.transport import Endpoint, HttpClient, Response
+from gpuhop.client.unixhttp import Timeout, UnixClient
 
 if TYPE_CHECKING:
     import httpx
 
     from gpuhop.client.spec import SyncStats
-
-    Response: TypeAlias = httpx.Response | UnixResponse
 
 DEFAULT_TIMEOUT = Timeout(60.0, connect=5.0)
 
@@ -46,45 +43,34 @@ class Session:
     ):
         self.endpoint = endpoint
         self.cache_dir = cache_dir
-        self.http: httpx.Client | UnixClient
-        self.transport_errors: tuple[type[Exception], ...]
-        """What a request that did not get through raises (a follower reconnects on it)."""
+        self.http: HttpClient
         connected = endpoint.take_connected()
         if transport is None and endpoint.uds is not None and endpoint.ssl_context is None:
             self.http = UnixClient(endpoint.uds, endpoint.headers, DEFAULT_TIMEOUT, connected)
-            self.transport_errors = (TransportError,)
         else:
             if connected is not None:
                 connected.close()
-            from gpuhop.client.httpxmodule import httpx_module
+            from gpuhop.client.httpxtransport import HttpxClient
 
-            hx = httpx_module()
-            self.http = hx.Client(
-                transport=transport or endpoint.transport(),
-                base_url=endpoint.base_url,
-                headers=endpoint.headers,
-                timeout=hx.Timeout(DEFAULT_TIMEOUT.read, connect=DEFAULT_TIMEOUT.connect),
+            self.http = HttpxClient(
+                transport or endpoint.transport(),
+                endpoint.base_url,
+                endpoint.headers,
+                DEFAULT_TIMEOUT,
             )
-            self.transport_errors = (hx.TransportError, hx.StreamError)
+        self.transport_errors = self.http.errors
+        """What a request that did not get through raises (a follower reconnects on it)."""
         self.last_sync: SyncStats | None = None
         """What the last submit's sync did."""
 
     def close(self) -> None:
         self.http.close()
 
-    def _options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        timeout = kwargs.get("timeout")
-        if isinstance(timeout, Timeout) and not isinstance(self.http, UnixClient):
-            from gpuhop.client.httpxmodule import httpx_module
-
-            kwargs["timeout"] = httpx_module().Timeout(timeout.read, connect=timeout.connect)
-        return kwargs
-
     def send(self, method: str, url: str, **kwargs: Any) -> Response:
         """The raw answer, whatever its status; GpuhopError only when it did not get
         through. `timeout`: a unixhttp.Timeout."""
         try:
-            return self.http.request(method, url, **self._options(kwargs))
+            return self.http.request(method, url, **kwargs)
         except self.transport_errors as e:
             raise self.unreachable(e) from None
 
@@ -99,7 +85,7 @@ class Session:
     def stream(self, method: str, url: str, **kwargs: Any) -> Iterator[Response]:
         """A streamed answer; an error answer is raised as GpuhopError. Transport errors
         (`transport_errors`) pass through as they are: a follower reconnects on them."""
-        with self.http.stream(method, url, **self._options(kwargs)) as response:
+        with self.http.stream(method, url, **kwargs) as response:
             if response.status_code >= 400:
                 response.read()
                 self.check(response)

@@ -10,8 +10,9 @@ same place with the same credentials.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuhop.client.embedded import connect_agent, socket_answers
 from gpuhop.home import AgentPaths
@@ -21,6 +22,47 @@ if TYPE_CHECKING:
     import ssl
 
     import httpx
+
+
+class Response(Protocol):
+    """An agent's answer, whichever client carried it: its body read in full (`request`)
+    or as it arrives (`stream`)."""
+
+    status_code: int
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def content(self) -> bytes: ...
+
+    @property
+    def text(self) -> str: ...
+
+    def json(self) -> Any: ...
+
+    def read(self) -> bytes: ...
+
+    def iter_raw(self, chunk_size: int | None = None) -> Iterator[bytes]: ...
+
+    def iter_bytes(self, chunk_size: int | None = None) -> Iterator[bytes]: ...
+
+
+class HttpClient(Protocol):
+    """The one seam every request goes through (`Session.http`): the standard library's
+    HTTP/1.1 on a Unix socket (`unixhttp.UnixClient`), or httpx over TLS
+    (`httpxtransport.HttpxClient`). Both take a `unixhttp.Timeout` (or seconds) as
+    `timeout`, and raise one of `errors` for a request that did not get through."""
+
+    errors: tuple[type[Exception], ...]
+
+    def request(self, method: str, url: str, **kwargs: Any) -> Response: ...
+
+    def stream(
+        self, method: str, url: str, **kwargs: Any
+    ) -> contextlib.AbstractContextManager[Response]: ...
+
+    def close(self) -> None: ...
 
 
 def _always() -> bool:

@@ -77,6 +77,8 @@ class UnixClient:
     status line polls while the log streams): each request takes an idle connection or
     opens one, and gives it back when its answer has been read to the end."""
 
+    errors: tuple[type[Exception], ...] = (TransportError,)
+
     def __init__(
         self,
         path: str,
