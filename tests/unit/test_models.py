@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 
 import pytest
 from pydantic import ValidationError
 
-from gpuhop.api import BlobCheck, ManifestEntry, SubmitRequest, Tree, validate_relpath
+from gpuhop.api import BlobCheck, JobInfo, ManifestEntry, SubmitRequest, Tree, validate_relpath
 from gpuhop.api.models import MAX_PATH_BYTES, MAX_PATH_DEPTH
+from gpuhop.api.spec import WIRE_NAMES, JobSpec, Mount
 
 DIGEST = "0123456789abcdef" * 4
 
@@ -262,3 +264,49 @@ def test_the_hook_verbosity_is_the_one_gpuhop_variable_a_user_may_set():
     assert submit(env={"GPUHOP_HOOK_VERBOSE": "1"}).env == {"GPUHOP_HOOK_VERBOSE": "1"}
     with pytest.raises(ValidationError, match="set by gpuhop"):
         submit(env={"GPUHOP_GPU_MEMORY_MB": "1"})
+
+
+# -- SubmitRequest and JobSpec ----------------------------------------------------------------
+
+
+def test_every_spec_field_is_a_submit_field_by_its_wire_name():
+    # The wire stays flat and as it was: a field added to JobSpec that no SubmitRequest
+    # field carries would never reach the agent.
+    wire = {WIRE_NAMES.get(f.name, f.name) for f in dataclasses.fields(JobSpec)}
+    assert wire <= set(SubmitRequest.model_fields)
+    assert set(SubmitRequest.model_fields) - wire == {"command", "tree", "tree_delta"}
+
+
+def test_job_info_shows_the_spec_fields_by_their_wire_names():
+    # An answer names a setting as the request did (`timeout`, not `time_limit`), and the
+    # settings it shows stay those it showed.
+    wire = {WIRE_NAMES.get(f.name, f.name) for f in dataclasses.fields(JobSpec)}
+    assert wire & set(JobInfo.model_fields) == {
+        "name", "gpus", "env", "priority", "retries", "workers", "gpu_memory_mb", "data",
+        "python", "private_network", "after", "after_any", "timeout", "retry_on", "sweep",
+        "max_parallel", "mixed_gpus", "notify",
+    }  # fmt: skip
+    assert not set(WIRE_NAMES) & set(JobInfo.model_fields)
+
+
+def test_a_request_gives_its_spec_settled():
+    spec = submit(workers=2, gpus_per_worker=2, timeout=60, data=[{"name": "d", "mount": "in"}])
+    assert spec.spec() == JobSpec(
+        gpus=4, workers=2, gpus_per_worker=2, time_limit=60, data=(Mount("d", None, "in"),)
+    )
+    assert submit(gpu_memory_mb=4096).spec().gpus == 1
+    assert submit().spec() == JobSpec()
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"gpus_per_worker": 1}, "gpus_per_worker is for multi-worker jobs"),
+        ({"workers": 2, "gpus": 3, "gpus_per_worker": 1}, "takes gpus_per_worker, not gpus"),
+        ({"workers": 2, "gpu_memory_mb": 10}, "a multi-worker job takes whole GPUs"),
+        ({"max_parallel": 2}, "max_parallel limits the runs of a sweep"),
+    ],
+)
+def test_a_request_is_refused_for_its_spec_problems(fields: dict[str, object], words: str):
+    with pytest.raises(ValidationError, match=words):
+        submit(**fields)

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gpuhop.api.base import StrictModel, WireModel, check_text
 from gpuhop.api.queue import check_webhook_url
+from gpuhop.api.spec import JobSpec, Mount
 from gpuhop.api.states import EndClass, JobState, RetryOn
 from gpuhop.api.trees import MAX_DELTA_ENTRIES, MAX_INLINE_BYTES
 
@@ -163,6 +164,11 @@ class DataMount(StrictModel):
             raise ValueError(f"the mount point must lie inside the work dir: {e}") from None
 
 
+# SubmitRequest's fields that are not the job's settings (`JobSpec`): what it runs, and in
+# which files.
+_NOT_SPEC = frozenset({"command", "tree", "tree_delta"})
+
+
 class SubmitRequest(StrictModel):
     """What `gpuhop run` asks for. `command[0]` ending in `.py` runs with the agent's Python."""
 
@@ -241,40 +247,27 @@ class SubmitRequest(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _max_parallel(self) -> SubmitRequest:
-        if self.max_parallel is not None and self.sweep is None:
-            raise ValueError("max_parallel limits the runs of a sweep; give sweep too")
+    def _spec(self) -> SubmitRequest:
+        # The rules between fields are the spec's, so the command line (which checks them
+        # before sending) and the agent refuse the same requests in the same words. They
+        # judge the request as sent, before `settled` fills in its GPUs.
+        spec = self._asked()
+        found = spec.problems()
+        if found:
+            raise ValueError("; ".join(found))
+        self.gpus = spec.settled().gpus
         return self
 
-    @model_validator(mode="after")
-    def _workers(self) -> SubmitRequest:
-        if self.workers == 1:
-            if self.gpus_per_worker:
-                raise ValueError("gpus_per_worker is for multi-worker jobs; use gpus")
-            return self
-        if self.gpus and self.gpus != self.workers * self.gpus_per_worker:
-            raise ValueError(
-                "a multi-worker job gives its GPUs as gpus_per_worker, not gpus"
-                f" (got gpus={self.gpus} for {self.workers} workers)"
-            )
-        self.gpus = self.workers * self.gpus_per_worker
-        return self
+    def spec(self) -> JobSpec:
+        """The job's settings as one `JobSpec`, settled (a multi-worker or share job's
+        `gpus` filled in). Its command and tree travel beside it."""
+        return self._asked().settled()
 
-    @model_validator(mode="after")
-    def _share(self) -> SubmitRequest:
-        if self.gpu_memory_mb is not None:
-            if self.workers > 1:
-                raise ValueError(
-                    "gpu_memory_mb is for single-worker jobs; multi-worker jobs take whole"
-                    " GPUs (gpus_per_worker)"
-                )
-            if self.gpus > 1:
-                raise ValueError(
-                    f"gpu_memory_mb is a share of one GPU; it cannot be combined with"
-                    f" gpus={self.gpus} (ask for whole GPUs, or for one shared GPU)"
-                )
-            self.gpus = 1
-        return self
+    def _asked(self) -> JobSpec:
+        fields = self.model_dump(exclude=_NOT_SPEC, exclude_none=True)
+        fields["data"] = tuple(Mount(m.name, m.version, m.mount) for m in self.data)
+        fields["retry_on"] = self.retry_on.value
+        return JobSpec.from_json(fields)
 
     @field_validator("tree")
     @classmethod
