@@ -13,6 +13,7 @@ from gpuhop.agent.server.routers.fastjobs import Refer, list_query, log_query, s
 from gpuhop.agent.services.logwatch import LogWatch
 from gpuhop.agent.services.outputs import follow_log
 from gpuhop.api import JobState
+from gpuhop.api.spec import JobSpec
 from gpuhop.client.unixhttp import query
 
 
@@ -81,7 +82,7 @@ def test_any_other_log_query_goes_to_the_route(bad):
 def test_a_follower_that_hangs_up_ends_its_stream_and_the_watch(tmp_path):
     store = JobStore(tmp_path / "jobs.db")
     try:
-        job = store.create(command=["job.py"], env={}, gpus=0, priority=0, name=None)
+        job = store.create(["job.py"], JobSpec())
         assert store.transition(job.id, [JobState.queued], JobState.running)
         path = tmp_path / "output.log"
         path.write_bytes(b"first\n")

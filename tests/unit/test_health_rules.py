@@ -13,6 +13,7 @@ from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services.idleguard import NOTEBOOK_SERVER, _guarded
 from gpuhop.agent.storage.quarantine import QuarantineStore
 from gpuhop.api import GpuInfo, JobState
+from gpuhop.api.spec import JobSpec
 from gpuhop.backends.base import Fault, Usage
 from gpuhop.cli.ps import gpu_panel
 from gpuhop.client.notebook import SERVE
@@ -89,17 +90,13 @@ def test_the_idle_guard_watches_whole_gpu_jobs_but_not_notebooks_or_shares():
     def job(command: list[str], gpu_memory_mb: int | None = None) -> JobRecord:
         return JobRecord(
             id="j",
-            name=None,
             state=JobState.running,
             command=command,
-            env={},
-            gpus=1,
-            priority=0,
+            spec=JobSpec(gpus=1, gpu_memory_mb=gpu_memory_mb),
             gpu_ids=[0],
             attempt=1,
             created_at=0.0,
             pid=42,
-            gpu_memory_mb=gpu_memory_mb,
         )
 
     assert _guarded(job(["train.py"]))

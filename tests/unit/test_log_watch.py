@@ -11,6 +11,7 @@ from gpuhop.agent.jobs.store import JobStore
 from gpuhop.agent.services.logwatch import LogWatch
 from gpuhop.agent.services.outputs import follow_log
 from gpuhop.api import JobState
+from gpuhop.api.spec import JobSpec
 
 LINES = 40
 
@@ -30,7 +31,7 @@ async def write_then_end(store: JobStore, job_id: str, path: Path) -> None:
 
 
 def running_job(store: JobStore) -> str:
-    job = store.create(command=["job.py"], env={}, gpus=0, priority=0, name=None)
+    job = store.create(["job.py"], JobSpec())
     assert store.transition(job.id, [JobState.queued], JobState.running)
     return job.id
 

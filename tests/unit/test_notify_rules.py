@@ -9,17 +9,15 @@ from gpuhop.agent.jobs.records import JobRecord
 from gpuhop.agent.storage.policy import Policy, PolicyError
 from gpuhop.api import JobState
 from gpuhop.api.queue import check_webhook_url
+from gpuhop.api.spec import JobSpec
 
 
 def record(**more: object) -> JobRecord:
     fields: dict = dict(
         id="abcd1234",
-        name="grid[lr=0.1]",
         state=JobState.failed,
         command=["train.py"],
-        env={},
-        gpus=1,
-        priority=0,
+        spec=JobSpec(name="grid[lr=0.1]", gpus=1),
         gpu_ids=[0],
         attempt=1,
         created_at=100.0,

@@ -11,13 +11,14 @@ from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobStore
 from gpuhop.agent.server.listen import parse_listen
 from gpuhop.agent.storage.tokens import TokenStore
 from gpuhop.api import normalize_fingerprint
+from gpuhop.api.spec import JobSpec
 from gpuhop.home import AgentError
 
 FP = "SHA256:" + ":".join(["AB"] * 32)
 
 
 def make(store: JobStore, job_id: str, owner: str | None, name: str | None = None) -> None:
-    store.create(command=["x"], env={}, gpus=0, priority=0, name=name, job_id=job_id, owner=owner)
+    store.create(["x"], JobSpec(name=name), job_id=job_id, owner=owner)
 
 
 def test_a_user_resolves_and_lists_only_their_own_jobs(tmp_path: Path):

@@ -11,6 +11,7 @@ import pytest
 from gpuhop.agent.jobs.scheduler import Holding
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord, JobStore
 from gpuhop.api import JobState
+from gpuhop.api.spec import JobSpec, Mount
 
 Q, S, R = JobState.queued, JobState.starting, JobState.running
 
@@ -27,14 +28,8 @@ def store(tmp_path: Path) -> Iterator[JobStore]:
 def new_job(
     store: JobStore, now: float = 1000.0, name: str | None = None, gpus: int = 0
 ) -> JobRecord:
-    return store.create(
-        command=["train.py", "--epochs", "3"],
-        env={"SEED": "1"},
-        gpus=gpus,
-        priority=2,
-        name=name,
-        now=now,
-    )
+    spec = JobSpec(env={"SEED": "1"}, gpus=gpus, priority=2, name=name)
+    return store.create(["train.py", "--epochs", "3"], spec, now=now)
 
 
 def test_create_then_get_round_trips_every_field(store: JobStore):
@@ -44,13 +39,13 @@ def test_create_then_get_round_trips_every_field(store: JobStore):
 
     assert got == created
     assert len(got.id) == 8 and int(got.id, 16) >= 0
-    assert (got.name, got.state, got.command, got.env) == (
+    assert (got.spec.name, got.state, got.command, got.spec.env) == (
         "train",
         JobState.queued,
         ["train.py", "--epochs", "3"],
         {"SEED": "1"},
     )
-    assert (got.gpus, got.priority, got.gpu_ids, got.attempt, got.created_at) == (
+    assert (got.spec.gpus, got.spec.priority, got.gpu_ids, got.attempt, got.created_at) == (
         2,
         2,
         [],
@@ -75,7 +70,7 @@ def test_jobs_survive_reopening_the_database(tmp_path: Path):
     second = JobStore(tmp_path / "jobs.db")
     try:
         again = second.get(job.id)
-        assert (again.name, again.state, again.gpu_ids) == ("persist", S, [1])
+        assert (again.spec.name, again.state, again.gpu_ids) == ("persist", S, [1])
     finally:
         second.close()
 
@@ -200,13 +195,13 @@ def test_holdings_count_only_starting_and_running_jobs(store: JobStore):
 
 
 def test_a_share_is_stored_and_held_with_its_size(store: JobStore):
-    job = store.create(command=["t.py"], env={}, gpus=1, priority=0, name=None, gpu_memory_mb=4096)
+    job = store.create(["t.py"], JobSpec(gpus=1, gpu_memory_mb=4096))
     plain = new_job(store, gpus=1)
     store.transition(job.id, [Q], S, gpu_ids=[1])
     store.transition(plain.id, [Q], S, gpu_ids=[0])
 
-    assert store.get(job.id).gpu_memory_mb == 4096
-    assert plain.gpu_memory_mb is None
+    assert store.get(job.id).spec.gpu_memory_mb == 4096
+    assert plain.spec.gpu_memory_mb is None
     assert set(store.holdings()) == {Holding(job.id, (1,), 4096), Holding(plain.id, (0,))}
 
 
@@ -225,10 +220,7 @@ VALUES ('0ld0ld00', 'running', '["old.py"]', '{}', 1, 0, '[2]', 5.0);
 """
 
 
-ANY_JOB = {"command": ["n.py"], "env": {}, "gpus": 0, "priority": 0, "name": None}
-
-
-def test_an_older_jobs_db_gains_the_new_columns_and_keeps_its_jobs(tmp_path: Path):
+def test_an_older_jobs_db_keeps_its_jobs(tmp_path: Path):
     path = tmp_path / "jobs.db"
     with sqlite3.connect(path) as db:
         db.executescript(OLD_SCHEMA)
@@ -238,18 +230,184 @@ def test_an_older_jobs_db_gains_the_new_columns_and_keeps_its_jobs(tmp_path: Pat
         s = JobStore(path)
         try:
             old = s.get("0ld0ld00")
-            assert (old.command, old.gpu_ids, old.gpu_memory_mb) == (["old.py"], [2], None)
+            assert (old.command, old.gpu_ids, old.spec.gpu_memory_mb) == (["old.py"], [2], None)
             assert s.holdings() == [Holding("0ld0ld00", (2,))]
-            new = s.create(
-                command=["n.py"], env={}, gpus=1, priority=0, name=None, gpu_memory_mb=512
-            )
-            assert s.get(new.id).gpu_memory_mb == 512
+            new = s.create(["n.py"], JobSpec(gpus=1, gpu_memory_mb=512))
+            assert s.get(new.id).spec.gpu_memory_mb == 512
             # A job from before trees were recorded has none: its start hashes its copy.
             assert old.tree is None
             tree = "ab" * 32
-            assert s.get(s.create(**ANY_JOB, tree=tree).id).tree == tree
+            assert s.get(s.create(["n.py"], JobSpec(), tree=tree).id).tree == tree
         finally:
             s.close()
+
+
+# The jobs table as the last agent before `spec` made it: each setting a column of its own.
+LEGACY_SCHEMA = """
+CREATE TABLE jobs (
+    id            TEXT PRIMARY KEY,
+    name          TEXT,
+    state         TEXT NOT NULL,
+    command       TEXT NOT NULL,
+    env           TEXT NOT NULL,
+    gpus          INTEGER NOT NULL,
+    priority      INTEGER NOT NULL,
+    gpu_ids       TEXT NOT NULL DEFAULT '[]',
+    attempt       INTEGER NOT NULL DEFAULT 1,
+    created_at    REAL NOT NULL,
+    started_at    REAL,
+    ended_at      REAL,
+    exit_code     INTEGER,
+    signal        INTEGER,
+    reason        TEXT,
+    pid           INTEGER,
+    pid_start     TEXT,
+    cancel_requested INTEGER NOT NULL DEFAULT 0,
+    retries       INTEGER NOT NULL DEFAULT 0,
+    workers       INTEGER NOT NULL DEFAULT 1,
+    worker_timeout INTEGER NOT NULL DEFAULT 300,
+    gpu_memory_mb INTEGER,
+    owner         TEXT,
+    private_network INTEGER NOT NULL DEFAULT 0,
+    end_class     TEXT,
+    after_ids     TEXT NOT NULL DEFAULT '[]',
+    after_any     INTEGER NOT NULL DEFAULT 0,
+    timeout       REAL,
+    retry_on      TEXT NOT NULL DEFAULT 'infra',
+    sweep         TEXT,
+    max_parallel  INTEGER,
+    mixed_gpus    INTEGER NOT NULL DEFAULT 0,
+    notify        TEXT NOT NULL DEFAULT '[]',
+    tree          TEXT
+);;
+CREATE INDEX jobs_state ON jobs(state);
+CREATE INDEX jobs_name ON jobs(name);
+CREATE INDEX jobs_created ON jobs(created_at);
+"""
+# The columns it gained after the queue's (issue 22): a file from before them lacks them.
+LATER_COLUMNS = ("sweep", "max_parallel", "mixed_gpus", "notify", "tree")
+
+
+@pytest.mark.parametrize("later", [True, False], ids=["last", "before-sweeps"])
+def test_a_jobs_db_from_before_the_spec_keeps_every_job_its_spec_made_of_its_columns(
+    tmp_path: Path, later: bool
+):
+    path = tmp_path / "jobs.db"
+    schema = LEGACY_SCHEMA
+    if not later:
+        for column in LATER_COLUMNS:
+            schema = "\n".join(line for line in schema.split("\n") if f" {column} " not in line)
+        schema = schema.replace(",\n);", "\n);")  # the last column's comma
+    with sqlite3.connect(path) as db:
+        db.executescript(schema)
+        columns = {r[1] for r in db.execute("PRAGMA table_info(jobs)")}
+        assert set(LATER_COLUMNS) & columns == (set(LATER_COLUMNS) if later else set())
+        db.execute(
+            "INSERT INTO jobs (id, name, state, command, env, gpus, priority, gpu_ids, created_at,"
+            " started_at, pid, retries, workers, worker_timeout, owner, private_network,"
+            " after_ids, after_any, timeout, retry_on) VALUES"
+            " ('aaaa0001', 'gang', 'running', '[\"train.py\", \"-v\"]', '{\"SEED\": \"1\"}', 4,"
+            " -3, '[0, 1, 2, 3]', 10.0, 11.0, 4242, 2, 2, 60, 'alice', 1, '[\"bbbb0002\"]', 1,"
+            " 3600.0, 'any')"
+        )
+        db.execute(
+            "INSERT INTO jobs (id, state, command, env, gpus, priority, created_at, ended_at,"
+            " exit_code, reason, gpu_memory_mb, end_class) VALUES ('bbbb0002', 'failed',"
+            " '[\"a.py\"]', '{}', 1, 0, 5.0, 9.0, 3, 'exited with code 3', 2048, 'job')"
+        )
+        db.execute(
+            "INSERT INTO jobs (id, state, command, env, gpus, priority, created_at)"
+            " VALUES ('cccc0003', 'queued', '[\"b.py\"]', '{}', 0, 7, 12.0)"
+        )
+        if later:
+            db.execute(
+                "UPDATE jobs SET sweep = 'lr-1', max_parallel = 2, mixed_gpus = 1,"
+                " notify = '[\"https://x.example/hook\"]', tree = ? WHERE id = 'cccc0003'",
+                ("ab" * 32,),
+            )
+    db.close()
+
+    for _ in range(2):  # opened again, it is rebuilt no more
+        s = JobStore(path)
+        try:
+            gang, failed, queued = (s.get(i) for i in ("aaaa0001", "bbbb0002", "cccc0003"))
+            assert (gang.state, gang.command, gang.gpu_ids, gang.pid, gang.owner) == (
+                R,
+                ["train.py", "-v"],
+                [0, 1, 2, 3],
+                4242,
+                "alice",
+            )
+            assert gang.spec == JobSpec(
+                name="gang",
+                env={"SEED": "1"},
+                gpus=4,
+                priority=-3,
+                retries=2,
+                workers=2,
+                worker_timeout=60,
+                private_network=True,
+                after=("bbbb0002",),
+                after_any=True,
+                time_limit=3600.0,
+                retry_on="any",
+            )
+            assert (failed.state, failed.exit_code, failed.end_class, failed.ended_at) == (
+                JobState.failed,
+                3,
+                "job",
+                9.0,
+            )
+            assert failed.spec == JobSpec(gpus=1, gpu_memory_mb=2048)
+            assert queued.spec.priority == 7 and queued.spec.retry_on == "infra"
+            if later:
+                assert (queued.spec.sweep, queued.spec.max_parallel, queued.tree) == (
+                    "lr-1",
+                    2,
+                    "ab" * 32,
+                )
+                assert (queued.spec.mixed_gpus, queued.spec.notify) == (
+                    True,
+                    ("https://x.example/hook",),
+                )
+            else:
+                assert (queued.spec.sweep, queued.tree, queued.spec.notify) == (None, None, ())
+            assert [j.id for j in s.queued()] == ["cccc0003"]
+            assert s.holdings() == [Holding("aaaa0001", (0, 1, 2, 3), None, "alice")]
+            assert [j.id for j in s.list()] == ["cccc0003", "aaaa0001", "bbbb0002"]
+        finally:
+            s.close()
+    with sqlite3.connect(path) as db:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
+    db.close()
+    assert {"jobs", "attempts", "jobs_state", "jobs_name", "jobs_created"} <= tables
+    assert "legacy_jobs" not in tables
+
+
+def test_a_requeued_jobs_spec_has_its_new_priority(store: JobStore):
+    # The column is where a priority is kept: the stored spec leaves it out.
+    job = new_job(store)
+    assert store.transition(job.id, [Q], Q, priority=-5)
+    assert store.get(job.id).spec.priority == -5
+    assert [j.spec.priority for j in store.queued()] == [-5]
+
+
+def test_a_spec_is_stored_whole(store: JobStore):
+    spec = JobSpec(
+        name="s[lr=0.1]",
+        gpus=2,
+        mixed_gpus=True,
+        pack=True,
+        python="/usr/bin/python3",
+        requirements="numpy\n",
+        data=(Mount("imagenet", 3, "data"), Mount("extra", None, "x/y")),
+        after=("aaaa0001",),
+        notify=("https://x.example/",),
+        sweep="s-1",
+        max_parallel=3,
+        time_limit=5.5,
+    )
+    assert store.get(store.create(["t.py"], spec).id).spec == spec
 
 
 def test_update_sets_non_state_fields(store: JobStore):
@@ -261,7 +419,9 @@ def test_update_sets_non_state_fields(store: JobStore):
     assert (got.pid, got.cancel_requested, got.reason, got.state) == (77, True, "asked", Q)
 
 
-@pytest.mark.parametrize("field", ["state", "id", "name", "command", "env", "no_such_field"])
+@pytest.mark.parametrize(
+    "field", ["state", "id", "name", "command", "env", "spec", "no_such_field"]
+)
 def test_update_refuses_unknown_fields(store: JobStore, field: str):
     job = new_job(store)
     with pytest.raises(ValueError, match=field):
@@ -315,11 +475,12 @@ def test_a_state_dir_from_an_older_agent_gets_the_new_columns(tmp_path):
     store = JobStore(db)
     try:
         job = store.get("abcd1234")
-        assert (job.retries, job.workers, job.worker_timeout) == (0, 1, 300)
+        assert (job.spec.retries, job.spec.workers, job.spec.worker_timeout) == (0, 1, 300)
         # Finished before end classes existed: none is made up for it.
-        assert (job.end_class, job.after, job.timeout, job.retry_on) == (None, [], None, "infra")
+        assert (job.end_class, job.spec.after, job.spec.time_limit) == (None, (), None)
+        assert job.spec.retry_on == "infra"
         assert [a["end_class"] for a in store.attempts("abcd1234")] == [None]
-        assert set(ADDED_COLUMNS) <= {
+        assert {"spec", *ADDED_COLUMNS} <= {
             r[1] for r in sqlite3.connect(db).execute("PRAGMA table_info(jobs)")
         }
         JobStore(db).close()  # opening it again changes nothing
@@ -332,13 +493,8 @@ def test_queued_returns_every_queued_job_oldest_first_by_priority(tmp_path):
 
     store = JobStore(tmp_path / "jobs.db")
     try:
-        ids = [
-            store.create(command=["x.py"], env={}, gpus=0, priority=0, name=None, now=float(i)).id
-            for i in range(1005)
-        ]
-        urgent = store.create(
-            command=["x.py"], env={}, gpus=0, priority=5, name=None, now=9999.0
-        ).id
+        ids = [store.create(["x.py"], JobSpec(), now=float(i)).id for i in range(1005)]
+        urgent = store.create(["x.py"], JobSpec(priority=5), now=9999.0).id
         queued = [j.id for j in store.queued()]
         # More than `list`'s default limit, and the oldest first after the urgent one.
         assert queued == [urgent, *ids]

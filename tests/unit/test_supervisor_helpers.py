@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.agent.jobs.store import JobRecord
-from gpuhop.api import JobState
+from gpuhop.api.spec import JobSpec
+from gpuhop.backends.base import Attempt
 from gpuhop.backends.local.backend import job_environment
 from gpuhop.backends.local.commands import StartError, resolve_command
 from gpuhop.home import JobPaths
@@ -122,20 +122,9 @@ def record(
     env: dict[str, str] | None = None,
     attempt: int = 1,
     gpu_memory_mb: int | None = None,
-) -> JobRecord:
-    return JobRecord(
-        id="ab12cd34",
-        name="train",
-        state=JobState.starting,
-        command=["train.py"],
-        env=env or {},
-        gpus=len(gpu_ids),
-        priority=0,
-        gpu_ids=gpu_ids,
-        attempt=attempt,
-        created_at=0.0,
-        gpu_memory_mb=gpu_memory_mb,
-    )
+) -> Attempt:
+    spec = JobSpec(name="train", env=env or {}, gpus=len(gpu_ids), gpu_memory_mb=gpu_memory_mb)
+    return Attempt("ab12cd34", attempt, ["train.py"], gpu_ids, spec)
 
 
 JP = JobPaths(Path("/home/agent/jobs/ab12cd34"))

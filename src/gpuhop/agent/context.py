@@ -180,7 +180,7 @@ class AgentContext:
     def notify(self, job_id: str, event: str) -> None:
         """Queue the notifications of a job's start or end (its own webhooks, the agent's)."""
         job = self.store.get(job_id)
-        urls = dict.fromkeys([*job.notify, *self.policy.notify])
+        urls = dict.fromkeys([*job.spec.notify, *self.policy.notify])
         if not urls:
             return
         metrics = latest_metrics(self.supervisor.job_paths(job_id).metrics)
@@ -203,14 +203,14 @@ class AgentContext:
         pending = [
             Pending(
                 j.id,
-                j.gpus,
-                j.priority,
+                j.spec.gpus,
+                j.spec.priority,
                 j.created_at,
-                j.gpu_memory_mb,
+                j.spec.gpu_memory_mb,
                 owner=j.owner,
-                sweep=j.sweep,
-                max_parallel=j.max_parallel,
-                mixed_gpus=j.mixed_gpus,
+                sweep=j.spec.sweep,
+                max_parallel=j.spec.max_parallel,
+                mixed_gpus=j.spec.mixed_gpus,
             )
             for j in queued
         ]
@@ -243,9 +243,9 @@ class AgentContext:
         """Whether the jobs it runs after let it start now; an after-ok job whose dependency
         did not succeed is cancelled here, saying which. A job that waits is not pending, so
         it holds up no GPU job behind it."""
-        if not job.after:
+        if not job.spec.after:
             return True
-        verdict = judge(job.after, job.after_any, self.store.states(job.after))
+        verdict = judge(job.spec.after, job.spec.after_any, self.store.states(job.spec.after))
         if verdict.cancel_reason is not None and self.store.transition(
             job.id,
             [JobState.queued],

@@ -166,7 +166,7 @@ class DataMount(StrictModel):
 
 # SubmitRequest's fields that are not the job's settings (`JobSpec`): what it runs, and in
 # which files.
-_NOT_SPEC = frozenset({"command", "tree", "tree_delta"})
+_NOT_SPEC = {"command", "tree", "tree_delta"}
 
 
 class SubmitRequest(StrictModel):

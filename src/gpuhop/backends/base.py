@@ -5,7 +5,7 @@ The agent keeps each job's lifecycle: the states in its store, retries, which GP
 holds. A backend starts an attempt's process group, re-attaches to it after an agent
 restart, stops it with a grace period, and reports how it ended; it offers the scheduler its
 GPUs and refuses the kinds of job it cannot run. It never imports `gpuhop.agent`: what it
-needs of a job arrives as a `JobAttempt` (the agent's JobRecord is one), the job's dirs as
+needs of a job arrives as an `Attempt` (with the job's `JobSpec`), the job's dirs as
 `JobPaths`, and what the job needs besides its files as the dict of `gpuhop.backends.jobdeps`.
 
 Every backend leads each attempt from one process on the agent's host (the local shim, or
@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from gpuhop.api import ErrorCode, GpuInfo, SubmitRequest
+    from gpuhop.api import ErrorCode, GpuInfo
     from gpuhop.api.agent import ClusterInfo
+    from gpuhop.api.spec import JobSpec
     from gpuhop.home import JobPaths
 
 # Variables the agent's own environment must not hand to a job (or to Ray's processes).
@@ -124,21 +125,17 @@ class GpuHost:
         pass
 
 
-class JobAttempt(Protocol):
-    """What a backend reads of a job to start one attempt of it."""
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt of a job, as a backend starts it: what it runs, on which of the GPUs the
+    scheduler gave it, and what the job asked for (its spec, settled: `gpus` is the total
+    of a multi-worker job's)."""
 
-    id: str
-    attempt: int  # 1-based
+    job_id: str
+    number: int  # 1-based
     command: list[str]
-    env: dict[str, str]  # the job's own variables
-    gpus: int
-    gpu_ids: list[int]  # the GPUs the scheduler gave this attempt
-    workers: int
-    worker_timeout: int
-    gpu_memory_mb: int | None
-    private_network: bool
-    retries: int  # how many times a failed attempt is queued again
-    timeout: float | None  # seconds it may run (--timeout); the agent enforces it too
+    gpu_ids: list[int]
+    spec: JobSpec
 
 
 @dataclass(frozen=True)
@@ -204,8 +201,8 @@ class Backend(Protocol):
         """One line for the agent's log."""
         ...
 
-    def check_submit(self, req: SubmitRequest) -> None:
-        """Raise Refused if this backend cannot run the job."""
+    def check_submit(self, spec: JobSpec) -> None:
+        """Raise Refused if this backend cannot run a job that asks for `spec` (settled)."""
         ...
 
     def isolation(self) -> str | None:
@@ -232,7 +229,7 @@ class Backend(Protocol):
         as an identity of its own (deps' "identity"), in whose view the files are its own."""
         ...
 
-    def start(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
+    def start(self, attempt: Attempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
         """Start one attempt (its work dir, or its checkout, is in place) with its output
         going to `jp.log`. Raises StartError, or OSError, saying why it could not (the agent
         fails the attempt with that reason on any exception, and frees its GPUs)."""

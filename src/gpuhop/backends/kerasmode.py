@@ -25,7 +25,8 @@ import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from gpuhop.api import ErrorCode, SubmitRequest
+from gpuhop.api import ErrorCode
+from gpuhop.api.spec import JobSpec
 from gpuhop.backends.base import Refused
 
 log = logging.getLogger("gpuhop.agent")
@@ -128,20 +129,20 @@ def packages(python: str, prefix: tuple[str, ...] = ()) -> dict[str, bool]:
     return found
 
 
-def check_submit(req: SubmitRequest, python: str) -> None:
+def check_submit(spec: JobSpec, python: str) -> None:
     """Refuse a job whose Keras cannot run across its workers as asked, before it is queued.
     Its packages are checked where they are known: a job with requirements gets its own
     venv, checked when it starts."""
-    if req.workers <= 1:
-        keras = req.env.get("GPUHOP_KERAS")
+    if spec.workers <= 1:
+        keras = spec.env.get("GPUHOP_KERAS")
         if keras is not None and keras not in KERAS_CHOICES:
             raise Refused(ErrorCode.bad_request, f"--keras takes tf-keras or keras3, not {keras!r}")
         return
-    interpreter = req.python or python
+    interpreter = spec.python or python
     try:
-        if req.requirements is not None:
-            decide(req.env, lambda m: True)
+        if spec.requirements is not None:
+            decide(spec.env, lambda m: True)
         else:
-            decide(req.env, lambda m: packages(interpreter).get(m, False))
+            decide(spec.env, lambda m: packages(interpreter).get(m, False))
     except KerasRefusal as e:
         raise Refused(ErrorCode.bad_request, str(e)) from None

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.api.agent import ClusterInfo
-from gpuhop.backends.base import Ending, GpuHost, JobAttempt, Started, StartError
+from gpuhop.backends.base import Attempt, Ending, GpuHost, Started, StartError
 from gpuhop.backends.procs import alive, signal_group, start_time
 from gpuhop.home import JobPaths
 
@@ -44,14 +44,14 @@ class LeaderBackend:
         self._lock = threading.Lock()
 
     def leader(
-        self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]
+        self, attempt: Attempt, jp: JobPaths, deps: dict[str, Any]
     ) -> tuple[list[str], dict[str, str]]:
         """The argv and environment of the attempt's leader. Raises StartError."""
         raise NotImplementedError
 
-    def start(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
+    def start(self, attempt: Attempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
         try:
-            program, env = self.leader(job, jp, deps)
+            program, env = self.leader(attempt, jp, deps)
             with open(jp.log, "ab") as logfile:
                 proc = subprocess.Popen(
                     program,

@@ -99,7 +99,7 @@ def payload(
     duration = None
     if job.started_at is not None:
         duration = round((job.ended_at or time.time()) - job.started_at, 3)
-    name = f" ({job.name})" if job.name else ""
+    name = f" ({job.spec.name})" if job.spec.name else ""
     text = f"gpuhop: job {job.id}{name} of {job.owner or 'the owner'} {event}"
     if event != "started" and job.reason:
         text += f": {job.reason}"
@@ -113,7 +113,7 @@ def payload(
         "text": text,
         "job": {
             "id": job.id,
-            "name": job.name,
+            "name": job.spec.name,
             "owner": job.owner,
             "state": job.state.value,
             "end_class": job.end_class,  # None for jobs an older agent finished
@@ -122,7 +122,7 @@ def payload(
             "reason": job.reason,
             "attempt": job.attempt,
             "duration_s": duration,
-            "sweep": job.sweep,
+            "sweep": job.spec.sweep,
             "metrics": dict(metrics) if metrics else None,
         },
     }

@@ -8,9 +8,10 @@ import sqlite3
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gpuhop.api import JobState
+from gpuhop.api.spec import JobSpec
 
 ACTIVE_STATES = (JobState.starting, JobState.running)
 FINISHED_STATES = tuple(s for s in JobState if s.finished)
@@ -26,17 +27,29 @@ def as_text(s: str) -> str:
     return s
 
 
+# The settings kept in columns of their own (see `schema`), not in the stored spec.
+COLUMN_SETTINGS = ("name", "priority", "sweep")
+
+
+def stored_spec(spec: JobSpec) -> str:
+    """The spec as the `spec` column holds it: without the settings that are columns."""
+    fields = spec.to_json()
+    for name in COLUMN_SETTINGS:
+        del fields[name]
+    return json.dumps(fields)
+
+
 # Never changed once made: the store hands the same record to every reader of a row that
 # has not changed (`KeptRecords`). A new state is a new row, read again.
 @dataclass
 class JobRecord:
+    """One job as the store keeps it: what it asked for (`spec`), what it runs in which files
+    (`command`, `tree`), and where its current attempt stands."""
+
     id: str
-    name: str | None
     state: JobState
     command: list[str]
-    env: dict[str, str]
-    gpus: int
-    priority: int
+    spec: JobSpec
     gpu_ids: list[int]
     attempt: int
     created_at: float
@@ -48,21 +61,8 @@ class JobRecord:
     pid: int | None = None
     pid_start: str | None = None
     cancel_requested: bool = False
-    retries: int = 0
-    workers: int = 1
-    worker_timeout: int = 300
-    gpu_memory_mb: int | None = None
     owner: str | None = None
-    private_network: bool = False
     end_class: str | None = None
-    after: list[str] = field(default_factory=list)
-    after_any: bool = False
-    timeout: float | None = None
-    retry_on: str = "infra"
-    sweep: str | None = None
-    max_parallel: int | None = None
-    mixed_gpus: bool = False
-    notify: list[str] = field(default_factory=list)
     tree: str | None = None
 
     @classmethod
@@ -70,14 +70,14 @@ class JobRecord:
         # A Row finds a column by name by comparing it with each column's name in turn: one
         # dict first makes the scheduler's pass over hundreds of queued jobs twice as fast.
         row = dict(zip(stored.keys(), stored, strict=True))
+        settings = json.loads(row["spec"])
+        for name in COLUMN_SETTINGS:
+            settings[name] = row[name]
         return cls(
             id=row["id"],
-            name=row["name"],
             state=JobState(row["state"]),
             command=json.loads(row["command"]),
-            env=json.loads(row["env"]),
-            gpus=row["gpus"],
-            priority=row["priority"],
+            spec=JobSpec.from_json(settings),
             gpu_ids=json.loads(row["gpu_ids"]),
             attempt=row["attempt"],
             created_at=row["created_at"],
@@ -89,21 +89,8 @@ class JobRecord:
             pid=row["pid"],
             pid_start=row["pid_start"],
             cancel_requested=bool(row["cancel_requested"]),
-            retries=row["retries"],
-            workers=row["workers"],
-            worker_timeout=row["worker_timeout"],
-            gpu_memory_mb=row["gpu_memory_mb"],
             owner=row["owner"],
-            private_network=bool(row["private_network"]),
             end_class=row["end_class"],
-            after=json.loads(row["after_ids"]),
-            after_any=bool(row["after_any"]),
-            timeout=row["timeout"],
-            retry_on=row["retry_on"],
-            sweep=row["sweep"],
-            max_parallel=row["max_parallel"],
-            mixed_gpus=bool(row["mixed_gpus"]),
-            notify=json.loads(row["notify"]),
             tree=row["tree"],
         )
 

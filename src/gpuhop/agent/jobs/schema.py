@@ -1,14 +1,19 @@
-"""Runs in the agent: the job store's tables, and the columns added since the first release
-(added to an existing jobs.db when the store opens, so an agent upgrade keeps every job)."""
+"""Runs in the agent: the job store's tables, the columns added since (added to an existing
+jobs.db when the store opens), and what a jobs.db from before `JobSpec` held (rebuilt when
+the store opens), so an agent upgrade keeps every job."""
 
+# A job's settings are one JSON column (`spec`: `JobSpec.to_json`); a column of its own is
+# only what SQL filters or sorts on, or what changes over the job's life. `name`, `priority`
+# and `sweep` are both settings and such columns: the column is where each is kept (requeue
+# changes a priority; lookups go by name, listings by sweep), and the stored spec leaves
+# them out (see `records.COLUMN_SETTINGS`).
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id            TEXT PRIMARY KEY,
     name          TEXT,
     state         TEXT NOT NULL,
     command       TEXT NOT NULL,
-    env           TEXT NOT NULL,
-    gpus          INTEGER NOT NULL,
+    spec          TEXT NOT NULL,
     priority      INTEGER NOT NULL,
     gpu_ids       TEXT NOT NULL DEFAULT '[]',
     attempt       INTEGER NOT NULL DEFAULT 1,
@@ -21,21 +26,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     pid           INTEGER,
     pid_start     TEXT,
     cancel_requested INTEGER NOT NULL DEFAULT 0,
-    retries       INTEGER NOT NULL DEFAULT 0,
-    workers       INTEGER NOT NULL DEFAULT 1,
-    worker_timeout INTEGER NOT NULL DEFAULT 300,
-    gpu_memory_mb INTEGER,
     owner         TEXT,
-    private_network INTEGER NOT NULL DEFAULT 0,
     end_class     TEXT,
-    after_ids     TEXT NOT NULL DEFAULT '[]',
-    after_any     INTEGER NOT NULL DEFAULT 0,
-    timeout       REAL,
-    retry_on      TEXT NOT NULL DEFAULT 'infra',
     sweep         TEXT,
-    max_parallel  INTEGER,
-    mixed_gpus    INTEGER NOT NULL DEFAULT 0,
-    notify        TEXT NOT NULL DEFAULT '[]',
     tree          TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
@@ -57,35 +50,32 @@ CREATE TABLE IF NOT EXISTS attempts (
 );
 """
 
-# Columns a jobs.db made by an older agent may lack: name -> its type and default, as in
-# SCHEMA. Each is added by ALTER TABLE when the store opens; adding one is idempotent.
-ADDED_COLUMNS = {
-    "gpu_memory_mb": "INTEGER",
-    "retries": "INTEGER NOT NULL DEFAULT 0",
-    "workers": "INTEGER NOT NULL DEFAULT 1",
-    "worker_timeout": "INTEGER NOT NULL DEFAULT 300",
-    # The user who submitted the job; NULL for jobs from before ownership (admins see them).
-    "owner": "TEXT",
-    # 1: the job runs in a private network namespace, its ports reached through its relay.
-    "private_network": "INTEGER NOT NULL DEFAULT 0",
-    # Why a finished job ended (api.EndClass); NULL for jobs an older agent finished.
-    "end_class": "TEXT",
-    # The queue (issue 22): the jobs this one waits for, a time limit, what retries are for.
-    "after_ids": "TEXT NOT NULL DEFAULT '[]'",
-    "after_any": "INTEGER NOT NULL DEFAULT 0",
-    "timeout": "REAL",
-    "retry_on": "TEXT NOT NULL DEFAULT 'infra'",
-    # The sweep (or array) a job is a run of, and how many of its runs may run at once.
-    "sweep": "TEXT",
-    "max_parallel": "INTEGER",
-    # 1: several whole GPUs may be of different models.
-    "mixed_gpus": "INTEGER NOT NULL DEFAULT 0",
-    # The webhooks told of the job's start and end (a JSON list).
-    "notify": "TEXT NOT NULL DEFAULT '[]'",
-    # The digest of the job's tree (its copy is `tree.json` in its job dir), known at submit
-    # so that a start need not hash that copy again; NULL for a job with no tree, or from an
-    # agent before it (its start hashes the copy).
-    "tree": "TEXT",
-}
+# Columns a jobs.db made by an older agent (with a `spec` column) may lack: name -> its type
+# and default, as in SCHEMA. Each is added by ALTER TABLE when the store opens; adding one
+# is idempotent. None yet: a new setting goes into the spec, not here.
+ADDED_COLUMNS: dict[str, str] = {}
 # The same for the attempts table.
 ADDED_ATTEMPT_COLUMNS = {"end_class": "TEXT"}
+
+# The columns of a jobs.db from before `spec` (every one added over time; an older file
+# lacks the later ones) that the spec is made of when the store rebuilds the table, each
+# with the value a row without it means: the spec field it becomes, and that value.
+LEGACY_SETTINGS = {
+    "env": ("env", "{}"),
+    "gpus": ("gpus", 0),
+    "retries": ("retries", 0),
+    "workers": ("workers", 1),
+    "worker_timeout": ("worker_timeout", 300),
+    "gpu_memory_mb": ("gpu_memory_mb", None),
+    "private_network": ("private_network", 0),
+    "after_ids": ("after", "[]"),
+    "after_any": ("after_any", 0),
+    "timeout": ("time_limit", None),
+    "retry_on": ("retry_on", "infra"),
+    "max_parallel": ("max_parallel", None),
+    "mixed_gpus": ("mixed_gpus", 0),
+    "notify": ("notify", "[]"),
+}
+# Old columns holding JSON text, and those holding 0 or 1 for a bool.
+LEGACY_JSON = frozenset({"env", "after_ids", "notify"})
+LEGACY_BOOLS = frozenset({"private_network", "after_any", "mixed_gpus"})

@@ -4,8 +4,9 @@ Every state change is one UPDATE guarded by the states it may leave, so two thre
 crash between two steps) can never move a job twice. GPUs in use are derived from the jobs
 that hold them, never kept in a second place, so they cannot drift after a restart.
 
-Columns added after the first release are added to an existing jobs.db when the store opens
-(see `schema.ADDED_COLUMNS`), so an agent upgrade keeps every job it knew.
+A job's settings are one JSON column (its `JobSpec`); columns added since are added to an
+existing jobs.db when the store opens (see `schema.ADDED_COLUMNS`), and a jobs.db from
+before the spec column is rebuilt, so an agent upgrade keeps every job it knew.
 """
 
 from __future__ import annotations
@@ -26,10 +27,19 @@ from gpuhop.agent.jobs.records import (
     JobNotFound,
     JobRecord,
     KeptRecords,
+    stored_spec,
 )
 from gpuhop.agent.jobs.scheduler import Holding
-from gpuhop.agent.jobs.schema import ADDED_ATTEMPT_COLUMNS, ADDED_COLUMNS, SCHEMA
+from gpuhop.agent.jobs.schema import (
+    ADDED_ATTEMPT_COLUMNS,
+    ADDED_COLUMNS,
+    LEGACY_BOOLS,
+    LEGACY_JSON,
+    LEGACY_SETTINGS,
+    SCHEMA,
+)
 from gpuhop.api import JobState
+from gpuhop.api.spec import JobSpec
 
 # What the rest of the agent imports from here (the records live in `records`).
 __all__ = [
@@ -53,8 +63,42 @@ class JobStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
+        self._rebuild_legacy_table()
         self._db.executescript(SCHEMA)
         self._add_missing_columns()
+
+    def _rebuild_legacy_table(self) -> None:
+        """A jobs table from before `spec` (its settings in columns of their own) becomes
+        today's, every job kept, its spec made of those columns; in one transaction, so a
+        crash leaves the old table whole. Settings that were never columns (datasets,
+        requirements, interpreter, pack) are left at their defaults: what the job resolved
+        them to is in its dir's deps.json, which is what its start reads."""
+        with self._lock:
+            have = [row["name"] for row in self._db.execute("PRAGMA table_info(jobs)")]
+            if not have or "spec" in have:
+                return
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("ALTER TABLE jobs RENAME TO legacy_jobs")
+                # The indexes keep their names on the renamed table: made again below.
+                for index in ("jobs_state", "jobs_name", "jobs_created"):
+                    self._db.execute(f"DROP INDEX IF EXISTS {index}")
+                # Not executescript: it would commit the transaction first.
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        self._db.execute(statement)
+                for row in self._db.execute("SELECT * FROM legacy_jobs").fetchall():
+                    old = dict(row)  # a column its table predates: None (see `.get`)
+                    self._db.execute(
+                        f"INSERT INTO jobs ({', '.join(_LEGACY_KEPT)}, spec)"
+                        f" VALUES ({', '.join('?' * (len(_LEGACY_KEPT) + 1))})",
+                        (*(old.get(c) for c in _LEGACY_KEPT), _legacy_spec(old)),
+                    )
+                self._db.execute("DROP TABLE legacy_jobs")
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
 
     def _add_missing_columns(self) -> None:
         with self._lock:
@@ -89,29 +133,13 @@ class JobStore:
 
     def create(
         self,
-        *,
         command: list[str],
-        env: dict[str, str],
-        gpus: int,
-        priority: int,
-        name: str | None,
-        now: float | None = None,
-        job_id: str | None = None,
-        retries: int = 0,
-        workers: int = 1,
-        worker_timeout: int = 300,
-        gpu_memory_mb: int | None = None,
-        owner: str | None = None,
-        private_network: bool = False,
-        after: Sequence[str] = (),
-        after_any: bool = False,
-        timeout: float | None = None,
-        retry_on: str = "infra",
-        sweep: str | None = None,
-        max_parallel: int | None = None,
-        mixed_gpus: bool = False,
-        notify: Sequence[str] = (),
+        spec: JobSpec,
+        *,
         tree: str | None = None,
+        owner: str | None = None,
+        job_id: str | None = None,
+        now: float | None = None,
     ) -> JobRecord:
         """Insert a queued job. With `job_id`, that id is used (and must be new)."""
         now = time.time() if now is None else now
@@ -121,34 +149,18 @@ class JobStore:
                 job_id = chosen or secrets.token_hex(4)
                 try:
                     self._db.execute(
-                        "INSERT INTO jobs (id, name, state, command, env, gpus, priority,"
-                        " created_at, retries, workers, worker_timeout, gpu_memory_mb, owner,"
-                        " private_network, after_ids, after_any, timeout, retry_on,"
-                        " sweep, max_parallel, mixed_gpus, notify, tree)"
-                        f" VALUES ({', '.join('?' * 23)})",
+                        "INSERT INTO jobs (id, name, state, command, spec, priority, created_at,"
+                        " owner, sweep, tree) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             job_id,
-                            name,
+                            spec.name,
                             JobState.queued.value,
                             json.dumps(command),
-                            json.dumps(env),
-                            gpus,
-                            priority,
+                            stored_spec(spec),
+                            spec.priority,
                             now,
-                            retries,
-                            workers,
-                            worker_timeout,
-                            gpu_memory_mb,
                             owner,
-                            int(private_network),
-                            json.dumps(list(after)),
-                            int(after_any),
-                            timeout,
-                            retry_on,
-                            sweep,
-                            max_parallel,
-                            int(mixed_gpus),
-                            json.dumps(list(notify)),
+                            spec.sweep,
                             tree,
                         ),
                     )
@@ -295,7 +307,7 @@ class JobStore:
     def holdings(self) -> Sequence[Holding]:
         """What the starting and running jobs hold: their GPUs and, for shares, how much."""
         return [
-            Holding(job.id, tuple(job.gpu_ids), job.gpu_memory_mb, job.owner, job.sweep)
+            Holding(job.id, tuple(job.gpu_ids), job.spec.gpu_memory_mb, job.owner, job.spec.sweep)
             for job in reversed(self.list(ACTIVE_STATES))  # oldest first
         ]
 
@@ -374,6 +386,44 @@ class JobStore:
         sets = ", ".join(f"{k} = ?" for k in fields)
         values = [json.dumps(v) if k == "gpu_ids" else v for k, v in fields.items()]
         self._execute(f"UPDATE jobs SET {sets} WHERE id = ?", (*values, job_id))
+
+
+# The columns of a table from before `spec` that today's table keeps as they are.
+_LEGACY_KEPT = (
+    "id",
+    "name",
+    "state",
+    "command",
+    "priority",
+    "gpu_ids",
+    "attempt",
+    "created_at",
+    "started_at",
+    "ended_at",
+    "exit_code",
+    "signal",
+    "reason",
+    "pid",
+    "pid_start",
+    "cancel_requested",
+    "owner",
+    "end_class",
+    "sweep",
+    "tree",
+)
+
+
+def _legacy_spec(row: dict[str, Any]) -> str:
+    """The `spec` column of a job stored in the columns of an older agent."""
+    settings: dict[str, Any] = {}
+    for column, (name, default) in LEGACY_SETTINGS.items():
+        value = row.get(column, default)
+        if column in LEGACY_JSON:
+            value = json.loads(value)
+        elif column in LEGACY_BOOLS:
+            value = bool(value)
+        settings[name] = value
+    return stored_spec(JobSpec.from_json(settings))
 
 
 def _owned(owner: str | None) -> tuple[str, tuple[str, ...]]:

@@ -28,7 +28,7 @@ from gpuhop.agent.storage.checkouts import CheckoutStore
 from gpuhop.agent.storage.usage import disk_note
 from gpuhop.api import EndClass, JobState, RetryOn
 from gpuhop.backends import jobdeps
-from gpuhop.backends.base import Backend, Ending, Started, StartError
+from gpuhop.backends.base import Attempt, Backend, Ending, Started, StartError
 from gpuhop.backends.leader import read_json as _read_json
 from gpuhop.backends.procs import describe_duration, describe_signal
 from gpuhop.home import AgentPaths, JobPaths
@@ -111,7 +111,8 @@ class Supervisor:
             checkout = materialise(jp, self.blobs, self.checkouts, no_view, job.tree)
             if checkout is not None:
                 deps["checkout"] = str(checkout)
-            started = self.backend.start(job, jp, deps)
+            attempt = Attempt(job.id, job.attempt, job.command, job.gpu_ids, job.spec)
+            started = self.backend.start(attempt, jp, deps)
         except Exception as e:
             self._fail_start(job_id, jp, e)
             return
@@ -266,8 +267,8 @@ class Supervisor:
         }
         if (
             state in (JobState.failed, JobState.lost)
-            and job.attempt <= job.retries
-            and RetryOn(job.retry_on).retries(end_class)
+            and job.attempt <= job.spec.retries
+            and RetryOn(job.spec.retry_on).retries(end_class)
             and (stopped is None or stopped.get("retry", False))
         ):
             self._retry(job, jp, state, outcome)
@@ -283,7 +284,7 @@ class Supervisor:
             f.write(
                 f"gpuhop: attempt {job.attempt} {state.value}: {outcome['reason']}"
                 f" [{outcome['end_class']}]; retrying (attempt {job.attempt + 1} of"
-                f" {job.retries + 1})\n".encode()
+                f" {job.spec.retries + 1})\n".encode()
             )
         for leftover in (jp.status, jp.shim_pid, jp.root / KILL_AT, jp.root / STOPPED):
             leftover.unlink(missing_ok=True)

@@ -80,14 +80,14 @@ class TimeLimits:
     def run(self) -> None:
         now = time.time()
         for job in self.rt.store.list([JobState.running], limit=100_000):
-            if job.timeout is None or job.started_at is None or job.pid is None:
+            if job.spec.time_limit is None or job.started_at is None or job.pid is None:
                 continue
             jp = self.rt.supervisor.job_paths(job.id)
             since = self.rt.backend.running_since(jp, job.started_at)
-            if since is not None and now >= since + job.timeout:
+            if since is not None and now >= since + job.spec.time_limit:
                 self.rt.supervisor.stop(
                     job,
-                    f"timed out (its time limit is {format_seconds(job.timeout)})",
+                    f"timed out (its time limit is {format_seconds(job.spec.time_limit)})",
                     grace=self.grace,
                     end_class=EndClass.timeout,
                 )

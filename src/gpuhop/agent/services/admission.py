@@ -11,16 +11,17 @@ from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
 from gpuhop.api import ErrorCode, SubmitRequest
+from gpuhop.api.spec import JobSpec
 
 # The priority a job gets when it asks for none; only an admin queues a job above it.
 DEFAULT_PRIORITY: int = SubmitRequest.model_fields["priority"].default
 
 
-def check_priority(req: SubmitRequest, caller: Caller) -> None:
+def check_priority(spec: JobSpec, caller: Caller) -> None:
     """A shared queue is served by priority, then age: jumping it is an admin's call. On a
     single-user agent the only caller is the owner, an admin, so this binds only the users
     of a team agent. Asking for the default or less is always allowed."""
-    check_priority_value(req.priority, caller)
+    check_priority_value(spec.priority, caller)
 
 
 def check_priority_value(priority: int, caller: Caller) -> None:

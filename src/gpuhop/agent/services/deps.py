@@ -11,56 +11,55 @@ from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import ACTIVE_STATES
 from gpuhop.agent.storage.datasets import DatasetNotFound
 from gpuhop.agent.storage.envs import EnvError, check_plain, check_python
-from gpuhop.api import ErrorCode, JobState, SubmitRequest
+from gpuhop.api import ErrorCode, JobState
+from gpuhop.api.spec import JobSpec
 from gpuhop.backends import jobdeps
 from gpuhop.home import JobPaths
 
 
-def check(
-    rt: AgentContext, req: SubmitRequest, tree_paths: set[str], caller: Caller
-) -> dict[str, Any]:
+def check(rt: AgentContext, spec: JobSpec, tree_paths: set[str], caller: Caller) -> dict[str, Any]:
     """Resolve the job's datasets (to exact versions) and environment, or raise a 4xx.
     Runs before anything of the job is written, so a bad request leaves nothing behind.
     A dataset `caller` may not read (another user's, not shared) is one that is not there."""
     deps: dict[str, Any] = {}
-    if req.pack:
+    if spec.pack:
         deps["pack"] = True  # read by a scale-out backend; one host has nothing to pack
-    if req.data:
-        deps["data"] = _mounts(rt, req, tree_paths, caller)
-    python = interpreter(rt, req)
+    if spec.data:
+        deps["data"] = _mounts(rt, spec, tree_paths, caller)
+    python = interpreter(rt, spec)
     if python is not None:
         deps["python"] = python
-    if req.requirements is not None:
-        if "\x00" in req.requirements:
+    if spec.requirements is not None:
+        if "\x00" in spec.requirements:
             raise ApiError(400, ErrorCode.bad_request, "the requirements contain a NUL byte")
         # On a team agent each user's jobs have environments of their own: another user's
         # build, from their own index or wheels, is never what this one imports.
         owner = caller.user if rt.team() else None
         try:
             if owner is not None:
-                check_plain(req.requirements)
+                check_plain(spec.requirements)
             python = python or rt.supervisor.python
-            deps["env"] = rt.envs.spec(python, req.requirements, req.env, owner)
+            deps["env"] = rt.envs.spec(python, spec.requirements, spec.env, owner)
         except EnvError as e:
             raise ApiError(400, ErrorCode.bad_request, str(e)) from None
     return deps
 
 
-def interpreter(rt: AgentContext, req: SubmitRequest) -> str | None:
+def interpreter(rt: AgentContext, spec: JobSpec) -> str | None:
     """The job's own interpreter (`--python`), checked before anything runs it; or None."""
-    if req.python is None:
+    if spec.python is None:
         return None
     try:
-        return check_python(req.python, rt.paths.home)
+        return check_python(spec.python, rt.paths.home)
     except EnvError as e:
         raise ApiError(400, ErrorCode.bad_request, str(e)) from None
 
 
 def _mounts(
-    rt: AgentContext, req: SubmitRequest, tree_paths: set[str], caller: Caller
+    rt: AgentContext, spec: JobSpec, tree_paths: set[str], caller: Caller
 ) -> list[dict[str, Any]]:
     mounts: list[dict[str, Any]] = []
-    for m in req.data:
+    for m in spec.data:
         for other in mounts:
             a, b = m.mount, other["mount"]
             if a == b or a.startswith(b + "/") or b.startswith(a + "/"):
@@ -94,11 +93,11 @@ def _mounts(
     return mounts
 
 
-def store(jp: JobPaths, deps: dict[str, Any], req: SubmitRequest) -> None:
+def store(jp: JobPaths, deps: dict[str, Any], spec: JobSpec) -> None:
     if not deps:
         return
-    if req.requirements is not None:
-        (jp.root / "requirements.txt").write_text(req.requirements, encoding="utf-8")
+    if spec.requirements is not None:
+        (jp.root / "requirements.txt").write_text(spec.requirements, encoding="utf-8")
     jobdeps.write(jp, deps)
 
 

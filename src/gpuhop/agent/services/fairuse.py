@@ -13,11 +13,12 @@ from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
 from gpuhop.agent.jobs.scheduler import largest_kind
-from gpuhop.api import ErrorCode, SubmitRequest
+from gpuhop.api import ErrorCode
+from gpuhop.api.spec import JobSpec
 
 
-def check(rt: AgentContext, req: SubmitRequest, caller: Caller) -> None:
-    """Raise ApiError naming the problem if `req` may not be queued for `caller`."""
+def check(rt: AgentContext, spec: JobSpec, caller: Caller) -> None:
+    """Raise ApiError naming the problem if a job of `spec` may not be queued for `caller`."""
     cap = rt.policy.user_max_queued
     if cap is not None and not caller.admin:
         queued = rt.store.queued_of(caller.user)
@@ -30,25 +31,25 @@ def check(rt: AgentContext, req: SubmitRequest, caller: Caller) -> None:
                 {"queued": queued, "limit": cap},
             )
     gpu_cap = rt.policy.user_max_gpus
-    if gpu_cap is not None and not caller.admin and req.gpus > gpu_cap:
+    if gpu_cap is not None and not caller.admin and spec.gpus > gpu_cap:
         raise ApiError(
             400,
             ErrorCode.unsatisfiable,
-            f"the job asks for {req.gpus} GPUs; this agent lets a user hold at most {gpu_cap}"
+            f"the job asks for {spec.gpus} GPUs; this agent lets a user hold at most {gpu_cap}"
             " at once (user_max_gpus), so it could never start",
         )
-    for url in req.notify or []:
+    for url in spec.notify:
         refused = rt.notify_rule.refusal(url, resolve=False)
         if refused is not None:
             raise ApiError(400, ErrorCode.bad_request, f"notify {url}: {refused}")
-    if req.gpus > 1 and req.gpu_memory_mb is None and not req.mixed_gpus:
+    if spec.gpus > 1 and spec.gpu_memory_mb is None and not spec.mixed_gpus:
         kinds = {g.index: g.kind for g in rt.gpus}
         most = largest_kind(kinds, kinds)
-        if req.gpus > most:
+        if spec.gpus > most:
             raise ApiError(
                 400,
                 ErrorCode.unsatisfiable,
-                f"the job asks for {req.gpus} GPUs of one model and group; this host has at"
+                f"the job asks for {spec.gpus} GPUs of one model and group; this host has at"
                 f" most {most} alike ({_models(rt)}): ask for fewer, or allow --mixed-gpus",
             )
 

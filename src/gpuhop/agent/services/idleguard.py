@@ -79,6 +79,6 @@ class IdleGuard:
 
 def _guarded(job: JobRecord) -> bool:
     """Whether the idle guard watches this job: whole GPUs, and not a notebook server."""
-    if not job.gpu_ids or job.gpu_memory_mb is not None or job.pid is None:
+    if not job.gpu_ids or job.spec.gpu_memory_mb is not None or job.pid is None:
         return False
     return job.command[: len(NOTEBOOK_SERVER)] != NOTEBOOK_SERVER

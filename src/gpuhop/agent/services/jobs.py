@@ -8,7 +8,7 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 from gpuhop.agent.callers import Caller
@@ -25,10 +25,10 @@ from gpuhop.api import (
     JobInfo,
     JobState,
     RetryOn,
-    SubmitRequest,
     format_mb,
     validate_relpath,
 )
+from gpuhop.api.spec import JobSpec
 from gpuhop.backends import jobdeps
 from gpuhop.backends.base import Refused
 from gpuhop.home import JobPaths
@@ -57,18 +57,18 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
     marker = gc.pruned(jp) if gc.PRUNED in present else None
     return JobInfo(
         id=job.id,
-        name=None if job.name is None else as_text(job.name),
+        name=None if job.spec.name is None else as_text(job.spec.name),
         state=job.state,
         # A job stored by an older agent may hold text no answer can carry (a lone
         # surrogate): escaped here, so that it never breaks a listing.
         command=[as_text(a) for a in job.command],
-        gpus=job.gpus,
+        gpus=job.spec.gpus,
         gpu_ids=job.gpu_ids,
-        env={as_text(k): as_text(v) for k, v in job.env.items()},
-        priority=job.priority,
+        env={as_text(k): as_text(v) for k, v in job.spec.env.items()},
+        priority=job.spec.priority,
         attempt=job.attempt,
-        retries=job.retries,
-        workers=job.workers,
+        retries=job.spec.retries,
+        workers=job.spec.workers,
         attempts=[
             AttemptInfo(
                 attempt=a["attempt"],
@@ -92,25 +92,26 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         latest_metrics=latest_of(metrics),
         memory_peak_mb=memory_peak_of(metrics),
         pruned_at=_dt(marker["pruned_at"]) if marker else None,
-        gpu_memory_mb=job.gpu_memory_mb,
+        gpu_memory_mb=job.spec.gpu_memory_mb,
         owner=job.owner,
         # A job on a Ray cluster has no private network, whatever its workers.
-        private_network=(job.private_network or job.workers > 1) and not rt.backend.elsewhere(jp),
+        private_network=(job.spec.private_network or job.spec.workers > 1)
+        and not rt.backend.elsewhere(jp),
         end_class=None if job.end_class is None else EndClass(job.end_class),
-        after=job.after,
-        after_any=job.after_any,
+        after=list(job.spec.after),
+        after_any=job.spec.after_any,
         waiting_for=queue.waiting_for(rt, job),
-        timeout=job.timeout,
-        retry_on=RetryOn(job.retry_on),
+        timeout=job.spec.time_limit,
+        retry_on=RetryOn(job.spec.retry_on),
         waiting=rt.waiting.get(job.id)
         if job.state == JobState.queued
         else rt.backend.waiting(jp)
         if job.state in (JobState.starting, JobState.running)
         else None,
-        sweep=job.sweep,
-        max_parallel=job.max_parallel,
-        mixed_gpus=job.mixed_gpus,
-        notify=job.notify,
+        sweep=job.spec.sweep,
+        max_parallel=job.spec.max_parallel,
+        mixed_gpus=job.spec.mixed_gpus,
+        notify=list(job.spec.notify),
         **(deps.info_fields(jp) if jobdeps.path(jp).name in present else {}),
     )
 
@@ -159,35 +160,38 @@ def resolve_sweep(rt: AgentContext, sweep: str | None, owner: str | None) -> str
     return found
 
 
-def _check_command(rt: AgentContext, req: SubmitRequest) -> None:
-    head = req.command[0]
+def _checked_command(
+    rt: AgentContext, command: list[str], tree: str | None, env: Mapping[str, str]
+) -> list[str]:
+    """The command, its script named as its tree lists it; or a 400 saying why it cannot run."""
+    head = command[0]
     if head == "-m":  # a module run by the job's Python (gpuhop's notebook runner)
-        if len(req.command) < 2 or not req.command[1]:
+        if len(command) < 2 or not command[1]:
             raise ApiError(400, ErrorCode.bad_request, "-m needs a module name to run")
-        return
+        return command
     if head.endswith(".py") or ("/" in head and not head.startswith("/")):
         try:
             rel = validate_relpath(head[2:] if head.startswith("./") else head)
         except ValueError as e:
             raise ApiError(400, ErrorCode.bad_path, f"script: {e}") from None
-        if req.tree is None or not _in_tree(rt, req.tree, rel):
+        if tree is None or not _in_tree(rt, tree, rel):
             raise ApiError(
                 400,
                 ErrorCode.bad_request,
                 f"{head} is not among the synced files (is it ignored by .gitignore or"
                 " .gpuhopignore?)",
             )
-        req.command[0] = rel
-        return
+        return [rel, *command[1:]]
     if head.startswith("/"):
         if not os.access(head, os.X_OK):
             raise ApiError(400, ErrorCode.bad_request, f"{head} is not an executable on the host")
-        return
-    path = req.env.get("PATH", os.environ.get("PATH", os.defpath))
+        return command
+    path = env.get("PATH", os.environ.get("PATH", os.defpath))
     if shutil.which(head, path=path) is None:
         raise ApiError(
             400, ErrorCode.bad_request, f"command {head!r} was not found on the GPU host"
         )
+    return command
 
 
 def _in_tree(rt: AgentContext, digest: str, rel: str) -> bool:
@@ -233,81 +237,64 @@ def _keep_copy(source: os.PathLike[str], dest: os.PathLike[str]) -> None:
 
 def submit(
     rt: AgentContext,
-    req: SubmitRequest,
+    command: list[str],
+    spec: JobSpec,
+    tree: str | None,
     caller: Caller,
     prepare: Callable[[JobPaths], None] | None = None,
 ) -> JobInfo:
-    """Queue a job. `prepare` puts more files in the new job's dir before it is queued
-    (a model server's SavedModel); if it raises, the job is not created."""
-    admission.check_priority(req, caller)
-    deps.interpreter(rt, req)  # before the backend's check may run it
+    """Queue a job that runs `command` in the files of `tree` as `spec` asks (settled: see
+    `SubmitRequest.spec`). `prepare` puts more files in the new job's dir before it is
+    queued (a model server's SavedModel); if it raises, the job is not created."""
+    admission.check_priority(spec, caller)
+    deps.interpreter(rt, spec)  # before the backend's check may run it
     try:
-        rt.backend.check_submit(req)
+        rt.backend.check_submit(spec)
     except Refused as e:
         raise ApiError(400, e.code, e.message) from None
     total = len(rt.gpus)
-    if req.gpu_memory_mb is not None:
-        _check_share(rt, req.gpu_memory_mb)
-    elif req.gpus > total:
+    if spec.gpu_memory_mb is not None:
+        _check_share(rt, spec.gpu_memory_mb)
+    elif spec.gpus > total:
         raise ApiError(
             400,
             ErrorCode.unsatisfiable,
-            f"the job asks for {req.gpus} GPU{'s' if req.gpus != 1 else ''}; this host has {total}",
+            f"the job asks for {spec.gpus} GPU{'s' if spec.gpus != 1 else ''};"
+            f" this host has {total}",
         )
-    fairuse.check(rt, req, caller)
-    if req.tree is not None and (
-        not rt.trees.has(req.tree)
+    fairuse.check(rt, spec, caller)
+    if tree is not None and (
+        not rt.trees.has(tree)
         # Another user's tree is "not on the agent" to this one: knowing its digest is not
         # holding its files (see gpuhop.agent.storage.claims).
-        or (not caller.admin and rt.claims.unclaimed(caller.user, "tree", [req.tree]))
+        or (not caller.admin and rt.claims.unclaimed(caller.user, "tree", [tree]))
     ):
         raise ApiError(
             409,
             ErrorCode.missing_tree,
-            f"tree {req.tree} is not on the agent; upload it first",
-            {"tree": req.tree},
+            f"tree {tree} is not on the agent; upload it first",
+            {"tree": tree},
         )
-    _check_command(rt, req)
-    after = queue.resolve_after(rt, req, caller)
-    tree_paths = {e["path"] for e in rt.trees.entries(req.tree)} if req.tree and req.data else set()
-    job_deps = deps.check(rt, req, tree_paths, caller)
-    if req.tree is not None and rt.policy.jobs_quota is not None:
+    command = _checked_command(rt, command, tree, spec.env)
+    # The store keeps the jobs it runs after by their full ids.
+    spec = spec.replace(after=tuple(queue.resolve_after(rt, spec, caller)))
+    tree_paths = {e["path"] for e in rt.trees.entries(tree)} if tree and spec.data else set()
+    job_deps = deps.check(rt, spec, tree_paths, caller)
+    if tree is not None and rt.policy.jobs_quota is not None:
         # A stat per file of the tree: only where a quota asks for it.
-        rt.meter.check_jobs(admission.tree_bytes(rt, req.tree))
+        rt.meter.check_jobs(admission.tree_bytes(rt, tree))
     # Everything the job needs is on disk before its row exists: the scheduler may pick up
     # a queued job at any moment.
     job_id, jp = _claim_job_dir(rt)
     try:
-        deps.store(jp, job_deps, req)
-        if req.tree is not None:
+        deps.store(jp, job_deps, spec)
+        if tree is not None:
             # The job keeps its own copy, so it never depends on the shared tree staying: a
             # hard link, as a stored tree is never written after its rename into place.
-            _keep_copy(rt.trees.path(req.tree), jp.tree)
+            _keep_copy(rt.trees.path(tree), jp.tree)
         if prepare is not None:
             prepare(jp)
-        job = rt.store.create(
-            command=req.command,
-            env=req.env,
-            gpus=req.gpus,
-            priority=req.priority,
-            name=req.name,
-            job_id=job_id,
-            retries=req.retries,
-            workers=req.workers,
-            worker_timeout=req.worker_timeout,
-            gpu_memory_mb=req.gpu_memory_mb,
-            owner=caller.user,
-            private_network=bool(req.private_network),
-            after=after,
-            after_any=req.after_any,
-            timeout=req.timeout,
-            retry_on=req.retry_on.value,
-            sweep=req.sweep,
-            max_parallel=req.max_parallel,
-            mixed_gpus=bool(req.mixed_gpus),
-            notify=req.notify or [],
-            tree=req.tree,
-        )
+        job = rt.store.create(command, spec, tree=tree, owner=caller.user, job_id=job_id)
     except BaseException:
         # A full disk (files or the job store), a bad source: no half job.
         shutil.rmtree(jp.root, ignore_errors=True)

@@ -47,11 +47,11 @@ def log_path(rt: AgentContext, job: JobRecord, worker: int | None) -> Path:
     jp = rt.supervisor.job_paths(job.id)
     if worker is None:
         return jp.log
-    if not 0 <= worker < job.workers:
+    if not 0 <= worker < job.spec.workers:
         raise ApiError(
             400,
             ErrorCode.bad_request,
-            f"job {job.id} has {job.workers} worker(s), numbered from 0; there is no worker"
+            f"job {job.id} has {job.spec.workers} worker(s), numbered from 0; there is no worker"
             f" {worker}",
         )
     return jp.worker_log(worker)

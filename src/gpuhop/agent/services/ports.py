@@ -78,7 +78,7 @@ def forwardable(rt: AgentContext, ref: str, caller: Caller) -> JobRecord:
 
 def private(job: JobRecord) -> bool:
     """Whether the job's ports live in a private network namespace (reached by its relay)."""
-    return job.private_network or job.workers > 1
+    return job.spec.private_network or job.spec.workers > 1
 
 
 async def connect(

@@ -10,16 +10,17 @@ from gpuhop.agent.errors import ApiError
 from gpuhop.agent.jobs.after import judge
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
 from gpuhop.agent.services import admission
-from gpuhop.api import ErrorCode, JobState, SubmitRequest
+from gpuhop.api import ErrorCode, JobState
+from gpuhop.api.spec import JobSpec
 
 
-def resolve_after(rt: AgentContext, req: SubmitRequest, caller: Caller) -> list[str]:
-    """The full ids of the jobs `req` runs after, each named by id, unique prefix or name
+def resolve_after(rt: AgentContext, spec: JobSpec, caller: Caller) -> list[str]:
+    """The full ids of the jobs `spec` runs after, each named by id, unique prefix or name
     among the caller's own jobs. Every name that matches none (or several) is refused in
     one 422 naming them all. They all exist before this job does, so no cycle can form."""
     ids: list[str] = []
     unknown: list[str] = []
-    for ref in req.after:
+    for ref in spec.after:
         try:
             job_id = rt.store.resolve(ref, owner=caller.owner_filter).id
         except (JobNotFound, AmbiguousJob):
@@ -40,9 +41,11 @@ def resolve_after(rt: AgentContext, req: SubmitRequest, caller: Caller) -> list[
 
 def waiting_for(rt: AgentContext, job: JobRecord) -> list[str]:
     """The jobs a queued job still waits for."""
-    if job.state is not JobState.queued or not job.after:
+    if job.state is not JobState.queued or not job.spec.after:
         return []
-    return list(judge(job.after, job.after_any, rt.store.states(job.after)).waiting_for)
+    return list(
+        judge(job.spec.after, job.spec.after_any, rt.store.states(job.spec.after)).waiting_for
+    )
 
 
 def requeue(rt: AgentContext, job: JobRecord, priority: int, caller: Caller) -> JobRecord:

@@ -42,7 +42,8 @@ from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services import jobs, ports
 from gpuhop.agent.services.savedmodels import SAVED_MODEL_PB, find_saved_model
 from gpuhop.agent.services.upstream import Pool, Streams, UpstreamError, UpstreamTimeout
-from gpuhop.api import ErrorCode, JobInfo, JobState, ServeRequest, ServingInfo, SubmitRequest
+from gpuhop.api import ErrorCode, JobInfo, JobState, ServeRequest, ServingInfo
+from gpuhop.api.spec import JobSpec
 from gpuhop.backends import listeners
 from gpuhop.home import JobPaths
 
@@ -122,10 +123,8 @@ def start(rt: AgentContext, req: ServeRequest, caller: Caller) -> JobInfo:
             )
         (jp.root / SPEC_FILE).write_text(json.dumps(spec))
 
-    submit = SubmitRequest(
-        command=command, tree=req.tree, name=req.name, gpus=req.gpus, private_network=True
-    )
-    return jobs.submit(rt, submit, caller, prepare=prepare)
+    asked = JobSpec(name=req.name, gpus=req.gpus, private_network=True)
+    return jobs.submit(rt, command, asked, req.tree, caller, prepare=prepare)
 
 
 def _link_tree(src: Path, dest: Path) -> None:
@@ -174,7 +173,7 @@ def info(rt: AgentContext, ref: str, caller: Caller) -> ServingInfo:
     port = _port(rt, job)
     return ServingInfo(
         job=job.id,
-        name=str(spec.get("name", job.name or job.id)),
+        name=str(spec.get("name", job.spec.name or job.id)),
         state=job.state,
         ready=port is not None,
         port=port,
@@ -337,7 +336,7 @@ async def _find(
         return error(
             503, ErrorCode.conflict, f"the model server {spec.get('name')} (job {job.id}) {why}"
         )
-    name = str(spec.get("name", job.name or job.id))
+    name = str(spec.get("name", job.spec.name or job.id))
     if ports.private(job):
         return Target(job.id, name, port, job)
     if not upstream.verified(job.id, port):

@@ -27,7 +27,8 @@ from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services import jobs, outputs
-from gpuhop.api import ErrorCode, JobState, SubmitRequest, TensorBoardInfo
+from gpuhop.api import ErrorCode, JobState, TensorBoardInfo
+from gpuhop.api.spec import JobSpec
 from gpuhop.backends import jobdeps
 from gpuhop.home import JobPaths
 
@@ -79,13 +80,11 @@ def start(rt: AgentContext, ref: str, caller: Caller) -> TensorBoardInfo:
             logdir.mkdir(parents=True, exist_ok=True)
             jobdeps.write(jp, {"readonly": [str(logdir)]})
 
-        title = f"job {source.id}" + (f" ({source.name})" if source.name else "")
+        title = f"job {source.id}" + (f" ({source.spec.name})" if source.spec.name else "")
         command = [python, LAUNCHER, "--logdir", str(logdir), "--host", "127.0.0.1"]
         command += ["--port", str(PORT), "--window_title", f"TensorBoard: {title}"]
-        request = SubmitRequest(
-            command=command, name=f"tensorboard-{source.id}", private_network=True
-        )
-        created = jobs.submit(rt, request, Caller(owner, caller.admin), prepare=prepare)
+        spec = JobSpec(name=f"tensorboard-{source.id}", private_network=True)
+        created = jobs.submit(rt, command, spec, None, Caller(owner, caller.admin), prepare)
     return _info(rt, rt.store.get(created.id), source, reused=False)
 
 
@@ -161,7 +160,7 @@ def _info(rt: AgentContext, server: JobRecord, source: JobRecord, reused: bool) 
     logdir = rt.supervisor.job_paths(source.id).tensorboard
     return TensorBoardInfo(
         job=server.id,
-        name=server.name,
+        name=server.spec.name,
         state=server.state,
         port=PORT,
         source_job=source.id,

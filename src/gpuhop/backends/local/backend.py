@@ -27,14 +27,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpuhop.api import SubmitRequest
+from gpuhop.api.spec import JobSpec
 from gpuhop.backends import kerasmode
 from gpuhop.backends.base import (
     QUIET_TF,
     SCRUBBED_ENV,
+    Attempt,
     Ending,
     GpuHost,
-    JobAttempt,
     Started,
     StartError,
     allowed_for_jobs,
@@ -66,7 +66,7 @@ END_CHECK_SECONDS = 5.0
 
 
 def job_environment(
-    job: JobAttempt,
+    attempt: Attempt,
     jp: JobPaths,
     base: dict[str, str] | None = None,
     gpu_total_mb: int | None = None,
@@ -99,29 +99,29 @@ def job_environment(
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", QUIET_TF)
     # GPU indices are NVML's (PCI bus order); CUDA's default order may differ.
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    if job.gpu_memory_mb is not None and gpu_total_mb:
-        fraction = f"{min(1.0, job.gpu_memory_mb / gpu_total_mb):.4f}"
+    if attempt.spec.gpu_memory_mb is not None and gpu_total_mb:
+        fraction = f"{min(1.0, attempt.spec.gpu_memory_mb / gpu_total_mb):.4f}"
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = fraction
         env["GPUHOP_GPU_MEMORY_FRACTION"] = fraction
-    env.update(job.env)
+    env.update(attempt.spec.env)
     env.setdefault("GPUHOP_AUTO", "1")
     env.update(
         {
-            "GPUHOP_JOB_ID": job.id,
-            "GPUHOP_ATTEMPT": str(job.attempt),
-            "GPUHOP_RETRIES": str(job.retries),
+            "GPUHOP_JOB_ID": attempt.job_id,
+            "GPUHOP_ATTEMPT": str(attempt.number),
+            "GPUHOP_RETRIES": str(attempt.spec.retries),
             "GPUHOP_ARTIFACTS_DIR": str(jp.artifacts),
             "GPUHOP_TENSORBOARD_DIR": str(jp.tensorboard),
             "GPUHOP_CHECKPOINT_DIR": str(jp.checkpoints),
             "GPUHOP_METRICS_FILE": str(jp.metrics),
-            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in job.gpu_ids),
+            "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in attempt.gpu_ids),
         }
     )
-    if job.workers > 1:
-        env["GPUHOP_NUM_WORKERS"] = str(job.workers)
-        env["GPUHOP_WORKER_TIMEOUT"] = str(job.worker_timeout)
-    if job.gpu_memory_mb is not None:
-        env["GPUHOP_GPU_MEMORY_MB"] = str(job.gpu_memory_mb)
+    if attempt.spec.workers > 1:
+        env["GPUHOP_NUM_WORKERS"] = str(attempt.spec.workers)
+        env["GPUHOP_WORKER_TIMEOUT"] = str(attempt.spec.worker_timeout)
+    if attempt.spec.gpu_memory_mb is not None:
+        env["GPUHOP_GPU_MEMORY_MB"] = str(attempt.spec.gpu_memory_mb)
     if hook.wanted(env):
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (hook.STARTUP_DIR, env.get("PYTHONPATH")) if p
@@ -202,9 +202,9 @@ class LocalBackend(LeaderBackend):
         once each."""
         return self._owned_view if owned else self._work_view
 
-    def check_submit(self, req: SubmitRequest) -> None:
+    def check_submit(self, spec: JobSpec) -> None:
         """Every kind of job runs here; a multi-worker one in a mode that works for its Keras."""
-        kerasmode.check_submit(req, self.python)
+        kerasmode.check_submit(spec, self.python)
 
     def end_the_rest(self, jp: JobPaths) -> None:
         """A sandboxed job's processes (`setsid` ones too) all live in its PID namespace,
@@ -221,15 +221,15 @@ class LocalBackend(LeaderBackend):
             time.sleep(0.02)
 
     def leader(
-        self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]
+        self, attempt: Attempt, jp: JobPaths, deps: dict[str, Any]
     ) -> tuple[list[str], dict[str, str]]:
-        args, env, cgroup = self._shim(job, jp, deps)
+        args, env, cgroup = self._shim(attempt, jp, deps)
         leader = [self.python, "-I", "-S", SHIM, *args]
         return (leader if cgroup is None else cgroups.wrap(cgroup, leader)), env
 
     def _shim(
         self,
-        job: JobAttempt,
+        attempt: Attempt,
         jp: JobPaths,
         deps: dict[str, Any],
         cgroup: Callable[[JobPaths, str], Path | None] = cgroups.make,
@@ -240,7 +240,7 @@ class LocalBackend(LeaderBackend):
         to a file."""
         identity = deps.get("identity")
         passed = tuple(identity["pass"]) if identity else None
-        env = job_environment(job, jp, gpu_total_mb=self._gpu_total_mb(job), passed=passed)
+        env = job_environment(attempt, jp, gpu_total_mb=self._gpu_total_mb(attempt), passed=passed)
         if identity:
             # Its own home (pip's, Keras's and Hugging Face's caches), not the agent's.
             env.update(HOME=identity["home"], USER=identity["user"], LOGNAME=identity["user"])
@@ -255,36 +255,38 @@ class LocalBackend(LeaderBackend):
         # The sandbox binds it over /tmp; without one, TMPDIR is all that points there.
         env["TMPDIR"] = "/tmp" if self._sandboxed(deps) else str(jp.tmp)
         # What the job will see in its work dir: its checkout, under what the agent put there.
-        files = jp.work if (jp.work / job.command[0]).exists() else deps.get("checkout", jp.work)
-        argv = resolve_command(job.command, Path(files), env.get("PATH", os.defpath), python)
+        files = (
+            jp.work if (jp.work / attempt.command[0]).exists() else deps.get("checkout", jp.work)
+        )
+        argv = resolve_command(attempt.command, Path(files), env.get("PATH", os.defpath), python)
         if argv[0].startswith(f"{files}/"):  # a program in the checkout: run it from the view
             argv[0] = f"{jp.work}{argv[0][len(str(files)) :]}"
-        gang = self._write_gang(job, jp, env, python, deps) if job.workers > 1 else []
-        gang += self._shim_args(deps, jp, job.workers, specs)
-        if job.private_network or job.workers > 1:
+        gang = self._write_gang(attempt, jp, env, python, deps) if attempt.spec.workers > 1 else []
+        gang += self._shim_args(deps, jp, attempt.spec.workers, specs)
+        if attempt.spec.private_network or attempt.spec.workers > 1:
             gang += ["--relay", str(jp.relay)]
         args = [str(jp.status), str(jp.shim_pid), *gang, "--", *argv]
-        return args, env, cgroup(jp, f"{job.id}-{job.attempt}")
+        return args, env, cgroup(jp, f"{attempt.job_id}-{attempt.number}")
 
-    def start(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
+    def start(self, attempt: Attempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
         try:
-            return self._spawn(job, jp, deps) or super().start(job, jp, deps)
+            return self._spawn(attempt, jp, deps) or super().start(attempt, jp, deps)
         except BaseException:
             cgroups.oom_kills(jp)  # removes the attempt's cgroup, if it was made
             raise
 
-    def _spawn(self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]) -> Started | None:
+    def _spawn(self, attempt: Attempt, jp: JobPaths, deps: dict[str, Any]) -> Started | None:
         """Start the shim through the warm shim server; None where it cannot (the caller
         then starts a fresh interpreter for it)."""
         try:
             # The server makes the cgroup, or gives its waiting shim's cgroup that name.
             specs: dict[str, Any] = {}  # handed over in the request: one file fewer
-            args, env, cgroup = self._shim(job, jp, deps, cgroups.plan, specs)
+            args, env, cgroup = self._shim(attempt, jp, deps, cgroups.plan, specs)
             check_os_text(args, env)
             request = jp.root / SHIM_REQUEST
             pid, start = self._forks.spawn(args, env, jp.work, jp.log, cgroup, request, specs)
         except ServerGone as e:
-            log.warning("job %s: %s; starting its shim directly", job.id, e)
+            log.warning("job %s: %s; starting its shim directly", attempt.job_id, e)
             cgroups.oom_kills(jp)  # made again by the direct start
             return None
         except (StartError, OSError):
@@ -323,17 +325,19 @@ class LocalBackend(LeaderBackend):
         # Read once the job's processes are all gone (the sweep above waits for them).
         return dataclasses.replace(end, oom_killed=True) if cgroups.oom_kills(jp) else end
 
-    def _gpu_total_mb(self, job: JobAttempt) -> int | None:
+    def _gpu_total_mb(self, attempt: Attempt) -> int | None:
         """The memory of a share job's GPU (None for other jobs, or if unknown)."""
-        if job.gpu_memory_mb is None or not job.gpu_ids:
+        if attempt.spec.gpu_memory_mb is None or not attempt.gpu_ids:
             return None
-        return next((g.memory_mb for g in self.gpu_host.gpus if g.index == job.gpu_ids[0]), None)
+        return next(
+            (g.memory_mb for g in self.gpu_host.gpus if g.index == attempt.gpu_ids[0]), None
+        )
 
     def _sandboxed(self, deps: dict[str, Any]) -> bool:
         return self.isolation() is None or bool(deps.get("data"))
 
     def _write_gang(
-        self, job: JobAttempt, jp: JobPaths, env: dict[str, str], python: str, deps: dict
+        self, attempt: Attempt, jp: JobPaths, env: dict[str, str], python: str, deps: dict
     ) -> list[str]:
         """Describe a multi-worker job's workers for the shim; return the shim's arguments.
 
@@ -344,15 +348,15 @@ class LocalBackend(LeaderBackend):
         try:
             prefix = self._probe_prefix(deps, jp)
             mode = kerasmode.decide(
-                job.env, lambda m: kerasmode.packages(python, prefix).get(m, False)
+                attempt.spec.env, lambda m: kerasmode.packages(python, prefix).get(m, False)
             )
         except kerasmode.KerasRefusal as e:
             raise StartError(str(e)) from None
-        env.update({k: v for k, v in mode.env.items() if k not in job.env})
-        per = len(job.gpu_ids) // job.workers
+        env.update({k: v for k, v in mode.env.items() if k not in attempt.spec.env})
+        per = len(attempt.gpu_ids) // attempt.spec.workers
         workers = []
-        for i in range(job.workers):
-            gpus = job.gpu_ids[i * per : (i + 1) * per]
+        for i in range(attempt.spec.workers):
+            gpus = attempt.gpu_ids[i * per : (i + 1) * per]
             workers.append(
                 {
                     "env": {
@@ -362,7 +366,12 @@ class LocalBackend(LeaderBackend):
                     "log": str(jp.worker_log(i)),
                 }
             )
-        spec = {"workers": workers, "grace": 10, "timeout": job.worker_timeout, "mode": mode.mode}
+        spec = {
+            "workers": workers,
+            "grace": 10,
+            "timeout": attempt.spec.worker_timeout,
+            "mode": mode.mode,
+        }
         jp.gang.write_text(json.dumps(spec))
         return ["--gang", str(jp.gang)]
 

@@ -21,12 +21,14 @@ import json
 import logging
 import os
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpuhop.api import ErrorCode, GpuInfo, SubmitRequest
+from gpuhop.api import ErrorCode, GpuInfo
+from gpuhop.api.spec import JobSpec
 from gpuhop.backends import kerasmode
-from gpuhop.backends.base import SCRUBBED_ENV, GpuHost, JobAttempt, Refused, Started, StartError
+from gpuhop.backends.base import SCRUBBED_ENV, Attempt, GpuHost, Refused, Started, StartError
 from gpuhop.backends.leader import LeaderBackend
 from gpuhop.backends.settings import BackendSettings
 from gpuhop.home import AgentError, JobPaths
@@ -129,32 +131,32 @@ class RayBackend(LeaderBackend):
     def work_view(self, owned: bool = False) -> str | None:
         return "the job's files are sent to the cluster's nodes from a copy"
 
-    def check_submit(self, req: SubmitRequest) -> None:
+    def check_submit(self, spec: JobSpec) -> None:
         """Refuse, with what to do instead, the jobs that need the agent's own host."""
         why = None
-        if req.data:
+        if spec.data:
             why = (
                 "datasets are mounted from the agent's host and cannot reach the Ray cluster's"
                 " nodes; put the data where every node can read it"
             )
-        elif req.requirements is not None:
+        elif spec.requirements is not None:
             why = (
                 "jobs on the Ray cluster run with the nodes' own Python packages; a requirements"
                 " file (requirements.txt is sent by default) cannot be installed there. Use"
                 " --no-requirements, and install what the job needs on every node"
             )
-        elif req.gpu_memory_mb is not None:
+        elif spec.gpu_memory_mb is not None:
             why = "shares of a GPU (--gpu-memory) are not supported on the Ray cluster"
-        elif req.private_network:
+        elif spec.private_network:
             why = (
                 "a private network (TensorFlow servers) exists only on the agent's own host,"
                 " and this agent runs jobs on a Ray cluster"
             )
-        elif req.workers > 1:
-            why = _keras_on_the_cluster(req.env)
+        elif spec.workers > 1:
+            why = _keras_on_the_cluster(spec.env)
         if why is not None:
             raise Refused(ErrorCode.bad_request, f"{why} (agent started with --backend ray)")
-        per_worker = req.gpus // req.workers
+        per_worker = spec.gpus // spec.workers
         largest = max((n["gpus"] for n in self.nodes), default=0)
         if per_worker > largest:
             raise Refused(
@@ -164,31 +166,31 @@ class RayBackend(LeaderBackend):
             )
 
     def leader(
-        self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]
+        self, attempt: Attempt, jp: JobPaths, deps: dict[str, Any]
     ) -> tuple[list[str], dict[str, str]]:
-        head = job.command[0]
+        head = attempt.command[0]
         if head.endswith(".py") and not (jp.work / head).is_file():
             raise StartError(f"script {head} is not in the job's work dir")
         spec = {
             "address": self.address,
-            "job_id": job.id,
-            "attempt": job.attempt,
-            "retries": job.retries,
-            "command": job.command,
+            "job_id": attempt.job_id,
+            "attempt": attempt.number,
+            "retries": attempt.spec.retries,
+            "command": attempt.command,
             "python": deps.get("python"),
-            "env": job.env,
-            "workers": job.workers,
-            "gpus_per_worker": job.gpus // job.workers,
+            "env": dict(attempt.spec.env),
+            "workers": attempt.spec.workers,
+            "gpus_per_worker": attempt.spec.gpus // attempt.spec.workers,
             "cpus_per_worker": 1,
             "strategy": "PACK" if deps.get("pack") else "SPREAD",
-            "worker_timeout": job.worker_timeout,
+            "worker_timeout": attempt.spec.worker_timeout,
             "grace": 10,
             "work": str(jp.work),
             "artifacts": str(jp.artifacts),
             "checkpoints": str(jp.checkpoints),
             "metrics": str(jp.metrics),
-            "worker_logs": [str(jp.worker_log(i)) for i in range(job.workers)]
-            if job.workers > 1
+            "worker_logs": [str(jp.worker_log(i)) for i in range(attempt.spec.workers)]
+            if attempt.spec.workers > 1
             else [],
         }
         (jp.root / SPEC_NAME).write_text(json.dumps(spec))
@@ -235,7 +237,7 @@ def _gpus(nodes: list[dict[str, Any]]) -> list[GpuInfo]:
     return out
 
 
-def _keras_on_the_cluster(env: dict[str, str]) -> str | None:
+def _keras_on_the_cluster(env: Mapping[str, str]) -> str | None:
     """Why the job's Keras cannot run across the cluster's workers, if it cannot. The
     nodes' packages are theirs (each worker checks for tf-keras); the modes are checked
     here. Keras 3's keras.distribution (JAX) runs on the local backend only."""

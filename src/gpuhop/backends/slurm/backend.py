@@ -25,13 +25,14 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from gpuhop.api import ErrorCode, GpuInfo, SubmitRequest
+from gpuhop.api import ErrorCode, GpuInfo
 from gpuhop.api.agent import ClusterInfo
+from gpuhop.api.spec import JobSpec
 from gpuhop.backends import kerasmode
 from gpuhop.backends.base import (
     SCRUBBED_ENV,
+    Attempt,
     GpuHost,
-    JobAttempt,
     Refused,
     Started,
     StartError,
@@ -142,21 +143,21 @@ class SlurmBackend(LeaderBackend):
             f" under {self.home}, which must be on a filesystem the nodes see"
         )
 
-    def check_submit(self, req: SubmitRequest) -> None:
+    def check_submit(self, spec: JobSpec) -> None:
         """Refuse, with what to do instead, the jobs that need the agent's own host."""
         why = None
-        if req.data:
+        if spec.data:
             why = (
                 "datasets are mounted from the agent's host and cannot reach Slurm's compute"
                 " nodes; put the data on the shared filesystem"
             )
-        elif req.requirements is not None:
+        elif spec.requirements is not None:
             why = (
                 "jobs on Slurm run with the nodes' own Python packages; a requirements file"
                 " (requirements.txt is sent by default) cannot be installed there. Use"
                 " --no-requirements, and install what the job needs where the nodes see it"
             )
-        elif req.gpu_memory_mb is not None:
+        elif spec.gpu_memory_mb is not None:
             why = (
                 "shares of a GPU (--gpu-memory) are not supported on Slurm, which hands out"
                 " whole GPUs"
@@ -166,45 +167,45 @@ class SlurmBackend(LeaderBackend):
                     f" (the partition's nodes offer {' and '.join(sorted(self.sharing))} GRES,"
                     " which gpuhop does not ask for: submit such a job with sbatch yourself)"
                 )
-        elif req.private_network:
+        elif spec.private_network:
             why = (
                 "a private network (TensorFlow servers) exists only on the agent's own host,"
                 " and this agent runs jobs on Slurm"
             )
-        elif req.workers > 1:
+        elif spec.workers > 1:
             try:
-                kerasmode.decide(req.env, lambda m: True)  # the nodes' packages are theirs
+                kerasmode.decide(spec.env, lambda m: True)  # the nodes' packages are theirs
             except kerasmode.KerasRefusal as e:
                 why = str(e)
         if why is not None:
             raise Refused(ErrorCode.bad_request, f"{why} (agent started with --backend slurm)")
-        self._check_room(req)
+        self._check_room(spec)
 
-    def _check_room(self, req: SubmitRequest) -> None:
+    def _check_room(self, spec: JobSpec) -> None:
         largest = max((n for _, n in self.nodes), default=0)
-        per_worker = req.gpus // req.workers
+        per_worker = spec.gpus // spec.workers
         if per_worker > largest:
-            each = "the job asks" if req.workers == 1 else "each worker asks"
+            each = "the job asks" if spec.workers == 1 else "each worker asks"
             raise Refused(
                 ErrorCode.unsatisfiable,
                 f"{each} for {per_worker} GPU(s) on one node; the largest node of the"
                 f" Slurm partition has {largest}",
             )
-        if req.workers > 1 and not req.pack and req.workers > len(self.nodes):
+        if spec.workers > 1 and not spec.pack and spec.workers > len(self.nodes):
             raise Refused(
                 ErrorCode.unsatisfiable,
-                f"the job's {req.workers} workers run one per node, and the Slurm partition"
+                f"the job's {spec.workers} workers run one per node, and the Slurm partition"
                 f" has {len(self.nodes)} node(s): use --pack to allow several per node",
             )
-        if req.workers > 1 and req.gpus > sum(n for _, n in self.nodes):
+        if spec.workers > 1 and spec.gpus > sum(n for _, n in self.nodes):
             raise Refused(
                 ErrorCode.unsatisfiable,
-                f"the job asks for {req.gpus} GPU(s) in all; the Slurm partition has"
+                f"the job asks for {spec.gpus} GPU(s) in all; the Slurm partition has"
                 f" {sum(n for _, n in self.nodes)}",
             )
 
     def leader(
-        self, job: JobAttempt, jp: JobPaths, deps: dict[str, Any]
+        self, attempt: Attempt, jp: JobPaths, deps: dict[str, Any]
     ) -> tuple[list[str], dict[str, str]]:
         exit_file = jp.root / EXIT_NAME
         exit_file.unlink(missing_ok=True)
@@ -212,14 +213,14 @@ class SlurmBackend(LeaderBackend):
         (jp.root / ID_NAME).unlink(missing_ok=True)
         (jp.root / RUNNING_NAME).unlink(missing_ok=True)
         spec = {
-            "job_id": job.id,
-            "attempt": job.attempt,
-            "retries": job.retries,
-            "command": job.command,
+            "job_id": attempt.job_id,
+            "attempt": attempt.number,
+            "retries": attempt.spec.retries,
+            "command": attempt.command,
             "python": deps.get("python") or self.python,
-            "env": job.env,
-            "gpus": job.gpus,
-            "timeout": job.timeout,
+            "env": dict(attempt.spec.env),
+            "gpus": attempt.spec.gpus,
+            "timeout": attempt.spec.time_limit,
             "partition": self.settings.slurm_partition,
             "account": self.settings.slurm_account,
             "qos": self.settings.slurm_qos,
@@ -230,20 +231,20 @@ class SlurmBackend(LeaderBackend):
             "metrics": str(jp.metrics),
             "exit_file": str(exit_file),
         }
-        if job.workers > 1:
+        if attempt.spec.workers > 1:
             try:
-                mode = kerasmode.decide(job.env, lambda m: True)
+                mode = kerasmode.decide(attempt.spec.env, lambda m: True)
             except kerasmode.KerasRefusal as e:
                 raise StartError(str(e)) from None
             spec.update(
-                workers=job.workers,
+                workers=attempt.spec.workers,
                 pack=bool(deps.get("pack")),
                 mode=mode.mode,
                 mode_env=mode.env,
-                worker_timeout=job.worker_timeout,
-                worker_logs=[str(jp.worker_log(i)) for i in range(job.workers)],
+                worker_timeout=attempt.spec.worker_timeout,
+                worker_logs=[str(jp.worker_log(i)) for i in range(attempt.spec.workers)],
             )
-            for i in range(job.workers):
+            for i in range(attempt.spec.workers):
                 jp.worker_log(i).touch()
         (jp.root / SPEC_NAME).write_text(json.dumps(spec))
         argv = [self.python, "-m", "gpuhop.backends.slurm.leader"]
