@@ -285,6 +285,11 @@ CREATE TABLE jobs (
 CREATE INDEX jobs_state ON jobs(state);
 CREATE INDEX jobs_name ON jobs(name);
 CREATE INDEX jobs_created ON jobs(created_at);
+CREATE TABLE attempts (
+    job_id TEXT NOT NULL REFERENCES jobs(id), attempt INTEGER NOT NULL, state TEXT NOT NULL,
+    started_at REAL, ended_at REAL, exit_code INTEGER, signal INTEGER, reason TEXT,
+    end_class TEXT, PRIMARY KEY (job_id, attempt)
+);
 """
 # The columns it gained after the queue's (issue 22): a file from before them lacks them.
 LATER_COLUMNS = ("sweep", "max_parallel", "mixed_gpus", "notify", "tree")
@@ -380,10 +385,11 @@ def test_a_jobs_db_from_before_the_spec_keeps_every_job_its_spec_made_of_its_col
         finally:
             s.close()
     with sqlite3.connect(path) as db:
-        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
+        tables = dict(db.execute("SELECT name, sql FROM sqlite_master").fetchall())
     db.close()
-    assert {"jobs", "attempts", "jobs_state", "jobs_name", "jobs_created"} <= tables
-    assert "legacy_jobs" not in tables
+    assert {"jobs", "attempts", "jobs_state", "jobs_name", "jobs_created"} <= set(tables)
+    assert "new_jobs" not in tables
+    assert "REFERENCES jobs(id)" in tables["attempts"]
 
 
 def test_a_requeued_jobs_spec_has_its_new_priority(store: JobStore):

@@ -7,8 +7,7 @@ the store opens), so an agent upgrade keeps every job."""
 # and `sweep` are both settings and such columns: the column is where each is kept (requeue
 # changes a priority; lookups go by name, listings by sweep), and the stored spec leaves
 # them out (see `records.COLUMN_SETTINGS`).
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
+JOBS_COLUMNS = """
     id            TEXT PRIMARY KEY,
     name          TEXT,
     state         TEXT NOT NULL,
@@ -30,7 +29,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     end_class     TEXT,
     sweep         TEXT,
     tree          TEXT
-);
+"""
+SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS jobs ({JOBS_COLUMNS});
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs(state);
 CREATE INDEX IF NOT EXISTS jobs_name ON jobs(name);
 -- `ps` asks for the newest jobs: read in this order, not every row sorted per request.

@@ -33,6 +33,7 @@ from gpuhop.agent.jobs.scheduler import Holding
 from gpuhop.agent.jobs.schema import (
     ADDED_ATTEMPT_COLUMNS,
     ADDED_COLUMNS,
+    JOBS_COLUMNS,
     LEGACY_BOOLS,
     LEGACY_JSON,
     LEGACY_SETTINGS,
@@ -79,22 +80,19 @@ class JobStore:
                 return
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.execute("ALTER TABLE jobs RENAME TO legacy_jobs")
-                # The indexes keep their names on the renamed table: made again below.
-                for index in ("jobs_state", "jobs_name", "jobs_created"):
-                    self._db.execute(f"DROP INDEX IF EXISTS {index}")
-                # Not executescript: it would commit the transaction first.
-                for statement in SCHEMA.split(";"):
-                    if statement.strip():
-                        self._db.execute(statement)
-                for row in self._db.execute("SELECT * FROM legacy_jobs").fetchall():
+                # SQLite's way to change a table: a new one, filled, renamed into place once
+                # the old one is dropped (its indexes with it; SCHEMA makes them again).
+                # Renaming the old one instead would point attempts' reference at its name.
+                self._db.execute(f"CREATE TABLE new_jobs ({JOBS_COLUMNS})")
+                for row in self._db.execute("SELECT * FROM jobs").fetchall():
                     old = dict(row)  # a column its table predates: None (see `.get`)
                     self._db.execute(
-                        f"INSERT INTO jobs ({', '.join(_LEGACY_KEPT)}, spec)"
+                        f"INSERT INTO new_jobs ({', '.join(_LEGACY_KEPT)}, spec)"
                         f" VALUES ({', '.join('?' * (len(_LEGACY_KEPT) + 1))})",
                         (*(old.get(c) for c in _LEGACY_KEPT), _legacy_spec(old)),
                     )
-                self._db.execute("DROP TABLE legacy_jobs")
+                self._db.execute("DROP TABLE jobs")
+                self._db.execute("ALTER TABLE new_jobs RENAME TO jobs")
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
