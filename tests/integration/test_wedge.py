@@ -71,9 +71,9 @@ def _store_old_job(agent, job_id: str, command: list[str], env: dict[str, str]) 
     db = sqlite3.connect(agent.paths.db)
     with db:
         db.execute(
-            "INSERT INTO jobs (id, name, state, command, env, gpus, priority, created_at)"
-            " VALUES (?, NULL, 'queued', ?, ?, 1, 0, ?)",
-            (job_id, json.dumps(command), json.dumps(env), time.time()),
+            "INSERT INTO jobs (id, name, state, command, spec, priority, created_at)"
+            " VALUES (?, NULL, 'queued', ?, ?, 0, ?)",
+            (job_id, json.dumps(command), json.dumps({"gpus": 1, "env": env}), time.time()),
         )
     db.close()
 
