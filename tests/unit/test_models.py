@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 
@@ -272,7 +271,7 @@ def test_the_hook_verbosity_is_the_one_gpuhop_variable_a_user_may_set():
 def test_every_spec_field_is_a_submit_field_by_its_wire_name():
     # The wire stays flat and as it was: a field added to JobSpec that no SubmitRequest
     # field carries would never reach the agent.
-    wire = {WIRE_NAMES.get(f.name, f.name) for f in dataclasses.fields(JobSpec)}
+    wire = {WIRE_NAMES.get(name, name) for name in JobSpec._fields}
     assert wire <= set(SubmitRequest.model_fields)
     assert set(SubmitRequest.model_fields) - wire == {"command", "tree", "tree_delta"}
 
@@ -280,7 +279,7 @@ def test_every_spec_field_is_a_submit_field_by_its_wire_name():
 def test_job_info_shows_the_spec_fields_by_their_wire_names():
     # An answer names a setting as the request did (`timeout`, not `time_limit`), and the
     # settings it shows stay those it showed.
-    wire = {WIRE_NAMES.get(f.name, f.name) for f in dataclasses.fields(JobSpec)}
+    wire = {WIRE_NAMES.get(name, name) for name in JobSpec._fields}
     assert wire & set(JobInfo.model_fields) == {
         "name", "gpus", "env", "priority", "retries", "workers", "gpu_memory_mb", "data",
         "python", "private_network", "after", "after_any", "timeout", "retry_on", "sweep",

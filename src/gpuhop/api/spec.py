@@ -144,13 +144,9 @@ class JobSpec(NamedTuple):
     def from_json(cls, value: Mapping[str, Any]) -> JobSpec:
         """A spec from `to_json`'s output (or the wire's: its names are taken too). Fields it
         does not know are left out (a newer agent's), and missing ones take their default."""
-        known = set(cls._fields)
-        wire_names = {wire: name for name, wire in WIRE_NAMES.items()}
-        fields = {}
-        for key, item in value.items():
-            name = wire_names.get(key, key)
-            if name in known and item is not None:
-                fields[name] = item
+        fields = {_FROM_WIRE.get(key, key): item for key, item in value.items() if item is not None}
+        if not fields.keys() <= _FIELDS:  # a newer agent's fields
+            fields = {name: item for name, item in fields.items() if name in _FIELDS}
         if "data" in fields:
             fields["data"] = tuple(
                 Mount(m["name"], m.get("version"), m["mount"]) if isinstance(m, Mapping) else m
@@ -159,8 +155,6 @@ class JobSpec(NamedTuple):
         for name in ("after", "notify"):
             if name in fields:
                 fields[name] = tuple(fields[name])
-        if "env" in fields:
-            fields["env"] = dict(fields["env"])
         return cls(**fields)
 
     def to_wire(self) -> dict[str, Any]:
@@ -180,3 +174,7 @@ class JobSpec(NamedTuple):
         if "env" in out:
             out["env"] = dict(self.env)
         return out
+
+
+_FIELDS = frozenset(JobSpec._fields)
+_FROM_WIRE = {wire: name for name, wire in WIRE_NAMES.items()}

@@ -9,10 +9,9 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from gpuhop.api import JobState
-from gpuhop.api.spec import JobSpec, Mount
+from gpuhop.api.spec import JobSpec
 
 ACTIVE_STATES = (JobState.starting, JobState.running)
 FINISHED_STATES = tuple(s for s in JobState if s.finished)
@@ -46,23 +45,6 @@ def stored_spec(spec: JobSpec) -> str:
 
 
 _DEFAULTS = JobSpec().to_json()
-_FIELDS = frozenset(_DEFAULTS)
-
-
-def spec_of(settings: dict[str, Any]) -> JobSpec:
-    """The spec a `stored_spec` (with its column settings put back) holds: what
-    `JobSpec.from_json` makes of it, in half the time where every name is a field's (a
-    record is made of each changed row, and at start of every row, in the scheduler's
-    pass). test_store pins the two together; if `from_json` ever costs no more than
-    `JobSpec(**settings)`, this can go."""
-    if not settings.keys() <= _FIELDS:  # a newer agent's field: from_json leaves it out
-        return JobSpec.from_json(settings)
-    if "data" in settings:
-        settings["data"] = tuple(Mount(**m) for m in settings["data"])
-    for name in ("after", "notify"):
-        if name in settings:
-            settings[name] = tuple(settings[name])
-    return JobSpec(**settings)
 
 
 # Never changed once made: the store hands the same record to every reader of a row that
@@ -103,7 +85,7 @@ class JobRecord:
             id=row["id"],
             state=JobState(row["state"]),
             command=json.loads(row["command"]),
-            spec=spec_of(settings),
+            spec=JobSpec.from_json(settings),
             gpu_ids=json.loads(row["gpu_ids"]),
             attempt=row["attempt"],
             created_at=row["created_at"],
