@@ -11,7 +11,7 @@ import pytest
 
 from gpuhop.api import JobState
 from gpuhop.client import GpuhopError
-from gpuhop.client.spec import tree_of
+from gpuhop.client.submitted import tree_of
 from gpuhop.client.sync import scan
 from gpuhop.client.upload import send_tree
 from tests.conftest import wait_until

@@ -16,7 +16,7 @@ from gpuhop import Client
 from gpuhop.api import JobState
 from gpuhop.api.trees import tree_bytes
 from gpuhop.client import GpuhopError
-from gpuhop.client.spec import tree_of
+from gpuhop.client.submitted import tree_of
 from gpuhop.client.sync import RACY_WINDOW_NS, scan
 from gpuhop.client.trees import LastTree
 from tests.conftest import wait_until

@@ -22,7 +22,7 @@ from gpuhop.agent.server.listen import make_self_signed
 from gpuhop.api import JobState, fingerprint_of
 from gpuhop.client import Client, GpuhopError
 from gpuhop.client.remotes import Remote, RemotesFile, save
-from gpuhop.client.spec import tree_of
+from gpuhop.client.submitted import tree_of
 from gpuhop.client.sync import scan
 from gpuhop.client.tls import fetch_certificate, pinned_context
 from tests.conftest import Agent, wait_until

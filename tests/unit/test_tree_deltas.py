@@ -18,7 +18,7 @@ from gpuhop.agent.storage.treefile import TreeFileError
 from gpuhop.agent.storage.trees import MissingBlobs, MissingTree, TreeError, TreeStore
 from gpuhop.api.models import TreeDelta
 from gpuhop.api.trees import tree_bytes
-from gpuhop.client.spec import tree_of
+from gpuhop.client.submitted import tree_of
 from gpuhop.client.sync import FileEntry
 from gpuhop.client.trees import LastTree
 from tests.unit.test_trees import put, store

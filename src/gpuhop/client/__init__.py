@@ -10,13 +10,13 @@ __all__ = ["Client", "Forward", "GpuhopError", "Job", "Model", "SyncStats", "Ten
 
 
 if TYPE_CHECKING:
-    from gpuhop.client.spec import SyncStats
+    from gpuhop.client.submitted import SyncStats
 
 
 def __getattr__(name: str) -> object:
     # The sync's modules load with a submit, not with every command.
     if name == "SyncStats":
-        from gpuhop.client.spec import SyncStats
+        from gpuhop.client.submitted import SyncStats
 
         return SyncStats
     # Forward needs websockets and asyncio: loaded only by those who forward ports.

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from gpuhop.api.upkeep import DiskUsage, GcReport
     from gpuhop.client.dashboard import Dashboard
     from gpuhop.client.data import Datasets, Envs
-    from gpuhop.client.spec import SyncStats
+    from gpuhop.client.submitted import SyncStats
     from gpuhop.client.sync import FileEntry
     from gpuhop.client.upload import Progress
 

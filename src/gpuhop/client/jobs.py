@@ -58,7 +58,7 @@ def submit(
     scanned again: the runs of a sweep share one tree."""
     # The sync's modules (the scanner, hashing, uploads): loaded by a submit, not by `ps`.
     from gpuhop.client.leftovers import outputs_warning
-    from gpuhop.client.spec import SyncStats, requirements_text, script_in_workdir, share_mb
+    from gpuhop.client.submitted import SyncStats, requirements_text, script_in_workdir, share_mb
     from gpuhop.client.trees import LastTree, post_with_tree
 
     argv = shlex.split(command) if isinstance(command, str) else list(command)

@@ -21,7 +21,7 @@ from urllib.parse import quote
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.job import Job, get
 from gpuhop.client.session import Connected, Session, session_of
-from gpuhop.client.spec import tree_of
+from gpuhop.client.submitted import tree_of
 from gpuhop.client.unixhttp import Timeout
 from gpuhop.client.upload import scan, send_files, send_tree
 

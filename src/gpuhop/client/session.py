@@ -22,7 +22,7 @@ from gpuhop.client.unixhttp import Timeout, UnixClient
 if TYPE_CHECKING:
     import httpx
 
-    from gpuhop.client.spec import SyncStats
+    from gpuhop.client.submitted import SyncStats
 
 DEFAULT_TIMEOUT = Timeout(60.0, connect=5.0)
 
