@@ -298,8 +298,8 @@ def test_retries_take_infra_failures_by_default_and_app_errors_only_when_asked(
 def test_bad_queue_options_are_refused_naming_the_problem(shared_agent, project):
     root = project({"ok.py": "print('fine')\n"})
     for args, message in (
-        (("--timeout", "soon"), "--timeout: 'soon' is not a duration"),
-        (("--timeout", "0"), "a time limit is more than 0"),
+        (("--timeout", "soon"), "--time-limit: 'soon' is not a duration"),
+        (("--time-limit", "0"), "--time-limit: '0': a time limit is more than 0"),
         (("--retry-on", "bugs"), "--retry-on takes infra or any, got 'bugs'"),
         (("--after-any",), "--after-any says how to wait for --after jobs"),
         (("--priority", "101"), "Invalid value for '--priority'"),

@@ -70,7 +70,11 @@ def test_an_array_sets_its_index_and_a_bad_sweep_is_refused(make_agent, project)
         {"echo.py": "import os, sys; print('index', os.environ['GPUHOP_ARRAY_INDEX'], sys.argv[1])"}
     )
 
-    done = agent.cli("sweep", "--array", "3", "-n", "arr", "-d", "echo.py", "i{index}", cwd=root)
+    done = agent.cli(
+        "sweep", "--array", "3", "-n", "arr", "-d", "--priority", "-3", "--timeout", "1h",
+        "--retries", "1", "--retry-on", "any", "echo.py", "i{index}",
+        cwd=root,
+    )  # fmt: skip
 
     assert done.returncode == 0, done.stderr
     sweep_id = done.stdout.strip()
@@ -83,6 +87,12 @@ def test_an_array_sets_its_index_and_a_bad_sweep_is_refused(make_agent, project)
         runs = wait_until(finished)
         logs = sorted(b"".join(client.job(r.id).logs()).decode().strip() for r in runs)
     assert logs == ["index 0 i0", "index 1 i1", "index 2 i2"]
+    # The queue options, as for run: each run's.
+    assert {(r.priority, r.timeout, r.retries, r.retry_on) for r in runs} == {(-3, 3600, 1, "any")}
+    clash = agent.cli(
+        "sweep", "--array", "2", "--gpus", "2", "--gpu-memory", "1G", "x.py", cwd=root
+    )
+    assert clash.returncode == 2 and "it cannot be combined with --gpus 2" in clash.stderr
     unused = agent.cli("sweep", "-p", "lr=1,2", "echo.py", "x", cwd=root)
     assert unused.returncode != 0 and "parameter lr is not used in the command" in unused.stderr
     unknown = agent.cli("sweep", "show", "no-such-sweep", cwd=root)

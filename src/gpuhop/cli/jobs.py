@@ -6,14 +6,13 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator, Mapping
-from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gpuhop.api.sizes import parse_mb
 from gpuhop.api.states import EndClass, JobState
-from gpuhop.cli import params
+from gpuhop.cli import jobopts, params
 from gpuhop.cli.connect import OnOption, client_for
+from gpuhop.cli.jobopts import KerasChoice
 from gpuhop.cli.output import (
     echo,
     escape,
@@ -25,14 +24,6 @@ from gpuhop.cli.output import (
     state_text,
     wants_live,
 )
-from gpuhop.cli.queue import (
-    AfterAnyOption,
-    AfterOption,
-    PriorityOption,
-    RetryOnOption,
-    TimeoutOption,
-    queue_options,
-)
 from gpuhop.client import Client, GpuhopError, Job
 from gpuhop.client.notebook import batch_command
 
@@ -40,26 +31,11 @@ if TYPE_CHECKING:
     import typer
 
 
-class KerasChoice(StrEnum):
-    tf_keras = "tf-keras"
-    keras3 = "keras3"
-
-
 def _job(client: Client, ref: str) -> Job:
     try:
         return client.job(ref)
     except GpuhopError as e:
         fail(e.message)
-
-
-def _parse_env(pairs: list[str]) -> dict[str, str]:
-    env = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            fail(f"--env takes KEY=VALUE, got {pair!r}")
-        env[key] = value
-    return env
 
 
 NoProgressOption = params.Option(
@@ -117,70 +93,22 @@ def run(
         " arguments; or a notebook, run top to bottom, and its -p NAME=VALUE parameters.",
         show_default=False,
     ),
-    gpus: int = params.Option(0, "--gpus", "-g", min=0, help="Whole GPUs to give the job."),
-    gpu_memory: str | None = params.Option(
-        None,
-        "--gpu-memory",
-        metavar="SIZE",
-        help="Instead of whole GPUs: a share of one GPU (6GiB, 6G, 6144M, or MB), which the"
-        " job may share with other such jobs. TensorFlow, JAX and PyTorch in the job are"
-        " capped at it.",
-    ),
-    name: str | None = params.Option(None, "--name", "-n", help="A name to find the job by."),
-    env: list[str] = params.Option(
-        [], "--env", "-e", metavar="KEY=VALUE", help="Set an environment variable (repeatable)."
-    ),
-    workers: int = params.Option(
-        1,
-        "--workers",
-        "-w",
-        min=1,
-        max=64,
-        help="Run N worker processes: tf-keras under MultiWorkerMirroredStrategy (TF_CONFIG"
-        " made for you), or Keras 3 on JAX with keras.distribution (-e KERAS_BACKEND=jax).",
-    ),
-    keras: KerasChoice | None = params.Option(
-        None,
-        "--keras",
-        help="Which Keras the workers of a --workers job use (default: from KERAS_BACKEND and"
-        " TF_USE_LEGACY_KERAS, then what the host has). keras3 takes its backend from"
-        " KERAS_BACKEND; only jax runs across processes.",
-    ),
-    gpus_per_worker: int = params.Option(
-        0, "--gpus-per-worker", min=0, help="Whole GPUs for each worker of a multi-worker job."
-    ),
-    worker_timeout: int = params.Option(
-        300,
-        "--worker-timeout",
-        min=5,
-        metavar="SECONDS",
-        help="How long a worker waits for its peers to join before the job fails.",
-    ),
-    pack: bool = params.Option(
-        False,
-        "--pack",
-        help="On an agent with the Ray or Slurm backend: put the workers on as few nodes as"
-        " possible (default: spread across nodes; on Slurm, one worker per node).",
-    ),
-    retries: int = params.Option(
-        0,
-        "--retries",
-        min=0,
-        max=100,
-        help="Run a failed attempt again up to N times (see --retry-on);"
-        " $GPUHOP_CHECKPOINT_DIR is kept.",
-    ),
-    no_auto: bool = params.Option(
-        False,
-        "--no-auto",
-        help="Leave Keras's fit as it is: no metrics callback (and, with --retries, no"
-        " BackupAndRestore) added for you. Same as -e GPUHOP_AUTO=0.",
-    ),
-    retry_on: str = RetryOnOption,
-    priority: int = PriorityOption,
-    after: list[str] | None = AfterOption,
-    after_any: bool = AfterAnyOption,
-    timeout: str | None = TimeoutOption,
+    gpus: int = jobopts.GPUS,
+    gpu_memory: str | None = jobopts.GPU_MEMORY,
+    name: str | None = jobopts.NAME,
+    env: list[str] = jobopts.ENV,
+    workers: int = jobopts.WORKERS,
+    keras: KerasChoice | None = jobopts.KERAS,
+    gpus_per_worker: int = jobopts.GPUS_PER_WORKER,
+    worker_timeout: int = jobopts.WORKER_TIMEOUT,
+    pack: bool = jobopts.PACK,
+    retries: int = jobopts.RETRIES,
+    no_auto: bool = jobopts.NO_AUTO,
+    retry_on: str = jobopts.RETRY_ON,
+    priority: int = jobopts.PRIORITY,
+    after: list[str] | None = jobopts.AFTER,
+    after_any: bool = jobopts.AFTER_ANY,
+    time_limit: str | None = jobopts.TIME_LIMIT,
     detach: bool = params.Option(
         False, "--detach", "-d", help="Print the job id and return at once."
     ),
@@ -191,44 +119,14 @@ def run(
         help="When the job ends, pull its artifacts into DIR, and the files it created or"
         " changed in its work dir back into the synced directory.",
     ),
-    workdir: Path = params.Option(
-        Path("."), "--workdir", "-C", help="The directory to sync (default: this one)."
-    ),
+    workdir: Path = jobopts.WORKDIR,
     quiet: bool = params.Option(False, "--quiet", "-q", help="Print only the job's own output."),
-    data: list[str] = params.Option(
-        [],
-        "--data",
-        metavar="NAME[:VERSION]=MOUNT",
-        help="Mount a dataset read-only at MOUNT in the work dir (repeatable; latest version"
-        " unless pinned, e.g. mnist:2=data).",
-    ),
-    requirements: Path | None = params.Option(
-        None,
-        "--requirements",
-        "-r",
-        metavar="FILE",
-        help="Packages for the job's venv, built once per set on the host and reused; the"
-        " host's TensorFlow stays visible. Default: requirements.txt here, if any.",
-    ),
-    no_requirements: bool = params.Option(
-        False, "--no-requirements", help="Ignore requirements.txt: run with the host's packages."
-    ),
-    python: str | None = params.Option(
-        None, "--python", metavar="PATH", help="Run with this interpreter on the host."
-    ),
-    notify: list[str] = params.Option(
-        [],
-        "--notify",
-        metavar="URL|desktop",
-        help="POST the job's start and end (JSON) to this webhook; a Slack incoming webhook"
-        " works as is (repeatable). 'desktop': a desktop notification here when it ends.",
-    ),
-    mixed_gpus: bool = params.Option(
-        False,
-        "--mixed-gpus",
-        help="Several GPUs may be of different models (default: the job waits for GPUs of"
-        " one model and topology group).",
-    ),
+    data: list[str] = jobopts.DATA,
+    requirements: Path | None = jobopts.REQUIREMENTS,
+    no_requirements: bool = jobopts.NO_REQUIREMENTS,
+    python: str | None = jobopts.PYTHON,
+    notify: list[str] = jobopts.NOTIFY,
+    mixed_gpus: bool = jobopts.MIXED_GPUS,
     no_progress: bool = NoProgressOption,
     on: str | None = OnOption,
 ) -> None:
@@ -241,13 +139,8 @@ def run(
 
     Example: gpuhop run --gpus 1 train.py --epochs 3
     """
-    if workers > 1 and gpus:
-        fail("a multi-worker job takes --gpus-per-worker, not --gpus")
-    if workers == 1 and gpus_per_worker:
-        fail("--gpus-per-worker is for multi-worker jobs (--workers N); use --gpus")
-    share_mb = _parse_share(gpu_memory, gpus)
-    queue = queue_options(priority, after, after_any, timeout, retry_on)
-    desktop = "desktop" in notify
+    spec = jobopts.spec_of(locals())  # first: its locals are the command's options
+    desktop = jobopts.DESKTOP in notify
     if desktop and detach:
         fail("--notify desktop tells this terminal when the job ends; it needs a run that waits")
     client = client_for(on)
@@ -255,27 +148,7 @@ def run(
         with _uploading(wants_live(no_progress or quiet, sys.stderr)) as on_upload:
             if command[0].endswith(".ipynb"):  # a notebook, run top to bottom with nbclient
                 command = batch_command(command, workdir)
-            job = client.submit(
-                command,
-                workdir=workdir,
-                gpus=gpus,
-                name=name,
-                env=_parse_env([*env, *(["GPUHOP_AUTO=0"] if no_auto else [])])
-                | ({"GPUHOP_KERAS": keras.value} if keras else {}),
-                retries=retries,
-                workers=workers,
-                gpus_per_worker=gpus_per_worker,
-                worker_timeout=worker_timeout,
-                pack=pack,
-                gpu_memory=share_mb,
-                data=data,
-                requirements=False if no_requirements else requirements,
-                python=python,
-                on_upload=on_upload,
-                **queue,
-                notify=[url for url in notify if url != "desktop"],
-                mixed_gpus=mixed_gpus,
-            )
+            job = client.submit(command, spec, workdir=workdir, on_upload=on_upload)
     except GpuhopError as e:
         fail(e.message)
     stats = client.last_sync
@@ -318,21 +191,6 @@ def _uploading(live: bool) -> Iterator[Callable[[int, int], None] | None]:
 
     with transfer("uploading", True) as on_upload:
         yield on_upload
-
-
-def _parse_share(gpu_memory: str | None, gpus: int) -> int | None:
-    if gpu_memory is None:
-        return None
-    try:
-        share_mb = parse_mb(gpu_memory)
-    except ValueError as e:
-        fail(f"--gpu-memory: {e}")
-    if gpus > 1:
-        fail(
-            f"--gpu-memory gives the job a share of one GPU; it cannot be combined with"
-            f" --gpus {gpus} (use --gpus {gpus} alone for whole GPUs)"
-        )
-    return share_mb
 
 
 def logs(

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from gpuhop.api.spec import JobSpec
+from gpuhop.cli import jobopts
 from gpuhop.cli.connect import OnOption, client_for
-from gpuhop.cli.jobs import _parse_env, _parse_share
 from gpuhop.cli.output import fail, human_bytes, say, state_text
 from gpuhop.cli.usualport import forward_at, interrupt
 from gpuhop.client import Client, GpuhopError
@@ -43,18 +44,13 @@ def notebook(
         help="Re-attach to this notebook job (id, prefix or name). Default: your newest"
         " running one, else a new one.",
     ),
-    gpus: int = typer.Option(0, "--gpus", "-g", min=0, help="Whole GPUs for the notebook."),
-    gpu_memory: str | None = typer.Option(
-        None,
-        "--gpu-memory",
-        metavar="SIZE",
-        help="Instead of whole GPUs: a share of one GPU (6GiB, 6G, 6144M, or MB).",
+    gpus: int = jobopts.worded(jobopts.GPUS, "Whole GPUs for the notebook."),
+    gpu_memory: str | None = jobopts.worded(
+        jobopts.GPU_MEMORY,
+        "Instead of whole GPUs: a share of one GPU (6GiB, 6G, 6144M, or MB).",
     ),
-    name: str | None = typer.Option(
-        None,
-        "--name",
-        "-n",
-        help="Name the new notebook job (or re-attach to the one of that name).",
+    name: str | None = jobopts.worded(
+        jobopts.NAME, "Name the new notebook job (or re-attach to the one of that name)."
     ),
     idle: str = typer.Option(
         "2h",
@@ -79,27 +75,25 @@ def notebook(
         help=f"The port here (default: {DEFAULT_LOCAL_PORT} if free, else any; 0 for any).",
     ),
     no_browser: bool = typer.Option(False, "--no-browser", help="Print the URL; open nothing."),
-    env: list[str] = typer.Option(
-        [], "--env", "-e", metavar="KEY=VALUE", help="Set an environment variable (repeatable)."
+    env: list[str] = jobopts.ENV,
+    data: list[str] = jobopts.worded(jobopts.DATA, "Mount a dataset (as for run)."),
+    workdir: Path = jobopts.WORKDIR,
+    requirements: Path | None = jobopts.worded(
+        jobopts.REQUIREMENTS,
+        "Packages for the job's venv (default: requirements.txt here, if any).",
     ),
-    data: list[str] = typer.Option(
-        [], "--data", metavar="NAME[:VERSION]=MOUNT", help="Mount a dataset (as for run)."
+    no_requirements: bool = jobopts.worded(
+        jobopts.NO_REQUIREMENTS, "Ignore requirements.txt: use the host's packages."
     ),
-    workdir: Path = typer.Option(
-        Path("."), "--workdir", "-C", help="The directory to sync (default: this one)."
+    python: str | None = jobopts.worded(
+        jobopts.PYTHON, "Run Jupyter and its kernels with this Python."
     ),
-    requirements: Path | None = typer.Option(
-        None,
-        "--requirements",
-        "-r",
-        metavar="FILE",
-        help="Packages for the job's venv (default: requirements.txt here, if any).",
-    ),
-    no_requirements: bool = typer.Option(
-        False, "--no-requirements", help="Ignore requirements.txt: use the host's packages."
-    ),
-    python: str | None = typer.Option(
-        None, "--python", metavar="PATH", help="Run Jupyter and its kernels with this Python."
+    mixed_gpus: bool = jobopts.MIXED_GPUS,
+    priority: int = jobopts.PRIORITY,
+    time_limit: str | None = jobopts.worded(
+        jobopts.TIME_LIMIT,
+        "A time limit (6h, 90m, 30s, or seconds): the server gets SIGTERM when it passes,"
+        " however busy its kernels (--idle stops an idle one).",
     ),
     on: str | None = OnOption,
 ) -> None:
@@ -115,10 +109,10 @@ def notebook(
 
     Example: gpuhop notebook --gpus 1
     """
+    spec = jobopts.spec_of(locals())  # first: its locals are the command's options
     from gpuhop.client import notebook as nb_client
 
     idle_s = parse_idle(idle)
-    share_mb = _parse_share(gpu_memory, gpus)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupt)
     with client_for(on) as client:
@@ -137,24 +131,14 @@ def notebook(
             nb = None
         if nb is not None:
             say(f"re-attaching to notebook job {nb.job.id} ({state_text(nb.job.state)})")
-            if gpus or share_mb is not None or python or requirements or env or data:
+            if requirements or spec.replace(name=None, requirements=None) != JobSpec():
                 say(
-                    "[yellow]the GPU, Python, env and data options apply to a new notebook;"
-                    " --new starts one[/yellow]"
+                    "[yellow]the GPU, Python, env, data and queue options apply to a new"
+                    " notebook; --new starts one[/yellow]"
                 )
         else:
             start = functools.partial(
-                nb_client.start,
-                client.session,
-                workdir=workdir,
-                gpus=gpus,
-                gpu_memory=share_mb,
-                name=name,
-                idle=idle_s,
-                env=_parse_env(env),
-                data=data,
-                requirements=False if no_requirements else requirements,
-                python=python,
+                nb_client.start, client.session, spec, workdir=workdir, idle=idle_s
             )
             nb = _start(client, start)
         _attach(nb, local_port, url_only, no_browser)

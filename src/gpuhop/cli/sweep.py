@@ -17,9 +17,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from gpuhop.api import JobInfo, JobState
-from gpuhop.cli import params
+from gpuhop.cli import jobopts, params
 from gpuhop.cli.connect import OnOption, client_for
-from gpuhop.cli.jobs import _parse_env
 from gpuhop.cli.output import (
     STATE_STYLE,
     duration,
@@ -60,22 +59,44 @@ def sweep(
         metavar="N",
         help="N runs with GPUHOP_ARRAY_INDEX=0..N-1 (and {index} in the command).",
     ),
-    max_parallel: int | None = typer.Option(
-        None, "--max-parallel", min=1, metavar="K", help="At most K runs at once (the agent's)."
+    max_parallel: int | None = jobopts.MAX_PARALLEL,
+    name: str | None = jobopts.worded(
+        jobopts.NAME, "The sweep's name; its runs are NAME[lr=0.1,batch=32]."
     ),
-    name: str | None = typer.Option(
-        None, "--name", "-n", help="The sweep's name; its runs are NAME[lr=0.1,batch=32]."
+    gpus: int = jobopts.worded(jobopts.GPUS, "Whole GPUs for each run."),
+    gpu_memory: str | None = jobopts.worded(
+        jobopts.GPU_MEMORY,
+        "Instead of whole GPUs: a share of one GPU for each run (6GiB, 6G, 6144M, or MB).",
     ),
-    gpus: int = typer.Option(0, "--gpus", "-g", min=0, help="Whole GPUs for each run."),
-    env: list[str] = typer.Option(
-        [], "--env", "-e", metavar="KEY=VALUE", help="Set an environment variable (repeatable)."
+    mixed_gpus: bool = jobopts.MIXED_GPUS,
+    env: list[str] = jobopts.ENV,
+    data: list[str] = jobopts.worded(
+        jobopts.DATA, "Mount a dataset in each run's work dir (as for run; repeatable)."
     ),
-    notify: list[str] = typer.Option(
-        [], "--notify", metavar="URL", help="A webhook told of each run's start and end."
+    requirements: Path | None = jobopts.REQUIREMENTS,
+    no_requirements: bool = jobopts.NO_REQUIREMENTS,
+    python: str | None = jobopts.PYTHON,
+    priority: int = jobopts.PRIORITY,
+    after: list[str] | None = jobopts.worded(
+        jobopts.AFTER,
+        "Runs wait in the queue until these jobs end (ids, prefixes or names; repeatable).",
     ),
-    workdir: Path = typer.Option(
-        Path("."), "--workdir", "-C", help="The directory to sync (once, for every run)."
+    after_any: bool = jobopts.AFTER_ANY,
+    time_limit: str | None = jobopts.worded(
+        jobopts.TIME_LIMIT,
+        "A time limit for each run (6h, 90m, 30s, or seconds): SIGTERM when it passes,"
+        " SIGKILL 10s later; the run ends with class timeout and is not retried.",
     ),
+    retries: int = jobopts.worded(
+        jobopts.RETRIES,
+        "Run a failed attempt of a run again up to N times (see --retry-on);"
+        " $GPUHOP_CHECKPOINT_DIR is kept.",
+    ),
+    retry_on: str = jobopts.RETRY_ON,
+    notify: list[str] = jobopts.worded(
+        jobopts.NOTIFY, "A webhook told of each run's start and end.", metavar="URL"
+    ),
+    workdir: Path = jobopts.worded(jobopts.WORKDIR, "The directory to sync (once, for every run)."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Print the sweep id and return."),
     on: str | None = OnOption,
 ) -> None:
@@ -93,22 +114,15 @@ def sweep(
     if command[0] == "show":
         _dispatch_show([*command[1:], *(["--on", on] if on else [])])
         return
+    spec = jobopts.spec_of(locals(), sweep=True)  # before any name is bound: its options
+    if jobopts.DESKTOP in notify:
+        fail("--notify desktop is gpuhop run's; a sweep's runs tell webhooks (--notify URL)")
     try:
-        params = dict(parse_param(p) for p in param)
-        if len(params) != len(param):
+        values = dict(parse_param(p) for p in param)
+        if len(values) != len(param):
             fail("a parameter is given twice with -p")
         with client_for(on) as client:
-            made = client.sweep(
-                command,
-                params,
-                array=array,
-                max_parallel=max_parallel,
-                name=name,
-                workdir=workdir,
-                gpus=gpus,
-                env=_parse_env(env),
-                notify=notify,
-            )
+            made = client.sweep(command, values, spec, array=array, workdir=workdir)
             if detach:
                 print(made.id)
                 return

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import typer
 
+from gpuhop.cli import jobopts
 from gpuhop.cli.connect import OnOption, client_for
-from gpuhop.cli.jobs import _parse_share
 from gpuhop.cli.output import ago, fail, print_table, say, state_text
 from gpuhop.cli.ps import gpus_column
 from gpuhop.client import GpuhopError
@@ -23,9 +23,9 @@ NameOption = typer.Option("tf-server", "--name", help="The server job's name.")
 
 @app.command()
 def start(
-    gpus: int = typer.Option(0, "--gpus", min=0, help="Whole GPUs the server holds."),
-    gpu_memory: str | None = typer.Option(
-        None, "--gpu-memory", help="A share of one GPU instead (6GiB, 6144M, ...)."
+    gpus: int = jobopts.worded(jobopts.GPUS, "Whole GPUs the server holds."),
+    gpu_memory: str | None = jobopts.worded(
+        jobopts.GPU_MEMORY, "A share of one GPU instead (6GiB, 6144M, ...)."
     ),
     name: str = NameOption,
     wait: bool = typer.Option(
@@ -41,12 +41,12 @@ def start(
     """
     from gpuhop.client import tfservers
 
-    share = _parse_share(gpu_memory, gpus)
+    # Its --name is the server's own (a default, no -n) and its --timeout a wait's: only the
+    # GPU options are the job's.
+    spec = jobopts.spec_of({"gpus": gpus, "gpu_memory": gpu_memory})
     with client_for(on) as client:
         try:
-            job = tfservers.start(
-                client, name=name, gpus=gpus, gpu_memory=share, wait=False, timeout=timeout
-            )
+            job = tfservers.start(client, spec, name=name, wait=False, timeout=timeout)
             say(f"TensorFlow server job {job.id} ({name}) {state_text(job.state)}")
             if wait:
                 tfservers.wait_ready(job, timeout)

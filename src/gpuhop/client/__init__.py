@@ -6,14 +6,29 @@ from gpuhop.client.client import Client
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.job import Job
 
-__all__ = ["Client", "Forward", "GpuhopError", "Job", "Model", "SyncStats", "TensorBoard"]
+__all__ = [
+    "Client",
+    "Forward",
+    "GpuhopError",
+    "Job",
+    "JobSpec",
+    "Model",
+    "SyncStats",
+    "TensorBoard",
+]
 
 
 if TYPE_CHECKING:
+    from gpuhop.api.spec import JobSpec
     from gpuhop.client.submitted import SyncStats
 
 
 def __getattr__(name: str) -> object:
+    # A dataclass: `dataclasses` loads `inspect`, which `ps` and `logs` do without.
+    if name == "JobSpec":
+        from gpuhop.api.spec import JobSpec
+
+        return JobSpec
     # The sync's modules load with a submit, not with every command.
     if name == "SyncStats":
         from gpuhop.client.submitted import SyncStats

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         UiLoginCode,
     )
     from gpuhop.api.agent import ClusterInfo
+    from gpuhop.api.spec import JobSpec
     from gpuhop.api.upkeep import DiskUsage, GcReport
     from gpuhop.client.dashboard import Dashboard
     from gpuhop.client.data import Datasets, Envs
@@ -185,97 +186,66 @@ class Client:
     def submit(
         self,
         command: str | Sequence[str],
+        spec: JobSpec | None = None,
         *,
         workdir: str | os.PathLike[str] = ".",
-        gpus: int = 0,
-        name: str | None = None,
-        env: dict[str, str] | None = None,
-        priority: int = 0,
-        retries: int = 0,
-        workers: int = 1,
-        gpus_per_worker: int = 0,
-        worker_timeout: int = 300,
-        gpu_memory: str | int | None = None,
         on_hash: Progress | None = None,
         on_upload: Callable[[int, int], None] | None = None,
-        data: Sequence[str] = (),
-        requirements: str | os.PathLike[str] | bool | None = None,
-        python: str | None = None,
-        private_network: bool = False,
-        pack: bool = False,
-        after: str | Job | Sequence[str | Job] = (),
-        after_any: bool = False,
-        timeout: str | float | None = None,
-        retry_on: str = "infra",
-        notify: Sequence[str] = (),
-        mixed_gpus: bool = False,
+        **options: Any,
     ) -> Job:
         """Sync `workdir` and queue `command` there. Returns at once with a `Job` handle.
 
         `command` is a script (`train.py`, run with the host's Python) or a program on the
-        host, with its arguments; a string is split like a shell would. With `retries`, a
-        failed attempt is queued again with the same checkpoint dir. With `workers`, that
-        many processes run it under MultiWorkerMirroredStrategy, each with
-        `gpus_per_worker` GPUs and its own TF_CONFIG. `gpu_memory` ("6GiB", "6144M", or an
-        int of MB) asks for a share of one GPU instead of whole GPUs; the job's TensorFlow
-        is capped at it.
+        host, with its arguments; a string is split like a shell would. What the job asks
+        for is `spec` (a `JobSpec`, taken as it is), with `options` set on it by keyword:
+        JobSpec's fields, or these names for them (None leaves one at its default; an
+        unknown keyword raises a TypeError, which is a GpuhopError too):
+
+        `gpus`: whole GPUs. With `retries`, a failed attempt is queued again with the same
+        checkpoint dir. With `workers`, that many processes run it under
+        MultiWorkerMirroredStrategy, each with `gpus_per_worker` GPUs and its own TF_CONFIG
+        (`worker_timeout`: seconds a worker waits for its peers). `gpu_memory` ("6GiB",
+        "6144M", or an int of MB; the field `gpu_memory_mb`) asks for a share of one GPU
+        instead of whole GPUs; the job's TensorFlow is capped at it. `name`: a name to find
+        the job by; `env`: its environment variables (a dict).
 
         `data` mounts datasets read-only in the work dir: "NAME[:VERSION]=MOUNT" each.
         `requirements` is a requirements file for the job's own venv (built once per set on
         the host, and seeing the host's packages); by default `requirements.txt` in
-        `workdir` if there is one, and False for none. `python` runs the job with another
-        interpreter on the host. `private_network` runs it in a network namespace of its
-        own, whose ports only `forward` reaches (an older agent refuses it). `pack` puts the
-        workers on as few nodes as possible on an agent with the Ray backend (default:
-        spread across nodes; an older agent refuses it).
+        `workdir` if there is one (without a `spec`), and False for none. `python` runs the
+        job with another interpreter on the host. `private_network` runs it in a network
+        namespace of its own, whose ports only `forward` reaches (an older agent refuses
+        it). `pack` puts the workers on as few nodes as possible on an agent with the Ray
+        backend (default: spread across nodes; an older agent refuses it).
 
         `priority` (-100..100, default 0): higher starts first, ties by age; above 0 is an
         admin's call on a team agent. `after` (jobs, or their ids or names): the job waits
         in the queue until they end, and is cancelled if one does not succeed, unless
-        `after_any`. `timeout` ("6h", "90m", "30s" or seconds): SIGTERM when it passes,
-        SIGKILL 10 s later; the job ends with class `timeout`. `retry_on`: "infra" (the
-        default) retries only attempts the machine ended (lost, oom-host, killed,
-        gpu-fault), "any" also the job's own failures (app-error, oom-gpu).
-        `notify`: webhook URLs the agent POSTs the job's start and end to (JSON; a Slack
-        incoming webhook gets a `text`). `mixed_gpus`: several GPUs may be of different
-        models (by default the job waits for GPUs of one model and topology group).
+        `after_any`. `timeout` ("6h", "90m", "30s" or seconds; the field `time_limit`):
+        SIGTERM when it passes, SIGKILL 10 s later; the job ends with class `timeout`.
+        `retry_on`: "infra" (the default) retries only attempts the machine ended (lost,
+        oom-host, killed, gpu-fault), "any" also the job's own failures (app-error,
+        oom-gpu). `notify`: webhook URLs the agent POSTs the job's start and end to (JSON;
+        a Slack incoming webhook gets a `text`). `mixed_gpus`: several GPUs may be of
+        different models (by default the job waits for GPUs of one model and topology
+        group).
         """
         return jobs.submit(
             self.session,
             command,
+            jobs.spec_of(workdir, spec, options),
             workdir=workdir,
-            gpus=gpus,
-            name=name,
-            env=env,
-            priority=priority,
-            retries=retries,
-            workers=workers,
-            gpus_per_worker=gpus_per_worker,
-            worker_timeout=worker_timeout,
-            gpu_memory=gpu_memory,
             on_hash=on_hash,
             on_upload=on_upload,
-            data=data,
-            requirements=requirements,
-            python=python,
-            private_network=private_network,
-            pack=pack,
-            after=after,
-            after_any=after_any,
-            timeout=timeout,
-            retry_on=retry_on,
-            notify=notify,
-            mixed_gpus=mixed_gpus,
         )
 
     def sweep(
         self,
         command: str | Sequence[str],
         params: Mapping[str, Sequence[str]] | None = None,
+        spec: JobSpec | None = None,
         *,
         array: int | None = None,
-        max_parallel: int | None = None,
-        name: str | None = None,
         workdir: str | os.PathLike[str] = ".",
         **options: Any,
     ) -> sweeps.Sweep:
@@ -283,20 +253,22 @@ class Client:
         with GPUHOP_ARRAY_INDEX set), `{key}` in `command` replaced by each run's value.
 
         All runs share one synced tree. The agent runs at most `max_parallel` of them at
-        once. Each run is named `NAME[key=value,...]`. `options` are `submit`'s (gpus, env,
-        notify, ...). Returns the `Sweep`; `Client.sweep_runs(sweep.id)` lists its runs.
+        once. Each run is named `NAME[key=value,...]`. `spec` and `options` are `submit`'s
+        (gpus, env, notify, max_parallel, name, ..., and on_hash and on_upload), for every
+        run. Returns the `Sweep`; `Client.sweep_runs(sweep.id)` lists its runs.
         """
         import gpuhop.client.sweeps as sweeps
 
+        on_hash, on_upload = options.pop("on_hash", None), options.pop("on_upload", None)
         return sweeps.submit(
             self.session,
             command,
             params or {},
+            jobs.spec_of(workdir, spec, options),
             array=array,
-            max_parallel=max_parallel,
-            name=name,
             workdir=workdir,
-            options=options,
+            on_hash=on_hash,
+            on_upload=on_upload,
         )
 
     def sweep_runs(self, sweep: str) -> list[JobInfo]:
@@ -369,29 +341,19 @@ class Client:
 
     def start_notebook(
         self,
+        spec: JobSpec | None = None,
         *,
         workdir: str | os.PathLike[str] = ".",
-        gpus: int = 0,
-        gpu_memory: str | int | None = None,
-        name: str | None = None,
         idle: int = notebooks.DEFAULT_IDLE,
-        env: dict[str, str] | None = None,
-        requirements: str | os.PathLike[str] | bool | None = None,
-        python: str | None = None,
+        **options: Any,
     ) -> notebooks.Notebook:
         """JupyterLab on the GPU host as a job in `workdir` (synced), holding its GPUs.
-        Kernels idle for `idle` seconds stop, and then the server (0: never). Returns at
-        once; `wait_ready()`, then `forward()`, and `url(fwd.url)` is the link with the token."""
+        Kernels idle for `idle` seconds stop, and then the server (0: never). `spec` and
+        `options` (gpus, gpu_memory, name, env, requirements, python, ...) are as for
+        `submit`. Returns at once; `wait_ready()`, then `forward()`, and `url(fwd.url)` is
+        the link with the token."""
         return notebooks.start(
-            self.session,
-            workdir=workdir,
-            gpus=gpus,
-            gpu_memory=gpu_memory,
-            name=name,
-            idle=idle,
-            env=env,
-            requirements=requirements,
-            python=python,
+            self.session, jobs.spec_of(workdir, spec, options), workdir=workdir, idle=idle
         )
 
     def notebook(self, ref: str | None = None) -> notebooks.Notebook | None:

@@ -1,5 +1,6 @@
 """Runs on the user's machine: the exception types the SDK raises: `GpuhopError` for a failed
-request, `SyncError` for a work dir that cannot be synced as it is."""
+request, `UnknownOption` for a keyword that is no job option, `SyncError` for a work dir
+that cannot be synced as it is."""
 
 from __future__ import annotations
 
@@ -28,6 +29,14 @@ class GpuhopError(Exception):
         self.code = code
         self.status = status
         self.detail = detail or {}
+
+
+class UnknownOption(GpuhopError, TypeError):
+    """A keyword that is no job option (a JobSpec field, or one of `Client.submit`'s names
+    for one): a TypeError too, as an unknown keyword argument always was."""
+
+    def __init__(self, name: str):
+        super().__init__(f"{name!r} is not a job option", code="bad_request")
 
 
 def invalid(what: str, error: ValidationError) -> GpuhopError:

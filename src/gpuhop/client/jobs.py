@@ -1,70 +1,136 @@
 """Runs on the user's machine: the agent's job queue: submitting a job (its work dir synced
-first) and listing jobs. `Client.submit` and `Client.jobs` say what each argument means."""
+first, its `JobSpec` made from the SDK's keywords by `spec_of`) and listing jobs.
+`Client.submit` and `Client.jobs` say what each argument means."""
 
 from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuhop.api.queue import parse_duration
-from gpuhop.api.states import JobState, RetryOn
-from gpuhop.client.errors import GpuhopError
+from gpuhop.api.states import JobState
+from gpuhop.client.errors import GpuhopError, UnknownOption
 from gpuhop.client.job import Job
 from gpuhop.client.session import Session
 
 if TYPE_CHECKING:
     from gpuhop.api import JobInfo
-    from gpuhop.api.models import DataMount
+    from gpuhop.api.spec import JobSpec, Mount
     from gpuhop.client.sync import ScanResult
     from gpuhop.client.upload import Progress, UploadProgress
+
+
+# `Client.submit`'s names for the spec's fields that it takes in another form: each makes
+# the field's value from what the SDK has always taken (see `Client.submit`).
+SDK_NAMES = {"gpu_memory_mb": "gpu_memory", "time_limit": "timeout"}
+
+
+def spec_of(
+    workdir: str | os.PathLike[str], spec: JobSpec | None, options: Mapping[str, Any]
+) -> JobSpec:
+    """`spec` (default: none asked) with `options` set: JobSpec's fields, by their names or
+    by `Client.submit`'s (`gpu_memory`, `timeout`; `requirements` a file, or True, False or
+    None for `workdir`'s requirements.txt). None leaves a field at its default. Without a
+    `spec`, the work dir's requirements.txt, if any, is the job's unless `requirements`
+    says otherwise; a spec's own `requirements` is a file's text, taken as it is.
+
+    GpuhopError (bad_request) names a value that cannot be made the field's; a keyword that
+    is no job option raises UnknownOption (a TypeError too)."""
+    import dataclasses  # loaded with JobSpec anyway
+
+    from gpuhop.api.spec import JobSpec
+
+    defaults = JobSpec()
+    known = {f.name for f in dataclasses.fields(defaults)}
+    root = Path(workdir).absolute()
+    fields: dict[str, Any] = {}
+    for key, value in options.items():
+        field = _SDK_FIELDS.get(key, key)
+        if field not in known:
+            raise UnknownOption(key)
+        if value is None and field != "requirements":
+            fields[field] = getattr(defaults, field)
+            continue
+        try:
+            fields[field] = _MAKE[field](value, root) if field in _MAKE else value
+        except ValueError as e:
+            raise GpuhopError(f"{key}: {e}", code="bad_request") from None
+    if spec is None and "requirements" not in options:
+        fields["requirements"] = _requirements(None, root)
+    return (spec or defaults).replace(**fields)
+
+
+def check(spec: JobSpec) -> None:
+    """GpuhopError (bad_request) saying what is wrong between the spec's fields, if anything is."""
+    problems = spec.problems(SDK_NAMES)
+    if problems:
+        raise GpuhopError("; ".join(problems), code="bad_request")
+
+
+def _requirements(value: Any, root: Path) -> str | None:
+    from gpuhop.client.submitted import requirements_text
+
+    return requirements_text(value, root)
+
+
+def _mounts(value: Any, root: Path) -> tuple[Mount, ...]:
+    from gpuhop.api.spec import Mount
+
+    items = [value] if isinstance(value, str) else value
+    return tuple(m if isinstance(m, Mount) else Mount.parse(m) for m in items)
+
+
+def _job_ids(value: Any, root: Path) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str | Job) else value
+    return tuple(d.id if isinstance(d, Job) else d for d in items)
+
+
+def _size(value: Any, root: Path) -> int:
+    from gpuhop.api.sizes import parse_mb
+
+    return parse_mb(value)
+
+
+# How a field's value is made from what `Client.submit` is given (a ValueError says why it
+# cannot be); other fields take it as it is.
+_MAKE: dict[str, Callable[[Any, Path], Any]] = {
+    "gpu_memory_mb": _size,
+    "time_limit": lambda value, root: parse_duration(value),
+    "requirements": _requirements,
+    "data": _mounts,
+    "after": _job_ids,
+    "notify": lambda value, root: tuple(value),
+    "env": lambda value, root: dict(value),
+    "retry_on": lambda value, root: str(value),
+}
+_SDK_FIELDS = {name: field for field, name in SDK_NAMES.items()}
 
 
 def submit(
     session: Session,
     command: str | Sequence[str],
+    spec: JobSpec,
     *,
     workdir: str | os.PathLike[str] = ".",
-    gpus: int = 0,
-    name: str | None = None,
-    env: dict[str, str] | None = None,
-    priority: int = 0,
-    retries: int = 0,
-    workers: int = 1,
-    gpus_per_worker: int = 0,
-    worker_timeout: int = 300,
-    gpu_memory: str | int | None = None,
     on_hash: Progress | None = None,
     on_upload: UploadProgress | None = None,
-    data: Sequence[str] = (),
-    requirements: str | os.PathLike[str] | bool | None = None,
-    python: str | None = None,
-    private_network: bool = False,
-    pack: bool = False,
-    after: str | Job | Sequence[str | Job] = (),
-    after_any: bool = False,
-    timeout: str | float | None = None,
-    retry_on: str = "infra",
-    notify: Sequence[str] = (),
-    mixed_gpus: bool = False,
-    sweep: str | None = None,
-    max_parallel: int | None = None,
     synced: Synced | None = None,
 ) -> Job:
-    """Sync `workdir` and queue `command` there; see `Client.submit`. What the sync did is
-    left in `session.last_sync`. With `synced` (from `scan_workdir`), the work dir is not
-    scanned again: the runs of a sweep share one tree."""
+    """Sync `workdir` and queue `command` there as `spec` asks; see `Client.submit`. What
+    the sync did is left in `session.last_sync`. With `synced` (from `scan_workdir`), the
+    work dir is not scanned again: the runs of a sweep share one tree."""
     # The sync's modules (the scanner, hashing, uploads): loaded by a submit, not by `ps`.
     from gpuhop.client.leftovers import outputs_warning
-    from gpuhop.client.submitted import SyncStats, requirements_text, script_in_workdir, share_mb
+    from gpuhop.client.submitted import SyncStats, script_in_workdir
     from gpuhop.client.trees import LastTree, post_with_tree
 
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     if not argv:
         raise GpuhopError("no command given", code="bad_request")
-    gpu_memory_mb = share_mb(gpu_memory, gpus)
+    check(spec)
     root = Path(workdir).absolute()
     argv[0] = script_in_workdir(argv[0], root)
     synced = synced or scan_workdir(session, root, on_hash)
@@ -75,52 +141,13 @@ def submit(
             " defaults; un-ignore it (a '!' line in .gpuhopignore) to run it",
             code="bad_request",
         )
-    try:
-        seconds = None if timeout is None else parse_duration(timeout)
-    except ValueError as e:
-        raise GpuhopError(f"timeout: {e}", code="bad_request") from None
-    if retry_on not in set(RetryOn):
-        raise GpuhopError(
-            f"retry_on: {retry_on!r} is not one of {', '.join(RetryOn)}", code="bad_request"
-        )
-    deps = [after] if isinstance(after, str | Job) else list(after)
     note = outputs_warning(result.files, root, session.cache_dir)
     if note is not None:
         result.warnings.append(note)
     # `SubmitRequest`'s fields, checked by the agent (its 422 names each bad one): no
-    # pydantic here, before `gpuhop run`'s first byte. Fields left at None are not sent, so
-    # an older agent still takes a plain request.
-    fields: dict[str, Any] = dict(
-        command=argv,
-        tree=tree,
-        name=name,
-        gpus=gpus,
-        env=dict(env or {}),
-        priority=priority,
-        retries=retries,
-        workers=workers,
-        gpus_per_worker=gpus_per_worker,
-        worker_timeout=worker_timeout,
-        gpu_memory_mb=gpu_memory_mb,
-        data=[m.model_dump(mode="json") for m in _mounts(data)],
-        requirements=requirements_text(requirements, root),
-        python=python,
-        private_network=private_network or None,
-        pack=pack or None,
-        after=[d.id if isinstance(d, Job) else d for d in deps],
-        after_any=after_any,
-        timeout=seconds,
-        retry_on=RetryOn(retry_on).value,
-        notify=list(notify) or None,
-        mixed_gpus=mixed_gpus or None,
-        sweep=sweep,
-        max_parallel=max_parallel,
-    )
-    body = {key: value for key, value in fields.items() if value is not None}
-    # An older agent takes a request without these when they say nothing new.
-    for key, unset in (("data", []), ("after", []), ("after_any", False), ("retry_on", "infra")):
-        if body[key] == unset:
-            del body[key]
+    # pydantic here, before `gpuhop run`'s first byte. Only what the spec asks beyond the
+    # defaults is sent, so an older agent still takes a request that asks nothing new.
+    body = {"command": argv, "tree": tree, **spec.to_wire()}
     sent: tuple[int, int, str] = (0, 0, "")
     last = LastTree.digest_of(session.cache_dir, root)
 
@@ -203,12 +230,3 @@ def list_json(
     params += [("state", JobState(s).value) for s in states or ()]
     jobs: list[dict[str, Any]] = session.request("GET", "/v1/jobs", params=params).json()
     return jobs
-
-
-def _mounts(data: Sequence[str]) -> list[DataMount]:
-    """The `--data` mounts; the datasets module (gpuhop.api.data with it) only when asked."""
-    if not data:
-        return []
-    from gpuhop.client.data import parse_mount
-
-    return [parse_mount(m) for m in data]

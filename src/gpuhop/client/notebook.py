@@ -25,6 +25,7 @@ from gpuhop.client.session import Session, quote
 
 if TYPE_CHECKING:
     from gpuhop.api import JobInfo
+    from gpuhop.api.spec import JobSpec
     from gpuhop.client.forward import ErrorHandler, Forward
 
 # What the job runs; keep in step with gpuhop.runtime.notebook (the client never imports it).
@@ -159,21 +160,15 @@ def _port_in(record: dict[str, object] | None) -> int | None:
 
 def start(
     session: Session,
+    spec: JobSpec,
     *,
     workdir: str | os.PathLike[str] = ".",
-    gpus: int = 0,
-    gpu_memory: str | int | None = None,
-    name: str | None = None,
     idle: int = DEFAULT_IDLE,
-    env: dict[str, str] | None = None,
-    data: Sequence[str] = (),
-    requirements: str | os.PathLike[str] | bool | None = None,
-    python: str | None = None,
     on_upload: Callable[[int, int], None] | None = None,
 ) -> Notebook:
-    """Queue a JupyterLab server job in `workdir` (synced); returns at once. `idle`: seconds
-    after which idle kernels stop, and then the server (0: never). The other arguments are
-    as for `Client.submit`."""
+    """Queue a JupyterLab server job in `workdir` (synced) as `spec` asks (see
+    `Client.submit`); returns at once. `idle`: seconds after which idle kernels stop, and
+    then the server (0: never)."""
     from secrets import token_urlsafe
 
     if idle < 0:
@@ -181,14 +176,8 @@ def start(
     job = submit(
         session,
         [*SERVE, "--idle", str(idle)],
+        spec.replace(env={**spec.env, TOKEN_ENV: token_urlsafe(32)}),
         workdir=workdir,
-        gpus=gpus,
-        gpu_memory=gpu_memory,
-        name=name,
-        env={**(env or {}), TOKEN_ENV: token_urlsafe(32)},
-        data=data,
-        requirements=requirements,
-        python=python,
         on_upload=on_upload,
     )
     return Notebook(job)

@@ -1,6 +1,6 @@
-"""Runs on the user's machine: what a submit sends besides the command, worked out from
-the work dir and the arguments (the tree of files, a requirements text, the script's path,
-a GPU share), and what the sync did."""
+"""Runs on the user's machine: what a submit sends besides the command and its `JobSpec`,
+worked out from the work dir (the tree of files, the script's path, a requirements file's
+text), and what the sync did."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import hashlib
 import os
 from pathlib import Path
 
-from gpuhop.api import parse_mb
 from gpuhop.api.trees import tree_bytes
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.sync import FileEntry, ScanResult
@@ -36,21 +35,6 @@ class SyncStats:
     def bytes(self) -> int:
         """The work dir's bytes (added up when asked: a sum over every file)."""
         return self._scan.total_bytes
-
-
-def share_mb(gpu_memory: str | int | None, gpus: int) -> int | None:
-    if gpu_memory is None:
-        return None
-    try:
-        mb = parse_mb(gpu_memory)
-    except ValueError as e:
-        raise GpuhopError(f"gpu_memory: {e}", code="bad_request") from None
-    if gpus > 1:
-        raise GpuhopError(
-            f"gpu_memory asks for a share of one GPU; it cannot be combined with gpus={gpus}",
-            code="bad_request",
-        )
-    return mb
 
 
 def requirements_text(value: str | os.PathLike[str] | bool | None, root: Path) -> str | None:

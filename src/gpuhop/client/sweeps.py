@@ -12,12 +12,16 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import gpuhop.client.jobs as jobs
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.job import Job
 from gpuhop.client.session import Session
+
+if TYPE_CHECKING:
+    from gpuhop.api.spec import JobSpec
+    from gpuhop.client.upload import Progress, UploadProgress
 
 MAX_RUNS = 1000
 ARRAY_KEY = "index"
@@ -111,13 +115,15 @@ def submit(
     session: Session,
     command: str | Sequence[str],
     params: Mapping[str, Sequence[str]],
+    spec: JobSpec,
     *,
     array: int | None,
-    max_parallel: int | None,
-    name: str | None,
     workdir: str | os.PathLike[str],
-    options: Mapping[str, Any],
+    on_hash: Progress | None = None,
+    on_upload: UploadProgress | None = None,
 ) -> Sweep:
+    """Queue a run of `spec` per combination (see `Client.sweep`); `spec.name` names the
+    sweep, and each run is named after it."""
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     if not argv:
         raise GpuhopError("no command given", code="bad_request")
@@ -129,6 +135,7 @@ def submit(
                 " goes, e.g. train.py --" + key + " {" + key + "}",
                 code="bad_request",
             )
+    name = spec.name
     if name is not None and not _SWEEP_NAME_RE.match(name):
         raise GpuhopError(
             f"--name {name!r}: 1-41 letters, digits, '.', '_' or '-', starting with a letter"
@@ -138,26 +145,23 @@ def submit(
     label = name or "sweep"
     sweep_id = f"{label}-{secrets.token_hex(3)}"
     names = [run_name(label, values) for values in runs]
+    spec = spec.replace(sweep=sweep_id)
+    jobs.check(spec)  # before the work dir is scanned
     root = Path(workdir).absolute()
-    options = dict(options)
-    synced = jobs.scan_workdir(session, root, options.pop("on_hash", None))
-    base_env = dict(options.pop("env", None) or {})
+    synced = jobs.scan_workdir(session, root, on_hash)
     queued = []
     for values, run in zip(runs, names, strict=True):
-        env = dict(base_env)
+        env = dict(spec.env)
         if array is not None:
             env[ARRAY_ENV] = values[ARRAY_KEY]
         queued.append(
             jobs.submit(
                 session,
                 fill(argv, values),
+                spec.replace(name=run, env=env),
                 workdir=root,
-                name=run,
-                env=env,
-                sweep=sweep_id,
-                max_parallel=max_parallel,
+                on_upload=on_upload,
                 synced=synced,
-                **options,
             )
         )
     return Sweep(sweep_id, label, queued)

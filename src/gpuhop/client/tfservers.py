@@ -12,12 +12,16 @@ import itertools
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gpuhop.api import JobInfo, JobState
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.job import Job, get
-from gpuhop.client.jobs import list_jobs, submit
+from gpuhop.client.jobs import check, list_jobs, spec_of, submit
 from gpuhop.client.session import Connected, Session, session_of
+
+if TYPE_CHECKING:
+    from gpuhop.api.spec import JobSpec
 
 # The port the server listens on inside its job's private network: always passed to it as
 # `--port`, so the client never needs the job side's own default.
@@ -48,16 +52,21 @@ def list_servers(client: Session | Connected) -> list[JobInfo]:
 
 def start(
     client: Session | Connected,
+    spec: JobSpec | None = None,
     *,
     name: str = DEFAULT_NAME,
-    gpus: int = 0,
-    gpu_memory: str | int | None = None,
     port: int = DEFAULT_PORT,
     wait: bool = True,
     timeout: float = 300.0,
+    **options: Any,
 ) -> Job:
-    """Start a TensorFlow server job named `name` holding `gpus` GPUs (or a `gpu_memory`
-    share of one). With `wait`, return once it answers (see `wait_ready`)."""
+    """Start a TensorFlow server job named `name` as `spec` and `options` ask (as for
+    `Client.submit`: `gpus`, or a `gpu_memory` share of one, ...). It runs the host's own
+    gpuhop, so it takes no requirements, in a private network. With `wait`, return once it
+    answers (see `wait_ready`)."""
+    spec = spec_of(".", spec, {**options, "requirements": False})
+    spec = spec.replace(name=name, requirements=None, private_network=True)
+    check(spec)
     taken = [j for j in list_servers(client) if j.name == name]
     if taken:
         raise GpuhopError(
@@ -68,16 +77,7 @@ def start(
         )
     with tempfile.TemporaryDirectory(prefix="gpuhop-tf-server-") as tmp:
         (Path(tmp) / LAUNCHER).write_text(LAUNCHER_TEXT)
-        job = submit(
-            session_of(client),
-            [LAUNCHER, "--port", str(port)],
-            workdir=tmp,
-            name=name,
-            gpus=gpus,
-            gpu_memory=gpu_memory,
-            requirements=False,
-            private_network=True,
-        )
+        job = submit(session_of(client), [LAUNCHER, "--port", str(port)], spec, workdir=tmp)
     if wait:
         wait_ready(job, timeout)
     return job
