@@ -4,6 +4,7 @@ keeps `--timeout` as its other name in both parsers."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 from pathlib import Path
 
@@ -37,6 +38,15 @@ def test_a_commands_job_options_are_the_shared_declarations(module, command) -> 
         assert (option.default, option.decls) == (shared.default, shared.decls), name
         parsed = {k: v for k, v in option.kw.items() if k not in params.HELP_ONLY}
         assert parsed == {k: v for k, v in shared.kw.items() if k not in params.HELP_ONLY}
+
+
+def test_no_command_imports_another_commands_private_names() -> None:
+    cli = Path(jobopts.__file__).parent
+    for path in cli.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gpuhop.cli"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{path.name} imports {private} from {node.module}"
 
 
 @pytest.mark.parametrize("flag", ["--time-limit", "--timeout"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from gpuhop.cli.connect import OnOption, client_for
-from gpuhop.cli.jobs import _job
+from gpuhop.cli.jobs import find_job
 from gpuhop.cli.output import fail, say, state_text
 from gpuhop.client import Client, GpuhopError, Job
 
@@ -55,7 +55,7 @@ def forward(
     gpuhop forward digits (a model server), then http://127.0.0.1:8501/v1/models/digits
     """
     with client_for(on) as client:
-        job = _job(client, job_ref)
+        job = find_job(client, job_ref)
         if remote_port is None:
             try:
                 remote_port = client.model(job.id).wait_ready().port

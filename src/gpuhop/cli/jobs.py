@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     import typer
 
 
-def _job(client: Client, ref: str) -> Job:
+def find_job(client: Client, ref: str) -> Job:
+    """The job `ref` names, or fail saying why none is (`show` and `forward` too)."""
     try:
         return client.job(ref)
     except GpuhopError as e:
@@ -209,7 +210,7 @@ def logs(
     With --follow on a terminal, a status line under the log shows the job's state, epoch,
     step and latest metrics."""
     with client_for(on) as client:
-        job = _job(client, job_ref)
+        job = find_job(client, job_ref)
         try:
             if follow:
                 info = _follow(job, worker, live=wants_live(no_progress))
@@ -233,7 +234,7 @@ def cancel(
 ) -> None:
     """Stop a job: SIGTERM to all its processes, then SIGKILL after the grace period."""
     with client_for(on) as client:
-        job = _job(client, job_ref)
+        job = find_job(client, job_ref)
         try:
             info = job.cancel_json(grace=grace)
             if wait and not JobState(info["state"]).finished:

@@ -186,9 +186,9 @@ def _attach(nb: Notebook, local_port: int | None, url_only: bool, no_browser: bo
         sys.stdout.write(link + "\n")
         sys.stdout.flush()
         if not (url_only or no_browser):
-            from gpuhop.cli.tensorboard import _open_browser
+            from gpuhop.cli.tensorboard import open_browser
 
-            _open_browser(link)
+            open_browser(link)
         try:
             fwd.wait()
         except KeyboardInterrupt:

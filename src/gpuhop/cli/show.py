@@ -12,7 +12,7 @@ from gpuhop.api.sizes import format_mb
 from gpuhop.api.states import JobState
 from gpuhop.cli import params
 from gpuhop.cli.connect import OnOption, client_for
-from gpuhop.cli.jobs import _job
+from gpuhop.cli.jobs import find_job
 from gpuhop.cli.output import (
     ago,
     duration,
@@ -41,7 +41,7 @@ def show(
 ) -> None:
     """Show one job: its state, how it ended, GPUs, and latest metrics."""
     with client_for(on) as client:
-        info = _job(client, job_ref).data
+        info = find_job(client, job_ref).data
     if json_out:
         print_json(info)
         return

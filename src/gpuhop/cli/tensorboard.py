@@ -109,7 +109,7 @@ def tensorboard(
             sys.stdout.write(fwd.url + "\n")
             sys.stdout.flush()
             if not no_browser:
-                _open_browser(fwd.url)
+                open_browser(fwd.url)
             try:
                 fwd.wait()
             except KeyboardInterrupt:
@@ -123,7 +123,7 @@ def tensorboard(
         fail(f"TensorBoard job {info.job} ended{reason}; see gpuhop logs {info.job}", code=1)
 
 
-def _open_browser(url: str) -> None:
+def open_browser(url: str) -> None:
     # Without a display, Python's webbrowser would start a text browser in this terminal.
     graphical = sys.platform in ("darwin", "win32") or any(
         os.environ.get(v) for v in ("DISPLAY", "WAYLAND_DISPLAY")
