@@ -44,13 +44,6 @@ STDLIB_NOT_ON_THESE_PATHS = (
 )
 
 
-# ... less, for `run`, dataclasses with inspect: a run builds its `JobSpec` (a dataclass,
-# gpuhop.api.spec), some 14 ms of its start on a 2-core VM.
-RUN_STDLIB_NOT_ON_ITS_PATH = tuple(
-    m for m in STDLIB_NOT_ON_THESE_PATHS if m not in ("dataclasses", "inspect")
-)
-
-
 def loaded_of(loaded: list[str], names: tuple[str, ...]) -> list[str]:
     return [m for m in loaded if m in names or m.split(".")[0] in names]
 
@@ -107,7 +100,7 @@ def test_run_loads_neither_httpx_nor_pydantic_typer_or_rich(shared_agent, projec
     root = project({"hello.py": "print('hello')\n"})
     loaded = modules_of(shared_agent, tmp_path, "run", "hello.py", cwd=root)
     assert "gpuhop.cli.main" in loaded
-    assert not loaded_of(loaded, (*ANYWHERE, *RUN_STDLIB_NOT_ON_ITS_PATH, "pathspec"))
+    assert not loaded_of(loaded, (*ANYWHERE, *STDLIB_NOT_ON_THESE_PATHS, "pathspec"))
 
 
 def test_a_mistake_is_still_typers_to_explain(shared_agent, tmp_path):

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> object:
-    # A dataclass: `dataclasses` loads `inspect`, which `ps` and `logs` do without.
+    # Loaded by the commands that make one (`run`, `sweep`), not by `ps` or `logs`.
     if name == "JobSpec":
         from gpuhop.api.spec import JobSpec
 

@@ -39,12 +39,10 @@ def spec_of(
 
     GpuhopError (bad_request) names a value that cannot be made the field's; a keyword that
     is no job option raises UnknownOption (a TypeError too)."""
-    import dataclasses  # loaded with JobSpec anyway
-
     from gpuhop.api.spec import JobSpec
 
     defaults = JobSpec()
-    known = {f.name for f in dataclasses.fields(defaults)}
+    known = set(JobSpec._fields)
     root = Path(workdir).absolute()
     fields: dict[str, Any] = {}
     for key, value in options.items():
