@@ -31,7 +31,7 @@ def _paths(home: Path | None) -> AgentPaths:
 
 
 @app.command()
-def start(
+def start(  # noqa: PLR0913 (a command: each parameter is one of its options)
     home: Path | None = HomeOption,
     fake_gpus: int | None = typer.Option(
         None,

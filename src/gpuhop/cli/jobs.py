@@ -86,7 +86,7 @@ def _summary(info: Mapping[str, Any]) -> str:
     return text
 
 
-def run(
+def run(  # noqa: PLR0913 (a command: each parameter is one of its options)
     command: list[str] = params.Argument(
         ...,
         metavar="SCRIPT.py|NOTEBOOK.ipynb|COMMAND [ARGS]...",

@@ -37,7 +37,7 @@ def parse_idle(text: str) -> int:
     return max(1, round(float(match.group(1)) * UNITS[match.group(2)]))
 
 
-def notebook(
+def notebook(  # noqa: PLR0913 (a command: each parameter is one of its options)
     job_ref: str | None = typer.Argument(
         None,
         metavar="JOB",

@@ -36,7 +36,7 @@ POLL_SECONDS = 1.0
 NOT_METRICS = ("time", "epochs", "step", "epoch")
 
 
-def sweep(
+def sweep(  # noqa: PLR0913 (a command: each parameter is one of its options)
     command: list[str] = typer.Argument(
         ...,
         metavar="SCRIPT.py|COMMAND [ARGS]... | show SWEEP",

@@ -45,6 +45,18 @@ class FileEntry(NamedTuple):
     executable: bool
 
 
+class Since(NamedTuple):
+    """A scan's tree as a delta from the last scan's: that tree (None if unknown), the
+    paths it had that this one has not, the files new or changed since (so the ones an
+    agent may lack), and of those, the ones whose content the last scan did not have at
+    their path."""
+
+    previous: str | None
+    removed: list[str]
+    changed: list[FileEntry]
+    new: list[FileEntry]
+
+
 class ScanResult:
     """What a scan found (a plain class: no `dataclasses`, hence no `inspect`, on `run`)."""
 
@@ -68,31 +80,20 @@ class ScanResult:
         hashed: int,
         seconds: float,
         warnings: list[str] | None = None,
-        changed: list[FileEntry] | None = None,
         tree: bytes = b"",
         digest: str = "",
-        previous: str | None = None,
-        removed: list[str] | None = None,
-        new: list[FileEntry] | None = None,
-        uploaded: tuple[int, int] = (0, 0),
+        since: Since | None = None,
     ) -> None:
         self.files = files
         self.hashed = hashed  # files whose hash was not in the cache
         self.seconds = seconds
         self.warnings = [] if warnings is None else warnings
-        # Those files: new or changed since the last scan, so the ones an agent may lack.
-        self.changed = [] if changed is None else changed
         # The tree of `files` (see `gpuhop.api.Tree`): its bytes and digest.
         self.tree = tree
         self.digest = digest
-        # The tree the last scan made (None if unknown), and the paths it had that this one
-        # has not: with `changed`, this tree as a delta from that one.
-        self.previous = previous
-        self.removed = [] if removed is None else removed
-        # Of `changed`, those whose content the last scan did not have at their path.
-        self.new = [] if new is None else new
+        self.previous, self.removed, self.changed, self.new = since or Since(None, [], [], [])
         # (files, bytes) sent to the agent while the scan hashed (see `upload.scan`).
-        self.uploaded = uploaded
+        self.uploaded = (0, 0)
 
     def __repr__(self) -> str:
         return f"ScanResult({len(self.files)} files, hashed={self.hashed}, seconds={self.seconds})"
@@ -300,7 +301,7 @@ def scan(
     cache.save()
     seconds = time.perf_counter() - started
     return ScanResult(
-        files, len(fresh), seconds, warnings, fresh, raw, digest, previous, removed, new
+        files, len(fresh), seconds, warnings, raw, digest, Since(previous, removed, fresh, new)
     )
 
 
