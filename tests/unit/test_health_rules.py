@@ -8,7 +8,7 @@ from rich.console import Console
 
 from gpuhop.agent.host.gpuhistory import GpuHistory, sample_every
 from gpuhop.agent.host.health import describe
-from gpuhop.agent.jobs.scheduler import Pending, plan
+from gpuhop.agent.jobs.placement import Pending, plan
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services.idleguard import NOTEBOOK_SERVER, _guarded
 from gpuhop.agent.storage.quarantine import QuarantineStore

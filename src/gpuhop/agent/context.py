@@ -17,7 +17,7 @@ from gpuhop.agent.host.identities import Identities, IdentityError
 from gpuhop.agent.jobs.after import judge
 from gpuhop.agent.jobs.metricstail import latest_metrics
 from gpuhop.agent.jobs.notifier import HostRule, Notifier, payload
-from gpuhop.agent.jobs.scheduler import Limits, Pending, could_ever_fit, plan
+from gpuhop.agent.jobs.placement import Limits, Pending, could_ever_fit, plan
 from gpuhop.agent.jobs.store import JobRecord, JobStore
 from gpuhop.agent.jobs.supervisor import Supervisor
 from gpuhop.agent.storage.blobs import BlobStore

@@ -29,7 +29,7 @@ from gpuhop.agent.jobs.records import (
     KeptRecords,
     stored_spec,
 )
-from gpuhop.agent.jobs.scheduler import Holding
+from gpuhop.agent.jobs.placement import Holding
 from gpuhop.agent.jobs.schema import (
     ADDED_ATTEMPT_COLUMNS,
     ADDED_COLUMNS,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
-from gpuhop.agent.jobs.scheduler import largest_kind
+from gpuhop.agent.jobs.placement import largest_kind
 from gpuhop.api import ErrorCode
 from gpuhop.api.spec import JobSpec
 

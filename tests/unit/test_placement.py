@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from gpuhop.agent.jobs.scheduler import Holding, Pending, Placement, plan
+from gpuhop.agent.jobs.placement import Holding, Pending, Placement, plan
 
 GIB = 1024
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gpuhop.agent.jobs.scheduler import Holding, Pending, Placement, could_ever_fit, plan
+from gpuhop.agent.jobs.placement import Holding, Pending, Placement, could_ever_fit, plan
 
 GIB = 1024
 TWO_8GIB_GPUS = {0: 8 * GIB, 1: 8 * GIB}

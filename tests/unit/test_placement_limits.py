@@ -4,7 +4,7 @@ holding back the jobs behind it that the limit does not bind."""
 
 from __future__ import annotations
 
-from gpuhop.agent.jobs.scheduler import (
+from gpuhop.agent.jobs.placement import (
     Holding,
     Limits,
     Pending,
