@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.agent.jobs.records import stored_spec
 from gpuhop.agent.jobs.placement import Holding
+from gpuhop.agent.jobs.records import stored_spec
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord, JobStore
 from gpuhop.api import JobState
 from gpuhop.api.spec import JobSpec, Mount

@@ -1,1 +1,2 @@
-"""Runs in the agent: the job lifecycle (store, scheduler, policy, what a job needs)."""
+"""Runs in the agent: the job lifecycle (store, placement policy, scheduler, supervisor,
+what a job needs)."""

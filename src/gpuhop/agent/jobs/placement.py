@@ -1,4 +1,5 @@
-"""Runs in the agent: the pure queue policy that decides which queued jobs start on which GPUs.
+"""Runs in the agent: the pure queue policy that decides which queued jobs start on which GPUs
+(applied by the loop in `scheduler`).
 
 No I/O and no clock of its own: the caller passes the queue, the GPUs with their memory, and
 what the running jobs hold, so the policy is tested without sleeps and without a GPU.

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuhop.agent.jobs.placement import Holding
 from gpuhop.agent.jobs.records import (
     ACTIVE_STATES,
     FINISHED_STATES,
@@ -29,7 +30,6 @@ from gpuhop.agent.jobs.records import (
     KeptRecords,
     stored_spec,
 )
-from gpuhop.agent.jobs.placement import Holding
 from gpuhop.agent.jobs.schema import (
     ADDED_ATTEMPT_COLUMNS,
     ADDED_COLUMNS,

@@ -73,7 +73,7 @@ def create_app(ctx: AgentContext) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         tasks = [
-            asyncio.create_task(ctx.run_scheduler(), name="scheduler"),
+            asyncio.create_task(ctx.scheduler.run_scheduler(), name="scheduler"),
             asyncio.create_task(run_duties(ctx), name="duties"),
             asyncio.create_task(
                 handoff.serve(ctx, handoff.listen(ctx.paths.handoff)), name="handoff"

@@ -130,7 +130,7 @@ def duties(rt: AgentContext) -> list[Duty]:
 
 async def run_duties(rt: AgentContext) -> None:
     """Run each duty at once, then every `interval` seconds, until cancelled."""
-    await rt.reattached.wait()
+    await rt.scheduler.reattached.wait()
     await asyncio.gather(*(_every(duty) for duty in duties(rt)))
 
 

@@ -31,7 +31,7 @@ def watch(rt: AgentContext) -> None:
     for index, fault in sorted(faults.items()):
         if rt.quarantine.add(index, fault.kind, fault.detail):
             log.error("GPU %d quarantined: %s; no job gets it until released", index, fault.detail)
-            rt.wake()
+            rt.scheduler.wake()
     held = rt.quarantine.all()
     if not held:
         return
@@ -59,7 +59,7 @@ def release(rt: AgentContext, caller: Caller, index: int) -> None:
     if held is None:
         raise ApiError(409, ErrorCode.conflict, f"GPU {index} is not quarantined")
     log.warning("GPU %d released by %s (it was quarantined: %s)", index, caller.user, held.detail)
-    rt.wake()
+    rt.scheduler.wake()
 
 
 def doctor_check(gpus: list[GpuInfo], quarantined: dict[int, str]) -> DoctorCheck:

@@ -103,7 +103,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         waiting_for=queue.waiting_for(rt, job),
         timeout=job.spec.time_limit,
         retry_on=RetryOn(job.spec.retry_on),
-        waiting=rt.waiting.get(job.id)
+        waiting=rt.scheduler.waiting.get(job.id)
         if job.state == JobState.queued
         else rt.backend.waiting(jp)
         if job.state in (JobState.starting, JobState.running)
@@ -300,7 +300,7 @@ def submit(
         shutil.rmtree(jp.root, ignore_errors=True)
         raise
     # The pass runs here rather than on the event loop: one hop less before the start.
-    rt.start_now()
+    rt.scheduler.start_now()
     return to_info(rt, job)
 
 
@@ -317,7 +317,7 @@ def cancel(rt: AgentContext, ref: str, grace: float, caller: Caller) -> JobInfo:
         ended_at=time.time(),
         end_class=EndClass.cancelled.value,
     ):
-        rt.wake()
+        rt.scheduler.wake()
         rt.notify(job.id, JobState.cancelled.value)  # it never started: this is its end
         return to_info(rt, rt.store.get(job.id))
     rt.supervisor.cancel(rt.store.get(job.id), grace)

@@ -53,7 +53,7 @@ class _Answer:
 
     changes: int
     jobs: list[JobRecord]  # what the query found, newest first
-    waiting: dict[str, str]  # the scheduler's `rt.waiting` then
+    waiting: dict[str, str]  # the scheduler's `rt.scheduler.waiting` then
     said: list[str | None]  # its word on each queued job of `jobs` then
     parts: list[bytes]  # each job's JSON, as `Listing.json` gave it
     body: bytes  # the answer: `parts` as a JSON list
@@ -154,7 +154,7 @@ class Listing:
         key = (owner, None if states is None else tuple(states), limit, sweep, fields)
         # Read before the query: a row written meanwhile moves it, and the next call asks again.
         changes = rt.store.changes
-        waiting = rt.waiting  # the scheduler puts a new dict there on each pass
+        waiting = rt.scheduler.waiting  # the scheduler puts a new dict there on each pass
         with self._lock:
             kept = self._lists.get(key)
         if kept is not None and kept.changes == changes:
@@ -280,7 +280,7 @@ def _inputs(
     settings; and apart, its log's size (None where the log is not looked at: a queued
     job's, or any where not `log`)."""
     # For a queued job, what it waits for: the scheduler's word, its dependencies.
-    record = (rt.waiting.get(job.id), queue.waiting_for(rt, job))
+    record = (rt.scheduler.waiting.get(job.id), queue.waiting_for(rt, job))
     if job.state is JobState.queued:
         # A queued job's files are those it was submitted with, and, for one queued again
         # for a retry, its last attempt's: nothing writes them until it starts (its record

@@ -59,5 +59,5 @@ def requeue(rt: AgentContext, job: JobRecord, priority: int, caller: Caller) -> 
             ErrorCode.conflict,
             f"job {job.id} is {state}: only a queued job's priority can be changed",
         )
-    rt.wake()
+    rt.scheduler.wake()
     return rt.store.get(job.id)
