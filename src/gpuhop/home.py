@@ -103,7 +103,7 @@ class AgentPaths(NamedTuple):
 
     @property
     def quarantine(self) -> Path:
-        """The GPUs taken out of service for a hardware fault (see agent.storage.quarantine)."""
+        """The GPUs taken out of service for a hardware fault (see agent.host.quarantine)."""
         return self.home / "quarantine.json"
 
     @property

@@ -8,10 +8,10 @@ from rich.console import Console
 
 from gpuhop.agent.host.gpuhistory import GpuHistory, sample_every
 from gpuhop.agent.host.health import describe
+from gpuhop.agent.host.quarantine import QuarantineStore
 from gpuhop.agent.jobs.placement import Pending, plan
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services.idleguard import NOTEBOOK_SERVER, _guarded
-from gpuhop.agent.storage.quarantine import QuarantineStore
 from gpuhop.api import GpuInfo, JobState
 from gpuhop.api.spec import JobSpec
 from gpuhop.backends.base import Fault, Usage

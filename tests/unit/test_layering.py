@@ -16,8 +16,9 @@ SRC = Path(gpuhop.__file__).parent.parent
 
 # The parts, each a package or a module. A module belongs to the longest part that names it.
 # Which parts each may import: the agent's own, then the parts shared by both sides, then
-# what runs in the job. The agent's top-level modules each are a part: `errors` and
-# `callers` sit below everything in the agent; `context` (every store of a running agent)
+# what runs in the job. The agent's top-level modules each are a part: `errors`, `callers`,
+# `config` (agent.toml) and `tokens` (the TCP listener's credentials) sit below everything
+# in the agent; `context` (every store of a running agent)
 # above storage, jobs and host; `__main__` above all.
 MAY_IMPORT: dict[str, set[str]] = {
     "gpuhop": {"gpuhop.version", "gpuhop.client"},  # the public facade; the client lazily
@@ -62,8 +63,11 @@ MAY_IMPORT: dict[str, set[str]] = {
     # The agent, bottom to top.
     "gpuhop.agent.errors": {"gpuhop.api"},
     "gpuhop.agent.callers": set(),
+    "gpuhop.agent.config": {"gpuhop.api"},
+    "gpuhop.agent.tokens": set(),
     "gpuhop.agent.storage": {
         "gpuhop.agent.errors",
+        "gpuhop.agent.config",  # the quotas
         "gpuhop.api",
         "gpuhop.home",
         "gpuhop.backends.local",  # environments are built by the local backend's builder
@@ -72,6 +76,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "gpuhop.agent.jobs": {"gpuhop.agent.storage", "gpuhop.backends", "gpuhop.api", "gpuhop.home"},
     "gpuhop.agent.context": {
         "gpuhop.agent.callers",  # the owner's login: exempt from per-user limits
+        "gpuhop.agent.config",
+        "gpuhop.agent.tokens",
         "gpuhop.agent.storage",
         "gpuhop.agent.jobs",
         "gpuhop.agent.host",
@@ -81,6 +87,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     },
     "gpuhop.agent.services": {
         "gpuhop.agent.context",
+        "gpuhop.agent.config",
         "gpuhop.agent.errors",
         "gpuhop.agent.callers",
         "gpuhop.agent.storage",
@@ -104,6 +111,8 @@ MAY_IMPORT: dict[str, set[str]] = {
         "gpuhop.agent.context",
         "gpuhop.agent.errors",
         "gpuhop.agent.callers",
+        "gpuhop.agent.config",
+        "gpuhop.agent.tokens",
         "gpuhop.agent.storage",
         "gpuhop.agent.jobs",
         "gpuhop.agent.host",

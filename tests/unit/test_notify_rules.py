@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from gpuhop.agent.config import Policy, PolicyError
 from gpuhop.agent.jobs.notifier import HostRule, payload
 from gpuhop.agent.jobs.records import JobRecord
-from gpuhop.agent.storage.policy import Policy, PolicyError
 from gpuhop.api import JobState
 from gpuhop.api.queue import check_webhook_url
 from gpuhop.api.spec import JobSpec

@@ -9,7 +9,7 @@ import pytest
 
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobStore
 from gpuhop.agent.server.listen import parse_listen
-from gpuhop.agent.storage.tokens import TokenStore
+from gpuhop.agent.tokens import TokenStore
 from gpuhop.api import normalize_fingerprint
 from gpuhop.api.spec import JobSpec
 from gpuhop.home import AgentError

@@ -40,7 +40,7 @@ def main() -> int:
     parser.add_argument("--partition", default=None)
     parser.add_argument("--account", default=None)
     parser.add_argument("--qos", default=None)
-    # Retention and quotas (see gpuhop.agent.storage.policy); these win over agent.toml.
+    # Retention and quotas (see gpuhop.agent.config); these win over agent.toml.
     parser.add_argument("--keep-days", type=float, default=None)
     parser.add_argument("--keep-jobs", type=int, default=None)
     parser.add_argument("--gc-every-hours", type=float, default=None)

@@ -8,8 +8,10 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from gpuhop.agent.callers import owner_login
+from gpuhop.agent.config import Policy
 from gpuhop.agent.host.gpuhistory import GpuHistory, sample_every
 from gpuhop.agent.host.identities import Identities, IdentityError
+from gpuhop.agent.host.quarantine import QuarantineStore
 from gpuhop.agent.jobs.metricstail import latest_metrics
 from gpuhop.agent.jobs.notifier import HostRule, Notifier, payload
 from gpuhop.agent.jobs.placement import Limits
@@ -21,11 +23,9 @@ from gpuhop.agent.storage.checkouts import CheckoutStore
 from gpuhop.agent.storage.claims import ClaimStore
 from gpuhop.agent.storage.datasets import DatasetStore
 from gpuhop.agent.storage.envs import EnvStore
-from gpuhop.agent.storage.policy import Policy
-from gpuhop.agent.storage.quarantine import QuarantineStore
-from gpuhop.agent.storage.tokens import TokenStore
 from gpuhop.agent.storage.trees import TreeStore
 from gpuhop.agent.storage.usage import DiskMeter
+from gpuhop.agent.tokens import TokenStore
 from gpuhop.api import ListenerInfo
 from gpuhop.backends.base import StartError
 from gpuhop.home import AgentPaths

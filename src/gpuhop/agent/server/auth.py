@@ -27,7 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gpuhop.agent.callers import SCOPE_KEY, Caller, owner_login
 from gpuhop.agent.server.logs import Throttle
 from gpuhop.agent.server.revocation import run_while_valid
-from gpuhop.agent.storage.tokens import TokenStore
+from gpuhop.agent.tokens import TokenStore
 from gpuhop.api import ErrorBody, ErrorCode
 from gpuhop.ui.guard import NOT_LOGGED_IN, denied_page
 

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 
 from uvicorn import server as uvicorn_server
 
+import gpuhop.agent.config as agent_config
 from gpuhop.agent.server import listen as listen_mod
 from gpuhop.agent.server import logs as logs_mod
 from gpuhop.agent.server.guard import ConnectionGuard, GuardedListener, total_for
 from gpuhop.agent.server.listen import ListenSpec
 from gpuhop.agent.server.protocol import KEEP_ALIVE_TIMEOUT
-from gpuhop.agent.storage import policy as policy_mod
 from gpuhop.backends import BackendSettings
 from gpuhop.backends.procs import alive
 from gpuhop.home import AgentError, AgentPaths, read_pid
@@ -55,13 +55,13 @@ def serve(
     of the models `fake_gpu_models` names ("MODEL[@GROUP],...", one per GPU).
     `listen` opens a TCP listener beside the Unix socket: TLS (unless `--no-tls` on
     loopback) and bearer tokens, serving the same app in the same event loop.
-    `policy` overrides settings of agent.toml (retention, quotas: see gpuhop.agent.storage.policy).
+    `policy` overrides settings of agent.toml (retention, quotas: see gpuhop.agent.config).
     `backend` says where jobs run (see gpuhop.backends); None: as the last time, else here.
     """
     paths.ensure()
     try:
-        settings = policy_mod.load(paths.home, policy)
-    except policy_mod.PolicyError as e:
+        settings = agent_config.load(paths.home, policy)
+    except agent_config.PolicyError as e:
         raise AgentError(str(e)) from None
     lock_fd = os.open(paths.lockfile, os.O_RDWR | os.O_CREAT, 0o600)
     if not _take_lock(lock_fd, paths):
@@ -84,7 +84,7 @@ def _serve_locked(
     paths: AgentPaths,
     fake: tuple[int | None, int | None, str | None],
     listen: ListenSpec | None,
-    policy: policy_mod.Policy,
+    policy: agent_config.Policy,
     backend: BackendSettings | None,
 ) -> None:
     from gpuhop.agent.context import AgentContext

@@ -41,10 +41,10 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from gpuhop.agent.config import Policy
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.jobs.store import JobNotFound
 from gpuhop.agent.services.deps import in_use
-from gpuhop.agent.storage.policy import Policy
 from gpuhop.agent.storage.usage import tree_bytes
 from gpuhop.api import JobState
 from gpuhop.api.upkeep import Freed, GcReport

@@ -3,7 +3,7 @@
 `watch` runs as a duty every second: it asks the GPU host which GPUs have a fault (XID
 errors, uncorrectable ECC errors, retired pages pending, a GPU fallen off the bus; see
 `gpuhop.agent.host.health`), quarantines each (kept across restarts, see
-`gpuhop.agent.storage.quarantine`), and stops every job that runs on a quarantined GPU: it
+`gpuhop.agent.host.quarantine`), and stops every job that runs on a quarantined GPU: it
 fails with class `gpu-fault`, and is retried on other GPUs where its retry rule allows
 (`--retry-on infra`, the default). The scheduler gives a quarantined GPU to no job until an
 admin releases it (`release`, `gpuhop gpus --release N`).

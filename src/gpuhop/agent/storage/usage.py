@@ -16,8 +16,8 @@ import threading
 import time
 from pathlib import Path
 
+from gpuhop.agent.config import Policy
 from gpuhop.agent.storage.blobs import BlobStore, QuotaExceeded
-from gpuhop.agent.storage.policy import Policy
 from gpuhop.api.upkeep import DiskUsage
 from gpuhop.home import AgentPaths
 

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.errors import ApiError, not_found
-from gpuhop.agent.storage.tokens import TokenRecord, TokenStore
+from gpuhop.agent.tokens import TokenRecord, TokenStore
 from gpuhop.api import ErrorCode, TokenCreated, TokenInfo, TokenRequest
 
 router = APIRouter(prefix="/v1/tokens", tags=["tokens"])

@@ -1,4 +1,5 @@
-"""Runs in the agent: its retention and quota settings, read once at start.
+"""Runs in the agent: its settings (retention, quotas, limits, webhooks, the idle guard, the
+identities of jobs), read once at start.
 
 From `agent.toml` in the state dir, then from `python -m gpuhop.agent` options, which win:
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuhop.agent.storage.policy import Policy, PolicyError, load, parse_bytes
+from gpuhop.agent.config import Policy, PolicyError, load, parse_bytes
 
 
 def test_defaults_then_the_file_then_options(tmp_path):
