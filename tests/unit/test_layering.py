@@ -97,7 +97,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "gpuhop.api",
         "gpuhop.home",
     },
-    "gpuhop.ui": {
+    "gpuhop.agent.ui": {
         "gpuhop.agent.context",
         "gpuhop.agent.errors",
         "gpuhop.agent.callers",
@@ -106,7 +106,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "gpuhop.version",
     },
     "gpuhop.agent.server": {
-        "gpuhop.ui",
+        "gpuhop.agent.ui",
         "gpuhop.agent.services",
         "gpuhop.agent.context",
         "gpuhop.agent.errors",

@@ -6,8 +6,8 @@ import io
 import re
 import zipfile
 
+from gpuhop.agent.ui.pages import STATIC_DIR, STATIC_FILES
 from gpuhop.client.wheel import build_wheel
-from gpuhop.ui.pages import STATIC_DIR, STATIC_FILES
 
 # What a page or a script may point at: only the dashboard's own paths.
 REFERENCE = re.compile(r"""(?:src|href)=["']([^"']+)["']|from\s+["']([^"']+)["']""")
@@ -18,7 +18,7 @@ def test_the_wheel_carries_every_dashboard_file():
     names = set(zipfile.ZipFile(io.BytesIO(data)).namelist())
     files = sorted(p.name for p in STATIC_DIR.iterdir())
     assert {"jobs.html", "job.html", "gpus.html", "style.css", "chart.js"} <= set(files)
-    assert {f"gpuhop/ui/static/{f}" for f in files} <= names
+    assert {f"gpuhop/agent/ui/static/{f}" for f in files} <= names
 
 
 def test_pages_load_only_the_packages_own_files_and_no_inline_script():

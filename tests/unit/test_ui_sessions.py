@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.host.gpuhistory import GpuHistory
-from gpuhop.backends.base import Usage
-from gpuhop.ui.sessions import (
+from gpuhop.agent.ui.sessions import (
     CODE_TTL,
     MAX_CODES_PER_USER,
     MAX_SESSIONS_PER_USER,
     SESSION_TTL,
     UiSessions,
 )
+from gpuhop.backends.base import Usage
 
 ALICE = Caller("alice", admin=False)
 BOB = Caller("bob", admin=False)

@@ -44,11 +44,11 @@ from gpuhop.agent.services.listing import Listing
 from gpuhop.agent.services.logwatch import LogWatch
 from gpuhop.agent.services.serving import Upstream
 from gpuhop.agent.storage.blobs import QuotaExceeded
+from gpuhop.agent.ui import api as ui_api
+from gpuhop.agent.ui import pages as ui_pages
+from gpuhop.agent.ui.guard import UiGuard
+from gpuhop.agent.ui.sessions import UiSessions
 from gpuhop.api import ErrorCode
-from gpuhop.ui import api as ui_api
-from gpuhop.ui import pages as ui_pages
-from gpuhop.ui.guard import UiGuard
-from gpuhop.ui.sessions import UiSessions
 from gpuhop.version import __version__
 
 log = logging.getLogger("gpuhop.agent")
@@ -95,7 +95,7 @@ def create_app(ctx: AgentContext) -> FastAPI:
     app.state.upstream = Upstream()
     # `doctor`'s TensorFlow probe: one at a time, its report reused briefly.
     app.state.probes = ProbeRuns()
-    # The dashboard's login codes and browser sessions (in memory; see gpuhop.ui.sessions).
+    # The dashboard's login codes and browser sessions (in memory; see gpuhop.agent.ui.sessions).
     app.state.ui_sessions = UiSessions()
     # `ps`'s answer, each job's JSON kept until it changes (see `services.listing`).
     app.state.listing = Listing()
@@ -109,7 +109,7 @@ def create_app(ctx: AgentContext) -> FastAPI:
     app.include_router(ui_pages.router)
     app.include_router(ui_api.router)
     app.add_middleware(BodyLimit)
-    # Every /ui path but the login and the static files needs a session (gpuhop.ui.guard).
+    # Every /ui path but the login and the static files needs a session (gpuhop.agent.ui.guard).
     app.add_middleware(UiGuard, sessions=app.state.ui_sessions)
     # `ps` and `logs` skip the routing (see routers.fastjobs).
     app.add_middleware(fastjobs.FastJobs)

@@ -1,4 +1,4 @@
-"""Runs in the agent: /v1/ui, one-time login codes for the dashboard (see `gpuhop.ui`)."""
+"""Runs in the agent: /v1/ui, one-time login codes for the dashboard (see `gpuhop.agent.ui`)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from datetime import UTC, datetime
 from fastapi import APIRouter, Request
 
 from gpuhop.agent.callers import caller_of
+from gpuhop.agent.ui.sessions import UiSessions
 from gpuhop.api.ui import UiLoginCode
-from gpuhop.ui.sessions import UiSessions
 
 router = APIRouter(prefix="/v1/ui", tags=["ui"])
 

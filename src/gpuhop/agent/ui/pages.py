@@ -1,7 +1,7 @@
 """Runs in the agent: the dashboard's pages, its static files, and logging in and out.
 
 The pages are static HTML whose scripts fetch their data from `/ui/api` (see
-`gpuhop.ui.api`); nothing a user wrote is ever put into HTML here. `gpuhop.ui.guard` has
+`gpuhop.agent.ui.api`); nothing a user wrote is ever put into HTML here. `gpuhop.agent.ui.guard` has
 already checked the session of every route but `/ui/login` and `/ui/static/...`.
 """
 
@@ -14,8 +14,8 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Resp
 
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.errors import not_found
-from gpuhop.ui.guard import COOKIE, COOKIE_SCOPE_KEY, PREFIX, denied_page
-from gpuhop.ui.sessions import UiSessions
+from gpuhop.agent.ui.guard import COOKIE, COOKIE_SCOPE_KEY, PREFIX, denied_page
+from gpuhop.agent.ui.sessions import UiSessions
 
 STATIC_DIR = Path(__file__).parent / "static"
 # Only the files that ship in the package, by name: no path from a request reaches the disk.

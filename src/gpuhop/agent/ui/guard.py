@@ -30,13 +30,13 @@ from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuhop.agent.callers import SCOPE_KEY
+from gpuhop.agent.ui.sessions import UiSessions
 from gpuhop.api import ErrorBody, ErrorCode
-from gpuhop.ui.sessions import UiSessions
 
 PREFIX = "/ui"
 COOKIE = "gpuhop_ui"
 CSRF_HEADER = "x-gpuhop-ui"
-COOKIE_SCOPE_KEY = "gpuhop.ui.cookie"
+COOKIE_SCOPE_KEY = "gpuhop.agent.ui.cookie"
 PUBLIC = ("/ui/login",)
 STATIC = "/ui/static/"
 
