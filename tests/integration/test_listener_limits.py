@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpuhop.agent.server.guard import HANDSHAKE_TIMEOUT, PER_ADDRESS
+from gpuhop.agent.server.accept import HANDSHAKE_TIMEOUT, PER_ADDRESS
 from gpuhop.agent.server.protocol import (
     BODY_WINDOW,
     HEAD_TIMEOUT,

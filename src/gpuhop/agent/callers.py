@@ -1,8 +1,8 @@
 """Runs in the agent: who a request comes from, as the listener's auth middleware (`auth`)
-or the dashboard's session guard (`gpuhop.agent.ui.guard`) put it into the request's scope.
+or the dashboard's session gate (`gpuhop.agent.ui.gate`) put it into the request's scope.
 
 Both sides import this module and it imports neither, so the agent's auth and the UI's
-guard share one notion of a caller without importing each other back.
+gate share one notion of a caller without importing each other back.
 """
 
 from __future__ import annotations

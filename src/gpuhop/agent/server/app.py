@@ -46,7 +46,7 @@ from gpuhop.agent.services.serving import Upstream
 from gpuhop.agent.storage.blobs import QuotaExceeded
 from gpuhop.agent.ui import api as ui_api
 from gpuhop.agent.ui import pages as ui_pages
-from gpuhop.agent.ui.guard import UiGuard
+from gpuhop.agent.ui.gate import UiGate
 from gpuhop.agent.ui.sessions import UiSessions
 from gpuhop.api import ErrorCode
 from gpuhop.version import __version__
@@ -109,8 +109,8 @@ def create_app(ctx: AgentContext) -> FastAPI:
     app.include_router(ui_pages.router)
     app.include_router(ui_api.router)
     app.add_middleware(BodyLimit)
-    # Every /ui path but the login and the static files needs a session (gpuhop.agent.ui.guard).
-    app.add_middleware(UiGuard, sessions=app.state.ui_sessions)
+    # Every /ui path but the login and the static files needs a session (gpuhop.agent.ui.gate).
+    app.add_middleware(UiGate, sessions=app.state.ui_sessions)
     # `ps` and `logs` skip the routing (see routers.fastjobs).
     app.add_middleware(fastjobs.FastJobs)
     # Requests to model servers skip the routing (see routers.serving).

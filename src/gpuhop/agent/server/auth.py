@@ -9,10 +9,10 @@ scope of every HTTP request and WebSocket handshake before any route runs:
   without a valid token the answer is 401 and no route, not even /docs, is reached (a
   browser that comes straight to the dashboard's `/ui` gets a page saying how to log in).
 
-The dashboard (`/ui`) needs a session cookie on top of this, checked by `gpuhop.agent.ui.guard`.
+The dashboard (`/ui`) needs a session cookie on top of this, checked by `gpuhop.agent.ui.gate`.
 
 Routes read the caller with `caller_of(request_or_websocket)` (gpuhop.agent.callers,
-which the dashboard's guard shares) and hand it to the services, which show a user only
+which the dashboard's gate shares) and hand it to the services, which show a user only
 their own jobs (see `services.jobs.find`). A request made with a token ends soon after the
 token is revoked, streams included (see `revocation`).
 """
@@ -28,7 +28,7 @@ from gpuhop.agent.callers import SCOPE_KEY, Caller, owner_login
 from gpuhop.agent.server.logs import Throttle
 from gpuhop.agent.server.revocation import run_while_valid
 from gpuhop.agent.tokens import TokenStore
-from gpuhop.agent.ui.guard import NOT_LOGGED_IN, denied_page
+from gpuhop.agent.ui.gate import NOT_LOGGED_IN, denied_page
 from gpuhop.api import ErrorBody, ErrorCode
 
 log = logging.getLogger("gpuhop.agent")

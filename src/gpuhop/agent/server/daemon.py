@@ -27,7 +27,7 @@ from uvicorn import server as uvicorn_server
 import gpuhop.agent.config as agent_config
 from gpuhop.agent.server import listen as listen_mod
 from gpuhop.agent.server import logs as logs_mod
-from gpuhop.agent.server.guard import ConnectionGuard, GuardedListener, total_for
+from gpuhop.agent.server.accept import BoundedListener, ConnectionBounds, total_for
 from gpuhop.agent.server.listen import ListenSpec
 from gpuhop.agent.server.protocol import KEEP_ALIVE_TIMEOUT
 from gpuhop.backends import BackendSettings
@@ -173,13 +173,13 @@ def _serve_context(
             **cert_files,
             **common,
         )
-        guard = ConnectionGuard(total=total_for(fd_limit))
-        servers.append((_GuardedServer(config, guard), tcp))
+        bounds = ConnectionBounds(total=total_for(fd_limit))
+        servers.append((_BoundedServer(config, bounds), tcp))
         log.info(
             "open-file limit %d: at most %d TCP connections, %d from one address",
             fd_limit,
-            guard.total,
-            guard.per_address,
+            bounds.total,
+            bounds.per_address,
         )
     log.info(
         "agent %d serving %s with %d GPU(s) (%s)",
@@ -218,18 +218,18 @@ class _Server(uvicorn_server.Server):
         yield
 
 
-class _GuardedServer(_Server):
-    """The TCP listener's server: connections come through a `GuardedListener`, which
+class _BoundedServer(_Server):
+    """The TCP listener's server: connections come through a `BoundedListener`, which
     bounds them per client address and in all and times out TLS handshakes."""
 
-    def __init__(self, config: Any, guard: ConnectionGuard):
+    def __init__(self, config: Any, bounds: ConnectionBounds):
         super().__init__(config)
-        self.guard = guard
+        self.bounds = bounds
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=[])
         for sock in sockets or []:
-            listener = GuardedListener(sock, self, self.guard)
+            listener = BoundedListener(sock, self, self.bounds)
             listener.start()
             self.servers.append(listener)  # type: ignore[arg-type]  # closed as a server is
 

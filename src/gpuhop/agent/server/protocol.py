@@ -18,7 +18,7 @@ the first write wakes the client only for it to wait for the second. A head whos
 not follow in the same turn of the event loop (a stream that waits for its first chunk) is
 written then, alone, as before.
 
-`on_lost`, given by the listener's guard (`gpuhop.agent.server.guard`), is called once when
+`on_lost`, given by the listener's accept loop (`gpuhop.agent.server.accept`), is called once when
 the connection ends, also after an upgrade to a WebSocket (whose protocol then owns it).
 
 The WebSocket protocol (`DenialWebSockets`, both listeners) is uvicorn's own but for one

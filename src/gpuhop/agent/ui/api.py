@@ -1,6 +1,6 @@
 """Runs in the agent: /ui/api, the JSON the dashboard's pages fetch (thin; services do it).
 
-Every route acts as the session's caller (put in the scope by `gpuhop.agent.ui.guard`), through
+Every route acts as the session's caller (put in the scope by `gpuhop.agent.ui.gate`), through
 the same services as /v1: a user who is not an admin sees only their own jobs, and
 another user's job answers 404 as one that does not exist.
 """

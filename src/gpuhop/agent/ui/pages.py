@@ -1,7 +1,7 @@
 """Runs in the agent: the dashboard's pages, its static files, and logging in and out.
 
 The pages are static HTML whose scripts fetch their data from `/ui/api` (see
-`gpuhop.agent.ui.api`); nothing a user wrote is ever put into HTML here. `gpuhop.agent.ui.guard` has
+`gpuhop.agent.ui.api`); nothing a user wrote is ever put into HTML here. `gpuhop.agent.ui.gate` has
 already checked the session of every route but `/ui/login` and `/ui/static/...`.
 """
 
@@ -14,7 +14,7 @@ from fastapi.responses import FileResponse, JSONResponse, RedirectResponse, Resp
 
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.errors import not_found
-from gpuhop.agent.ui.guard import COOKIE, COOKIE_SCOPE_KEY, PREFIX, denied_page
+from gpuhop.agent.ui.gate import COOKIE, COOKIE_SCOPE_KEY, PREFIX, denied_page
 from gpuhop.agent.ui.sessions import UiSessions
 
 STATIC_DIR = Path(__file__).parent / "static"

@@ -40,7 +40,7 @@ def total_for(fd_limit: int) -> int:
     return max(16, min(MAX_CONNECTIONS, (fd_limit - RESERVED_FDS) // 2))
 
 
-class ConnectionGuard:
+class ConnectionBounds:
     """Counts the open connections of each client address and in all."""
 
     def __init__(self, per_address: int = PER_ADDRESS, total: int = MAX_CONNECTIONS):
@@ -62,13 +62,13 @@ class ConnectionGuard:
             del self.open[address]
 
 
-class GuardedListener:
+class BoundedListener:
     """Accepts on `sock` and serves each admitted connection with uvicorn's config."""
 
-    def __init__(self, sock: socket.socket, server: Any, guard: ConnectionGuard):
+    def __init__(self, sock: socket.socket, server: Any, bounds: ConnectionBounds):
         self.sock = sock
         self.server = server  # the uvicorn Server whose config and state the protocols share
-        self.guard = guard
+        self.bounds = bounds
         self._task: asyncio.Task[None] | None = None
         self._handshakes: set[asyncio.Task[None]] = set()
 
@@ -99,7 +99,7 @@ class GuardedListener:
                 await asyncio.sleep(0.1)
                 continue
             address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
-            if not self.guard.admit(address):
+            if not self.bounds.admit(address):
                 _drop(conn)
                 continue
             task = loop.create_task(self._serve(conn, address))
@@ -113,7 +113,7 @@ class GuardedListener:
             nonlocal released
             if not released:
                 released = True
-                self.guard.release(address)
+                self.bounds.release(address)
 
         config = self.server.config
         loop = asyncio.get_running_loop()

@@ -63,7 +63,7 @@ def is_ui(path: str) -> bool:
     return path == PREFIX or path.startswith(PREFIX + "/")
 
 
-class UiGuard:
+class UiGate:
     def __init__(self, app: ASGIApp, sessions: UiSessions):
         self.app = app
         self.sessions = sessions
