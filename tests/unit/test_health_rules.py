@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from gpuhop.agent.duties.idlegpus import NOTEBOOK_SERVER, _watched
 from gpuhop.agent.host.gpuhistory import GpuHistory, sample_every
 from gpuhop.agent.host.health import describe
 from gpuhop.agent.host.quarantine import QuarantineStore
 from gpuhop.agent.jobs.placement import Pending, plan
 from gpuhop.agent.jobs.store import JobRecord
-from gpuhop.agent.services.idleguard import NOTEBOOK_SERVER, _guarded
 from gpuhop.api import GpuInfo, JobState
 from gpuhop.api.spec import JobSpec
 from gpuhop.backends.base import Fault, Usage
@@ -99,10 +99,10 @@ def test_the_idle_guard_watches_whole_gpu_jobs_but_not_notebooks_or_shares():
             pid=42,
         )
 
-    assert _guarded(job(["train.py"]))
-    assert not _guarded(job(["-m", "gpuhop.runtime.notebook", "serve", "--idle", "3600"]))
-    assert _guarded(job(["-m", "gpuhop.runtime.notebook", "run", "nb.ipynb"]))  # a batch run
-    assert not _guarded(job(["train.py"], gpu_memory_mb=1024))
+    assert _watched(job(["train.py"]))
+    assert not _watched(job(["-m", "gpuhop.runtime.notebook", "serve", "--idle", "3600"]))
+    assert _watched(job(["-m", "gpuhop.runtime.notebook", "run", "nb.ipynb"]))  # a batch run
+    assert not _watched(job(["train.py"], gpu_memory_mb=1024))
     assert NOTEBOOK_SERVER == SERVE and NOTEBOOK_SERVER[1] == notebook.MODULE  # in step
 
 

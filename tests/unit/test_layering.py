@@ -97,6 +97,13 @@ MAY_IMPORT: dict[str, set[str]] = {
         "gpuhop.api",
         "gpuhop.home",
     },
+    "gpuhop.agent.duties": {
+        "gpuhop.agent.services",  # garbage collection: `gpuhop gc` and a duty alike
+        "gpuhop.agent.context",
+        "gpuhop.agent.jobs",
+        "gpuhop.agent.storage",
+        "gpuhop.api",
+    },
     "gpuhop.agent.ui": {
         "gpuhop.agent.context",
         "gpuhop.agent.errors",
@@ -107,6 +114,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     },
     "gpuhop.agent.server": {
         "gpuhop.agent.ui",
+        "gpuhop.agent.duties",
         "gpuhop.agent.services",
         "gpuhop.agent.context",
         "gpuhop.agent.errors",

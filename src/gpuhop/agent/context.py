@@ -54,7 +54,7 @@ class AgentContext:
         # The last hour of their readings, sampled by a duty (the dashboard's GPU page, the
         # idle guard: which samples often enough to see a few readings in its window).
         self.gpu_history = GpuHistory(sample_every(self.policy.idle_gpu_minutes))
-        # GPUs out of service for a hardware fault (see services/gpuhealth.py).
+        # GPUs out of service for a hardware fault (see duties/gpuhealth.py).
         self.quarantine = QuarantineStore(paths.quarantine)
         self.pid = os.getpid()
         self.store = JobStore(paths.db)

@@ -1,6 +1,6 @@
 """Runs in the agent: a bounded record of each GPU's memory use and load over the last hour.
 
-The `SampleGpus` duty (see `gpuhop.agent.server.duties`) reads `GpuHost.usage()` every
+The `SampleGpus` duty (see `gpuhop.agent.duties.runner`) reads `GpuHost.usage()` every
 `SAMPLE_EVERY` seconds (more often under a short idle guard) and appends it here; the
 dashboard's GPU page draws it, and the idle guard reads how long a job's GPUs sat at 0 %.
 It lives in memory only (an hour of 5-second samples of 8 GPUs is a few hundred KB at most)

@@ -1,7 +1,7 @@
 """Runs in the agent: each GPU's hardware health, read through NVML, or from the fake-GPU
 testing seam.
 
-What counts as a fault (the GPU is then quarantined: see `gpuhop.agent.services.gpuhealth`):
+What counts as a fault (the GPU is then quarantined: see `gpuhop.agent.duties.gpuhealth`):
 - an XID error the driver reports as a hardware or driver failure (XID 79, "fell off the
   bus"; 48, 94 and 95, uncorrectable ECC; 63 and 64, page retirement; 74, NVLink; 119 and
   120, GSP). XIDs that a job's own bug causes (13, 31, 43: an illegal memory access) are not

@@ -21,9 +21,9 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from gpuhop.agent.context import AgentContext
+from gpuhop.agent.duties.runner import run_duties
 from gpuhop.agent.errors import ApiError, describe_errors, error_response
 from gpuhop.agent.server import handoff
-from gpuhop.agent.server.duties import run_duties
 from gpuhop.agent.server.limits import BodyLimit
 from gpuhop.agent.server.routers import (
     agent,

@@ -28,7 +28,6 @@ from typing import Any
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.host import probe
 from gpuhop.agent.services import hostchecks
-from gpuhop.agent.services.gpuhealth import doctor_check as gpu_health
 from gpuhop.agent.services.hostchecks import Facts
 from gpuhop.agent.services.hostchecks import check as _check
 from gpuhop.api import CheckStatus, DoctorCheck, format_mb
@@ -146,7 +145,7 @@ def evaluate(f: Facts) -> list[DoctorCheck]:
         _tensorflow(f),
         _cuda(f),
         _tf_gpus(f),
-        gpu_health(f.gpus, f.quarantined),
+        hostchecks.gpu_health(f.gpus, f.quarantined),
         _tf_keras(f),
         hostchecks.disk(f),
         hostchecks.sandbox(f),

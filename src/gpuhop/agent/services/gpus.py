@@ -1,19 +1,22 @@
-"""Runs in the agent: the host's GPUs as clients see them, read live, with the jobs on each
-and why a GPU is out of service."""
+"""Runs in the agent: the host's GPUs as clients see them, read live, with the jobs on each,
+why a GPU is out of service, and an admin's release of a quarantined one."""
 
 from __future__ import annotations
 
 import contextlib
+import logging
 
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
-from gpuhop.agent.errors import ApiError
+from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.host.gpuprocs import memory_by_job
 from gpuhop.agent.jobs.store import ACTIVE_STATES, JobNotFound, JobRecord
 from gpuhop.api import ErrorCode, GpuInfo
 from gpuhop.api.agent import ClusterInfo
 from gpuhop.backends.base import Refused
 from gpuhop.backends.leader import read_json
+
+log = logging.getLogger("gpuhop.agent")
 
 
 def describe(ctx: AgentContext, caller: Caller) -> list[GpuInfo]:
@@ -107,3 +110,16 @@ def cluster(ctx: AgentContext, caller: Caller) -> ClusterInfo:
             continue
         jobs.append(job)
     return info.model_copy(update={"jobs": jobs})
+
+
+def release(rt: AgentContext, caller: Caller, index: int) -> None:
+    """Put a quarantined GPU back in service (admins only)."""
+    if not caller.admin:
+        raise ApiError(403, ErrorCode.forbidden, "only an admin may release a quarantined GPU")
+    if all(g.index != index for g in rt.gpus):
+        raise not_found(f"this host has no GPU {index}")
+    held = rt.quarantine.release(index)
+    if held is None:
+        raise ApiError(409, ErrorCode.conflict, f"GPU {index} is not quarantined")
+    log.warning("GPU %d released by %s (it was quarantined: %s)", index, caller.user, held.detail)
+    rt.scheduler.wake()

@@ -1,7 +1,7 @@
 """Runs in the agent: what `gpuhop doctor` knows of the host (`Facts`), and its checks of the
-host itself rather than of TensorFlow on it: the state dir's free disk, the job sandbox, and
-how jobs get their work dirs. Pure functions of the facts, like the rest of
-`doctor.evaluate`."""
+host itself rather than of TensorFlow on it: the state dir's free disk, the job sandbox, how
+jobs get their work dirs, and the GPUs quarantined for a fault. Pure functions of the facts,
+like the rest of `doctor.evaluate`."""
 
 from __future__ import annotations
 
@@ -173,3 +173,26 @@ def shared_files(f: Facts) -> list[DoctorCheck]:
             "restart the agent when the partition has a free node, to check again",
         )
     ]
+
+
+def gpu_health(gpus: list[GpuInfo], quarantined: dict[int, str]) -> DoctorCheck:
+    """`gpuhop doctor`'s word on GPU health: which GPUs are quarantined and why."""
+    name = "GPU health"
+    if not gpus:
+        return DoctorCheck(name=name, status=CheckStatus.skipped, detail="no GPU to watch")
+    if not quarantined:
+        return DoctorCheck(
+            name=name,
+            status=CheckStatus.passed,
+            detail=f"no fault seen on {len(gpus)} GPU(s) (XID, ECC, retired pages, bus)",
+        )
+    words = "; ".join(f"GPU {i}: {detail}" for i, detail in sorted(quarantined.items()))
+    some_left = len(quarantined) < len(gpus)
+    return DoctorCheck(
+        name=name,
+        status=CheckStatus.warning if some_left else CheckStatus.failed,
+        detail=f"quarantined, so no job gets it: {words}"
+        + ("; jobs run on the other GPUs" if some_left else ""),
+        fix="have the GPU checked (nvidia-smi -q, the kernel log's Xid lines; a reset or a"
+        " reboot clears some faults), then: gpuhop gpus --release N",
+    )

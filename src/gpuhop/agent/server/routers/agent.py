@@ -10,7 +10,6 @@ from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
 from gpuhop.agent.services import doctor as doctor_service
 from gpuhop.agent.services import gc as gc_service
-from gpuhop.agent.services import gpuhealth
 from gpuhop.agent.services import gpus as gpus_service
 from gpuhop.api import AgentInfo, DoctorCheck, ErrorCode, GpuInfo, JobState
 from gpuhop.api.agent import ClusterInfo
@@ -60,7 +59,7 @@ def release_gpu(request: Request, index: int) -> GpuInfo:
     """Put a quarantined GPU back in service (admins only)."""
     c = ctx(request)
     caller = caller_of(request)
-    gpuhealth.release(c, caller, index)
+    gpus_service.release(c, caller, index)
     return next(g for g in gpus_service.describe(c, caller) if g.index == index)
 
 

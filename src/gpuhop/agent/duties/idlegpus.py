@@ -25,7 +25,7 @@ NOTEBOOK_SERVER = ["-m", "gpuhop.runtime.notebook", "serve"]
 IDLE_GRACE = 10.0
 
 
-class IdleGuard:
+class IdleGpus:
     """Warns about (and cancels) jobs that sit on idle GPUs; one `run()` per look."""
 
     def __init__(self, rt: AgentContext):
@@ -40,7 +40,7 @@ class IdleGuard:
     def run(self, now: float | None = None) -> None:
         now = time.time() if now is None else now
         for job in self.rt.store.list([JobState.running], limit=100_000):
-            if not _guarded(job) or (job.id, job.attempt) in self._warned:
+            if not _watched(job) or (job.id, job.attempt) in self._warned:
                 continue
             since = self.rt.gpu_history.idle_since(job.gpu_ids, after=job.started_at or now)
             if since is None or now - since < self.window:
@@ -77,7 +77,7 @@ class IdleGuard:
             )
 
 
-def _guarded(job: JobRecord) -> bool:
+def _watched(job: JobRecord) -> bool:
     """Whether the idle guard watches this job: whole GPUs, and not a notebook server."""
     if not job.gpu_ids or job.spec.gpu_memory_mb is not None or job.pid is None:
         return False

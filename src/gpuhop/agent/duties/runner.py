@@ -1,5 +1,5 @@
 """Runs in the agent: its periodic duties (garbage collection, the log cap, time limits, GPU
-sampling, GPU health, the idle guard).
+sampling, GPU health, the idle guard), and the loop that runs them.
 
 Each duty is a small object with an interval and one `run()` (SkyPilot's `SkyletEvent`);
 `run()` runs in a worker thread, so a slow walk of the disk never holds up a request, and
@@ -15,12 +15,13 @@ import time
 from typing import Protocol
 
 from gpuhop.agent.context import AgentContext
-from gpuhop.agent.services import gc, gpuhealth
-from gpuhop.agent.services.idleguard import IdleGuard
+from gpuhop.agent.duties import gpuhealth
+from gpuhop.agent.duties.idlegpus import IdleGpus
+from gpuhop.agent.services import gc
 from gpuhop.agent.storage.usage import format_bytes
 from gpuhop.api import EndClass, JobState, format_seconds
 
-log = logging.getLogger("gpuhop.agent.server.duties")
+log = logging.getLogger("gpuhop.agent.duties")
 
 
 class Duty(Protocol):
@@ -105,7 +106,7 @@ class SampleGpus:
 
 
 class WatchGpuHealth:
-    """Quarantines GPUs with a hardware fault and stops the jobs on them (services/gpuhealth)."""
+    """Quarantines GPUs with a hardware fault and stops the jobs on them (duties/gpuhealth)."""
 
     interval = 1.0
 
@@ -119,7 +120,7 @@ class WatchGpuHealth:
 def duties(rt: AgentContext) -> list[Duty]:
     out: list[Duty] = [SampleGpus(rt), WatchGpuHealth(rt)] if rt.gpus else []
     if rt.gpus and rt.policy.idle_gpu_minutes is not None:
-        out.append(IdleGuard(rt))
+        out.append(IdleGpus(rt))
     out.append(TimeLimits(rt))
     if rt.policy.gc_every_hours > 0:
         out.append(Collect(rt))
