@@ -21,8 +21,9 @@ import gpuhop
 SRC = Path(gpuhop.__file__).parent
 PYPROJECT = SRC.parent.parent / "pyproject.toml"
 # Parts that run only where an extra is installed: the job's TensorFlow and Keras (and
-# their workers' coordination), model serving (a TensorFlow job), the notebook server, the
-# Ray backend; and doctor's probe, which tries TensorFlow in the jobs' Python.
+# their workers' coordination), model serving (a TensorFlow job), the notebook and
+# TensorBoard servers, the Ray backend; and doctor's probe, which tries TensorFlow in the
+# jobs' Python.
 WITH_EXTRAS = (
     "tf/",
     "keras.py",
@@ -30,6 +31,7 @@ WITH_EXTRAS = (
     "runtime/coordination.py",
     "serving/",
     "runtime/notebook/",
+    "runtime/tbserver.py",  # a TensorBoard server job's program (the tf extra's tensorboard)
     "backends/ray/",
     "agent/host/probe.py",
 )

@@ -34,7 +34,8 @@ from gpuhop.home import JobPaths
 
 SPEC_FILE = "tensorboard.json"
 LAUNCHER = "gpuhop_tensorboard.py"
-LAUNCHER_SOURCE = Path(__file__).resolve().with_name("tblauncher.py")
+# The job's program (gpuhop.runtime.tbserver), copied as a file: the agent does not import it.
+LAUNCHER_SOURCE = Path(__file__).resolve().parents[2] / "runtime" / "tbserver.py"
 # Inside the server's own network namespace nothing else listens: the port is always free.
 PORT = 6006
 ACTIVE = [JobState.queued, JobState.starting, JobState.running]

@@ -1,6 +1,7 @@
 """Runs on the GPU host as a TensorBoard server job's program: TensorBoard, without
-TensorFlow. `services.tensorboard` copies this file into the job's work dir, so it needs
-nothing but the standard library and `tensorboard`, whichever interpreter runs it.
+TensorFlow. The agent (`gpuhop.agent.services.tensorboard`) copies this file into the job's
+work dir, so it needs nothing but the standard library and `tensorboard`, whichever
+interpreter runs it.
 
 TensorBoard imports TensorFlow when it can, only to read files through `tf.io.gfile`. Here
 that cost about 5 s of start-up and 700 MB of memory, and buys nothing for a
