@@ -116,6 +116,11 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
     )
 
 
+def show(rt: AgentContext, ref: str, caller: Caller) -> JobInfo:
+    """The caller's job `ref`, as clients see it."""
+    return to_info(rt, find(rt, ref, caller))
+
+
 def find(rt: AgentContext, ref: str, caller: Caller) -> JobRecord:
     """The job `ref` names among those `caller` may see (all, for an admin).
 

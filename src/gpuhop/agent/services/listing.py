@@ -35,6 +35,11 @@ from gpuhop.home import JobPaths
 
 # Jobs whose answers are kept, the most recently listed: ten default `ps` (200 jobs each).
 # A longer listing is answered all the same, making again what it evicted.
+# GET /v1/jobs's bounds, for its route and its fast path alike (server.routers.jobs, fastjobs).
+MAX_LIMIT = 10_000
+DEFAULT_LIMIT = 200
+MAX_SWEEP = 80
+MAX_FIELDS = 2_000
 KEPT = 2_000
 _INFO = TypeAdapter(JobInfo)
 # Queries whose jobs are kept (owner, states, limit, sweep, fields): a few users' `ps` and

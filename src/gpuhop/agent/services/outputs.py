@@ -11,11 +11,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote_from_bytes, unquote_to_bytes
 
+from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.metricstail import parse_records
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services import gc
+from gpuhop.agent.services.jobs import find
 from gpuhop.agent.services.logwatch import LogWatch
 from gpuhop.api import ArtifactEntry, ErrorCode, validate_relpath
 from gpuhop.home import JobPaths
@@ -156,3 +158,37 @@ def artifact_path(rt: AgentContext, job_id: str, name: bytes) -> Path:
     if not full.is_file():
         raise not_found(f"job {job_id} has no artifact {shown}")
     return full
+
+
+# What a job's routes read, one function each for /v1/jobs and the dashboard's /ui/api.
+
+
+def log_of(
+    rt: AgentContext, ref: str, caller: Caller, worker: int | None
+) -> tuple[JobRecord, Path]:
+    """The caller's job `ref` and the path of its log (or its worker's)."""
+    job = find(rt, ref, caller)
+    return job, log_path(rt, job, worker)
+
+
+def metrics_of(rt: AgentContext, ref: str, caller: Caller, offset: int) -> dict[str, object]:
+    """The caller's job's metrics records from byte `offset`, and where the next read starts."""
+    job = find(rt, ref, caller)
+    check_not_pruned(rt, job)
+    records, next_offset = read_metrics(rt, job.id, offset)
+    return {"records": records, "next_offset": next_offset}
+
+
+def artifacts_of(rt: AgentContext, ref: str, caller: Caller) -> list[ArtifactEntry]:
+    """The caller's job's artifacts."""
+    job = find(rt, ref, caller)
+    check_not_pruned(rt, job)
+    return list_artifacts(rt, job.id)
+
+
+def artifact_of(rt: AgentContext, ref: str, caller: Caller, raw_path: bytes) -> Path:
+    """The file of one of the caller's job's artifacts, named by the request's raw path
+    (`requested_artifact`)."""
+    job = find(rt, ref, caller)
+    check_not_pruned(rt, job)
+    return artifact_path(rt, job.id, requested_artifact(raw_path))

@@ -1,8 +1,11 @@
 """Runs in the agent: /ui/api, the JSON the dashboard's pages fetch (thin; services do it).
 
-Every route acts as the session's caller (put in the scope by `gpuhop.agent.ui.gate`), through
-the same services as /v1: a user who is not an admin sees only their own jobs, and
-another user's job answers 404 as one that does not exist.
+The job routes answer as /v1/jobs does, by the same service functions
+(`services.jobs.show`, `services.outputs.metrics_of`...), with the dashboard's own framing
+(the agent's clock beside a job, a log read as a window rather than followed, an artifact
+always a download). Every route acts as the session's caller (put in the scope by
+`gpuhop.agent.ui.gate`): a user who is not an admin sees only their own jobs, and another
+user's job answers 404 as one that does not exist.
 """
 
 from __future__ import annotations
@@ -61,8 +64,7 @@ def jobs(
 
 @router.get("/jobs/{ref}")
 def job(ref: str, request: Request) -> dict[str, object]:
-    c = ctx(request)
-    info: JobInfo = jobs_service.to_info(c, jobs_service.find(c, ref, caller_of(request)))
+    info: JobInfo = jobs_service.show(ctx(request), ref, caller_of(request))
     return {"now": time.time(), "job": info}
 
 
@@ -75,9 +77,7 @@ def log(
 ) -> Response:
     """Up to LOG_READ_MAX bytes of the log from byte `offset` (default: its last LOG_TAIL
     bytes). X-Log-Start and X-Log-Next say which bytes these are; ask again from Next."""
-    c = ctx(request)
-    job = jobs_service.find(c, ref, caller_of(request))
-    path = outputs.log_path(c, job, worker)
+    _job, path = outputs.log_of(ctx(request), ref, caller_of(request), worker)
     data = b""
     try:
         with open(path, "rb") as f:
@@ -93,30 +93,19 @@ def log(
 
 @router.get("/jobs/{ref}/metrics")
 def metrics(ref: str, request: Request, offset: int = Query(default=0, ge=0)) -> dict[str, object]:
-    c = ctx(request)
-    job = jobs_service.find(c, ref, caller_of(request))
-    outputs.check_not_pruned(c, job)
-    records, next_offset = outputs.read_metrics(c, job.id, offset)
-    return {"records": records, "next_offset": next_offset}
+    return outputs.metrics_of(ctx(request), ref, caller_of(request), offset)
 
 
 @router.get("/jobs/{ref}/artifacts")
 def artifacts(ref: str, request: Request) -> list[ArtifactEntry]:
-    c = ctx(request)
-    job = jobs_service.find(c, ref, caller_of(request))
-    outputs.check_not_pruned(c, job)
-    return outputs.list_artifacts(c, job.id)
+    return outputs.artifacts_of(ctx(request), ref, caller_of(request))
 
 
 @router.get("/jobs/{ref}/artifacts/{path:path}")
 def artifact(ref: str, path: str, request: Request) -> FileResponse:
     """A download, never a page: a job's HTML file shown inline under the dashboard's
     origin could script the dashboard. Sandboxed by CSP as well, should a browser render it."""
-    c = ctx(request)
-    job = jobs_service.find(c, ref, caller_of(request))
-    outputs.check_not_pruned(c, job)
-    name = outputs.requested_artifact(request.scope["raw_path"])
-    full = outputs.artifact_path(c, job.id, name)
+    full = outputs.artifact_of(ctx(request), ref, caller_of(request), request.scope["raw_path"])
     return FileResponse(
         full,
         media_type="application/octet-stream",

@@ -18,7 +18,13 @@ does for model servers, and gives the same answer the routes in `routers.jobs` g
 - the answer's status, headers and bytes are the route's (tests/integration/test_fastjobs.py
   compares them).
 
-The routes in `routers.jobs` stay for the API's schema and for everything handed on.
+The routes in `routers.jobs` stay for the API's schema and for everything handed on. Both
+call the same service functions (`Listing.list_json`, `outputs.log_of`, `outputs.follow_log`)
+with the same bounds (`services.listing`'s MAX_LIMIT...): only the query's parsing and the
+ASGI framing are this module's own. Exit plan: this fast path goes once FastAPI's route
+answers `bench/` load's `ps` and `logs -f` mixes within a few per cent of it (measure with
+the middleware taken out of `server.app`); tests/integration/test_fastjobs.py pins the two
+byte for byte until then.
 """
 
 from __future__ import annotations
@@ -32,19 +38,20 @@ from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuhop.agent.callers import caller_of
-from gpuhop.agent.context import AgentContext
-from gpuhop.agent.services import jobs as service
 from gpuhop.agent.services import outputs
-from gpuhop.agent.services.listing import Fields, Listing, parse_fields
+from gpuhop.agent.services.listing import (
+    DEFAULT_LIMIT,
+    MAX_FIELDS,
+    MAX_LIMIT,
+    MAX_SWEEP,
+    Fields,
+    Listing,
+    parse_fields,
+)
 from gpuhop.api import JobState
 
 LIST = "/v1/jobs"
 LOG = re.compile(r"/v1/jobs/(?P<ref>[^/]+)/log")
-# The routes' bounds (routers.jobs.list_jobs).
-MAX_LIMIT = 10_000
-DEFAULT_LIMIT = 200
-MAX_SWEEP = 80
-MAX_FIELDS = 2_000
 _FIELDS: dict[str, frozenset[str]] = {}
 # Listings up to this long are made on the event loop: a `ps` (50 jobs) of kept answers
 # costs less than a hop to a worker thread and back.
@@ -105,9 +112,7 @@ class FastJobs:
         app = scope["app"]
         try:
             offset, follow, worker = log_query(scope["query_string"])
-            ctx: AgentContext = app.state.ctx
-            job = service.find(ctx, ref, caller)
-            path = outputs.log_path(ctx, job, worker)
+            job, path = outputs.log_of(app.state.ctx, ref, caller, worker)
         except Exception:
             return False
         chunks = outputs.follow_log(app.state.log_watch, job.id, path, offset, follow)

@@ -10,7 +10,14 @@ from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
 from gpuhop.agent.services import jobs as service
 from gpuhop.agent.services import outputs, queue, trees, workdir
-from gpuhop.agent.services.listing import Listing, parse_fields
+from gpuhop.agent.services.listing import (
+    DEFAULT_LIMIT,
+    MAX_FIELDS,
+    MAX_LIMIT,
+    MAX_SWEEP,
+    Listing,
+    parse_fields,
+)
 from gpuhop.api import (
     ArtifactEntry,
     ErrorCode,
@@ -40,17 +47,18 @@ def submit(req: SubmitRequest, request: Request) -> JobInfo:
 def list_jobs(
     request: Request,
     state: list[JobState] | None = Query(default=None),
-    limit: int = Query(default=200, ge=1, le=10_000),
-    sweep: str | None = Query(default=None, max_length=80),
+    limit: int = Query(default=DEFAULT_LIMIT, ge=1, le=MAX_LIMIT),
+    sweep: str | None = Query(default=None, max_length=MAX_SWEEP),
     fields: str | None = Query(
         default=None,
-        max_length=2_000,
+        max_length=MAX_FIELDS,
         description="Only these fields of each job, comma-separated (`id,state,command`),"
         " and of them only those with a value (a null one is left out); all of them, nulls"
         " too, by default. `gpuhop ps` asks for the columns it shows.",
     ),
 ) -> Response:
-    # Already JSON (each job's kept until it changes: see `services.listing`).
+    # Already JSON (each job's kept until it changes: see `services.listing`). The same
+    # call as its fast path's (routers.fastjobs), which answers most of these first.
     try:
         chosen = None if fields is None else parse_fields(fields)
     except ValueError as e:
@@ -62,8 +70,7 @@ def list_jobs(
 
 @router.get("/{ref}")
 def show(ref: str, request: Request) -> JobInfo:
-    c = ctx(request)
-    return service.to_info(c, service.find(c, ref, caller_of(request)))
+    return service.show(ctx(request), ref, caller_of(request))
 
 
 @router.post("/{ref}/cancel")
@@ -88,9 +95,7 @@ def log(
     follow: bool = False,
     worker: int | None = Query(default=None, ge=0),
 ) -> StreamingResponse:
-    c = ctx(request)
-    job = service.find(c, ref, caller_of(request))
-    path = outputs.log_path(c, job, worker)
+    job, path = outputs.log_of(ctx(request), ref, caller_of(request), worker)
     return StreamingResponse(
         outputs.follow_log(request.app.state.log_watch, job.id, path, offset, follow),
         media_type="application/octet-stream",
@@ -100,29 +105,19 @@ def log(
 
 @router.get("/{ref}/metrics")
 def metrics(ref: str, request: Request, offset: int = Query(default=0, ge=0)) -> dict[str, object]:
-    c = ctx(request)
-    job = service.find(c, ref, caller_of(request))
-    outputs.check_not_pruned(c, job)
-    records, next_offset = outputs.read_metrics(c, job.id, offset)
-    return {"records": records, "next_offset": next_offset}
+    return outputs.metrics_of(ctx(request), ref, caller_of(request), offset)
 
 
 @router.get("/{ref}/artifacts")
 def artifacts(ref: str, request: Request) -> list[ArtifactEntry]:
-    c = ctx(request)
-    job = service.find(c, ref, caller_of(request))
-    outputs.check_not_pruned(c, job)
-    return outputs.list_artifacts(c, job.id)
+    return outputs.artifacts_of(ctx(request), ref, caller_of(request))
 
 
 @router.get("/{ref}/artifacts/{path:path}")
 def artifact(ref: str, path: str, request: Request) -> FileResponse:
-    c = ctx(request)
-    job = service.find(c, ref, caller_of(request))
-    outputs.check_not_pruned(c, job)
     # `path` routes the request; the name's bytes come from the URL itself.
-    name = outputs.requested_artifact(request.scope["raw_path"])
-    return FileResponse(outputs.artifact_path(c, job.id, name))
+    raw_path = request.scope["raw_path"]
+    return FileResponse(outputs.artifact_of(ctx(request), ref, caller_of(request), raw_path))
 
 
 @router.get("/{ref}/workdir")
