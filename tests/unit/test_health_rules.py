@@ -10,7 +10,7 @@ from gpuhop.agent.duties.idlegpus import NOTEBOOK_SERVER, _watched
 from gpuhop.agent.host.gpuhistory import GpuHistory, sample_every
 from gpuhop.agent.host.health import describe
 from gpuhop.agent.host.quarantine import QuarantineStore
-from gpuhop.agent.jobs.placement import Pending, plan
+from gpuhop.agent.jobs.placement import plan
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.api import GpuInfo, JobState
 from gpuhop.api.spec import JobSpec
@@ -18,6 +18,7 @@ from gpuhop.backends.base import Fault, Usage
 from gpuhop.cli.ps import gpu_panel
 from gpuhop.client.notebook import SERVE
 from gpuhop.runtime import notebook
+from tests.placing import queued
 
 
 def test_the_gravest_fault_is_named_and_a_jobs_own_xid_is_none():
@@ -58,15 +59,13 @@ def test_a_bad_quarantine_file_quarantines_nothing_and_is_named(tmp_path, caplog
 
 
 def test_the_scheduler_gives_a_gpu_out_of_service_to_no_job():
-    jobs = [Pending("a", 1, 0, 1.0), Pending("b", 1, 0, 2.0), Pending("c", 0, 0, 3.0)]
+    jobs = [queued("a", 1, 0, 1.0), queued("b", 1, 0, 2.0), queued("c", 0, 0, 3.0)]
     placed = plan(jobs, {0: 8192, 1: 8192}, out_of_service=[0])
     assert [(p.job_id, p.gpu_ids) for p in placed] == [("a", (1,)), ("c", ())]
-    share = plan([Pending("s", 0, 0, 1.0, gpu_memory_mb=1024)], {0: 8192}, out_of_service=[0])
+    share = plan([queued("s", 0, 0, 1.0, gpu_memory_mb=1024)], {0: 8192}, out_of_service=[0])
     assert share == []
     waiting: dict[str, str] = {}
-    assert (
-        plan([Pending("two", 2, 0, 1.0)], {0: 1, 1: 1}, out_of_service=[1], waiting=waiting) == []
-    )
+    assert plan([queued("two", 2, 0, 1.0)], {0: 1, 1: 1}, out_of_service=[1], waiting=waiting) == []
     assert waiting == {
         "two": "GPU(s) 1 quarantined for a hardware fault; it needs them back"
         " (gpuhop gpus --release N)"

@@ -10,12 +10,13 @@ import random
 import pytest
 
 from gpuhop.agent.jobs.placement import Holding, Pending, Placement, plan
+from tests.placing import queued
 
 GIB = 1024
 
 
 def job(job_id: str, gpus: int = 1, priority: int = 0, created_at: float = 0.0) -> Pending:
-    return Pending(job_id=job_id, gpus=gpus, priority=priority, created_at=created_at)
+    return queued(job_id=job_id, gpus=gpus, priority=priority, created_at=created_at)
 
 
 def free(*indices: int, busy: tuple[int, ...] = ()) -> dict:
@@ -131,17 +132,18 @@ def test_random_queues_keep_the_policy_invariants(seed: int):
     assert len(handed_out) == len(set(handed_out)), "a GPU was given to two jobs"
     assert set(handed_out) <= set(idle)
     for p in placements:
-        assert len(p.gpu_ids) == by_id[p.job_id].gpus
+        assert len(p.gpu_ids) == by_id[p.job_id].spec.gpus
     # Every CPU job starts.
-    assert {j.job_id for j in pending if j.gpus == 0} <= set(started(placements))
+    assert {j.job_id for j in pending if j.spec.gpus == 0} <= set(started(placements))
     # The GPU jobs that start are exactly a prefix of the GPU queue in policy order, and the
     # GPUs go out in ascending order along that prefix.
     gpu_queue = sorted(
-        (j for j in pending if j.gpus > 0), key=lambda j: (-j.priority, j.created_at, j.job_id)
+        (j for j in pending if j.spec.gpus > 0),
+        key=lambda j: (-j.spec.priority, j.created_at, j.job_id),
     )
     gpu_started = [p.job_id for p in placements if p.gpu_ids]
     assert gpu_started == [j.job_id for j in gpu_queue[: len(gpu_started)]]
     assert handed_out == sorted(idle)[: len(handed_out)]
     if len(gpu_started) < len(gpu_queue):
         blocker = gpu_queue[len(gpu_started)]
-        assert blocker.gpus > len(idle) - len(handed_out), "a job that fits was held back"
+        assert blocker.spec.gpus > len(idle) - len(handed_out), "a job that fits was held back"

@@ -12,6 +12,7 @@ from gpuhop.agent.jobs.placement import (
     could_ever_fit,
     plan,
 )
+from tests.placing import queued
 
 GIB = 1024
 FOUR = dict.fromkeys(range(4), 8 * GIB)
@@ -20,7 +21,7 @@ MIXED = {0: "A100@", 1: "V100@", 2: "A100@", 3: "V100@"}
 
 
 def job(job_id: str, gpus: int = 1, created_at: float = 0.0, **more: object) -> Pending:
-    return Pending(job_id=job_id, gpus=gpus, priority=0, created_at=created_at, **more)  # type: ignore[arg-type]
+    return queued(job_id, gpus, 0, created_at, **more)  # type: ignore[arg-type]
 
 
 def test_a_multi_gpu_job_gets_gpus_of_one_model_not_the_lowest_indices():

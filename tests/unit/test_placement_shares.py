@@ -7,17 +7,18 @@ import random
 import pytest
 
 from gpuhop.agent.jobs.placement import Holding, Pending, Placement, could_ever_fit, plan
+from tests.placing import queued
 
 GIB = 1024
 TWO_8GIB_GPUS = {0: 8 * GIB, 1: 8 * GIB}
 
 
 def share(job_id: str, gib: float, created_at: float = 0.0, priority: int = 0) -> Pending:
-    return Pending(job_id, 1, priority, created_at, gpu_memory_mb=int(gib * GIB))
+    return queued(job_id, 1, priority, created_at, gpu_memory_mb=int(gib * GIB))
 
 
 def whole(job_id: str, gpus: int = 1, created_at: float = 0.0) -> Pending:
-    return Pending(job_id, gpus, 0, created_at)
+    return queued(job_id, gpus, 0, created_at)
 
 
 def test_three_4gib_shares_on_two_8gib_gpus_two_share_gpu_0_the_third_takes_gpu_1():
@@ -82,7 +83,7 @@ def test_a_whole_gpu_job_that_waits_blocks_later_shares_that_would_fit():
     # GPU 1 has room for the share, but the older whole-GPU job is waiting for a GPU to
     # empty; letting shares in could keep every GPU partly busy forever.
     holdings = [Holding("a", (0,), 4 * GIB), Holding("b", (1,), 4 * GIB)]
-    pending = [whole("w", created_at=1.0), share("s", 4, 2.0), Pending("cpu", 0, 0, 3.0)]
+    pending = [whole("w", created_at=1.0), share("s", 4, 2.0), queued("cpu", 0, 0, 3.0)]
 
     assert plan(pending, TWO_8GIB_GPUS, holdings) == [Placement("cpu", ())]
 
@@ -123,9 +124,9 @@ def test_random_mixes_never_overcommit_and_never_starve(seed: int):
     pending = [
         rng.choice(
             [
-                Pending(f"j{k}", 0, 0, float(k)),
-                Pending(f"j{k}", rng.randint(1, 3), 0, float(k)),
-                Pending(f"j{k}", 1, 0, float(k), gpu_memory_mb=rng.randint(1, 10) * GIB),
+                queued(f"j{k}", 0, 0, float(k)),
+                queued(f"j{k}", rng.randint(1, 3), 0, float(k)),
+                queued(f"j{k}", 1, 0, float(k), gpu_memory_mb=rng.randint(1, 10) * GIB),
             ]
         )
         for k in range(rng.randint(0, 8))
@@ -134,7 +135,9 @@ def test_random_mixes_never_overcommit_and_never_starve(seed: int):
     placements = plan(pending, gpus, holdings)
 
     by_id = {p.job_id: p for p in pending}
-    started_now = [Holding(p.job_id, p.gpu_ids, by_id[p.job_id].gpu_memory_mb) for p in placements]
+    started_now = [
+        Holding(p.job_id, p.gpu_ids, by_id[p.job_id].spec.gpu_memory_mb) for p in placements
+    ]
     for g, memory in gpus.items():
         on_it = [h for h in [*holdings, *started_now] if g in h.gpu_ids]
         # A whole-GPU job counts for all of the memory, so this also catches it sharing.
@@ -143,13 +146,13 @@ def test_random_mixes_never_overcommit_and_never_starve(seed: int):
             assert len(on_it) == 1, f"GPU {g} is held whole and shared: {on_it}"
     for p in placements:
         job = by_id[p.job_id]
-        wants = 1 if job.gpu_memory_mb is not None else job.gpus
+        wants = 1 if job.spec.gpu_memory_mb is not None else job.spec.gpus
         assert len(p.gpu_ids) == wants
     # The GPU jobs that start are a prefix of the GPU queue (jobs that could never fit aside).
     queue = [
         j
         for j in sorted(pending, key=lambda j: (j.created_at, j.job_id))
-        if (j.gpus or j.gpu_memory_mb) and could_ever_fit(j, gpus)
+        if (j.spec.gpus or j.spec.gpu_memory_mb) and could_ever_fit(j, gpus)
     ]
     started = [p.job_id for p in placements if p.gpu_ids]
     assert started == [j.job_id for j in queue[: len(started)]]

@@ -72,12 +72,10 @@ class AgentContext:
             paths,
             self.store,
             self.blobs,
+            backend,
+            self.checkouts,
+            agent=self,
             on_change=lambda: self.scheduler.wake(),
-            backend=backend,
-            team=self.team,
-            on_event=self.notify,
-            checkouts=self.checkouts,
-            identity=self.identity_of,
         )
         self.tokens = TokenStore(paths.tokens_db)
         self.claims = ClaimStore(paths.claims_db)

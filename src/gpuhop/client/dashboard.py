@@ -5,7 +5,7 @@ nothing else to the agent through the client's own endpoint (the local Unix sock
 SSH tunnel's socket, or TLS with the pinned certificate and the bearer token): the
 dashboard needs no port on the GPU host. The proxy holds the user's credentials, so it
 does not stand in for a login: the agent still wants its session cookie on every request
-(see `gpuhop.ui.guard`), which a browser gets only by opening `login_url()` once.
+(see `gpuhop.agent.ui.gate`), which a browser gets only by opening `login_url()` once.
 
 What it adds to that:
 - it answers only to Host 127.0.0.1:PORT or localhost:PORT (a page on another name that

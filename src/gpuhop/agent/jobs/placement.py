@@ -38,19 +38,18 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from gpuhop.api.spec import JobSpec
+
 
 @dataclass(frozen=True)
 class Pending:
+    """A queued job as placement sees it: its spec whole (GPUs or a share, priority, sweep,
+    whether its GPUs may be of different models), whose it is, and how old."""
+
     job_id: str
-    gpus: int
-    priority: int
     created_at: float
-    # A share of one GPU in MB; None for whole-GPU and CPU jobs.
-    gpu_memory_mb: int | None = None
+    spec: JobSpec
     owner: str | None = None
-    sweep: str | None = None
-    max_parallel: int | None = None
-    mixed_gpus: bool = False
 
 
 @dataclass(frozen=True)
@@ -142,34 +141,34 @@ def plan(
             sweep_runs[held.owner, held.sweep] += 1
     placements: list[Placement] = []
     gpu_queue_blocked = False
-    for job in sorted(pending, key=lambda j: (-j.priority, j.created_at, j.job_id)):
-        sweep_key = (job.owner, job.sweep or "")
-        if job.max_parallel is not None and sweep_runs[sweep_key] >= job.max_parallel:
-            _wait(waiting, job, f"its sweep already runs {job.max_parallel} (max_parallel)")
+    for job in sorted(pending, key=lambda j: (-j.spec.priority, j.created_at, j.job_id)):
+        sweep_key = (job.owner, job.spec.sweep or "")
+        if job.spec.max_parallel is not None and sweep_runs[sweep_key] >= job.spec.max_parallel:
+            _wait(waiting, job, f"its sweep already runs {job.spec.max_parallel} (max_parallel)")
             continue
-        if job.gpus == 0 and job.gpu_memory_mb is None:
+        if job.spec.gpus == 0 and job.spec.gpu_memory_mb is None:
             placements.append(Placement(job.job_id, ()))
             sweep_runs[sweep_key] += 1
             continue
         if gpu_queue_blocked or not could_ever_fit(job, gpus, kinds):
             continue
         cap = None if job.owner in limits.exempt else limits.user_gpus
-        if cap is not None and held_by[job.owner] + job.gpus > cap:
+        if cap is not None and held_by[job.owner] + job.spec.gpus > cap:
             _wait(
                 waiting,
                 job,
                 f"{job.owner or 'its owner'} holds {held_by[job.owner]} GPU(s) and this job"
-                f" asks for {job.gpus}; the agent's limit is {cap} per user at once",
+                f" asks for {job.spec.gpus}; the agent's limit is {cap} per user at once",
             )
             continue
         taken: tuple[int, ...]
-        if job.gpu_memory_mb is not None:
-            gpu = state.best_fit(job.gpu_memory_mb)
+        if job.spec.gpu_memory_mb is not None:
+            gpu = state.best_fit(job.spec.gpu_memory_mb)
             taken = () if gpu is None else (gpu,)
         else:
             taken = _whole(state.empty(), job, kinds)
-            if not taken and job.gpus <= len(state.empty()):
-                _wait(waiting, job, f"no {job.gpus} free GPUs of one model (see --mixed-gpus)")
+            if not taken and job.spec.gpus <= len(state.empty()):
+                _wait(waiting, job, f"no {job.spec.gpus} free GPUs of one model (see --mixed-gpus)")
         if not taken:
             if out and not could_ever_fit(job, in_service, kinds):
                 _wait(
@@ -181,9 +180,9 @@ def plan(
             gpu_queue_blocked = True
             continue
         for gpu in taken:
-            state.take(gpu, job.gpu_memory_mb)
+            state.take(gpu, job.spec.gpu_memory_mb)
         held_by[job.owner] += len(taken)
-        if job.sweep is not None:
+        if job.spec.sweep is not None:
             sweep_runs[sweep_key] += 1
         placements.append(Placement(job.job_id, taken))
     return placements
@@ -197,16 +196,16 @@ def _wait(waiting: dict[str, str] | None, job: Pending, why: str) -> None:
 def _whole(empty: list[int], job: Pending, kinds: Mapping[int, str]) -> tuple[int, ...]:
     """The GPUs a whole-GPU job takes from `empty`: the lowest-indexed that are all of one
     kind (the first kind in index order with enough), or any for a mixed or 1-GPU job."""
-    if job.gpus > len(empty):
+    if job.spec.gpus > len(empty):
         return ()
-    if job.mixed_gpus or job.gpus <= 1:
-        return tuple(empty[: job.gpus])
+    if job.spec.mixed_gpus or job.spec.gpus <= 1:
+        return tuple(empty[: job.spec.gpus])
     by_kind: dict[str, list[int]] = {}
     for gpu in empty:
         by_kind.setdefault(kinds.get(gpu, ""), []).append(gpu)
     for same in by_kind.values():
-        if len(same) >= job.gpus:
-            return tuple(same[: job.gpus])
+        if len(same) >= job.spec.gpus:
+            return tuple(same[: job.spec.gpus])
     return ()
 
 
@@ -214,11 +213,11 @@ def could_ever_fit(
     job: Pending, gpus: Mapping[int, int], kinds: Mapping[int, str] | None = None
 ) -> bool:
     """Whether the job fits on these GPUs when nothing else runs."""
-    if job.gpu_memory_mb is not None:
-        return job.gpu_memory_mb <= max(gpus.values(), default=0)
-    if job.mixed_gpus or job.gpus <= 1 or not kinds:
-        return job.gpus <= len(gpus)
-    return job.gpus <= largest_kind(gpus, kinds)
+    if job.spec.gpu_memory_mb is not None:
+        return job.spec.gpu_memory_mb <= max(gpus.values(), default=0)
+    if job.spec.mixed_gpus or job.spec.gpus <= 1 or not kinds:
+        return job.spec.gpus <= len(gpus)
+    return job.spec.gpus <= largest_kind(gpus, kinds)
 
 
 def largest_kind(gpus: Iterable[int], kinds: Mapping[int, str]) -> int:

@@ -115,20 +115,7 @@ class Scheduler:
         memory = {g.index: g.memory_mb for g in self.gpus}
         # On a cluster (GPUs with a node) the cluster places jobs: every GPU counts as alike.
         kinds = {g.index: g.kind for g in self.gpus if g.node is None}
-        pending = [
-            Pending(
-                j.id,
-                j.spec.gpus,
-                j.spec.priority,
-                j.created_at,
-                j.spec.gpu_memory_mb,
-                owner=j.owner,
-                sweep=j.spec.sweep,
-                max_parallel=j.spec.max_parallel,
-                mixed_gpus=j.spec.mixed_gpus,
-            )
-            for j in queued
-        ]
+        pending = [Pending(j.id, j.created_at, j.spec, j.owner) for j in queued]
         self._fail_misfits(pending, memory, kinds)
         started = 0
         waiting: dict[str, str] = {}
@@ -182,9 +169,9 @@ class Scheduler:
             if could_ever_fit(job, memory, kinds):
                 continue
             asks = (
-                f"{format_mb(job.gpu_memory_mb)} of one GPU's memory"
-                if job.gpu_memory_mb is not None
-                else f"{job.gpus} GPU(s)"
+                f"{format_mb(job.spec.gpu_memory_mb)} of one GPU's memory"
+                if job.spec.gpu_memory_mb is not None
+                else f"{job.spec.gpus} GPU(s)"
             )
             reason = (
                 f"could not start: it asks for {asks}; {self.where} now has {len(memory)}"

@@ -17,7 +17,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from gpuhop.agent.jobs.endings import classify
 from gpuhop.agent.jobs.records import as_text
@@ -51,30 +51,40 @@ KILL_AT = "kill_at.json"
 DEFAULT_GRACE = 10.0
 
 
+class Agent(Protocol):
+    """What a supervisor asks of the agent it works for (the AgentContext)."""
+
+    def team(self) -> bool:
+        """Whether the agent serves more than its owner now (a TLS listener, or tokens of
+        more than one user); such an agent starts no job without a sandbox."""
+        ...
+
+    def notify(self, job_id: str, event: str) -> None:
+        """A job "started", or ended for good (the event is its final state): for its
+        notifications; must not block."""
+        ...
+
+    def identity_of(self, job: JobRecord) -> dict[str, Any] | None:
+        """The unprivileged identity the job runs as (a team agent's), or None (it runs as
+        the agent's user); raises StartError where it must have one and cannot."""
+        ...
+
+
 class Supervisor:
     def __init__(
         self,
         paths: AgentPaths,
         store: JobStore,
         blobs: BlobStore,
-        on_change: Callable[[], None],
         backend: Backend,
-        team: Callable[[], bool] = lambda: False,
-        on_event: Callable[[str, str], None] = lambda job_id, event: None,
-        checkouts: CheckoutStore | None = None,
-        identity: Callable[[JobRecord], dict[str, Any] | None] = lambda job: None,
+        checkouts: CheckoutStore | None,
+        agent: Agent,
+        on_change: Callable[[], None],
     ):
-        """`team`: whether the agent serves more than its owner now (a TLS listener, or
-        tokens of more than one user); such an agent starts no job without a sandbox.
-        `on_event(job_id, event)`: a job "started", or ended for good (the event is its
-        final state); for its notifications, and it must not block.
-        `identity(job)`: the unprivileged identity the job runs as (a team agent's), or
-        None (it runs as the agent's user); raises StartError where it must have one and
-        cannot."""
-        self.on_event = on_event
-        self.identity = identity
+        """`on_change`: the queue may have room for another job now (one ended or freed
+        its GPUs)."""
+        self.agent = agent
         self.paths = paths
-        self.team = team
         # Where the jobs' processes run (gpuhop.backends): this host, or a cluster.
         self.backend = backend
         self.store = store
@@ -104,7 +114,7 @@ class Supervisor:
             job = self.store.get(job_id)
             self._check_isolation()
             deps = jobdeps.read(jp)
-            identity = self.identity(job)
+            identity = self.agent.identity_of(job)
             if identity is not None:
                 deps["identity"] = identity
             no_view = self.backend.work_view(owned=identity is not None)
@@ -139,7 +149,7 @@ class Supervisor:
 
     def _event(self, job_id: str, event: str) -> None:
         try:
-            self.on_event(job_id, event)
+            self.agent.notify(job_id, event)
         except Exception:  # a notification's trouble never touches the job
             log.exception("notifying about job %s failed", job_id)
 
@@ -186,7 +196,7 @@ class Supervisor:
 
     def _check_isolation(self) -> None:
         problem = self.backend.isolation()
-        if problem is not None and self.team():
+        if problem is not None and self.agent.team():
             raise StartError(
                 "this agent serves a team (a TLS listener, or tokens of more than one user),"
                 " and this host cannot give a job its own view of it, so no job starts:"
