@@ -78,7 +78,9 @@ def test_a_stopped_job_is_still_running_and_cancel_reaches_it(make_agent, projec
         log = b"".join(job.logs())
     assert info.state == JobState.cancelled and "killed after the grace period" in info.reason
     assert len(log) >= size
-    assert log.decode().splitlines()[:-1] == [f"line {i}" for i in range(log.count(b"\n") - 1)]
+    # Every line the job wrote is there, in order; the last may have been cut by the kill.
+    lines = log.decode().splitlines()
+    assert lines[:-1] == [f"line {i}" for i in range(len(lines) - 1)]
 
 
 def test_a_stopped_agent_loses_nothing_once_it_goes_on(make_agent, project, tmp_path):
