@@ -162,3 +162,37 @@ def test_a_model_server_port_the_job_does_not_listen_on_is_refused(shared_agent,
         other.shutdown()
         other.server_close()
         thread.join()
+
+
+def test_a_model_server_runs_on_a_share_of_one_gpu_at_the_priority_asked(make_agent, project):
+    agent = make_agent(fake_gpus=1)
+    root = project(
+        {
+            "saved_model.pb": "not a model",
+            "gpuhop/__init__.py": "",
+            "gpuhop/serving/__init__.py": "",
+            "gpuhop/serving/__main__.py": ECHO,
+        }
+    )
+    clash = agent.cli("serve", str(root), "--name", "echo", "--gpus", "2", "--gpu-memory", "1G")
+    assert clash.returncode == 2
+    assert "--gpu-memory gives the job a share of one GPU" in clash.stderr
+    started = agent.cli(
+        "serve", str(root), "--name", "echo", "--gpu-memory", "1GiB", "--priority", "-5", "-d"
+    )
+    assert started.returncode == 0, started.stderr
+    job_id = started.stdout.strip()
+    with agent.client() as client:
+        model = client.model("echo")
+        model.wait_ready(60)
+        info = client.job(job_id).info
+        assert (info.gpus, info.gpu_ids, info.gpu_memory_mb, info.priority) == (1, [0], 1024, -5)
+        with agent_http(agent) as http:
+            assert http.get(f"/v1/serve/{job_id}/v1/models/echo").status_code == 200
+        # A second share fits beside it on the same GPU; the SDK takes the same options.
+        second = client.serve(root, name="echo2", gpu_memory="2GiB", timeout=60)
+        assert (second.job.info.gpu_ids, second.job.info.gpu_memory_mb) == ([0], 2048)
+        with pytest.raises(TypeError, match="'pack' is not a job option"):
+            client.serve(root, name="echo3", pack=True)
+        model.job.cancel()
+        second.job.cancel()

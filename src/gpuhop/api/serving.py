@@ -5,7 +5,14 @@ from __future__ import annotations
 from pydantic import Field, field_validator, model_validator
 
 from gpuhop.api.base import StrictModel, WireModel
-from gpuhop.api.models import NAME_RE, SHA256_RE, JobState, validate_relpath
+from gpuhop.api.models import (
+    MAX_GPU_MEMORY_MB,
+    NAME_RE,
+    SHA256_RE,
+    JobState,
+    validate_relpath,
+)
+from gpuhop.api.spec import JobSpec
 
 MODEL_NAME_RULE = (
     "a model name is 1-64 characters of letters, digits, '.', '_' or '-', starting with a"
@@ -23,6 +30,10 @@ class ServeRequest(StrictModel):
     path: str | None = None
     tree: str | None = None
     gpus: int = Field(default=0, ge=0, le=1024)
+    # Instead of whole GPUs, a share of one (MB), as a job's `gpu_memory_mb`; and the
+    # server job's priority in the queue. An agent that predates them refuses them.
+    gpu_memory_mb: int | None = Field(default=None, ge=1, le=MAX_GPU_MEMORY_MB)
+    priority: int = Field(default=0, ge=-100, le=100)
     # Rows per model call; 1 turns batching off.
     max_batch_size: int = Field(default=32, ge=1, le=65_536)
     # How long the oldest waiting request waits for others to fill its batch.
@@ -54,6 +65,23 @@ class ServeRequest(StrictModel):
         if self.path is not None and self.source_job is None:
             raise ValueError("path names a SavedModel in source_job's artifacts")
         return self
+
+    @model_validator(mode="after")
+    def _resources(self) -> ServeRequest:
+        if problems := self.spec().problems():
+            raise ValueError("; ".join(problems))
+        return self
+
+    def spec(self) -> JobSpec:
+        """The server job's spec: named for the model, in a private network of its own."""
+        asked = JobSpec(
+            name=self.name,
+            gpus=self.gpus,
+            gpu_memory_mb=self.gpu_memory_mb,
+            priority=self.priority,
+            private_network=True,
+        )
+        return asked if asked.problems() else asked.settled()
 
 
 class ServingInfo(WireModel):

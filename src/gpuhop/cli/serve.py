@@ -8,13 +8,14 @@ from pathlib import Path
 
 import typer
 
+from gpuhop.cli import jobopts
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.forward import TF_SERVING_REST_PORT, hold
 from gpuhop.cli.output import fail, print_json, say
 from gpuhop.client import GpuhopError
 
 
-def serve(
+def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
     source: str = typer.Argument(
         ...,
         metavar="JOB[:PATH] | SAVEDMODEL_DIR",
@@ -24,7 +25,9 @@ def serve(
     name: str = typer.Option(
         ..., "--name", "-n", help="The model name in URLs; also the serving job's name."
     ),
-    gpus: int = typer.Option(0, "--gpus", min=0, help="Whole GPUs for the server."),
+    gpus: int = jobopts.worded(jobopts.GPUS, "Whole GPUs for the server."),
+    gpu_memory: str | None = jobopts.GPU_MEMORY,
+    priority: int = jobopts.PRIORITY,
     max_batch_size: int = typer.Option(
         32, "--max-batch-size", min=1, help="Rows per model call; 1 turns batching off."
     ),
@@ -56,12 +59,15 @@ def serve(
 
     Example: gpuhop serve digits-demo --name digits
     """
+    spec = jobopts.spec_of({"gpus": gpus, "gpu_memory": gpu_memory, "priority": priority})
     with client_for(on) as client:
         try:
             model = client.serve(
                 Path(source) if Path(source).is_dir() else source,
                 name=name,
-                gpus=gpus,
+                gpus=spec.gpus,
+                gpu_memory_mb=spec.gpu_memory_mb,
+                priority=spec.priority,
                 max_batch_size=max_batch_size,
                 batch_timeout_ms=batch_timeout_ms,
                 wait=False,

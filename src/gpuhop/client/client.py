@@ -27,6 +27,9 @@ from gpuhop.client.session import Session
 from gpuhop.client.transport import Endpoint
 from gpuhop.home import AgentPaths, default_home, user_dir
 
+# The job options a model server takes (`serve`): its GPUs, and its place in the queue.
+SERVER_OPTIONS = frozenset({"gpus", "gpu_memory", "gpu_memory_mb", "priority"})
+
 if TYPE_CHECKING:
     import httpx
 
@@ -304,11 +307,11 @@ class Client:
         source: str | os.PathLike[str] | Job,
         *,
         name: str,
-        gpus: int = 0,
         max_batch_size: int = 32,
         batch_timeout_ms: float = 2.0,
         wait: bool = True,
         timeout: float = 600.0,
+        **options: Any,
     ) -> serving.Model:
         """Serve a SavedModel on the GPU host under `name`, TF Serving's REST API style.
 
@@ -317,14 +320,21 @@ class Client:
         SavedModel there; its files stay on the host. Requests are batched up to
         `max_batch_size` rows (1: no batching), waiting at most `batch_timeout_ms`. With
         `wait`, returns once the server answers (GpuhopError if its job ends first).
+        `options`, as `submit` takes them: `gpus` (whole GPUs), or `gpu_memory` (a share
+        of one GPU, "6GiB"), and `priority`.
         """
         import gpuhop.client.serving as serving
+        from gpuhop.api.spec import JobSpec
+        from gpuhop.client.errors import UnknownOption
 
+        unknown = options.keys() - SERVER_OPTIONS
+        if unknown:
+            raise UnknownOption(sorted(unknown)[0])
         return serving.serve(
             self.session,
             source,
             name=name,
-            gpus=gpus,
+            spec=jobs.spec_of(".", JobSpec(), options),
             max_batch_size=max_batch_size,
             batch_timeout_ms=batch_timeout_ms,
             wait=wait,

@@ -27,6 +27,7 @@ from gpuhop.client.upload import scan, send_files, send_tree
 
 if TYPE_CHECKING:
     from gpuhop.api import ServingInfo
+    from gpuhop.api.spec import JobSpec
     from gpuhop.client.forward import Forward
     from gpuhop.client.session import Response
 
@@ -165,21 +166,23 @@ def serve(
     source: str | os.PathLike[str] | Job,
     *,
     name: str,
-    gpus: int = 0,
+    spec: JobSpec | None = None,
     max_batch_size: int = 32,
     batch_timeout_ms: float = 2.0,
     wait: bool = True,
     timeout: float = 600.0,
 ) -> Model:
-    """Start a model server job; see `Client.serve`."""
+    """Start a model server job; see `Client.serve`. Of `spec`, the server takes its GPUs
+    (whole, or a share of one) and its priority."""
     from gpuhop.api import JobInfo, ServeRequest
 
     fields: dict[str, Any] = {
         "name": name,
-        "gpus": gpus,
         "max_batch_size": max_batch_size,
         "batch_timeout_ms": batch_timeout_ms,
     }
+    if spec is not None:
+        fields.update(gpus=spec.gpus, gpu_memory_mb=spec.gpu_memory_mb, priority=spec.priority)
     local = None if isinstance(source, Job) else Path(source)
     if isinstance(source, Job):
         fields["source_job"] = source.id
@@ -199,7 +202,8 @@ def serve(
             )
         fields["source_job"], fields["path"] = ref, path or None
     try:
-        body = ServeRequest(**fields).model_dump(mode="json", exclude_none=True)
+        # Fields at their defaults are left out: an older agent takes what asks nothing new.
+        body = ServeRequest(**fields).model_dump(mode="json", exclude_defaults=True)
     except ValueError as e:
         raise GpuhopError(str(e), code="bad_request") from None
     try:

@@ -43,7 +43,6 @@ from gpuhop.agent.services import jobs, ports
 from gpuhop.agent.services.savedmodels import SAVED_MODEL_PB, find_saved_model
 from gpuhop.agent.services.upstream import Pool, Streams, UpstreamError, UpstreamTimeout
 from gpuhop.api import ErrorCode, JobInfo, JobState, ServeRequest, ServingInfo
-from gpuhop.api.spec import JobSpec
 from gpuhop.backends import listeners
 from gpuhop.home import JobPaths
 
@@ -123,8 +122,7 @@ def start(rt: AgentContext, req: ServeRequest, caller: Caller) -> JobInfo:
             )
         (jp.root / SPEC_FILE).write_text(json.dumps(spec))
 
-    asked = JobSpec(name=req.name, gpus=req.gpus, private_network=True)
-    return jobs.submit(rt, command, asked, req.tree, caller, prepare=prepare)
+    return jobs.submit(rt, command, req.spec(), req.tree, caller, prepare=prepare)
 
 
 def _link_tree(src: Path, dest: Path) -> None:
