@@ -8,6 +8,7 @@ import json
 import socket
 
 from gpuhop.api import JobState
+from tests.conftest import wait_until
 
 SILENT = """
 import os, time
@@ -88,6 +89,9 @@ def test_a_followed_silent_job_sends_its_head_before_any_line(shared_agent, proj
                 status, headers, body = split(got)
                 assert status == "HTTP/1.1 200 OK" and headers["x-gpuhop-job"] == job.id
                 assert body == b""  # nothing printed yet: the head came alone
+                # A follow answers at once, queued or not: the job may not have started yet
+                # (its artifacts dir not made) on a busy machine.
+                wait_until(lambda: job.refresh().state == JobState.running, HANG)
                 (shared_agent.home / "jobs" / job.id / "artifacts" / "go").touch()
                 while b"0\r\n\r\n" not in body:
                     piece = s.recv(65536)
