@@ -75,7 +75,9 @@ def test_only_the_owner_or_an_admin_may_start_it_and_a_running_one_is_reused(
 
         tb = tb_client.start(carol, job.id)  # an admin may; it waits until TensorBoard answers
         assert (tb.info.source_job, tb.info.reused, tb.info.has_events) == (job.id, False, False)
-        assert tb.info.logdir == str(agent.paths.jobs / job.id / "artifacts" / "tensorboard")
+        jd = agent.paths.jobs / job.id
+        assert tb.info.logdir == str(jd / "artifacts" / "tensorboard")
+        assert tb.info.logdirs == [tb.info.logdir, str(jd / "work")]  # where tutorials log
         server = owner.job(tb.info.job).info
         # The server is the job's owner's (so both find it), holds no GPU, and runs in a
         # private network: its port is reachable only through the agent.
@@ -105,10 +107,11 @@ def test_a_finished_job_that_wrote_no_logs_is_an_error_naming_the_dir(agent, pro
             job.tensorboard(wait=False)
     logdir = agent.paths.jobs / job.id / "artifacts" / "tensorboard"
     assert missing.value.status == 404
-    assert missing.value.message.startswith(
-        f"job {job.id} succeeded without writing TensorBoard logs: nothing is at its"
-        f" $GPUHOP_TENSORBOARD_DIR ({logdir}); log there with"
-        " callbacks=gpuhop.tf.callbacks(tensorboard=True)"
+    assert missing.value.message == (
+        f"job {job.id} succeeded without writing TensorBoard logs: no event files in its"
+        f" $GPUHOP_TENSORBOARD_DIR ({logdir}) nor its work dir; write them anywhere in the"
+        " work dir, as tutorials do (tf.keras.callbacks.TensorBoard(log_dir='logs/fit')), or"
+        " into $GPUHOP_TENSORBOARD_DIR with callbacks=gpuhop.tf.callbacks(tensorboard=True)"
     )
 
 

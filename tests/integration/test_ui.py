@@ -33,6 +33,14 @@ WRITE_PAGE = [
     " open(os.path.join(d, 'report.html'), 'w').write('<script>alert(1)</script>');"
     " open(os.path.join(os.fsencode(d), b'caf\\xe9.txt'), 'w').write('latin-1')",
 ]
+WRITE_EVENTS = """
+import os
+for d in ("logs/fit/20250101-120000/train", "logs/fit/20250101-120000/validation",
+          "__pycache__", os.path.join(os.environ["GPUHOP_TENSORBOARD_DIR"], "train")):
+    os.makedirs(d, exist_ok=True)
+    open(os.path.join(d, "events.out.tfevents.1700000000.host.1.v2"), "wb").write(b"")
+open("logs/notes.txt", "w").write("not an event file")
+"""
 NOT_ROUTED = {"/ui/login", "/ui/static/{name}"}
 
 
@@ -192,6 +200,25 @@ def test_an_artifact_is_a_download_never_a_page(owner_http):
     assert r.status_code == 200 and r.content == b"latin-1"
 
 
+def test_the_job_page_learns_where_the_job_wrote_tensorboard_runs(owner_http):
+    # Where the tutorials log (./logs/fit/STAMP/{train,validation}) and where gpuhop's
+    # callback does ($GPUHOP_TENSORBOARD_DIR/train); not in __pycache__, nor other files.
+    job = submit(owner_http, [sys.executable, "-c", WRITE_EVENTS])
+    wait_until(lambda: owner_http.get(f"/v1/jobs/{job}").json()["state"] == "succeeded")
+    cookie = with_cookie(login(owner_http, code_for(owner_http)))
+    runs = owner_http.get(f"/ui/api/jobs/{job}/tensorboard", headers=cookie).json()["runs"]
+    assert runs == [
+        "train",
+        "logs/fit/20250101-120000/train",
+        "logs/fit/20250101-120000/validation",
+    ]
+    quiet = submit(owner_http, [sys.executable, "-c", "open('notes.txt', 'w').write('x')"])
+    wait_until(lambda: owner_http.get(f"/v1/jobs/{quiet}").json()["state"] == "succeeded")
+    assert owner_http.get(f"/ui/api/jobs/{quiet}/tensorboard", headers=cookie).json() == {
+        "runs": []
+    }
+
+
 def test_a_cancel_wants_the_dashboards_own_header(owner_http):
     job = submit(owner_http, SLEEP)
     cookie = login(owner_http, code_for(owner_http))
@@ -218,7 +245,7 @@ def test_a_user_sees_only_their_own_jobs_in_the_dashboard(owner_http, user_http)
     listed = alice.get("/ui/api/jobs", headers=cookie).json()["jobs"]
     assert mine in {j["id"] for j in listed}
     assert {j["owner"] for j in listed} == {"alice"}
-    for path in ("", "/log", "/metrics", "/artifacts", "/artifacts/a.txt"):
+    for path in ("", "/log", "/metrics", "/artifacts", "/artifacts/a.txt", "/tensorboard"):
         r = alice.get(f"/ui/api/jobs/{theirs}{path}", headers=cookie)
         assert r.status_code == 404, (path, r.text)
     csrf = {**cookie, "x-gpuhop-ui": "1"}

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from gpuhop.cli.connect import OnOption, client_for
-from gpuhop.cli.output import fail, say, state_text
+from gpuhop.cli.output import escape, fail, say, state_text
 from gpuhop.cli.usualport import forward_at, interrupt
 from gpuhop.client import GpuhopError
 
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
 DEFAULT_LOCAL_PORT = 6006
 HOW_TO_LOG = (
-    "callbacks=gpuhop.tf.callbacks(tensorboard=True) writes there, as does"
-    " tf.summary.create_file_writer(str(gpuhop.runtime.tensorboard_dir()))"
+    "tf.keras.callbacks.TensorBoard(log_dir='logs/fit') writes them in the work dir,"
+    " callbacks=gpuhop.tf.callbacks(tensorboard=True) into $GPUHOP_TENSORBOARD_DIR"
 )
 
 
@@ -49,8 +49,10 @@ def tensorboard(
 ) -> None:
     """Show a job's TensorBoard logs in your browser, live while it trains.
 
-    The job writes TensorBoard event files to $GPUHOP_TENSORBOARD_DIR (the tensorboard/
-    dir of its artifacts; gpuhop.tf.callbacks(tensorboard=True) does). TensorBoard runs
+    The job writes TensorBoard event files anywhere in its work dir, as tutorials do
+    (tf.keras.callbacks.TensorBoard(log_dir="logs/fit/...")), or into $GPUHOP_TENSORBOARD_DIR
+    (the tensorboard/ dir of its artifacts; gpuhop.tf.callbacks(tensorboard=True) does):
+    TensorBoard reads both, each run named by its path there. TensorBoard runs
     on the GPU host as a job of its own, holding no GPU, in a private network that nothing
     else reaches; this command forwards it here through the agent's connection and opens
     it. A TensorBoard already running for the job is reused. Ctrl-C stops forwarding and
@@ -70,9 +72,10 @@ def tensorboard(
             fail(e.message)
         info = tb.info
         started = not info.reused
+        where = "its work dir and $GPUHOP_TENSORBOARD_DIR" if len(info.logdirs) > 1 else info.logdir
         say(
             f"TensorBoard job {info.job} {'started' if started else 'already runs'} for job"
-            f" {info.source_job} ({info.source_state.value}), reading {info.logdir}"
+            f" {info.source_job} ({info.source_state.value}), reading {escape(where)}"
         )
         if not info.has_events:
             later = (

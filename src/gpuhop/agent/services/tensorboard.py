@@ -1,8 +1,11 @@
 """Runs in the agent: TensorBoard server jobs (`gpuhop tensorboard JOB`).
 
-A job writes TensorBoard event files under `$GPUHOP_TENSORBOARD_DIR`, the `tensorboard/`
-dir of its artifacts. A TensorBoard server for it is an ordinary job (ps, logs and cancel
-apply; it holds no GPU) running TensorBoard over that dir, read live while the job writes.
+A job writes TensorBoard event files under `$GPUHOP_TENSORBOARD_DIR` (the `tensorboard/` dir
+of its artifacts), or, run unmodified as tutorials are, anywhere in its work dir
+(`TensorBoard(log_dir="logs/fit/" + stamp)`). A TensorBoard server for it is an ordinary
+job (ps, logs and cancel apply; it holds no GPU) running TensorBoard over both, read live
+while the job writes: its runs are named by their paths in either (`train`,
+`logs/fit/20240101-120000/train`), as `tensorboard --logdir .` run in the work dir would.
 It runs in a private network namespace and listens on `PORT` there: no other host and no
 other user of this host can reach it. Clients forward that port through the agent
 (`services.ports`) with their own credentials. What marks a TensorBoard job is its spec
@@ -15,18 +18,20 @@ the running server back rather than a second one.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import JobRecord
-from gpuhop.agent.services import jobs, outputs
+from gpuhop.agent.services import jobs, outputs, workdir
 from gpuhop.api import ErrorCode, JobState, TensorBoardInfo
 from gpuhop.api.spec import JobSpec
 from gpuhop.backends import jobdeps
@@ -41,9 +46,12 @@ PORT = 6006
 ACTIVE = [JobState.queued, JobState.starting, JobState.running]
 PROBE = "import importlib.util, sys; sys.exit(importlib.util.find_spec('tensorboard') is None)"
 HOW_TO_LOG = (
-    "log there with callbacks=gpuhop.tf.callbacks(tensorboard=True), or"
-    " tf.summary.create_file_writer(str(gpuhop.runtime.tensorboard_dir()))"
+    "write them anywhere in the work dir, as tutorials do"
+    " (tf.keras.callbacks.TensorBoard(log_dir='logs/fit')), or into $GPUHOP_TENSORBOARD_DIR"
+    " with callbacks=gpuhop.tf.callbacks(tensorboard=True)"
 )
+# The run dirs a listing names at most (`event_dirs`).
+MAX_LISTED = 20
 
 # One start at a time, so two requests for the same job cannot both start a server.
 _starting = threading.Lock()
@@ -60,11 +68,14 @@ def start(rt: AgentContext, ref: str, caller: Caller) -> TensorBoardInfo:
             f"job {source.id} is itself a TensorBoard server; name the job whose logs to show",
         )
     outputs.check_not_pruned(rt, source)
-    logdir = rt.supervisor.job_paths(source.id).tensorboard
-    if source.state.finished and not logdir.is_dir():
+    roots = logdirs(rt, source)
+    if source.state.finished and not has_events(roots):
+        where = f"its $GPUHOP_TENSORBOARD_DIR ({roots[0]})" + (
+            " nor its work dir" if len(roots) > 1 else ""
+        )
         raise not_found(
-            f"job {source.id} {source.state.value} without writing TensorBoard logs: nothing"
-            f" is at its $GPUHOP_TENSORBOARD_DIR ({logdir}); {HOW_TO_LOG}"
+            f"job {source.id} {source.state.value} without writing TensorBoard logs: no event"
+            f" files in {where}; {HOW_TO_LOG}"
         )
     owner = source.owner or caller.user
     with _starting:
@@ -77,12 +88,14 @@ def start(rt: AgentContext, ref: str, caller: Caller) -> TensorBoardInfo:
             jp.work.mkdir(parents=True)
             shutil.copyfile(LAUNCHER_SOURCE, jp.work / LAUNCHER)
             (jp.root / SPEC_FILE).write_text(json.dumps({"source": source.id}))
-            # The server's own view of the host shows it the job's logs, read-only.
-            logdir.mkdir(parents=True, exist_ok=True)
-            jobdeps.write(jp, {"readonly": [str(logdir)]})
+            # The server's own view of the host shows it the job's dirs, read-only. A queued
+            # job's are made now (as its start would: it keeps them), so there is a dir to show.
+            for root in roots:
+                root.mkdir(parents=True, exist_ok=True)
+            jobdeps.write(jp, {"readonly": [str(root) for root in roots]})
 
         title = f"job {source.id}" + (f" ({source.spec.name})" if source.spec.name else "")
-        command = [python, LAUNCHER, "--logdir", str(logdir), "--host", "127.0.0.1"]
+        command = [python, LAUNCHER, *_logdir_args(roots), "--host", "127.0.0.1"]
         command += ["--port", str(PORT), "--window_title", f"TensorBoard: {title}"]
         spec = JobSpec(name=f"tensorboard-{source.id}", private_network=True)
         created = jobs.submit(rt, command, spec, None, Caller(owner, caller.admin), prepare)
@@ -101,12 +114,43 @@ def info(rt: AgentContext, ref: str, caller: Caller) -> TensorBoardInfo:
     return _info(rt, server, source, reused=True)
 
 
-def has_events(logdir: Path) -> bool:
-    """Whether any TensorBoard event file is under `logdir` yet."""
-    for _dirpath, _dirs, names in os.walk(logdir):
-        if any(".tfevents." in name for name in names):
-            return True
-    return False
+def logdirs(rt: AgentContext, job: JobRecord) -> list[Path]:
+    """Where `job`'s event files may be: its $GPUHOP_TENSORBOARD_DIR, then its work dir
+    (not on a Ray agent, whose jobs run in temp dirs on its nodes)."""
+    jp = rt.supervisor.job_paths(job.id)
+    return [jp.tensorboard, jp.work] if workdir.on_this_host(rt) else [jp.tensorboard]
+
+
+def _logdir_args(roots: list[Path]) -> list[str]:
+    """TensorBoard's arguments to read `roots`, each run named by its path in its root."""
+    if len(roots) == 1 or any("," in str(root) for root in roots):
+        # TensorBoard splits --logdir_spec at commas, and a path in it with none names its
+        # runs by their paths below it.
+        return ["--logdir", str(roots[0])]
+    return ["--logdir_spec", ",".join(str(root) for root in roots)]
+
+
+def _event_dirs(roots: list[Path]) -> Iterator[str]:
+    """Each dir under `roots` holding an event file, by its path in its root (as
+    TensorBoard names its run). Links are not followed; `workdir.SKIPPED_DIRS` not entered."""
+    for root in roots:
+        for dirpath, dirs, names in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d not in workdir.SKIPPED_DIRS)
+            if any(".tfevents." in name for name in names):
+                yield Path(dirpath).relative_to(root).as_posix()
+
+
+def has_events(roots: list[Path]) -> bool:
+    """Whether any TensorBoard event file is under `roots` yet."""
+    return next(_event_dirs(roots), None) is not None
+
+
+def event_dirs(rt: AgentContext, ref: str, caller: Caller) -> list[str]:
+    """The dirs (TensorBoard's runs) where the job `ref` names has written event files so
+    far, MAX_LISTED at most: for the dashboard, which offers TensorBoard where there are."""
+    job = jobs.find(rt, ref, caller)
+    outputs.check_not_pruned(rt, job)
+    return list(itertools.islice(_event_dirs(logdirs(rt, job)), MAX_LISTED))
 
 
 def _spec(rt: AgentContext, job_id: str) -> dict[str, object] | None:
@@ -158,7 +202,7 @@ def _probe(python: str) -> bool:
 
 
 def _info(rt: AgentContext, server: JobRecord, source: JobRecord, reused: bool) -> TensorBoardInfo:
-    logdir = rt.supervisor.job_paths(source.id).tensorboard
+    roots = logdirs(rt, source)
     return TensorBoardInfo(
         job=server.id,
         name=server.spec.name,
@@ -166,8 +210,9 @@ def _info(rt: AgentContext, server: JobRecord, source: JobRecord, reused: bool) 
         port=PORT,
         source_job=source.id,
         source_state=source.state,
-        logdir=str(logdir),
-        has_events=has_events(logdir),
+        logdir=str(roots[0]),
+        logdirs=[str(root) for root in roots],
+        has_events=has_events(roots),
         reused=reused,
         reason=server.reason,
     )

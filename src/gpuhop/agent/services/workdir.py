@@ -45,7 +45,7 @@ def _check(rt: AgentContext, job: JobRecord) -> None:
             " ended (its artifacts can be pulled now: gpuhop pull --only artifacts)",
             {"state": job.state.value},
         )
-    if rt.backend.remote and rt.backend.files_seen() is None:
+    if not on_this_host(rt):
         # Ray: the job ran in a copy of its files on a node. (Slurm's nodes use the job's own
         # work dir, on the shared filesystem, so its files are here.)
         raise ApiError(
@@ -55,6 +55,12 @@ def _check(rt: AgentContext, job: JobRecord) -> None:
             " on its node that is removed with the job: only $GPUHOP_ARTIFACTS_DIR comes back"
             " (gpuhop pull --only artifacts)",
         )
+
+
+def on_this_host(rt: AgentContext) -> bool:
+    """Whether jobs' work dirs are the agent's own `jobs/ID/work` (not so on Ray, where
+    each worker runs in a temp dir on its node)."""
+    return not (rt.backend.remote and rt.backend.files_seen() is None)
 
 
 def _synced(jp_tree: Path) -> dict[str, ManifestEntry]:

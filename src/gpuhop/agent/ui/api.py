@@ -21,6 +21,7 @@ from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import gpus as gpus_service
 from gpuhop.agent.services import jobs as jobs_service
 from gpuhop.agent.services import outputs
+from gpuhop.agent.services import tensorboard as tb_service
 from gpuhop.api import ArtifactEntry, JobInfo, JobState
 from gpuhop.version import __version__
 
@@ -113,6 +114,13 @@ def artifact(ref: str, path: str, request: Request) -> FileResponse:
         content_disposition_type="attachment",
         headers={"Content-Security-Policy": "sandbox; default-src 'none'"},
     )
+
+
+@router.get("/jobs/{ref}/tensorboard")
+def tensorboard(ref: str, request: Request) -> dict[str, object]:
+    """The runs (dirs of event files) the job has written so far, where TensorBoard would
+    find them; the page offers `gpuhop tensorboard` where there are some."""
+    return {"runs": tb_service.event_dirs(ctx(request), ref, caller_of(request))}
 
 
 @router.post("/jobs/{ref}/cancel")

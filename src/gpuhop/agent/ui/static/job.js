@@ -15,6 +15,7 @@ const SECRET = /(secret|token|passw|api_?key|credential|private)/i;
 
 let job = null;
 let now = 0;
+let tbRuns = []; // the dirs of TensorBoard event files the job wrote, as TensorBoard names its runs
 
 const main = document.getElementById("main");
 const title = h("h1", {});
@@ -128,11 +129,17 @@ function drawSpec() {
       fact("Python env", job.python_env),
       fact("Python", job.python),
       fact("Network", job.private_network ? "private namespace" : null),
+      fact("TensorBoard", tbRuns.length ? tensorboardText() : null),
       fact("Created", when(job.created_at)),
       fact("Started", when(job.started_at)),
       fact("Ended", when(job.ended_at)),
       fact("Duration", jobDuration(job, now)),
       fact("Exit", job.exit_code !== null && job.exit_code !== undefined ? `code ${job.exit_code}` : null)));
+}
+
+function tensorboardText() {
+  const shown = tbRuns.slice(0, 3).join(", ") + (tbRuns.length > 3 ? ", …" : "");
+  return [h("code", { id: "tensorboard" }, `gpuhop tensorboard ${job.id}`), ` shows ${shown}`];
 }
 
 function envValue(key, value) {
@@ -307,6 +314,11 @@ async function refreshArtifacts() {
       return false;
     }
     throw e;
+  }
+  const runs = (await api(`${base}/tensorboard`)).runs;
+  if (runs.join("\n") !== tbRuns.join("\n")) {
+    tbRuns = runs;
+    if (job !== null) drawSpec();
   }
   if (!list.length) {
     replace(artifacts, h("p", { class: "note" }, "Nothing yet. Files the job writes to $GPUHOP_ARTIFACTS_DIR show up here."));
