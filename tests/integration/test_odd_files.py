@@ -55,7 +55,7 @@ def test_artifacts_and_metrics_that_once_broke_their_answers(shared_agent, proje
         pull = shared_agent.cli("pull", job.id, "-o", str(tmp_path / "out"))
         assert pull.returncode == 0, pull.stderr
         out = os.fsencode(tmp_path / "out")
-        assert sorted(os.listdir(out)) == [BAD, b"good.txt"]
+        assert sorted(os.listdir(out)) == [b".gpuhopignore", BAD, b"good.txt"]  # not synced
         with open(os.path.join(out, BAD), "rb") as f:
             assert f.read() == b"x"
         records: list[dict] = []

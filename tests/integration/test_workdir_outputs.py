@@ -93,32 +93,143 @@ def test_new_and_changed_files_are_listed_and_pulled_home(shared_agent, project,
     assert missing.status_code == 404 and "nothing-here" in missing.json()["message"]
 
 
-def test_cli_pull_brings_back_both_and_only_picks_one(shared_agent, project, tmp_path):
-    root = _project(project)
-    run = shared_agent.cli(
-        "run", "--no-progress", "--pull", str(tmp_path / "arts"), "job.py", cwd=root
-    )
-    assert run.returncode == 0, run.stderr
-    assert "pulled 1 artifact file(s)" in run.stderr
-    assert "pulled 4 file(s) the job wrote in its work dir" in run.stderr
-    assert "kept" not in run.stderr
-    assert (root / "my_model.keras").stat().st_size == 3000
+def said_lines(stderr: str, word: str) -> list[str]:
+    """gpuhop's own lines of `stderr` that hold `word`, prefix dropped and rewrapping undone."""
+    lines = " ".join(stderr.split()).split("gpuhop: ")
+    return [line.strip() for line in lines if word in line]
 
-    job_id = re.search(r"job (\w+) succeeded", run.stderr).group(1)
+
+def test_run_pull_puts_everything_in_its_folder_says_so_once_and_never_syncs_it(
+    shared_agent, project
+):
+    root = _project(project)
+    (root / "look.py").write_text("import os\nprint('sees out:', os.path.exists('out'))\n")
+    run = shared_agent.cli("run", "--no-progress", "--pull", "out", "job.py", cwd=root)
+    assert run.returncode == 0, run.stderr
+    # One summary, naming where each part went; nothing said twice, nothing contradicted.
+    assert said_lines(run.stderr, "pull") == [
+        "pulled 1 artifact file(s), 2 B, into out; and 4 file(s) the job wrote in its work"
+        " dir, 3.0 KB, into out/workdir"
+    ]
+    assert (root / "out" / "report.txt").read_text() == "ok"
+    assert (root / "out" / "workdir" / "my_model.keras").stat().st_size == 3000
+    assert (root / "out" / "workdir" / "training_1" / "cp.ckpt.index").is_file()
+    assert not (root / "my_model.keras").exists()  # nothing landed beside the sources
+    assert (root / "grown.txt").read_text() == "a\n"
+    ignore = (root / "out" / ".gpuhopignore").read_text().splitlines()
+    assert ignore[-1] == "*" and any(line.endswith(" job " + _job_id(run)) for line in ignore)
+
+    # The next run from the same tree does not send the pulled folder back up.
+    again = shared_agent.cli("run", "--no-progress", "look.py", cwd=root)
+    assert again.returncode == 0, again.stderr
+    assert "sees out: False" in again.stdout
+    assert "synced 6 files" in again.stderr  # the five sources and look.py
+    assert "training outputs" not in again.stderr
+
+
+def _job_id(run) -> str:
+    return re.search(r"job (\w+) succeeded", run.stderr).group(1)
+
+
+def test_pull_defaults_and_only_pick_the_parts_and_their_places(shared_agent, project, tmp_path):
+    root = _project(project)
+    run = shared_agent.cli("run", "--no-progress", "job.py", cwd=root)
+    assert run.returncode == 0, run.stderr
+    job_id = _job_id(run)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     only = shared_agent.cli("pull", job_id, "--only", "workdir", cwd=elsewhere)
     assert only.returncode == 0, only.stderr
+    # Without -o, the work dir's files come here, where the script would have left them.
     assert sorted(os.listdir(elsewhere)) == [
         "config.txt",
         "grown.txt",
         "my_model.keras",
         "training_1",
     ]
+    assert said_lines(only.stderr, "pull") == [
+        "pulled 4 file(s) the job wrote in its work dir, 3.0 KB, into ."
+    ]
     arts = shared_agent.cli("pull", job_id, "--only", "artifacts", "-o", "a", cwd=elsewhere)
     assert arts.returncode == 0, arts.stderr
     assert (elsewhere / "a" / "report.txt").read_text() == "ok"
-    assert "work dir" not in arts.stderr
+    assert said_lines(arts.stderr, "pull") == ["pulled 1 artifact file(s), 2 B, into a"]
+    both = shared_agent.cli("pull", job_id, "-o", "b", "-C", "c", cwd=elsewhere)
+    assert both.returncode == 0, both.stderr
+    assert (elsewhere / "b" / "report.txt").is_file() and not (elsewhere / "b" / "workdir").exists()
+    assert (elsewhere / "c" / "my_model.keras").is_file()
+    assert not (elsewhere / "c" / ".gpuhopignore").exists()  # -C DIR is the user's own tree
+
+
+def test_a_job_that_wrote_nothing_says_so_in_one_line(shared_agent, project, tmp_path):
+    root = project({"quiet.py": "print('nothing written')\n"})
+    run = shared_agent.cli(
+        "run", "--no-progress", "--pull", str(tmp_path / "out"), "quiet.py", cwd=root
+    )
+    assert run.returncode == 0, run.stderr
+    assert said_lines(run.stderr, "pull") == [
+        f"job {_job_id(run)} left nothing to pull: nothing in its $GPUHOP_ARTIFACTS_DIR and no"
+        " new or changed file in its work dir"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_file_of_one_part_where_the_other_goes_is_refused_before_anything_lands(
+    shared_agent, project, tmp_path
+):
+    job = (
+        "import os\n"
+        "d = os.path.join(os.environ['GPUHOP_ARTIFACTS_DIR'], 'workdir')\n"
+        "os.makedirs(d)\n"
+        "open(os.path.join(d, 'model.keras'), 'w').write('artifact')\n"
+        "open('model.keras', 'w').write('work dir')\n"
+    )
+    run = shared_agent.cli("run", "--no-progress", "job.py", cwd=project({"job.py": job}))
+    assert run.returncode == 0, run.stderr
+    out = tmp_path / "out"
+    pull = shared_agent.cli("pull", _job_id(run), "-o", str(out), cwd=tmp_path)
+    assert pull.returncode == 2
+    landing = out / "workdir" / "model.keras"
+    assert said_lines(pull.stderr, "error") == [
+        f"error: pulling the outputs of job {_job_id(run)}: the job's artifacts and its"
+        f" workdir each have a file that would land at {landing}; pull them into separate"
+        " folders (--only, -C)"
+    ]
+    assert not out.exists()
+
+
+def test_a_named_jobs_artifacts_land_under_its_name_and_a_rerun_beside_it(
+    shared_agent, project, tmp_path
+):
+    root = project({"train.py": ARTIFACT_OF_THE_RUN})
+    first = shared_agent.cli("run", "--no-progress", "--name", "digits", "train.py", cwd=root)
+    second = shared_agent.cli("run", "--no-progress", "--name", "digits", "train.py", cwd=root)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    one, two = _job_id(first), _job_id(second)
+    here = tmp_path / "here"
+    here.mkdir()
+    base = here / "gpuhop-artifacts"
+
+    pulls = [shared_agent.cli("pull", ref, cwd=here) for ref in (one, "digits", one)]
+    assert [p.returncode for p in pulls] == [0, 0, 0], [p.stderr for p in pulls]
+    assert (base / "digits" / "run.txt").read_text() == one
+    # The name now means the newest job of that name: its pull goes beside, named by id too.
+    assert (base / f"digits-{two}" / "run.txt").read_text() == two
+    assert said_lines(pulls[1].stderr, "pull") == [
+        f"pulled 1 artifact file(s), 8 B, into gpuhop-artifacts/digits-{two}"
+    ]
+    assert sorted(os.listdir(base)) == ["digits", f"digits-{two}"]  # the same job, same place
+    unnamed = shared_agent.cli("run", "--no-progress", "train.py", cwd=root)
+    three = _job_id(unnamed)
+    assert shared_agent.cli("pull", three, cwd=here).returncode == 0
+    assert (base / three / "run.txt").read_text() == three
+
+
+ARTIFACT_OF_THE_RUN = (
+    "import os\n"
+    "open(os.path.join(os.environ['GPUHOP_ARTIFACTS_DIR'], 'run.txt'), 'w')"
+    ".write(os.environ['GPUHOP_JOB_ID'])\n"
+)
 
 
 def test_run_warns_once_about_training_outputs_in_the_synced_tree(shared_agent, project):

@@ -117,8 +117,9 @@ def run(  # noqa: PLR0913 (a command: each parameter is one of its options)
         None,
         "--pull",
         metavar="DIR",
-        help="When the job ends, pull its artifacts into DIR, and the files it created or"
-        " changed in its work dir back into the synced directory.",
+        help="When the job ends, pull what it wrote into DIR: its artifacts at the top, the"
+        " files it created or changed in its work dir in DIR/workdir/ (as gpuhop pull -o"
+        " DIR). The next run does not sync DIR.",
     ),
     workdir: Path = jobopts.WORKDIR,
     quiet: bool = params.Option(False, "--quiet", "-q", help="Print only the job's own output."),
@@ -176,9 +177,10 @@ def run(  # noqa: PLR0913 (a command: each parameter is one of its options)
 
         desktop_notify(f"gpuhop: job {info['id']} {info['state']}", _summary(info))
     if pull is not None:
-        from gpuhop.cli.pull import pull_job
+        from gpuhop.cli.pull import destinations, pull_job
 
-        pull_job(job, pull, workdir, live=wants_live(quiet, sys.stderr))
+        dests, home = destinations(job, pull)
+        pull_job(job, dests, home, live=wants_live(quiet, sys.stderr))
     raise SystemExit(exit_code_for(info))
 
 

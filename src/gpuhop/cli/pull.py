@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from enum import StrEnum
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -13,9 +14,18 @@ from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import escape, fail, human_bytes, say
 from gpuhop.client import GpuhopError, Job
 
+if TYPE_CHECKING:
+    from gpuhop.client.pull import PullPlan
+
 DEFAULT_PULL_DIR = Path("gpuhop-artifacts")
 # Over this, the size is said before the pull starts (the progress bar follows on a terminal).
 ANNOUNCE_BYTES = 100 << 20
+# Each part of a pull as its summary names it, in the order said: (route, what its files are,
+# what is said when no part has any).
+PARTS = (
+    ("artifacts", "artifact file(s)", "nothing in its $GPUHOP_ARTIFACTS_DIR"),
+    ("workdir", "file(s) the job wrote in its work dir", "no new or changed file in its work dir"),
+)
 
 
 class Only(StrEnum):
@@ -27,21 +37,46 @@ def _where(path: Path) -> str:
     return "." if str(path) in ("", ".") else str(path)
 
 
+def destinations(
+    job: Job, output: Path | None, workdir: Path | None = None, only: Only | None = None
+) -> tuple[dict[str, Path], Path]:
+    """Where each part of the job's pull goes, and the folder the pull makes its own.
+
+    With `output`, all of it goes there (see `gpuhop.client.pull.layout`); without, the
+    artifacts go into gpuhop-artifacts/NAME (see `folder_for`) and the work dir's files
+    here, where they would be had the script run here. `workdir` sends those elsewhere;
+    `only` keeps one part.
+    """
+    from gpuhop.client.pull import folder_for, layout
+
+    if output is None:
+        home = folder_for(DEFAULT_PULL_DIR, job.id, job.data.get("name"))
+        dests = {"artifacts": home, "workdir": Path(".")}
+    else:
+        home = output
+        dests = layout(output)
+    if workdir is not None:
+        dests["workdir"] = workdir
+    if only is not None:
+        dests = {only.value: dests[only.value]}
+    return dests, home
+
+
 def pull_job(
     job: Job,
-    artifacts: Path | None,
-    workdir: Path | None,
+    dests: dict[str, Path],
+    home: Path | None,
     overwrite: bool = False,
     live: bool = False,
 ) -> None:
-    """Pull the job's artifacts into `artifacts` and its work-dir outputs into `workdir`
-    (None: not that part), saying what came back and what was left alone."""
+    """Pull each part of the job into its place in `dests` (a part not there is left out),
+    `home` being the folder the pull makes its own (see `PullPlan.claim`), and say in one
+    summary what came back where, and what was left alone."""
     from gpuhop.cli.progress import transfer
 
     try:
-        plan = job.plan_pull(artifacts, workdir, overwrite)
-        if plan.workdir_note:
-            say(f"[yellow]no work-dir files: {escape(plan.workdir_note)}[/yellow]")
+        plan = job.plan_pull(dests.get("artifacts"), dests.get("workdir"), overwrite)
+        plan.claim(home)
         if plan.size >= ANNOUNCE_BYTES:
             say(f"pulling {len(plan.todo)} file(s), {human_bytes(plan.size)}")
         with transfer(f"pulling job {job.id}'s outputs", live) as on_bytes:
@@ -50,26 +85,9 @@ def pull_job(
         fail(f"pulling the outputs of job {job.id}: {e.message}")
     except OSError as e:
         fail(f"pulling the outputs of job {job.id}: {e}")
-    for kind, where in (("artifacts", artifacts), ("workdir", workdir)):
-        if where is None:
-            continue
-        files = plan.files(kind)
-        size = sum(f.stat().st_size for f in files)
-        if kind == "artifacts":
-            if files:
-                say(
-                    f"pulled {len(files)} artifact file(s), {human_bytes(size)},"
-                    f" into {escape(str(where))}"
-                )
-            else:
-                say(
-                    f"job {job.id} wrote no artifacts (files under $GPUHOP_ARTIFACTS_DIR come back)"
-                )
-        elif files:
-            say(
-                f"pulled {len(files)} file(s) the job wrote in its work dir,"
-                f" {human_bytes(size)}, into {escape(_where(where))}"
-            )
+    say(summary(job.id, plan))
+    if plan.workdir_note:
+        say(f"[yellow]no work-dir files: {escape(plan.workdir_note)}[/yellow]")
     if plan.kept:
         shown = escape(", ".join(str(p) for p in plan.kept[:5]) + " ..." * (len(plan.kept) > 5))
         say(
@@ -79,6 +97,24 @@ def pull_job(
         )
 
 
+def summary(job_id: str, plan: PullPlan) -> str:
+    """One line: each part pulled, how much, and where it went; or that there was nothing."""
+    pulled, empty = [], []
+    for route, files_are, none in PARTS:
+        if route not in plan.roots:
+            continue
+        files = plan.files(route)
+        if not files:
+            empty.append(none)
+            continue
+        size = human_bytes(sum(f.stat().st_size for f in files))
+        where = escape(_where(plan.roots[route]))
+        pulled.append(f"{len(files)} {files_are}, {size}, into {where}")
+    if pulled:
+        return "pulled " + "; and ".join(pulled)
+    return f"job {job_id} left nothing to pull: " + " and ".join(empty)
+
+
 def pull(
     job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
     output: Path | None = typer.Option(
@@ -86,15 +122,19 @@ def pull(
         "--output",
         "-o",
         metavar="DIR",
-        help="Where the artifacts go (default: gpuhop-artifacts/JOB).",
+        help="Where everything goes: the artifacts at its top, the files the job wrote in its"
+        " work dir in DIR/workdir/ at their paths. Default: the artifacts into"
+        " gpuhop-artifacts/NAME/ (NAME-ID/ if another job's pull is there; ID/ for a job"
+        " without a name), the work-dir files into this directory. A folder the pull makes"
+        " gets a .gpuhopignore, so the next run does not sync it.",
     ),
-    workdir: Path = typer.Option(
-        Path("."),
+    workdir: Path | None = typer.Option(
+        None,
         "--workdir",
         "-C",
         metavar="DIR",
-        help="Where the files the job wrote in its work dir go, at their paths in it"
-        " (default: this directory, where they would be had the script run here).",
+        help="Where the files the job wrote in its work dir go instead, at their paths in it"
+        " (-C . : where they would be had the script run here).",
     ),
     only: Only | None = typer.Option(
         None, "--only", help="Pull only the artifacts, or only the work-dir files."
@@ -107,7 +147,8 @@ def pull(
     on: str | None = OnOption,
 ) -> None:
     """Download what a job wrote: its $GPUHOP_ARTIFACTS_DIR, and the files it created or
-    changed in its work dir (model.save("my_model.keras") comes back as ./my_model.keras).
+    changed in its work dir (model.save("my_model.keras") comes back as ./my_model.keras,
+    or with -o out as out/workdir/my_model.keras).
 
     Unchanged files are not fetched again. A local file that you changed since the job was
     synced is kept, and named.
@@ -119,13 +160,8 @@ def pull(
             job = client.job(job_ref)
         except GpuhopError as e:
             fail(e.message)
-        pull_job(
-            job,
-            None if only == Only.workdir else output or DEFAULT_PULL_DIR / job.id,
-            None if only == Only.artifacts else workdir,
-            overwrite,
-            live=wants_live(False, sys.stderr),
-        )
+        dests, home = destinations(job, output, workdir, only)
+        pull_job(job, dests, home, overwrite, live=wants_live(False, sys.stderr))
 
 
 def register(app: typer.Typer) -> None:

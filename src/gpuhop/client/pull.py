@@ -1,11 +1,18 @@
 """Runs on the user's machine: bringing back what a job wrote, as one `PullPlan` made before
 anything is fetched (so the CLI can say how much comes back) and then fetched.
 
-Two places come back: the job's `$GPUHOP_ARTIFACTS_DIR`, into a folder of the user's
-choosing, and the files the job created or changed in its work dir, into the local work dir,
-where the script would have left them had it run here. A file already here with the same
-size and mtime is not fetched again. A work-dir file replaces a local one only where the
-local one is still what was synced (or with `overwrite`): local edits are never lost.
+Two parts come back, each into a folder of its own (`PullPlan.roots`): the job's
+`$GPUHOP_ARTIFACTS_DIR`, and the files the job created or changed in its work dir, at their
+paths. One folder of the user's choosing can hold it all (`layout`: the artifacts at its
+top, the work dir's files under `workdir/`); or the work dir's files go into the local work
+dir, where the script would have left them had it run here. A file already here with the
+same size and mtime is not fetched again. A work-dir file replaces a local one only where
+the local one is still what was synced (or with `overwrite`): local edits are never lost.
+
+The folder a pull makes for itself (`PullPlan.home`) gets a `.gpuhopignore` that leaves it
+all out of the next sync (`*`), naming the jobs pulled there, so a pull into the synced
+tree (`gpuhop run --pull out`) is never sent back up. A folder that held other files before
+is not touched so: it may be the user's own, meant to be synced.
 """
 
 from __future__ import annotations
@@ -21,14 +28,82 @@ import gpuhop.api as api
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.session import Session
 
+# Where the work dir's files go in a folder that holds a whole pull (see `layout`).
+WORKDIR_PART = "workdir"
+# The ignore file a pull leaves in its own folder; the line that says it is gpuhop's.
+IGNORE_FILE = ".gpuhopignore"
+MARK = "# Written by gpuhop pull: the next gpuhop run does not sync this folder"
+_JOB_LINE = "# job "
+
+
+def layout(folder: str | os.PathLike[str]) -> dict[str, Path]:
+    """Where each part of a pull goes in one folder that holds it all: the artifacts at its
+    top (as `gpuhop.tf.artifacts_dir()` had them), the work dir's files under `workdir/`."""
+    root = Path(folder)
+    return {"artifacts": root, "workdir": root / WORKDIR_PART}
+
+
+def pulled_jobs(folder: Path) -> list[str] | None:
+    """The jobs a pull into `folder` recorded there; None where no pull of gpuhop made it."""
+    try:
+        lines = (folder / IGNORE_FILE).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    if not lines or lines[0] != MARK:
+        return None
+    return [line[len(_JOB_LINE) :].strip() for line in lines if line.startswith(_JOB_LINE)]
+
+
+def _free(folder: Path) -> bool:
+    """Whether `folder` holds nothing yet (or is not there)."""
+    try:
+        return next(os.scandir(folder), None) is None
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+
+
+def folder_for(base: Path, job_id: str, name: str | None) -> Path:
+    """The folder under `base` for a pull of the job: `NAME/` for a named job, unless it
+    holds another job's pull (a rerun, a sweep's run of the same name) or other files: then
+    `NAME-ID/`; `ID/` for a job without a name. The same job always gets the same folder."""
+    if name is None:
+        return base / job_id
+    named = base / name
+    jobs = pulled_jobs(named)
+    if (jobs is not None and job_id in jobs) or _free(named):
+        return named
+    return base / f"{name}-{job_id}"
+
+
+def _record(folder: Path, job_id: str) -> None:
+    """Leave `folder` out of the next sync, naming `job_id` among the jobs pulled there."""
+    jobs = pulled_jobs(folder) or []
+    if job_id in jobs:
+        return
+    lines = [
+        MARK,
+        "# (delete this file to sync it). Jobs pulled here:",
+        *(_JOB_LINE + j for j in [*jobs, job_id]),
+        "*",
+    ]
+    (folder / IGNORE_FILE).write_text("\n".join(lines) + "\n")
+
 
 class PullPlan:
-    """What a pull fetches, what is already here, and what it leaves alone."""
+    """What a pull fetches, what is already here, and what it leaves alone.
 
-    __slots__ = ("current", "job_id", "kept", "todo", "workdir_note")
+    `roots` says where each part goes; `home`, the folder the pull makes for itself (by
+    default the artifacts'), marked for the sync to leave out where it is new or gpuhop's.
+    """
+
+    __slots__ = ("current", "home", "job_id", "kept", "roots", "todo", "workdir_note")
 
     def __init__(self, job_id: str) -> None:
         self.job_id = job_id
+        self.roots: dict[str, Path] = {}
+        self.home: Path | None = None
         # (route under /v1/jobs/JOB, entry, local target) of each file to fetch.
         self.todo: list[tuple[str, api.ArtifactEntry, Path]] = []
         # (route, local path) of each file here already, unchanged.
@@ -47,6 +122,16 @@ class PullPlan:
     @property
     def size(self) -> int:
         return sum(entry.size for _, entry, _ in self.todo)
+
+    def claim(self, home: Path | None) -> None:
+        """Make `home` the pull's own folder, if it is new, empty or gpuhop's already; never
+        the folder the user stands in (or one above it), where their next run may start."""
+        mine = (
+            home is not None
+            and not Path.cwd().is_relative_to(home.resolve())
+            and (pulled_jobs(home) is not None or _free(home))
+        )
+        self.home = home if mine else None
 
     def files(self, route: str) -> list[Path]:
         """Every file of `route` ("artifacts", "workdir") here once fetched."""
@@ -90,6 +175,8 @@ def plan_pull(
     `workdir` (None: not that part)."""
     out = PullPlan(job_id)
     if artifacts is not None:
+        out.roots["artifacts"] = Path(artifacts)
+        out.claim(Path(artifacts))
         root = Path(artifacts).absolute()
         listing = session.request("GET", f"/v1/jobs/{job_id}/artifacts").json()
         for raw in listing:
@@ -100,6 +187,7 @@ def plan_pull(
             else:
                 out.todo.append(("artifacts", art, target))
     if workdir is not None:
+        out.roots["workdir"] = Path(workdir)
         root = Path(workdir).absolute()
         try:
             listing = session.request("GET", f"/v1/jobs/{job_id}/workdir").json()
@@ -123,7 +211,29 @@ def plan_pull(
                 out.todo.append(("workdir", entry, target))
             else:
                 out.kept.append(target)
+    _check_apart(out)
     return out
+
+
+def _check_apart(plan: PullPlan) -> None:
+    """Refuse a plan where two parts would write the same path (an artifact at the top of
+    `-o DIR` named `workdir`, say), or one part's file where another's folder goes."""
+    parts: dict[Path, str] = {}
+    for route, target in [(r, t) for r, _, t in plan.todo] + plan.current:
+        if parts.setdefault(target, route) != route:
+            raise GpuhopError(
+                f"the job's {parts[target]} and its {route} each have a file that would land"
+                f" at {target}; pull them into separate folders (--only, -C)",
+                "conflict",
+            )
+    for target, route in parts.items():
+        for above in target.parents:
+            if parts.get(above, route) != route:
+                raise GpuhopError(
+                    f"the job's {parts[above]} has a file at {above}, where its {route} go"
+                    f" ({target}); pull them into separate folders (--only, -C)",
+                    "conflict",
+                )
 
 
 def fetch_planned(
@@ -136,6 +246,13 @@ def fetch_planned(
     `on_bytes(done, total)` is called as bytes arrive, `on_file(entry)` after each file."""
     total, done = pulled.size, 0
     written = [target for _, target in pulled.current]
+    home = pulled.home.absolute() if pulled.home is not None else None
+    if home is not None and any(t.is_relative_to(home) for _, _, t in pulled.todo):
+        try:
+            home.mkdir(parents=True, exist_ok=True)
+            _record(home, pulled.job_id)  # first: a pull cut short is left out too
+        except OSError as e:
+            raise GpuhopError(f"cannot make the folder {pulled.home}: {e}", "bad_path") from None
     for route, entry, target in pulled.todo:
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
