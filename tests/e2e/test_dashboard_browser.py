@@ -26,10 +26,12 @@ from tests.conftest import REPO, Agent, missing, wait_until
 CHROMIUM = os.environ.get("GPUHOP_TEST_CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = REPO / "test-output"
 TRAIN = """
-import math, time
+import math, os, time
 from gpuhop.runtime import artifacts_dir, log_metrics
 
 (artifacts_dir() / "config.json").write_text('{"lr": 0.01}')
+os.makedirs("logs/fit/20250101-120000/train")  # where the TensorBoard tutorial logs
+open("logs/fit/20250101-120000/train/events.out.tfevents.1.host.1.v2", "wb").close()
 log_metrics(memory_mb=300.0, memory_peak_mb=2048.0)  # as the hook's framework readings
 for step in range(1, 2000):
     loss = 2.0 * math.exp(-step / 20)
@@ -128,6 +130,9 @@ def test_watch_a_job_train_and_cancel_it_from_the_browser(
     with page.expect_download() as download:
         artifact.click()
     assert Path(download.value.path()).read_text() == '{"lr": 0.01}'
+    # It wrote TensorBoard logs: the page says how to see them.
+    expect(page.locator("#tensorboard")).to_have_text(f"gpuhop tensorboard {job.id}")
+    expect(page.locator(".facts")).to_contain_text("shows logs/fit/20250101-120000/train")
 
     loss = page.locator('[data-metric="loss"]')
     expect(loss).to_have_attribute("data-points", re.compile(r"[1-9]\d*"))

@@ -237,7 +237,9 @@ class Job:
         the files the job created or changed in its work dir into `workdir` (say "." for
         where they would be had the script run here). Unchanged files are not fetched
         again. A local work-dir file that differs from what was synced is kept, not
-        overwritten (`plan_pull(...).kept` lists them), unless `overwrite`.
+        overwritten (`plan_pull(...).kept` lists them), unless `overwrite`. A `dest` that
+        was new or empty gets a `.gpuhopignore` that leaves it out of the next sync (see
+        `gpuhop.client.pull`).
 
         `on_file(entry)` is called after each file fetched, and `on_bytes(done, total)` as
         bytes arrive, `total` being what is fetched (unchanged files are not counted).
