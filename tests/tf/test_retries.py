@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -86,3 +87,81 @@ def test_a_cancelled_job_is_not_retried(shared_agent, project):
         info = job.cancel(grace=1)
         info = job.wait(timeout=30)
     assert (info.state.value, info.attempt, info.attempts) == ("cancelled", 1, [])
+
+
+# Tutorial-shaped (keras-io's weather forecasting): a CSVLogger that appends and the best
+# model so far, no gpuhop in sight. It crashes once, mid-epoch 3, with its progress line
+# half written (as a SIGKILL from the OOM killer finds it); the crash leaves a mark in the
+# work dir, so a retry that did not continue there would crash again.
+CONTINUED = """
+import os, signal, sys
+import numpy as np
+import tensorflow as tf
+
+print("best model there at start:", os.path.exists("best.keras"), flush=True)
+
+
+class CrashOnce(tf.keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.epoch == 2 and batch == 3 and not os.path.exists("crashed-once"):
+            open("crashed-once", "w").close()
+            sys.stdout.write("4/8 - loss: 0.0181")
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(256, 8)).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+model = tf.keras.Sequential([tf.keras.Input((8,)), tf.keras.layers.Dense(1)])
+model.compile(optimizer="sgd", loss="mse")
+model.fit(
+    x, y, epochs=6, batch_size=32, verbose=2,
+    callbacks=[
+        tf.keras.callbacks.CSVLogger("training.csv", append=True),
+        tf.keras.callbacks.ModelCheckpoint("best.keras", monitor="loss", save_best_only=True),
+        CrashOnce(),
+    ],
+)
+"""
+
+
+def test_a_retry_continues_where_the_killed_attempt_left_off(shared_agent, project):
+    root = project({"weather.py": CONTINUED})
+    run = shared_agent.cli(
+        "run", "--name", "csv-resumer", "--retries", "1", "weather.py", cwd=root, timeout=280
+    )
+    assert run.returncode == 0, run.stderr
+    log = run.stdout
+    # gpuhop's notice starts a line of its own, after the killed epoch's half-written one.
+    assert "4/8 - loss: 0.0181\ngpuhop: attempt 1 failed: killed by signal 9" in log
+    assert all(line.startswith("gpuhop:") for line in log.splitlines() if "gpuhop:" in line)
+    # The second attempt started in the work dir the first left: its best model is there.
+    starts = [line for line in log.splitlines() if line.startswith("best model there")]
+    assert starts == ["best model there at start: False", "best model there at start: True"]
+
+    info = json.loads(shared_agent.cli("show", "--json", "csv-resumer").stdout)
+    assert (info["state"], info["attempt"]) == ("succeeded", 2)
+    work = shared_agent.paths.jobs / info["id"] / "work"
+    # Every epoch once: two from the first attempt, the rest (from the killed epoch on)
+    # appended by the second.
+    rows = (work / "training.csv").read_text().splitlines()
+    assert rows[0].startswith("epoch,")
+    assert [row.split(",")[0] for row in rows[1:]] == ["0", "1", "2", "3", "4", "5"]
+    assert (work / "best.keras").is_file()
+
+    with shared_agent.client() as client:
+        records, _ = client.job("csv-resumer").metrics()
+    # 8 steps an epoch: the count goes on across the attempts, as one run's would.
+    assert [(r["epoch"], r["step"]) for r in records] == [(e, 8 * e) for e in range(1, 7)]
+    # `show` keeps each attempt's last metrics.
+    [first] = info["attempts"]
+    assert (first["metrics"]["epoch"], first["metrics"]["step"]) == (2, 16)
+    assert (info["latest_metrics"]["epoch"], info["latest_metrics"]["step"]) == (6, 48)
+    shown = shared_agent.cli("show", "csv-resumer").stdout
+    assert re.search(
+        r"attempt 1 +failed: killed by signal 9.*\n +last metrics: step=16 epoch=2", shown
+    )

@@ -324,6 +324,8 @@ class AttemptInfo(WireModel):
     signal: int | None
     reason: str | None
     end_class: EndClass | None = None
+    # Its last metrics record, as `latest_metrics` is the current attempt's.
+    metrics: dict[str, object] | None = None
 
 
 class JobInfo(WireModel):

@@ -81,6 +81,8 @@ def show(
             f"[bold]{'attempt ' + str(past['attempt']):>9}[/bold]"
             f"  {state_text(JobState(past['state']))}: {past.get('reason') or '-'}"
         )
+        if past.get("metrics"):
+            echo(f"{'':>9}  last metrics: {format_metrics(past['metrics'])}")
 
 
 # A suggested share leaves this much room above the peak the job's framework reported.

@@ -9,10 +9,11 @@ gpuhop.keras (Keras 3 on any backend) and gpuhop.tf (TensorFlow's Keras).
 from __future__ import annotations
 
 import functools
+import json
 import os
 from typing import Any
 
-from gpuhop.runtime import checkpoint_dir, log_metrics, tensorboard_dir
+from gpuhop.runtime import attempt, checkpoint_dir, log_metrics, metrics_file, tensorboard_dir
 from gpuhop.runtime.memory import device_memory
 
 __all__ = [
@@ -35,7 +36,11 @@ def metrics_callback(keras: Any, every_n_steps: int = 0) -> Any:
     the job's metrics file, as `{"epoch": E, "epochs": N, "step": S, "loss": ..., ...}` lines
     (N: the epochs `fit` was asked for). Each epoch's line also carries the framework's own
     device memory in use and its peak (`memory_mb`, `memory_peak_mb`) where it reports them.
-    The start-up hook sees it (`gpuhop_metrics`) and adds no second one."""
+    The start-up hook sees it (`gpuhop_metrics`) and adds no second one.
+
+    A retry's `fit` that resumes at a later epoch (BackupAndRestore, or `initial_epoch`)
+    continues the step count where the earlier attempts had it at that epoch, as one
+    uninterrupted run would count."""
 
     class MetricsCallback(keras.callbacks.Callback):
         gpuhop_metrics = True
@@ -44,8 +49,13 @@ def metrics_callback(keras: Any, every_n_steps: int = 0) -> Any:
             super().__init__()
             self.step = 0
             self.epoch = 0
+            self.begun = False
 
         def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+            if not self.begun:
+                self.begun = True
+                if epoch > 0 and attempt() > 1:
+                    self.step = steps_before(epoch + 1)
             self.epoch = epoch + 1
 
         def _total(self) -> dict[str, int]:
@@ -63,6 +73,30 @@ def metrics_callback(keras: Any, every_n_steps: int = 0) -> Any:
             log_metrics(step=self.step, epoch=epoch + 1, **self._total(), **values)
 
     return MetricsCallback()
+
+
+def steps_before(epoch: int) -> int:
+    """The step the job's metrics file last recorded before `epoch` (1-based) began: that of
+    its last record of an earlier epoch; 0 if it has none."""
+    path = metrics_file()
+    if path is None:
+        return 0
+    step = 0
+    try:
+        with open(path, "rb") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # a job may write what it likes there
+                if not isinstance(record, dict):
+                    continue
+                at, done = record.get("step"), record.get("epoch")
+                if isinstance(at, int) and isinstance(done, int) and done < epoch:
+                    step = at
+    except OSError:
+        return 0
+    return step
 
 
 def backup_callback(keras: Any) -> Any:

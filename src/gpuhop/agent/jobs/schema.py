@@ -47,6 +47,7 @@ CREATE TABLE IF NOT EXISTS attempts (
     signal     INTEGER,
     reason     TEXT,
     end_class  TEXT,
+    metrics    TEXT,
     PRIMARY KEY (job_id, attempt)
 );
 """
@@ -56,7 +57,8 @@ CREATE TABLE IF NOT EXISTS attempts (
 # is idempotent. None yet: a new setting goes into the spec, not here.
 ADDED_COLUMNS: dict[str, str] = {}
 # The same for the attempts table.
-ADDED_ATTEMPT_COLUMNS = {"end_class": "TEXT"}
+# `metrics`: the attempt's last metrics record (JSON), as `show` gives them.
+ADDED_ATTEMPT_COLUMNS = {"end_class": "TEXT", "metrics": "TEXT"}
 
 # The columns of a jobs.db from before `spec` (every one added over time; an older file
 # lacks the later ones) that the spec is made of when the store rebuilds the table, each

@@ -328,8 +328,15 @@ class JobStore:
         sql = f"UPDATE jobs SET {', '.join(sets)} WHERE id = ? AND state IN ({marks})"
         return self._execute(sql, (*params, job_id, *allowed)) == 1
 
-    def retry(self, job: JobRecord, state: JobState, **outcome: Any) -> bool:
-        """Record the running attempt's end as `state` and queue the job's next attempt.
+    def retry(
+        self,
+        job: JobRecord,
+        state: JobState,
+        metrics: dict[str, object] | None = None,
+        **outcome: Any,
+    ) -> bool:
+        """Record the running attempt's end as `state` (and its last `metrics` record) and
+        queue the job's next attempt.
 
         One transaction: either the attempt is recorded and the job is queued again (GPUs
         released, attempt + 1), or nothing changes (the job had left `running`).
@@ -353,7 +360,8 @@ class JobStore:
                 if moved:
                     self._db.execute(
                         "INSERT INTO attempts (job_id, attempt, state, started_at, ended_at,"
-                        " exit_code, signal, reason, end_class) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                        " exit_code, signal, reason, end_class, metrics)"
+                        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                         (
                             job.id,
                             job.attempt,
@@ -364,6 +372,7 @@ class JobStore:
                             outcome.get("signal"),
                             outcome.get("reason"),
                             outcome.get("end_class"),
+                            None if metrics is None else json.dumps(metrics),
                         ),
                     )
                 self._db.execute("COMMIT")

@@ -13,13 +13,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import shutil
 import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from gpuhop.agent.jobs.endings import classify
+from gpuhop.agent.jobs.metricstail import latest_metrics
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import JobRecord, JobStore
 from gpuhop.agent.jobs.workdirs import materialise
@@ -30,6 +30,7 @@ from gpuhop.api import EndClass, JobState, RetryOn
 from gpuhop.backends import jobdeps
 from gpuhop.backends.base import Attempt, Backend, Ending, Started, StartError
 from gpuhop.backends.leader import read_json as _read_json
+from gpuhop.backends.ownlines import append_line
 from gpuhop.backends.procs import describe_duration, describe_signal
 from gpuhop.home import AgentPaths, JobPaths
 
@@ -289,18 +290,34 @@ class Supervisor:
     def _retry(
         self, job: JobRecord, jp: JobPaths, state: JobState, outcome: dict[str, Any]
     ) -> None:
-        """Queue the job's next attempt: a fresh work dir, the same checkpoint dir."""
-        with open(jp.log, "ab") as f:
-            f.write(
-                f"gpuhop: attempt {job.attempt} {state.value}: {outcome['reason']}"
-                f" [{outcome['end_class']}]; retrying (attempt {job.attempt + 1} of"
-                f" {job.spec.retries + 1})\n".encode()
-            )
+        """Queue the job's next attempt, which continues where this one left off: in the
+        same work dir, /tmp and checkpoint dir (see `materialise`). This attempt's last
+        metrics are kept with its record, for `show`."""
+        self.tell(
+            job.id,
+            f"attempt {job.attempt} {state.value}: {outcome['reason']}"
+            f" [{outcome['end_class']}]; retrying (attempt {job.attempt + 1} of"
+            f" {job.spec.retries + 1})",
+        )
         for leftover in (jp.status, jp.shim_pid, jp.root / KILL_AT, jp.root / STOPPED):
             leftover.unlink(missing_ok=True)
-        shutil.rmtree(jp.work, ignore_errors=True)
         # The files are ready before the job is queued: the scheduler may start it at once.
-        self.store.retry(job, state, **outcome)
+        self.store.retry(job, state, metrics=self._attempt_metrics(job, jp), **outcome)
+
+    def _attempt_metrics(self, job: JobRecord, jp: JobPaths) -> dict[str, Any] | None:
+        """The last metrics record of the attempt that ended: the metrics file's last, unless
+        that is the earlier attempt's (this one recorded none)."""
+        latest = latest_metrics(jp.metrics)
+        earlier = self.store.attempts(job.id)[-1:]
+        if latest is not None and earlier and earlier[0]["metrics"] == json.dumps(latest):
+            return None
+        return latest
+
+    def tell(self, job_id: str, text: str) -> None:
+        """Append `gpuhop: TEXT` to the job's log, on a line of its own (the job's output
+        may have stopped mid-line). Raises OSError."""
+        with open(self.job_paths(job_id).log, "ab") as f:
+            append_line(f.fileno(), f"gpuhop: {text}")
 
     def reattach(self) -> None:
         """After an agent (re)start: adopt jobs whose leaders still run, settle the rest."""

@@ -25,12 +25,25 @@ def materialise(
     through a writable overlay (returned), or, where the backend has no such view (`no_view`
     says why), a copy of every file in the job's work dir (None). Either way the job can
     never modify the stored blobs. `digest` is the tree's, as recorded at submit; without it
-    (a job from an older agent) the job's copy of the tree is hashed to find it."""
+    (a job from an older agent) the job's copy of the tree is hashed to find it.
+
+    A retry continues in the work dir the earlier attempt left, as a process restarted on
+    the same machine would: what that attempt wrote (a CSVLogger's rows, a ModelCheckpoint's
+    best model) is there, and what it changed or removed of its tree stays so. So a work
+    dir made once (`JobPaths.materialised`) is not made again: a copy is not copied over, an
+    overlay's upper layer is the same dir, and the mark keeps its first time."""
+    made = jp.materialised.exists()
     for d in (jp.work, jp.artifacts, jp.checkpoints):
         d.mkdir(parents=True, exist_ok=True)
-    view = _files(jp, blobs, checkouts, no_view, digest) if jp.tree.exists() else None
-    # After the last copy: what the job writes later is newer (see services/workdir.py).
-    jp.materialised.touch()  # sets the mtime to now on a retry's second making too
+    if not jp.tree.exists():
+        view = None
+    elif made and (checkouts is None or no_view is not None):
+        view = None  # the copy the earlier attempt ran in, with what it wrote
+    else:
+        view = _files(jp, blobs, checkouts, no_view, digest)
+    if not made:
+        # After the last copy: what the job writes later is newer (see services/workdir.py).
+        jp.materialised.touch()
     return view
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -38,6 +39,15 @@ log = logging.getLogger("gpuhop.agent")
 
 def _dt(ts: float | None) -> datetime | None:
     return None if ts is None else datetime.fromtimestamp(ts, tz=UTC)
+
+
+def _metrics(stored: str | None) -> dict[str, object] | None:
+    """An earlier attempt's last metrics record, as stored (JSON text), or None."""
+    try:
+        value = json.loads(stored) if stored else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
@@ -79,6 +89,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
                 signal=a["signal"],
                 reason=a["reason"],
                 end_class=a["end_class"],
+                metrics=_metrics(a["metrics"]),
             )
             for a in (rt.store.attempts(job.id) if job.attempt > 1 else [])
         ],
