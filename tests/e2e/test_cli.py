@@ -93,6 +93,42 @@ def test_exit_code_is_the_jobs_own(shared_agent, project):
     assert "killed by signal 9 (SIGKILL" in killed.stderr
 
 
+def test_gpuhops_own_lines_start_on_a_line_of_their_own(shared_agent, project):
+    # A job whose output stops mid-line (a progress bar when it crashed): gpuhop's lines after
+    # it, in the job's log (a retry's notice) and on the user's terminal (how it ended), each
+    # start a line of their own. Where stdout goes alone, it is the job's output as it was.
+    root = project({"bar.py": "import sys\nsys.stdout.write('1/8 - loss: 0.0181')\nsys.exit(3)\n"})
+    argv = [sys.executable, "-m", "gpuhop", "run", "--retries", "1", "--retry-on", "any"]
+    together = subprocess.run(
+        [*argv, "--name", "glued", "bar.py"],
+        cwd=root,
+        env=shared_agent.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,  # as on a terminal
+        text=True,
+        timeout=120,
+    )
+    assert together.returncode == 3, together.stdout
+    lines = together.stdout.splitlines()
+    assert lines.count("1/8 - loss: 0.0181") == 2, lines  # each attempt's, alone on its line
+    assert [line for line in lines if "gpuhop" in line and not line.startswith("gpuhop: ")] == []
+    assert any(line.startswith("gpuhop: attempt 1 failed: exited with code 3") for line in lines)
+    assert lines[-1].startswith("gpuhop: job ") and "failed: exited with code 3" in lines[-1]
+
+    apart = subprocess.run(
+        [*argv, "bar.py"],
+        cwd=root,
+        env=shared_agent.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert apart.returncode == 3
+    assert apart.stdout.startswith("1/8 - loss: 0.0181\ngpuhop: attempt 1 failed")
+    assert apart.stdout.endswith("\n1/8 - loss: 0.0181")  # nothing added to the job's own
+    assert apart.stderr.startswith("gpuhop: synced")
+
+
 def test_arguments_env_and_programs_reach_the_job(shared_agent, project):
     root = project({"args.py": "import os, sys; print(sys.argv[1:], os.environ['GREETING'])\n"})
     run = shared_agent.cli(

@@ -20,6 +20,7 @@ from gpuhop.cli.output import (
     fail,
     format_metrics,
     human_bytes,
+    job_output,
     say,
     state_text,
     wants_live,
@@ -48,10 +49,8 @@ NoProgressOption = params.Option(
 
 
 def _stream(job: Job, worker: int | None = None) -> None:
-    out = sys.stdout.buffer
     for chunk in job.logs(follow=True, worker=worker):
-        out.write(chunk)
-        out.flush()
+        job_output(chunk)
 
 
 def _follow(job: Job, worker: int | None = None, live: bool = False) -> Mapping[str, Any]:
@@ -218,10 +217,8 @@ def logs(
                 info = _follow(job, worker, live=wants_live(no_progress))
                 say(_summary(info))
             else:
-                out = sys.stdout.buffer
                 for chunk in job.logs(worker=worker):
-                    out.write(chunk)
-                out.flush()
+                    job_output(chunk)
         except GpuhopError as e:
             fail(e.message)
 

@@ -32,9 +32,42 @@ def console(stderr: bool = False) -> Console:
     return Console(stderr=stderr, highlight=False, emoji=False)
 
 
+class _JobOutput:
+    """Whether the job output this command copied to stdout stopped mid-line."""
+
+    open_line = False
+
+
+def job_output(chunk: bytes) -> None:
+    """Copy a piece of a job's output to stdout, as it came, noting whether it stopped
+    mid-line (see `_own_line`)."""
+    out = sys.stdout.buffer
+    out.write(chunk)
+    out.flush()
+    if chunk:
+        _JobOutput.open_line = not chunk.endswith(b"\n")
+
+
+def _own_line(stream: IO[str]) -> None:
+    """Start gpuhop's next line on a line of its own: where the job's output it copied
+    stopped mid-line (a progress bar, a killed job) and `stream` goes where that output
+    went (one terminal, or `2>&1`), a newline first."""
+    if not _JobOutput.open_line:
+        return
+    _JobOutput.open_line = False
+    try:
+        shared = os.path.samestat(os.fstat(sys.stdout.fileno()), os.fstat(stream.fileno()))
+    except (OSError, ValueError, AttributeError):
+        shared = True  # cannot tell (a captured stream): a blank line costs less than a glued one
+    if shared:
+        stream.write("\n")
+        stream.flush()
+
+
 def echo(markup: str, stderr: bool = False) -> None:
     """One line of markup: drawn by rich on a terminal, written plain elsewhere."""
     stream: IO[str] = sys.stderr if stderr else sys.stdout
+    _own_line(stream)
     if styled(stream):
         console(stderr).print(markup, soft_wrap=True)
     else:

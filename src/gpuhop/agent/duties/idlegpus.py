@@ -61,8 +61,7 @@ class IdleGpus:
             else "; others may be waiting for them: end the job if it is done with them"
         )
         try:
-            with open(self.rt.supervisor.job_paths(job.id).log, "ab") as f:
-                f.write(f"gpuhop: {what}{then}\n".encode())
+            self.rt.supervisor.tell(job.id, f"{what}{then}")
         except OSError as e:
             log.warning("cannot warn idle job %s in its log: %s", job.id, e)
         log.warning("job %s: %s", job.id, what)

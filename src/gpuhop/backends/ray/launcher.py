@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.backends.local import shim
+from gpuhop.backends.ownlines import append_line
 from gpuhop.backends.ray import transfer
 from gpuhop.backends.ray.probe import ProbeError, probe
 from gpuhop.version import __version__
@@ -52,7 +53,7 @@ _stop = threading.Event()
 
 
 def say(text: str) -> None:
-    _write(f"gpuhop: {text}\n".encode())
+    append_line(1, f"gpuhop: {text}")
 
 
 def _write(data: bytes) -> None:

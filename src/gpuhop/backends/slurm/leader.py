@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuhop.backends.ownlines import append_line
+
 POLL_SECONDS = 1.0
 COMMAND_TIMEOUT = 60.0
 EXIT_FILE_WAIT = 10.0  # seconds for the batch step's exit file to show on this host
@@ -41,8 +43,10 @@ _stop = threading.Event()
 
 
 def say(text: str) -> None:
-    sys.stdout.write(f"gpuhop: {text}\n")
+    # On a line of its own: the job's output, which Slurm appends to the same log, may have
+    # stopped mid-line.
     sys.stdout.flush()
+    append_line(sys.stdout.fileno(), f"gpuhop: {text}")
 
 
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
