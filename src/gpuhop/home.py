@@ -185,8 +185,9 @@ class JobPaths(NamedTuple):
 
     @property
     def tmp(self) -> Path:
-        """The job's private temporary dir: its `/tmp` (and `$TMPDIR`) while it runs, removed
-        when the attempt ends."""
+        """The job's private temporary dir: its `/tmp` (and `$TMPDIR`, unless the job sets
+        its own) while it runs. Its attempts share it, and it is kept after the job ends, with
+        the rest of the job's files, for `pull` and `serve`."""
         return self.root / "tmp"
 
     @property

@@ -1,4 +1,4 @@
-"""Inside a job: its own /tmp (private, gone when it ends), and its own interpreter first on
+"""Inside a job: its own /tmp (private, kept with its files), and its own interpreter first on
 PATH. A real agent runs the jobs in their namespaces; its state dir is under /tmp (as a
 user's may be), which the job's private /tmp must not hide from it."""
 
@@ -48,7 +48,7 @@ with open(os.path.join(ckpt, "who")) as f:
 """
 
 
-def test_two_jobs_writing_the_same_tmp_path_see_only_their_own(agent_in_tmp, project):
+def test_two_jobs_writing_the_same_tmp_path_see_only_their_own(agent_in_tmp, project, tmp_path):
     ckpt = f"ckpt-{uuid.uuid4().hex[:8]}"  # unique on this machine's shared /tmp
     root = project({"hold.py": HOLDER})
     with agent_in_tmp.client() as client:
@@ -68,10 +68,39 @@ def test_two_jobs_writing_the_same_tmp_path_see_only_their_own(agent_in_tmp, pro
         assert "found before: None" in log  # neither saw the other's /tmp/ckpt
         assert f"found after: {name}" in log
         assert "TMPDIR: /tmp /tmp" in log
-    # Nothing of theirs is left in the host's /tmp, nor in their job dirs.
+    # Nothing of theirs is left in the host's /tmp; each one's /tmp is kept with its files,
+    # and a pull of it brings back what the job wrote there: not the dirs on the way to the
+    # agent's state dir (under /tmp here), which its sandbox bound back inside it.
     assert not (Path("/tmp") / ckpt).exists()
-    for job in (first, second):
-        assert not (agent_in_tmp.paths.jobs / job.id / "tmp").exists()
+    with agent_in_tmp.client() as client:
+        for job, name in ((first, "first"), (second, "second")):
+            into = tmp_path / name
+            client.job(job.id).pull(None, tmp=into)
+            assert [p.relative_to(into) for p in into.rglob("*") if p.is_file()] == [
+                Path(ckpt, "who")
+            ]
+            assert (into / ckpt / "who").read_text() == name
+
+
+def test_a_tmpdir_the_user_sets_is_the_jobs(agent_in_tmp, tmp_path):
+    run = agent_in_tmp.cli(
+        "run", "-e", "TMPDIR=/var/tmp/mine", "sh", "-c", "echo TMPDIR=$TMPDIR", cwd=tmp_path
+    )
+    assert (run.returncode, run.stdout) == (0, "TMPDIR=/var/tmp/mine\n"), run.stderr
+
+
+def test_serve_says_whether_the_jobs_tmp_held_a_savedmodel(agent_in_tmp, project):
+    root = project({"nothing.py": "open('/tmp/notes.txt', 'w').write('no model here')\n"})
+    with agent_in_tmp.client() as client:
+        job = client.submit(["nothing.py"], workdir=root)
+        assert job.wait(timeout=60).state.value == "succeeded"
+        with pytest.raises(GpuhopError) as none:
+            client.serve(job, name="none", wait=False)
+        assert "in its artifacts or work dir, nor did its /tmp hold one" in none.value.message
+        shutil.rmtree(agent_in_tmp.paths.jobs / job.id / "tmp")  # as an older agent did
+        with pytest.raises(GpuhopError) as gone:
+            client.serve(job, name="none", wait=False)
+        assert "its /tmp, where it may have saved one, was not kept" in gone.value.message
 
 
 def test_python_in_a_jobs_shell_is_the_jobs_interpreter(agent_in_tmp, tmp_path):

@@ -13,6 +13,7 @@ import typer
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import escape, fail, human_bytes, say
 from gpuhop.client import GpuhopError, Job
+from gpuhop.client.pull import TMP_PART
 
 if TYPE_CHECKING:
     from gpuhop.client.pull import PullPlan
@@ -25,12 +26,14 @@ ANNOUNCE_BYTES = 100 << 20
 PARTS = (
     ("artifacts", "artifact file(s)", "nothing in its $GPUHOP_ARTIFACTS_DIR"),
     ("workdir", "file(s) the job wrote in its work dir", "no new or changed file in its work dir"),
+    ("tmp", "file(s) the job left in its /tmp", "nothing kept from its /tmp"),
 )
 
 
 class Only(StrEnum):
     artifacts = "artifacts"
     workdir = "workdir"
+    tmp = "tmp"
 
 
 def _where(path: Path) -> str:
@@ -51,7 +54,7 @@ def destinations(
 
     if output is None:
         home = folder_for(DEFAULT_PULL_DIR, job.id, job.data.get("name"))
-        dests = {"artifacts": home, "workdir": Path(".")}
+        dests = {"artifacts": home, "workdir": Path("."), "tmp": home / TMP_PART}
     else:
         home = output
         dests = layout(output)
@@ -75,7 +78,9 @@ def pull_job(
     from gpuhop.cli.progress import transfer
 
     try:
-        plan = job.plan_pull(dests.get("artifacts"), dests.get("workdir"), overwrite)
+        plan = job.plan_pull(
+            dests.get("artifacts"), dests.get("workdir"), overwrite, dests.get("tmp")
+        )
         plan.claim(home)
         if plan.size >= ANNOUNCE_BYTES:
             say(f"pulling {len(plan.todo)} file(s), {human_bytes(plan.size)}")
@@ -123,7 +128,8 @@ def pull(
         "-o",
         metavar="DIR",
         help="Where everything goes: the artifacts at its top, the files the job wrote in its"
-        " work dir in DIR/workdir/ at their paths. Default: the artifacts into"
+        f" work dir in DIR/workdir/ at their paths, what it left in its /tmp in DIR/{TMP_PART}/."
+        " Default: the artifacts into"
         " gpuhop-artifacts/NAME/ (NAME-ID/ if another job's pull is there; ID/ for a job"
         " without a name), the work-dir files into this directory. A folder the pull makes"
         " gets a .gpuhopignore, so the next run does not sync it.",
@@ -137,7 +143,10 @@ def pull(
         " (-C . : where they would be had the script run here).",
     ),
     only: Only | None = typer.Option(
-        None, "--only", help="Pull only the artifacts, or only the work-dir files."
+        None,
+        "--only",
+        help="Pull only the artifacts, only the work-dir files, or only what the job left in"
+        f" its /tmp (into {TMP_PART}/ in the artifacts' folder).",
     ),
     overwrite: bool = typer.Option(
         False,
@@ -146,9 +155,10 @@ def pull(
     ),
     on: str | None = OnOption,
 ) -> None:
-    """Download what a job wrote: its $GPUHOP_ARTIFACTS_DIR, and the files it created or
+    """Download what a job wrote: its $GPUHOP_ARTIFACTS_DIR, the files it created or
     changed in its work dir (model.save("my_model.keras") comes back as ./my_model.keras,
-    or with -o out as out/workdir/my_model.keras).
+    or with -o out as out/workdir/my_model.keras), and what it left in its /tmp
+    (tempfile.gettempdir(); into job-tmp/ beside the artifacts).
 
     Unchanged files are not fetched again. A local file that you changed since the job was
     synced is kept, and named.

@@ -219,9 +219,10 @@ class Job:
         dest: str | os.PathLike[str] | None,
         workdir: str | os.PathLike[str] | None = None,
         overwrite: bool = False,
+        tmp: str | os.PathLike[str] | None = None,
     ) -> PullPlan:
         """What `pull` would fetch, without fetching it (see `pull`)."""
-        return plan_pull(self.session, self.id, dest, workdir, overwrite)
+        return plan_pull(self.session, self.id, dest, workdir, overwrite, tmp)
 
     def pull(
         self,
@@ -232,6 +233,7 @@ class Job:
         workdir: str | os.PathLike[str] | None = None,
         overwrite: bool = False,
         plan: PullPlan | None = None,
+        tmp: str | os.PathLike[str] | None = None,
     ) -> list[Path]:
         """Download the job's artifacts into `dest` (None: not them) and, with `workdir`,
         the files the job created or changed in its work dir into `workdir` (say "." for
@@ -239,14 +241,15 @@ class Job:
         again. A local work-dir file that differs from what was synced is kept, not
         overwritten (`plan_pull(...).kept` lists them), unless `overwrite`. A `dest` that
         was new or empty gets a `.gpuhopignore` that leaves it out of the next sync (see
-        `gpuhop.client.pull`).
+        `gpuhop.client.pull`). With `tmp`, the files an ended job left in its /tmp (kept
+        with its files) go into `tmp`.
 
         `on_file(entry)` is called after each file fetched, and `on_bytes(done, total)` as
         bytes arrive, `total` being what is fetched (unchanged files are not counted).
         Give `plan` (from `plan_pull`) to fetch what it lists.
         """
         if plan is None:
-            plan = plan_pull(self.session, self.id, dest, workdir, overwrite)
+            plan = plan_pull(self.session, self.id, dest, workdir, overwrite, tmp)
         return fetch_planned(self.session, plan, on_file, on_bytes)
 
 

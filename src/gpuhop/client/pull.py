@@ -1,13 +1,15 @@
 """Runs on the user's machine: bringing back what a job wrote, as one `PullPlan` made before
 anything is fetched (so the CLI can say how much comes back) and then fetched.
 
-Two parts come back, each into a folder of its own (`PullPlan.roots`): the job's
-`$GPUHOP_ARTIFACTS_DIR`, and the files the job created or changed in its work dir, at their
-paths. One folder of the user's choosing can hold it all (`layout`: the artifacts at its
-top, the work dir's files under `workdir/`); or the work dir's files go into the local work
-dir, where the script would have left them had it run here. A file already here with the
-same size and mtime is not fetched again. A work-dir file replaces a local one only where
-the local one is still what was synced (or with `overwrite`): local edits are never lost.
+Three parts come back, each into a folder of its own (`PullPlan.roots`): the job's
+`$GPUHOP_ARTIFACTS_DIR`; the files the job created or changed in its work dir, at their
+paths; and the files an ended job left in its private /tmp (`tempfile.gettempdir()`, kept
+with its files). One folder of the user's choosing can hold it all (`layout`: the artifacts
+at its top, the work dir's files under `workdir/`, the /tmp files under `job-tmp/`); or the
+work dir's files go into the local work dir, where the script would have left them had it
+run here. A file already here with the same size and mtime is not fetched again. A work-dir
+file replaces a local one only where the local one is still what was synced (or with
+`overwrite`): local edits are never lost.
 
 The folder a pull makes for itself (`PullPlan.home`) gets a `.gpuhopignore` that leaves it
 all out of the next sync (`*`), naming the jobs pulled there, so a pull into the synced
@@ -30,6 +32,8 @@ from gpuhop.client.session import Session
 
 # Where the work dir's files go in a folder that holds a whole pull (see `layout`).
 WORKDIR_PART = "workdir"
+# In the artifacts' folder: what the job left in its /tmp (kept after it ended).
+TMP_PART = "job-tmp"
 # The ignore file a pull leaves in its own folder; the line that says it is gpuhop's.
 IGNORE_FILE = ".gpuhopignore"
 MARK = "# Written by gpuhop pull: the next gpuhop run does not sync this folder"
@@ -38,9 +42,10 @@ _JOB_LINE = "# job "
 
 def layout(folder: str | os.PathLike[str]) -> dict[str, Path]:
     """Where each part of a pull goes in one folder that holds it all: the artifacts at its
-    top (as `gpuhop.tf.artifacts_dir()` had them), the work dir's files under `workdir/`."""
+    top (as `gpuhop.tf.artifacts_dir()` had them), the work dir's files under `workdir/`,
+    what the job left in its /tmp under `job-tmp/`."""
     root = Path(folder)
-    return {"artifacts": root, "workdir": root / WORKDIR_PART}
+    return {"artifacts": root, "workdir": root / WORKDIR_PART, "tmp": root / TMP_PART}
 
 
 def pulled_jobs(folder: Path) -> list[str] | None:
@@ -134,7 +139,7 @@ class PullPlan:
         self.home = home if mine else None
 
     def files(self, route: str) -> list[Path]:
-        """Every file of `route` ("artifacts", "workdir") here once fetched."""
+        """Every file of `route` ("artifacts", "workdir", "tmp") here once fetched."""
         return [t for r, _, t in self.todo if r == route] + [
             t for r, t in self.current if r == route
         ]
@@ -170,10 +175,28 @@ def plan_pull(
     artifacts: str | os.PathLike[str] | None,
     workdir: str | os.PathLike[str] | None,
     overwrite: bool = False,
+    tmp: str | os.PathLike[str] | None = None,
 ) -> PullPlan:
-    """Plan the pull of the job's artifacts into `artifacts` and its work-dir outputs into
-    `workdir` (None: not that part)."""
+    """Plan the pull of the job's artifacts into `artifacts`, its work-dir outputs into
+    `workdir` and the files it left in its /tmp into `tmp` (None: not that part)."""
     out = PullPlan(job_id)
+    if tmp is not None:
+        out.roots["tmp"] = Path(tmp)
+        root = Path(tmp).absolute()
+        try:
+            listing = session.request("GET", f"/v1/jobs/{job_id}/tmp").json()
+        except GpuhopError as e:
+            # A running job (its work dir's note says so), or an agent that keeps no /tmp.
+            if e.code not in ("conflict", "not_found"):
+                raise
+            listing = []
+        for raw in listing:
+            entry = api.ArtifactEntry.model_validate(raw)
+            target = _target(root, entry, "/tmp file")
+            if target.is_file() and _same(target, entry):
+                out.current.append(("tmp", target))
+            else:
+                out.todo.append(("tmp", entry, target))
     if artifacts is not None:
         out.roots["artifacts"] = Path(artifacts)
         out.claim(Path(artifacts))

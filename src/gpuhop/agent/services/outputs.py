@@ -111,7 +111,11 @@ def read_metrics(rt: AgentContext, job_id: str, offset: int) -> tuple[list[dict]
 
 
 def list_artifacts(rt: AgentContext, job_id: str) -> list[ArtifactEntry]:
-    root = rt.supervisor.job_paths(job_id).artifacts
+    return list_files(rt.supervisor.job_paths(job_id).artifacts)
+
+
+def list_files(root: Path) -> list[ArtifactEntry]:
+    """The regular files under `root` (its artifacts, its /tmp), links not followed."""
     out: list[ArtifactEntry] = []
     if not root.is_dir():
         return out
@@ -145,18 +149,25 @@ def requested_artifact(raw_path: bytes) -> bytes:
 
 
 def artifact_path(rt: AgentContext, job_id: str, name: bytes) -> Path:
+    root = JobPaths(rt.paths.job_dir(job_id)).artifacts
+    return file_under(root, name, f"job {job_id} has no artifact", "the artifacts dir")
+
+
+def file_under(root: Path, name: bytes, missing: str, where: str) -> Path:
+    """The regular file `name` (its bytes) under `root`, checked to stay inside it; 404
+    (`missing`, then the name) where there is none."""
     shown = name.decode("utf-8", "backslashreplace")
     try:
         # Checked with any bytes that are not UTF-8 replaced: the same slashes and dots.
         validate_relpath(name.decode("utf-8", "replace"))
     except ValueError as e:
         raise ApiError(400, ErrorCode.bad_path, str(e)) from None
-    root = JobPaths(rt.paths.job_dir(job_id)).artifacts.resolve()
+    root = root.resolve()
     full = root / os.fsdecode(name)
     if full.is_symlink() or not full.resolve().is_relative_to(root):
-        raise ApiError(400, ErrorCode.bad_path, f"artifact {shown} leads out of the artifacts dir")
+        raise ApiError(400, ErrorCode.bad_path, f"{shown} leads out of {where}")
     if not full.is_file():
-        raise not_found(f"job {job_id} has no artifact {shown}")
+        raise not_found(f"{missing} {shown}")
     return full
 
 
@@ -192,3 +203,34 @@ def artifact_of(rt: AgentContext, ref: str, caller: Caller, raw_path: bytes) -> 
     job = find(rt, ref, caller)
     check_not_pruned(rt, job)
     return artifact_path(rt, job.id, requested_artifact(raw_path))
+
+
+def tmp_files_of(rt: AgentContext, ref: str, caller: Caller) -> list[ArtifactEntry]:
+    """The files the caller's ended job left in its /tmp (kept with its files: see
+    `JobPaths.tmp`)."""
+    job = _ended(rt, ref, caller)
+    return list_files(rt.supervisor.job_paths(job.id).tmp)
+
+
+def tmp_file_of(rt: AgentContext, ref: str, caller: Caller, raw_path: bytes) -> Path:
+    """One file the caller's ended job left in its /tmp, named by the request's raw path
+    (`/v1/jobs/REF/tmp/NAME`: NAME's bytes, as `requested_artifact`)."""
+    job = _ended(rt, ref, caller)
+    root = rt.supervisor.job_paths(job.id).tmp
+    name = unquote_to_bytes(raw_path.split(b"/", 5)[-1])
+    return file_under(root, name, f"job {job.id} left no file in its /tmp at", "its /tmp")
+
+
+def _ended(rt: AgentContext, ref: str, caller: Caller) -> JobRecord:
+    job = find(rt, ref, caller)
+    check_not_pruned(rt, job)
+    if not job.state.finished:
+        # As for its work dir: no process of it is left to swap a file for a link.
+        raise ApiError(
+            409,
+            ErrorCode.conflict,
+            f"job {job.id} is {job.state.value}; the files it left in its /tmp come back once"
+            " it has ended",
+            {"state": job.state.value},
+        )
+    return job

@@ -1,9 +1,11 @@
 """Runs in the agent: finding the SavedModel a finished job made, for `gpuhop serve JOB`.
 
 A job exports into its artifacts (`model.export($GPUHOP_ARTIFACTS_DIR/model)`), or, run
-unmodified as tutorials are, into its work dir (`tf.saved_model.save(m, "saved_model/x")`).
-Both count: the artifacts first, then the SavedModels the job wrote in its work dir (not
-one it was synced with).
+unmodified as tutorials are, into its work dir (`tf.saved_model.save(m, "saved_model/x")`)
+or a temp dir (TF Serving's `rest_simple`: `tempfile.gettempdir()`), which is the job's own
+/tmp, kept after it ended (see `JobPaths.tmp`). All count: the artifacts first, then the
+SavedModels the job wrote in its work dir (not one it was synced with), then those in its
+/tmp, named `/tmp/...` as the job saw them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ from gpuhop.agent.services import workdir
 from gpuhop.api import ErrorCode
 
 SAVED_MODEL_PB = "saved_model.pb"
+# A path in the job's /tmp, as the job saw it.
+TMP = "/tmp/"
+SAVED_IN_TMP = "found a SavedModel the job saved in its /tmp"
 HINT = (
     "export one into $GPUHOP_ARTIFACTS_DIR, e.g."
     " model.export(gpuhop.tf.artifacts_dir() / 'model'), or save it in the work dir"
@@ -44,9 +49,19 @@ def _in_workdir(rt: AgentContext, job: JobRecord) -> list[str]:
     )
 
 
+def _in_tmp(tmp: Path) -> list[str]:
+    """The dirs of the SavedModels the job left in its /tmp (links not followed)."""
+    return sorted(
+        Path(d).relative_to(tmp).as_posix()
+        for d, _dirs, names in os.walk(tmp)
+        if SAVED_MODEL_PB in names
+    )
+
+
 def find_saved_model(rt: AgentContext, job: JobRecord, path: str | None) -> tuple[Path, str]:
-    """The SavedModel dir of `job` at `path` (in its artifacts, else in its work dir), or
-    the only one it made; and how to name it."""
+    """The SavedModel dir of `job` at `path` (in its artifacts, else in its work dir; in
+    its /tmp for a path that starts with /tmp/), or the only one it made; and how to name
+    it."""
     if not job.state.finished:
         raise ApiError(
             409,
@@ -55,7 +70,12 @@ def find_saved_model(rt: AgentContext, job: JobRecord, path: str | None) -> tupl
             {"state": job.state.value},
         )
     jp = rt.supervisor.job_paths(job.id)
-    artifacts, work = jp.artifacts.resolve(), jp.work.resolve()
+    artifacts, work, tmp = jp.artifacts.resolve(), jp.work.resolve(), jp.tmp.resolve()
+    if path is not None and path.startswith(TMP):
+        full = _inside(tmp, path[len(TMP) :], job, "/tmp")
+        if (full / SAVED_MODEL_PB).is_file():
+            return full, f"{path} ({SAVED_IN_TMP})"
+        raise not_found(f"job {job.id} left no SavedModel at {path} (no {SAVED_MODEL_PB} there)")
     if path is not None:
         full = _inside(artifacts, path, job, "artifacts")
         if (full / SAVED_MODEL_PB).is_file():
@@ -77,8 +97,19 @@ def find_saved_model(rt: AgentContext, job: JobRecord, path: str | None) -> tupl
     if not found and not rt.backend.remote:
         found = _in_workdir(rt, job)
         artifacts, labels = work, [f"{d} (work dir)" for d in found]
+    if not found and tmp.is_dir():
+        found = _in_tmp(tmp)
+        artifacts, labels = tmp, [f"{TMP}{d} ({SAVED_IN_TMP})" for d in found]
     if not found:
-        raise not_found(f"job {job.id} has no SavedModel ({SAVED_MODEL_PB}); {HINT}")
+        held = (
+            "nor did its /tmp hold one"
+            if tmp.is_dir()
+            else "its /tmp, where it may have saved one, was not kept"
+        )
+        raise not_found(
+            f"job {job.id} has no SavedModel ({SAVED_MODEL_PB}) in its artifacts or work dir,"
+            f" {held}; {HINT}"
+        )
     if len(found) > 1:
         raise ApiError(
             409,

@@ -252,8 +252,10 @@ class LocalBackend(LeaderBackend):
         jp.tmp.mkdir(mode=0o700, exist_ok=True)
         if identity:
             (jp.root / VAR_TMP).mkdir(mode=0o700, exist_ok=True)
-        # The sandbox binds it over /tmp; without one, TMPDIR is all that points there.
-        env["TMPDIR"] = "/tmp" if self._sandboxed(deps) else str(jp.tmp)
+        # The sandbox binds it over /tmp; without one, TMPDIR is all that points there. A
+        # TMPDIR the user set (-e TMPDIR=...) is theirs.
+        if "TMPDIR" not in attempt.spec.env:
+            env["TMPDIR"] = "/tmp" if self._sandboxed(deps) else str(jp.tmp)
         # What the job will see in its work dir: its checkout, under what the agent put there.
         files = (
             jp.work if (jp.work / attempt.command[0]).exists() else deps.get("checkout", jp.work)
@@ -320,7 +322,8 @@ class LocalBackend(LeaderBackend):
 
     def _ending(self, jp: JobPaths, started: Started | None, returncode: int | None) -> Ending:
         end = super()._ending(jp, started, returncode)
-        _remove_tree(jp.tmp)  # the job's /tmp: nothing of the job is left to use it
+        # The job's /tmp stays, with the rest of its dir (a retry continues with it, `pull`
+        # and `serve` find what it saved there), until retention prunes the job's files.
         _remove_tree(jp.root / VAR_TMP)
         # Read once the job's processes are all gone (the sweep above waits for them).
         return dataclasses.replace(end, oom_killed=True) if cgroups.oom_kills(jp) else end

@@ -13,8 +13,8 @@ be chmod'ed back to writable). Instead the job runs in private namespaces made b
   dir are not there. Each dataset's assembled tree is bind-mounted at its mount point in
   the work dir and remounted read-only. Where the job's tree has a checkout, the work dir
   bound back is an overlay of it (workview.py). The tmpfs itself is read-only. The job's
-  own temporary dir (`tmp` in the spec, in its job dir, removed when it ends) is bound over
-  `/tmp`, so what it writes there neither collides with other jobs nor outlives it; where
+  own temporary dir (`tmp` in the spec, in its job dir, kept with the job's files) is bound
+  over `/tmp`, so what it writes there neither collides with other jobs nor the host's; where
   the state dir (or anything else the job must see) lies under `/tmp`, it is bound back at
   its own path inside that;
 - a PID namespace with its own /proc, so the job sees and signals only its own processes

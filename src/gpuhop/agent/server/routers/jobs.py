@@ -135,3 +135,15 @@ def workdir_file(ref: str, path: str, request: Request) -> FileResponse:
     job = service.find(c, ref, caller_of(request))
     outputs.check_not_pruned(c, job)
     return FileResponse(workdir.output_path(c, job, path))
+
+
+@router.get("/{ref}/tmp")
+def tmp_files(ref: str, request: Request) -> list[ArtifactEntry]:
+    """The files the ended job left in its /tmp."""
+    return outputs.tmp_files_of(ctx(request), ref, caller_of(request))
+
+
+@router.get("/{ref}/tmp/{path:path}")
+def tmp_file(ref: str, path: str, request: Request) -> FileResponse:
+    raw_path = request.scope["raw_path"]
+    return FileResponse(outputs.tmp_file_of(ctx(request), ref, caller_of(request), raw_path))
