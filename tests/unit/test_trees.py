@@ -201,3 +201,25 @@ def test_a_job_finds_its_checkout_by_the_digest_recorded_at_submit_or_by_its_cop
     copied.tree.write_bytes(trees.path(digest).read_bytes())
     assert materialise(copied, blobs, checkouts, "no overlay here", digest) is None
     assert (copied.work / "d/3.txt").read_bytes() == b"file 3"
+
+
+def test_a_retry_finds_the_copy_of_its_files_as_the_earlier_attempt_left_it(trees, blobs, tmp_path):
+    checkouts = CheckoutStore(tmp_path / "checkouts", tmp_path / "tmp", blobs)
+    digest, _ = store(trees, raw(tree(blobs, FILES)))
+    jp = JobPaths(tmp_path / "jobs" / "retried")
+    jp.root.mkdir(parents=True)
+    jp.tree.write_bytes(trees.path(digest).read_bytes())
+    assert materialise(jp, blobs, checkouts, "no overlay here", digest) is None
+    made = jp.materialised.stat().st_mtime_ns
+    # The first attempt changes a file of its tree, removes one and writes its own.
+    (jp.work / "d/3.txt").write_bytes(b"changed")
+    removed = next(p for p in jp.work.rglob("*.txt") if p.name != "3.txt")
+    removed.unlink()
+    (jp.work / "training.csv").write_text("epoch,loss\n0,1.0\n")
+
+    assert materialise(jp, blobs, checkouts, "no overlay here", digest) is None
+    assert (jp.work / "d/3.txt").read_bytes() == b"changed"
+    assert not removed.exists()
+    assert (jp.work / "training.csv").read_text() == "epoch,loss\n0,1.0\n"
+    # Made once: what the first attempt wrote is still newer than the making.
+    assert jp.materialised.stat().st_mtime_ns == made
