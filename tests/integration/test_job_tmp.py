@@ -113,3 +113,32 @@ def test_python_in_a_jobs_shell_is_the_jobs_interpreter(agent_in_tmp, tmp_path):
     lines = run.stdout.splitlines()
     assert lines[0] == sys.executable
     assert str(Path(sys.executable).parent.parent) in lines[1]
+
+
+def test_serve_names_savedmodels_in_the_jobs_tmp_as_the_job_saw_them(agent_in_tmp, project):
+    root = project(
+        {
+            "two.py": "import os\n"
+            "for d in ('/tmp/export/a', '/tmp/export/b'):\n"
+            "    os.makedirs(d)\n"
+            "    open(d + '/saved_model.pb', 'wb').write(b'pb ' + d.encode())\n"
+        }
+    )
+    with agent_in_tmp.client() as client:
+        job = client.submit(["two.py"], workdir=root)
+        assert job.wait(timeout=60).state.value == "succeeded"
+        with pytest.raises(GpuhopError) as two:
+            client.serve(job, name="m", wait=False)
+        assert "2 SavedModels (/tmp/export/a (its /tmp), /tmp/export/b (its /tmp))" in (
+            two.value.message
+        )
+        model = client.serve(f"{job.id}:/tmp/export/b", name="m", wait=False)
+        try:
+            said = "found a SavedModel the job saved in its /tmp"
+            assert model.info.source == f"job {job.id}:/tmp/export/b ({said})"
+            jobs = agent_in_tmp.paths.jobs
+            linked = jobs / model.info.job / "work" / "model" / "saved_model.pb"
+            assert linked.read_bytes() == b"pb /tmp/export/b"
+        finally:
+            model.job.cancel(grace=1)
+            model.job.wait(timeout=30)

@@ -51,17 +51,17 @@ def _in_workdir(rt: AgentContext, job: JobRecord) -> list[str]:
 
 def _in_tmp(tmp: Path) -> list[str]:
     """The dirs of the SavedModels the job left in its /tmp (links not followed)."""
-    return sorted(
+    found = (
         Path(d).relative_to(tmp).as_posix()
-        for d, _dirs, names in os.walk(tmp)
+        for d, _, names in os.walk(tmp)
         if SAVED_MODEL_PB in names
     )
+    return sorted("" if d == "." else d for d in found)
 
 
 def find_saved_model(rt: AgentContext, job: JobRecord, path: str | None) -> tuple[Path, str]:
-    """The SavedModel dir of `job` at `path` (in its artifacts, else in its work dir; in
-    its /tmp for a path that starts with /tmp/), or the only one it made; and how to name
-    it."""
+    """The SavedModel dir of `job` at `path` (in its artifacts, else in its work dir, else,
+    for /tmp/..., in its /tmp), or the only one it made; and how to name it."""
     if not job.state.finished:
         raise ApiError(
             409,
@@ -71,11 +71,6 @@ def find_saved_model(rt: AgentContext, job: JobRecord, path: str | None) -> tupl
         )
     jp = rt.supervisor.job_paths(job.id)
     artifacts, work, tmp = jp.artifacts.resolve(), jp.work.resolve(), jp.tmp.resolve()
-    if path is not None and path.startswith(TMP):
-        full = _inside(tmp, path[len(TMP) :], job, "/tmp")
-        if (full / SAVED_MODEL_PB).is_file():
-            return full, f"{path} ({SAVED_IN_TMP})"
-        raise not_found(f"job {job.id} left no SavedModel at {path} (no {SAVED_MODEL_PB} there)")
     if path is not None:
         full = _inside(artifacts, path, job, "artifacts")
         if (full / SAVED_MODEL_PB).is_file():
@@ -84,8 +79,16 @@ def find_saved_model(rt: AgentContext, job: JobRecord, path: str | None) -> tupl
             full = _inside(work, path, job, "work dir")
             if (full / SAVED_MODEL_PB).is_file():
                 return full, f"{path} (work dir)"
+        # JOB:/tmp/PATH (the request's path has lost its leading slash).
+        if f"/{path}/".startswith(TMP):
+            full = _inside(tmp, path[len(TMP) - 1 :], job, "/tmp")
+            if (full / SAVED_MODEL_PB).is_file():
+                return full, f"/{path} ({SAVED_IN_TMP})"
         raise not_found(
-            f"job {job.id} has no SavedModel at {path} in its artifacts or work dir (no"
+            f"job {job.id} has no SavedModel at {path} in its artifacts or work dir, nor at"
+            f" /{path} in its /tmp (no {SAVED_MODEL_PB} there)"
+            if f"/{path}/".startswith(TMP)
+            else f"job {job.id} has no SavedModel at {path} in its artifacts or work dir (no"
             f" {SAVED_MODEL_PB} there)"
         )
     found = sorted(
@@ -98,8 +101,9 @@ def find_saved_model(rt: AgentContext, job: JobRecord, path: str | None) -> tupl
         found = _in_workdir(rt, job)
         artifacts, labels = work, [f"{d} (work dir)" for d in found]
     if not found and tmp.is_dir():
-        found = _in_tmp(tmp)
-        artifacts, labels = tmp, [f"{TMP}{d} ({SAVED_IN_TMP})" for d in found]
+        # Named as the job saw them: JOB:/tmp/PATH serves one.
+        found = [f"{TMP}{d}" for d in _in_tmp(tmp)]
+        artifacts, labels = tmp, [f"{d} (its /tmp)" for d in found]
     if not found:
         held = (
             "nor did its /tmp hold one"
@@ -118,4 +122,6 @@ def find_saved_model(rt: AgentContext, job: JobRecord, path: str | None) -> tupl
             f" name one as {job.id}:PATH",
             {"paths": found},
         )
+    if artifacts == tmp:
+        return tmp / found[0][len(TMP) :], f"{found[0]} ({SAVED_IN_TMP})"
     return artifacts / found[0], labels[0]
