@@ -168,8 +168,8 @@ def test_a_job_that_wrote_nothing_says_so_in_one_line(shared_agent, project, tmp
     )
     assert run.returncode == 0, run.stderr
     assert said_lines(run.stderr, "pull") == [
-        f"job {_job_id(run)} left nothing to pull: nothing in its $GPUHOP_ARTIFACTS_DIR and no"
-        " new or changed file in its work dir"
+        f"job {_job_id(run)} left nothing to pull: nothing in its $GPUHOP_ARTIFACTS_DIR, no"
+        " new or changed file in its work dir and nothing kept from its /tmp"
     ]
     assert not (tmp_path / "out").exists()
 

@@ -47,7 +47,7 @@ def test_a_model_exported_to_the_temp_dir_is_pulled_and_served(
     here.mkdir()
     pulled = shared_agent.cli("pull", "tmp-exporter", cwd=here)
     assert pulled.returncode == 0, pulled.stderr
-    part = here / "gpuhop-artifacts" / job_id / "job-tmp"
+    part = here / "gpuhop-artifacts" / "tmp-exporter" / "job-tmp"  # the job's name
     said = " ".join(pulled.stderr.split())
     assert "file(s) the job left in its /tmp," in said and str(part.relative_to(here)) in said
     got = part / "rest_simple" / "1" / "saved_model.pb"

@@ -117,7 +117,8 @@ def summary(job_id: str, plan: PullPlan) -> str:
         pulled.append(f"{len(files)} {files_are}, {size}, into {where}")
     if pulled:
         return "pulled " + "; and ".join(pulled)
-    return f"job {job_id} left nothing to pull: " + " and ".join(empty)
+    said = " and ".join(filter(None, (", ".join(empty[:-1]), *empty[-1:])))
+    return f"job {job_id} left nothing to pull: {said}".rstrip(": ")
 
 
 def pull(
