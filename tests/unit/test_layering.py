@@ -73,7 +73,13 @@ MAY_IMPORT: dict[str, set[str]] = {
         "gpuhop.backends.local",  # environments are built by the local backend's builder
     },
     "gpuhop.agent.host": {"gpuhop.backends", "gpuhop.api"},
-    "gpuhop.agent.jobs": {"gpuhop.agent.storage", "gpuhop.backends", "gpuhop.api", "gpuhop.home"},
+    "gpuhop.agent.jobs": {
+        "gpuhop.agent.storage",
+        "gpuhop.backends",
+        "gpuhop.api",
+        "gpuhop.home",
+        "gpuhop.runtime",  # the hint lines a job's gpuhop code prints, found in its log
+    },
     "gpuhop.agent.context": {
         "gpuhop.agent.callers",  # the owner's login: exempt from per-user limits
         "gpuhop.agent.config",

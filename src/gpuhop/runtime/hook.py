@@ -139,6 +139,13 @@ def _add_callbacks(keras: Any, value: str) -> str:
     return patch_fit(keras)
 
 
+def _hint_keras3_errors(keras: Any, value: str) -> str:
+    # Keras is loaded by now, so importing this here costs nothing worth counting.
+    from gpuhop.runtime.legacykeras import install_excepthook
+
+    return install_excepthook()
+
+
 def _cap_torch(torch: Any, value: str) -> str:
     """Cap PyTorch's caching allocator at `value` (a fraction of each visible GPU) before its
     first allocation: past it, an allocation raises torch's OutOfMemoryError."""
@@ -189,6 +196,13 @@ ACTIONS: list[AfterImport] = [
         "GPUHOP_AUTO",
         "add gpuhop's callbacks to Keras's Model.fit",
         _add_callbacks,
+        module="keras",
+    ),
+    AfterImport(
+        "keras3_hints",
+        "GPUHOP_AUTO",
+        "hint at tf-keras where a Keras 3 error has that fix",
+        _hint_keras3_errors,
         module="keras",
     ),
     AfterImport(

@@ -14,6 +14,7 @@ import signal
 from pathlib import Path
 
 from gpuhop.api import EndClass, JobState
+from gpuhop.runtime import legacykeras
 
 # How much of the log's end is searched for a framework's GPU out-of-memory error.
 LOG_TAIL_BYTES = 64 * 1024
@@ -32,16 +33,31 @@ GPU_OOM = re.compile(
 _CRASHES = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL})
 
 
-def gpu_oom_in(log: Path) -> bool:
-    """Whether the end of a job's log holds a framework's GPU out-of-memory error."""
+# Lines the job's own gpuhop code prints after a failure it knows the fix for (a Keras 3
+# error that tf-keras fixes: see gpuhop.runtime.legacykeras), and what the failure line adds.
+HINTS = {legacykeras.LINE.encode(): legacykeras.HINT}
+
+
+def _tail(log: Path) -> bytes:
     try:
         with open(log, "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
-            tail = f.read()
+            return f.read()
     except OSError:
-        return False
-    return GPU_OOM.search(tail) is not None
+        return b""
+
+
+def gpu_oom_in(log: Path) -> bool:
+    """Whether the end of a job's log holds a framework's GPU out-of-memory error."""
+    return GPU_OOM.search(_tail(log)) is not None
+
+
+def hint_note(log: Path) -> str:
+    """What a failed job's reason adds where the end of its log holds a hint line of the
+    job's own gpuhop code (the line whole, at a line's start): "; HINT", or ""."""
+    lines = _tail(log).splitlines()
+    return next((f"; {hint}" for line, hint in HINTS.items() if line in lines), "")
 
 
 def classify(

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from gpuhop.agent.jobs.endings import classify
+from gpuhop.agent.jobs.endings import classify, hint_note
 from gpuhop.agent.jobs.metricstail import latest_metrics
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import JobRecord, JobStore
@@ -252,7 +252,7 @@ class Supervisor:
             reason = f"exited with code 0 after {elapsed}"
         else:
             state = JobState.failed
-            reason = f"exited with code {exit_code} after {elapsed}"
+            reason = f"exited with code {exit_code} after {elapsed}{hint_note(jp.log)}"
         if end.detail:
             reason = f"{end.detail} after {elapsed}"
         if state in (JobState.failed, JobState.lost) and stopped is None:
