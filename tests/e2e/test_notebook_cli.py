@@ -302,6 +302,61 @@ def test_a_failing_cell_fails_the_job_naming_the_cell(agent: Agent, tmp_path: Pa
     assert executed.cells[2].outputs[0]["ename"] == "ZeroDivisionError"  # kept to look at
 
 
+# A tutorial-shaped notebook written for tf-keras: its export cell fails under Keras 3, deep
+# inside Keras, called through a helper of the notebook's own.
+KERAS2_EXPORT = (
+    "import tensorflow as tf\n"
+    "model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(units)])",
+    "def export(model, path):\n    tf.keras.models.save_model(model, path, save_format='tf')",
+    "print('exporting', flush=True)\nexport(model, 'exported')",
+    "print('never')",
+)
+
+
+@pytest.mark.tf
+def test_a_failing_cell_in_a_log_file_is_short_plain_text(agent: Agent, tmp_path: Path):
+    _notebook(tmp_path / "export.ipynb", *KERAS2_EXPORT, parameters="units = 1")
+    log_file = tmp_path / "run.log"
+    with open(log_file, "w") as out:  # the CLI's output piped to a file, as in a batch script
+        done = subprocess.run(
+            [sys.executable, "-m", "gpuhop", "run", "--no-progress", "--name", "nb-fails",
+             "export.ipynb", "-p", "units=2"],
+            cwd=tmp_path, env=agent.env, stdout=out, stderr=subprocess.STDOUT, timeout=170,
+        )  # fmt: skip
+    assert done.returncode == 1, log_file.read_text()
+    with agent.client() as client:
+        log = b"".join(client.job("nb-fails").logs()).decode()
+    assert "\x1b" not in log and "\x1b" not in log_file.read_text()  # no terminal escapes
+    gpuhop = [line for line in log.splitlines() if line.startswith("gpuhop: ")]
+    assert gpuhop[:5] == [
+        "gpuhop: cell 2 of 6 (parameters)",
+        "gpuhop: the -p parameters (units), after cell 2",
+        "gpuhop: cell 3 of 6",
+        "gpuhop: cell 4 of 6",
+        "gpuhop: cell 5 of 6",
+    ]
+    failed = log[log.index("gpuhop: cell 5 raised ValueError: The `save_format` argument") :]
+    lines = failed.splitlines()
+    assert lines[1:6] == [
+        "Traceback (your code; most recent call last):",
+        "  cell 5, line 2",
+        "    export(model, 'exported')",
+        "  cell 4, line 2, in export",
+        "    tf.keras.models.save_model(model, path, save_format='tf')",
+    ]
+    # Keras's own frames are one line, saying where the error was raised; then the error.
+    assert re.fullmatch(
+        r"  \.\.\. \d+ frames? in keras, raised in keras/src/\S+:\d+, in \S+", lines[6]
+    )
+    assert lines[7].startswith("ValueError: The `save_format` argument is deprecated in Keras 3")
+    # tf-keras is installed in the job's Python: the fix is said, in the log and the end line.
+    assert "gpuhop: this looks like tf-keras-era code under Keras 3" in failed
+    assert "rerun with -e TF_USE_LEGACY_KERAS=1" in log_file.read_text().splitlines()[-1]
+    assert len(failed.splitlines()) < 15 and "never" not in log
+    # The executed notebook keeps the kernel's whole traceback, to look at.
+    assert "with the kernel's whole traceback" in log
+
+
 def test_bad_notebook_runs_are_refused_before_anything_is_queued(agent: Agent, tmp_path: Path):
     _notebook(tmp_path / "nb.ipynb", "1")
     missing = agent.cli("run", "nope.ipynb", cwd=tmp_path)

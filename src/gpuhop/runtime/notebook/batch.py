@@ -5,7 +5,9 @@ Each cell's output goes to the job's log as it comes (stdout, stderr, results), 
 line naming the cell. The executed notebook, outputs and all, is written to the same path
 under the job's artifacts ($GPUHOP_ARTIFACTS_DIR), also when a cell fails, so `--pull`
 and `gpuhop pull` bring it back. A cell that raises fails the job (exit code 1) with its
-number and traceback.
+number and traceback: where the log is not a terminal, in plain text and only the frames
+of the user's code (failure.py); the executed notebook keeps the kernel's whole traceback.
+Progress is in plain words: "cell 3 of 18", "cell 2 of 18 (parameters)".
 
 Parameters work as papermill's: `-p NAME=VALUE` makes a cell of assignments, tagged
 `injected-parameters`, right after the cell tagged `parameters` (at the top if there is
@@ -25,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.runtime import artifacts_dir
+from gpuhop.runtime.legacykeras import hint_for
 from gpuhop.runtime.notebook import MISSING
+from gpuhop.runtime.notebook.failure import is_terminal, plain, short
 
 PARAMETERS_TAG = "parameters"
 INJECTED_TAG = "injected-parameters"
@@ -123,7 +127,10 @@ def run(path_text: str, parameter_pairs: list[str]) -> int:
     try:
         client.execute()
     except CellExecutionError as e:
-        _say(f"{client.cell_name()} raised {e.ename}: {e.evalue}\n{e}")
+        _say(client.failure(e))
+        hint = hint_for(f"{e.ename}: {e.evalue}")
+        if hint is not None:
+            _say(hint)
         code = 1
     except DeadKernelError as e:
         _say(f"the kernel died while running {client.cell_name()}: {e}")
@@ -131,7 +138,10 @@ def run(path_text: str, parameter_pairs: list[str]) -> int:
     finally:
         nbformat.write(nb, out)
         shutil.rmtree(runtime, ignore_errors=True)
-    _say(f"the executed notebook is {out.relative_to(artifacts_dir())} in the job's artifacts")
+    kept = ", with the kernel's whole traceback," if code else ""
+    _say(
+        f"the executed notebook{kept} is {out.relative_to(artifacts_dir())} in the job's artifacts"
+    )
     if code == 0:
         cells = sum(c.cell_type == "code" for c in nb.cells)
         _say(f"ran {path}: {cells} code cell{'s' if cells != 1 else ''}")
@@ -147,19 +157,56 @@ def _streaming_client(base: type) -> type:
             self.injected = injected
             self.current = -1
 
-        def cell_name(self) -> str:
-            """The running cell, numbered as in the user's notebook (1-based)."""
-            i = self.current
+        def cell_name(self, index: int | None = None) -> str:
+            """Cell `index` (the running one by default) in plain words, numbered as in
+            the user's notebook (1-based): "cell 3", or "the -p parameters"."""
+            i = self.current if index is None else index
             if self.injected is not None:
                 if i == self.injected:
-                    return "the injected parameters cell"
+                    return "the -p parameters"
                 if i > self.injected:
                     i -= 1
             return f"cell {i + 1}"
 
+        def _progress(self, index: int) -> str:
+            """What the log says as cell `index` starts: "cell 3 of 18", "cell 2 of 18
+            (parameters)", "the -p parameters (lr, epochs), after cell 2"."""
+            cell = self.nb.cells[index]
+            if index == self.injected:
+                names = ", ".join(
+                    line.split("=", 1)[0].strip()
+                    for line in cell.source.splitlines()[1:]
+                    if "=" in line
+                )
+                place = f"after {self.cell_name(index - 1)}" if index else "before cell 1"
+                return f"the -p parameters ({names}), {place}"
+            total = len(self.nb.cells) - (self.injected is not None)
+            tagged = PARAMETERS_TAG in cell.get("metadata", {}).get("tags", [])
+            return f"{self.cell_name(index)} of {total}" + (" (parameters)" if tagged else "")
+
         def _started(self, cell: Any, cell_index: int) -> None:
             self.current = cell_index
-            _say(f"{self.cell_name()} of {len(self.nb.cells) - (self.injected is not None)}")
+            _say(self._progress(cell_index))
+
+        def failure(self, error: Any) -> str:
+            """What the log says of a cell that raised `error` (nbclient's
+            CellExecutionError): where the log is a terminal, the kernel's traceback as it
+            is; otherwise plain text, with only the frames of the user's code."""
+            said = f"{self.cell_name()} raised {error.ename}: {error.evalue}"
+            if is_terminal():
+                return f"{said}\n{error}"
+            outputs = self.nb.cells[self.current].get("outputs", [])
+            tb: list[str] = next(
+                (o.get("traceback", []) for o in outputs if o.output_type == "error"), []
+            )
+            counts = {c.get("execution_count"): i for i, c in enumerate(self.nb.cells)}
+            text = short(
+                tb,
+                error.ename,
+                error.evalue,
+                lambda n: self.cell_name(counts[n]) if n in counts else f"In[{n}]",
+            )
+            return f"{said}\n{text if text is not None else plain(str(error))}"
 
         def process_message(self, msg: dict, cell: Any, cell_index: int) -> Any:
             result = super().process_message(msg, cell, cell_index)
