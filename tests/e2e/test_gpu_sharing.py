@@ -192,9 +192,10 @@ def test_the_hook_caps_tensorflow_in_an_unmodified_script_run_through_the_agent(
     assert [line for line in lines if line not in hook_lines] == [
         "user sitecustomize ran",
         "user: importing tensorflow",
-        # TensorFlow imports Keras, whose fit the hook patches too.
-        "user: hook applied ['gpu_memory_limit', 'keras_callbacks', 'quiet_start',"
-        " 'tensorflow_memory_at_exit']",
+        # TensorFlow imports Keras, whose fit the hook patches too (and whose Keras-3-only
+        # errors get a hint); tf.summary scalars are recorded as metrics.
+        "user: hook applied ['gpu_memory_limit', 'keras3_hints', 'keras_callbacks',"
+        " 'quiet_start', 'summary_metrics', 'tensorflow_memory_at_exit']",
         "user: first op 3.0 on 2 CPUs",
     ]
     # Each action says what it did, before the script's next line.

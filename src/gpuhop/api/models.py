@@ -350,6 +350,9 @@ class JobInfo(WireModel):
     reason: str | None
     log_size: int = 0
     latest_metrics: dict[str, object] | None = None
+    # The latest metrics of each source the job's records name (`fit:MODEL` for a Keras fit,
+    # `summary:LOGDIR` for tf.summary scalars), newest first; `latest_metrics` is the first.
+    metrics_by_source: dict[str, dict[str, object]] = Field(default_factory=dict)
     # The most GPU memory the job's framework had in use (its own allocator's view, from the
     # metrics file), in MB; None where it reported none (no GPU, or no such framework).
     memory_peak_mb: float | None = None

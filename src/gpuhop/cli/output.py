@@ -167,18 +167,28 @@ def state_text(state: JobState) -> str:
     return f"[{STATE_STYLE[state]}]{state.value}[/]"
 
 
+# Keys of a metrics record that `format_metrics` shows as values (memory has its own line in
+# `show`; the source is said after them).
+NOT_SHOWN = frozenset({"time", "epochs", "memory_mb", "memory_peak_mb", "source"})
+
+
 def format_metrics(metrics: dict[str, object] | None) -> str:
+    """A metrics record as markup: "epoch=3 loss=0.2 (from fit:MODEL)" where it names its
+    source. The job wrote it: its brackets are text, not markup."""
     if not metrics:
         return "-"
     parts = []
     for key, value in metrics.items():
-        if key in ("time", "epochs", "memory_mb", "memory_peak_mb"):
-            continue  # memory has its own line in `show`
+        if key in NOT_SHOWN:
+            continue
         if isinstance(value, float):
             parts.append(f"{key}={value:.4g}")
         else:
             parts.append(f"{key}={value}")
-    return " ".join(parts)
+    source = metrics.get("source")
+    if isinstance(source, str):
+        parts.append(f"(from {source})")
+    return escape(" ".join(parts))
 
 
 def exit_code_for(info: Mapping[str, Any]) -> int:

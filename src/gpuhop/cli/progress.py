@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 POLL_SECONDS = 1.0
 MIN_POLL_SECONDS = 0.25
 # Keys of a metrics record that are not metrics (see gpuhop.runtime.log_metrics).
-NOT_METRICS = frozenset({"time", "step", "epoch", "epochs"})
+NOT_METRICS = frozenset({"time", "step", "epoch", "epochs", "source"})
 
 
 def elapsed_text(seconds: float) -> str:
@@ -61,6 +61,7 @@ class JobStatus:
         self.epoch: int | None = None
         self.epochs: int | None = None
         self.step: int | None = None
+        self.source: str | None = None  # where the metrics shown came from (fit:MODEL, ...)
         self._offset = 0
         self._spinner = Spinner("dots", style="cyan")
 
@@ -73,6 +74,10 @@ class JobStatus:
             return
         metrics = dict(self.metrics)
         for record in records:
+            source = record.get("source")
+            if isinstance(source, str) and source != self.source:
+                # A new phase (a fit, then a custom loop's tf.summary scalars): its own numbers.
+                metrics, self.epoch, self.epochs, self.source = {}, None, None, source
             self.epoch = _int_or(record.get("epoch"), self.epoch)
             self.epochs = _int_or(record.get("epochs"), self.epochs)
             self.step = _int_or(record.get("step"), self.step)
@@ -97,6 +102,8 @@ class JobStatus:
             text.append("  step ", style="dim").append(f"{self.step:,}", style="bold")
         for key, value in self.metrics.items():
             text.append(f"  {key} ", style="dim").append(metric_text(value))
+        if self.source is not None:
+            text.append(f"  ({self.source})", style="dim")
         return text
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:

@@ -74,6 +74,14 @@ def show(
         rows.insert(4, ("python", f"{env_text}{get('python')}"))
     if get("env"):
         rows.insert(4, ("env", " ".join(f"{k}={_shown(k, v)}" for k, v in info["env"].items())))
+    latest_source = (get("latest_metrics") or {}).get("source")
+    at = next(i for i, (key, _) in enumerate(rows) if key == "metrics") + 1
+    # Each other phase's last numbers under the latest's: a fit's, a custom loop's, ...
+    rows[at:at] = [
+        ("", format_metrics(record))
+        for source, record in (get("metrics_by_source") or {}).items()
+        if source != latest_source
+    ]
     for key, value in rows:
         echo(f"[bold]{key:>9}[/bold]  {value}")
     for past in get("attempts", ()):

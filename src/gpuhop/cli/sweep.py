@@ -33,7 +33,7 @@ from gpuhop.client.sweeps import parse_param
 
 POLL_SECONDS = 1.0
 # Keys of a metrics line that say where the run is, not how well it does.
-NOT_METRICS = ("time", "epochs", "step", "epoch")
+NOT_METRICS = ("time", "epochs", "step", "epoch", "source")
 
 
 def sweep(  # noqa: PLR0913 (a command: each parameter is one of its options)

@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuhop.runtime import attempt, checkpoint_dir, log_metrics, metrics_file, tensorboard_dir
 from gpuhop.runtime.memory import device_memory
+from gpuhop.runtime.summaries import SOURCE_KEY, fit_source, keras_fit
 
 __all__ = [
     "backup_callback",
@@ -33,8 +34,9 @@ CALLBACKS_POSITION = 5
 
 def metrics_callback(keras: Any, every_n_steps: int = 0) -> Any:
     """A Keras callback that writes each epoch's logs (and optionally every N steps') to
-    the job's metrics file, as `{"epoch": E, "epochs": N, "step": S, "loss": ..., ...}` lines
-    (N: the epochs `fit` was asked for). Each epoch's line also carries the framework's own
+    the job's metrics file, as `{"epoch": E, "epochs": N, "step": S, "loss": ..., ...,
+    "source": "fit:MODEL"}` lines (N: the epochs `fit` was asked for; MODEL: the model's
+    name). Each epoch's line also carries the framework's own
     device memory in use and its peak (`memory_mb`, `memory_peak_mb`) where it reports them.
     The start-up hook sees it (`gpuhop_metrics`) and adds no second one.
 
@@ -58,10 +60,12 @@ def metrics_callback(keras: Any, every_n_steps: int = 0) -> Any:
                     self.step = steps_before(epoch + 1)
             self.epoch = epoch + 1
 
-        def _total(self) -> dict[str, int]:
-            # The number of epochs fit() was asked for: `gpuhop run` shows "epoch 3/10".
+        def _total(self) -> dict[str, Any]:
+            # The number of epochs fit() was asked for: `gpuhop run` shows "epoch 3/10";
+            # and whose fit this is (a program may fit several models, and train on after).
             epochs = (self.params or {}).get("epochs")
-            return {"epochs": int(epochs)} if isinstance(epochs, int) else {}
+            total = {"epochs": int(epochs)} if isinstance(epochs, int) else {}
+            return {**total, SOURCE_KEY: fit_source(self.model)}
 
         def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
             self.step += 1
@@ -70,7 +74,7 @@ def metrics_callback(keras: Any, every_n_steps: int = 0) -> Any:
 
         def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
             values = {**(logs or {}), **device_memory()}
-            log_metrics(step=self.step, epoch=epoch + 1, **self._total(), **values)
+            log_metrics(step=self.step, epoch=epoch + 1, **values, **self._total())
 
     return MetricsCallback()
 
@@ -171,7 +175,8 @@ def patch_fit(keras: Any) -> str:
             args[CALLBACKS_POSITION] = _with_ours(keras, args[CALLBACKS_POSITION], backup)  # type: ignore[index]
         else:
             kwargs["callbacks"] = _with_ours(keras, kwargs.get("callbacks"), backup)
-        return original(self, *args, **kwargs)
+        with keras_fit():  # its TensorBoard callback's tf.summary scalars are the fit's
+            return original(self, *args, **kwargs)
 
     fit.gpuhop_patched = True  # type: ignore[attr-defined]
     model.fit = fit

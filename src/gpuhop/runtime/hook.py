@@ -146,6 +146,13 @@ def _hint_keras3_errors(keras: Any, value: str) -> str:
     return install_excepthook()
 
 
+def _record_summaries(tf: Any, value: str) -> str:
+    # TensorFlow is loaded by now, so importing this here costs nothing worth counting.
+    from gpuhop.runtime.summaries import record
+
+    return record(tf)
+
+
 def _cap_torch(torch: Any, value: str) -> str:
     """Cap PyTorch's caching allocator at `value` (a fraction of each visible GPU) before its
     first allocation: past it, an allocation raises torch's OutOfMemoryError."""
@@ -211,6 +218,12 @@ ACTIONS: list[AfterImport] = [
         "add gpuhop's callbacks to tf-keras's Model.fit",
         _add_callbacks,
         module="tf_keras",
+    ),
+    AfterImport(
+        "summary_metrics",
+        "GPUHOP_AUTO",
+        "record tf.summary scalars as metrics",
+        _record_summaries,
     ),
     # Quiet start-up (TF_CPP_MIN_LOG_LEVEL 1 or more; `-e TF_CPP_MIN_LOG_LEVEL=0` brings
     # it all back): the import of TensorFlow itself is filtered by `_QuietStderr`.

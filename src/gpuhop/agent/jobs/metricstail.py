@@ -1,5 +1,5 @@
-"""Runs in the agent: the latest line of a job's metrics file (its answers, notifications),
-and the device memory the job last reported."""
+"""Runs in the agent: the latest metrics of a job's metrics file (its answers, notifications),
+of each source they came from, and the device memory the job last reported."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from pathlib import Path
 METRICS_TAIL_BYTES = 16 * 1024
 # Keys of a record that only reports device memory (the start-up hook's, at the job's exit).
 MEMORY_ONLY = {"time", "memory_mb", "memory_peak_mb"}
+# The key that names a record's source (gpuhop.runtime.summaries.SOURCE_KEY).
+SOURCE = "source"
 
 
 def tail_records(path: Path) -> list[dict[str, object]]:
@@ -47,8 +49,35 @@ def latest_metrics(path: Path) -> dict[str, object] | None:
 
 
 def latest_of(records: list[dict[str, object]]) -> dict[str, object] | None:
-    """`latest_metrics` of records read by `tail_records`."""
-    return next((r for r in records if not set(r) <= MEMORY_ONLY), None)
+    """`latest_metrics` of records read by `tail_records` (newest first). A record that
+    names its source (a Keras fit's, a tf.summary writer's: see gpuhop.runtime.summaries)
+    is shown with the records just before it of the same source and step: a program writes
+    each tf.summary scalar on its own, one step's together."""
+    latest: dict[str, object] | None = None
+    for record in records:
+        if set(record) <= MEMORY_ONLY:
+            continue
+        if latest is None:
+            latest = dict(record)
+            if SOURCE not in record:
+                break
+            continue
+        if (record.get(SOURCE), record.get("step")) != (latest[SOURCE], latest.get("step")):
+            break
+        latest = {**record, **latest}
+    return latest
+
+
+def by_source(records: list[dict[str, object]]) -> dict[str, dict[str, object]]:
+    """The latest metrics (as `latest_of` gives them) of each source the records name,
+    newest first: what a program that fits, then trains on in a custom loop, did in each."""
+    sources = dict.fromkeys(r[SOURCE] for r in records if isinstance(r.get(SOURCE), str))
+    out = {}
+    for source in sources:
+        latest = latest_of([r for r in records if r.get(SOURCE) == source])
+        if latest is not None:
+            out[str(source)] = latest
+    return out
 
 
 def memory_peak_of(records: list[dict[str, object]]) -> float | None:

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
-from gpuhop.agent.jobs.metricstail import latest_of, memory_peak_of, tail_records
+from gpuhop.agent.jobs.metricstail import by_source, latest_of, memory_peak_of, tail_records
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
 from gpuhop.agent.services import admission, deps, fairuse, gc, queue
@@ -101,6 +101,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         reason=None if job.reason is None else as_text(job.reason),
         log_size=log_size,
         latest_metrics=latest_of(metrics),
+        metrics_by_source=by_source(metrics),
         memory_peak_mb=memory_peak_of(metrics),
         pruned_at=_dt(marker["pruned_at"]) if marker else None,
         gpu_memory_mb=job.spec.gpu_memory_mb,

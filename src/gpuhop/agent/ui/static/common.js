@@ -162,9 +162,10 @@ export function gpuText(job) {
   return job.gpus ? `${job.gpus} GPU${job.gpus > 1 ? "s" : ""} (asked)` : "CPU";
 }
 
-const META = new Set(["time", "step", "epoch", "epochs"]);
+// "source" names a record's phase: "fit:MODEL" (a Keras fit), "summary:LOGDIR" (tf.summary).
+const META = new Set(["time", "step", "epoch", "epochs", "source"]);
 
-// A job's latest metrics, inline: "epoch 3  step 120  loss 0.2311  accuracy 0.91".
+// A job's latest metrics, inline: "epoch 3  step 120  loss 0.2311  accuracy 0.91  (fit:model)".
 export function metricsInline(latest, max = 5) {
   if (!latest) return "";
   const parts = [];
@@ -172,8 +173,9 @@ export function metricsInline(latest, max = 5) {
   for (const [key, value] of Object.entries(latest)) {
     if (!META.has(key) && parts.length < max + 2) parts.push([key, value]);
   }
+  const source = typeof latest.source === "string" ? `  (from ${latest.source})` : "";
   return h("span", { class: "metrics-inline" },
-    parts.map(([k, v], i) => [i ? "  " : "", `${k} `, h("b", {}, number(v))]));
+    parts.map(([k, v], i) => [i ? "  " : "", `${k} `, h("b", {}, number(v))]), source);
 }
 
 export function isMetric(key, value) {

@@ -219,21 +219,28 @@ function drawCharts() {
   axis.hidden = records.length === 0;
   const xKey = axis.value || axes[0];
   const t0 = records.length ? records[0].time : 0;
-  const names = [];
-  for (const r of records) for (const [k, v] of Object.entries(r)) if (isMetric(k, v) && !names.includes(k)) names.push(k);
-  chartNote.textContent = names.length ? "" : "No metrics yet. Log them with gpuhop.runtime.log_metrics(step=..., loss=...) or the Keras callback in gpuhop.tf.";
-  for (const name of names) {
-    let chart = chartsByName.get(name);
+  // One chart per metric of each source (a fit's loss and a custom loop's loss are two).
+  const names = new Map();
+  for (const r of records) {
+    for (const [k, v] of Object.entries(r)) {
+      if (!isMetric(k, v)) continue;
+      const title = typeof r.source === "string" ? `${k} (${r.source})` : k;
+      if (!names.has(title)) names.set(title, [k, r.source]);
+    }
+  }
+  chartNote.textContent = names.size ? "" : "No metrics yet. Log them with gpuhop.runtime.log_metrics(step=..., loss=...) or the Keras callback in gpuhop.tf.";
+  for (const [title, [name, source]] of names) {
+    let chart = chartsByName.get(title);
     if (!chart) {
-      chart = new LineChart({ title: name, name, xLabel: xKey });
-      chartsByName.set(name, chart);
+      chart = new LineChart({ title, name, xLabel: xKey });
+      chartsByName.set(title, chart);
       charts.append(chart.el);
     }
     chart.o.xLabel = xKey;
     chart.o.xFormat = xKey === "time" ? duration : number;
     const points = [];
     for (const r of records) {
-      if (!(name in r)) continue;
+      if (!(name in r) || r.source !== source) continue;
       const x = xKey === "time" ? r.time - t0 : r[xKey];
       if (typeof x === "number") points.push([x, r[name]]);
     }
