@@ -34,6 +34,9 @@ EXAMPLES = REPO / "examples"
 # (pyproject's filterwarnings), and what they log is read after every test
 # (`Agent.check_log`): a traceback or a warning no test declared fails the test.
 AGENT_PYTHON_FLAGS = ("-W", "error")
+# ... and for the agents a command under test starts itself (`gpuhop agent start`, a remote's
+# bootstrap, a command that finds none running): client/embedded.py reads it.
+AGENT_FLAGS_ENV = {"GPUHOP_AGENT_PYTHON_FLAGS": " ".join(AGENT_PYTHON_FLAGS)}
 
 # An entry of an agent's log (a line with a timestamp, and the lines below it up to the next
 # one) that says something went wrong that nobody handled: a traceback (`log.exception`, or
@@ -165,6 +168,7 @@ class Agent:
             GPUHOP_HOME=str(self.home),
             GPUHOP_CACHE_DIR=str(self.cache),
             GPUHOP_CONFIG_DIR=str(self.home.parent / "config"),
+            **AGENT_FLAGS_ENV,
         )
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         return env
@@ -291,6 +295,7 @@ def _hermetic_config(tmp_path_factory: pytest.TempPathFactory) -> None:
     os.environ["GPUHOP_CONFIG_DIR"] = str(tmp_path_factory.mktemp("user-config"))
     os.environ.pop("GPUHOP_REMOTE", None)
     os.environ.pop("GPUHOP_TOKEN", None)
+    os.environ.update(AGENT_FLAGS_ENV)
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ it, then jobs run with `--on`, as a user does it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ from gpuhop.client import Client
 from gpuhop.client.embedded import stop
 from gpuhop.home import AgentPaths, read_pid
 from tests import sshd
-from tests.conftest import EXAMPLES, Agent, missing
+from tests.conftest import AGENT_FLAGS_ENV, EXAMPLES, Agent, missing
 from tests.integration.test_forward import PAGE, SERVERS, echo_through, start_servers
 
 if (no_sshd := sshd.available()) is not None:
@@ -43,6 +44,7 @@ class Side:
             GPUHOP_CACHE_DIR=str(self.root / "cache"),
             GPUHOP_HOME=str(self.root / "local-home"),
             TF_CPP_MIN_LOG_LEVEL="2",
+            **AGENT_FLAGS_ENV,
             **self.server.client_env,
         )
         return env
@@ -76,16 +78,23 @@ def side(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Side]:
             "TF_CPP_MIN_LOG_LEVEL": "2",
             # The host cannot reach a package index: bootstrap must not need one.
             "PIP_NO_INDEX": "1",
+            **AGENT_FLAGS_ENV,
         },
     ).start()
     s = Side(server, root)
+    # The agents the commands start (the remote's, by bootstrap; the local one `--on local`
+    # starts): their logs are read after every test, as a test's own agents' are.
+    agents = [
+        Agent(remote_home, root / "remote-cache", None).watched(),
+        Agent(root / "local-home", root / "cache", None).watched(),
+    ]
     try:
         yield s
     finally:
-        # The remote side's agent and the local one `--on local` starts, with their jobs.
-        Agent(remote_home, root / "remote-cache", None).shutdown()
-        Agent(root / "local-home", root / "cache", None).shutdown()
-        server.stop()
+        with contextlib.ExitStack() as stopping:  # each stops, whichever one's log fails
+            stopping.callback(server.stop)  # last
+            for agent in agents:  # with their jobs
+                stopping.callback(agent.shutdown)
 
 
 @pytest.fixture(scope="module")

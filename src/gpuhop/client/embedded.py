@@ -17,6 +17,9 @@ from pathlib import Path
 
 from gpuhop.home import EXIT_MARK, AgentError, AgentPaths, read_pid
 
+# Interpreter flags for an agent a command starts (`python_flags` of `start_background`).
+AGENT_PYTHON_FLAGS = "GPUHOP_AGENT_PYTHON_FLAGS"
+
 
 def connect(path: Path, timeout: float = 1.0) -> socket.socket | None:
     """A connection to the Unix socket at `path`, or None where nothing answers."""
@@ -57,14 +60,18 @@ def start_background(
     timeout: float = 30.0,
     fake_gpu_memory_mb: int | None = None,
     agent_args: Sequence[str] = (),
-    python_flags: Sequence[str] = (),
+    python_flags: Sequence[str] | None = None,
 ) -> int:
     """Start the agent as a daemon and wait until its socket answers. Returns its pid.
 
     `agent_args` are more `python -m gpuhop.agent` arguments (e.g. `--listen HOST:PORT`);
-    `python_flags` are the interpreter's (the tests pass `-W error`: flags, unlike
-    $PYTHONWARNINGS, reach neither the agent's jobs nor the commands it runs).
+    `python_flags` are the interpreter's, by default those in $GPUHOP_AGENT_PYTHON_FLAGS
+    (e.g. `-X dev`; the tests set `-W error`, so that an agent a command starts for them
+    turns warnings into errors too: flags, unlike $PYTHONWARNINGS, reach neither the agent's
+    jobs nor the commands it runs).
     """
+    if python_flags is None:
+        python_flags = _flags_from_env()
     pid = read_pid(paths)
     if pid is not None and socket_answers(paths.socket):
         return pid
@@ -102,6 +109,15 @@ def start_background(
     raise AgentError(
         f"the agent did not answer within {timeout:.0f}s:\n{_tail(paths.logfile, log_start)}"
     )
+
+
+def _flags_from_env() -> list[str]:
+    flags = os.environ.get(AGENT_PYTHON_FLAGS, "")
+    if not flags.strip():
+        return []
+    import shlex
+
+    return shlex.split(flags)
 
 
 def stop(paths: AgentPaths, timeout: float = 10.0) -> int | None:
