@@ -2,6 +2,10 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
+# The test run's processes (pytest-xdist): most tests wait on agents, jobs and servers, so
+# 4 keep even a 2-core machine busy. PYTEST_WORKERS=0 runs them in this one process.
+PYTEST_WORKERS ?= 4
+
 .PHONY: setup system demo test lint check bench clean
 
 setup:
@@ -17,7 +21,7 @@ demo: setup
 	$(BIN)/gpuhop run --name digits-demo --pull gpuhop-artifacts/digits-demo examples/digits/train.py
 
 test: setup system
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check src tests examples bench

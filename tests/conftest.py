@@ -122,7 +122,26 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(f"{path}  ({nodeid})")
 
 
+# Tests that start one heavy thing run in one xdist worker, one module after another: a real
+# Ray cluster (the Ray backend's tests, and the backend contract suite's Ray part: two at
+# once overload a 2-core machine, where Ray's raylet then misses its fixed 30 s to register),
+# or a real Slurm cluster.
+_SERIAL_GROUPS = {"ray_backend": "ray", "backends": "ray", "slurm_backend": "slurm"}
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With pytest-xdist (`-n N --dist loadgroup`, as `make test` runs), a module's tests stay
+    in one worker, so its module-scoped agents and servers start once; the suites in
+    `_SERIAL_GROUPS` each stay in one worker whole. Without xdist the marks change nothing."""
+    for item in items:
+        rel = item.path.relative_to(REPO / "tests")
+        group = _SERIAL_GROUPS.get(rel.parts[0]) if len(rel.parts) > 1 else None
+        item.add_marker(pytest.mark.xdist_group(group or str(rel)))
+    _skip_gpu_tests(items)
+
+
+def _skip_gpu_tests(items: list[pytest.Item]) -> None:
     """Tests marked `gpu` need a real NVIDIA GPU; without one they are skipped, not failed."""
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_tests and not has_nvidia_gpu():

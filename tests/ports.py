@@ -9,6 +9,7 @@ server binds it; one from below the range is taken only by a server that asks fo
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 
@@ -25,12 +26,26 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+def _own_range() -> range:
+    """The ports this process draws from: all of LOW to the ephemeral range, or, in one of
+    pytest-xdist's workers (gw0, gw1, ...), a slice of its own, so that two workers never
+    draw the same port."""
+    high = min(HIGH, _ephemeral_low())
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2:
+        return range(LOW, high)
+    size = (high - LOW) // count
+    start = LOW + int(worker[2:]) * size
+    return range(start, start + size)
+
+
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
     """`n` distinct ports on `host` that nothing listens on now, from below the ephemeral
     range, in a random order (two suites on one machine rarely draw the same)."""
-    high = min(HIGH, _ephemeral_low())
+    ports = _own_range()
     found: list[int] = []
-    for port in random.sample(range(LOW, high), high - LOW):
+    for port in random.sample(ports, len(ports)):
         with socket.socket() as s:
             try:
                 s.bind((host, port))
@@ -39,7 +54,7 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
         found.append(port)
         if len(found) == n:
             return found
-    raise RuntimeError(f"no {n} free ports from {LOW} to {high} on {host}")
+    raise RuntimeError(f"no {n} free ports from {ports.start} to {ports.stop} on {host}")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
