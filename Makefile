@@ -3,7 +3,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 
 # The test run's processes (pytest-xdist): most tests wait on agents, jobs and servers, so
-# 4 keep even a 2-core machine busy. PYTEST_WORKERS=0 runs them in this one process.
+# 4 keep even a 2-core machine busy (tests/conftest.py says which tests share a worker).
+# PYTEST_WORKERS=0 runs them all in this one process.
 PYTEST_WORKERS ?= 4
 
 .PHONY: setup system demo test lint check bench clean
@@ -21,7 +22,7 @@ demo: setup
 	$(BIN)/gpuhop run --name digits-demo --pull gpuhop-artifacts/digits-demo examples/digits/train.py
 
 test: setup system
-	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check src tests examples bench

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -122,26 +122,37 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(f"{path}  ({nodeid})")
 
 
-# Tests that start one heavy thing run in one xdist worker, one module after another: a real
-# Ray cluster (the Ray backend's tests, and the backend contract suite's Ray part: two at
-# once overload a 2-core machine, where Ray's raylet then misses its fixed 30 s to register),
-# or a real Slurm cluster.
+# pytest-xdist (`make test` runs `-n 4`) hands out whole modules, so a module's agents and
+# servers start once, in one worker; and the tests that start one heavy thing run in one
+# worker, one module after another: a real Ray cluster (the Ray backend's tests, and the
+# backend contract suite's Ray part: two at once overload a 2-core machine, where Ray's raylet
+# then misses its fixed 30 s to register), or a real Slurm cluster.
 _SERIAL_GROUPS = {"ray_backend": "ray", "backends": "ray", "slurm_backend": "slurm"}
 
 
-@pytest.hookimpl(tryfirst=True)
+def _work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its module, or its suite's serial group."""
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    if len(parts) > 2 and parts[0] == "tests":
+        return _SERIAL_GROUPS.get(parts[1], path)
+    return path
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's LoadScopeScheduling (the largest units first, then each worker takes the next
+    as it finishes), with `_work_unit` as the scope. (xdist's own `--dist loadgroup` marks do
+    nothing on pytest 9, which no longer reads an item's `_nodeid` that xdist rewrites.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(nodeid)
+
+    return ByWorkUnit(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With pytest-xdist (`-n N --dist loadgroup`, as `make test` runs), a module's tests stay
-    in one worker, so its module-scoped agents and servers start once; the suites in
-    `_SERIAL_GROUPS` each stay in one worker whole. Without xdist the marks change nothing."""
-    for item in items:
-        rel = item.path.relative_to(REPO / "tests")
-        group = _SERIAL_GROUPS.get(rel.parts[0]) if len(rel.parts) > 1 else None
-        item.add_marker(pytest.mark.xdist_group(group or str(rel)))
-    _skip_gpu_tests(items)
-
-
-def _skip_gpu_tests(items: list[pytest.Item]) -> None:
     """Tests marked `gpu` need a real NVIDIA GPU; without one they are skipped, not failed."""
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_tests and not has_nvidia_gpu():
