@@ -142,7 +142,7 @@ class PrivateAgent:
             if job.status.exists():
                 continue
             with contextlib.suppress(OSError, ValueError, KeyError):
-                os.killpg(int(json.loads(job.shim_pid.read_text())["pid"]), signal.SIGKILL)
+                os.killpg(int(json.loads(job.leader_pid.read_text())["pid"]), signal.SIGKILL)
 
 
 @contextlib.contextmanager

@@ -26,8 +26,8 @@ import json, os, statistics, subprocess, sys, time
 mode, count = sys.argv[1], int(sys.argv[2])
 if mode.startswith("direct"):
     sys.path.insert(0, os.path.join(sys.argv[3], "src", "gpuhop", "backends", "local"))
-    import shim
-    shim.private_network()  # server and client share a loopback nobody else reaches
+    import leader
+    leader.private_network()  # server and client share a loopback nobody else reaches
     os.environ["TF_ENABLE_EAGER_CLIENT_STREAMING_ENQUEUE"] = (
         "false" if mode == "direct-nostream" else "true"
     )

@@ -267,7 +267,7 @@ class Agent:
 
     def kill_jobs(self) -> None:
         """Kill what is left of every job this agent started (by process group, and by
-        its memory cgroup where it has one: that holds a job whose shim has not yet written
+        its memory cgroup where it has one: that holds a job whose leader has not yet written
         its pid), and remove those cgroups."""
         import json
 

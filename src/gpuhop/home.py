@@ -162,7 +162,7 @@ class JobPaths(NamedTuple):
 
     @property
     def gang(self) -> Path:
-        """A multi-worker job's worker list, read by the shim."""
+        """A multi-worker job's worker list, read by the leader."""
         return self.root / "gang.json"
 
     @property
@@ -203,16 +203,19 @@ class JobPaths(NamedTuple):
 
     @property
     def status(self) -> Path:
-        """Written by the shim when the job's process ends: its exit status."""
+        """Written by the leader when the job's process ends: its exit status."""
         return self.root / "status.json"
 
     @property
-    def shim_pid(self) -> Path:
+    def leader_pid(self) -> Path:
+        """Written by the attempt's leader first: its pid (and, sandboxed, its job's init)."""
+        # The file keeps the name it had when the local leader was called the shim: an agent
+        # upgraded while jobs run finds the leaders an older one started by this file.
         return self.root / "shim.pid"
 
     @property
     def relay(self) -> Path:
-        """A job with a private network: the Unix socket its shim relays ports from."""
+        """A job with a private network: the Unix socket its leader relays ports from."""
         return self.root / "ports.sock"
 
 

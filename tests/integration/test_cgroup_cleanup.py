@@ -1,5 +1,5 @@
 """No memory cgroup of an attempt outlives it: not one cancelled past its grace period (its
-processes SIGKILLed, some still in its cgroup when its end is seen), nor a waiting shim's
+processes SIGKILLed, some still in its cgroup when its end is seen), nor a waiting leader's
 once the agent stops or is killed, nor one its end could not remove, once the agent starts
 again or stops (a real agent). An OOM-killed attempt's: test_queue.py's oom-host test."""
 
@@ -15,7 +15,7 @@ import pytest
 from gpuhop.api import JobState
 from gpuhop.backends.local.cgroups import agent_cgroup
 from tests.conftest import wait_until
-from tests.integration.test_shim_server import _servers, _spares
+from tests.integration.test_leader_server import _servers, _spares
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -60,7 +60,7 @@ def test_no_cgroup_outlives_a_job_killed_past_its_grace(make_agent, project):
 
 
 def test_spares_and_left_cgroups_go_with_the_agent(make_agent, project):
-    """A waiting shim's cgroup goes when the agent stops or is SIGKILLed; an attempt's cgroup
+    """A waiting leader's cgroup goes when the agent stops or is SIGKILLed; an attempt's cgroup
     that its end could not remove (recorded in its job's dir) goes when the agent starts or
     stops; another's, of the same name but not recorded by this agent, stays."""
     found = agent_cgroup()  # the agent's is this process's
@@ -92,7 +92,7 @@ def test_spares_and_left_cgroups_go_with_the_agent(make_agent, project):
         agent.start()
         wait_until(lambda: not cgroup.exists(), timeout=30)  # swept at start
         assert other.is_dir()
-        with agent.client() as client:  # the shim server starts with the first job
+        with agent.client() as client:  # the leader server starts with the first job
             client.submit(["quick.py"], workdir=root).wait(timeout=60)
         [server] = wait_until(lambda: _servers(agent.pid), timeout=30)
         wait_until(lambda: _spares(parent, server), timeout=30)

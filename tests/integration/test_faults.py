@@ -68,8 +68,8 @@ def test_a_stopped_job_is_still_running_and_cancel_reaches_it(make_agent, projec
     with agent.client() as client:
         job = client.submit(["counter.py", str(release)], workdir=project({"counter.py": COUNTER}))
         wait_until(lambda: b"line 5" in b"".join(job.logs()), timeout=30)
-        shim = json.loads((agent.home / "jobs" / job.id / "shim.pid").read_text())
-        pgid = int(shim["pid"])  # the shim leads the job's process group
+        leader = json.loads((agent.home / "jobs" / job.id / "shim.pid").read_text())
+        pgid = int(leader["pid"])  # the leader leads the job's process group
         os.killpg(pgid, signal.SIGSTOP)
         size = len(b"".join(job.logs()))
         assert client.jobs()[0].state == JobState.running  # the agent still answers

@@ -43,7 +43,7 @@ def small_agent(tmp_path: Path) -> Iterator[Agent]:
         yield agent.start()
     finally:
         agent.shutdown()
-        # A job whose shim had not yet written its pid file: found by its working dir.
+        # A job whose leader had not yet written its pid file: found by its working dir.
         for proc in Path("/proc").iterdir():
             with contextlib.suppress(OSError, ValueError):
                 if Path(os.readlink(proc / "cwd")).is_relative_to(state):
@@ -76,13 +76,13 @@ def test_a_full_disk_answers_507_and_a_job_that_ends_is_recorded(small_agent, pr
     with agent.client() as client, raw_http(agent) as http:
         job = client.submit(["waiter.py", str(release)], workdir=project({"waiter.py": WAITER}))
         wait_until(lambda: job.refresh().state == JobState.running, timeout=30)
-        shim = wait_until(lambda: read_json(agent.paths.job_dir(job.id) / "shim.pid"))
+        leader = wait_until(lambda: read_json(agent.paths.job_dir(job.id) / "shim.pid"))
         filler = fill(agent.home)
         r = http.post("/v1/jobs", json={"command": ["sleep", "1"], "env": {"A": "x" * 4096}})
         assert r.status_code == 507, r.text
         assert "disk is full" in r.json()["message"]
         release.touch()  # the job ends while nothing can be recorded
-        wait_until(lambda: not alive(int(shim["pid"]), None), timeout=30)
+        wait_until(lambda: not alive(int(leader["pid"]), None), timeout=30)
         assert job.refresh().state == JobState.running  # not recorded yet: no room
         filler.unlink()
         info = job.wait(60)

@@ -64,10 +64,10 @@ for d in ("/tmp", "/var/tmp", "/dev/shm", os.environ["HOME"], os.environ["GPUHOP
 print("REPORT " + json.dumps(report), flush=True)
 """
 
-# What a job wrote before: every later job imports the hook, and the agent runs the shim.
+# What a job wrote before: every later job imports the hook, and the agent runs the leader.
 HOOK = gpuhop.runtime.hook.__file__
 SITECUSTOMIZE = str(Path(gpuhop.runtime.hook.STARTUP_DIR) / "sitecustomize.py")
-SHIM = str(Path(gpuhop.runtime.hook.__file__).parents[1] / "backends" / "local" / "shim.py")
+LEADER = str(Path(gpuhop.runtime.hook.__file__).parents[1] / "backends" / "local" / "leader.py")
 STDLIB_OS = str(Path(os.__file__).resolve())
 HOST_FILES = ["/etc/passwd", "/etc/cron.d/gpuhop-test", "/root/.ssh/authorized_keys"]
 
@@ -111,7 +111,7 @@ def test_each_users_jobs_run_as_an_unprivileged_identity_of_their_own(
 
 
 def test_nothing_outside_a_jobs_own_dirs_is_writable(tls_agent, remote, tokens, project):
-    targets = [HOOK, SITECUSTOMIZE, SHIM, STDLIB_OS, sys.executable, *HOST_FILES]
+    targets = [HOOK, SITECUSTOMIZE, LEADER, STDLIB_OS, sys.executable, *HOST_FILES]
     targets.append("/proc/sys/kernel/core_pattern")
     before = {p: Path(p).read_bytes() for p in targets if Path(p).is_file()}
     missing = [p for p in targets if not Path(p).exists()]
@@ -217,7 +217,7 @@ def test_an_environment_is_built_in_the_sandbox_as_the_users_identity(
     report = json.loads(next(x for x in log.splitlines() if x.startswith("REPORT "))[7:])
     uid = report["uid"]
     ran_as = {line.split("=", 1)[1] for line in log.splitlines() if line.startswith("SITE uid=")}
-    # Before, pip ran in the shim as the agent (root), with the job's PYTHONPATH.
+    # Before, pip ran in the leader as the agent (root), with the job's PYTHONPATH.
     assert uid not in (0, os.geteuid()) and ran_as == {str(uid)}, log
     envs = [p for p in (tls_agent.paths.home / "envs").iterdir() if p.is_dir()]
     built = [p for p in envs if (p / "gpuhop-env.json").exists()]

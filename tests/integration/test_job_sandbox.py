@@ -103,14 +103,14 @@ def victim(tls_agent: Agent, remote, tokens, tmp_path: Path):
 
 
 def script_pid(name: str) -> int:
-    """The host pid of the one process running the script `name` (not its shim)."""
+    """The host pid of the one process running the script `name` (not its leader)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if name.encode() in argv and not any(a.endswith(b"shim.py") for a in argv):
+        if name.encode() in argv and not any(a.endswith(b"leader.py") for a in argv):
             found.append(int(pid))
     assert len(found) == 1, found
     return found[0]

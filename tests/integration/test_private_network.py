@@ -1,5 +1,5 @@
 """Jobs in a private network namespace: nothing of theirs is reachable from the host's
-network, yet `forward` reaches their ports through the shim's relay (a real agent)."""
+network, yet `forward` reaches their ports through the leader's relay (a real agent)."""
 
 from __future__ import annotations
 

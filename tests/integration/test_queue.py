@@ -35,8 +35,8 @@ SLEEPER = "import time; print('up', flush=True); time.sleep(120)\n"
 
 def job_pids(agent, job_id: str, script: str) -> list[int]:
     """The host pids of the job's processes running `script` as `python SCRIPT` (not its
-    shim, whose arguments name it too)."""
-    shim = json.loads((agent.home / "jobs" / job_id / "shim.pid").read_text())
+    leader, whose arguments name it too)."""
+    leader = json.loads((agent.home / "jobs" / job_id / "shim.pid").read_text())
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -46,7 +46,7 @@ def job_pids(agent, job_id: str, script: str) -> list[int]:
             pgid = os.getpgid(int(entry.name))
         except (OSError, ProcessLookupError):
             continue
-        if pgid == int(shim["pid"]) and cmdline[1:2] == [script.encode()]:
+        if pgid == int(leader["pid"]) and cmdline[1:2] == [script.encode()]:
             pids.append(int(entry.name))
     return pids
 
@@ -120,9 +120,9 @@ def test_dependencies_and_time_limits_survive_an_agent_restart_and_a_vanished_jo
         for job in (slow, gone):
             wait_until(lambda j=job: b"up" in b"".join(j.logs()))
     kill_agent_hard(agent)
-    # While the agent is away, the whole of one job goes, its shim too: no exit status.
-    shim = json.loads((agent.home / "jobs" / gone.id / "shim.pid").read_text())
-    os.killpg(int(shim["pid"]), signal.SIGKILL)
+    # While the agent is away, the whole of one job goes, its leader too: no exit status.
+    leader = json.loads((agent.home / "jobs" / gone.id / "shim.pid").read_text())
+    os.killpg(int(leader["pid"]), signal.SIGKILL)
     agent.pid = start_background(agent.paths, python_flags=AGENT_PYTHON_FLAGS)
     with agent.client() as client:
         assert client.job(second.id).state == JobState.queued
@@ -198,7 +198,7 @@ def test_each_end_class_comes_from_what_really_happened(shared_agent, project):
         }
         for name in ("victim", "cancelled"):
             wait_until(lambda n=name: b"up" in b"".join(jobs[n].logs()))
-        # SIGKILL from outside, to the job's own process (not its shim): as the OOM killer
+        # SIGKILL from outside, to the job's own process (not its leader): as the OOM killer
         # would, but nothing here can tell them apart, so it is `killed`, saying signal 9.
         [victim_pid] = job_pids(shared_agent, jobs["victim"].id, "victim.py")
         os.kill(victim_pid, signal.SIGKILL)
@@ -343,7 +343,7 @@ def test_submits_at_once_never_give_one_gpu_to_two_jobs(make_agent, project):
 
 def test_a_cancel_while_the_job_starts_ends_it(shared_agent, project):
     """The submit's own pass moves the job to `starting` before the answer, so this cancel
-    comes while its shim sets up: a SIGTERM then can come before the job's process, and the
+    comes while its leader sets up: a SIGTERM then can come before the job's process, and the
     SIGKILL after the grace must still end it."""
     root = project({"sleeper.py": SLEEPER})
     with shared_agent.client() as client:

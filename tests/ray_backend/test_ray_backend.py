@@ -104,21 +104,21 @@ def test_cancel_leaves_nothing_behind(ray_agent, ray_cluster, project, tmp_path)
     assert not node_dirs(job.id)
 
 
-def test_a_killed_launcher_leaves_no_worker_running(ray_agent, ray_cluster, project, tmp_path):
-    """If the job's launcher on the agent's host dies (SIGKILL: no clean-up of its own),
+def test_a_killed_leader_leaves_no_worker_running(ray_agent, ray_cluster, project, tmp_path):
+    """If the job's leader on the agent's host dies (SIGKILL: no clean-up of its own),
     Ray removes its actors and placement group, and the job's processes die with them."""
     root = project({"sleeper.py": SLEEPER})
     with ray_agent.client() as client:
         job = client.submit(["sleeper.py", str(tmp_path)], workdir=root, workers=2)
         wait_until(lambda: len(list(tmp_path.glob("pid-*"))) == 2, timeout=120)
         pids = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
-        launcher = json.loads((ray_agent.paths.job_dir(job.id) / "shim.pid").read_text())["pid"]
-        os.kill(launcher, signal.SIGKILL)
+        leader = json.loads((ray_agent.paths.job_dir(job.id) / "shim.pid").read_text())["pid"]
+        os.kill(leader, signal.SIGKILL)
         info = job.wait(timeout=60)
     assert info.state == JobState.lost
     wait_until(lambda: not any(alive(p) for p in pids), timeout=60)
     wait_until(ray_cluster.empty, timeout=60)
-    for leftover in node_dirs(job.id):  # only the launcher removes these
+    for leftover in node_dirs(job.id):  # only the leader removes these
         shutil.rmtree(leftover)
 
 

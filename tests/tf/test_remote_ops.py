@@ -93,9 +93,9 @@ def events(out: str) -> list[dict]:
 
 
 def server_pid(agent: Agent, job: Job) -> int:
-    """The TensorFlow server's own process: the child of the job's shim."""
-    shim = json.loads((agent.paths.job_dir(job.id) / "shim.pid").read_text())["pid"]
-    children = Path(f"/proc/{shim}/task/{shim}/children").read_text().split()
+    """The TensorFlow server's own process: the child of the job's leader."""
+    leader = json.loads((agent.paths.job_dir(job.id) / "shim.pid").read_text())["pid"]
+    children = Path(f"/proc/{leader}/task/{leader}/children").read_text().split()
     assert len(children) == 1, children
     return int(children[0])
 

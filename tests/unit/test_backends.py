@@ -11,7 +11,7 @@ from gpuhop.backends import BackendSettings, remember, resolve
 from gpuhop.backends.base import Ending
 from gpuhop.backends.ray import transfer
 from gpuhop.backends.ray.backend import _gpus
-from gpuhop.backends.ray.launcher import Prefixer, how
+from gpuhop.backends.ray.leader import Prefixer, how
 from gpuhop.backends.slurm.backend import _nodes
 from gpuhop.backends.slurm.leader import Follow, sbatch_args
 from gpuhop.home import AgentError

@@ -31,7 +31,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "gpuhop.serving": set(),
     "gpuhop.keras": {"gpuhop.runtime"},
     "gpuhop.tf": {"gpuhop.runtime", "gpuhop.client"},  # remote ops reach the agent by the SDK
-    "gpuhop.tfserver": {"gpuhop.tf"},  # the launcher path of servers queued before 0.1
+    "gpuhop.tfserver": {"gpuhop.tf"},  # the entry-script path of servers queued before 0.1
     # On the user's machine.
     "gpuhop.client": {"gpuhop.api", "gpuhop.home", "gpuhop.version"},
     "gpuhop.cli": {
@@ -47,7 +47,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "gpuhop.backends.local": {"gpuhop.backends", "gpuhop.api", "gpuhop.home", "gpuhop.runtime"},
     "gpuhop.backends.ray": {
         "gpuhop.backends",
-        "gpuhop.backends.local",  # each worker runs under the local shim on its node
+        "gpuhop.backends.local",  # each worker runs under the local leader on its node
         "gpuhop.api",
         "gpuhop.home",
         "gpuhop.runtime",
@@ -55,7 +55,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     },
     "gpuhop.backends.slurm": {
         "gpuhop.backends",
-        "gpuhop.backends.local",  # how a job's command is found, and its shim's words
+        "gpuhop.backends.local",  # how a job's command is found, and its leader's words
         "gpuhop.api",
         "gpuhop.home",
         "gpuhop.runtime",

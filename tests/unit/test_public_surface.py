@@ -110,18 +110,18 @@ def test_importing_gpuhop_loads_no_client() -> None:
 
 
 @pytest.mark.parametrize(
-    "launcher",
+    "script",
     [
-        tfservers.LAUNCHER_TEXT,
+        tfservers.SCRIPT_TEXT,
         # What `gpuhop tf-server start` wrote before gpuhop.tf became a package: a server job
         # queued before the host's upgrade, or submitted by an older client, still runs it.
         "from gpuhop.tfserver import main\n\nraise SystemExit(main())\n",
     ],
     ids=["today", "before-the-package"],
 )
-def test_the_tf_server_launcher_finds_the_server(launcher: str, tmp_path: Path) -> None:
-    (tmp_path / tfservers.LAUNCHER).write_text(launcher)
-    done = _run(tfservers.LAUNCHER, "--help", cwd=tmp_path)
+def test_the_tf_server_script_finds_the_server(script: str, tmp_path: Path) -> None:
+    (tmp_path / tfservers.SCRIPT).write_text(script)
+    done = _run(tfservers.SCRIPT, "--help", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "usage: gpuhop tf-server" in done.stdout
 

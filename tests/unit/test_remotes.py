@@ -105,7 +105,7 @@ def test_the_wheel_is_reproducible_and_complete() -> None:
         dist_info = f"gpuhop-{gpuhop.__version__}.dist-info"
         assert {
             "gpuhop/cli/main.py",
-            "gpuhop/backends/local/shim.py",
+            "gpuhop/backends/local/leader.py",
             f"{dist_info}/METADATA",
         } <= names
         assert "gpuhop = gpuhop.cli.main:main" in zf.read(f"{dist_info}/entry_points.txt").decode()

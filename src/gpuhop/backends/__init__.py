@@ -1,7 +1,7 @@
 """Runs in the agent: where a job's processes run, behind one interface (`base.Backend`).
 
-- `local` (the default): on the agent's own host, each job under a shim (backends.local).
-- `ray`: on the nodes of an existing Ray cluster (backends.ray), each job under a launcher
+- `local` (the default): on the agent's own host, each job under a leader (backends.local).
+- `ray`: on the nodes of an existing Ray cluster (backends.ray), each job under a leader
   on the agent's host that drives Ray actors on the nodes.
 - `slurm`: as Slurm jobs of the agent's user (backends.slurm), each followed by a leader on
   the agent's host (sbatch, squeue, scancel) and run on its node by a small task.

@@ -8,10 +8,11 @@ GPUs and refuses the kinds of job it cannot run. It never imports `gpuhop.agent`
 needs of a job arrives as an `Attempt` (with the job's `JobSpec`), the job's dirs as
 `JobPaths`, and what the job needs besides its files as the dict of `gpuhop.backends.jobdeps`.
 
-Every backend leads each attempt from one process on the agent's host (the local shim, or
-the Ray launcher) that writes its pid to `JobPaths.shim_pid` first and the attempt's end to
-`JobPaths.status` last (see `gpuhop.backends.leader`); so a restarted agent finds its jobs
-the same way whichever backend started them.
+Every backend leads each attempt from one process on the agent's host, its leader (local,
+Ray and Slurm alike: `local/leader.py`, `ray/leader.py`, `slurm/leader.py`), that writes
+its pid to `JobPaths.leader_pid` first and the attempt's end to `JobPaths.status` last (see
+`gpuhop.backends.leader`); so a restarted agent finds its jobs the same way whichever
+backend started them.
 
 Standard library only at run time: `commands` imports StartError from here on Ray's nodes.
 """

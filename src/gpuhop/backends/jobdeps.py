@@ -1,7 +1,7 @@
 """Runs in the agent: what a job needs besides its work dir, its datasets and its Python
 environment. The agent writes it into the job's dir at submit (`deps.json`) and reads it when
 the job starts, and hands it to the backend, which turns it into what its leader needs (the
-local shim's `--sandbox` and `--env` arguments).
+local leader's `--sandbox` and `--env` arguments).
 """
 
 from __future__ import annotations

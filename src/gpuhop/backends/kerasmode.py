@@ -6,7 +6,7 @@ Two modes work (FACTS.md, keras-team/keras#20585):
   Keras is tf-keras (`TF_USE_LEGACY_KERAS=1`), since Keras 3's `fit` fails under it.
 - `keras-jax`: Keras 3 on JAX, `keras.distribution` across the processes; each gets
   KERAS_DISTRIBUTION_JOB_ADDRESSES (the coordinator), _NUM_PROCESSES and _PROCESS_ID, the
-  variables `keras.distribution.initialize()` reads (the local backend's shim sets them:
+  variables `keras.distribution.initialize()` reads (the local backend's leader sets them:
   `backends/local/gangenv.py`).
 
 What decides, first to last: `GPUHOP_KERAS` (`--keras tf-keras|keras3`), `KERAS_BACKEND`,

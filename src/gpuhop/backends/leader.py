@@ -1,7 +1,8 @@
 """Runs in the agent: what every backend shares, each attempt led by one process on the
-agent's host (the local shim, or the Ray launcher) in a session of its own.
+agent's host, the attempt's leader (the local backend's, Ray's or Slurm's), in a session of
+its own.
 
-The leader writes its pid to `JobPaths.shim_pid` first and the attempt's end (exit_code,
+The leader writes its pid to `JobPaths.leader_pid` first and the attempt's end (exit_code,
 signal, detail, ended_at) to `JobPaths.status` last, atomically, and outlives the agent; so
 an agent started again finds it, waits for it, and reads how the attempt ended, whichever
 backend started it. A backend supplies the leader's argv and environment (`leader`); this
@@ -74,10 +75,10 @@ class LeaderBackend:
         return Started(proc.pid, start_time(proc.pid))
 
     def adopt(self, jp: JobPaths) -> Started | None:
-        shim = read_json(jp.shim_pid)
-        if shim is None:
+        leader = read_json(jp.leader_pid)
+        if leader is None:
             return None
-        pid = int(shim["pid"])
+        pid = int(leader["pid"])
         return Started(pid, start_time(pid))
 
     def alive(self, started: Started) -> bool:
@@ -101,7 +102,7 @@ class LeaderBackend:
             # Sweep what the job left in its process group (daemons, stuck workers).
             signal_group(started.pid, signal.SIGKILL)
             self.end_the_rest(jp)
-        # The shim removes its relay's socket, unless it was killed first.
+        # The leader removes its relay's socket, unless it was killed first.
         jp.relay.unlink(missing_ok=True)
         return Ending.from_status(read_json(jp.status), returncode)
 

@@ -1,9 +1,9 @@
 """Runs on the user's machine: start, find and stop TensorFlow servers on the GPU host.
 
 A TensorFlow server is an ordinary job (it holds its GPUs, shows in `gpuhop ps`, ends with
-`gpuhop cancel`) whose work dir is one launcher script that runs `gpuhop.tf.server` with the
+`gpuhop cancel`) whose work dir is one entry script that runs `gpuhop.tf.server` with the
 host's own gpuhop, in a private network namespace. What marks a job as one is the
-launcher's name as its command; the port it serves on is in its arguments.
+script's name as its command; the port it serves on is in its arguments.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ if TYPE_CHECKING:
 # The port the server listens on inside its job's private network: always passed to it as
 # `--port`, so the client never needs the job side's own default.
 DEFAULT_PORT = 2222
-LAUNCHER = "gpuhop_tfserver.py"
-LAUNCHER_TEXT = "from gpuhop.tf.server import main\n\nraise SystemExit(main())\n"
+SCRIPT = "gpuhop_tfserver.py"
+SCRIPT_TEXT = "from gpuhop.tf.server import main\n\nraise SystemExit(main())\n"
 DEFAULT_NAME = "tf-server"
 ACTIVE = [JobState.queued, JobState.starting, JobState.running]
 
 
 def is_tf_server(info: JobInfo) -> bool:
-    return bool(info.command) and info.command[0] == LAUNCHER
+    return bool(info.command) and info.command[0] == SCRIPT
 
 
 def port_of(info: JobInfo) -> int:
@@ -76,8 +76,8 @@ def start(
             code="conflict",
         )
     with tempfile.TemporaryDirectory(prefix="gpuhop-tf-server-") as tmp:
-        (Path(tmp) / LAUNCHER).write_text(LAUNCHER_TEXT)
-        job = submit(session_of(client), [LAUNCHER, "--port", str(port)], spec, workdir=tmp)
+        (Path(tmp) / SCRIPT).write_text(SCRIPT_TEXT)
+        job = submit(session_of(client), [SCRIPT, "--port", str(port)], spec, workdir=tmp)
     if wait:
         wait_ready(job, timeout)
     return job

@@ -1,6 +1,6 @@
 """Runs on the GPU host, as a gpuhop job: a TensorFlow server for remote eager execution.
 
-`gpuhop tf-server start` submits a one-line launcher script that calls `main()` here, in a
+`gpuhop tf-server start` submits a one-line entry script that calls `main()` here, in a
 job with `private_network`: TensorFlow's gRPC server has no authentication and binds every
 interface, so it must live in a network namespace of its own, reached only through the
 agent's authenticated port forward (`gpuhop.tf.connect` on the user's machine). It refuses

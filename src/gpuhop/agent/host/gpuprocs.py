@@ -2,7 +2,7 @@
 memory is told per job (NVML reads it per process; `gpuhop ps` shows each job its own).
 
 A process belongs to the job whose PID namespace it is in. Every sandboxed job has its own
-(its first process, `init` in the shim's pid file, is that namespace's PID 1), and no
+(its first process, `init` in the leader's pid file, is that namespace's PID 1), and no
 process can leave its PID namespace: a job cannot make its memory count as another's, or
 hide it, whatever it does with its environment, process groups or parents. A job that runs
 without the sandbox has no namespace of its own, and is not told apart: its GPU's figure
@@ -30,7 +30,7 @@ def memory_by_job(
 ) -> dict[int, dict[str, int]]:
     """GPU index -> job id -> MiB its processes hold there, for the GPUs in `processes`
     (GPU index -> host pid -> MiB). `inits`: each job's first process and its start time,
-    from its shim's pid file. Processes of no job (another program's) count for none."""
+    from its leader's pid file. Processes of no job (another program's) count for none."""
     ours = pid_namespace(os.getpid())
     jobs_of: dict[int, str] = {}
     for job, (init, started) in inits.items():

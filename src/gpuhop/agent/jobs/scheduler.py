@@ -61,7 +61,7 @@ class Scheduler:
         self.waiting: dict[str, str] = {}
         # Set once the scheduler has re-attached to the jobs of a previous agent.
         self.reattached = asyncio.Event()
-        self._launcher = ThreadPoolExecutor(max_workers=4, thread_name_prefix="launch")
+        self._launches = ThreadPoolExecutor(max_workers=4, thread_name_prefix="launch")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event: asyncio.Event | None = None
         # One scheduler pass at a time, from whichever thread asks (see `_passes`); set
@@ -137,7 +137,7 @@ class Scheduler:
                 JobState.starting,
                 gpu_ids=list(placement.gpu_ids),
             ):
-                self._launcher.submit(self._launch, placement.job_id)
+                self._launches.submit(self._launch, placement.job_id)
                 started += 1
         return started
 
@@ -212,4 +212,4 @@ class Scheduler:
 
     def close(self) -> None:
         """Wait for the launches under way."""
-        self._launcher.shutdown(wait=True)
+        self._launches.shutdown(wait=True)

@@ -140,7 +140,7 @@ class Supervisor:
         )
         job = self.store.get(job_id)
         if job.cancel_requested:
-            # SIGTERM may come before the job's process exists (the shim still sets up its
+            # SIGTERM may come before the job's process exists (the leader still sets up its
             # sandbox) and be lost: the SIGKILL after the cancel's grace ends it all the same.
             self._terminate(job, self._start_cancels.pop(job_id, DEFAULT_GRACE))
         # Before the watch: a job that ends at once must not tell of its end first.
@@ -239,8 +239,8 @@ class Supervisor:
         elif not end.recorded:
             state = JobState.lost
             code = end.leader_returncode
-            shim = f" (its shim ended with {code})" if code else ""
-            reason = f"the job's process vanished with no exit status{shim}"
+            leader = f" (its leader ended with {code})" if code else ""
+            reason = f"the job's process vanished with no exit status{leader}"
         elif sig is not None:
             state = JobState.failed
             how = describe_signal(sig)
@@ -299,7 +299,7 @@ class Supervisor:
             f" [{outcome['end_class']}]; retrying (attempt {job.attempt + 1} of"
             f" {job.spec.retries + 1})",
         )
-        for leftover in (jp.status, jp.shim_pid, jp.root / KILL_AT, jp.root / STOPPED):
+        for leftover in (jp.status, jp.leader_pid, jp.root / KILL_AT, jp.root / STOPPED):
             leftover.unlink(missing_ok=True)
         # The files are ready before the job is queued: the scheduler may start it at once.
         self.store.retry(job, state, metrics=self._attempt_metrics(job, jp), **outcome)

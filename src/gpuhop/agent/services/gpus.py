@@ -70,8 +70,8 @@ def _memory_by_job(ctx: AgentContext, holders: dict[int, list[str]]) -> dict[int
         return {}
     inits = {}
     for job in {j for i in processes for j in holders.get(i, [])}:
-        shim = read_json(ctx.supervisor.job_paths(job).shim_pid) or {}
-        init, started = shim.get("init"), shim.get("init_start")
+        leader = read_json(ctx.supervisor.job_paths(job).leader_pid) or {}
+        init, started = leader.get("init"), leader.get("init_start")
         if isinstance(init, int):
             inits[job] = (init, None if started is None else str(started))
     used = memory_by_job(processes, inits)

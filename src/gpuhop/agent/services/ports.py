@@ -5,7 +5,7 @@ A client opens one WebSocket per TCP connection it forwards. The agent checks th
 HTTP error with an `ErrorBody`. Then bytes flow both ways as binary messages until either
 side is done. An ordinary job's port is on the host's loopback, reached only where the
 job's own processes are what listens (`gpuhop.backends.listeners`). A job in a private network
-namespace (`private_network`, and every multi-worker job) is reached through its shim's
+namespace (`private_network`, and every multi-worker job) is reached through its leader's
 relay, a Unix socket in the job's dir that connects to the port inside the namespace and
 hands the connected socket over (see `gpuhop.backends.local.relay` for why a relay rather
 than setns). A client on this host skips the WebSocket: the agent hands it the connected
@@ -185,7 +185,7 @@ def _from_relay(path: Path, job: JobRecord, port: int) -> socket.socket:
 
 def _stream_socket(fd: int, where: str) -> socket.socket:
     """The socket a relay handed over, if it is what a relay hands over: a connected TCP
-    socket (the shim runs beside the job's code, so check what it sent)."""
+    socket (the leader runs beside the job's code, so check what it sent)."""
     try:
         sock = socket.socket(fileno=fd)
     except OSError:

@@ -38,9 +38,9 @@ from gpuhop.backends import jobdeps
 from gpuhop.home import JobPaths
 
 SPEC_FILE = "tensorboard.json"
-LAUNCHER = "gpuhop_tensorboard.py"
+SCRIPT = "gpuhop_tensorboard.py"
 # The job's program (gpuhop.runtime.tbserver), copied as a file: the agent does not import it.
-LAUNCHER_SOURCE = Path(__file__).resolve().parents[2] / "runtime" / "tbserver.py"
+SCRIPT_SOURCE = Path(__file__).resolve().parents[2] / "runtime" / "tbserver.py"
 # Inside the server's own network namespace nothing else listens: the port is always free.
 PORT = 6006
 ACTIVE = [JobState.queued, JobState.starting, JobState.running]
@@ -86,7 +86,7 @@ def start(rt: AgentContext, ref: str, caller: Caller) -> TensorBoardInfo:
 
         def prepare(jp: JobPaths) -> None:
             jp.work.mkdir(parents=True)
-            shutil.copyfile(LAUNCHER_SOURCE, jp.work / LAUNCHER)
+            shutil.copyfile(SCRIPT_SOURCE, jp.work / SCRIPT)
             (jp.root / SPEC_FILE).write_text(json.dumps({"source": source.id}))
             # The server's own view of the host shows it the job's dirs, read-only. A queued
             # job's are made now (as its start would: it keeps them), so there is a dir to show.
@@ -95,7 +95,7 @@ def start(rt: AgentContext, ref: str, caller: Caller) -> TensorBoardInfo:
             jobdeps.write(jp, {"readonly": [str(root) for root in roots]})
 
         title = f"job {source.id}" + (f" ({source.spec.name})" if source.spec.name else "")
-        command = [python, LAUNCHER, *_logdir_args(roots), "--host", "127.0.0.1"]
+        command = [python, SCRIPT, *_logdir_args(roots), "--host", "127.0.0.1"]
         command += ["--port", str(PORT), "--window_title", f"TensorBoard: {title}"]
         spec = JobSpec(name=f"tensorboard-{source.id}", private_network=True)
         created = jobs.submit(rt, command, spec, None, Caller(owner, caller.admin), prepare)

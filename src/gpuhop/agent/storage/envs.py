@@ -4,7 +4,7 @@ An environment's id is the sha256 of everything that changes its build: the inte
 path and version, the requirements text, the job's variables that pip honours
 (`build_env`) and, on a team agent, the user whose job asks, so the same set on the same
 interpreter is built once and reused by that user's jobs and never by another user's (the
-build itself runs in the job's shim: see `envbuild.py`). A team agent takes requirements
+build itself runs in the job's leader: see `envbuild.py`). A team agent takes requirements
 that name packages and versions only (`check_plain`). Listing and removal run here; an
 environment that a queued, starting or running job uses is never removed.
 """
@@ -181,7 +181,7 @@ class EnvStore:
         env: Mapping[str, str] | None = None,
         owner: str | None = None,
     ) -> dict[str, str]:
-        """What the shim needs to build or reuse the environment for this set, asked for by
+        """What the leader needs to build or reuse the environment for this set, asked for by
         a job with the variables `env`; `owner` (a team agent's caller) gets one of their own."""
         key = f"{python}\n{python_version(python)}\n{requirements}"
         more: dict[str, object] = {}

@@ -1,10 +1,10 @@
 """Runs in the agent: the local backend, which runs each job's attempt on the agent's own
-host under a shim (`shim.py` beside this file) that leads its process group.
+host under a leader (`leader.py` beside this file) that leads its process group.
 
 Sets the job's environment contract, describes a multi-worker job's gang and what the job
-needs besides its files (its Python environment, its read-only datasets) for the shim, and
-starts the shim in a new session with stdout and stderr going straight to the job's log
-(gpuhop.backends.leader). The shim imports the standard library only and writes the
+needs besides its files (its Python environment, its read-only datasets) for the leader, and
+starts the leader in a new session with stdout and stderr going straight to the job's log
+(gpuhop.backends.leader). The leader imports the standard library only and writes the
 attempt's end to the job's status file, so a restarted agent still learns how it ended.
 """
 
@@ -51,7 +51,7 @@ from gpuhop.runtime import hook
 
 log = logging.getLogger("gpuhop.agent")
 
-SHIM = str(Path(__file__).with_name("shim.py"))
+LEADER = str(Path(__file__).with_name("leader.py"))
 SANDBOX = str(Path(__file__).with_name("sandbox.py"))
 WORKVIEW = str(Path(__file__).with_name("workview.py"))
 # An unprivileged uid no account has (the top of the identities' default range, see
@@ -59,9 +59,10 @@ WORKVIEW = str(Path(__file__).with_name("workview.py"))
 PROBE_UID = 2_000_099_999
 # In a job's dir: the job's /var/tmp, where it has an identity of its own.
 VAR_TMP = "vartmp"
-# In a job's dir: what its shim runs, for the shim server; the shim reads it and removes it.
-SHIM_REQUEST = "shim-request.json"
-# How often a job whose shim the server started is checked for an end the server never told.
+# In a job's dir: what its leader runs, for the leader server; the leader reads it and removes
+# it. The name is the one it had when the leader was called the shim, as every on-disk name.
+LEADER_REQUEST = "shim-request.json"
+# How often a job whose leader the server started is checked for an end the server never told.
 END_CHECK_SECONDS = 5.0
 
 
@@ -160,10 +161,10 @@ class LocalBackend(LeaderBackend):
 
     def __init__(self, paths: AgentPaths, gpu_host: GpuHost, python: str):
         """`paths`: the agent's state dir, whose stored copies a sandboxed job must not
-        write; `python` runs the shim, and a job's `.py` script unless it has its own."""
+        write; `python` runs the leader, and a job's `.py` script unless it has its own."""
         super().__init__(gpu_host, python)
         self.paths = paths
-        # Jobs' shims are forked by a warm server (a fresh interpreter each where it fails).
+        # Jobs' leaders are forked by a warm server (a fresh interpreter each where it fails).
         self._forks = ForkServer(python)
         # Cgroups an earlier run left (an end that came while the kernel still refused).
         cgroups.sweep(paths.jobs)
@@ -208,11 +209,11 @@ class LocalBackend(LeaderBackend):
 
     def end_the_rest(self, jp: JobPaths) -> None:
         """A sandboxed job's processes (`setsid` ones too) all live in its PID namespace,
-        which ends with its first process, the shim's child: the kernel kills the rest and
+        which ends with its first process, the leader's child: the kernel kills the rest and
         that process is gone only once they all are. So kill it and wait until it is gone.
-        (A SIGKILL to the group can end the shim before its child has finished.)"""
-        shim = read_json(jp.shim_pid) or {}
-        init, init_start = shim.get("init"), shim.get("init_start")
+        (A SIGKILL to the group can end the leader before its child has finished.)"""
+        leader = read_json(jp.leader_pid) or {}
+        init, init_start = leader.get("init"), leader.get("init_start")
         if not isinstance(init, int) or init_start is None:
             return  # not sandboxed, or unknown: never signal a pid we cannot vouch for
         while alive(init, str(init_start)):
@@ -223,11 +224,11 @@ class LocalBackend(LeaderBackend):
     def leader(
         self, attempt: Attempt, jp: JobPaths, deps: dict[str, Any]
     ) -> tuple[list[str], dict[str, str]]:
-        args, env, cgroup = self._shim(attempt, jp, deps)
-        leader = [self.python, "-I", "-S", SHIM, *args]
+        args, env, cgroup = self._invocation(attempt, jp, deps)
+        leader = [self.python, "-I", "-S", LEADER, *args]
         return (leader if cgroup is None else cgroups.wrap(cgroup, leader)), env
 
-    def _shim(
+    def _invocation(
         self,
         attempt: Attempt,
         jp: JobPaths,
@@ -235,7 +236,7 @@ class LocalBackend(LeaderBackend):
         cgroup: Callable[[JobPaths, str], Path | None] = cgroups.make,
         specs: dict[str, Any] | None = None,
     ) -> tuple[list[str], dict[str, str], Path | None]:
-        """The shim's arguments and environment, and the attempt's cgroup (if one was made,
+        """The leader's arguments and environment, and the attempt's cgroup (if one was made,
         or for `cgroups.plan`, will be). With `specs`, the sandbox's spec goes there, not
         to a file."""
         identity = deps.get("identity")
@@ -264,10 +265,10 @@ class LocalBackend(LeaderBackend):
         if argv[0].startswith(f"{files}/"):  # a program in the checkout: run it from the view
             argv[0] = f"{jp.work}{argv[0][len(str(files)) :]}"
         gang = self._write_gang(attempt, jp, env, python, deps) if attempt.spec.workers > 1 else []
-        gang += self._shim_args(deps, jp, attempt.spec.workers, specs)
+        gang += self._isolation_args(deps, jp, attempt.spec.workers, specs)
         if attempt.spec.private_network or attempt.spec.workers > 1:
             gang += ["--relay", str(jp.relay)]
-        args = [str(jp.status), str(jp.shim_pid), *gang, "--", *argv]
+        args = [str(jp.status), str(jp.leader_pid), *gang, "--", *argv]
         return args, env, cgroup(jp, f"{attempt.job_id}-{attempt.number}")
 
     def start(self, attempt: Attempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
@@ -278,17 +279,17 @@ class LocalBackend(LeaderBackend):
             raise
 
     def _spawn(self, attempt: Attempt, jp: JobPaths, deps: dict[str, Any]) -> Started | None:
-        """Start the shim through the warm shim server; None where it cannot (the caller
+        """Start the leader through the warm leader server; None where it cannot (the caller
         then starts a fresh interpreter for it)."""
         try:
-            # The server makes the cgroup, or gives its waiting shim's cgroup that name.
+            # The server makes the cgroup, or gives its waiting leader's cgroup that name.
             specs: dict[str, Any] = {}  # handed over in the request: one file fewer
-            args, env, cgroup = self._shim(attempt, jp, deps, cgroups.plan, specs)
+            args, env, cgroup = self._invocation(attempt, jp, deps, cgroups.plan, specs)
             check_os_text(args, env)
-            request = jp.root / SHIM_REQUEST
+            request = jp.root / LEADER_REQUEST
             pid, start = self._forks.spawn(args, env, jp.work, jp.log, cgroup, request, specs)
         except ServerGone as e:
-            log.warning("job %s: %s; starting its shim directly", attempt.job_id, e)
+            log.warning("job %s: %s; starting its leader directly", attempt.job_id, e)
             cgroups.oom_kills(jp)  # made again by the direct start
             return None
         except (StartError, OSError):
@@ -307,12 +308,12 @@ class LocalBackend(LeaderBackend):
                 code = end.result(timeout=END_CHECK_SECONDS)
                 break
             except concurrent.futures.TimeoutError:
-                # The server tells each end; should that word ever be lost, a shim that is
+                # The server tells each end; should that word ever be lost, a leader that is
                 # gone must not leave its job running forever: watch it as after a restart.
                 if not self.alive(started):
                     break
         self._forks.forget(started.pid)
-        if code is None:  # the server went away first: watch the shim as after a restart
+        if code is None:  # the server went away first: watch the leader as after a restart
             return super().wait(jp, started)
         return self._ending(jp, started, code)
 
@@ -342,9 +343,9 @@ class LocalBackend(LeaderBackend):
     def _write_gang(
         self, attempt: Attempt, jp: JobPaths, env: dict[str, str], python: str, deps: dict
     ) -> list[str]:
-        """Describe a multi-worker job's workers for the shim; return the shim's arguments.
+        """Describe a multi-worker job's workers for the leader; return the leader's arguments.
 
-        Each worker gets its slice of the job's GPUs and its own log; the shim adds what
+        Each worker gets its slice of the job's GPUs and its own log; the leader adds what
         each worker is told of its peers (TF_CONFIG, or Keras 3's distribution variables,
         by the job's mode: see kerasmode) once it has the ports of the job's private network.
         """
@@ -378,10 +379,10 @@ class LocalBackend(LeaderBackend):
         jp.gang.write_text(json.dumps(spec))
         return ["--gang", str(jp.gang)]
 
-    def _shim_args(
+    def _isolation_args(
         self, deps: dict[str, Any], jp: JobPaths, workers: int, specs: dict[str, Any] | None
     ) -> list[str]:
-        """The shim's `--env` and `--sandbox` arguments for these deps; makes the datasets'
+        """The leader's `--env` and `--sandbox` arguments for these deps; makes the datasets'
         mount points. Every job gets a sandbox where this host allows one; a job with
         datasets gets one anyway (and fails, saying why, where the host allows none)."""
         args: list[str] = []

@@ -96,8 +96,8 @@ def make(jp: JobPaths, name: str) -> Path | None:
 
 def plan(jp: JobPaths, name: str) -> Path | None:
     """The path of a new cgroup for one attempt, recorded in the job's dir (so that its end
-    removes it) but not made: the shim server makes it, or renames its waiting shim's cgroup
-    to it (shimserver.py). None where the agent has no memory cgroup to make it in."""
+    removes it) but not made: the leader server makes it, or renames its waiting leader's cgroup
+    to it (leaderserver.py). None where the agent has no memory cgroup to make it in."""
     found = _attempt_path(name)
     if found is None:
         return None

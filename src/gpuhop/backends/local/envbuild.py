@@ -1,5 +1,5 @@
-"""Runs on the GPU host, in a job's shim, before the job: builds the job's Python environment,
-or finds it already built. Standard library only (the shim runs with `python -I -S`).
+"""Runs on the GPU host, in a job's leader, before the job: builds the job's Python environment,
+or finds it already built. Standard library only (the leader runs with `python -I -S`).
 
 An environment is a venv in `envs/ID/`, where ID hashes the requirements text and the
 interpreter (see `gpuhop.agent.storage.envs`). It is built once, under a lock, so jobs that ask for
@@ -11,7 +11,7 @@ PIP_FIND_LINKS, PIP_NO_INDEX... apply) and writes to the job's log. `gpuhop-env.
 written last: a venv without it is half-built and is built again.
 
 A job with an identity of its own (a team agent's) has its environment built inside its
-sandbox, as that identity, by `build` (the shim takes the lock with `claim` first): pip and
+sandbox, as that identity, by `build` (the leader takes the lock with `claim` first): pip and
 whatever a requirement runs never run as the agent, nor see more of the host than the job.
 """
 

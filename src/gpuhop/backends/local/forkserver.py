@@ -1,13 +1,13 @@
-"""Runs in the agent (local backend): starts jobs' shims through a warm shim server
-(`shimserver.py` beside this file) instead of a fresh interpreter each.
+"""Runs in the agent (local backend): starts jobs' leaders through a warm leader server
+(`leaderserver.py` beside this file) instead of a fresh interpreter each.
 
-A shim started by the agent costs a Python start and the imports of the shim and its helpers
+A leader started by the agent costs a Python start and the imports of the leader and its helpers
 (tens of milliseconds, more on a busy host) before the job's own process exists; the server
-has paid them once, and forks each shim before its job comes (in a memory cgroup of its
-own, which the request renames to the attempt's: see shimserver.py). A job's shim is the
+has paid them once, and forks each leader before its job comes (in a memory cgroup of its
+own, which the request renames to the attempt's: see leaderserver.py). A job's leader is the
 same either way: the leader of its own session with its log as stdout and stderr, run by
 the same code. The server is started on first use and again if it ended; where it cannot be
-reached the caller starts the shim itself, as before.
+reached the caller starts the leader itself, as before.
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ from gpuhop.backends.local import cgroups
 
 log = logging.getLogger("gpuhop.agent")
 
-SERVER = str(Path(__file__).with_name("shimserver.py"))
+SERVER = str(Path(__file__).with_name("leaderserver.py"))
 # How long a request waits for the server's answer (a fork takes milliseconds).
 ANSWER_SECONDS = 30.0
 
 
 def check_os_text(argv: list[str], env: dict[str, str]) -> None:
     """Raise what Popen raises for arguments or variables the OS cannot take (a lone
-    surrogate: UnicodeEncodeError; an embedded NUL, a name with "="), before the shim server
-    is asked: the job then fails to start saying why, as a directly started shim would."""
+    surrogate: UnicodeEncodeError; an embedded NUL, a name with "="), before the leader server
+    is asked: the job then fails to start saying why, as a directly started leader would."""
     for text in (*argv, *env.values()):
         if b"\0" in os.fsencode(text):
             raise ValueError("embedded null byte")
@@ -48,11 +48,11 @@ def check_os_text(argv: list[str], env: dict[str, str]) -> None:
 
 
 class ServerGone(OSError):
-    """The shim server could not be started or reached; start the shim another way."""
+    """The leader server could not be started or reached; start the leader another way."""
 
 
 class ForkServer:
-    """One warm shim server for an agent; `spawn` may be called from any thread."""
+    """One warm leader server for an agent; `spawn` may be called from any thread."""
 
     def __init__(self, python: str):
         self.python = python
@@ -60,7 +60,7 @@ class ForkServer:
         self._proc: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
         self._answers: queue.Queue[dict[str, Any] | None] = queue.Queue()
-        # The exit code of each shim it started, once it has ended (None: not known, as
+        # The exit code of each leader it started, once it has ended (None: not known, as
         # the server went away first).
         self._ends: dict[int, Future[int | None]] = {}
 
@@ -74,15 +74,15 @@ class ForkServer:
         request: Path,
         specs: dict[str, Any] | None = None,
     ) -> tuple[int, str | None]:
-        """Start a shim with `argv` (its arguments), its request written to the file
+        """Start a leader with `argv` (its arguments), its request written to the file
         `request` (in the job's dir, hidden from jobs), in the new cgroup `cgroup` (a path
         not yet made: the server makes it), given `specs` (what its spec files would say,
         such as {"sandbox": ...}); returns its pid and start time.
         Raises ServerGone where the server did not start it, and StartError where it may
         have (it took the request and never answered): starting it another way could then
         run the job twice."""
-        # The request goes in a file that only the shim, once forked, reads: the server's
-        # memory, which every later shim inherits, never holds a job's environment.
+        # The request goes in a file that only the leader, once forked, reads: the server's
+        # memory, which every later leader inherits, never holds a job's environment.
         spec = {"argv": argv, "env": env, "cwd": str(cwd), "specs": specs or {}}
         fd = os.open(request, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with open(fd, "w") as f:
@@ -95,7 +95,7 @@ class ForkServer:
                     socket.send_fds(sock, [message], [logfile.fileno()])
                 except OSError as e:
                     self._stop()
-                    raise ServerGone(f"the shim server did not take the request ({e})") from e
+                    raise ServerGone(f"the leader server did not take the request ({e})") from e
             try:
                 answer = self._answers.get(timeout=ANSWER_SECONDS)
             except queue.Empty:
@@ -103,15 +103,15 @@ class ForkServer:
             if answer is None:
                 self._stop()
                 raise StartError(
-                    "the agent's shim server ended or hung before it said whether it started"
+                    "the agent's leader server ended or hung before it said whether it started"
                     " the job; not starting it again, as it may run"
                 )
         if "error" in answer:
-            raise ServerGone(f"the shim server could not start the shim: {answer['error']}")
+            raise ServerGone(f"the leader server could not start the leader: {answer['error']}")
         return int(answer["pid"]), answer.get("start")
 
     def ended(self, pid: int) -> Future[int | None] | None:
-        """The exit code of a shim this server started, once it ends; None for another."""
+        """The exit code of a leader this server started, once it ends; None for another."""
         return self._ends.get(pid)
 
     def forget(self, pid: int) -> None:
@@ -127,7 +127,7 @@ class ForkServer:
         self._stop()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            found = cgroups.agent_cgroup()  # where the server makes its waiting shims' own
+            found = cgroups.agent_cgroup()  # where the server makes its waiting leaders' own
             where = [] if found is None else [str(found[0]), found[1]]
             self._proc = subprocess.Popen(
                 [self.python, "-I", "-S", SERVER, str(theirs.fileno()), *where],
@@ -137,19 +137,19 @@ class ForkServer:
             )
         except OSError as e:
             ours.close()
-            raise ServerGone(f"the shim server did not start ({e})") from e
+            raise ServerGone(f"the leader server did not start ({e})") from e
         finally:
             theirs.close()
         self._sock = ours
         self._answers = queue.Queue()
         threading.Thread(
-            target=self._read, args=(ours, self._answers), name="shim-server", daemon=True
+            target=self._read, args=(ours, self._answers), name="leader-server", daemon=True
         ).start()
         return ours
 
     def _read(self, sock: socket.socket, answers: queue.Queue[dict[str, Any] | None]) -> None:
-        """Route the server's messages: answers to `spawn`, and the ends of shims."""
-        mine: set[int] = set()  # the shims this server started, still running
+        """Route the server's messages: answers to `spawn`, and the ends of leaders."""
+        mine: set[int] = set()  # the leaders this server started, still running
         while True:
             try:
                 data = sock.recv(1 << 16)
@@ -169,7 +169,7 @@ class ForkServer:
                 self._ends[int(message["pid"])] = Future()
             answers.put(message)
         answers.put(None)
-        # Shims still running outlive the server; their ends are learned another way.
+        # Leaders still running outlive the server; their ends are learned another way.
         for pid in mine:
             future = self._ends.get(pid)
             if future is not None and not future.done():
@@ -186,7 +186,7 @@ class ForkServer:
             try:
                 self._proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
-                log.warning("the shim server did not end; killing it")
+                log.warning("the leader server did not end; killing it")
                 self._proc.kill()
                 self._proc.wait()
             self._proc = None

@@ -1,5 +1,5 @@
-"""Runs on the GPU host, in the shim: what each worker of a multi-worker job is told of its
-peers, by mode (see `gpuhop.backends.kerasmode`). Standard library only: the shim imports it.
+"""Runs on the GPU host, in the leader: what each worker of a multi-worker job is told of its
+peers, by mode (see `gpuhop.backends.kerasmode`). Standard library only: the leader imports it.
 
 - "tf": TF_CONFIG for MultiWorkerMirroredStrategy, every worker's address.
 - "keras-jax": the variables `keras.distribution.initialize()` reads; worker 0's port is the

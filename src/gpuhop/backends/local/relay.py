@@ -1,14 +1,14 @@
-"""Runs on the GPU host, in the shim of a job with a private network: lets the agent reach
-the job's ports. Standard library only (the shim runs with `python -I -S`).
+"""Runs on the GPU host, in the leader of a job with a private network: lets the agent reach
+the job's ports. Standard library only (the leader runs with `python -I -S`).
 
 A private network namespace has only its own loopback, so the agent (outside it) cannot
-connect to a port there. Unix sockets are not network-namespaced, though: the shim, inside
+connect to a port there. Unix sockets are not network-namespaced, though: the leader, inside
 the namespace, listens on a Unix socket in the job's dir (mode 0600, in the agent's 0700
 state dir, so only the agent's user reaches it) and connects each connection it accepts
 to 127.0.0.1:PORT inside the namespace. Nothing listens on any network address for this.
 
 Why a relay rather than the agent entering the namespace with setns(2): for an agent that
-is not root the namespace belongs to a user namespace the shim made, and a process can only
+is not root the namespace belongs to a user namespace the leader made, and a process can only
 join a user namespace while it is single-threaded, which the agent never is. The relay
 works the same for root and non-root agents, and the agent needs no privilege at all.
 
@@ -17,7 +17,7 @@ answers 1 byte, 0 if it connected, else the errno of the failed connect (capped 
 With the 0 comes the connected socket itself (SCM_RIGHTS), and the relay is done: the
 agent reads and writes the job's port directly, with no copy through this process (a
 remote TensorFlow op is many small messages, and each hop costs every one of them). An
-older shim's relay sent the 0 alone and then moved the bytes itself; the agent still
+older leader's relay sent the 0 alone and then moved the bytes itself; the agent still
 takes that from jobs that outlived an agent upgrade.
 """
 

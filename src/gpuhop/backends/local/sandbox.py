@@ -1,9 +1,9 @@
-"""Runs on the GPU host, in a job's shim: gives every job its own view of the host, in which
-the agent's state dir holds only the job's own files. Standard library only (the shim runs
+"""Runs on the GPU host, in a job's leader: gives every job its own view of the host, in which
+the agent's state dir holds only the job's own files. Standard library only (the leader runs
 with `python -I -S`).
 
 Jobs run as the agent's OS user, so file modes protect nothing (a file of one's own uid can
-be chmod'ed back to writable). Instead the job runs in private namespaces made by its shim:
+be chmod'ed back to writable). Instead the job runs in private namespaces made by its leader:
 
 - a mount namespace, with every mount made private first (nothing propagates back to the
   host), in which a small tmpfs covers the agent's state dir and only what the job may see
@@ -19,11 +19,11 @@ be chmod'ed back to writable). Instead the job runs in private namespaces made b
   its own path inside that;
 - a PID namespace with its own /proc, so the job sees and signals only its own processes
   and cannot reach the host's mounts through another process's /proc/PID/root; when its
-  first process (the shim's child) ends, the kernel kills every process left in it, so
+  first process (the leader's child) ends, the kernel kills every process left in it, so
   `setsid` is no escape;
 - for an agent that is not root, a user namespace that maps the uid to itself (no
   privilege is gained outside it). The job's program starts with no capabilities: a
-  non-root uid loses them on exec, and for root the shim empties the bounding set. So the
+  non-root uid loses them on exec, and for root the leader empties the bounding set. So the
   job cannot unmount or remount; `no_new_privs` stops set-uid programs giving them back,
   and mounts made by a more privileged namespace stay locked in any namespace the job
   makes itself.
@@ -54,7 +54,7 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 0x400, 0x800, 0x200000
 ST_NOATIME, ST_NODIRATIME, ST_RELATIME = 0x400, 0x800, 0x1000
 PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
-# What to allow, for the messages of the shim and the agent.
+# What to allow, for the messages of the leader and the agent.
 HOW_TO_ALLOW = (
     "run the agent as root, or allow unprivileged user namespaces"
     " (sysctl kernel.unprivileged_userns_clone=1, and on Ubuntu 24.04+"
@@ -121,7 +121,7 @@ def enter(spec: dict) -> int:
     exec, and returns 0. Raises SandboxError (in the parent) if the namespaces cannot be made.
     """
     uid, gid = os.getuid(), os.getgid()
-    # The mount namespace is the child's alone: the shim outside must still see the real
+    # The mount namespace is the child's alone: the leader outside must still see the real
     # state dir (it writes the job's status there).
     flags = CLONE_NEWPID
     if uid != 0:
@@ -251,7 +251,7 @@ def _setup(spec: dict, uid: int) -> None:
     for fd, target in binds:
         _bind_fd(fd, target, readonly=True)
         os.close(fd)
-    os.chdir(work)  # the view's work dir, not the hidden one the shim started in
+    os.chdir(work)  # the view's work dir, not the hidden one the leader started in
     if uid == 0:
         with open("/proc/sys/kernel/cap_last_cap") as f:
             last = int(f.read())

@@ -1,5 +1,5 @@
 """Runs on the GPU host, in a job's sandbox: gives the job a writable view of its tree's
-checkout instead of a copy of every file. Standard library only (the shim runs with
+checkout instead of a copy of every file. Standard library only (the leader runs with
 `python -I -S`).
 
 The agent materialises each stored tree once, as a checkout in its state dir

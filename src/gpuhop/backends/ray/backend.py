@@ -2,7 +2,7 @@
 
 Ray itself is never imported into the agent's process: a subprocess probes the cluster at
 start (gpuhop.backends.ray.probe: reachable? token authentication enforced? which nodes
-and GPUs?), and each job is led by a launcher process (gpuhop.backends.ray.launcher) that
+and GPUs?), and each job is led by a leader process (gpuhop.backends.ray.leader) that
 is the Ray driver for that job alone. So the agent starts without Ray on the local
 backend, and a cluster in trouble cannot take the agent down with it.
 
@@ -38,7 +38,7 @@ log = logging.getLogger("gpuhop.agent")
 INSTALL = "pip install 'gpuhop[ray]'"
 SPEC_NAME = "ray.json"
 PROBE_TIMEOUT = 60.0
-# Seconds a cancelled job's launcher gets after the grace to clean up on the cluster.
+# Seconds a cancelled job's leader gets after the grace to clean up on the cluster.
 CLEAN_UP_SECONDS = 30.0
 TF_PORTS_NOTE = (
     "multi-worker jobs on the Ray cluster talk over TensorFlow's gRPC, which has no"
@@ -195,15 +195,15 @@ class RayBackend(LeaderBackend):
         }
         (jp.root / SPEC_NAME).write_text(json.dumps(spec))
         (jp.root / "grace").unlink(missing_ok=True)
-        argv = [self.python, "-m", "gpuhop.backends.ray.launcher"]
-        argv += [str(jp.status), str(jp.shim_pid), str(jp.root / SPEC_NAME)]
+        argv = [self.python, "-m", "gpuhop.backends.ray.leader"]
+        argv += [str(jp.status), str(jp.leader_pid), str(jp.root / SPEC_NAME)]
         return argv, {**_base_env(self.token_file), **self.ray_env}
 
     def elsewhere(self, jp: JobPaths) -> bool:
         return runs_on_ray(jp)
 
     def stop(self, jp: JobPaths, started: Started, grace: float) -> float:
-        """Tell the job's launcher its grace, then SIGTERM; return how long to wait before
+        """Tell the job's leader its grace, then SIGTERM; return how long to wait before
         SIGKILL (a job started here by the local backend before a restart: the grace)."""
         if not runs_on_ray(jp):
             return super().stop(jp, started, grace)

@@ -1,5 +1,5 @@
 """Runs on the agent's host (in a short-lived subprocess of the agent, and in each job's
-launcher): asks a Ray cluster's GCS whether it enforces token authentication, and which
+leader): asks a Ray cluster's GCS whether it enforces token authentication, and which
 nodes and GPUs it has.
 
 It talks to the GCS over gRPC with Ray's own generated stubs, once without a token and

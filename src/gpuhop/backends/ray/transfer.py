@@ -1,4 +1,4 @@
-"""Runs on both ends of a Ray job (the launcher on the agent's host, the actors on the
+"""Runs on both ends of a Ray job (the leader on the agent's host, the actors on the
 nodes): a directory as one tar in memory, and back.
 
 A job's files travel through Ray's object store as one uncompressed tar (the work dir

@@ -1,16 +1,16 @@
 """Runs on a Ray node, inside a Ray actor: one worker of a gpuhop job.
 
-The launcher (gpuhop.backends.ray.launcher) makes one such actor per worker in the job's
+The leader (gpuhop.backends.ray.leader) makes one such actor per worker in the job's
 placement group. The actor unpacks the job's files into a private temp dir on its node,
 starts the user's command there as a subprocess in its own session, with stdout and stderr
 going to a node-local log file and the job's environment contract pointing at node-local
-dirs, and answers the launcher's polls with new log bytes, new metrics lines and, once the
+dirs, and answers the leader's polls with new log bytes, new metrics lines and, once the
 process has ended and its log is drained, how it ended. The actor never runs user code in
 its own process.
 
 The subprocess is started through a small exec wrapper that asks the kernel to kill it
 when the actor's process dies (PR_SET_PDEATHSIG), so a killed actor (`ray.kill`, a dead
-launcher whose actors Ray reaps) does not leave the job running on the node. The actor
+leader whose actors Ray reaps) does not leave the job running on the node. The actor
 runs its methods on its main thread (one at a time), the thread that forks, as the death
 signal requires.
 """

@@ -248,7 +248,7 @@ class SlurmBackend(LeaderBackend):
                 jp.worker_log(i).touch()
         (jp.root / SPEC_NAME).write_text(json.dumps(spec))
         argv = [self.python, "-m", "gpuhop.backends.slurm.leader"]
-        argv += [str(jp.status), str(jp.shim_pid), str(jp.root / SPEC_NAME)]
+        argv += [str(jp.status), str(jp.leader_pid), str(jp.root / SPEC_NAME)]
         env = {
             k: v
             for k, v in os.environ.items()

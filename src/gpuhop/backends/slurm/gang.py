@@ -23,7 +23,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from gpuhop.backends.local.shim import how
+from gpuhop.backends.local.leader import how
 from gpuhop.backends.slurm.task import PEERS_VAR, worker_exit_file, write_exit
 
 # Below Linux's default ephemeral range (32768-60999), from which every client socket on a

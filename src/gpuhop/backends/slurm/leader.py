@@ -1,7 +1,7 @@
 """Runs on the agent's host as the leader of one attempt of a job on Slurm: submits it with
 `sbatch`, follows it with `squeue`, cancels it with `scancel`, and records how it ended.
 
-The Slurm backend starts it in place of the local backend's shim, with the same contract
+The Slurm backend starts it as the local backend starts its own leader, with the same contract
 (gpuhop.backends.leader): `python -m gpuhop.backends.slurm.leader STATUS PID_FILE SPEC`, in
 a new session, with stdout and stderr going to the job's log (Slurm appends the job's own
 output there). It writes its pid first, the Slurm job id beside the spec once `sbatch`

@@ -1,4 +1,4 @@
-"""The local backend starts each job's shim by a fork of its warm shim server: the shim is
+"""The local backend starts each job's leader by a fork of its warm leader server: the leader is
 what one started by the agent would be (its own session, its log as output, the job's
 environment), a server that dies is replaced at the next job while the jobs it started are
 still watched to their end, and the server ends with the agent."""
@@ -35,7 +35,7 @@ def _stat(pid: int) -> list[str]:
 
 
 def _servers(agent_pid: int) -> list[int]:
-    """The shim servers the agent started: its children running shimserver.py."""
+    """The leader servers the agent started: its children running leaderserver.py."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -43,28 +43,28 @@ def _servers(agent_pid: int) -> list[int]:
             stat = _stat(int(pid))
         except (OSError, IndexError):
             continue
-        if int(stat[1]) == agent_pid and b"shimserver.py" in argv and stat[0] != "Z":
+        if int(stat[1]) == agent_pid and b"leaderserver.py" in argv and stat[0] != "Z":
             found.append(int(pid))
     return found
 
 
-def _shim_pid(agent, job_id: str) -> int:
+def _leader_pid(agent, job_id: str) -> int:
     path = agent.paths.job_dir(job_id) / "shim.pid"
     wait_until(path.exists, timeout=30)
     return int(json.loads(path.read_text())["pid"])
 
 
-def test_a_job_shim_is_forked_by_the_server_and_outlives_it(make_agent, project):
+def test_a_jobs_leader_is_forked_by_the_server_and_outlives_it(make_agent, project):
     agent = make_agent()
     root = project({"wait.py": WAITING})
     with agent.client() as client:
         job = client.submit(["wait.py"], workdir=root)
-        shim = _shim_pid(agent, job.id)
+        leader = _leader_pid(agent, job.id)
         [server] = wait_until(lambda: _servers(agent.pid), timeout=30)
-        # The shim leads a session of its own, as one the agent started would.
-        assert int(_stat(shim)[1]) == server
-        assert os.getsid(shim) == shim
-        # Its request (the job's environment) went through a file the shim read and removed.
+        # The leader leads a session of its own, as one the agent started would.
+        assert int(_stat(leader)[1]) == server
+        assert os.getsid(leader) == leader
+        # Its request (the job's environment) went through a file the leader read and removed.
         assert not (agent.paths.job_dir(job.id) / "shim-request.json").exists()
         wait_until(lambda: b"job" in b"".join(job.logs()), timeout=30)
 
@@ -91,16 +91,16 @@ def _spares(parent: Path, server: int) -> list[Path]:
     return sorted(parent.glob(f"gpuhop-spare-{server}-*"))
 
 
-def test_a_waiting_shim_takes_the_job_into_the_attempts_cgroup(make_agent, project):
-    """The server forks each shim before its job comes, in a cgroup of its own: the job's
-    request renames that cgroup to the attempt's (or the shim joins the attempt's), so every
-    process of the job is in it. A waiting shim that dies is replaced; none, nor its cgroup,
+def test_a_waiting_leader_takes_the_job_into_the_attempts_cgroup(make_agent, project):
+    """The server forks each leader before its job comes, in a cgroup of its own: the job's
+    request renames that cgroup to the attempt's (or the leader joins the attempt's), so every
+    process of the job is in it. A waiting leader that dies is replaced; none, nor its cgroup,
     outlives the agent."""
     agent = make_agent()
     root = project({"wait.py": WAITING})
     with agent.client() as client:
         job = client.submit(["wait.py"], workdir=root)
-        shim = _shim_pid(agent, job.id)
+        leader = _leader_pid(agent, job.id)
         wait_until(lambda: b"job" in b"".join(job.logs()), timeout=30)
         made = agent.paths.job_dir(job.id) / "cgroup.json"
         if not made.exists():
@@ -108,9 +108,9 @@ def test_a_waiting_shim_takes_the_job_into_the_attempts_cgroup(make_agent, proje
             job.wait(timeout=60)
             pytest.skip("this host lets the agent make no memory cgroup for a job")
         cgroup = Path(json.loads(made.read_text())["path"])
-        # The shim, the sandbox's first process and the job's own: all in the attempt's.
+        # The leader, the sandbox's first process and the job's own: all in the attempt's.
         procs = {int(p) for p in (cgroup / "cgroup.procs").read_text().split()}
-        assert shim in procs and len(procs) >= 2, procs
+        assert leader in procs and len(procs) >= 2, procs
         [server] = _servers(agent.pid)
         # The server makes the spare's cgroup, then forks the spare, which joins it.
         [spare_cgroup] = wait_until(lambda: _spares(cgroup.parent, server), timeout=30)
@@ -136,9 +136,9 @@ def test_a_waiting_shim_takes_the_job_into_the_attempts_cgroup(make_agent, proje
     wait_until(lambda: not _spares(cgroup.parent, server), timeout=30)
 
 
-def test_each_shim_leads_its_session_by_the_time_its_pid_is_answered(tmp_path):
-    """The agent signals a job's process group (a cancel) as soon as it has the shim's pid:
-    the server answers only once that group exists, for shims asked for faster than it
+def test_each_leader_leads_its_session_by_the_time_its_pid_is_answered(tmp_path):
+    """The agent signals a job's process group (a cancel) as soon as it has the leader's pid:
+    the server answers only once that group exists, for leaders asked for faster than it
     forks spares too (a pid answered before the child's `setsid` once let a cancel with no
     grace reach nothing, and the job ran on)."""
     from gpuhop.backends.local.forkserver import SERVER
@@ -150,21 +150,21 @@ def test_each_shim_leads_its_session_by_the_time_its_pid_is_answered(tmp_path):
         start_new_session=True,
     )
     theirs.close()
-    shims: list[int] = []
+    leaders: list[int] = []
     log = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o600)
     try:
         for n in range(6):  # back to back: the first takes the spare, the rest are forked
             request = tmp_path / f"request-{n}"
-            os.mkfifo(request)  # the shim blocks opening it, in its own session by then
+            os.mkfifo(request)  # the leader blocks opening it, in its own session by then
             message = json.dumps({"request": str(request), "cgroup": None}).encode()
             socket.send_fds(ours, [message], [log])
             answer = json.loads(ours.recv(1 << 16))
-            shims.append(answer["pid"])
+            leaders.append(answer["pid"])
             assert os.getpgid(answer["pid"]) == answer["pid"], n
             assert os.getsid(answer["pid"]) == answer["pid"], n
     finally:
         os.close(log)
-        for pid in shims:
+        for pid in leaders:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
         ours.close()  # the server ends when the agent's end closes

@@ -1,11 +1,11 @@
 """Runs on the agent's host as the leader of a Ray job's process group: places the job's
 workers on the Ray cluster, streams their output back, and records how the job ended.
 
-The Ray backend starts it in place of the local backend's shim, with the same contract
-(gpuhop.backends.leader): `python -m gpuhop.backends.ray.launcher STATUS_FILE PID_FILE SPEC`
+The Ray backend starts it as the local backend starts its own leader, with the same contract
+(gpuhop.backends.leader): `python -m gpuhop.backends.ray.leader STATUS_FILE PID_FILE SPEC`
 in a new session, with stdout and stderr going to the job's log. It writes its pid to
 PID_FILE first and the job's exit status (exit_code, signal, detail, ended_at) to
-STATUS_FILE last, so an agent that restarts meanwhile re-attaches to it as to a shim.
+STATUS_FILE last, so an agent that restarts meanwhile re-attaches to it as to a leader.
 
 In order: it checks that the cluster answers (a dead address would make `ray.init` hang),
 connects as a Ray driver, makes a placement group with one bundle per worker (SPREAD
@@ -17,7 +17,7 @@ prefixes, and into per-worker logs, for multi-worker jobs) and worker 0's metric
 job's metrics file. When a worker fails, the others are stopped (gang failure). SIGTERM
 (cancel) stops them all: SIGTERM, then SIGKILL after the grace the agent wrote beside the
 spec. At the end worker 0's artifacts and checkpoints come back into the job's dirs, and
-the actors and the placement group are removed whatever happened. If the launcher itself
+the actors and the placement group are removed whatever happened. If the leader itself
 is killed, Ray removes them (both die with the driver that made them), and each job
 process dies with its actor.
 """
@@ -36,7 +36,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from gpuhop.backends.local import shim
+from gpuhop.backends.local import leader as local_leader
 from gpuhop.backends.ownlines import append_line
 from gpuhop.backends.ray import transfer
 from gpuhop.backends.ray.probe import ProbeError, probe
@@ -79,8 +79,8 @@ class Prefixer:
 
 
 def how(end: dict[str, Any]) -> str:
-    """How a worker ended, in the shim's words; or why its actor was lost."""
-    return str(end["lost"]) if end.get("lost") else shim.how(end)
+    """How a worker ended, in the local leader's words; or why its actor was lost."""
+    return str(end["lost"]) if end.get("lost") else local_leader.how(end)
 
 
 class Launch:
@@ -323,7 +323,7 @@ class Launch:
 
 
 def _handle_signals() -> None:
-    """SIGTERM, SIGINT and SIGHUP (a cancel) stop the job; the launcher cleans up."""
+    """SIGTERM, SIGINT and SIGHUP (a cancel) stop the job; the leader cleans up."""
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: _stop.set())
 
@@ -354,7 +354,7 @@ def _write_atomic(path: str, data: dict[str, Any]) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
-        print("usage: python -m gpuhop.backends.ray.launcher STATUS PID_FILE SPEC", file=sys.stderr)
+        print("usage: python -m gpuhop.backends.ray.leader STATUS PID_FILE SPEC", file=sys.stderr)
         return 2
     status_path, pid_path, spec_path = argv
     _write_atomic(pid_path, {"pid": os.getpid()})

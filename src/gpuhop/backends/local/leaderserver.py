@@ -1,36 +1,36 @@
-"""Runs on the GPU host, started by the agent's local backend: a warm shim that forks each
-job's shim instead of the agent starting a fresh interpreter for it. Standard library only
-(it runs with `python -I -S`, as the shim does).
+"""Runs on the GPU host, started by the agent's local backend: the leader server, a warm
+process that forks each job's leader instead of the agent starting a fresh interpreter for
+it. Standard library only (it runs with `python -I -S`, as the leader does).
 
-Started as `python -I -S shimserver.py FD [CGROUPS COUNTER]`, where FD is its end of a
+Started as `python -I -S leaderserver.py FD [CGROUPS COUNTER]`, where FD is its end of a
 SOCK_SEQPACKET socket pair with the agent, and CGROUPS the agent's memory cgroup (COUNTER the
-file there that a memory cgroup has). It imports the shim and every helper the shim may need
+file there that a memory cgroup has). It imports the leader and every helper the leader may need
 once, then waits for requests: each is one JSON message {"request": PATH, "cgroup": DIR or
 null} with the job's log file as an attached descriptor. PATH, in the job's dir, holds
-{"argv": the shim's arguments, "env": the job's environment, "cwd": where it starts,
-"specs": what the shim would read from its spec files (`{"sandbox": ...}`)}; only
-the shim reads it (and removes it), so no job's environment ever passes through the
-server's memory, which every later shim inherits. DIR is the attempt's cgroup, not yet made.
-The shim becomes exactly what a shim started by the agent would be: the leader of a new
+{"argv": the leader's arguments, "env": the job's environment, "cwd": where it starts,
+"specs": what the leader would read from its spec files (`{"sandbox": ...}`)}; only
+the leader reads it (and removes it), so no job's environment ever passes through the
+server's memory, which every later leader inherits. DIR is the attempt's cgroup, not yet made.
+A forked leader becomes exactly what one started by the agent would be: the leader of a new
 session, stdin /dev/null, stdout and stderr on the log, the job's environment and directory,
-in the attempt's cgroup, running `shim.main`, and the server answers {"pid": PID, "start":
+in the attempt's cgroup, running `leader.main`, and the server answers {"pid": PID, "start":
 its start time} (or {"error": why}). When a child ends, the server reaps it at once (so its
 pid never lingers as a zombie) and tells the agent {"ended": PID, "code": its exit code,
 negative for a signal}.
 
-The shim is forked before its job asks, and waits (a "spare"): its fork, its new session
+The leader is forked before its job asks, and waits (a "spare"): its fork, its new session
 and its move into a cgroup of its own (which on cgroup v1 waits out an RCU grace period of
 5-15 ms) are paid while no job waits. A request then renames the spare's cgroup to the
 attempt's (cgroup v1 renames a cgroup with its processes in it; where the kernel refuses,
-the shim joins the attempt's cgroup itself, as before) and hands the spare the request and
+the leader joins the attempt's cgroup itself, as before) and hands the spare the request and
 the log; the next spare is forked 5 ms later. (It was 50 ms, so as not to fork beside a
 job's start on the same cores; but then a job submitted 20-50 ms after the last found no
 spare and waited for its fork: 17 or 28 ms to the first byte. At 5 ms every job of a
 tight loop finds one, 16.6-20 ms, and the job that just started is no slower.) A spare
 holds nothing of a job until then. Where there is no spare (a request came sooner, its fork
-failed, or it died), the server forks one at once, with no cgroup of its own (the shim
-joins the attempt's itself). Either way the server answers with the shim's pid only once
-the shim leads its own session, so a cancel right after the answer reaches its whole group.
+failed, or it died), the server forks one at once, with no cgroup of its own (the leader
+joins the attempt's itself). Either way the server answers with the leader's pid only once
+the leader leads its own session, so a cancel right after the answer reaches its whole group.
 
 The server is single-threaded and forks only from its main loop, so each child starts with
 a clean copy of a small, idle interpreter. It ends when the agent's end of the socket
@@ -50,9 +50,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # -I leaves this file's directory off sys.path
     sys.path.insert(0, HERE)
 
-import shim  # noqa: E402
+import leader  # noqa: E402
 
-# What a job's shim may load: loaded once here, not in every job.
+# What a job's leader may load: loaded once here, not in every job.
 for _helper in ("sandbox", "workview", "gangenv", "relay", "envbuild"):
     __import__(_helper)
 
@@ -64,7 +64,7 @@ SPARE_AFTER = 0.005
 
 
 class Spare:
-    """A shim forked ahead of its job: its pid, the server's end of its socket, and the
+    """A leader forked ahead of its job: its pid, the server's end of its socket, and the
     cgroup it joined (None where it has none)."""
 
     def __init__(self, pid: int, sock: socket.socket, cgroup):
@@ -118,7 +118,7 @@ class Server:
                     if cgroup is not None and not isinstance(cgroup, str):
                         raise ValueError("expected the cgroup's path")
                     pid = self._start(request, fds[0], cgroup)
-                    reply = {"pid": pid, "start": shim._start(pid)}
+                    reply = {"pid": pid, "start": leader._start(pid)}
                 except (OSError, ValueError, KeyError, TypeError) as e:
                     reply = {"error": f"{type(e).__name__}: {e}"}
                 finally:
@@ -129,7 +129,7 @@ class Server:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
 
     def _start(self, request: str, log: int, cgroup) -> int:
-        """Start the shim of one request: the spare, or else one forked now the same way.
+        """Start the leader of one request: the spare, or else one forked now the same way.
         Returns its pid only once it leads its own session: a cancel that signals the
         group at once must find it (a pid answered before the child's setsid left a
         SIGTERM and SIGKILL with no group to reach, and the job running)."""
@@ -164,7 +164,7 @@ class Server:
                     _remove(spare.cgroup)
             finally:
                 spare.sock.close()
-        raise OSError("could not fork the job's shim")
+        raise OSError("could not fork the job's leader")
 
     def _fork_spare(self, own_cgroup: bool = True):
         """A new spare, in a new cgroup of its own if `own_cgroup` (where the agent has
@@ -257,7 +257,7 @@ def _join(cgroup: str) -> bool:
 
 def _spare(server: Server, sock: socket.socket, cgroup) -> None:
     """A spare's life: a session and a cgroup of its own, then wait for a request and
-    become its shim; end (leaving its cgroup, and removing it) if the server ends first."""
+    become its leader; end (leaving its cgroup, and removing it) if the server ends first."""
     code = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -283,17 +283,17 @@ def _spare(server: Server, sock: socket.socket, cgroup) -> None:
         join = message.get("cgroup")
         if join is not None and _join(join):
             _remove(cgroup)  # not renamed (the kernel refused, or the job has no cgroup)
-        code = _become_shim(message["request"], fds[0], None)
+        code = _become_leader(message["request"], fds[0], None)
     except BaseException as e:
         with contextlib.suppress(OSError):
-            os.write(2, f"gpuhop: the job's shim failed: {type(e).__name__}: {e}\n".encode())
+            os.write(2, f"gpuhop: the job's leader failed: {type(e).__name__}: {e}\n".encode())
     finally:
         _exit(code)
 
 
-def _become_shim(path: str, log: int, cgroup) -> int:
+def _become_leader(path: str, log: int, cgroup) -> int:
     """Take the job's log as output, read its request (and remove it), join `cgroup` if
-    given, and run the shim."""
+    given, and run the leader."""
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(log, 1)
@@ -309,7 +309,7 @@ def _become_shim(path: str, log: int, cgroup) -> int:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    return shim.main(request["argv"], request.get("specs"))
+    return leader.main(request["argv"], request.get("specs"))
 
 
 def _exit(code: int) -> None:

@@ -1,12 +1,12 @@
 """Runs on the GPU host as each job's process-group leader: starts the job, waits, records.
 
-Started by the supervisor as `python -I -S shim.py STATUS_FILE PID_FILE [--gang SPEC]
+Started by the supervisor as `python -I -S leader.py STATUS_FILE PID_FILE [--gang SPEC]
 [--relay SOCKET] -- COMMAND...` in a new session, with stdout and stderr already pointing
-at the job's log (or forked, as just that, by the warm shim server: shimserver.py).
+at the job's log (or forked, as just that, by the warm leader server: leaderserver.py).
 It imports the standard library only (fast start, and no path to gpuhop's modules under
 -I), outlives an agent restart, and writes the job's exit status to STATUS_FILE
 atomically, so a restarted agent still learns how the job ended. Signals sent to the
-group (cancel) reach the job; the shim itself keeps waiting for it.
+group (cancel) reach the job; the leader itself keeps waiting for it.
 
 With `--gang SPEC` (a JSON file from the supervisor) it runs a multi-worker job: one
 process per worker, each with its own environment, log file and TF_CONFIG (or Keras 3's
@@ -17,14 +17,14 @@ job's log line by line with a `[worker I]` prefix. When one worker fails, the ot
 are stopped (gang failure) and the status says which worker ended first and how.
 
 With `--relay SOCKET` the job runs in a private network namespace (a multi-worker job
-already does), and the shim relays connections from the Unix socket SOCKET to ports
+already does), and the leader relays connections from the Unix socket SOCKET to ports
 inside it, so the agent can forward them (relay.py).
 
 With `--env SPEC` it first builds (or finds) the job's Python environment (envbuild.py);
 with `--sandbox SPEC` (every job, where the host allows namespaces) it runs the job in its
 own view of the host, where the state dir holds only the job's files and its datasets are
-mounted read-only (sandbox.py). The shim then stays outside and its child, the first process
-of the job's PID namespace, runs the job and reports the result on a pipe; the shim records
+mounted read-only (sandbox.py). The leader then stays outside and its child, the first process
+of the job's PID namespace, runs the job and reports the result on a pipe; the leader records
 it once that child, and so every process of the job, has ended. Both modules sit beside this
 file and use the standard library only.
 """
@@ -110,7 +110,7 @@ CLONE_NEWNET = 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 
-# Set where the shim made the job's private network before it gave up root (a job with an
+# Set where the leader made the job's private network before it gave up root (a job with an
 # identity of its own): the job is in it already.
 _NETWORK_MADE = False
 
@@ -286,14 +286,14 @@ def _signal(pid: int, sig: int) -> None:
 
 
 USAGE = (
-    "usage: shim.py STATUS PID_FILE [--gang SPEC] [--env SPEC] [--sandbox SPEC] [--relay SOCKET]"
+    "usage: leader.py STATUS PID_FILE [--gang SPEC] [--env SPEC] [--sandbox SPEC] [--relay SOCKET]"
     " -- COMMAND..."
 )
 
 
 def main(argv: list, given: dict | None = None) -> int:
     status_path, pid_path, *rest = argv
-    specs = dict(given or {})  # from the shim server's request: as --sandbox would give
+    specs = dict(given or {})  # from the leader server's request: as --sandbox would give
     relay = None
     while rest[:1] in (["--gang"], ["--env"], ["--sandbox"], ["--relay"]) and len(rest) > 1:
         if rest[0] == "--relay":
