@@ -288,6 +288,26 @@ def test_job_info_shows_the_spec_fields_by_their_wire_names():
     assert not set(WIRE_NAMES) & set(JobInfo.model_fields)
 
 
+def test_a_spec_names_what_is_not_at_its_default_and_sends_just_that():
+    spec = JobSpec(
+        gpus=2, name="n", env={"A": "1"}, data=(Mount("d", None, "in"),), after=("a",),
+        time_limit=60, priority=0, notify=(),
+    )  # fmt: skip
+    asked = {
+        "gpus": 2, "name": "n", "env": {"A": "1"},
+        "data": [{"name": "d", "version": None, "mount": "in"}], "after": ["a"], "time_limit": 60,
+    }  # fmt: skip
+    assert spec.non_default() == asked
+    assert JobSpec.from_json(asked) == spec  # the rest comes back at its defaults
+    # On the wire by the names agents have always known; what a request gives back.
+    wire = spec.to_wire()
+    assert wire == {**{k: v for k, v in asked.items() if k != "time_limit"}, "timeout": 60}
+    assert SubmitRequest(command=["x.py"], **wire).spec() == spec
+    # Empty is empty whatever its type: nothing asked, nothing sent.
+    nothing = JobSpec(env={}, after=[], data=[], notify=())  # type: ignore[arg-type]
+    assert nothing.non_default() == {} and nothing.to_wire() == {}
+
+
 def test_a_request_gives_its_spec_settled():
     spec = submit(workers=2, gpus_per_worker=2, timeout=60, data=[{"name": "d", "mount": "in"}])
     assert spec.spec() == JobSpec(

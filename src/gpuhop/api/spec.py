@@ -157,24 +157,21 @@ class JobSpec(NamedTuple):
                 fields[name] = tuple(fields[name])
         return cls(**fields)
 
+    def non_default(self) -> dict[str, Any]:
+        """The fields not at their defaults, as JSON (`to_json`'s values, by the spec's own
+        names). What a job asked for, and all that need be said of it: a submit sends these
+        (`to_wire`), the store keeps these (`records.stored_spec`), and `from_json` gives the
+        rest back at their defaults. A sequence or mapping counts as at its default when it is
+        empty, whatever its type (a list of no `after` jobs is the default's empty tuple)."""
+        return {name: value for name, value in self.to_json().items() if value != _DEFAULTS[name]}
+
     def to_wire(self) -> dict[str, Any]:
         """The fields a submit sends: those not at their default, by their wire names, so an
         older agent takes a request that asks nothing new of it."""
-        out: dict[str, Any] = {}
-        for name, value in zip(self._fields, self, strict=True):
-            default = self._field_defaults[name]
-            if value == default or (isinstance(default, tuple) and not value):
-                continue
-            out[WIRE_NAMES.get(name, name)] = value
-        if "data" in out:
-            out["data"] = [m.wire() for m in self.data]
-        for name in ("after", "notify"):
-            if name in out:
-                out[name] = list(out[name])
-        if "env" in out:
-            out["env"] = dict(self.env)
-        return out
+        return {WIRE_NAMES.get(name, name): value for name, value in self.non_default().items()}
 
 
 _FIELDS = frozenset(JobSpec._fields)
+# Every field at its default, as `to_json` gives it: what `non_default` compares with.
+_DEFAULTS = JobSpec().to_json()
 _FROM_WIRE = {wire: name for name, wire in WIRE_NAMES.items()}

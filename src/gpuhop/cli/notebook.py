@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from gpuhop.api.spec import JobSpec
 from gpuhop.cli import jobopts
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import fail, human_bytes, say, state_text
@@ -131,7 +130,7 @@ def notebook(  # noqa: PLR0913 (a command: each parameter is one of its options)
             nb = None
         if nb is not None:
             say(f"re-attaching to notebook job {nb.job.id} ({state_text(nb.job.state)})")
-            if requirements or spec.replace(name=None, requirements=None) != JobSpec():
+            if requirements or spec.non_default().keys() - {"name", "requirements"}:
                 say(
                     "[yellow]the GPU, Python, env, data and queue options apply to a new"
                     " notebook; --new starts one[/yellow]"

@@ -35,16 +35,8 @@ def stored_spec(spec: JobSpec) -> str:
     """The spec as the `spec` column holds it: without the settings that are columns, and
     without those at their defaults (`JobSpec.from_json` gives them back). The scheduler
     reads every queued job's row each pass: a short one reads (and compares) faster."""
-    return json.dumps(
-        {
-            name: value
-            for name, value in spec.to_json().items()
-            if name not in COLUMN_SETTINGS and value != _DEFAULTS[name]
-        }
-    )
-
-
-_DEFAULTS = JobSpec().to_json()
+    asked = spec.non_default()
+    return json.dumps({name: value for name, value in asked.items() if name not in COLUMN_SETTINGS})
 
 
 # Never changed once made: the store hands the same record to every reader of a row that
