@@ -91,7 +91,17 @@ MAY_IMPORT: dict[str, set[str]] = {
         "gpuhop.api",
         "gpuhop.home",
     },
+    # The bytes to and from a job's servers (port forwards, the model-server proxy), below
+    # the request handlers that decide who may reach which job.
+    "gpuhop.agent.proxy": {
+        "gpuhop.agent.context",
+        "gpuhop.agent.errors",
+        "gpuhop.agent.jobs",
+        "gpuhop.backends",
+        "gpuhop.api",
+    },
     "gpuhop.agent.services": {
+        "gpuhop.agent.proxy",
         "gpuhop.agent.context",
         "gpuhop.agent.config",
         "gpuhop.agent.errors",
@@ -122,6 +132,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "gpuhop.agent.ui",
         "gpuhop.agent.duties",
         "gpuhop.agent.services",
+        "gpuhop.agent.proxy",
         "gpuhop.agent.context",
         "gpuhop.agent.errors",
         "gpuhop.agent.callers",

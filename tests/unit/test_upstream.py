@@ -1,4 +1,4 @@
-"""The model-server proxy's HTTP client (`agent.services.upstream`) against real servers on
+"""The model-server proxy's HTTP client (`agent.proxy.upstream`) against real servers on
 loopback: uvicorn serving a Starlette app, as a model server does, and raw sockets that
 answer as a broken or hostile job might."""
 
@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from gpuhop.agent.services import upstream
-from gpuhop.agent.services.upstream import MAX_HEAD, Pool, UpstreamError, UpstreamTimeout
+from gpuhop.agent.proxy import upstream
+from gpuhop.agent.proxy.upstream import MAX_HEAD, Pool, UpstreamError, UpstreamTimeout
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,7 +9,7 @@ bytes go straight between the local connection and the job. One asyncio
 loop on a thread of its own moves the bytes of every connection (websockets' threaded
 client holds one lock across a blocked send and its receives, which deadlocks an echo
 under backpressure). A watcher thread closes everything when the job ends. See
-`gpuhop.agent.services.ports` for the wire protocol.
+`gpuhop.agent.proxy.bridge` for the wire protocol.
 
 Whoever reaches the local end is served with this user's credentials, as with `ssh -L`:
 on loopback that is every local user of this machine. A Unix socket (`unix=PATH`) is made

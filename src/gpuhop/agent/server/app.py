@@ -23,6 +23,7 @@ from starlette.requests import ClientDisconnect
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.duties.runner import run_duties
 from gpuhop.agent.errors import ApiError, describe_errors, error_response
+from gpuhop.agent.proxy.modelserver import ModelProxy
 from gpuhop.agent.server import handoff
 from gpuhop.agent.server.limits import BodyLimit
 from gpuhop.agent.server.routers import (
@@ -42,7 +43,6 @@ from gpuhop.agent.server.routers import (
 from gpuhop.agent.services.doctor import ProbeRuns
 from gpuhop.agent.services.listing import Listing
 from gpuhop.agent.services.logwatch import LogWatch
-from gpuhop.agent.services.serving import Upstream
 from gpuhop.agent.storage.blobs import QuotaExceeded
 from gpuhop.agent.ui import api as ui_api
 from gpuhop.agent.ui import pages as ui_pages
@@ -86,13 +86,13 @@ def create_app(ctx: AgentContext) -> FastAPI:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            await app.state.upstream.aclose()
+            await app.state.model_proxy.aclose()
             await app.state.log_watch.aclose()
 
     app = FastAPI(title="gpuhop agent", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
-    # The HTTP client the model-server proxy shares (see `services.serving`).
-    app.state.upstream = Upstream()
+    # The model-server proxy's connections and lookups, shared (see `proxy.modelserver`).
+    app.state.model_proxy = ModelProxy()
     # `doctor`'s TensorFlow probe: one at a time, its report reused briefly.
     app.state.probes = ProbeRuns()
     # The dashboard's login codes and browser sessions (in memory; see gpuhop.agent.ui.sessions).

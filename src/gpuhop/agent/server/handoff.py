@@ -1,7 +1,7 @@
 """Runs in the agent: forwards on the agent's own host get the job's connected socket.
 
 A forward through the API carries every byte over a WebSocket, through the agent's event
-loop (`services.ports.bridge`): what a remote client needs, and a hop each way for every
+loop (`gpuhop.agent.proxy.bridge`): what a remote client needs, and a hop each way for every
 small message (a remote TensorFlow op is many). A client on this host can be handed the
 connection itself instead: it asks on a second Unix socket beside the agent's
 (`AgentPaths.handoff`, mode 0600 in the same 0700 directory, so it reaches the same
@@ -30,6 +30,7 @@ from pathlib import Path
 from gpuhop.agent.callers import Caller, owner_login
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
+from gpuhop.agent.proxy.jobports import open_socket
 from gpuhop.agent.services import ports
 from gpuhop.api import ErrorBody, ErrorCode
 
@@ -76,7 +77,7 @@ async def _answer(ctx: AgentContext, caller: Caller, conn: socket.socket) -> Non
         try:
             ref, port = _parse(await asyncio.wait_for(_read_line(conn), REQUEST_TIMEOUT))
             job = ports.forwardable(ctx, ref, caller)
-            target = await ports.open_socket(ctx, job, port)
+            target = await open_socket(ctx, job, port)
         except ApiError as e:
             body = ErrorBody(code=e.code, message=e.message, detail=e.detail)
             _send(conn, {"status": e.status, **body.model_dump(mode="json")})

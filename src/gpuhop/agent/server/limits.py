@@ -6,7 +6,7 @@ a body sent without one is counted as it arrives and refused when it passes the 
 routes that stream their bodies set their own bounds and are exempt: blob and chunk uploads
 go to disk frame by frame, a tree or a dataset manifest has its own, larger cap
 (`routers.trees.MAX_TREE_BYTES`), and requests proxied to a model server have theirs
-(`services.serving.MAX_BODY`). The dashboard's routes (`/ui`) take no body worth the name
+(`proxy.modelserver.MAX_BODY`). The dashboard's routes (`/ui`) take no body worth the name
 (a cancel has none), so theirs is capped at `UI_BODY`.
 """
 
@@ -23,7 +23,7 @@ from gpuhop.api import ErrorBody, ErrorCode
 MAX_JSON_BODY = 16 * 1024 * 1024
 STREAMING_ROUTES = frozenset({"/v1/blobs/upload", "/v1/chunks/upload", "/v1/trees"})
 # POST /v1/datasets/NAME: a manifest; /v1/serve/...: requests to model servers, which stream
-# through with their own cap (`services.serving.MAX_BODY`).
+# through with their own cap (`proxy.modelserver.MAX_BODY`).
 STREAMING_PREFIXES = ("/v1/datasets/", "/v1/serve/")
 UI_BODY = 64 * 1024
 

@@ -8,8 +8,9 @@ while the job writes: its runs are named by their paths in either (`train`,
 `logs/fit/20240101-120000/train`), as `tensorboard --logdir .` run in the work dir would.
 It runs in a private network namespace and listens on `PORT` there: no other host and no
 other user of this host can reach it. Clients forward that port through the agent
-(`services.ports`) with their own credentials. What marks a TensorBoard job is its spec
-file, `tensorboard.json` in its job dir, naming the job it serves.
+(`services.ports`, `proxy.bridge`) with their own credentials: TensorBoard has no proxy
+of its own. What marks a TensorBoard job is its spec file, `tensorboard.json` in its job
+dir, naming the job it serves.
 
 Only a caller who may see the job (its owner, or an admin) may start one. The server
 belongs to the job's owner, so both find it, and a second request for the same job gets

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
+from gpuhop.agent.proxy.modelserver import ModelProxy, error
 from gpuhop.agent.services import serving as service
 from gpuhop.api import ErrorCode, JobInfo, ServeRequest, ServingInfo
 
@@ -51,8 +52,8 @@ def show(ref: str, request: Request) -> ServingInfo:
 @router.get("/{ref}/{path:path}")
 @router.post("/{ref}/{path:path}")
 async def proxy(ref: str, path: str, request: Request) -> Response:
-    upstream: service.Upstream = request.app.state.upstream
-    return await service.proxy(ctx(request), upstream, ref, path, request, caller_of(request))
+    model_proxy: ModelProxy = request.app.state.model_proxy
+    return await service.proxy(ctx(request), model_proxy, ref, path, request, caller_of(request))
 
 
 PROXIED = re.compile(r"/v1/serve/(?P<ref>[^/]+)/(?P<path>.*)", re.DOTALL)
@@ -73,7 +74,7 @@ class Proxy:
                     response = await proxy(match["ref"], match["path"], request)
                 except Exception as e:  # the app's handlers sit in the routing skipped here
                     log.exception("%s %s failed", scope["method"], scope["path"])
-                    response = service.error(500, ErrorCode.internal, f"the agent failed: {e}")
+                    response = error(500, ErrorCode.internal, f"the agent failed: {e}")
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -1,4 +1,4 @@
-"""Runs in the agent: the HTTP/1.1 client of the model-server proxy, kept lean.
+"""Runs in the agent: the HTTP/1.1 client of the model-server proxy (`modelserver`), kept lean.
 
 Every predict request through the agent is one request to a model server on this host,
 so what this client costs per request is the proxy's cost. httpx (through
