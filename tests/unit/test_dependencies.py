@@ -29,6 +29,7 @@ WITH_EXTRAS = (
     "keras.py",
     "tfserver",
     "runtime/coordination.py",
+    "runtime/summaries.py",  # runs in a job once it has imported TensorFlow (tf.summary)
     "serving/",
     "runtime/notebook/",
     "runtime/tbserver.py",  # a TensorBoard server job's program (the tf extra's tensorboard)
