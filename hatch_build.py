@@ -1,4 +1,4 @@
-"""Builds the dataset chunker's C part (src/gpuhop/client/_cdc.c) with the wheel.
+"""Builds the dataset chunker's C part (src/gpuhop/client/sync/_cdc.c) with the wheel.
 
 A plain shared library, loaded with ctypes (no Python API: one build serves any Python).
 Without a C compiler the install goes on with a warning, and pushes chunk with numpy: the
@@ -16,8 +16,8 @@ from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-SOURCE = "src/gpuhop/client/_cdc.c"
-LIBRARY = "src/gpuhop/client/_cdc_native.so"
+SOURCE = "src/gpuhop/client/sync/_cdc.c"
+LIBRARY = "src/gpuhop/client/sync/_cdc_native.so"
 
 
 class CustomBuildHook(BuildHookInterface):
@@ -47,4 +47,4 @@ class CustomBuildHook(BuildHookInterface):
         if version != "editable":  # an editable install loads it from src/ where it lies
             build_data["pure_python"] = False
             build_data["infer_tag"] = True
-            build_data["force_include"][str(library)] = "gpuhop/client/_cdc_native.so"
+            build_data["force_include"][str(library)] = "gpuhop/client/sync/_cdc_native.so"

@@ -20,8 +20,8 @@ from pathlib import Path
 from harness import Row, Settings, private_agent
 
 from gpuhop import Client
-from gpuhop.client.sync import FileEntry
-from gpuhop.client.upload import send_files
+from gpuhop.client.sync.upload import send_files
+from gpuhop.client.sync.workdir import FileEntry
 from gpuhop.home import AgentPaths, read_pid
 
 NAME = "memory"

@@ -22,7 +22,7 @@ from pathlib import Path
 from harness import BenchError, Row, Settings, private_agent, run_checked, timed_run, wait_until
 
 from gpuhop import Client
-from gpuhop.client.sync import RACY_WINDOW_NS
+from gpuhop.client.sync.workdir import RACY_WINDOW_NS
 
 NAME = "resync"
 SEED = 0

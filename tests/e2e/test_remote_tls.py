@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.client.tls import fetch_certificate
+from gpuhop.client.transport.tls import fetch_certificate
 from tests.conftest import Agent
 
 

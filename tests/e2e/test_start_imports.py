@@ -20,8 +20,8 @@ NOT_ON_THESE_PATHS = (
     "pathspec",
     "gpuhop.client.data",
     "gpuhop.api.data",
-    "gpuhop.client.ssh",
-    "gpuhop.client.tls",
+    "gpuhop.client.transport.ssh",
+    "gpuhop.client.transport.tls",
     "numpy",
     "click",
 )

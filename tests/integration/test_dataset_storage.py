@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuhop.api.data import CHUNK_HEADER, CONT, PART
-from gpuhop.client import chunkupload
+from gpuhop.client.sync import chunkupload
 from tests.conftest import wait_until
 from tests.integration.test_datasets import (
     Interrupted,

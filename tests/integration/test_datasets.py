@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from gpuhop.api import JobState
-from gpuhop.client import GpuhopError, chunkupload
+from gpuhop.client import GpuhopError
+from gpuhop.client.sync import chunkupload
 from tests.conftest import wait_until
 
 
@@ -326,7 +327,7 @@ def test_a_dataset_chunked_with_numpy_is_not_sent_again_by_the_c_chunker(
 ):
     """Where the C chunker was not built, pushes chunk with numpy; a later push of the same
     files with the C chunker makes the same chunks, so nothing travels again."""
-    from gpuhop.client import chunking
+    from gpuhop.client.sync import chunking
 
     assert chunking._native() is not None, "the C chunker was not built (scripts/setup-venv)"
     tree = make_tree(tmp_path / "ds", seed=5)

@@ -11,7 +11,7 @@ from typing import TypeVar
 import httpx
 import pytest
 
-from gpuhop.client.tls import fetch_certificate, pinned_context
+from gpuhop.client.transport.tls import fetch_certificate, pinned_context
 from tests.conftest import Agent
 
 pytestmark = pytest.mark.timeout(300)

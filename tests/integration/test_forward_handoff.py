@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.client import GpuhopError, Job, handoff
+from gpuhop.client import GpuhopError, Job
+from gpuhop.client.transport import handoff
 from tests.conftest import wait_until
 from tests.integration.test_forward import PAGE, SERVERS, echo_through, job_log, start_servers
 from tests.integration.test_private_network import ECHO

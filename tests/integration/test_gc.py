@@ -12,8 +12,8 @@ import pytest
 from gpuhop.api import JobState
 from gpuhop.client import GpuhopError
 from gpuhop.client.submitted import tree_of
-from gpuhop.client.sync import scan
-from gpuhop.client.upload import send_tree
+from gpuhop.client.sync.upload import send_tree
+from gpuhop.client.sync.workdir import scan
 from tests.conftest import wait_until
 from tests.integration.test_agent_restart import WAITER
 

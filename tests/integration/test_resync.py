@@ -17,8 +17,8 @@ from gpuhop.api import JobState
 from gpuhop.api.trees import tree_bytes
 from gpuhop.client import GpuhopError
 from gpuhop.client.submitted import tree_of
-from gpuhop.client.sync import RACY_WINDOW_NS, scan
-from gpuhop.client.trees import LastTree
+from gpuhop.client.sync.trees import LastTree
+from gpuhop.client.sync.workdir import RACY_WINDOW_NS, scan
 from tests.conftest import wait_until
 
 FILES = {"show.py": "import sys\nprint(open(sys.argv[1]).read())\n", "a.txt": "first"}
@@ -276,7 +276,7 @@ for path in sorted(glob.glob("*.bin")):
 def test_a_first_upload_is_sent_while_it_is_hashed(shared_agent, project, monkeypatch):
     # Batches of 500 kB instead of 64 MiB: this 2.4 MB tree goes while it is hashed
     # (upload.EarlySender); the job sees every byte of every file.
-    from gpuhop.client import upload
+    from gpuhop.client.sync import upload
 
     monkeypatch.setattr(upload, "UPLOAD_BATCH_BYTES", 500_000)
     root = project({})
@@ -307,8 +307,8 @@ def test_a_first_upload_is_sent_while_it_is_hashed(shared_agent, project, monkey
 
 
 def test_an_early_batch_the_agent_refuses_stops_the_rest(shared_agent, tmp_path):
-    from gpuhop.client.sync import FileEntry
-    from gpuhop.client.upload import EarlySender
+    from gpuhop.client.sync.upload import EarlySender
+    from gpuhop.client.sync.workdir import FileEntry
 
     def entry(name: str, data: bytes, digest: str | None = None) -> FileEntry:
         (tmp_path / name).write_bytes(data)

@@ -29,7 +29,7 @@ from gpuhop.api import JobState
 from gpuhop.api.data import CHUNK_HEADER, CONT, PART
 from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.client import Client, GpuhopError
-from gpuhop.client.tls import fetch_certificate, pinned_context
+from gpuhop.client.transport.tls import fetch_certificate, pinned_context
 from tests.conftest import Agent
 from tests.integration import test_tls
 from tests.integration.test_forward import SERVERS, start_servers

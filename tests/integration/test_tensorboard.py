@@ -16,8 +16,8 @@ from gpuhop.agent.services.tensorboard import python_with_tensorboard
 from gpuhop.api import JobState, fingerprint_of
 from gpuhop.client import Client, GpuhopError
 from gpuhop.client import tensorboard as tb_client
-from gpuhop.client.remotes import Remote, RemotesFile, save
-from gpuhop.client.tls import fetch_certificate
+from gpuhop.client.transport.remotes import Remote, RemotesFile, save
+from gpuhop.client.transport.tls import fetch_certificate
 from tests.conftest import Agent, wait_until
 
 SLEEPER = "import time\nprint('sleeping', flush=True)\ntime.sleep(120)\n"

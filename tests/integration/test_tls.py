@@ -21,10 +21,10 @@ from websockets.sync.client import connect as ws_connect
 from gpuhop.agent.server.listen import make_self_signed
 from gpuhop.api import JobState, fingerprint_of
 from gpuhop.client import Client, GpuhopError
-from gpuhop.client.remotes import Remote, RemotesFile, save
 from gpuhop.client.submitted import tree_of
-from gpuhop.client.sync import scan
-from gpuhop.client.tls import fetch_certificate, pinned_context
+from gpuhop.client.sync.workdir import scan
+from gpuhop.client.transport.remotes import Remote, RemotesFile, save
+from gpuhop.client.transport.tls import fetch_certificate, pinned_context
 from tests.conftest import Agent, wait_until
 from tests.integration.test_forward import PAGE, SERVERS, echo_through, start_servers
 from tests.team import team_agent, team_tokens

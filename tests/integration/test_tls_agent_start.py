@@ -10,8 +10,8 @@ from gpuhop.agent.server.listen import make_self_signed
 from gpuhop.api import fingerprint_of
 from gpuhop.client import Client
 from gpuhop.client.embedded import start_background
-from gpuhop.client.remotes import Remote, RemotesFile, save
-from gpuhop.client.tls import fetch_certificate
+from gpuhop.client.transport.remotes import Remote, RemotesFile, save
+from gpuhop.client.transport.tls import fetch_certificate
 from gpuhop.home import AgentError, AgentPaths, read_pid
 from tests.conftest import Agent
 

@@ -21,8 +21,8 @@ from gpuhop.agent.ui import api as ui_api
 from gpuhop.agent.ui import pages as ui_pages
 from gpuhop.api import fingerprint_of
 from gpuhop.client import Client
-from gpuhop.client.remotes import Remote, RemotesFile, save
-from gpuhop.client.tls import fetch_certificate, pinned_context
+from gpuhop.client.transport.remotes import Remote, RemotesFile, save
+from gpuhop.client.transport.tls import fetch_certificate, pinned_context
 from tests.conftest import Agent, wait_until
 
 SLEEP = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(120)"]

@@ -1,4 +1,4 @@
-"""The SDK's standard-library HTTP over the agent's Unix socket (client/unixhttp.py), against
+"""The SDK's standard-library HTTP over the agent's Unix socket (client/transport/unixhttp.py), against
 a real agent: one kept-alive connection, a streamed answer with a request beside it, the
 agent's error answers in its own words, and query parameters as the agent reads them."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpuhop.client import Client, GpuhopError
-from gpuhop.client.unixhttp import UnixClient, query
+from gpuhop.client.transport.unixhttp import UnixClient, query
 
 
 def test_requests_share_one_kept_alive_connection(shared_agent):

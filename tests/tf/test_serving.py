@@ -21,8 +21,8 @@ import pytest
 
 from gpuhop.api import fingerprint_of
 from gpuhop.client import Client, GpuhopError, Job, Model
-from gpuhop.client.remotes import Remote, RemotesFile, save
-from gpuhop.client.tls import fetch_certificate, pinned_context
+from gpuhop.client.transport.remotes import Remote, RemotesFile, save
+from gpuhop.client.transport.tls import fetch_certificate, pinned_context
 from tests.conftest import EXAMPLES, Agent
 
 pytestmark = [pytest.mark.tf, pytest.mark.timeout(300)]

@@ -15,8 +15,8 @@ import pytest
 from gpuhop.agent.storage import settle
 from gpuhop.agent.storage.blobs import BlobError, BlobStore
 from gpuhop.api.framing import FRAME_HEADER
-from gpuhop.client.sync import FileEntry
-from gpuhop.client.upload import body_size, frames
+from gpuhop.client.sync.upload import body_size, frames
+from gpuhop.client.sync.workdir import FileEntry
 from tests.conftest import wait_until
 
 

@@ -12,8 +12,8 @@ import pytest
 
 from gpuhop.agent.storage.blobs import BlobError
 from gpuhop.agent.storage.chunks import decode
-from gpuhop.client import chunking
-from gpuhop.client.chunking import MAX_SIZE, MIN_SIZE, chunk_file, cut_points, encode
+from gpuhop.client.sync import chunking
+from gpuhop.client.sync.chunking import MAX_SIZE, MIN_SIZE, chunk_file, cut_points, encode
 
 
 def write(path: Path, data: bytes) -> Path:

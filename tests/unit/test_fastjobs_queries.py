@@ -14,7 +14,7 @@ from gpuhop.agent.services.logwatch import LogWatch
 from gpuhop.agent.services.outputs import follow_log
 from gpuhop.api import JobState
 from gpuhop.api.spec import JobSpec
-from gpuhop.client.unixhttp import query
+from gpuhop.client.transport.unixhttp import query
 
 
 def test_the_clients_own_queries_are_taken():

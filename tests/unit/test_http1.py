@@ -1,4 +1,4 @@
-"""The SDK's HTTP/1.1 on a plain socket (client/http1.py, under client/unixhttp.py), against
+"""The SDK's HTTP/1.1 on a plain socket (client/transport/http1.py, under client/transport/unixhttp.py), against
 a server on a real Unix socket that answers with exactly the bytes each test gives: every
 way an answer's body is framed, a request body of unknown length, and the answers that
 are broken, each a TransportError that says what broke."""
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from gpuhop.client.unixhttp import Timeout, TransportError, UnixClient
+from gpuhop.client.transport.unixhttp import Timeout, TransportError, UnixClient
 
 Handler = Callable[[socket.socket, bytes], None]
 

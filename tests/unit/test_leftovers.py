@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.client.leftovers import outputs_warning, training_outputs
-from gpuhop.client.sync import FileEntry
+from gpuhop.client.sync.leftovers import outputs_warning, training_outputs
+from gpuhop.client.sync.workdir import FileEntry
 
 
 def entry(path: str, size: int = 10) -> FileEntry:

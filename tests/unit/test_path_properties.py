@@ -18,7 +18,7 @@ from gpuhop.agent.errors import ApiError
 from gpuhop.agent.services.outputs import artifact_path
 from gpuhop.agent.storage.trees import TreeError, check_paths
 from gpuhop.api import ManifestEntry, validate_relpath
-from gpuhop.client.ignores import IgnoreLayer
+from gpuhop.client.sync.ignores import IgnoreLayer
 from gpuhop.home import AgentPaths
 
 # Components that make trouble, and a few ordinary ones.

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import gpuhop
-from gpuhop.client import GpuhopError, remotes
+from gpuhop.client import GpuhopError
+from gpuhop.client.transport import remotes
 from gpuhop.client.wheel import build_wheel
 
 
@@ -111,7 +112,7 @@ def test_the_wheel_is_reproducible_and_complete() -> None:
         assert "gpuhop = gpuhop.cli.main:main" in zf.read(f"{dist_info}/entry_points.txt").decode()
         assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
         # A py3-none-any wheel carries no library built for this machine (the chunker's).
-        assert "gpuhop/client/_cdc.c" in names and not [n for n in names if n.endswith(".so")]
+        assert "gpuhop/client/sync/_cdc.c" in names and not [n for n in names if n.endswith(".so")]
         for line in zf.read(f"{dist_info}/RECORD").decode().splitlines():
             path, digest, size = line.split(",")
             if not digest:

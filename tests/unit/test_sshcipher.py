@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.client import sshcipher
-from gpuhop.client.sshcipher import ciphers_of, has_aes_instructions, preferred
+from gpuhop.client.transport import sshcipher
+from gpuhop.client.transport.sshcipher import ciphers_of, has_aes_instructions, preferred
 from tests.conftest import missing
 
 DEFAULTS = [

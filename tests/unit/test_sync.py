@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.client import ignores, sync
-from gpuhop.client.sync import HashCache, ScanResult, SyncError, cache_path_for, scan
+from gpuhop.client.sync import ignores
+from gpuhop.client.sync import workdir as sync
+from gpuhop.client.sync.workdir import HashCache, ScanResult, SyncError, cache_path_for, scan
 
 LONG_AGO = time.time() - 3600
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpuhop.client.transport import Endpoint
+from gpuhop.client.transport.base import Endpoint
 
 
 def _stale_socket(path: Path) -> Path:
@@ -62,7 +62,7 @@ def test_the_sdk_session_on_a_dead_socket_says_so_and_leaks_nothing(
 ) -> None:
     from gpuhop.client.errors import GpuhopError
     from gpuhop.client.session import Session
-    from gpuhop.client.unixhttp import UnixClient
+    from gpuhop.client.transport.unixhttp import UnixClient
 
     path = tmp_path / "agent.sock"
     if kind == "stale":

@@ -19,8 +19,8 @@ from gpuhop.agent.storage.trees import MissingBlobs, MissingTree, TreeError, Tre
 from gpuhop.api.models import TreeDelta
 from gpuhop.api.trees import tree_bytes
 from gpuhop.client.submitted import tree_of
-from gpuhop.client.sync import FileEntry
-from gpuhop.client.trees import LastTree
+from gpuhop.client.sync.trees import LastTree
+from gpuhop.client.sync.workdir import FileEntry
 from tests.unit.test_trees import put, store
 
 

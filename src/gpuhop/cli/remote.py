@@ -10,7 +10,8 @@ import time
 import typer
 
 from gpuhop.cli.output import fail, print_json, print_table, say
-from gpuhop.client import Client, GpuhopError, remotes
+from gpuhop.client import Client, GpuhopError
+from gpuhop.client.transport import remotes
 
 app = typer.Typer(
     help="The GPU hosts you use: over SSH (the default way in) or a team agent over TLS.",
@@ -90,7 +91,7 @@ def add(
 
 
 def _pin(remote: remotes.Remote, given: str | None, yes: bool) -> None:
-    from gpuhop.client.tls import fetch_certificate, normalize_fingerprint
+    from gpuhop.client.transport.tls import fetch_certificate, normalize_fingerprint
 
     try:
         wanted = normalize_fingerprint(given) if given else None
@@ -268,7 +269,7 @@ def disconnect(name: str = NameArg) -> None:
 
 
 def _disconnect(remote: remotes.Remote) -> bool:
-    from gpuhop.client.ssh import SshConnection
+    from gpuhop.client.transport.ssh import SshConnection
 
     try:
         return SshConnection(remote).disconnect()

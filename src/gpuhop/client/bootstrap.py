@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gpuhop.client.errors import GpuhopError
-from gpuhop.client.remotes import Remote
-from gpuhop.client.remotes import update as update_remote
-from gpuhop.client.ssh import REMOTE_HOME, SshConnection, remote_home
+from gpuhop.client.transport.remotes import Remote
+from gpuhop.client.transport.remotes import update as update_remote
+from gpuhop.client.transport.ssh import REMOTE_HOME, SshConnection, remote_home
 from gpuhop.client.wheel import build_wheel
 
 MIN_PYTHON = (3, 11)

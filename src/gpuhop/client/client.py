@@ -17,14 +17,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-# Siblings by their full names, never through the package, whose __init__ imports this.
-import gpuhop.client.endpoints as endpoints
 import gpuhop.client.host as host
 import gpuhop.client.jobs as jobs
 import gpuhop.client.notebook as notebooks
+
+# Siblings by their full names, never through the package, whose __init__ imports this.
+import gpuhop.client.transport.endpoints as endpoints
 from gpuhop.client.job import Job, get
 from gpuhop.client.session import Session
-from gpuhop.client.transport import Endpoint
+from gpuhop.client.transport.base import Endpoint
 from gpuhop.home import AgentPaths, default_home, user_dir
 
 # The job options a model server takes (`serve`): its GPUs, and its place in the queue.
@@ -52,8 +53,8 @@ if TYPE_CHECKING:
     from gpuhop.client.dashboard import Dashboard
     from gpuhop.client.data import Datasets, Envs
     from gpuhop.client.submitted import SyncStats
-    from gpuhop.client.sync import FileEntry
-    from gpuhop.client.upload import Progress
+    from gpuhop.client.sync.upload import Progress
+    from gpuhop.client.sync.workdir import FileEntry
 
 
 def client_cache_dir() -> Path:
@@ -282,7 +283,7 @@ class Client:
         self, files: list[FileEntry], on_upload: Callable[[int, int], None] | None = None
     ) -> tuple[int, int]:
         """Send the files the agent lacks. Returns (files sent, bytes sent)."""
-        from gpuhop.client.upload import send_files
+        from gpuhop.client.sync.upload import send_files
 
         return send_files(self.session, files, on_upload)
 

@@ -34,10 +34,10 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gpuhop.client.errors import GpuhopError
-from gpuhop.client.httpxmodule import httpx_module
 from gpuhop.client.session import Session
 from gpuhop.client.tokens import login_code
-from gpuhop.client.transport import Endpoint
+from gpuhop.client.transport.base import Endpoint
+from gpuhop.client.transport.httpxmodule import httpx_module
 
 if TYPE_CHECKING:
     import httpx

@@ -25,11 +25,11 @@ from pydantic import ValidationError
 
 from gpuhop.api.data import DatasetInfo, EnvInfo
 from gpuhop.api.models import DataMount
-from gpuhop.client.chunkupload import UPLOAD_BATCH_BYTES, ChunkUpload, PushProgress
 from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.session import Session, quote
-from gpuhop.client.sync import RACY_WINDOW_NS, SyncError, check_name
-from gpuhop.client.unixhttp import Timeout
+from gpuhop.client.sync.chunkupload import UPLOAD_BATCH_BYTES, ChunkUpload, PushProgress
+from gpuhop.client.sync.workdir import RACY_WINDOW_NS, SyncError, check_name
+from gpuhop.client.transport.unixhttp import Timeout
 
 CHUNKERS = 2  # files chunked at once
 
@@ -299,6 +299,6 @@ def _chunks_of(f: _File) -> list[tuple[int, str]]:
 
 def _chunking() -> types.ModuleType:
     """The chunker, with numpy: imported by the commands that push, not by every command."""
-    import gpuhop.client.chunking
+    import gpuhop.client.sync.chunking
 
-    return gpuhop.client.chunking
+    return gpuhop.client.sync.chunking

@@ -4,7 +4,7 @@ listens on.
 `Forward` listens locally; each connection it accepts gets its own WebSocket to the agent
 (`/v1/jobs/{id}/ports/{port}`) through the client's endpoint, so forwarding works over
 an SSH tunnel and TLS alike, with the same credentials. With the agent on this host, the
-agent hands over the job's connected socket instead (`gpuhop.client.handoff`) and the
+agent hands over the job's connected socket instead (`gpuhop.client.transport.handoff`) and the
 bytes go straight between the local connection and the job. One asyncio
 loop on a thread of its own moves the bytes of every connection (websockets' threaded
 client holds one lock across a blocked send and its receives, which deadlocks an echo
@@ -36,9 +36,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketExce
 
 from gpuhop.api import ErrorBody, JobInfo
 from gpuhop.client.errors import GpuhopError
-from gpuhop.client.handoff import connect as handed_over
-from gpuhop.client.handoff import pump as pump_handed_over
 from gpuhop.client.session import Session
+from gpuhop.client.transport.handoff import connect as handed_over
+from gpuhop.client.transport.handoff import pump as pump_handed_over
 
 EOF = "eof"
 # One read from a local socket becomes one message of at most this size; the agent
@@ -219,7 +219,7 @@ class Forward:
 
     async def _handed_over(self) -> socket.socket | None:
         """The job's port itself, where the agent runs on this host (see
-        `gpuhop.client.handoff`); None where the bytes go over a WebSocket instead."""
+        `gpuhop.client.transport.handoff`); None where the bytes go over a WebSocket instead."""
         path = self.job.session.endpoint.handoff
         if path is None:
             return None

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import gpuhop.api as api
 from gpuhop.client.session import Session
-from gpuhop.client.unixhttp import Timeout
+from gpuhop.client.transport.unixhttp import Timeout
 
 if TYPE_CHECKING:
     from gpuhop.api.agent import ClusterInfo

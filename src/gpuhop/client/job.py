@@ -18,7 +18,7 @@ from gpuhop.api.states import JobState
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.pull import PullPlan, fetch_planned, plan_pull
 from gpuhop.client.session import Connected, Session, quote, session_of
-from gpuhop.client.unixhttp import Timeout
+from gpuhop.client.transport.unixhttp import Timeout
 
 if TYPE_CHECKING:
     from gpuhop.api import ArtifactEntry, JobInfo, TensorBoardInfo, WorkdirEntry

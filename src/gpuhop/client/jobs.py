@@ -19,8 +19,8 @@ from gpuhop.client.session import Session
 if TYPE_CHECKING:
     from gpuhop.api import JobInfo
     from gpuhop.api.spec import JobSpec, Mount
-    from gpuhop.client.sync import ScanResult
-    from gpuhop.client.upload import Progress, UploadProgress
+    from gpuhop.client.sync.upload import Progress, UploadProgress
+    from gpuhop.client.sync.workdir import ScanResult
 
 
 # `Client.submit`'s names for the spec's fields that it takes in another form: each makes
@@ -121,9 +121,9 @@ def submit(
     the sync did is left in `session.last_sync`. With `synced` (from `scan_workdir`), the
     work dir is not scanned again: the runs of a sweep share one tree."""
     # The sync's modules (the scanner, hashing, uploads): loaded by a submit, not by `ps`.
-    from gpuhop.client.leftovers import outputs_warning
     from gpuhop.client.submitted import SyncStats, script_in_workdir
-    from gpuhop.client.trees import LastTree, post_with_tree
+    from gpuhop.client.sync.leftovers import outputs_warning
+    from gpuhop.client.sync.trees import LastTree, post_with_tree
 
     argv = shlex.split(command) if isinstance(command, str) else list(command)
     if not argv:
@@ -191,7 +191,7 @@ class Synced(NamedTuple):
 
 
 def scan_workdir(session: Session, root: Path, on_hash: Progress | None = None) -> Synced:
-    from gpuhop.client.upload import scan
+    from gpuhop.client.sync.upload import scan
 
     result = scan(session, root, on_hash)
     return Synced(result, result.tree, result.digest)

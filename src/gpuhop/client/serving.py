@@ -22,8 +22,8 @@ from gpuhop.client.errors import GpuhopError
 from gpuhop.client.job import Job, get
 from gpuhop.client.session import Connected, Session, session_of
 from gpuhop.client.submitted import tree_of
-from gpuhop.client.unixhttp import Timeout
-from gpuhop.client.upload import scan, send_files, send_tree
+from gpuhop.client.sync.upload import scan, send_files, send_tree
+from gpuhop.client.transport.unixhttp import Timeout
 
 if TYPE_CHECKING:
     from gpuhop.api import ServingInfo

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote as _url_quote
 
 from gpuhop.client.errors import GpuhopError
-from gpuhop.client.transport import Endpoint, HttpClient, Response
-from gpuhop.client.unixhttp import Timeout, UnixClient
+from gpuhop.client.transport.base import Endpoint, HttpClient, Response
+from gpuhop.client.transport.unixhttp import Timeout, UnixClient
 
 if TYPE_CHECKING:
     import httpx
@@ -50,7 +50,7 @@ class Session:
         else:
             if connected is not None:
                 connected.close()
-            from gpuhop.client.httpxtransport import HttpxClient
+            from gpuhop.client.transport.httpxtransport import HttpxClient
 
             self.http = HttpxClient(
                 transport or endpoint.transport(),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from gpuhop.api.trees import tree_bytes
 from gpuhop.client.errors import GpuhopError
-from gpuhop.client.sync import FileEntry, ScanResult
+from gpuhop.client.sync.workdir import FileEntry, ScanResult
 
 
 class SyncStats:

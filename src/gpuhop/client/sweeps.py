@@ -21,7 +21,7 @@ from gpuhop.client.session import Session
 
 if TYPE_CHECKING:
     from gpuhop.api.spec import JobSpec
-    from gpuhop.client.upload import Progress, UploadProgress
+    from gpuhop.client.sync.upload import Progress, UploadProgress
 
 MAX_RUNS = 1000
 ARRAY_KEY = "index"

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import httpcore
 from httpcore._backends.sync import SyncStream
 
-from gpuhop.client.httpxmodule import httpx_module
-from gpuhop.client.unixhttp import Timeout
+from gpuhop.client.transport.httpxmodule import httpx_module
+from gpuhop.client.transport.unixhttp import Timeout
 
 if TYPE_CHECKING:
     import httpx

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.session import Session
-from gpuhop.client.sync import FileEntry, ScanResult, SyncError
-from gpuhop.client.sync import scan as scan_tree
-from gpuhop.client.unixhttp import Timeout
+from gpuhop.client.sync.workdir import FileEntry, ScanResult, SyncError
+from gpuhop.client.sync.workdir import scan as scan_tree
+from gpuhop.client.transport.unixhttp import Timeout
 
 if TYPE_CHECKING:
     from concurrent.futures import Future, ThreadPoolExecutor
@@ -31,7 +31,7 @@ UploadProgress = Callable[[int, int], None]
 
 
 def scan(session: Session, root: Path, on_hash: Progress | None) -> ScanResult:
-    """Scan `root` (see `gpuhop.client.sync`) with the session's hash cache. Once the files
+    """Scan `root` (see `gpuhop.client.sync.workdir`) with the session's hash cache. Once the files
     it hashed pass UPLOAD_BATCH_BYTES, those the agent lacks are sent while it hashes on
     (`result.uploaded`); a small edit is left to go with its tree, as before."""
     early = EarlySender(session)

@@ -16,8 +16,8 @@ from urllib.parse import urlsplit
 
 from gpuhop.api import fingerprint_of, normalize_fingerprint
 from gpuhop.client.errors import GpuhopError
-from gpuhop.client.remotes import Remote
-from gpuhop.client.transport import Endpoint
+from gpuhop.client.transport.base import Endpoint
+from gpuhop.client.transport.remotes import Remote
 
 __all__ = [
     "fetch_certificate",

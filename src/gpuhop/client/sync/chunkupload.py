@@ -20,7 +20,7 @@ from typing import Protocol
 from gpuhop.api.data import CHUNK_HEADER, CONT, MISSING_BATCH, PART
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.session import Session
-from gpuhop.client.unixhttp import Timeout
+from gpuhop.client.transport.unixhttp import Timeout
 
 UPLOAD_BATCH_BYTES = 64 * 1024 * 1024
 UPLOADERS = 4  # upload requests at once (no more than the CPUs)

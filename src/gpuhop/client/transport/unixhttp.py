@@ -1,7 +1,7 @@
 """Runs on the user's machine: HTTP/1.1 to an agent's Unix socket, on a plain socket.
 
 The local agent's socket and the local end of an SSH tunnel need no TLS and no HTTP/2: the
-requests and answers are framed by `gpuhop.client.http1` over `socket`, which every command
+requests and answers are framed by `gpuhop.client.transport.http1` over `socket`, which every command
 has loaded anyway; httpx, and the standard library's `http.client` (with `email`), are
 spared at start-up. TLS remotes keep httpx (session.py picks).
 
@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
-from gpuhop.client.http1 import Connection, Response, TransportError, request_head
+from gpuhop.client.transport.http1 import Connection, Response, TransportError, request_head
 
 __all__ = ["Response", "Timeout", "TransportError", "UnixClient", "query"]
 

@@ -19,16 +19,16 @@ from typing import NamedTuple
 
 from gpuhop.api.trees import tree_bytes
 from gpuhop.client.errors import SyncError as SyncError
-from gpuhop.client.hashcache import (  # the cache's version and window, named here too
+from gpuhop.client.sync.hashcache import (  # the cache's version and window, named here too
     CACHE_VERSION as CACHE_VERSION,
 )
-from gpuhop.client.hashcache import (
+from gpuhop.client.sync.hashcache import (
     RACY_WINDOW_NS,
     HashCache,
     Listings,
     cache_path_for,
 )
-from gpuhop.client.ignores import IgnoreRules
+from gpuhop.client.sync.ignores import IgnoreRules
 
 _FORMAT, _REGULAR = stat.S_IFMT(0o177777), stat.S_IFREG
 # Kinds of kept directory entries in a cached listing.

@@ -8,8 +8,8 @@ each other; this module is the one place that picks between them.
 from __future__ import annotations
 
 from gpuhop.client.errors import GpuhopError
-from gpuhop.client.remotes import Remote, selected
-from gpuhop.client.transport import Endpoint, local_endpoint
+from gpuhop.client.transport.base import Endpoint, local_endpoint
+from gpuhop.client.transport.remotes import Remote, selected
 from gpuhop.home import AgentError, AgentPaths
 
 
@@ -32,9 +32,9 @@ def endpoint_for(remote: Remote) -> Endpoint:
     """Connect to a remote: set up its channel and return the endpoint to talk through."""
     # Each way's module only when a remote takes it: not on every command to the local agent.
     if remote.scheme == "ssh":
-        from gpuhop.client.ssh import ssh_endpoint
+        from gpuhop.client.transport.ssh import ssh_endpoint
 
         return ssh_endpoint(remote)
-    from gpuhop.client.tls import https_endpoint
+    from gpuhop.client.transport.tls import https_endpoint
 
     return https_endpoint(remote)

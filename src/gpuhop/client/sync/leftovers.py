@@ -15,7 +15,7 @@ import os
 import re
 from pathlib import Path
 
-from gpuhop.client.sync import FileEntry
+from gpuhop.client.sync.workdir import FileEntry
 
 # Under this in all, outputs are not worth a word.
 LARGE_BYTES = 1 << 20

@@ -79,7 +79,7 @@ class Endpoint:
     `description` names the agent in error messages: "the local agent at ...", "remote
     'lab' (...)". `uds`: a Unix socket to connect to instead of base_url's host and port.
     `handoff`: the agent's handoff socket, where the agent runs on this host (a forward is
-    handed the job's connected socket there; see `gpuhop.client.handoff`). `headers` are
+    handed the job's connected socket there; see `gpuhop.client.transport.handoff`). `headers` are
     sent with every request and WebSocket handshake (the bearer token). `reachable()`:
     whether reconnecting is worth a try now (cheap; called before each reconnect).
     `explain(exc)`: why a request failed to get through, in words that say more than the
@@ -137,13 +137,13 @@ class Endpoint:
 
     def transport(self) -> httpx.BaseTransport:
         """An httpx transport to this endpoint (TLS remotes; tests that speak httpx)."""
-        from gpuhop.client.httpxtransport import sync_transport
+        from gpuhop.client.transport.httpxtransport import sync_transport
 
         return sync_transport(self.uds, self.ssl_context)
 
     def async_transport(self) -> httpx.AsyncBaseTransport:
         """The same connection for an asyncio client (the dashboard's proxy)."""
-        from gpuhop.client.httpxtransport import async_transport
+        from gpuhop.client.transport.httpxtransport import async_transport
 
         return async_transport(self.uds, self.ssl_context)
 

@@ -10,7 +10,7 @@ job. An agent without that tree, or one the caller may not read, answers 409 mis
 and the tree goes whole.
 
 The delta is the scan's own account of what changed since the tree it made last (see
-`gpuhop.client.hashcache`): it is sent where that tree is the one this work dir last sent,
+`gpuhop.client.sync.hashcache`): it is sent where that tree is the one this work dir last sent,
 whose digest is kept per work dir under the cache dir (`trees/KEY`), 64 bytes written once
 the agent took the tree.
 """
@@ -28,8 +28,8 @@ from typing import Any, TypeVar
 from gpuhop.api.trees import MAX_DELTA_ENTRIES, MAX_INLINE_BYTES
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.session import Session
-from gpuhop.client.sync import FileEntry, ScanResult
-from gpuhop.client.upload import UploadProgress, changed_while_sent, send_files, send_tree
+from gpuhop.client.sync.upload import UploadProgress, changed_while_sent, send_files, send_tree
+from gpuhop.client.sync.workdir import FileEntry, ScanResult
 
 R = TypeVar("R")
 # The record's first bytes; a record of the first format (which went on with the tree's

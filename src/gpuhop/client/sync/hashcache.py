@@ -1,11 +1,11 @@
 """Runs on the user's machine: what the last scan of a work dir learned (see
-`gpuhop.client.sync`), kept under the cache dir: each file's hash keyed on its size, mtime,
+`gpuhop.client.sync.workdir`), kept under the cache dir: each file's hash keyed on its size, mtime,
 ctime and inode, each directory's filtered listing, and the digest of the tree it made.
 
 A file changed in the two seconds before a scan (git's "racily clean" problem) is recorded
 with a key no stat matches: the next scan hashes it again, and still knows it was there.
 So the record lists exactly the files of the tree it names, and the next scan tells what
-changed since that tree from what it hashed and what is gone (`gpuhop.client.trees` sends
+changed since that tree from what it hashed and what is gone (`gpuhop.client.sync.trees` sends
 that as the tree's delta).
 """
 

@@ -24,9 +24,9 @@ from urllib.parse import unquote, urlsplit
 
 from gpuhop.client.embedded import connect, socket_answers
 from gpuhop.client.errors import GpuhopError
-from gpuhop.client.remotes import Remote
-from gpuhop.client.remotes import update as update_remote
-from gpuhop.client.transport import Endpoint
+from gpuhop.client.transport.base import Endpoint
+from gpuhop.client.transport.remotes import Remote
+from gpuhop.client.transport.remotes import update as update_remote
 
 if TYPE_CHECKING:
     import subprocess
@@ -173,7 +173,7 @@ class SshConnection:
         import subprocess
         import tempfile
 
-        from gpuhop.client.sshcipher import cipher_options  # spawns ssh -G: only here
+        from gpuhop.client.transport.sshcipher import cipher_options  # spawns ssh -G: only here
 
         # The master carries every byte of the tunnel: AES-GCM first where that is faster.
         ciphers = cipher_options(self.argv(), self.target.destination)

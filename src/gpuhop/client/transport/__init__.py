@@ -1,0 +1,1 @@
+"""Runs on the user's machine: how the client reaches an agent (see base.py)."""
