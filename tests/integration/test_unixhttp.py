@@ -1,6 +1,7 @@
-"""The SDK's standard-library HTTP over the agent's Unix socket (client/transport/unixhttp.py), against
-a real agent: one kept-alive connection, a streamed answer with a request beside it, the
-agent's error answers in its own words, and query parameters as the agent reads them."""
+"""The SDK's standard-library HTTP over the agent's Unix socket
+(client/transport/unixhttp.py), against a real agent: one kept-alive connection, a streamed
+answer with a request beside it, the agent's error answers in its own words, and query
+parameters as the agent reads them."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""The SDK's HTTP/1.1 on a plain socket (client/transport/http1.py, under client/transport/unixhttp.py), against
-a server on a real Unix socket that answers with exactly the bytes each test gives: every
-way an answer's body is framed, a request body of unknown length, and the answers that
-are broken, each a TransportError that says what broke."""
+"""The SDK's HTTP/1.1 on a plain socket (client/transport/http1.py, under
+client/transport/unixhttp.py), against a server on a real Unix socket that answers with
+exactly the bytes each test gives: every way an answer's body is framed, a request body of
+unknown length, and the answers that are broken, each a TransportError that says what
+broke."""
 
 from __future__ import annotations
 

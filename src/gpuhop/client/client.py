@@ -17,11 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# Siblings by their full names, never through the package, whose __init__ imports this.
 import gpuhop.client.host as host
 import gpuhop.client.jobs as jobs
 import gpuhop.client.notebook as notebooks
-
-# Siblings by their full names, never through the package, whose __init__ imports this.
 import gpuhop.client.transport.endpoints as endpoints
 from gpuhop.client.job import Job, get
 from gpuhop.client.session import Session

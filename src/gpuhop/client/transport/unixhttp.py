@@ -1,9 +1,9 @@
 """Runs on the user's machine: HTTP/1.1 to an agent's Unix socket, on a plain socket.
 
 The local agent's socket and the local end of an SSH tunnel need no TLS and no HTTP/2: the
-requests and answers are framed by `gpuhop.client.transport.http1` over `socket`, which every command
-has loaded anyway; httpx, and the standard library's `http.client` (with `email`), are
-spared at start-up. TLS remotes keep httpx (session.py picks).
+requests and answers are framed by `gpuhop.client.transport.http1` over `socket`, which
+every command has loaded anyway; httpx, and the standard library's `http.client` (with
+`email`), are spared at start-up. TLS remotes keep httpx (session.py picks).
 
 What it offers is the part of httpx's `Client` and `Response` that the SDK uses: `request`
 and `stream` with params, json, content, headers and a timeout; `status_code`, `headers`,
