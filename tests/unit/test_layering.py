@@ -32,10 +32,29 @@ MAY_IMPORT: dict[str, set[str]] = {
     "gpuhop.keras": {"gpuhop.runtime"},
     "gpuhop.tf": {"gpuhop.runtime", "gpuhop.client"},  # remote ops reach the agent by the SDK
     "gpuhop.tfserver": {"gpuhop.tf"},  # the entry-script path of servers queued before 0.1
-    # On the user's machine.
-    "gpuhop.client": {"gpuhop.api", "gpuhop.home", "gpuhop.version"},
+    # On the user's machine. The SDK's errors and the local agent's daemon (embedded) at the
+    # bottom, then the ways to reach an agent (transport), then the SDK: the session, the
+    # sync (which sends through the session) and the features.
+    "gpuhop.client.errors": set(),
+    "gpuhop.client.embedded": {"gpuhop.home"},
+    "gpuhop.client.transport": {
+        "gpuhop.client.errors",
+        "gpuhop.client.embedded",  # the local agent's socket, started when none answers
+        "gpuhop.api",
+        "gpuhop.home",
+    },
+    "gpuhop.client": {
+        "gpuhop.client.errors",
+        "gpuhop.client.embedded",
+        "gpuhop.client.transport",
+        "gpuhop.api",
+        "gpuhop.home",
+        "gpuhop.version",
+    },
     "gpuhop.cli": {
         "gpuhop.client",
+        "gpuhop.client.embedded",  # `agent start` and `agent stop`
+        "gpuhop.client.transport",  # `remote`: the remotes file, SSH, a TLS pin
         "gpuhop.api",
         "gpuhop.home",
         "gpuhop.version",
