@@ -185,9 +185,11 @@ def test_idle_slow_and_silent_connections_are_closed(agent):
         kept.append(sock)
     slow = [tls(agent) for _ in range(20)]  # a byte at a time, for ever
     socks: list[socket.socket] = [*silent, *idle, *kept, *slow]
-    mid = report("with 70 idle or slow connections open", agent)[1]
-    assert mid >= files_before + 60
     try:
+        # The agent holds them all (it accepts them as it gets the CPU: on a busy machine,
+        # not all at once).
+        wait_until(lambda: open_files(agent.pid) >= files_before + 60, timeout=30)
+        report("with 70 idle or slow connections open", agent)
         started = time.monotonic()
         limit = max(HEAD_TIMEOUT, HANDSHAKE_TIMEOUT, KEEP_ALIVE_TIMEOUT) + 10
         text = (REQUEST + b"X-Pad: " + b"a" * 1000) * 100
@@ -218,9 +220,9 @@ def test_past_the_per_address_cap_connections_are_refused_and_the_socket_answers
     _, files_before = report("before the per-address cap", agent)
     held = [tcp(agent) for _ in range(PER_ADDRESS)]
     try:
-        wait_until(lambda: open_files(agent.pid) >= files_before + PER_ADDRESS, timeout=5)
+        wait_until(lambda: open_files(agent.pid) >= files_before + PER_ADDRESS, timeout=30)
         extra = tcp(agent)
-        assert closed_by_server(extra, timeout=3), "one more than the cap was accepted"
+        assert closed_by_server(extra, timeout=15), "one more than the cap was accepted"
         extra.close()
         report(f"with {PER_ADDRESS} connections from 127.0.0.1", agent)
         # The owner's Unix socket answers, and so does another client address.
