@@ -169,6 +169,20 @@ def _sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+def _plan_copies(out: PullPlan, route: str, folder: Path, listing: list[dict], what: str) -> None:
+    """Plan a part whose files are copies of the job's (its artifacts, its /tmp): each is
+    fetched into `folder` at its path unless the one there already has its size and mtime."""
+    out.roots[route] = folder
+    root = folder.absolute()
+    for raw in listing:
+        entry = api.ArtifactEntry.model_validate(raw)
+        target = _target(root, entry, what)
+        if target.is_file() and _same(target, entry):
+            out.current.append((route, target))
+        else:
+            out.todo.append((route, entry, target))
+
+
 def plan_pull(
     session: Session,
     job_id: str,
@@ -181,8 +195,6 @@ def plan_pull(
     `workdir` and the files it left in its /tmp into `tmp` (None: not that part)."""
     out = PullPlan(job_id)
     if tmp is not None:
-        out.roots["tmp"] = Path(tmp)
-        root = Path(tmp).absolute()
         try:
             listing = session.request("GET", f"/v1/jobs/{job_id}/tmp").json()
         except GpuhopError as e:
@@ -190,25 +202,11 @@ def plan_pull(
             if e.code not in ("conflict", "not_found"):
                 raise
             listing = []
-        for raw in listing:
-            entry = api.ArtifactEntry.model_validate(raw)
-            target = _target(root, entry, "/tmp file")
-            if target.is_file() and _same(target, entry):
-                out.current.append(("tmp", target))
-            else:
-                out.todo.append(("tmp", entry, target))
+        _plan_copies(out, "tmp", Path(tmp), listing, "/tmp file")
     if artifacts is not None:
-        out.roots["artifacts"] = Path(artifacts)
         out.claim(Path(artifacts))
-        root = Path(artifacts).absolute()
         listing = session.request("GET", f"/v1/jobs/{job_id}/artifacts").json()
-        for raw in listing:
-            art = api.ArtifactEntry.model_validate(raw)
-            target = _target(root, art, "artifact")
-            if target.is_file() and _same(target, art):
-                out.current.append(("artifacts", target))
-            else:
-                out.todo.append(("artifacts", art, target))
+        _plan_copies(out, "artifacts", Path(artifacts), listing, "artifact")
     if workdir is not None:
         out.roots["workdir"] = Path(workdir)
         root = Path(workdir).absolute()
