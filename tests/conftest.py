@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from gpuhop.api import ListenerInfo
 from gpuhop.client import Client
@@ -37,6 +38,12 @@ AGENT_PYTHON_FLAGS = ("-W", "error")
 # ... and for the agents a command under test starts itself (`gpuhop agent start`, a remote's
 # bootstrap, a command that finds none running): client/embedded.py reads it.
 AGENT_FLAGS_ENV = {"GPUHOP_AGENT_PYTHON_FLAGS": " ".join(AGENT_PYTHON_FLAGS)}
+
+# Hypothesis's clocks (an example's deadline, the health check on slow input generation)
+# fail a test for how busy the machine is, not for what the test checks: off, as any timed
+# assertion would be. (A test that sets its own `suppress_health_check` adds to this list.)
+settings.register_profile("gpuhop", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("gpuhop")
 
 # An entry of an agent's log (a line with a timestamp, and the lines below it up to the next
 # one) that says something went wrong that nobody handled: a traceback (`log.exception`, or

@@ -98,7 +98,9 @@ def artifacts_job(tmp_path_factory) -> tuple[SimpleNamespace, Path, Path]:
     return SimpleNamespace(paths=paths), root, secret
 
 
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    suppress_health_check=[*settings().suppress_health_check, HealthCheck.function_scoped_fixture]
+)
 @given(path=st.one_of(NASTY.map(str.encode), st.binary(max_size=40)))
 @example(path=b"b")
 @example(path=b"a/../b")
