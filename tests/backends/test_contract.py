@@ -36,7 +36,9 @@ STUBBORN = """
 import os, signal, sys, time
 sync = sys.argv[1]
 signal.signal(signal.SIGTERM, lambda *_: open(f"{sync}/got-term", "w").close())
-open(f"{sync}/pid", "w").write(str(os.getpid()))
+with open(f"{sync}/pid.tmp", "w") as f:  # whole, then renamed into place
+    f.write(str(os.getpid()))
+os.replace(f"{sync}/pid.tmp", f"{sync}/pid")
 print("up", flush=True)
 while True:
     time.sleep(0.05)
@@ -52,7 +54,9 @@ if os.environ["GPUHOP_WORKER_INDEX"] == "1":
         time.sleep(0.05)
     print("giving up", flush=True)
     sys.exit(3)
-open(f"{sync}/pid-0", "w").write(str(os.getpid()))
+with open(f"{sync}/pid-0.tmp", "w") as f:  # whole, then renamed into place
+    f.write(str(os.getpid()))
+os.replace(f"{sync}/pid-0.tmp", f"{sync}/pid-0")
 print("working", flush=True)
 open(f"{sync}/working", "w").close()
 time.sleep(300)

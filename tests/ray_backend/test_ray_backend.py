@@ -24,7 +24,10 @@ pytestmark = pytest.mark.timeout(300)
 SLEEPER = """
 import os, sys, time
 index = os.environ.get("GPUHOP_WORKER_INDEX", "0")
-open(f"{sys.argv[1]}/pid-{index}", "w").write(str(os.getpid()))
+pid = f"{sys.argv[1]}/pid-{index}"
+with open(pid + ".tmp", "w") as f:  # whole, then renamed into place
+    f.write(str(os.getpid()))
+os.replace(pid + ".tmp", pid)
 print("sleeping", index, flush=True)
 time.sleep(300)
 """
@@ -89,8 +92,8 @@ def test_cancel_leaves_nothing_behind(ray_agent, ray_cluster, project, tmp_path)
     root = project({"sleeper.py": SLEEPER})
     with ray_agent.client() as client:
         job = client.submit(["sleeper.py", str(tmp_path)], workdir=root, workers=2)
-        wait_until(lambda: len(list(tmp_path.glob("pid-*"))) == 2, timeout=120)
-        pids = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
+        wait_until(lambda: len(list(tmp_path.glob("pid-[0-9]"))) == 2, timeout=120)
+        pids = [int(p.read_text()) for p in tmp_path.glob("pid-[0-9]")]
         forward = ray_agent.cli("forward", job.id, "6006")
         assert forward.returncode != 0 and "runs on the Ray cluster" in forward.stderr
         cancel = ray_agent.cli("cancel", job.id)
@@ -110,8 +113,8 @@ def test_a_killed_leader_leaves_no_worker_running(ray_agent, ray_cluster, projec
     root = project({"sleeper.py": SLEEPER})
     with ray_agent.client() as client:
         job = client.submit(["sleeper.py", str(tmp_path)], workdir=root, workers=2)
-        wait_until(lambda: len(list(tmp_path.glob("pid-*"))) == 2, timeout=120)
-        pids = [int(p.read_text()) for p in tmp_path.glob("pid-*")]
+        wait_until(lambda: len(list(tmp_path.glob("pid-[0-9]"))) == 2, timeout=120)
+        pids = [int(p.read_text()) for p in tmp_path.glob("pid-[0-9]")]
         leader = json.loads((ray_agent.paths.job_dir(job.id) / "shim.pid").read_text())["pid"]
         os.kill(leader, signal.SIGKILL)
         info = job.wait(timeout=60)

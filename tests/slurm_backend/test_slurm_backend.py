@@ -35,7 +35,10 @@ print("visible:", os.environ["CUDA_VISIBLE_DEVICES"], os.environ["GPUHOP_JOB_ID"
 HOLD = """
 import os, sys, time
 sync = sys.argv[1]
-open(f"{sync}/pid-{os.environ['GPUHOP_JOB_ID']}", "w").write(str(os.getpid()))
+pid = f"{sync}/pid-{os.environ['GPUHOP_JOB_ID']}"
+with open(pid + ".tmp", "w") as f:  # whole, then renamed into place
+    f.write(str(os.getpid()))
+os.replace(pid + ".tmp", pid)
 print("holding", flush=True)
 while os.path.exists(f"{sync}/hold"):
     time.sleep(0.05)
