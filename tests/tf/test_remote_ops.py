@@ -3,6 +3,7 @@ connected through the agent's tunnel, real TensorFlow on the CPU; and the ways i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,10 +22,9 @@ from tests.e2e.test_multiworker import listening_ports
 pytestmark = [pytest.mark.tf, pytest.mark.timeout(300)]
 
 # The user's side: prints one JSON line per event, so the test can follow it.
+# "connect-only" never reaches TensorFlow, so it does not import it (seconds per run).
 CLIENT = """
 import json, sys, time
-import numpy as np
-import tensorflow as tf
 import gpuhop.tf
 
 mode, name = sys.argv[1], sys.argv[2]
@@ -32,6 +32,14 @@ mode, name = sys.argv[1], sys.argv[2]
 def say(**kw):
     print(json.dumps(kw), flush=True)
 
+if mode == "connect-only":
+    try:
+        gpuhop.tf.connect(job=name, ready_timeout=5)
+    except gpuhop.tf.RemoteError as e:
+        say(error=str(e))
+    sys.exit()
+import numpy as np
+import tensorflow as tf
 x = np.random.default_rng(0).standard_normal((64, 64)).astype("float32")
 if mode == "compare":
     data = np.random.default_rng(1).standard_normal((32, 4)).astype("float32")
@@ -58,11 +66,6 @@ if mode == "compare":
             mm_equal=bool(np.allclose(mm.numpy(), local_mm, rtol=1e-5, atol=1e-4)),
             local=local_train[:2], remote=remote_train[:2], var_device=remote_train[2])
     say(after=tf.matmul(x, x).device)
-elif mode == "connect-only":
-    try:
-        gpuhop.tf.connect(job=name, ready_timeout=5)
-    except gpuhop.tf.RemoteError as e:
-        say(error=str(e))
 else:  # "loop": remote ops until something fails
     try:
         with gpuhop.tf.connect(job=name, stall_timeout=3, probe_interval=0.5):
@@ -100,18 +103,34 @@ def server_pid(agent: Agent, job: Job) -> int:
     return int(children[0])
 
 
+@contextlib.contextmanager
+def started(agent: Agent, name: str) -> Iterator[Job]:
+    with agent.client() as client:
+        job = tfservers.start(client, name=name, timeout=120)
+        try:
+            yield job
+        finally:
+            if not job.refresh().state.finished:
+                job.cancel(grace=0)
+                job.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def kept_server(shared_agent: Agent) -> Iterator[Job]:
+    """A server the tests that leave it running share (each start imports TensorFlow)."""
+    with started(shared_agent, "tf-kept") as job:
+        yield job
+
+
 @pytest.fixture
 def server(shared_agent: Agent, request: pytest.FixtureRequest) -> Iterator[Job]:
-    name = f"tf-{request.node.name[5:30].replace('_', '-')}"
-    with shared_agent.client() as client:
-        job = tfservers.start(client, name=name, timeout=120)
+    """A server of the test's own, for a test that ends it."""
+    with started(shared_agent, f"tf-{request.node.name[5:30].replace('_', '-')}") as job:
         yield job
-        if not job.refresh().state.finished:
-            job.cancel(grace=0)
-            job.wait(timeout=30)
 
 
-def test_remote_results_equal_local_and_no_port_is_exposed(shared_agent, server, tmp_path):
+def test_remote_results_equal_local_and_no_port_is_exposed(shared_agent, kept_server, tmp_path):
+    server = kept_server
     port = tfservers.port_of(server.info)
     # The server listens on every interface of its own network; the host sees none of it.
     assert port not in listening_ports()
@@ -157,7 +176,8 @@ def test_a_cancelled_server_fails_the_op_in_flight(shared_agent, server, tmp_pat
     assert "gpuhop: the TensorFlow server" in err  # said at once, even mid-op
 
 
-def test_a_frozen_server_fails_the_op_in_flight(shared_agent, server, tmp_path):
+def test_a_frozen_server_fails_the_op_in_flight(shared_agent, kept_server, tmp_path):
+    server = kept_server
     pid = server_pid(shared_agent, server)
     client = run_client(shared_agent, tmp_path, "loop", server.info.name)
     assert client.stdout is not None
