@@ -159,6 +159,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return ByWorkUnit(config, log)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the last Ray test this process runs (its module fixtures, agents included,
+    torn down first), stop the Ray clusters its modules shared (tests/ray_backend/conftest.py)."""
+    try:
+        return (yield)
+    finally:
+        ray_fixtures = sys.modules.get("tests.ray_backend.conftest")
+        if ray_fixtures is not None and (
+            nextitem is None or _work_unit(nextitem.nodeid) != _work_unit(item.nodeid)
+        ):
+            ray_fixtures.stop_kept_clusters()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked `gpu` need a real NVIDIA GPU; without one they are skipped, not failed."""
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]

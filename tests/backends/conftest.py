@@ -68,22 +68,17 @@ def backend(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Target
         return
     if importlib.util.find_spec("ray") is None:
         pytest.skip("Ray is not installed (pip install 'gpuhop[ray]')")
-    from tests.ray_backend.conftest import start_cluster
+    from tests.ray_backend.conftest import TWO_NODES, kept_cluster
 
-    cluster = start_cluster(
-        tmp_path_factory.mktemp("ray"), True, [{"num_cpus": 2, "num_gpus": 1}] * 2
-    )
+    cluster = kept_cluster(tmp_path_factory, True, TWO_NODES)
+    args = ("--backend", "ray", "--ray-address", cluster.address)
+    args += ("--ray-token-file", str(cluster.token_file))
+    agent = _agent(tmp_path_factory.mktemp("ray-agent"), args)
     try:
-        args = ("--backend", "ray", "--ray-address", cluster.address)
-        args += ("--ray-token-file", str(cluster.token_file))
-        agent = _agent(tmp_path_factory.mktemp("ray-agent"), args)
-        try:
-            yield Target("ray", agent, args, cluster)
-        finally:
-            agent.shutdown()
-            wait_until(cluster.empty, timeout=60)
+        yield Target("ray", agent, args, cluster)
     finally:
-        cluster.stop()
+        agent.shutdown()
+        wait_until(cluster.empty, timeout=60)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ is left, and kills any survivor by pid.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -40,16 +41,33 @@ def start_cluster(tmp: Path, auth: bool, nodes: list[dict[str, Any]]) -> RayClus
         pytest.fail(str(e))
 
 
+# Clusters kept for the modules of this test process that ask for the same kind: a start
+# costs tens of seconds of a 2-core machine. Each module's agents leave them empty (no
+# actor, no placement group); `stop_kept_clusters` stops them all once the process moves
+# on from the Ray tests (tests/conftest.py: `pytest_runtest_teardown`) or ends.
+_KEPT: dict[str, RayCluster] = {}
+TWO_NODES = [{"num_cpus": 2, "num_gpus": 1}] * 2
+
+
+def kept_cluster(
+    tmp_path_factory: pytest.TempPathFactory, auth: bool, nodes: list[dict[str, Any]]
+) -> RayCluster:
+    """A running cluster of this kind, started on first use."""
+    key = json.dumps([auth, nodes], sort_keys=True)
+    if key not in _KEPT:
+        _KEPT[key] = start_cluster(tmp_path_factory.mktemp("ray"), auth, nodes)
+    return _KEPT[key]
+
+
+def stop_kept_clusters() -> None:
+    while _KEPT:
+        _KEPT.popitem()[1].stop()
+
+
 @pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> RayCluster:
     """Two Ray nodes with token authentication, 1 (made-up) GPU and 2 CPUs each."""
-    cluster = start_cluster(
-        tmp_path_factory.mktemp("ray"), True, [{"num_cpus": 2, "num_gpus": 1}] * 2
-    )
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    return kept_cluster(tmp_path_factory, True, TWO_NODES)
 
 
 @pytest.fixture(scope="module")

@@ -3,13 +3,11 @@ not enforce token authentication is refused unless --ray-allow-no-auth says othe
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from gpuhop.client.embedded import stop
 from gpuhop.home import AgentPaths, read_pid
-from tests.ray_backend.conftest import RayCluster, agent_cli, skip_without_ray, start_cluster
+from tests.ray_backend.conftest import RayCluster, agent_cli, kept_cluster, skip_without_ray
 
 skip_without_ray()
 
@@ -17,13 +15,9 @@ pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
-def open_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+def open_cluster(tmp_path_factory: pytest.TempPathFactory) -> RayCluster:
     """One Ray node without authentication."""
-    cluster = start_cluster(tmp_path_factory.mktemp("ray-open"), False, [{"num_cpus": 1}])
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    return kept_cluster(tmp_path_factory, False, [{"num_cpus": 1}])
 
 
 @pytest.mark.parametrize(
