@@ -59,3 +59,10 @@ def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
 
 def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
+
+
+def port_block(n: int) -> range:
+    """`n` consecutive ports from this process's own range (some may be in use)."""
+    ports = _own_range()
+    start = random.randrange(ports.start, ports.stop - n)
+    return range(start, start + n)

@@ -3,7 +3,10 @@ munged (with a key made here, on a socket of its own), slurmctld and slurmd, eac
 in the foreground by pid with a slurm.conf written into a temp dir (state, spool and logs
 there too, ports picked free), and stopped by those pids, leaving nothing behind.
 
-The node is this host (`hostname -s`) with 2 CPUs and 2 made-up GPUs (GRES `gpu:2`,
+The node is this host, under a Slurm node name that is not a host name (NODE, which does not
+resolve) and reached at NodeAddr 127.0.0.1, as on clusters whose node names differ from
+their hosts' names: whatever addresses the node by its name fails here. It has 2 CPUs and
+2 made-up GPUs (GRES `gpu:2`,
 backed by links named gpu0 and gpu1 to /dev/null and /dev/zero: slurmd wants a character
 device that exists, and sets CUDA_VISIBLE_DEVICES from the number in the name).
 slurmd runs in a mount namespace of its own with an empty tmpfs over `hidden`: a dir of this
@@ -43,6 +46,7 @@ BINARIES = (
     "unshare",
 )
 START_TIMEOUT = 60.0
+NODE = "gpuhop-n1"
 
 
 class ClusterError(Exception):
@@ -119,7 +123,7 @@ class SlurmCluster:
         self.procs.clear()
 
 
-def _write_conf(root: Path, node: str) -> Path:
+def _write_conf(root: Path, node: str, host: str) -> Path:
     ctld_port, slurmd_port = _free_ports(2)
     gres_files = [root / "dev" / f"gpu{i}" for i in range(2)]
     (root / "dev").mkdir()
@@ -131,7 +135,7 @@ def _write_conf(root: Path, node: str) -> Path:
     conf = root / "slurm.conf"
     conf.write_text(
         f"""ClusterName=gpuhoptest
-SlurmctldHost={node}(127.0.0.1)
+SlurmctldHost={host}(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser=root
@@ -172,8 +176,8 @@ PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
 
 def start(root: Path) -> SlurmCluster:
     """Start munged, slurmctld and slurmd under `root`; wait for the node to be idle."""
-    node = socket.gethostname().split(".")[0]
-    conf = _write_conf(root, node)
+    node = NODE
+    conf = _write_conf(root, node, socket.gethostname().split(".")[0])
     cluster = SlurmCluster(root, node, conf)
     munge = root / "munge"
     munge.mkdir(mode=0o700)

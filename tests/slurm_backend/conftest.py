@@ -54,14 +54,22 @@ def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmClu
     yield from start_cluster(tmp_path_factory.mktemp("slurm"))
 
 
-@pytest.fixture(scope="module")
-def slurm_agent(
-    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Agent]:
-    root = tmp_path_factory.mktemp("slurm-agent")
+def start_agent(cluster: SlurmCluster, root: Path, toml: str = "") -> Iterator[Agent]:
+    """An agent (--backend slurm) on `cluster`, with `toml` as its agent.toml; stopped, and
+    its jobs gone from Slurm, afterwards."""
+    if toml:
+        (root / "home").mkdir(parents=True)
+        (root / "home" / "agent.toml").write_text(toml)
     agent = Agent(root / "home", root / "cache", None, args=("--backend", "slurm")).start()
     try:
         yield agent
     finally:
         agent.shutdown()
-        wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+        wait_until(lambda: not cluster.jobs(), timeout=60)
+
+
+@pytest.fixture(scope="module")
+def slurm_agent(
+    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Agent]:
+    yield from start_agent(slurm_cluster, tmp_path_factory.mktemp("slurm-agent"))

@@ -1,21 +1,47 @@
 """Multi-worker jobs on the Slurm backend: one Slurm job of N tasks that `srun` starts
-together, each told of its peers, on the real one-node test cluster (so packed: --pack)."""
+together, each told of its peers, on the real one-node test cluster (so packed: --pack).
+
+The module's agent takes its gangs' ports from a block of PORTS ports of this test process's
+own ([slurm] ports in its agent.toml), which a test holds nearly all of."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import signal
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpuhop.backends.slurm.gang import base_port, task_hosts
-from tests.conftest import wait_until
-from tests.slurm_backend.conftest import skip_without_slurm
+from gpuhop.backends.slurm.gang import task_hosts
+from gpuhop.backends.slurm.rendezvous import base_port, candidates
+from tests.conftest import Agent, wait_until
+from tests.ports import port_block
+from tests.slurm_backend.cluster import SlurmCluster
+from tests.slurm_backend.conftest import skip_without_slurm, start_agent
 from tests.slurm_backend.test_slurm_backend import _script, _show, _submit
 
 pytestmark = pytest.mark.timeout(180)
+
+PORTS = 24
+
+
+@pytest.fixture(scope="module")
+def gang_ports() -> range:
+    return port_block(PORTS)
+
+
+@pytest.fixture(scope="module")
+def slurm_agent(
+    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, gang_ports: range
+) -> Iterator[Agent]:
+    toml = f'[slurm]\nports = "{gang_ports[0]}-{gang_ports[-1]}"\n'
+    yield from start_agent(slurm_cluster, tmp_path_factory.mktemp("slurm-agent"), toml)
+
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -47,10 +73,11 @@ def test_task_hosts_follow_slurms_tasks_per_node():
         task_hosts(["a", "b"], "2")
     with pytest.raises(ValueError, match="cannot read SLURM_TASKS_PER_NODE"):
         task_hosts(["a"], "two")
-    # Each task works it out in its own process: a literal (no per-process hash salt).
-    assert base_port("123", 4) == 27922
-    # Below the ephemeral range client sockets take their ports from (32768 on).
-    assert all(20000 <= base_port(str(i), 4) < 32000 - 4 for i in range(1000))
+    # Each job's first choice is its own, drawn from its Slurm id: a literal (no
+    # per-process hash salt), below the ephemeral range client sockets take ports from.
+    assert base_port("123") == 23001
+    assert all(20000 <= base_port(str(i)) <= 32000 for i in range(1000))
+    assert candidates(31999, 4, (20000, 32000)) == [31999, 32000, 20000, 20001]
 
 
 def test_each_of_two_tasks_gets_its_tf_config_and_its_own_log(slurm_agent, slurm_cluster, tmp_path):
@@ -76,8 +103,37 @@ def test_each_of_two_tasks_gets_its_tf_config_and_its_own_log(slurm_agent, slurm
     assert [w[5:7] for w in index] == [["0", "2"], ["1", "2"]]
     assert sorted(w[8] for w in index) == ["0", "1"]  # each task its own GPU, as Slurm set it
     hosts, ports = zip(*(w[4].rsplit(":", 1) for w in index), strict=True)
-    assert hosts == (node, node) and ports[0] != ports[1]
+    # Peers by Slurm's NodeAddr: the node's name does not resolve (tests/slurm_backend/cluster.py).
+    assert hosts == ("127.0.0.1", "127.0.0.1") and ports[0] != ports[1]
+    assert f"gpuhop: 2 workers on {node}, ports {ports[0]}, {ports[1]}" in log
     wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+
+
+def test_a_gang_starts_on_ports_free_on_its_nodes_when_its_first_choice_is_taken(
+    slurm_agent, slurm_cluster, gang_ports, tmp_path
+):
+    # Servers of the test's listen on all of the agent's range but its last two ports, so
+    # whatever the job's first choice (drawn from its Slurm id), it is taken.
+    with contextlib.ExitStack() as held:
+        busy = set()
+        for port in gang_ports[:-2]:
+            s = held.enter_context(socket.socket())
+            with contextlib.suppress(OSError):  # something else's already: busy all the same
+                s.bind(("", port))
+                s.listen()
+            busy.add(port)
+        work = _script(tmp_path, "tell.py", TELL)
+        job_id = _submit(slurm_agent, work, "--workers", "2", "--pack", "tell.py")
+        info = wait_until(
+            lambda: (i := _show(slurm_agent, job_id))["state"] not in ("queued", "running") and i,
+            timeout=60,
+        )
+    log = slurm_agent.cli("logs", job_id).stdout
+    assert info["state"] == "succeeded", (info, log)
+    ports = {int(p) for p in re.findall(r"\] index \d of 2 127\.0\.0\.1:(\d+) ", log)}
+    assert len(ports) == 2 and not ports & busy, (ports, log)
+    assert "gpuhop: in use, so not chosen: port " in log
+    assert f" on {slurm_cluster.node}" in log.split("in use, so not chosen: ")[1].splitlines()[0]
 
 
 def test_a_worker_killed_by_the_test_fails_the_gang(slurm_agent, slurm_cluster, tmp_path):
@@ -155,6 +211,28 @@ def test_keras3_on_jax_across_two_tasks_trains_to_the_same_weights(
     assert set(finals) == {"[worker 0", "[worker 1"}
     assert finals["[worker 0"] == finals["[worker 1"]  # keras.distribution kept them in step
     assert "process 1 of 2: 2 devices in the mesh" in run.stdout
+    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+
+
+@pytest.mark.tf
+def test_a_worker_whose_peer_never_joins_says_so(slurm_agent, slurm_cluster, tmp_path):
+    work = _script(
+        tmp_path,
+        "lone.py",
+        "import os, time\n"
+        "if os.environ['GPUHOP_WORKER_INDEX'] == '1':\n"
+        "    print('never joining', flush=True); time.sleep(600)\n"
+        "import tensorflow as tf; tf.distribute.MultiWorkerMirroredStrategy()\n",
+    )
+    args = ("--workers", "2", "--pack", "--worker-timeout", "5", "lone.py")
+    job_id = _submit(slurm_agent, work, *args)
+    info = wait_until(
+        lambda: (i := _show(slurm_agent, job_id))["state"] not in ("queued", "running") and i,
+        timeout=120,
+    )
+    assert info["state"] == "failed", info
+    assert info["reason"].startswith("worker 0 exited with code 1 first; 1 other worker was")
+    assert "(its peers did not join within 5s; see gpuhop logs JOB --worker 0)" in info["reason"]
     wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
 
 

@@ -24,6 +24,11 @@ def test_defaults_then_the_file_then_options(tmp_path):
         ("keep_jobs = [\n", "agent.toml"),
         ('idle_action = "kill"\n', "idle_action = 'kill': give one of 'warn', 'cancel'"),
         ("idle_gpu_minutes = -1\n", "idle_gpu_minutes = -1: give a number of minutes above 0"),
+        ('[slurm]\nports = "32000-20000"\n', "[slurm] ports = '32000-20000': give ports from"),
+        ('[slurm]\nports = "80-90"\n', "from 1024 to 65535"),
+        ("[slurm]\nports = 20000\n", '[slurm] ports = 20000: give a range of ports "LOW-HIGH"'),
+        ('[slurm]\nport = "20000-21000"\n', "unknown setting [slurm] port "),
+        ('slurm = "20000-21000"\n', "slurm is a table: write [slurm] and its settings"),
     ],
 )
 def test_a_bad_setting_is_named(tmp_path, text, words):
@@ -44,3 +49,9 @@ def test_the_idle_guard_takes_fractional_minutes_and_is_off_by_default(tmp_path)
     assert (Policy().idle_gpu_minutes, Policy().idle_action) == (None, "warn")
     (tmp_path / "agent.toml").write_text('idle_gpu_minutes = 0.05\nidle_action = "cancel"\n')
     assert (load(tmp_path).idle_gpu_minutes, load(tmp_path).idle_action) == (0.05, "cancel")
+
+
+def test_the_slurm_section_sets_the_gangs_port_range(tmp_path):
+    assert Policy().slurm_ports is None  # the Slurm backend's own default
+    (tmp_path / "agent.toml").write_text('[slurm]\nports = " 30000 - 30099 "\n')
+    assert load(tmp_path).slurm_ports == (30000, 30099)

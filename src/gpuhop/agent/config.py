@@ -22,6 +22,9 @@ From `agent.toml` in the state dir, then from `python -m gpuhop.agent` options, 
     job_env_pass = ["HTTPS_PROXY"]  # ... with these of the agent's variables besides the usual
     [job_accounts]            # ... or as the Unix account an admin maps a user to
     alice = "alice"
+    [slurm]                   # the Slurm backend (--backend slurm)
+    ports = "20000-32000"     # a multi-worker job's TensorFlow ports on the compute nodes,
+                              # which the nodes' firewalls must let them reach each other on
 
 Per-user limits bind users who are not admins. No limit is set by default.
 The idle guard is off by default; notebooks (`gpuhop notebook`) are exempt from it: they
@@ -49,6 +52,8 @@ SIZE_FIELDS = ("storage_quota", "jobs_quota", "log_cap")
 LIMIT_FIELDS = ("user_max_gpus", "user_max_queued")
 LIST_FIELDS = ("notify", "notify_allowed_hosts", "job_env_pass")
 IDLE_ACTIONS = ("warn", "cancel")
+TABLES = ("slurm",)  # [slurm] ports = ... is the setting slurm_ports
+_PORTS_RE = re.compile(r"\s*(\d{1,5})\s*-\s*(\d{1,5})\s*\Z")
 
 
 class PolicyError(ValueError):
@@ -75,6 +80,7 @@ class Policy:
     job_uid_base: int = 2_000_000_000
     job_env_pass: tuple[str, ...] = ()
     job_accounts: tuple[tuple[str, str], ...] = ()
+    slurm_ports: tuple[int, int] | None = None  # None: the Slurm backend's own default
 
     @property
     def grace_seconds(self) -> float:
@@ -84,12 +90,43 @@ class Policy:
         """This policy with `settings` (name -> value, as in agent.toml) applied."""
         fields = {f.name: f for f in dataclasses.fields(self)}
         changes: dict[str, Any] = {}
-        for name, value in settings.items():
+        for name, value in _flat(settings, source).items():
             if name not in fields:
-                known = ", ".join(fields)
-                raise PolicyError(f"{source}: unknown setting {name!r} (known: {known})")
+                known = ", ".join(map(_shown, fields))
+                what = _shown(name) if name != _shown(name) else repr(name)
+                raise PolicyError(f"{source}: unknown setting {what} (known: {known})")
             changes[name] = _coerce(name, value, source)
         return dataclasses.replace(self, **changes)
+
+
+def _flat(settings: dict[str, Any], source: str) -> dict[str, Any]:
+    """`settings` with each table of TABLES spread into its fields ([slurm] ports: slurm_ports)."""
+    out = {}
+    for name, value in settings.items():
+        if name in TABLES:
+            if not isinstance(value, dict):
+                raise PolicyError(f"{source}: {name} is a table: write [{name}] and its settings")
+            out.update({f"{name}_{key}": v for key, v in value.items()})
+        else:
+            out[name] = value
+    return out
+
+
+def _shown(name: str) -> str:
+    """A setting's name as agent.toml spells it: "[slurm] ports" for slurm_ports."""
+    table, _, key = name.partition("_")
+    return f"[{table}] {key}" if table in TABLES and key else name
+
+
+def parse_ports(text: object) -> tuple[int, int]:
+    """(low, high) from "LOW-HIGH", both included. Raises ValueError."""
+    match = _PORTS_RE.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError('give a range of ports "LOW-HIGH", e.g. "20000-32000"')
+    low, high = int(match.group(1)), int(match.group(2))
+    if not 1024 <= low < high <= 65535:
+        raise ValueError("give ports from 1024 to 65535, the lower first, at least two of them")
+    return low, high
 
 
 def parse_bytes(text: str | int) -> int:
@@ -131,6 +168,8 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             ):
                 raise ValueError('give a table of user = "unix account"')
             return tuple(sorted(value.items()))
+        if name == "slurm_ports":
+            return parse_ports(value)
         if name == "job_uid_base":
             if isinstance(value, bool) or not 1000 <= int(value) <= 2**31 - 200_000:
                 raise ValueError("give a uid from 1000 to 2147283647")
@@ -153,7 +192,7 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             raise ValueError("it is negative")
         return number
     except (TypeError, ValueError) as e:
-        raise PolicyError(f"{source}: {name} = {value!r}: {e}") from None
+        raise PolicyError(f"{source}: {_shown(name)} = {value!r}: {e}") from None
 
 
 def load(home: Path, overrides: dict[str, Any] | None = None) -> Policy:

@@ -111,7 +111,7 @@ def _serve_locked(
     except ValueError as e:
         raise AgentError(str(e)) from None
     # Before any listener exists: a cluster that cannot be used stops the agent here.
-    job_backend = open_backend(where, paths, sys.executable, gpu_host)
+    job_backend = open_backend(where, paths, sys.executable, gpu_host, policy)
     remember(paths.home, where)
     tcp: socket.socket | None = None
     listener = None
@@ -320,10 +320,15 @@ def _bind_unix_socket(path: Path) -> socket.socket:
 
 
 def open_backend(
-    settings: BackendSettings, paths: AgentPaths, python: str, gpu_host: GpuHost | None
+    settings: BackendSettings,
+    paths: AgentPaths,
+    python: str,
+    gpu_host: GpuHost | None,
+    policy: agent_config.Policy,
 ) -> Backend:
     """The backend of these settings, connected. `gpu_host` is this host's GPUs, for the
-    local backend (a cluster has its own). Raises AgentError saying why it cannot be used."""
+    local backend (a cluster has its own); `policy` has the site's settings for a cluster
+    (agent.toml's [slurm]). Raises AgentError saying why it cannot be used."""
     if settings.name == "ray":
         from gpuhop.backends.ray.backend import RayBackend
 
@@ -331,7 +336,7 @@ def open_backend(
     if settings.name == "slurm":
         from gpuhop.backends.slurm.backend import SlurmBackend
 
-        return SlurmBackend.connect(settings, paths.home, python)
+        return SlurmBackend.connect(settings, paths.home, python, policy.slurm_ports)
     from gpuhop.backends.local.backend import LocalBackend
 
     assert gpu_host is not None

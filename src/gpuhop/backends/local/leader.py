@@ -262,12 +262,19 @@ def run_gang(spec: dict, command: list, relay=None) -> dict:
     detail = f"worker {index} {how(outcome)} first"
     if stopped:
         detail += f"; {stopped} other worker{'s were' if stopped > 1 else ' was'} stopped"
-    if _peers_never_joined(workers[index]["log"]):
-        detail += (
-            f" (its peers did not join within {spec.get('timeout', '?')}s;"
-            f" see gpuhop logs JOB --worker {index})"
-        )
+    detail += peers_hint(workers[index]["log"], spec.get("timeout"), index)
     return {**outcome, "detail": detail}
+
+
+def peers_hint(log_path: str, timeout: object, index: int) -> str:
+    """What to add to the end of a gang whose first failed worker `index` gave up waiting
+    for its peers (TensorFlow's registration deadline, in its log): "" otherwise."""
+    if not _peers_never_joined(log_path):
+        return ""
+    return (
+        f" (its peers did not join within {timeout if timeout is not None else '?'}s;"
+        f" see gpuhop logs JOB --worker {index})"
+    )
 
 
 def _peers_never_joined(log_path: str) -> bool:

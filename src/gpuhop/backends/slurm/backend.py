@@ -39,7 +39,7 @@ from gpuhop.backends.base import (
 )
 from gpuhop.backends.leader import LeaderBackend
 from gpuhop.backends.settings import BackendSettings
-from gpuhop.backends.slurm import shared, view
+from gpuhop.backends.slurm import rendezvous, shared, view
 from gpuhop.home import AgentError, JobPaths
 
 log = logging.getLogger("gpuhop.agent")
@@ -78,18 +78,27 @@ class SlurmBackend(LeaderBackend):
         python: str,
         home: Path,
         seen: shared.SharedCheck | None = None,
+        ports: tuple[int, int] = rendezvous.DEFAULT_PORTS,
     ):
         super().__init__(GpuHost("slurm", gpus=_gpus(nodes)), python)
         self.settings = settings
         self.home = home
         self.nodes = nodes
         self.seen = seen or shared.SharedCheck(None, "not checked")
+        self.ports = ports  # a multi-worker job's ports on the nodes (agent.toml's [slurm])
         self.sharing: set[str] = set()  # GRES for a share of a GPU that the nodes offer
         self.address = None  # Slurm's commands find the cluster (slurm.conf, $SLURM_CONF)
 
     @classmethod
-    def connect(cls, settings: BackendSettings, home: Path, python: str) -> SlurmBackend:
-        """Ask `sinfo` for the partition's nodes; raise AgentError saying why it cannot."""
+    def connect(
+        cls,
+        settings: BackendSettings,
+        home: Path,
+        python: str,
+        ports: tuple[int, int] | None = None,
+    ) -> SlurmBackend:
+        """Ask `sinfo` for the partition's nodes; raise AgentError saying why it cannot.
+        `ports`: the range a multi-worker job's ports come from (None: DEFAULT_PORTS)."""
         if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
             raise AgentError(
                 "the slurm backend needs Slurm's commands (sbatch, squeue, scancel, sinfo)"
@@ -113,7 +122,7 @@ class SlurmBackend(LeaderBackend):
         seen = shared.check(jobs, home, scope(settings))
         if not seen.ok:
             log.warning("cannot tell whether Slurm's nodes see %s: %s", jobs, seen.detail)
-        backend = cls(settings, nodes, python, home, seen)
+        backend = cls(settings, nodes, python, home, seen, ports or rendezvous.DEFAULT_PORTS)
         backend.sharing = set(_SHARING.findall(out.stdout))
         return backend
 
@@ -197,6 +206,13 @@ class SlurmBackend(LeaderBackend):
                 f"the job's {spec.workers} workers run one per node, and the Slurm partition"
                 f" has {len(self.nodes)} node(s): use --pack to allow several per node",
             )
+        low, high = self.ports
+        if spec.workers > high - low + 1:
+            raise Refused(
+                ErrorCode.unsatisfiable,
+                f"the job's {spec.workers} workers need a port each, and the agent's Slurm"
+                f" ports ({low}-{high}, [slurm] ports in its agent.toml) are {high - low + 1}",
+            )
         if spec.workers > 1 and spec.gpus > sum(n for _, n in self.nodes):
             raise Refused(
                 ErrorCode.unsatisfiable,
@@ -242,6 +258,7 @@ class SlurmBackend(LeaderBackend):
                 mode=mode.mode,
                 mode_env=mode.env,
                 worker_timeout=attempt.spec.worker_timeout,
+                ports=list(self.ports),
                 worker_logs=[str(jp.worker_log(i)) for i in range(attempt.spec.workers)],
             )
             for i in range(attempt.spec.workers):

@@ -5,9 +5,12 @@ that the leader (gpuhop.backends.slurm.leader) reads.
 
 `python -m gpuhop.backends.slurm.gang SPEC`. Worker I is Slurm task I (SLURM_PROCID), put on
 the allocation's nodes in order (`--distribution=block`), as many on each as
-SLURM_TASKS_PER_NODE says. Its port is a base port drawn from the Slurm job id, plus I; each
-worker checks that its own is free before it starts. One worker failing ends the others
-(`srun --kill-on-bad-exit=1`), and the job ends as that worker did.
+SLURM_TASKS_PER_NODE says. Its peers reach it at its node's NodeAddr (Slurm's own address
+for the node, which need not be its name), on a port free on every node of the allocation
+(gpuhop.backends.slurm.rendezvous: one short step on each node checks the ports and that
+every peer's address resolves there); each worker checks its own again as it starts. One
+worker failing ends the others (`srun --kill-on-bad-exit=1`), and the job ends as that
+worker did.
 """
 
 from __future__ import annotations
@@ -19,16 +22,13 @@ import re
 import signal
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 from typing import Any
 
-from gpuhop.backends.local.leader import how
+from gpuhop.backends.local.leader import how, peers_hint
+from gpuhop.backends.slurm import rendezvous
 from gpuhop.backends.slurm.task import PEERS_VAR, worker_exit_file, write_exit
 
-# Below Linux's default ephemeral range (32768-60999), from which every client socket on a
-# node takes its port: a gang's port drawn from there could be taken by any connection.
-PORT_RANGE = (20000, 32000)
 _COUNT = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
 
@@ -56,13 +56,6 @@ def task_hosts(hosts: list[str], tasks_per_node: str) -> list[str]:
     if len(counts) != len(hosts):
         raise ValueError(f"SLURM_TASKS_PER_NODE={tasks_per_node!r} does not match {hosts}")
     return [host for host, n in zip(hosts, counts, strict=True) for _ in range(n)]
-
-
-def base_port(slurm_id: str, workers: int) -> int:
-    """The first worker's port: the Slurm job id hashed into PORT_RANGE, so that two jobs
-    sharing a node are unlikely to collide (each worker still checks its own)."""
-    low, high = PORT_RANGE
-    return low + zlib.crc32(slurm_id.encode()) % (high - low - workers)
 
 
 def ending(spec: dict[str, Any], srun_code: int) -> dict[str, Any]:
@@ -99,6 +92,7 @@ def ending(spec: dict[str, Any], srun_code: int) -> dict[str, Any]:
     detail = f"worker {index} {how(outcome)} first"
     if stopped:
         detail += f"; {stopped} other worker{'s were' if stopped > 1 else ' was'} stopped"
+    detail += peers_hint(spec["worker_logs"][index], spec.get("worker_timeout"), index)
     return {**outcome, "detail": detail}
 
 
@@ -108,18 +102,34 @@ def run(spec: dict[str, Any], spec_path: str) -> dict[str, Any]:
         worker_exit_file(spec, i).unlink(missing_ok=True)
     slurm_id = os.environ.get("SLURM_JOB_ID", "0")
     try:
-        hosts = task_hosts(
-            hostnames(os.environ["SLURM_JOB_NODELIST"]), os.environ["SLURM_TASKS_PER_NODE"]
-        )
-    except (OSError, KeyError, ValueError, subprocess.SubprocessError) as e:
+        names = hostnames(os.environ["SLURM_JOB_NODELIST"])
+        hosts = task_hosts(names, os.environ["SLURM_TASKS_PER_NODE"])[:workers]
+        addresses = rendezvous.node_addresses(names)
+    except (
+        OSError,
+        KeyError,
+        ValueError,
+        subprocess.SubprocessError,
+        rendezvous.RendezvousError,
+    ) as e:
         print(f"gpuhop: could not start: cannot place the workers: {e}", flush=True)
         return {"exit_code": 1, "signal": None, "detail": f"could not place the workers: {e}"}
-    base = base_port(slurm_id, workers)
-    peers = {"hosts": hosts[:workers], "ports": [base + i for i in range(workers)]}
+    peers_at = [addresses[h] for h in hosts]
+    low, high = spec.get("ports") or rendezvous.DEFAULT_PORTS
+    probe = rendezvous.srun_probe(spec["python"], len(names))
+    try:
+        ports, avoided = rendezvous.choose(slurm_id, workers, peers_at, (low, high), probe)
+    except rendezvous.RendezvousError as e:
+        print(f"gpuhop: could not start: {e}", flush=True)
+        return {"exit_code": 1, "signal": None, "detail": f"could not start: {e}"}
+    if avoided:
+        print(f"gpuhop: in use, so not chosen: port {'; port '.join(avoided)}", flush=True)
+    peers = {"hosts": peers_at, "ports": ports}
     argv = ["srun", "--kill-on-bad-exit=1", "--distribution=block", f"--ntasks={workers}"]
     argv += ["--export=ALL", spec["python"], "-m", "gpuhop.backends.slurm.task", spec_path]
     env = dict(os.environ, **{PEERS_VAR: json.dumps(peers)})
-    print(f"gpuhop: {workers} workers on {', '.join(sorted(set(hosts)))}", flush=True)
+    where = ", ".join(sorted(set(hosts)))
+    print(f"gpuhop: {workers} workers on {where}, ports {', '.join(map(str, ports))}", flush=True)
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
 
     def forward(sig: int, _frame: object) -> None:

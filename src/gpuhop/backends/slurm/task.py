@@ -27,6 +27,7 @@ from typing import Any
 from gpuhop.backends.base import QUIET_TF, StartError
 from gpuhop.backends.local.commands import resolve_command
 from gpuhop.backends.local.gangenv import worker_env
+from gpuhop.backends.slurm import rendezvous
 from gpuhop.runtime import hook
 
 PEERS_VAR = "GPUHOP_SLURM_PEERS"  # what the gang tells each task: its peers' hosts and ports
@@ -81,15 +82,6 @@ def environment(spec: dict[str, Any], index: int | None = None) -> dict[str, str
     return env
 
 
-def _port_taken(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            return True
-    return False
-
-
 def _tee(proc: subprocess.Popen[bytes], log: Path, index: int) -> None:
     """The worker's output to its own log, and each line, prefixed, to the job's."""
     assert proc.stdout is not None
@@ -106,7 +98,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     index = int(os.environ["SLURM_PROCID"]) if spec.get("workers", 1) > 1 else None
     env = environment(spec, index)
     work = Path(spec["work"])
-    host = socket.gethostname()
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # Slurm's name for it
     try:
         argv = resolve_command(
             spec["command"], work, env.get("PATH", os.defpath), spec["python"], where=host
@@ -123,7 +115,8 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     )
     if index is not None:
         port = json.loads(os.environ[PEERS_VAR])["ports"][index]
-        if _port_taken(port):
+        if not rendezvous.bindable(port):
+            # Taken since the gang chose it (free on every node a moment ago).
             why = f"worker {index}'s port {port} on {host} is in use; run the job again"
             print(f"gpuhop: could not start: {why}", flush=True)
             return {"exit_code": 1, "signal": None, "detail": f"could not start: {why}"}
