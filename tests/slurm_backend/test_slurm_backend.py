@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -97,13 +98,20 @@ def test_slurms_pending_reason_shows_and_a_cancel_leaves_no_slurm_job(
             timeout=60,
         )
         assert waiting.startswith("Slurm job ") and waiting.endswith(" is pending: Resources")
-        assert f"waiting {waiting}" in " ".join(slurm_agent.cli("show", job_id).stdout.split())
+        shown = " ".join(slurm_agent.cli("show", job_id).stdout.split())
+        assert f"waiting {waiting}" in shown
         slurm_id = waiting.split()[2]
+        # Pending in Slurm's queue is not running: no start, no duration yet; but its Slurm
+        # job is named.
+        info = _show(slurm_agent, job_id)
+        assert (info["state"], info["started_at"]) == ("starting", None), info
+        assert info["cluster_job"] == f"Slurm job {slurm_id}"
+        assert f"runs as Slurm job {slurm_id}" in shown and "state starting" in shown
         assert slurm_agent.cli("cancel", job_id).returncode == 0
         info = wait_until(
             lambda: (i := _show(slurm_agent, job_id))["state"] == "cancelled" and i, timeout=60
         )
-        assert info["waiting"] is None
+        assert info["waiting"] is None and info["cluster_job"] == f"Slurm job {slurm_id}"
         assert slurm_id not in slurm_cluster.run("squeue", "-h", "-o", "%i").split()
         assert "visible:" not in slurm_agent.cli("logs", job_id).stdout  # it never ran
     finally:
@@ -170,6 +178,10 @@ def test_a_killed_leader_leaves_no_slurm_job_and_the_job_is_lost(
     finally:
         hold.unlink(missing_ok=True)
     assert info["end_class"] == "lost"
+    assert info["reason"].startswith(
+        "its leader on the agent's host vanished with no exit status, so Slurm job"
+        f" {info['cluster_job'].split()[-1]} was cancelled"
+    ), info
     assert "released" not in slurm_agent.cli("logs", job_id).stdout
 
 
@@ -232,7 +244,8 @@ def test_agent_start_keeps_the_partition_and_names_a_bad_one(slurm_cluster, tmp_
     assert out.returncode != 0 and "go with --backend slurm" in out.stderr
     out = agent("start", "--backend", "slurm", "--partition", "nosuch")
     assert out.returncode != 0
-    assert "sinfo lists no nodes in partition nosuch" in out.stdout + out.stderr
+    said = " ".join((out.stdout + out.stderr).split())
+    assert "sinfo lists no nodes in partition nosuch; the cluster's partitions are: debug" in said
     out = agent("start", "--backend", "slurm", "--partition", "debug", "--qos", "normal")
     try:
         assert out.returncode == 0, out.stdout + out.stderr
@@ -289,7 +302,7 @@ def test_what_needs_the_agents_own_host_is_refused_with_the_reason(
 
 def _ended(agent, job_id: str, timeout: float = 60) -> dict:
     return wait_until(
-        lambda: (i := _show(agent, job_id))["state"] not in ("queued", "running") and i,
+        lambda: (i := _show(agent, job_id))["state"] not in ("queued", "starting", "running") and i,
         timeout=timeout,
     )
 
@@ -326,7 +339,8 @@ def test_time_limits_count_from_slurms_start_and_slurms_own_limit_is_a_timeout(
         info_a = _ended(slurm_agent, slow, timeout=90)  # Slurm's check: every 30 s
         wait_until(lambda: time.monotonic() > pending_since + 3)  # past B's 2 s, pending
         info_b = _show(slurm_agent, quick)
-        assert info_b["state"] == "running" and info_b["waiting"].endswith("Resources"), info_b
+        assert info_b["state"] == "starting" and info_b["waiting"].endswith("Resources"), info_b
+        released = time.time()
         hold.unlink()  # the other job ends; Slurm starts B, and B's 2 s begin
         wait_until(lambda: (b_sync / f"pid-{quick}").exists(), timeout=60)
         info_b = _ended(slurm_agent, quick)
@@ -337,5 +351,8 @@ def test_time_limits_count_from_slurms_start_and_slurms_own_limit_is_a_timeout(
     assert f"Slurm's time limit ended it (Slurm job {slurm_id}, TIMEOUT)" in info_a["reason"]
     assert (info_b["state"], info_b["end_class"]) == ("failed", "timeout"), info_b
     assert "timed out (its time limit is 2s)" in info_b["reason"], info_b
+    # Its time counts from Slurm's start, not from the agent's submit: the pending wait is
+    # not in its duration.
+    assert datetime.fromisoformat(info_b["started_at"]).timestamp() >= released, info_b
     assert "holding" in slurm_agent.cli("logs", quick).stdout  # it ran before its limit
     wait_until(lambda: not slurm_cluster.jobs(), timeout=60)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from gpuhop.backends.slurm import shared
+from gpuhop.home import AgentError
 from tests.conftest import wait_until
 from tests.slurm_backend.conftest import skip_without_slurm
 from tests.slurm_backend.test_slurm_backend import _script, _show, _submit
@@ -62,6 +63,20 @@ def test_an_agent_whose_state_dir_the_nodes_do_not_see_is_refused(slurm_cluster,
     assert not slurm_cluster.jobs()
 
 
+def test_a_node_without_the_agents_python_is_refused(slurm_cluster, tmp_path):
+    python = slurm_cluster.hidden / "python-here-only"  # the node sees an empty dir there
+    python.symlink_to(sys.executable)
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    with pytest.raises(AgentError) as refused:
+        shared.probe(jobs, [], str(python))
+    assert f"the agent's Python {python} does not exist on node {slurm_cluster.node}" in str(
+        refused.value
+    )
+    assert shared.probe(jobs, [], sys.executable).ok  # the same check with a Python it has
+    assert not list(jobs.iterdir())
+
+
 @pytest.mark.tf  # doctor's own probe imports TensorFlow
 def test_the_check_is_kept_and_doctor_says_where_the_files_are(slurm_agent, slurm_cluster):
     kept = json.loads((slurm_agent.home / shared.CHECK_NAME).read_text())
@@ -96,7 +111,10 @@ def test_pull_brings_back_the_files_a_slurm_job_wrote_in_its_work_dir(
     (work / "notes.txt").write_text("as synced")
     job_id = _submit(slurm_agent, work, "write.py")
     info = wait_until(
-        lambda: (i := _show(slurm_agent, job_id))["state"] not in ("queued", "running") and i,
+        lambda: (
+            (i := _show(slurm_agent, job_id))["state"] not in ("queued", "starting", "running")
+            and i
+        ),
         timeout=60,
     )
     assert info["state"] == "succeeded", info

@@ -86,7 +86,10 @@ def test_each_of_two_tasks_gets_its_tf_config_and_its_own_log(slurm_agent, slurm
     args = ("--workers", "2", "--gpus-per-worker", "1", "--pack", "tell.py")
     job_id = _submit(slurm_agent, work, *args)
     info = wait_until(
-        lambda: (i := _show(slurm_agent, job_id))["state"] not in ("queued", "running") and i,
+        lambda: (
+            (i := _show(slurm_agent, job_id))["state"] not in ("queued", "starting", "running")
+            and i
+        ),
         timeout=60,
     )
     assert info["state"] == "succeeded", info
@@ -125,7 +128,10 @@ def test_a_gang_starts_on_ports_free_on_its_nodes_when_its_first_choice_is_taken
         work = _script(tmp_path, "tell.py", TELL)
         job_id = _submit(slurm_agent, work, "--workers", "2", "--pack", "tell.py")
         info = wait_until(
-            lambda: (i := _show(slurm_agent, job_id))["state"] not in ("queued", "running") and i,
+            lambda: (
+                (i := _show(slurm_agent, job_id))["state"] not in ("queued", "starting", "running")
+                and i
+            ),
             timeout=60,
         )
     log = slurm_agent.cli("logs", job_id).stdout
@@ -227,7 +233,10 @@ def test_a_worker_whose_peer_never_joins_says_so(slurm_agent, slurm_cluster, tmp
     args = ("--workers", "2", "--pack", "--worker-timeout", "5", "lone.py")
     job_id = _submit(slurm_agent, work, *args)
     info = wait_until(
-        lambda: (i := _show(slurm_agent, job_id))["state"] not in ("queued", "running") and i,
+        lambda: (
+            (i := _show(slurm_agent, job_id))["state"] not in ("queued", "starting", "running")
+            and i
+        ),
         timeout=120,
     )
     assert info["state"] == "failed", info
@@ -258,7 +267,7 @@ def _wait_for(agent, job_id: str, pids: list[Path]) -> None:
 
 def _end(agent, cluster, job_id: str) -> None:
     """The job ended (cancelled, if a failing test left it running) and gone from Slurm."""
-    if _show(agent, job_id)["state"] in ("queued", "running"):
+    if _show(agent, job_id)["state"] in ("queued", "starting", "running"):
         agent.cli("cancel", "--grace", "1", job_id)
     wait_until(lambda: not cluster.jobs(), timeout=60)
 

@@ -380,6 +380,8 @@ class JobInfo(WireModel):
     # Why a queued job is not starting yet, when it is not simply the GPUs being busy
     # (a per-user limit, its sweep's max_parallel, no free GPUs of one model).
     waiting: str | None = None
+    # The cluster's own name for its latest attempt ("Slurm job 812"); None on one host.
+    cluster_job: str | None = None
     # Its sweep (see `SubmitRequest.sweep`) and that sweep's max_parallel.
     sweep: str | None = None
     max_parallel: int | None = None

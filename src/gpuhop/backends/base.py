@@ -280,6 +280,11 @@ class Backend(Protocol):
         reason); None when it runs, or on a backend that starts jobs at once."""
         ...
 
+    def cluster_job(self, jp: JobPaths) -> str | None:
+        """The cluster's own name for the job's latest attempt ("Slurm job 812"), once it
+        has one and from then on; None on the agent's own host."""
+        ...
+
     def close(self) -> None:
         """Release what the backend holds (a helper process) when the agent stops; jobs
         already started go on."""

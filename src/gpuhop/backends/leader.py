@@ -12,6 +12,7 @@ agent), watches it, signals its process group, and reads its status.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -98,17 +99,23 @@ class LeaderBackend:
         return self._ending(jp, started, None)
 
     def _ending(self, jp: JobPaths, started: Started | None, returncode: int | None) -> Ending:
+        done = None
         if started is not None:
             # Sweep what the job left in its process group (daemons, stuck workers).
             signal_group(started.pid, signal.SIGKILL)
-            self.end_the_rest(jp)
+            done = self.end_the_rest(jp)
         # The leader removes its relay's socket, unless it was killed first.
         jp.relay.unlink(missing_ok=True)
-        return Ending.from_status(read_json(jp.status), returncode)
+        end = Ending.from_status(read_json(jp.status), returncode)
+        if done and not end.recorded and end.detail is None:
+            end = dataclasses.replace(end, detail=done)
+        return end
 
-    def end_the_rest(self, jp: JobPaths) -> None:
+    def end_the_rest(self, jp: JobPaths) -> str | None:
         """Once the leader is gone: end, and wait for, what else is left of the attempt
-        outside its process group, so that its GPUs are free when this returns."""
+        outside its process group, so that its GPUs are free when this returns. What it
+        ended, in words for an attempt whose leader left no status (None: nothing to say)."""
+        return None
 
     def stop(self, jp: JobPaths, started: Started, grace: float) -> float:
         signal_group(started.pid, signal.SIGTERM)
@@ -133,6 +140,9 @@ class LeaderBackend:
         return started
 
     def waiting(self, jp: JobPaths) -> str | None:
+        return None
+
+    def cluster_job(self, jp: JobPaths) -> str | None:
         return None
 
     def close(self) -> None:

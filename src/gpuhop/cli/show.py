@@ -64,6 +64,8 @@ def show(
         rows.insert(5, ("memory", memory_text(info)))
     if get("waiting"):
         rows.insert(3, ("waiting", info["waiting"]))
+    if get("cluster_job"):
+        rows.insert(3, ("runs as", info["cluster_job"]))
     if get("sweep"):
         limit = f" (at most {info['max_parallel']} at once)" if get("max_parallel") else ""
         rows.insert(2, ("sweep", f"{info['sweep']}{limit}"))

@@ -66,6 +66,21 @@ class LogCap:
                 )
 
 
+class ClusterStarts:
+    """Moves to `running` the started jobs a cluster kept pending (Slurm's queue) once it
+    runs them, so that a pending job is never shown as running, and its duration counts
+    from the cluster's start (Supervisor.promote)."""
+
+    interval = 1.0
+
+    def __init__(self, rt: AgentContext):
+        self.rt = rt
+
+    def run(self) -> None:
+        for job in self.rt.store.list([JobState.starting], limit=100_000):
+            self.rt.supervisor.promote(job)
+
+
 class TimeLimits:
     """Stops a running job whose `--timeout` passed: SIGTERM, SIGKILL after the grace
     period, class `timeout`. The limit runs from the attempt's start as the store keeps it
@@ -122,6 +137,8 @@ def duties(rt: AgentContext) -> list[Duty]:
     if rt.gpus and rt.policy.idle_gpu_minutes is not None:
         out.append(IdleGpus(rt))
     out.append(TimeLimits(rt))
+    if rt.backend.remote:
+        out.append(ClusterStarts(rt))
     if rt.policy.gc_every_hours > 0:
         out.append(Collect(rt))
     if rt.policy.log_cap is not None:

@@ -11,6 +11,7 @@ backend starts, watches and stops processes; the states, retries and GPUs are th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import threading
@@ -127,15 +128,18 @@ class Supervisor:
         except Exception as e:
             self._fail_start(job_id, jp, e)
             return
+        # A cluster may keep the attempt pending (Slurm's queue): it stays `starting`, its
+        # process known, until the cluster runs it (`promote`), and its time counts from then.
+        since = self.backend.running_since(jp, time.time())
         self._until_recorded(
             f"job {job_id} started",
             lambda: self.store.transition(
                 job_id,
                 [JobState.starting],
-                JobState.running,
+                JobState.starting if since is None else JobState.running,
                 pid=started.pid,
                 pid_start=started.pid_start,
-                started_at=time.time(),
+                started_at=since,
             ),
         )
         job = self.store.get(job_id)
@@ -147,6 +151,16 @@ class Supervisor:
         self._event(job_id, "started")
         self._watch(job_id, jp, started)
         self.on_change()
+
+    def promote(self, job: JobRecord) -> None:
+        """A started attempt the cluster kept pending: `running` once the cluster runs it,
+        from the time it began there."""
+        if job.state != JobState.starting or job.pid is None:
+            return
+        since = self.backend.running_since(self.job_paths(job.id), time.time())
+        if since is not None:
+            self.store.transition(job.id, [JobState.starting], JobState.running, started_at=since)
+            self.on_change()
 
     def _event(self, job_id: str, event: str) -> None:
         try:
@@ -222,6 +236,9 @@ class Supervisor:
         job = self.store.get(job_id)
         jp = self.job_paths(job_id)
         now = end.ended_at if end.ended_at else time.time()
+        if job.started_at is None and job.pid is not None:
+            # Ended before promote() saw the cluster run it (or never ran: then no time).
+            job = dataclasses.replace(job, started_at=self.backend.running_since(jp, now))
         elapsed = describe_duration(now - (job.started_at or now))
         exit_code, sig = end.exit_code, end.signal
         stopped = _read_json(jp.root / STOPPED)
@@ -276,6 +293,8 @@ class Supervisor:
             "ended_at": now,
             "end_class": end_class.value,
         }
+        if job.started_at is not None:
+            outcome["started_at"] = job.started_at
         if (
             state in (JobState.failed, JobState.lost)
             and job.attempt <= job.spec.retries

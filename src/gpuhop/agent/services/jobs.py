@@ -120,6 +120,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         else rt.backend.waiting(jp)
         if job.state in (JobState.starting, JobState.running)
         else None,
+        cluster_job=None if job.state == JobState.queued else rt.backend.cluster_job(jp),
         sweep=job.spec.sweep,
         max_parallel=job.spec.max_parallel,
         mixed_gpus=job.spec.mixed_gpus,

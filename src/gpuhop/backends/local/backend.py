@@ -207,7 +207,7 @@ class LocalBackend(LeaderBackend):
         """Every kind of job runs here; a multi-worker one in a mode that works for its Keras."""
         kerasmode.check_submit(spec, self.python)
 
-    def end_the_rest(self, jp: JobPaths) -> None:
+    def end_the_rest(self, jp: JobPaths) -> str | None:
         """A sandboxed job's processes (`setsid` ones too) all live in its PID namespace,
         which ends with its first process, the leader's child: the kernel kills the rest and
         that process is gone only once they all are. So kill it and wait until it is gone.
@@ -215,11 +215,12 @@ class LocalBackend(LeaderBackend):
         leader = read_json(jp.leader_pid) or {}
         init, init_start = leader.get("init"), leader.get("init_start")
         if not isinstance(init, int) or init_start is None:
-            return  # not sandboxed, or unknown: never signal a pid we cannot vouch for
+            return None  # not sandboxed, or unknown: never signal a pid we cannot vouch for
         while alive(init, str(init_start)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(init, signal.SIGKILL)
             time.sleep(0.02)
+        return None
 
     def leader(
         self, attempt: Attempt, jp: JobPaths, deps: dict[str, Any]

@@ -116,10 +116,10 @@ class SlurmBackend(LeaderBackend):
         nodes = _nodes(out.stdout)
         if not nodes:
             where = f"in partition {settings.slurm_partition}" if settings.slurm_partition else ""
-            raise AgentError(f"sinfo lists no nodes {where}".strip())
+            raise AgentError(f"sinfo lists no nodes {where}".strip() + _partitions())
         jobs = home / "jobs"
         jobs.mkdir(parents=True, exist_ok=True)
-        seen = shared.check(jobs, home, scope(settings))
+        seen = shared.check(jobs, home, scope(settings), python)
         if not seen.ok:
             log.warning("cannot tell whether Slurm's nodes see %s: %s", jobs, seen.detail)
         backend = cls(settings, nodes, python, home, seen, ports or rendezvous.DEFAULT_PORTS)
@@ -285,6 +285,12 @@ class SlurmBackend(LeaderBackend):
         except OSError:
             return None
 
+    def cluster_job(self, jp: JobPaths) -> str | None:
+        try:
+            return f"Slurm job {json.loads((jp.root / ID_NAME).read_text())['job_id']}"
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     def running_since(self, jp: JobPaths, started: float) -> float | None:
         """When Slurm started the attempt, as its leader saw it; None while it is pending."""
         try:
@@ -298,18 +304,27 @@ class SlurmBackend(LeaderBackend):
         super().stop(jp, started, grace)
         return grace + CLEAN_UP_SECONDS
 
-    def end_the_rest(self, jp: JobPaths) -> None:
+    def end_the_rest(self, jp: JobPaths) -> str | None:
         """The leader is gone: cancel its Slurm job if it is still there (a leader killed
         before it saw the job end), so that a job never runs twice."""
         try:
             slurm_id = json.loads((jp.root / ID_NAME).read_text())["job_id"]
         except (OSError, ValueError, KeyError):
-            return
+            return None
+        done = None
         try:
-            subprocess.run(["scancel", str(slurm_id)], capture_output=True, timeout=COMMAND_TIMEOUT)
+            out = subprocess.run(
+                ["scancel", str(slurm_id)], capture_output=True, timeout=COMMAND_TIMEOUT
+            )
+            if out.returncode == 0:
+                done = (
+                    f"its leader on the agent's host vanished with no exit status, so Slurm"
+                    f" job {slurm_id} was cancelled (a job never runs twice)"
+                )
         except (OSError, subprocess.SubprocessError) as e:
             log.warning("could not cancel Slurm job %s: %s", slurm_id, e)
         (jp.root / WAITING_NAME).unlink(missing_ok=True)
+        return done
 
 
 def scope(settings: BackendSettings) -> list[str]:
@@ -323,6 +338,18 @@ def scope(settings: BackendSettings) -> list[str]:
         if value:
             out.append(f"--{option}={value}")
     return out
+
+
+def _partitions() -> str:
+    """ "; the cluster's partitions are: ..." as sinfo lists them, or "" if it cannot."""
+    try:
+        out = subprocess.run(
+            ["sinfo", "-h", "-o", "%R"], capture_output=True, text=True, timeout=COMMAND_TIMEOUT
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    names = sorted(set(out.stdout.split())) if out.returncode == 0 else []
+    return f"; the cluster's partitions are: {', '.join(names)}" if names else ""
 
 
 def _nodes(sinfo: str) -> list[tuple[str, int]]:

@@ -5,9 +5,11 @@ and write its output there).
 The check is one tiny `srun` on a node of the partition (any node Slurm picks), run when the
 agent starts: the agent writes a fresh random nonce into the jobs dir, the task reads it back
 (printing it) and writes it again into a reply file, which the agent reads. Only a node that
-sees the same files in both directions gives back the same nonce. A node that cannot see them
-refuses the agent's start with what the node said; a probe Slurm does not run at once (the
-partition is busy) decides nothing, and the agent starts with a warning.
+sees the same files in both directions gives back the same nonce. The task also says whether
+the agent's Python (which runs every job's steps there) exists on the node. A node that
+cannot see the files, or lacks the Python, refuses the agent's start with what is missing; a
+probe Slurm does not run at once (the partition is busy) decides nothing, and the agent
+starts with a warning.
 
 A check that passed is kept in the state dir (`CHECK_NAME`) for `CACHE_SECONDS`, so that an
 agent restarted meanwhile (to re-attach to its jobs) does not wait for Slurm again, and for
@@ -31,8 +33,13 @@ CACHE_SECONDS = 24 * 3600.0
 PROBE_SECONDS = 20  # how long Slurm may take to start the probe (srun --immediate)
 COMMAND_TIMEOUT = 60.0
 MARK = "gpuhop-probe-node "
-# Prints the node's name, then the nonce it reads, and writes it back beside it.
-PROBE = 'printf "%s%s\\n" "$0" "$SLURMD_NODENAME" && cat -- "$1" && cat -- "$1" > "$2"'
+PYTHON_OK = "gpuhop-probe-python"
+# Prints the node's name, then the nonce it reads, and writes it back beside it; then
+# whether the agent's Python is there.
+PROBE = (
+    'printf "%s%s\\n" "$0" "$SLURMD_NODENAME" && cat -- "$1" && echo && cat -- "$1" > "$2"'
+    f' && if [ -x "$3" ]; then echo {PYTHON_OK}; fi'
+)
 
 
 @dataclass(frozen=True)
@@ -44,18 +51,20 @@ class SharedCheck:
     detail: str
 
 
-def check(jobs: Path, home: Path, scope: list[str]) -> SharedCheck:
+def check(jobs: Path, home: Path, scope: list[str], python: str) -> SharedCheck:
     """Check that a node of the partition (srun options `scope`: --partition, --account,
-    --qos) sees `jobs`, or reuse a recent pass. Raises AgentError when a node does not."""
+    --qos) sees `jobs` and has `python`, or reuse a recent pass. Raises AgentError when a
+    node does not."""
     key: dict[str, object] = {
         "dir": str(jobs),
         "scope": scope,
         "conf": os.environ.get("SLURM_CONF"),
+        "python": python,
     }
     kept = _kept(home / CHECK_NAME, key)
     if kept is not None:
         return kept
-    result = probe(jobs, scope)
+    result = probe(jobs, scope, python)
     if result.ok:
         data = {**key, "detail": result.detail, "at": time.time()}
         tmp = home / f"{CHECK_NAME}.tmp"
@@ -74,15 +83,16 @@ def _kept(path: Path, key: dict[str, object]) -> SharedCheck | None:
         return None
 
 
-def probe(jobs: Path, scope: list[str]) -> SharedCheck:
-    """Run the probe once; raises AgentError if the node it ran on does not see `jobs`."""
+def probe(jobs: Path, scope: list[str], python: str) -> SharedCheck:
+    """Run the probe once; raises AgentError if the node it ran on does not see `jobs`, or
+    has no `python`."""
     nonce = secrets.token_hex(16)
     ask = jobs / f".slurm-probe-{nonce[:8]}"
     reply = jobs / f".slurm-probe-{nonce[:8]}.reply"
     ask.write_text(nonce)
     argv = ["srun", "--quiet", "--nodes=1", "--ntasks=1", f"--immediate={PROBE_SECONDS}"]
     argv += ["--time=1", "--job-name=gpuhop-probe", *scope]
-    argv += ["sh", "-c", PROBE, MARK, str(ask), str(reply)]
+    argv += ["sh", "-c", PROBE, MARK, str(ask), str(reply), python]
     # A new job of its own, even from an agent started inside an allocation (salloc).
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     if "SLURM_CONF" in os.environ:
@@ -102,10 +112,12 @@ def probe(jobs: Path, scope: list[str]) -> SharedCheck:
     finally:
         ask.unlink(missing_ok=True)
         reply.unlink(missing_ok=True)
-    return verdict(jobs, nonce, out.stdout, out.stderr, answer)
+    return verdict(jobs, nonce, out.stdout, out.stderr, answer, python)
 
 
-def verdict(jobs: Path, nonce: str, stdout: str, stderr: str, answer: str | None) -> SharedCheck:
+def verdict(
+    jobs: Path, nonce: str, stdout: str, stderr: str, answer: str | None, python: str
+) -> SharedCheck:
     """What the probe's output says: a pass, a refusal (AgentError), or nothing known."""
     lines = stdout.splitlines()
     node = lines[0][len(MARK) :].strip() if lines and lines[0].startswith(MARK) else None
@@ -120,6 +132,12 @@ def verdict(jobs: Path, nonce: str, stdout: str, stderr: str, answer: str | None
             f" ({said or 'no word from srun'})",
         )
     if lines[1:2] == [nonce] and answer == nonce:
+        if PYTHON_OK not in lines[2:]:
+            raise AgentError(
+                f"the agent's Python {python} does not exist on node {node}: every job's steps"
+                " run there with it. Install Python and gpuhop where the nodes see them (the"
+                " cluster's shared filesystem) and start the agent with that Python"
+            )
         return SharedCheck(True, f"jobs' files are under {jobs}, which node {node} sees")
     if lines[1:2] != [nonce]:
         what = f"it said: {said}" if said else "it read other contents there"
