@@ -275,13 +275,14 @@ class Agent:
         env: dict[str, str] | None = None,
         **kwargs,
     ) -> subprocess.CompletedProcess[str]:
-        """Run `gpuhop ARGS...` as a user would, in `cwd`, against this agent (or with `env`)."""
+        """Run `gpuhop ARGS...` as a user would, in `cwd`, against this agent (or with `env`);
+        its output as text unless `text=False`."""
+        kwargs.setdefault("text", True)
         return subprocess.run(
             [sys.executable, "-m", "gpuhop", *args],
             cwd=cwd,
             env=self.env if env is None else env,
             capture_output=True,
-            text=True,
             timeout=timeout,
             **kwargs,
         )

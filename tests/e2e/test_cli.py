@@ -173,6 +173,24 @@ def test_link_out_of_the_work_dir_is_refused(shared_agent, project, tmp_path):
     assert shared_agent.cli("run", "ok.py", cwd=root).returncode == 0
 
 
+def test_logs_to_a_pipe_are_the_text_a_terminal_shows_and_raw_keeps_the_bytes(
+    shared_agent, project
+):
+    from gpuhop.cli.termtext import render
+
+    keras_log = (Path(__file__).parent.parent / "unit" / "data" / "keras_fit.log").read_bytes()
+    replay = "import sys\nsys.stdout.buffer.write(open('k.log', 'rb').read())\n"
+    root = project({"replay.py": replay})
+    (root / "k.log").write_bytes(keras_log)
+    job_id = shared_agent.cli("run", "--detach", "replay.py", cwd=root).stdout.strip()
+    followed = shared_agent.cli("logs", "-f", job_id, text=False)
+    assert followed.returncode == 0, followed.stderr
+    assert followed.stdout.decode() == render(keras_log)  # an unmodified Keras fit's bars
+    assert b"\r" not in followed.stdout and b"\x1b" not in followed.stdout
+    assert shared_agent.cli("logs", job_id, text=False).stdout == followed.stdout
+    assert shared_agent.cli("logs", "--raw", job_id, text=False).stdout == keras_log
+
+
 def test_detach_ps_show_logs_and_cancel(shared_agent, project):
     root = project(
         {

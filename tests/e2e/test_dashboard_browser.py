@@ -196,16 +196,19 @@ for step in range(1, 6):
 """
 
 
+# A real Keras `fit`'s default output (tests/unit/test_termtext.py says what it holds).
+KERAS_LOG = REPO / "tests" / "unit" / "data" / "keras_fit.log"
+REPLAY = "import sys\nsys.stdout.buffer.write(open('keras_fit.log', 'rb').read())\n"
+
+
 def test_a_sweeps_page_draws_every_runs_curve_on_one_chart(dashboard, browser, project):
     agent, _, link = dashboard
+    work = project({"curve.py": CURVE, "replay.py": REPLAY})
+    shutil.copyfile(KERAS_LOG, work / "keras_fit.log")
     with agent.client() as client:
-        sweep = client.sweep(
-            "curve.py {lr}",
-            {"lr": ["1", "2", "3"]},
-            name="lrs",
-            workdir=project({"curve.py": CURVE}),
-        )
-        for run in sweep.runs:
+        sweep = client.sweep("curve.py {lr}", {"lr": ["1", "2", "3"]}, name="lrs", workdir=work)
+        keras = client.submit(["replay.py"], workdir=work, name="keras")
+        for run in [*sweep.runs, keras]:
             run.wait(timeout=60)
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     page = context.new_page()
@@ -220,6 +223,13 @@ def test_a_sweeps_page_draws_every_runs_curve_on_one_chart(dashboard, browser, p
     expect(chart.locator("svg path.line")).to_have_count(3)
     expect(chart).to_have_attribute("data-points", "15")
     expect(chart.locator(".legend")).to_contain_text("lrs[lr=3]")
+
+    # A Keras progress bar's log reads as a terminal shows it, as `gpuhop logs` writes it.
+    from gpuhop.cli.termtext import render
+
+    page.goto(link.split("/ui/")[0] + f"/ui/jobs/{keras.id}")
+    expect(page.locator("#log")).to_contain_text("Epoch 2/2")
+    assert page.locator("#log").text_content() == render(KERAS_LOG.read_bytes())
     assert not errors, errors
     context.close()
 

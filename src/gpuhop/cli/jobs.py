@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,20 +48,38 @@ NoProgressOption = params.Option(
 )
 
 
-def _stream(job: Job, worker: int | None = None) -> None:
-    for chunk in job.logs(follow=True, worker=worker):
+def _stream(job: Job, worker: int | None = None, raw: bool = True) -> None:
+    for chunk in _as_written(job.logs(follow=True, worker=worker), raw):
         job_output(chunk)
 
 
-def _follow(job: Job, worker: int | None = None, live: bool = False) -> Mapping[str, Any]:
-    """Stream a job's log until it ends, with a live status line under it when `live`.
-    Returns the ended job's JSON. Ctrl-C detaches; the job goes on."""
+def _as_written(chunks: Iterable[bytes], raw: bool) -> Iterator[bytes]:
+    """A job's log as `logs` writes it: its own bytes on a terminal (which draws them) or
+    with `raw`; to a pipe or a file, the text a terminal would show (`gpuhop.cli.termtext`:
+    a progress bar's last frame, no escape codes)."""
+    if raw or sys.stdout.isatty():
+        yield from chunks
+        return
+    from gpuhop.cli.termtext import TerminalText
+
+    text = TerminalText()
+    for chunk in chunks:
+        yield text.feed(chunk).encode()
+    yield text.close().encode()
+
+
+def _follow(
+    job: Job, worker: int | None = None, live: bool = False, raw: bool = True
+) -> Mapping[str, Any]:
+    """Stream a job's log until it ends, with a live status line under it when `live`
+    (else as `_as_written` with `raw`). Returns the ended job's JSON. Ctrl-C detaches; the
+    job goes on."""
     try:
         if live:
             from gpuhop.cli.progress import follow_live
 
             return follow_live(job, worker)
-        _stream(job, worker)
+        _stream(job, worker, raw)
         return job.wait_json()
     except KeyboardInterrupt:
         echo("", stderr=True)
@@ -204,6 +222,13 @@ def logs(
         None, "--worker", min=0, help="Only this worker's output (multi-worker jobs)."
     ),
     no_progress: bool = NoProgressOption,
+    raw: bool = params.Option(
+        False,
+        "--raw",
+        help="The job's bytes as it wrote them, progress-bar frames and colour codes too. By"
+        " default a pipe or a file gets the text a terminal shows (a terminal gets the bytes"
+        " and draws them).",
+    ),
     on: str | None = OnOption,
 ) -> None:
     """Print a job's output (stdout and stderr together; every worker's, prefixed).
@@ -214,10 +239,10 @@ def logs(
         job = find_job(client, job_ref)
         try:
             if follow:
-                info = _follow(job, worker, live=wants_live(no_progress))
+                info = _follow(job, worker, live=wants_live(no_progress), raw=raw)
                 say(_summary(info))
             else:
-                for chunk in job.logs(worker=worker):
+                for chunk in _as_written(job.logs(worker=worker), raw):
                     job_output(chunk)
         except GpuhopError as e:
             fail(e.message)

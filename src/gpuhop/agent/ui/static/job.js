@@ -6,6 +6,7 @@ import {
   ApiError, FINISHED, api, badge, bytes, duration, gpuText, h, isMetric, jobDuration, mb,
   number, poll, replace, request, seconds, topbar, when,
 } from "/ui/static/common.js";
+import { renderTerminal } from "/ui/static/termtext.js";
 
 const ref = decodeURIComponent(window.location.pathname.split("/").pop());
 const base = `/ui/api/jobs/${encodeURIComponent(ref)}`;
@@ -282,7 +283,7 @@ async function readLog() {
       logText = logText.slice(logText.length - LOG_KEEP);
       logNote.textContent = "showing the end of the log";
     }
-    log.textContent = logText;
+    log.textContent = renderTerminal(logText); // a progress bar's last frame, no escapes
     if (follow.checked && atBottom) log.scrollTop = log.scrollHeight;
   }
   return data.byteLength;
