@@ -27,9 +27,18 @@ def plain(text: str) -> str:
 class Terminal:
     """`gpuhop ARGS` running with a pseudo-terminal as its stdin, stdout and stderr."""
 
-    def __init__(self, args: list[str], env: dict[str, str], cwd: Path | None = None):
+    def __init__(
+        self,
+        args: list[str],
+        env: dict[str, str],
+        cwd: Path | None = None,
+        size: tuple[int, int] = (160, 40),
+    ):
+        """`size`: the terminal's columns and lines."""
+        columns, lines = size
         master, slave = pty.openpty()
-        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", lines, columns, 0, 0))
+        self.size = size
         self._master = master
         self._chunks: list[bytes] = []
         self.proc = subprocess.Popen(
@@ -38,7 +47,7 @@ class Terminal:
             stdout=slave,
             stderr=slave,
             cwd=cwd,
-            env={**env, "TERM": "xterm-256color", "COLUMNS": "160", "LINES": "40"},
+            env={**env, "TERM": "xterm-256color", "COLUMNS": str(columns), "LINES": str(lines)},
             start_new_session=True,
         )
         os.close(slave)
@@ -62,6 +71,27 @@ class Terminal:
     @property
     def text(self) -> str:
         return plain(self.raw)
+
+    def screen(self) -> list[str]:
+        """The screen as it stands now, a line per row, as a terminal emulator (pyte) draws
+        everything written so far: what a person reads there."""
+        import pyte
+
+        screen = pyte.Screen(*self.size)
+        pyte.ByteStream(screen).feed(b"".join(self._chunks))
+        return [line.rstrip() for line in screen.display]
+
+    def wait_for_screen(self, *needles: str, timeout: float = 60) -> list[str]:
+        """The screen, once it shows every one of `needles` at once."""
+        deadline = time.monotonic() + timeout
+        while not all(n in "\n".join(shown := self.screen()) for n in needles):
+            seen = "\n".join(shown)
+            if self.proc.poll() is not None and not self._reader.is_alive():
+                raise AssertionError(f"exited before {needles!r} showed:\n{seen}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{needles!r} not on screen in {timeout}s:\n{seen}")
+            time.sleep(0.1)
+        return shown
 
     def wait_for(self, needle: str, timeout: float = 60) -> str:
         deadline = time.monotonic() + timeout

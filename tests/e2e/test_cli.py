@@ -231,6 +231,8 @@ def test_detach_ps_show_logs_and_cancel(shared_agent, project):
     assert job_id in [j["id"] for j in ps]
     table = shared_agent.cli("ps").stdout
     assert "slowpoke" in table and "running" in table
+    ids = shared_agent.cli("ps", "-q").stdout.splitlines()  # ids only, for `xargs`
+    assert job_id in ids and all(len(i) == 8 and i.isalnum() for i in ids), ids
 
     cancel = shared_agent.cli("cancel", "slowpoke")
     assert cancel.returncode == 0, cancel.stderr

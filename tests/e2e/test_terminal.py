@@ -130,3 +130,56 @@ def test_ps_watch_redraws_until_interrupted_and_refuses_json(make_agent, project
     both = agent.cli("ps", "--watch", "--json")
     assert both.returncode == 2
     assert "cannot be combined with --json" in both.stderr
+
+
+PROGRAM = "import time\nprint('two lines')\ntime.sleep(0.01)"
+
+
+def test_ps_and_top_fit_the_screen_with_ids_and_states_whole(make_agent, project):
+    agent = make_agent(fake_gpus=2)
+    work = project({"hold.py": "import time\ntime.sleep(120)\n"})
+    with agent.client() as client:
+        holder = client.submit(["hold.py"], workdir=work, gpus=1, name="holder")
+        done = [client.submit(["python3", "-c", PROGRAM], name=f"done{n}") for n in range(40)]
+        for job in done:
+            job.wait(timeout=60)
+        wait_until(lambda: holder.refresh().state == "running")
+    for size in ((80, 24), (120, 40)):
+        _ps_and_top_fit(agent, work, size, holder.id, [job.id for job in done])
+    agent.cli("cancel", holder.id)
+
+
+def _ps_and_top_fit(agent, work, size, holder: str, done: list[str]) -> None:
+    columns, _ = size
+    ps = Terminal(["ps", "--limit", "12"], agent.env, cwd=work, size=size)
+    assert ps.finish() == 0
+    screen = ps.screen()
+    header = next(line for line in screen if line.startswith("ID "))
+    assert header.split()[:3] == ["ID", "NAME", "STATE"], header
+    assert {"GPUS", "AGE", "METRICS"} <= set(header.split()), header
+    row = next(line for line in screen if line.startswith(done[-1]))
+    assert f"{done[-1]}  done39" in row and "succeeded" in row, screen
+    # The multi-line program is one row, its quoting kept, its line breaks shown as ⏎.
+    if columns >= 120:
+        assert "python3 -c 'import time⏎print" in row, row
+    assert not any(line.startswith(("print(", "time.sleep")) for line in screen), screen
+
+    top = Terminal(["top", "--every", "0.3", "--limit", "50"], agent.env, cwd=work, size=size)
+    try:
+        top.wait_for_screen(holder, "UTIL", "more not shown")
+        # A second draw over the first: the header is still the top line.
+        drawn = len(top.raw)
+        wait_until(lambda: len(top.raw) > drawn)
+        shown = top.wait_for_screen(holder, "UTIL", "more not shown")
+    finally:
+        top.interrupt()
+        assert top.finish() == 0
+    assert shown[0].startswith("gpuhop "), "\n".join(shown)
+    gpu_rows = [line for line in shown if line.startswith(("0 ", "1 "))]
+    job_rows = [line for line in shown if line.startswith(holder)]
+    # The GPU panel and the job table name the job by the same id; the table says its state.
+    assert any(holder in row for row in gpu_rows), shown
+    assert len(job_rows) == 1 and "running" in job_rows[0], shown
+    # Active jobs first: the running holder is the table's first row, above the finished.
+    table = [line for line in shown if line.startswith(("ID ", holder, *done))]
+    assert table[0].startswith("ID ") and table[1].startswith(holder), shown

@@ -12,7 +12,8 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuhop.api.sizes import format_mb
 from gpuhop.api.states import JobState
@@ -20,13 +21,14 @@ from gpuhop.cli import params, plain
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import (
     STATE_STYLE,
-    ago,
     duration,
     fail,
     format_metrics,
     print_json,
     say,
+    when,
 )
+from gpuhop.cli.tablefit import Column, cut, fit
 from gpuhop.client import Client, GpuhopError
 
 if TYPE_CHECKING:
@@ -38,20 +40,34 @@ if TYPE_CHECKING:
 # A job and a GPU as the agent sends them (`JobInfo`'s and `GpuInfo`'s fields).
 Info = Mapping[str, Any]
 
+
+class Size(NamedTuple):
+    """A screen's size, in columns and lines."""
+
+    width: int
+    height: int
+
+
 # The width of a table written to a pipe or a file, where no terminal sets one.
 WIDE = 400
+# The table's columns, as `tablefit.fit` keeps them at a terminal's width: ID, NAME, STATE,
+# OWNER (where the jobs are more than one user's), GPUS and AGE whole; PRI, DURATION and
+# GPU USE go when room is short; METRICS, then COMMAND, take the rest, COMMAND cut first.
 COLUMNS = (
-    "ID",
-    "NAME",
-    "STATE",
-    "PRI",
-    "GPUS",
-    "GPU USE",
-    "CREATED",
-    "DURATION",
-    "METRICS",
-    "COMMAND",
+    Column("ID"),
+    Column("NAME", most=24),
+    Column("STATE"),
+    Column("OWNER", most=12),
+    Column("PRI", "optional", rank=0),
+    Column("GPUS"),
+    Column("GPU USE", "optional", rank=2),
+    Column("AGE"),
+    Column("DURATION", "optional", rank=1),
+    Column("METRICS", "flex", rank=2, least=16),
+    Column("COMMAND", "flex", rank=1, least=12),
 )
+OWNER = 3
+STATE = 2
 
 # What the table shows of each job: all `ps` asks the agent for (`--json` asks for all).
 FIELDS = (
@@ -63,6 +79,7 @@ FIELDS = (
     "gpu_ids",
     "memory_peak_mb",
     "gpu_memory_mb",
+    "owner",
     "created_at",
     "started_at",
     "ended_at",
@@ -104,38 +121,72 @@ def gpu_use(info: Info, gpus: Mapping[int, Info]) -> str:
     return f"{util} {memory}{shared}"
 
 
+def command_text(command: list[str]) -> str:
+    """A job's command on one line, quoted as a shell would need it (`shlex.join`); the line
+    breaks of a multi-line `-c` program shown as ⏎."""
+    import shlex
+
+    return shlex.join(command).replace("\r\n", "⏎").replace("\n", "⏎").replace("\r", "⏎")
+
+
+def age(value: str | None) -> str:
+    """How long ago, in one unit: 45s, 12m, 3h, 5d."""
+    ts = when(value)
+    if ts is None:
+        return "-"
+    seconds = max(0, int((datetime.now(UTC) - ts).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
 def job_rows(infos: list[Info], gpus: Mapping[int, Info]) -> list[tuple[str, ...]]:
-    """The table's cells, each as it is shown: markup already rendered, names as they are."""
+    """The table's cells (of every column in COLUMNS), each as it is shown: markup already
+    rendered, names as they are."""
     return [
         (
             plain.plain(i["id"]),
             i.get("name") or "-",  # a sweep's run is NAME[lr=0.1]: not markup
             i["state"],
+            i.get("owner") or "-",
             str(i["priority"]),
             plain.plain(gpus_column(i)),
             plain.plain(gpu_use(i, gpus)),
-            plain.plain(ago(i["created_at"])),
+            age(i["created_at"]),
             plain.plain(duration(i.get("started_at"), i.get("ended_at"))),
             plain.plain(
                 format_metrics(i.get("latest_metrics")) if i.get("latest_metrics") else "-"
             ),
-            " ".join(i["command"]),
+            command_text(i["command"]),
         )
         for i in infos
     ]
 
 
-def job_table(infos: list[Info], gpus: Mapping[int, Info]) -> Table:
+def _columns(infos: list[Info]) -> list[int]:
+    """The columns this listing has: OWNER only where its jobs are more than one user's."""
+    owners = {i.get("owner") for i in infos}
+    return [n for n in range(len(COLUMNS)) if n != OWNER or len(owners) > 1]
+
+
+def job_table(infos: list[Info], gpus: Mapping[int, Info], width: int) -> Table:
+    """The job table at `width` columns (`tablefit.fit` says which columns, how wide)."""
     from rich.table import Table
     from rich.text import Text
 
+    keep = _columns(infos)
+    rows = [[row[n] for n in keep] for row in job_rows(infos, gpus)]
+    columns = [COLUMNS[n] for n in keep]
+    widths = fit(columns, rows, width)
     table = Table(box=None, header_style="bold", pad_edge=False)
-    for col in COLUMNS:
-        table.add_column(col, no_wrap=col != COLUMNS[-1], overflow="ellipsis")
-    for row in job_rows(infos, gpus):
-        cells = [Text(cell) for cell in row]
-        cells[2].stylize(STATE_STYLE[JobState(row[2])])
-        table.add_row(*cells)
+    for n, w in widths.items():
+        table.add_column(columns[n].name, width=w, no_wrap=True, overflow="ellipsis")
+    state = keep.index(STATE)
+    for row in rows:
+        cells = {n: Text(cut(row[n], w)) for n, w in widths.items()}
+        cells[state].stylize(STATE_STYLE[JobState(row[state])])
+        table.add_row(*cells.values())
     return table
 
 
@@ -183,15 +234,26 @@ def _snapshot(
     them runs on a GPU or `with_gpus`, the GPUs."""
     fields = None if whole else FIELDS
     infos: list[Info] = list(client.jobs_json(states or None, limit=limit, fields=fields))
+    if with_gpus and not states:  # `top`: every active job, however old, and then the newest
+        active = client.jobs_json(sorted(ACTIVE), limit=limit, fields=fields)
+        listed = {i["id"] for i in infos}
+        infos = [*(i for i in active if i["id"] not in listed), *infos]
     running = any(i["state"] == JobState.running and i["gpu_ids"] for i in infos)
     gpus: list[Info] = list(client.gpus_json()) if with_gpus or running else []
     return infos, gpus
 
 
-def _view(infos: list[Info], gpus: list[Info], panel: bool, every: float) -> Group:
+ACTIVE = frozenset({JobState.queued, JobState.starting, JobState.running})
+
+
+def _view(infos: list[Info], gpus: list[Info], panel: bool, every: float, size: Size) -> Group:
+    """One screen of `top` (or `ps --watch`) at `size`: a header, the GPU panel, then the
+    jobs, active ones first and finished ones as room allows; never taller than the screen
+    (a line stays free for the cursor), so the header never scrolls off."""
     from rich.console import Group
     from rich.text import Text
 
+    width, height = size
     by_index = {g["index"]: g for g in gpus}
     counts: dict[str, int] = {}
     for i in infos:
@@ -201,12 +263,32 @@ def _view(infos: list[Info], gpus: list[Info], panel: bool, every: float) -> Gro
         ("gpuhop ", "bold"),
         (f"{summary}  ", ""),
         (f"(every {every:g}s; Ctrl-C to quit)", "dim"),
+        no_wrap=True,
+        overflow="ellipsis",
     )
     parts: list[object] = [header]
     if panel and gpus:
-        parts += [gpu_panel(gpus), Text("")]
-    parts.append(job_table(infos, by_index))
+        shown_gpus = gpus[: max(1, height - 6)]  # a row for the jobs' header, one job, a note
+        parts += [gpu_panel(shown_gpus), Text("")]
+    room = height - 1 - sum(_height(p) for p in parts) - 1  # the cursor's line, the header
+    active = [i for i in infos if i["state"] in ACTIVE]
+    finished = [i for i in infos if i["state"] not in ACTIVE]
+    rows = (active + finished)[: max(0, room)]
+    if len(rows) < len(infos):
+        rows = rows[: max(0, room - 1)]
+        left = len(infos) - len(rows)
+        more = Text(f"+{left} more not shown (gpuhop ps lists them)", style="dim")
+    if rows:
+        parts.append(job_table(rows, by_index, width))
+    if len(rows) < len(infos):
+        parts.append(more)
     return Group(*parts)  # type: ignore[arg-type]
+
+
+def _height(part: object) -> int:
+    """The lines a part of `_view` takes: a Text one, a table its header and rows."""
+    rows = getattr(part, "row_count", None)
+    return 1 if rows is None else rows + 1
 
 
 def watch(on: str | None, states: list[JobState], limit: int, panel: bool, every: float) -> None:
@@ -218,11 +300,14 @@ def watch(on: str | None, states: list[JobState], limit: int, panel: bool, every
     console = Console(highlight=False, emoji=False)
     with client_for(on) as client:
         try:
-            with Live(console=console, screen=False, auto_refresh=False) as live:
+            with Live(
+                console=console, screen=False, auto_refresh=False, vertical_overflow="crop"
+            ) as live:
                 while True:
                     try:
                         infos, gpus = _snapshot(client, states, limit, panel)
-                        live.update(_view(infos, gpus, panel, every), refresh=True)
+                        view = _view(infos, gpus, panel, every, Size(*console.size))
+                        live.update(view, refresh=True)
                     except GpuhopError as e:
                         live.update(Text(f"gpuhop: {e.message} (retrying)", style="red"))
                         live.refresh()
@@ -245,16 +330,26 @@ def ps(
     ),
     every: float = EveryOption,
     json_out: bool = params.Option(False, "--json", help="Print JSON for scripts."),
+    quiet: bool = params.Option(False, "--quiet", "-q", help="Print only the jobs' ids."),
     on: str | None = OnOption,
 ) -> None:
     """List jobs, newest first, with each running job's GPU use and latest metrics."""
+    if watch_ and (json_out or quiet):
+        other = "--json" if json_out else "-q"
+        fail(f"--watch redraws a table; it cannot be combined with {other}")
+    if json_out and quiet:
+        fail("-q prints ids and --json prints JSON: choose one")
     if watch_:
-        if json_out:
-            fail("--watch redraws a table; it cannot be combined with --json")
         watch(on, state, limit, panel=False, every=every)
         return
     with client_for(on) as client:
+        if not quiet:
+            _say_remote(on)
         try:
+            if quiet:
+                ids = client.jobs_json(state or None, limit=limit, fields=("id",))
+                sys.stdout.write("".join(f"{i['id']}\n" for i in ids))
+                return
             infos, gpus = _snapshot(client, state, limit, with_gpus=False, whole=json_out)
         except GpuhopError as e:
             fail(e.message)
@@ -266,7 +361,9 @@ def ps(
         return
     by_index = {g["index"]: g for g in gpus}
     if not plain.styled(sys.stdout):  # piped into grep or a file: whole values, no colour
-        text = plain.table(COLUMNS, job_rows(infos, by_index), WIDE)
+        keep = _columns(infos)
+        rows = [[row[n] for n in keep] for row in job_rows(infos, by_index)]
+        text = plain.table([COLUMNS[n].name for n in keep], rows, WIDE)
         if text is not None:
             sys.stdout.write(text)
             return
@@ -275,7 +372,19 @@ def ps(
     out = Console(highlight=False, emoji=False)
     if not out.is_terminal:
         out.width = WIDE  # not squeezed to 80 columns
-    out.print(job_table(infos, by_index))
+    out.print(job_table(infos, by_index, out.width))
+
+
+def _say_remote(on: str | None) -> None:
+    """One dim line on stderr naming the remote listed, where it is not this machine's agent."""
+    from gpuhop.client.transport.remotes import selected
+
+    try:
+        remote = selected(on)
+    except GpuhopError:
+        return  # the client said so already
+    if remote is not None:
+        say(f"jobs on remote {remote.name!r} ({remote.url})")
 
 
 def top(
