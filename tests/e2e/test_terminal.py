@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 
@@ -183,3 +184,29 @@ def _ps_and_top_fit(agent, work, size, holder: str, done: list[str]) -> None:
     # Active jobs first: the running holder is the table's first row, above the finished.
     table = [line for line in shown if line.startswith(("ID ", holder, *done))]
     assert table[0].startswith("ID ") and table[1].startswith(holder), shown
+
+
+KERAS_FIT = """\
+import time
+import numpy as np, keras
+
+x = np.random.rand(80, 4).astype("float32")
+y = (x.sum(1) > 2).astype("float32")
+model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
+model.compile("adam", "binary_crossentropy")
+slow = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: time.sleep(0.05))
+model.fit(x, y, epochs=2, batch_size=4, validation_split=0.25, callbacks=[slow])
+"""
+
+
+@pytest.mark.tf
+def test_an_unmodified_keras_fit_shows_the_running_epoch_its_step_and_eta(shared_agent, project):
+    work = project({"fit.py": KERAS_FIT})
+    term = Terminal(["run", "fit.py"], shared_agent.env, cwd=work, size=(80, 24))
+    assert term.finish() == 0, term.text
+    text = term.text
+    assert "starting up" in text, text  # the seconds TensorFlow takes to import
+    # The epoch running (2/2 while the second runs, not the first that ended), the step in
+    # it, the time left at the pace of the first; loss first, at 80 columns.
+    assert re.search(r"epoch 1/2 · \d+/15", text), text
+    assert re.search(r"epoch 2/2 · \d+/15 · ETA \d:\d\d · loss \d\S* · val_loss \d", text), text

@@ -169,7 +169,10 @@ def state_text(state: JobState) -> str:
 
 # Keys of a metrics record that `format_metrics` shows as values (memory has its own line in
 # `show`; the source is said after them).
-NOT_SHOWN = frozenset({"time", "epochs", "memory_mb", "memory_peak_mb", "source"})
+NOT_SHOWN = frozenset(
+    {"time", "epochs", "memory_mb", "memory_peak_mb", "source", "progress", "epoch_step"}
+    | {"epoch_steps", "eta"}
+)
 
 
 def format_metrics(metrics: dict[str, object] | None) -> str:

@@ -34,7 +34,9 @@ if TYPE_CHECKING:
 POLL_SECONDS = 1.0
 MIN_POLL_SECONDS = 0.25
 # Keys of a metrics record that are not metrics (see gpuhop.runtime.log_metrics).
-NOT_METRICS = frozenset({"time", "step", "epoch", "epochs", "source"})
+NOT_METRICS = frozenset(
+    {"time", "step", "epoch", "epochs", "source", "progress", "epoch_step", "epoch_steps", "eta"}
+)
 
 
 def elapsed_text(seconds: float) -> str:
@@ -62,6 +64,8 @@ class JobStatus:
         self.epochs: int | None = None
         self.step: int | None = None
         self.source: str | None = None  # where the metrics shown came from (fit:MODEL, ...)
+        self.within: Within | None = None  # where the running epoch is, as the fit last said
+        self.heard = False  # whether the job has written any record yet
         self._offset = 0
         self._spinner = Spinner("dots", style="cyan")
 
@@ -69,7 +73,7 @@ class JobStatus:
         """Read the job's state and any new metric records. Errors wait for the next poll."""
         try:
             self.info = self.job.refresh()
-            records, self._offset = self.job.metrics(self._offset)
+            records, self._offset = self.job.metrics(self._offset, progress=True)
         except GpuhopError:
             return
         metrics = dict(self.metrics)
@@ -78,30 +82,48 @@ class JobStatus:
             if isinstance(source, str) and source != self.source:
                 # A new phase (a fit, then a custom loop's tf.summary scalars): its own numbers.
                 metrics, self.epoch, self.epochs, self.source = {}, None, None, source
+                self.within = None
             self.epoch = _int_or(record.get("epoch"), self.epoch)
             self.epochs = _int_or(record.get("epochs"), self.epochs)
             self.step = _int_or(record.get("step"), self.step)
+            if "progress" in record:  # where a fit is within the epoch it runs
+                self.within = Within(record)
+            elif self.within is not None and self.epoch == self.within.epoch:
+                self.within = None  # that epoch's end: its numbers are the metrics now
             metrics.update({k: v for k, v in record.items() if k not in NOT_METRICS})
         self.metrics = metrics
+        self.heard = self.heard or bool(records)
 
     def line(self) -> Text:
+        """`running 0:42 · epoch 3/3 · 12/45 · ETA 0:04 · loss … val_loss …`: the epoch
+        running, where in it and the time left (where the fit says), then the metrics, the
+        most useful first; cut at the screen's edge."""
         info = self.info
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(info.state.value, style=STATE_STYLE[info.state])
+        now = datetime.now(UTC)
         if info.started_at is not None:
-            end = info.ended_at or datetime.now(UTC)
+            end = info.ended_at or now
             text.append(f" {elapsed_text((end - info.started_at).total_seconds())}")
         elif info.state == JobState.queued:
-            text.append(f" {elapsed_text((datetime.now(UTC) - info.created_at).total_seconds())}")
+            text.append(f" {elapsed_text((now - info.created_at).total_seconds())}")
         if info.attempt > 1:
             text.append(f"  attempt {info.attempt}/{info.retries + 1}")
+        if info.state in (JobState.starting, JobState.running) and not self.heard:
+            text.append(" · starting up (imports, data, model)", style="dim")
         if self.epoch is not None:
             total = f"/{self.epochs}" if self.epochs else ""
-            text.append("  epoch ", style="dim").append(f"{self.epoch}{total}", style="bold")
-        if self.step is not None:
-            text.append("  step ", style="dim").append(f"{self.step:,}", style="bold")
-        for key, value in self.metrics.items():
-            text.append(f"  {key} ", style="dim").append(metric_text(value))
+            text.append(" · epoch ", style="dim").append(f"{self.epoch}{total}", style="bold")
+        within = self.within
+        if within is not None and within.steps:
+            text.append(f" · {within.step}/{within.steps}")
+            if within.eta is not None:
+                left = within.eta - (now - within.at).total_seconds()
+                text.append(" · ETA ", style="dim").append(elapsed_text(left))
+        elif self.step is not None:  # a custom loop's: no step within an epoch
+            text.append(" · step ", style="dim").append(f"{self.step:,}", style="bold")
+        for key in sorted(self.metrics, key=_usefulness):
+            text.append(f" · {key} ", style="dim").append(metric_text(self.metrics[key]))
         if self.source is not None:
             text.append(f"  ({self.source})", style="dim")
         return text
@@ -112,6 +134,30 @@ class JobStatus:
         grid.add_column(no_wrap=True, overflow="ellipsis")
         grid.add_row(self._spinner, self.line())
         yield grid
+
+
+class Within:
+    """A fit's progress record (gpuhop.runtime.callbacks.Progress): the epoch it runs, the
+    step within it of how many, and the seconds it had left, at `at`."""
+
+    __slots__ = ("at", "epoch", "eta", "step", "steps")
+
+    def __init__(self, record: Mapping[str, object]) -> None:
+        self.epoch = _int_or(record.get("epoch"), None)
+        self.step = _int_or(record.get("epoch_step"), 0) or 0
+        self.steps = _int_or(record.get("epoch_steps"), None)
+        eta, at = record.get("eta"), record.get("time")
+        self.eta = float(eta) if isinstance(eta, (int, float)) else None
+        when = float(at) if isinstance(at, (int, float)) else datetime.now(UTC).timestamp()
+        self.at = datetime.fromtimestamp(when, UTC)
+
+
+# The metrics a person looks at first; the rest follow in the order the job logged them.
+FIRST = ("loss", "val_loss", "accuracy", "val_accuracy")
+
+
+def _usefulness(key: str) -> int:
+    return FIRST.index(key) if key in FIRST else len(FIRST)
 
 
 def _int_or(value: object, default: int | None) -> int | None:

@@ -194,12 +194,17 @@ class Job:
                 while not self.session.endpoint.reachable() and time.monotonic() < give_up_at:
                     time.sleep(0.1)
 
-    def metrics(self, offset: int = 0) -> tuple[list[dict], int]:
-        """Metric records written since byte `offset`, and the offset to ask from next."""
+    def metrics(self, offset: int = 0, progress: bool = False) -> tuple[list[dict], int]:
+        """Metric records written since byte `offset`, and the offset to ask from next.
+        With `progress`, also the records that only say where a Keras `fit` is within its
+        epoch (`{"progress": 1, "epoch_step": ..., "eta": ...}`: what `gpuhop run` shows)."""
         data = self.session.request(
             "GET", f"/v1/jobs/{self.id}/metrics", params={"offset": offset}
         ).json()
-        return data["records"], data["next_offset"]
+        records = data["records"]
+        if not progress:
+            records = [r for r in records if "progress" not in r]
+        return records, data["next_offset"]
 
     def artifacts(self) -> list[ArtifactEntry]:
         from gpuhop.api import ArtifactEntry

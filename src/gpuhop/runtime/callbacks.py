@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import time
 from typing import Any
 
 from gpuhop.runtime import attempt, checkpoint_dir, log_metrics, metrics_file, tensorboard_dir
@@ -52,6 +53,7 @@ def metrics_callback(keras: Any, every_n_steps: int = 0) -> Any:
             self.step = 0
             self.epoch = 0
             self.begun = False
+            self.progress = Progress()
 
         def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
             if not self.begun:
@@ -59,6 +61,15 @@ def metrics_callback(keras: Any, every_n_steps: int = 0) -> Any:
                 if epoch > 0 and attempt() > 1:
                     self.step = steps_before(epoch + 1)
             self.epoch = epoch + 1
+            self.progress.epoch_begins()
+            self._progress(force=True)
+
+        def _progress(self, force: bool = False) -> None:
+            steps, total = (self.params or {}).get("steps"), self._total()
+            size = (steps if isinstance(steps, int) else None, total.get("epochs"))
+            note = self.progress.note(force, *size, self.epoch)
+            if note is not None:
+                log_metrics(step=self.step, epoch=self.epoch, **total, **note)
 
         def _total(self) -> dict[str, Any]:
             # The number of epochs fit() was asked for: `gpuhop run` shows "epoch 3/10";
@@ -69,6 +80,8 @@ def metrics_callback(keras: Any, every_n_steps: int = 0) -> Any:
 
         def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
             self.step += 1
+            self.progress.stepped()
+            self._progress()
             if every_n_steps and self.step % every_n_steps == 0:
                 log_metrics(step=self.step, epoch=self.epoch, **self._total(), **(logs or {}))
 
@@ -77,6 +90,47 @@ def metrics_callback(keras: Any, every_n_steps: int = 0) -> Any:
             log_metrics(step=self.step, epoch=epoch + 1, **values, **self._total())
 
     return MetricsCallback()
+
+
+class Progress:
+    """Where a `fit` is within its epoch, for the status line under `gpuhop run`: a record
+    `{"progress": 1, "epoch": E (the one running), "epoch_step": K, "epoch_steps": M,
+    "eta": seconds to the fit's end}` at each epoch's start and, between, at most every
+    `PROGRESS_EVERY` seconds or a tenth of the time the fit has run (so a long fit adds few
+    records to its metrics file). Readers of metrics skip these records
+    (`gpuhop.agent.jobs.metricstail`)."""
+
+    PROGRESS_EVERY = 2.0
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.noted = 0.0
+        self.epoch_step = 0
+        self.steps_done = 0  # in this fit, for its pace
+
+    def epoch_begins(self) -> None:
+        self.epoch_step = 0
+
+    def stepped(self) -> None:
+        self.epoch_step += 1
+        self.steps_done += 1
+
+    def note(
+        self, force: bool, steps: int | None, epochs: int | None, epoch: int
+    ) -> dict[str, Any] | None:
+        """The record's progress keys, where one is due (always, with `force`)."""
+        now = time.monotonic()
+        ran = now - self.started
+        if not force and now - self.noted < max(self.PROGRESS_EVERY, ran / 10):
+            return None
+        self.noted = now
+        note: dict[str, Any] = {"progress": 1, "epoch_step": self.epoch_step}
+        if steps:
+            note["epoch_steps"] = steps
+            if epochs and self.steps_done:  # at the fit's pace so far
+                left = (epochs - epoch) * steps + (steps - self.epoch_step)
+                note["eta"] = round(left * ran / self.steps_done, 1)
+        return note
 
 
 def steps_before(epoch: int) -> int:
@@ -93,7 +147,7 @@ def steps_before(epoch: int) -> int:
                     record = json.loads(line)
                 except ValueError:
                     continue  # a job may write what it likes there
-                if not isinstance(record, dict):
+                if not isinstance(record, dict) or "progress" in record:
                     continue
                 at, done = record.get("step"), record.get("epoch")
                 if isinstance(at, int) and isinstance(done, int) and done < epoch:

@@ -11,6 +11,9 @@ from pathlib import Path
 METRICS_TAIL_BYTES = 16 * 1024
 # Keys of a record that only reports device memory (the start-up hook's, at the job's exit).
 MEMORY_ONLY = {"time", "memory_mb", "memory_peak_mb"}
+# The key that marks where a fit is within its epoch (gpuhop.runtime.callbacks.Progress): no
+# metrics of its own, for the status line under `gpuhop run`.
+PROGRESS = "progress"
 # The key that names a record's source (gpuhop.runtime.summaries.SOURCE_KEY).
 SOURCE = "source"
 
@@ -55,7 +58,7 @@ def latest_of(records: list[dict[str, object]]) -> dict[str, object] | None:
     each tf.summary scalar on its own, one step's together."""
     latest: dict[str, object] | None = None
     for record in records:
-        if set(record) <= MEMORY_ONLY:
+        if set(record) <= MEMORY_ONLY or PROGRESS in record:
             continue
         if latest is None:
             latest = dict(record)

@@ -163,7 +163,8 @@ export function gpuText(job) {
 }
 
 // "source" names a record's phase: "fit:MODEL" (a Keras fit), "summary:LOGDIR" (tf.summary).
-const META = new Set(["time", "step", "epoch", "epochs", "source"]);
+// A record's keys that describe it (a fit's progress records, runtime/callbacks.py, too).
+const META = new Set(["time", "step", "epoch", "epochs", "source", "progress", "epoch_step", "epoch_steps", "eta"]);
 
 // A job's latest metrics, inline: "epoch 3  step 120  loss 0.2311  accuracy 0.91  (fit:model)".
 export function metricsInline(latest, max = 5) {
