@@ -149,7 +149,10 @@ def test_bad_input_gets_a_clear_message(shared_agent, project):
     empty = [shared_agent.cli(command, "", cwd=root) for command in ("logs", "show", "cancel")]
     bad_env = shared_agent.cli("run", "-e", "NOEQUALS", "ok.py", cwd=root)
     bad_name = shared_agent.cli("run", "--name", "<b>", "ok.py", cwd=root)
-    for result in (missing, no_cmd, too_many, unknown, *empty, bad_env, bad_name):
+    # An unknown option before the script is gpuhop's mistake to name, as every command does.
+    bad_option = shared_agent.cli("run", "--frobnicate", "ok.py", cwd=root)
+    dashed = shared_agent.cli("run", "--", "-x", cwd=root)
+    for result in (missing, no_cmd, too_many, unknown, *empty, bad_env, bad_name, bad_option):
         assert result.returncode == 2, result.stderr
         assert "Traceback" not in result.stderr
     assert "no such script: nope.py" in missing.stderr
@@ -160,6 +163,9 @@ def test_bad_input_gets_a_clear_message(shared_agent, project):
         assert "no job matches '' (an empty job reference)" in result.stderr
     assert "--env takes KEY=VALUE" in bad_env.stderr
     assert "not submitted: name: name must be 1-128 characters" in bad_name.stderr
+    assert "No such option: --frobnicate" in bad_option.stderr
+    assert "was not found" not in bad_option.stderr
+    assert (dashed.returncode, dashed.stderr) == (2, "gpuhop: error: No such option: -x\n")
 
 
 def test_link_out_of_the_work_dir_is_refused(shared_agent, project, tmp_path):

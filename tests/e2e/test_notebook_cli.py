@@ -269,18 +269,11 @@ def test_run_a_parameterised_notebook_and_pull_the_executed_one(agent: Agent, tm
         "lr * 100",
         parameters="lr = 0.1\nepochs = 3",
     )
+    # As the README writes it: gpuhop's options after the notebook's parameters.
     done = agent.cli(
-        "run",
-        "--no-progress",
-        "--pull",
-        "out",
-        "train.ipynb",
-        "-p",
-        "lr=0.01",
-        "-p",
-        "epochs=2",
-        cwd=tmp_path,
-    )
+        "run", "train.ipynb", "-p", "lr=0.01", "-p", "epochs=2", "--pull", "out",
+        "--no-progress", cwd=tmp_path,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "training with lr=0.01 for 2 epochs" in done.stdout  # live in the job's log
     executed = nbformat.read(tmp_path / "out" / "train.ipynb", as_version=4)
@@ -363,7 +356,7 @@ def test_bad_notebook_runs_are_refused_before_anything_is_queued(agent: Agent, t
     assert missing.returncode == 2 and "no such notebook: nope.ipynb" in missing.stderr
     stray = agent.cli("run", "nb.ipynb", "--lr", "0.1", cwd=tmp_path)
     assert stray.returncode == 2
-    assert re.search(r"takes only parameters: -p NAME=VALUE .*'--lr 0\.1'", stray.stderr)
+    assert re.search(r"own options and parameters: -p NAME=VALUE .*'--lr 0\.1'", stray.stderr)
     bad_idle = agent.cli("notebook", "--idle", "soon", cwd=tmp_path)
     assert bad_idle.returncode == 2 and "--idle takes a duration" in bad_idle.stderr
 

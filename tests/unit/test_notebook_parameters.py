@@ -9,6 +9,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from gpuhop.cli.jobs import notebook_options_first
 from gpuhop.client import GpuhopError
 from gpuhop.client.notebook import batch_command
 from gpuhop.runtime.notebook import batch
@@ -69,11 +70,31 @@ def test_the_client_checks_the_notebook_and_its_parameters(tmp_path: Path):
     assert command == ["-m", "gpuhop.runtime.notebook", "run", "nb/a.ipynb", "-p", "lr=0.1"]
     with pytest.raises(GpuhopError, match=r"no such notebook: b\.ipynb"):
         batch_command(["b.ipynb"], tmp_path)
-    with pytest.raises(GpuhopError, match="takes only parameters"):
+    with pytest.raises(GpuhopError, match="takes its own options and parameters"):
         batch_command(["nb/a.ipynb", "-p"], tmp_path)
-    with pytest.raises(GpuhopError, match="takes only parameters"):
+    with pytest.raises(GpuhopError, match="takes its own options and parameters"):
         batch_command(["nb/a.ipynb", "--epochs", "3"], tmp_path)
     outside = tmp_path.parent / "elsewhere.ipynb"
     outside.write_text("{}")
     with pytest.raises(GpuhopError, match="outside the work dir"):
         batch_command([str(outside)], tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("given", "parsed"),
+    [
+        # The README's line: gpuhop's own options after the notebook's parameters.
+        (["nb.ipynb", "-p", "lr=0.01", "--pull", "out/"],
+         ["--pull", "out/", "nb.ipynb", "-p", "lr=0.01"]),
+        (["-g", "1", "nb.ipynb", "--name=n", "-p", "a=1", "-d", "-e", "K=V", "--parameter", "b=2"],
+         ["-g", "1", "--name=n", "-d", "-e", "K=V", "nb.ipynb", "-p", "a=1", "--parameter", "b=2"]),
+        # What is neither stays after the notebook, for batch_command to name.
+        (["nb.ipynb", "--lr", "0.1"], ["nb.ipynb", "--lr", "0.1"]),
+        # After a script or a program everything is theirs; before it, nothing moves.
+        (["train.py", "--pull", "out/", "-p", "x"], ["train.py", "--pull", "out/", "-p", "x"]),
+        (["--name", "nb.ipynb", "train.py", "-d"], ["--name", "nb.ipynb", "train.py", "-d"]),
+        (["--", "nb.ipynb", "-d"], ["--", "nb.ipynb", "-d"]),
+    ],
+)  # fmt: skip
+def test_gpuhops_options_after_a_notebook_go_before_it(given: list[str], parsed: list[str]):
+    assert notebook_options_first(given) == parsed

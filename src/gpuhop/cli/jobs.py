@@ -159,6 +159,10 @@ def run(  # noqa: PLR0913 (a command: each parameter is one of its options)
     Example: gpuhop run --gpus 1 train.py --epochs 3
     """
     spec = jobopts.spec_of(locals())  # first: its locals are the command's options
+    if command[0].startswith("-") and command[0] != "-":
+        # Only `run -- -x` comes here (typer's path refuses it first, `RunCommand`): a
+        # program's name never starts with a dash.
+        fail(f"No such option: {command[0]}")
     desktop = jobopts.DESKTOP in notify
     if desktop and detach:
         fail("--notify desktop tells this terminal when the job ends; it needs a run that waits")
@@ -273,9 +277,62 @@ def cancel(
 # Commands' context settings (typer's, and `params.parse` honours them): everything after
 # `run`'s script is the script's.
 CONTEXT = {"run": {"allow_interspersed_args": False, "ignore_unknown_options": True}}
+# A notebook's own arguments: its papermill-style parameters.
+NOTEBOOK_PARAMETER = ("-p", "--parameter")
+
+
+def notebook_options_first(args: list[str]) -> list[str]:
+    """`run`'s arguments with gpuhop's options given after a notebook moved before it
+    (`run nb.ipynb -p lr=0.01 --pull out/` is `run --pull out/ nb.ipynb -p lr=0.01`): a
+    notebook takes only -p NAME=VALUE parameters. After a script or a program, everything
+    stays the script's; what is neither an option of `run` nor a parameter stays after the
+    notebook, where `batch_command` says what is wrong with it."""
+    takes_value = params.option_values(run)
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] not in ("-", "--"):
+        flag = args[i]
+        if flag.startswith("--"):
+            valued = takes_value.get(flag.partition("=")[0]) and "=" not in flag
+        else:
+            valued = takes_value.get(flag[:2]) and len(flag) == 2  # not -g2
+        i += 2 if valued else 1
+    if i >= len(args) or not args[i].endswith(".ipynb"):
+        return args
+    options: list[str] = []
+    rest: list[str] = []
+    tail = iter(args[i + 1 :])
+    for arg in tail:
+        name = arg.partition("=")[0]
+        if arg in NOTEBOOK_PARAMETER:
+            rest += [arg, *([value] if (value := next(tail, None)) is not None else [])]
+        elif name in takes_value and name not in NOTEBOOK_PARAMETER:
+            options.append(arg)
+            if takes_value[name] and "=" not in arg:
+                options += [value] if (value := next(tail, None)) is not None else []
+        else:
+            rest.append(arg)
+    return [*args[:i], *options, args[i], *rest]
+
+
+def _run_command() -> type:
+    """typer's command class for `run`, which names an unknown option before the script as
+    every command does ("No such option: --frobnicate", exit 2); its context settings
+    leave unknown options to the script (`CONTEXT`), which starts at the first argument."""
+    from typer import _click  # typer's own click, whose errors its commands print
+    from typer.core import TyperCommand
+
+    class RunCommand(TyperCommand):
+        def parse_args(self, ctx: _click.Context, args: list[str]) -> list[str]:
+            rest = super().parse_args(ctx, args)
+            first = (ctx.params.get("command") or [""])[0]
+            if first.startswith("-") and first != "-":
+                raise _click.exceptions.NoSuchOption(first, ctx=ctx)
+            return rest
+
+    return RunCommand
 
 
 def register(app: typer.Typer) -> None:
-    app.command(context_settings=CONTEXT["run"])(run)
+    app.command(context_settings=CONTEXT["run"], cls=_run_command())(run)
     for fn in (logs, cancel):
         app.command()(fn)

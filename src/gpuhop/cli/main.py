@@ -155,8 +155,12 @@ def run_fast(fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
 
 def main() -> None:
     args = sys.argv[1:]
+    if args[:1] == ["run"]:
+        from gpuhop.cli.jobs import notebook_options_first
+
+        args = ["run", *notebook_options_first(args[1:])]
     fast = fast_command(args)
     if fast is not None:
         run_fast(*fast)
         return
-    build(args)()
+    build(args)(args=args)

@@ -132,6 +132,21 @@ def parameters(fn: Callable[..., Any]) -> list[tuple[str, Any]]:
     ]
 
 
+def option_values(fn: Callable[..., Any]) -> dict[str, bool]:
+    """Each option name of `fn` (both sides of an --on/--off pair) and whether it takes a
+    value: a flag takes none."""
+    hints = typing.get_type_hints(fn)
+    names: dict[str, bool] = {}
+    for name, default in parameters(fn):
+        if isinstance(default, Param) and not default.argument:
+            for decl in default.decls:
+                on, _, off = decl.partition("/")
+                names[on] = hints[name] is not bool
+                if off:
+                    names[off] = False
+    return names
+
+
 def _specs(fn: Callable[..., Any]) -> list[_Spec]:
     hints = typing.get_type_hints(fn)
     specs = []

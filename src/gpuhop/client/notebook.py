@@ -213,8 +213,8 @@ def batch_command(argv: Sequence[str], workdir: str | os.PathLike[str]) -> list[
         name, sep, _ = pair.partition("=")
         if flag not in ("-p", "--parameter") or not sep or not name.isidentifier():
             raise GpuhopError(
-                "after the notebook, gpuhop run takes only parameters: -p NAME=VALUE (NAME a"
-                f" Python identifier); got {' '.join(rest[i : i + 2])!r}",
+                "after the notebook, gpuhop run takes its own options and parameters: -p"
+                f" NAME=VALUE (NAME a Python identifier); got {' '.join(rest[i : i + 2])!r}",
                 code="bad_request",
             )
     return [*RUNNER, "run", rel, *rest]
