@@ -104,7 +104,7 @@ def test_forward_serves_the_jobs_page_until_ctrl_c(shared_agent, web):
 def test_forward_exits_when_the_job_ends(shared_agent, web):
     job, http_port = web
     local = free_port()
-    running = Running(shared_agent, "forward", job.id, str(http_port), "-p", str(local))
+    running = Running(shared_agent, "forward", job.id, str(http_port), "--local-port", str(local))
     try:
         assert running.url() == f"http://127.0.0.1:{local}"
         job.cancel(grace=0)

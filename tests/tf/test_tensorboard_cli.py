@@ -74,7 +74,7 @@ def tensorboard_cli(
     """`gpuhop tensorboard REF` running: (its local URL, its process); its stderr goes to
     `said` once it has ended."""
     cli = subprocess.Popen(
-        [sys.executable, "-m", "gpuhop", "tensorboard", ref, "--no-browser", "-p", "0"],
+        [sys.executable, "-m", "gpuhop", "tensorboard", ref, "--no-browser", "--local-port", "0"],
         env=agent.env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

@@ -53,3 +53,24 @@ def test_ps_loads_neither_other_commands_nor_httpx_cli() -> None:
     assert "gpuhop.cli.agent" not in loaded
     assert "gpuhop.cli.notebook" not in loaded
     assert not [m for m in loaded if m.startswith(("httpx._main", "click", "pygments"))]
+
+
+def test_a_short_option_means_one_thing_in_every_command() -> None:
+    meanings: dict[str, dict[str, list[str]]] = {}  # -n -> {--name: [commands]}
+
+    def walk(command: object, path: str) -> None:
+        for param in getattr(command, "params", []):
+            shorts = [o for o in param.opts if len(o) == 2 and o != "-h"]
+            longs = [o for o in param.opts if o.startswith("--")]
+            for short in shorts:
+                meanings.setdefault(short, {}).setdefault(longs[0], []).append(path)
+            if "--timeout" in longs:  # a job's time limit only, never a wait
+                meanings.setdefault("--timeout", {}).setdefault("--time-limit", [])
+                meanings["--timeout"][longs[0]] = [path]
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, f"{path} {name}".strip())
+
+    walk(typer.main.get_command(build()), "")
+    assert meanings["-n"].keys() == {"--name"}
+    shared = {flag: list(by_long) for flag, by_long in meanings.items() if len(by_long) > 1}
+    assert shared == {}

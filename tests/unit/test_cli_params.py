@@ -18,7 +18,7 @@ VALID = [
     ("ps", []),
     ("ps", ["--state", "running", "-s", "queued", "--limit", "5"]),
     ("ps", ["--json", "--on", "lab"]),
-    ("ps", ["-w", "-n", "1.5", "--on=lab"]),
+    ("ps", ["--watch", "--every", "1.5", "--on=lab"]),
     ("show", ["abc"]),
     ("show", ["--json", "abc"]),
     ("logs", ["abc", "-f"]),

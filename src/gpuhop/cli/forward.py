@@ -26,7 +26,6 @@ def forward(
     local_port: int | None = typer.Option(
         None,
         "--local-port",
-        "-p",
         min=0,
         max=65535,
         help="The port to listen on here (default: REMOTE_PORT, or 8501 for a model"

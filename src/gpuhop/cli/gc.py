@@ -20,7 +20,7 @@ WHAT = {
 
 def gc(
     dry_run: bool = typer.Option(
-        False, "--dry-run", "-n", help="Say what would be removed; remove nothing."
+        False, "--dry-run", help="Say what would be removed; remove nothing."
     ),
     json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
     on: str | None = OnOption,

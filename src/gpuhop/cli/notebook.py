@@ -68,7 +68,6 @@ def notebook(  # noqa: PLR0913 (a command: each parameter is one of its options)
     local_port: int | None = typer.Option(
         None,
         "--local-port",
-        "-p",
         min=0,
         max=65535,
         help=f"The port here (default: {DEFAULT_LOCAL_PORT} if free, else any; 0 for any).",

@@ -318,7 +318,7 @@ def watch(on: str | None, states: list[JobState], limit: int, panel: bool, every
 
 StateOption = params.Option([], "--state", "-s", help="Only jobs in this state (repeatable).")
 EveryOption = params.Option(
-    2.0, "--every", "-n", min=0.2, metavar="SECONDS", help="Seconds between redraws."
+    2.0, "--every", min=0.2, metavar="SECONDS", help="Seconds between redraws."
 )
 
 
@@ -326,7 +326,7 @@ def ps(
     state: list[JobState] = StateOption,
     limit: int = params.Option(50, "--limit", min=1, help="At most this many jobs, newest first."),
     watch_: bool = params.Option(
-        False, "--watch", "-w", help="Redraw the table in place until Ctrl-C (like `top`)."
+        False, "--watch", help="Redraw the table in place until Ctrl-C (like `top`)."
     ),
     every: float = EveryOption,
     json_out: bool = params.Option(False, "--json", help="Print JSON for scripts."),

@@ -107,7 +107,7 @@ def predict(
         help='A TF Serving request body: {"instances": [...]} or {"inputs": ...}; - for stdin.',
     ),
     signature: str | None = typer.Option(
-        None, "--signature", "-s", help="The signature to call (default: serving_default)."
+        None, "--signature", help="The signature to call (default: serving_default)."
     ),
     on: str | None = OnOption,
 ) -> None:

@@ -30,7 +30,6 @@ def tensorboard(
     local_port: int | None = typer.Option(
         None,
         "--local-port",
-        "-p",
         min=0,
         max=65535,
         help=f"The port to listen on here (default: {DEFAULT_LOCAL_PORT} if free, else any;"
@@ -43,7 +42,10 @@ def tensorboard(
         False, "--keep", help="Leave the TensorBoard job running after Ctrl-C (for next time)."
     ),
     timeout: float = typer.Option(
-        120, "--timeout", min=1, help="Seconds to wait for TensorBoard to answer."
+        120,
+        "--start-timeout",
+        min=1,
+        help="Seconds to wait for TensorBoard to answer (--timeout is a job's time limit).",
     ),
     on: str | None = OnOption,
 ) -> None:

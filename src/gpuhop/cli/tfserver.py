@@ -31,7 +31,11 @@ def start(
     wait: bool = typer.Option(
         True, "--wait/--no-wait", help="Return once the server answers (the default)."
     ),
-    timeout: float = typer.Option(300, "--timeout", help="Seconds to wait for it to answer."),
+    timeout: float = typer.Option(
+        300,
+        "--start-timeout",
+        help="Seconds to wait for it to answer (--timeout is a job's time limit).",
+    ),
     on: str | None = OnOption,
 ) -> None:
     """Start a TensorFlow server on the GPU host, holding its GPUs until stopped.
@@ -41,7 +45,7 @@ def start(
     """
     from gpuhop.client import tfservers
 
-    # Its --name is the server's own (a default, no -n) and its --timeout a wait's: only the
+    # Its --name is the server's own (a default, no -n) and its --start-timeout a wait's: only the
     # GPU options are the job's.
     spec = jobopts.spec_of({"gpus": gpus, "gpu_memory": gpu_memory})
     with client_for(on) as client:

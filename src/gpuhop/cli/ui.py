@@ -19,7 +19,6 @@ def ui(
     port: int = typer.Option(
         0,
         "--port",
-        "-p",
         min=0,
         max=65535,
         help="The port to serve the dashboard on, on 127.0.0.1 (default: any free one).",
