@@ -247,6 +247,54 @@ def test_detach_ps_show_logs_and_cancel(shared_agent, project):
     assert again.returncode == 2 and "has already cancelled" in again.stderr
 
 
+def test_wait_logs_tail_and_follow_give_the_jobs_code(shared_agent, project):
+    root = project(
+        {
+            "count.py": "import sys\nfor i in range(1, int(sys.argv[1]) + 1):\n    print(i)\n",
+            "seven.py": "import sys; print('partial'); sys.exit(7)\n",
+        }
+    )
+    ids = [
+        shared_agent.cli("run", "-d", *script, cwd=root).stdout.strip()
+        for script in (("count.py", "5"), ("seven.py",), ("count.py", "40000"))
+    ]
+    ok, seven, long = ids
+    alone = shared_agent.cli("wait", ok)
+    assert alone.returncode == 0, alone.stderr
+    assert f"job {ok} succeeded" in alone.stderr
+    both = shared_agent.cli("wait", ok, seven)
+    assert both.returncode == 7
+    assert f"exit code 7, from job {seven}" in both.stderr
+    assert "failed: exited with code 7" in both.stderr
+    unknown = shared_agent.cli("wait", ok, "no-such-job")
+    assert unknown.returncode == 2 and "no job matches 'no-such-job'" in unknown.stderr
+
+    assert shared_agent.cli("logs", "--tail", "2", ok).stdout == "4\n5\n"
+    assert shared_agent.cli("logs", "--tail", "9", ok).stdout == "1\n2\n3\n4\n5\n"
+    assert shared_agent.cli("logs", "--tail", "0", ok).stdout == ""
+    assert shared_agent.cli("wait", long).returncode == 0  # a log longer than a first read
+    assert shared_agent.cli("logs", "--tail", "3", long).stdout == "39998\n39999\n40000\n"
+    # Following an ended job ends at once, with its code, as `run` does.
+    followed = shared_agent.cli("logs", "-f", "--tail", "1", seven)
+    assert (followed.returncode, followed.stdout) == (7, "partial\n")
+    assert shared_agent.cli("logs", "-f", ok).returncode == 0
+
+
+def test_cancel_of_several_jobs_cancels_each_and_names_what_it_cannot(shared_agent, project):
+    root = project({"slow.py": "import time\nprint('up', flush=True)\ntime.sleep(600)\n"})
+    ids = [shared_agent.cli("run", "-d", "slow.py", cwd=root).stdout.strip() for _ in range(2)]
+    with shared_agent.client() as client:
+        for job_id in ids:
+            wait_until(lambda job_id=job_id: client.job(job_id).state.value == "running", 60)
+    cancel = shared_agent.cli("cancel", "--grace", "1", ids[0], "no-such-job", ids[1])
+    assert cancel.returncode == 2
+    for job_id in ids:
+        assert f"job {job_id} cancelled" in cancel.stderr
+    assert "no job matches 'no-such-job'" in cancel.stderr
+    with shared_agent.client() as client:
+        assert {client.job(job_id).state.value for job_id in ids} == {"cancelled"}
+
+
 def test_cancel_escalates_to_sigkill_and_reaches_every_process(shared_agent, project, tmp_path):
     # The child is known by its command line: inside the job's PID namespace its pid is
     # not the host's.

@@ -83,6 +83,8 @@ def test_ps_show_logs_and_cancel_load_only_what_they_use(shared_agent, project, 
                 ("ps",),
                 ("show", done.id),
                 ("logs", done.id),
+                ("logs", "--tail", "1", done.id),
+                ("wait", done.id),
                 ("cancel", waiting.id),
             ):
                 loaded = modules_of(shared_agent, tmp_path, *args)

@@ -196,3 +196,24 @@ def test_a_model_server_runs_on_a_share_of_one_gpu_at_the_priority_asked(make_ag
             client.serve(root, name="echo3", pack=True)
         model.job.cancel()
         second.job.cancel()
+
+
+def test_serve_takes_the_job_options_env_among_them(shared_agent, project):
+    # The shadowing server says what environment it got, and ends.
+    says = "import os\nprint('GREETING=' + os.environ.get('GREETING', '-'))\n"
+    root = project(
+        {
+            "saved_model.pb": "not a model",
+            "gpuhop/__init__.py": "",
+            "gpuhop/serving/__init__.py": "",
+            "gpuhop/serving/__main__.py": says,
+        }
+    )
+    started = shared_agent.cli("serve", str(root), "-n", "envd", "-e", "GREETING=hi", "-d")
+    assert started.returncode == 0, started.stderr
+    job = started.stdout.strip()
+    followed = shared_agent.cli("logs", "-f", job)
+    assert (followed.returncode, followed.stdout) == (0, "GREETING=hi\n")
+    refused = shared_agent.cli("serve", str(root), "-n", "envd", "-e", "GPUHOP_X=1")
+    assert refused.returncode == 2
+    assert "environment variable GPUHOP_X is set by gpuhop" in refused.stderr

@@ -25,6 +25,9 @@ VALID = [
     ("logs", ["abc", "--worker", "2", "--no-progress"]),
     ("cancel", ["abc", "--grace", "3", "--no-wait"]),
     ("cancel", ["--wait", "abc"]),
+    ("cancel", ["abc", "def", "--no-wait"]),
+    ("logs", ["abc", "--tail", "3", "-f"]),
+    ("wait", ["abc", "def", "--on", "lab"]),
     ("run", ["hello.py"]),
     ("run", ["hello.py", "--epochs", "3", "-x", "--help"]),  # the script's own options
     ("run", ["-g", "1", "--name", "n", "-e", "A=1", "-e", "B=2", "train.py", "--lr", "0.1"]),
@@ -47,6 +50,8 @@ LEFT_TO_TYPER = [
     ("run", ["--unknown", "x.py"]),
     ("run", []),
     ("cancel", ["abc", "--wait=yes"]),
+    ("wait", []),
+    ("logs", ["abc", "--tail", "-1"]),
 ]
 
 
@@ -91,7 +96,7 @@ def test_anything_unsure_is_left_to_typer(command, args) -> None:
 
 
 def test_only_the_everyday_commands_and_only_after_the_root() -> None:
-    assert {"run", "ps", "show", "logs", "cancel"} == FAST
+    assert {"run", "ps", "show", "logs", "cancel", "wait"} == FAST
     assert fast_command(["gpus"]) is None
     assert fast_command(["--version"]) is None
     assert fast_command(["--on", "lab", "ps"]) is None  # typer: no such root option

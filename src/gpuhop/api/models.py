@@ -169,6 +169,20 @@ class DataMount(StrictModel):
 _NOT_SPEC = {"command", "tree", "tree_delta"}
 
 
+def check_env(env: dict[str, str]) -> dict[str, str]:
+    """A job's environment variables as a request gives them, or ValueError naming the
+    first that a job may not have."""
+    for key, value in env.items():
+        if not ENV_KEY_RE.match(key):
+            raise ValueError(f"environment variable name {key!r} is not valid")
+        reserved = key.startswith("GPUHOP_") or key in ("CUDA_VISIBLE_DEVICES", "TF_CONFIG")
+        if reserved and key not in USER_SETTABLE_ENV:
+            raise ValueError(f"environment variable {key} is set by gpuhop and cannot be given")
+        if "\x00" in value:
+            raise ValueError(f"environment variable {key} contains a NUL byte")
+    return env
+
+
 class SubmitRequest(StrictModel):
     """What `gpuhop run` asks for. `command[0]` ending in `.py` runs with the agent's Python."""
 
@@ -289,15 +303,7 @@ class SubmitRequest(StrictModel):
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
-        for key, value in v.items():
-            if not ENV_KEY_RE.match(key):
-                raise ValueError(f"environment variable name {key!r} is not valid")
-            reserved = key.startswith("GPUHOP_") or key in ("CUDA_VISIBLE_DEVICES", "TF_CONFIG")
-            if reserved and key not in USER_SETTABLE_ENV:
-                raise ValueError(f"environment variable {key} is set by gpuhop and cannot be given")
-            if "\x00" in value:
-                raise ValueError(f"environment variable {key} contains a NUL byte")
-        return v
+        return check_env(v)
 
     @field_validator("command")
     @classmethod

@@ -10,6 +10,7 @@ from gpuhop.api.models import (
     NAME_RE,
     SHA256_RE,
     JobState,
+    check_env,
     validate_relpath,
 )
 from gpuhop.api.spec import JobSpec
@@ -38,6 +39,13 @@ class ServeRequest(StrictModel):
     max_batch_size: int = Field(default=32, ge=1, le=65_536)
     # How long the oldest waiting request waits for others to fill its batch.
     batch_timeout_ms: float = Field(default=2.0, ge=0, le=60_000)
+    # The server job's environment variables, as a job's (an older agent refuses them).
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return check_env(v)
 
     @field_validator("name")
     @classmethod
@@ -79,6 +87,7 @@ class ServeRequest(StrictModel):
             gpus=self.gpus,
             gpu_memory_mb=self.gpu_memory_mb,
             priority=self.priority,
+            env=self.env,
             private_network=True,
         )
         return asked if asked.problems() else asked.settled()

@@ -1,4 +1,4 @@
-"""Runs on the user's machine: `gpuhop run | logs | cancel` (`show` is in `show`, `pull` in
+"""Runs on the user's machine: `gpuhop run | logs | cancel | wait` (`show` is in `show`, `pull` in
 `pull`, `ps` in `ps`, `requeue` in `queue`)."""
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ NoProgressOption = params.Option(
 )
 
 
-def _stream(job: Job, worker: int | None = None, raw: bool = True) -> None:
-    for chunk in _as_written(job.logs(follow=True, worker=worker), raw):
+def _stream(job: Job, worker: int | None = None, raw: bool = True, offset: int = 0) -> None:
+    for chunk in _as_written(job.logs(follow=True, worker=worker, offset=offset), raw):
         job_output(chunk)
 
 
@@ -69,17 +69,17 @@ def _as_written(chunks: Iterable[bytes], raw: bool) -> Iterator[bytes]:
 
 
 def _follow(
-    job: Job, worker: int | None = None, live: bool = False, raw: bool = True
+    job: Job, worker: int | None = None, live: bool = False, raw: bool = True, offset: int = 0
 ) -> Mapping[str, Any]:
-    """Stream a job's log until it ends, with a live status line under it when `live`
-    (else as `_as_written` with `raw`). Returns the ended job's JSON. Ctrl-C detaches; the
-    job goes on."""
+    """Stream a job's log (from byte `offset`) until it ends, with a live status line under
+    it when `live` (else as `_as_written` with `raw`). Returns the ended job's JSON. Ctrl-C
+    detaches; the job goes on."""
     try:
         if live:
             from gpuhop.cli.progress import follow_live
 
-            return follow_live(job, worker)
-        _stream(job, worker, raw)
+            return follow_live(job, worker, offset)
+        _stream(job, worker, raw, offset)
         return job.wait_json()
     except KeyboardInterrupt:
         echo("", stderr=True)
@@ -220,7 +220,13 @@ def _uploading(live: bool) -> Iterator[Callable[[int, int], None] | None]:
 def logs(
     job_ref: str = params.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
     follow: bool = params.Option(
-        False, "--follow", "-f", help="Keep streaming until the job ends."
+        False,
+        "--follow",
+        "-f",
+        help="Keep streaming until the job ends, then exit with its code (as run does).",
+    ),
+    tail: int | None = params.Option(
+        None, "--tail", min=0, metavar="N", help="Only the last N lines (then, with -f, on)."
     ),
     worker: int | None = params.Option(
         None, "--worker", min=0, help="Only this worker's output (multi-worker jobs)."
@@ -242,36 +248,106 @@ def logs(
     with client_for(on) as client:
         job = find_job(client, job_ref)
         try:
+            offset = 0 if tail is None else _tail(job, tail, worker, raw)
             if follow:
-                info = _follow(job, worker, live=wants_live(no_progress), raw=raw)
+                live = wants_live(no_progress)
+                info = _follow(job, worker, live=live, raw=raw, offset=offset)
                 say(_summary(info))
-            else:
+                raise SystemExit(exit_code_for(info))
+            if tail is None:
                 for chunk in _as_written(job.logs(worker=worker), raw):
                     job_output(chunk)
         except GpuhopError as e:
             fail(e.message)
 
 
+# How much of a log's end `logs --tail` reads first; four times more until it has its lines.
+TAIL_WINDOW = 64 * 1024
+
+
+def _tail(job: Job, lines: int, worker: int | None, raw: bool) -> int:
+    """Print the last `lines` lines of the job's log; return the offset after them. The
+    job's log is read from near its end (its size is known); a worker's own log whole."""
+    size = None if worker is not None else int(job.data.get("log_size") or 0)
+    window = TAIL_WINDOW
+    while True:
+        start = 0 if size is None else max(0, size - window)
+        data = b"".join(job.logs(offset=start, worker=worker))
+        kept = data.splitlines(keepends=True)
+        if start == 0 or len(kept) > lines:  # more than asked: the first may be cut
+            break
+        window *= 4
+    for chunk in _as_written([b"".join(kept[max(0, len(kept) - lines) :])], raw):
+        job_output(chunk)
+    return start + len(data)
+
+
+JobsArgument = params.Argument(
+    ..., metavar="JOB...", help="Job ids, unique id prefixes, or names.", show_default=False
+)
+
+
 def cancel(
-    job_ref: str = params.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
+    job_refs: list[str] = JobsArgument,
     grace: float = params.Option(
         10.0, "--grace", min=0, help="Seconds between SIGTERM and SIGKILL."
     ),
-    wait: bool = params.Option(True, "--wait/--no-wait", help="Wait until the job has stopped."),
+    wait: bool = params.Option(True, "--wait/--no-wait", help="Wait until the jobs have stopped."),
     on: str | None = OnOption,
 ) -> None:
-    """Stop a job: SIGTERM to all its processes, then SIGKILL after the grace period."""
+    """Stop jobs: SIGTERM to all their processes, then SIGKILL after the grace period.
+
+    Each job is told at once; one that cannot be cancelled (unknown, or ended already) is
+    named, the others are still cancelled, and the exit code is then 2."""
+    problems = []
     with client_for(on) as client:
-        job = find_job(client, job_ref)
+        cancelled = []
+        for ref in job_refs:
+            try:
+                job = client.job(ref)
+                cancelled.append((job, job.cancel_json(grace=grace)))
+            except GpuhopError as e:
+                problems.append(e.message)
+        for job, info in cancelled:
+            try:
+                if wait and not JobState(info["state"]).finished:
+                    info = job.wait_json(timeout=grace + 30)
+            except GpuhopError as e:
+                problems.append(e.message)
+                continue
+            except TimeoutError as e:
+                problems.append(str(e))
+                continue
+            say(_summary(info))
+    if problems:
+        fail("; ".join(problems))
+
+
+def wait(
+    job_refs: list[str] = JobsArgument,
+    on: str | None = OnOption,
+) -> None:
+    """Wait until jobs have ended, say how each ended, and exit with the job's code (as
+    `run` does: 128+N for a signal). With several, the first non-zero code of them, in the
+    order given, naming its job.
+
+    Example: gpuhop wait train-a train-b && gpuhop pull train-b"""
+    with client_for(on) as client:
         try:
-            info = job.cancel_json(grace=grace)
-            if wait and not JobState(info["state"]).finished:
-                info = job.wait_json(timeout=grace + 30)
+            jobs = [client.job(ref) for ref in job_refs]
+            ended = [job.wait_json() for job in jobs]
         except GpuhopError as e:
             fail(e.message)
-        except TimeoutError as e:
-            fail(str(e))
+        except KeyboardInterrupt:
+            echo("", stderr=True)
+            say("stopped waiting; the jobs go on")
+            raise SystemExit(130) from None
+    for info in ended:
         say(_summary(info))
+    failed = [info for info in ended if exit_code_for(info)]
+    if failed and len(ended) > 1:
+        say(f"exit code {exit_code_for(failed[0])}, from job {failed[0]['id']}")
+    raise SystemExit(exit_code_for(failed[0]) if failed else 0)
 
 
 # Commands' context settings (typer's, and `params.parse` honours them): everything after
@@ -334,5 +410,5 @@ def _run_command() -> type:
 
 def register(app: typer.Typer) -> None:
     app.command(context_settings=CONTEXT["run"], cls=_run_command())(run)
-    for fn in (logs, cancel):
+    for fn in (logs, cancel, wait):
         app.command()(fn)

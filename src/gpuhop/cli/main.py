@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "run": "jobs",
     "logs": "jobs",
     "cancel": "jobs",
+    "wait": "jobs",
     "show": "show",
     "requeue": "queue",
     "pull": "pull",
@@ -57,7 +58,7 @@ COMMANDS: dict[str, str] = {
 
 # The commands `main` parses itself when it can: each is the function of that name in its
 # module (COMMANDS).
-FAST = frozenset({"run", "ps", "show", "logs", "cancel"})
+FAST = frozenset({"run", "ps", "show", "logs", "cancel", "wait"})
 
 
 def _version(value: bool) -> None:

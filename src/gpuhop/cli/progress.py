@@ -191,8 +191,9 @@ def _as_shown(text: str) -> str:
 __all__ = ["follow_live", "transfer", "transfer_bar", "wants_live"]
 
 
-def follow_live(job: Job, worker: int | None = None) -> Mapping[str, Any]:
-    """Stream a job's log to stdout with a status line under it, until the job ends."""
+def follow_live(job: Job, worker: int | None = None, offset: int = 0) -> Mapping[str, Any]:
+    """Stream a job's log (from byte `offset`) to stdout with a status line under it, until
+    the job ends."""
     console = Console(highlight=False, emoji=False)
     status = JobStatus(job)
     stop, output = threading.Event(), threading.Event()
@@ -210,7 +211,7 @@ def follow_live(job: Job, worker: int | None = None) -> Mapping[str, Any]:
     lines = LineSplitter()
     try:
         with Live(status, console=console, transient=True, refresh_per_second=8):
-            for chunk in job.logs(follow=True, worker=worker):
+            for chunk in job.logs(follow=True, worker=worker, offset=offset):
                 output.set()
                 text = lines.feed(chunk)
                 if text:

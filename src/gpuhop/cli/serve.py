@@ -27,6 +27,7 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
     ),
     gpus: int = jobopts.worded(jobopts.GPUS, "Whole GPUs for the server."),
     gpu_memory: str | None = jobopts.GPU_MEMORY,
+    env: list[str] = jobopts.ENV,
     priority: int = jobopts.PRIORITY,
     max_batch_size: int = typer.Option(
         32, "--max-batch-size", min=1, help="Rows per model call; 1 turns batching off."
@@ -59,7 +60,9 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
 
     Example: gpuhop serve digits-demo --name digits
     """
-    spec = jobopts.spec_of({"gpus": gpus, "gpu_memory": gpu_memory, "priority": priority})
+    spec = jobopts.spec_of(
+        {"gpus": gpus, "gpu_memory": gpu_memory, "priority": priority, "env": env}
+    )
     with client_for(on) as client:
         try:
             model = client.serve(
@@ -68,6 +71,7 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
                 gpus=spec.gpus,
                 gpu_memory_mb=spec.gpu_memory_mb,
                 priority=spec.priority,
+                env=dict(spec.env),
                 max_batch_size=max_batch_size,
                 batch_timeout_ms=batch_timeout_ms,
                 wait=False,

@@ -28,7 +28,7 @@ from gpuhop.client.transport.base import Endpoint
 from gpuhop.home import AgentPaths, default_home, user_dir
 
 # The job options a model server takes (`serve`): its GPUs, and its place in the queue.
-SERVER_OPTIONS = frozenset({"gpus", "gpu_memory", "gpu_memory_mb", "priority"})
+SERVER_OPTIONS = frozenset({"gpus", "gpu_memory", "gpu_memory_mb", "priority", "env"})
 
 if TYPE_CHECKING:
     import httpx
@@ -321,7 +321,7 @@ class Client:
         `max_batch_size` rows (1: no batching), waiting at most `batch_timeout_ms`. With
         `wait`, returns once the server answers (GpuhopError if its job ends first).
         `options`, as `submit` takes them: `gpus` (whole GPUs), or `gpu_memory` (a share
-        of one GPU, "6GiB"), and `priority`.
+        of one GPU, "6GiB"), `priority`, and `env` (the server's environment variables).
         """
         import gpuhop.client.serving as serving
         from gpuhop.api.spec import JobSpec

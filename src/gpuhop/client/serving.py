@@ -173,7 +173,7 @@ def serve(
     timeout: float = 600.0,
 ) -> Model:
     """Start a model server job; see `Client.serve`. Of `spec`, the server takes its GPUs
-    (whole, or a share of one) and its priority."""
+    (whole, or a share of one), its priority and its environment."""
     from gpuhop.api import JobInfo, ServeRequest
 
     fields: dict[str, Any] = {
@@ -183,6 +183,8 @@ def serve(
     }
     if spec is not None:
         fields.update(gpus=spec.gpus, gpu_memory_mb=spec.gpu_memory_mb, priority=spec.priority)
+        if spec.env:
+            fields["env"] = dict(spec.env)
     local = None if isinstance(source, Job) else Path(source)
     if isinstance(source, Job):
         fields["source_job"] = source.id
