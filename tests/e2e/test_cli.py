@@ -491,3 +491,25 @@ def test_first_command_starts_the_embedded_agent(tmp_path, project):
         assert os.stat(agent.paths.socket).st_mode & 0o777 == 0o600
     finally:
         agent.shutdown()
+
+
+def test_remote_add_leaves_an_explicitly_chosen_default(shared_agent, tmp_path):
+    env = {**shared_agent.env, "GPUHOP_CONFIG_DIR": str(tmp_path / "config")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        done = shared_agent.cli(*args, env=env)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    def default() -> list[str]:
+        return [r["name"] for r in json.loads(cli("remote", "ls", "--json").stdout) if r["default"]]
+
+    cli("remote", "add", "first", "ssh://host-a")  # no default chosen yet: the first is it
+    assert default() == ["first"]
+    cli("remote", "default", "local")
+    cli("remote", "add", "second", "ssh://host-b")
+    assert default() == []
+    cli("ps")  # answered by this machine's agent, as chosen
+    cli("remote", "default", "second")
+    cli("remote", "add", "third", "ssh://host-c")
+    assert default() == ["second"]

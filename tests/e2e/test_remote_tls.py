@@ -4,6 +4,7 @@ tokens, each user adds the remote (pinning the certificate) and runs jobs on it.
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -59,11 +60,22 @@ def test_team_agent_end_to_end(team: Agent, tmp_path: Path, project) -> None:
     assert unconfirmed.returncode != 0
     assert fingerprint in unconfirmed.stderr and "--fingerprint" in unconfirmed.stderr
 
+    # The command `token create` gives, pasted as it is (the token in $GPUHOP_TOKEN, where
+    # it asks for it on a terminal), adds the agent: its address and fingerprint are real.
+    hint = next(line for line in made.stderr.splitlines() if "gpuhop remote add" in line)
+    argv = shlex.split(hint)
+    assert argv[:3] == ["gpuhop", "remote", "add"] and argv[4:] == [
+        url, "--fingerprint", fingerprint
+    ]  # fmt: skip
+    name = argv[3]
+    added = alice(*argv[1:], GPUHOP_TOKEN=token)
+    assert added.returncode == 0, added.stderr
+    stored = json.loads((tmp_path / "alice" / "config" / "remotes.json").read_text())
+    assert stored["remotes"][name]["fingerprint"] == fingerprint
+    assert alice("remote", "rm", name).returncode == 0
     added = alice("remote", "add", "team", url, "--fingerprint", fingerprint.lower(),
                   "--token-file", str(tmp_path / "alice-token"))  # fmt: skip
     assert added.returncode == 0, added.stderr
-    stored = json.loads((tmp_path / "alice" / "config" / "remotes.json").read_text())
-    assert stored["remotes"]["team"]["fingerprint"] == fingerprint
 
     tested = alice("remote", "test", "team")
     assert tested.returncode == 0, tested.stderr

@@ -187,6 +187,11 @@ def test_unknown_host_key_is_refused(lab: Side) -> None:
     assert result.returncode != 0
     assert "host key" in result.stderr and "not known" in result.stderr
     assert "never accepts one silently" in result.stderr
+    # The way to check it, pasted, uses the ssh command gpuhop is configured with.
+    tested = lab.cli("remote", "test", "unknown")
+    assert tested.returncode != 0
+    login = f"ssh -F {lab.server.ssh_config} {sshd.ALIAS}-unknown-key"
+    assert f"add it by connecting once yourself: {login}" in tested.stderr.replace("\n", " ")
 
 
 def test_changed_host_key_is_refused_loudly(lab: Side) -> None:

@@ -81,7 +81,7 @@ def add(
     elif fingerprint or token_file:
         fail("--fingerprint and --token-file are for https:// remotes; SSH checks host keys")
     config.remotes[name] = remote
-    if default or config.default is None:
+    if default or config.default is None:  # the first remote, unless a default was chosen
         config.default = name
     remotes.save(config)
     role = " (the default)" if config.default == name else ""
@@ -191,7 +191,8 @@ def default_cmd(
     config = remotes.load()
     if name != remotes.LOCAL and name not in config.remotes:
         fail(f"no remote named {name!r}")
-    config.default = None if name == remotes.LOCAL else name
+    # 'local' is stored as chosen, so that a later `remote add` leaves it the default.
+    config.default = name
     remotes.save(config)
     say(f"commands now use {'this machine' if name == remotes.LOCAL else repr(name)} by default")
 

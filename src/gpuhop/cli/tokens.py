@@ -23,8 +23,12 @@ HomeOption = typer.Option(
 )
 
 
+def _paths(home: Path | None) -> AgentPaths:
+    return AgentPaths(home.absolute() if home else default_home())
+
+
 def _client(home: Path | None) -> Client:
-    paths = AgentPaths(home.absolute() if home else default_home())
+    paths = _paths(home)
     try:
         return Client(paths.home, autostart=False)
     except GpuhopError as e:
@@ -50,8 +54,36 @@ def create(
     typer.echo(created.token)
     say(
         f"token {created.id} for {created.user}{' (admin)' if created.admin else ''};"
-        " it is shown only now: hand it over, e.g. for"
-        " `gpuhop remote add NAME https://HOST:PORT --token ...`"
+        f" it is shown only now. Hand it over; {_how_to_add(_paths(home))}"
+    )
+
+
+def _how_to_add(paths: AgentPaths) -> str:
+    """How the token's holder adds this agent as a remote: the command, as they can paste
+    it (this host's name, the listener's address and its certificate's fingerprint)."""
+    import shlex
+    import socket
+
+    from gpuhop.agent.server.listen import read_listen_file
+    from gpuhop.client.transport.remotes import NAME_RE
+
+    info = read_listen_file(paths)
+    if info is None or not info.tls:
+        return (
+            "the agent has no TLS listener to reach it by: start it with"
+            " `gpuhop agent start --listen HOST:PORT`"
+        )
+    host = socket.gethostname()
+    url = info.url
+    scheme, _, address = url.partition("://")
+    bound, _, port = address.rpartition(":")
+    if bound in ("0.0.0.0", "[::]"):  # every interface: the host by its name
+        url = f"{scheme}://{socket.getfqdn()}:{port}"
+    name = host.split(".")[0] if NAME_RE.match(host.split(".")[0]) else "team"
+    add = ["gpuhop", "remote", "add", name, url, "--fingerprint", info.fingerprint or ""]
+    return (
+        f"the holder adds this agent with\n  {shlex.join(add)}\n"
+        "which asks for the token (or give it with --token-file FILE, or in $GPUHOP_TOKEN)"
     )
 
 

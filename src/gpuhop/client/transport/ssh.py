@@ -236,7 +236,9 @@ class SshConnection:
 
 def describe_ssh_error(stderr: str, name: str, target: SshTarget) -> str:
     text = stderr.lower()
-    login = f"ssh {'-p ' + str(target.port) + ' ' if target.port else ''}{target.destination}"
+    # As the user's ssh is configured ($GPUHOP_SSH_COMMAND): the command works when pasted.
+    port = ["-p", str(target.port)] if target.port else []
+    login = shlex.join([*ssh_program(), *port, target.destination])
     if "remote host identification has changed" in text:
         return (
             f"the host key of {target} has CHANGED since you last connected: someone may be"
