@@ -50,6 +50,9 @@ def test_doctor_reports_this_host_honestly(shared_agent):
         assert line in text
         if check["status"] in ("failed", "warning"):
             assert f"fix: {check['fix']}" in text
+    # The host's own checks are printed at once, before the TensorFlow probe's (seconds).
+    at = {line.split(":")[0][2:]: i for i, line in reversed(list(enumerate(text.splitlines())))}
+    assert at["disk space"] < at["job work dirs"] < at["TensorFlow"] < at["tf-keras"]
     by_name = {c["name"]: c for c in checks}
     assert by_name["TensorFlow"]["status"] == "passed"  # the test suite itself runs TF
     # A single-user agent: its jobs are its user's own, and run as that user.

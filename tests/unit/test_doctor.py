@@ -257,3 +257,15 @@ def test_on_a_ray_cluster_doctor_says_jobs_are_not_sandboxed():
     beside = verdicts(replace(ray, team=True, isolation=SAME_USER_NODE))["job sandbox"]
     assert beside[0] == CheckStatus.failed and "no job starts" in beside[1]
     assert "agent's own user" in beside[1]
+
+
+def test_without_the_probe_only_the_checks_that_need_none_are_made():
+    # What `doctor` shows at once; the probe's report is not read (there is none yet).
+    whole = {c.name: c for c in evaluate(GPU_HOST)}
+    quick = evaluate(replace(GPU_HOST, probe={}), probed=False)
+    assert [c.name for c in quick] == [
+        name
+        for name in whole
+        if name not in ("TensorFlow", "CUDA version", "TensorFlow sees the GPUs", "tf-keras")
+    ]
+    assert all(c == whole[c.name] for c in quick)

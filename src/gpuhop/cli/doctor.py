@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from gpuhop.api import CheckStatus, DoctorCheck
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import fail, print_json
-from gpuhop.client import GpuhopError
+from gpuhop.client import Client, GpuhopError
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 MARKS = {
     CheckStatus.passed: "[green]✓[/green]",
@@ -28,14 +33,36 @@ def doctor(
     it sees, tf-keras, free disk. Prints a fix for each problem; exits 1 if a check failed."""
     try:
         with client_for(on) as client:
-            checks = client.doctor(fresh=fresh)
+            if json_out:
+                checks = client.doctor(fresh=fresh)
+                print_json([c.model_dump(mode="json") for c in checks])
+            else:
+                checks = _shown_as_they_come(client, fresh)
     except GpuhopError as e:
         fail(e.message)
-    if json_out:
-        print_json([c.model_dump(mode="json") for c in checks])
-    else:
-        render(checks)
     raise typer.Exit(exit_code(checks))
+
+
+def _shown_as_they_come(client: Client, fresh: bool) -> list[DoctorCheck]:
+    """The checks, each printed once known: the host's own at once, then TensorFlow's,
+    whose probe (a fresh Python importing TensorFlow) takes seconds. Returns them all."""
+    from rich.console import Console
+
+    out = Console(highlight=False, emoji=False)
+    quick = client.doctor(probe=False)
+    for check in quick:
+        _print(out, check)
+    shown = {c.name for c in quick}
+    if out.is_terminal:
+        with out.status("probing TensorFlow on the GPU host (a fresh Python imports it)…"):
+            checks = client.doctor(fresh=fresh)
+    else:
+        checks = client.doctor(fresh=fresh)
+    for check in checks:
+        if check.name not in shown:
+            _print(out, check)
+    _summary(out, checks)
+    return checks
 
 
 def exit_code(checks: list[DoctorCheck]) -> int:
@@ -43,18 +70,18 @@ def exit_code(checks: list[DoctorCheck]) -> int:
     return 0 if all(c.ok for c in checks) else 1
 
 
-def render(checks: list[DoctorCheck]) -> None:
-    from rich.console import Console
+def _print(out: Console, c: DoctorCheck) -> None:
     from rich.markup import escape
 
-    out = Console(highlight=False, emoji=False)
-    for c in checks:
-        text = f"{MARKS[c.status]} [bold]{escape(c.name)}[/bold]: {escape(c.detail)}"
-        if c.status == CheckStatus.skipped:
-            text += " [dim](skipped)[/dim]"
-        out.print(text, soft_wrap=True)
-        if c.fix and c.status in (CheckStatus.failed, CheckStatus.warning):
-            out.print(f"    fix: {escape(c.fix)}", soft_wrap=True)
+    text = f"{MARKS[c.status]} [bold]{escape(c.name)}[/bold]: {escape(c.detail)}"
+    if c.status == CheckStatus.skipped:
+        text += " [dim](skipped)[/dim]"
+    out.print(text, soft_wrap=True)
+    if c.fix and c.status in (CheckStatus.failed, CheckStatus.warning):
+        out.print(f"    fix: {escape(c.fix)}", soft_wrap=True)
+
+
+def _summary(out: Console, checks: list[DoctorCheck]) -> None:
     failed = [c.name for c in checks if not c.ok]
     warned = [c.name for c in checks if c.status == CheckStatus.warning]
     if failed:

@@ -135,10 +135,11 @@ class Client:
         """Put GPU `index`, quarantined for a hardware fault, back in service (admins only)."""
         return host.release_gpu(self.session, index)
 
-    def doctor(self, fresh: bool = False) -> list[DoctorCheck]:
+    def doctor(self, fresh: bool = False, probe: bool = True) -> list[DoctorCheck]:
         """Preflight checks of the GPU host (driver, CUDA, TensorFlow build, disk). Its
-        TensorFlow probe is reused for a minute; `fresh` (admins only) runs a new one."""
-        return host.doctor(self.session, fresh)
+        TensorFlow probe is reused for a minute; `fresh` (admins only) runs a new one.
+        `probe=False`: at once, only the checks that need no TensorFlow probe."""
+        return host.doctor(self.session, fresh, probe)
 
     def usage(self) -> DiskUsage:
         """The agent's disk use (storage: blobs, trees, datasets; job dirs) and quotas."""

@@ -46,13 +46,16 @@ def release_gpu(session: Session, index: int) -> api.GpuInfo:
     return api.GpuInfo.model_validate(response.json())
 
 
-def doctor(session: Session, fresh: bool = False) -> list[api.DoctorCheck]:
+def doctor(session: Session, fresh: bool = False, probe: bool = True) -> list[api.DoctorCheck]:
     """Preflight checks of the GPU host (driver, CUDA, TensorFlow build, disk). The agent
-    reuses its TensorFlow probe for a minute; `fresh` (admins only) asks for a new one."""
+    reuses its TensorFlow probe for a minute; `fresh` (admins only) asks for a new one.
+    Without `probe`, only the checks that need no TensorFlow probe (an older agent gives
+    them all)."""
+    params = {**({"fresh": "true"} if fresh else {}), **({} if probe else {"probe": "false"})}
     response = session.request(
         "GET",
         "/v1/agent/doctor",
-        params={"fresh": "true"} if fresh else None,
+        params=params or None,
         timeout=Timeout(DOCTOR_TIMEOUT, connect=5.0),
     )
     return [api.DoctorCheck.model_validate(c) for c in response.json()]

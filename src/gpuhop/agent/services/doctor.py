@@ -68,8 +68,13 @@ class ProbeRuns:
             return report
 
 
-async def checks(ctx: AgentContext, runs: ProbeRuns, fresh: bool = False) -> list[DoctorCheck]:
-    """The preflight's checks, with the probe's report from `runs`."""
+async def checks(
+    ctx: AgentContext, runs: ProbeRuns, fresh: bool = False, probe: bool = True
+) -> list[DoctorCheck]:
+    """The preflight's checks, with the probe's report from `runs`; without `probe`, only
+    those that need none (known at once: `doctor` shows them while the probe runs)."""
+    if not probe:
+        return evaluate(await asyncio.to_thread(gather, ctx, {}), probed=False)
     report = await runs.report(lambda: run_probe(ctx.supervisor.python, ctx.paths.tmp), fresh)
     return evaluate(await asyncio.to_thread(gather, ctx, report))
 
@@ -138,15 +143,18 @@ def run_probe(python: str, cwd: Path, timeout: float = PROBE_TIMEOUT) -> dict[st
     }
 
 
-def evaluate(f: Facts) -> list[DoctorCheck]:
-    """The checks, in the order a person fixes things: driver, TensorFlow, CUDA, GPUs, disk."""
+def evaluate(f: Facts, probed: bool = True) -> list[DoctorCheck]:
+    """The checks, in the order a person fixes things: driver, TensorFlow, CUDA, GPUs, disk.
+    Without `probed`, those whose verdict needs no report of the probe's."""
+    tf = (
+        [_tensorflow(f), _cuda(f), _tf_gpus(f)] if probed else [],
+        [_tf_keras(f)] if probed else [],
+    )
     return [
         _driver(f),
-        _tensorflow(f),
-        _cuda(f),
-        _tf_gpus(f),
+        *tf[0],
         hostchecks.gpu_health(f.gpus, f.quarantined),
-        _tf_keras(f),
+        *tf[1],
         hostchecks.disk(f),
         hostchecks.sandbox(f),
         hostchecks.identity(f),

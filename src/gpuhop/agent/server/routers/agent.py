@@ -64,10 +64,12 @@ def release_gpu(request: Request, index: int) -> GpuInfo:
 
 
 @router.get("/doctor")
-async def doctor(request: Request, fresh: bool = Query(default=False)) -> list[DoctorCheck]:
+async def doctor(
+    request: Request, fresh: bool = Query(default=False), probe: bool = Query(default=True)
+) -> list[DoctorCheck]:
     """The preflight. Its TensorFlow probe runs one at a time in a worker thread (callers
     meanwhile wait without holding one) and is reused for a minute; only an admin may ask
-    for a `fresh` one."""
+    for a `fresh` one. `probe=false`: only the checks that need no probe, at once."""
     if fresh and not caller_of(request).admin:
         raise ApiError(
             403,
@@ -75,7 +77,7 @@ async def doctor(request: Request, fresh: bool = Query(default=False)) -> list[D
             f"only an admin may ask for a fresh probe; the last one is at most"
             f" {doctor_service.PROBE_CACHE_SECONDS:.0f}s old",
         )
-    return await doctor_service.checks(ctx(request), request.app.state.probes, fresh)
+    return await doctor_service.checks(ctx(request), request.app.state.probes, fresh, probe)
 
 
 @router.get("/usage")
