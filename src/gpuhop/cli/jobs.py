@@ -273,13 +273,21 @@ def _tail(job: Job, lines: int, worker: int | None, raw: bool) -> int:
     while True:
         start = 0 if size is None else max(0, size - window)
         data = b"".join(job.logs(offset=start, worker=worker))
-        kept = data.splitlines(keepends=True)
+        kept = _lines(data)
         if start == 0 or len(kept) > lines:  # more than asked: the first may be cut
             break
         window *= 4
     for chunk in _as_written([b"".join(kept[max(0, len(kept) - lines) :])], raw):
         job_output(chunk)
     return start + len(data)
+
+
+def _lines(data: bytes) -> list[bytes]:
+    """`data`'s lines, each with its newline (the last may have none). Not
+    `bytes.splitlines`: the carriage returns of a progress bar's frames end no line."""
+    lines = [line + b"\n" for line in data.split(b"\n")]
+    lines[-1] = lines[-1][:-1]
+    return lines if lines[-1] else lines[:-1]
 
 
 JobsArgument = params.Argument(
