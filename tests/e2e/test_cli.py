@@ -136,6 +136,7 @@ def test_arguments_env_and_programs_reach_the_job(shared_agent, project):
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout == "['--lr', '0.1', '-x'] hi there\n"
+    assert "gpuhop: synced 1 file (" in run.stderr  # one file, not "1 files"
     program = shared_agent.cli("run", "-q", "ls", "-1", cwd=root)
     assert (program.returncode, program.stdout, program.stderr) == (0, "args.py\n", "")
 

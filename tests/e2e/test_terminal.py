@@ -87,7 +87,7 @@ def test_uploads_and_pulls_show_progress_bars(make_agent, project):
     out = work.parent / "pulled"
     term = Terminal(["run", "--pull", str(out), "train.py"], agent.env, cwd=work)
     assert term.finish() == 0
-    assert "uploading" in term.text and "MB" in term.text, term.text
+    assert "uploading" in term.text and "MiB" in term.text, term.text
     assert "pulling job" in term.text, term.text
     assert (out / "weights.bin").stat().st_size == 3 << 20
     # An unchanged tree uploads nothing, so no bar is drawn.

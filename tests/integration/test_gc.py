@@ -182,4 +182,4 @@ def test_gc_on_the_command_line(make_agent):
     dry = agent.cli("gc", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert "would free 0 B in all" in dry.stdout + dry.stderr
-    assert "of 1.0 GB" in dry.stdout + dry.stderr
+    assert "of 1.0 GiB" in dry.stdout + dry.stderr

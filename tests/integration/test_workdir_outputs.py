@@ -109,7 +109,7 @@ def test_run_pull_puts_everything_in_its_folder_says_so_once_and_never_syncs_it(
     # One summary, naming where each part went; nothing said twice, nothing contradicted.
     assert said_lines(run.stderr, "pull") == [
         "pulled 1 artifact file(s), 2 B, into out; and 4 file(s) the job wrote in its work"
-        " dir, 3.0 KB, into out/workdir"
+        " dir, 3.0 KiB, into out/workdir"
     ]
     assert (root / "out" / "report.txt").read_text() == "ok"
     assert (root / "out" / "workdir" / "my_model.keras").stat().st_size == 3000
@@ -148,7 +148,7 @@ def test_pull_defaults_and_only_pick_the_parts_and_their_places(shared_agent, pr
         "training_1",
     ]
     assert said_lines(only.stderr, "pull") == [
-        "pulled 4 file(s) the job wrote in its work dir, 3.0 KB, into ."
+        "pulled 4 file(s) the job wrote in its work dir, 3.0 KiB, into ."
     ]
     arts = shared_agent.cli("pull", job_id, "--only", "artifacts", "-o", "a", cwd=elsewhere)
     assert arts.returncode == 0, arts.stderr
@@ -243,10 +243,12 @@ def test_run_warns_once_about_training_outputs_in_the_synced_tree(shared_agent, 
             "notes.txt": "small and not an output",
         }
     )
-    first = shared_agent.cli("run", "--no-progress", "job.py", cwd=root)
+    # Said with --detach too: it is the sync's, not the run's.
+    first = shared_agent.cli("run", "--detach", "job.py", cwd=root)
     assert first.returncode == 0, first.stderr
+    assert len(first.stdout.strip()) == 8  # the job's id, alone on stdout
     said = " ".join(first.stderr.split())
-    assert "look like training outputs" in said
+    assert "holds 1.0 MiB of what look like training outputs" in said
     assert "export/v1/, logs/events.out.tfevents.1.host, my_model.keras" in said
     lines = first.stderr.split(".gpuhopignore:")[1].split("gpuhop:")[0].split()
     assert lines == ["*.keras", "/export/v1/", "events.out.tfevents.*"]
@@ -258,6 +260,11 @@ def test_run_warns_once_about_training_outputs_in_the_synced_tree(shared_agent, 
     assert (
         "training outputs" not in skipped.stderr and "synced 3 files" in skipped.stderr
     )  # job.py, notes.txt, .gpuhopignore
+    # A sync that sends a MiB or more says how fast it went: over its whole time.
+    (root / "data.bin").write_bytes(os.urandom(3 << 19))
+    sent = shared_agent.cli("run", "--no-progress", "job.py", cwd=root)
+    rate = r"synced 4 files \(1 new, 1\.5 MiB at [0-9.]+ [KMG]iB/s\) in ([0-9.]+)s;"
+    assert re.search(rate, sent.stderr), sent.stderr
 
 
 def test_serve_finds_a_savedmodel_the_job_wrote_in_its_work_dir(shared_agent, project):

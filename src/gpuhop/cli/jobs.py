@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ from gpuhop.cli import jobopts, params
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.jobopts import KerasChoice
 from gpuhop.cli.output import (
+    counted,
     echo,
     escape,
     exit_code_for,
@@ -21,6 +23,7 @@ from gpuhop.cli.output import (
     format_metrics,
     human_bytes,
     job_output,
+    rate,
     say,
     state_text,
     wants_live,
@@ -103,6 +106,10 @@ def _summary(info: Mapping[str, Any]) -> str:
     return text
 
 
+# Below this many bytes sent, a sync says no rate: it would measure the round trips.
+RATE_FROM = 1 << 20
+
+
 def run(  # noqa: PLR0913 (a command: each parameter is one of its options)
     command: list[str] = params.Argument(
         ...,
@@ -167,6 +174,7 @@ def run(  # noqa: PLR0913 (a command: each parameter is one of its options)
     if desktop and detach:
         fail("--notify desktop tells this terminal when the job ends; it needs a run that waits")
     client = client_for(on)
+    started = time.monotonic()
     try:
         with _uploading(wants_live(no_progress or quiet, sys.stderr)) as on_upload:
             if command[0].endswith(".ipynb"):  # a notebook, run top to bottom with nbclient
@@ -174,20 +182,23 @@ def run(  # noqa: PLR0913 (a command: each parameter is one of its options)
             job = client.submit(command, spec, workdir=workdir, on_upload=on_upload)
     except GpuhopError as e:
         fail(e.message)
+    seconds = time.monotonic() - started
     stats = client.last_sync
+    if not quiet and stats is not None:
+        for warning in stats.warnings:  # with --detach too: they are the sync's
+            say(f"[yellow]{escape(warning)}[/yellow]")  # paths are not markup
     if detach:
         print(job.id)
         return
     if not quiet and stats is not None:
-        for warning in stats.warnings:
-            say(f"[yellow]{escape(warning)}[/yellow]")  # paths are not markup
         sent = (
             f"{stats.files_sent} new, {human_bytes(stats.bytes_sent)}"
+            + (f" at {rate(stats.bytes_sent, seconds)}" if stats.bytes_sent >= RATE_FROM else "")
             if stats.files_sent
             else "all unchanged"
         )
         say(
-            f"synced {stats.files} files ({sent}) in {stats.scan_seconds:.2f}s;"
+            f"synced {counted(stats.files, 'file')} ({sent}) in {seconds:.2f}s;"
             f" job {job.id} {job.state.value}"
         )
     info = _follow(job, live=wants_live(no_progress))

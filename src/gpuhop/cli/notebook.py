@@ -15,7 +15,7 @@ import typer
 
 from gpuhop.cli import jobopts
 from gpuhop.cli.connect import OnOption, client_for
-from gpuhop.cli.output import fail, human_bytes, say, state_text
+from gpuhop.cli.output import counted, fail, human_bytes, say, state_text
 from gpuhop.cli.usualport import forward_at, interrupt
 from gpuhop.client import Client, GpuhopError
 
@@ -152,7 +152,9 @@ def _start(client: Client, start: Callable[..., Notebook]) -> Notebook:
     except GpuhopError as e:
         fail(e.message)
     stats = client.last_sync
-    synced = f"synced {stats.files} files ({human_bytes(stats.bytes)}); " if stats else ""
+    synced = (
+        f"synced {counted(stats.files, 'file')} ({human_bytes(stats.bytes)}); " if stats else ""
+    )
     say(f"{synced}notebook job {nb.job.id} {nb.job.state.value}")
     return nb
 

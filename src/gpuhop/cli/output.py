@@ -124,11 +124,22 @@ def print_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
 
 
 def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
+    """A size in binary units, as every size gpuhop shows is (GPU memory too): "3.0 MiB"."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n:.1f} TB"
+    return f"{n:.1f} TiB"
+
+
+def rate(n: float, seconds: float) -> str:
+    """How fast `n` bytes went in `seconds`, all of them: "12.3 MiB/s"."""
+    return f"{human_bytes(n / seconds if seconds > 0 else 0)}/s"
+
+
+def counted(n: int, noun: str, nouns: str | None = None) -> str:
+    """ "1 file", "3 files"."""
+    return f"{n} {noun if n == 1 else nouns or noun + 's'}"
 
 
 def when(value: datetime | str | None) -> datetime | None:

@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuhop.api import JobInfo, JobState
-from gpuhop.cli.output import STATE_STYLE, console, wants_live
+from gpuhop.cli.output import STATE_STYLE, console, rate, wants_live
 from gpuhop.client import GpuhopError, Job
 
 if TYPE_CHECKING:
@@ -228,21 +228,28 @@ def follow_live(job: Job, worker: int | None = None, offset: int = 0) -> Mapping
 
 def transfer_bar(label: str, **options: Any) -> Progress:
     """A rich progress display on stderr whose tasks show bytes: a bar, done of total,
-    throughput and time left. `label` formats each task's description."""
+    throughput and time left. `label` formats each task's description. Sizes are binary,
+    as everywhere in gpuhop, and the rate is the transfer's own: bytes done over the time
+    since it began (rich's speed column is decimal, and an estimate of the last seconds)."""
     from rich.progress import (
         BarColumn,
         DownloadColumn,
         Progress,
+        ProgressColumn,
+        Task,
         TextColumn,
         TimeRemainingColumn,
-        TransferSpeedColumn,
     )
+
+    class AverageRate(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            return Text(rate(task.completed, task.elapsed or 0), style="progress.data.speed")
 
     columns = (
         TextColumn(label),
         BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
+        DownloadColumn(binary_units=True),
+        AverageRate(),
         TimeRemainingColumn(),
     )
     return Progress(*columns, console=console(stderr=True), **options)

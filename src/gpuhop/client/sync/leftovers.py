@@ -106,7 +106,7 @@ def outputs_warning(files: list[FileEntry], root: Path, cache_dir: Path | None) 
         f" and {len(items) - SHOWN} more" if len(items) > SHOWN else ""
     )
     return (
-        f"the synced tree holds {total / (1 << 20):.1f} MB of what look like training outputs"
+        f"the synced tree holds {total / (1 << 20):.1f} MiB of what look like training outputs"
         f" (from a run here?), sent with the job: {shown}. To skip them, add to"
         f" {root / '.gpuhopignore'}:\n  " + "\n  ".join(lines)
     )
