@@ -245,7 +245,7 @@ def test_detach_ps_show_logs_and_cancel(shared_agent, project):
     assert cancel.returncode == 0, cancel.stderr
     assert f"job {job_id} cancelled" in cancel.stderr
     again = shared_agent.cli("cancel", job_id)
-    assert again.returncode == 2 and "has already cancelled" in again.stderr
+    assert again.returncode == 2 and "has already ended: cancelled" in again.stderr
 
 
 def test_wait_logs_tail_and_follow_give_the_jobs_code(shared_agent, project):

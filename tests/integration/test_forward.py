@@ -154,7 +154,9 @@ def test_a_job_that_is_not_running_is_refused(shared_agent, project):
     with shared_agent.client() as client:
         job = client.submit(["quick.py"], workdir=root)
         job.wait(timeout=60)
-        with pytest.raises(GpuhopError, match=f"job {job.id} is succeeded: it has ended") as e:
+        with pytest.raises(
+            GpuhopError, match=f"job {job.id} has ended: succeeded, so it has no ports"
+        ) as e:
             job.forward(8080)
     assert e.value.status == 409
     assert e.value.detail == {"state": "succeeded"}

@@ -203,7 +203,7 @@ class TestBadInput:
             job.wait(60)
             with pytest.raises(GpuhopError) as e:
                 job.cancel()
-        assert e.value.status == 409 and "has already succeeded" in e.value.message
+        assert e.value.status == 409 and "has already ended: succeeded" in e.value.message
 
     @pytest.mark.parametrize(
         ("path", "words"),

@@ -170,7 +170,7 @@ def test_a_cancelled_server_fails_the_op_in_flight(shared_agent, server, tmp_pat
     # Bounded: the loop of remote ops ends with an error rather than hanging.
     out, err = client.communicate(timeout=60)
     (result,) = events(out)
-    assert f"the TensorFlow server (job {server.id}) has cancelled" in result["error"]
+    assert f"the TensorFlow server (job {server.id}) has ended: cancelled" in result["error"]
     assert "gpuhop tf-server start" in result["error"]
     assert result["cause"] == "UnavailableError"
     assert "gpuhop: the TensorFlow server" in err  # said at once, even mid-op

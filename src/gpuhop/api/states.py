@@ -27,6 +27,12 @@ class JobState(StrEnum):
     def finished(self) -> bool:
         return self in TERMINAL_STATES
 
+    @property
+    def said(self) -> str:
+        """The state in a sentence about its job: "job 3fa9 is running", "job 3fa9 has
+        ended: succeeded" (never "is succeeded")."""
+        return f"has ended: {self.value}" if self.finished else f"is {self.value}"
+
 
 TERMINAL_STATES = frozenset(
     {JobState.succeeded, JobState.failed, JobState.cancelled, JobState.lost}

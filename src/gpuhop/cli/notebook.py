@@ -123,7 +123,7 @@ def notebook(  # noqa: PLR0913 (a command: each parameter is one of its options)
         if nb is not None and nb.job.state.finished:
             if job_ref is not None:
                 fail(
-                    f"notebook job {nb.job.id} has {nb.job.state.value}"
+                    f"notebook job {nb.job.id} {nb.job.state.said}"
                     f" ({nb.job.info.reason or '-'}); start another: gpuhop notebook"
                 )
             nb = None

@@ -343,7 +343,7 @@ class TensorBoard:
     def _ended(job: Job, info: JobInfo) -> str:
         tail = b"".join(job.logs()).decode(errors="replace").strip().splitlines()[-5:]
         said = ("; its log ends:\n  " + "\n  ".join(tail)) if tail else ""
-        return f"TensorBoard (job {job.id}) has {info.state.value}: {info.reason}{said}"
+        return f"TensorBoard (job {job.id}) {info.state.said} ({info.reason}){said}"
 
 
 def job_url(ref: str, tail: str = "") -> str:

@@ -148,9 +148,7 @@ class Notebook:
     def _ended(self, info: JobInfo) -> str:
         tail = b"".join(self.job.logs()).decode(errors="replace").strip().splitlines()[-8:]
         said = ("; its log ends:\n  " + "\n  ".join(tail)) if tail else ""
-        return (
-            f"the notebook server (job {self.job.id}) has {info.state.value}: {info.reason}{said}"
-        )
+        return f"the notebook server (job {self.job.id}) {info.state.said} ({info.reason}){said}"
 
 
 def _port_in(record: dict[str, object] | None) -> int | None:

@@ -139,6 +139,6 @@ def ended_message(job: Job) -> str:
     tail = b"".join(job.logs()).decode(errors="replace").strip().splitlines()[-5:]
     said = ("; its log ends:\n  " + "\n  ".join(tail)) if tail else ""
     return (
-        f"the TensorFlow server (job {job.id}) has {info.state.value}: {info.reason}."
+        f"the TensorFlow server (job {job.id}) {info.state.said} ({info.reason})."
         f" Start a new one with: gpuhop tf-server start{said}"
     )

@@ -80,7 +80,7 @@ async def bridge(
             await asyncio.sleep(JOB_CHECK_SECONDS)
             state = rt.store.get(job.id).state
             if state.finished:
-                return _Close(1001, f"job {job.id} has {state.value}")
+                return _Close(1001, f"job {job.id} {state.said}")
 
     tasks = {asyncio.create_task(f()) for f in (upstream, downstream, both_done, job_ended)}
     outcome: _Close | None = None

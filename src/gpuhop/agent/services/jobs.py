@@ -325,7 +325,9 @@ def submit(
 def cancel(rt: AgentContext, ref: str, grace: float, caller: Caller) -> JobInfo:
     job = find(rt, ref, caller)
     if job.state.finished:
-        raise ApiError(409, ErrorCode.conflict, f"job {job.id} has already {job.state.value}")
+        raise ApiError(
+            409, ErrorCode.conflict, f"job {job.id} has already ended: {job.state.value}"
+        )
     if job.state == JobState.queued and rt.store.transition(
         job.id,
         [JobState.queued],

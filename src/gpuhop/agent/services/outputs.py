@@ -229,7 +229,7 @@ def _ended(rt: AgentContext, ref: str, caller: Caller) -> JobRecord:
         raise ApiError(
             409,
             ErrorCode.conflict,
-            f"job {job.id} is {job.state.value}; the files it left in its /tmp come back once"
+            f"job {job.id} {job.state.said}; the files it left in its /tmp come back once"
             " it has ended",
             {"state": job.state.value},
         )

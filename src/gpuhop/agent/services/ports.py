@@ -35,11 +35,11 @@ def forwardable(rt: AgentContext, ref: str, caller: Caller) -> JobRecord:
             " reaches ports on the agent's host only",
         )
     if job.state != JobState.running:
-        when = "has not started yet" if not job.state.finished else "has ended"
+        when = "" if job.state.finished else ": it has not started yet"
         raise ApiError(
             409,
             ErrorCode.conflict,
-            f"job {job.id} is {job.state.value}: it {when}, so it has no ports to forward",
+            f"job {job.id} {job.state.said}{when}, so it has no ports to forward",
             {"state": job.state.value},
         )
     return job

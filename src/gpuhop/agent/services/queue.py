@@ -53,11 +53,11 @@ def requeue(rt: AgentContext, job: JobRecord, priority: int, caller: Caller) -> 
     below; raising it above the default is an admin's call on a team agent, as at submit."""
     admission.check_priority_value(priority, caller)
     if not rt.store.transition(job.id, [JobState.queued], JobState.queued, priority=priority):
-        state = rt.store.get(job.id).state.value
+        state = rt.store.get(job.id).state
         raise ApiError(
             409,
             ErrorCode.conflict,
-            f"job {job.id} is {state}: only a queued job's priority can be changed",
+            f"job {job.id} {state.said}: only a queued job's priority can be changed",
         )
     rt.scheduler.wake()
     return rt.store.get(job.id)

@@ -66,7 +66,7 @@ def find_saved_model(rt: AgentContext, job: JobRecord, path: str | None) -> tupl
         raise ApiError(
             409,
             ErrorCode.conflict,
-            f"job {job.id} is {job.state.value}; serve its SavedModel once it has ended",
+            f"job {job.id} {job.state.said}; serve its SavedModel once it has ended",
             {"state": job.state.value},
         )
     jp = rt.supervisor.job_paths(job.id)

@@ -197,9 +197,9 @@ async def _find(
     port = _port(rt, job)
     if port is None:
         if job.state.finished:
-            why = f"has {job.state.value}" + (f": {job.reason}" if job.reason else "")
+            why = job.state.said + (f" ({job.reason})" if job.reason else "")
         else:
-            why = f"is {job.state.value}; its model is not loaded yet (try again shortly)"
+            why = f"{job.state.said}; its model is not loaded yet (try again shortly)"
         return error(
             503, ErrorCode.conflict, f"the model server {spec.get('name')} (job {job.id}) {why}"
         )

@@ -41,7 +41,7 @@ def _check(rt: AgentContext, job: JobRecord) -> None:
         raise ApiError(
             409,
             ErrorCode.conflict,
-            f"job {job.id} is {job.state.value}; its work-dir files come back once it has"
+            f"job {job.id} {job.state.said}; its work-dir files come back once it has"
             " ended (its artifacts can be pulled now: gpuhop pull --only artifacts)",
             {"state": job.state.value},
         )
