@@ -279,6 +279,12 @@ def test_wait_logs_tail_and_follow_give_the_jobs_code(shared_agent, project):
     followed = shared_agent.cli("logs", "-f", "--tail", "1", seven)
     assert (followed.returncode, followed.stdout) == (7, "partial\n")
     assert shared_agent.cli("logs", "-f", ok).returncode == 0
+    # There are jobs, none in the state asked for: said so, not "no jobs yet".
+    lost = shared_agent.cli("ps", "-s", "lost")
+    assert (lost.returncode, lost.stderr) == (
+        0,
+        "gpuhop: no lost jobs (gpuhop ps lists them all)\n",
+    )
 
 
 def test_cancel_of_several_jobs_cancels_each_and_names_what_it_cannot(shared_agent, project):

@@ -356,6 +356,10 @@ def ps(
     if json_out:
         print_json(infos)
         return
+    if not infos and state:  # none in those states: there may be others
+        said = " or ".join(dict.fromkeys(JobState(s).value for s in state))
+        say(f"no {said} jobs (gpuhop ps lists them all)")
+        return
     if not infos:
         say("no jobs yet; start one with: gpuhop run train.py")
         return
