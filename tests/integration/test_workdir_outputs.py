@@ -154,6 +154,12 @@ def test_pull_defaults_and_only_pick_the_parts_and_their_places(shared_agent, pr
     assert arts.returncode == 0, arts.stderr
     assert (elsewhere / "a" / "report.txt").read_text() == "ok"
     assert said_lines(arts.stderr, "pull") == ["pulled 1 artifact file(s), 2 B, into a"]
+    # Again, unchanged: said to be up to date, and not fetched (the file is the same one).
+    before = (elsewhere / "a" / "report.txt").stat()
+    again = shared_agent.cli("pull", job_id, "--only", "artifacts", "-o", "a", cwd=elsewhere)
+    assert said_lines(again.stderr, "up to date") == ["already up to date: 1 artifact file(s) in a"]
+    after = (elsewhere / "a" / "report.txt").stat()
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     both = shared_agent.cli("pull", job_id, "-o", "b", "-C", "c", cwd=elsewhere)
     assert both.returncode == 0, both.stderr
     assert (elsewhere / "b" / "report.txt").is_file() and not (elsewhere / "b" / "workdir").exists()

@@ -104,19 +104,26 @@ def pull_job(
 
 def summary(job_id: str, plan: PullPlan) -> str:
     """One line: each part pulled, how much, and where it went; or that there was nothing."""
-    pulled, empty = [], []
+    pulled, current, empty = [], [], []
     for route, files_are, none in PARTS:
         if route not in plan.roots:
             continue
-        files = plan.files(route)
-        if not files:
-            empty.append(none)
-            continue
-        size = human_bytes(sum(f.stat().st_size for f in files))
+        fetched = [t for r, _, t in plan.todo if r == route]
+        here = len(plan.files(route)) - len(fetched)  # as the job has them: not fetched
         where = escape(_where(plan.roots[route]))
-        pulled.append(f"{len(files)} {files_are}, {size}, into {where}")
+        if fetched:
+            size = human_bytes(sum(f.stat().st_size for f in fetched))
+            more = f" ({here} more up to date)" if here else ""
+            pulled.append(f"{len(fetched)} {files_are}, {size}, into {where}{more}")
+        elif here:
+            current.append(f"{here} {files_are} in {where}")
+        else:
+            empty.append(none)
     if pulled:
-        return "pulled " + "; and ".join(pulled)
+        text = "pulled " + "; and ".join(pulled)
+        return text + (f"; up to date: {'; '.join(current)}" if current else "")
+    if current:  # nothing fetched: every file here is the job's already
+        return "already up to date: " + "; ".join(current)
     said = " and ".join(filter(None, (", ".join(empty[:-1]), *empty[-1:])))
     return f"job {job_id} left nothing to pull: {said}".rstrip(": ")
 
