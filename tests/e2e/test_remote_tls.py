@@ -118,3 +118,46 @@ def test_team_agent_end_to_end(team: Agent, tmp_path: Path, project) -> None:
     after = alice("ps")
     assert after.returncode != 0
     assert "refused the token" in after.stderr
+
+
+def test_a_silent_listener_and_a_server_that_is_no_agent_are_named(shared_agent, tmp_path):
+    import http.server
+    import socket
+    import ssl
+    import threading
+
+    from gpuhop.agent.server.listen import make_self_signed
+
+    env = {**shared_agent.env, "GPUHOP_CONFIG_DIR": str(tmp_path / "config"), "GPUHOP_TOKEN": "t"}
+    # A port that takes connections and never answers (the kernel's backlog accepts them).
+    with socket.create_server(("127.0.0.1", 0)) as silent:
+        url = f"https://127.0.0.1:{silent.getsockname()[1]}"
+        added = shared_agent.cli("remote", "add", "quiet", url, "--yes", env=env)
+        assert added.returncode == 2
+        assert f"no answer from {url} within 5 s" in added.stderr
+
+    # An HTTPS server that is not gpuhop's: it answers 404 in words of its own.
+    cert, key = make_self_signed(["127.0.0.1"])
+    (tmp_path / "cert.pem").write_bytes(cert)
+    (tmp_path / "key.pem").write_bytes(key)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"https://127.0.0.1:{server.server_address[1]}"
+        added = shared_agent.cli("remote", "add", "other", url, "--yes", env=env)
+        assert added.returncode == 0, added.stderr
+        tested = shared_agent.cli("remote", "test", "other", env=env)
+        assert tested.returncode == 2
+        assert f"remote 'other' ({url}) is not a gpuhop agent (HTTP 404)" in tested.stderr
+    finally:
+        server.shutdown()
+        server.server_close()

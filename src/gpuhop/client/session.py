@@ -103,6 +103,13 @@ class Session:
         try:
             check(response)
         except GpuhopError as e:
+            if e.code == NOT_OURS and e.status is not None and e.status < 500:
+                # A 4xx in no words of ours: whatever answered is no gpuhop agent.
+                raise GpuhopError(
+                    f"{self.endpoint.description} is not a gpuhop agent (HTTP {e.status})",
+                    code="not_an_agent",
+                    status=e.status,
+                ) from None
             if e.status != 401:
                 raise
             raise GpuhopError(
@@ -142,8 +149,13 @@ def check(response: Response) -> None:
             raise GpuhopError(message, code, response.status_code, detail)
     raise GpuhopError(
         f"the agent answered {response.status_code}: {response.text[:500]}",
+        code=NOT_OURS,
         status=response.status_code,
     )
+
+
+# The code of an error answer that is not the agent's `ErrorBody`.
+NOT_OURS = "unexpected_answer"
 
 
 def quote(ref: str, safe: str = "") -> str:

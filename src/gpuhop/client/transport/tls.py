@@ -41,7 +41,7 @@ def _host_port(url: str) -> tuple[str, int]:
     return parts.hostname, port
 
 
-def fetch_certificate(url: str, timeout: float = 10) -> tuple[str, str]:
+def fetch_certificate(url: str, timeout: float = 5) -> tuple[str, str]:
     """The certificate (PEM) the agent at https://host:port presents, and its fingerprint.
 
     Nothing is verified: this is for a person to confirm against the fingerprint the agent
@@ -57,6 +57,8 @@ def fetch_certificate(url: str, timeout: float = 10) -> tuple[str, str]:
             context.wrap_socket(raw, server_hostname=host) as tls,
         ):
             der = tls.getpeercert(binary_form=True)
+    except TimeoutError:
+        raise GpuhopError(no_answer(url, timeout), code="unreachable") from None
     except (OSError, ssl.SSLError) as e:
         raise GpuhopError(
             f"cannot fetch the certificate of {url}: {e}", code="unreachable"
@@ -65,6 +67,14 @@ def fetch_certificate(url: str, timeout: float = 10) -> tuple[str, str]:
         raise GpuhopError(f"{url} presented no certificate", code="unreachable")
     pem = ssl.DER_cert_to_PEM_cert(der)
     return pem, fingerprint_of(pem)
+
+
+def no_answer(url: str, seconds: float) -> str:
+    """What a listener that took the connection and never answered is told as."""
+    return (
+        f"no answer from {url} within {seconds:g} s: is a gpuhop agent listening there"
+        " (gpuhop agent start --listen), and not something else, or a frozen one?"
+    )
 
 
 def pinned_context(pem: str) -> ssl.SSLContext:
@@ -82,6 +92,10 @@ def pinned_context(pem: str) -> ssl.SSLContext:
     except (ssl.SSLError, ValueError) as e:
         raise GpuhopError(f"the pinned certificate cannot be loaded: {e}", "bad_config") from None
     return context
+
+
+# A request's connect timeout (the session's): TCP and the TLS handshake.
+CONNECT_SECONDS = 5.0
 
 
 def https_endpoint(remote: Remote) -> Endpoint:
@@ -113,6 +127,10 @@ def https_endpoint(remote: Remote) -> Endpoint:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
 
     def explain(exc: BaseException) -> str | None:
+        import httpx  # loaded already: the TLS way in is httpx's
+
+        if isinstance(exc, httpx.ConnectTimeout):  # TCP, or TLS's handshake, unanswered
+            return no_answer(remote.url, CONNECT_SECONDS)
         if not _is_verification_failure(exc):
             return None
         try:
