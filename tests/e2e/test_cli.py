@@ -508,15 +508,15 @@ def test_remote_add_leaves_an_explicitly_chosen_default(shared_agent, tmp_path):
         assert done.returncode == 0, done.stderr
         return done
 
-    def default() -> list[str]:
-        return [r["name"] for r in json.loads(cli("remote", "ls", "--json").stdout) if r["default"]]
+    def default() -> str | None:  # as stored: 'local' once chosen, None before any choice
+        return json.loads((tmp_path / "config" / "remotes.json").read_text()).get("default")
 
     cli("remote", "add", "first", "ssh://host-a")  # no default chosen yet: the first is it
-    assert default() == ["first"]
+    assert default() == "first"
     cli("remote", "default", "local")
     cli("remote", "add", "second", "ssh://host-b")
-    assert default() == []
+    assert default() == "local"
     cli("ps")  # answered by this machine's agent, as chosen
     cli("remote", "default", "second")
     cli("remote", "add", "third", "ssh://host-c")
-    assert default() == ["second"]
+    assert default() == "second"
