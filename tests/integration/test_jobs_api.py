@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -30,6 +31,18 @@ def raw(agent) -> httpx.Client:
     return httpx.Client(
         transport=httpx.HTTPTransport(uds=str(agent.paths.socket)), base_url="http://gpuhop"
     )
+
+
+def oversized(limit: int) -> Iterator[bytes]:
+    """A JSON body one byte over `limit`, in pieces of 1 MiB as a streaming client sends
+    it (httpx's own send of one bytes object this size costs seconds of CPU: its socket
+    write copies what is left after each send)."""
+    yield b"["
+    left = limit + 1
+    while left:
+        piece = min(left, 1 << 20)
+        left -= piece
+        yield b" " * piece
 
 
 def test_job_gets_the_environment_contract(shared_agent, project):
@@ -264,8 +277,11 @@ class TestBadInput:
         with raw(shared_agent) as http:
             r = http.post(
                 "/v1/trees",
-                content=b"[" + b" " * (MAX_TREE_BYTES + 1),
-                headers={"content-type": "application/json"},
+                content=oversized(MAX_TREE_BYTES),
+                headers={
+                    "content-type": "application/json",
+                    "content-length": str(MAX_TREE_BYTES + 2),
+                },
             )
             assert r.status_code == 413 and r.json()["code"] == "too_large"
             message = r.json()["message"]
@@ -282,8 +298,11 @@ class TestBadInput:
         with raw(shared_agent) as http:
             r = http.post(
                 "/v1/datasets/huge",
-                content=b"[" + b" " * (MAX_TREE_BYTES + 1),
-                headers={"content-type": "application/json"},
+                content=oversized(MAX_TREE_BYTES),
+                headers={
+                    "content-type": "application/json",
+                    "content-length": str(MAX_TREE_BYTES + 2),
+                },
             )
             assert r.status_code == 413 and r.json()["code"] == "too_large"
             assert "manifest (the list of its files) is over 64 MiB" in r.json()["message"]
