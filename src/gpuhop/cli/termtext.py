@@ -72,8 +72,12 @@ class TerminalText:
         return "".join(out)
 
     def _write(self, text: str, out: list[str]) -> None:
+        text = text.translate(_INVISIBLE)
+        if "\r" not in text and "\b" not in text and self._cursor == len(self._line):
+            self._append(text, out)  # plain lines (most of a log): no character by character
+            return
         line, cursor = self._line, self._cursor
-        for char in text.translate(_INVISIBLE):
+        for char in text:
             if char == "\n":
                 out.append("".join(line).rstrip() + "\n")
                 line, cursor = [], 0
@@ -89,6 +93,17 @@ class TerminalText:
                 line.append(char)
                 cursor += 1
         self._line, self._cursor = line, cursor
+
+    def _append(self, text: str, out: list[str]) -> None:
+        """`_write` of text without carriage returns or backspaces, at the line's end."""
+        *ended, rest = text.split("\n")
+        if ended:
+            ended[0] = "".join(self._line) + ended[0]
+            out.extend(line.rstrip() + "\n" for line in ended)
+            self._line = list(rest)
+        else:
+            self._line.extend(rest)
+        self._cursor = len(self._line)
 
     def _escape(self, body: str) -> None:
         """The cursor moves and erasures a progress bar uses; colours and the rest: nothing."""
