@@ -246,6 +246,35 @@ def _free_port() -> int:
     return free_port()
 
 
+# How long a new node may take to register with the GCS here, where Ray allows 30 s.
+REGISTER_PATIENCE = 150.0
+
+
+def _patient_node_lookup() -> None:
+    """Give a new node's raylet `REGISTER_PATIENCE` to register with the GCS. Ray's
+    `Node.__init__` asks the GCS for the node (`services.get_node`, which raises
+    RuntimeError until it is there, or when the GCS's answer is late: 'Deadline Exceeded')
+    for a fixed 30 s, not configurable, and then gives the cluster up: on a 2-core machine
+    running other tests beside it, a raylet and a busy GCS can take longer, and three
+    starts from nothing in a row failed so. Here, in the helper process only, each lookup
+    waits out the raylet itself (a test cluster on a loaded machine, not a Ray under test)."""
+    import ray._private.services as services
+
+    lookup = services.get_node
+
+    def patient(*args: Any, **kwargs: Any) -> Any:
+        deadline = time.monotonic() + REGISTER_PATIENCE
+        while True:
+            try:
+                return lookup(*args, **kwargs)
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+
+    services.get_node = patient
+
+
 def main() -> int:
     spec = json.loads(sys.argv[1])
     _become_subreaper()
@@ -277,6 +306,7 @@ def main() -> int:
     try:
         from ray.cluster_utils import Cluster
 
+        _patient_node_lookup()
         cluster = Cluster(shutdown_at_exit=False)
         cluster.add_node(
             **head,
