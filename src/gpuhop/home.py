@@ -92,6 +92,12 @@ class AgentPaths(NamedTuple):
         return self.home / "tokens.db"
 
     @property
+    def secrets_db(self) -> Path:
+        """Users' secrets, by user and name (0600, in a 0700 dir that no job's view shows;
+        see gpuhop.agent.storage.secrets)."""
+        return self.home / "secrets" / "secrets.db"
+
+    @property
     def tls(self) -> Path:
         """The TLS listener's own certificate and key (0700 dir, key 0600)."""
         return self.home / "tls"

@@ -23,6 +23,7 @@ from gpuhop.agent.storage.checkouts import CheckoutStore
 from gpuhop.agent.storage.claims import ClaimStore
 from gpuhop.agent.storage.datasets import DatasetStore
 from gpuhop.agent.storage.envs import EnvStore
+from gpuhop.agent.storage.secrets import SecretStore
 from gpuhop.agent.storage.trees import TreeStore
 from gpuhop.agent.storage.usage import DiskMeter
 from gpuhop.agent.tokens import TokenStore
@@ -78,6 +79,7 @@ class AgentContext:
             on_change=lambda: self.scheduler.wake(),
         )
         self.tokens = TokenStore(paths.tokens_db)
+        self.secrets = SecretStore(paths.secrets_db)
         self.claims = ClaimStore(paths.claims_db)
         self.meter = DiskMeter(paths, self.blobs, self.policy)
         # One garbage collection at a time (`gpuhop gc` and the timer).
@@ -123,6 +125,21 @@ class AgentContext:
             raise StartError(str(e)) from None
         return {**identity.as_spec(), "pass": list(self.policy.job_env_pass)}
 
+    def secrets_of(self, job: JobRecord) -> dict[str, str]:
+        """The secrets `job` names, as its environment takes them (ENVVAR: value), read
+        from its user's own as it starts; StartError names one removed since it was queued."""
+        if not job.spec.secrets:
+            return {}
+        owner = job.owner or owner_login()
+        values = self.secrets.values(owner, [s.name for s in job.spec.secrets])
+        gone = [s.name for s in job.spec.secrets if s.name not in values]
+        if gone:
+            raise StartError(
+                f"the secret {gone[0]} was removed after the job was queued; set it again"
+                f" (gpuhop secret set {gone[0]}) and run the job again"
+            )
+        return {s.env: values[s.name] for s in job.spec.secrets}
+
     def team(self) -> bool:
         """Whether this agent serves more than its owner now: a TCP listener is open, or
         tokens belong to more than one user."""
@@ -148,5 +165,6 @@ class AgentContext:
         self.notifier.close()
         self.store.close()
         self.tokens.close()
+        self.secrets.close()
         self.claims.close()
         self.gpu_host.close()

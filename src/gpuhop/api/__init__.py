@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     )
     from gpuhop.api.outputs import ArtifactEntry, WorkdirEntry
     from gpuhop.api.queue import format_seconds, parse_duration
+    from gpuhop.api.secrets import SecretInfo, SecretValue
     from gpuhop.api.serving import ServeRequest, ServingInfo
     from gpuhop.api.sizes import format_mb, parse_mb
     from gpuhop.api.states import EndClass, JobState, RetryOn
@@ -64,6 +65,8 @@ _WHERE: dict[str, str] = {
     "ManifestEntry": "models",
     "RequeueRequest": "models",
     "RetryOn": "states",
+    "SecretInfo": "secrets",
+    "SecretValue": "secrets",
     "ServeRequest": "serving",
     "ServingInfo": "serving",
     "SubmitRequest": "models",
@@ -103,6 +106,8 @@ __all__ = [
     "ManifestEntry",
     "RequeueRequest",
     "RetryOn",
+    "SecretInfo",
+    "SecretValue",
     "ServeRequest",
     "ServingInfo",
     "SubmitRequest",

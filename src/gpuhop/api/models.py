@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gpuhop.api.base import StrictModel, WireModel, check_text
 from gpuhop.api.queue import check_webhook_url
-from gpuhop.api.spec import JobSpec, Mount
+from gpuhop.api.spec import ENV_NAME_RE, JobSpec, Mount, SecretUse
 from gpuhop.api.states import EndClass, JobState, RetryOn
 from gpuhop.api.trees import MAX_DELTA_ENTRIES, MAX_INLINE_BYTES
 
@@ -164,6 +164,36 @@ class DataMount(StrictModel):
             raise ValueError(f"the mount point must lie inside the work dir: {e}") from None
 
 
+class SecretRef(StrictModel):
+    """`--secret NAME[=ENVVAR]`: the user's secret NAME, given to the job as ENVVAR. The
+    value never travels with the job: the agent reads it from the user's own secrets when
+    the job starts (see gpuhop.agent.storage.secrets)."""
+
+    name: str
+    env: str
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_secret_name(v)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: str) -> str:
+        check_env({v: ""})
+        return v
+
+
+def check_secret_name(name: str) -> str:
+    """A secret's name (an environment variable's), or ValueError saying what is wrong."""
+    if not ENV_NAME_RE.match(name):
+        raise ValueError(
+            f"secret name {name[:80]!r} is not valid: an environment variable's name (letters,"
+            " digits and _, not starting with a digit, at most 128 characters)"
+        )
+    return name
+
+
 # SubmitRequest's fields that are not the job's settings (`JobSpec`): what it runs, and in
 # which files.
 _NOT_SPEC = {"command", "tree", "tree_delta"}
@@ -206,6 +236,9 @@ class SubmitRequest(StrictModel):
     gpu_memory_mb: int | None = Field(default=None, ge=1, le=MAX_GPU_MEMORY_MB)
     # Datasets mounted read-only in the work dir (see `DataMount`).
     data: list[DataMount] = Field(default_factory=list, max_length=64)
+    # The user's secrets the job is given, by name (see `SecretRef`). An agent that
+    # predates secrets refuses the field.
+    secrets: list[SecretRef] = Field(default_factory=list, max_length=64)
     # The text of a requirements file: the job runs in a venv with these packages, built
     # once per set and interpreter and reused, that also sees the interpreter's packages.
     requirements: str | None = Field(default=None, max_length=1_000_000)
@@ -280,6 +313,7 @@ class SubmitRequest(StrictModel):
     def _asked(self) -> JobSpec:
         fields = self.model_dump(exclude=_NOT_SPEC, exclude_none=True)
         fields["data"] = tuple(Mount(m.name, m.version, m.mount) for m in self.data)
+        fields["secrets"] = tuple(SecretUse(s.name, s.env) for s in self.secrets)
         fields["retry_on"] = self.retry_on.value
         return JobSpec.from_json(fields)
 
@@ -370,6 +404,8 @@ class JobInfo(WireModel):
     owner: str | None = None
     # Datasets mounted in the job, as NAME:vVERSION=MOUNT.
     data: list[str] = Field(default_factory=list)
+    # The secrets it is given, as NAME or NAME=ENVVAR: names only, never a value.
+    secrets: list[str] = Field(default_factory=list)
     # The id of the job's Python environment (requirements), and the interpreter it runs.
     python_env: str | None = None
     python: str | None = None

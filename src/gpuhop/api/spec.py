@@ -13,6 +13,7 @@ its start).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -48,6 +49,32 @@ class Mount(NamedTuple):
         return {"name": self.name, "version": self.version, "mount": self.mount}
 
 
+class SecretUse(NamedTuple):
+    """`NAME[=ENVVAR]`: the job's user's secret NAME, in the job's environment as ENVVAR
+    (default: NAME). Only the name travels and is kept; the agent puts the value in the
+    job's environment when it starts, and masks it wherever it shows the job's text."""
+
+    name: str
+    env: str
+
+    @classmethod
+    def parse(cls, text: str) -> SecretUse:
+        """`NAME` or `NAME=ENVVAR`; ValueError says what is malformed."""
+        name, sep, env = text.partition("=")
+        if not name or (sep and not env):
+            raise ValueError(f"takes NAME or NAME=ENVVAR, got {text!r}")
+        for part in (name, env or name):
+            if not ENV_NAME_RE.match(part):
+                raise ValueError(f"{part!r} is not a valid environment variable name")
+        return cls(name, env or name)
+
+    def wire(self) -> dict[str, Any]:
+        return {"name": self.name, "env": self.env}
+
+
+# What a secret's name (and the variable it is given as) may be: an environment variable's.
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
+
 # No variables: a default no one can change in place (every spec without env shares it).
 NO_ENV: Mapping[str, str] = MappingProxyType({})
 
@@ -71,6 +98,7 @@ class JobSpec(NamedTuple):
     python: str | None = None  # an interpreter on the host
     requirements: str | None = None  # a requirements file's text: the job's own venv
     data: tuple[Mount, ...] = ()
+    secrets: tuple[SecretUse, ...] = ()  # the user's secrets, by name, in its environment
     private_network: bool = False
     # Its place in the queue, and what ends or repeats it.
     priority: int = 0
@@ -114,6 +142,11 @@ class JobSpec(NamedTuple):
             found.append(f"{n('max_parallel')} limits the runs of a sweep")
         if self.after_any and not self.after:
             found.append(f"{n('after_any')} says how to wait for {n('after')} jobs; give them too")
+        targets = [s.env for s in self.secrets]
+        for env in dict.fromkeys(t for t in targets if targets.count(t) > 1):
+            found.append(f"{n('secrets')} gives two secrets as {env}")
+        for env in dict.fromkeys(t for t in targets if t in self.env):
+            found.append(f"{env} is given both by {n('env')} and by {n('secrets')}")
         if self.retry_on not in RETRY_ON:
             found.append(f"{n('retry_on')} takes {' or '.join(RETRY_ON)}, got {self.retry_on!r}")
         return found
@@ -136,6 +169,7 @@ class JobSpec(NamedTuple):
         out: dict[str, Any] = self._asdict()
         out["env"] = dict(self.env)
         out["data"] = [m.wire() for m in self.data]
+        out["secrets"] = [s.wire() for s in self.secrets]
         out["after"] = list(self.after)
         out["notify"] = list(self.notify)
         return out
@@ -151,6 +185,11 @@ class JobSpec(NamedTuple):
             fields["data"] = tuple(
                 Mount(m["name"], m.get("version"), m["mount"]) if isinstance(m, Mapping) else m
                 for m in fields["data"]
+            )
+        if "secrets" in fields:
+            fields["secrets"] = tuple(
+                SecretUse(s["name"], s.get("env") or s["name"]) if isinstance(s, Mapping) else s
+                for s in fields["secrets"]
             )
         for name in ("after", "notify"):
             if name in fields:

@@ -99,6 +99,14 @@ DATA = params.Option(
     help="Mount a dataset read-only at MOUNT in the work dir (repeatable; latest version"
     " unless pinned, e.g. mnist:2=data).",
 )
+SECRET = params.Option(
+    [],
+    "--secret",
+    metavar="NAME[=ENVVAR]",
+    help="Give the job your secret NAME (gpuhop secret set NAME) as the environment variable"
+    " NAME, or ENVVAR (repeatable). Only its name travels; its value is masked (***) in the"
+    " job's log and everywhere gpuhop shows the job.",
+)
 REQUIREMENTS = params.Option(
     None,
     "--requirements",
@@ -191,6 +199,7 @@ OPTIONS: dict[str, Any] = {
     "no_auto": NO_AUTO,
     "workdir": WORKDIR,
     "data": DATA,
+    "secret": SECRET,
     "requirements": REQUIREMENTS,
     "no_requirements": NO_REQUIREMENTS,
     "python": PYTHON,
@@ -205,7 +214,7 @@ OPTIONS: dict[str, Any] = {
     "max_parallel": MAX_PARALLEL,
 }
 # The spec's field each option sets where the parameter has another name.
-FIELDS = {"gpu_memory": "gpu_memory_mb"}
+FIELDS = {"gpu_memory": "gpu_memory_mb", "secret": "secrets"}
 # The option that sets each field, as `JobSpec.problems` names it: "--gpu-memory".
 OPTION_NAMES = {
     FIELDS.get(name, name): option.decls[0].partition("/")[0] for name, option in OPTIONS.items()
@@ -223,7 +232,7 @@ def spec_of(values: Mapping[str, Any], *, sweep: bool = False) -> JobSpec:
     `OPTIONS` read, the rest left alone); a malformed value or a clash between options
     fails, naming them. A `sweep`'s spec is that of each of its runs (--max-parallel is
     theirs)."""
-    from gpuhop.api.spec import JobSpec, Mount
+    from gpuhop.api.spec import JobSpec, Mount, SecretUse
 
     fields: dict[str, Any] = {}
     for name in OPTIONS.keys() & values.keys() - _MADE:
@@ -245,6 +254,11 @@ def spec_of(values: Mapping[str, Any], *, sweep: bool = False) -> JobSpec:
             fields["data"] = tuple(Mount.parse(m) for m in values["data"])
         except ValueError as e:
             fail(f"--data {e}")
+    if "secret" in values:
+        try:
+            fields["secrets"] = tuple(SecretUse.parse(s) for s in values["secret"])
+        except ValueError as e:
+            fail(f"--secret {e}")
     if "after" in values:
         refs = values["after"] or ()
         fields["after"] = tuple(r.strip() for rs in refs for r in rs.split(",") if r.strip())
@@ -261,7 +275,7 @@ def spec_of(values: Mapping[str, Any], *, sweep: bool = False) -> JobSpec:
 
 # The options `spec_of` makes a field of, each its own way.
 _MADE = frozenset(
-    {"gpu_memory", "time_limit", "env", "keras", "no_auto", "data", "after", "notify"}
+    {"gpu_memory", "time_limit", "env", "keras", "no_auto", "data", "secret", "after", "notify"}
     | {"requirements", "no_requirements", "workdir"}
 )
 

@@ -148,6 +148,7 @@ def run(  # noqa: PLR0913 (a command: each parameter is one of its options)
     workdir: Path = jobopts.WORKDIR,
     quiet: bool = params.Option(False, "--quiet", "-q", help="Print only the job's own output."),
     data: list[str] = jobopts.DATA,
+    secret: list[str] = jobopts.SECRET,
     requirements: Path | None = jobopts.REQUIREMENTS,
     no_requirements: bool = jobopts.NO_REQUIREMENTS,
     python: str | None = jobopts.PYTHON,

@@ -48,6 +48,7 @@ COMMANDS: dict[str, str] = {
     "tf-server": "tfserver",
     "data": "data",
     "env": "data",
+    "secret": "secret",
     "serve": "serve",
     "predict": "serve",
     "gc": "gc",

@@ -75,6 +75,9 @@ def notebook(  # noqa: PLR0913 (a command: each parameter is one of its options)
     no_browser: bool = typer.Option(False, "--no-browser", help="Print the URL; open nothing."),
     env: list[str] = jobopts.ENV,
     data: list[str] = jobopts.worded(jobopts.DATA, "Mount a dataset (as for run)."),
+    secret: list[str] = jobopts.worded(
+        jobopts.SECRET, "Give the notebook server your secret NAME (as for run)."
+    ),
     workdir: Path = jobopts.WORKDIR,
     requirements: Path | None = jobopts.worded(
         jobopts.REQUIREMENTS,

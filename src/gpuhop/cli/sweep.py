@@ -73,6 +73,9 @@ def sweep(  # noqa: PLR0913 (a command: each parameter is one of its options)
     data: list[str] = jobopts.worded(
         jobopts.DATA, "Mount a dataset in each run's work dir (as for run; repeatable)."
     ),
+    secret: list[str] = jobopts.worded(
+        jobopts.SECRET, "Give each run your secret NAME as NAME or ENVVAR (as for run)."
+    ),
     requirements: Path | None = jobopts.REQUIREMENTS,
     no_requirements: bool = jobopts.NO_REQUIREMENTS,
     python: str | None = jobopts.PYTHON,

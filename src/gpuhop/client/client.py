@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         GpuInfo,
         JobInfo,
         JobState,
+        SecretInfo,
         TokenCreated,
         TokenInfo,
         UiLoginCode,
@@ -185,6 +186,28 @@ class Client:
 
         return tokens.revoke(self.session, token_id)
 
+    # -- secrets ------------------------------------------------------------------------------
+
+    def set_secret(self, name: str, value: str) -> SecretInfo:
+        """Set (or replace) your secret `name` (an environment variable's name) to `value`.
+        A job gets it only when it names it (`secrets=["NAME"]` or `["NAME=ENVVAR"]`), and
+        gpuhop shows `***` wherever the value would appear in the job's text."""
+        import gpuhop.client.secrets as secrets
+
+        return secrets.set_secret(self.session, name, value)
+
+    def secrets(self) -> list[SecretInfo]:
+        """Your secrets: names and when each was set. No call returns a value."""
+        import gpuhop.client.secrets as secrets
+
+        return secrets.list_secrets(self.session)
+
+    def remove_secret(self, name: str) -> None:
+        """Remove your secret `name`."""
+        import gpuhop.client.secrets as secrets
+
+        secrets.remove(self.session, name)
+
     # -- jobs ---------------------------------------------------------------------------------
 
     def submit(
@@ -214,6 +237,8 @@ class Client:
         the job by; `env`: its environment variables (a dict).
 
         `data` mounts datasets read-only in the work dir: "NAME[:VERSION]=MOUNT" each.
+        `secrets` gives the job your secrets (`set_secret`): "NAME" (as the variable NAME) or
+        "NAME=ENVVAR" each; only their names travel, and their values are masked in its log.
         `requirements` is a requirements file for the job's own venv (built once per set on
         the host, and seeing the host's packages); by default `requirements.txt` in
         `workdir` if there is one (without a `spec`), and False for none. `python` runs the

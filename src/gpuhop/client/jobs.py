@@ -18,7 +18,7 @@ from gpuhop.client.session import Session
 
 if TYPE_CHECKING:
     from gpuhop.api import JobInfo
-    from gpuhop.api.spec import JobSpec, Mount
+    from gpuhop.api.spec import JobSpec, Mount, SecretUse
     from gpuhop.client.sync.upload import Progress, UploadProgress
     from gpuhop.client.sync.workdir import ScanResult
 
@@ -81,6 +81,13 @@ def _mounts(value: Any, root: Path) -> tuple[Mount, ...]:
     return tuple(m if isinstance(m, Mount) else Mount.parse(m) for m in items)
 
 
+def _secrets(value: Any, root: Path) -> tuple[SecretUse, ...]:
+    from gpuhop.api.spec import SecretUse
+
+    items = [value] if isinstance(value, str) else value
+    return tuple(s if isinstance(s, SecretUse) else SecretUse.parse(s) for s in items)
+
+
 def _job_ids(value: Any, root: Path) -> tuple[str, ...]:
     items = [value] if isinstance(value, str | Job) else value
     return tuple(d.id if isinstance(d, Job) else d for d in items)
@@ -99,6 +106,7 @@ _MAKE: dict[str, Callable[[Any, Path], Any]] = {
     "time_limit": lambda value, root: parse_duration(value),
     "requirements": _requirements,
     "data": _mounts,
+    "secrets": _secrets,
     "after": _job_ids,
     "notify": lambda value, root: tuple(value),
     "env": lambda value, root: dict(value),

@@ -71,6 +71,11 @@ class Agent(Protocol):
         the agent's user); raises StartError where it must have one and cannot."""
         ...
 
+    def secrets_of(self, job: JobRecord) -> dict[str, str]:
+        """The secrets the job names, by the variable each is given as, with their values;
+        raises StartError where one is gone."""
+        ...
+
 
 class Supervisor:
     def __init__(
@@ -119,6 +124,10 @@ class Supervisor:
             identity = self.agent.identity_of(job)
             if identity is not None:
                 deps["identity"] = identity
+            # Read as it starts, never written with its deps: a value is on no disk of the job.
+            secrets = self.agent.secrets_of(job)
+            if secrets:
+                deps["secrets"] = secrets
             no_view = self.backend.work_view(owned=identity is not None)
             checkout = materialise(jp, self.blobs, self.checkouts, no_view, job.tree)
             if checkout is not None:

@@ -19,6 +19,7 @@ from gpuhop.agent.jobs.metricstail import by_source, latest_of, memory_peak_of, 
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
 from gpuhop.agent.services import admission, deps, fairuse, gc, queue
+from gpuhop.agent.services import secrets as job_secrets
 from gpuhop.api import (
     AttemptInfo,
     EndClass,
@@ -125,6 +126,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         max_parallel=job.spec.max_parallel,
         mixed_gpus=job.spec.mixed_gpus,
         notify=list(job.spec.notify),
+        secrets=[s.name if s.env == s.name else f"{s.name}={s.env}" for s in job.spec.secrets],
         **(deps.info_fields(jp) if jobdeps.path(jp).name in present else {}),
     )
 
@@ -265,6 +267,7 @@ def submit(
     `SubmitRequest.spec`). `prepare` puts more files in the new job's dir before it is
     queued (a model server's SavedModel); if it raises, the job is not created."""
     admission.check_priority(spec, caller)
+    job_secrets.check_submit(rt, spec, command, caller)
     deps.interpreter(rt, spec)  # before the backend's check may run it
     try:
         rt.backend.check_submit(spec)

@@ -243,6 +243,10 @@ class LocalBackend(LeaderBackend):
         identity = deps.get("identity")
         passed = tuple(identity["pass"]) if identity else None
         env = job_environment(attempt, jp, gpu_total_mb=self._gpu_total_mb(attempt), passed=passed)
+        # The job's secrets (read by the agent as it starts): in its environment only, and
+        # masked in its output by the leader (`--mask` names the variables, never a value).
+        secrets = deps.get("secrets") or {}
+        env.update(secrets)
         if identity:
             # Its own home (pip's, Keras's and Hugging Face's caches), not the agent's.
             env.update(HOME=identity["home"], USER=identity["user"], LOGNAME=identity["user"])
@@ -269,6 +273,8 @@ class LocalBackend(LeaderBackend):
         gang += self._isolation_args(deps, jp, attempt.spec.workers, specs)
         if attempt.spec.private_network or attempt.spec.workers > 1:
             gang += ["--relay", str(jp.relay)]
+        if secrets:
+            gang += ["--mask", ",".join(secrets)]
         args = [str(jp.status), str(jp.leader_pid), *gang, "--", *argv]
         return args, env, cgroup(jp, f"{attempt.job_id}-{attempt.number}")
 

@@ -68,13 +68,12 @@ def how(outcome: dict) -> str:
     return f"exited with code {outcome['exit_code']}"
 
 
-def _spawn(command: list, env: dict | None = None, log_path: str | None = None) -> int:
+def _spawn(command: list, env: dict | None = None, log_fd: int | None = None) -> int:
     pid = os.fork()
     if pid == 0:
-        if log_path is not None:
-            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.dup2(fd, 1)
-            os.dup2(fd, 2)
+        if log_fd is not None:
+            os.dup2(log_fd, 1)
+            os.dup2(log_fd, 2)
         try:
             if env is None:
                 os.execvp(command[0], command)
@@ -220,10 +219,18 @@ def run_gang(spec: dict, command: list, relay=None) -> dict:
     ports, mode = free_ports(len(workers)), spec.get("mode", "tf")
     running: dict = {}
     tails = []
+    pumps = []
     for index, worker in enumerate(workers):
         env = dict(os.environ, **worker["env"])
         env.update(_sibling("gangenv").worker_env(mode, ports, index))
-        running[_spawn(command, env, worker["log"])] = index
+        log_fd = os.open(worker["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if _MASKED:  # the worker's own log is shown too (logs --worker I): masked as well
+            pump, pipe = _sibling("mask").start(_MASKED, log_fd)
+            os.close(log_fd)
+            pumps.append(pump)
+            log_fd = pipe
+        running[_spawn(command, env, log_fd)] = index
+        os.close(log_fd)
         tails.append(LogTail(worker["log"], f"[worker {index}] "))
     if relay is not None:
         _start_relay(relay)
@@ -254,6 +261,8 @@ def run_gang(spec: dict, command: list, relay=None) -> dict:
         for tail in tails:
             tail.pump()
         time.sleep(POLL_SECONDS)
+    for pump in pumps:
+        _sibling("mask").finish(pump)
     for tail in tails:
         tail.pump(final=True)
     if first is None:
@@ -294,17 +303,48 @@ def _signal(pid: int, sig: int) -> None:
 
 USAGE = (
     "usage: leader.py STATUS PID_FILE [--gang SPEC] [--env SPEC] [--sandbox SPEC] [--relay SOCKET]"
-    " -- COMMAND..."
+    " [--mask VAR,...] -- COMMAND..."
 )
+# The values of the job's secrets (`--mask`: the variables that hold them), masked in its
+# output by a pump between the job and its log (mask.py).
+_MASKED: list = []
+
+
+def _mask_output(names: str) -> int | None:
+    """With secrets, put a masking pump between this process's output (the job's log) and
+    whatever writes it from now on; its pid, or None without secrets."""
+    _MASKED[:] = [os.environ[n] for n in names.split(",") if os.environ.get(n)]
+    if not _MASKED:
+        return None
+    pid, pipe = _sibling("mask").start(_MASKED, 1)
+    os.dup2(pipe, 1)
+    os.dup2(pipe, 2)
+    os.close(pipe)
+    return pid
+
+
+def _end_output(pump: int | None) -> None:
+    """Close this process's end of the masking pump's pipe and wait for it to write all."""
+    if pump is None:
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    os.close(null)
+    _sibling("mask").finish(pump)
 
 
 def main(argv: list, given: dict | None = None) -> int:
     status_path, pid_path, *rest = argv
     specs = dict(given or {})  # from the leader server's request: as --sandbox would give
     relay = None
-    while rest[:1] in (["--gang"], ["--env"], ["--sandbox"], ["--relay"]) and len(rest) > 1:
+    masked = ""
+    flags = (["--gang"], ["--env"], ["--sandbox"], ["--relay"], ["--mask"])
+    while rest[:1] in flags and len(rest) > 1:
         if rest[0] == "--relay":
             relay = rest[1]
+        elif rest[0] == "--mask":
+            masked = rest[1]
         else:
             with open(rest[1]) as f:
                 specs[rest[0][2:]] = json.load(f)
@@ -317,6 +357,8 @@ def main(argv: list, given: dict | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         # A handler, not SIG_IGN: exec resets handled signals to their default in the child.
         signal.signal(sig, lambda *_: None)
+    # Before anything is written to the log; the pump, forked here, outlives the job's end.
+    pump = _mask_output(masked) if masked else None
     # Bound now, while the job's dir is in view: the sandbox hides it from the job.
     listener = _listen_relay(relay) if relay is not None else None
     report = None
@@ -338,6 +380,7 @@ def main(argv: list, given: dict | None = None) -> int:
     if report is not None:
         os.write(report, json.dumps(result).encode())
         return 0
+    _end_output(pump)  # the log is whole before the status says the job ended
     if relay is not None:
         with contextlib.suppress(OSError):
             os.unlink(relay)

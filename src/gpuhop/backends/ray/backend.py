@@ -139,6 +139,11 @@ class RayBackend(LeaderBackend):
                 "datasets are mounted from the agent's host and cannot reach the Ray cluster's"
                 " nodes; put the data where every node can read it"
             )
+        elif spec.secrets:
+            why = (
+                "secrets (--secret) are given only to jobs on the agent's own host, whose"
+                " leader masks them in the job's log; this agent runs jobs on the Ray cluster"
+            )
         elif spec.requirements is not None:
             why = (
                 "jobs on the Ray cluster run with the nodes' own Python packages; a requirements"

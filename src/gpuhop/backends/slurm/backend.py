@@ -160,6 +160,11 @@ class SlurmBackend(LeaderBackend):
                 "datasets are mounted from the agent's host and cannot reach Slurm's compute"
                 " nodes; put the data on the shared filesystem"
             )
+        elif spec.secrets:
+            why = (
+                "secrets (--secret) are given only to jobs on the agent's own host, whose"
+                " leader masks them in the job's log; this agent runs jobs on Slurm"
+            )
         elif spec.requirements is not None:
             why = (
                 "jobs on Slurm run with the nodes' own Python packages; a requirements file"
