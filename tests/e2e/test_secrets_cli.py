@@ -1,0 +1,134 @@
+"""Secrets as a user handles them: `gpuhop secret set | ls | rm` and `run --secret`, against a
+real agent. The job gets the value; no text gpuhop shows or keeps (log, `logs`, `show`, `ps`,
+the dashboard, the state dir's files and databases) ever holds it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import Agent
+
+pytestmark = pytest.mark.timeout(120)
+
+# Prints the secret whole, then split across two writes with a pause between them, and
+# proves it has the right value without printing it (its hash).
+JOB = """\
+import hashlib, os, sys, time
+value = os.environ["API_TOKEN"]
+print("token:", value, flush=True)
+sys.stdout.write("split:" + value[:5]); sys.stdout.flush(); time.sleep(0.2)
+sys.stdout.write(value[5:] + ":end\\n"); sys.stdout.flush()
+print("alias", os.environ["ALIAS"] == value, "sha", hashlib.sha256(value.encode()).hexdigest())
+print("stderr:", value, file=sys.stderr, flush=True)
+"""
+
+
+def _files(home: Path) -> dict[Path, bytes]:
+    """Every regular file of the state dir but the secrets' own store: the job store (WAL
+    included: every `*.db*`), the jobs' dirs, logs, trees and blobs."""
+    return {
+        p: p.read_bytes()
+        for p in home.rglob("*")
+        if p.is_file() and not p.is_symlink() and "secrets" not in p.relative_to(home).parts
+    }
+
+
+def _dashboard(agent: Agent, job_id: str) -> list[str]:
+    """The dashboard's job page and its JSON (the job, the list, its log), as the owner."""
+    transport = httpx.HTTPTransport(uds=str(agent.paths.socket))
+    with httpx.Client(transport=transport, base_url="http://gpuhop", timeout=30) as http:
+        code = http.post("/v1/ui/login-codes").json()["code"]
+        cookie = http.get("/ui/login", params={"code": code}).cookies["gpuhop_ui"]
+        http.cookies.clear()
+        paths = [f"/ui/jobs/{job_id}", f"/ui/api/jobs/{job_id}", "/ui/api/jobs"]
+        paths.append(f"/ui/api/jobs/{job_id}/log")
+        answers = [http.get(p, headers={"cookie": f"gpuhop_ui={cookie}"}) for p in paths]
+    assert [r.status_code for r in answers] == [200] * len(paths), [r.text for r in answers]
+    return [r.text for r in answers]
+
+
+def test_a_job_gets_its_secret_and_no_surface_shows_it(shared_agent: Agent, project):
+    value = "tok-" + secrets.token_hex(16)
+    root = project({"job.py": JOB})
+    set_ = shared_agent.cli("secret", "set", "API_TOKEN", input=value + "\n")
+    assert set_.returncode == 0, set_.stderr
+    run = shared_agent.cli(
+        "run", "--secret", "API_TOKEN", "--secret", "API_TOKEN=ALIAS", "job.py", cwd=root
+    )
+    assert run.returncode == 0, run.stderr
+    sha = hashlib.sha256(value.encode()).hexdigest()
+    assert f"alias True sha {sha}" in run.stdout  # it had the value, under both names
+    assert "token: ***" in run.stdout and "split:***:end" in run.stdout  # the split one too
+    assert "stderr: ***" in run.stdout
+    job_id = json.loads(shared_agent.cli("ps", "--json").stdout)[0]["id"]
+
+    shown = [run.stdout, run.stderr]
+    for args in (("logs", job_id), ("show", job_id, "--json"), ("show", job_id), ("ps", "--json")):
+        answer = shared_agent.cli(*args)
+        assert answer.returncode == 0, answer.stderr
+        shown.append(answer.stdout + answer.stderr)
+    info = json.loads(shown[3])
+    assert info["secrets"] == ["API_TOKEN", "API_TOKEN=ALIAS"]
+    assert "API_TOKEN" not in info["env"] and "ALIAS" not in info["env"]
+    shown += _dashboard(shared_agent, job_id)
+    assert [i for i, text in enumerate(shown) if value in text] == []
+    assert value[:12] not in "".join(shown)  # not even the split half of it
+
+    log = shared_agent.paths.job_dir(job_id) / "output.log"
+    assert b"token: ***\n" in log.read_bytes()
+    leaked = [p for p, data in _files(shared_agent.home).items() if value.encode() in data]
+    assert leaked == []
+    store = shared_agent.paths.secrets_db
+    assert store.stat().st_mode & 0o777 == 0o600
+    assert store.parent.stat().st_mode & 0o777 == 0o700
+
+
+def test_secret_commands_never_take_or_show_a_value(shared_agent: Agent, tmp_path: Path):
+    value = "file-" + secrets.token_hex(8)
+    (tmp_path / "key.txt").write_text(value + "\n")
+    done = shared_agent.cli("secret", "set", "FROM_FILE", "--from-file", str(tmp_path / "key.txt"))
+    assert done.returncode == 0, done.stderr
+    listed = shared_agent.cli("secret", "ls")
+    json_listed = shared_agent.cli("secret", "ls", "--json")
+    assert "FROM_FILE" in listed.stdout and value not in listed.stdout + json_listed.stdout
+    assert {"name", "set_at"} == set(
+        next(s for s in json.loads(json_listed.stdout) if s["name"] == "FROM_FILE")
+    )
+    # No way to give the value as an argument: no such option, no second argument.
+    for args in (("FROM_FILE", value), ("FROM_FILE", "--value", value)):
+        refused = shared_agent.cli("secret", "set", *args, input=value)
+        assert refused.returncode == 2 and (
+            "unexpected extra argument" in refused.stderr.lower()
+            or "no such option" in refused.stderr.lower()
+        )
+    bad = shared_agent.cli("secret", "set", "1BAD", input="x")
+    assert bad.returncode == 2 and "secret name '1BAD' is not valid" in bad.stderr
+    empty = shared_agent.cli("secret", "set", "EMPTY", input="")
+    assert empty.returncode == 2 and "no value for EMPTY" in empty.stderr
+    removed = shared_agent.cli("secret", "rm", "FROM_FILE")
+    assert removed.returncode == 0, removed.stderr
+    again = shared_agent.cli("secret", "rm", "FROM_FILE")
+    assert again.returncode != 0 and "you have no secret named FROM_FILE" in again.stderr
+
+
+def test_a_job_naming_an_unknown_secret_or_spelling_one_out_is_refused(
+    shared_agent: Agent, project
+):
+    root = project({"job.py": "print('never runs')"})
+    unknown = shared_agent.cli("run", "--secret", "NO_SUCH_SECRET", "job.py", cwd=root)
+    assert unknown.returncode != 0
+    assert "you have no secret named NO_SUCH_SECRET" in unknown.stderr
+    value = "spelled-" + secrets.token_hex(8)
+    assert shared_agent.cli("secret", "set", "SPELLED", input=value).returncode == 0
+    spelled = shared_agent.cli("run", "-e", f"KEY={value}", "job.py", cwd=root)
+    assert spelled.returncode != 0
+    assert "environment (--env) holds the value of one of your secrets" in spelled.stderr
+    assert value not in spelled.stderr + spelled.stdout
+    clash = shared_agent.cli("run", "--secret", "SPELLED=X", "-e", "X=1", "job.py", cwd=root)
+    assert clash.returncode == 2 and "X is given both by --env and by --secret" in clash.stderr

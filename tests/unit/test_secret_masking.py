@@ -1,0 +1,79 @@
+"""A job's secrets in its settings (by name only) and in its output (masked by its leader's
+pump: gpuhop.backends.local.mask), as pure logic."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from gpuhop.api import SubmitRequest
+from gpuhop.api.spec import JobSpec, SecretUse
+from gpuhop.backends.local.mask import Masker, finish, masked_values, start
+
+
+def fed(values: list[str], pieces: list[bytes]) -> bytes:
+    masker = Masker(masked_values(values))
+    return b"".join(masker.feed(p) for p in pieces) + masker.flush()
+
+
+def test_a_value_is_masked_whole_and_split_across_any_two_writes():
+    value = "tok-0123456789"
+    text = f"a {value} b {value}\n".encode()
+    assert fed([value], [text]) == b"a *** b ***\n"
+    for cut in range(1, len(text)):
+        assert fed([value], [text[:cut], text[cut:]]) == b"a *** b ***\n", cut
+    # A byte at a time, too; and a beginning that never finishes is written as it was.
+    assert fed([value], [bytes([b]) for b in text]) == b"a *** b ***\n"
+    assert fed([value], [b"x tok-01", b"2 y"]) == b"x tok-012 y"
+    assert fed([value], [b"ends with tok-012"]) == b"ends with tok-012"
+
+
+def test_the_longer_value_wins_and_a_key_file_is_masked_line_by_line():
+    assert fed(["abcd", "abcdefgh"], [b"abcdefgh abcd\n"]) == b"*** ***\n"
+    key = "-----BEGIN KEY-----\nAAAAsecretline\n-----END KEY-----"
+    assert fed([key], [b"line AAAAsecretline\n"]) == b"line ***\n"
+    assert fed([""], [b"nothing to mask\n"]) == b"nothing to mask\n"
+
+
+def test_the_pump_copies_a_pipe_masked_until_its_writers_are_gone(tmp_path):
+    log = tmp_path / "output.log"
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    pid, pipe = start(["hunter22"], fd)
+    os.close(fd)
+    os.write(pipe, b"pass hunt")
+    os.write(pipe, b"er22 ok\n")
+    os.close(pipe)
+    finish(pid)
+    assert log.read_bytes() == b"pass *** ok\n"
+
+
+def test_a_spec_carries_its_secrets_by_name_only():
+    spec = JobSpec(secrets=(SecretUse.parse("HF_TOKEN"), SecretUse.parse("KEY=AWS_KEY")))
+    wire = spec.to_wire()
+    assert wire == {
+        "secrets": [{"name": "HF_TOKEN", "env": "HF_TOKEN"}, {"name": "KEY", "env": "AWS_KEY"}]
+    }
+    assert SubmitRequest(command=["x.py"], **wire).spec() == spec
+    assert JobSpec.from_json(spec.non_default()) == spec
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", "takes NAME or NAME=ENVVAR"),
+        ("A=", "takes NAME or NAME=ENVVAR"),
+        ("1A", "'1A' is not a valid environment variable name"),
+        ("A=B-C", "'B-C' is not a valid environment variable name"),
+    ],
+)
+def test_a_malformed_secret_option_says_what_is_wrong(text: str, why: str):
+    with pytest.raises(ValueError, match=why):
+        SecretUse.parse(text)
+
+
+def test_a_secret_given_twice_as_one_variable_or_reserved_is_refused():
+    twice = JobSpec(secrets=(SecretUse("A", "X"), SecretUse("B", "X")))
+    assert twice.problems() == ["secrets gives two secrets as X"]
+    with pytest.raises(ValueError, match="GPUHOP_JOB_ID is set by gpuhop"):
+        SubmitRequest(command=["x.py"], secrets=[{"name": "A", "env": "GPUHOP_JOB_ID"}])
