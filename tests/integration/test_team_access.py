@@ -451,3 +451,51 @@ def test_a_tree_naming_another_users_file_is_refused_as_one_naming_a_new_file(tl
         assert sorted(beside.json()["detail"]["missing"]) == sorted([sha(guess), sha(nobodys)])
     messages = {a.json()["message"] for pair in answers.values() for a in pair}
     assert len(messages) == 2, messages  # "1 file(s) ..." and "2 file(s) ...", alike
+
+
+# -- secrets ----------------------------------------------------------------------------------
+
+PROBE = """\
+import hashlib, os, sys
+print("given", hashlib.sha256(os.environ.get("KEY", "").encode()).hexdigest())
+try:
+    open(sys.argv[1], "rb").read()
+    print("store: read")
+except OSError as e:
+    print("store:", type(e).__name__)
+"""
+
+
+def test_a_secret_is_its_users_alone_even_to_an_admin(remote, tokens, tls_agent, project):
+    value = "alice-" + os.urandom(8).hex()
+    alice, bob, carol = (remote(tokens[u]) for u in ("alice", "bob", "carol"))
+    alice.set_secret("ALICE_KEY", value)
+    root = project({"probe.py": PROBE})
+    store = str(tls_agent.paths.secrets_db)
+    # Bob, and Carol the admin, neither list it nor can name it in a job, nor remove it.
+    for other in (bob, carol):
+        assert "ALICE_KEY" not in {s.name for s in other.secrets()}
+        with pytest.raises(GpuhopError) as e:
+            other.submit(["probe.py", store], workdir=root, secrets=["ALICE_KEY=KEY"])
+        assert e.value.status == 400 and "you have no secret named ALICE_KEY" in e.value.message
+        with pytest.raises(GpuhopError) as e:
+            other.remove_secret("ALICE_KEY")
+        assert e.value.status == 404
+    # Alice's job has it; no job, hers or Bob's, can open the store it is kept in.
+    mine = alice.submit(["probe.py", store], workdir=root, secrets=["ALICE_KEY=KEY"])
+    theirs = bob.submit(["probe.py", store], workdir=root)
+    assert mine.wait(timeout=60).state == theirs.wait(timeout=60).state == JobState.succeeded
+    sha = hashlib.sha256(value.encode()).hexdigest()
+    mine_said, theirs_said = (b"".join(j.logs()).decode() for j in (mine, theirs))
+    assert f"given {sha}" in mine_said and "store: read" not in mine_said
+    assert f"given {sha}" not in theirs_said and "store: read" not in theirs_said
+    assert "store: " in theirs_said
+    # No route answers with a value: there is none for one secret.
+    with httpx.Client(
+        base_url=tls_agent.listener.url,
+        verify=pinned_context(fetch_certificate(tls_agent.listener.url)[0]),
+        headers={"Authorization": f"Bearer {tokens['carol']}"},
+    ) as http:
+        assert http.get("/v1/secrets/ALICE_KEY").status_code in (404, 405)
+        assert value not in http.get("/v1/secrets").text
+    alice.remove_secret("ALICE_KEY")
