@@ -94,12 +94,17 @@ def test_cancel_leaves_nothing_behind(ray_agent, ray_cluster, project, tmp_path)
         job = client.submit(["sleeper.py", str(tmp_path)], workdir=root, workers=2)
         wait_until(lambda: len(list(tmp_path.glob("pid-[0-9]"))) == 2, timeout=120)
         pids = [int(p.read_text()) for p in tmp_path.glob("pid-[0-9]")]
+        # show names the attempt's Ray job (the leader, a driver) and its placement group.
+        named = rf"Ray job [0-9a-f]{{8}}, placement group gpuhop-{job.id}-1"
+        shown = " ".join(ray_agent.cli("show", job.id).stdout.split())
+        assert re.search(rf"runs as {named} ", shown), shown
         forward = ray_agent.cli("forward", job.id, "6006")
         assert forward.returncode != 0 and "runs on the Ray cluster" in forward.stderr
         cancel = ray_agent.cli("cancel", job.id)
         info = job.wait(timeout=60)
     assert cancel.returncode == 0, cancel.stderr
     assert info.state == JobState.cancelled
+    assert re.fullmatch(named, info.cluster_job or ""), info.cluster_job  # after its end too
     assert not info.private_network  # TensorFlow's ports are on the nodes' networks
     # Ray tears the workers' actors down on its own time after the job's end is recorded.
     wait_until(lambda: not any(alive(p) for p in pids), timeout=60)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.api.agent import ClusterInfo
+from gpuhop.backends import clusterjob
 from gpuhop.backends.base import Attempt, Ending, GpuHost, Started, StartError
 from gpuhop.backends.procs import alive, signal_group, start_time
 from gpuhop.home import JobPaths
@@ -143,7 +144,8 @@ class LeaderBackend:
         return None
 
     def cluster_job(self, jp: JobPaths) -> str | None:
-        return None
+        record = clusterjob.read(jp.root)  # a cluster's leader wrote it (none on this host)
+        return None if record is None else str(record["said"])
 
     def close(self) -> None:
         pass

@@ -27,7 +27,7 @@ from typing import Any
 
 from gpuhop.api import ErrorCode, GpuInfo
 from gpuhop.api.spec import JobSpec
-from gpuhop.backends import kerasmode
+from gpuhop.backends import clusterjob, kerasmode
 from gpuhop.backends.base import SCRUBBED_ENV, Attempt, GpuHost, Refused, Started, StartError
 from gpuhop.backends.leader import LeaderBackend
 from gpuhop.backends.settings import BackendSettings
@@ -200,6 +200,7 @@ class RayBackend(LeaderBackend):
         }
         (jp.root / SPEC_NAME).write_text(json.dumps(spec))
         (jp.root / "grace").unlink(missing_ok=True)
+        clusterjob.forget(jp.root)
         argv = [self.python, "-m", "gpuhop.backends.ray.leader"]
         argv += [str(jp.status), str(jp.leader_pid), str(jp.root / SPEC_NAME)]
         return argv, {**_base_env(self.token_file), **self.ray_env}

@@ -36,6 +36,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from gpuhop.backends import clusterjob
 from gpuhop.backends.local import leader as local_leader
 from gpuhop.backends.ownlines import append_line
 from gpuhop.backends.ray import transfer
@@ -86,9 +87,10 @@ def how(end: dict[str, Any]) -> str:
 class Launch:
     """One attempt of one job on the cluster."""
 
-    def __init__(self, spec: dict[str, Any], grace_file: Path):
+    def __init__(self, spec: dict[str, Any], root: Path):
         self.spec = spec
-        self.grace_file = grace_file
+        self.root = root  # the job's dir on the agent's host
+        self.grace_file = root / "grace"
         self.workers: int = spec["workers"]
         self.actors: list[Any] = []
         self.pg: Any = None
@@ -106,6 +108,12 @@ class Launch:
         )
         # ray.init installs handlers of its own that end the process on SIGTERM.
         _handle_signals()
+        # This driver is the attempt's Ray job (`ray list jobs`), its workers in the
+        # placement group named here: `show` names both from now on.
+        ray_job = ray.get_runtime_context().get_job_id()
+        clusterjob.write(
+            self.root, ray_job, f"Ray job {ray_job}, placement group {self._group_name()}"
+        )
         try:
             return self._run()
         finally:
@@ -125,7 +133,7 @@ class Launch:
         self.pg = placement_group(
             [bundle] * self.workers,
             strategy=spec["strategy"],
-            name=f"gpuhop-{spec['job_id']}-{spec['attempt']}",
+            name=self._group_name(),
         )
         if not self._wait_for_placement(bundle):
             return {"exit_code": None, "signal": signal.SIGTERM}
@@ -190,6 +198,9 @@ class Launch:
         result = self._supervise()
         self._bring_back()
         return result
+
+    def _group_name(self) -> str:
+        return f"gpuhop-{self.spec['job_id']}-{self.spec['attempt']}"
 
     def _wait_for_placement(self, bundle: dict[str, float]) -> bool:
         """Wait until Ray has placed every worker; False if cancelled meanwhile."""
@@ -361,7 +372,7 @@ def main(argv: list[str]) -> int:
     _handle_signals()
     spec = json.loads(Path(spec_path).read_text())
     try:
-        result = Launch(spec, Path(spec_path).with_name("grace")).run()
+        result = Launch(spec, Path(spec_path).parent).run()
     except ProbeError as e:
         result = _start_failure(str(e))
     except Exception as e:

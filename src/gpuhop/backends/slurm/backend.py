@@ -28,7 +28,7 @@ from typing import Any
 from gpuhop.api import ErrorCode, GpuInfo
 from gpuhop.api.agent import ClusterInfo
 from gpuhop.api.spec import JobSpec
-from gpuhop.backends import kerasmode
+from gpuhop.backends import clusterjob, kerasmode
 from gpuhop.backends.base import (
     SCRUBBED_ENV,
     Attempt,
@@ -45,7 +45,6 @@ from gpuhop.home import AgentError, JobPaths
 log = logging.getLogger("gpuhop.agent")
 
 SPEC_NAME = "slurm-spec.json"
-ID_NAME = "slurm.json"
 WAITING_NAME = "slurm-waiting"
 EXIT_NAME = "slurm-exit.json"
 RUNNING_NAME = "slurm-running.json"  # when Slurm started running the attempt (the leader's)
@@ -231,7 +230,7 @@ class SlurmBackend(LeaderBackend):
         exit_file = jp.root / EXIT_NAME
         exit_file.unlink(missing_ok=True)
         (jp.root / "grace").unlink(missing_ok=True)
-        (jp.root / ID_NAME).unlink(missing_ok=True)
+        clusterjob.forget(jp.root)
         (jp.root / RUNNING_NAME).unlink(missing_ok=True)
         spec = {
             "job_id": attempt.job_id,
@@ -290,12 +289,6 @@ class SlurmBackend(LeaderBackend):
         except OSError:
             return None
 
-    def cluster_job(self, jp: JobPaths) -> str | None:
-        try:
-            return f"Slurm job {json.loads((jp.root / ID_NAME).read_text())['job_id']}"
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
     def running_since(self, jp: JobPaths, started: float) -> float | None:
         """When Slurm started the attempt, as its leader saw it; None while it is pending."""
         try:
@@ -312,10 +305,10 @@ class SlurmBackend(LeaderBackend):
     def end_the_rest(self, jp: JobPaths) -> str | None:
         """The leader is gone: cancel its Slurm job if it is still there (a leader killed
         before it saw the job end), so that a job never runs twice."""
-        try:
-            slurm_id = json.loads((jp.root / ID_NAME).read_text())["job_id"]
-        except (OSError, ValueError, KeyError):
+        record = clusterjob.read(jp.root)
+        if record is None:
             return None
+        slurm_id = record["job_id"]
         done = None
         try:
             out = subprocess.run(

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuhop.backends import clusterjob
 from gpuhop.backends.ownlines import append_line
 
 POLL_SECONDS = 1.0
@@ -140,7 +141,7 @@ class Follow:
         if out.returncode != 0:
             return _start_failure(f"Slurm refused the job: {out.stderr.strip()}")
         self.id = out.stdout.strip().split(";")[0]
-        _write_atomic(self.root / "slurm.json", {"job_id": self.id})
+        clusterjob.write(self.root, self.id, f"Slurm job {self.id}")
         say(f"submitted as Slurm job {self.id}")
         return None
 
