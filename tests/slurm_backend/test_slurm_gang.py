@@ -7,6 +7,7 @@ own ([slurm] ports in its agent.toml), which a test holds nearly all of."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -36,10 +37,19 @@ def gang_ports() -> range:
 
 
 @pytest.fixture(scope="module")
+def node_scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The module's agent's [slurm] scratch: node-local disk, as a site names it."""
+    return tmp_path_factory.mktemp("node-scratch")
+
+
+@pytest.fixture(scope="module")
 def slurm_agent(
-    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, gang_ports: range
+    slurm_cluster: SlurmCluster,
+    tmp_path_factory: pytest.TempPathFactory,
+    gang_ports: range,
+    node_scratch: Path,
 ) -> Iterator[Agent]:
-    toml = f'[slurm]\nports = "{gang_ports[0]}-{gang_ports[-1]}"\n'
+    toml = f'[slurm]\nports = "{gang_ports[0]}-{gang_ports[-1]}"\nscratch = "{node_scratch}"\n'
     yield from start_agent(slurm_cluster, tmp_path_factory.mktemp("slurm-agent"), toml)
 
 
@@ -110,6 +120,98 @@ def test_each_of_two_tasks_gets_its_tf_config_and_its_own_log(slurm_agent, slurm
     assert hosts == ("127.0.0.1", "127.0.0.1") and ports[0] != ports[1]
     assert f"gpuhop: 2 workers on {node}, ports {ports[0]}, {ports[1]}" in log
     wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+
+
+# Each worker saves to the same relative path, as every process of a Keras 3 job saves its
+# model, and says where its temp files go; it holds on until all its peers are up.
+SAVE = """
+import json, os, sys, tempfile, time
+index = os.environ.get("GPUHOP_WORKER_INDEX", "-")
+open("model.txt", "a").write(f"saved by worker {index}\\n")
+open(os.path.join(os.environ["GPUHOP_ARTIFACTS_DIR"], "out.txt"), "w").write(index)
+scratch = os.environ["GPUHOP_SCRATCH_DIR"]
+open(os.path.join(scratch, "big.bin"), "wb").write(b"x" * 1000)
+seen = {"cwd": os.getcwd(), "tmp": tempfile.gettempdir(), "scratch": scratch,
+        "files": sorted(os.listdir("."))}
+print("seen", json.dumps(seen), flush=True)
+up = f"{sys.argv[1]}/up-{index}"
+open(up, "w").close()
+deadline = time.monotonic() + 60
+while len([n for n in os.listdir(sys.argv[1]) if n.startswith("up-")]) < int(
+    os.environ.get("GPUHOP_NUM_WORKERS", "1")
+) and time.monotonic() < deadline:
+    time.sleep(0.05)
+"""
+
+
+def _seen(log: str) -> dict[str, dict]:
+    """What each worker said it saw, by its index ("-": a single-worker job's)."""
+    out = {}
+    for line in log.splitlines():
+        if "seen {" in line:
+            prefix, _, seen = line.partition("seen ")
+            out[prefix.strip("[] ").removeprefix("worker ") or "-"] = json.loads(seen)
+    return out
+
+
+def test_each_worker_has_its_own_files_and_node_local_scratch_and_worker_0s_come_back(
+    slurm_agent, slurm_cluster, node_scratch, tmp_path
+):
+    work = _script(tmp_path, "save.py", SAVE)
+    (work / "model.txt").write_text("synced\n")
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    job_id = _submit(slurm_agent, work, "--workers", "2", "--pack", "save.py", str(flags))
+    info = _ended(slurm_agent, job_id)
+    log = slurm_agent.cli("logs", job_id).stdout
+    assert info["state"] == "succeeded", (info, log)
+    seen = _seen(log)
+    assert set(seen) == {"0", "1"}, log
+    job_dir = slurm_agent.paths.job_dir(job_id)
+    # Worker 0 works in the job's own work dir; worker 1 in a copy of it, as it was synced.
+    assert seen["0"]["cwd"] == str(job_dir / "work")
+    assert seen["1"]["cwd"] != seen["0"]["cwd"] and "model.txt" in seen["1"]["files"]
+    # Temp files and the scratch dir on the node's local disk ([slurm] scratch), one per
+    # worker, each TMPDIR in its own scratch root; all gone once the job ended.
+    for i in ("0", "1"):
+        root = Path(seen[i]["scratch"]).parent
+        assert root.parent == node_scratch and root.name.startswith(f"gpuhop-{job_id}-1-w{i}-")
+        assert seen[i]["tmp"] == str(root / "tmp")
+    assert seen["0"]["scratch"] != seen["1"]["scratch"]
+    assert not list(node_scratch.iterdir())
+    # What comes back is worker 0's: one writer per file, the copies gone.
+    back = tmp_path / "back"
+    pulled = slurm_agent.cli("pull", job_id, "-o", str(back))
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    assert (back / "workdir" / "model.txt").read_text() == "synced\nsaved by worker 0\n"
+    assert (back / "out.txt").read_text() == "0"
+    assert not (job_dir / "worker-views").exists()
+    assert "worker 0's files come back" in log
+    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+
+
+def test_a_jobs_own_tmpdir_wins_over_the_node_local_one(slurm_agent, slurm_cluster, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    work = _script(tmp_path, "save.py", SAVE)
+    flags = tmp_path / "flags"
+    flags.mkdir()
+    job_id = _submit(slurm_agent, work, "-e", f"TMPDIR={mine}", "save.py", str(flags))
+    info = _ended(slurm_agent, job_id)
+    log = slurm_agent.cli("logs", job_id).stdout
+    assert info["state"] == "succeeded", (info, log)
+    seen = _seen(log)["-"]
+    assert seen["tmp"] == str(mine)
+    assert seen["cwd"] == str(slurm_agent.paths.job_dir(job_id) / "work")
+    assert Path(seen["scratch"]).parent.name.startswith(f"gpuhop-{job_id}-1-")  # no -wI
+    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+
+
+def _ended(agent, job_id: str) -> dict:
+    return wait_until(
+        lambda: (i := _show(agent, job_id))["state"] not in ("queued", "starting", "running") and i,
+        timeout=60,
+    )
 
 
 def test_a_gang_starts_on_ports_free_on_its_nodes_when_its_first_choice_is_taken(

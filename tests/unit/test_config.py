@@ -55,3 +55,12 @@ def test_the_slurm_section_sets_the_gangs_port_range(tmp_path):
     assert Policy().slurm_ports is None  # the Slurm backend's own default
     (tmp_path / "agent.toml").write_text('[slurm]\nports = " 30000 - 30099 "\n')
     assert load(tmp_path).slurm_ports == (30000, 30099)
+
+
+def test_the_slurm_section_sets_node_local_scratch(tmp_path):
+    assert Policy().slurm_scratch is None  # $SLURM_TMPDIR, else the node's temp dir
+    (tmp_path / "agent.toml").write_text('[slurm]\nscratch = "/local/scratch"\n')
+    assert load(tmp_path).slurm_scratch == "/local/scratch"
+    (tmp_path / "agent.toml").write_text('[slurm]\nscratch = "scratch"\n')
+    with pytest.raises(PolicyError, match=r"\[slurm\] scratch = 'scratch': give an absolute"):
+        load(tmp_path)

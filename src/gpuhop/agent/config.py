@@ -25,6 +25,8 @@ From `agent.toml` in the state dir, then from `python -m gpuhop.agent` options, 
     [slurm]                   # the Slurm backend (--backend slurm)
     ports = "20000-32000"     # a multi-worker job's TensorFlow ports on the compute nodes,
                               # which the nodes' firewalls must let them reach each other on
+    scratch = "/local/scratch"  # node-local disk on every node for jobs' TMPDIR and
+                              # $GPUHOP_SCRATCH_DIR (a site's $SLURM_TMPDIR comes first)
 
 Per-user limits bind users who are not admins. No limit is set by default.
 The idle guard is off by default; notebooks (`gpuhop notebook`) are exempt from it: they
@@ -81,6 +83,7 @@ class Policy:
     job_env_pass: tuple[str, ...] = ()
     job_accounts: tuple[tuple[str, str], ...] = ()
     slurm_ports: tuple[int, int] | None = None  # None: the Slurm backend's own default
+    slurm_scratch: str | None = None  # None: $SLURM_TMPDIR, else the node's temp dir
 
     @property
     def grace_seconds(self) -> float:
@@ -170,6 +173,10 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             return tuple(sorted(value.items()))
         if name == "slurm_ports":
             return parse_ports(value)
+        if name == "slurm_scratch":
+            if not isinstance(value, str) or not value.startswith("/"):
+                raise ValueError("give an absolute path on the nodes' local disk")
+            return value
         if name == "job_uid_base":
             if isinstance(value, bool) or not 1000 <= int(value) <= 2**31 - 200_000:
                 raise ValueError("give a uid from 1000 to 2147283647")

@@ -334,9 +334,10 @@ def open_backend(
 
         return RayBackend.connect(settings, python)
     if settings.name == "slurm":
-        from gpuhop.backends.slurm.backend import SlurmBackend
+        from gpuhop.backends.slurm.backend import Site, SlurmBackend
 
-        return SlurmBackend.connect(settings, paths.home, python, policy.slurm_ports)
+        site = Site(policy.slurm_ports or Site().ports, policy.slurm_scratch)
+        return SlurmBackend.connect(settings, paths.home, python, site)
     from gpuhop.backends.local.backend import LocalBackend
 
     assert gpu_host is not None

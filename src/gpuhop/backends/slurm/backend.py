@@ -23,7 +23,7 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuhop.api import ErrorCode, GpuInfo
 from gpuhop.api.agent import ClusterInfo
@@ -60,6 +60,13 @@ SAME_USER = (
 )
 
 
+class Site(NamedTuple):
+    """What a site sets for its cluster in agent.toml's [slurm]."""
+
+    ports: tuple[int, int] = rendezvous.DEFAULT_PORTS  # a multi-worker job's, on the nodes
+    scratch: str | None = None  # node-local disk on every node (below $SLURM_TMPDIR)
+
+
 def runs_on_slurm(jp: JobPaths) -> bool:
     """Whether this job (any attempt) was submitted to Slurm."""
     return (jp.root / SPEC_NAME).exists()
@@ -77,14 +84,14 @@ class SlurmBackend(LeaderBackend):
         python: str,
         home: Path,
         seen: shared.SharedCheck | None = None,
-        ports: tuple[int, int] = rendezvous.DEFAULT_PORTS,
+        site: Site | None = None,
     ):
         super().__init__(GpuHost("slurm", gpus=_gpus(nodes)), python)
         self.settings = settings
         self.home = home
         self.nodes = nodes
         self.seen = seen or shared.SharedCheck(None, "not checked")
-        self.ports = ports  # a multi-worker job's ports on the nodes (agent.toml's [slurm])
+        self.site = site or Site()
         self.sharing: set[str] = set()  # GRES for a share of a GPU that the nodes offer
         self.address = None  # Slurm's commands find the cluster (slurm.conf, $SLURM_CONF)
 
@@ -94,10 +101,10 @@ class SlurmBackend(LeaderBackend):
         settings: BackendSettings,
         home: Path,
         python: str,
-        ports: tuple[int, int] | None = None,
+        site: Site | None = None,
     ) -> SlurmBackend:
         """Ask `sinfo` for the partition's nodes; raise AgentError saying why it cannot.
-        `ports`: the range a multi-worker job's ports come from (None: DEFAULT_PORTS)."""
+        `site`: agent.toml's [slurm] settings (None: the defaults)."""
         if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
             raise AgentError(
                 "the slurm backend needs Slurm's commands (sbatch, squeue, scancel, sinfo)"
@@ -121,7 +128,7 @@ class SlurmBackend(LeaderBackend):
         seen = shared.check(jobs, home, scope(settings), python)
         if not seen.ok:
             log.warning("cannot tell whether Slurm's nodes see %s: %s", jobs, seen.detail)
-        backend = cls(settings, nodes, python, home, seen, ports or rendezvous.DEFAULT_PORTS)
+        backend = cls(settings, nodes, python, home, seen, site)
         backend.sharing = set(_SHARING.findall(out.stdout))
         return backend
 
@@ -210,7 +217,7 @@ class SlurmBackend(LeaderBackend):
                 f"the job's {spec.workers} workers run one per node, and the Slurm partition"
                 f" has {len(self.nodes)} node(s): use --pack to allow several per node",
             )
-        low, high = self.ports
+        low, high = self.site.ports
         if spec.workers > high - low + 1:
             raise Refused(
                 ErrorCode.unsatisfiable,
@@ -250,7 +257,10 @@ class SlurmBackend(LeaderBackend):
             "checkpoints": str(jp.checkpoints),
             "metrics": str(jp.metrics),
             "exit_file": str(exit_file),
+            "scratch": self.site.scratch,
         }
+        views = jp.root / "worker-views"
+        shutil.rmtree(views, ignore_errors=True)  # a killed gang's (only worker 0's come back)
         if attempt.spec.workers > 1:
             try:
                 mode = kerasmode.decide(attempt.spec.env, lambda m: True)
@@ -262,7 +272,8 @@ class SlurmBackend(LeaderBackend):
                 mode=mode.mode,
                 mode_env=mode.env,
                 worker_timeout=attempt.spec.worker_timeout,
-                ports=list(self.ports),
+                ports=list(self.site.ports),
+                views=str(views),
                 worker_logs=[str(jp.worker_log(i)) for i in range(attempt.spec.workers)],
             )
             for i in range(attempt.spec.workers):

@@ -8,9 +8,10 @@ the allocation's nodes in order (`--distribution=block`), as many on each as
 SLURM_TASKS_PER_NODE says. Its peers reach it at its node's NodeAddr (Slurm's own address
 for the node, which need not be its name), on a port free on every node of the allocation
 (gpuhop.backends.slurm.rendezvous: one short step on each node checks the ports and that
-every peer's address resolves there); each worker checks its own again as it starts. One
-worker failing ends the others (`srun --kill-on-bad-exit=1`), and the job ends as that
-worker did.
+every peer's address resolves there); each worker checks its own again as it starts. Each
+worker but worker 0 runs in a copy of the job's files made here before any starts
+(gpuhop.backends.slurm.workerdirs); only worker 0's come back. One worker failing ends the
+others (`srun --kill-on-bad-exit=1`), and the job ends as that worker did.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.backends.local.leader import how, peers_hint
-from gpuhop.backends.slurm import rendezvous
+from gpuhop.backends.slurm import rendezvous, workerdirs
 from gpuhop.backends.slurm.task import PEERS_VAR, worker_exit_file, write_exit
 
 _COUNT = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
@@ -124,12 +125,34 @@ def run(spec: dict[str, Any], spec_path: str) -> dict[str, Any]:
         return {"exit_code": 1, "signal": None, "detail": f"could not start: {e}"}
     if avoided:
         print(f"gpuhop: in use, so not chosen: port {'; port '.join(avoided)}", flush=True)
-    peers = {"hosts": peers_at, "ports": ports}
+    try:
+        workerdirs.prepare(spec)
+    except OSError as e:
+        workerdirs.remove(spec)
+        why = f"cannot copy the job's files for the workers but worker 0: {e}"
+        print(f"gpuhop: could not start: {why}", flush=True)
+        return {"exit_code": 1, "signal": None, "detail": f"could not start: {why}"}
+    try:
+        return _launch(spec, spec_path, hosts, {"hosts": peers_at, "ports": ports})
+    finally:
+        workerdirs.remove(spec)
+
+
+def _launch(
+    spec: dict[str, Any], spec_path: str, hosts: list[str], peers: dict[str, Any]
+) -> dict[str, Any]:
+    """srun the workers, each told of its peers; how the gang ended."""
+    workers, ports = spec["workers"], peers["ports"]
     argv = ["srun", "--kill-on-bad-exit=1", "--distribution=block", f"--ntasks={workers}"]
     argv += ["--export=ALL", spec["python"], "-m", "gpuhop.backends.slurm.task", spec_path]
     env = dict(os.environ, **{PEERS_VAR: json.dumps(peers)})
     where = ", ".join(sorted(set(hosts)))
     print(f"gpuhop: {workers} workers on {where}, ports {', '.join(map(str, ports))}", flush=True)
+    print(
+        "gpuhop: each worker has its own copy of the work dir and checkpoints; worker 0's"
+        " files come back",
+        flush=True,
+    )
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
 
     def forward(sig: int, _frame: object) -> None:

@@ -4,12 +4,15 @@ ended to the exit file that the leader (gpuhop.backends.slurm.leader) reads.
 
 `python -m gpuhop.backends.slurm.task SPEC`; SPEC is the JSON file the leader wrote on the
 shared filesystem. Slurm sets CUDA_VISIBLE_DEVICES for the GPUs (GRES) it gave the job.
+Each task gets a node-local scratch dir (gpuhop.backends.slurm.scratch: $GPUHOP_SCRATCH_DIR,
+and $TMPDIR in it), removed once the job's command has ended.
 
 In a multi-worker job it runs once per worker, as Slurm task SLURM_PROCID of the `srun` that
 gpuhop.backends.slurm.gang started: the worker is told of its peers (TF_CONFIG, or Keras 3's
-distribution variables, by the job's mode: gpuhop.backends.local.gangenv), its output goes
-to its own log and, each line prefixed with its index, to the job's, and it ends in its own
-exit file, which the gang reads.
+distribution variables, by the job's mode: gpuhop.backends.local.gangenv), it runs in its
+own view of the job's files (gpuhop.backends.slurm.workerdirs: worker 0 in the job's), its
+output goes to its own log and, each line prefixed with its index, to the job's, and it ends
+in its own exit file, which the gang reads.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 from gpuhop.backends.base import QUIET_TF, StartError
 from gpuhop.backends.local.commands import resolve_command
 from gpuhop.backends.local.gangenv import worker_env
-from gpuhop.backends.slurm import rendezvous
+from gpuhop.backends.slurm import rendezvous, scratch, workerdirs
 from gpuhop.runtime import hook
 
 PEERS_VAR = "GPUHOP_SLURM_PEERS"  # what the gang tells each task: its peers' hosts and ports
@@ -46,10 +49,15 @@ def write_exit(path: Path, result: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def environment(spec: dict[str, Any], index: int | None = None) -> dict[str, str]:
+def environment(
+    spec: dict[str, Any], index: int | None = None, made: scratch.Scratch | None = None
+) -> dict[str, str]:
     """The node's environment (sbatch carried the leader's, Slurm added its own), then the
-    job's variables, then gpuhop's contract (and worker `index`'s, in a multi-worker job)."""
+    job's variables, then gpuhop's contract (and worker `index`'s, in a multi-worker job),
+    with the node-local scratch dir `made` as GPUHOP_SCRATCH_DIR and TMPDIR (a TMPDIR the
+    job sets is its own)."""
     peers = os.environ.get(PEERS_VAR)
+    dirs = workerdirs.of(spec, index)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUHOP_")}
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
@@ -63,11 +71,15 @@ def environment(spec: dict[str, Any], index: int | None = None) -> dict[str, str
             "GPUHOP_JOB_ID": spec["job_id"],
             "GPUHOP_ATTEMPT": str(spec["attempt"]),
             "GPUHOP_RETRIES": str(spec["retries"]),
-            "GPUHOP_ARTIFACTS_DIR": spec["artifacts"],
-            "GPUHOP_CHECKPOINT_DIR": spec["checkpoints"],
-            "GPUHOP_METRICS_FILE": spec["metrics"],
+            "GPUHOP_ARTIFACTS_DIR": dirs.artifacts,
+            "GPUHOP_CHECKPOINT_DIR": dirs.checkpoints,
+            "GPUHOP_METRICS_FILE": dirs.metrics,
         }
     )
+    if made is not None:
+        env["GPUHOP_SCRATCH_DIR"] = str(made.scratch)
+        if "TMPDIR" not in spec["env"]:
+            env["TMPDIR"] = str(made.tmp)
     if not spec["gpus"]:
         env["CUDA_VISIBLE_DEVICES"] = ""  # no GRES asked: none of the node's GPUs
     if index is not None and peers is not None:
@@ -96,9 +108,26 @@ def _tee(proc: subprocess.Popen[bytes], log: Path, index: int) -> None:
 
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     index = int(os.environ["SLURM_PROCID"]) if spec.get("workers", 1) > 1 else None
-    env = environment(spec, index)
-    work = Path(spec["work"])
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # Slurm's name for it
+    try:
+        made = scratch.make(spec, index, host)
+    except OSError as e:
+        why = f"cannot make the job's scratch dir on {host}: {e}"
+        print(f"gpuhop: could not start: {why}", flush=True)
+        return {"exit_code": 1, "signal": None, "detail": f"could not start: {why}"}
+    try:
+        if made.note:
+            print(f"gpuhop: {made.note}", flush=True)
+        return _run(spec, index, host, made)
+    finally:
+        scratch.remove(made)
+
+
+def _run(
+    spec: dict[str, Any], index: int | None, host: str, made: scratch.Scratch
+) -> dict[str, Any]:
+    env = environment(spec, index, made)
+    work = Path(workerdirs.of(spec, index).work)
     try:
         argv = resolve_command(
             spec["command"], work, env.get("PATH", os.defpath), spec["python"], where=host
@@ -110,7 +139,7 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
     who = "" if index is None else f"worker {index} "
     print(
         f"gpuhop: {who}running on {host} as Slurm job {os.environ.get('SLURM_JOB_ID', '?')},"
-        f" GPUs: {gpus}",
+        f" GPUs: {gpus}, scratch {made.scratch}",
         flush=True,
     )
     if index is not None:
