@@ -87,6 +87,22 @@ def test_the_check_is_kept_and_doctor_says_where_the_files_are(slurm_agent, slur
     checks = {c["name"]: c for c in json.loads(out.stdout)}
     assert checks["shared filesystem"]["status"] == "passed"
     assert checks["shared filesystem"]["detail"] == kept["detail"]
+    # TensorFlow is checked on a node, through Slurm, against the one GPU Slurm gave the
+    # check there (the test node's are made up: TensorFlow sees none of it), and the advice
+    # fits Slurm: no overlayfs, no driver or CUDA of the login host, no reinstall.
+    node = slurm_cluster.node
+    assert checks["TensorFlow"]["detail"].endswith(f" on node {node}"), checks["TensorFlow"]
+    gpus = checks["TensorFlow sees the GPUs"]
+    assert (gpus["status"], gpus["detail"]) == (
+        "failed",
+        f"TensorFlow sees 0 of the 1 GPU(s) Slurm gave it on node {node}",
+    ), gpus
+    assert "reinstall" not in gpus["fix"]
+    assert checks["NVIDIA driver"]["status"] == "skipped"
+    assert checks["CUDA version"]["status"] == "skipped"
+    assert checks["job work dirs"]["status"] == "passed"
+    assert not [c for c in checks.values() if "overlayfs" in (c["fix"] or "")]
+    assert not slurm_cluster.jobs()  # the check's job is gone
 
 
 def test_a_restarted_agent_reuses_the_check(slurm_cluster, tmp_path):

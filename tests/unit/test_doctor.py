@@ -269,3 +269,45 @@ def test_without_the_probe_only_the_checks_that_need_none_are_made():
         if name not in ("TensorFlow", "CUDA version", "TensorFlow sees the GPUs", "tf-keras")
     ]
     assert all(c == whole[c.name] for c in quick)
+
+
+def test_on_slurm_tensorflow_is_judged_by_the_gpus_slurm_gave_the_check_on_its_node():
+    slurm = replace(
+        GPU_HOST,
+        gpu_source="slurm",
+        driver_version=None,
+        driver_cuda=None,
+        ray=True,
+        cluster="the Slurm cluster",
+        work_view="each job runs on a Slurm compute node from a copy of its files",
+        probe={**GPU_TF, "node": "n7", "visible": "3", "gpus": ["/physical_device:GPU:0"]},
+    )
+    seen = verdicts(slurm)
+    assert seen["TensorFlow sees the GPUs"][:2] == (
+        CheckStatus.passed,
+        "TensorFlow sees the 1 GPU(s) Slurm gave it on node n7",
+    )
+    assert seen["NVIDIA driver"][0] == CheckStatus.skipped
+    assert seen["CUDA version"][0] == CheckStatus.skipped  # not the login host's driver
+    assert seen["job work dirs"][0] == CheckStatus.passed  # no overlayfs advice
+    cpu = verdicts(replace(slurm, probe={**slurm.probe, "cuda_build": False}))["TensorFlow"]
+    assert cpu[:2] == (
+        CheckStatus.failed,
+        "TensorFlow 2.21.0 is a CPU build; it cannot use the 1 GPU(s) Slurm gave it on node n7",
+    )
+    none = verdicts(replace(slurm, probe={**slurm.probe, "gpus": []}))["TensorFlow sees the GPUs"]
+    assert none[:2] == (
+        CheckStatus.failed,
+        "TensorFlow sees 0 of the 1 GPU(s) Slurm gave it on node n7",
+    )
+    assert "reinstall" not in (none[2] or "")
+
+
+def test_where_the_probe_cannot_run_on_the_cluster_its_checks_are_skipped():
+    ray = replace(
+        GPU_HOST, ray=True, cluster="the Ray cluster", probe={"not_probed": "the Ray cluster"}
+    )
+    seen = verdicts(ray)
+    for name in ("TensorFlow", "CUDA version", "TensorFlow sees the GPUs", "tf-keras"):
+        assert seen[name][0] == CheckStatus.skipped, name
+        assert seen[name][2] is None  # no advice about the agent's host

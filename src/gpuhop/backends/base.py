@@ -280,6 +280,12 @@ class Backend(Protocol):
         reason); None when it runs, or on a backend that starts jobs at once."""
         ...
 
+    def doctor_command(self, argv: list[str]) -> list[str] | None:
+        """`argv` (doctor's TensorFlow probe) made to run where jobs run: as it is on this
+        host, in a short job on a node of a cluster; None where it cannot be (then doctor
+        says so rather than judge the agent's host)."""
+        ...
+
     def cluster_job(self, jp: JobPaths) -> str | None:
         """The cluster's own name for the job's latest attempt ("Slurm job 812"), once it
         has one and from then on; None on the agent's own host."""

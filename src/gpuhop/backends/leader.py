@@ -143,6 +143,9 @@ class LeaderBackend:
     def waiting(self, jp: JobPaths) -> str | None:
         return None
 
+    def doctor_command(self, argv: list[str]) -> list[str] | None:
+        return argv
+
     def cluster_job(self, jp: JobPaths) -> str | None:
         record = clusterjob.read(jp.root)  # a cluster's leader wrote it (none on this host)
         return None if record is None else str(record["said"])

@@ -9,6 +9,7 @@ Prints one line, `MARK` followed by a JSON object; everything else it prints is 
 import importlib.metadata
 import importlib.util
 import json
+import os
 import platform
 import sys
 
@@ -26,6 +27,10 @@ def probe() -> dict[str, object]:
     out: dict[str, object] = {
         "python": sys.executable,
         "python_version": platform.python_version(),
+        # Where it ran (a cluster's node, by the scheduler's name for it), and the GPUs the
+        # scheduler gave it there (None: not set, all of the host's).
+        "node": os.environ.get("SLURMD_NODENAME") or platform.node(),
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
         # Found, not imported: importing tf_keras would take seconds for nothing.
         "tf_keras": _version("tf-keras") if importlib.util.find_spec("tf_keras") else None,
     }

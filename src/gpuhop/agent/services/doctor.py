@@ -36,6 +36,7 @@ from gpuhop.backends.base import SCRUBBED_ENV
 PROBE_TIMEOUT = 180.0  # importing TensorFlow and initialising CUDA can take a while
 INSTALL_GPU_TF = "pip install 'tensorflow[and-cuda]'"
 PROBE_CACHE_SECONDS = 60.0
+PROBE_FILE = probe.__file__
 
 
 class ProbeRuns:
@@ -75,7 +76,12 @@ async def checks(
     those that need none (known at once: `doctor` shows them while the probe runs)."""
     if not probe:
         return evaluate(await asyncio.to_thread(gather, ctx, {}), probed=False)
-    report = await runs.report(lambda: run_probe(ctx.supervisor.python, ctx.paths.tmp), fresh)
+    python = ctx.supervisor.python
+    command = ctx.backend.doctor_command([python, PROBE_FILE])
+    if command is None:
+        report: dict[str, Any] = {"python": python, "not_probed": ctx.backend.where}
+    else:
+        report = await runs.report(lambda: run_probe(python, ctx.paths.tmp, command=command), fresh)
     return evaluate(await asyncio.to_thread(gather, ctx, report))
 
 
@@ -94,6 +100,7 @@ def gather(ctx: AgentContext, report: dict[str, Any]) -> Facts:
         isolation=ctx.backend.isolation(),
         team=ctx.team(),
         ray=ctx.backend.remote,  # a cluster (Ray, Slurm): not this host's sandbox
+        cluster=ctx.backend.where if ctx.backend.remote else None,
         quarantined={i: q.detail for i, q in ctx.quarantine.all().items()},
         work_view=ctx.backend.work_view(),
         files_seen=ctx.backend.files_seen(),
@@ -104,15 +111,18 @@ def gather(ctx: AgentContext, report: dict[str, Any]) -> Facts:
     )
 
 
-def run_probe(python: str, cwd: Path, timeout: float = PROBE_TIMEOUT) -> dict[str, Any]:
-    """Run probe.py with `python` and a job's environment; its report, or a probe_error."""
+def run_probe(
+    python: str, cwd: Path, timeout: float = PROBE_TIMEOUT, command: list[str] | None = None
+) -> dict[str, Any]:
+    """Run probe.py with `python` and a job's environment (as `command`, where the backend
+    runs it elsewhere: Slurm's srun); its report, or a probe_error."""
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
     env = {k: v for k, v in env.items() if not k.startswith("GPUHOP_")}
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         done = subprocess.run(
-            [python, probe.__file__],
+            command or [python, PROBE_FILE],
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -180,6 +190,14 @@ def _driver(f: Facts) -> DoctorCheck:
             "make `nvidia-smi` list the GPUs: install the NVIDIA driver, or load it (a reboot"
             " after a driver update often does)",
         )
+    if f.cluster:
+        nodes = len({g.node for g in f.gpus})
+        return _check(
+            name,
+            CheckStatus.skipped,
+            f"the drivers are on the nodes of {f.cluster} ({len(f.gpus)} GPU(s) on {nodes}"
+            " node(s)), not on the agent's host; TensorFlow's check below runs on a node",
+        )
     if not f.gpus:
         return _check(name, CheckStatus.skipped, "no NVIDIA GPU on this host; jobs run on the CPU")
     names = sorted({g.name for g in f.gpus})
@@ -196,17 +214,45 @@ def _pip(f: Facts) -> str:
     return f"{python} -m pip" if python else "pip"
 
 
+def _gpus_there(f: Facts) -> int:
+    """The GPUs the probe's host had for it: the host's, or on a cluster those the
+    scheduler gave the probe's job on its node."""
+    if not f.cluster:
+        return len(f.gpus) if f.real_gpus else 0
+    return len([g for g in (f.probe.get("visible") or "").split(",") if g.strip()])
+
+
+def _on(f: Facts) -> str:
+    """Where the probe ran, for a cluster: " on node N"."""
+    return f" on node {f.probe.get('node', '?')}" if f.cluster else ""
+
+
+def _not_probed(f: Facts, name: str) -> DoctorCheck | None:
+    if "not_probed" not in f.probe:
+        return None
+    return _check(
+        name,
+        CheckStatus.skipped,
+        f"jobs run on {f.probe['not_probed']}, and this check does not run there yet; the"
+        " agent's host is not where jobs run (a short job that imports TensorFlow tells)",
+    )
+
+
 def _tensorflow(f: Facts) -> DoctorCheck:
     name = "TensorFlow"
     p = f.probe
-    want = INSTALL_GPU_TF if f.real_gpus else "pip install tensorflow-cpu"
+    if (skipped := _not_probed(f, name)) is not None:
+        return skipped
+    gpus = _gpus_there(f)
+    want = INSTALL_GPU_TF if gpus else "pip install tensorflow-cpu"
     python = p.get("python", "?")
     if "probe_error" in p:
+        where = f"in a job on {f.cluster}" if f.cluster else "on the GPU host"
         return _check(
             name,
             CheckStatus.failed,
             p["probe_error"],
-            f"run {python} -c 'import tensorflow' on the GPU host to see what goes wrong",
+            f"run {python} -c 'import tensorflow' {where} to see what goes wrong",
         )
     if "tf_error" in p:
         return _check(
@@ -219,28 +265,45 @@ def _tensorflow(f: Facts) -> DoctorCheck:
     if "build_error" in p:
         return _check(name, CheckStatus.warning, f"TensorFlow {version}: {p['build_error']}")
     if not p.get("cuda_build"):
-        if f.real_gpus:
+        if gpus:
             fix = INSTALL_GPU_TF.replace("pip", _pip(f), 1)
             if "tensorflow-cpu" in p.get("tf_dists", {}):
                 fix = f"{_pip(f)} uninstall -y tensorflow-cpu && {fix}"
             return _check(
                 name,
                 CheckStatus.failed,
-                f"TensorFlow {version} is a CPU build; it cannot use this host's"
-                f" {len(f.gpus)} GPU(s)",
+                f"TensorFlow {version} is a CPU build; it cannot use"
+                + (
+                    f" the {gpus} GPU(s) Slurm gave it{_on(f)}"
+                    if f.cluster
+                    else f" this host's {gpus} GPU(s)"
+                ),
                 fix,
             )
-        return _check(name, CheckStatus.passed, f"TensorFlow {version} (CPU build), with {python}")
+        return _check(
+            name, CheckStatus.passed, f"TensorFlow {version} (CPU build), with {python}{_on(f)}"
+        )
     built = f"CUDA {p.get('cuda_version') or '?'}, cuDNN {p.get('cudnn_version') or '?'}"
-    where = "" if f.real_gpus else "; there is no GPU here, so jobs run on the CPU"
+    where = "" if gpus else "; there is no GPU here, so jobs run on the CPU"
     return _check(
-        name, CheckStatus.passed, f"TensorFlow {version} built for {built}, with {python}{where}"
+        name,
+        CheckStatus.passed,
+        f"TensorFlow {version} built for {built}, with {python}{_on(f)}{where}",
     )
 
 
 def _cuda(f: Facts) -> DoctorCheck:
     name = "CUDA version"
     built = f.probe.get("cuda_version")
+    if (skipped := _not_probed(f, name)) is not None:
+        return skipped
+    if f.cluster:
+        return _check(
+            name,
+            CheckStatus.skipped,
+            "the nodes' driver is not read from the agent's host; TensorFlow seeing its GPUs"
+            " on a node (below) is the check that counts",
+        )
     if not f.real_gpus:
         return _check(name, CheckStatus.skipped, "no NVIDIA GPU, so no CUDA to match")
     if not f.probe.get("cuda_build") or not built:
@@ -271,6 +334,10 @@ def _tf_gpus(f: Facts) -> DoctorCheck:
     name = "TensorFlow sees the GPUs"
     p = f.probe
     seen = p.get("gpus")
+    if (skipped := _not_probed(f, name)) is not None:
+        return skipped
+    if f.cluster:
+        return _tf_gpus_on_a_node(f, name)
     if f.gpu_source == "fake":
         return _check(
             name,
@@ -301,9 +368,41 @@ def _tf_gpus(f: Facts) -> DoctorCheck:
     )
 
 
+def _tf_gpus_on_a_node(f: Facts, name: str) -> DoctorCheck:
+    p = f.probe
+    given, seen = _gpus_there(f), p.get("gpus")
+    if not f.gpus:
+        return _check(name, CheckStatus.skipped, f"{f.cluster} offers no GPU")
+    if "probe_error" in p or "tf_error" in p:
+        return _check(name, CheckStatus.skipped, "TensorFlow could not be imported (see above)")
+    if not given:
+        return _check(name, CheckStatus.skipped, f"the check's job got no GPU{_on(f)}")
+    if seen is None:
+        return _check(name, CheckStatus.failed, f"listing GPUs failed: {p.get('gpus_error')}", None)
+    if len(seen) >= given:
+        return _check(
+            name, CheckStatus.passed, f"TensorFlow sees the {given} GPU(s) Slurm gave it{_on(f)}"
+        )
+    fix = f"install {INSTALL_GPU_TF} in {p.get('python', 'the Python')} the nodes run"
+    if p.get("cuda_build"):
+        fix = (
+            "check the node's CUDA libraries and LD_LIBRARY_PATH there: TF_CPP_MIN_LOG_LEVEL=0"
+            " srun --gres=gpu:1 python -c 'import tensorflow as tf;"
+            " tf.config.list_physical_devices()' says why"
+        )
+    return _check(
+        name,
+        CheckStatus.failed,
+        f"TensorFlow sees {len(seen)} of the {given} GPU(s) Slurm gave it{_on(f)}",
+        fix,
+    )
+
+
 def _tf_keras(f: Facts) -> DoctorCheck:
     name = "tf-keras"
     p = f.probe
+    if (skipped := _not_probed(f, name)) is not None:
+        return skipped
     version = p.get("tf_version")
     if not version:
         return _check(name, CheckStatus.skipped, "TensorFlow could not be imported (see above)")

@@ -30,6 +30,7 @@ class Facts:
     isolation: str | None = None
     team: bool = False
     ray: bool = False  # jobs run on a Ray cluster's nodes, not under this host's sandbox
+    cluster: str | None = None  # where jobs run, in words, on a cluster ("the Slurm cluster")
     quarantined: dict[int, str] = field(default_factory=dict)  # GPU -> its fault
     # Why each job gets a copy of its files rather than an overlay of the shared checkout.
     work_view: str | None = None
@@ -150,6 +151,9 @@ def work_dirs(f: Facts) -> DoctorCheck:
             " overlay of its own, so a job in a large tree starts at once"
         )
         return check(name, CheckStatus.passed, detail)
+    if f.cluster:
+        # How a cluster's jobs get their files: nothing on the agent's host changes it.
+        return check(name, CheckStatus.passed, f"copy: {f.work_view}")
     detail = (
         f"copy: each job gets a copy of every file of its tree ({f.work_view}), so a job in"
         " a large tree waits for the copy; put large data in datasets"

@@ -208,6 +208,9 @@ class RayBackend(LeaderBackend):
     def elsewhere(self, jp: JobPaths) -> bool:
         return runs_on_ray(jp)
 
+    def doctor_command(self, argv: list[str]) -> list[str] | None:
+        return None  # not yet through Ray: the agent's host is not where jobs run
+
     def stop(self, jp: JobPaths, started: Started, grace: float) -> float:
         """Tell the job's leader its grace, then SIGTERM; return how long to wait before
         SIGKILL (a job started here by the local backend before a restart: the grace)."""

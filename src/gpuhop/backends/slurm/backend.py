@@ -49,6 +49,7 @@ WAITING_NAME = "slurm-waiting"
 EXIT_NAME = "slurm-exit.json"
 RUNNING_NAME = "slurm-running.json"  # when Slurm started running the attempt (the leader's)
 COMMAND_TIMEOUT = 60.0
+DOCTOR_WAIT = 30  # seconds doctor's probe waits for Slurm to start it on a node
 # Seconds a cancelled job's leader gets after the grace for Slurm to end the job.
 CLEAN_UP_SECONDS = 30.0
 _SHARING = re.compile(r"(?:^|[|,])(shard|mps)(?=[:,(\s]|$)", re.MULTILINE)
@@ -293,6 +294,15 @@ class SlurmBackend(LeaderBackend):
 
     def elsewhere(self, jp: JobPaths) -> bool:
         return runs_on_slurm(jp)
+
+    def doctor_command(self, argv: list[str]) -> list[str] | None:
+        """One task on one node of the partition, with one GPU where it has any, started
+        within DOCTOR_WAIT seconds or not at all (a busy partition is said, not waited on)."""
+        srun = ["srun", "--nodes=1", "--ntasks=1", f"--immediate={DOCTOR_WAIT}", "--time=5"]
+        srun += ["--job-name=gpuhop-doctor", "--export=ALL", *scope(self.settings)]
+        if any(n for _, n in self.nodes):
+            srun.append("--gres=gpu:1")
+        return [*srun, *argv]
 
     def waiting(self, jp: JobPaths) -> str | None:
         try:
