@@ -30,8 +30,8 @@ from gpuhop.api.data import CHUNK_HEADER, CONT, PART
 from gpuhop.api.framing import FRAME_HEADER
 from gpuhop.client import Client, GpuhopError
 from gpuhop.client.transport.tls import fetch_certificate, pinned_context
-from tests.conftest import Agent
-from tests.integration import test_tls
+from tests.conftest import Agent, wait_until
+from tests.integration import test_inside, test_tls
 from tests.integration.test_forward import SERVERS, start_servers
 from tests.integration.test_tls import raw_http
 from tests.team import team_agent, team_tokens
@@ -171,6 +171,33 @@ def test_revoking_a_token_ends_its_open_log_stream_and_forwards(remote, tls_agen
     finally:
         with tls_agent.client() as owner:
             owner.job(job.id).cancel(grace=0)
+
+
+# -- seeing inside a job ----------------------------------------------------------------------
+
+
+def test_only_the_owner_or_an_admin_gets_a_jobs_stacks(remote, tokens, tls_agent, project):
+    """py-spy reaches the job where it runs as its user's own identity, sandboxed; another
+    user is answered as for a job that does not exist."""
+    root = project({"stuck.py": test_inside.STUCK})
+    alice: Client = remote(tokens["alice"])
+    job = alice.submit(["stuck.py"], workdir=root)
+    try:
+        wait_until(lambda: b"up" in b"".join(job.logs()), timeout=60)
+        with raw_http(tls_agent, tokens["bob"]) as bob:
+            theirs = bob.get(f"/v1/jobs/{job.id}/stacks")
+            nobodys = bob.get("/v1/jobs/0000ffff/stacks")
+        assert theirs.status_code == 404, theirs.text
+        assert theirs.json()["message"] == f"no job matches {job.id!r}"
+        assert nobodys.status_code == 404
+        for who in ("alice", "carol"):
+            with raw_http(tls_agent, tokens[who]) as http:
+                shown = http.get(f"/v1/jobs/{job.id}/stacks")
+            assert shown.status_code == 200, shown.text
+            (process,) = shown.json()["processes"]
+            assert "waits_for_a_peer_that_never_comes (stuck.py:5)" in process["stacks"]
+    finally:
+        job.cancel(grace=0)
 
 
 # -- forward on a shared machine -------------------------------------------------------------

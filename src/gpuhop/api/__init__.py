@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from gpuhop.api.secrets import SecretInfo, SecretValue
     from gpuhop.api.serving import ServeRequest, ServingInfo
     from gpuhop.api.sizes import format_mb, parse_mb
+    from gpuhop.api.stacks import JobStacks, ProcessStacks
     from gpuhop.api.states import EndClass, JobState, RetryOn
     from gpuhop.api.tensorboard import TensorBoardInfo
     from gpuhop.api.ui import UiLoginCode
@@ -60,9 +61,11 @@ _WHERE: dict[str, str] = {
     "ErrorCode": "errors",
     "GpuInfo": "agent",
     "JobInfo": "models",
+    "JobStacks": "stacks",
     "JobState": "states",
     "ListenerInfo": "agent",
     "ManifestEntry": "models",
+    "ProcessStacks": "stacks",
     "RequeueRequest": "models",
     "RetryOn": "states",
     "SecretInfo": "secrets",
@@ -101,9 +104,11 @@ __all__ = [
     "ErrorCode",
     "GpuInfo",
     "JobInfo",
+    "JobStacks",
     "JobState",
     "ListenerInfo",
     "ManifestEntry",
+    "ProcessStacks",
     "RequeueRequest",
     "RetryOn",
     "SecretInfo",

@@ -66,3 +66,27 @@ def describe_duration(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def command_line(pid: int) -> bytes | None:
+    """The process's command line as the kernel keeps it (NUL-separated), or None if gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def environ_value(pid: int, name: str) -> str | None:
+    """The variable `name` in the environment the process started with, or None (unset,
+    gone, or not ours to read)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    prefix = name.encode() + b"="
+    for item in data.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix) :].decode(errors="replace")
+    return None

@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "cancel": "jobs",
     "wait": "jobs",
     "show": "show",
+    "stacks": "stacks",
     "requeue": "queue",
     "pull": "pull",
     "sweep": "sweep",

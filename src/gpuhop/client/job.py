@@ -21,7 +21,7 @@ from gpuhop.client.session import Connected, Session, quote, session_of
 from gpuhop.client.transport.unixhttp import Timeout
 
 if TYPE_CHECKING:
-    from gpuhop.api import ArtifactEntry, JobInfo, TensorBoardInfo, WorkdirEntry
+    from gpuhop.api import ArtifactEntry, JobInfo, JobStacks, TensorBoardInfo, WorkdirEntry
     from gpuhop.client.forward import ErrorHandler, Forward
 
 # How long a follower keeps trying to reconnect to an agent that went away.
@@ -211,6 +211,23 @@ class Job:
 
         response = self.session.request("GET", f"/v1/jobs/{self.id}/artifacts")
         return [ArtifactEntry.model_validate(a) for a in response.json()]
+
+    def stacks(self, worker: int | None = None, native: bool = False) -> JobStacks:
+        """Every Python thread's stack in the running job's processes now (py-spy dump on
+        the agent's host); only worker `worker`'s with a worker; with `native`, the C/C++
+        frames of native extensions too."""
+        from gpuhop.api import JobStacks
+
+        return JobStacks.model_validate(self.stacks_json(worker, native))
+
+    def stacks_json(self, worker: int | None = None, native: bool = False) -> dict[str, Any]:
+        params: dict[str, Any] = {"native": "true" if native else "false"}
+        if worker is not None:
+            params["worker"] = worker
+        data: dict[str, Any] = self.session.request(
+            "GET", f"/v1/jobs/{self.id}/stacks", params=params
+        ).json()
+        return data
 
     def workdir_outputs(self) -> list[WorkdirEntry]:
         """The files the job created or changed in its work dir (not the synced sources)."""

@@ -9,7 +9,7 @@ from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
 from gpuhop.agent.services import jobs as service
-from gpuhop.agent.services import outputs, queue, trees, workdir
+from gpuhop.agent.services import outputs, queue, stacks, trees, workdir
 from gpuhop.agent.services.listing import (
     DEFAULT_LIMIT,
     MAX_FIELDS,
@@ -22,6 +22,7 @@ from gpuhop.api import (
     ArtifactEntry,
     ErrorCode,
     JobInfo,
+    JobStacks,
     JobState,
     RequeueRequest,
     SubmitRequest,
@@ -101,6 +102,17 @@ def log(
         media_type="application/octet-stream",
         headers={"X-Gpuhop-Job": job.id},
     )
+
+
+@router.get("/{ref}/stacks")
+def job_stacks(
+    ref: str,
+    request: Request,
+    worker: int | None = Query(default=None, ge=0),
+    native: bool = False,
+) -> JobStacks:
+    """Every Python thread's stack in the running job's processes now (py-spy dump)."""
+    return stacks.stacks_of(ctx(request), ref, caller_of(request), worker, native)
 
 
 @router.get("/{ref}/metrics")

@@ -1,0 +1,100 @@
+"""Runs in the agent: py-spy, the sampling profiler, on this host's processes (`gpuhop
+stacks`: a dump of every Python thread's stack in a job's processes).
+
+py-spy runs as the agent, against the job's processes by their host pids. It reads their
+memory with ptrace (it pauses each process while it reads, a few milliseconds), which
+the kernel allows here without loosening the job's sandbox: a team agent runs as root, with
+CAP_SYS_PTRACE over every process; a single-user agent's jobs run as its own uid in a user
+namespace it made, and the creator of a user namespace holds every capability inside it,
+CAP_SYS_PTRACE too (so Yama's ptrace_scope 1 lets it through as well; only scope 2 or 3,
+which allow ptrace to an administrator only or to none, stop it, and py-spy's error says
+so). py-spy finds the job's interpreter and libraries through /proc/PID/root, the job's own
+view. Running it inside the job's sandbox instead would need the job's namespaces entered
+and its identity taken, for no more rights than it has from here, and would put the dump
+under the job's own control.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+# One dump is a few tens of milliseconds; a process it cannot read makes py-spy give up fast.
+DUMP_TIMEOUT = 20.0
+
+
+def _in_namespaces_of(pid: int, pyspy: str) -> list[str]:
+    """The command that dumps `pid` with its native frames. py-spy unwinds each thread by the
+    thread id Python recorded, which is the id in the job's PID namespace: from outside it
+    names another thread or none ("UNW_EBADREG"). So for a job in a PID namespace of its
+    own, py-spy runs inside it and its mount namespace (where the agent's venv is seen as
+    the job sees it, read-only), entered with nsenter: as root, or, for an agent that is
+    not, through the user namespace it made for the job, keeping its uid."""
+    try:
+        namespaced = os.stat(f"/proc/{pid}/ns/pid").st_ino != os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespaced = False
+    inner = _pid_inside(pid) if namespaced else None
+    if inner is None:
+        return [pyspy, "dump", "--pid", str(pid)]
+    user = [] if os.geteuid() == 0 else ["-U", "--preserve-credentials"]
+    return ["nsenter", "-t", str(pid), *user, "-m", "-p", pyspy, "dump", "--pid", str(inner)]
+
+
+def _pid_inside(pid: int) -> int | None:
+    """The process's pid in its own (innermost) PID namespace, or None if gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class NoPySpy(Exception):
+    """py-spy is not installed where the agent looks for it."""
+
+
+def find() -> str:
+    """The py-spy executable beside the agent's interpreter (its venv), else on PATH."""
+    beside = os.path.dirname(sys.executable)
+    found = shutil.which("py-spy", path=os.pathsep.join([beside, os.environ.get("PATH", "")]))
+    if found is None:
+        raise NoPySpy(
+            "py-spy is not installed on the agent's host (it comes with gpuhop: `pip install"
+            f" py-spy` into the agent's Python, {sys.executable})"
+        )
+    return found
+
+
+def dump(pyspy: str, pid: int, native: bool = False) -> tuple[str | None, str | None]:
+    """(py-spy's dump of the process's threads, None), or (None, why there is none)."""
+    command = [pyspy, "dump", "--pid", str(pid)]
+    if native:
+        command = [*_in_namespaces_of(pid, pyspy), "--native"]
+    try:
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            timeout=DUMP_TIMEOUT,
+            env={"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"},
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"py-spy did not answer within {DUMP_TIMEOUT:.0f}s"
+    except OSError as e:
+        return None, f"py-spy could not run: {e.strerror}"
+    out = done.stdout.decode(errors="replace")
+    if done.returncode == 0 and out.strip():
+        return out, None
+    said = (done.stderr or done.stdout).decode(errors="replace").strip().splitlines()
+    why = next((line for line in said if line.startswith("Error: ")), None)
+    if why is None:
+        return None, f"py-spy exited with code {done.returncode}"
+    if "Failed to find python version" in why:
+        return None, "not a Python process"
+    return None, why.removeprefix("Error: ")

@@ -1,0 +1,76 @@
+"""Issue 39, seeing inside a job: `gpuhop stacks` on a running job, the record of what a job
+ran on, and `gpuhop diff` of two jobs. A real agent (the session's) and the CLI as a user
+runs it; plain Python jobs, no TensorFlow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.conftest import Agent, wait_until
+
+# A job that says it is up, then waits inside a function whose name only this test uses.
+STUCK = """\
+import time
+
+def waits_for_a_peer_that_never_comes():
+    print("up", flush=True)
+    time.sleep(300)
+
+waits_for_a_peer_that_never_comes()
+"""
+
+
+def _started(agent: Agent, root: Path, *args: str) -> str:
+    """The id of a job of `root`'s stuck.py started detached with `args`, once it is up."""
+    run = agent.cli("run", "-d", *args, "stuck.py", cwd=root)
+    assert run.returncode == 0, run.stderr
+    job = run.stdout.strip()
+    with agent.client() as client:
+        handle = client.job(job)
+        wait_until(lambda: b"up" in b"".join(handle.logs()), timeout=60)
+    return job
+
+
+def _cancel(agent: Agent, job: str) -> None:
+    with agent.client() as client:
+        client.job(job).cancel(grace=0)
+
+
+def test_stacks_shows_where_a_running_job_waits(shared_agent, project):
+    root = project({"stuck.py": STUCK})
+    job = _started(shared_agent, root)
+    try:
+        shown = shared_agent.cli("stacks", job)
+        assert shown.returncode == 0, shown.stderr
+        assert "waits_for_a_peer_that_never_comes (stuck.py:5)" in shown.stdout
+        assert "<module> (stuck.py:7)" in shown.stdout
+        # Only the job's own processes: not the leader that gpuhop runs it under.
+        assert "leader" not in shown.stdout
+        with shared_agent.client() as client:
+            assert [p.worker for p in client.job(job).stacks().processes] == [None]
+        no_worker = shared_agent.cli("stacks", job, "--worker", "1")
+        assert no_worker.returncode == 2
+        assert f"job {job} has one worker (0); there is no worker 1" in no_worker.stderr
+    finally:
+        _cancel(shared_agent, job)
+    ended = shared_agent.cli("stacks", job)
+    assert ended.returncode == 2
+    assert f"job {job} has ended: cancelled, so it has no stacks to show" in ended.stderr
+
+
+def test_stacks_of_one_worker_with_native_frames(shared_agent, project):
+    root = project({"stuck.py": STUCK})
+    job = _started(shared_agent, root, "--workers", "2")
+    try:
+        every = shared_agent.cli("stacks", job)
+        assert every.returncode == 0, every.stderr
+        assert "worker 0" in every.stdout and "worker 1" in every.stdout
+        assert every.stdout.count("waits_for_a_peer_that_never_comes") == 2
+        one = shared_agent.cli("stacks", job, "--worker", "1", "--native")
+        assert one.returncode == 0, one.stderr
+        assert "worker 0" not in one.stdout and "worker 1" in one.stdout
+        # The C frames under Python's: the sleep's own.
+        assert "time_sleep" in one.stdout, one.stdout
+        assert "waits_for_a_peer_that_never_comes (stuck.py:5)" in one.stdout
+    finally:
+        _cancel(shared_agent, job)
