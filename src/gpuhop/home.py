@@ -202,6 +202,18 @@ class JobPaths(NamedTuple):
         return self.root / "tree.json"
 
     @property
+    def provenance(self) -> Path:
+        """What the job ran on, as its first Python process saw it (written by the job:
+        gpuhop.runtime.provenance); the agent's half is `host_record`."""
+        return self.root / "ran-on.txt"
+
+    @property
+    def host_record(self) -> Path:
+        """What the job ran on, as the agent saw it at the job's first start: gpuhop's
+        version, the tree, the GPUs and their driver."""
+        return self.root / "ran-on-host.json"
+
+    @property
     def materialised(self) -> Path:
         """Touched once the work dir is made from its tree: a synced file whose mtime is
         older is as it was synced (see `gpuhop.agent.services.workdir`)."""

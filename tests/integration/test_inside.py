@@ -4,8 +4,11 @@ runs it; plain Python jobs, no TensorFlow."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
+from gpuhop.api import JobState
+from gpuhop.version import __version__
 from tests.conftest import Agent, wait_until
 
 # A job that says it is up, then waits inside a function whose name only this test uses.
@@ -74,3 +77,44 @@ def test_stacks_of_one_worker_with_native_frames(shared_agent, project):
         assert "waits_for_a_peer_that_never_comes (stuck.py:5)" in one.stdout
     finally:
         _cancel(shared_agent, job)
+
+
+def _vendored(version: str) -> dict[str, str]:
+    """A distribution on the job's PYTHONPATH (`vendor/`), as pip would leave its metadata."""
+    return {f"vendor/tinypkg-{version}.dist-info/METADATA": f"Name: tinypkg\nVersion: {version}\n"}
+
+
+def test_diff_names_the_file_the_package_and_the_option_that_changed(shared_agent, project):
+    root = project({"train.py": "print('lr', 0.1)\n", **_vendored("1.0")})
+    first = shared_agent.cli("run", "-d", "-e", "PYTHONPATH=vendor", "train.py", cwd=root)
+    assert first.returncode == 0, first.stderr
+    (root / "train.py").write_text("print('lr', 0.01)\n")
+    (root / "vendor" / "tinypkg-1.0.dist-info").rename(root / "vendor" / "tinypkg-2.0.dist-info")
+    second = shared_agent.cli(
+        "run", "-d", "--retries", "1", "-e", "PYTHONPATH=vendor", "train.py", cwd=root
+    )
+    assert second.returncode == 0, second.stderr
+    a, b = first.stdout.strip(), second.stdout.strip()
+    with shared_agent.client() as client:
+        for job in (a, b):
+            assert client.job(job).wait(timeout=60).state == JobState.succeeded
+        changed = client.job(a).diff(b)
+        record = client.job(b).provenance_json()
+    assert changed.files_changed == ["train.py"]
+    assert changed.files_added == ["vendor/tinypkg-2.0.dist-info/METADATA"]
+    assert changed.files_removed == ["vendor/tinypkg-1.0.dist-info/METADATA"]
+    assert [(c.what, c.a, c.b) for c in changed.packages] == [("tinypkg", "1.0", "2.0")]
+    assert [(c.what, c.a, c.b) for c in changed.options] == [("retries", "0", "1")]
+    assert changed.ran_on == [] and changed.unknown == []
+    shown = shared_agent.cli("diff", a, b)
+    assert shown.returncode == 0, shown.stderr
+    assert "~ train.py" in shown.stdout and "tinypkg: 1.0 → 2.0" in shown.stdout
+    assert "retries: 0 → 1" in shown.stdout
+    # What the second job ran on, as its interpreter saw it and as the agent did.
+    assert record["recorded"] and record["host_recorded"]
+    assert record["python"]["version"] == sys.version.split()[0]
+    assert record["packages"]["tinypkg"] == "2.0"
+    assert record["gpuhop"] == __version__ and record["gpus"] == []
+    summary = shared_agent.cli("show", b)
+    assert f"{sys.version.split()[0]} on Linux" in summary.stdout, summary.stdout
+    assert f"gpuhop {__version__} on" in summary.stdout

@@ -128,7 +128,9 @@ def test_nothing_outside_a_jobs_own_dirs_is_writable(tls_agent, remote, tokens, 
         assert Path(path).read_bytes() == content
     # As a property: every mount the job may write to is one of its own.
     jp = JobPaths(tls_agent.paths.job_dir(job_id))
-    own = {str(p) for p in (jp.work, jp.artifacts, jp.checkpoints, jp.log, jp.metrics)}
+    own = {
+        str(p) for p in (jp.work, jp.artifacts, jp.checkpoints, jp.log, jp.metrics, jp.provenance)
+    }
     own |= {"/tmp", "/var/tmp", "/dev/shm", report["home"]}
     own.add("/proc")  # the job's own PID namespace's; the kernel's files in it are root's
     assert set(report["rw_mounts"]) <= own, set(report["rw_mounts"]) - own

@@ -98,6 +98,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "gpuhop.api",
         "gpuhop.home",
         "gpuhop.runtime",  # the hint lines a job's gpuhop code prints, found in its log
+        "gpuhop.version",  # in the record of what each job ran on
     },
     "gpuhop.agent.context": {
         "gpuhop.agent.callers",  # the owner's login: exempt from per-user limits

@@ -148,6 +148,7 @@ def test_contract_variables_for_a_cpu_job():
     assert env["GPUHOP_CHECKPOINT_DIR"] == "/home/agent/jobs/ab12cd34/checkpoints"
     assert env["GPUHOP_TENSORBOARD_DIR"] == "/home/agent/jobs/ab12cd34/artifacts/tensorboard"
     assert env["GPUHOP_METRICS_FILE"] == "/home/agent/jobs/ab12cd34/metrics.jsonl"
+    assert env["GPUHOP_PROVENANCE_FILE"] == "/home/agent/jobs/ab12cd34/ran-on.txt"
     # Set but empty: TensorFlow then sees no GPU at all, rather than every GPU.
     assert env["CUDA_VISIBLE_DEVICES"] == ""
 
@@ -167,6 +168,7 @@ def test_agent_only_variables_are_scrubbed_and_the_rest_kept():
         "GPUHOP_ARTIFACTS_DIR",
         "GPUHOP_CHECKPOINT_DIR",
         "GPUHOP_METRICS_FILE",
+        "GPUHOP_PROVENANCE_FILE",
         "GPUHOP_TENSORBOARD_DIR",
         "GPUHOP_RETRIES",
         "GPUHOP_AUTO",

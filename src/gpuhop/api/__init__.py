@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         validate_relpath,
     )
     from gpuhop.api.outputs import ArtifactEntry, WorkdirEntry
+    from gpuhop.api.provenance import Change, JobDiff
     from gpuhop.api.queue import format_seconds, parse_duration
     from gpuhop.api.secrets import SecretInfo, SecretValue
     from gpuhop.api.serving import ServeRequest, ServingInfo
@@ -54,12 +55,14 @@ _WHERE: dict[str, str] = {
     "AttemptInfo": "models",
     "BlobCheck": "models",
     "BlobCheckResult": "models",
+    "Change": "provenance",
     "CheckStatus": "agent",
     "DoctorCheck": "agent",
     "EndClass": "states",
     "ErrorBody": "errors",
     "ErrorCode": "errors",
     "GpuInfo": "agent",
+    "JobDiff": "provenance",
     "JobInfo": "models",
     "JobStacks": "stacks",
     "JobState": "states",
@@ -97,12 +100,14 @@ __all__ = [
     "AttemptInfo",
     "BlobCheck",
     "BlobCheckResult",
+    "Change",
     "CheckStatus",
     "DoctorCheck",
     "EndClass",
     "ErrorBody",
     "ErrorCode",
     "GpuInfo",
+    "JobDiff",
     "JobInfo",
     "JobStacks",
     "JobState",

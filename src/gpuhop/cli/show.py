@@ -24,8 +24,11 @@ from gpuhop.cli.output import (
     state_text,
 )
 from gpuhop.cli.queue import queue_rows
+from gpuhop.client import GpuhopError
 
 Info = Mapping[str, Any]
+# The distributions that are TensorFlow, for the summary's framework line.
+TENSORFLOW = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
 
 # Env names whose values `show` hides (the dashboard's job page hides the same).
 SECRET_KEY = re.compile(r"secret|token|passw|api_?key|credential|private", re.IGNORECASE)
@@ -41,9 +44,14 @@ def show(
 ) -> None:
     """Show one job: its state, how it ended, GPUs, and latest metrics."""
     with client_for(on) as client:
-        info = find_job(client, job_ref).data
+        job = find_job(client, job_ref)
+        info = job.data
+        try:
+            ran_on: Info | None = job.provenance_json()
+        except GpuhopError:
+            ran_on = None  # an agent from before the record
     if json_out:
-        print_json(info)
+        print_json(info if ran_on is None else {**info, "provenance": ran_on})
         return
     get = info.get
     rows = [
@@ -84,6 +92,8 @@ def show(
         for source, record in (get("metrics_by_source") or {}).items()
         if source != latest_source
     ]
+    if ran_on is not None and JobState(info["state"]) != JobState.queued:
+        rows += ran_on_rows(ran_on)
     for key, value in rows:
         echo(f"[bold]{key:>9}[/bold]  {value}")
     for past in get("attempts", ()):
@@ -93,6 +103,39 @@ def show(
         )
         if past.get("metrics"):
             echo(f"{'':>9}  last metrics: {format_metrics(past['metrics'])}")
+
+
+def ran_on_rows(record: Info) -> list[tuple[str, str]]:
+    """`show`'s short summary of what the job ran on (`show --json` has all of it)."""
+    get = record.get
+    rows = []
+    if get("recorded"):
+        python, platform = record["python"], record["platform"]
+        packages = record["packages"]
+        text = (
+            f"{python['implementation']} {python['version']} on {platform['system']}"
+            f" {platform['release']} {platform['machine']}; {len(packages)} packages"
+            f" (digest {record['packages_digest'][:12]})"
+        )
+        rows.append(("ran on", escape(text)))
+        tf = next((f"{n} {packages[n]}" for n in TENSORFLOW if n in packages), None)
+        if tf is not None:
+            build = get("tensorflow_build") or {}
+            built = (
+                f", built for CUDA {build['cuda_version']}, cuDNN {build.get('cudnn_version')}"
+                if build.get("is_cuda_build") and build.get("cuda_version")
+                else ""
+            )
+            rows.append(("framework", escape(tf + built)))
+    else:
+        rows.append(("ran on", "not recorded (no Python process of the job wrote it)"))
+    if get("host_recorded"):
+        gpus = ", ".join(f"{g['index']}: {g['name']}" for g in get("gpus") or []) or "none"
+        driver = f" (driver {get('driver')}, CUDA {get('cuda')})" if get("driver") else ""
+        tree = f"; tree {record['tree'][:12]}" if get("tree") else ""
+        host = f"gpuhop {get('gpuhop')} on {get('host')}; GPUs {gpus}{driver}{tree}"
+        rows.append(("host", escape(host)))
+    return rows
 
 
 # A suggested share leaves this much room above the peak the job's framework reported.

@@ -21,7 +21,14 @@ from gpuhop.client.session import Connected, Session, quote, session_of
 from gpuhop.client.transport.unixhttp import Timeout
 
 if TYPE_CHECKING:
-    from gpuhop.api import ArtifactEntry, JobInfo, JobStacks, TensorBoardInfo, WorkdirEntry
+    from gpuhop.api import (
+        ArtifactEntry,
+        JobDiff,
+        JobInfo,
+        JobStacks,
+        TensorBoardInfo,
+        WorkdirEntry,
+    )
     from gpuhop.client.forward import ErrorHandler, Forward
 
 # How long a follower keeps trying to reconnect to an agent that went away.
@@ -226,6 +233,26 @@ class Job:
             params["worker"] = worker
         data: dict[str, Any] = self.session.request(
             "GET", f"/v1/jobs/{self.id}/stacks", params=params
+        ).json()
+        return data
+
+    def provenance_json(self) -> dict[str, Any]:
+        """What the job ran on, as the agent's JSON: its interpreter, platform, packages
+        (`packages`, and their `packages_digest`), TensorFlow's build, GPUs and driver,
+        gpuhop's version and the tree (`recorded`: whether the job wrote its half)."""
+        data: dict[str, Any] = self.session.request("GET", f"/v1/jobs/{self.id}/provenance").json()
+        return data
+
+    def diff(self, other: str) -> JobDiff:
+        """What changed from this job to job `other` (id, prefix or name): files,
+        packages, options, and what they ran on."""
+        from gpuhop.api import JobDiff
+
+        return JobDiff.model_validate(self.diff_json(other))
+
+    def diff_json(self, other: str) -> dict[str, Any]:
+        data: dict[str, Any] = self.session.request(
+            "GET", f"/v1/jobs/{self.id}/diff", params={"other": other}
         ).json()
         return data
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from gpuhop.agent.jobs import provenance
 from gpuhop.agent.jobs.endings import classify, hint_note
 from gpuhop.agent.jobs.metricstail import latest_metrics
 from gpuhop.agent.jobs.records import as_text
@@ -152,6 +153,7 @@ class Supervisor:
             ),
         )
         job = self.store.get(job_id)
+        self._record_host(job, jp)
         if job.cancel_requested:
             # SIGTERM may come before the job's process exists (the leader still sets up its
             # sandbox) and be lost: the SIGKILL after the cancel's grace ends it all the same.
@@ -160,6 +162,16 @@ class Supervisor:
         self._event(job_id, "started")
         self._watch(job_id, jp, started)
         self.on_change()
+
+    def _record_host(self, job: JobRecord, jp: JobPaths) -> None:
+        """The agent's half of what the job ran on (once per job), after its start: it
+        costs the start nothing."""
+        try:
+            provenance.write_host(
+                jp, job.tree, job.gpu_ids, self.backend.gpu_host, self.backend.name
+            )
+        except OSError as e:
+            log.warning("job %s: could not record what it runs on: %s", job.id, e)
 
     def promote(self, job: JobRecord) -> None:
         """A started attempt the cluster kept pending: `running` once the cluster runs it,

@@ -115,6 +115,8 @@ def job_environment(
             "GPUHOP_TENSORBOARD_DIR": str(jp.tensorboard),
             "GPUHOP_CHECKPOINT_DIR": str(jp.checkpoints),
             "GPUHOP_METRICS_FILE": str(jp.metrics),
+            # The job's first Python process writes what it ran on there (runtime/provenance).
+            "GPUHOP_PROVENANCE_FILE": str(jp.provenance),
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in attempt.gpu_ids),
         }
     )
@@ -123,6 +125,7 @@ def job_environment(
         env["GPUHOP_WORKER_TIMEOUT"] = str(attempt.spec.worker_timeout)
     if attempt.spec.gpu_memory_mb is not None:
         env["GPUHOP_GPU_MEMORY_MB"] = str(attempt.spec.gpu_memory_mb)
+    # The start-up dir (where the record of what the job ran on is written from, too).
     if hook.wanted(env):
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (hook.STARTUP_DIR, env.get("PYTHONPATH")) if p
@@ -256,6 +259,7 @@ class LocalBackend(LeaderBackend):
             p for p in (os.path.dirname(python), env.get("PATH", os.defpath)) if p
         )
         jp.tmp.mkdir(mode=0o700, exist_ok=True)
+        jp.provenance.touch()
         if identity:
             (jp.root / VAR_TMP).mkdir(mode=0o700, exist_ok=True)
         # The sandbox binds it over /tmp; without one, TMPDIR is all that points there. A
@@ -438,7 +442,7 @@ class LocalBackend(LeaderBackend):
         for d in (jp.work, jp.artifacts, jp.checkpoints):
             d.mkdir(parents=True, exist_ok=True)
         logs = [jp.worker_log(i) for i in range(workers)] if workers > 1 else []
-        files = [jp.log, jp.metrics, *logs]
+        files = [jp.log, jp.metrics, jp.provenance, *logs]
         for f in files:
             f.touch()
         own = [jp.work, jp.artifacts, jp.checkpoints, *files]

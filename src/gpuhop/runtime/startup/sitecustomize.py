@@ -5,7 +5,9 @@ so Python's `site` imports this file as `sitecustomize` before the job's script 
 
 1. installs gpuhop's after-`import tensorflow` hook, in a gpuhop job only (outside one it
    costs a single environment lookup), and without importing TensorFlow;
-2. then runs the next `sitecustomize` on sys.path, if there is one (the user's own, or the
+2. in the job's first Python process, starts writing the job's record of what it ran on
+   (gpuhop.runtime.provenance, in a thread; later processes find it written: one stat);
+3. then runs the next `sitecustomize` on sys.path, if there is one (the user's own, or the
    Python distribution's), so that one still runs: this file never shadows it.
 
 Standard library only. A failure here prints one `gpuhop: ...` line and the job goes on.
@@ -23,23 +25,40 @@ def _install_hook() -> None:
     try:
         # Loaded from its file rather than imported: importing the gpuhop package would cost
         # tens of ms in every Python process of the job, and this Python may not have it.
-        ModuleSpec, SourceFileLoader = _machinery()
-        name = "_gpuhop_hook"
-        path = os.path.join(os.path.dirname(_HERE), "hook.py")
-        loader = SourceFileLoader(name, path)
-        module = type(os)(name)
-        module.__file__ = path
-        module.__loader__ = loader
-        module.__spec__ = ModuleSpec(name, loader, origin=path)
-        sys.modules[name] = module
-        loader.exec_module(module)
-        module.install()
+        _load("_gpuhop_hook", "hook.py").install()
     except Exception as e:
         print(
             f"gpuhop: start-up hook not installed ({type(e).__name__}: {e}); the job goes on"
             " without it",
             file=sys.stderr,
         )
+
+
+def _record_provenance() -> None:
+    path = os.environ.get("GPUHOP_PROVENANCE_FILE")
+    if not path:
+        return
+    try:
+        if os.stat(path).st_size:
+            return  # written by the job's first process
+        module = _load("_gpuhop_provenance", "provenance.py")
+        module.start(path)
+    except Exception:
+        pass  # no record is no reason to say anything: `gpuhop show` says it is missing
+
+
+def _load(name, filename):
+    """gpuhop.runtime's `filename`, loaded by its path as the module `name`."""
+    ModuleSpec, SourceFileLoader = _machinery()
+    path = os.path.join(os.path.dirname(_HERE), filename)
+    loader = SourceFileLoader(name, path)
+    module = type(os)(name)
+    module.__file__ = path
+    module.__loader__ = loader
+    module.__spec__ = ModuleSpec(name, loader, origin=path)
+    sys.modules[name] = module
+    loader.exec_module(module)
+    return module
 
 
 def _machinery():
@@ -82,4 +101,5 @@ def _chain() -> None:
 
 
 _install_hook()
+_record_provenance()
 _chain()

@@ -9,7 +9,7 @@ from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
 from gpuhop.agent.services import jobs as service
-from gpuhop.agent.services import outputs, queue, stacks, trees, workdir
+from gpuhop.agent.services import outputs, provenance, queue, stacks, trees, workdir
 from gpuhop.agent.services.listing import (
     DEFAULT_LIMIT,
     MAX_FIELDS,
@@ -21,6 +21,7 @@ from gpuhop.agent.services.listing import (
 from gpuhop.api import (
     ArtifactEntry,
     ErrorCode,
+    JobDiff,
     JobInfo,
     JobStacks,
     JobState,
@@ -113,6 +114,21 @@ def job_stacks(
 ) -> JobStacks:
     """Every Python thread's stack in the running job's processes now (py-spy dump)."""
     return stacks.stacks_of(ctx(request), ref, caller_of(request), worker, native)
+
+
+@router.get("/{ref}/provenance")
+def job_provenance(ref: str, request: Request) -> dict[str, object]:
+    """What the job ran on: its interpreter, platform, distributions (and their digest),
+    TensorFlow's build, the GPUs and driver, gpuhop's version and the tree."""
+    return provenance.record_of(ctx(request), ref, caller_of(request))
+
+
+@router.get("/{ref}/diff")
+def job_diff(
+    ref: str, request: Request, other: str = Query(..., min_length=1, max_length=200)
+) -> JobDiff:
+    """What changed from this job to `other`: files, packages, options, what they ran on."""
+    return provenance.diff(ctx(request), ref, other, caller_of(request))
 
 
 @router.get("/{ref}/metrics")
