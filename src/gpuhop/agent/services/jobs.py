@@ -136,6 +136,19 @@ def show(rt: AgentContext, ref: str, caller: Caller) -> JobInfo:
     return to_info(rt, find(rt, ref, caller))
 
 
+def check_running(job: JobRecord, so_no: str) -> None:
+    """Refuse a job that does not run now with a 409 that says so: "job 3fa9 has ended:
+    failed, so it has `so_no`" (or "is queued: it has not started yet, so ...")."""
+    if job.state != JobState.running:
+        when = "" if job.state.finished else ": it has not started yet"
+        raise ApiError(
+            409,
+            ErrorCode.conflict,
+            f"job {job.id} {job.state.said}{when}, so it has {so_no}",
+            {"state": job.state.value},
+        )
+
+
 def find(rt: AgentContext, ref: str, caller: Caller) -> JobRecord:
     """The job `ref` names among those `caller` may see (all, for an admin).
 

@@ -14,7 +14,7 @@ from gpuhop.agent.errors import ApiError
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.proxy.jobports import open_socket
 from gpuhop.agent.services import jobs
-from gpuhop.api import ErrorCode, JobState
+from gpuhop.api import ErrorCode
 
 
 def parse_port(text: str) -> int:
@@ -34,14 +34,7 @@ def forwardable(rt: AgentContext, ref: str, caller: Caller) -> JobRecord:
             f"job {job.id} runs on {rt.backend.where}, not on the agent's host; gpuhop forward"
             " reaches ports on the agent's host only",
         )
-    if job.state != JobState.running:
-        when = "" if job.state.finished else ": it has not started yet"
-        raise ApiError(
-            409,
-            ErrorCode.conflict,
-            f"job {job.id} {job.state.said}{when}, so it has no ports to forward",
-            {"state": job.state.value},
-        )
+    jobs.check_running(job, "no ports to forward")
     return job
 
 

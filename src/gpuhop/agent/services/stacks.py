@@ -16,7 +16,7 @@ from gpuhop.agent.errors import ApiError
 from gpuhop.agent.host import pyspy
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services import jobs
-from gpuhop.api import ErrorCode, JobState
+from gpuhop.api import ErrorCode
 from gpuhop.api.stacks import JobStacks, ProcessStacks
 from gpuhop.backends import procs
 from gpuhop.backends.listeners import descendants
@@ -38,14 +38,7 @@ def stacks_of(
             f"job {job.id} runs on {rt.backend.where}: gpuhop stacks is not yet on the"
             f" {rt.backend.name.capitalize()} backend (only on the agent's own host)",
         )
-    if job.state != JobState.running or job.pid is None:
-        when = "" if job.state.finished else ": it has not started yet"
-        raise ApiError(
-            409,
-            ErrorCode.conflict,
-            f"job {job.id} {job.state.said}{when}, so it has no stacks to show",
-            {"state": job.state.value},
-        )
+    jobs.check_running(job, "no stacks to show")
     if worker is not None and worker >= job.spec.workers:
         has = f"{job.spec.workers} workers (0-{job.spec.workers - 1})"
         raise ApiError(
@@ -59,7 +52,7 @@ def stacks_of(
     except pyspy.NoPySpy as e:
         raise ApiError(409, ErrorCode.unsupported, str(e)) from None
     found = _processes(job, worker)
-    if not found and not procs.alive(job.pid, job.pid_start):
+    if not found and not (job.pid and procs.alive(job.pid, job.pid_start)):
         raise ApiError(409, ErrorCode.conflict, f"job {job.id} has just ended: no stacks to show")
     dumped = []
     for pid, index, command in found:
@@ -75,8 +68,7 @@ def stacks_of(
 def _processes(job: JobRecord, worker: int | None) -> list[tuple[int, int | None, str]]:
     """(pid, worker index, command line) of each of the job's own processes, by pid;
     only worker `worker`'s if given."""
-    assert job.pid is not None
-    if not procs.alive(job.pid, job.pid_start):
+    if job.pid is None or not procs.alive(job.pid, job.pid_start):
         return []
     leader = procs.command_line(job.pid)
     found = []
