@@ -143,6 +143,9 @@ def test_watch_a_job_train_and_cancel_it_from_the_browser(
     expect(page.locator('[data-metric="accuracy"] svg path.line')).to_have_count(1)
     expect(page.locator("#log")).to_contain_text("<b>not markup</b>")
     expect(page.locator("#log b")).to_have_count(0)
+    # Where it is now: the Stacks button shows its Python stack (py-spy on the agent's host).
+    page.click("#stacks-button")
+    expect(page.locator("#stacks")).to_contain_text("<module> (train.py:")
     shot = tmp_path / "dashboard-job.png"
     page.screenshot(path=str(shot), full_page=True)
     SCREENSHOTS.mkdir(exist_ok=True)

@@ -245,9 +245,21 @@ def test_a_user_sees_only_their_own_jobs_in_the_dashboard(owner_http, user_http)
     listed = alice.get("/ui/api/jobs", headers=cookie).json()["jobs"]
     assert mine in {j["id"] for j in listed}
     assert {j["owner"] for j in listed} == {"alice"}
-    for path in ("", "/log", "/metrics", "/artifacts", "/artifacts/a.txt", "/tensorboard"):
+    for path in (
+        "",
+        "/log",
+        "/metrics",
+        "/artifacts",
+        "/artifacts/a.txt",
+        "/tensorboard",
+        "/stacks",
+    ):
         r = alice.get(f"/ui/api/jobs/{theirs}{path}", headers=cookie)
         assert r.status_code == 404, (path, r.text)
+    # The job page's Stacks button, on her own running job: where its Python is now.
+    wait_until(lambda: b"up" in alice.get(f"/v1/jobs/{mine}/log").content, timeout=60)
+    (process,) = alice.get(f"/ui/api/jobs/{mine}/stacks", headers=cookie).json()["processes"]
+    assert "<module> (<string>:1)" in process["stacks"], process
     csrf = {**cookie, "x-gpuhop-ui": "1"}
     assert alice.post(f"/ui/api/jobs/{theirs}/cancel", headers=csrf).status_code == 404
     gpus = alice.get("/ui/api/gpus", headers=cookie).json()

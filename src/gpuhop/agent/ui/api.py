@@ -20,9 +20,9 @@ from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.services import gpus as gpus_service
 from gpuhop.agent.services import jobs as jobs_service
-from gpuhop.agent.services import outputs
+from gpuhop.agent.services import outputs, stacks
 from gpuhop.agent.services import tensorboard as tb_service
-from gpuhop.api import ArtifactEntry, JobInfo, JobState
+from gpuhop.api import ArtifactEntry, JobInfo, JobStacks, JobState
 from gpuhop.version import __version__
 
 router = APIRouter(prefix="/ui/api", include_in_schema=False)
@@ -121,6 +121,12 @@ def tensorboard(ref: str, request: Request) -> dict[str, object]:
     """The runs (dirs of event files) the job has written so far, where TensorBoard would
     find them; the page offers `gpuhop tensorboard` where there are some."""
     return {"runs": tb_service.event_dirs(ctx(request), ref, caller_of(request))}
+
+
+@router.get("/jobs/{ref}/stacks")
+def job_stacks(ref: str, request: Request) -> JobStacks:
+    """The job page's "Stacks" button: `gpuhop stacks`, all workers, Python frames."""
+    return stacks.stacks_of(ctx(request), ref, caller_of(request), None, False)
 
 
 @router.post("/jobs/{ref}/cancel")

@@ -1,5 +1,6 @@
 // gpuhop dashboard: one job. Its spec and attempts, live charts of every metric in its
-// metrics file, its log followed by byte offset, its artifacts, and a cancel button.
+// metrics file, its log followed by byte offset, its artifacts, a cancel button, and a
+// stacks button (every Python thread's stack in the running job's processes: py-spy dump).
 
 import { LineChart } from "/ui/static/chart.js";
 import {
@@ -22,6 +23,9 @@ const main = document.getElementById("main");
 const title = h("h1", {});
 const state = h("span", {});
 const cancel = h("button", { class: "danger", type: "button", id: "cancel", hidden: true, on: { click: onCancel } }, "Cancel job");
+const stacksButton = h("button", { type: "button", id: "stacks-button", hidden: true, on: { click: onStacks } }, "Stacks");
+const stacksPanel = h("section", { class: "panel", hidden: true },
+  h("h2", {}, "Stacks"), h("pre", { class: "log stacks", id: "stacks" }));
 const sub = h("div", { class: "job-sub" });
 const reason = h("div", { class: "reason", hidden: true });
 const spec = h("div", { class: "panel" });
@@ -37,8 +41,8 @@ const artifacts = h("div", { class: "table-wrap", id: "artifacts" });
 
 replace(main,
   h("div", { class: "toolbar" }, h("a", { href: "/ui/" }, "← Jobs")),
-  h("div", { class: "job-head" }, title, state, h("span", { class: "spacer" }), cancel),
-  sub, reason,
+  h("div", { class: "job-head" }, title, state, h("span", { class: "spacer" }), stacksButton, cancel),
+  sub, reason, stacksPanel,
   h("div", { class: "grid two" }, spec, side),
   h("section", { class: "panel" },
     h("div", { class: "log-head" }, h("h2", {}, "Metrics"), h("span", { class: "spacer" }), axis), chartNote, charts),
@@ -69,6 +73,7 @@ function drawJob() {
   replace(title, job.name || job.id);
   replace(state, badge(job.state));
   cancel.hidden = FINISHED.has(job.state);
+  stacksButton.hidden = job.state !== "running";
   replace(sub, h("span", { class: "mono" }, job.id), job.owner ? ` · ${job.owner}` : "",
     ` · created ${when(job.created_at)}`, job.started_at ? ` · ran ${jobDuration(job, now)}` : "");
   const ended = outcome(job);
@@ -185,6 +190,22 @@ async function onCancel() {
     window.alert(`Could not cancel: ${e.message}`);
   } finally {
     cancel.disabled = false;
+  }
+}
+
+async function onStacks() {
+  stacksButton.disabled = true;
+  const out = stacksPanel.querySelector("pre");
+  try {
+    const { processes } = await api(`${base}/stacks`);
+    out.textContent = processes.map((p) => (p.worker === null ? "" : `worker ${p.worker}\n`)
+      + (p.stacks ?? `process ${p.pid}: ${p.command}: ${p.error}\n`)).join("\n")
+      || "No processes left to show (the job may be ending).";
+  } catch (e) {
+    out.textContent = `Could not get the stacks: ${e.message}`;
+  } finally {
+    stacksPanel.hidden = false;
+    stacksButton.disabled = false;
   }
 }
 
