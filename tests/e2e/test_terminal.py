@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import wait_until
+from tests.conftest import Agent, wait_until
 from tests.terminal import Terminal
 
 pytestmark = pytest.mark.timeout(180)
@@ -210,3 +212,45 @@ def test_an_unmodified_keras_fit_shows_the_running_epoch_its_step_and_eta(shared
     # it, the time left at the pace of the first; loss first, at 80 columns.
     assert re.search(r"epoch 1/2 · \d+/15", text), text
     assert re.search(r"epoch 2/2 · \d+/15 · ETA \d:\d\d · loss \d\S* · val_loss \d", text), text
+
+
+@pytest.fixture(scope="module")
+def one_gpu_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    """An agent with one (fake) GPU, for this module's tests that queue jobs behind it."""
+    root = Path(tmp_path_factory.mktemp("one-gpu-agent"))
+    agent = Agent(root / "home", root / "cache", 1).start()
+    yield agent
+    agent.shutdown()
+
+
+def test_a_queued_job_says_why_it_waits_in_run_show_and_ps(one_gpu_agent, project):
+    agent = one_gpu_agent
+    work = project({"hold.py": "import time\ntime.sleep(120)\n", "train.py": "print('trained')\n"})
+    run = ("run", "--detach", "--gpus", "1", "--name")
+    hog = agent.cli(*run, "hog", "hold.py", cwd=work).stdout.strip()
+    wait_until(lambda: json.loads(agent.cli("show", "--json", hog).stdout)["state"] == "running")
+    ahead = agent.cli(*run, "ahead", "train.py", cwd=work).stdout.strip()
+    term = Terminal(
+        ["run", "--gpus", "1", "--name", "behind", "train.py"], agent.env, cwd=work, size=(80, 24)
+    )
+    try:
+        # The status line, at 80 columns: its place in line, what it needs, who holds it.
+        term.wait_for_screen("queued 0:", "· 2nd in line; waits for 1 GPU; held by hog")
+        shown = agent.cli("show", "behind", cwd=work)
+        assert "waiting  2nd in line; waits for 1 GPU; held by hog" in shown.stdout, shown.stdout
+        ps = Terminal(["ps"], agent.env, cwd=work, size=(80, 24))
+        assert ps.finish() == 0
+        screen = ps.screen()
+        header = next(line for line in screen if line.startswith("ID "))
+        assert header.split()[:3] == ["ID", "NAME", "STATE"] and "WAITING" in header, screen
+        rows = {
+            line.split()[1]: line for line in screen if line.split()[1:2] in (["ahead"], ["behind"])
+        }
+        assert "queued" in rows["ahead"] and "1st in line" in rows["ahead"], screen
+        assert "queued" in rows["behind"] and "2nd in line" in rows["behind"], screen
+    finally:
+        agent.cli("cancel", hog)
+    # The holder gone, both start in their turn; `run` follows its job to the end.
+    assert term.finish() == 0, term.text
+    assert "trained" in term.text
+    assert json.loads(agent.cli("show", "--json", ahead).stdout)["state"] == "succeeded"

@@ -87,3 +87,42 @@ def test_a_user_over_the_gpu_limit_waits_and_over_the_queue_limit_is_refused(
         with raw_http(tls_agent, tokens["carol"]) as carol:
             for job_id in submitted:
                 carol.post(f"/v1/jobs/{job_id}/cancel", params={"grace": 0})
+
+
+def test_a_waiting_job_names_only_its_owners_own_holders(tls_agent, tokens):
+    submitted: list[str] = []
+    try:
+        with (
+            raw_http(tls_agent, tokens["alice"]) as alice,
+            raw_http(tls_agent, tokens["bob"]) as bob,
+            raw_http(tls_agent, tokens["carol"]) as carol,
+        ):
+
+            def submit(http, **fields):
+                r = http.post("/v1/jobs", json={"command": SLEEP, **fields})
+                assert r.status_code == 201, r.text
+                submitted.append(r.json()["id"])
+                return r.json()["id"]
+
+            def job(http, job_id):
+                return http.get(f"/v1/jobs/{job_id}").json()
+
+            # Every GPU held: one by bob, two by carol (an admin: no limit).
+            for http, name, gpus in ((bob, "bobs-secret", 1), (carol, "carols", 2)):
+                job_id = submit(http, gpus=gpus, name=name)
+                wait_until(lambda http=http, job_id=job_id: job(http, job_id)["state"] == "running")
+            mine = submit(alice, gpus=1, name="mine")
+            theirs = submit(carol, gpus=1, name="next")
+            # Alice sees her place and that other users hold the GPUs, not which jobs.
+            why = wait_until(lambda: job(alice, mine)["waiting"])
+            assert why == "1st in line; waits for 1 GPU; held by 2 jobs of other users"
+            listed = alice.get("/v1/jobs", params={"state": "queued"}).json()
+            assert [j["waiting"] for j in listed] == [why]
+            # Carol's own holder is named; bob's is not, to her either.
+            assert wait_until(lambda: job(carol, theirs)["waiting"]) == (
+                "2nd in line; waits for 1 GPU; held by carols, another user's job"
+            )
+    finally:
+        with raw_http(tls_agent, tokens["carol"]) as carol:
+            for job_id in submitted:
+                carol.post(f"/v1/jobs/{job_id}/cancel", params={"grace": 0})

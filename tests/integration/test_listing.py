@@ -143,14 +143,15 @@ def test_ps_shows_the_schedulers_word_on_a_queued_job_without_a_row_written(make
         try:
             wait_until(lambda: listed(raw)[holder.id]["state"] == "running", 60)
             both = client.submit(["hold.py"], workdir=root, gpus=2)  # waits for GPU 1 too
-            assert listed(raw)[both.id]["waiting"] is None  # busy GPUs: no word
-            assert listed(raw)[both.id]["waiting"] is None  # the kept answer
+            busy = f"1st in line; waits for 2 GPUs; held by {holder.id}"
+            assert wait_until(lambda: listed(raw)[both.id]["waiting"]) == busy
+            assert listed(raw)[both.id]["waiting"] == busy  # the kept answer
             free = 1 - listed(raw)[holder.id]["gpu_ids"][0]
             seam = agent.paths.fake_gpus_seam  # the fake GPUs' readings (test_gpu_health)
             seam.with_suffix(".tmp").write_text(json.dumps({str(free): {"xid": 79}}))
             seam.with_suffix(".tmp").replace(seam)
-            why = wait_until(lambda: listed(raw)[both.id]["waiting"], 30)
-            assert f"GPU(s) {free} quarantined" in why
+            why = wait_until(lambda: listed(raw)[both.id]["waiting"] != busy, 30)
+            assert f"GPU(s) {free} quarantined" in listed(raw)[both.id]["waiting"], why
             assert listed(raw)[both.id]["state"] == "queued"
         finally:
             for job in client.jobs(["queued", "starting", "running"]):

@@ -380,7 +380,7 @@ def test_a_jobs_db_from_before_the_spec_keeps_every_job_its_spec_made_of_its_col
             else:
                 assert (queued.spec.sweep, queued.tree, queued.spec.notify) == (None, None, ())
             assert [j.id for j in s.queued()] == ["cccc0003"]
-            assert s.holdings() == [Holding("aaaa0001", (0, 1, 2, 3), None, "alice")]
+            assert s.holdings() == [Holding("aaaa0001", (0, 1, 2, 3), None, "alice", name="gang")]
             assert [j.id for j in s.list()] == ["cccc0003", "aaaa0001", "bbbb0002"]
         finally:
             s.close()

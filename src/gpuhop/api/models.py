@@ -419,8 +419,11 @@ class JobInfo(WireModel):
     waiting_for: list[str] = Field(default_factory=list)
     timeout: float | None = None
     retry_on: RetryOn = RetryOn.infra
-    # Why a queued job is not starting yet, when it is not simply the GPUs being busy
-    # (a per-user limit, its sweep's max_parallel, no free GPUs of one model).
+    # Why a queued job is not starting yet, as the agent's scheduler says it to the job's
+    # owner: its place in line, what it needs and who holds it ("2nd in line; waits for 1
+    # GPU; held by live2, hog"), or the limit it waits on (a per-user limit, its sweep's
+    # max_parallel, no free GPUs of one model); for a starting job, what its cluster waits on.
+    # Every view shows these words as they are.
     waiting: str | None = None
     # The cluster's own name for its latest attempt ("Slurm job 812"); None on one host.
     cluster_job: str | None = None

@@ -97,7 +97,8 @@ class JobStatus:
     def line(self) -> Text:
         """`running 0:42 · epoch 3/3 · 12/45 · ETA 0:04 · loss … val_loss …`: the epoch
         running, where in it and the time left (where the fit says), then the metrics, the
-        most useful first; cut at the screen's edge."""
+        most useful first; cut at the screen's edge. A queued job's says why it waits:
+        `queued 0:05 · 2nd in line; waits for 1 GPU; held by live2, hog`."""
         info = self.info
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(info.state.value, style=STATE_STYLE[info.state])
@@ -107,6 +108,8 @@ class JobStatus:
             text.append(f" {elapsed_text((end - info.started_at).total_seconds())}")
         elif info.state == JobState.queued:
             text.append(f" {elapsed_text((now - info.created_at).total_seconds())}")
+        if info.waiting and not info.state.finished:  # the agent's words: place, need, holders
+            text.append(f" · {info.waiting}", style="dim")
         if info.attempt > 1:
             text.append(f"  attempt {info.attempt}/{info.retries + 1}")
         if info.state in (JobState.starting, JobState.running) and not self.heard:

@@ -52,7 +52,8 @@ class Size(NamedTuple):
 WIDE = 400
 # The table's columns, as `tablefit.fit` keeps them at a terminal's width: ID, NAME, STATE,
 # OWNER (where the jobs are more than one user's), GPUS and AGE whole; PRI, DURATION and
-# GPU USE go when room is short; METRICS, then COMMAND, take the rest, COMMAND cut first.
+# GPU USE go when room is short; WAITING (where a listed job waits: the agent's words, its
+# place in line first), METRICS, then COMMAND, take the rest, COMMAND cut first.
 COLUMNS = (
     Column("ID"),
     Column("NAME", most=24),
@@ -63,11 +64,13 @@ COLUMNS = (
     Column("GPU USE", "optional", rank=2),
     Column("AGE"),
     Column("DURATION", "optional", rank=1),
+    Column("WAITING", "flex", rank=3, least=16),
     Column("METRICS", "flex", rank=2, least=16),
     Column("COMMAND", "flex", rank=1, least=12),
 )
 OWNER = 3
 STATE = 2
+WAITING = 9
 
 # What the table shows of each job: all `ps` asks the agent for (`--json` asks for all).
 FIELDS = (
@@ -84,6 +87,7 @@ FIELDS = (
     "started_at",
     "ended_at",
     "latest_metrics",
+    "waiting",
     "command",
 )
 
@@ -155,6 +159,7 @@ def job_rows(infos: list[Info], gpus: Mapping[int, Info]) -> list[tuple[str, ...
             plain.plain(gpu_use(i, gpus)),
             age(i["created_at"]),
             plain.plain(duration(i.get("started_at"), i.get("ended_at"))),
+            i.get("waiting") or "-",
             plain.plain(
                 format_metrics(i.get("latest_metrics")) if i.get("latest_metrics") else "-"
             ),
@@ -165,9 +170,15 @@ def job_rows(infos: list[Info], gpus: Mapping[int, Info]) -> list[tuple[str, ...
 
 
 def _columns(infos: list[Info]) -> list[int]:
-    """The columns this listing has: OWNER only where its jobs are more than one user's."""
+    """The columns this listing has: OWNER only where its jobs are more than one user's,
+    WAITING only where one of them waits."""
     owners = {i.get("owner") for i in infos}
-    return [n for n in range(len(COLUMNS)) if n != OWNER or len(owners) > 1]
+    waits = any(i.get("waiting") for i in infos)
+    return [
+        n
+        for n in range(len(COLUMNS))
+        if (n != OWNER or len(owners) > 1) and (n != WAITING or waits)
+    ]
 
 
 def job_table(infos: list[Info], gpus: Mapping[int, Info], width: int) -> Table:

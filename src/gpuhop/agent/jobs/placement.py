@@ -61,6 +61,7 @@ class Holding:
     gpu_memory_mb: int | None = None
     owner: str | None = None
     sweep: str | None = None
+    name: str | None = None  # how its owner knows it (`waits` names holders by it)
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ def plan(
             sweep_runs[held.owner, held.sweep] += 1
     placements: list[Placement] = []
     gpu_queue_blocked = False
-    for job in sorted(pending, key=lambda j: (-j.spec.priority, j.created_at, j.job_id)):
+    for job in sorted(pending, key=queue_order):
         sweep_key = (job.owner, job.spec.sweep or "")
         if job.spec.max_parallel is not None and sweep_runs[sweep_key] >= job.spec.max_parallel:
             _wait(waiting, job, f"its sweep already runs {job.spec.max_parallel} (max_parallel)")
@@ -186,6 +187,11 @@ def plan(
             sweep_runs[sweep_key] += 1
         placements.append(Placement(job.job_id, taken))
     return placements
+
+
+def queue_order(job: Pending) -> tuple[int, float, str]:
+    """Where a queued job stands in line: by priority (high first), then age, then id."""
+    return (-job.spec.priority, job.created_at, job.job_id)
 
 
 def _wait(waiting: dict[str, str] | None, job: Pending, why: str) -> None:

@@ -23,6 +23,7 @@ from gpuhop.agent.jobs.after import judge
 from gpuhop.agent.jobs.placement import Limits, Pending, could_ever_fit, plan
 from gpuhop.agent.jobs.store import JobRecord, JobStore
 from gpuhop.agent.jobs.supervisor import Supervisor
+from gpuhop.agent.jobs.waits import said
 from gpuhop.api import EndClass, JobState, format_mb
 
 if TYPE_CHECKING:
@@ -57,7 +58,8 @@ class Scheduler:
         self.limits = limits
         self.out_of_service = out_of_service
         self.notify = notify
-        # Why each queued job that waits on a limit (not on busy GPUs) waits; see `plan`.
+        # Why each queued job waits, in its owner's words: on a limit (`plan`'s reason), or
+        # on busy GPUs, with its place in line and who holds them (`waits.said`).
         self.waiting: dict[str, str] = {}
         # Set once the scheduler has re-attached to the jobs of a previous agent.
         self.reattached = asyncio.Event()
@@ -119,16 +121,17 @@ class Scheduler:
         self._fail_misfits(pending, memory, kinds)
         started = 0
         waiting: dict[str, str] = {}
+        holdings = self.store.holdings()
         placements = plan(
             pending,
             memory,
-            self.store.holdings(),
+            holdings,
             kinds=kinds,
             limits=self.limits(),
             waiting=waiting,
             out_of_service=self.out_of_service(),
         )
-        self.waiting = waiting
+        self.waiting = {**said(pending, placements, holdings, memory, waiting), **waiting}
         for placement in placements:
             # Allocation and the move to `starting` are one guarded UPDATE.
             if self.store.transition(

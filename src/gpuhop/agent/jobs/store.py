@@ -305,7 +305,14 @@ class JobStore:
     def holdings(self) -> Sequence[Holding]:
         """What the starting and running jobs hold: their GPUs and, for shares, how much."""
         return [
-            Holding(job.id, tuple(job.gpu_ids), job.spec.gpu_memory_mb, job.owner, job.spec.sweep)
+            Holding(
+                job.id,
+                tuple(job.gpu_ids),
+                job.spec.gpu_memory_mb,
+                job.owner,
+                job.spec.sweep,
+                job.spec.name,
+            )
             for job in reversed(self.list(ACTIVE_STATES))  # oldest first
         ]
 

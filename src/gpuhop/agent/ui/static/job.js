@@ -76,7 +76,8 @@ function drawJob() {
   stacksButton.hidden = job.state !== "running";
   replace(sub, h("span", { class: "mono" }, job.id), job.owner ? ` · ${job.owner}` : "",
     ` · created ${when(job.created_at)}`, job.started_at ? ` · ran ${jobDuration(job, now)}` : "");
-  const ended = outcome(job);
+  // How it ended; else why it waits, in the agent's words (as `run` and `show` say it).
+  const ended = outcome(job) || (FINISHED.has(job.state) ? "" : job.waiting || "");
   reason.hidden = !ended;
   reason.className = `reason ${job.state}`;
   if (ended) replace(reason, ended);
