@@ -254,3 +254,40 @@ def test_a_queued_job_says_why_it_waits_in_run_show_and_ps(one_gpu_agent, projec
     assert term.finish() == 0, term.text
     assert "trained" in term.text
     assert json.loads(agent.cli("show", "--json", ahead).stdout)["state"] == "succeeded"
+
+
+FIT = """\
+import sys
+from gpuhop.runtime import log_metrics
+
+lr, batch = float(sys.argv[1]), int(sys.argv[2])
+log_metrics(step=10, epoch=1, loss=lr * 2, val_loss=lr + batch / 1000, accuracy=0.9,
+            val_accuracy=0.85, learning_rate_in_use=lr, examples_per_second=1234.5)
+"""
+
+
+def test_a_sweep_fits_the_screen_labelled_by_the_values_that_differ(one_gpu_agent, project):
+    agent = one_gpu_agent
+    work = project({"fit.py": FIT})
+    lrs = ["0.1", "0.05", "0.01", "0.005", "0.001", "0.0005", "0.0001"]
+    args = ["sweep", "-m", "val_loss", "-p", f"lr={','.join(lrs)}", "-p", "batch=32,64,128"]
+    term = Terminal([*args, "fit.py", "{lr}", "{batch}"], agent.env, cwd=work, size=(80, 24))
+    assert term.finish() == 0, term.text
+    screen = term.screen()
+    # 21 runs on 24 lines: the header still at the top of the table, the rest counted.
+    header = next((line for line in screen if line.startswith("RUN ")), None)
+    assert header is not None, "\n".join(screen)
+    assert header.split()[:4] == ["RUN", "JOB", "STATE", "VAL_LOSS"], header
+    assert any("more not shown (gpuhop sweep show lists them)" in line for line in screen)
+    assert any("21 succeeded" in line for line in screen), "\n".join(screen)
+    # Each run by the values that differ (both do), its chosen metric in its own column.
+    row = next(line for line in screen if line.startswith("lr=0.1 batch=32 "))
+    assert re.search(r"succeeded\s+0\.132\b", row), row
+    sweep_id = re.search(r"sweep (sweep-[0-9a-f]{6})", term.text).group(1)
+    # To a pipe, `sweep show` is whole: no line cut or wrapped at 80 columns.
+    shown = agent.cli("sweep", "show", sweep_id, "-m", "val_loss")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert len(lines) == 22 and max(map(len, lines)) > 80, shown.stdout
+    assert lines[1].startswith("lr=0.0001 batch=32 ") and "examples_per_second" in lines[0].lower()
+    assert "…" not in shown.stdout

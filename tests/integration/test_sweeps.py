@@ -55,11 +55,12 @@ def test_a_sweep_of_six_runs_at_most_two_at_once_and_shows_one_table(make_agent,
         assert len(list(agent.paths.trees.iterdir())) == 1
     table = agent.cli("sweep", "show", "grid", "--metric", "val_loss", cwd=root)
     assert table.returncode == 0, table.stderr
-    rows = [line for line in table.stdout.splitlines() if line.startswith("grid[")]
+    # Each run is labelled by its values (both parameters differ between the runs).
+    rows = [line for line in table.stdout.splitlines() if line.startswith("lr=")]
     assert len(rows) == 6
     # Sorted by val_loss, lowest first: lr=0.001 with batch 32 is the best run.
-    assert rows[0].startswith("grid[lr=0.001,batch=32]") and "0.032" in rows[0]
-    assert rows[-1].startswith("grid[lr=0.1,batch=64]") and "6.4" in rows[-1]
+    assert rows[0].startswith("lr=0.001 batch=32 ") and "0.032" in rows[0]
+    assert rows[-1].startswith("lr=0.1 batch=64 ") and "6.4" in rows[-1]
     as_json = json.loads(agent.cli("sweep", "show", "grid", "--json", cwd=root).stdout)
     assert len(as_json) == 6
 

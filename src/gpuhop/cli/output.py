@@ -110,8 +110,13 @@ def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
+# The width of a table written to a pipe or a file, where no terminal sets one.
+WIDE = 400
+
+
 def print_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    """A plain table on stdout; only the last column wraps."""
+    """A plain table on stdout; only the last column wraps, at a terminal's width (to a
+    pipe or a file, rows are whole: not squeezed to 80 columns)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -120,7 +125,10 @@ def print_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
         table.add_column(col, no_wrap=col != columns[-1])
     for row in rows:
         table.add_row(*row)
-    Console(highlight=False, emoji=False).print(table)
+    out = Console(highlight=False, emoji=False)
+    if not out.is_terminal:
+        out.width = WIDE
+    out.print(table)
 
 
 def human_bytes(n: float) -> str:

@@ -21,6 +21,7 @@ from gpuhop.cli import params, plain
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import (
     STATE_STYLE,
+    WIDE,
     duration,
     fail,
     format_metrics,
@@ -48,8 +49,6 @@ class Size(NamedTuple):
     height: int
 
 
-# The width of a table written to a pipe or a file, where no terminal sets one.
-WIDE = 400
 # The table's columns, as `tablefit.fit` keeps them at a terminal's width: ID, NAME, STATE,
 # OWNER (where the jobs are more than one user's), GPUS and AGE whole; PRI, DURATION and
 # GPU USE go when room is short; WAITING (where a listed job waits: the agent's words, its

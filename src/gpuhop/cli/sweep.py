@@ -1,6 +1,11 @@
 """Runs on the user's machine: `gpuhop sweep` (one job per combination of parameter values,
 followed together in one table) and `gpuhop sweep show SWEEP` (every run with its state and
-final metrics, sorted by one of them)."""
+final metrics, sorted by one of them).
+
+Both label each run by the values that differ between the runs (`lr=0.1 batch=32`), read
+back from its name. The live table fits the terminal as `ps` does (`tablefit`): RUN, JOB,
+STATE and the chosen metric stay whole, the rest is cut or dropped, and it is never taller
+than the screen."""
 
 from __future__ import annotations
 
@@ -11,13 +16,14 @@ import time
 from pathlib import Path
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
 from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from gpuhop.api import JobInfo, JobState
-from gpuhop.cli import jobopts, params
+from gpuhop.cli import jobopts, params, plain
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import (
     STATE_STYLE,
@@ -28,8 +34,9 @@ from gpuhop.cli.output import (
     print_table,
     say,
 )
+from gpuhop.cli.tablefit import Column, cut, fit
 from gpuhop.client import Client, GpuhopError
-from gpuhop.client.sweeps import parse_param
+from gpuhop.client.sweeps import parse_param, run_values
 
 POLL_SECONDS = 1.0
 # Keys of a metrics line that say where the run is, not how well it does.
@@ -101,6 +108,13 @@ def sweep(  # noqa: PLR0913 (a command: each parameter is one of its options)
     ),
     workdir: Path = jobopts.worded(jobopts.WORKDIR, "The directory to sync (once, for every run)."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Print the sweep id and return."),
+    metric: str | None = typer.Option(
+        None,
+        "--metric",
+        "-m",
+        help="The metric the live table shows in a column of its own (default: the first"
+        " one a run reports).",
+    ),
     on: str | None = OnOption,
 ) -> None:
     """Run a script once per combination of parameter values, and follow the runs together.
@@ -130,25 +144,27 @@ def sweep(  # noqa: PLR0913 (a command: each parameter is one of its options)
                 print(made.id)
                 return
             say(f"sweep {made.id}: {len(made.runs)} runs queued (one synced tree)")
-            runs = _follow(client, made.id)
+            runs = _follow(client, made.id, metric)
     except GpuhopError as e:
         fail(e.message)
     say(f"sweep {made.id}: {_counts(runs)}; results: gpuhop sweep show {made.id}")
     raise typer.Exit(0 if all(r.state == JobState.succeeded for r in runs) else 1)
 
 
-def _follow(client: Client, sweep_id: str) -> list[JobInfo]:
+def _follow(client: Client, sweep_id: str, metric: str | None) -> list[JobInfo]:
     """Poll the sweep's runs until all have ended, drawing the table in place on a
     terminal and printing each run's changes of state otherwise."""
     live = sys.stdout.isatty()
     seen: dict[str, JobState] = {}
-    view = Live(console=Console(), auto_refresh=False) if live else None
+    console = Console(highlight=False, emoji=False)
+    view = Live(console=console, auto_refresh=False, vertical_overflow="crop") if live else None
     try:
         with view or contextlib.nullcontext():
             while True:
                 runs = sorted(client.sweep_runs(sweep_id), key=lambda r: r.created_at)
                 if view is not None:
-                    view.update(_live_table(runs), refresh=True)
+                    width, height = console.size
+                    view.update(live_view(runs, metric, width, height), refresh=True)
                 else:
                     for run in runs:
                         if seen.get(run.id) != run.state:
@@ -165,21 +181,92 @@ def _follow(client: Client, sweep_id: str) -> list[JobInfo]:
         raise typer.Exit(130) from None
 
 
-def _live_table(runs: list[JobInfo]) -> Table:
-    table = Table(box=None, header_style="bold", pad_edge=False, caption=_counts(runs))
-    for col in ("RUN", "JOB", "STATE", "DURATION", "METRICS"):
-        table.add_column(col, no_wrap=col != "METRICS")
-    for r in runs:
-        style = STATE_STYLE[r.state]
-        state = r.state.value if not r.waiting else f"{r.state.value} ({escape(r.waiting)})"
-        table.add_row(
-            escape(r.name or "-"),
-            r.id,
-            f"[{style}]{state}[/]",
-            duration(r.started_at, r.ended_at),
-            format_metrics(r.latest_metrics),
+def labels(runs: list[JobInfo]) -> list[str]:
+    """Each run's label: the values that differ between the runs (`lr=0.1 batch=32`), or all
+    of them where none differ (a sweep of one run); its name where it carries none."""
+    values = [run_values(r.name) for r in runs]
+    keys = list(dict.fromkeys(k for v in values for k in v))
+    differ = [k for k in keys if len({v.get(k) for v in values}) > 1] or keys
+    return [
+        " ".join(f"{k}={v[k]}" for k in differ if k in v) or r.name or "-"
+        for r, v in zip(runs, values, strict=True)
+    ]
+
+
+# The live table's columns, fitted as `ps`'s are: RUN, JOB, STATE and the chosen metric
+# whole; DURATION goes when room is short; WAITING (where a run waits), then METRICS, take
+# the rest.
+RUN, JOB, STATE, METRIC, DURATION, WAITING, METRICS = range(7)
+ACTIVE = (JobState.running, JobState.starting, JobState.queued)
+
+
+def live_view(runs: list[JobInfo], metric: str | None, width: int, height: int) -> Group:
+    """The sweep's table at `width` x `height`: running runs first, then queued, then ended
+    ones as room allows (a line says how many more), the counts under it; never taller
+    than the screen, with a line free for the cursor and one for the closing line, so
+    that the header is still on screen at the end."""
+    shown_metric = metric or next(iter(_metric_names(runs, None)), None)
+    columns = [
+        Column("RUN", most=32),
+        Column("JOB"),
+        Column("STATE"),
+        Column((shown_metric or "").upper()),
+        Column("DURATION", "optional", rank=1),
+        Column("WAITING", "flex", rank=3, least=12),
+        Column("METRICS", "flex", rank=2, least=16),
+    ]
+    keep = [
+        n
+        for n in range(len(columns))
+        if (n != METRIC or shown_metric) and (n != WAITING or any(r.waiting for r in runs))
+    ]
+    # The header, the counts, the cursor's line, and the closing line (two on a narrow
+    # screen: it names the sweep twice).
+    room = max(1, height - 5)
+    order = sorted(
+        range(len(runs)),
+        key=lambda i: ACTIVE.index(runs[i].state) if runs[i].state in ACTIVE else len(ACTIVE),
+    )
+    if len(order) > room:
+        order = order[: max(1, room - 1)]
+    named = labels(runs)
+    cells = [
+        (
+            named[i],
+            runs[i].id,
+            runs[i].state.value,
+            _value((runs[i].latest_metrics or {}).get(shown_metric or "")),
+            duration(runs[i].started_at, runs[i].ended_at),
+            runs[i].waiting or "-",
+            _other_metrics(runs[i], shown_metric),
         )
-    return table
+        for i in order
+    ]
+    rows = [[row[n] for n in keep] for row in cells]
+    widths = fit([columns[n] for n in keep], rows, width)
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for n, w in widths.items():
+        table.add_column(columns[keep[n]].name, width=w, no_wrap=True, overflow="ellipsis")
+    state = keep.index(STATE)
+    for i, row in zip(order, rows, strict=True):
+        texts = {n: Text(cut(row[n], w)) for n, w in widths.items()}
+        texts[state].stylize(STATE_STYLE[runs[i].state])
+        table.add_row(*texts.values())
+    parts: list[Table | Text] = [table]
+    if len(order) < len(runs):
+        more = f"+{len(runs) - len(order)} more not shown (gpuhop sweep show lists them)"
+        parts.append(Text(more, style="dim", no_wrap=True, overflow="ellipsis"))
+    parts.append(Text(_counts(runs), style="dim", no_wrap=True, overflow="ellipsis"))
+    return Group(*parts)
+
+
+def _other_metrics(run: JobInfo, shown: str | None) -> str:
+    """The run's latest metrics but the one in a column of its own (and where it is: its
+    step, epoch and source)."""
+    latest = {
+        k: v for k, v in (run.latest_metrics or {}).items() if k != shown and k not in NOT_METRICS
+    }
+    return plain.plain(format_metrics(latest)) if latest else "-"
 
 
 def _counts(runs: list[JobInfo]) -> str:
@@ -215,13 +302,13 @@ def show(
         ("RUN", "JOB", "STATE", "DURATION", *(n.upper() for n in names)),
         [
             (
-                escape(r.name or "-"),
+                escape(label),
                 r.id,
                 r.state.value,
                 duration(r.started_at, r.ended_at),
                 *(_value((r.latest_metrics or {}).get(n)) for n in names),
             )
-            for r in runs
+            for r, label in zip(runs, labels(runs), strict=True)
         ],
     )
     if metric is not None and metric not in names:

@@ -111,6 +111,18 @@ def run_name(name: str, values: Mapping[str, str]) -> str:
     return text
 
 
+def run_values(name: str | None) -> dict[str, str]:
+    """The parameter values a run's name carries (`run_name`'s `NAME[lr=0.1,batch=32]`), in
+    order; {} for a name that is not a run's. A sweep's name has no `[` and a value no `,`
+    or `]`, so the name parses back whole."""
+    if not name or not name.endswith("]") or "[" not in name:
+        return {}
+    pairs = [p.partition("=") for p in name[name.index("[") + 1 : -1].split(",")]
+    if any(not sep or not key for key, sep, _ in pairs):
+        return {}
+    return {key: value for key, _, value in pairs}
+
+
 def submit(
     session: Session,
     command: str | Sequence[str],
