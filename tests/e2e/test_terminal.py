@@ -291,3 +291,25 @@ def test_a_sweep_fits_the_screen_labelled_by_the_values_that_differ(one_gpu_agen
     assert len(lines) == 22 and max(map(len, lines)) > 80, shown.stdout
     assert lines[1].startswith("lr=0.0001 batch=32 ") and "examples_per_second" in lines[0].lower()
     assert "…" not in shown.stdout
+
+
+LAST = """\
+import sys
+from gpuhop.runtime import log_metrics
+
+log_metrics(step=1, loss=0.5)
+log_metrics(step=2, loss=float(sys.argv[1]))  # the last, and the job ends at once
+"""
+
+
+def test_a_job_that_ends_right_after_its_last_metric_shows_it_every_time(one_gpu_agent, project):
+    agent = one_gpu_agent
+    work = project({"last.py": LAST})
+    for n in range(3):
+        # On a terminal: the status line's poller runs beside the follow until the end.
+        term = Terminal(["run", "last.py", f"0.{n}25"], agent.env, cwd=work, size=(80, 24))
+        assert term.finish() == 0, term.text
+        assert f"last metrics: step=2 loss=0.{n}25" in term.text, term.text
+        job_id = re.search(r"job ([0-9a-f]{8}) succeeded", term.text).group(1)
+        shown = json.loads(agent.cli("show", "--json", job_id).stdout)["latest_metrics"]
+        assert (shown["step"], shown["loss"]) == (2, float(f"0.{n}25")), shown

@@ -198,7 +198,10 @@ def follow_live(job: Job, worker: int | None = None, offset: int = 0) -> Mapping
     """Stream a job's log (from byte `offset`) to stdout with a status line under it, until
     the job ends."""
     console = Console(highlight=False, emoji=False)
-    status = JobStatus(job)
+    # The status line polls a handle of its own: a poll sent before the job's end and
+    # answered after it must never become the end that `run` reports (its metrics then
+    # not yet the last ones, or none).
+    status = JobStatus(Job(job.session, job.data))
     stop, output = threading.Event(), threading.Event()
 
     def poller() -> None:

@@ -98,12 +98,14 @@ class Job:
         """`wait`, returning the agent's JSON."""
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.02
-        while not JobState(self.refresh_json()["state"]).finished:
+        # The answer that says the job ended is the one returned: `data` may have been
+        # replaced meanwhile by another thread's refresh, sent before the end.
+        while not JobState((data := self.refresh_json())["state"]).finished:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {self.id} still {self.state.value} after {timeout}s")
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
-        return self.data
+        return data
 
     def cancel(self, grace: float = 10.0) -> JobInfo:
         """Stop the job: SIGTERM to its processes, SIGKILL after `grace` seconds."""
