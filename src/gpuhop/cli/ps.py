@@ -29,7 +29,7 @@ from gpuhop.cli.output import (
     say,
     when,
 )
-from gpuhop.cli.tablefit import Column, cut, fit
+from gpuhop.cli.tablefit import Column, draw
 from gpuhop.client import Client, GpuhopError
 
 if TYPE_CHECKING:
@@ -182,22 +182,13 @@ def _columns(infos: list[Info]) -> list[int]:
 
 def job_table(infos: list[Info], gpus: Mapping[int, Info], width: int) -> Table:
     """The job table at `width` columns (`tablefit.fit` says which columns, how wide)."""
-    from rich.table import Table
-    from rich.text import Text
-
     keep = _columns(infos)
     rows = [[row[n] for n in keep] for row in job_rows(infos, gpus)]
-    columns = [COLUMNS[n] for n in keep]
-    widths = fit(columns, rows, width)
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for n, w in widths.items():
-        table.add_column(columns[n].name, width=w, no_wrap=True, overflow="ellipsis")
-    state = keep.index(STATE)
-    for row in rows:
-        cells = {n: Text(cut(row[n], w)) for n, w in widths.items()}
-        cells[state].stylize(STATE_STYLE[JobState(row[state])])
-        table.add_row(*cells.values())
-    return table
+    return draw([COLUMNS[n] for n in keep], rows, width, keep.index(STATE), _state_style)
+
+
+def _state_style(state: str) -> str:
+    return STATE_STYLE[JobState(state)]
 
 
 def gpu_panel(gpus: list[Info]) -> Table:

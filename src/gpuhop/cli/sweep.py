@@ -34,7 +34,7 @@ from gpuhop.cli.output import (
     print_table,
     say,
 )
-from gpuhop.cli.tablefit import Column, cut, fit
+from gpuhop.cli.tablefit import Column, draw
 from gpuhop.client import Client, GpuhopError
 from gpuhop.client.sweeps import parse_param, run_values
 
@@ -243,15 +243,8 @@ def live_view(runs: list[JobInfo], metric: str | None, width: int, height: int) 
         for i in order
     ]
     rows = [[row[n] for n in keep] for row in cells]
-    widths = fit([columns[n] for n in keep], rows, width)
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    for n, w in widths.items():
-        table.add_column(columns[keep[n]].name, width=w, no_wrap=True, overflow="ellipsis")
-    state = keep.index(STATE)
-    for i, row in zip(order, rows, strict=True):
-        texts = {n: Text(cut(row[n], w)) for n, w in widths.items()}
-        texts[state].stylize(STATE_STYLE[runs[i].state])
-        table.add_row(*texts.values())
+    columns = [columns[n] for n in keep]
+    table = draw(columns, rows, width, keep.index(STATE), lambda s: STATE_STYLE[JobState(s)])
     parts: list[Table | Text] = [table]
     if len(order) < len(runs):
         more = f"+{len(runs) - len(order)} more not shown (gpuhop sweep show lists them)"

@@ -8,7 +8,11 @@ beside 80 of metrics); `fit` decides first, and the table is drawn with these wi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 GAP = 2  # columns between two columns, as rich's Table(box=None, pad_edge=False) draws them
 
@@ -70,3 +74,27 @@ def fit(columns: Sequence[Column], rows: Sequence[Sequence[str]], width: int) ->
         widths[i] += more
         room -= more
     return widths
+
+
+def draw(
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[str]],
+    width: int,
+    styled: int | None = None,
+    style: Callable[[str], str] | None = None,
+) -> Table:
+    """The rich table of `rows` at `width` columns, as `fit` shapes it, each cell cut to its
+    column's width; the cells of column `styled` in `style(cell)` (a state's colour)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    widths = fit(columns, rows, width)
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for n, w in widths.items():
+        table.add_column(columns[n].name, width=w, no_wrap=True, overflow="ellipsis")
+    for row in rows:
+        cells = {n: Text(cut(row[n], w)) for n, w in widths.items()}
+        if styled is not None and style is not None and styled in cells:
+            cells[styled].stylize(style(row[styled]))
+        table.add_row(*cells.values())
+    return table
