@@ -152,8 +152,10 @@ def test_a_running_job_survives_an_agent_sigkill(own_agent, project, tmp_path):
     kill_agent_hard(agent)
     restart(agent)
     with agent.client() as client:
+        # Re-attached, not lost. (On Slurm the state moves from `starting` to `running` when
+        # the agent sees that Slurm runs the job, which a killed agent may not have yet.)
+        wait_until(lambda: client.job(job.id).state == JobState.running, timeout=30)
         job = client.job(job.id)
-        assert job.state == JobState.running
         release.touch()
         info = job.wait(timeout=60)
         log = b"".join(job.logs()).decode()
