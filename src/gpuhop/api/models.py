@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gpuhop.api.base import StrictModel, WireModel, check_text
 from gpuhop.api.queue import check_webhook_url
-from gpuhop.api.spec import ENV_NAME_RE, JobSpec, Mount, SecretUse
+from gpuhop.api.spec import ENV_NAME_RE, DataSource, JobSpec, Mount, SecretUse
 from gpuhop.api.states import EndClass, JobState, RetryOn
 from gpuhop.api.trees import MAX_DELTA_ENTRIES, MAX_INLINE_BYTES
 
@@ -164,6 +164,25 @@ class DataMount(StrictModel):
             raise ValueError(f"the mount point must lie inside the work dir: {e}") from None
 
 
+class BucketSource(StrictModel):
+    """`--data s3://BUCKET/PREFIX[:NAME]`: a bucket's prefix, fetched by the agent's host
+    and seen read-only at `$GPUHOP_DATA/NAME` (see `gpuhop.api.spec.DataSource`)."""
+
+    bucket: str
+    prefix: str = Field(default="", max_length=1024)
+    name: str
+
+    @model_validator(mode="after")
+    def _source(self) -> BucketSource:
+        # The spec's own parser judges it, so the CLI and the agent refuse the same words.
+        text = f"s3://{self.bucket}/{self.prefix}:{self.name}"
+        if "\x00" in text:
+            raise ValueError("the bucket source contains a NUL byte")
+        if DataSource.parse(text) != DataSource(self.bucket, self.prefix, self.name):
+            raise ValueError(f"{text}: the prefix must be empty or end in '/'")
+        return self
+
+
 class SecretRef(StrictModel):
     """`--secret NAME[=ENVVAR]`: the user's secret NAME, given to the job as ENVVAR. The
     value never travels with the job: the agent reads it from the user's own secrets when
@@ -236,6 +255,9 @@ class SubmitRequest(StrictModel):
     gpu_memory_mb: int | None = Field(default=None, ge=1, le=MAX_GPU_MEMORY_MB)
     # Datasets mounted read-only in the work dir (see `DataMount`).
     data: list[DataMount] = Field(default_factory=list, max_length=64)
+    # Buckets' prefixes fetched on the host (see `BucketSource`). An agent that predates
+    # them refuses the field.
+    data_sources: list[BucketSource] = Field(default_factory=list, max_length=64)
     # The user's secrets the job is given, by name (see `SecretRef`). An agent that
     # predates secrets refuses the field.
     secrets: list[SecretRef] = Field(default_factory=list, max_length=64)
@@ -314,6 +336,9 @@ class SubmitRequest(StrictModel):
         fields = self.model_dump(exclude=_NOT_SPEC, exclude_none=True)
         fields["data"] = tuple(Mount(m.name, m.version, m.mount) for m in self.data)
         fields["secrets"] = tuple(SecretUse(s.name, s.env) for s in self.secrets)
+        fields["data_sources"] = tuple(
+            DataSource(d.bucket, d.prefix, d.name) for d in self.data_sources
+        )
         fields["retry_on"] = self.retry_on.value
         return JobSpec.from_json(fields)
 

@@ -49,6 +49,67 @@ class Mount(NamedTuple):
         return {"name": self.name, "version": self.version, "mount": self.mount}
 
 
+class DataSource(NamedTuple):
+    """`s3://BUCKET/PREFIX[:NAME]`: the objects under PREFIX in an S3-compatible bucket,
+    fetched onto the GPU host by the agent (with the job's user's own credentials, never
+    through the client) and seen read-only at `$GPUHOP_DATA/NAME` (NAME: the prefix's last
+    part, or the bucket's name). PREFIX is a folder: `train` means the keys under `train/`."""
+
+    bucket: str
+    prefix: str  # "" (the whole bucket) or ending in "/"
+    name: str
+
+    @classmethod
+    def parse(cls, text: str) -> DataSource:
+        """`s3://BUCKET[/PREFIX][:NAME]`; ValueError says what is malformed."""
+        if not text.startswith(S3_SCHEME):
+            raise ValueError(f"takes s3://BUCKET/PREFIX[:NAME], got {text!r}")
+        rest = text[len(S3_SCHEME) :]
+        head, colon, name = rest.rpartition(":")
+        if not colon or "/" in name:  # a colon inside the prefix is the prefix's
+            head, name = rest, ""
+        bucket, _, prefix = head.partition("/")
+        if not BUCKET_RE.match(bucket):
+            raise ValueError(
+                f"{text}: {bucket!r} is not a bucket name (3-63 characters of lower-case"
+                " letters, digits, '.' and '-')"
+            )
+        prefix = prefix.strip("/")
+        if "//" in prefix or any(part in (".", "..") for part in prefix.split("/")):
+            raise ValueError(f"{text}: the prefix has an empty, '.' or '..' part")
+        name = name or (prefix.rpartition("/")[2] if prefix else bucket)
+        if not DATA_NAME_RE.match(name):
+            raise ValueError(
+                f"{text}: {name!r} cannot name the data (1-64 letters, digits, '.', '_' or"
+                " '-', starting with a letter or digit); give one: s3://BUCKET/PREFIX:NAME"
+            )
+        return cls(bucket, prefix + "/" if prefix else "", name)
+
+    @property
+    def url(self) -> str:
+        return f"{S3_SCHEME}{self.bucket}/{self.prefix}"
+
+    def __str__(self) -> str:
+        return f"{self.url}:{self.name}"
+
+    def wire(self) -> dict[str, Any]:
+        return {"bucket": self.bucket, "prefix": self.prefix, "name": self.name}
+
+
+S3_SCHEME = "s3://"
+# S3's rule for bucket names (a bucket of another S3-compatible service is named so too).
+BUCKET_RE = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]\Z")
+# What names a bucket's data in the job ($GPUHOP_DATA/NAME): a dataset's name.
+DATA_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,63}\Z")
+
+
+def split_data(items: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """`--data` values apart: the datasets' (NAME[:VERSION]=MOUNT), then the buckets'
+    (s3://...)."""
+    sources = [item for item in items if item.startswith(S3_SCHEME)]
+    return [item for item in items if not item.startswith(S3_SCHEME)], sources
+
+
 class SecretUse(NamedTuple):
     """`NAME[=ENVVAR]`: the job's user's secret NAME, in the job's environment as ENVVAR
     (default: NAME). Only the name travels and is kept; the agent puts the value in the
@@ -98,6 +159,8 @@ class JobSpec(NamedTuple):
     python: str | None = None  # an interpreter on the host
     requirements: str | None = None  # a requirements file's text: the job's own venv
     data: tuple[Mount, ...] = ()
+    # Buckets' prefixes, fetched onto the host while the job waits, at $GPUHOP_DATA/NAME.
+    data_sources: tuple[DataSource, ...] = ()
     secrets: tuple[SecretUse, ...] = ()  # the user's secrets, by name, in its environment
     private_network: bool = False
     # Its place in the queue, and what ends or repeats it.
@@ -147,6 +210,9 @@ class JobSpec(NamedTuple):
             found.append(f"{n('secrets')} gives two secrets as {env}")
         for env in dict.fromkeys(t for t in targets if t in self.env):
             found.append(f"{env} is given both by {n('env')} and by {n('secrets')}")
+        called = [d.name for d in self.data_sources]
+        for name in dict.fromkeys(c for c in called if called.count(c) > 1):
+            found.append(f"{n('data_sources')} names two buckets' data {name}; give one :NAME")
         if self.retry_on not in RETRY_ON:
             found.append(f"{n('retry_on')} takes {' or '.join(RETRY_ON)}, got {self.retry_on!r}")
         return found
@@ -169,6 +235,7 @@ class JobSpec(NamedTuple):
         out: dict[str, Any] = self._asdict()
         out["env"] = dict(self.env)
         out["data"] = [m.wire() for m in self.data]
+        out["data_sources"] = [d.wire() for d in self.data_sources]
         out["secrets"] = [s.wire() for s in self.secrets]
         out["after"] = list(self.after)
         out["notify"] = list(self.notify)
@@ -185,6 +252,11 @@ class JobSpec(NamedTuple):
             fields["data"] = tuple(
                 Mount(m["name"], m.get("version"), m["mount"]) if isinstance(m, Mapping) else m
                 for m in fields["data"]
+            )
+        if "data_sources" in fields:
+            fields["data_sources"] = tuple(
+                DataSource(d["bucket"], d["prefix"], d["name"]) if isinstance(d, Mapping) else d
+                for d in fields["data_sources"]
             )
         if "secrets" in fields:
             fields["secrets"] = tuple(

@@ -15,7 +15,9 @@ __all__ = ["INFRA_CLASSES", "TERMINAL_STATES", "EndClass", "JobState", "RetryOn"
 class JobState(StrEnum):
     """A job's state. Allowed transitions are listed on each state."""
 
-    queued = "queued"  # -> starting (scheduler allocated it), cancelled
+    # -> starting (scheduler allocated it), cancelled, failed (it can never run here, or its
+    # data could not be fetched)
+    queued = "queued"
     starting = "starting"  # -> running (process started), failed (could not start), cancelled
     running = "running"  # -> succeeded, failed, cancelled, lost
     succeeded = "succeeded"  # terminal: exit code 0
@@ -52,6 +54,7 @@ class EndClass(StrEnum):
     lost = "lost"  # its process vanished with no exit status (host or agent gone)
     idle = "idle"  # cancelled by the idle guard: its whole GPUs sat at 0 % too long
     gpu_fault = "gpu-fault"  # a GPU it held had a hardware fault and was quarantined
+    data_error = "data-error"  # its data (--data s3://...) could not be fetched; it never ran
 
 
 # The failures that say nothing about the job's code: worth another attempt by default.
@@ -62,9 +65,18 @@ class RetryOn(StrEnum):
     """Which failed attempts `retries` runs again."""
 
     infra = "infra"  # lost, oom-host, killed, gpu-fault: the machine's fault, not the code's
-    any = "any"  # every failure: also app-error, oom-gpu (never timeout, cancelled, idle)
+    # every failure: also app-error, oom-gpu (never timeout, cancelled, idle, data-error)
+    any = "any"
 
     def retries(self, end: EndClass) -> bool:
         if self is RetryOn.infra:
             return end in INFRA_CLASSES
-        return end not in (EndClass.succeeded, EndClass.cancelled, EndClass.timeout, EndClass.idle)
+        # A data-error job never ran: its data could not be had, which another try of the
+        # same job would not change.
+        return end not in (
+            EndClass.succeeded,
+            EndClass.cancelled,
+            EndClass.timeout,
+            EndClass.idle,
+            EndClass.data_error,
+        )

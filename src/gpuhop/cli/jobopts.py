@@ -95,9 +95,11 @@ WORKDIR = params.Option(
 DATA = params.Option(
     [],
     "--data",
-    metavar="NAME[:VERSION]=MOUNT",
+    metavar="NAME[:VERSION]=MOUNT|s3://BUCKET/PREFIX[:NAME]",
     help="Mount a dataset read-only at MOUNT in the work dir (repeatable; latest version"
-    " unless pinned, e.g. mnist:2=data).",
+    " unless pinned, e.g. mnist:2=data). Or a bucket's prefix, fetched onto the GPU host"
+    " with your AWS_* secrets while the job waits, and read-only at $GPUHOP_DATA/NAME"
+    " (default NAME: the prefix's last part).",
 )
 SECRET = params.Option(
     [],
@@ -219,6 +221,7 @@ FIELDS = {"gpu_memory": "gpu_memory_mb", "secret": "secrets"}
 OPTION_NAMES = {
     FIELDS.get(name, name): option.decls[0].partition("/")[0] for name, option in OPTIONS.items()
 }
+OPTION_NAMES["data_sources"] = OPTION_NAMES["data"]  # --data s3://...
 
 
 def worded(option: Any, help: str, **kw: Any) -> Any:
@@ -232,7 +235,7 @@ def spec_of(values: Mapping[str, Any], *, sweep: bool = False) -> JobSpec:
     `OPTIONS` read, the rest left alone); a malformed value or a clash between options
     fails, naming them. A `sweep`'s spec is that of each of its runs (--max-parallel is
     theirs)."""
-    from gpuhop.api.spec import JobSpec, Mount, SecretUse
+    from gpuhop.api.spec import DataSource, JobSpec, Mount, SecretUse, split_data
 
     fields: dict[str, Any] = {}
     for name in OPTIONS.keys() & values.keys() - _MADE:
@@ -251,7 +254,9 @@ def spec_of(values: Mapping[str, Any], *, sweep: bool = False) -> JobSpec:
         fields["env"] = _env(values)
     if "data" in values:
         try:
-            fields["data"] = tuple(Mount.parse(m) for m in values["data"])
+            datasets, buckets = split_data(values["data"])
+            fields["data"] = tuple(Mount.parse(m) for m in datasets)
+            fields["data_sources"] = tuple(DataSource.parse(b) for b in buckets)
         except ValueError as e:
             fail(f"--data {e}")
     if "secret" in values:

@@ -108,7 +108,8 @@ class JobStatus:
             text.append(f" {elapsed_text((end - info.started_at).total_seconds())}")
         elif info.state == JobState.queued:
             text.append(f" {elapsed_text((now - info.created_at).total_seconds())}")
-        if info.waiting and not info.state.finished:  # the agent's words: place, need, holders
+        if info.waiting and not info.state.finished:
+            # The agent's words: place, need, holders; or "fetching data: 3/9 objects, ..."
             text.append(f" · {info.waiting}", style="dim")
         if info.attempt > 1:
             text.append(f"  attempt {info.attempt}/{info.retries + 1}")

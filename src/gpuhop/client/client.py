@@ -237,6 +237,10 @@ class Client:
         the job by; `env`: its environment variables (a dict).
 
         `data` mounts datasets read-only in the work dir: "NAME[:VERSION]=MOUNT" each.
+        `data_sources` (or "s3://..." entries of `data`) are buckets' prefixes,
+        "s3://BUCKET/PREFIX[:NAME]" each: the agent's host fetches them with your AWS_*
+        secrets (`set_secret`) while the job waits, and the job reads each at
+        `$GPUHOP_DATA/NAME` (read-only; NAME by default the prefix's last part).
         `secrets` gives the job your secrets (`set_secret`): "NAME" (as the variable NAME) or
         "NAME=ENVVAR" each; only their names travel, and their values are masked in its log.
         `requirements` is a requirements file for the job's own venv (built once per set on

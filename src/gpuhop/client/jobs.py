@@ -18,7 +18,7 @@ from gpuhop.client.session import Session
 
 if TYPE_CHECKING:
     from gpuhop.api import JobInfo
-    from gpuhop.api.spec import JobSpec, Mount, SecretUse
+    from gpuhop.api.spec import DataSource, JobSpec, Mount, SecretUse
     from gpuhop.client.sync.upload import Progress, UploadProgress
     from gpuhop.client.sync.workdir import ScanResult
 
@@ -45,6 +45,7 @@ def spec_of(
     known = set(JobSpec._fields)
     root = Path(workdir).absolute()
     fields: dict[str, Any] = {}
+    options = _buckets_apart(options)
     for key, value in options.items():
         field = _SDK_FIELDS.get(key, key)
         if field not in known:
@@ -81,6 +82,29 @@ def _mounts(value: Any, root: Path) -> tuple[Mount, ...]:
     return tuple(m if isinstance(m, Mount) else Mount.parse(m) for m in items)
 
 
+def _sources(value: Any, root: Path) -> tuple[DataSource, ...]:
+    from gpuhop.api.spec import DataSource
+
+    items = [value] if isinstance(value, str) else value
+    return tuple(d if isinstance(d, DataSource) else DataSource.parse(d) for d in items)
+
+
+def _buckets_apart(options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`options` with the s3:// entries of `data` (as the command line's --data takes
+    them) moved to `data_sources`."""
+    from gpuhop.api.spec import S3_SCHEME
+
+    data = options.get("data")
+    items = [data] if isinstance(data, str) else data
+    if not items or not any(isinstance(d, str) and d.startswith(S3_SCHEME) for d in items):
+        return options
+    buckets = [d for d in items if isinstance(d, str) and d.startswith(S3_SCHEME)]
+    rest = [d for d in items if not (isinstance(d, str) and d.startswith(S3_SCHEME))]
+    given = options.get("data_sources") or []
+    given = [given] if isinstance(given, str) else list(given)
+    return {**options, "data": rest, "data_sources": [*given, *buckets]}
+
+
 def _secrets(value: Any, root: Path) -> tuple[SecretUse, ...]:
     from gpuhop.api.spec import SecretUse
 
@@ -106,6 +130,7 @@ _MAKE: dict[str, Callable[[Any, Path], Any]] = {
     "time_limit": lambda value, root: parse_duration(value),
     "requirements": _requirements,
     "data": _mounts,
+    "data_sources": _sources,
     "secrets": _secrets,
     "after": _job_ids,
     "notify": lambda value, root: tuple(value),
