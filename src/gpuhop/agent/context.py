@@ -12,6 +12,7 @@ from gpuhop.agent.config import Policy
 from gpuhop.agent.host.gpuhistory import GpuHistory, sample_every
 from gpuhop.agent.host.identities import Identities, IdentityError
 from gpuhop.agent.host.quarantine import QuarantineStore
+from gpuhop.agent.jobs.fetches import Fetches
 from gpuhop.agent.jobs.metricstail import latest_metrics
 from gpuhop.agent.jobs.notifier import HostRule, Notifier, payload
 from gpuhop.agent.jobs.placement import Limits
@@ -19,6 +20,7 @@ from gpuhop.agent.jobs.scheduler import Scheduler
 from gpuhop.agent.jobs.store import JobRecord, JobStore
 from gpuhop.agent.jobs.supervisor import Supervisor
 from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.buckets import CREDENTIAL_NAMES, Credentials
 from gpuhop.agent.storage.checkouts import CheckoutStore
 from gpuhop.agent.storage.claims import ClaimStore
 from gpuhop.agent.storage.datasets import DatasetStore
@@ -27,7 +29,7 @@ from gpuhop.agent.storage.secrets import SecretStore
 from gpuhop.agent.storage.trees import TreeStore
 from gpuhop.agent.storage.usage import DiskMeter
 from gpuhop.agent.tokens import TokenStore
-from gpuhop.api import ListenerInfo
+from gpuhop.api import JobState, ListenerInfo
 from gpuhop.backends.base import StartError
 from gpuhop.home import AgentPaths
 
@@ -86,6 +88,14 @@ class AgentContext:
         self.gc_lock = threading.Lock()
         # The TCP listener, when the daemon opened one.
         self.listener: ListenerInfo | None = None
+        # Queued jobs' buckets' data, fetched while they wait (see gpuhop.agent.jobs.fetches).
+        self.fetches = Fetches(
+            paths,
+            self.store,
+            credentials=lambda job: self.bucket_credentials(job.owner),
+            masked=self.masked,
+            on_done=self._fetched,
+        )
         # The loop that starts queued jobs (see gpuhop.agent.jobs.scheduler).
         self.scheduler = Scheduler(
             self.store,
@@ -95,6 +105,7 @@ class AgentContext:
             limits=self.limits,
             out_of_service=self.quarantine.all,
             notify=self.notify,
+            held=self.fetches.note,
         )
 
     def identity_of(self, job: JobRecord) -> dict[str, Any] | None:
@@ -140,6 +151,24 @@ class AgentContext:
             )
         return {s.env: values[s.name] for s in job.spec.secrets}
 
+    def bucket_credentials(self, owner: str | None) -> Credentials:
+        """What a fetch of `owner`'s buckets signs with: their AWS_* secrets; on a
+        single-user agent, the user's usual AWS configuration for what they leave out."""
+        owner = owner or owner_login()
+        return Credentials(owner, self.secrets.values(owner, CREDENTIAL_NAMES), not self.team())
+
+    def masked(self, job: JobRecord, text: str) -> str:
+        """`text` with every value of `job`'s user's secrets shown as ***."""
+        for value in self.secrets.all_values(job.owner or owner_login()):
+            if value:
+                text = text.replace(value, "***")
+        return text
+
+    def _fetched(self, job_id: str, state: JobState) -> None:
+        if state is JobState.failed:
+            self.notify(job_id, state.value)  # it never started: this is its end
+        self.scheduler.wake()
+
     def team(self) -> bool:
         """Whether this agent serves more than its owner now: a TCP listener is open, or
         tokens belong to more than one user."""
@@ -160,6 +189,7 @@ class AgentContext:
         return Limits(user_gpus=self.policy.user_max_gpus, exempt=admins)
 
     def close(self) -> None:
+        self.fetches.close()
         self.scheduler.close()
         self.backend.close()
         self.notifier.close()

@@ -7,10 +7,15 @@ local leader's `--sandbox` and `--env` arguments).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from gpuhop.home import JobPaths
+
+# Where a job sees its buckets' data (`--data s3://...:NAME`), relative to its work dir:
+# $GPUHOP_DATA is this dir, and each source is mounted at NAME in it.
+DATA_DIR = ".gpuhop/data"
 
 
 def path(jp: JobPaths) -> Path:
@@ -18,7 +23,10 @@ def path(jp: JobPaths) -> Path:
 
 
 def write(jp: JobPaths, deps: dict[str, Any]) -> None:
-    path(jp).write_text(json.dumps(deps))
+    """Write the job's deps whole (a fetch adds its data while the job is listed)."""
+    part = path(jp).with_name("deps.json.part")
+    part.write_text(json.dumps(deps))
+    os.replace(part, path(jp))
 
 
 def read(jp: JobPaths) -> dict[str, Any]:

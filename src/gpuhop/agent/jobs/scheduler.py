@@ -46,11 +46,13 @@ class Scheduler:
         limits: Callable[[], Limits],
         out_of_service: Callable[[], Iterable[int]],
         notify: Callable[[str, str], None],
+        held: Callable[[JobRecord], str | None] = lambda job: None,
     ):
         """`supervisor` launches the placed jobs; `gpus` are the host's as found at start;
         `where` names them in a misfit's reason (the backend's "this host"); `limits` and
         `out_of_service` are read on each pass; `notify` tells a job's webhooks of its
-        cancel."""
+        cancel; `held` says why a queued job may not start yet though its GPUs were free
+        (its data is still being fetched), or None."""
         self.store = store
         self.supervisor = supervisor
         self.gpus = gpus
@@ -58,8 +60,10 @@ class Scheduler:
         self.limits = limits
         self.out_of_service = out_of_service
         self.notify = notify
+        self.held = held
         # Why each queued job waits, in its owner's words: on a limit (`plan`'s reason), or
-        # on busy GPUs, with its place in line and who holds them (`waits.said`).
+        # on busy GPUs, with its place in line and who holds them (`waits.said`); or on its
+        # data (`held`: a bucket's fetch).
         self.waiting: dict[str, str] = {}
         # Set once the scheduler has re-attached to the jobs of a previous agent.
         self.reattached = asyncio.Event()
@@ -110,9 +114,18 @@ class Scheduler:
 
     def schedule_once(self) -> int:
         """Start every queued job that fits now. Returns how many were started."""
-        queued = [j for j in self.store.queued() if self._dependencies_allow(j)]
+        held: dict[str, str] = {}
+        queued = []
+        for job in self.store.queued():
+            if not self._dependencies_allow(job):
+                continue
+            note = self.held(job)
+            if note is None:
+                queued.append(job)
+            else:  # not pending either: it holds up no job behind it
+                held[job.id] = note
         if not queued:
-            self.waiting = {}
+            self.waiting = held
             return 0
         memory = {g.index: g.memory_mb for g in self.gpus}
         # On a cluster (GPUs with a node) the cluster places jobs: every GPU counts as alike.
@@ -131,7 +144,7 @@ class Scheduler:
             waiting=waiting,
             out_of_service=self.out_of_service(),
         )
-        self.waiting = {**said(pending, placements, holdings, memory, waiting), **waiting}
+        self.waiting = {**said(pending, placements, holdings, memory, waiting), **waiting, **held}
         for placement in placements:
             # Allocation and the move to `starting` are one guarded UPDATE.
             if self.store.transition(

@@ -152,7 +152,9 @@ def _remove(rt: AgentContext, name: str, version: int | None, caller: Caller) ->
         (job_id, m["version"])
         for job_id, deps in in_use(rt)
         for m in deps.get("data", [])
-        if m["name"] == name and (targets is None or m["version"] in targets)
+        if "url" not in m  # a bucket's view, not a dataset
+        and m["name"] == name
+        and (targets is None or m["version"] in targets)
     ]
     if users:
         jobs = ", ".join(sorted({job_id for job_id, _ in users}))

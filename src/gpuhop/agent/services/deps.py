@@ -24,8 +24,17 @@ def check(rt: AgentContext, spec: JobSpec, tree_paths: set[str], caller: Caller)
     deps: dict[str, Any] = {}
     if spec.pack:
         deps["pack"] = True  # read by a scale-out backend; one host has nothing to pack
+    points = [m.mount for m in spec.data]
+    points += [f"{jobdeps.DATA_DIR}/{d.name}" for d in spec.data_sources]
+    _check_mount_points(points, tree_paths)
     if spec.data:
-        deps["data"] = _mounts(rt, spec, tree_paths, caller)
+        deps["data"] = _mounts(rt, spec, caller)
+    if spec.data_sources:
+        why = rt.bucket_credentials(caller.user).missing()
+        if why is not None:
+            raise ApiError(400, ErrorCode.bad_request, why)
+        # Fetched from now on (gpuhop.agent.jobs.fetches), added to "data" when whole.
+        deps["sources"] = [str(d) for d in spec.data_sources]
     python = interpreter(rt, spec)
     if python is not None:
         deps["python"] = python
@@ -55,31 +64,33 @@ def interpreter(rt: AgentContext, spec: JobSpec) -> str | None:
         raise ApiError(400, ErrorCode.bad_request, str(e)) from None
 
 
-def _mounts(
-    rt: AgentContext, spec: JobSpec, tree_paths: set[str], caller: Caller
-) -> list[dict[str, Any]]:
-    mounts: list[dict[str, Any]] = []
-    for m in spec.data:
-        for other in mounts:
-            a, b = m.mount, other["mount"]
+def _check_mount_points(points: list[str], tree_paths: set[str]) -> None:
+    """Refuse mount points that overlap each other or the job's synced files."""
+    for i, a in enumerate(points):
+        for b in points[:i]:
             if a == b or a.startswith(b + "/") or b.startswith(a + "/"):
                 raise ApiError(
                     400, ErrorCode.bad_path, f"mount points {b} and {a} overlap; use separate ones"
                 )
         for path in tree_paths:
-            if path == m.mount or m.mount.startswith(path + "/"):
+            if path == a or a.startswith(path + "/"):
                 raise ApiError(
                     400,
                     ErrorCode.bad_path,
-                    f"mount point {m.mount} collides with the synced file {path}",
+                    f"mount point {a} collides with the synced file {path}",
                 )
-            if path.startswith(m.mount + "/"):
+            if path.startswith(a + "/"):
                 raise ApiError(
                     400,
                     ErrorCode.bad_path,
-                    f"mount point {m.mount} would hide synced files ({path}); mount the dataset"
+                    f"mount point {a} would hide synced files ({path}); mount the data"
                     " elsewhere, or ignore those files (.gpuhopignore)",
                 )
+
+
+def _mounts(rt: AgentContext, spec: JobSpec, caller: Caller) -> list[dict[str, Any]]:
+    mounts: list[dict[str, Any]] = []
+    for m in spec.data:
         try:
             info = rt.datasets.info(m.name, m.version)
             if not caller.admin and not rt.datasets.readable_by(m.name, caller.user):
@@ -106,8 +117,10 @@ def info_fields(jp: JobPaths) -> dict[str, Any]:
     deps = jobdeps.read(jp)
     if not deps:
         return {}
+    datasets = [d for d in deps.get("data", []) if "url" not in d]  # not a bucket's view
     return {
-        "data": [f"{d['name']}:v{d['version']}={d['mount']}" for d in deps.get("data", [])],
+        "data": [f"{d['name']}:v{d['version']}={d['mount']}" for d in datasets]
+        + deps.get("sources", []),
         "python_env": deps["env"]["id"] if deps.get("env") else None,
         "python": deps["env"]["python"] if deps.get("env") else deps.get("python"),
     }

@@ -312,7 +312,8 @@ def submit(
     command = _checked_command(rt, command, tree, spec.env)
     # The store keeps the jobs it runs after by their full ids.
     spec = spec.replace(after=tuple(queue.resolve_after(rt, spec, caller)))
-    tree_paths = {e["path"] for e in rt.trees.entries(tree)} if tree and spec.data else set()
+    mounts = spec.data or spec.data_sources
+    tree_paths = {e["path"] for e in rt.trees.entries(tree)} if tree and mounts else set()
     job_deps = deps.check(rt, spec, tree_paths, caller)
     if tree is not None and rt.policy.jobs_quota is not None:
         # A stat per file of the tree: only where a quota asks for it.
@@ -333,6 +334,8 @@ def submit(
         # A full disk (files or the job store), a bad source: no half job.
         shutil.rmtree(jp.root, ignore_errors=True)
         raise
+    # Its data starts coming while it waits for its GPUs (and the pass below holds it).
+    rt.fetches.start(job)
     # The pass runs here rather than on the event loop: one hop less before the start.
     rt.scheduler.start_now()
     return to_info(rt, job)

@@ -250,6 +250,8 @@ class LocalBackend(LeaderBackend):
         # masked in its output by the leader (`--mask` names the variables, never a value).
         secrets = deps.get("secrets") or {}
         env.update(secrets)
+        if deps.get("data_dir"):  # its buckets' data, each at NAME in it (read-only)
+            env["GPUHOP_DATA"] = str(jp.work / deps["data_dir"])
         if identity:
             # Its own home (pip's, Keras's and Hugging Face's caches), not the agent's.
             env.update(HOME=identity["home"], USER=identity["user"], LOGNAME=identity["user"])

@@ -134,9 +134,10 @@ class RayBackend(LeaderBackend):
     def check_submit(self, spec: JobSpec) -> None:
         """Refuse, with what to do instead, the jobs that need the agent's own host."""
         why = None
-        if spec.data:
+        if spec.data or spec.data_sources:
             why = (
-                "datasets are mounted from the agent's host and cannot reach the Ray cluster's"
+                "datasets (and buckets' data) are mounted from the agent's host and cannot"
+                " reach the Ray cluster's"
                 " nodes; put the data where every node can read it"
             )
         elif spec.secrets:

@@ -162,9 +162,10 @@ class SlurmBackend(LeaderBackend):
     def check_submit(self, spec: JobSpec) -> None:
         """Refuse, with what to do instead, the jobs that need the agent's own host."""
         why = None
-        if spec.data:
+        if spec.data or spec.data_sources:
             why = (
-                "datasets are mounted from the agent's host and cannot reach Slurm's compute"
+                "datasets (and buckets' data) are mounted from the agent's host and cannot"
+                " reach Slurm's compute"
                 " nodes; put the data on the shared filesystem"
             )
         elif spec.secrets:
