@@ -1,0 +1,245 @@
+"""`--data s3://BUCKET/PREFIX[:NAME]` against a real S3 API server (moto's, on loopback, with
+its IAM checks on): the agent's host fetches the prefix with the user's own secrets while the
+job waits, the job reads it read-only at $GPUHOP_DATA/NAME, an unchanged prefix costs the next
+job one listing and a changed object only itself, and a bad secret or bucket ends the job as
+`data-error` in the bucket's own words."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from tests.conftest import Agent
+
+boto3 = pytest.importorskip("boto3")
+pytest.importorskip("moto")
+
+pytestmark = pytest.mark.timeout(120)
+
+BUCKET = "gpuhop-train"
+OBJECTS = {
+    "train/a.txt": b"alpha\n",
+    "train/sub dir/\u00e9t\u00e9 \u00f1.txt": "\u00e9t\u00e9 \u00f1\n".encode(),
+    "train/deep/er/b.bin": os.urandom(3000),
+    # Past the single-GET size: read in ranged parts by the transfer manager.
+    "train/big.bin": os.urandom(17 << 20),
+    "train/": b"",  # a folder marker: no file
+    "train2/not-this.txt": b"a sibling prefix, not under train/\n",
+    "other/x.txt": b"elsewhere\n",
+}
+
+# Lists the data it sees (path, size, sha256) and whether it can write there.
+JOB = """\
+import hashlib, os
+root = os.path.join(os.environ["GPUHOP_DATA"], "train")
+for dirpath, dirs, files in sorted(os.walk(root)):
+    for name in sorted(files):
+        path = os.path.join(dirpath, name)
+        data = open(path, "rb").read()
+        print("file", os.path.relpath(path, root), len(data), hashlib.sha256(data).hexdigest())
+print("read-only mount", bool(os.statvfs(root).f_flag & os.ST_RDONLY))
+try:
+    open(os.path.join(root, "new.txt"), "w").write("x")
+    print("writable")
+except OSError as e:
+    print("not written", e.errno)
+"""
+
+
+class S3(NamedTuple):
+    url: str
+    key_id: str
+    secret: str
+    log: Path
+
+    def client(self, secret: str | None = None):
+        return boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            region_name="us-east-1",
+            aws_access_key_id=self.key_id,
+            aws_secret_access_key=secret or self.secret,
+        )
+
+    def requests(self, since: int = 0) -> list[str]:
+        """The request lines the server logged after byte `since` of its log."""
+        with self.log.open("rb") as f:
+            f.seek(since)
+            text = f.read().decode(errors="replace")
+        return re.findall(r'"((?:GET|HEAD|PUT|POST) [^"]*) HTTP/1\.1', text)
+
+    def mark(self) -> int:
+        return self.log.stat().st_size
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
+    """moto's S3 server on a loopback port of its choosing, checking signatures against an
+    IAM user it makes first (its first 3 requests go unchecked: the user, its key, its
+    policy); the bucket holds OBJECTS. Stopped at the module's end."""
+    log = tmp_path_factory.mktemp("moto") / "requests.log"
+    env = dict(os.environ, INITIAL_NO_AUTH_ACTION_COUNT="3")
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+    try:
+        url = _served_at(log, server)
+        anyone = {"aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
+        iam = boto3.client("iam", endpoint_url=url, region_name="us-east-1", **anyone)
+        iam.create_user(UserName="trainer")
+        key = iam.create_access_key(UserName="trainer")["AccessKey"]
+        allow = {"Effect": "Allow", "Action": "*", "Resource": "*"}
+        policy = {"Version": "2012-10-17", "Statement": [allow]}
+        iam.put_user_policy(UserName="trainer", PolicyName="all", PolicyDocument=json.dumps(policy))
+        found = S3(url, key["AccessKeyId"], key["SecretAccessKey"], log)
+        client = found.client()
+        client.create_bucket(Bucket=BUCKET)
+        for name, data in OBJECTS.items():
+            client.put_object(Bucket=BUCKET, Key=name, Body=data)
+        iam.close()
+        client.close()
+        yield found
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+def _served_at(log: Path, server: subprocess.Popen[bytes]) -> str:
+    from tests.conftest import wait_until
+
+    def address() -> str | None:
+        assert server.poll() is None, log.read_text()
+        found = re.search(r"Running on (http://127\.0\.0\.1:\d+)", log.read_text())
+        return found.group(1) if found else None
+
+    return str(wait_until(address, timeout=30))
+
+
+@pytest.fixture
+def signed_in(shared_agent: Agent, s3: S3) -> Iterator[Agent]:
+    """The shared agent's user with the S3 server's credentials as their secrets."""
+    client = shared_agent.client()
+    values = {
+        "AWS_ACCESS_KEY_ID": s3.key_id,
+        "AWS_SECRET_ACCESS_KEY": s3.secret,
+        "AWS_ENDPOINT_URL": s3.url,
+        "AWS_REGION": "us-east-1",
+    }
+    for name, value in values.items():
+        client.set_secret(name, value)
+    yield shared_agent
+    for name in values:
+        client.remove_secret(name)
+    client.close()
+
+
+def _expected_lines(prefix: str = "train/") -> list[str]:
+    import hashlib
+
+    lines = []
+    for key, data in OBJECTS.items():
+        if key.startswith(prefix) and not key.endswith("/"):
+            lines.append(
+                f"file {key[len(prefix) :]} {len(data)} {hashlib.sha256(data).hexdigest()}"
+            )
+    return sorted(lines)
+
+
+def _object_requests(lines: list[str]) -> list[str]:
+    """The requests for objects' bytes (GET or HEAD of a key, not a listing)."""
+    return [r for r in lines if re.match(rf"(GET|HEAD) /{BUCKET}/", r) and "list-type" not in r]
+
+
+def test_a_job_reads_a_prefix_fetched_on_the_host_and_the_next_costs_one_listing(
+    signed_in: Agent, s3: S3, project
+):
+    root = project({"job.py": JOB})
+    first = signed_in.cli("run", "--data", f"s3://{BUCKET}/train", "job.py", cwd=root)
+    assert first.returncode == 0, first.stdout + first.stderr
+    seen = sorted(line for line in first.stdout.splitlines() if line.startswith("file "))
+    assert seen == _expected_lines()  # the prefix only, key with spaces and non-ASCII too
+    assert "read-only mount True" in first.stdout and "not written" in first.stdout
+    job_id = json.loads(signed_in.cli("ps", "--json").stdout)[0]["id"]
+    shown = json.loads(signed_in.cli("show", job_id, "--json").stdout)
+    assert shown["data"] == [f"s3://{BUCKET}/train/:train"]
+    assert shown["end_class"] == "succeeded"
+
+    mark = s3.mark()
+    second = signed_in.cli("run", "--data", f"s3://{BUCKET}/train:train", "job.py", cwd=root)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert sorted(ln for ln in second.stdout.splitlines() if ln.startswith("file ")) == seen
+    asked = s3.requests(mark)
+    assert _object_requests(asked) == []  # no byte fetched again
+    assert len([r for r in asked if "list-type=2" in r]) == 1  # one listing
+
+    OBJECTS["train/a.txt"] = b"alpha, changed\n"
+    s3.client().put_object(Bucket=BUCKET, Key="train/a.txt", Body=OBJECTS["train/a.txt"])
+    mark = s3.mark()
+    third = signed_in.cli("run", "--data", f"s3://{BUCKET}/train", "job.py", cwd=root)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert sorted(ln for ln in third.stdout.splitlines() if ln.startswith("file ")) == (
+        _expected_lines()
+    )
+    assert _object_requests(s3.requests(mark)) == [f"GET /{BUCKET}/train/a.txt"]
+    # Whole objects only in the cache: nothing partial left behind.
+    assert [p for p in signed_in.home.glob("objects/*/tmp/*")] == []
+
+
+def test_a_wrong_secret_or_bucket_ends_the_job_as_data_error_in_the_buckets_words(
+    signed_in: Agent, s3: S3, project
+):
+    root = project({"job.py": "print('never runs')"})
+    client = signed_in.client()
+    wrong = "wrong-" + secrets.token_hex(12)
+    client.set_secret("AWS_SECRET_ACCESS_KEY", wrong)
+    run = signed_in.cli("run", "--data", f"s3://{BUCKET}/train", "job.py", cwd=root)
+    assert run.returncode != 0
+    assert "SignatureDoesNotMatch" in run.stdout + run.stderr, run.stdout + run.stderr
+    assert "never runs" not in run.stdout
+    job_id = json.loads(signed_in.cli("ps", "--json").stdout)[0]["id"]
+    info = json.loads(signed_in.cli("show", job_id, "--json").stdout)
+    assert (info["state"], info["end_class"]) == ("failed", "data-error")
+    assert info["reason"].startswith(f"could not fetch its data: s3://{BUCKET}/train/:")
+    assert wrong not in json.dumps(info) + run.stdout + run.stderr
+
+    client.set_secret("AWS_ACCESS_KEY_ID", "AKIANOSUCHKEY0000000")
+    unknown = client.submit("job.py", workdir=root, data=[f"s3://{BUCKET}/train"]).wait()
+    assert unknown.end_class == "data-error" and "InvalidAccessKeyId" in (unknown.reason or "")
+
+    client.set_secret("AWS_ACCESS_KEY_ID", s3.key_id)
+    client.set_secret("AWS_SECRET_ACCESS_KEY", s3.secret)
+    gone = client.submit("job.py", workdir=root, data_sources=["s3://no-such-bucket/x"]).wait()
+    assert gone.end_class == "data-error"
+    assert "NoSuchBucket: The specified bucket does not exist" in (gone.reason or "")
+    client.close()
+
+
+def test_bad_bucket_sources_are_refused_before_anything_is_sent(shared_agent: Agent, project):
+    root = project({"job.py": "print('never runs')"})
+    for given, words in (
+        ("s3://Bad_Bucket/x", "'Bad_Bucket' is not a bucket name"),
+        ("s3://bucket-one/a/../b", "the prefix has an empty, '.' or '..' part"),
+        ("s3://bucket-one/x:bad name", "'bad name' cannot name the data"),
+    ):
+        refused = shared_agent.cli("run", "--data", given, "job.py", cwd=root)
+        assert refused.returncode == 2 and words in refused.stderr, refused.stderr
+    twice = shared_agent.cli(
+        "run", "--data", "s3://bucket-one/a/x", "--data", "s3://bucket-two/x", "job.py", cwd=root
+    )
+    assert twice.returncode == 2
+    assert "--data names two buckets' data x; give one :NAME" in twice.stderr
