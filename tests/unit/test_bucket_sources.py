@@ -1,0 +1,95 @@
+"""Bucket sources (`--data s3://...`): how one is read and carried (spec, wire), how a fetch's
+progress is worded, and the object cache's rules (whole objects only, one view per listing)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuhop.agent.jobs.fetches import Fetch
+from gpuhop.agent.storage.objectcache import Listed, ObjectCache, ObjectId
+from gpuhop.api.models import SubmitRequest
+from gpuhop.api.spec import DataSource, JobSpec
+
+
+@pytest.mark.parametrize(
+    ("text", "parsed"),
+    [
+        ("s3://bkt/train", DataSource("bkt", "train/", "train")),
+        ("s3://bkt/data/train/:tr", DataSource("bkt", "data/train/", "tr")),
+        ("s3://bkt", DataSource("bkt", "", "bkt")),
+        ("s3://bkt/", DataSource("bkt", "", "bkt")),
+        ("s3://my.bkt-1/a:b/c", DataSource("my.bkt-1", "a:b/c/", "c")),  # a colon of the prefix
+        ("s3://bkt/a b/\u00e9t\u00e9", DataSource("bkt", "a b/\u00e9t\u00e9/", "\u00e9t\u00e9")),
+    ],
+)
+def test_a_source_is_read_as_a_folder_and_named(text, parsed):
+    if parsed.name == "\u00e9t\u00e9":  # not a name a mount point takes: give one
+        with pytest.raises(ValueError, match="cannot name the data"):
+            DataSource.parse(text)
+        assert DataSource.parse(text + ":ete") == parsed._replace(name="ete")
+        return
+    assert DataSource.parse(text) == parsed
+    assert DataSource.parse(str(parsed)) == parsed  # shown as it is read back
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("gs://bkt/x", "takes s3://BUCKET/PREFIX[:NAME]"),
+        ("s3://UPPER/x", "'UPPER' is not a bucket name"),
+        ("s3://ab/x", "'ab' is not a bucket name"),
+        ("s3://bkt/a//b", "an empty, '.' or '..' part"),
+        ("s3://bkt/../x", "an empty, '.' or '..' part"),
+        ("s3://bkt/x:.hidden", "cannot name the data"),
+    ],
+)
+def test_a_malformed_source_says_what_is_wrong(text, words):
+    with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        DataSource.parse(text)
+
+
+def test_sources_travel_whole_through_the_wire_and_the_store():
+    spec = JobSpec(data_sources=(DataSource.parse("s3://bkt/train"), DataSource.parse("s3://b2b")))
+    assert JobSpec.from_json(spec.to_json()) == spec
+    sent = SubmitRequest.model_validate({"command": ["job.py"], **spec.to_wire()})
+    assert sent.spec().data_sources == spec.data_sources
+    with pytest.raises(ValueError, match="must be empty or end in '/'"):
+        SubmitRequest.model_validate(
+            {"command": ["x"], "data_sources": [{"bucket": "bkt", "prefix": "a", "name": "a"}]}
+        )
+    twice = JobSpec(data_sources=(DataSource.parse("s3://bkt/a/x"), DataSource.parse("s3://b2b/x")))
+    assert twice.problems() == ["data_sources names two buckets' data x; give one :NAME"]
+
+
+def test_a_fetch_says_how_far_it_is():
+    fetch = Fetch("job")
+    assert fetch.note() == "fetching data: listing the bucket"
+    fetch.phase, fetch.objects, fetch.objects_done, fetch.bytes = "downloading", 9, 3, 3 << 30
+    fetch.add(40 << 20)
+    assert fetch.note().startswith("fetching data: 3/9 objects, 40 MiB of 3 GiB, ")
+    assert fetch.note().endswith("/s")
+
+
+def test_the_cache_takes_whole_objects_and_makes_one_view_per_listing(tmp_path: Path):
+    cache = ObjectCache.for_user(tmp_path, "alice")
+    assert ObjectCache.for_user(tmp_path, "bob").root != cache.root
+    one = ObjectId("aws", "bkt", "train/a.txt", "e1", 5)
+    short = cache.temp()
+    short.write_bytes(b"abc")
+    with pytest.raises(ValueError, match="3 bytes came, the listing said 5"):
+        cache.commit(one, short)
+    assert not short.exists() and not cache.has(one)
+    whole = cache.temp()
+    whole.write_bytes(b"abcde")
+    cache.commit(one, whole)
+    assert cache.has(one) and not whole.exists()
+    listing = [Listed("a.txt", one)]
+    assert cache.view(listing) is None
+    view = cache.make_view(listing)
+    assert (view / "a.txt").read_bytes() == b"abcde"
+    assert cache.make_view(listing) == view == cache.view(listing)
+    changed = [Listed("a.txt", one._replace(etag="e2"))]
+    assert cache.view_name(changed) != cache.view_name(listing)  # a new ETag: a new view
+    assert list(cache.tmp.iterdir()) == []
