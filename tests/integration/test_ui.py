@@ -9,7 +9,9 @@ else.
 
 from __future__ import annotations
 
+import io
 import sys
+import zipfile
 from collections.abc import Callable, Iterator
 from http.client import HTTPConnection
 from pathlib import Path
@@ -245,15 +247,8 @@ def test_a_user_sees_only_their_own_jobs_in_the_dashboard(owner_http, user_http)
     listed = alice.get("/ui/api/jobs", headers=cookie).json()["jobs"]
     assert mine in {j["id"] for j in listed}
     assert {j["owner"] for j in listed} == {"alice"}
-    for path in (
-        "",
-        "/log",
-        "/metrics",
-        "/artifacts",
-        "/artifacts/a.txt",
-        "/tensorboard",
-        "/stacks",
-    ):
+    paths = ("", "/log", "/metrics", "/artifacts", "/artifacts/a.txt", "/archive", "/archive/d")
+    for path in (*paths, "/tensorboard", "/stacks"):
         r = alice.get(f"/ui/api/jobs/{theirs}{path}", headers=cookie)
         assert r.status_code == 404, (path, r.text)
     # The job page's Stacks button, on her own running job: where its Python is now.
@@ -264,6 +259,7 @@ def test_a_user_sees_only_their_own_jobs_in_the_dashboard(owner_http, user_http)
     assert alice.post(f"/ui/api/jobs/{theirs}/cancel", headers=csrf).status_code == 404
     gpus = alice.get("/ui/api/gpus", headers=cookie).json()
     assert gpus["gpus"][0]["job_ids"] == [] and gpus["gpus"][0]["memory_reserved_mb"] > 0
+    assert gpus["names"] == {}  # nor the name of another user's job holding it
     # The agent samples its GPUs from its start: the page has their history to draw.
     history = wait_until(lambda: alice.get("/ui/api/gpus", headers=cookie).json()["history"])
     assert history["0"]["utilization"][0] == 0  # a fake GPU reads 0
@@ -362,3 +358,28 @@ def test_a_sweeps_page_lists_its_runs_for_their_owner_only(owner_http, user_http
     assert alice.get("/ui/static/sweep.js").status_code == 200
     bobs = with_cookie(login(bob, code_for(bob)))
     assert bob.get("/ui/api/jobs", params={"sweep": "s-ab12"}, headers=bobs).status_code == 404
+    # Nor can he cancel it; its owner can (the runs that have ended stay as they ended).
+    cancel = "/ui/api/sweeps/s-ab12/cancel"
+    assert bob.post(cancel, headers={**bobs, "x-gpuhop-ui": "1"}).status_code == 404
+    r = alice.post(cancel, headers={**cookie, "x-gpuhop-ui": "1"})
+    assert r.status_code == 200 and {j["id"] for j in r.json()["jobs"]} == runs
+
+
+def test_an_artifact_directory_comes_as_one_zip_named_safely(owner_http):
+    job = submit(owner_http, WRITE_PAGE)
+    wait_until(lambda: owner_http.get(f"/v1/jobs/{job}").json()["state"] == "succeeded")
+    cookie = with_cookie(login(owner_http, code_for(owner_http)))
+    r = owner_http.get(f"/ui/api/jobs/{job}/archive", headers=cookie)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-disposition"] == f"attachment; filename*=utf-8''{job}-artifacts.zip"
+    assert r.headers["content-security-policy"].startswith("sandbox")
+    with zipfile.ZipFile(io.BytesIO(r.content)) as zf:
+        assert zf.read("report.html") == b"<script>alert(1)</script>"
+        assert zf.read("caf\\xe9.txt") == b"latin-1"  # named as the listing names it
+    for path, status, said in (
+        ("/archive/report.html", 404, "has no artifact directory report.html"),
+        ("/archive/nothing", 404, "has no artifact directory nothing"),
+        ("/archive/%2e%2e/%2e%2e", 400, ".."),
+    ):
+        r = owner_http.get(f"/ui/api/jobs/{job}{path}", headers=cookie)
+        assert (r.status_code, said in r.text) == (status, True), (path, r.text)

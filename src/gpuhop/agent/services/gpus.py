@@ -62,6 +62,16 @@ def describe(ctx: AgentContext, caller: Caller) -> list[GpuInfo]:
     return out
 
 
+def holder_names(ctx: AgentContext, gpus: list[GpuInfo]) -> dict[str, str | None]:
+    """The name (None for an unnamed one) of each job `gpus` names as a holder: those the
+    caller may see already (`describe`), so nobody learns another user's job names here."""
+    names: dict[str, str | None] = {}
+    for job_id in {j for gpu in gpus for j in gpu.job_ids}:
+        with contextlib.suppress(JobNotFound):  # it ended and was removed since
+            names[job_id] = ctx.store.get(job_id).spec.name
+    return names
+
+
 def _memory_by_job(ctx: AgentContext, holders: dict[int, list[str]]) -> dict[int, dict[str, int]]:
     """GPU index -> each holder's MB there (0 for one with no process on it), for the GPUs
     whose processes the driver tells."""

@@ -361,3 +361,16 @@ def cancel(rt: AgentContext, ref: str, grace: float, caller: Caller) -> JobInfo:
         return to_info(rt, rt.store.get(job.id))
     rt.supervisor.cancel(rt.store.get(job.id), grace)
     return to_info(rt, rt.store.get(job.id))
+
+
+def cancel_sweep(rt: AgentContext, sweep: str, grace: float, caller: Caller) -> list[JobInfo]:
+    """Cancel every run of the caller's sweep `sweep` (its id, or its name for the newest)
+    that has not ended; the runs, as they are after it. A run that ends on its own meanwhile
+    is left as it ended."""
+    owner = caller.owner_filter
+    found = resolve_sweep(rt, sweep, owner)
+    for run in rt.store.list(None, 10_000, owner=owner, sweep=found):
+        if not run.state.finished:
+            with contextlib.suppress(ApiError):  # it ended between the list and the cancel
+                cancel(rt, run.id, grace, caller)
+    return [to_info(rt, j) for j in rt.store.list(None, 10_000, owner=owner, sweep=found)]

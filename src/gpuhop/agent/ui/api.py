@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import os
 import time
+from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import FileResponse, Response
+from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
+from gpuhop.agent.services import archives, outputs, stacks
 from gpuhop.agent.services import gpus as gpus_service
 from gpuhop.agent.services import jobs as jobs_service
-from gpuhop.agent.services import outputs, stacks
 from gpuhop.agent.services import tensorboard as tb_service
 from gpuhop.api import ArtifactEntry, JobInfo, JobStacks, JobState
 from gpuhop.version import __version__
@@ -116,6 +117,23 @@ def artifact(ref: str, path: str, request: Request) -> FileResponse:
     )
 
 
+@router.get("/jobs/{ref}/archive")
+@router.get("/jobs/{ref}/archive/{path:path}")
+def archive(ref: str, request: Request, path: str = "") -> StreamingResponse:
+    """A directory of the job's artifacts (a SavedModel; all of them without `path`) as one
+    zip file, streamed while it is made: a download, as every artifact is."""
+    found = archives.artifact_dir_of(ctx(request), ref, caller_of(request), path)
+    return StreamingResponse(
+        found.chunks(),
+        media_type="application/zip",
+        headers={
+            # The name is the job's: quoted, so no character of it can end the header.
+            "Content-Disposition": f"attachment; filename*=utf-8''{quote(found.name)}",
+            "Content-Security-Policy": "sandbox; default-src 'none'",
+        },
+    )
+
+
 @router.get("/jobs/{ref}/tensorboard")
 def tensorboard(ref: str, request: Request) -> dict[str, object]:
     """The runs (dirs of event files) the job has written so far, where TensorBoard would
@@ -135,12 +153,22 @@ def cancel(ref: str, request: Request) -> dict[str, object]:
     return {"now": time.time(), "job": info}
 
 
+@router.post("/sweeps/{ref}/cancel")
+def cancel_sweep(ref: str, request: Request) -> dict[str, object]:
+    runs = jobs_service.cancel_sweep(ctx(request), ref, 10.0, caller_of(request))
+    return {"now": time.time(), "jobs": runs}
+
+
 @router.get("/gpus")
 def gpus(request: Request) -> dict[str, object]:
+    """Each GPU as `gpuhop gpus` shows it, the names of the jobs holding them that the
+    caller may see (the page names a holder as the job list does), and the last hour."""
     c = ctx(request)
+    found = gpus_service.describe(c, caller_of(request))
     return {
         "now": time.time(),
-        "gpus": gpus_service.describe(c, caller_of(request)),
+        "gpus": found,
+        "names": gpus_service.holder_names(c, found),
         "every": c.gpu_history.every,
         "history": c.gpu_history.series(),
     }
