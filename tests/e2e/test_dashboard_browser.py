@@ -1,9 +1,16 @@
 """The web dashboard in a real browser (Debian's chromium, driven by Playwright), as a user
 sees it: a real agent with a fake GPU, `gpuhop ui --no-browser` as a real process, and its
-login link opened in chromium. A job that logs metrics is watched until its loss chart gains
-points, shown on the GPU page as the holder of the GPU, and cancelled from its page. Without
-the login, nothing is shown. A GPU quarantined for a fault says why on the GPU page. A
-screenshot of the job page is kept in test-output/.
+login link opened in chromium; one agent, dashboard and browser for the module (each test
+logs a fresh browser context in with a code of its own).
+
+A job that logs metrics is watched until its loss chart (loss and val_loss on one chart,
+smoothed, on a log scale, zoomed) gains points, with its GPU's load on its page; it is shown
+on the GPU page as the holder of the GPU by its name, and cancelled from its page. Without
+the login, nothing is shown. The job list shows commands, dates and ids, folds a sweep's runs
+under the sweep, and fits a phone. A sweep's page compares its runs by epoch, marks the best,
+sorts, and cancels the sweep. A SavedModel directory downloads as one zip. A GPU quarantined
+for a fault says why on the GPU page. Screenshots of the job, list and sweep pages at desktop
+(1280 px) and phone (390 px) widths are kept in test-output/.
 """
 
 from __future__ import annotations
@@ -15,12 +22,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from gpuhop.api import JobState
 from tests.conftest import REPO, Agent, missing, wait_until
 
 CHROMIUM = os.environ.get("GPUHOP_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -36,6 +45,8 @@ log_metrics(memory_mb=300.0, memory_peak_mb=2048.0)  # as the hook's framework r
 for step in range(1, 2000):
     loss = 2.0 * math.exp(-step / 20)
     log_metrics(step=step, epoch=step // 10 + 1, loss=loss, accuracy=1 - loss / 2.2)
+    if step % 5 == 0:  # as Keras logs val_loss, at the end of an epoch
+        log_metrics(step=step, epoch=step // 10 + 1, val_loss=loss * 1.3)
     print(f"step {step} loss {loss:.4f} <b>not markup</b>", flush=True)
     time.sleep(0.3)
 """
@@ -47,10 +58,13 @@ if not os.access(CHROMIUM, os.X_OK):
 from playwright import sync_api  # noqa: E402
 
 
-@pytest.fixture
-def dashboard(make_agent) -> Iterator[tuple[Agent, subprocess.Popen[str], str]]:
+@pytest.fixture(scope="module")
+def dashboard(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Agent, subprocess.Popen[str], str]]:
     """A fake-GPU agent and `gpuhop ui` serving it: (agent, the ui process, its login link)."""
-    agent = make_agent(fake_gpus=1)
+    root = Path(tmp_path_factory.mktemp("dashboard-agent"))
+    agent = Agent(root / "home", root / "cache", 1).start()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuhop", "ui", "--no-browser", "--port", "0"],
         env=agent.env,
@@ -75,9 +89,10 @@ def dashboard(make_agent) -> Iterator[tuple[Agent, subprocess.Popen[str], str]]:
         for pipe in (proc.stdout, proc.stderr):
             if pipe is not None:
                 pipe.close()
+        agent.shutdown()
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def browser() -> Iterator[sync_api.Browser]:
     with sync_api.sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM)
@@ -87,11 +102,50 @@ def browser() -> Iterator[sync_api.Browser]:
             chromium.close()
 
 
+DESKTOP = {"width": 1280, "height": 900}
+PHONE = {"width": 390, "height": 844}
+
+
+def signed_in(browser, dashboard, viewport=DESKTOP):
+    """A fresh browser context logged in with a code of its own: (context, page, errors)."""
+    agent, _, link = dashboard
+    with agent.client() as client:
+        code = client.ui_login_code().code
+    context = browser.new_context(viewport=viewport, accept_downloads=True)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.goto(f"{link.split('/ui/')[0]}/ui/login?code={code}")
+    return context, page, errors
+
+
+def screenshot(page, name: str, record_property) -> None:
+    """Keep a full-page screenshot as test-output/NAME.png (named in the pytest summary)."""
+    SCREENSHOTS.mkdir(exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    record_property("screenshot", str(path))
+
+
+def fits(page, selector: str) -> bool:
+    """Whether every element `selector` matches lies within the page's width (nothing cut
+    off or pushed out sideways)."""
+    return page.evaluate(
+        """s => [...document.querySelectorAll(s)].every(e => {
+            const r = e.getBoundingClientRect();
+            return r.width > 0 && r.left >= 0 && r.right <= document.documentElement.clientWidth;
+        })""",
+        selector,
+    )
+
+
 def test_watch_a_job_train_and_cancel_it_from_the_browser(
-    dashboard, browser, project, tmp_path, record_property
+    dashboard, browser, project, record_property
 ):
-    agent, proc, link = dashboard
+    agent, _, link = dashboard
     origin = link.split("/ui/")[0]
+    agent.paths.fake_gpus_seam.write_text('{"0": {"utilization": 42}}')  # the GPU's load
     with agent.client() as client:
         job = client.submit(
             ["train.py", "--lr", "0.01"],
@@ -115,13 +169,25 @@ def test_watch_a_job_train_and_cancel_it_from_the_browser(
     assert page.url == f"{origin}/ui/"
     expect(page.locator(f'tr[data-job="{job.id}"]')).to_contain_text("sweep")
     expect(page.locator(f'tr[data-job="{done.id}"] [data-state]')).to_have_text("succeeded")
+    # Its command as a shell takes it back, when it was made (in full on hover), its id a link.
+    row = page.locator(f'tr[data-job="{done.id}"]')
+    expect(row.locator('[data-label="Command"]')).to_have_text(
+        """python3 -c 'print('"'"'hi'"'"')'"""
+    )
+    expect(row.locator("time")).to_have_text(re.compile(r"^(just now|\d+ min ago)$"))
+    assert re.search(r"\d{4}", row.locator("time").get_attribute("title") or "")
+    expect(row.locator(f'a.jobid[href="/ui/jobs/{done.id}"]')).to_have_text(done.id)
     page.click('[data-filter="running"]')
     expect(page.locator(f'tr[data-job="{done.id}"]')).to_have_count(0)
     expect(page.locator(f'tr[data-job="{job.id}"] [data-state]')).to_have_text("running")
 
     # Its page: the loss chart gains points while it trains; the log is text, not markup.
-    page.click(f'tr[data-job="{job.id}"] a')
+    page.click(f'tr[data-job="{job.id}"] a.jobid')
     expect(page.locator("#command")).to_have_text("train.py --lr 0.01")
+    # The load of its own GPU, as the agent reads it.
+    expect(page.locator('#job-gpus [data-gpu="0"] [data-stat="utilisation"]')).to_contain_text(
+        "42%"
+    )
     expect(page.locator("#env")).to_contain_text("cosine")
     expect(page.locator("#env")).not_to_contain_text("not-for-screenshots")  # masked
     expect(page.locator(".facts")).to_contain_text("peak 2.0 GiB")
@@ -141,22 +207,49 @@ def test_watch_a_job_train_and_cancel_it_from_the_browser(
         "n => +document.querySelector('[data-metric=\"loss\"]').dataset.points > n", arg=seen
     )
     expect(page.locator('[data-metric="accuracy"] svg path.line')).to_have_count(1)
+    # Its val_loss is drawn with its loss, on one chart with a legend, as TensorBoard does.
+    expect(loss.locator("svg path.line")).to_have_count(2)
+    expect(loss.locator(".legend")).to_have_text(re.compile(r"loss\s*val_loss"))
+    expect(page.locator('[data-metric="val_loss"]')).to_have_count(0)
+    # Smoothing keeps the raw lines, faint, behind the smoothed ones.
+    expect(loss.locator("svg path.raw")).to_have_count(0)
+    page.locator("#smoothing").fill("0.8")
+    expect(loss.locator("svg path.raw")).to_have_count(2)
+    # A log scale: the y ticks go 1, 2, 5 (or 1, 1.5, 2, 3, 5, 7) times a power of ten.
+    page.check("#log-scale")
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('[data-metric="loss"] .axis text[text-anchor=end]')]
+            .map(t => +t.textContent).every(v => [1, 1.5, 2, 3, 5, 7]
+            .some(m => Math.abs(v / 10 ** Math.floor(Math.log10(v)) - m) < 1e-6))"""
+    )
+    # A drag across the chart zooms in; a double click zooms out.
+    box = loss.locator("svg").bounding_box()
+    assert box is not None
+    middle = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 0.4, middle)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.8, middle, steps=4)
+    page.mouse.up()
+    expect(loss).to_have_attribute("data-zoomed", "true")
+    page.mouse.dblclick(box["x"] + box["width"] * 0.6, middle)
+    expect(loss).not_to_have_attribute("data-zoomed", "true")
+    page.locator("#smoothing").fill("0.6")
     expect(page.locator("#log")).to_contain_text("<b>not markup</b>")
     expect(page.locator("#log b")).to_have_count(0)
     # Where it is now: the Stacks button shows its Python stack (py-spy on the agent's host).
     page.click("#stacks-button")
     expect(page.locator("#stacks")).to_contain_text("<module> (train.py:")
-    shot = tmp_path / "dashboard-job.png"
-    page.screenshot(path=str(shot), full_page=True)
-    SCREENSHOTS.mkdir(exist_ok=True)
-    kept = shutil.copyfile(shot, SCREENSHOTS / "dashboard-job.png")
-    record_property("screenshot", str(kept))
+    screenshot(page, "dashboard-job", record_property)
+    page.set_viewport_size(PHONE)
+    assert fits(page, "#job-gpus, #charts, #log, .job-head")
+    screenshot(page, "dashboard-job-phone", record_property)
+    page.set_viewport_size(DESKTOP)
 
-    # The GPU page: the fake GPU, held by the job.
+    # The GPU page: the fake GPU, held by the job, named as the job list names it.
     page.click("nav >> text=GPUs")
     gpu = page.locator('[data-gpu="0"]')
     expect(gpu).to_contain_text("Fake GPU")
-    expect(gpu.locator(f'a[data-job="{job.id}"]')).to_be_visible()
+    expect(gpu.locator(f'a[data-job="{job.id}"]')).to_have_text("sweep")
 
     # Cancel from the job's page, after a confirm; the state changes there.
     gpu.locator(f'a[data-job="{job.id}"]').click()
@@ -164,6 +257,7 @@ def test_watch_a_job_train_and_cancel_it_from_the_browser(
     page.click("#cancel")
     expect(page.locator(".job-head [data-state]")).to_have_text("cancelled", timeout=30_000)
     expect(page.locator("#cancel")).to_be_hidden()
+    expect(page.locator("#job-gpus")).to_be_hidden()  # it holds none now
     assert not errors, errors
     context.close()
 
@@ -183,10 +277,7 @@ def test_watch_a_job_train_and_cancel_it_from_the_browser(
     # Nor does the proxy, which reaches the owner's socket, stand in for the login.
     refused = httpx.get(f"{origin}/ui/api/jobs")
     assert refused.status_code == 401 and job.id not in refused.text
-
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(timeout=15) == 0
-    assert proc.stderr is not None and "stopped the dashboard" in proc.stderr.read()
+    agent.paths.fake_gpus_seam.unlink()
 
 
 CURVE = """
@@ -194,8 +285,22 @@ import sys
 from gpuhop.runtime import log_metrics
 
 lr = float(sys.argv[1])
-for step in range(1, 6):
-    log_metrics(step=step, val_loss=lr / step)
+for epoch in range(1, 6):
+    loss = lr / epoch
+    log_metrics(epoch=epoch, loss=loss, val_loss=loss + 0.5, accuracy=1 - loss / 10)
+"""
+WAIT = "import time\nprint('waiting', flush=True)\ntime.sleep(300)\n"
+MODEL = """
+import os
+from gpuhop.runtime import artifacts_dir
+
+model = artifacts_dir() / "export" / "model"  # as model.export(path) lays one out
+(model / "variables").mkdir(parents=True)
+(model / "assets").mkdir()
+(model / "saved_model.pb").write_bytes(b"graph" * 1000)
+(model / "variables" / "variables.index").write_bytes(b"index")
+(model / "variables" / "variables.data-00000-of-00001").write_bytes(os.urandom(100_000))
+(artifacts_dir() / "notes.txt").write_text("top level")
 """
 
 
@@ -204,52 +309,153 @@ KERAS_LOG = REPO / "tests" / "unit" / "data" / "keras_fit.log"
 REPLAY = "import sys\nsys.stdout.buffer.write(open('keras_fit.log', 'rb').read())\n"
 
 
-def test_a_sweeps_page_draws_every_runs_curve_on_one_chart(dashboard, browser, project):
-    agent, _, link = dashboard
-    work = project({"curve.py": CURVE, "replay.py": REPLAY})
+@pytest.fixture(scope="module")
+def sweep_jobs(dashboard, tmp_path_factory):
+    """A finished sweep of three runs that log loss, val_loss and accuracy per epoch, a job
+    that wrote a SavedModel, and one that replayed a Keras progress bar; all ended."""
+    agent, _, _ = dashboard
+    work = Path(tmp_path_factory.mktemp("sweep-project"))
+    for name, text in {"curve.py": CURVE, "replay.py": REPLAY, "model.py": MODEL}.items():
+        (work / name).write_text(text)
     shutil.copyfile(KERAS_LOG, work / "keras_fit.log")
     with agent.client() as client:
-        sweep = client.sweep("curve.py {lr}", {"lr": ["1", "2", "3"]}, name="lrs", workdir=work)
+        sweep = client.sweep("curve.py {lr}", {"lr": ["3", "1", "2"]}, name="lrs", workdir=work)
         keras = client.submit(["replay.py"], workdir=work, name="keras")
-        for run in [*sweep.runs, keras]:
+        model = client.submit(["model.py"], workdir=work, name="export")
+        for run in [*sweep.runs, keras, model]:
             run.wait(timeout=60)
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(link)
-    page.goto(link.split("/ui/")[0] + f"/ui/sweeps/{sweep.id}")
+    return sweep, keras, model
+
+
+def test_the_job_list_folds_a_sweep_and_fits_a_phone(
+    dashboard, browser, sweep_jobs, record_property
+):
+    sweep, keras, model = sweep_jobs
+    context, page, errors = signed_in(browser, dashboard)
     expect = sync_api.expect
-    expect(page.locator("#runs tbody tr")).to_have_count(3)
-    expect(page.locator("#runs")).to_contain_text("lrs[lr=2]")
-    chart = page.locator('[data-metric="val_loss"]')
-    expect(chart.locator("svg path.line")).to_have_count(3)
-    expect(chart).to_have_attribute("data-points", "15")
-    expect(chart.locator(".legend")).to_contain_text("lrs[lr=3]")
+    # The sweep is one line, its runs folded under it until opened.
+    line = page.locator(f'tr[data-sweep="{sweep.id}"]')
+    expect(line).to_contain_text("sweep lrs")
+    expect(line).to_contain_text("3 runs")
+    expect(line.locator('[data-state="succeeded"]')).to_have_count(1)
+    expect(page.locator(f'tr[data-in-sweep="{sweep.id}"]')).to_have_count(0)
+    line.locator("button.toggle").click()
+    runs = page.locator(f'tr[data-in-sweep="{sweep.id}"]')
+    expect(runs).to_have_count(3)
+    expect(runs.first).to_contain_text("curve.py")
+    expect(page.locator(f'tr[data-job="{keras.id}"]')).to_contain_text("replay.py")
+    screenshot(page, "dashboard-list", record_property)
 
-    # A Keras progress bar's log reads as a terminal shows it, as `gpuhop logs` writes it.
-    from gpuhop.cli.termtext import render
+    # On a phone each job is a card: its id, state, command and age all in view.
+    page.set_viewport_size(PHONE)
+    card = page.locator(f'tr[data-job="{keras.id}"]')
+    for label in ("Job", "State", "Command", "Created", "Duration"):
+        expect(card.locator(f'[data-label="{label}"]')).to_be_visible()
+    assert fits(page, "#jobs td, #jobs .badge")
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    screenshot(page, "dashboard-list-phone", record_property)
+    page.set_viewport_size(DESKTOP)
 
-    page.goto(link.split("/ui/")[0] + f"/ui/jobs/{keras.id}")
-    expect(page.locator("#log")).to_contain_text("Epoch 2/2")
-    assert page.locator("#log").text_content() == render(KERAS_LOG.read_bytes())
+    # An ended job that logged nothing says so; one that wrote a SavedModel gives it as a zip.
+    page.click(f'tr[data-job="{model.id}"] a.jobid')
+    expect(page.locator("#chart-note")).to_have_text("This job logged no metrics.")
+    folder = page.locator('#artifacts [data-dir="export/model"]')
+    expect(folder).to_contain_text("SavedModel · 3 files")
+    with page.expect_download() as download:
+        folder.locator("a").click()
+    assert download.value.suggested_filename == f"{model.id}-model.zip"
+    with zipfile.ZipFile(download.value.path()) as zf:
+        assert sorted(zf.namelist()) == [
+            "saved_model.pb",
+            "variables/variables.data-00000-of-00001",
+            "variables/variables.index",
+        ]
+        assert zf.read("saved_model.pb") == b"graph" * 1000
+        assert zf.testzip() is None
+    with page.expect_download() as download:
+        page.click("#artifacts-zip")
+    with zipfile.ZipFile(download.value.path()) as zf:
+        assert "notes.txt" in zf.namelist() and "export/model/saved_model.pb" in zf.namelist()
     assert not errors, errors
     context.close()
 
 
+def test_a_sweeps_page_compares_its_runs_and_cancels_the_sweep(
+    dashboard, browser, project, sweep_jobs, record_property
+):
+    agent, _, _ = dashboard
+    sweep, keras, _ = sweep_jobs
+    origin = dashboard[2].split("/ui/")[0]
+    context, page, errors = signed_in(browser, dashboard)
+    page.goto(f"{origin}/ui/sweeps/{sweep.id}")
+    expect = sync_api.expect
+    expect(page.locator("#runs tbody tr")).to_have_count(3)
+    expect(page.locator("#runs")).to_contain_text("lrs[lr=2]")
+    # Every run's curve on each metric's chart, against the epoch, under one legend that
+    # names each run by its values.
+    expect(page.locator("#x-axis")).to_have_value("epoch")
+    chart = page.locator('[data-metric="val_loss"]')
+    expect(chart.locator("svg path.line")).to_have_count(3)
+    expect(chart).to_have_attribute("data-points", "15")
+    expect(page.locator("#legend span")).to_have_text(["lr=3", "lr=1 ★", "lr=2"])
+    expect(page.locator(".legend:visible")).to_have_count(1)
+    # The best run by val_loss (lr=1: the lowest) is marked, in the table and on the charts.
+    best = page.locator(f'#runs tr[data-job="{sweep.runs[1].id}"]')
+    expect(best.locator(".best-mark")).to_be_visible()
+    expect(chart.locator("svg path.line.best")).to_have_count(1)
+    # The table sorts by any column, either way.
+    page.click('#runs button[data-column="best val_loss"]')
+    expect(page.locator("#runs tbody tr [data-label=lr]")).to_have_text(["1", "2", "3"])
+    page.click('#runs button[data-column="best val_loss"]')
+    expect(page.locator("#runs tbody tr [data-label=lr]")).to_have_text(["3", "2", "1"])
+    page.click('#runs button[data-column="lr"]')
+    expect(page.locator("#runs tbody tr [data-label=lr]")).to_have_text(["1", "2", "3"])
+    screenshot(page, "dashboard-sweep", record_property)
+    page.set_viewport_size(PHONE)
+    assert fits(page, "#runs td, #charts, #legend")
+    assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+    screenshot(page, "dashboard-sweep-phone", record_property)
+    page.set_viewport_size(DESKTOP)
+
+    # A Keras progress bar's log reads as a terminal shows it, as `gpuhop logs` writes it.
+    from gpuhop.cli.termtext import render
+
+    page.goto(f"{origin}/ui/jobs/{keras.id}")
+    expect(page.locator("#log")).to_contain_text("Epoch 2/2")
+    assert page.locator("#log").text_content() == render(KERAS_LOG.read_bytes())
+
+    # A sweep still running is cancelled whole from its page.
+    with agent.client() as client:
+        waiting = client.sweep("wait.py {i}", {"i": ["1", "2"]}, workdir=project({"wait.py": WAIT}))
+        wait_until(lambda: all(r.refresh().state == JobState.running for r in waiting.runs))
+    page.goto(f"{origin}/ui/sweeps/{waiting.id}")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#cancel-sweep")
+    expect(page.locator("#runs [data-state]")).to_have_text(
+        ["cancelled", "cancelled"], timeout=30_000
+    )
+    expect(page.locator("#cancel-sweep")).to_be_hidden()
+    assert not errors, errors
+    context.close()
+
+
+# Last but one: the GPU stays quarantined for the rest of the module.
 def test_the_gpu_page_says_why_a_gpu_is_quarantined(dashboard, browser):
-    agent, _, link = dashboard
+    agent, _, _ = dashboard
     agent.paths.fake_gpus_seam.write_text('{"0": {"xid": 79}}')
     with agent.client() as client:
         wait_until(lambda: client.gpus()[0].quarantined)
-    context = browser.new_context()
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.goto(link)
+    context, page, errors = signed_in(browser, dashboard)
     page.click("nav >> text=GPUs")
     note = page.locator('[data-gpu="0"] [data-quarantined="0"]')
     sync_api.expect(note).to_contain_text("Quarantined: XID 79 (GPU fell off the bus)")
     sync_api.expect(note).to_contain_text("gpuhop gpus --release 0")
     assert not errors, errors
     context.close()
+
+
+def test_the_dashboard_stops_on_ctrl_c(dashboard):
+    _, proc, _ = dashboard
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=15) == 0
+    assert proc.stderr is not None and "stopped the dashboard" in proc.stderr.read()

@@ -133,6 +133,45 @@ export function when(iso) {
   return sameDay ? time : `${d.toLocaleDateString([], { month: "short", day: "numeric" })} ${time}`;
 }
 
+// How long before the agent's `now` (seconds) a moment was: "just now", "5 min ago",
+// "3 h ago", "2 d ago"; its full date and time goes in a title, shown on hover.
+export function ago(iso, now) {
+  const then = seconds(iso);
+  if (then === null) return "";
+  const s = Math.max(0, now - then);
+  if (s < 45) return "just now";
+  if (s < 3600) return `${Math.round(s / 60)} min ago`;
+  if (s < 48 * 3600) return `${Math.round(s / 3600)} h ago`;
+  return `${Math.round(s / 86400)} d ago`;
+}
+
+export function fullDate(iso) {
+  return iso ? new Date(iso).toLocaleString([], { dateStyle: "medium", timeStyle: "medium" }) : "";
+}
+
+// A date as "5 min ago", the full date on hover.
+export function dateCell(iso, now) {
+  return iso ? h("time", { datetime: iso, title: fullDate(iso) }, ago(iso, now)) : null;
+}
+
+// A command as a shell would take it back (Python's shlex.join).
+export function shellJoin(args) {
+  return args.map((arg) => (arg !== "" && /^[\w@%+=:,./-]+$/.test(arg) ? arg : `'${arg.replace(/'/g, "'\"'\"'")}'`)).join(" ");
+}
+
+// A sweep's run is named NAME[k=v,k2=v2] (gpuhop/client/sweeps.py): its values, in order.
+export function sweepParams(name) {
+  const found = /\[([^\]]*)\]$/.exec(name || "");
+  if (!found) return {};
+  return Object.fromEntries(found[1].split(",").map((kv) => kv.split("=", 2)).filter((kv) => kv.length === 2));
+}
+
+// The sweep's name: its runs' names before the brackets, else its id.
+export function sweepName(sweep, runs) {
+  const named = runs.map((r) => /^(.*)\[[^\]]*\]$/.exec(r.name || "")).find(Boolean);
+  return named ? named[1] : sweep;
+}
+
 export function number(value) {
   if (typeof value !== "number") return String(value);
   if (Number.isInteger(value)) return String(value);

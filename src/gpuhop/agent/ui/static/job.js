@@ -1,12 +1,15 @@
-// gpuhop dashboard: one job. Its spec and attempts, live charts of every metric in its
-// metrics file, its log followed by byte offset, its artifacts, a cancel button, and a
-// stacks button (every Python thread's stack in the running job's processes: py-spy dump).
+// gpuhop dashboard: one job. Its spec and attempts, the load and memory of the GPUs it holds,
+// live charts of every metric in its metrics file (a metric and its val_ twin on one chart,
+// with smoothing and a log scale), its log followed by byte offset, its artifacts (a
+// directory of them, a SavedModel, as one zip), a cancel button, and a stacks button (every
+// Python thread's stack in the running job's processes: py-spy dump).
 
 import { LineChart } from "/ui/static/chart.js";
 import {
   ApiError, FINISHED, api, badge, bytes, duration, gpuText, h, isMetric, jobDuration, mb,
-  number, poll, replace, request, seconds, topbar, when,
+  number, poll, replace, request, seconds, shellJoin, topbar, when,
 } from "/ui/static/common.js";
+import { GpuCard } from "/ui/static/gpucard.js";
 import { renderTerminal } from "/ui/static/termtext.js";
 
 const ref = decodeURIComponent(window.location.pathname.split("/").pop());
@@ -31,8 +34,21 @@ const reason = h("div", { class: "reason", hidden: true });
 const spec = h("div", { class: "panel" });
 const side = h("div", { class: "panel" });
 const axis = h("select", { id: "x-axis", "aria-label": "x axis", hidden: true, on: { change: drawCharts } });
+// The chart settings a user picks stay for their next job page (W&B and TensorBoard keep them).
+const saved = JSON.parse(window.localStorage.getItem("gpuhop.charts") || "{}");
+const smoothing = h("input", {
+  type: "range", id: "smoothing", min: 0, max: 0.99, step: 0.01, value: saved.smoothing || 0,
+  "aria-label": "smoothing", on: { input: chartSettings },
+});
+const smoothingValue = h("span", { class: "mono" });
+const logScale = h("input", { type: "checkbox", id: "log-scale", checked: Boolean(saved.log), on: { change: chartSettings } });
+const chartControls = h("div", { class: "chart-controls", hidden: true },
+  h("label", {}, "smoothing ", smoothing, " ", smoothingValue),
+  h("label", {}, logScale, " log scale"),
+  axis);
+const gpuPanel = h("section", { class: "panel", id: "job-gpus", hidden: true });
 const charts = h("div", { class: "charts", id: "charts" });
-const chartNote = h("p", { class: "note" });
+const chartNote = h("p", { class: "note", id: "chart-note" });
 const worker = h("select", { "aria-label": "which log", hidden: true, on: { change: restartLog } });
 const follow = h("input", { type: "checkbox", checked: true });
 const logNote = h("span", { class: "note" });
@@ -44,8 +60,9 @@ replace(main,
   h("div", { class: "job-head" }, title, state, h("span", { class: "spacer" }), stacksButton, cancel),
   sub, reason, stacksPanel,
   h("div", { class: "grid two" }, spec, side),
+  gpuPanel,
   h("section", { class: "panel" },
-    h("div", { class: "log-head" }, h("h2", {}, "Metrics"), h("span", { class: "spacer" }), axis), chartNote, charts),
+    h("div", { class: "log-head" }, h("h2", {}, "Metrics"), h("span", { class: "spacer" }), chartControls), chartNote, charts),
   h("section", { class: "panel" },
     h("div", { class: "log-head" }, h("h2", {}, "Log"), worker,
       h("label", {}, follow, " follow"), logNote),
@@ -100,10 +117,6 @@ function outcome(j) {
   return parts.join("; ");
 }
 
-function quote(arg) {
-  return /^[\w@%+=:,./-]+$/.test(arg) ? arg : `'${arg.replace(/'/g, "'\\''")}'`;
-}
-
 // The most GPU memory the job's framework had in use, by its own count (as `gpuhop show`).
 function memoryText(job) {
   if (job.memory_peak_mb === null || job.memory_peak_mb === undefined) return null;
@@ -118,7 +131,7 @@ function fact(label, value) {
 function drawSpec() {
   replace(spec,
     h("h2", {}, "Spec"),
-    h("pre", { class: "command", id: "command" }, job.command.map(quote).join(" ")),
+    h("pre", { class: "command", id: "command" }, shellJoin(job.command)),
     h("dl", { class: "facts" },
       fact("GPUs", gpuText(job)),
       fact("GPU share", job.gpu_memory_mb ? mb(job.gpu_memory_mb) : null),
@@ -232,6 +245,35 @@ async function refreshMetrics() {
   return !(finishedBefore && got === 0);
 }
 
+function chartSettings() {
+  window.localStorage.setItem("gpuhop.charts", JSON.stringify({ smoothing: Number(smoothing.value), log: logScale.checked }));
+  drawCharts();
+}
+
+// The charts to draw: one per metric of each source (a fit's loss and a custom loop's loss
+// are two), with a metric's val_ twin of the same source on its chart, as Keras logs them.
+// title -> { name, source, keys: [the metric, its val_ twin if any] }
+function chartList() {
+  const found = new Map();
+  for (const r of records) {
+    for (const [k, v] of Object.entries(r)) {
+      if (!isMetric(k, v)) continue;
+      const id = JSON.stringify([k, r.source]);
+      if (!found.has(id)) found.set(id, [k, r.source]);
+    }
+  }
+  const out = new Map();
+  for (const [k, source] of found.values()) {
+    const train = k.startsWith("val_") ? k.slice(4) : null;
+    const base = train !== null && found.has(JSON.stringify([train, source])) ? train : k;
+    const title = typeof source === "string" ? `${base} (${source})` : base;
+    if (!out.has(title)) out.set(title, { name: base, source, keys: [] });
+    if (!out.get(title).keys.includes(k)) out.get(title).keys.push(k);
+  }
+  for (const chart of out.values()) chart.keys.sort((a, b) => a.startsWith("val_") - b.startsWith("val_"));
+  return out;
+}
+
 function drawCharts() {
   const axes = ["step", "epoch"].filter((k) => records.some((r) => typeof r[k] === "number"));
   axes.push("time");
@@ -239,36 +281,73 @@ function drawCharts() {
     replace(axis, axes.map((k) => h("option", { value: k }, `x: ${k}`)));
     axis.value = axes[0];
   }
-  axis.hidden = records.length === 0;
+  chartControls.hidden = records.length === 0;
+  smoothingValue.textContent = Number(smoothing.value).toFixed(2);
   const xKey = axis.value || axes[0];
   const t0 = records.length ? records[0].time : 0;
-  // One chart per metric of each source (a fit's loss and a custom loop's loss are two).
-  const names = new Map();
-  for (const r of records) {
-    for (const [k, v] of Object.entries(r)) {
-      if (!isMetric(k, v)) continue;
-      const title = typeof r.source === "string" ? `${k} (${r.source})` : k;
-      if (!names.has(title)) names.set(title, [k, r.source]);
-    }
-  }
-  chartNote.textContent = names.size ? "" : "No metrics yet. Log them with gpuhop.runtime.log_metrics(step=..., loss=...) or the Keras callback in gpuhop.tf.";
-  for (const [title, [name, source]] of names) {
+  const list = chartList();
+  if (list.size) chartNote.textContent = "";
+  else if (job !== null && FINISHED.has(job.state)) chartNote.textContent = "This job logged no metrics.";
+  else chartNote.textContent = "No metrics yet. Log them with gpuhop.runtime.log_metrics(step=..., loss=...) or the Keras callback in gpuhop.tf.";
+  const unplaced = [];
+  for (const [title, { name, source, keys }] of list) {
     let chart = chartsByName.get(title);
     if (!chart) {
       chart = new LineChart({ title, name, xLabel: xKey });
       chartsByName.set(title, chart);
       charts.append(chart.el);
     }
-    chart.o.xLabel = xKey;
-    chart.o.xFormat = xKey === "time" ? duration : number;
-    const points = [];
-    for (const r of records) {
-      if (!(name in r) || r.source !== source) continue;
-      const x = xKey === "time" ? r.time - t0 : r[xKey];
-      if (typeof x === "number") points.push([x, r[name]]);
-    }
-    chart.setData([points]);
+    Object.assign(chart.o, {
+      xLabel: xKey, xFormat: xKey === "time" ? duration : number, labels: keys,
+      smoothing: Number(smoothing.value), yLog: logScale.checked,
+    });
+    const series = keys.map((key) => {
+      const points = [];
+      for (const r of records) {
+        if (!(key in r) || r.source !== source) continue;
+        const x = xKey === "time" ? r.time - t0 : r[xKey];
+        if (typeof x === "number") points.push([x, r[key]]);
+      }
+      return points;
+    });
+    chart.setData(series);
+    // A metric logged with no step or epoch (the hook's memory readings) has no place on
+    // those axes: named below the charts rather than drawn empty.
+    chart.el.hidden = series.every((points) => !points.length);
+    if (chart.el.hidden) unplaced.push(title);
   }
+  if (unplaced.length) chartNote.textContent = `Logged without a ${xKey}: ${unplaced.join(", ")} (x: time shows them).`;
+}
+
+// -- the GPUs it holds ------------------------------------------------------------------------
+
+const gpuCards = new Map();
+
+// While it runs, the load and memory of the job's own GPUs (what `gpuhop gpus` reads), and
+// how much of each its processes use.
+async function refreshGpus() {
+  if (job === null) return true;
+  const held = new Set(job.gpu_ids || []);
+  if (FINISHED.has(job.state) || !held.size) {
+    gpuPanel.hidden = true;
+    return !FINISHED.has(job.state);
+  }
+  const { now: at, gpus, history } = await api("/ui/api/gpus");
+  const mine = gpus.filter((g) => held.has(g.index));
+  if (!gpuPanel.childNodes.length) {
+    replace(gpuPanel, h("h2", {}, mine.length > 1 ? "Its GPUs" : "Its GPU"), h("div", { class: "gpus" }));
+  }
+  for (const gpu of mine) {
+    let c = gpuCards.get(gpu.index);
+    if (!c) {
+      c = new GpuCard(gpu, job.id);
+      gpuCards.set(gpu.index, c);
+      gpuPanel.lastChild.append(c.el);
+    }
+    c.draw(gpu, at, history);
+  }
+  gpuPanel.hidden = !mine.length;
+  return true;
 }
 
 // -- the log ----------------------------------------------------------------------------------
@@ -353,22 +432,54 @@ async function refreshArtifacts() {
   if (!list.length) {
     replace(artifacts, h("p", { class: "note" }, "Nothing yet. Files the job writes to $GPUHOP_ARTIFACTS_DIR show up here."));
   } else {
-    replace(artifacts, h("table", {},
+    const modified = (mtime) => when(new Date(mtime * 1000).toISOString());
+    replace(artifacts,
+      h("p", {}, h("a", { href: `${base}/archive`, download: true, id: "artifacts-zip" }, "Download all as .zip")),
+      h("table", {},
       h("thead", {}, h("tr", {}, ["File", "Size", "Modified"].map((c) => h("th", {}, c)))),
-      h("tbody", {}, list.map((a) => h("tr", {},
+      h("tbody", {}, archiveDirs(list).map((d) => h("tr", { "data-dir": d.path },
+        h("td", {},
+          h("a", { href: `${base}/archive/${d.path.split("/").map(encodeURIComponent).join("/")}`, download: true }, `${d.path}/ (.zip)`),
+          " ", h("span", { class: "muted" }, d.savedModel ? "SavedModel · " : "", `${d.files} file${d.files === 1 ? "" : "s"}`)),
+        h("td", { class: "num" }, bytes(d.size)),
+        h("td", { class: "num" }, modified(d.mtime)))),
+      list.map((a) => h("tr", {},
         h("td", {}, h("a", {
           // A name that is not UTF-8 comes percent-encoded as `raw` (see ArtifactEntry).
           href: `${base}/artifacts/${a.raw ?? a.path.split("/").map(encodeURIComponent).join("/")}`,
           download: a.path.split("/").pop(),
         }, a.path)),
         h("td", { class: "num" }, bytes(a.size)),
-        h("td", { class: "num" }, when(new Date(a.mtime * 1000).toISOString())))))));
+        h("td", { class: "num" }, modified(a.mtime)))))));
   }
   return !finishedBefore;
+}
+
+// The directories offered as one zip: each at the top of the artifacts, and each SavedModel
+// (a directory holding saved_model.pb) wherever it is. Names that are not UTF-8 (`raw`) are
+// left to their files' own links.
+function archiveDirs(list) {
+  const files = list.filter((f) => !f.raw);
+  const models = new Set(files.filter((f) => f.path.endsWith("/saved_model.pb")).map((f) => f.path.slice(0, -"/saved_model.pb".length)));
+  const dirs = new Map();
+  for (const a of files) {
+    const parts = a.path.split("/");
+    for (let i = 1; i < parts.length; i += 1) {
+      const path = parts.slice(0, i).join("/");
+      if (i > 1 && !models.has(path)) continue;
+      const d = dirs.get(path) || { path, files: 0, size: 0, mtime: 0, savedModel: models.has(path) };
+      d.files += 1;
+      d.size += a.size;
+      d.mtime = Math.max(d.mtime, a.mtime);
+      dirs.set(path, d);
+    }
+  }
+  return [...dirs.values()].sort((x, y) => (x.path < y.path ? -1 : 1));
 }
 
 topbar("jobs");
 poll(refreshJob, 2000);
 poll(refreshMetrics, 2000);
 poll(refreshArtifacts, 5000);
+poll(refreshGpus, 3000);
 restartLog();

@@ -1,8 +1,10 @@
 // gpuhop dashboard: the jobs page. A table of the jobs this user may see, newest first,
-// filtered by state, refreshed every two seconds.
+// filtered by state, refreshed every two seconds; a sweep's runs folded under one line for
+// the sweep. On a phone each job is a card of its cells (style.css).
 
 import {
-  api, badge, gpuText, h, jobDuration, jobHref, metricsInline, poll, replace, topbar, when,
+  api, badge, dateCell, gpuText, h, jobDuration, jobHref, metricsInline, poll, replace, shellJoin,
+  sweepName, topbar,
 } from "/ui/static/common.js";
 
 const FILTERS = [
@@ -42,12 +44,15 @@ function drawFilters() {
   }, label)));
 }
 
+// Sweeps whose runs are shown (a sweep's runs are folded under it until opened).
+const opened = new Set();
+
 async function refresh() {
   const states = FILTERS.find(([key]) => key === filter)[2];
   const query = new URLSearchParams();
   for (const s of states || []) query.append("state", s);
   const shown = filter;
-  const { now, jobs } = await api(`/ui/api/jobs?${query}`);
+  const [{ now, jobs }, me] = await Promise.all([api(`/ui/api/jobs?${query}`), mePromise]);
   if (shown !== filter) return; // the filter changed while this was on its way
   counts.textContent = `${jobs.length} job${jobs.length === 1 ? "" : "s"}`;
   if (!jobs.length) {
@@ -56,23 +61,71 @@ async function refresh() {
         : "No jobs in this state."));
     return;
   }
-  const rows = jobs.map((job) => h("tr", { class: "job-row", "data-job": job.id },
-    h("td", {},
-      h("a", { href: jobHref(job.id) },
-        job.name ? h("div", { class: "jobname" }, job.name) : null,
-        h("div", { class: "jobid" }, job.id))),
-    h("td", {}, badge(job.state)),
-    h("td", {}, job.owner || ""),
-    h("td", { class: "num" }, gpuText(job)),
-    h("td", { class: "num" }, when(job.started_at) || h("span", { class: "muted" }, "not yet")),
-    h("td", { class: "num" }, jobDuration(job, now)),
-    h("td", {}, metricsInline(job.latest_metrics)),
-  ));
-  replace(body, h("table", {},
-    h("thead", {}, h("tr", {}, ["Job", "State", "User", "GPUs", "Started", "Duration", "Latest metrics"].map((c) => h("th", {}, c)))),
-    h("tbody", {}, rows)));
+  // Whose jobs they are matters only where they are not all the viewer's own.
+  const users = new Set(jobs.map((j) => j.owner)).size > 1 || jobs.some((j) => j.owner && j.owner !== me.user);
+  const columns = ["Job", "State", users ? "User" : null, "Command", "GPUs", "Created", "Duration", "Latest metrics"]
+    .filter(Boolean);
+  const rows = [];
+  const sweeps = new Map();
+  for (const job of jobs) {
+    if (!job.sweep) rows.push(job);
+    else if (!sweeps.has(job.sweep)) { sweeps.set(job.sweep, [job]); rows.push({ sweepOf: job.sweep }); }
+    else sweeps.get(job.sweep).push(job);
+  }
+  const cells = (job) => [
+    td("Job", {},
+      job.name ? h("a", { class: "jobname", href: jobHref(job.id) }, job.name) : null,
+      h("a", { class: "jobid", href: jobHref(job.id), "data-id": job.id }, job.id)),
+    td("State", {}, badge(job.state)),
+    users ? td("User", {}, job.owner || "") : null,
+    td("Command", { class: "command-cell" }, h("code", { title: shellJoin(job.command) }, shellJoin(job.command))),
+    td("GPUs", { class: "num" }, gpuText(job)),
+    td("Created", { class: "num" }, dateCell(job.created_at, now)),
+    td("Duration", { class: "num" }, jobDuration(job, now) || h("span", { class: "muted" }, "not started")),
+    td("Latest metrics", {}, metricsInline(job.latest_metrics)),
+  ];
+  const out = [];
+  for (const row of rows) {
+    if (!row.sweepOf) {
+      out.push(h("tr", { class: "job-row", "data-job": row.id }, cells(row)));
+      continue;
+    }
+    const runs = sweeps.get(row.sweepOf);
+    const open = opened.has(row.sweepOf);
+    out.push(sweepRow(row.sweepOf, runs, open, columns.length, now));
+    if (open) for (const run of runs) out.push(h("tr", { class: "job-row in-sweep", "data-job": run.id, "data-in-sweep": run.sweep }, cells(run)));
+  }
+  replace(body, h("table", { class: "jobs" },
+    h("thead", {}, h("tr", {}, columns.map((c) => h("th", {}, c)))),
+    h("tbody", {}, out)));
+}
+
+// A cell that names its column, for the narrow layout where each row is a card.
+function td(label, attrs, ...children) {
+  return h("td", { "data-label": label, ...attrs }, h("div", { class: "cell" }, children));
+}
+
+// A sweep's line in the list: its name, how many runs in which states, a link to its
+// page, and a toggle that shows its runs below it.
+function sweepRow(sweep, runs, open, span, now) {
+  const byState = new Map();
+  for (const run of runs) byState.set(run.state, (byState.get(run.state) || 0) + 1);
+  const toggle = h("button", {
+    class: "link toggle", type: "button", "aria-expanded": String(open),
+    "aria-label": `${open ? "Hide" : "Show"} the runs of sweep ${sweep}`,
+    on: { click: () => { if (opened.has(sweep)) opened.delete(sweep); else opened.add(sweep); refresh(); } },
+  }, open ? "▾" : "▸");
+  const first = runs[runs.length - 1]; // the list is newest first
+  return h("tr", { class: "sweep-row", "data-sweep": sweep },
+    h("td", { colspan: span },
+      h("div", { class: "sweep-line" },
+        toggle,
+        h("a", { class: "jobname", href: `/ui/sweeps/${encodeURIComponent(sweep)}` }, `sweep ${sweepName(sweep, runs)}`),
+        h("span", { class: "muted", "data-runs": runs.length }, `${runs.length} run${runs.length === 1 ? "" : "s"}`),
+        h("span", { class: "sweep-states" }, [...byState].map(([state, n]) => [badge(state), ` ${n}`])),
+        h("span", { class: "muted" }, "created ", dateCell(first.created_at, now)))));
 }
 
 drawFilters();
-topbar("jobs");
+const mePromise = topbar("jobs");
 poll(refresh, 2000);

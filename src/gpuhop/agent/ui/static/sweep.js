@@ -1,27 +1,42 @@
-// gpuhop dashboard: one sweep. Every run with its state and latest metrics, and one chart
-// per metric with every run's curve on it (a line per run, the legend naming the runs).
+// gpuhop dashboard: one sweep. A table of its runs (their parameters, state, duration and
+// metrics; sorted by any column), one chart per metric with every run's curve on it and one
+// legend for them all, the best run by a chosen metric marked in both, and a button that
+// cancels every run that has not ended.
 
 import { LineChart } from "/ui/static/chart.js";
 import {
-  ApiError, FINISHED, api, badge, h, isMetric, jobDuration, jobHref, metricsInline, poll,
-  replace, topbar,
+  ApiError, FINISHED, api, badge, h, isMetric, jobDuration, jobHref, number, poll, replace,
+  seconds, sweepName, sweepParams, topbar,
 } from "/ui/static/common.js";
+
+const COLOURS = 8; // as chart.js: a run's colour on every chart and in the legend
+// Metrics where more is better; any other is taken to be a loss or an error.
+const HIGHER_IS_BETTER = /acc|auc|precision|recall|f1|score|iou|map|bleu|rouge|reward|r2/i;
 
 const ref = decodeURIComponent(window.location.pathname.split("/").pop());
 const main = document.getElementById("main");
 const title = h("h1", {}, `Sweep ${ref}`);
+const cancel = h("button", { class: "danger", type: "button", id: "cancel-sweep", hidden: true, on: { click: onCancel } }, "Cancel sweep");
 const table = h("div", { class: "table-wrap", id: "runs" });
 const charts = h("div", { class: "charts", id: "charts" });
-const chartNote = h("p", { class: "note" });
+const chartNote = h("p", { class: "note", id: "chart-note" });
+const legend = h("div", { class: "legend sweep-legend", id: "legend" });
+const axis = h("select", { id: "x-axis", "aria-label": "x axis", on: { change: drawCharts } });
+const rankBy = h("select", { id: "rank-by", "aria-label": "best run by", on: { change: () => { drawRuns(); drawCharts(); } } });
 
 replace(main,
   h("div", { class: "toolbar" }, h("a", { href: "/ui/" }, "← Jobs")),
-  h("div", { class: "job-head" }, title),
-  h("section", { class: "panel" }, h("h2", {}, "Runs"), table),
-  h("section", { class: "panel" }, h("h2", {}, "Metrics"), chartNote, charts));
+  h("div", { class: "job-head" }, title, h("span", { class: "spacer" }), cancel),
+  h("section", { class: "panel" },
+    h("div", { class: "log-head" }, h("h2", {}, "Runs"), h("span", { class: "spacer" }), h("label", {}, "best by ", rankBy)),
+    table),
+  h("section", { class: "panel" },
+    h("div", { class: "log-head" }, h("h2", {}, "Metrics"), h("span", { class: "spacer" }), axis),
+    legend, chartNote, charts));
 
 let runs = [];
 let now = 0;
+let sort = { column: null, descending: false };
 // Per run: its metrics records so far and the offset to read on from.
 const metrics = new Map();
 const chartsByName = new Map();
@@ -38,8 +53,8 @@ async function refresh() {
     }
     throw e;
   }
-  drawRuns();
   for (const run of runs) await readMetrics(run);
+  drawRuns();
   drawCharts();
   return !runs.every((r) => FINISHED.has(r.state));
 }
@@ -59,49 +74,168 @@ async function readMetrics(run) {
   got.done = finished;
 }
 
+function recordsOf(run) {
+  return (metrics.get(run.id) || { records: [] }).records;
+}
+
+function metricNames() {
+  const names = [];
+  for (const run of runs) {
+    for (const r of recordsOf(run)) for (const [k, v] of Object.entries(r)) if (isMetric(k, v) && !names.includes(k)) names.push(k);
+  }
+  return names;
+}
+
+// The parameters that differ between runs: what tells one run from another.
+function varying() {
+  const params = runs.map((r) => sweepParams(r.name));
+  const keys = [...new Set(params.flatMap((p) => Object.keys(p)))];
+  const differ = keys.filter((k) => new Set(params.map((p) => p[k])).size > 1);
+  return differ.length ? differ : keys;
+}
+
+function label(run, keys) {
+  const p = sweepParams(run.name);
+  const text = keys.filter((k) => k in p).map((k) => `${k}=${p[k]}`).join(" ");
+  return text || run.name || run.id;
+}
+
+// The metric runs are ranked by: the one picked, else val_loss, loss, or the first one.
+function rankMetric(names) {
+  const options = names.map((n) => `${n}`);
+  if (options.join("\n") !== [...rankBy.options].map((o) => o.value).join("\n")) {
+    const was = rankBy.value;
+    replace(rankBy, options.map((n) => h("option", { value: n }, `${n} (${HIGHER_IS_BETTER.test(n) ? "highest" : "lowest"})`)));
+    rankBy.value = names.includes(was) ? was : ["val_loss", "loss"].find((n) => names.includes(n)) || names[0] || "";
+  }
+  return rankBy.value || null;
+}
+
+// Each run's best value of `name` over its records (its lowest, or highest where more is
+// better), and the run with the best of them.
+function best(name) {
+  const higher = HIGHER_IS_BETTER.test(name);
+  const values = new Map();
+  let top = null;
+  for (const run of runs) {
+    let value = null;
+    for (const r of recordsOf(run)) {
+      const v = r[name];
+      if (typeof v === "number" && Number.isFinite(v) && (value === null || (higher ? v > value : v < value))) value = v;
+    }
+    values.set(run.id, value);
+    if (value !== null && (top === null || (higher ? value > values.get(top) : value < values.get(top)))) top = run.id;
+  }
+  return { values, top };
+}
+
 function drawRuns() {
   document.title = `Sweep ${ref} · gpuhop`;
-  replace(table, h("table", {},
-    h("thead", {}, h("tr", {}, ["Run", "Job", "State", "Duration", "Latest metrics"].map((c) => h("th", {}, c)))),
-    h("tbody", {}, runs.map((run) => h("tr", { "data-job": run.id },
-      h("td", {}, h("a", { href: jobHref(run.id) }, run.name || run.id)),
-      h("td", { class: "mono" }, run.id),
-      h("td", {}, badge(run.state)),
-      h("td", {}, jobDuration(run, now)),
-      h("td", {}, metricsInline(run.latest_metrics)))))));
+  replace(title, `Sweep ${sweepName(ref, runs)}`);
+  cancel.hidden = runs.every((r) => FINISHED.has(r.state));
+  const names = metricNames();
+  const ranked = rankMetric(names);
+  const { values, top } = ranked ? best(ranked) : { values: new Map(), top: null };
+  const keys = varying();
+  const params = Object.fromEntries(runs.map((r) => [r.id, sweepParams(r.name)]));
+  const latest = (run, name) => (run.latest_metrics || {})[name];
+  // Each column: its heading, and a run's value in it (what it sorts by) and cell.
+  const columns = [
+    ["Run", (r) => runs.indexOf(r), (r, i) => h("span", { class: `run-key key${i % COLOURS}` },
+      h("a", { href: jobHref(r.id) }, r.name || r.id), r.id === top ? h("span", { class: "best-mark", title: `best ${ranked}` }, " ★ best") : null)],
+    ["Job", (r) => r.id, (r) => h("a", { class: "mono", href: jobHref(r.id) }, r.id)],
+    ...keys.map((k) => [k, (r) => sortable(params[r.id][k]), (r) => params[r.id][k] ?? ""]),
+    ["State", (r) => r.state, (r) => badge(r.state)],
+    ["Duration", (r) => (r.started_at ? (seconds(r.ended_at) ?? now) - seconds(r.started_at) : null), (r) => jobDuration(r, now)],
+    ranked ? [`best ${ranked}`, (r) => values.get(r.id), (r) => (values.get(r.id) === null ? "" : number(values.get(r.id)))] : null,
+    ...names.filter((n) => n !== ranked).slice(0, 6).map((n) => [n, (r) => latest(r, n), (r) => (typeof latest(r, n) === "number" ? number(latest(r, n)) : "")]),
+  ].filter(Boolean);
+  const order = runs.map((r, i) => [r, i]);
+  const by = columns.find(([name]) => name === sort.column);
+  if (by) {
+    order.sort(([a], [b]) => {
+      const [x, y] = [by[1](a), by[1](b)];
+      if (x === y) return 0;
+      if (x === null || x === undefined) return 1; // no value: last, either way
+      if (y === null || y === undefined) return -1;
+      return (x < y ? -1 : 1) * (sort.descending ? -1 : 1);
+    });
+  }
+  replace(table, h("table", { class: "sortable" },
+    h("thead", {}, h("tr", {}, columns.map(([name]) => h("th", {
+      "aria-sort": sort.column === name ? (sort.descending ? "descending" : "ascending") : null,
+    }, h("button", {
+      type: "button", class: "link sort", "data-column": name,
+      on: { click: () => { sort = { column: name, descending: sort.column === name && !sort.descending }; drawRuns(); } },
+    }, name, sort.column === name ? (sort.descending ? " ↓" : " ↑") : ""))))),
+    h("tbody", {}, order.map(([run, i]) => h("tr", { "data-job": run.id, class: run.id === top ? "best" : null },
+      columns.map(([name, , cell]) => h("td", { "data-label": name }, cell(run, i))))))));
+}
+
+// A parameter's value as it sorts: a number where it reads as one.
+function sortable(value) {
+  return value !== undefined && value !== "" && Number.isFinite(Number(value)) ? Number(value) : value;
 }
 
 function drawCharts() {
-  const names = [];
-  for (const got of metrics.values()) {
-    for (const r of got.records) for (const [k, v] of Object.entries(r)) if (isMetric(k, v) && !names.includes(k)) names.push(k);
+  const names = metricNames();
+  chartNote.textContent = names.length ? ""
+    : runs.length && runs.every((r) => FINISHED.has(r.state)) ? "These runs logged no metrics." : "No metrics yet.";
+  // The x axis: the epoch where the runs log one (what a sweep's runs are compared by), else
+  // the step, else each record's place in its file.
+  const all = runs.flatMap(recordsOf);
+  const axes = ["epoch", "step"].filter((k) => all.some((r) => typeof r[k] === "number"));
+  axes.push("record");
+  if (!axes.includes(axis.value) || axis.options.length !== axes.length) {
+    const was = axis.value;
+    replace(axis, axes.map((k) => h("option", { value: k }, `x: ${k}`)));
+    axis.value = axes.includes(was) ? was : axes[0];
   }
-  chartNote.textContent = names.length ? "" : "No metrics yet.";
-  const labels = runs.map((r) => r.name || r.id);
+  axis.hidden = !names.length;
+  const keys = varying();
+  const ranked = rankMetric(names);
+  const top = ranked ? best(ranked).top : null;
+  const topIndex = runs.findIndex((r) => r.id === top);
+  replace(legend, runs.map((run, i) => h("span", { class: `key${i % COLOURS}`, "data-job": run.id },
+    label(run, keys), run.id === top ? " ★" : "")));
+  legend.hidden = !names.length;
   for (const name of names) {
     let chart = chartsByName.get(name);
     if (!chart) {
-      chart = new LineChart({ title: name, name, labels });
+      chart = new LineChart({ title: name, name, legend: false });
       chartsByName.set(name, chart);
       charts.append(chart.el);
     }
-    chart.o.labels = labels;
-    chart.setData(runs.map((run) => curve((metrics.get(run.id) || { records: [] }).records, name)));
+    Object.assign(chart.o, { labels: runs.map((r) => label(r, keys)), xLabel: axis.value, best: topIndex });
+    chart.setData(runs.map((run) => curve(recordsOf(run), name, axis.value)));
   }
 }
 
-// One run's points of a metric: x is the step where it logs one, else the epoch, else the
-// record's place in its file.
-function curve(records, name) {
-  const key = records.some((r) => typeof r.step === "number") ? "step"
-    : records.some((r) => typeof r.epoch === "number") ? "epoch" : null;
+// One run's points of a metric against `key` ("record": the record's place in its file). A
+// record that has the metric but not the key is left out: its x is unknown.
+function curve(records, name, key) {
   const points = [];
   records.forEach((r, i) => {
     if (!(name in r)) return;
-    const x = key ? r[key] : i;
+    const x = key === "record" ? i : r[key];
     if (typeof x === "number") points.push([x, r[name]]);
   });
   return points;
+}
+
+async function onCancel() {
+  const open = runs.filter((r) => !FINISHED.has(r.state)).length;
+  if (!window.confirm(`Cancel sweep ${ref}? Its ${open} run${open === 1 ? "" : "s"} that have not ended get SIGTERM, and SIGKILL after 10 s.`)) return;
+  cancel.disabled = true;
+  try {
+    ({ now, jobs: runs } = await api(`/ui/api/sweeps/${encodeURIComponent(ref)}/cancel`, { method: "POST" }));
+    runs.sort((a, b) => (a.created_at < b.created_at ? -1 : 1));
+    drawRuns();
+  } catch (e) {
+    window.alert(`Could not cancel: ${e.message}`);
+  } finally {
+    cancel.disabled = false;
+  }
 }
 
 topbar("jobs");
