@@ -72,11 +72,16 @@ def modules_of(agent, tmp_path, *args: str, cwd=None) -> list[str]:
     return json.loads(record.read_text())
 
 
-def test_ps_show_logs_and_cancel_load_only_what_they_use(shared_agent, project, tmp_path):
+def test_ps_show_logs_and_cancel_load_only_what_they_use(make_agent, project, tmp_path):
+    # An agent of its own: what `ps` lists is this test's jobs, not whatever other tests of
+    # this process left on a shared one.
+    agent = make_agent()
     root = project({"hello.py": "print('hello')\n", "wait.py": "import time\ntime.sleep(600)\n"})
-    with shared_agent.client() as client:
+    with agent.client() as client:
         done = client.submit(["hello.py"], workdir=root)
         done.wait(timeout=60)
+        # A multi-line `-c` program with a non-ASCII word: `ps` writes it without rich too.
+        client.submit(["python3", "-c", "import sys\nprint('naïve')"], workdir=root).wait(60)
         waiting = client.submit(["wait.py"], workdir=root)
         try:
             for args in (
@@ -87,7 +92,7 @@ def test_ps_show_logs_and_cancel_load_only_what_they_use(shared_agent, project, 
                 ("wait", done.id),
                 ("cancel", waiting.id),
             ):
-                loaded = modules_of(shared_agent, tmp_path, *args)
+                loaded = modules_of(agent, tmp_path, *args)
                 assert "gpuhop.cli.main" in loaded  # the command ran in that interpreter
                 heavy = loaded_of(loaded, NOT_ON_THESE_PATHS + STDLIB_NOT_ON_THESE_PATHS)
                 assert not heavy, f"gpuhop {args[0]} imported {heavy}"

@@ -68,7 +68,31 @@ def test_a_table_is_written_as_rich_writes_it() -> None:
     assert plain.table(columns, rows, 400) == out.getvalue()
 
 
+def test_narrow_characters_are_one_column_wide_as_rich_counts_them() -> None:
+    from rich.cells import cell_len
+
+    accepted = [chr(c) for c in range(0x80, 0x30000) if plain.narrow(chr(c))]
+    assert len(accepted) > 5000  # Latin, Greek, Cyrillic, ..., punctuation, arrows
+    assert [c for c in accepted if cell_len(c) != 1] == []
+    assert all(plain.narrow(c) for c in "⏎·…éñ→")
+    assert not any(plain.narrow(c) for c in ("日", "\u0301", "\u200b", "\U0001f600", "\t"))
+
+
+def test_a_table_with_narrow_characters_is_written_as_rich_writes_it() -> None:
+    columns = ("ID", "COMMAND")
+    rows = [("1a", "python -c 'import os⏎print(1)'"), ("2b", "naïve · café")]
+    table = Table(box=None, header_style="bold", pad_edge=False)
+    for col in columns:
+        table.add_column(col, no_wrap=col != columns[-1], overflow="ellipsis")
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))
+    out = io.StringIO()
+    Console(file=out, highlight=False, emoji=False, width=400).print(table)
+
+    assert plain.table(columns, rows, 400) == out.getvalue()
+
+
 def test_what_only_rich_can_lay_out_is_left_to_it() -> None:
-    assert plain.table(("A",), [("naïve",)], 400) is None  # its width on screen: rich's call
+    assert plain.table(("A",), [("日本語",)], 400) is None  # its width on screen: rich's call
     assert plain.table(("A",), [("tab\there",)], 400) is None
     assert plain.table(("A", "B"), [("x" * 300, "y" * 200)], 400) is None  # squeezed by rich

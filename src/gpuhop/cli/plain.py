@@ -63,12 +63,34 @@ def plain(markup: str) -> str:
     return "".join(out).translate(_STRIP)
 
 
+def narrow(text: str) -> bool:
+    """Whether every character of `text` takes one column on screen as rich counts it: a
+    printable one, no combining mark or format character, not East Asian wide, from the
+    blocks whose widths are settled (Latin to Georgian, general punctuation to the arrows
+    and technical symbols: `⏎`, `·`, `…`, `é`; not the emoji and dingbat blocks).
+    tests/unit/test_plain_output.py holds it to rich's own width table."""
+    if text.isascii():
+        return text.isprintable()
+    import unicodedata
+
+    for char in text:
+        code = ord(char)
+        if not (code < 0x1100 or 0x2000 <= code < 0x2600 or 0x27C0 <= code < 0x2E80):
+            return False
+        if not char.isprintable() or unicodedata.category(char) in ("Mn", "Mc", "Me", "Cf"):
+            return False
+        if unicodedata.east_asian_width(char) in ("W", "F"):
+            return False
+    return True
+
+
 def table(columns: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> str | None:
     """The lines of a rich `Table(box=None, pad_edge=False)` of plain cells, as rich writes
-    it at `width` columns; None where only rich can say (a cell that is not printable ASCII,
-    whose width on screen rich measures, or a table wider than `width`, which it squeezes)."""
+    it at `width` columns; None where only rich can say (a cell with a character that is
+    not `narrow`, whose width on screen rich measures, or a table wider than `width`, which
+    it squeezes)."""
     cells = [list(columns), *(list(row) for row in rows)]
-    if not all(c.isascii() and c.isprintable() for row in cells for c in row):
+    if not all(narrow(c) for row in cells for c in row):
         return None
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     if sum(widths) + 2 * (len(widths) - 1) > width:
