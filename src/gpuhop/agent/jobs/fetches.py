@@ -227,14 +227,7 @@ class Fetches:
     def _fail(self, job: JobRecord, fetch: Fetch, why: str) -> None:
         self._forget(job.id)
         reason = f"could not fetch its data: {why}"
-        if self.store.transition(
-            job.id,
-            [JobState.queued],
-            JobState.failed,
-            reason=reason,
-            ended_at=time.time(),
-            end_class=EndClass.data_error.value,
-        ):
+        if self.store.fail_queued(job.id, reason, EndClass.data_error):
             log.warning("job %s %s", job.id, reason)
             self.on_done(job.id, JobState.failed)
 

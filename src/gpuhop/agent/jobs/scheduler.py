@@ -193,14 +193,7 @@ class Scheduler:
                 f"could not start: it asks for {asks}; {self.where} now has {len(memory)}"
                 f" GPU(s) with up to {format_mb(max(memory.values(), default=0))} each"
             )
-            if self.store.transition(
-                job.job_id,
-                [JobState.queued],
-                JobState.failed,
-                reason=reason,
-                ended_at=time.time(),
-                end_class=EndClass.app_error.value,
-            ):
+            if self.store.fail_queued(job.job_id, reason, EndClass.app_error):
                 log.warning("job %s %s", job.job_id, reason)
 
     def _launch(self, job_id: str) -> None:

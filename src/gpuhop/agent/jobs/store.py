@@ -39,7 +39,7 @@ from gpuhop.agent.jobs.schema import (
     LEGACY_SETTINGS,
     SCHEMA,
 )
-from gpuhop.api import JobState
+from gpuhop.api import EndClass, JobState
 from gpuhop.api.spec import JobSpec
 
 # What the rest of the agent imports from here (the records live in `records`).
@@ -334,6 +334,18 @@ class JobStore:
         marks = ",".join("?" * len(allowed))
         sql = f"UPDATE jobs SET {', '.join(sets)} WHERE id = ? AND state IN ({marks})"
         return self._execute(sql, (*params, job_id, *allowed)) == 1
+
+    def fail_queued(self, job_id: str, reason: str, end_class: EndClass) -> bool:
+        """End a job that never started (still queued) as failed, for `reason`. False where
+        it had left the queue meanwhile (started, cancelled)."""
+        return self.transition(
+            job_id,
+            [JobState.queued],
+            JobState.failed,
+            reason=reason,
+            ended_at=time.time(),
+            end_class=end_class.value,
+        )
 
     def retry(
         self,
