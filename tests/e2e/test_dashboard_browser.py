@@ -47,6 +47,9 @@ for step in range(1, 2000):
     log_metrics(step=step, epoch=step // 10 + 1, loss=loss, accuracy=1 - loss / 2.2)
     if step % 5 == 0:  # as Keras logs val_loss, at the end of an epoch
         log_metrics(step=step, epoch=step // 10 + 1, val_loss=loss * 1.3)
+    # Where the fit is, as gpuhop's Keras callback says it (runtime/callbacks.py: Progress).
+    log_metrics(step=step, epoch=step // 10 + 1, epochs=200, progress=1,
+                epoch_step=step % 10 + 1, epoch_steps=10, eta=round((1999 - step) * 0.3, 1))
     print(f"step {step} loss {loss:.4f} <b>not markup</b>", flush=True)
     time.sleep(0.3)
 """
@@ -236,6 +239,12 @@ def test_watch_a_job_train_and_cancel_it_from_the_browser(
     page.locator("#smoothing").fill("0.6")
     expect(page.locator("#log")).to_contain_text("<b>not markup</b>")
     expect(page.locator("#log b")).to_have_count(0)
+    # The header says where the fit is, as `gpuhop run`'s status line does, over a thin bar.
+    expect(page.locator("#job-progress-text")).to_have_text(
+        re.compile(r"^epoch \d+/200 · \d+/10 · ETA \d{1,2}:\d\d$")
+    )
+    width = page.locator("#job-progress .bar").evaluate("e => e.getBoundingClientRect().width")
+    assert 0 < width < page.locator("#job-progress .track").bounding_box()["width"] / 2
     # Where it is now: the Stacks button shows its Python stack (py-spy on the agent's host).
     page.click("#stacks-button")
     expect(page.locator("#stacks")).to_contain_text("<module> (train.py:")

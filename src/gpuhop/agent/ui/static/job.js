@@ -30,6 +30,11 @@ const stacksButton = h("button", { type: "button", id: "stacks-button", hidden: 
 const stacksPanel = h("section", { class: "panel", hidden: true },
   h("h2", {}, "Stacks"), h("pre", { class: "log stacks", id: "stacks" }));
 const sub = h("div", { class: "job-sub" });
+// Where a running fit is: "epoch 3/5 · 12/45 · ETA 0:04" over a thin bar, as `run` says it.
+const progressText = h("span", { id: "job-progress-text", class: "mono" });
+const progressBar = h("div", { class: "bar" });
+const progress = h("div", { class: "job-progress", id: "job-progress", hidden: true },
+  progressText, h("div", { class: "track", role: "progressbar", "aria-label": "progress" }, progressBar));
 const reason = h("div", { class: "reason", hidden: true });
 const spec = h("div", { class: "panel" });
 const side = h("div", { class: "panel" });
@@ -58,7 +63,7 @@ const artifacts = h("div", { class: "table-wrap", id: "artifacts" });
 replace(main,
   h("div", { class: "toolbar" }, h("a", { href: "/ui/" }, "← Jobs")),
   h("div", { class: "job-head" }, title, state, h("span", { class: "spacer" }), stacksButton, cancel),
-  sub, reason, stacksPanel,
+  sub, progress, reason, stacksPanel,
   h("div", { class: "grid two" }, spec, side),
   gpuPanel,
   h("section", { class: "panel" },
@@ -100,6 +105,7 @@ function drawJob() {
   if (ended) replace(reason, ended);
   drawSpec();
   drawSide();
+  drawProgress();
   if (worker.hidden && job.workers > 1) {
     replace(worker, h("option", { value: "" }, "all workers"),
       Array.from({ length: job.workers }, (_, i) => h("option", { value: String(i) }, `worker ${i}`)));
@@ -223,6 +229,50 @@ async function onStacks() {
   }
 }
 
+// Where the fit is, from the metrics records as `gpuhop run`'s status line reads them
+// (cli/progress.py): the epoch of the latest record (of the latest source) and the planned
+// number; a progress record ({"progress": 1, "epoch_step", "epoch_steps", "eta"}: runtime/
+// callbacks.py) says where the epoch is, until a record of that epoch's end follows it.
+function fitProgress() {
+  let source, epoch = null, epochs = null, within = null;
+  for (const r of records) {
+    if (typeof r.source === "string" && r.source !== source) {
+      source = r.source;
+      epoch = epochs = within = null;
+    }
+    if (Number.isInteger(r.epoch)) epoch = r.epoch;
+    if (Number.isInteger(r.epochs)) epochs = r.epochs;
+    if ("progress" in r) within = r;
+    else if (within !== null && epoch === within.epoch) within = null;
+  }
+  return { epoch, epochs, within };
+}
+
+function clock(s) {
+  s = Math.max(0, Math.round(s));
+  const two = (n) => String(n).padStart(2, "0");
+  return s < 3600 ? `${Math.floor(s / 60)}:${two(s % 60)}` : `${Math.floor(s / 3600)}:${two(Math.floor(s / 60) % 60)}:${two(s % 60)}`;
+}
+
+function drawProgress() {
+  const { epoch, epochs, within } = fitProgress();
+  progress.hidden = job === null || job.state !== "running" || epoch === null;
+  if (progress.hidden) return;
+  const parts = [`epoch ${epoch}${epochs ? `/${epochs}` : ""}`];
+  const steps = within !== null && Number.isInteger(within.epoch_steps) && within.epoch_steps > 0 ? within.epoch_steps : null;
+  if (steps !== null) {
+    parts.push(`${within.epoch_step}/${steps}`);
+    if (typeof within.eta === "number" && typeof within.time === "number") parts.push(`ETA ${clock(within.eta - (now - within.time))}`);
+  }
+  progressText.textContent = parts.join(" · ");
+  // The share of the fit done: whole epochs before this one, and this one's steps.
+  const inEpoch = steps !== null ? Math.min(1, within.epoch_step / steps) : 1;
+  const done = epochs ? Math.min(1, Math.max(0, (epoch - 1 + inEpoch) / epochs)) : null;
+  progressBar.parentElement.hidden = done === null;
+  progressBar.style.width = `${((done ?? 0) * 100).toFixed(1)}%`;
+  progressBar.parentElement.setAttribute("aria-valuenow", String(Math.round((done ?? 0) * 100)));
+}
+
 // -- metrics ----------------------------------------------------------------------------------
 
 const records = [];
@@ -241,6 +291,7 @@ async function refreshMetrics() {
     if (!more || fresh.length < 1000) break;
   }
   if (got || !chartsByName.size) drawCharts();
+  if (job !== null) drawProgress();
   // Once the job had ended before a read that found nothing new, the file is complete.
   return !(finishedBefore && got === 0);
 }
