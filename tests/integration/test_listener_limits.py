@@ -186,10 +186,11 @@ def test_idle_slow_and_silent_connections_are_closed(agent):
     slow = [tls(agent) for _ in range(20)]  # a byte at a time, for ever
     socks: list[socket.socket] = [*silent, *idle, *kept, *slow]
     try:
-        # The agent holds them all (it accepts them as it gets the CPU: on a busy machine,
-        # not all at once).
-        wait_until(lambda: open_files(agent.pid) >= files_before + 60, timeout=30)
-        report("with 70 idle or slow connections open", agent)
+        # Not waited for: that the agent holds all 70 at once. It accepts them as it gets the
+        # CPU, and on a busy machine it may have closed the first silent ones (their handshake
+        # time is up) before it accepts the last; a fresh-clone run beside a CPU hog failed so.
+        # What counts is below: every one of them ends, closed by the agent.
+        report("with up to 70 idle or slow connections open", agent)
         started = time.monotonic()
         limit = max(HEAD_TIMEOUT, HANDSHAKE_TIMEOUT, KEEP_ALIVE_TIMEOUT) + 10
         text = (REQUEST + b"X-Pad: " + b"a" * 1000) * 100
