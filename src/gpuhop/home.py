@@ -214,6 +214,12 @@ class JobPaths(NamedTuple):
         return self.root / "ran-on-host.json"
 
     @property
+    def energy(self) -> Path:
+        """The GPU energy and GPU time of each of the job's attempts, kept by the agent
+        while they run (gpuhop.agent.jobs.energy); the job never sees it."""
+        return self.root / "energy.json"
+
+    @property
     def materialised(self) -> Path:
         """Touched once the work dir is made from its tree: a synced file whose mtime is
         older is as it was synced (see `gpuhop.agent.services.workdir`)."""

@@ -94,6 +94,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "gpuhop.agent.host": {"gpuhop.backends", "gpuhop.api"},
     "gpuhop.agent.jobs": {
         "gpuhop.agent.storage",
+        "gpuhop.agent.host",  # whose processes a shared GPU's are: its energy split by load
         "gpuhop.backends",
         "gpuhop.api",
         "gpuhop.home",

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         TokenInfo,
         TokenRequest,
     )
+    from gpuhop.api.energy import EnergyUse, JobEnergy
     from gpuhop.api.errors import ErrorBody, ErrorCode
     from gpuhop.api.fingerprints import fingerprint_of, normalize_fingerprint
     from gpuhop.api.models import (
@@ -58,11 +59,13 @@ _WHERE: dict[str, str] = {
     "Change": "provenance",
     "CheckStatus": "agent",
     "DoctorCheck": "agent",
+    "EnergyUse": "energy",
     "EndClass": "states",
     "ErrorBody": "errors",
     "ErrorCode": "errors",
     "GpuInfo": "agent",
     "JobDiff": "provenance",
+    "JobEnergy": "energy",
     "JobInfo": "models",
     "JobStacks": "stacks",
     "JobState": "states",
@@ -104,10 +107,12 @@ __all__ = [
     "CheckStatus",
     "DoctorCheck",
     "EndClass",
+    "EnergyUse",
     "ErrorBody",
     "ErrorCode",
     "GpuInfo",
     "JobDiff",
+    "JobEnergy",
     "JobInfo",
     "JobStacks",
     "JobState",

@@ -8,6 +8,7 @@ from datetime import datetime
 from pydantic import Field, field_validator, model_validator
 
 from gpuhop.api.base import StrictModel, WireModel, check_text
+from gpuhop.api.energy import JobEnergy
 from gpuhop.api.queue import check_webhook_url
 from gpuhop.api.spec import ENV_NAME_RE, DataSource, JobSpec, Mount, SecretUse
 from gpuhop.api.states import EndClass, JobState, RetryOn
@@ -457,6 +458,9 @@ class JobInfo(WireModel):
     max_parallel: int | None = None
     mixed_gpus: bool = False
     notify: list[str] = Field(default_factory=list)
+    # The GPU energy and GPU time it used, in all and per attempt (see `JobEnergy`); None
+    # for a job that has not started.
+    energy: JobEnergy | None = None
 
 
 class BlobCheck(StrictModel):

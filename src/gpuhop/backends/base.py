@@ -77,6 +77,16 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class Energy:
+    """One GPU's energy readings now: NVML's total-energy counter (millijoules since the
+    driver loaded; Volta and later), and where there is none, its power draw (milliwatts).
+    None where the GPU (or the host) does not say."""
+
+    total_mj: int | None
+    power_mw: int | None = None
+
+
+@dataclass(frozen=True)
 class Fault:
     """A hardware fault of one GPU, as its driver reports it: the GPU must not run jobs.
 
@@ -116,6 +126,16 @@ class GpuHost:
         """GPU index -> pid (on this host) -> MiB of the GPU's memory that process holds, for
         the GPUs whose processes can be read now (none where the driver does not say)."""
         return {}
+
+    def energy(self, indices: list[int]) -> dict[int, Energy]:
+        """The energy readings of the GPUs `indices` now, for those that have any."""
+        return {}
+
+    def process_utilization(self, index: int) -> dict[int, int] | None:
+        """How busy each process (host pid) kept GPU `index` since the last call, as NVML's
+        per-process samples say it (the sum of their SM load, percent): {} where none was;
+        None where the GPU or the host does not tell."""
+        return None
 
     def faults(self) -> dict[int, Fault]:
         """The GPUs with a hardware fault now (or, for one-off events such as an XID error,

@@ -110,14 +110,17 @@ class TimeLimits:
 
 
 class SampleGpus:
-    """Records each GPU's memory use and load for the dashboard's GPU page."""
+    """Records each GPU's memory use and load for the dashboard's GPU page, and the energy
+    and GPU time of the jobs running on them (jobs/energy.py)."""
 
     def __init__(self, rt: AgentContext):
         self.rt = rt
         self.interval = rt.gpu_history.every
 
     def run(self) -> None:
-        self.rt.gpu_history.record(time.time(), self.rt.gpu_host.usage())
+        now = time.time()
+        self.rt.gpu_history.record(now, self.rt.gpu_host.usage())
+        self.rt.supervisor.energy.sample(now)
 
 
 class WatchGpuHealth:

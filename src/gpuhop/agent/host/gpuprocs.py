@@ -1,5 +1,6 @@
 """Runs in the agent: which job each process on a GPU belongs to, so that a shared GPU's
-memory is told per job (NVML reads it per process; `gpuhop ps` shows each job its own).
+memory and load are told per job (NVML reads them per process; `gpuhop ps` shows each job
+its own memory, and a shared GPU's energy is split by each job's load).
 
 A process belongs to the job whose PID namespace it is in. Every sandboxed job has its own
 (its first process, `init` in the leader's pid file, is that namespace's PID 1), and no
@@ -13,8 +14,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
+from gpuhop.backends.leader import read_json
 from gpuhop.backends.procs import alive
+
+# A job's first process and its start time, from its leader's pid file.
+Init = tuple[int, str | None]
 
 
 def pid_namespace(pid: int) -> int | None:
@@ -25,12 +31,24 @@ def pid_namespace(pid: int) -> int | None:
         return None
 
 
-def memory_by_job(
-    processes: Mapping[int, Mapping[int, int]], inits: Mapping[str, tuple[int, str | None]]
+def init_of(leader_pid: Path) -> Init | None:
+    """The job's first process and its start time, as its leader wrote them in its pid file
+    (`JobPaths.leader_pid`); None where it wrote none (yet), or the job has no PID
+    namespace of its own."""
+    leader = read_json(leader_pid) or {}
+    init, started = leader.get("init"), leader.get("init_start")
+    if not isinstance(init, int):
+        return None
+    return init, None if started is None else str(started)
+
+
+def per_job(
+    processes: Mapping[int, Mapping[int, int]], inits: Mapping[str, Init]
 ) -> dict[int, dict[str, int]]:
-    """GPU index -> job id -> MiB its processes hold there, for the GPUs in `processes`
-    (GPU index -> host pid -> MiB). `inits`: each job's first process and its start time,
-    from its leader's pid file. Processes of no job (another program's) count for none."""
+    """GPU index -> job id -> the sum of its processes' figures there (MiB they hold, or
+    their load), for the GPUs in `processes` (GPU index -> host pid -> figure). `inits`:
+    each job's first process and its start time (`init_of`). Processes of no job (another
+    program's) count for none."""
     ours = pid_namespace(os.getpid())
     jobs_of: dict[int, str] = {}
     for job, (init, started) in inits.items():

@@ -1,4 +1,4 @@
-"""Runs in the agent: finds the host's GPUs and reads their memory use and load, live.
+"""Runs in the agent: finds the host's GPUs and reads their memory use, load and energy, live.
 
 Discovery tries NVML first (the `nvidia-ml-py` package, imported as `pynvml`), then the
 `nvidia-smi` program, and else reports no GPU; `--fake-gpus N` makes N made-up GPUs and
@@ -23,7 +23,7 @@ from typing import Any
 
 from gpuhop.agent.host.health import FakeGpuHost, NvmlHealth
 from gpuhop.api import GpuInfo
-from gpuhop.backends.base import Fault, GpuHost, Usage
+from gpuhop.backends.base import Energy, Fault, GpuHost, Usage
 
 log = logging.getLogger("gpuhop.agent")
 
@@ -36,6 +36,10 @@ class _NvmlHost(GpuHost):
         super().__init__("nvml", **facts)
         self._nvml = nvml
         self._health = NvmlHealth(nvml, [g.index for g in self.gpus])
+        # GPUs without a total-energy counter (before Volta): their power is read instead.
+        self._no_counter: set[int] = set()
+        # Per GPU, the newest per-process utilisation sample seen (NVML's µs timestamp).
+        self._util_seen: dict[int, int] = {}
 
     def usage(self) -> dict[int, Usage]:
         out = {}
@@ -49,6 +53,43 @@ class _NvmlHost(GpuHost):
             except self._nvml.NVMLError:
                 pass  # e.g. utilisation is not supported on this GPU (MIG): unknown
             out[gpu.index] = Usage(memory, util)
+        return out
+
+    def energy(self, indices: list[int]) -> dict[int, Energy]:
+        nvml = self._nvml
+        out = {}
+        for index in indices:
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            except nvml.NVMLError:
+                continue
+            if index not in self._no_counter:
+                try:
+                    out[index] = Energy(int(nvml.nvmlDeviceGetTotalEnergyConsumption(handle)))
+                    continue
+                except (nvml.NVMLError_NotSupported, nvml.NVMLError_FunctionNotFound):
+                    self._no_counter.add(index)  # asked once: the GPU or driver is too old
+                except nvml.NVMLError:
+                    continue  # this time only
+            with contextlib.suppress(nvml.NVMLError):
+                out[index] = Energy(None, int(nvml.nvmlDeviceGetPowerUsage(handle)))
+        return out
+
+    def process_utilization(self, index: int) -> dict[int, int] | None:
+        nvml = self._nvml
+        try:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            samples = nvml.nvmlDeviceGetProcessUtilization(handle, self._util_seen.get(index, 0))
+        except nvml.NVMLError as e:
+            # NOT_FOUND: no process sampled since the last call (pynvml raises even where
+            # NVML answers "none" with SUCCESS); anything else: not told on this GPU.
+            if getattr(e, "value", None) in (nvml.NVML_ERROR_NOT_FOUND, nvml.NVML_SUCCESS):
+                return {}
+            return None
+        out: dict[int, int] = {}
+        for sample in samples:
+            out[int(sample.pid)] = out.get(int(sample.pid), 0) + int(sample.smUtil)
+            self._util_seen[index] = max(self._util_seen.get(index, 0), int(sample.timeStamp))
         return out
 
     def processes(self) -> dict[int, dict[int, int]]:

@@ -11,8 +11,8 @@ What counts as a fault (the GPU is then quarantined: see `gpuhop.agent.duties.gp
 - a GPU that answers NVML with GPU_IS_LOST.
 
 The fake seam: an agent started with `--fake-gpus` reads `fake-gpus.json` in its state dir
-(see `FakeGpuHost`) each time it looks, so tests (and demos) can give a fake GPU a load or
-a fault. Jobs never see that dir.
+(see `FakeGpuHost`) each time it looks, so tests (and demos) can give a fake GPU a load,
+energy readings that move, or a fault. Jobs never see that dir.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.api import GpuInfo
-from gpuhop.backends.base import Fault, GpuHost, Usage
+from gpuhop.backends.base import Energy, Fault, GpuHost, Usage
 
 log = logging.getLogger("gpuhop.agent")
 
@@ -62,14 +62,19 @@ def describe(
 
 
 class FakeGpuHost(GpuHost):
-    """Made-up GPUs (`--fake-gpus`). Their load and faults come from `seam`, a JSON file
-    read each time it is asked (missing: all idle and healthy), e.g.
+    """Made-up GPUs (`--fake-gpus`). Their load, energy and faults come from `seam`, a JSON
+    file read each time it is asked (missing: all idle and healthy, no energy readings), e.g.
 
         {"0": {"utilization": 80}, "1": {"xid": 79}, "2": {"ecc_uncorrected": 2},
          "3": {"pages_pending": true}, "4": {"lost": true},
-         "5": {"processes": {"4242": 3072}}}
+         "5": {"processes": {"4242": 3072}},
+         "6": {"energy_mj": 123456, "process_utilization": {"4242": 75, "4343": 25}},
+         "7": {"power_mw": 250000}}
 
-    ("processes": host pid -> MiB it holds, as NVML tells them.)
+    ("processes": host pid -> MiB it holds, as NVML tells them; "energy_mj": the GPU's
+    total-energy counter, "power_mw" its power draw, read where it has no counter;
+    "process_utilization": host pid -> its load since the last look. A GPU without
+    "energy_mj" or "power_mw" reads as one without NVML's energy readings.)
     """
 
     def __init__(self, gpus: list[GpuInfo], seam: Path | None):
@@ -110,6 +115,27 @@ class FakeGpuHost(GpuHost):
                 with contextlib.suppress(TypeError, ValueError):
                     out[index] = {int(pid): int(mb) for pid, mb in held.items()}
         return out
+
+    def energy(self, indices: list[int]) -> dict[int, Energy]:
+        out = {}
+        for index, r in self._readings().items():
+            try:
+                reading = Energy(_opt_int(r.get("energy_mj")), _opt_int(r.get("power_mw")))
+            except (TypeError, ValueError):
+                log.warning("fake GPU %d: cannot read %r from %s", index, r, self.seam)
+                continue
+            if index in indices and reading != Energy(None, None):
+                out[index] = reading if reading.total_mj is None else Energy(reading.total_mj)
+        return out
+
+    def process_utilization(self, index: int) -> dict[int, int] | None:
+        held = self._readings().get(index, {}).get("process_utilization")
+        if not isinstance(held, dict):
+            return None
+        try:
+            return {int(pid): int(load) for pid, load in held.items()}
+        except (TypeError, ValueError):
+            return None
 
     def faults(self) -> dict[int, Fault]:
         out = {}

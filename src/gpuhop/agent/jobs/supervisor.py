@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from gpuhop.agent.jobs import provenance
 from gpuhop.agent.jobs.endings import classify, hint_note
+from gpuhop.agent.jobs.energy import EnergyMeter
 from gpuhop.agent.jobs.metricstail import latest_metrics
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import JobRecord, JobStore
@@ -101,6 +102,10 @@ class Supervisor:
         self.checkouts = checkouts
         self.on_change = on_change
         self.python = backend.python
+        # Each running attempt's GPU energy and time, read by the GPU sampling duty too.
+        self.energy = EnergyMeter(
+            backend.gpu_host, self.job_paths, elsewhere=backend.where if backend.remote else None
+        )
         self._killed_after_grace: set[str] = set()
         # The grace of a cancel that came while its job was starting, by job id.
         self._start_cancels: dict[str, float] = {}
@@ -138,6 +143,8 @@ class Supervisor:
         except Exception as e:
             self._fail_start(job_id, jp, e)
             return
+        # Its GPUs' first readings, before anyone sees it run.
+        self._metered(job_id, lambda: self.energy.start(job.id, job.attempt, job.gpu_ids))
         # A cluster may keep the attempt pending (Slurm's queue): it stays `starting`, its
         # process known, until the cluster runs it (`promote`), and its time counts from then.
         since = self.backend.running_since(jp, time.time())
@@ -172,6 +179,13 @@ class Supervisor:
             )
         except OSError as e:
             log.warning("job %s: could not record what it runs on: %s", job.id, e)
+
+    def _metered(self, job_id: str, read: Callable[[], None]) -> None:
+        """A reading of a job's GPU energy: its trouble never touches the job."""
+        try:
+            read()
+        except Exception:
+            log.exception("reading job %s's GPU energy failed", job_id)
 
     def promote(self, job: JobRecord) -> None:
         """A started attempt the cluster kept pending: `running` once the cluster runs it,
@@ -257,6 +271,7 @@ class Supervisor:
         job = self.store.get(job_id)
         jp = self.job_paths(job_id)
         now = end.ended_at if end.ended_at else time.time()
+        self._metered(job_id, lambda: self.energy.end(job_id, now))
         if job.started_at is None and job.pid is not None:
             # Ended before promote() saw the cluster run it (or never ran: then no time).
             job = dataclasses.replace(job, started_at=self.backend.running_since(jp, now))
@@ -388,6 +403,7 @@ class Supervisor:
             )
         if self.backend.alive(started):
             log.info("re-attached to job %s (pid %d)", job.id, started.pid)
+            self._metered(job.id, lambda: self.energy.resume(job.id, job.attempt, job.gpu_ids))
             self._watch(job.id, jp, started)
             self._rearm(job, jp, started)
             return

@@ -9,12 +9,11 @@ import logging
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
-from gpuhop.agent.host.gpuprocs import memory_by_job
+from gpuhop.agent.host.gpuprocs import init_of, per_job
 from gpuhop.agent.jobs.store import ACTIVE_STATES, JobNotFound, JobRecord
 from gpuhop.api import ErrorCode, GpuInfo
 from gpuhop.api.agent import ClusterInfo
 from gpuhop.backends.base import Refused
-from gpuhop.backends.leader import read_json
 
 log = logging.getLogger("gpuhop.agent")
 
@@ -80,11 +79,10 @@ def _memory_by_job(ctx: AgentContext, holders: dict[int, list[str]]) -> dict[int
         return {}
     inits = {}
     for job in {j for i in processes for j in holders.get(i, [])}:
-        leader = read_json(ctx.supervisor.job_paths(job).leader_pid) or {}
-        init, started = leader.get("init"), leader.get("init_start")
-        if isinstance(init, int):
-            inits[job] = (init, None if started is None else str(started))
-    used = memory_by_job(processes, inits)
+        init = init_of(ctx.supervisor.job_paths(job).leader_pid)
+        if init is not None:
+            inits[job] = init
+    used = per_job(processes, inits)
     return {i: {j: used[i].get(j, 0) for j in holders.get(i, [])} for i in processes}
 
 
