@@ -148,7 +148,8 @@ def test_watch_a_job_train_and_cancel_it_from_the_browser(
 ):
     agent, _, link = dashboard
     origin = link.split("/ui/")[0]
-    agent.paths.fake_gpus_seam.write_text('{"0": {"utilization": 42}}')  # the GPU's load
+    # The GPU's load, and its energy counter (as NVML's, in mJ).
+    agent.paths.fake_gpus_seam.write_text('{"0": {"utilization": 42, "energy_mj": 1000}}')
     with agent.client() as client:
         job = client.submit(
             ["train.py", "--lr", "0.01"],
@@ -194,6 +195,12 @@ def test_watch_a_job_train_and_cancel_it_from_the_browser(
     expect(page.locator("#env")).to_contain_text("cosine")
     expect(page.locator("#env")).not_to_contain_text("not-for-screenshots")  # masked
     expect(page.locator(".facts")).to_contain_text("peak 2.0 GiB")
+    # What its GPU used so far: measured from its start, however little.
+    expect(page.locator(".facts")).to_contain_text(
+        re.compile(
+            r"GPU energy\s*[\d.]+ J \([\d.]+ Wh\); GPU time [\d.]+ GPU-s; NVML's energy counter"
+        )
+    )
     artifact = page.locator("#artifacts a", has_text="config.json")
     expect(artifact).to_be_visible(timeout=15_000)
     with page.expect_download() as download:

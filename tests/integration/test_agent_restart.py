@@ -36,12 +36,16 @@ def test_queued_jobs_start_after_a_restart_and_gpus_stay_single_owner(
     agent = make_agent(fake_gpus=1)
     root = project({"waiter.py": WAITER})
     release = tmp_path / "release"
+    agent.paths.fake_gpus_seam.write_text('{"0": {"energy_mj": 1000}}')  # the GPU's counter
     with agent.client() as client:
         first = client.submit(["waiter.py", str(release)], workdir=root, gpus=1)
         second = client.submit(["waiter.py", str(release)], workdir=root, gpus=1)
         wait_until(lambda: first.refresh().state == JobState.running, timeout=30)
         assert second.refresh().state == JobState.queued
     kill_agent_hard(agent)
+    # While no agent watches, the job uses 40 J; the next one counts them from the readings
+    # its job's file kept.
+    agent.paths.fake_gpus_seam.write_text('{"0": {"energy_mj": 41000}}')
     agent.pid = start_background(agent.paths, fake_gpus=1, python_flags=AGENT_PYTHON_FLAGS)
     with agent.client() as client:
         assert client.job(first.id).state == JobState.running
@@ -52,6 +56,8 @@ def test_queued_jobs_start_after_a_restart_and_gpus_stay_single_owner(
         b = client.job(second.id).wait(30)
     assert a.exit_code == b.exit_code == 5
     assert b.started_at >= a.ended_at
+    assert a.energy is not None and b.energy is not None
+    assert (a.energy.joules, b.energy.joules) == (40.0, 0.0)
 
 
 def test_log_follower_resumes_across_an_agent_restart(make_agent, project, tmp_path):

@@ -1,9 +1,18 @@
 """GET /metrics on a real agent (two fake GPUs) over its Unix socket and its TLS listener,
 parsed with prometheus_client's own parser: job counts follow jobs as they queue, run and
-end; the fake GPUs appear; finished jobs' run times land in the histogram."""
+end; the fake GPUs appear; finished jobs' run times land in the histogram.
+
+Then each job's GPU energy and GPU time, with energy counters the tests move through the
+fake-GPU seam: two jobs sharing a GPU split its energy by their load, as `show`, `show
+--json`, `ps --json` and `/metrics` tell it; a GPU without NVML's readings and a job without
+a GPU say "not measured", never 0. (The meter's arithmetic: tests/unit/test_energy.py; an
+agent restart that goes on counting: test_agent_restart.py.)"""
 
 from __future__ import annotations
 
+import json
+import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -150,3 +159,97 @@ def test_over_tls_metrics_need_a_token_and_any_user_may_scrape(agent):
     assert answer.status_code == 200
     metrics = parse(answer.text)
     assert {"gpuhop_jobs", "gpuhop_queue_length", "gpuhop_gpu_memory_total_bytes"} <= set(metrics)
+
+
+def set_seam(agent: Agent, readings: dict) -> None:
+    """The fake GPUs' readings, replaced whole at once (the agent reads the file any time)."""
+    tmp = agent.paths.fake_gpus_seam.with_name("fake-gpus.json.tmp")
+    tmp.write_text(json.dumps(readings))
+    os.replace(tmp, agent.paths.fake_gpus_seam)
+
+
+def show_json(agent: Agent, job: str) -> dict:
+    shown = agent.cli("show", "--json", job)
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)
+
+
+def test_two_jobs_on_one_gpu_split_its_energy_by_their_load(agent, project):
+    set_seam(agent, {"0": {"energy_mj": 5_000_000}})
+    root = project({"wait.py": WAITER})
+    a, b = (
+        agent.cli("run", "--detach", "--gpu-memory", "2GiB", "wait.py", cwd=root).stdout.strip()
+        for _ in range(2)
+    )
+
+    def init(job: str) -> int | None:  # the job's first process, PID 1 of its namespace
+        pids = agent.paths.job_dir(job) / "shim.pid"
+        return json.loads(pids.read_text()).get("init") if pids.exists() else None
+
+    with agent.client() as client:
+        for job in (a, b):
+            wait_until(lambda job=job: client.job(job).state.value == "running", timeout=60)
+            wait_until(lambda job=job: init(job), timeout=30)
+        assert client.job(a).info.gpu_ids == client.job(b).info.gpu_ids == [0]
+        # The GPU used 100 J, three quarters of its load a's processes', as NVML tells it.
+        load = {str(init(a)): 60, str(init(b)): 20}
+        set_seam(agent, {"0": {"energy_mj": 5_100_000, "process_utilization": load}})
+        # Once a sample read it, a's end settles nothing more of it (its processes gone).
+        wait_until(lambda: client.job(a).refresh_json()["energy"]["joules"] == 75.0, timeout=30)
+        for job in (a, b):
+            go(agent, job)
+            client.job(job).wait(30)
+
+    ea, eb = show_json(agent, a)["energy"], show_json(agent, b)["energy"]
+    assert (ea["measured"], ea["joules"], eb["joules"]) == (True, 75.0, 25.0)
+    assert ea["wh"] == round(75 / 3600, 6)
+    for used in (ea, eb):
+        assert used["split_by"]["utilisation"] > 0 and used["gpu_seconds"] > 0
+        assert set(used["measured_by"]) == {"energy counter"}
+        assert [attempt["joules"] for attempt in used["attempts"]] == [used["joules"]]
+    listed = {j["id"]: j for j in json.loads(agent.cli("ps", "--json").stdout)}
+    assert listed[a]["energy"] == ea and listed[b]["energy"] == eb
+    line = next(x for x in agent.cli("show", a).stdout.splitlines() if "energy" in x)
+    # Split by load since a sample saw the test's figures; equally before, if a sample came
+    # between the jobs' start and those figures (the longer of the two leads).
+    assert re.fullmatch(
+        r"\s*energy  75\.0 J \(0\.02 Wh\); GPU time [\d.]+ GPU-s; NVML's energy counter,"
+        r" split (by utilisation|equally)( \((by utilisation|equally) for [\d.]+ GPU-s\))?",
+        line,
+    ), line
+
+    metrics = scrape(agent)
+    joules = "gpuhop_job_gpu_energy_joules"
+    assert value(metrics, joules, f"{joules}_total", job=a) == 75.0
+    assert value(metrics, joules, f"{joules}_total", job=b) == 25.0
+    seconds = "gpuhop_job_gpu_seconds"
+    assert value(metrics, seconds, f"{seconds}_total", job=a) == ea["gpu_seconds"]
+
+
+def test_without_nvml_or_without_a_gpu_energy_is_not_measured_never_zero(agent, project):
+    set_seam(agent, {})  # GPUs that give no energy reading: a host without NVML
+    root = project({"quick.py": "print('done')"})
+    with agent.client() as client:
+        gpu = client.submit(["quick.py"], workdir=root, gpus=1).wait(60)
+        cpu = client.submit(["quick.py"], workdir=root).wait(60)
+    assert gpu.exit_code == cpu.exit_code == 0
+
+    used = show_json(agent, gpu.id)["energy"]
+    assert (used["measured"], used["joules"], used["wh"]) == (False, None, None)
+    assert used["why"] == (
+        f"GPU {gpu.gpu_ids[0]} reports neither an energy counter nor its power draw through NVML"
+    )
+    assert show_json(agent, cpu.id)["energy"] == {
+        **dict.fromkeys(("attempt", "joules", "wh", "gpu_seconds")),
+        "measured": False,
+        "measured_by": {},
+        "split_by": {},
+        "unmeasured_gpu_seconds": 0.0,
+        "why": "it used no GPU",
+        "attempts": [],
+    }
+    assert "energy  not measured (it used no GPU)" in agent.cli("show", cpu.id).stdout
+    assert "energy  not measured (GPU " in agent.cli("show", gpu.id).stdout
+    metrics = scrape(agent)
+    measured = metrics["gpuhop_job_gpu_energy_joules"]
+    assert not [key for key in measured if ("job", gpu.id) in key[1] or ("job", cpu.id) in key[1]]

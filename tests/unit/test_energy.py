@@ -13,6 +13,7 @@ import pytest
 from gpuhop.agent.host.health import FakeGpuHost
 from gpuhop.agent.jobs.energy import NO_GPU, NOT_RECORDED, EnergyMeter, JobTotal, job_energy
 from gpuhop.api import GpuInfo
+from gpuhop.cli.show import energy_rows, energy_text
 from gpuhop.home import JobPaths
 
 
@@ -176,3 +177,35 @@ def test_what_is_not_measured_says_why_and_is_never_zero(gpus, tmp_path):
     used = energy(tmp_path, "c")
     assert (used["measured"], used["gpu_seconds"]) == (False, None)
     assert used["why"] == "GPU energy is not measured on the Ray cluster"
+
+
+def test_show_says_each_attempt_and_the_whole_in_units_a_person_reads(gpus, tmp_path):
+    meter = meter_of(gpus, tmp_path)
+    gpus.set(0, energy_mj=0)
+    gpus.set(1, power_mw=300_000)
+    # 7.2 kJ by one GPU's counter, 1.08 MJ by the other's power (300 W for an hour); each
+    # GPU's hour counts.
+    meter.start("a", 1, [0, 1], now=0.0)
+    gpus.set(0, energy_mj=7_200_000)
+    meter.end("a", now=3600.0)
+    meter.start("a", 2, [0], now=4000.0)
+    gpus.set(0, energy_mj=7_200_000 + 12_345_000)
+    meter.end("a", now=4010.0)
+
+    used = energy(tmp_path, "a")
+    assert energy_rows(used) == [
+        (
+            "energy",
+            "1.10 MJ (305 Wh); GPU time 7210.0 GPU-s (2.00 GPU-h);"
+            " NVML's energy counter and power samples (all 2 attempts)",
+        ),
+        (
+            "",
+            "attempt 1: 1.09 MJ (302 Wh); GPU time 7200.0 GPU-s (2.00 GPU-h);"
+            " NVML's energy counter and power samples",
+        ),
+        ("", "attempt 2: 12.3 kJ (3.43 Wh); GPU time 10.0 GPU-s; NVML's energy counter"),
+    ]
+    assert energy_text({"measured": False, "why": "it used no GPU"}) == (
+        "not measured (it used no GPU)"
+    )

@@ -92,6 +92,8 @@ def show(
         for source, record in (get("metrics_by_source") or {}).items()
         if source != latest_source
     ]
+    if get("energy"):
+        rows += [(key, escape(text)) for key, text in energy_rows(info["energy"])]
     if ran_on is not None and JobState(info["state"]) != JobState.queued:
         rows += ran_on_rows(ran_on)
     for key, value in rows:
@@ -136,6 +138,71 @@ def ran_on_rows(record: Info) -> list[tuple[str, str]]:
         host = f"gpuhop {get('gpuhop')} on {get('host')}; GPUs {gpus}{driver}{tree}"
         rows.append(("host", escape(host)))
     return rows
+
+
+def energy_rows(energy: Info) -> list[tuple[str, str]]:
+    """The job's GPU energy and GPU time; each attempt's too, where it had several."""
+    attempts = energy.get("attempts") or []
+    if len(attempts) < 2:
+        return [("energy", energy_text(energy))]
+    rows = [("energy", f"{energy_text(energy)} (all {len(attempts)} attempts)")]
+    rows += [("", f"attempt {a['attempt']}: {energy_text(a)}") for a in attempts]
+    return rows
+
+
+def energy_text(use: Info) -> str:
+    """ "12.3 kJ (3.42 Wh); GPU time 65.0 GPU-s; NVML's energy counter, split by
+    utilisation", or "not measured (why)", never 0."""
+    seconds = use.get("gpu_seconds")
+    gpu_time = None if seconds is None else f"GPU time {_gpu_seconds(seconds)}"
+    if not use.get("measured"):
+        return "; ".join(p for p in (f"not measured ({use.get('why')})", gpu_time) if p)
+    joules = use["joules"]
+    watt_hours = joules / 3600
+    wh = f"{_figure(watt_hours / 1000)} kWh" if watt_hours >= 1000 else f"{_figure(watt_hours)} Wh"
+    parts = [f"{_joules(joules)} ({wh})", gpu_time, _how(use)]
+    unmeasured = use.get("unmeasured_gpu_seconds") or 0
+    if unmeasured >= 0.05:
+        parts.append(f"{_gpu_seconds(unmeasured)} of it not measured")
+    return "; ".join(p for p in parts if p)
+
+
+# How a GPU's energy was read and split (api.energy's words), as `show` says it.
+_READ_AS = {"energy counter": "NVML's energy counter", "power samples": "power samples"}
+_SPLIT_AS = {"utilisation": "split by utilisation", "equal": "split equally"}
+
+
+def _how(use: Info) -> str:
+    read = use.get("measured_by") or {}
+    text = " and ".join(words for key, words in _READ_AS.items() if key in read)
+    shared = {k: v for k, v in (use.get("split_by") or {}).items() if k in _SPLIT_AS}
+    if shared:
+        main = max(shared, key=lambda k: shared[k])
+        text += f", {_SPLIT_AS[main]}"
+        if len(shared) > 1:
+            other = next(k for k in shared if k != main)
+            words = _SPLIT_AS[other].removeprefix("split ")
+            text += f" ({words} for {_gpu_seconds(shared[other])})"
+    return text
+
+
+def _joules(joules: float) -> str:
+    for unit, size in (("MJ", 1e6), ("kJ", 1e3)):
+        if joules >= size:
+            return f"{_figure(joules / size)} {unit}"
+    return f"{_figure(joules)} J"
+
+
+def _gpu_seconds(seconds: float) -> str:
+    hours = f" ({seconds / 3600:.2f} GPU-h)" if seconds >= 3600 else ""
+    return f"{seconds:.1f} GPU-s{hours}"
+
+
+def _figure(value: float) -> str:
+    """Three significant figures or so: 123, 12.3, 1.23."""
+    if value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
 # A suggested share leaves this much room above the peak the job's framework reported.

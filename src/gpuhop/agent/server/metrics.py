@@ -6,9 +6,12 @@ and the GPU host, so the figures survive an agent restart and agree with `gpuhop
 the counts that only grow (jobs submitted, the run-time histogram) are true counters.
 
 Labels are bounded: job states, GPU indices and names, a GPU fault's kind (a few words).
-No job ids, names or users: ids would make a new series per job forever, and any token
-may scrape (see `routers.metrics`), so a user must not learn other users' job names or how
-busy each user is.
+No job names or users: any token may scrape (see `routers.metrics`), so a user must not
+learn other users' job names or how busy each user is. Job ids label one kind of figure
+only, the counters of each job's GPU energy and GPU time, and only for the jobs running now
+and those that ended in the last hour (at most 1,000: `gpuhop.agent.jobs.energy`), so the
+series stay few; an id says nothing of whose job it is. These two are kept in memory
+by the energy meter (which reads the GPUs at each sample), not read at scrape time.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class AgentCollector(Collector):
         yield from self._agent()
         yield from self._jobs()
         yield from self._gpus()
+        yield from self._energy()
 
     def _agent(self) -> Iterator[Metric]:
         info = GaugeMetricFamily(
@@ -154,6 +158,26 @@ class AgentCollector(Collector):
             reserved.add_metric(key, (gpu.memory_reserved_mb or 0) * MB)
             holders.add_metric(key, len(gpu.job_ids))
         yield from (util, used, total, reserved, holders, quarantined)
+
+    def _energy(self) -> Iterator[Metric]:
+        joules = CounterMetricFamily(
+            "gpuhop_job_gpu_energy_joules",
+            "GPU energy a job used, all its attempts (NVML's energy counter, else its power"
+            " integrated; a shared GPU's split by each job's load). Jobs running now or"
+            " ended in the last hour; a job whose energy is not measured is left out.",
+            labels=["job"],
+        )
+        seconds = CounterMetricFamily(
+            "gpuhop_job_gpu_seconds",
+            "GPU time a job held, in GPU-seconds (a shared GPU's split as its energy is)."
+            " Jobs running now or ended in the last hour.",
+            labels=["job"],
+        )
+        for total in self.ctx.supervisor.energy.totals():
+            if total.joules is not None:
+                joules.add_metric([total.job_id], total.joules)
+            seconds.add_metric([total.job_id], total.gpu_seconds)
+        yield from (joules, seconds)
 
 
 def registry(ctx: AgentContext) -> CollectorRegistry:

@@ -6,10 +6,11 @@ What goes, in this order:
    more than `keep_days` ago *and* at least `keep_jobs` newer finished jobs exist. Its row
    in jobs.db stays (`gpuhop ps`/`show` still list it) and a `pruned.json` marker stays in
    its dir, written first, so asking for its log or artifacts answers 410 with when and
-   why. Finished states are terminal (a retried attempt goes from running to queued and
-   never through a finished state), so a job that is queued, starting or running is never
-   pruned. Job dirs that no row owns (a submission that crashed half way) go once older
-   than the grace period.
+   why; so does its GPU energy record (`energy.json`, a few hundred bytes). Finished
+   states are terminal (a retried attempt goes from running to queued and never through a
+   finished state), so a job that is queued, starting or running is never pruned. Job dirs
+   that no row owns (a submission that crashed half way) go once older than the grace
+   period.
 2. **Trees** in trees/ that no remaining job dir holds a copy of, and their checkouts.
 3. **Blobs** that no remaining job's tree, no kept tree and no dataset version names.
    Blobs are what a queued job (or the next attempt of a running one) is materialised
@@ -181,8 +182,10 @@ def _prune_jobs(
 
 
 def _empty_but_marker(root: Path) -> None:
+    # The job's GPU energy stays with its record: a few hundred bytes, for its accounts.
+    kept = {PRUNED, JobPaths(root).energy.name}
     for child in root.iterdir():
-        if child.name != PRUNED:
+        if child.name not in kept:
             _remove(child)
 
 

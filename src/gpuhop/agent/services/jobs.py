@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
+from gpuhop.agent.jobs.energy import job_energy
 from gpuhop.agent.jobs.metricstail import by_source, latest_of, memory_peak_of, tail_records
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
@@ -127,6 +128,11 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         mixed_gpus=job.spec.mixed_gpus,
         notify=list(job.spec.notify),
         secrets=[s.name if s.env == s.name else f"{s.name}={s.env}" for s in job.spec.secrets],
+        energy=job_energy(
+            jp,
+            used_gpus=job.spec.gpus > 0,
+            ran=job.started_at is not None or job.attempt > 1,
+        ),
         **(deps.info_fields(jp) if jobdeps.path(jp).name in present else {}),
     )
 

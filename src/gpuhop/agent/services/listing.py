@@ -233,7 +233,7 @@ _ANY = JobPaths(Path("job"))
 # The files of a job's dir whose contents its JobInfo shows (see `jobs.to_info`); the other
 # names there count too, by their presence (a backend's marker of where the job ran).
 _LOG = _ANY.log.name
-_READ = frozenset({_LOG, _ANY.metrics.name, gc.PRUNED, jobdeps.path(_ANY).name})
+_READ = frozenset({_LOG, _ANY.metrics.name, gc.PRUNED, jobdeps.path(_ANY).name, _ANY.energy.name})
 
 
 class _Dirs:

@@ -4,7 +4,8 @@ Behind the same authentication as every route: the Unix socket's owner, or any v
 bearer token on the TCP listener (a request without one gets 401 there, like any other).
 Any user's token may scrape, not only an admin's: the figures are host-wide aggregates
 (jobs per state, queue length, GPU load and memory, run times) of the kind every user
-already sees in `gpuhop gpus` and `/v1/agent`, with no job ids, names or users in them.
+already sees in `gpuhop gpus` and `/v1/agent`, with no job names or users in them (job
+ids label only the per-job GPU energy and GPU time counters: see `server.metrics`).
 The format follows the scraper's Accept header: OpenMetrics for Prometheus, the classic
 text format (0.0.4) otherwise.
 """

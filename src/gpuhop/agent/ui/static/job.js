@@ -130,6 +130,22 @@ function memoryText(job) {
   return job.gpu_memory_mb ? `peak ${peak} of a ${mb(job.gpu_memory_mb)} share` : `peak ${peak}`;
 }
 
+// The GPU energy and GPU time it used (as `gpuhop show` says them); never 0 where unknown.
+function energyText(job) {
+  const e = job.energy;
+  if (!e) return null;
+  const time = e.gpu_seconds === null || e.gpu_seconds === undefined ? null : `GPU time ${e.gpu_seconds.toFixed(1)} GPU-s`;
+  if (!e.measured) return [`not measured (${e.why})`, time].filter(Boolean).join("; ");
+  const kj = e.joules >= 1000 ? `${(e.joules / 1000).toFixed(1)} kJ` : `${e.joules.toFixed(1)} J`;
+  const read = Object.keys(e.measured_by || {}).map(k => k === "energy counter" ? "NVML's energy counter" : k).join(" and ");
+  const split = e.split_by || {};
+  const [byLoad, equally] = [split.utilisation || 0, split.equal || 0];
+  const how = byLoad || equally ? (byLoad >= equally ? ", split by utilisation" : ", split equally") : "";
+  const parts = [`${kj} (${e.wh.toFixed(3)} Wh)`, time, read + how];
+  if (e.attempts && e.attempts.length > 1) parts.push(`all ${e.attempts.length} attempts`);
+  return parts.filter(Boolean).join("; ");
+}
+
 function fact(label, value) {
   return value === null || value === undefined || value === "" ? null : [h("dt", {}, label), h("dd", {}, value)];
 }
@@ -142,6 +158,7 @@ function drawSpec() {
       fact("GPUs", gpuText(job)),
       fact("GPU share", job.gpu_memory_mb ? mb(job.gpu_memory_mb) : null),
       fact("GPU memory", memoryText(job)),
+      fact("GPU energy", energyText(job)),
       fact("Workers", job.workers > 1 ? String(job.workers) : "1"),
       fact("Attempt", `${job.attempt} of ${job.retries + 1}`),
       fact("Priority", String(job.priority)),
