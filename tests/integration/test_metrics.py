@@ -253,3 +253,22 @@ def test_without_nvml_or_without_a_gpu_energy_is_not_measured_never_zero(agent, 
     metrics = scrape(agent)
     measured = metrics["gpuhop_job_gpu_energy_joules"]
     assert not [key for key in measured if ("job", gpu.id) in key[1] or ("job", cpu.id) in key[1]]
+
+
+@pytest.mark.gpu
+def test_on_a_real_gpu_a_jobs_energy_comes_from_nvml(make_agent, project, record_property):
+    agent = make_agent()  # the host's own GPUs, found through NVML
+    root = project({"idle.py": "import time\ntime.sleep(3)\n"})
+    with agent.client() as client:
+        job = client.submit(["idle.py"], workdir=root, gpus=1).wait(120)
+    assert job.exit_code == 0 and job.started_at and job.ended_at
+
+    used = show_json(agent, job.id)["energy"]
+    record_property("gpu energy", json.dumps(used))  # the figures seen, for the record
+    assert used["measured"] and used["joules"] > 0, used
+    assert set(used["measured_by"]) <= {"energy counter", "power samples"}
+    assert set(used["split_by"]) == {"whole GPU"}
+    ran = (job.ended_at - job.started_at).total_seconds()
+    assert 0 < used["gpu_seconds"] <= ran + 1
+    # Even idle, a data-centre GPU draws tens of watts, and none more than 1.5 kW.
+    assert 5 < used["joules"] / used["gpu_seconds"] < 1500, used

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuhop.agent.host import gpus
-from tests.conftest import has_nvidia_gpu
+from tests.conftest import has_nvidia_gpu, wait_until
 
 
 def test_fake_gpus_have_8_gib_unless_told_and_report_idle():
@@ -83,5 +83,25 @@ def test_on_a_gpu_host_nvml_reports_no_fault_on_healthy_gpus():
         assert host.source == "nvml", host.error
         assert host.faults() == {}
         assert host.faults() == {}  # the XID event set drains without blocking
+    finally:
+        host.close()
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_host_nvml_reads_each_gpus_energy_counter_or_power():
+    host = gpus.discover()
+    try:
+        indices = [g.index for g in host.gpus]
+        first = host.energy(indices)
+        assert set(first) == set(indices)  # every NVIDIA GPU since Kepler gives one or both
+        for reading in first.values():
+            if reading.total_mj is None:  # before Volta: no counter, its power instead
+                assert reading.power_mw is not None and reading.power_mw > 0
+        counters = {i: r.total_mj for i, r in first.items() if r.total_mj is not None}
+        # Even an idle GPU draws some tens of watts: its counter moves within a second or so.
+        wait_until(
+            lambda: all(host.energy([i])[i].total_mj > mj for i, mj in counters.items()),
+            timeout=10,
+        )
     finally:
         host.close()
