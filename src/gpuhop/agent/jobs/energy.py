@@ -17,6 +17,8 @@ GPU's memory is (`gpuprocs`) ("utilisation"); in equal parts where NVML does not
 job's process was busy ("equal"). When the jobs on a GPU change (one starts or ends), the
 interval up to then is settled first, so each interval goes to the jobs that shared it.
 Another program's process on a job's GPU is not told apart: its energy counts as the jobs'.
+The processes of a job that just ended are gone, and so is their load: the last interval
+of a shared GPU before a job's end goes by the load of the jobs still on it.
 
 What was not measured is never 0: an attempt with no reading of its GPUs says why.
 """
