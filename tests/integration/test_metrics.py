@@ -224,6 +224,17 @@ def test_two_jobs_on_one_gpu_split_its_energy_by_their_load(agent, project):
     assert value(metrics, joules, f"{joules}_total", job=b) == 25.0
     seconds = "gpuhop_job_gpu_seconds"
     assert value(metrics, seconds, f"{seconds}_total", job=a) == ea["gpu_seconds"]
+    # Job ids are another user's business: a user's scrape names only their own jobs, an
+    # admin's (a Prometheus server's usual token) every job.
+    with agent.client() as owner:
+        user, admin = (owner.create_token(n, admin=n == "ops").token for n in ("eve", "ops"))
+    for token, seen in ((user, set()), (admin, {a, b})):
+        with raw_http(agent, token) as http:
+            answer = http.get("/metrics")
+        assert answer.status_code == 200, answer.text
+        listed = parse(answer.text)
+        assert {dict(labels)["job"] for _, labels in listed[joules]} >= seen
+        assert {a, b} & {dict(labels)["job"] for _, labels in listed[joules]} == seen
 
 
 def test_without_nvml_or_without_a_gpu_energy_is_not_measured_never_zero(agent, project):

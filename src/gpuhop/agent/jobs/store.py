@@ -249,6 +249,19 @@ class JobStore:
         )
         return {r["id"]: (JobState(r["state"]), r["end_class"]) for r in rows}
 
+    def owned(self, job_ids: Iterable[str], owner: str) -> set[str]:
+        """Those of these jobs that `owner` owns."""
+        ids = list(job_ids)
+        found: set[str] = set()
+        for at in range(0, len(ids), 500):  # under SQLite's oldest limit on parameters
+            part = ids[at : at + 500]
+            rows = self._query(
+                f"SELECT id FROM jobs WHERE owner = ? AND id IN ({','.join('?' * len(part))})",
+                [owner, *part],
+            )
+            found.update(r["id"] for r in rows)
+        return found
+
     def end_classes(self) -> dict[str, int]:
         """How many finished jobs ended in each class (jobs from before classes left out)."""
         rows = self._query(

@@ -10,7 +10,8 @@ No job names or users: any token may scrape (see `routers.metrics`), so a user m
 learn other users' job names or how busy each user is. Job ids label one kind of figure
 only, the counters of each job's GPU energy and GPU time, and only for the jobs running now
 and those that ended in the last hour (at most 1,000: `gpuhop.agent.jobs.energy`), so the
-series stay few; an id says nothing of whose job it is. These two are kept in memory
+series stay few; and a user's scrape lists only their own jobs there (an admin's, every
+job), so no one learns another user's job ids or use. These two are kept in memory
 by the energy meter (which reads the GPUs at each sample), not read at scrape time.
 """
 
@@ -44,8 +45,9 @@ _EVERYONE = Caller("metrics", admin=True)
 class AgentCollector(Collector):
     """The agent's jobs, queue and GPUs, as Prometheus metric families."""
 
-    def __init__(self, ctx: AgentContext):
+    def __init__(self, ctx: AgentContext, caller: Caller):
         self.ctx = ctx
+        self.caller = caller
 
     def describe(self) -> list[Metric]:
         return []  # unknown until collected: the registry must not collect at register time
@@ -173,19 +175,24 @@ class AgentCollector(Collector):
             " Jobs running now or ended in the last hour.",
             labels=["job"],
         )
-        for total in self.ctx.supervisor.energy.totals():
+        totals = self.ctx.supervisor.energy.totals()
+        if not self.caller.admin:  # a user's scrape names only their own jobs
+            mine = self.ctx.store.owned([t.job_id for t in totals], self.caller.user)
+            totals = [t for t in totals if t.job_id in mine]
+        for total in totals:
             if total.joules is not None:
                 joules.add_metric([total.job_id], total.joules)
             seconds.add_metric([total.job_id], total.gpu_seconds)
         yield from (joules, seconds)
 
 
-def registry(ctx: AgentContext) -> CollectorRegistry:
-    """A registry for one scrape: the agent's figures and its own process's (CPU, memory,
+def registry(ctx: AgentContext, caller: Caller) -> CollectorRegistry:
+    """A registry for one scrape by `caller`: the agent's figures (the per-job ones of the
+    caller's own jobs, or of every job for an admin) and its own process's (CPU, memory,
     open files). Made per scrape: it costs microseconds, and holds no state between them."""
     from prometheus_client import ProcessCollector
 
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(AgentCollector(ctx))
+    reg.register(AgentCollector(ctx, caller))
     ProcessCollector(registry=reg)
     return reg
