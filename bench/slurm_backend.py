@@ -1,12 +1,14 @@
 """Slurm backend: a job on Slurm through gpuhop, next to what a Slurm user types instead.
 
-Starts the test suite's one-node Slurm cluster (tests/slurm_backend/cluster.py: munged,
-slurmctld and slurmd of this machine, started and stopped by pid) and a private agent on it
-with `--backend slurm`. Then, over repeats, hello.py from launch to its line "hello":
-`gpuhop run --no-requirements hello.py` against a hand-written `sbatch` of the same script
-plus `tail -f` of its output file (until the job has left squeue). Both wait for the same
-Slurm scheduler (`sched_interval=1` in the test cluster's slurm.conf). Skipped without
-Slurm, or when not run as root (the test cluster's daemons run as root).
+Starts the test suite's Slurm clusters in turn (tests/slurm_backend/cluster.py: munged,
+slurmctld and slurmd of this machine, started and stopped by pid), the one-node cluster and
+the two-node one (each node in network and mount namespaces of its own, reached at its own
+address), and a private agent on each with `--backend slurm`. Then, over repeats, hello.py
+from launch to its line "hello": `gpuhop run --no-requirements hello.py` against a
+hand-written `sbatch` of the same script plus `tail -f` of its output file (until the job
+has left squeue). Both wait for the same Slurm scheduler (`sched_interval=1` in the test
+cluster's slurm.conf). Skipped without Slurm, or when not run as root (the test cluster's
+daemons run as root); the two-node row also where the machine gives no network namespaces.
 """
 
 from __future__ import annotations
@@ -21,13 +23,21 @@ from pathlib import Path
 from harness import PYTHON, REPO, Row, Settings, private_agent, time_first_line
 
 sys.path.insert(0, str(REPO))
-from tests.slurm_backend import cluster as slurm_cluster  # the test suite's Slurm cluster
+from tests.slurm_backend import cluster as slurm_cluster  # the test suite's Slurm clusters
+from tests.slurm_backend import netns
 
 NAME = "slurm_backend"
 HELLO = 'print("hello", flush=True)\n'
-WHAT = "hello.py on Slurm: launch → first output line"
 ALTERNATIVE = "sbatch hello.py + tail -f of its output file"
-NOTE = "both wait for the same slurmctld (one node, sched_interval=1)"
+
+
+def what(nodes: int) -> str:
+    where = "one node" if nodes == 1 else f"{nodes} nodes, each its own address and /tmp"
+    return f"hello.py on Slurm ({where}): launch → first output line"
+
+
+def note(nodes: int) -> str:
+    return f"both wait for the same slurmctld ({nodes} node(s), sched_interval=1)"
 
 
 def by_hand(project: Path, out: Path) -> list[str]:
@@ -49,19 +59,29 @@ def run(settings: Settings) -> list[Row]:
     why = f"Slurm is not installed ({', '.join(gone)})" if gone else None
     if why is None and os.getuid() != 0:
         why = "the test Slurm cluster's daemons run as root"
-    if why is not None:
-        return [Row(NAME, WHAT, "s", [], ALTERNATIVE, None, f"skipped: {why}")]
+    rows = []
+    for nodes in (1, 2):
+        skip = why if why is not None or nodes == 1 else netns.unavailable()
+        if skip is not None:
+            rows.append(Row(NAME, what(nodes), "s", [], ALTERNATIVE, None, f"skipped: {skip}"))
+        else:
+            rows.append(_measure(settings, nodes))
+    return rows
+
+
+def _measure(settings: Settings, nodes: int) -> Row:
     repeats = settings.repeats(default=5, quick=2)
     mine: list[float] = []
     theirs: list[float] = []
-    with tempfile.TemporaryDirectory(prefix="gpuhop-bench-") as tmp:
+    # Not under /tmp: each node of the two-node cluster has its own.
+    with tempfile.TemporaryDirectory(prefix="gpuhop-bench-", dir="/var/tmp") as tmp:
         root = Path(tmp)
         (root / "slurm").mkdir()
         project = root / "project"
         project.mkdir()
         (project / "hello.py").write_text(HELLO)
         with contextlib.ExitStack() as stack:
-            cluster = slurm_cluster.start(root / "slurm")
+            cluster = slurm_cluster.start(root / "slurm", nodes)
             stack.callback(cluster.stop)
             before = os.environ.get("SLURM_CONF")
             os.environ["SLURM_CONF"] = str(cluster.conf)  # for the agent this starts
@@ -82,4 +102,4 @@ def run(settings: Settings) -> list[Row]:
                 if i:
                     mine.append(first)
                     theirs.append(other)
-    return [Row(NAME, WHAT, "s", mine, ALTERNATIVE, theirs, NOTE)]
+    return Row(NAME, what(nodes), "s", mine, ALTERNATIVE, theirs, note(nodes))

@@ -17,6 +17,15 @@ test module) would otherwise give their jobs the same ids, and so a gang's worke
 ports (drawn from the job id), while the last cluster's may still be in use.
 Accounting storage is off: `sacct` has nothing, so the backend reads states from `squeue`
 and exit codes from its batch script.
+
+`start(root, nodes=2)` makes a cluster of two nodes, NODES, as a site's are: each slurmd in a
+network namespace of its own with its own address on a private test subnet
+(tests/slurm_backend/netns.py: a bridge on this host, a veth pair per node), its NodeAddr,
+which its Slurm name does not resolve to (nor does it resolve at all); a host name of its
+own (a UTS namespace) that every node resolves to that address (a hosts file bound over
+theirs); and a node-local `/tmp` (an empty tmpfs in its mount namespace), while the
+cluster's dir (under /var/tmp, where the agents' state dirs are too) stays the filesystem
+every node shares. slurmctld listens on this host's end of the bridge.
 """
 
 from __future__ import annotations
@@ -28,11 +37,14 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.ports import free_ports
+from tests.slurm_backend.netns import Network
 
 BINARIES = (
     "munged",
@@ -47,6 +59,10 @@ BINARIES = (
 )
 START_TIMEOUT = 60.0
 NODE = "gpuhop-n1"
+NODES = ("gpuhop-n1", "gpuhop-n2")
+# On each node of the two-node cluster (in its own /tmp), and not on this host: node-local
+# disk, as a site's [slurm] scratch names it.
+NODE_SCRATCH = "/tmp/node-scratch"
 
 
 class ClusterError(Exception):
@@ -63,11 +79,33 @@ def _free_ports(n: int) -> list[int]:
 
 
 @dataclass
+class Node:
+    """A compute node: its Slurm name, the address Slurm reaches it at (NodeAddr), and the
+    argv prefix that runs a command there (its namespaces; empty for the one-node cluster)."""
+
+    name: str
+    addr: str
+    enter: list[str] = field(default_factory=list)
+    pid: int = 0  # its slurmd's
+
+    @property
+    def hostname(self) -> str:
+        """Its host's name (two-node cluster only), which is not its Slurm name either."""
+        return f"{self.name.replace('gpuhop-n', 'gpuhop-host')}.test"
+
+
+@dataclass
 class SlurmCluster:
     root: Path
-    node: str
+    nodes: list[Node]
     conf: Path
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    network: Network | None = None
+
+    @property
+    def node(self) -> str:
+        """The first node's name (the one-node cluster's only one)."""
+        return self.nodes[0].name
 
     @property
     def hidden(self) -> Path:
@@ -84,6 +122,36 @@ class SlurmCluster:
             raise ClusterError(f"{' '.join(argv)}: {out.stderr.strip()}")
         return out.stdout
 
+    def on(self, index: int, *argv: str) -> subprocess.CompletedProcess[str]:
+        """Run `argv` on node `index` (in its slurmd's network and mount namespaces)."""
+        ns = ["nsenter", "-t", str(self.nodes[index].pid), "-m", "-n"] if self.network else []
+        return subprocess.run([*ns, *argv], capture_output=True, text=True, timeout=30)
+
+    @contextlib.contextmanager
+    def ports_held(self, index: int, ports: Iterable[int]) -> Iterator[None]:
+        """Servers listening on `ports` on node `index` (a port something there already
+        holds is as busy) until the block ends."""
+        hold = (
+            "import socket, sys\nheld = []\n"
+            f"for port in {list(ports)}:\n"
+            "    s = socket.socket()\n"
+            "    try:\n        s.bind(('', port)); s.listen()\n    except OSError:\n        pass\n"
+            "    held.append(s)\n"
+            "print('held', flush=True)\nsys.stdin.read()\n"
+        )
+        ns = ["nsenter", "-t", str(self.nodes[index].pid), "-n"] if self.network else []
+        holder = subprocess.Popen(
+            [*ns, sys.executable, "-c", hold],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert holder.stdin is not None and holder.stdout is not None
+        with holder:  # its stdin closed at the end: it lets go and exits
+            if holder.stdout.readline() != "held\n":
+                raise ClusterError(f"could not hold ports on {self.nodes[index].name}")
+            yield
+
     def node_state(self) -> str:
         return self.run("sinfo", "-h", "-n", self.node, "-o", "%T").strip()
 
@@ -93,7 +161,8 @@ class SlurmCluster:
 
     def logs(self) -> str:
         out = []
-        for name in ("munged.log", "slurmctld.log", "slurmd.log"):
+        slurmd = [f"slurmd-{n.name}.log" for n in self.nodes]
+        for name in ("munged.log", "slurmctld.log", *slurmd):
             with contextlib.suppress(OSError):
                 out.append(f"--- {name}\n{(self.root / name).read_text()[-3000:]}")
         return "\n".join(out)
@@ -121,9 +190,11 @@ class SlurmCluster:
                 proc.kill()
                 proc.wait()
         self.procs.clear()
+        if self.network is not None:
+            self.network.remove()
 
 
-def _write_conf(root: Path, node: str, host: str) -> Path:
+def _write_conf(root: Path, nodes: list[Node], host: str, host_addr: str) -> Path:
     ctld_port, slurmd_port = _free_ports(2)
     gres_files = [root / "dev" / f"gpu{i}" for i in range(2)]
     (root / "dev").mkdir()
@@ -132,10 +203,13 @@ def _write_conf(root: Path, node: str, host: str) -> Path:
     for d in ("state", "spool"):
         (root / d).mkdir()
     socket_path = root / "munge" / "munge.socket"
+    node_lines = "\n".join(
+        f"NodeName={n.name} NodeAddr={n.addr} CPUs=2 Gres=gpu:2 State=UNKNOWN" for n in nodes
+    )
     conf = root / "slurm.conf"
     conf.write_text(
         f"""ClusterName=gpuhoptest
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={host}({host_addr})
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser=root
@@ -144,11 +218,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={socket_path}
 StateSaveLocation={root / "state"}
-SlurmdSpoolDir={root / "spool"}
+SlurmdSpoolDir={root / "spool"}/%n
 SlurmctldPidFile={root / "slurmctld.pid"}
-SlurmdPidFile={root / "slurmd.pid"}
+SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root / "slurmctld.log"}
-SlurmdLogFile={root / "slurmd.log"}
+SlurmdLogFile={root}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
@@ -166,19 +240,35 @@ MessageTimeout=10
 KillWait=5
 InactiveLimit=0
 MinJobAge=2
-NodeName={node} NodeAddr=127.0.0.1 CPUs=2 Gres=gpu:2 State=UNKNOWN
-PartitionName=debug Nodes={node} Default=YES MaxTime=INFINITE State=UP
+{node_lines}
+PartitionName=debug Nodes={",".join(n.name for n in nodes)} Default=YES MaxTime=INFINITE State=UP
 """
     )
-    (root / "gres.conf").write_text(f"NodeName={node} Name=gpu File={root / 'dev'}/gpu[0-1]\n")
+    (root / "gres.conf").write_text(
+        "".join(f"NodeName={n.name} Name=gpu File={root / 'dev'}/gpu[0-1]\n" for n in nodes)
+    )
     return conf
 
 
-def start(root: Path) -> SlurmCluster:
-    """Start munged, slurmctld and slurmd under `root`; wait for the node to be idle."""
-    node = NODE
-    conf = _write_conf(root, node, socket.gethostname().split(".")[0])
-    cluster = SlurmCluster(root, node, conf)
+def start(root: Path, nodes: int = 1) -> SlurmCluster:
+    """Start munged, slurmctld and `nodes` slurmd's (1 or 2) under `root`; wait for every
+    node to be idle. Two nodes need network namespaces (netns.unavailable() says whether
+    this machine has them) and a `root` outside /tmp, which is each node's own."""
+    if nodes == 1:
+        network = None
+        members = [Node(NODE, "127.0.0.1")]
+        host_addr = "127.0.0.1"
+    else:
+        if root.resolve().is_relative_to("/tmp"):
+            raise ClusterError(f"{root} is under /tmp, which each node has its own of")
+        network = Network.make(nodes)
+        members = [
+            Node(name, addr, network.enter(i))
+            for i, (name, addr) in enumerate(zip(NODES, network.addresses, strict=False))
+        ]
+        host_addr = network.gateway
+    conf = _write_conf(root, members, socket.gethostname().split(".")[0], host_addr)
+    cluster = SlurmCluster(root, members, conf, network=network)
     munge = root / "munge"
     munge.mkdir(mode=0o700)
     key = munge / "munge.key"
@@ -217,18 +307,43 @@ def start(root: Path) -> SlurmCluster:
         _wait(lambda: (munge / "munge.socket").exists(), cluster, "munged's socket")
         spawn(["/usr/sbin/slurmctld", "-D", "-i", "-f", str(conf)], "slurmctld.out")
         cluster.hidden.mkdir()
-        # `unshare` and `sh` exec slurmd: its pid is the one started here.
-        hide = f'mount -t tmpfs gpuhop-test-node {cluster.hidden} && exec "$@"'
-        slurmd = ["/usr/sbin/slurmd", "-D", "-f", str(conf), "-N", node]
-        spawn(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", hide, "sh", *slurmd],
-            "slurmd.out",
-        )
-        _wait(lambda: _idle(cluster), cluster, f"node {node} idle in sinfo")
+        # A node's own mount namespace: the login-only dir hidden, and (on two nodes) a
+        # /tmp of its own. `ip netns exec`, `unshare` and `sh` exec slurmd: its pid is the
+        # one started here.
+        for node in members:
+            (root / "spool" / node.name).mkdir()
+            slurmd = ["/usr/sbin/slurmd", "-D", "-f", str(conf), "-N", node.name]
+            own = ["unshare", "--mount", "--propagation", "private"]
+            setup = [f"mount -t tmpfs gpuhop-test-node {cluster.hidden}"]
+            if network is not None:
+                own.append("--uts")
+                setup += _node_setup(root, members, node)
+            own += ["sh", "-c", " && ".join([*setup, 'exec "$@"']), "sh", *slurmd]
+            spawn([*node.enter, *own], f"slurmd-{node.name}.out")
+            node.pid = cluster.procs[-1].pid
+        names = ", ".join(n.name for n in members)
+        _wait(lambda: _idle(cluster), cluster, f"node(s) {names} idle in sinfo")
     except BaseException:
         cluster.stop()
         raise
     return cluster
+
+
+def _node_setup(root: Path, nodes: list[Node], node: Node) -> list[str]:
+    """Shell commands that make a node of the two-node cluster in its own mount and UTS
+    namespaces: its own /tmp (with NODE_SCRATCH in it), and a host name of its own that
+    every node resolves to its address, as a site's hosts file or DNS says (programs that
+    advertise their host's name, as Gloo's collectives under JAX do, then reach it)."""
+    hosts = root / "hosts"
+    if not hosts.exists():
+        lines = ["127.0.0.1 localhost", *(f"{n.addr} {n.hostname}" for n in nodes)]
+        hosts.write_text("\n".join(lines) + "\n")
+    return [
+        "mount -t tmpfs gpuhop-test-node /tmp",
+        f"mkdir {NODE_SCRATCH}",
+        f"mount --bind {hosts} /etc/hosts",
+        f"hostname {node.hostname}",
+    ]
 
 
 def _idle(cluster: SlurmCluster) -> bool:
@@ -236,9 +351,10 @@ def _idle(cluster: SlurmCluster) -> bool:
         if p.poll() is not None:
             raise ClusterError(f"{p.args[0]} exited with {p.returncode}\n{cluster.logs()}")
     try:
-        return cluster.node_state() == "idle"
+        states = cluster.run("sinfo", "-h", "-N", "-o", "%N %T").split()
     except ClusterError:
         return False
+    return states[1::2] == ["idle"] * len(cluster.nodes)
 
 
 def _wait(pred, cluster: SlurmCluster, what: str) -> None:  # type: ignore[no-untyped-def]

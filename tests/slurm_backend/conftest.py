@@ -1,9 +1,11 @@
-"""Fixtures for the Slurm backend's tests: a real one-node Slurm cluster on this machine
-(tests/slurm_backend/cluster.py) and agents started with --backend slurm against it.
+"""Fixtures for the Slurm backend's tests: a real one-node Slurm cluster on this machine, and
+one of two nodes, each in network and mount namespaces of its own
+(tests/slurm_backend/cluster.py), and agents started with --backend slurm against them.
 
 The tests skip, saying why, where Slurm or munge is not installed (scripts/setup-system
 installs them), or where this process cannot run them (slurmd runs jobs as their
-submitter: here the daemons run as root, as in CI).
+submitter: here the daemons run as root, as in CI), and the two-node cluster's where the
+machine gives no network namespaces.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 
 from tests.conftest import Agent, missing, wait_until
 from tests.slurm_backend import cluster as helper
+from tests.slurm_backend import netns
 from tests.slurm_backend.cluster import SlurmCluster
 
 
@@ -29,13 +32,15 @@ def skip_without_slurm() -> None:
         )
 
 
-def start_cluster(root: Path) -> Iterator[SlurmCluster]:
-    """A started cluster, with SLURM_CONF pointing at it for this process and the agents it
-    starts; stopped, and SLURM_CONF restored, afterwards."""
+def start_cluster(root: Path, nodes: int = 1) -> Iterator[SlurmCluster]:
+    """A started cluster of `nodes` nodes, with SLURM_CONF pointing at it for this process and
+    the agents it starts; stopped (its network removed), and SLURM_CONF restored, afterwards."""
     skip_without_slurm()
+    if nodes > 1 and (why := netns.unavailable()) is not None:
+        pytest.skip(f"no two-node Slurm cluster here: {why}")
     try:
-        cluster = helper.start(root)
-    except helper.ClusterError as e:
+        cluster = helper.start(root, nodes)
+    except (helper.ClusterError, netns.NetworkError) as e:
         pytest.fail(str(e))
     before = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(cluster.conf)
@@ -52,6 +57,12 @@ def start_cluster(root: Path) -> Iterator[SlurmCluster]:
 @pytest.fixture(scope="module")
 def slurm_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
     yield from start_cluster(tmp_path_factory.mktemp("slurm"))
+
+
+@pytest.fixture(scope="module")
+def two_node_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """Two nodes, each with its own address (NodeAddr, which its name is not) and /tmp."""
+    yield from start_cluster(tmp_path_factory.mktemp("slurm2"), nodes=2)
 
 
 def start_agent(cluster: SlurmCluster, root: Path, toml: str = "") -> Iterator[Agent]:

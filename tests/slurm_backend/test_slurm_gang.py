@@ -1,18 +1,20 @@
 """Multi-worker jobs on the Slurm backend: one Slurm job of N tasks that `srun` starts
-together, each told of its peers, on the real one-node test cluster (so packed: --pack).
+together, each told of its peers, on the real two-node test cluster (tests/slurm_backend/
+cluster.py): each node has its own address, which its name does not resolve to, its own
+ports and its own /tmp, so a gang's workers (one a node, unless packed) meet as on a site's
+nodes.
 
-The module's agent takes its gangs' ports from a block of PORTS ports of this test process's
-own ([slurm] ports in its agent.toml), which a test holds nearly all of."""
+The module's agent takes its gangs' ports from a block of PORTS ports ([slurm] ports in its
+agent.toml), which a test holds nearly all of on one node, and its scratch dir from
+NODE_SCRATCH ([slurm] scratch), which each node has on its own /tmp and this host lacks."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
 import signal
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +24,7 @@ from gpuhop.backends.slurm.gang import task_hosts
 from gpuhop.backends.slurm.rendezvous import base_port, candidates
 from tests.conftest import Agent, wait_until
 from tests.ports import port_block
-from tests.slurm_backend.cluster import SlurmCluster
+from tests.slurm_backend.cluster import NODE_SCRATCH, SlurmCluster
 from tests.slurm_backend.conftest import skip_without_slurm, start_agent
 from tests.slurm_backend.test_slurm_backend import _script, _show, _submit
 
@@ -37,19 +39,15 @@ def gang_ports() -> range:
 
 
 @pytest.fixture(scope="module")
-def node_scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The module's agent's [slurm] scratch: node-local disk, as a site names it."""
-    return tmp_path_factory.mktemp("node-scratch")
+def slurm_cluster(two_node_cluster: SlurmCluster) -> SlurmCluster:
+    return two_node_cluster
 
 
 @pytest.fixture(scope="module")
 def slurm_agent(
-    slurm_cluster: SlurmCluster,
-    tmp_path_factory: pytest.TempPathFactory,
-    gang_ports: range,
-    node_scratch: Path,
+    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory, gang_ports: range
 ) -> Iterator[Agent]:
-    toml = f'[slurm]\nports = "{gang_ports[0]}-{gang_ports[-1]}"\nscratch = "{node_scratch}"\n'
+    toml = f'[slurm]\nports = "{gang_ports[0]}-{gang_ports[-1]}"\nscratch = "{NODE_SCRATCH}"\n'
     yield from start_agent(slurm_cluster, tmp_path_factory.mktemp("slurm-agent"), toml)
 
 
@@ -61,7 +59,8 @@ config = json.loads(os.environ["TF_CONFIG"])
 print("index", config["task"]["index"], "of", len(config["cluster"]["worker"]),
       config["cluster"]["worker"][config["task"]["index"]],
       os.environ["GPUHOP_WORKER_INDEX"], os.environ["GPUHOP_NUM_WORKERS"],
-      "gpus", os.environ["CUDA_VISIBLE_DEVICES"], flush=True)
+      "gpus", os.environ["CUDA_VISIBLE_DEVICES"], "on", os.environ["SLURMD_NODENAME"],
+      flush=True)
 """
 
 # Each worker writes its pid (whole, then renamed into place) and holds on until killed.
@@ -90,21 +89,16 @@ def test_task_hosts_follow_slurms_tasks_per_node():
     assert candidates(31999, 4, (20000, 32000)) == [31999, 32000, 20000, 20001]
 
 
-def test_each_of_two_tasks_gets_its_tf_config_and_its_own_log(slurm_agent, slurm_cluster, tmp_path):
-    skip_without_slurm()
+@pytest.mark.parametrize("pack", [False, True], ids=["a-node-each", "packed"])
+def test_each_worker_gets_its_tf_config_naming_its_peers_by_node_address_and_its_own_log(
+    slurm_agent, slurm_cluster, tmp_path, pack
+):
     work = _script(tmp_path, "tell.py", TELL)
-    args = ("--workers", "2", "--gpus-per-worker", "1", "--pack", "tell.py")
+    args = ("--workers", "2", "--gpus-per-worker", "1", *(["--pack"] if pack else []), "tell.py")
     job_id = _submit(slurm_agent, work, *args)
-    info = wait_until(
-        lambda: (
-            (i := _show(slurm_agent, job_id))["state"] not in ("queued", "starting", "running")
-            and i
-        ),
-        timeout=60,
-    )
+    info = _ended(slurm_agent, job_id)
     assert info["state"] == "succeeded", info
     log = slurm_agent.cli("logs", job_id).stdout
-    node = slurm_cluster.node
     lines = {}
     for i in range(2):
         out = slurm_agent.cli("logs", "--worker", str(i), job_id)
@@ -114,16 +108,22 @@ def test_each_of_two_tasks_gets_its_tf_config_and_its_own_log(slurm_agent, slurm
     index = [lines[i].split() for i in range(2)]
     assert [w[:4] for w in index] == [["index", "0", "of", "2"], ["index", "1", "of", "2"]]
     assert [w[5:7] for w in index] == [["0", "2"], ["1", "2"]]
-    assert sorted(w[8] for w in index) == ["0", "1"]  # each task its own GPU, as Slurm set it
+    # Block distribution: packed, both on the first node, else one on each.
+    nodes = [slurm_cluster.nodes[0]] * 2 if pack else slurm_cluster.nodes
+    assert [w[10] for w in index] == [n.name for n in nodes]
+    # Each its own GPU, as Slurm set it: on one node, its two; on two, each node's first.
+    assert [w[8] for w in index] == (["0", "1"] if pack else ["0", "0"])
     hosts, ports = zip(*(w[4].rsplit(":", 1) for w in index), strict=True)
-    # Peers by Slurm's NodeAddr: the node's name does not resolve (tests/slurm_backend/cluster.py).
-    assert hosts == ("127.0.0.1", "127.0.0.1") and ports[0] != ports[1]
-    assert f"gpuhop: 2 workers on {node}, ports {ports[0]}, {ports[1]}" in log
+    # Peers by Slurm's NodeAddr: a node's name resolves nowhere (tests/slurm_backend/cluster.py).
+    assert list(hosts) == [n.addr for n in nodes] and ports[0] != ports[1]
+    where = ", ".join(sorted({n.name for n in nodes}))
+    assert f"gpuhop: 2 workers on {where}, ports {ports[0]}, {ports[1]}" in log
     wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
 
 
 # Each worker saves to the same relative path, as every process of a Keras 3 job saves its
-# model, and says where its temp files go; it holds on until all its peers are up.
+# model, and says where its temp files go; once all its peers are up (each has named its
+# scratch dir in the shared flags dir), which of their scratch dirs it sees.
 SAVE = """
 import json, os, sys, tempfile, time
 index = os.environ.get("GPUHOP_WORKER_INDEX", "-")
@@ -131,16 +131,18 @@ open("model.txt", "a").write(f"saved by worker {index}\\n")
 open(os.path.join(os.environ["GPUHOP_ARTIFACTS_DIR"], "out.txt"), "w").write(index)
 scratch = os.environ["GPUHOP_SCRATCH_DIR"]
 open(os.path.join(scratch, "big.bin"), "wb").write(b"x" * 1000)
-seen = {"cwd": os.getcwd(), "tmp": tempfile.gettempdir(), "scratch": scratch,
-        "files": sorted(os.listdir("."))}
-print("seen", json.dumps(seen), flush=True)
-up = f"{sys.argv[1]}/up-{index}"
-open(up, "w").close()
+flags, workers = sys.argv[1], int(os.environ.get("GPUHOP_NUM_WORKERS", "1"))
+with open(f"{flags}/up-{index}.tmp", "w") as f:
+    f.write(scratch)
+os.replace(f"{flags}/up-{index}.tmp", f"{flags}/up-{index}")
 deadline = time.monotonic() + 60
-while len([n for n in os.listdir(sys.argv[1]) if n.startswith("up-")]) < int(
-    os.environ.get("GPUHOP_NUM_WORKERS", "1")
-) and time.monotonic() < deadline:
+while len(ups := [n for n in os.listdir(flags) if n.startswith("up-") and not n.endswith(".tmp")]
+          ) < workers and time.monotonic() < deadline:
     time.sleep(0.05)
+others = [open(f"{flags}/{n}").read() for n in ups if n != f"up-{index}"]
+seen = {"cwd": os.getcwd(), "tmp": tempfile.gettempdir(), "scratch": scratch,
+        "files": sorted(os.listdir(".")), "others_seen": [o for o in others if os.path.exists(o)]}
+print("seen", json.dumps(seen), flush=True)
 """
 
 
@@ -155,30 +157,35 @@ def _seen(log: str) -> dict[str, dict]:
 
 
 def test_each_worker_has_its_own_files_and_node_local_scratch_and_worker_0s_come_back(
-    slurm_agent, slurm_cluster, node_scratch, tmp_path
+    slurm_agent, slurm_cluster, tmp_path
 ):
     work = _script(tmp_path, "save.py", SAVE)
     (work / "model.txt").write_text("synced\n")
     flags = tmp_path / "flags"
     flags.mkdir()
-    job_id = _submit(slurm_agent, work, "--workers", "2", "--pack", "save.py", str(flags))
+    job_id = _submit(slurm_agent, work, "--workers", "2", "save.py", str(flags))
     info = _ended(slurm_agent, job_id)
     log = slurm_agent.cli("logs", job_id).stdout
     assert info["state"] == "succeeded", (info, log)
     seen = _seen(log)
     assert set(seen) == {"0", "1"}, log
     job_dir = slurm_agent.paths.job_dir(job_id)
-    # Worker 0 works in the job's own work dir; worker 1 in a copy of it, as it was synced.
+    # Worker 0 works in the job's own work dir; worker 1, on the other node, in a copy of
+    # it, as it was synced: the shared filesystem holds both.
     assert seen["0"]["cwd"] == str(job_dir / "work")
     assert seen["1"]["cwd"] != seen["0"]["cwd"] and "model.txt" in seen["1"]["files"]
-    # Temp files and the scratch dir on the node's local disk ([slurm] scratch), one per
-    # worker, each TMPDIR in its own scratch root; all gone once the job ended.
+    # Temp files and the scratch dir on each node's local disk ([slurm] scratch), one per
+    # worker, each TMPDIR in its own scratch root; neither node sees the other's, nor does
+    # this host (the login node); and all gone from the nodes once the job ended.
     for i in ("0", "1"):
         root = Path(seen[i]["scratch"]).parent
-        assert root.parent == node_scratch and root.name.startswith(f"gpuhop-{job_id}-1-w{i}-")
+        assert str(root.parent) == NODE_SCRATCH
+        assert root.name.startswith(f"gpuhop-{job_id}-1-w{i}-")
         assert seen[i]["tmp"] == str(root / "tmp")
-    assert seen["0"]["scratch"] != seen["1"]["scratch"]
-    assert not list(node_scratch.iterdir())
+        assert seen[i]["others_seen"] == [], seen
+        assert not root.exists()
+    for i in range(2):
+        assert slurm_cluster.on(i, "ls", "-A", NODE_SCRATCH).stdout == ""
     # What comes back is worker 0's: one writer per file, the copies gone.
     back = tmp_path / "back"
     pulled = slurm_agent.cli("pull", job_id, "-o", str(back))
@@ -207,47 +214,44 @@ def test_a_jobs_own_tmpdir_wins_over_the_node_local_one(slurm_agent, slurm_clust
     wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
 
 
-def _ended(agent, job_id: str) -> dict:
-    return wait_until(
-        lambda: (i := _show(agent, job_id))["state"] not in ("queued", "starting", "running") and i,
-        timeout=60,
-    )
+def _ended(agent, job_id: str, timeout: float = 60) -> dict:
+    """The job's record once it has ended; failing, after `timeout`, with its log."""
+
+    def ended() -> dict | None:
+        info = _show(agent, job_id)
+        return None if info["state"] in ("queued", "starting", "running") else info
+
+    try:
+        return wait_until(ended, timeout=timeout)
+    except pytest.fail.Exception:
+        log = agent.cli("logs", job_id).stdout[-3000:]
+        pytest.fail(f"job {job_id} did not end within {timeout}s: {_show(agent, job_id)}\n{log}")
 
 
-def test_a_gang_starts_on_ports_free_on_its_nodes_when_its_first_choice_is_taken(
+def test_a_gang_starts_on_ports_free_on_every_node_when_its_first_choice_is_taken_on_one(
     slurm_agent, slurm_cluster, gang_ports, tmp_path
 ):
-    # Servers of the test's listen on all of the agent's range but its last two ports, so
-    # whatever the job's first choice (drawn from its Slurm id), it is taken.
-    with contextlib.ExitStack() as held:
-        busy = set()
-        for port in gang_ports[:-2]:
-            s = held.enter_context(socket.socket())
-            with contextlib.suppress(OSError):  # something else's already: busy all the same
-                s.bind(("", port))
-                s.listen()
-            busy.add(port)
+    # Servers of the test's listen on the second node on all of the agent's range but its
+    # last two ports, so whatever the job's first choice (drawn from its Slurm id), it is
+    # taken there, and free on the first node, where the gang's batch step runs.
+    busy = set(gang_ports[:-2])
+    with slurm_cluster.ports_held(1, busy):
         work = _script(tmp_path, "tell.py", TELL)
-        job_id = _submit(slurm_agent, work, "--workers", "2", "--pack", "tell.py")
-        info = wait_until(
-            lambda: (
-                (i := _show(slurm_agent, job_id))["state"] not in ("queued", "starting", "running")
-                and i
-            ),
-            timeout=60,
-        )
+        job_id = _submit(slurm_agent, work, "--workers", "2", "tell.py")
+        info = _ended(slurm_agent, job_id)
     log = slurm_agent.cli("logs", job_id).stdout
     assert info["state"] == "succeeded", (info, log)
-    ports = {int(p) for p in re.findall(r"\] index \d of 2 127\.0\.0\.1:(\d+) ", log)}
+    ports = {int(p) for p in re.findall(r"\] index \d of 2 [\d.]+:(\d+) ", log)}
     assert len(ports) == 2 and not ports & busy, (ports, log)
-    assert "gpuhop: in use, so not chosen: port " in log
-    assert f" on {slurm_cluster.node}" in log.split("in use, so not chosen: ")[1].splitlines()[0]
+    avoided = log.split("gpuhop: in use, so not chosen: ")[1].splitlines()[0]
+    first, second = (n.name for n in slurm_cluster.nodes)
+    assert f" on {second}" in avoided and first not in avoided, avoided
 
 
 def test_a_worker_killed_by_the_test_fails_the_gang(slurm_agent, slurm_cluster, tmp_path):
     skip_without_slurm()
     work = _script(tmp_path, "hold.py", HOLD)
-    job_id = _submit(slurm_agent, work, "--workers", "2", "--pack", "hold.py", str(tmp_path))
+    job_id = _submit(slurm_agent, work, "--workers", "2", "hold.py", str(tmp_path))
     pids = [tmp_path / f"pid-{i}" for i in range(2)]
     try:
         _wait_for(slurm_agent, job_id, pids)
@@ -268,7 +272,7 @@ def test_a_cancelled_gang_ends_every_worker_and_leaves_no_slurm_job(
 ):
     skip_without_slurm()
     work = _script(tmp_path, "hold.py", HOLD)
-    job_id = _submit(slurm_agent, work, "--workers", "2", "--pack", "hold.py", str(tmp_path))
+    job_id = _submit(slurm_agent, work, "--workers", "2", "hold.py", str(tmp_path))
     pids = [tmp_path / f"pid-{i}" for i in range(2)]
     try:
         _wait_for(slurm_agent, job_id, pids)
@@ -284,11 +288,11 @@ def test_a_cancelled_gang_ends_every_worker_and_leaves_no_slurm_job(
 
 
 @pytest.mark.tf
-def test_two_tasks_train_to_the_same_weights(slurm_agent, slurm_cluster, tmp_path):
+def test_two_workers_on_two_nodes_train_to_the_same_weights(slurm_agent, slurm_cluster, tmp_path):
     skip_without_slurm()
     work = tmp_path / "work"
     shutil.copytree(EXAMPLES / "multiworker", work / "multiworker")
-    args = ("--workers", "2", "--pack", "multiworker/train.py", "--epochs", "1")
+    args = ("--workers", "2", "multiworker/train.py", "--epochs", "1")
     run = slurm_agent.cli("run", "--no-requirements", *args, cwd=work, timeout=170)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     finals = {
@@ -308,7 +312,7 @@ def test_keras3_on_jax_across_two_tasks_trains_to_the_same_weights(
     skip_without_slurm()
     work = tmp_path / "work"
     shutil.copytree(EXAMPLES / "keras3-jax-multiworker", work / "example")
-    args = ("--workers", "2", "--pack", "-e", "KERAS_BACKEND=jax", "example/train.py")
+    args = ("--workers", "2", "-e", "KERAS_BACKEND=jax", "example/train.py")
     run = slurm_agent.cli("run", "--no-requirements", *args, "--epochs", "1", cwd=work, timeout=170)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     finals = {
@@ -332,7 +336,7 @@ def test_a_worker_whose_peer_never_joins_says_so(slurm_agent, slurm_cluster, tmp
         "    print('never joining', flush=True); time.sleep(600)\n"
         "import tensorflow as tf; tf.distribute.MultiWorkerMirroredStrategy()\n",
     )
-    args = ("--workers", "2", "--pack", "--worker-timeout", "5", "lone.py")
+    args = ("--workers", "2", "--worker-timeout", "5", "lone.py")
     job_id = _submit(slurm_agent, work, *args)
     info = wait_until(
         lambda: (
