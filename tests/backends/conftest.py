@@ -1,8 +1,8 @@
 """The backends the contract suite runs against (huey's `StorageTests` idea): each is a real
 agent started with `--backend NAME`, for Ray a real two-node Ray cluster on this machine
-(tests/ray_backend/cluster.py), for Slurm a real one-node Slurm cluster
-(tests/slurm_backend/cluster.py). `local` always runs; `ray` skips where Ray is not
-installed, `slurm` where Slurm is not.
+(tests/ray_backend/cluster.py), for Slurm a real two-node Slurm cluster, each node with its
+own address and /tmp (tests/slurm_backend/cluster.py). `local` always runs; `ray` skips
+where Ray is not installed, `slurm` where Slurm or network namespaces are not.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def backend(request: pytest.FixtureRequest, tmp_path_factory) -> Iterator[Target
     if request.param == "slurm":
         from tests.slurm_backend.conftest import start_cluster as start_slurm
 
-        for slurm in start_slurm(tmp_path_factory.mktemp("slurm")):
+        for slurm in start_slurm(tmp_path_factory.mktemp("slurm"), nodes=2):
             args = ("--backend", "slurm")
             agent = _agent(tmp_path_factory.mktemp("slurm-agent"), args)
             try:

@@ -129,10 +129,9 @@ def test_cancel_sends_sigterm_then_sigkill_after_the_grace(backend, project, tmp
 
 def test_one_failing_worker_stops_the_gang(backend, project, tmp_path):
     root = project({"gang.py": GANG})
-    # The test Slurm cluster has one node; a Slurm job's workers go one per node unless packed.
-    pack = backend.name == "slurm"
+    # On Ray and Slurm, the test clusters' two nodes: a worker on each.
     with backend.agent.client() as client:
-        job = client.submit(["gang.py", str(tmp_path)], workdir=root, workers=2, pack=pack)
+        job = client.submit(["gang.py", str(tmp_path)], workdir=root, workers=2)
         info = job.wait(timeout=120)
         worker0 = b"".join(job.logs(worker=0)).decode()
     assert (info.state, info.exit_code) == (JobState.failed, 3)
