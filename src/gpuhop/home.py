@@ -197,6 +197,13 @@ class JobPaths(NamedTuple):
         return self.root / "tmp"
 
     @property
+    def control(self) -> Path:
+        """Requests to the job's processes and their answers (`gpuhop profile`: a FIFO per
+        TensorFlow or JAX process, see gpuhop.runtime.profiling). The job's own: the agent
+        opens nothing there but a FIFO or a regular file, and follows no link."""
+        return self.root / "control"
+
+    @property
     def tree(self) -> Path:
         """The job's own copy of its work-dir tree."""
         return self.root / "tree.json"

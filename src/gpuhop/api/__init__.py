@@ -39,6 +39,7 @@ if TYPE_CHECKING:
         validate_relpath,
     )
     from gpuhop.api.outputs import ArtifactEntry, WorkdirEntry
+    from gpuhop.api.profile import JobProfile, ProcessProfile
     from gpuhop.api.provenance import Change, JobDiff
     from gpuhop.api.queue import format_seconds, parse_duration
     from gpuhop.api.secrets import SecretInfo, SecretValue
@@ -67,10 +68,12 @@ _WHERE: dict[str, str] = {
     "JobDiff": "provenance",
     "JobEnergy": "energy",
     "JobInfo": "models",
+    "JobProfile": "profile",
     "JobStacks": "stacks",
     "JobState": "states",
     "ListenerInfo": "agent",
     "ManifestEntry": "models",
+    "ProcessProfile": "profile",
     "ProcessStacks": "stacks",
     "RequeueRequest": "models",
     "RetryOn": "states",
@@ -114,10 +117,12 @@ __all__ = [
     "JobDiff",
     "JobEnergy",
     "JobInfo",
+    "JobProfile",
     "JobStacks",
     "JobState",
     "ListenerInfo",
     "ManifestEntry",
+    "ProcessProfile",
     "ProcessStacks",
     "RequeueRequest",
     "RetryOn",

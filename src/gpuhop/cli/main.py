@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "wait": "jobs",
     "show": "show",
     "stacks": "stacks",
+    "profile": "profile",
     "diff": "diff",
     "requeue": "queue",
     "pull": "pull",

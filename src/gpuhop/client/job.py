@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         ArtifactEntry,
         JobDiff,
         JobInfo,
+        JobProfile,
         JobStacks,
         TensorBoardInfo,
         WorkdirEntry,
@@ -33,6 +34,9 @@ if TYPE_CHECKING:
 
 # How long a follower keeps trying to reconnect to an agent that went away.
 RECONNECT_PATIENCE = 30.0
+# How long past a profile's duration the agent may take to answer: the job stops its
+# profiler and writes the trace (agent.services.profiling.WRITE_GRACE), and then some.
+PROFILE_GRACE = 120.0
 
 
 class Job:
@@ -235,6 +239,28 @@ class Job:
             params["worker"] = worker
         data: dict[str, Any] = self.session.request(
             "GET", f"/v1/jobs/{self.id}/stacks", params=params
+        ).json()
+        return data
+
+    def profile(self, seconds: float = 5.0, worker: int | None = None) -> JobProfile:
+        """Profile the running job for `seconds`: TensorFlow's (or JAX's) profiler inside
+        its processes, into its TensorBoard dir (`gpuhop tensorboard` shows it under the
+        Profile tab), or, for plain Python, py-spy's flame graphs among its artifacts. Only
+        worker `worker`'s processes with a worker. Returns once the files are written."""
+        from gpuhop.api import JobProfile
+
+        return JobProfile.model_validate(self.profile_json(seconds, worker))
+
+    def profile_json(self, seconds: float = 5.0, worker: int | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"seconds": seconds}
+        if worker is not None:
+            params["worker"] = worker
+        # The agent answers after the capture and the trace's writing (within PROFILE_GRACE).
+        data: dict[str, Any] = self.session.request(
+            "POST",
+            f"/v1/jobs/{self.id}/profile",
+            params=params,
+            timeout=Timeout(seconds + PROFILE_GRACE, connect=5.0),
         ).json()
         return data
 

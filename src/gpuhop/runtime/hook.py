@@ -177,6 +177,13 @@ def _settle_devices(tf: Any, value: str) -> str:
     return "CPU job: TensorFlow's search for GPUs done, quietly"
 
 
+def _wait_for_profile_requests(framework: Any, value: str) -> str:
+    # The framework is loaded by now, so importing this here costs nothing worth counting.
+    from gpuhop.runtime.profiling import listen
+
+    return listen(framework.__name__)
+
+
 def _report_memory_at_exit(framework: Any, value: str) -> str:
     # The framework is loaded by now, so importing this here costs nothing worth counting.
     from gpuhop.runtime.memory import report_at_exit
@@ -242,6 +249,17 @@ ACTIONS: list[AfterImport] = [
             module=name,
         )
         for name in ("tensorflow", "jax", "torch")
+    ),
+    # `gpuhop profile`: one idle thread on a FIFO, only in a process that imported one.
+    *(
+        AfterImport(
+            f"{name}_profile_requests",
+            "GPUHOP_CONTROL_DIR",
+            "wait for gpuhop profile requests",
+            _wait_for_profile_requests,
+            module=name,
+        )
+        for name in ("tensorflow", "jax")
     ),
     AfterImport(
         "torch_memory_fraction",

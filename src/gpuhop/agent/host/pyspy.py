@@ -1,5 +1,6 @@
 """Runs in the agent: py-spy, the sampling profiler, on this host's processes (`gpuhop
-stacks`: a dump of every Python thread's stack in a job's processes).
+stacks`: a dump of every Python thread's stack in a job's processes; `gpuhop profile` of a
+job that runs neither TensorFlow nor JAX: a flame graph of a few seconds' samples).
 
 py-spy runs as the agent, against the job's processes by their host pids. It reads their
 memory with ptrace (it pauses each process while it reads, a few milliseconds), which
@@ -36,14 +37,14 @@ def _in_namespaces_of(pid: int, pyspy: str) -> list[str]:
         namespaced = os.stat(f"/proc/{pid}/ns/pid").st_ino != os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         namespaced = False
-    inner = _pid_inside(pid) if namespaced else None
+    inner = pid_inside(pid) if namespaced else None
     if inner is None:
         return [pyspy, "dump", "--pid", str(pid)]
     user = [] if os.geteuid() == 0 else ["-U", "--preserve-credentials"]
     return ["nsenter", "-t", str(pid), *user, "-m", "-p", pyspy, "dump", "--pid", str(inner)]
 
 
-def _pid_inside(pid: int) -> int | None:
+def pid_inside(pid: int) -> int | None:
     """The process's pid in its own (innermost) PID namespace, or None if gone."""
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -71,6 +72,51 @@ def find() -> str:
     return found
 
 
+def _error_of(done: subprocess.CompletedProcess[bytes]) -> str:
+    """Why py-spy gave nothing, in its own words where it said them."""
+    said = (done.stderr or done.stdout).decode(errors="replace").strip().splitlines()
+    why = next((line for line in said if line.startswith("Error: ")), None)
+    if why is None:
+        return f"py-spy exited with code {done.returncode}"
+    if "Failed to find python version" in why:
+        return "not a Python process"
+    return why.removeprefix("Error: ")
+
+
+def record(pyspy: str, targets: list[tuple[int, str]], seconds: int) -> list[str | None]:
+    """Sample each (pid, svg) of `targets` at once for `seconds` (100 times a second, Python
+    frames only, without pausing it) into a flame graph at `svg`, a path the agent alone
+    writes (never one in the job's dirs). For each: None if it was written, else why not."""
+    running: list[subprocess.Popen[bytes] | OSError] = []
+    for pid, svg in targets:
+        command = [pyspy, "record", "--pid", str(pid), "--duration", str(seconds)]
+        command += ["--format", "flamegraph", "--output", svg, "--nonblocking"]
+        try:
+            running.append(
+                subprocess.Popen(
+                    command,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    env={"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"},
+                )
+            )
+        except OSError as e:
+            running.append(e)
+    said: list[str | None] = []
+    for each in running:
+        if isinstance(each, OSError):
+            said.append(f"py-spy could not run: {each.strerror}")
+            continue
+        try:
+            out, err = each.communicate(timeout=seconds + DUMP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            each.kill()
+            out, err = each.communicate()
+        done = subprocess.CompletedProcess(each.args, each.returncode, out, err)
+        said.append(None if done.returncode == 0 else _error_of(done))
+    return said
+
+
 def dump(pyspy: str, pid: int, native: bool = False) -> tuple[str | None, str | None]:
     """(py-spy's dump of the process's threads, None), or (None, why there is none)."""
     command = [pyspy, "dump", "--pid", str(pid)]
@@ -91,10 +137,4 @@ def dump(pyspy: str, pid: int, native: bool = False) -> tuple[str | None, str | 
     out = done.stdout.decode(errors="replace")
     if done.returncode == 0 and out.strip():
         return out, None
-    said = (done.stderr or done.stdout).decode(errors="replace").strip().splitlines()
-    why = next((line for line in said if line.startswith("Error: ")), None)
-    if why is None:
-        return None, f"py-spy exited with code {done.returncode}"
-    if "Failed to find python version" in why:
-        return None, "not a Python process"
-    return None, why.removeprefix("Error: ")
+    return None, _error_of(done)

@@ -31,27 +31,12 @@ def stacks_of(
     """The stacks of the job `ref` names (the caller's own, or any for an admin): of all its
     processes, or of worker `worker`'s only."""
     job = jobs.find(rt, ref, caller)
-    if rt.backend.remote:
-        raise ApiError(
-            409,
-            ErrorCode.unsupported,
-            f"job {job.id} runs on {rt.backend.where}: gpuhop stacks is not yet on the"
-            f" {rt.backend.name.capitalize()} backend (only on the agent's own host)",
-        )
-    jobs.check_running(job, "no stacks to show")
-    if worker is not None and worker >= job.spec.workers:
-        has = f"{job.spec.workers} workers (0-{job.spec.workers - 1})"
-        raise ApiError(
-            404,
-            ErrorCode.not_found,
-            f"job {job.id} has {has if job.spec.workers > 1 else 'one worker (0)'};"
-            f" there is no worker {worker}",
-        )
+    check_reachable(rt, job, worker, "gpuhop stacks", "no stacks to show")
     try:
         tool = pyspy.find()
     except pyspy.NoPySpy as e:
         raise ApiError(409, ErrorCode.unsupported, str(e)) from None
-    found = _processes(job, worker)
+    found = processes_of(job, worker)
     if not found and not (job.pid and procs.alive(job.pid, job.pid_start)):
         raise ApiError(409, ErrorCode.conflict, f"job {job.id} has just ended: no stacks to show")
     dumped = []
@@ -65,7 +50,30 @@ def stacks_of(
     return JobStacks(job=job.id, native=native, processes=dumped)
 
 
-def _processes(job: JobRecord, worker: int | None) -> list[tuple[int, int | None, str]]:
+def check_reachable(
+    rt: AgentContext, job: JobRecord, worker: int | None, command: str, so_no: str
+) -> None:
+    """Refuse, in one line, a job whose processes `command` cannot reach now: on a Ray or
+    Slurm cluster, not running (`so_no`: "no stacks to show"), or without worker `worker`."""
+    if rt.backend.remote:
+        raise ApiError(
+            409,
+            ErrorCode.unsupported,
+            f"job {job.id} runs on {rt.backend.where}: {command} is not yet on the"
+            f" {rt.backend.name.capitalize()} backend (only on the agent's own host)",
+        )
+    jobs.check_running(job, so_no)
+    if worker is not None and worker >= job.spec.workers:
+        has = f"{job.spec.workers} workers (0-{job.spec.workers - 1})"
+        raise ApiError(
+            404,
+            ErrorCode.not_found,
+            f"job {job.id} has {has if job.spec.workers > 1 else 'one worker (0)'};"
+            f" there is no worker {worker}",
+        )
+
+
+def processes_of(job: JobRecord, worker: int | None) -> list[tuple[int, int | None, str]]:
     """(pid, worker index, command line) of each of the job's own processes, by pid;
     only worker `worker`'s if given."""
     if job.pid is None or not procs.alive(job.pid, job.pid_start):

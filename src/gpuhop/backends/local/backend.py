@@ -117,6 +117,8 @@ def job_environment(
             "GPUHOP_METRICS_FILE": str(jp.metrics),
             # The job's first Python process writes what it ran on there (runtime/provenance).
             "GPUHOP_PROVENANCE_FILE": str(jp.provenance),
+            # `gpuhop profile`'s requests reach the job's processes there (runtime/profiling).
+            "GPUHOP_CONTROL_DIR": str(jp.control),
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in attempt.gpu_ids),
         }
     )
@@ -261,6 +263,7 @@ class LocalBackend(LeaderBackend):
             p for p in (os.path.dirname(python), env.get("PATH", os.defpath)) if p
         )
         jp.tmp.mkdir(mode=0o700, exist_ok=True)
+        jp.control.mkdir(mode=0o700, exist_ok=True)
         jp.provenance.touch()
         if identity:
             (jp.root / VAR_TMP).mkdir(mode=0o700, exist_ok=True)
@@ -447,7 +450,7 @@ class LocalBackend(LeaderBackend):
         files = [jp.log, jp.metrics, jp.provenance, *logs]
         for f in files:
             f.touch()
-        own = [jp.work, jp.artifacts, jp.checkpoints, *files]
+        own = [jp.work, jp.artifacts, jp.checkpoints, jp.control, *files]
         identity = deps.get("identity")
         if identity:
             own.append(Path(identity["home"]))

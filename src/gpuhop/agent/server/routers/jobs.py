@@ -9,7 +9,15 @@ from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
 from gpuhop.agent.services import jobs as service
-from gpuhop.agent.services import outputs, provenance, queue, stacks, trees, workdir
+from gpuhop.agent.services import (
+    outputs,
+    profiling,
+    provenance,
+    queue,
+    stacks,
+    trees,
+    workdir,
+)
 from gpuhop.agent.services.listing import (
     DEFAULT_LIMIT,
     MAX_FIELDS,
@@ -23,12 +31,14 @@ from gpuhop.api import (
     ErrorCode,
     JobDiff,
     JobInfo,
+    JobProfile,
     JobStacks,
     JobState,
     RequeueRequest,
     SubmitRequest,
     WorkdirEntry,
 )
+from gpuhop.api.profile import MAX_PROFILE_SECONDS
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -114,6 +124,18 @@ def job_stacks(
 ) -> JobStacks:
     """Every Python thread's stack in the running job's processes now (py-spy dump)."""
     return stacks.stacks_of(ctx(request), ref, caller_of(request), worker, native)
+
+
+@router.post("/{ref}/profile")
+def job_profile(
+    ref: str,
+    request: Request,
+    seconds: float = Query(default=5.0, gt=0, le=MAX_PROFILE_SECONDS),
+    worker: int | None = Query(default=None, ge=0),
+) -> JobProfile:
+    """Profile the running job for `seconds` (TensorFlow's or JAX's profiler in its
+    processes, else py-spy's samples); answers once the files are written."""
+    return profiling.capture(ctx(request), ref, caller_of(request), seconds, worker)
 
 
 @router.get("/{ref}/provenance")
