@@ -99,7 +99,7 @@ def test_a_plain_python_job_gets_a_py_spy_flame_graph(shared_agent, project):
     root = project({"busy.py": BUSY})
     job = _started(shared_agent, root, "busy.py", b"up")
     try:
-        shown = shared_agent.cli("profile", job, "-d", "1")
+        shown = shared_agent.cli("profile", job, "--duration", "1")
         assert shown.returncode == 0, shown.stderr
         assert f"py-spy profile of job {job} (1s), in its artifacts:" in shown.stdout
         (path,) = [w for w in shown.stdout.split() if w.startswith("profiles/")]

@@ -25,7 +25,7 @@ NAMES = {"tensorflow": "TensorFlow", "jax": "JAX", "py-spy": "py-spy"}
 def profile(
     job_ref: str = params.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
     duration: str = params.Option(
-        "5s", "--duration", "-d", help="How long to capture: 5s, 30s, 1m (at most 5m)."
+        "5s", "--duration", help="How long to capture: 5s, 30s, 1m (at most 5m)."
     ),
     worker: int | None = params.Option(
         None, "--worker", min=0, help="Only this worker's processes (multi-worker jobs)."

@@ -39,7 +39,6 @@ from gpuhop.api import ErrorCode
 from gpuhop.api.profile import JobProfile, ProcessProfile
 from gpuhop.backends import procs
 from gpuhop.home import JobPaths
-from gpuhop.runtime.profiling import fifo_name, result_name
 
 # After the duration, how long a process may take to stop its profiler and write the trace
 # (TensorFlow's stop() takes a few seconds on a busy CPU for a 5 s capture).
@@ -49,6 +48,17 @@ MAX_ANSWER = 64 * 1024
 # Processes sampled by py-spy at once (the first ones, by pid).
 MAX_SAMPLED = 8
 PROFILE_DIRS = ("plugins", "profile")
+
+
+# The job's side names its files so (gpuhop.runtime.profiling, which the agent may not
+# import: the layering keeps the runtime apart); tests/integration/test_profile.py runs both.
+def fifo_name(pid: int) -> str:
+    return f"profile-{pid}.fifo"
+
+
+def result_name(pid: int, request: str) -> str:
+    return f"profile-{pid}-{request}.json"
+
 
 _busy: set[str] = set()
 _busy_lock = threading.Lock()
