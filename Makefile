@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # PYTEST_WORKERS=0 runs them all in this one process.
 PYTEST_WORKERS ?= 4
 
-.PHONY: setup system demo test lint check bench clean
+.PHONY: setup system demo test test-durations lint check bench clean
 
 setup:
 	@bash scripts/setup-venv
@@ -23,6 +23,12 @@ demo: setup
 
 test: setup system
 	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+
+# Measure how long each test module (or serial group) takes, into tests/durations.json: the
+# order in which `make test` hands them out, the longest first. Run again when modules are
+# added or change much; one a run does not list is counted at the median pace.
+test-durations: setup system
+	$(BIN)/python -m pytest -n $(PYTEST_WORKERS) --write-durations $(PYTEST_ARGS)
 
 lint: setup
 	$(BIN)/ruff check src tests examples bench

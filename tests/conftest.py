@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import re
 import shutil
@@ -133,30 +134,94 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 # servers start once, in one worker; and the tests that start one heavy thing run in one
 # worker, one module after another: a real Ray cluster (the Ray backend's tests, and the
 # backend contract suite's Ray part: two at once overload a 2-core machine, where Ray's raylet
-# then misses its fixed 30 s to register), or a real Slurm cluster.
-_SERIAL_GROUPS = {"ray_backend": "ray", "backends": "ray", "slurm_backend": "slurm"}
+# then misses its fixed 30 s to register), or a real Slurm cluster (the Slurm backend's tests
+# and the contract suite's Slurm part). The contract suite's local part is a unit of its own:
+# the Ray group is the longest of all, and nothing else should wait behind it.
+_SERIAL_GROUPS = {"ray_backend": "ray", "slurm_backend": "slurm"}
+_CONTRACT = "tests/backends/"
+_BACKEND_PARAM = re.compile(r"\[(local|ray|slurm)[\]-]")
 
 
 def _work_unit(nodeid: str) -> str:
     """The unit of work a test belongs to: its module, or its suite's serial group."""
     path = nodeid.split("::", 1)[0]
     parts = path.split("/")
+    if path.startswith(_CONTRACT) and (param := _BACKEND_PARAM.search(nodeid)):
+        return path if param[1] == "local" else param[1]
     if len(parts) > 2 and parts[0] == "tests":
         return _SERIAL_GROUPS.get(parts[1], path)
     return path
 
 
+# How long each unit of work took in a whole run (`make test-durations` writes it): the
+# scheduler hands out the longest first, so no worker is left with a long module at the end
+# while the others stand idle. A unit it does not list counts its tests at the median pace.
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def _expected_seconds(collection: list[str]) -> dict[str, float]:
+    """Each work unit of `collection` and the seconds it is expected to take."""
+    known: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    counts: dict[str, int] = {}
+    for nodeid in collection:
+        unit = _work_unit(nodeid)
+        counts[unit] = counts.get(unit, 0) + 1
+    paces = sorted(known[u] / n for u, n in counts.items() if u in known)
+    pace = paces[len(paces) // 2] if paces else 1.0
+    return {unit: known.get(unit, n * pace) for unit, n in counts.items()}
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """xdist's LoadScopeScheduling (the largest units first, then each worker takes the next
-    as it finishes), with `_work_unit` as the scope. (xdist's own `--dist loadgroup` marks do
-    nothing on pytest 9, which no longer reads an item's `_nodeid` that xdist rewrites.)"""
+    """xdist's LoadScopeScheduling with `_work_unit` as the scope, its units handed out
+    longest first (`DURATIONS`), each worker taking the next as it finishes. (xdist's own
+    `--dist loadgroup` marks do nothing on pytest 9, which no longer reads an item's `_nodeid`
+    that xdist rewrites; its own order is by number of tests, which put a module of three
+    minute-long tests last.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByWorkUnit(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return _work_unit(nodeid)
 
+        def schedule(self) -> None:
+            if self.collection is None and self.registered_collections:
+                first = list(next(iter(self.registered_collections.values())))
+                seconds = _expected_seconds(first)
+                rank = {nodeid: -seconds[_work_unit(nodeid)] for nodeid in first}
+                for node, collection in self.registered_collections.items():
+                    # A stable sort: each unit's tests keep their order.
+                    self.registered_collections[node] = sorted(
+                        collection, key=lambda nodeid: rank.get(nodeid, 0.0)
+                    )
+                self.config.option.loadscopereorder = False  # the order above is the order
+            super().schedule()
+
     return ByWorkUnit(config, log)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--write-durations",
+        action="store_true",
+        help=f"write each work unit's seconds in this run to {DURATIONS.name} (the scheduler's"
+        " order; `make test-durations`)",
+    )
+
+
+_unit_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add up each work unit's setup, call and teardown (in xdist's controller, every
+    worker's reports)."""
+    unit = _work_unit(report.nodeid)
+    _unit_seconds[unit] = _unit_seconds.get(unit, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if session.config.getoption("--write-durations") and not hasattr(session.config, "workerinput"):
+        ordered = dict(sorted((u, round(s, 1)) for u, s in _unit_seconds.items()))
+        DURATIONS.write_text(json.dumps(ordered, indent=1) + "\n")
 
 
 @pytest.hookimpl(wrapper=True)
@@ -291,7 +356,6 @@ class Agent:
         """Kill what is left of every job this agent started (by process group, and by
         its memory cgroup where it has one: that holds a job whose leader has not yet written
         its pid), and remove those cgroups."""
-        import json
 
         jobs = self.paths.jobs
         if not jobs.is_dir():

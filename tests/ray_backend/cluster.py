@@ -111,6 +111,9 @@ class RayCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         assert not survivors, f"Ray processes survived the cluster's shutdown: {survivors}"
+        assert not self.temp_dir or not Path(self.temp_dir).exists(), (
+            f"the cluster's temp dir {self.temp_dir} outlived it"
+        )
 
 
 # Ray waits a fixed 30 s for a new node's raylet to register with the GCS (ray/_private/

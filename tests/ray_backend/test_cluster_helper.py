@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.ray_backend import cluster as helper
-from tests.ray_backend.conftest import skip_without_ray
+from tests.ray_backend.conftest import kept_cluster, skip_without_ray
 
 skip_without_ray()
 
@@ -44,13 +44,13 @@ def test_a_cluster_that_fails_to_start_leaves_no_process_behind(tmp_path: Path) 
     gc.collect()  # the helper's pipes are closed: nothing for the collector to warn about
 
 
-def test_a_cluster_keeps_its_address_file_in_its_own_temp_dir(tmp_path: Path) -> None:
-    cluster = helper.start(tmp_path, auth=False, nodes=[{"num_cpus": 1}])
-    try:
-        address_file = Path(cluster.temp_dir) / "ray" / "ray_current_cluster"
-        assert address_file.read_text() == cluster.address
-        assert cluster.pids and all(helper._alive(p) for p in cluster.pids)
-    finally:
-        cluster.stop()
-    assert not Path(cluster.temp_dir).exists()
-    assert _processes_naming(cluster.temp_dir) == []
+def test_a_cluster_keeps_its_address_file_in_its_own_temp_dir(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    # The one-node cluster this process's Ray modules share (test_ray_auth's): its stop, when
+    # the process leaves the Ray tests, checks that no process and no temp dir outlive it.
+    cluster = kept_cluster(tmp_path_factory, False, [{"num_cpus": 1}])
+    address_file = Path(cluster.temp_dir) / "ray" / "ray_current_cluster"
+    assert address_file.read_text() == cluster.address
+    assert cluster.pids and all(helper._alive(p) for p in cluster.pids)
+    assert _processes_naming(cluster.temp_dir), "its processes run from its own temp dir"
