@@ -169,6 +169,7 @@ def test_agent_only_variables_are_scrubbed_and_the_rest_kept():
         "GPUHOP_CHECKPOINT_DIR",
         "GPUHOP_METRICS_FILE",
         "GPUHOP_PROVENANCE_FILE",
+        "GPUHOP_CONTROL_DIR",
         "GPUHOP_TENSORBOARD_DIR",
         "GPUHOP_RETRIES",
         "GPUHOP_AUTO",

@@ -117,11 +117,13 @@ def job_environment(
             "GPUHOP_METRICS_FILE": str(jp.metrics),
             # The job's first Python process writes what it ran on there (runtime/provenance).
             "GPUHOP_PROVENANCE_FILE": str(jp.provenance),
-            # `gpuhop profile`'s requests reach the job's processes there (runtime/profiling).
-            "GPUHOP_CONTROL_DIR": str(jp.control),
             "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in attempt.gpu_ids),
         }
     )
+    if env["GPUHOP_AUTO"] != "0":
+        # `gpuhop profile`'s requests reach the job's TensorFlow and JAX processes there
+        # (runtime/profiling). A `--no-auto` job is left alone: py-spy samples it instead.
+        env["GPUHOP_CONTROL_DIR"] = str(jp.control)
     if attempt.spec.workers > 1:
         env["GPUHOP_NUM_WORKERS"] = str(attempt.spec.workers)
         env["GPUHOP_WORKER_TIMEOUT"] = str(attempt.spec.worker_timeout)
