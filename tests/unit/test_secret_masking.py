@@ -9,6 +9,7 @@ import pytest
 
 from gpuhop.api import SubmitRequest
 from gpuhop.api.spec import JobSpec, SecretUse
+from gpuhop.backends.local import mask
 from gpuhop.backends.local.mask import Masker, finish, masked_values, start
 
 
@@ -45,6 +46,20 @@ def test_the_pump_copies_a_pipe_masked_until_its_writers_are_gone(tmp_path):
     os.write(pipe, b"er22 ok\n")
     os.close(pipe)
     finish(pid)
+    assert log.read_bytes() == b"pass *** ok\n"
+
+
+def test_a_pump_told_to_drain_at_once_still_copies_what_the_pipe_holds(tmp_path, monkeypatch):
+    # The job's writers still hold the pipe, and the leader tells the pump to drain before
+    # the pump has run at all (DRAIN_SECONDS of 0 here; a busy machine there).
+    monkeypatch.setattr(mask, "DRAIN_SECONDS", 0.0)
+    log = tmp_path / "output.log"
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    pid, pipe = start(["hunter22"], fd)
+    os.close(fd)
+    os.write(pipe, b"pass hunter22 ok\n")
+    finish(pid)
+    os.close(pipe)
     assert log.read_bytes() == b"pass *** ok\n"
 
 

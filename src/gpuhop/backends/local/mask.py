@@ -83,12 +83,13 @@ def _write_all(fd: int, data: bytes) -> None:
             continue
 
 
-def _pump(read_fd: int, out_fd: int, masker: Masker) -> None:
+def _pump(read_fd: int, out_fd: int, masker: Masker, mask: set[int | signal.Signals]) -> None:
     def drain(*_):
         raise _Drain
 
     signal.signal(signal.SIGUSR1, drain)
     try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a drain sent meanwhile comes now
         while True:
             try:
                 data = os.read(read_fd, 65536)
@@ -112,16 +113,21 @@ def start(values: list, out_fd: int) -> tuple:
     """Fork a pump that copies a new pipe to `out_fd`, masking `values`; return its pid and
     the pipe's write end (the caller's to hand to the job, and then close)."""
     read_fd, write_fd = os.pipe()
+    # SIGUSR1 (`finish`'s "drain now") is held back until the pump has its handler: sent to
+    # a child that had not yet run that far (a busy machine), its default action killed the
+    # pump with the job's output unwritten.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     pid = os.fork()
     if pid == 0:
         code = 0
         try:
             os.close(write_fd)
-            _pump(read_fd, out_fd, Masker(masked_values(values)))
+            _pump(read_fd, out_fd, Masker(masked_values(values)), held)
         except BaseException:
             code = 1
         finally:
             os._exit(code)
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)
     os.close(read_fd)
     return pid, write_fd
 
