@@ -8,7 +8,10 @@ From `agent.toml` in the state dir, then from `python -m gpuhop.agent` options, 
     gc_every_hours = 6        # automatic collection: at start, then this often (0: never)
     gc_grace_minutes = 60     # anything stored or asked about this recently is never collected
     env_keep_days = 30        # a cached environment no job used for this long is removed
-    storage_quota = "50GiB"   # blobs, trees and datasets together
+    object_cache_size = "100GiB"  # bucket objects fetched for jobs (--data s3://...), all
+                              # users together; the least recently used go first ("none": no bound)
+    object_keep_days = 30     # gc removes a cached bucket prefix no job used for this long
+    storage_quota = "50GiB"   # blobs, trees, datasets and cached bucket objects together
     jobs_quota = "200GiB"     # job dirs: work dirs, logs, metrics, artifacts, checkpoints
     log_cap = "1GiB"          # one job's log; a job that passes it is stopped and fails
     user_max_gpus = 4         # a user's jobs hold at most this many GPUs at once; more wait
@@ -50,7 +53,7 @@ from gpuhop.api.queue import check_webhook_url
 CONFIG_NAME = "agent.toml"
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*\Z", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-SIZE_FIELDS = ("storage_quota", "jobs_quota", "log_cap")
+SIZE_FIELDS = ("storage_quota", "jobs_quota", "log_cap", "object_cache_size")
 LIMIT_FIELDS = ("user_max_gpus", "user_max_queued")
 LIST_FIELDS = ("notify", "notify_allowed_hosts", "job_env_pass")
 IDLE_ACTIONS = ("warn", "cancel")
@@ -69,6 +72,8 @@ class Policy:
     gc_every_hours: float = 6.0
     gc_grace_minutes: float = 60.0
     env_keep_days: float = 30.0
+    object_cache_size: int | None = 100 << 30
+    object_keep_days: float = 30.0
     storage_quota: int | None = None
     jobs_quota: int | None = None
     log_cap: int | None = None

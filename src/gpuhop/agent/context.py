@@ -12,7 +12,7 @@ from gpuhop.agent.config import Policy
 from gpuhop.agent.host.gpuhistory import GpuHistory, sample_every
 from gpuhop.agent.host.identities import Identities, IdentityError
 from gpuhop.agent.host.quarantine import QuarantineStore
-from gpuhop.agent.jobs.fetches import Fetches
+from gpuhop.agent.jobs.fetches import Fetches, Room
 from gpuhop.agent.jobs.metricstail import latest_metrics
 from gpuhop.agent.jobs.notifier import HostRule, Notifier, payload
 from gpuhop.agent.jobs.placement import Limits
@@ -25,6 +25,7 @@ from gpuhop.agent.storage.checkouts import CheckoutStore
 from gpuhop.agent.storage.claims import ClaimStore
 from gpuhop.agent.storage.datasets import DatasetStore
 from gpuhop.agent.storage.envs import EnvStore
+from gpuhop.agent.storage.objectcache import ObjectCache
 from gpuhop.agent.storage.secrets import SecretStore
 from gpuhop.agent.storage.trees import TreeStore
 from gpuhop.agent.storage.usage import DiskMeter
@@ -89,9 +90,16 @@ class AgentContext:
         # The TCP listener, when the daemon opened one.
         self.listener: ListenerInfo | None = None
         # Queued jobs' buckets' data, fetched while they wait (see gpuhop.agent.jobs.fetches).
+        self.objects = ObjectCache(paths.home / "objects", self.blobs)
         self.fetches = Fetches(
             paths,
             self.store,
+            self.objects,
+            Room(
+                limit=lambda: self.policy.object_cache_size,
+                check_storage=self.meter.check_storage,
+                blob_users=self.blob_users,
+            ),
             credentials=lambda job: self.bucket_credentials(job.owner),
             masked=self.masked,
             on_done=self._fetched,
@@ -157,6 +165,13 @@ class AgentContext:
         owner = owner or owner_login()
         return Credentials(owner, self.secrets.values(owner, CREDENTIAL_NAMES), not self.team())
 
+    def blob_users(self) -> set[str]:
+        """The blobs that job trees and datasets name (the object cache's eviction leaves
+        those on disk)."""
+        from gpuhop.agent.services.gc import blob_users
+
+        return blob_users(self)
+
     def masked(self, job: JobRecord, text: str) -> str:
         """`text` with every value of `job`'s user's secrets shown as ***."""
         for value in self.secrets.all_values(job.owner or owner_login()):
@@ -197,4 +212,5 @@ class AgentContext:
         self.tokens.close()
         self.secrets.close()
         self.claims.close()
+        self.objects.close()
         self.gpu_host.close()

@@ -55,6 +55,18 @@ class DatasetManifest(StrictModel):
     files: list[DatasetFile] = Field(max_length=MAX_MANIFEST_FILES)
 
 
+class CachedData(WireModel):
+    """A bucket's prefix cached on the agent's host for its user's jobs (`--data s3://...`),
+    as its latest fetch listed it."""
+
+    url: str  # s3://BUCKET/PREFIX/
+    endpoint: str  # the endpoint it was read from ("aws": the default one)
+    objects: int
+    bytes: int
+    last_used: datetime
+    in_use: bool = False  # a queued or running job needs it: no eviction or gc takes it
+
+
 class DatasetInfo(WireModel):
     name: str
     version: int

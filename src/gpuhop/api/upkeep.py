@@ -28,7 +28,8 @@ class GcReport(WireModel):
     dry_run: bool
     # By kind: "blobs", "trees", "jobs" (finished jobs' files past retention, and job dirs
     # that no job owns), "envs" (cached environments unused for long), "temp" (leftovers
-    # of uploads that a crash interrupted).
+    # of uploads that a crash interrupted, partial bucket objects), "objects" (cached bucket
+    # prefixes unused for long).
     freed: dict[str, Freed]
     pruned_jobs: list[str] = Field(default_factory=list)
     usage: DiskUsage

@@ -81,35 +81,58 @@ def push(
 @app.command("ls")
 def ls(
     json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+    cached: bool = typer.Option(
+        False, "--cached", help="Only the buckets' prefixes cached on the host for your jobs."
+    ),
     on: str | None = OnOption,
 ) -> None:
-    """List datasets: each version, its size and age."""
+    """List datasets (each version, its size and age) and, beside them, the buckets'
+    prefixes cached on the host for your jobs (`--data s3://...`: objects, size, last use).
+    With --json, the datasets, or with --cached the cached prefixes."""
     with client_for(on) as client:
         try:
-            infos = client.data.list()
+            infos = [] if cached else client.data.list()
+            prefixes = client.data.cached() if cached or not json_out else []
         except GpuhopError as e:
             fail(e.message)
     if json_out:
-        print_json([i.model_dump(mode="json") for i in infos])
+        print_json([i.model_dump(mode="json") for i in (prefixes if cached else infos)])
         return
-    if not infos:
+    if not cached and not infos:
         say("no datasets yet; upload one with: gpuhop data push DIR --name NAME")
-        return
-    print_table(
-        ("NAME", "VERSION", "FILES", "SIZE", "CREATED", "OWNER", "SHARED WITH"),
-        [
-            (
-                i.name,
-                f"v{i.version}",
-                str(i.files),
-                human_bytes(i.bytes),
-                ago(i.created_at),
-                i.owner or "-",
-                _readers(i.shared_with),
-            )
-            for i in infos
-        ],
-    )
+    elif infos:
+        print_table(
+            ("NAME", "VERSION", "FILES", "SIZE", "CREATED", "OWNER", "SHARED WITH"),
+            [
+                (
+                    i.name,
+                    f"v{i.version}",
+                    str(i.files),
+                    human_bytes(i.bytes),
+                    ago(i.created_at),
+                    i.owner or "-",
+                    _readers(i.shared_with),
+                )
+                for i in infos
+            ],
+        )
+    if prefixes:
+        say("bucket data cached on the host (gpuhop gc removes what no job used for long):")
+        print_table(
+            ("SOURCE", "OBJECTS", "SIZE", "LAST USED", "IN USE"),
+            [
+                (
+                    p.url + ("" if p.endpoint == "aws" else f" ({p.endpoint})"),
+                    str(p.objects),
+                    human_bytes(p.bytes),
+                    ago(p.last_used),
+                    "yes" if p.in_use else "-",
+                )
+                for p in prefixes
+            ],
+        )
+    elif cached:
+        say("no bucket data cached for your jobs (gpuhop run --data s3://BUCKET/PREFIX)")
 
 
 def _readers(users: list[str]) -> str:

@@ -15,6 +15,7 @@ WHAT = {
     "blobs": "files no tree or dataset names",
     "temp": "leftovers of interrupted uploads",
     "envs": "environments unused for long",
+    "objects": "cached bucket prefixes unused for long",
 }
 
 
@@ -27,9 +28,9 @@ def gc(
 ) -> None:
     """Remove what nothing needs any more: blobs and trees no job or dataset uses, finished
     jobs' files past the retention policy (their records stay), leftovers of interrupted
-    uploads, and environments unused for long. Never anything a queued or running job
-    needs, nor anything uploaded in the last hour. Admins only; the agent also does this
-    on its own (at start and every few hours: see agent.toml)."""
+    uploads, and environments and cached bucket prefixes unused for long. Never anything a
+    queued or running job needs, nor anything uploaded in the last hour. Admins only; the
+    agent also does this on its own (at start and every few hours: see agent.toml)."""
     try:
         with client_for(on) as client:
             report = client.gc(dry_run=dry_run)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from gpuhop.api.data import DatasetInfo, EnvInfo
+from gpuhop.api.data import CachedData, DatasetInfo, EnvInfo
 from gpuhop.api.models import DataMount
 from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.session import Session, quote
@@ -217,6 +217,12 @@ class Datasets:
         them, those from before datasets had owners; every one for an admin."""
         response = self.session.request("GET", "/v1/datasets")
         return [DatasetInfo.model_validate(d) for d in response.json()]
+
+    def cached(self) -> builtins.list[CachedData]:
+        """The buckets' prefixes cached on the agent's host for this caller's jobs
+        (`--data s3://...`), most recently used first."""
+        response = self.session.request("GET", "/v1/cached-data")
+        return [CachedData.model_validate(d) for d in response.json()]
 
     def versions(self, name: str) -> builtins.list[DatasetInfo]:
         response = self.session.request("GET", f"/v1/datasets/{quote(name)}")

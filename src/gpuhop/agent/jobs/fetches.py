@@ -18,13 +18,15 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from gpuhop.agent.jobs.records import as_text
-from gpuhop.agent.jobs.store import JobRecord, JobStore
+from gpuhop.agent.jobs.store import ACTIVE_STATES, JobRecord, JobStore
 from gpuhop.agent.storage import buckets
+from gpuhop.agent.storage.blobs import QuotaExceeded
 from gpuhop.agent.storage.buckets import BucketError, Credentials
-from gpuhop.agent.storage.objectcache import Listed, ObjectCache
+from gpuhop.agent.storage.objectcache import CacheFull, Keep, Listed, ObjectCache, ObjectId
 from gpuhop.api import EndClass, JobState, format_mb
 from gpuhop.api.spec import DataSource
 from gpuhop.backends import jobdeps
@@ -36,6 +38,13 @@ log = logging.getLogger("gpuhop.agent")
 PARALLEL = 16
 # How often a fetch looks whether its job is still queued (a cancel stops it).
 CHECK_SECONDS = 0.5
+# An object whose read the way to the bucket broke mid-body (a server gone, a connection
+# cut: botocore tries a request again only before its body comes) is read again from where
+# it stopped after each of these waits, then the job fails: a server restarting within
+# seconds costs nothing, one that stays away ends the job as data-error within seconds
+# (each try also has botocore's own 3 attempts) rather than holding it in the queue, and
+# the next job with that data goes on from the bytes already here.
+RETRY_SECONDS = (1.0, 2.0)
 
 
 class Fetch:
@@ -72,6 +81,16 @@ def _size(n: float) -> str:
     return f"{n / 1024:.0f} KiB" if n < 1 << 20 else format_mb(n / (1 << 20))
 
 
+class Room(NamedTuple):
+    """What a fetch asks before it downloads: the cache's bound, the storage quota's check
+    (raises QuotaExceeded), and the blobs that something besides the cache names (job trees,
+    datasets: eviction leaves those on disk)."""
+
+    limit: Callable[[], int | None]
+    check_storage: Callable[[int], None]
+    blob_users: Callable[[], set[str]]
+
+
 class Fetches:
     """The agent's fetches, one per queued job with buckets' data. Thread-safe."""
 
@@ -79,6 +98,8 @@ class Fetches:
         self,
         paths: AgentPaths,
         store: JobStore,
+        cache: ObjectCache,
+        room: Room,
         credentials: Callable[[JobRecord], Credentials],
         masked: Callable[[JobRecord, str], str],
         on_done: Callable[[str, JobState], None],
@@ -88,13 +109,18 @@ class Fetches:
         may start) or failed it (its final state, for its notifications)."""
         self.paths = paths
         self.store = store
+        self.cache = cache
+        self.room = room
         self.credentials = credentials
         self.masked = masked
         self.on_done = on_done
         self._lock = threading.Lock()
         self._fetches: dict[str, Fetch] = {}
+        # What each fetch under way has listed: eviction leaves it (see `keep`).
+        self._pins: dict[str, Keep] = {}
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fetch")
         self._closed = False
+        self._stopping = threading.Event()
 
     def note(self, job: JobRecord) -> str | None:
         """None when `job` may start as far as its data goes (it has none, or all of it is
@@ -117,10 +143,24 @@ class Fetches:
         """Start `job`'s fetch now (at submit)."""
         self.note(job)
 
+    def keep(self) -> Keep:
+        """The views and objects that queued or running jobs and fetches under way need."""
+        keep = Keep(set(), set())
+        with self._lock:
+            for pin in self._pins.values():
+                keep.views.update(pin.views)
+                keep.objects.update(pin.objects)
+        for job in self.store.list([JobState.queued, *ACTIVE_STATES], limit=100_000):
+            for mount in jobdeps.read(JobPaths(self.paths.job_dir(job.id))).get("data", []):
+                if "url" in mount:
+                    keep.views.add(Path(mount["source"]).name)
+        return keep
+
     def close(self) -> None:
         """Stop taking fetches; those under way stop at their next check."""
         with self._lock:
             self._closed = True
+        self._stopping.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
 
     # -- one job's fetch -------------------------------------------------------------------
@@ -133,6 +173,9 @@ class Fetches:
             return
         except BucketError as e:
             self._fail(job, fetch, as_text(self.masked(job, str(e))))
+            return
+        except (CacheFull, QuotaExceeded) as e:
+            self._fail(job, fetch, str(e))
             return
         except Exception as e:  # a bug here must not take the agent down, nor leave the job
             log.exception("fetching job %s's data failed", job.id)
@@ -152,7 +195,7 @@ class Fetches:
         why = creds.missing()
         if why is not None:
             raise BucketError(why)
-        cache = ObjectCache.for_user(self.paths.home, creds.owner)
+        user, cache = creds.owner, self.cache
         s3 = buckets.client(creds, PARALLEL)
         listings: list[tuple[DataSource, list[Listed]]] = []
         for source in job.spec.data_sources:
@@ -161,17 +204,30 @@ class Fetches:
             except BucketError as e:
                 raise BucketError(f"{source.url}: {e}") from None
             self._check(job.id)
-        wanted = {e.id: e for _, listed in listings for e in listed if not cache.has(e.id)}
+        with self._lock:  # pinned before anything is looked at: eviction leaves it from now
+            self._pins[job.id] = Keep(
+                {ObjectCache.view_name(listed) for _, listed in listings},
+                {e.id.digest() for _, listed in listings for e in listed},
+            )
+        wanted = {e.id: e for _, listed in listings for e in listed if not cache.has(user, e.id)}
+        parts = {oid: cache.partial(user, oid) for oid in wanted}
+        have = {oid: cache.partial_bytes(part, oid) for oid, part in parts.items()}
+        need = sum(oid.size - have[oid] for oid in wanted)
         with fetch.lock:
             fetch.phase = "downloading"
             fetch.objects = sum(len(listed) for _, listed in listings)
             fetch.objects_done = fetch.objects - len(wanted)
-            fetch.bytes = sum(e.id.size for e in wanted.values())
+            fetch.bytes = need
         if wanted:
-            self._download(job.id, s3, cache, list(wanted.values()), fetch)
+            limit = self.room.limit()
+            if limit is not None:
+                cache.make_room(need, limit, self.keep(), self.room.blob_users)
+            self.room.check_storage(need)
+            self._download(job.id, s3, user, parts, fetch)
         views = []
         for source, listed in listings:
-            view = cache.make_view(listed)
+            view = cache.make_view(user, listed)
+            cache.used(user, source.url, creds.endpoint, listed)
             views.append(
                 {
                     "name": source.name,
@@ -183,28 +239,40 @@ class Fetches:
         return views
 
     def _download(
-        self, job_id: str, s3: Any, cache: ObjectCache, wanted: list[Listed], fetch: Fetch
+        self, job_id: str, s3: Any, user: str, parts: dict[ObjectId, Path], fetch: Fetch
     ) -> None:
         stop = threading.Event()
 
-        def one(entry: Listed) -> None:
-            if stop.is_set():
-                return
-            part = cache.temp()
+        def one(oid: ObjectId, part: Path) -> None:
+            for attempt in range(len(RETRY_SECONDS) + 1):
+                if stop.is_set():
+                    return
+                try:
+                    buckets.download(s3, oid, part, fetch.add)
+                    break
+                except BucketError as e:
+                    if not e.transient or attempt == len(RETRY_SECONDS):
+                        tries = f" (tried {attempt + 1} times)" if e.transient else ""
+                        raise BucketError(f"s3://{oid.bucket}/{oid.key}: {e}{tries}") from None
+                    log.info(
+                        "job %s: reading s3://%s/%s failed (%s); trying again from where it"
+                        " stopped",
+                        job_id,
+                        oid.bucket,
+                        oid.key,
+                        e,
+                    )
+                    if stop.wait(RETRY_SECONDS[attempt]) or self._stopping.is_set():
+                        return
             try:
-                buckets.download(s3, entry.id, part, fetch.add)
-                cache.commit(entry.id, part)
-            except BucketError as e:
-                raise BucketError(f"s3://{entry.id.bucket}/{entry.id.key}: {e}") from None
+                self.cache.commit(user, oid, part)
             except ValueError as e:
                 raise BucketError(str(e)) from None
-            finally:
-                part.unlink(missing_ok=True)
             with fetch.lock:
                 fetch.objects_done += 1
 
         with ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="fetch-get") as pool:
-            futures = [pool.submit(one, entry) for entry in wanted]
+            futures = [pool.submit(one, oid, part) for oid, part in parts.items()]
             try:
                 for future in futures:
                     while True:
@@ -218,6 +286,7 @@ class Fetches:
                 for future in futures:
                     future.cancel()
                 raise
+        self._check(job_id)  # a download that stopped for the agent's end is no whole one
 
     def _check(self, job_id: str) -> None:
         """Raise _Stopped where the job is no longer queued (cancelled) or the agent stops."""
@@ -234,6 +303,7 @@ class Fetches:
     def _forget(self, job_id: str) -> None:
         with self._lock:
             self._fetches.pop(job_id, None)
+            self._pins.pop(job_id, None)
 
 
 class _Stopped(Exception):

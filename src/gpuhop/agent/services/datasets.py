@@ -3,6 +3,8 @@ is private to its pusher unless shared; admins see every one."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
@@ -10,7 +12,7 @@ from gpuhop.agent.services.deps import in_use
 from gpuhop.agent.storage.datasets import EVERYONE, DatasetNotFound
 from gpuhop.agent.storage.trees import MissingBlobs, manifest_errors
 from gpuhop.api import ErrorCode
-from gpuhop.api.data import DatasetInfo, DatasetManifest
+from gpuhop.api.data import CachedData, DatasetInfo, DatasetManifest
 from gpuhop.api.models import USER_RE, check_dataset_name
 
 
@@ -65,6 +67,23 @@ def list_all(rt: AgentContext, caller: Caller) -> list[DatasetInfo]:
         for n in rt.datasets.names()
         if _readable(rt, n, caller)
         for v in rt.datasets.versions(n)
+    ]
+
+
+def cached(rt: AgentContext, caller: Caller) -> list[CachedData]:
+    """The bucket prefixes cached for `caller`'s jobs (their own only, admins too: a user's
+    listings and names are theirs), most recently used first."""
+    needed = rt.fetches.keep().views
+    return [
+        CachedData(
+            url=p.url,
+            endpoint=p.endpoint,
+            objects=p.objects,
+            bytes=p.bytes,
+            last_used=datetime.fromtimestamp(p.last_used, UTC),
+            in_use=p.view in needed,
+        )
+        for p in rt.objects.prefixes(caller.user)
     ]
 
 

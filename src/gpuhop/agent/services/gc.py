@@ -16,8 +16,11 @@ What goes, in this order:
    Blobs are what a queued job (or the next attempt of a running one) is materialised
    from; its dir keeps a copy of its tree, so they stay while the job is not pruned.
 4. **Temp files** of uploads that a crash interrupted, dataset chunks staged for a push
-   that never came (see `chunkstore`), and **environments** that no
-   queued or running job uses and none used for `env_keep_days`.
+   that never came (see `chunkstore`), partial bucket objects no fetch went on with, and
+   **environments** that no queued or running job uses and none used for `env_keep_days`.
+5. **Cached bucket prefixes** (`--data s3://...`, see `objectcache`) that no queued or
+   running job needs and none used for `object_keep_days`, and the objects only they held.
+   The blobs the object cache holds are kept by step 3.
 
 Why an upload in progress loses nothing: blobs and trees that were asked about (`missing`,
 a job's tree check), uploaded again or stored within the grace period (default an hour)
@@ -73,7 +76,7 @@ def collect(
     now = time.time() if now is None else now
     cutoff = now - policy.grace_seconds
     with rt.gc_lock:
-        freed = {kind: Freed() for kind in ("jobs", "trees", "blobs", "temp", "envs")}
+        freed = {kind: Freed() for kind in ("jobs", "trees", "blobs", "temp", "envs", "objects")}
         gone = _prune_jobs(rt, policy, now, cutoff, dry_run, freed["jobs"])
         job_trees, live_blobs = _job_references(rt, gone)
         removed_trees = []
@@ -93,7 +96,7 @@ def collect(
             for digest in rt.checkouts.digests():
                 if digest not in kept:
                     rt.checkouts.remove(digest)
-        live_blobs |= _dataset_chunks(rt)
+        live_blobs |= _dataset_chunks(rt) | rt.objects.shas()
         # Listed before anything is looked at: a claim comes after what it is about is
         # stored, so one made from here on is about something kept, and is left alone.
         claimed = [] if dry_run else rt.claims.digests("blob")
@@ -110,6 +113,16 @@ def collect(
         for size in rt.datasets.chunks.sweep(cutoff, dry_run):  # of pushes never finished
             _add(freed["temp"], size)
         _remove_envs(rt, policy, now, dry_run, freed["envs"])
+        for size in rt.objects.sweep_partials(cutoff, dry_run):
+            _add(freed["temp"], size)
+        prefixes, size = rt.objects.collect(
+            rt.fetches.keep(),
+            now - policy.object_keep_days * 86400,
+            lambda: _job_references(rt, gone)[1] | _dataset_chunks(rt),
+            dry_run,
+        )
+        freed["objects"].count += prefixes
+        freed["objects"].bytes += size
         if not dry_run:
             # Claims of what is no longer kept: removed blobs, and the chunks of removed
             # dataset versions (kept in their files, not as blobs: see chunkstore).
@@ -213,6 +226,11 @@ def _job_references(rt: AgentContext, gone: Iterable[str]) -> tuple[set[str], se
         trees.add(hashlib.sha256(raw).hexdigest())
         blobs.update(e["digest"] for e in entries)
     return trees, blobs
+
+
+def blob_users(rt: AgentContext) -> set[str]:
+    """The blobs that job dirs' trees and dataset versions name."""
+    return _job_references(rt, ())[1] | _dataset_chunks(rt)
 
 
 def _dataset_chunks(rt: AgentContext) -> set[str]:

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from gpuhop.agent.storage.objectcache import Listed, ObjectId
+from gpuhop.agent.storage.objectcache import PART, Listed, ObjectId, parts_done
 from gpuhop.api import validate_relpath
 from gpuhop.api.spec import DataSource
 
@@ -34,14 +35,21 @@ CREDENTIAL_NAMES = (
     "AWS_REGION",
     "AWS_DEFAULT_REGION",
 )
-# Objects up to this size are read in one GET (checked against their listed ETag); larger
-# ones by boto3's transfer manager, in ranged parts read in parallel.
+# Objects up to this size are read in one GET; larger ones in ranged parts (objectcache.PART
+# bytes each), this many at once.
 ONE_GET_BYTES = 16 << 20
+PART_THREADS = 8
 CHUNK = 1 << 20
 
 
 class BucketError(Exception):
-    """What the bucket (or the way to it) said, worded to end a job with."""
+    """What the bucket (or the way to it) said, worded to end a job with; `transient` where
+    it was the way (a connection refused or cut, a timeout, a server error), which a fetch
+    tries again."""
+
+    def __init__(self, message: str, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 class Credentials(NamedTuple):
@@ -128,8 +136,9 @@ def client(creds: Credentials, connections: int) -> Any:
 
 def listing(s3: Any, source: DataSource, endpoint: str) -> list[Listed]:
     """Every object under the source's prefix, as its view will show it: its path below the
-    prefix, and its identity. Folder markers (keys ending in '/') are left out; a key that
-    cannot be a file's path there fails, naming it."""
+    prefix, and its identity (with its VersionId where the bucket has versioning). Folder
+    markers (keys ending in '/') are left out; a key that cannot be a file's path there
+    fails, naming it."""
     found: list[Listed] = []
     files: set[str] = set()
     for item in _pages(s3, source):
@@ -144,7 +153,9 @@ def listing(s3: Any, source: DataSource, endpoint: str) -> list[Listed]:
                 None
             )
         etag = str(item.get("ETag", "")).strip('"')
-        found.append(Listed(path, ObjectId(endpoint, source.bucket, key, etag, int(item["Size"]))))
+        version = str(item.get("VersionId") or "")
+        oid = ObjectId(endpoint, source.bucket, key, etag, int(item["Size"]), version)
+        found.append(Listed(path, oid))
         files.add(path)
     for entry in found:
         parent = entry.path.rpartition("/")[0]
@@ -159,7 +170,27 @@ def listing(s3: Any, source: DataSource, endpoint: str) -> list[Listed]:
 
 
 def _pages(s3: Any, source: DataSource) -> Iterator[dict[str, Any]]:
+    """The prefix's objects: from ListObjectsV2, or, where the bucket has (or had)
+    versioning, the latest version of each key from ListObjectVersions (a key whose latest
+    version is a delete marker is gone). A bucket that will not say whether it has
+    versioning (the user may not ask) is listed as unversioned: the ETag still tells the
+    bytes apart."""
     with translated():
+        try:
+            status = s3.get_bucket_versioning(Bucket=source.bucket).get("Status")
+        except Exception as e:
+            if _code(e) not in ("AccessDenied", "NotImplemented", "MethodNotAllowed"):
+                raise
+            status = None
+        if status in ("Enabled", "Suspended"):
+            versions = s3.get_paginator("list_object_versions").paginate(
+                Bucket=source.bucket, Prefix=source.prefix
+            )
+            for page in versions:
+                for item in page.get("Versions", []):
+                    if item.get("IsLatest"):
+                        yield {**item, "VersionId": item.get("VersionId") or "null"}
+            return
         pages = s3.get_paginator("list_objects_v2").paginate(
             Bucket=source.bucket, Prefix=source.prefix
         )
@@ -167,36 +198,97 @@ def _pages(s3: Any, source: DataSource) -> Iterator[dict[str, Any]]:
             yield from page.get("Contents", [])
 
 
-def download(s3: Any, oid: ObjectId, to: Path, progress: Callable[[int], None]) -> None:
-    """Write the object `oid` names to the file `to` (new), calling `progress` with each
-    number of bytes that came; a small one in one GET that must match its listed ETag."""
+def _code(e: BaseException) -> str | None:
+    response = getattr(e, "response", None)
+    return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+
+
+def download(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> None:
+    """Fetch the object `oid` names into its partial file `part`, continuing where an
+    earlier download stopped; call `progress` with each number of bytes that came. Every
+    read names the listed version (If-Match on the ETag, and the VersionId where there is
+    one), so a changed object fails (PreconditionFailed) rather than mixing two versions.
+    Up to ONE_GET_BYTES in one stream (continued by a ranged GET from the partial's size);
+    larger ones in parts of PART bytes read in parallel, each noted once written."""
     with translated():
         if oid.size <= ONE_GET_BYTES:
-            answer = s3.get_object(Bucket=oid.bucket, Key=oid.key, IfMatch=f'"{oid.etag}"')
-            body = answer["Body"]
-            try:
-                with open(to, "xb") as out:
-                    for chunk in body.iter_chunks(CHUNK):
-                        out.write(chunk)
-                        progress(len(chunk))
-            finally:
-                body.close()
-            return
-        from boto3.s3.transfer import TransferConfig
+            _stream(s3, oid, part, progress)
+        else:
+            _parts(s3, oid, part, progress)
 
-        s3.download_file(
-            oid.bucket,
-            oid.key,
-            str(to),
-            Callback=progress,
-            Config=TransferConfig(multipart_threshold=ONE_GET_BYTES, max_concurrency=8),
-        )
+
+def _get(s3: Any, oid: ObjectId, first: int, last: int | None) -> Any:
+    args: dict[str, Any] = {"Bucket": oid.bucket, "Key": oid.key, "IfMatch": f'"{oid.etag}"'}
+    if oid.version:
+        args["VersionId"] = oid.version
+    if first or last is not None:
+        args["Range"] = f"bytes={first}-{'' if last is None else last}"
+    return s3.get_object(**args)["Body"]
+
+
+def _stream(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> None:
+    have = part.stat().st_size if part.exists() else 0
+    if have > oid.size:
+        part.unlink()
+        have = 0
+    if have == oid.size:
+        return
+    body = _get(s3, oid, have, None)
+    try:
+        with open(part, "ab") as out:
+            for chunk in body.iter_chunks(CHUNK):
+                out.write(chunk)
+                progress(len(chunk))
+    finally:
+        body.close()
+
+
+def _parts(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    log = part.with_name(part.name + ".parts")
+    done = parts_done(part)
+    if done is None or not part.exists():
+        done = set()
+        log.write_text("")
+    with open(part, "ab") as f:
+        f.truncate(oid.size)
+    count = (oid.size + PART - 1) // PART
+    lock = threading.Lock()
+    fd = os.open(part, os.O_WRONLY)
+
+    def one(index: int) -> None:
+        first = index * PART
+        last = min(oid.size, first + PART) - 1
+        body = _get(s3, oid, first, last)
+        offset = first
+        try:
+            for chunk in body.iter_chunks(CHUNK):
+                if offset + len(chunk) > last + 1:
+                    raise BucketError(f"{oid.key}: more bytes came than the range asked")
+                os.pwrite(fd, chunk, offset)
+                offset += len(chunk)
+                progress(len(chunk))
+        finally:
+            body.close()
+        if offset != last + 1:
+            raise BucketError(f"{oid.key}: part {index} ended early ({offset - first} bytes)")
+        with lock, open(log, "a") as noted:
+            noted.write(f"{index}\n")
+
+    try:
+        with ThreadPoolExecutor(max_workers=PART_THREADS, thread_name_prefix="fetch-part") as pool:
+            for future in [pool.submit(one, i) for i in range(count) if i not in done]:
+                future.result()
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
 def translated() -> Iterator[None]:
     """Turns boto3's exceptions into `BucketError`s in the service's own words."""
     from botocore.exceptions import BotoCoreError, ClientError
+    from urllib3.exceptions import HTTPError
 
     try:
         yield
@@ -204,6 +296,7 @@ def translated() -> Iterator[None]:
         error = e.response.get("Error", {})
         status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         code = error.get("Code") or f"HTTP {status}"
-        raise BucketError(f"{code}: {error.get('Message') or ''}".rstrip(": ")) from None
-    except (BotoCoreError, OSError) as e:
-        raise BucketError(f"{type(e).__name__}: {e}") from None
+        words = f"{code}: {error.get('Message') or ''}".rstrip(": ")
+        raise BucketError(words, transient=isinstance(status, int) and status >= 500) from None
+    except (BotoCoreError, OSError, HTTPError) as e:
+        raise BucketError(f"{type(e).__name__}: {e}", transient=True) from None

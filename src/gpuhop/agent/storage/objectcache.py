@@ -1,16 +1,33 @@
-"""Runs in the agent: the cache of bucket objects fetched for jobs (`--data s3://...`), one per
-user, under `objects/` in the state dir.
+"""Runs in the agent: the cache of bucket objects fetched for jobs (`--data s3://...`), under
+`objects/` in the state dir: one namespace per user, the bytes kept once for all of them.
 
-An object is kept by its identity (endpoint, bucket, key, ETag, size) as one read-only file
-in `objects/USER/by-id/`, so an unchanged object is never fetched twice and a changed one
-(a new ETag or size) is a new entry. It is downloaded into `tmp/` and renamed into place only
-when whole, so no job ever sees part of one. What a job sees of a prefix is a *view*: a tree
-of hard links to those files, named by the digest of the listing it shows, in `views/` (built
-in `tmp/`, renamed into place whole), and bound read-only into the job as a dataset's tree is.
-An unchanged listing finds its view and costs no download and no link.
+**Bytes.** A whole object's bytes are a blob of the content-addressed blob store (named by
+their sha256), so two users who fetched the same bytes hold one copy on disk. A user reaches
+them only through their own namespace, `objects/USER/by-id/ID` (ID: the digest of the
+object's identity: endpoint, bucket, key, ETag, size, and its VersionId in a versioned
+bucket), a hard link made when *their own* fetch wrote those bytes: each user's credentials
+download each object version once (so the bucket says for itself what they may read), and
+nothing tells them whether anyone else on this host holds the same bytes. What a download
+saves across users is the disk, not the network: that is the blob store's rule too (a user
+uploads what they have not shown they hold, even where the store has it).
 
-Each user's cache is their own (dirs named by a digest of the user): no user's listing,
-names or bytes answer another's. The sandbox hides the whole dir from every job.
+**Partial objects.** A download goes to `objects/USER/partial/KEY-ID` (KEY: the digest of
+endpoint, bucket and key), continued after an interruption (an agent killed, a server gone)
+by ranged reads from where it stopped; large objects are read in parts, each noted in
+`...parts` once written. A partial object of the same key with another identity (the object
+changed meanwhile) is dropped, and the object fetched whole. Only a whole object, of the
+listed size, becomes a blob: no job ever sees part of one.
+
+**Views.** What a job sees of a prefix is a tree of hard links to its objects, named by the
+digest of the listing it shows, in `objects/USER/views/`, bound read-only into the job as a
+dataset's tree is. An unchanged listing finds its view and costs no download and no link.
+
+**Index and bounds.** `objects/cache.db` records, per user, each object's blob, each view's
+objects, and each prefix (its source URL, its latest view, size, last use) for `gpuhop data
+ls`. The whole cache is bounded (`object_cache_size`): before a fetch downloads, the least
+recently used prefixes that no queued or running job needs (and no fetch under way) go
+until the new bytes fit; `gpuhop gc` removes those unused for `object_keep_days`. Every
+user's rows are theirs alone: answers show a user their own prefixes only.
 """
 
 from __future__ import annotations
@@ -21,24 +38,54 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Sequence
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.usage import format_bytes
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS objects (
+    user TEXT NOT NULL, id TEXT NOT NULL, sha256 TEXT NOT NULL, size INTEGER NOT NULL,
+    PRIMARY KEY (user, id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS objects_sha ON objects (sha256);
+CREATE TABLE IF NOT EXISTS view_objects (
+    user TEXT NOT NULL, view TEXT NOT NULL, id TEXT NOT NULL,
+    PRIMARY KEY (user, view, id)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS view_objects_id ON view_objects (user, id);
+CREATE TABLE IF NOT EXISTS prefixes (
+    user TEXT NOT NULL, endpoint TEXT NOT NULL, url TEXT NOT NULL, view TEXT NOT NULL,
+    objects INTEGER NOT NULL, bytes INTEGER NOT NULL, last_used REAL NOT NULL,
+    PRIMARY KEY (user, endpoint, url)
+) WITHOUT ROWID;
+"""
+# A large object is read in parts of this size, in parallel; each is kept once written.
+PART = 8 << 20
+
 
 class ObjectId(NamedTuple):
-    """What makes two objects the same bytes for the cache: where they are and their
-    version as the store gives it (ETag), and their size."""
+    """What makes two objects the same for the cache: where they are, their version as the
+    store gives it (ETag, and VersionId in a versioned bucket), and their size."""
 
     endpoint: str
     bucket: str
     key: str
     etag: str
     size: int
+    version: str = ""  # the VersionId where the bucket has versioning
 
     def digest(self) -> str:
-        text = json.dumps(list(self), ensure_ascii=True)
-        return hashlib.sha256(text.encode()).hexdigest()
+        return _digest(list(self))
+
+    def key_digest(self) -> str:
+        """The digest of where the object is (not which version): its partial's prefix."""
+        return _digest([self.endpoint, self.bucket, self.key])[:32]
 
 
 class Listed(NamedTuple):
@@ -48,39 +95,94 @@ class Listed(NamedTuple):
     id: ObjectId
 
 
+class Prefix(NamedTuple):
+    """A cached prefix, as `gpuhop data ls` shows it."""
+
+    user: str
+    endpoint: str
+    url: str
+    view: str
+    objects: int
+    bytes: int
+    last_used: float
+
+
+class Keep(NamedTuple):
+    """What eviction must leave: the views and objects (by name: any user's of that name)
+    that a queued or running job, or a fetch under way, needs."""
+
+    views: set[str]
+    objects: set[str]
+
+
+class CacheFull(Exception):
+    """The data cannot fit in `object_cache_size` beside what jobs need; says the figures."""
+
+
 class ObjectCache:
-    """One user's cache (`for_user`). Thread-safe: every change is a rename of a whole file
-    or tree, and two fetches of one object write the same bytes."""
+    """The agent's object cache. Thread-safe: files change by renames of whole files or
+    trees, and the index and eviction go under one lock."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, blobs: BlobStore):
         self.root = root
-        self.objects = root / "by-id"
-        self.views = root / "views"
-        self.tmp = root / "tmp"
-        for d in (root.parent, root, self.objects, self.views, self.tmp):
-            d.mkdir(mode=0o700, exist_ok=True)
+        self.blobs = blobs
+        root.mkdir(mode=0o700, exist_ok=True)
+        self._lock = threading.RLock()
+        self._made: set[str] = set()  # users whose dirs exist
+        self._db = sqlite3.connect(root / "cache.db", check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(SCHEMA)
+        (root / "cache.db").chmod(0o600)
 
-    @classmethod
-    def for_user(cls, home: Path, user: str) -> ObjectCache:
-        """`user`'s cache under the state dir `home`."""
-        return cls(home / "objects" / hashlib.sha256(user.encode()).hexdigest()[:32])
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
 
-    def path(self, oid: ObjectId) -> Path:
-        return self.objects / oid.digest()
+    # -- one user's files --------------------------------------------------------------------
 
-    def has(self, oid: ObjectId) -> bool:
+    def user_dir(self, user: str) -> Path:
+        path = self.root / hashlib.sha256(user.encode()).hexdigest()[:32]
+        if user not in self._made:
+            for d in (path, path / "by-id", path / "views", path / "partial", path / "tmp"):
+                d.mkdir(mode=0o700 if d == path else 0o755, exist_ok=True)
+            self._made.add(user)
+        return path
+
+    def path(self, user: str, oid: ObjectId) -> Path:
+        return self.user_dir(user) / "by-id" / oid.digest()
+
+    def has(self, user: str, oid: ObjectId) -> bool:
         try:
-            return self.path(oid).stat().st_size == oid.size
+            return self.path(user, oid).stat().st_size == oid.size
         except OSError:
             return False
 
-    def temp(self) -> Path:
-        """A fresh name in `tmp/` to download one object to."""
-        return self.tmp / f"part-{secrets.token_hex(8)}"
+    def partial(self, user: str, oid: ObjectId) -> Path:
+        """Where `oid`'s download goes (and stays while incomplete). Partials of the same
+        key with another identity (the object changed since) are dropped here."""
+        folder = self.user_dir(user) / "partial"
+        mine = f"{oid.key_digest()}-{oid.digest()}"
+        for other in folder.glob(f"{oid.key_digest()}-*"):
+            if not other.name.startswith(mine):
+                other.unlink(missing_ok=True)
+        return folder / mine
 
-    def commit(self, oid: ObjectId, part: Path) -> None:
-        """Take the whole object downloaded to `part` as `oid`'s; ValueError (and `part`
-        removed) where its size is not the listing's."""
+    @staticmethod
+    def partial_bytes(part: Path, oid: ObjectId) -> int:
+        """How many of `oid`'s bytes its partial holds already."""
+        done = parts_done(part)
+        if done is not None:
+            return sum(min(PART, oid.size - i * PART) for i in done)
+        try:
+            return part.stat().st_size
+        except OSError:
+            return 0
+
+    def commit(self, user: str, oid: ObjectId, part: Path) -> None:
+        """Take the whole object downloaded to `part` as `oid`'s: its bytes become a blob
+        (or join the same bytes stored already), linked into `user`'s namespace. ValueError
+        (and the partial dropped) where its size is not the listing's."""
         try:
             size = part.stat().st_size
             if size != oid.size:
@@ -88,45 +190,272 @@ class ObjectCache:
                     f"{oid.key}: {size} bytes came, the listing said {oid.size} (did it change"
                     " during the fetch?)"
                 )
-            os.chmod(part, 0o444)
-            os.replace(part, self.path(oid))
+            sha = _file_sha256(part)  # and flushed: a blob is named only once on the disk
+            blob = self.blobs.path(sha)
+            with self._lock:
+                self.blobs.adopt(sha)  # touched first: the blob store's collection leaves it
+                if not blob.exists():
+                    os.chmod(part, 0o444)
+                    blob.parent.mkdir(exist_ok=True)
+                    with contextlib.suppress(FileExistsError):
+                        os.link(part, blob)
+                        self.blobs.count_added(size)
+                link = part.with_name(part.name + ".link")
+                link.unlink(missing_ok=True)
+                os.link(blob, link)
+                os.replace(link, self.path(user, oid))
+                self._db.execute(
+                    "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?)",
+                    (user, oid.digest(), sha, size),
+                )
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                part.unlink()
+            part.unlink(missing_ok=True)
+            part.with_name(part.name + ".parts").unlink(missing_ok=True)
+
+    # -- views -------------------------------------------------------------------------------
 
     @staticmethod
     def view_name(listing: Sequence[Listed]) -> str:
         """The name of the view that shows `listing`: the digest of its paths and identities."""
-        text = json.dumps(sorted((e.path, list(e.id)) for e in listing), ensure_ascii=True)
-        return hashlib.sha256(text.encode()).hexdigest()
+        return _digest(sorted((e.path, list(e.id)) for e in listing))
 
-    def view(self, listing: Sequence[Listed]) -> Path | None:
-        """The view of `listing` if it was made already."""
-        path = self.views / self.view_name(listing)
-        return path if path.is_dir() else None
-
-    def make_view(self, listing: Sequence[Listed]) -> Path:
-        """The view of `listing`, made of its cached objects (each must be here) if it is
-        not already; returns its path."""
-        path = self.views / self.view_name(listing)
-        if path.is_dir():
-            return path
-        building = self.tmp / f"view-{secrets.token_hex(8)}"
-        try:
-            building.mkdir(mode=0o755)
-            for entry in listing:
-                target = building / entry.path
-                target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-                os.link(self.path(entry.id), target)
-            try:
-                os.rename(building, path)
-            except OSError:
-                if not path.is_dir():  # another fetch of the same listing won the race
-                    raise
-        finally:
-            if building.exists():
-                _remove(building)
+    def make_view(self, user: str, listing: Sequence[Listed]) -> Path:
+        """The view of `listing`, made of `user`'s cached objects (each must be here) if it
+        is not already; returns its path."""
+        name = self.view_name(listing)
+        udir = self.user_dir(user)
+        path = udir / "views" / name
+        with self._lock:
+            if not path.is_dir():
+                building = udir / "tmp" / f"view-{secrets.token_hex(8)}"
+                try:
+                    building.mkdir(mode=0o755)
+                    for entry in listing:
+                        target = building / entry.path
+                        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+                        os.link(self.path(user, entry.id), target)
+                    os.rename(building, path)
+                finally:
+                    if building.exists():
+                        _remove(building)
+            self._db.execute("BEGIN")
+            self._db.executemany(
+                "INSERT OR IGNORE INTO view_objects VALUES (?, ?, ?)",
+                [(user, name, e.id.digest()) for e in listing],
+            )
+            self._db.execute("COMMIT")
         return path
+
+    def used(self, user: str, url: str, endpoint: str, listing: Sequence[Listed]) -> None:
+        """`user`'s prefix `url` was just listed as `listing` (its view made) for a job."""
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO prefixes VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    user,
+                    endpoint,
+                    url,
+                    self.view_name(listing),
+                    len(listing),
+                    sum(e.id.size for e in listing),
+                    time.time(),
+                ),
+            )
+
+    def prefixes(self, user: str | None = None) -> list[Prefix]:
+        """The cached prefixes, most recently used first: `user`'s, or everyone's."""
+        query = "SELECT * FROM prefixes"
+        args: tuple[str, ...] = ()
+        if user is not None:
+            query, args = query + " WHERE user = ?", (user,)
+        with self._lock:
+            rows = self._db.execute(query + " ORDER BY last_used DESC", args).fetchall()
+        return [Prefix(*row) for row in rows]
+
+    # -- size, eviction and collection -------------------------------------------------------
+
+    def size(self) -> int:
+        """Bytes the cache holds: each distinct blob once, and the partial objects."""
+        with self._lock:
+            (whole,) = self._db.execute(
+                "SELECT COALESCE(SUM(size), 0) FROM"
+                " (SELECT MAX(size) AS size FROM objects GROUP BY sha256)"
+            ).fetchone()
+        return int(whole) + self._partial_bytes()
+
+    def _partial_bytes(self) -> int:
+        total = 0
+        for path in self.root.glob("*/partial/*"):
+            with contextlib.suppress(OSError):
+                total += path.stat().st_blocks * 512 if path.suffix != ".parts" else 0
+        return total
+
+    def make_room(
+        self, need: int, limit: int, keep: Keep, blob_users: Callable[[], set[str]]
+    ) -> None:
+        """Evict least recently used prefixes (not in `keep`) until `need` more bytes fit
+        in `limit`; CacheFull where they cannot."""
+        with self._lock:
+            if self.size() + need <= limit:
+                return
+            held = self._held(keep)
+            if held + need > limit:  # evicting all else would not do: evict nothing
+                raise CacheFull(
+                    f"its data needs {_bytes(need)} more and the agent's object cache"
+                    f" (object_cache_size {_bytes(limit)}) holds {_bytes(held)} that queued"
+                    " or running jobs need: raise object_cache_size in the agent's agent.toml"
+                    + (", or run the job when those have ended" if held else "")
+                )
+            self._drop_unlisted(keep, blob_users, time.time())
+            for prefix in reversed(self.prefixes()):
+                if self.size() + need <= limit:
+                    return
+                if prefix.view not in keep.views:
+                    self._drop_prefix(prefix)
+                    self._drop_unlisted(keep, blob_users, time.time())
+
+    def _held(self, keep: Keep) -> int:
+        """Bytes of the distinct blobs that `keep` needs, and of the partial objects."""
+        rows = self._db.execute(
+            "SELECT o.id, o.sha256, o.size, v.view FROM objects o LEFT JOIN view_objects v"
+            " ON v.user = o.user AND v.id = o.id"
+        ).fetchall()
+        needed = {
+            sha: size for oid, sha, size, view in rows if oid in keep.objects or view in keep.views
+        }
+        return sum(needed.values()) + self._partial_bytes()
+
+    def collect(
+        self,
+        keep: Keep,
+        unused_since: float,
+        blob_users: Callable[[], set[str]],
+        dry_run: bool = False,
+    ) -> tuple[int, int]:
+        """Remove the prefixes last used before `unused_since` that `keep` does not name,
+        and what no prefix needs any more; return (prefixes, bytes) removed (or that would
+        be, with `dry_run`)."""
+        with self._lock:
+            stale = [
+                p
+                for p in self.prefixes()
+                if p.last_used < unused_since and p.view not in keep.views
+            ]
+            if dry_run:
+                shas = self._shas_only_in(stale, keep)
+                return len(stale), self._blob_bytes(shas, blob_users)
+            before = self.size()
+            for prefix in stale:
+                self._drop_prefix(prefix)
+            self._drop_unlisted(keep, blob_users, time.time())
+            return len(stale), max(0, before - self.size())
+
+    def shas(self) -> set[str]:
+        """The blobs the cache holds (kept by the blob store's collection)."""
+        with self._lock:
+            return {row[0] for row in self._db.execute("SELECT DISTINCT sha256 FROM objects")}
+
+    def sweep_partials(self, untouched_since: float, dry_run: bool = False) -> list[int]:
+        """Remove partial objects no download wrote to since `untouched_since` (of fetches
+        never resumed); return the bytes of each."""
+        freed = []
+        for path in self.root.glob("*/partial/*"):
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            if st.st_mtime < untouched_since:
+                freed.append(st.st_blocks * 512)
+                if not dry_run:
+                    path.unlink(missing_ok=True)
+        return freed
+
+    def _drop_prefix(self, prefix: Prefix) -> None:
+        self._db.execute(
+            "DELETE FROM prefixes WHERE user = ? AND endpoint = ? AND url = ?",
+            (prefix.user, prefix.endpoint, prefix.url),
+        )
+
+    def _drop_unlisted(
+        self, keep: Keep, blob_users: Callable[[], set[str]], untouched_since: float
+    ) -> None:
+        """Drop the views no prefix names (and `keep` does not), then the objects no view
+        holds (nor `keep`), then the blobs of those that no one else holds."""
+        db = self._db
+        views = db.execute(
+            "SELECT DISTINCT user, view FROM view_objects v WHERE NOT EXISTS"
+            " (SELECT 1 FROM prefixes p WHERE p.user = v.user AND p.view = v.view)"
+        ).fetchall()
+        for user, view in views:
+            if view in keep.views:
+                continue
+            _remove(self.user_dir(user) / "views" / view)
+            db.execute("DELETE FROM view_objects WHERE user = ? AND view = ?", (user, view))
+        loose = db.execute(
+            "SELECT user, id, sha256 FROM objects o WHERE NOT EXISTS (SELECT 1 FROM"
+            " view_objects v WHERE v.user = o.user AND v.id = o.id)"
+        ).fetchall()
+        gone: set[str] = set()
+        for user, oid, sha in loose:
+            if oid in keep.objects:
+                continue
+            (self.user_dir(user) / "by-id" / oid).unlink(missing_ok=True)
+            db.execute("DELETE FROM objects WHERE user = ? AND id = ?", (user, oid))
+            gone.add(sha)
+        if not gone:
+            return
+        held = self.shas()
+        gone -= held
+        if gone:
+            others = blob_users()
+            for sha in gone - others:
+                self.blobs.remove(sha, untouched_since)
+
+    def _shas_only_in(self, prefixes: Iterable[Prefix], keep: Keep) -> set[str]:
+        """The blobs that would go with `prefixes` (for a dry run)."""
+        dropped = {(p.user, p.view) for p in prefixes}
+        rows = self._db.execute(
+            "SELECT v.user, v.view, o.id, o.sha256 FROM view_objects v JOIN objects o"
+            " ON o.user = v.user AND o.id = v.id"
+        ).fetchall()
+        going: set[str] = set()
+        staying: set[str] = set()
+        for user, view, oid, sha in rows:
+            if (user, view) in dropped and oid not in keep.objects:
+                going.add(sha)
+            else:
+                staying.add(sha)
+        return going - staying
+
+    def _blob_bytes(self, shas: set[str], blob_users: Callable[[], set[str]]) -> int:
+        total = 0
+        for sha in shas - (blob_users() if shas else set()):
+            with contextlib.suppress(OSError):
+                total += self.blobs.path(sha).stat().st_size
+        return total
+
+
+def parts_done(part: Path) -> set[int] | None:
+    """The parts of a large object's partial written already (None: not read in parts)."""
+    try:
+        text = part.with_name(part.name + ".parts").read_text()
+    except OSError:
+        return None
+    return {int(n) for n in text.split() if n.isdigit()}
+
+
+def _digest(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, ensure_ascii=True).encode()).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _bytes(n: int) -> str:
+    return format_bytes(n)
 
 
 def _remove(tree: Path) -> None:

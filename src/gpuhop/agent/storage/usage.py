@@ -1,6 +1,7 @@
 """Runs in the agent: how much disk its stores use, and the quotas on them.
 
-Two figures: *storage* (blobs, trees and datasets: what uploads add) and *jobs* (job dirs:
+Two figures: *storage* (blobs, trees, datasets and cached bucket objects: what uploads and
+fetches add) and *jobs* (job dirs:
 work dirs, logs, metrics, artifacts, checkpoints: what jobs add). Each is measured by a
 walk (a file with several links counted once) at most every few seconds; between walks,
 the bytes the blob store reports stored are added, so a burst of uploads cannot slip past
@@ -71,7 +72,8 @@ class DiskMeter:
             added = self.blobs.take_added()
             now = time.monotonic()
             if self._storage is None or now - self._storage[0] > self.ttl:
-                roots = (self.paths.blobs, self.paths.trees, self.paths.home / "datasets")
+                home = self.paths.home
+                roots = (self.paths.blobs, self.paths.trees, home / "datasets", home / "objects")
                 self._storage = (now, tree_bytes(*roots))
             else:
                 self._storage = (self._storage[0], self._storage[1] + added)
@@ -123,7 +125,7 @@ class DiskMeter:
 
 
 def _message(what: str, name: str, used: int, quota: int, frees: str) -> str:
-    kinds = "blobs, trees and datasets" if name == "storage" else "job dirs"
+    kinds = "blobs, trees, datasets and cached bucket objects" if name == "storage" else "job dirs"
     return (
         f"{what} would pass the agent's {name} quota: {format_bytes(used)} of"
         f" {format_bytes(quota)} in use ({kinds}). Free space ({frees}) or raise"

@@ -17,7 +17,7 @@ from gpuhop.agent.services import envs as envs_service
 from gpuhop.agent.storage import chunks
 from gpuhop.agent.storage.blobs import BlobError, QuotaExceeded, no_room
 from gpuhop.api import BlobCheck, BlobCheckResult, ErrorCode
-from gpuhop.api.data import DatasetInfo, EnvInfo
+from gpuhop.api.data import CachedData, DatasetInfo, EnvInfo
 
 router = APIRouter(tags=["datasets"])
 
@@ -86,6 +86,11 @@ async def push(name: str, request: Request, shared: bool = False) -> DatasetInfo
 @router.get("/v1/datasets")
 def list_datasets(request: Request) -> list[DatasetInfo]:
     return service.list_all(ctx(request), caller_of(request))
+
+
+@router.get("/v1/cached-data")
+def cached_data(request: Request) -> list[CachedData]:
+    return service.cached(ctx(request), caller_of(request))
 
 
 @router.get("/v1/datasets/{name}")
