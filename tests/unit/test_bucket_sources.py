@@ -3,11 +3,13 @@ progress is worded, and the object cache's rules (whole objects only, one view p
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import pytest
 
 from gpuhop.agent.jobs.fetches import Fetch
+from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.objectcache import Listed, ObjectCache, ObjectId
 from gpuhop.api.models import SubmitRequest
 from gpuhop.api.spec import DataSource, JobSpec
@@ -72,24 +74,47 @@ def test_a_fetch_says_how_far_it_is():
     assert fetch.note().endswith("/s")
 
 
-def test_the_cache_takes_whole_objects_and_makes_one_view_per_listing(tmp_path: Path):
-    cache = ObjectCache.for_user(tmp_path, "alice")
-    assert ObjectCache.for_user(tmp_path, "bob").root != cache.root
+def _blobs(root: Path) -> BlobStore:
+    (root / "blobs").mkdir()
+    (root / "tmp").mkdir()
+    return BlobStore(root / "blobs", root / "tmp")
+
+
+def test_the_cache_takes_whole_objects_as_blobs_and_makes_one_view_per_listing(tmp_path: Path):
+    blobs = _blobs(tmp_path)
+    cache = ObjectCache(tmp_path / "objects", blobs)
+    assert cache.user_dir("bob") != cache.user_dir("alice")
     one = ObjectId("aws", "bkt", "train/a.txt", "e1", 5)
-    short = cache.temp()
+    short = cache.partial("alice", one)
     short.write_bytes(b"abc")
     with pytest.raises(ValueError, match="3 bytes came, the listing said 5"):
-        cache.commit(one, short)
-    assert not short.exists() and not cache.has(one)
-    whole = cache.temp()
+        cache.commit("alice", one, short)
+    assert not short.exists() and not cache.has("alice", one)
+    whole = cache.partial("alice", one)
     whole.write_bytes(b"abcde")
-    cache.commit(one, whole)
-    assert cache.has(one) and not whole.exists()
+    cache.commit("alice", one, whole)
+    assert cache.has("alice", one) and not whole.exists()
+    assert not cache.has("bob", one)  # another user's cache is not theirs
+    assert cache.path("alice", one).samefile(blobs.path(hashlib.sha256(b"abcde").hexdigest()))
     listing = [Listed("a.txt", one)]
-    assert cache.view(listing) is None
-    view = cache.make_view(listing)
+    view = cache.make_view("alice", listing)
     assert (view / "a.txt").read_bytes() == b"abcde"
-    assert cache.make_view(listing) == view == cache.view(listing)
+    assert cache.make_view("alice", listing) == view
     changed = [Listed("a.txt", one._replace(etag="e2"))]
     assert cache.view_name(changed) != cache.view_name(listing)  # a new ETag: a new view
-    assert list(cache.tmp.iterdir()) == []
+    versioned = [Listed("a.txt", one._replace(version="v2"))]
+    assert cache.view_name(versioned) != cache.view_name(listing)  # a new version too
+    assert list((cache.user_dir("alice") / "tmp").iterdir()) == []
+    cache.close()
+
+
+def test_a_partial_object_of_a_changed_identity_is_dropped(tmp_path: Path):
+    cache = ObjectCache(tmp_path / "objects", _blobs(tmp_path))
+    old = ObjectId("aws", "bkt", "big.bin", "e1", 10)
+    part = cache.partial("alice", old)
+    part.write_bytes(b"12345")
+    assert cache.partial_bytes(cache.partial("alice", old), old) == 5  # the same: kept
+    new = old._replace(etag="e2")
+    assert cache.partial_bytes(cache.partial("alice", new), new) == 0
+    assert not part.exists()
+    cache.close()

@@ -1,0 +1,282 @@
+"""The object cache behind `--data s3://...`, against moto's S3 server (test_bucket_data's):
+bounded by `object_cache_size` (the least recently used prefix no job needs goes first),
+listed by `gpuhop data ls`, collected by `gpuhop gc`; identical bytes stored once for two
+users, each reading them only through their own credentials; versioned buckets; and a fetch
+interrupted by an agent SIGKILL or a server gone resuming with a ranged read."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuhop.api import JobState
+from gpuhop.client import Client
+from gpuhop.home import read_pid
+from tests.conftest import Agent, wait_until
+from tests.integration import test_tls
+from tests.integration.test_bucket_data import S3, s3  # noqa: F401  (the server fixture)
+from tests.team import team_agent, team_tokens
+from tests.throttle import Link
+
+pytestmark = pytest.mark.timeout(180)
+
+remote = test_tls.remote
+CACHE = "gpuhop-cache"
+MiB = 1 << 20
+PIECES = {f"{p}/blob.bin": os.urandom(2 * MiB) for p in ("a", "b", "c")}
+PIECES["shared/one.bin"] = os.urandom(MiB)
+PIECES["shared/two.txt"] = b"two\n"
+
+# Prints each file of $GPUHOP_DATA/NAME (path, size, sha256).
+READ = """\
+import hashlib, os, sys
+root = os.path.join(os.environ["GPUHOP_DATA"], sys.argv[1])
+for dirpath, dirs, files in sorted(os.walk(root)):
+    for name in sorted(files):
+        data = open(os.path.join(dirpath, name), "rb").read()
+        print("file", os.path.relpath(os.path.join(dirpath, name), root), len(data),
+              hashlib.sha256(data).hexdigest(), flush=True)
+"""
+# Reads its data again and again until cancelled.
+HOLD = """\
+import hashlib, os, time
+root = os.path.join(os.environ["GPUHOP_DATA"], "a")
+while True:
+    print("read", hashlib.sha256(open(os.path.join(root, "blob.bin"), "rb").read()).hexdigest(),
+          flush=True)
+    time.sleep(0.1)
+"""
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _secrets(client: Client, url: str, key_id: str, secret: str) -> None:
+    for name, value in (
+        ("AWS_ACCESS_KEY_ID", key_id),
+        ("AWS_SECRET_ACCESS_KEY", secret),
+        ("AWS_ENDPOINT_URL", url),
+        ("AWS_REGION", "us-east-1"),
+    ):
+        client.set_secret(name, value)
+
+
+def _iam_user(server: S3, name: str, actions: list[str]) -> tuple[str, str]:
+    """A new IAM user on the server allowed `actions` only: its key id and secret."""
+    import boto3
+
+    iam = boto3.client(
+        "iam",
+        endpoint_url=server.url,
+        region_name="us-east-1",
+        aws_access_key_id=server.key_id,
+        aws_secret_access_key=server.secret,
+    )
+    iam.create_user(UserName=name)
+    key = iam.create_access_key(UserName=name)["AccessKey"]
+    allow = {"Effect": "Allow", "Action": actions, "Resource": "*"}
+    iam.put_user_policy(
+        UserName=name,
+        PolicyName="some",
+        PolicyDocument=json.dumps({"Version": "2012-10-17", "Statement": [allow]}),
+    )
+    iam.close()
+    return key["AccessKeyId"], key["SecretAccessKey"]
+
+
+@pytest.fixture(scope="module")
+def pieces(s3: S3) -> S3:  # noqa: F811
+    client = s3.client()
+    client.create_bucket(Bucket=CACHE)
+    for key, data in PIECES.items():
+        client.put_object(Bucket=CACHE, Key=key, Body=data)
+    client.close()
+    return s3
+
+
+@pytest.fixture(scope="module")
+def tls_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Agent]:
+    """A team agent whose object cache holds 5 MiB, and whose gc takes any cached prefix
+    no job needs."""
+    root = Path(tmp_path_factory.mktemp("cache-agent"))
+    config = 'object_cache_size = "5MiB"\nobject_keep_days = 0\n'
+    with team_agent(root, 0, "--gc-every-hours", "0", config=config) as agent:
+        yield agent
+
+
+@pytest.fixture(scope="module")
+def tokens(tls_agent: Agent) -> dict[str, str]:
+    return team_tokens(tls_agent)
+
+
+def _lines(job_output: bytes) -> list[str]:
+    return sorted(ln for ln in job_output.decode().splitlines() if ln.startswith("file "))
+
+
+def _expected(prefix: str, objects: dict[str, bytes]) -> list[str]:
+    return sorted(
+        f"file {k[len(prefix) :]} {len(v)} {_sha(v)}"
+        for k, v in objects.items()
+        if k.startswith(prefix)
+    )
+
+
+def test_the_least_recently_used_prefix_no_job_needs_goes_and_gc_takes_the_rest(
+    tls_agent: Agent, pieces: S3, project
+):
+    root = project({"read.py": READ, "hold.py": HOLD})
+    with tls_agent.client() as owner:
+        _secrets(owner, pieces.url, pieces.key_id, pieces.secret)
+        holder = owner.submit("hold.py", workdir=root, data=[f"s3://{CACHE}/a:a"])
+        wait_until(lambda: b"read" in b"".join(holder.logs()), timeout=60)
+        for name in ("c", "b"):  # c is cached, then b needs its room: c goes, not a
+            done = owner.submit(["read.py", name], workdir=root, data=[f"s3://{CACHE}/{name}"])
+            assert done.wait(timeout=60).end_class == "succeeded", done.info.reason
+        listed = owner.data.cached()
+        assert [(c.url, c.objects, c.bytes, c.in_use) for c in listed] == [
+            (f"s3://{CACHE}/b/", 1, 2 * MiB, False),
+            (f"s3://{CACHE}/a/", 1, 2 * MiB, True),
+        ]
+        shown = tls_agent.cli("data", "ls")
+        assert f"s3://{CACHE}/a/ ({pieces.url})" in shown.stdout, shown.stdout
+        # The job still reads its data whole after the eviction.
+        offset = len(b"".join(holder.logs()))
+        wait_until(lambda: b"read" in b"".join(holder.logs(offset=offset)), timeout=30)
+        holder.cancel()
+        out = b"".join(holder.logs()).decode().split()
+        assert {w for w, _ in zip(out[1::2], out[::2], strict=True)} == {_sha(PIECES["a/blob.bin"])}
+
+        # Larger than the whole cache: refused in so many words, not fetched.
+        huge = owner.submit(["read.py", "t"], workdir=root, data=["s3://gpuhop-train/train:t"])
+        ended = huge.wait(timeout=60)
+        assert ended.end_class == "data-error" and "object_cache_size" in (ended.reason or "")
+
+        would = json.loads(tls_agent.cli("gc", "--dry-run", "--json").stdout)
+        assert would["freed"]["objects"] == {"count": 2, "bytes": 4 * MiB}
+        assert len(owner.data.cached()) == 2
+        before = would["usage"]["storage_bytes"]
+        done = owner.gc()
+        assert (done.freed["objects"].count, done.freed["objects"].bytes) == (2, 4 * MiB)
+        assert before > 4 * MiB > 3 * MiB > done.usage.storage_bytes  # counted, then gone
+        assert json.loads(tls_agent.cli("data", "ls", "--cached", "--json").stdout) == []
+        assert list(tls_agent.home.glob("objects/*/by-id/*")) == []
+
+
+def test_two_users_store_the_same_bytes_once_and_each_reads_through_their_own_credentials(
+    tls_agent: Agent, pieces: S3, tokens: dict[str, str], remote: Callable[..., Client], project
+):
+    root = project({"read.py": READ})
+    alice, bob, carol = (remote(tokens[u]) for u in ("alice", "bob", "carol"))
+    _secrets(alice, pieces.url, pieces.key_id, pieces.secret)
+    _secrets(bob, pieces.url, *_iam_user(pieces, "bob", ["s3:*"]))
+    # May list the bucket, not read its objects: the cache must not read for it.
+    _secrets(carol, pieces.url, *_iam_user(pieces, "lister", ["s3:ListBucket"]))
+    shared = f"s3://{CACHE}/shared:shared"
+    expected = _expected("shared/", PIECES)
+    first = alice.submit(["read.py", "shared"], workdir=root, data=[shared])
+    assert first.wait(timeout=60).end_class == "succeeded", first.info.reason
+    assert _lines(b"".join(first.logs())) == expected
+    mark = pieces.mark()
+    second = bob.submit(["read.py", "shared"], workdir=root, data=[shared])
+    assert second.wait(timeout=60).end_class == "succeeded", second.info.reason
+    assert _lines(b"".join(second.logs())) == expected
+    # Bob's own credentials read each object (nothing tells him Alice has it) ...
+    assert sorted(r for r in pieces.requests(mark) if r.startswith(f"GET /{CACHE}/shared/")) == [
+        f"GET /{CACHE}/shared/one.bin",
+        f"GET /{CACHE}/shared/two.txt",
+    ]
+    # ... and the disk holds the bytes once: both users' files are the one blob.
+    big = [p for p in tls_agent.home.glob("objects/*/views/*/one.bin")]
+    assert len(big) == 2 and big[0].samefile(big[1])
+    assert big[0].samefile(
+        tls_agent.paths.blobs / _sha(PIECES["shared/one.bin"])[:2] / _sha(PIECES["shared/one.bin"])
+    )
+    assert big[0].stat().st_nlink == 5  # the blob, each user's by-id entry and view
+
+    refused = carol.submit(["read.py", "shared"], workdir=root, data=[shared]).wait(timeout=60)
+    assert refused.end_class == "data-error" and "AccessDenied" in (refused.reason or "")
+    # Each user sees their own cached prefixes only.
+    assert [c.url for c in carol.data.cached()] == []
+    assert [c.url for c in bob.data.cached()] == [f"s3://{CACHE}/shared/"]
+
+
+def test_a_versioned_bucket_caches_each_version_by_its_version_id(
+    tls_agent: Agent, pieces: S3, tokens: dict[str, str], remote: Callable[..., Client], project
+):
+    root = project({"read.py": READ})
+    alice = remote(tokens["alice"])
+    _secrets(alice, pieces.url, pieces.key_id, pieces.secret)
+    client = pieces.client()
+    client.create_bucket(Bucket="gpuhop-versioned")
+    client.put_bucket_versioning(
+        Bucket="gpuhop-versioned", VersioningConfiguration={"Status": "Enabled"}
+    )
+    seen = []
+    for text in (b"one\n", b"two\n"):
+        put = client.put_object(Bucket="gpuhop-versioned", Key="v/data.txt", Body=text)
+        mark = pieces.mark()
+        job = alice.submit(["read.py", "v"], workdir=root, data=["s3://gpuhop-versioned/v"])
+        assert job.wait(timeout=60).end_class == "succeeded", job.info.reason
+        seen += _lines(b"".join(job.logs()))
+        gets = [r for r in pieces.requests(mark) if r.startswith("GET /gpuhop-versioned/v/")]
+        assert gets == [f"GET /gpuhop-versioned/v/data.txt?versionId={put['VersionId']}"]
+    assert seen == [f"file data.txt 4 {_sha(text)}" for text in (b"one\n", b"two\n")]
+    client.close()
+
+
+def test_an_interrupted_fetch_goes_on_from_where_it_stopped(make_agent, s3: S3, project):  # noqa: F811
+    """A SIGKILL of the agent, then a server gone for good (the job ends as data-error) and
+    back (the next job): each time the next read asks only for the bytes not yet here."""
+    agent = make_agent()
+    root = project({"read.py": READ})
+    data = {"one/one.bin": os.urandom(2 * MiB), "two/two.bin": os.urandom(2 * MiB)}
+    client = s3.client()
+    client.create_bucket(Bucket="gpuhop-slow")
+    for key, body in data.items():
+        client.put_object(Bucket="gpuhop-slow", Key=key, Body=body)
+    client.close()
+    host, port = re.match(r"http://(.+):(\d+)", s3.url).groups()  # type: ignore[union-attr]
+    partials = lambda: [p for p in agent.home.glob("objects/*/partial/*")]  # noqa: E731
+
+    def partly(least: int) -> bool:
+        return any(p.stat().st_size >= least for p in partials())
+
+    with Link((host, int(port)), rate=2 * MiB) as link, agent.client() as user:
+        _secrets(user, link.url, s3.key_id, s3.secret)
+        job = user.submit(["read.py", "one"], workdir=root, data=["s3://gpuhop-slow/one"])
+        wait_until(lambda: partly(MiB // 4), timeout=30)
+        os.kill(agent.pid, signal.SIGKILL)
+        wait_until(lambda: read_pid(agent.paths) is None, timeout=10)
+        had = max(p.stat().st_size for p in partials())
+        sent = len(link.sent())
+        agent.start()
+        assert job.wait(timeout=60).end_class == "succeeded", job.info.reason
+        assert _lines(b"".join(job.logs())) == [
+            f"file one.bin {2 * MiB} {_sha(data['one/one.bin'])}"
+        ]
+        ranges = re.findall(r"(?i)\nrange: bytes=(\d+)-\r\n", link.sent()[sent:])
+        assert len(ranges) == 1 and had <= int(ranges[0]) < 2 * MiB, ranges
+        assert partials() == []
+
+        two = ["s3://gpuhop-slow/two"]
+        gone = user.submit(["read.py", "two"], workdir=root, data=two)
+        wait_until(lambda: partly(MiB // 4), timeout=30)
+        link.cut()
+        ended = gone.wait(timeout=60)
+        assert ended.state == JobState.failed and ended.end_class == "data-error"
+        assert "two/two.bin" in (ended.reason or "") and "tried 3 times" in (ended.reason or "")
+        had = max(p.stat().st_size for p in partials())  # kept for the next try
+        link.mend()
+        sent = len(link.sent())
+        again = user.submit(["read.py", "two"], workdir=root, data=two)
+        assert again.wait(timeout=60).end_class == "succeeded", again.info.reason
+        ranges = re.findall(r"(?i)\nrange: bytes=(\d+)-\r\n", link.sent()[sent:])
+        assert len(ranges) == 1 and int(ranges[0]) == had, ranges
