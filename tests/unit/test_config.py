@@ -64,3 +64,15 @@ def test_the_slurm_section_sets_node_local_scratch(tmp_path):
     (tmp_path / "agent.toml").write_text('[slurm]\nscratch = "scratch"\n')
     with pytest.raises(PolicyError, match=r"\[slurm\] scratch = 'scratch': give an absolute"):
         load(tmp_path)
+
+
+def test_the_object_cache_is_bounded_by_default_in_the_units_other_sizes_take(tmp_path):
+    assert Policy().object_cache_size == 100 << 30
+    (tmp_path / "agent.toml").write_text('object_cache_size = "512MiB"\nobject_keep_days = 2\n')
+    policy = load(tmp_path)
+    assert (policy.object_cache_size, policy.object_keep_days) == (512 << 20, 2.0)
+    (tmp_path / "agent.toml").write_text('object_cache_size = "none"\n')
+    assert load(tmp_path).object_cache_size is None
+    (tmp_path / "agent.toml").write_text('object_cache_size = "plenty"\n')
+    with pytest.raises(PolicyError, match="object_cache_size = 'plenty': cannot read"):
+        load(tmp_path)
