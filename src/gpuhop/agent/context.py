@@ -26,6 +26,7 @@ from gpuhop.agent.storage.claims import ClaimStore
 from gpuhop.agent.storage.datasets import DatasetStore
 from gpuhop.agent.storage.envs import EnvStore
 from gpuhop.agent.storage.objectcache import ObjectCache
+from gpuhop.agent.storage.references import blob_users
 from gpuhop.agent.storage.secrets import SecretStore
 from gpuhop.agent.storage.trees import TreeStore
 from gpuhop.agent.storage.usage import DiskMeter
@@ -168,9 +169,7 @@ class AgentContext:
     def blob_users(self) -> set[str]:
         """The blobs that job trees and datasets name (the object cache's eviction leaves
         those on disk)."""
-        from gpuhop.agent.services.gc import blob_users
-
-        return blob_users(self)
+        return blob_users(self.paths.jobs, self.datasets)
 
     def masked(self, job: JobRecord, text: str) -> str:
         """`text` with every value of `job`'s user's secrets shown as ***."""

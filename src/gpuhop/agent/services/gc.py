@@ -36,19 +36,18 @@ claim is kept only for what is stored, so `claims.db` does not grow without boun
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Iterable
 from pathlib import Path
 
 from gpuhop.agent.config import Policy
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.jobs.store import JobNotFound
 from gpuhop.agent.services.deps import in_use
+from gpuhop.agent.storage.references import dataset_chunks, job_references
 from gpuhop.agent.storage.usage import tree_bytes
 from gpuhop.api import JobState
 from gpuhop.api.upkeep import Freed, GcReport
@@ -78,7 +77,7 @@ def collect(
     with rt.gc_lock:
         freed = {kind: Freed() for kind in ("jobs", "trees", "blobs", "temp", "envs", "objects")}
         gone = _prune_jobs(rt, policy, now, cutoff, dry_run, freed["jobs"])
-        job_trees, live_blobs = _job_references(rt, gone)
+        job_trees, live_blobs = job_references(rt.paths.jobs, gone)
         removed_trees = []
         for digest in rt.trees.digests():
             if digest in job_trees:
@@ -96,7 +95,7 @@ def collect(
             for digest in rt.checkouts.digests():
                 if digest not in kept:
                     rt.checkouts.remove(digest)
-        live_blobs |= _dataset_chunks(rt) | rt.objects.shas()
+        live_blobs |= dataset_chunks(rt.datasets) | rt.objects.shas()
         # Listed before anything is looked at: a claim comes after what it is about is
         # stored, so one made from here on is about something kept, and is left alone.
         claimed = [] if dry_run else rt.claims.digests("blob")
@@ -118,7 +117,7 @@ def collect(
         prefixes, size = rt.objects.collect(
             rt.fetches.keep(),
             now - policy.object_keep_days * 86400,
-            lambda: _job_references(rt, gone)[1] | _dataset_chunks(rt),
+            lambda: job_references(rt.paths.jobs, gone)[1] | dataset_chunks(rt.datasets),
             dry_run,
         )
         freed["objects"].count += prefixes
@@ -208,39 +207,6 @@ def _has_row(rt: AgentContext, job_id: str) -> bool:
     except JobNotFound:
         return False
     return True
-
-
-def _job_references(rt: AgentContext, gone: Iterable[str]) -> tuple[set[str], set[str]]:
-    """The trees that remaining job dirs hold copies of, and the blobs those name."""
-    skip = set(gone)
-    trees: set[str] = set()
-    blobs: set[str] = set()
-    for tree in rt.paths.jobs.glob("*/tree.json"):
-        if tree.parent.name in skip:
-            continue
-        try:
-            raw = tree.read_bytes()
-            entries = json.loads(raw)["entries"]
-        except (OSError, ValueError, KeyError):
-            continue
-        trees.add(hashlib.sha256(raw).hexdigest())
-        blobs.update(e["digest"] for e in entries)
-    return trees, blobs
-
-
-def blob_users(rt: AgentContext) -> set[str]:
-    """The blobs that job dirs' trees and dataset versions name."""
-    return _job_references(rt, ())[1] | _dataset_chunks(rt)
-
-
-def _dataset_chunks(rt: AgentContext) -> set[str]:
-    chunks: set[str] = set()
-    for name in rt.datasets.names():
-        for version in rt.datasets.versions(name):
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                for f in rt.datasets.manifest(name, version):
-                    chunks.update(f["chunks"])
-    return chunks
 
 
 def _sweep_temp(tmp: Path, cutoff: float, dry_run: bool, tally: Freed) -> None:
