@@ -10,6 +10,7 @@ import pytest
 
 from gpuhop.agent.jobs.fetches import Fetch
 from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.envs import EnvError, check_python
 from gpuhop.agent.storage.objectcache import Listed, ObjectCache, ObjectId
 from gpuhop.api.models import SubmitRequest
 from gpuhop.api.spec import DataSource, JobSpec
@@ -82,7 +83,7 @@ def _blobs(root: Path) -> BlobStore:
 
 def test_the_cache_takes_whole_objects_as_blobs_and_makes_one_view_per_listing(tmp_path: Path):
     blobs = _blobs(tmp_path)
-    cache = ObjectCache(tmp_path / "objects", blobs)
+    cache = ObjectCache(tmp_path / "objects", tmp_path / "objects.db", blobs)
     assert cache.user_dir("bob") != cache.user_dir("alice")
     one = ObjectId("aws", "bkt", "train/a.txt", "e1", 5)
     short = cache.partial("alice", one)
@@ -109,7 +110,7 @@ def test_the_cache_takes_whole_objects_as_blobs_and_makes_one_view_per_listing(t
 
 
 def test_a_partial_object_of_a_changed_identity_is_dropped(tmp_path: Path):
-    cache = ObjectCache(tmp_path / "objects", _blobs(tmp_path))
+    cache = ObjectCache(tmp_path / "objects", tmp_path / "objects.db", _blobs(tmp_path))
     old = ObjectId("aws", "bkt", "big.bin", "e1", 10)
     part = cache.partial("alice", old)
     part.write_bytes(b"12345")
@@ -118,3 +119,12 @@ def test_a_partial_object_of_a_changed_identity_is_dropped(tmp_path: Path):
     assert cache.partial_bytes(cache.partial("alice", new), new) == 0
     assert not part.exists()
     cache.close()
+
+
+def test_nothing_under_the_object_cache_is_taken_as_an_interpreter(tmp_path: Path):
+    fake = tmp_path / "objects" / "u" / "views" / "v" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    with pytest.raises(EnvError, match="lies among what users sent to the agent"):
+        check_python(str(fake), tmp_path)

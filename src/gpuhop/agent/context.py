@@ -91,7 +91,7 @@ class AgentContext:
         # The TCP listener, when the daemon opened one.
         self.listener: ListenerInfo | None = None
         # Queued jobs' buckets' data, fetched while they wait (see gpuhop.agent.jobs.fetches).
-        self.objects = ObjectCache(paths.home / "objects", self.blobs)
+        self.objects = ObjectCache(paths.home / "objects", paths.home / "objects.db", self.blobs)
         self.fetches = Fetches(
             paths,
             self.store,

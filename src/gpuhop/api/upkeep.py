@@ -17,7 +17,7 @@ class Freed(WireModel):
 class DiskUsage(WireModel):
     """Bytes in use and the quotas on them (None: no quota)."""
 
-    storage_bytes: int = Field(ge=0, description="blobs, trees and datasets")
+    storage_bytes: int = Field(ge=0, description="blobs, trees, datasets, cached objects")
     storage_quota: int | None = None
     jobs_bytes: int = Field(ge=0, description="job dirs: work, logs, metrics, artifacts")
     jobs_quota: int | None = None

@@ -55,7 +55,7 @@ def _version(python: str, mtime_ns: int) -> str:
 
 
 # Dirs of the state dir that hold what users sent or their jobs wrote.
-USERS_FILES = ("jobs", "blobs", "trees", "checkouts", "datasets", "envs", "users", "tmp")
+USERS_FILES = ("jobs", "blobs", "trees", "checkouts", "datasets", "envs", "users", "tmp", "objects")
 
 
 def check_python(python: str, home: Path) -> str:

@@ -22,12 +22,13 @@ listed size, becomes a blob: no job ever sees part of one.
 digest of the listing it shows, in `objects/USER/views/`, bound read-only into the job as a
 dataset's tree is. An unchanged listing finds its view and costs no download and no link.
 
-**Index and bounds.** `objects/cache.db` records, per user, each object's blob, each view's
-objects, and each prefix (its source URL, its latest view, size, last use) for `gpuhop data
-ls`. The whole cache is bounded (`object_cache_size`): before a fetch downloads, the least
-recently used prefixes that no queued or running job needs (and no fetch under way) go
-until the new bytes fit; `gpuhop gc` removes those unused for `object_keep_days`. Every
-user's rows are theirs alone: answers show a user their own prefixes only.
+**Index and bounds.** `objects.db` (beside `objects/`) records, per user, each object's
+blob, each view's objects, and each prefix (its source URL, its latest view, size, last use)
+for `gpuhop data ls`. The whole cache is bounded (`object_cache_size`): before a fetch
+downloads, the least recently used prefixes that no queued or running job needs (and no
+fetch under way) go until the new bytes fit; `gpuhop gc` removes those unused for
+`object_keep_days`. Every user's rows are theirs alone: answers show a user their own
+prefixes only.
 """
 
 from __future__ import annotations
@@ -123,17 +124,19 @@ class ObjectCache:
     """The agent's object cache. Thread-safe: files change by renames of whole files or
     trees, and the index and eviction go under one lock."""
 
-    def __init__(self, root: Path, blobs: BlobStore):
+    def __init__(self, root: Path, index: Path, blobs: BlobStore):
+        """The cache in `root`, its index the database `index` (outside `root`: what the
+        storage quota counts is the objects)."""
         self.root = root
         self.blobs = blobs
         root.mkdir(mode=0o700, exist_ok=True)
         self._lock = threading.RLock()
         self._made: set[str] = set()  # users whose dirs exist
-        self._db = sqlite3.connect(root / "cache.db", check_same_thread=False, isolation_level=None)
+        self._db = sqlite3.connect(index, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
-        (root / "cache.db").chmod(0o600)
+        index.chmod(0o600)
 
     def close(self) -> None:
         with self._lock:
