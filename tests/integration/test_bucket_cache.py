@@ -16,12 +16,20 @@ from pathlib import Path
 
 import pytest
 
+from gpuhop.agent.storage import buckets
+from gpuhop.agent.storage.buckets import BucketError, Credentials
+from gpuhop.agent.storage.objectcache import PART, ObjectId
 from gpuhop.api import JobState
 from gpuhop.client import Client
 from gpuhop.home import read_pid
 from tests.conftest import Agent, wait_until
 from tests.integration import test_tls
-from tests.integration.test_bucket_data import S3, s3  # noqa: F401  (the server fixture)
+from tests.integration.test_bucket_data import (  # the server fixture, and what it holds
+    BUCKET,
+    OBJECTS,
+    S3,
+    s3,  # noqa: F401
+)
 from tests.team import team_agent, team_tokens
 from tests.throttle import Link
 
@@ -67,6 +75,10 @@ def _secrets(client: Client, url: str, key_id: str, secret: str) -> None:
         ("AWS_REGION", "us-east-1"),
     ):
         client.set_secret(name, value)
+
+
+def _keys(server: S3) -> dict[str, str]:
+    return {"AWS_ACCESS_KEY_ID": server.key_id, "AWS_SECRET_ACCESS_KEY": server.secret}
 
 
 def _iam_user(server: S3, name: str, actions: list[str]) -> tuple[str, str]:
@@ -280,3 +292,32 @@ def test_an_interrupted_fetch_goes_on_from_where_it_stopped(make_agent, s3: S3, 
         assert again.wait(timeout=60).end_class == "succeeded", again.info.reason
         ranges = re.findall(r"(?i)\nrange: bytes=(\d+)-\r\n", link.sent()[sent:])
         assert len(ranges) == 1 and int(ranges[0]) == had, ranges
+
+
+def test_a_large_objects_download_reads_only_the_parts_not_yet_written(s3: S3, tmp_path: Path):  # noqa: F811
+    """The fetch's reader itself (what the agent runs), against the server through a link
+    that shows the requests: part 0 of the 17 MiB object is here and noted, the rest is
+    read in ranged parts; a changed object (another ETag) is refused, not mixed in."""
+    data = OBJECTS["train/big.bin"]
+    host, port = re.match(r"http://(.+):(\d+)", s3.url).groups()  # type: ignore[union-attr]
+    with Link((host, int(port)), rate=1 << 30) as link:
+        creds = Credentials("me", {"AWS_ENDPOINT_URL": link.url, **_keys(s3)}, own_config=False)
+        client = buckets.client(creds, 4)
+        direct = s3.client()
+        etag = direct.head_object(Bucket=BUCKET, Key="train/big.bin")["ETag"].strip('"')
+        direct.close()
+        oid = ObjectId(link.url, BUCKET, "train/big.bin", etag, len(data))
+        part = tmp_path / "partial"
+        part.write_bytes(data[:PART] + bytes(len(data) - PART))  # part 0 whole, the rest not
+        (tmp_path / "partial.parts").write_text("0\n")
+        came: list[int] = []
+        buckets.download(client, oid, part, came.append)
+        assert part.read_bytes() == data and sum(came) == len(data) - PART
+        ranges = set(re.findall(r"(?i)\nrange: bytes=(\d+-\d+)\r\n", link.sent()))
+        assert ranges == {f"{PART}-{2 * PART - 1}", f"{2 * PART}-{len(data) - 1}"}
+
+        (tmp_path / "partial.parts").write_text("0\n")
+        with pytest.raises(BucketError, match="PreconditionFailed") as refused:
+            buckets.download(client, oid._replace(etag="0" * 32), part, came.append)
+        assert not refused.value.transient
+        client.close()
