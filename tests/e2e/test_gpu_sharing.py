@@ -145,8 +145,9 @@ print("user: importing tensorflow", flush=True)
 import tensorflow as tf
 import sys
 import gpuhop.runtime.hook as hook
-# (JAX's exit report too, where Keras imports JAX, as it does when JAX is installed.)
-print("user: hook applied", sorted(set(hook.applied) - {"jax_memory_at_exit"}), flush=True)
+# (JAX's actions too, where TensorFlow and Keras import JAX, as they do when it is installed.)
+jax_actions = {"jax_memory_at_exit", "jax_profile_requests"}
+print("user: hook applied", sorted(set(hook.applied) - jax_actions), flush=True)
 # Where the hook makes set_memory_growth harmless under a cap, in the real TensorFlow.
 assert callable(sys.modules["tensorflow.python.eager.context"].context().set_memory_growth)
 # The hook ran no op: device settings, which fail after the first op, still work here.
@@ -193,9 +194,11 @@ def test_the_hook_caps_tensorflow_in_an_unmodified_script_run_through_the_agent(
         "user sitecustomize ran",
         "user: importing tensorflow",
         # TensorFlow imports Keras, whose fit the hook patches too (and whose Keras-3-only
-        # errors get a hint); tf.summary scalars are recorded as metrics.
+        # errors get a hint); tf.summary scalars are recorded as metrics; `gpuhop profile`
+        # can reach the process.
         "user: hook applied ['gpu_memory_limit', 'keras3_hints', 'keras_callbacks',"
-        " 'quiet_start', 'summary_metrics', 'tensorflow_memory_at_exit']",
+        " 'quiet_start', 'summary_metrics', 'tensorflow_memory_at_exit',"
+        " 'tensorflow_profile_requests']",
         "user: first op 3.0 on 2 CPUs",
     ]
     # Each action says what it did, before the script's next line.
