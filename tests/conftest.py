@@ -226,14 +226,18 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """After the last Ray test this process runs (its module fixtures, agents included,
-    torn down first), stop the Ray clusters its modules shared (tests/ray_backend/conftest.py)."""
+    """Once this process is done with the Ray tests (their module fixtures, agents included,
+    torn down first), stop the Ray clusters its modules shared (tests/ray_backend/conftest.py).
+    Not while the next test is in the same module: the contract suite's Ray agent, a module
+    fixture of one parameter, is torn down only as its Slurm part sets up, and it waits for
+    the cluster to be empty first."""
     try:
         return (yield)
     finally:
         ray_fixtures = sys.modules.get("tests.ray_backend.conftest")
         if ray_fixtures is not None and (
-            nextitem is None or _work_unit(nextitem.nodeid) != _work_unit(item.nodeid)
+            nextitem is None
+            or (_work_unit(nextitem.nodeid) != "ray" and nextitem.path != item.path)
         ):
             ray_fixtures.stop_kept_clusters()
 
