@@ -131,6 +131,7 @@ def test_nothing_outside_a_jobs_own_dirs_is_writable(tls_agent, remote, tokens, 
     own = {
         str(p) for p in (jp.work, jp.artifacts, jp.checkpoints, jp.log, jp.metrics, jp.provenance)
     }
+    own.add(str(jp.control))  # where its processes make their `gpuhop profile` FIFOs
     own |= {"/tmp", "/var/tmp", "/dev/shm", report["home"]}
     own.add("/proc")  # the job's own PID namespace's; the kernel's files in it are root's
     assert set(report["rw_mounts"]) <= own, set(report["rw_mounts"]) - own
