@@ -128,7 +128,10 @@ def srun_probe(python: str, nodes: int) -> ProbeNodes:
 
     def probe(check: dict[str, Any]) -> list[dict[str, Any]]:
         argv = ["srun", "--quiet", f"--nodes={nodes}", f"--ntasks={nodes}", "--ntasks-per-node=1"]
-        argv += ["--kill-on-bad-exit=1", "--export=ALL", python, "-m", __name__]
+        # --overlap: the check holds none of the allocation's CPUs for the workers' step that
+        # follows. Without it, a busy node's slurmd still tearing the check's step down kept
+        # the workers' step waiting ("Requested nodes are busy") for as long as that took.
+        argv += ["--overlap", "--kill-on-bad-exit=1", "--export=ALL", python, "-m", __name__]
         argv.append(json.dumps(check))
         try:
             out = subprocess.run(
