@@ -6,6 +6,7 @@ job one listing and a changed object only itself, and a bad secret or bucket end
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -23,6 +24,7 @@ from tests.conftest import Agent
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
+TransferConfig = pytest.importorskip("boto3.s3.transfer").TransferConfig
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,12 +33,15 @@ OBJECTS = {
     "train/a.txt": b"alpha\n",
     "train/sub dir/\u00e9t\u00e9 \u00f1.txt": "\u00e9t\u00e9 \u00f1\n".encode(),
     "train/deep/er/b.bin": os.urandom(3000),
-    # Past the single-GET size: read in ranged parts by the transfer manager.
+    # Past the single-GET size: read in ranged parts. Uploaded in 5 MiB parts, so its ETag is
+    # a multipart one ("MD5-OF-PART-MD5S-4"), not the MD5 of its bytes.
     "train/big.bin": os.urandom(17 << 20),
     "train/": b"",  # a folder marker: no file
     "train2/not-this.txt": b"a sibling prefix, not under train/\n",
     "other/x.txt": b"elsewhere\n",
 }
+
+MULTIPART = TransferConfig(multipart_threshold=5 << 20, multipart_chunksize=5 << 20)
 
 # Lists the data it sees (path, size, sha256) and whether it can write there.
 JOB = """\
@@ -110,7 +115,11 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
         client = found.client()
         client.create_bucket(Bucket=BUCKET)
         for name, data in OBJECTS.items():
-            client.put_object(Bucket=BUCKET, Key=name, Body=data)
+            if len(data) > MULTIPART.multipart_threshold:
+                client.upload_fileobj(io.BytesIO(data), BUCKET, name, Config=MULTIPART)
+                assert client.head_object(Bucket=BUCKET, Key=name)["ETag"].endswith('-4"')
+            else:
+                client.put_object(Bucket=BUCKET, Key=name, Body=data)
         iam.close()
         client.close()
         yield found
