@@ -29,7 +29,9 @@ def probe() -> dict[str, object]:
         "python_version": platform.python_version(),
         # Where it ran (a cluster's node, by the scheduler's name for it), and the GPUs the
         # scheduler gave it there (None: not set, all of the host's).
-        "node": os.environ.get("SLURMD_NODENAME") or platform.node(),
+        "node": os.environ.get("SLURMD_NODENAME")
+        or os.environ.get("GPUHOP_PROBE_NODE")  # Ray's node: set by the task that runs it
+        or platform.node(),
         "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
         # Found, not imported: importing tf_keras would take seconds for nothing.
         "tf_keras": _version("tf-keras") if importlib.util.find_spec("tf_keras") else None,

@@ -40,6 +40,8 @@ SPEC_NAME = "ray.json"
 PROBE_TIMEOUT = 60.0
 # Seconds a cancelled job's leader gets after the grace to clean up on the cluster.
 CLEAN_UP_SECONDS = 30.0
+DOCTOR_WAIT = 30  # seconds doctor's probe waits for the cluster to place it on a node
+DOCTOR_LIMIT = 120  # seconds it may then run there (doctor gives the whole PROBE_TIMEOUT)
 TF_PORTS_NOTE = (
     "multi-worker jobs on the Ray cluster talk over TensorFlow's gRPC, which has no"
     " authentication and listens on every interface of each node while the job runs; a"
@@ -210,7 +212,22 @@ class RayBackend(LeaderBackend):
         return runs_on_ray(jp)
 
     def doctor_command(self, argv: list[str]) -> list[str] | None:
-        return None  # not yet through Ray: the agent's host is not where jobs run
+        """A Ray driver on this host (gpuhop.backends.ray.doctor) that runs `argv` as one
+        task on a node, with one GPU where the cluster has any, placed within DOCTOR_WAIT
+        seconds or not at all (a busy cluster is said, not waited on)."""
+        spec = {
+            "address": self.address,
+            "gpus": 1 if any(n["gpus"] for n in self.nodes) else 0,
+            "wait": DOCTOR_WAIT,
+            "limit": DOCTOR_LIMIT,
+        }
+        # doctor runs it in its own environment: the token as the leaders get it.
+        env = ["env", f"RAY_AUTH_MODE={self.ray_env['RAY_AUTH_MODE']}"]
+        if self.token_file is not None:
+            env[1:1] = ["-u", "RAY_AUTH_TOKEN"]
+            env.append(f"RAY_AUTH_TOKEN_PATH={Path(self.token_file).absolute()}")
+        driver = [self.python, "-m", "gpuhop.backends.ray.doctor", json.dumps(spec)]
+        return [*env, *driver, "--", *argv]
 
     def stop(self, jp: JobPaths, started: Started, grace: float) -> float:
         """Tell the job's leader its grace, then SIGTERM; return how long to wait before

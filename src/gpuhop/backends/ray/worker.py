@@ -8,6 +8,9 @@ dirs, and answers the leader's polls with new log bytes, new metrics lines and, 
 process has ended and its log is drained, how it ended. The actor never runs user code in
 its own process.
 
+`check_here` is `gpuhop doctor`'s probe on a node, run as one Ray task rather than in a
+worker: in the same environment a job's worker gives its job.
+
 The subprocess is started through a small exec wrapper that asks the kernel to kill it
 when the actor's process dies (PR_SET_PDEATHSIG), so a killed actor (`ray.kill`, a dead
 leader whose actors Ray reaps) does not leave the job running on the node. The actor
@@ -131,16 +134,7 @@ class JobWorker:
         """The node's environment without Ray's own variables, the job's, then the contract;
         and a note for the log about it, or ""."""
         note = ""
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if not k.startswith(("RAY_", "GPUHOP_"))
-            and k not in _RAY_ONLY
-            and not (k == "PYTHONBREAKPOINT" and v.startswith("ray."))
-        }
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", QUIET_TF)
+        env = node_environment()
         env.update(spec["env"])
         env.setdefault("GPUHOP_AUTO", "1")
         env.update(
@@ -214,6 +208,72 @@ class JobWorker:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=10)
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def node_environment() -> dict[str, str]:
+    """This node's environment as every job on it starts from: without Ray's own
+    variables, with gpuhop's defaults (before the job's own variables and the GPUs)."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RAY_", "GPUHOP_"))
+        and k not in _RAY_ONLY
+        and not (k == "PYTHONBREAKPOINT" and v.startswith("ray."))
+    }
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", QUIET_TF)
+    return env
+
+
+def check_here(argv: list[str], agent: dict[str, str], limit: float) -> dict[str, Any]:
+    """Run `gpuhop doctor`'s probe (`argv`, as the agent's host names it) on this node, as
+    one Ray task (gpuhop.backends.ray.doctor), in the environment a job's worker gets here:
+    with the GPUs Ray gave the task, and for at most `limit` seconds. Its output and exit
+    code, as {"stdout", "stderr", "code"}.
+
+    The agent's paths mean nothing here: its Python (`agent["python"]`) becomes the one
+    Ray's workers run, which a job's script runs with on this node, and a file of the
+    agent's gpuhop (`agent["package"]`) becomes this node's copy of it."""
+    import ray
+
+    context = ray.get_runtime_context()
+    where = (
+        f"{socket.gethostname()} ({ray.util.get_node_ip_address()},"
+        f" Ray node {context.get_node_id()[:8]})"
+    )
+    argv = [_on_this_node(a, agent) for a in argv]
+    env = node_environment()
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(
+        str(g) for g in context.get_accelerator_ids().get("GPU", [])
+    )
+    env["GPUHOP_PROBE_NODE"] = where  # the probe says where it ran
+    with tempfile.TemporaryDirectory(prefix="gpuhop-doctor-") as cwd:
+        try:
+            done = subprocess.run(
+                [sys.executable, "-I", "-S", "-c", _EXEC_WRAPPER, str(os.getpid()), *argv],
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=limit,
+            )
+        except subprocess.TimeoutExpired:
+            why = f"the check did not finish in {limit:.0f}s on {where}"
+            return {"stdout": "", "stderr": why, "code": 124}
+        except OSError as e:
+            return {"stdout": "", "stderr": f"cannot run the check on {where}: {e}", "code": 127}
+    return {"stdout": done.stdout, "stderr": done.stderr, "code": done.returncode}
+
+
+def _on_this_node(arg: str, agent: dict[str, str]) -> str:
+    """An argument naming the agent's Python or a file of its gpuhop, as this node has it."""
+    if arg == agent["python"]:
+        return sys.executable
+    if arg.startswith(agent["package"] + os.sep):
+        return str(Path(__file__).parents[2]) + arg[len(agent["package"]) :]
+    return arg
 
 
 def _read(path: Path, offset: int, limit: int) -> bytes:
