@@ -196,3 +196,31 @@ def test_a_team_agent_beside_a_ray_node_of_its_own_user_starts_no_job(ray_agent,
         finally:
             for token in made:
                 owner.revoke_token(token.id)
+
+
+@pytest.mark.tf  # doctor's probe imports TensorFlow, on a node
+def test_doctor_checks_tensorflow_on_a_ray_node_with_advice_that_fits_ray(ray_agent, ray_cluster):
+    # The made-up GPUs' nodes: both on this host, so `gpus` names each by its Ray node id.
+    nodes = {g["node"] for g in json.loads(ray_agent.cli("gpus", "--json").stdout)}
+    ids = {m.group(1) for n in nodes if (m := re.search(r"\(([0-9a-f]{8})\)$", n))}
+    assert len(ids) == 2, nodes
+    out = ray_agent.cli("doctor", "--json")
+    checks = {c["name"]: c for c in json.loads(out.stdout)}
+    # TensorFlow was imported on a Ray node, as one task given one of the cluster's GPUs
+    # (made up: TensorFlow sees none of it), and judged against what Ray gave it there.
+    on = re.search(r" on node \S+ \(\S+, Ray node ([0-9a-f]{8})\)$", checks["TensorFlow"]["detail"])
+    assert on is not None and on.group(1) in ids, checks["TensorFlow"]
+    gpus = checks["TensorFlow sees the GPUs"]
+    assert (gpus["status"], gpus["detail"].split(" on node ")[0]) == (
+        "failed",
+        "TensorFlow sees 0 of the 1 GPU(s) Ray gave it",
+    ), gpus
+    assert f"Ray node {on.group(1)})" in gpus["detail"]
+    # Advice that fits Ray: no reinstall, srun, overlayfs or cgroup, nor the agent's host's
+    # driver and CUDA judged.
+    advice = " ".join(c["fix"] or "" for c in checks.values())
+    for local in ("reinstall", "srun", "overlayfs", "cgroup"):
+        assert local not in advice, (local, advice)
+    assert checks["NVIDIA driver"]["status"] == "skipped"
+    assert checks["CUDA version"]["status"] == "skipped"
+    wait_until(ray_cluster.empty, timeout=30)  # the check's placement group is gone

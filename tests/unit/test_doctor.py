@@ -311,3 +311,31 @@ def test_where_the_probe_cannot_run_on_the_cluster_its_checks_are_skipped():
     for name in ("TensorFlow", "CUDA version", "TensorFlow sees the GPUs", "tf-keras"):
         assert seen[name][0] == CheckStatus.skipped, name
         assert seen[name][2] is None  # no advice about the agent's host
+
+
+def test_on_ray_tensorflow_is_judged_by_the_gpu_ray_gave_the_check_with_advice_for_ray():
+    node = "gpu3 (10.0.0.3, Ray node 0a1b2c3d)"
+    ray = replace(
+        GPU_HOST,
+        gpu_source="ray",
+        driver_version=None,
+        driver_cuda=None,
+        ray=True,
+        cluster="the Ray cluster",
+        work_view="the job's files are sent to the cluster's nodes from a copy",
+        probe={**GPU_TF, "node": node, "visible": "0", "gpus": ["/physical_device:GPU:0"]},
+    )
+    seen = verdicts(ray)
+    assert seen["TensorFlow sees the GPUs"][:2] == (
+        CheckStatus.passed,
+        f"TensorFlow sees the 1 GPU(s) Ray gave it on node {node}",
+    )
+    assert seen["TensorFlow"][1].endswith(f" on node {node}")
+    assert seen["CUDA version"][0] == CheckStatus.skipped  # not the agent's host's driver
+    none = verdicts(replace(ray, probe={**ray.probe, "gpus": []}))["TensorFlow sees the GPUs"]
+    assert none[:2] == (
+        CheckStatus.failed,
+        f"TensorFlow sees 0 of the 1 GPU(s) Ray gave it on node {node}",
+    )
+    assert none[2] is not None and "on that node" in none[2]
+    assert "srun" not in none[2] and "reinstall" not in none[2]

@@ -115,7 +115,7 @@ def run_probe(
     python: str, cwd: Path, timeout: float = PROBE_TIMEOUT, command: list[str] | None = None
 ) -> dict[str, Any]:
     """Run probe.py with `python` and a job's environment (as `command`, where the backend
-    runs it elsewhere: Slurm's srun); its report, or a probe_error."""
+    runs it elsewhere: Slurm's srun, a Ray task); its report, or a probe_error."""
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
     env = {k: v for k, v in env.items() if not k.startswith("GPUHOP_")}
     env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
@@ -222,6 +222,11 @@ def _gpus_there(f: Facts) -> int:
     return len([g for g in (f.probe.get("visible") or "").split(",") if g.strip()])
 
 
+def _scheduler(f: Facts) -> str:
+    """Who gave the probe's job its GPUs on a cluster, by name ("Slurm", "Ray")."""
+    return {"slurm": "Slurm", "ray": "Ray"}.get(f.gpu_source, "the cluster")
+
+
 def _on(f: Facts) -> str:
     """Where the probe ran, for a cluster: " on node N"."""
     return f" on node {f.probe.get('node', '?')}" if f.cluster else ""
@@ -274,7 +279,7 @@ def _tensorflow(f: Facts) -> DoctorCheck:
                 CheckStatus.failed,
                 f"TensorFlow {version} is a CPU build; it cannot use"
                 + (
-                    f" the {gpus} GPU(s) Slurm gave it{_on(f)}"
+                    f" the {gpus} GPU(s) {_scheduler(f)} gave it{_on(f)}"
                     if f.cluster
                     else f" this host's {gpus} GPU(s)"
                 ),
@@ -381,19 +386,22 @@ def _tf_gpus_on_a_node(f: Facts, name: str) -> DoctorCheck:
         return _check(name, CheckStatus.failed, f"listing GPUs failed: {p.get('gpus_error')}", None)
     if len(seen) >= given:
         return _check(
-            name, CheckStatus.passed, f"TensorFlow sees the {given} GPU(s) Slurm gave it{_on(f)}"
+            name,
+            CheckStatus.passed,
+            f"TensorFlow sees the {given} GPU(s) {_scheduler(f)} gave it{_on(f)}",
         )
     fix = f"install {INSTALL_GPU_TF} in {p.get('python', 'the Python')} the nodes run"
     if p.get("cuda_build"):
+        look = "python -c 'import tensorflow as tf; tf.config.list_physical_devices()'"
+        look = f"srun --gres=gpu:1 {look}" if f.gpu_source == "slurm" else f"{look} on that node"
         fix = (
-            "check the node's CUDA libraries and LD_LIBRARY_PATH there: TF_CPP_MIN_LOG_LEVEL=0"
-            " srun --gres=gpu:1 python -c 'import tensorflow as tf;"
-            " tf.config.list_physical_devices()' says why"
+            "check the node's CUDA libraries and LD_LIBRARY_PATH there:"
+            f" TF_CPP_MIN_LOG_LEVEL=0 {look} says why"
         )
     return _check(
         name,
         CheckStatus.failed,
-        f"TensorFlow sees {len(seen)} of the {given} GPU(s) Slurm gave it{_on(f)}",
+        f"TensorFlow sees {len(seen)} of the {given} GPU(s) {_scheduler(f)} gave it{_on(f)}",
         fix,
     )
 
