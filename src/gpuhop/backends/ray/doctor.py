@@ -23,12 +23,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import gpuhop
 from gpuhop.backends.ray.probe import ProbeError, probe
 
 
 class NotChecked(Exception):
     """The check did not run (the cluster was busy, or Ray failed); the message says why."""
+
+
+# gpuhop's package dir on the agent's host (this file is gpuhop/backends/ray/doctor.py).
+PACKAGE = Path(__file__).parents[2]
 
 
 def check(spec: dict[str, Any], argv: list[str]) -> dict[str, Any]:
@@ -64,7 +67,7 @@ def check(spec: dict[str, Any], argv: list[str]) -> dict[str, Any]:
                 max_retries=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, 0),
             )
-            agent = {"python": argv[0], "package": str(Path(gpuhop.__file__).parent)}
+            agent = {"python": argv[0], "package": str(PACKAGE)}
             ref = task.remote(argv, agent, spec["limit"])
             # The task ends itself after `limit`; the rest is margin for Ray.
             got: dict[str, Any] = ray.get(ref, timeout=spec["limit"] + 30)
