@@ -3,10 +3,12 @@ pump: gpuhop.backends.local.mask), as pure logic."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
+from gpuhop.agent.jobs.masking import mask_file, mask_json, ordered
 from gpuhop.api import SubmitRequest
 from gpuhop.api.spec import JobSpec, SecretUse
 from gpuhop.backends.local import mask
@@ -92,3 +94,35 @@ def test_a_secret_given_twice_as_one_variable_or_reserved_is_refused():
     assert twice.problems() == ["secrets gives two secrets as X"]
     with pytest.raises(ValueError, match="GPUHOP_JOB_ID is set by gpuhop"):
         SubmitRequest(command=["x.py"], secrets=[{"name": "A", "env": "GPUHOP_JOB_ID"}])
+
+
+def test_metrics_records_and_the_kept_file_are_masked_however_the_value_is_spelled(tmp_path):
+    value, digits = 'tok-\u00e9"x', "918273645"
+    values = ordered([value, digits, ""])
+    record = {"note": f"a {value}", value: 1.5, "pin": int(digits), "ok": True, "n": [0.5]}
+    assert mask_json(record, values) == {
+        "note": "a ***",
+        "***": 1.5,
+        "pin": "***",
+        "ok": True,
+        "n": [0.5],
+    }
+    path = tmp_path / "metrics.jsonl"
+    lines = [
+        json.dumps({"step": 1, "note": value}),  # escaped: \u00e9 and \"
+        json.dumps({"step": 2, "note": value}, ensure_ascii=False),
+        json.dumps({"step": 3, "loss": 0.5}),
+        f"not json {value}",
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o640)
+    assert mask_file(path, values)
+    kept = path.read_text().splitlines()
+    assert [json.loads(line) for line in kept[:3]] == [
+        {"step": 1, "note": "***"},
+        {"step": 2, "note": "***"},
+        {"step": 3, "loss": 0.5},
+    ]
+    assert kept[2] == lines[2] and kept[3] == "not json ***"  # a clean line as it was
+    assert path.stat().st_mode & 0o777 == 0o640 and sorted(os.listdir(tmp_path)) == [path.name]
+    assert not mask_file(path, values)  # nothing left to mask: not written again

@@ -13,6 +13,7 @@ from gpuhop.agent.host.gpuhistory import GpuHistory, sample_every
 from gpuhop.agent.host.identities import Identities, IdentityError
 from gpuhop.agent.host.quarantine import QuarantineStore
 from gpuhop.agent.jobs.fetches import Fetches, Room
+from gpuhop.agent.jobs.masking import mask_json, mask_text, ordered
 from gpuhop.agent.jobs.metricstail import latest_metrics
 from gpuhop.agent.jobs.notifier import HostRule, Notifier, payload
 from gpuhop.agent.jobs.placement import Limits
@@ -171,12 +172,14 @@ class AgentContext:
         those on disk)."""
         return blob_users(self.paths.jobs, self.datasets)
 
+    def secret_values(self, job: JobRecord) -> list[str]:
+        """Every value of `job`'s user's secrets, longest first: what gpuhop shows of the
+        job masks them (see gpuhop.agent.jobs.masking)."""
+        return ordered(self.secrets.all_values(job.owner or owner_login()))
+
     def masked(self, job: JobRecord, text: str) -> str:
         """`text` with every value of `job`'s user's secrets shown as ***."""
-        for value in self.secrets.all_values(job.owner or owner_login()):
-            if value:
-                text = text.replace(value, "***")
-        return text
+        return mask_text(text, self.secret_values(job))
 
     def _fetched(self, job_id: str, state: JobState) -> None:
         if state is JobState.failed:
@@ -195,8 +198,10 @@ class AgentContext:
         if not urls:
             return
         metrics = latest_metrics(self.supervisor.job_paths(job_id).metrics)
+        values = self.secret_values(job)
         for url in urls:
-            self.notifier.send(url, payload(job, event, url, metrics), key=job.id)
+            body = mask_json(payload(job, event, url, metrics), values)
+            self.notifier.send(url, body, key=job.id)  # type: ignore[arg-type]
 
     def limits(self) -> Limits:
         admins = frozenset({owner_login(), *(t.user for t in self.tokens.list() if t.admin)})

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from gpuhop.agent.jobs import provenance
 from gpuhop.agent.jobs.endings import classify, hint_note
 from gpuhop.agent.jobs.energy import EnergyMeter
+from gpuhop.agent.jobs.masking import mask_file
 from gpuhop.agent.jobs.metricstail import latest_metrics
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import JobRecord, JobStore
@@ -76,6 +77,10 @@ class Agent(Protocol):
     def secrets_of(self, job: JobRecord) -> dict[str, str]:
         """The secrets the job names, by the variable each is given as, with their values;
         raises StartError where one is gone."""
+        ...
+
+    def secret_values(self, job: JobRecord) -> list[str]:
+        """Every value of the job's user's secrets: masked in what the agent keeps of it."""
         ...
 
 
@@ -311,6 +316,12 @@ class Supervisor:
         if state in (JobState.failed, JobState.lost) and stopped is None:
             reason += disk_note(jp.root, jp.log)
         self._killed_after_grace.discard(job_id)
+        # The metrics file is the job's own to write (its log is masked as it is written):
+        # kept masked from now on, and so is the attempt's last record kept for `show`.
+        try:
+            mask_file(jp.metrics, self.agent.secret_values(job))
+        except OSError as e:
+            log.warning("job %s: could not mask its metrics file: %s", job_id, e)
         # Why the agent stopped it (a time limit, a GPU fault), else the backend's own word
         # (a cluster's time limit); a user's cancel is just that.
         why_stopped = stopped.get("class") if stopped is not None else end.end_class

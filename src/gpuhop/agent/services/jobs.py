@@ -16,6 +16,7 @@ from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.energy import job_energy
+from gpuhop.agent.jobs.masking import mask_json, mask_records
 from gpuhop.agent.jobs.metricstail import by_source, latest_of, memory_peak_of, tail_records
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
@@ -66,6 +67,10 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         with contextlib.suppress(OSError):
             log_size = jp.log.stat().st_size
     metrics = tail_records(jp.metrics) if jp.metrics.name in present else []
+    # What the job wrote there, and an earlier attempt's last record, with its user's secrets
+    # masked (see gpuhop.agent.jobs.masking); read only where there are records to mask.
+    secrets = rt.secret_values(job) if metrics or job.attempt > 1 else []
+    metrics = mask_records(metrics, secrets)
     marker = gc.pruned(jp) if gc.PRUNED in present else None
     return JobInfo(
         id=job.id,
@@ -91,7 +96,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
                 signal=a["signal"],
                 reason=a["reason"],
                 end_class=a["end_class"],
-                metrics=_metrics(a["metrics"]),
+                metrics=mask_json(_metrics(a["metrics"]), secrets),  # type: ignore[arg-type]
             )
             for a in (rt.store.attempts(job.id) if job.attempt > 1 else [])
         ],

@@ -14,6 +14,7 @@ from urllib.parse import quote_from_bytes, unquote_to_bytes
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
+from gpuhop.agent.jobs.masking import mask_records
 from gpuhop.agent.jobs.metricstail import parse_records
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services import gc
@@ -187,6 +188,8 @@ def metrics_of(rt: AgentContext, ref: str, caller: Caller, offset: int) -> dict[
     job = find(rt, ref, caller)
     check_not_pruned(rt, job)
     records, next_offset = read_metrics(rt, job.id, offset)
+    if records:
+        records = mask_records(records, rt.secret_values(job))
     return {"records": records, "next_offset": next_offset}
 
 
