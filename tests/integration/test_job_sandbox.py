@@ -22,6 +22,7 @@ import pytest
 from gpuhop.api import JobState
 from gpuhop.home import JobPaths
 from tests.conftest import AGENT_PYTHON_FLAGS, Agent, missing, wait_until
+from tests.integration.test_bucket_data import BUCKET, s3  # noqa: F401 (a fixture)
 from tests.integration.test_tls import remote, tls_agent, tokens  # noqa: F401 (fixtures)
 
 ATTACK = r"""
@@ -168,6 +169,56 @@ def test_a_job_cannot_read_the_tls_key_tokens_or_job_store(tls_agent, remote, to
     attempts, _ = attack(remote, tokens, project, {"read": [str(p) for p in secrets]})
     assert len(attempts) == len(secrets)
     assert escaped(attempts) == []
+
+
+# Prints what it reads of its bucket's data.
+FETCHED = """\
+import os
+print(open(os.path.join(os.environ["GPUHOP_DATA"], "other", "x.txt")).read(), flush=True)
+"""
+
+
+def test_a_job_cannot_read_the_secret_store_or_another_users_object_cache(
+    tls_agent, remote, tokens, project, s3, tmp_path
+):
+    """Bob fetches a bucket's prefix with his own secrets (moto's server: test_bucket_data);
+    a job of Alice's can read neither his secrets' store nor his cached objects, their index,
+    or his view of them, by any path of the host."""
+    home = tls_agent.paths.home
+    root = tmp_path / "bob"
+    root.mkdir()
+    (root / "read.py").write_text(FETCHED)
+    keys = {
+        "AWS_ACCESS_KEY_ID": s3.key_id,
+        "AWS_SECRET_ACCESS_KEY": s3.secret,
+        "AWS_ENDPOINT_URL": s3.url,
+    }
+    with remote(tokens["bob"]) as bob:
+        for name, value in keys.items():
+            bob.set_secret(name, value)
+        try:
+            job = bob.submit(["read.py"], workdir=root, data=[f"s3://{BUCKET}/other"])
+            info = job.wait(60)
+            assert info.end_class == "succeeded", info.reason
+            assert b"elsewhere" in b"".join(job.logs())
+        finally:
+            for name in keys:
+                bob.remove_secret(name)
+    cached = [p for p in home.glob("objects/*/*/**/*") if p.is_file()]
+    assert [p.read_bytes() for p in cached if p.name == "x.txt"] == [b"elsewhere\n"]
+    stores = [tls_agent.paths.secrets_db, home / "objects.db"]
+    assert all(p.is_file() for p in [*stores, *cached]) and len(cached) >= 2
+    targets = {
+        "read": [str(p) for p in [*stores, *cached]],
+        "list": [
+            str(home / "objects"),
+            str(home / "secrets"),
+            *map(str, {p.parent for p in cached}),
+        ],
+    }
+    attempts, listings = attack(remote, tokens, project, targets)
+    assert len(attempts) == len(targets["read"]) + len(targets["list"])
+    assert escaped(attempts) == [] and listings == []
 
 
 def test_a_job_cannot_read_other_users_work_dirs_or_artifacts(
