@@ -18,9 +18,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+import httpx
 import pytest
 
-from tests.conftest import Agent
+from gpuhop.cli.progress import JobStatus
+from tests.conftest import Agent, wait_until
+from tests.throttle import Link
 
 boto3 = pytest.importorskip("boto3")
 pytest.importorskip("moto")
@@ -129,8 +132,6 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
 
 
 def _served_at(log: Path, server: subprocess.Popen[bytes]) -> str:
-    from tests.conftest import wait_until
-
     def address() -> str | None:
         assert server.poll() is None, log.read_text()
         found = re.search(r"Running on (http://127\.0\.0\.1:\d+)", log.read_text())
@@ -252,3 +253,58 @@ def test_bad_bucket_sources_are_refused_before_anything_is_sent(shared_agent: Ag
     )
     assert twice.returncode == 2
     assert "--data names two buckets' data x; give one :NAME" in twice.stderr
+
+
+WAITS = re.compile(
+    r"fetching data: \d/4 objects, [\d.]+ [KMG]iB of 17 MiB, [\d.]+ [KMG]iB/s, ETA \d+:\d\d"
+)
+
+
+def test_a_fetchs_progress_shows_in_ps_show_the_dashboard_and_runs_status_line(
+    signed_in: Agent, s3: S3, project
+):
+    """The prefix comes through a link slowed to 128 KiB/s a connection (a 17 MiB object
+    then takes over a minute), so every surface is read while the fetch runs; then the link
+    is let go at full speed and the job runs."""
+    root = project({"job.py": JOB})
+    host, port = s3.url.removeprefix("http://").split(":")
+    with Link((host, int(port)), rate=128 << 10) as link, signed_in.client() as client:
+        # Another endpoint to the cache: nothing of an earlier test's fetch is reused.
+        client.set_secret("AWS_ENDPOINT_URL", link.url)
+        try:
+            job = client.submit(["job.py"], workdir=root, data=[f"s3://{BUCKET}/train"])
+            # Some bytes are here (the small objects), not all: objects, bytes, rate, ETA.
+            waiting = wait_until(lambda: WAITS.search(job.refresh().waiting or ""), 60)
+            assert waiting and job.info.state.value == "queued"
+            listed = json.loads(signed_in.cli("ps", "--json").stdout)
+            assert WAITS.search(next(j for j in listed if j["id"] == job.id)["waiting"])
+            shown = signed_in.cli("show", job.id)
+            assert WAITS.search(shown.stdout.replace("\n", " ")), shown.stdout
+            page = _dashboard_job(signed_in, job.id)
+            assert WAITS.search(page["waiting"]) and page["state"] == "queued"
+            status = JobStatus(job)
+            status.poll()
+            assert WAITS.search(status.line().plain), status.line().plain
+        finally:
+            link.rate = 1 << 40  # let the rest through now
+            client.set_secret("AWS_ENDPOINT_URL", s3.url)
+        info = job.wait(60)
+        assert info.end_class == "succeeded", info.reason
+        assert (
+            sorted(
+                ln for ln in b"".join(job.logs()).decode().splitlines() if ln.startswith("file ")
+            )
+            == _expected_lines()
+        )
+
+
+def _dashboard_job(agent: Agent, job_id: str) -> dict:
+    """The dashboard's JSON of one job (what its page draws), as the owner."""
+    transport = httpx.HTTPTransport(uds=str(agent.paths.socket))
+    with httpx.Client(transport=transport, base_url="http://gpuhop", timeout=30) as http:
+        code = http.post("/v1/ui/login-codes").json()["code"]
+        cookie = http.get("/ui/login", params={"code": code}).cookies["gpuhop_ui"]
+        http.cookies.clear()
+        answer = http.get(f"/ui/api/jobs/{job_id}", headers={"cookie": f"gpuhop_ui={cookie}"})
+    assert answer.status_code == 200, answer.text
+    return answer.json()["job"]

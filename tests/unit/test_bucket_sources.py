@@ -4,6 +4,7 @@ progress is worded, and the object cache's rules (whole objects only, one view p
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import pytest
@@ -71,7 +72,11 @@ def test_a_fetch_says_how_far_it_is():
     assert fetch.note() == "fetching data: listing the bucket"
     fetch.phase, fetch.objects, fetch.objects_done, fetch.bytes = "downloading", 9, 3, 3 << 30
     fetch.add(40 << 20)
-    assert fetch.note().startswith("fetching data: 3/9 objects, 40 MiB of 3 GiB, ")
+    assert re.fullmatch(
+        r"fetching data: 3/9 objects, 40 MiB of 3 GiB, [\d.]+ [KMG]i?B/s, ETA \d+:\d\d",
+        fetch.note(),
+    ), fetch.note()
+    fetch.add((3 << 30) - (40 << 20))  # all of it: no time left to say
     assert fetch.note().endswith("/s")
 
 

@@ -73,7 +73,11 @@ class Fetch:
             )
             elapsed = time.monotonic() - self.started
         if done and elapsed > 0:
-            text += f", {_size(done / elapsed)}/s"
+            speed = done / elapsed
+            text += f", {_size(speed)}/s"
+            if total > done:  # as `run`'s status line says a fit's: ETA m:ss
+                left = int((total - done) / speed)
+                text += f", ETA {left // 60}:{left % 60:02d}"
         return text
 
 
@@ -215,6 +219,7 @@ class Fetches:
         need = sum(oid.size - have[oid] for oid in wanted)
         with fetch.lock:
             fetch.phase = "downloading"
+            fetch.started = time.monotonic()  # the rate is the download's, listing aside
             fetch.objects = sum(len(listed) for _, listed in listings)
             fetch.objects_done = fetch.objects - len(wanted)
             fetch.bytes = need

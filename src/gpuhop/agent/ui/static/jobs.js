@@ -81,7 +81,8 @@ async function refresh() {
     td("Command", { class: "command-cell" }, h("code", { title: shellJoin(job.command) }, shellJoin(job.command))),
     td("GPUs", { class: "num" }, gpuText(job)),
     td("Created", { class: "num" }, dateCell(job.created_at, now)),
-    td("Duration", { class: "num" }, jobDuration(job, now) || h("span", { class: "muted" }, "not started")),
+    // A queued job's wait in the agent's words (its place, or its data's fetch: objects, bytes, rate, ETA).
+    td("Duration", { class: "num" }, jobDuration(job, now) || h("span", { class: "muted" }, job.waiting || "not started")),
     td("Latest metrics", {}, metricsInline(job.latest_metrics)),
   ];
   const out = [];
