@@ -39,6 +39,7 @@ def test_doctor_reports_this_host_honestly(shared_agent):
         "job sandbox",
         "job identity",
         "job work dirs",
+        "bucket credentials",
     ]
     assert code == (0 if all(c["ok"] for c in checks) else 1)
     marks = {"passed": "✓", "warning": "!", "failed": "✗", "skipped": "-"}

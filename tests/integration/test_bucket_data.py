@@ -308,3 +308,32 @@ def _dashboard_job(agent: Agent, job_id: str) -> dict:
         answer = http.get(f"/ui/api/jobs/{job_id}", headers={"cookie": f"gpuhop_ui={cookie}"})
     assert answer.status_code == 200, answer.text
     return answer.json()["job"]
+
+
+def test_doctor_says_which_credentials_a_fetch_would_use(signed_in: Agent, s3: S3):
+    """A single-user agent: the user's secrets by name; without the keys, their usual AWS
+    configuration (whatever this machine has of it, or none) for the rest."""
+    keys = {"AWS_ACCESS_KEY_ID": s3.key_id, "AWS_SECRET_ACCESS_KEY": s3.secret}
+    with signed_in.client() as client:
+        own = _bucket_check(client)
+        assert own.status == "passed"
+        assert own.detail.startswith(
+            "a bucket's fetch signs with your secrets AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,"
+            " AWS_ENDPOINT_URL, AWS_REGION"
+        )
+        for name in keys:
+            client.remove_secret(name)
+        try:
+            rest = _bucket_check(client)
+        finally:
+            for name, value in keys.items():
+                client.set_secret(name, value)
+    # "...your usual AWS configuration: ..." or "...no usual AWS configuration here"
+    assert "usual AWS configuration" in rest.detail and "AWS_REGION" in rest.detail
+    assert "never the agent's own" not in rest.detail
+    assert s3.secret not in own.detail + rest.detail and s3.key_id not in own.detail
+
+
+def _bucket_check(client):
+    checks = {c.name: c for c in client.doctor(probe=False)}
+    return checks["bucket credentials"]

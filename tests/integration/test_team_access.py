@@ -493,6 +493,33 @@ except OSError as e:
 """
 
 
+def test_doctor_names_a_users_own_bucket_credentials_never_the_agents(remote, tokens):
+    """On a team agent a bucket's fetch signs with the user's secrets only: doctor names
+    them, or says there are none, and never looks at the agent's own configuration."""
+    alice, bob = (remote(tokens[u]) for u in ("alice", "bob"))
+    value = "key-" + os.urandom(8).hex()
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        alice.set_secret(name, value)
+    try:
+        mine, theirs = (
+            next(c for c in who.doctor(probe=False) if c.name == "bucket credentials")
+            for who in (alice, bob)
+        )
+    finally:
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            alice.remove_secret(name)
+    assert mine.status == "passed" and value not in mine.detail
+    assert mine.detail == (
+        "a bucket's fetch signs with your secrets AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY;"
+        " never the agent's own environment or ~/.aws (this agent serves a team)"
+    )
+    assert theirs.status == "warning"
+    assert theirs.detail.startswith(
+        "none: you have no secret named AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY, and a"
+        " bucket's fetch here signs with your own secrets only, never the agent's own"
+    )
+
+
 def test_a_secret_is_its_users_alone_even_to_an_admin(remote, tokens, tls_agent, project):
     value = "alice-" + os.urandom(8).hex()
     alice, bob, carol = (remote(tokens[u]) for u in ("alice", "bob", "carol"))

@@ -6,6 +6,8 @@ from dataclasses import replace
 
 import pytest
 
+from gpuhop.agent.services.bucketcreds import BucketFacts, usual_config
+from gpuhop.agent.services.bucketcreds import check as bucket_check
 from gpuhop.agent.services.doctor import Facts, evaluate
 from gpuhop.api import CheckStatus, DoctorCheck, GpuInfo
 from gpuhop.backends.ray.backend import SAME_USER_NODE
@@ -339,3 +341,46 @@ def test_on_ray_tensorflow_is_judged_by_the_gpu_ray_gave_the_check_with_advice_f
     )
     assert none[2] is not None and "on that node" in none[2]
     assert "srun" not in none[2] and "reinstall" not in none[2]
+
+
+def test_bucket_credentials_are_the_users_secrets_or_their_usual_aws_configuration(tmp_path):
+    # A single-user agent: its user's usual configuration fills in what the secrets leave out.
+    assert usual_config({"AWS_CA_BUNDLE": "/x", "HOME": "/h"}, tmp_path) == ()
+    (tmp_path / ".aws").mkdir()
+    (tmp_path / ".aws" / "credentials").write_text("[default]\n")
+    elsewhere = tmp_path / "conf"
+    elsewhere.write_text("[default]\n")
+    env = {"AWS_PROFILE": "lab", "AWS_SECRET_ACCESS_KEY": "", "AWS_CONFIG_FILE": str(elsewhere)}
+    usual = usual_config(env, tmp_path)
+    assert usual == (
+        "the agent's environment (AWS_PROFILE)",
+        str(tmp_path / ".aws" / "credentials"),
+        str(elsewhere),
+    )
+    both = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")
+    own = bucket_check(BucketFacts(both, usual))
+    assert own.status == CheckStatus.passed
+    assert own.detail.startswith(
+        "a bucket's fetch signs with your secrets AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,"
+        " AWS_ENDPOINT_URL; what they leave out comes from your usual AWS configuration:"
+        " the agent's environment (AWS_PROFILE); "
+    )
+    fallback = bucket_check(BucketFacts(("AWS_REGION",), usual))
+    assert fallback.status == CheckStatus.passed
+    assert "your secrets AWS_REGION and, for the rest, your usual AWS configuration" in (
+        fallback.detail
+    )
+    none = bucket_check(BucketFacts((), ()))
+    assert none.status == CheckStatus.warning and none.detail.startswith(
+        "none: you have no secret named AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY, and there"
+        " is no usual AWS configuration here"
+    )
+    assert none.fix and none.fix.startswith("gpuhop secret set AWS_ACCESS_KEY_ID")
+    # A team agent: the user's secrets or nothing, whatever the agent's own configuration.
+    team = bucket_check(BucketFacts(both, None))
+    assert team.status == CheckStatus.passed and "never the agent's own environment" in team.detail
+    half = bucket_check(BucketFacts(("AWS_ACCESS_KEY_ID",), None))
+    assert half.status == CheckStatus.warning
+    assert half.detail.startswith(
+        "none: you have no secret named AWS_SECRET_ACCESS_KEY (only AWS_ACCESS_KEY_ID), and"
+    )

@@ -30,7 +30,8 @@ def doctor(
     on: str | None = OnOption,
 ) -> None:
     """Check the GPU host for TensorFlow jobs: driver, CUDA, TensorFlow's build, the GPUs
-    it sees, tf-keras, free disk. Prints a fix for each problem; exits 1 if a check failed."""
+    it sees, tf-keras, free disk; and which credentials a bucket's fetch (--data s3://...)
+    would use for you. Prints a fix for each problem; exits 1 if a check failed."""
     try:
         with client_for(on) as client:
             if json_out:

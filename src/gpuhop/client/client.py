@@ -137,7 +137,8 @@ class Client:
         return host.release_gpu(self.session, index)
 
     def doctor(self, fresh: bool = False, probe: bool = True) -> list[DoctorCheck]:
-        """Preflight checks of the GPU host (driver, CUDA, TensorFlow build, disk). Its
+        """Preflight checks of the GPU host (driver, CUDA, TensorFlow build, disk), and the
+        credentials a bucket's fetch would use for you. Its
         TensorFlow probe is reused for a minute; `fresh` (admins only) runs a new one.
         `probe=False`: at once, only the checks that need no TensorFlow probe."""
         return host.doctor(self.session, fresh, probe)

@@ -25,9 +25,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.host import probe
-from gpuhop.agent.services import hostchecks
+from gpuhop.agent.services import bucketcreds, hostchecks
 from gpuhop.agent.services.hostchecks import Facts
 from gpuhop.agent.services.hostchecks import check as _check
 from gpuhop.api import CheckStatus, DoctorCheck, format_mb
@@ -70,19 +71,25 @@ class ProbeRuns:
 
 
 async def checks(
-    ctx: AgentContext, runs: ProbeRuns, fresh: bool = False, probe: bool = True
+    ctx: AgentContext,
+    runs: ProbeRuns,
+    caller: Caller,
+    fresh: bool = False,
+    probe: bool = True,
 ) -> list[DoctorCheck]:
-    """The preflight's checks, with the probe's report from `runs`; without `probe`, only
-    those that need none (known at once: `doctor` shows them while the probe runs)."""
+    """The preflight's checks, with the probe's report from `runs`, and last the credentials
+    a bucket's fetch would use for `caller`; without `probe`, only those that need none
+    (known at once: `doctor` shows them while the probe runs)."""
+    mine = bucketcreds.check(await asyncio.to_thread(bucketcreds.gather, ctx, caller, os.environ))
     if not probe:
-        return evaluate(await asyncio.to_thread(gather, ctx, {}), probed=False)
+        return [*evaluate(await asyncio.to_thread(gather, ctx, {}), probed=False), mine]
     python = ctx.supervisor.python
     command = ctx.backend.doctor_command([python, PROBE_FILE])
     if command is None:
         report: dict[str, Any] = {"python": python, "not_probed": ctx.backend.where}
     else:
         report = await runs.report(lambda: run_probe(python, ctx.paths.tmp, command=command), fresh)
-    return evaluate(await asyncio.to_thread(gather, ctx, report))
+    return [*evaluate(await asyncio.to_thread(gather, ctx, report)), mine]
 
 
 def gather(ctx: AgentContext, report: dict[str, Any]) -> Facts:

@@ -77,7 +77,9 @@ async def doctor(
             f"only an admin may ask for a fresh probe; the last one is at most"
             f" {doctor_service.PROBE_CACHE_SECONDS:.0f}s old",
         )
-    return await doctor_service.checks(ctx(request), request.app.state.probes, fresh, probe)
+    return await doctor_service.checks(
+        ctx(request), request.app.state.probes, caller_of(request), fresh, probe
+    )
 
 
 @router.get("/usage")
