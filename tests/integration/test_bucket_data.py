@@ -23,6 +23,7 @@ import pytest
 
 from gpuhop.cli.progress import JobStatus
 from tests.conftest import Agent, wait_until
+from tests.integration.test_ui import code_for, login, with_cookie
 from tests.throttle import Link
 
 boto3 = pytest.importorskip("boto3")
@@ -302,10 +303,8 @@ def _dashboard_job(agent: Agent, job_id: str) -> dict:
     """The dashboard's JSON of one job (what its page draws), as the owner."""
     transport = httpx.HTTPTransport(uds=str(agent.paths.socket))
     with httpx.Client(transport=transport, base_url="http://gpuhop", timeout=30) as http:
-        code = http.post("/v1/ui/login-codes").json()["code"]
-        cookie = http.get("/ui/login", params={"code": code}).cookies["gpuhop_ui"]
-        http.cookies.clear()
-        answer = http.get(f"/ui/api/jobs/{job_id}", headers={"cookie": f"gpuhop_ui={cookie}"})
+        cookie = login(http, code_for(http))
+        answer = http.get(f"/ui/api/jobs/{job_id}", headers=with_cookie(cookie))
     assert answer.status_code == 200, answer.text
     return answer.json()["job"]
 
