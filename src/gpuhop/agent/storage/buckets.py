@@ -84,8 +84,35 @@ class Credentials(NamedTuple):
         )
 
 
+# Clients kept for the credentials they sign with: making one costs 0.2-0.5 s of the agent's
+# CPU (boto3 loads and checks the service's model), which an unchanged prefix's re-fetch,
+# one listing, would otherwise pay each time. A client is thread-safe; new secrets (a
+# rotated key, a new session token) make a new one. The user's own configuration (a
+# single-user agent) is read afresh each fetch, as its files may have changed.
+KEPT_CLIENTS = 16
+_clients: dict[tuple[object, ...], Any] = {}
+_clients_lock = threading.Lock()
+
+
 def client(creds: Credentials, connections: int) -> Any:
     """An S3 client signing with `creds`, for `connections` threads at once."""
+    if creds.own_config:
+        return _new_client(creds, connections)
+    key = (tuple(sorted(creds.values.items())), connections)
+    with _clients_lock:
+        kept = _clients.pop(key, None)
+        if kept is not None:
+            _clients[key] = kept  # the most recently used last
+            return kept
+    made = _new_client(creds, connections)
+    with _clients_lock:
+        _clients[key] = made
+        while len(_clients) > KEPT_CLIENTS:
+            del _clients[next(iter(_clients))]
+    return made
+
+
+def _new_client(creds: Credentials, connections: int) -> Any:
     import boto3
     import botocore.session
     from botocore.config import Config
