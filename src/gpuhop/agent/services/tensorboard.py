@@ -123,12 +123,15 @@ def logdirs(rt: AgentContext, job: JobRecord) -> list[Path]:
 
 
 def _logdir_args(roots: list[Path]) -> list[str]:
-    """TensorBoard's arguments to read `roots`, each run named by its path in its root."""
+    """TensorBoard's arguments to read `roots`, each run named by its path in its root; the
+    profile plugin, which reads one dir only (and none given --logdir_spec), reads the
+    first, where `gpuhop profile` writes (the server's own --profile_logdir)."""
+    profiles = ["--profile_logdir", str(roots[0])]
     if len(roots) == 1 or any("," in str(root) for root in roots):
         # TensorBoard splits --logdir_spec at commas, and a path in it with none names its
         # runs by their paths below it.
-        return ["--logdir", str(roots[0])]
-    return ["--logdir_spec", ",".join(str(root) for root in roots)]
+        return ["--logdir", str(roots[0]), *profiles]
+    return ["--logdir_spec", ",".join(str(root) for root in roots), *profiles]
 
 
 def _event_dirs(roots: list[Path]) -> Iterator[str]:
