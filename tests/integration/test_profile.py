@@ -1,17 +1,20 @@
 """Issue 39, `gpuhop profile`: TensorFlow's profiler run inside a running Keras `fit` on
-request, its trace read back by TensorBoard's profile plugin's own converter (op statistics,
-the train function); py-spy's flame graph of a plain Python job; the refusals. The session's
-agent and the CLI as a user runs it."""
+request, its trace shown by `gpuhop tensorboard`'s Profile tab (the plugin's HTTP API through
+the forward: the run, its tools, op statistics, the steps gpuhop marks); py-spy's flame graph
+of a plain Python job; the refusals. The session's agent and the CLI as a user runs it."""
 
 from __future__ import annotations
 
-import json
+import importlib.util
+import signal
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gpuhop.api import JobState
-from tests.conftest import Agent, wait_until
+from tests.conftest import Agent, missing, wait_until
+from tests.tf.test_tensorboard_cli import tensorboard_cli
 
 # Tutorial-shaped: a small Keras model fit on random data, long enough to profile, with a
 # line that says the training has begun.
@@ -50,12 +53,8 @@ crunches_numbers_for_the_profile_test()
 
 
 def _started(agent: Agent, root: Path, script: str, line: bytes) -> str:
-    run = agent.cli("run", "-d", script, cwd=root)
-    assert run.returncode == 0, run.stderr
-    job = run.stdout.strip()
-    with agent.client() as client:
-        handle = client.job(job)
-        wait_until(lambda: line in b"".join(handle.logs()), timeout=120)
+    job = _submitted(agent, root, script)
+    _said(agent, job, line)
     return job
 
 
@@ -64,35 +63,84 @@ def _cancel(agent: Agent, job: str) -> None:
         client.job(job).cancel(grace=0)
 
 
-def test_a_running_keras_fit_is_profiled_from_outside(shared_agent, project):
-    pytest.importorskip("tensorflow")
-    pytest.importorskip("xprof", reason="tensorboard-plugin-profile is not installed")
-    from xprof.convert import raw_to_tool_data
+def _table(tables: list[dict], column: str) -> list[list]:
+    """The rows (their values) of the plugin's tables that have the column `column`."""
+    named = [t for t in tables if column in [c["id"] for c in t.get("cols", [])]]
+    return [[c.get("v") for c in row["c"]] for table in named for row in table["rows"]]
 
-    root = project({"train.py": FIT})
-    job = _started(shared_agent, root, "train.py", b"training")
+
+def _submitted(agent: Agent, root: Path, script: str) -> str:
+    run = agent.cli("run", "-d", script, cwd=root)
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+def _said(agent: Agent, job: str, line: bytes) -> None:
+    with agent.client() as client:
+        handle = client.job(job)
+        wait_until(lambda: line in b"".join(handle.logs()), timeout=120)
+
+
+@pytest.mark.tf
+def test_a_running_keras_fit_is_profiled_and_shown_in_tensorboards_profile_tab(
+    shared_agent, project
+):
+    # find_spec, not importorskip: the job imports them (and the TensorBoard job xprof),
+    # not pytest.
+    for module, package in [("tensorflow", "tensorflow"), ("xprof", "tensorboard-plugin-profile")]:
+        if importlib.util.find_spec(module) is None:
+            missing(f"{package} is not installed")
+    job = _submitted(shared_agent, project({"train.py": FIT}), "train.py")
+    said: list[str] = []
     try:
-        shown = shared_agent.cli("profile", job, "--duration", "2s")
-        assert shown.returncode == 0, shown.stderr
-        assert f"TensorFlow profile of job {job} (2s), in its artifacts:" in shown.stdout
-        assert f"gpuhop tensorboard {job} (the Profile tab)" in shown.stdout
-        run = shown.stdout.split("tensorboard/plugins/profile/")[1].split()[0]
-        artifacts = shared_agent.paths.jobs / job / "artifacts"
-        traces = list((artifacts / "tensorboard/plugins/profile" / run).glob("*.xplane.pb"))
-        assert len(traces) == 1, traces
-        # The trace's op statistics: the model's own ops, once per train step captured.
-        stats, _ = raw_to_tool_data.xspace_to_tool_data(traces, "framework_op_stats", {})
-        rows = [[c.get("v") for c in row["c"]] for row in json.loads(stats)[0]["rows"]]
-        dense = [r for r in rows if "dense" in str(r[3]) and r[2] in ("MatMul", "_FusedMatMul")]
-        assert dense and min(r[4] for r in dense) >= 2, rows[:10]
-        # The steps themselves: Keras's train function ran step after step meanwhile.
-        assert b"multi_step_on_iterator" in traces[0].read_bytes()
+        # The Profile tab, as `gpuhop tensorboard` serves it (TensorBoard reading the job's
+        # TensorBoard dir and its work dir), through its forward; open before the capture,
+        # as a user who watches the job has it.
+        with tensorboard_cli(shared_agent, job, said) as (url, cli):
+            _said(shared_agent, job, b"training")
+            shown = shared_agent.cli("profile", job, "--duration", "2s")
+            assert shown.returncode == 0, shown.stderr
+            assert f"TensorFlow profile of job {job} (2s), in its artifacts:" in shown.stdout
+            assert f"gpuhop tensorboard {job} (the Profile tab)" in shown.stdout
+            run = shown.stdout.split("tensorboard/plugins/profile/")[1].split()[0]
+            artifacts = shared_agent.paths.jobs / job / "artifacts"
+            trace = artifacts / "tensorboard/plugins/profile" / run
+            # Keras's train function ran step after step meanwhile.
+            assert b"multi_step_on_iterator" in b"".join(
+                path.read_bytes() for path in trace.glob("*.xplane.pb")
+            )
 
-        # The job goes on training meanwhile.
+            with httpx.Client(base_url=f"{url}/data/plugin/profile", timeout=60) as http:
+                wait_until(lambda: http.get("/runs").json() == [run], timeout=60)
+                tools = http.get("/run_tools", params={"run": run}).json()
+                assert {"overview_page", "framework_op_stats", "trace_viewer@"} <= set(tools)
+                [host] = http.get("/hosts", params={"run": run, "tag": "overview_page"}).json()
+
+                def tool(tag: str) -> list[dict]:
+                    query = {"run": run, "tag": tag, "host": host["hostname"]}
+                    answer = http.get("/data", params=query)
+                    assert answer.status_code == 200, answer.text
+                    return answer.json()
+
+                # Op statistics: the model's own ops, once per train step captured.
+                rows = _table(tool("framework_op_stats"), "occurrences")
+                dense = [r for r in rows if "dense" in str(r[3]) and "MatMul" in str(r[2])]
+                assert dense and min(r[4] for r in dense) >= 2, rows[:10]
+                # Step markers (gpuhop's, around each train batch: Keras 3 makes none): the
+                # overview times each step, numbered as the fit counts them.
+                steps = _table(tool("overview_page"), "stepnum")
+                numbers = [int(step[0].removeprefix("train ")) for step in steps]
+                assert len(numbers) >= 2 and numbers == list(range(numbers[0], numbers[-1] + 1))
+            cli.send_signal(signal.SIGINT)
+            assert cli.wait(timeout=60) == 0
+        # The job goes on training meanwhile, its files as it wrote them (the plugin's own
+        # files are the TensorBoard job's).
+        assert sorted(p.name for p in trace.iterdir()) == [f"{host['hostname']}.xplane.pb"]
         with shared_agent.client() as client:
             assert client.job(job).refresh().state == JobState.running
     finally:
         _cancel(shared_agent, job)
+    assert "Traceback" not in "".join(said)
 
 
 def test_a_plain_python_job_gets_a_py_spy_flame_graph(shared_agent, project):

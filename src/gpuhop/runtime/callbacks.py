@@ -14,7 +14,14 @@ import os
 import time
 from typing import Any
 
-from gpuhop.runtime import attempt, checkpoint_dir, log_metrics, metrics_file, tensorboard_dir
+from gpuhop.runtime import (
+    attempt,
+    checkpoint_dir,
+    log_metrics,
+    metrics_file,
+    profiling,
+    tensorboard_dir,
+)
 from gpuhop.runtime.memory import device_memory
 from gpuhop.runtime.summaries import SOURCE_KEY, fit_source, keras_fit
 
@@ -23,6 +30,7 @@ __all__ = [
     "callbacks",
     "metrics_callback",
     "patch_fit",
+    "step_markers_callback",
     "tensorboard_callback",
 ]
 
@@ -157,6 +165,43 @@ def steps_before(epoch: int) -> int:
     return step
 
 
+def step_markers_callback(keras: Any) -> Any:
+    """A Keras callback that, while `gpuhop profile` captures this process (only then),
+    wraps each train batch in a step marker (`profiling.step_marker`), so the profile
+    plugin's overview and input pipeline analysis see the steps: Keras 3's `fit` marks
+    none (tf-keras's does). Between captures a batch costs it one check of a flag.
+
+    Its batch-end runs where the batch ran (not `async_safe`): a marker is exited by the
+    thread that entered it. gpuhop's metrics callback makes `fit` dispatch batch ends so
+    anyway."""
+
+    class StepMarkers(keras.callbacks.Callback):
+        gpuhop_step_markers = True
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.step = 0
+            self.marker: Any = None
+
+        def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
+            self.marker = profiling.step_marker(self.step)
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            self.step += 1
+            if self.marker is not None:
+                self.marker.__exit__(None, None, None)
+                self.marker = None
+
+    return StepMarkers()
+
+
+def _marks_no_steps(keras: Any) -> bool:
+    """Whether this Keras's `fit` leaves a profile without step markers: Keras 3's does
+    (tf-keras wraps each step in a `Trace(..., _r=1)` itself)."""
+    major = str(getattr(keras, "__version__", "")).split(".")[0]
+    return major.isdigit() and int(major) >= 3
+
+
 def backup_callback(keras: Any) -> Any:
     """Keras's BackupAndRestore in the job's checkpoint dir (kept across retries): a killed
     attempt's retry resumes at its last finished epoch."""
@@ -202,12 +247,15 @@ def callbacks(
 
 def _with_ours(keras: Any, given: Any, backup: bool) -> Any:
     """The script's callbacks plus gpuhop's metrics callback, unless it passes one, and with
-    `backup` a BackupAndRestore, unless it passes one. A CallbackList is left alone."""
+    `backup` a BackupAndRestore, unless it passes one; in a process `gpuhop profile` may
+    capture, the step markers a Keras 3 profile lacks. A CallbackList is left alone."""
     if given is not None and not isinstance(given, (list, tuple)):
         return given
     out = list(given or [])
     if not any(getattr(c, "gpuhop_metrics", False) for c in out):
         out.append(metrics_callback(keras))
+    if profiling.listening() and _marks_no_steps(keras):
+        out.append(step_markers_callback(keras))
     if backup and not any(isinstance(c, keras.callbacks.BackupAndRestore) for c in out):
         out.append(backup_callback(keras))
     return out

@@ -21,6 +21,11 @@ process whichever thread calls them, as a TensorBoard `profile_batch` would. Wha
 written to `profile-PID-REQUEST.json` beside the FIFO; the agent reads no more from it than
 whether it worked and why not, and finds the files itself.
 
+Step markers: the profile plugin splits a trace into training steps (the overview's step
+times, the input pipeline's analysis) only where the program marks them. tf-keras's `fit`
+does; Keras 3's does not. While a capture runs, and only then, `step_marker` gives gpuhop's
+Keras callback (`gpuhop.runtime.callbacks`) a marker to wrap each train batch in.
+
 Standard library only; the framework is the one already imported.
 """
 
@@ -35,7 +40,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["CONTROL_ENV", "fifo_name", "listen", "result_name"]
+__all__ = ["CONTROL_ENV", "fifo_name", "listen", "listening", "result_name", "step_marker"]
 
 CONTROL_ENV = "GPUHOP_CONTROL_DIR"
 # A request is one short JSON line; more than this is not one of the agent's.
@@ -44,6 +49,8 @@ MAX_REQUEST = 4096
 MAX_SECONDS = 300.0
 
 _listening: list[str] = []
+# The framework whose capture runs in this process now, while one runs (for `step_marker`).
+_capturing: list[str] = []
 
 
 def fifo_name(pid: int) -> str:
@@ -76,6 +83,27 @@ def listen(framework: str) -> str:
     atexit.register(_forget, fifo)
     _thread.start_new_thread(_serve, (control, fifo))
     return f"waits for gpuhop profile requests ({framework}), idle until one comes"
+
+
+def listening() -> bool:
+    """Whether this process waits for profile requests (so a capture may start in it)."""
+    return bool(_listening)
+
+
+def step_marker(step: int) -> Any:
+    """While a capture runs: a training step's marker in its trace, entered (the caller
+    exits it when the step ends); None otherwise. TensorFlow's is a root `Trace` with the
+    step's number (`_r=1` makes it a step marker, as tf-keras's own `fit` makes them);
+    JAX's a `StepTraceAnnotation`."""
+    if not _capturing:
+        return None
+    if _capturing[0] == "jax":
+        marker = sys.modules["jax"].profiler.StepTraceAnnotation("train", step_num=step)
+    else:
+        trace = sys.modules["tensorflow"].profiler.experimental.Trace
+        marker = trace("train", step_num=step, _r=1)
+    marker.__enter__()
+    return marker
 
 
 def _forget(fifo: str) -> None:
@@ -150,15 +178,16 @@ def _framework() -> str:
 def _capture(framework: str, logdir: str, seconds: float) -> None:
     if framework == "jax":
         profiler: Any = sys.modules["jax"].profiler
-        profiler.start_trace(logdir)
-        try:
-            time.sleep(seconds)
-        finally:
-            profiler.stop_trace()
-        return
-    experimental = sys.modules["tensorflow"].profiler.experimental
-    experimental.start(logdir)
+        start, stop = profiler.start_trace, profiler.stop_trace
+    else:
+        experimental = sys.modules["tensorflow"].profiler.experimental
+        start, stop = experimental.start, experimental.stop
+    start(logdir)
+    # Steps are marked only between start and stop: a marker made outside costs a step
+    # something and shows nowhere.
+    _capturing.append(framework)
     try:
         time.sleep(seconds)
     finally:
-        experimental.stop()
+        _capturing.clear()
+        stop()
