@@ -1,11 +1,13 @@
 """Issue 39, `gpuhop profile`: TensorFlow's profiler run inside a running Keras `fit` on
 request, its trace shown by `gpuhop tensorboard`'s Profile tab (the plugin's HTTP API through
-the forward: the run, its tools, op statistics, the steps gpuhop marks); py-spy's flame graph
-of a plain Python job; the refusals. The session's agent and the CLI as a user runs it."""
+the forward: the run, its tools, op statistics, the steps gpuhop marks); JAX's profiler in
+a Keras fit on JAX, with the same step markers; py-spy's flame graph of a plain Python job;
+the refusals. The session's agent and the CLI as a user runs it."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import signal
 from pathlib import Path
 
@@ -69,8 +71,23 @@ def _table(tables: list[dict], column: str) -> list[list]:
     return [[c.get("v") for c in row["c"]] for table in named for row in table["rows"]]
 
 
-def _submitted(agent: Agent, root: Path, script: str) -> str:
-    run = agent.cli("run", "-d", script, cwd=root)
+def _assert_marked_steps(overview: list[dict]) -> None:
+    """The profile plugin's overview times the steps gpuhop marked around each train batch
+    (Keras 3 marks none itself), named as the fit counts them: 'train N', consecutive."""
+    numbers = [int(row[0].removeprefix("train ")) for row in _table(overview, "stepnum")]
+    assert len(numbers) >= 2 and numbers == list(range(numbers[0], numbers[-1] + 1)), numbers
+
+
+def _requires(*modules: str) -> None:
+    # find_spec, not importorskip: the job imports them (or a TensorBoard job), not pytest.
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            package = {"xprof": "tensorboard-plugin-profile"}.get(module, module)
+            missing(f"{package} is not installed")
+
+
+def _submitted(agent: Agent, root: Path, *args: str) -> str:
+    run = agent.cli("run", "-d", *args, cwd=root)
     assert run.returncode == 0, run.stderr
     return run.stdout.strip()
 
@@ -85,11 +102,7 @@ def _said(agent: Agent, job: str, line: bytes) -> None:
 def test_a_running_keras_fit_is_profiled_and_shown_in_tensorboards_profile_tab(
     shared_agent, project
 ):
-    # find_spec, not importorskip: the job imports them (and the TensorBoard job xprof),
-    # not pytest.
-    for module, package in [("tensorflow", "tensorflow"), ("xprof", "tensorboard-plugin-profile")]:
-        if importlib.util.find_spec(module) is None:
-            missing(f"{package} is not installed")
+    _requires("tensorflow", "xprof")
     job = _submitted(shared_agent, project({"train.py": FIT}), "train.py")
     said: list[str] = []
     try:
@@ -126,11 +139,7 @@ def test_a_running_keras_fit_is_profiled_and_shown_in_tensorboards_profile_tab(
                 rows = _table(tool("framework_op_stats"), "occurrences")
                 dense = [r for r in rows if "dense" in str(r[3]) and "MatMul" in str(r[2])]
                 assert dense and min(r[4] for r in dense) >= 2, rows[:10]
-                # Step markers (gpuhop's, around each train batch: Keras 3 makes none): the
-                # overview times each step, numbered as the fit counts them.
-                steps = _table(tool("overview_page"), "stepnum")
-                numbers = [int(step[0].removeprefix("train ")) for step in steps]
-                assert len(numbers) >= 2 and numbers == list(range(numbers[0], numbers[-1] + 1))
+                _assert_marked_steps(tool("overview_page"))
             cli.send_signal(signal.SIGINT)
             assert cli.wait(timeout=60) == 0
         # The job goes on training meanwhile, its files as it wrote them (the plugin's own
@@ -141,6 +150,30 @@ def test_a_running_keras_fit_is_profiled_and_shown_in_tensorboards_profile_tab(
     finally:
         _cancel(shared_agent, job)
     assert "Traceback" not in "".join(said)
+
+
+def test_a_keras_fit_on_jax_gets_jaxs_profiler_with_step_markers(shared_agent, project):
+    _requires("jax", "xprof")
+    from xprof.convert import raw_to_tool_data  # the plugin's converter; TensorFlow-free
+
+    job = _submitted(
+        shared_agent, project({"train.py": FIT}), "-e", "KERAS_BACKEND=jax", "train.py"
+    )
+    try:
+        _said(shared_agent, job, b"training")
+        shown = shared_agent.cli("profile", job, "--duration", "2s")
+        assert shown.returncode == 0, shown.stderr
+        assert f"JAX profile of job {job} (2s), in its artifacts:" in shown.stdout
+        run = shown.stdout.split("tensorboard/plugins/profile/")[1].split()[0]
+        profiles = shared_agent.paths.jobs / job / "artifacts/tensorboard/plugins/profile"
+        traces = list((profiles / run).glob("*.xplane.pb"))
+        assert len(traces) == 1, traces
+        # Keras's JAX train step, compiled by XLA, ran meanwhile, step after step.
+        assert b"jit(train_step)" in traces[0].read_bytes()
+        overview, _ = raw_to_tool_data.xspace_to_tool_data(traces, "overview_page", {})
+        _assert_marked_steps(json.loads(overview))
+    finally:
+        _cancel(shared_agent, job)
 
 
 def test_a_plain_python_job_gets_a_py_spy_flame_graph(shared_agent, project):
