@@ -27,6 +27,7 @@ import load
 import logs
 import memory
 import overhead
+import profiling
 import resync
 import serving
 import start_latency
@@ -44,6 +45,7 @@ BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "imports": imports.run,
     "resync": resync.run,
     "overhead": overhead.run,
+    "profiling": profiling.run,
     "gpu_training": gpu_training.run,
     "logs": logs.run,
     "transports": transports.run,
