@@ -210,6 +210,7 @@ class AgentContext:
     def close(self) -> None:
         self.fetches.close()
         self.scheduler.close()
+        self.supervisor.close()
         self.backend.close()
         self.notifier.close()
         self.store.close()

@@ -112,6 +112,9 @@ class Supervisor:
             backend.gpu_host, self.job_paths, elsewhere=backend.where if backend.remote else None
         )
         self._killed_after_grace: set[str] = set()
+        # The SIGKILLs promised to stopping jobs, each due after its grace (`_kill_at`).
+        self._grace_timers: set[threading.Timer] = set()
+        self._grace_lock = threading.Lock()
         # The grace of a cancel that came while its job was starting, by job id.
         self._start_cancels: dict[str, float] = {}
 
@@ -483,9 +486,26 @@ class Supervisor:
         self._kill_at(job.id, started, max(0.0, float(kill_at.get("at", 0)) - time.time()))
 
     def _kill_at(self, job_id: str, started: Started, delay: float) -> None:
-        timer = threading.Timer(delay, self._kill_after_grace, args=(job_id, started))
+        def due() -> None:
+            with self._grace_lock:  # `close` waits for a kill under way
+                if timer not in self._grace_timers:
+                    return  # the agent is stopping
+                self._grace_timers.discard(timer)
+                self._kill_after_grace(job_id, started)
+
+        timer = threading.Timer(delay, due)
         timer.daemon = True
+        with self._grace_lock:
+            self._grace_timers.add(timer)
         timer.start()
+
+    def close(self) -> None:
+        """Drop the SIGKILLs still due: the agent is stopping, and the job store with it.
+        Each is kept on disk (KILL_AT), and the next agent arms it again (`_rearm`)."""
+        with self._grace_lock:
+            timers, self._grace_timers = self._grace_timers, set()
+        for timer in timers:
+            timer.cancel()
 
     def _kill_after_grace(self, job_id: str, started: Started) -> None:
         job = self.store.get(job_id)
