@@ -329,17 +329,32 @@ def start(root: Path, nodes: int = 1) -> SlurmCluster:
     return cluster
 
 
+def _shared_under_tmp() -> list[Path]:
+    """What the nodes must see that lies under /tmp on this host: the checkout and the
+    Python the agent and its jobs run (a fresh clone there, as CI's may be), which a site
+    keeps on its shared filesystem. Outermost dirs only."""
+    here = Path(__file__).resolve().parents[2]
+    found = {p for p in (here, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve())}
+    under = sorted(p for p in found if p.is_relative_to("/tmp") and p != Path("/tmp"))
+    return [p for p in under if not any(p != q and p.is_relative_to(q) for q in under)]
+
+
 def _node_setup(root: Path, nodes: list[Node], node: Node) -> list[str]:
     """Shell commands that make a node of the two-node cluster in its own mount and UTS
-    namespaces: its own /tmp (with NODE_SCRATCH in it), and a host name of its own that
+    namespaces: its own /tmp (with NODE_SCRATCH in it, and what it must share with this host
+    bound back in at the same paths: `_shared_under_tmp`), and a host name of its own that
     every node resolves to its address, as a site's hosts file or DNS says (programs that
     advertise their host's name, as Gloo's collectives under JAX do, then reach it)."""
     hosts = root / "hosts"
     if not hosts.exists():
         lines = ["127.0.0.1 localhost", *(f"{n.addr} {n.hostname}" for n in nodes)]
         hosts.write_text("\n".join(lines) + "\n")
+    shared = _shared_under_tmp()
+    held = [root / "held" / node.name / str(i) for i in range(len(shared))]
     return [
+        *(f"mkdir -p {h} && mount --bind {p} {h}" for p, h in zip(shared, held, strict=True)),
         "mount -t tmpfs gpuhop-test-node /tmp",
+        *(f"mkdir -p {p} && mount --move {h} {p}" for p, h in zip(shared, held, strict=True)),
         f"mkdir {NODE_SCRATCH}",
         f"mount --bind {hosts} /etc/hosts",
         f"hostname {node.hostname}",
