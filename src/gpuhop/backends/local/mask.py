@@ -71,10 +71,6 @@ class Masker:
         return longest
 
 
-class _Drain(Exception):
-    pass
-
-
 def _write_all(fd: int, data: bytes) -> None:
     while data:
         try:
@@ -84,28 +80,28 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _pump(read_fd: int, out_fd: int, masker: Masker, mask: set[int | signal.Signals]) -> None:
-    def drain(*_):
-        raise _Drain
-
-    signal.signal(signal.SIGUSR1, drain)
-    try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a drain sent meanwhile comes now
-        while True:
-            try:
-                data = os.read(read_fd, 65536)
-            except InterruptedError:
-                continue
-            if not data:
-                break
-            _write_all(out_fd, masker.feed(data))
-    except _Drain:
-        # What is in the pipe now, and no more: someone the job left behind holds it open.
-        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-        while select.select([read_fd], [], [], 0)[0]:
-            data = os.read(read_fd, 65536)
-            if not data:
-                break
-            _write_all(out_fd, masker.feed(data))
+    """Copy the pipe, masked, until its writers are gone; told to drain (SIGUSR1), copy what
+    it holds now and stop. The signal only wakes the loop (a byte on a wakeup pipe): an
+    exception raised by its handler could land between a read and its write, and lose what
+    was read."""
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGUSR1, lambda *_: None)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a drain sent meanwhile comes now
+    draining = False
+    while True:
+        watched = [read_fd] if draining else [read_fd, wake_r]
+        ready = select.select(watched, [], [], 0 if draining else None)[0]
+        if wake_r in ready:
+            draining = True  # what the pipe holds now, and no more: someone the job left
+            continue  # behind holds it open
+        if not ready:
+            break
+        data = os.read(read_fd, 65536)
+        if not data:
+            break
+        _write_all(out_fd, masker.feed(data))
     _write_all(out_fd, masker.flush())
 
 
