@@ -191,6 +191,7 @@ def test_each_end_class_comes_from_what_really_happened(shared_agent, project):
             "cancelled.py": SLEEPER,
         }
     )
+    before = scrape(shared_agent)  # the shared agent's earlier jobs ended as they did
     with shared_agent.client() as client:
         jobs = {
             name: client.submit([f"{name}.py"], workdir=root)
@@ -223,7 +224,8 @@ def test_each_end_class_comes_from_what_really_happened(shared_agent, project):
     assert "class  app-error" in shown.stdout
     metrics = scrape(shared_agent)
     for end in EndClass:  # every class has a series, even at 0
-        assert (count(metrics, end.value) >= 1) == (end.value in set(classes.values()))
+        added = count(metrics, end.value) - count(before, end.value)
+        assert (added >= 1) == (end.value in set(classes.values())), end
 
 
 def count(metrics: dict, end_class: str) -> float:
