@@ -172,31 +172,35 @@ def _expected_seconds(collection: list[str]) -> dict[str, float]:
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """xdist's LoadScopeScheduling with `_work_unit` as the scope, its units handed out
-    longest first (`DURATIONS`), each worker taking the next as it finishes. (xdist's own
-    `--dist loadgroup` marks do nothing on pytest 9, which no longer reads an item's `_nodeid`
-    that xdist rewrites; its own order is by number of tests, which put a module of three
-    minute-long tests last.)"""
+    """xdist's LoadScopeScheduling with `_work_unit` as the scope, its units handed out in
+    the order of the collection, which `pytest_collection_modifyitems` sorted longest first
+    (`DURATIONS`); each worker takes the next as it finishes. (xdist's own `--dist loadgroup`
+    marks do nothing on pytest 9, which no longer reads an item's `_nodeid` that xdist
+    rewrites; its own order is by number of tests, which put a module of three minute-long
+    tests last.)
+
+    The order is made where the tests are collected, in every worker alike, not here: xdist
+    asks a worker for a test by its index in that worker's own collection, so a scheduler
+    that reordered its copy of the collection would send indexes that name other tests, and
+    each unit's tests would be strewn over all workers (as they were, for a while: a module's
+    fixtures started in three workers, and the Ray group's clusters in two at once)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByWorkUnit(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             return _work_unit(nodeid)
 
-        def schedule(self) -> None:
-            if self.collection is None and self.registered_collections:
-                first = list(next(iter(self.registered_collections.values())))
-                seconds = _expected_seconds(first)
-                rank = {nodeid: -seconds[_work_unit(nodeid)] for nodeid in first}
-                for node, collection in self.registered_collections.items():
-                    # A stable sort: each unit's tests keep their order.
-                    self.registered_collections[node] = sorted(
-                        collection, key=lambda nodeid: rank.get(nodeid, 0.0)
-                    )
-                self.config.option.loadscopereorder = False  # the order above is the order
-            super().schedule()
-
+    config.option.loadscopereorder = False  # the collection's order is the order
     return ByWorkUnit(config, log)
+
+
+def _longest_first(items: list[pytest.Item]) -> None:
+    """Sort `items` in place by their work unit's expected seconds, longest first; each
+    unit's tests together and in the order pytest gave them (its parameters grouped so that
+    module fixtures start once)."""
+    seconds = _expected_seconds([item.nodeid for item in items])
+    units = {id(item): _work_unit(item.nodeid) for item in items}
+    items.sort(key=lambda item: (-seconds[units[id(item)]], units[id(item)]))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -243,7 +247,9 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `gpu` need a real NVIDIA GPU; without one they are skipped, not failed."""
+    """The longest units of work first (`_longest_first`); tests marked `gpu` need a real
+    NVIDIA GPU, and without one they are skipped, not failed."""
+    _longest_first(items)
     gpu_tests = [item for item in items if item.get_closest_marker("gpu")]
     if gpu_tests and not has_nvidia_gpu():
         skip = pytest.mark.skip(reason="needs a real NVIDIA GPU (nvidia-smi lists none here)")
