@@ -83,15 +83,7 @@ def _measure(settings: Settings, nodes: int) -> Row:
         with contextlib.ExitStack() as stack:
             cluster = slurm_cluster.start(root / "slurm", nodes)
             stack.callback(cluster.stop)
-            before = os.environ.get("SLURM_CONF")
-            os.environ["SLURM_CONF"] = str(cluster.conf)  # for the agent this starts
-            stack.callback(
-                lambda: (
-                    os.environ.pop("SLURM_CONF", None)
-                    if before is None
-                    else os.environ.update(SLURM_CONF=before)
-                )
-            )
+            stack.enter_context(cluster.used_here())  # for the agent this starts
             agent = stack.enter_context(private_agent(root / "agent", "--backend", "slurm"))
             env = {**agent.env, "GPUHOP_CONFIG_DIR": str(root / "config")}
             gpuhop = [PYTHON, "-m", "gpuhop", "run", "--no-requirements", "hello.py"]

@@ -20,12 +20,22 @@ and exit codes from its batch script.
 
 `start(root, nodes=2)` makes a cluster of two nodes, NODES, as a site's are: each slurmd in a
 network namespace of its own with its own address on a private test subnet
-(tests/slurm_backend/netns.py: a bridge on this host, a veth pair per node), its NodeAddr,
-which its Slurm name does not resolve to (nor does it resolve at all); a host name of its
-own (a UTS namespace) that every node resolves to that address (a hosts file bound over
-theirs); and a node-local `/tmp` (an empty tmpfs in its mount namespace), while the
-cluster's dir (under /var/tmp, where the agents' state dirs are too) stays the filesystem
-every node shares. slurmctld listens on this host's end of the bridge.
+(tests/slurm_backend/netns.py: a bridge on this host, a veth pair per node); a host name of
+its own (a UTS namespace), which is its NodeAddr: Slurm reaches it by that name, which its
+Slurm name is not (nor does that resolve at all); and a node-local `/tmp` (an empty tmpfs
+in its mount namespace), while the cluster's dir (under /var/tmp, where the agents' state
+dirs are too) stays the filesystem every node shares. slurmctld listens on this host's end
+of the bridge.
+
+The host names resolve from hosts files, as at a site without DNS for its nodes: each node
+has its own (`hosts-NODE` in the cluster's dir, bound over its /etc/hosts, which a test may
+change: `SlurmCluster.unresolved`) and no DNS server (an empty resolv.conf: a name its hosts
+file lacks fails at once, not after DNS timeouts on a network with no way out); the login
+node (this host) has its own too (`hosts`: this host's /etc/hosts and the nodes' names),
+which slurmctld sees (a mount namespace of its own with it bound over /etc/hosts) and so
+does every `srun` started here (Slurm's srun reaches the nodes by their NodeAddr): a
+wrapper first on PATH (`SlurmCluster.settings`) runs the real one the same way. This host's
+own /etc/hosts is never touched.
 """
 
 from __future__ import annotations
@@ -33,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shlex
 import shutil
 import signal
 import socket
@@ -80,18 +91,27 @@ def _free_ports(n: int) -> list[int]:
 
 @dataclass
 class Node:
-    """A compute node: its Slurm name, the address Slurm reaches it at (NodeAddr), and the
-    argv prefix that runs a command there (its namespaces; empty for the one-node cluster)."""
+    """A compute node: its Slurm name, the address Slurm reaches it at (NodeAddr: on two
+    nodes its host name, `ip` what that resolves to), and the argv prefix that runs a
+    command there (its namespaces; empty for the one-node cluster)."""
 
     name: str
     addr: str
     enter: list[str] = field(default_factory=list)
     pid: int = 0  # its slurmd's
+    ip: str = ""
 
-    @property
-    def hostname(self) -> str:
-        """Its host's name (two-node cluster only), which is not its Slurm name either."""
-        return f"{self.name.replace('gpuhop-n', 'gpuhop-host')}.test"
+
+def _hostname(name: str) -> str:
+    """A node's host name (two-node cluster), which is not its Slurm name."""
+    return f"{name.replace('gpuhop-n', 'gpuhop-host')}.test"
+
+
+def _with_hosts(hosts: Path) -> list[str]:
+    """The argv prefix that runs a command in a mount namespace of its own with `hosts`
+    bound over /etc/hosts."""
+    bind = f'mount --bind {hosts} /etc/hosts && exec "$@"'
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind, "sh"]
 
 
 @dataclass
@@ -113,8 +133,35 @@ class SlurmCluster:
         return self.root / "login-only"
 
     @property
+    def settings(self) -> dict[str, str]:
+        """What a process on the login node (this host) has in its environment to use the
+        cluster: SLURM_CONF, and (two nodes) PATH with the login node's srun first."""
+        if self.network is None:
+            return {"SLURM_CONF": str(self.conf)}
+        path = os.environ.get("PATH", "")
+        login = str(self.root / "login-bin")
+        if path.split(os.pathsep)[0] != login:
+            path = f"{login}{os.pathsep}{path}"
+        return {"SLURM_CONF": str(self.conf), "PATH": path}
+
+    @property
     def env(self) -> dict[str, str]:
-        return {**os.environ, "SLURM_CONF": str(self.conf)}
+        return {**os.environ, **self.settings}
+
+    @contextlib.contextmanager
+    def used_here(self) -> Iterator[None]:
+        """`settings` in this process's environment, and so in the agents it starts, until
+        the block ends."""
+        before = {k: os.environ.get(k) for k in self.settings}
+        os.environ.update(self.settings)
+        try:
+            yield
+        finally:
+            for k, v in before.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
 
     def run(self, *argv: str) -> str:
         out = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=30)
@@ -151,6 +198,21 @@ class SlurmCluster:
             if holder.stdout.readline() != "held\n":
                 raise ClusterError(f"could not hold ports on {self.nodes[index].name}")
             yield
+
+    @contextlib.contextmanager
+    def unresolved(self, index: int, on: int) -> Iterator[None]:
+        """Node `on` (two-node cluster) cannot resolve node `index`'s NodeAddr until the
+        block ends: its hosts file lacks the name, which slurmctld, this host and the other
+        node still resolve."""
+        hosts = self.root / f"hosts-{self.nodes[on].name}"
+        kept = hosts.read_text()
+        lines = kept.splitlines(keepends=True)
+        # Written in place: the file is bound over the node's /etc/hosts by its inode.
+        hosts.write_text("".join(x for x in lines if x.split()[1:] != [self.nodes[index].addr]))
+        try:
+            yield
+        finally:
+            hosts.write_text(kept)
 
     def node_state(self) -> str:
         return self.run("sinfo", "-h", "-n", self.node, "-o", "%T").strip()
@@ -263,8 +325,8 @@ def start(root: Path, nodes: int = 1) -> SlurmCluster:
             raise ClusterError(f"{root} is under /tmp, which each node has its own of")
         network = Network.make(nodes)
         members = [
-            Node(name, addr, network.enter(i))
-            for i, (name, addr) in enumerate(zip(NODES, network.addresses, strict=False))
+            Node(name, _hostname(name), network.enter(i), ip=ip)
+            for i, (name, ip) in enumerate(zip(NODES, network.addresses, strict=False))
         ]
         host_addr = network.gateway
     conf = _write_conf(root, members, socket.gethostname().split(".")[0], host_addr)
@@ -305,7 +367,8 @@ def start(root: Path, nodes: int = 1) -> SlurmCluster:
             "munged.out",
         )
         _wait(lambda: (munge / "munge.socket").exists(), cluster, "munged's socket")
-        spawn(["/usr/sbin/slurmctld", "-D", "-i", "-f", str(conf)], "slurmctld.out")
+        login = _login_node(root, members) if network is not None else []
+        spawn([*login, "/usr/sbin/slurmctld", "-D", "-i", "-f", str(conf)], "slurmctld.out")
         cluster.hidden.mkdir()
         # A node's own mount namespace: the login-only dir hidden, and (on two nodes) a
         # /tmp of its own. `ip netns exec`, `unshare` and `sh` exec slurmd: its pid is the
@@ -329,6 +392,28 @@ def start(root: Path, nodes: int = 1) -> SlurmCluster:
     return cluster
 
 
+def _login_node(root: Path, nodes: list[Node]) -> list[str]:
+    """The login node's hosts file (this host's and the nodes' names) and its srun, which
+    runs the real one with it (`login-bin/srun`, first on PATH in `settings`); the argv
+    prefix that runs slurmctld with it. A job's steps on the nodes have that PATH too
+    (sbatch carries the agent's environment): there the wrapper runs srun as it is."""
+    hosts = root / "hosts"
+    hosts.write_text(Path("/etc/hosts").read_text() + _hosts_lines(nodes))
+    here = os.readlink("/proc/self/ns/net")
+    srun = shutil.which("srun") or "srun"
+    wrapper = root / "login-bin" / "srun"
+    wrapper.parent.mkdir()
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$(readlink /proc/self/ns/net)" = {shlex.quote(here)} ]; then\n'
+        f'  exec {shlex.join([*_with_hosts(hosts), srun])} "$@"\n'
+        "fi\n"
+        f'exec {shlex.quote(srun)} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return _with_hosts(hosts)
+
+
 def _shared_under_tmp() -> list[Path]:
     """What the nodes must see that lies under /tmp on this host: the checkout and the
     Python the agent and its jobs run (a fresh clone there, as CI's may be), which a site
@@ -343,12 +428,13 @@ def _node_setup(root: Path, nodes: list[Node], node: Node) -> list[str]:
     """Shell commands that make a node of the two-node cluster in its own mount and UTS
     namespaces: its own /tmp (with NODE_SCRATCH in it, and what it must share with this host
     bound back in at the same paths: `_shared_under_tmp`), and a host name of its own that
-    every node resolves to its address, as a site's hosts file or DNS says (programs that
-    advertise their host's name, as Gloo's collectives under JAX do, then reach it)."""
-    hosts = root / "hosts"
-    if not hosts.exists():
-        lines = ["127.0.0.1 localhost", *(f"{n.addr} {n.hostname}" for n in nodes)]
-        hosts.write_text("\n".join(lines) + "\n")
+    every node resolves to its address from its own hosts file, as a site's hosts files or
+    DNS say (Slurm reaches it by that name, its NodeAddr; programs that advertise their
+    host's name, as Gloo's collectives under JAX do, then reach it too), and no DNS."""
+    hosts = root / f"hosts-{node.name}"
+    hosts.write_text("127.0.0.1 localhost\n" + _hosts_lines(nodes))
+    no_dns = root / "resolv.conf"
+    no_dns.write_text("# no DNS server on the test network: names come from /etc/hosts\n")
     shared = _shared_under_tmp()
     held = [root / "held" / node.name / str(i) for i in range(len(shared))]
     return [
@@ -357,8 +443,13 @@ def _node_setup(root: Path, nodes: list[Node], node: Node) -> list[str]:
         *(f"mkdir -p {p} && mount --move {h} {p}" for p, h in zip(shared, held, strict=True)),
         f"mkdir {NODE_SCRATCH}",
         f"mount --bind {hosts} /etc/hosts",
-        f"hostname {node.hostname}",
+        f"mount --bind {no_dns} /etc/resolv.conf",
+        f"hostname {node.addr}",
     ]
+
+
+def _hosts_lines(nodes: list[Node]) -> str:
+    return "".join(f"{n.ip} {n.addr}\n" for n in nodes)
 
 
 def _idle(cluster: SlurmCluster) -> bool:

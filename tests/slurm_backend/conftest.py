@@ -33,8 +33,9 @@ def skip_without_slurm() -> None:
 
 
 def start_cluster(root: Path, nodes: int = 1) -> Iterator[SlurmCluster]:
-    """A started cluster of `nodes` nodes, with SLURM_CONF pointing at it for this process and
-    the agents it starts; stopped (its network removed), and SLURM_CONF restored, afterwards."""
+    """A started cluster of `nodes` nodes, used by this process and the agents it starts
+    (`SlurmCluster.used_here`: SLURM_CONF, and the login node's srun); stopped (its network
+    removed), and the environment restored, afterwards."""
     skip_without_slurm()
     if nodes > 1 and (why := netns.unavailable()) is not None:
         pytest.skip(f"no two-node Slurm cluster here: {why}")
@@ -42,15 +43,10 @@ def start_cluster(root: Path, nodes: int = 1) -> Iterator[SlurmCluster]:
         cluster = helper.start(root, nodes)
     except (helper.ClusterError, netns.NetworkError) as e:
         pytest.fail(str(e))
-    before = os.environ.get("SLURM_CONF")
-    os.environ["SLURM_CONF"] = str(cluster.conf)
     try:
-        yield cluster
+        with cluster.used_here():
+            yield cluster
     finally:
-        if before is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = before
         cluster.stop()
 
 

@@ -1,8 +1,8 @@
 """Multi-worker jobs on the Slurm backend: one Slurm job of N tasks that `srun` starts
 together, each told of its peers, on the real two-node test cluster (tests/slurm_backend/
-cluster.py): each node has its own address, which its name does not resolve to, its own
-ports and its own /tmp, so a gang's workers (one a node, unless packed) meet as on a site's
-nodes.
+cluster.py): each node has its own address, reached by its host name (its NodeAddr, which
+the nodes resolve from their hosts files), not its Slurm name, its own ports and its own
+/tmp, so a gang's workers (one a node, unless packed) meet as on a site's nodes.
 
 The module's agent takes its gangs' ports from a block of PORTS ports ([slurm] ports in its
 agent.toml), which a test holds nearly all of on one node, and its scratch dir from
@@ -114,8 +114,10 @@ def test_each_worker_gets_its_tf_config_naming_its_peers_by_node_address_and_its
     # Each its own GPU, as Slurm set it: on one node, its two; on two, each node's first.
     assert [w[8] for w in index] == (["0", "1"] if pack else ["0", "0"])
     hosts, ports = zip(*(w[4].rsplit(":", 1) for w in index), strict=True)
-    # Peers by Slurm's NodeAddr: a node's name resolves nowhere (tests/slurm_backend/cluster.py).
+    # Peers by Slurm's NodeAddr, a host name, which the nodes resolve: a node's Slurm name
+    # resolves nowhere (tests/slurm_backend/cluster.py).
     assert list(hosts) == [n.addr for n in nodes] and ports[0] != ports[1]
+    assert not any(h.replace(".", "").isdigit() for h in hosts), hosts  # names, not IPs
     where = ", ".join(sorted({n.name for n in nodes}))
     assert f"gpuhop: 2 workers on {where}, ports {ports[0]}, {ports[1]}" in log
     wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
@@ -246,6 +248,54 @@ def test_a_gang_starts_on_ports_free_on_every_node_when_its_first_choice_is_take
     avoided = log.split("gpuhop: in use, so not chosen: ")[1].splitlines()[0]
     first, second = (n.name for n in slurm_cluster.nodes)
     assert f" on {second}" in avoided and first not in avoided, avoided
+
+
+# Each worker says it ran, in the shared dir it is given.
+RAN = """
+import os, sys
+open(os.path.join(sys.argv[1], "ran-" + os.environ["GPUHOP_WORKER_INDEX"]), "w").close()
+"""
+
+
+def test_a_gang_whose_node_cannot_resolve_its_peers_address_fails_at_once_saying_so(
+    slurm_agent, slurm_cluster, tmp_path
+):
+    # The second node's hosts file lacks the first node's NodeAddr, which slurmctld, this
+    # host and the first node (where the gang's batch step runs) still resolve: Slurm itself
+    # starts the job, and only the peers could not meet.
+    first, second = slurm_cluster.nodes
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    work = _script(tmp_path, "ran.py", RAN)
+    with slurm_cluster.unresolved(0, on=1):
+        assert slurm_cluster.on(1, "getent", "hosts", first.addr).returncode != 0
+        job_id = _submit(slurm_agent, work, "--workers", "2", "ran.py", str(ran))
+        # Well before the 300 s workers wait for their peers by default (--worker-timeout).
+        info = _ended(slurm_agent, job_id, timeout=60)
+    assert info["state"] == "failed", info
+    said = f"node {second.name} cannot resolve its peer's address {first.addr} ("
+    assert said in info["reason"], info
+    assert f"gpuhop: could not start: {said}" in slurm_agent.cli("logs", job_id).stdout
+    assert list(ran.iterdir()) == []  # no worker started
+    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+    # Nothing of the job's left on any node (the nodes share this host's process ids).
+    job_dir = str(slurm_agent.paths.job_dir(job_id))
+    wait_until(lambda: not _processes_mentioning(job_dir), timeout=30)
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    """The argv of each live process on this host (and so on the test nodes) that has
+    `text` in it."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state != "Z" and text in argv:
+            found.append(argv.replace("\0", " "))
+    return found
 
 
 def test_a_worker_killed_by_the_test_fails_the_gang(slurm_agent, slurm_cluster, tmp_path):
