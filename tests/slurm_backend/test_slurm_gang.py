@@ -243,7 +243,7 @@ def test_a_gang_starts_on_ports_free_on_every_node_when_its_first_choice_is_take
         info = _ended(slurm_agent, job_id)
     log = slurm_agent.cli("logs", job_id).stdout
     assert info["state"] == "succeeded", (info, log)
-    ports = {int(p) for p in re.findall(r"\] index \d of 2 [\d.]+:(\d+) ", log)}
+    ports = {int(p) for p in re.findall(r"\] index \d of 2 \S+:(\d+) ", log)}
     assert len(ports) == 2 and not ports & busy, (ports, log)
     avoided = log.split("gpuhop: in use, so not chosen: ")[1].splitlines()[0]
     first, second = (n.name for n in slurm_cluster.nodes)
