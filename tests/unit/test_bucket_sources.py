@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from gpuhop.agent.jobs.fetches import Fetch
+from gpuhop.agent.storage import buckets
 from gpuhop.agent.storage.blobs import BlobStore
+from gpuhop.agent.storage.buckets import Credentials
 from gpuhop.agent.storage.envs import EnvError, check_python
 from gpuhop.agent.storage.objectcache import Listed, ObjectCache, ObjectId
 from gpuhop.api.models import SubmitRequest
@@ -78,6 +80,8 @@ def test_a_fetch_says_how_far_it_is():
     ), fetch.note()
     fetch.add((3 << 30) - (40 << 20))  # all of it: no time left to say
     assert fetch.note().endswith("/s")
+    fetch.fetched = 6
+    assert re.fullmatch(r"9 objects, 6 of them fetched \(3 GiB in [\d.]+s\)", fetch.summary())
 
 
 def _blobs(root: Path) -> BlobStore:
@@ -101,11 +105,18 @@ def test_the_cache_takes_whole_objects_as_blobs_and_makes_one_view_per_listing(t
     cache.commit("alice", one, whole)
     assert cache.has("alice", one) and not whole.exists()
     assert not cache.has("bob", one)  # another user's cache is not theirs
+    two = one._replace(key="train/b.txt")
+    # One query for many: what the index holds of alice's, not of bob's.
+    assert cache.lacking("alice", [one.digest(), two.digest()]) == {two.digest()}
+    assert cache.lacking("bob", [one.digest()]) == {one.digest()}
     assert cache.path("alice", one).samefile(blobs.path(hashlib.sha256(b"abcde").hexdigest()))
     listing = [Listed("a.txt", one)]
-    view = cache.make_view("alice", listing)
+    name = cache.view_name(listing)
+    assert cache.view("alice", name) is None
+    view = cache.make_view("alice", listing, name)
     assert (view / "a.txt").read_bytes() == b"abcde"
-    assert cache.make_view("alice", listing) == view
+    assert cache.make_view("alice", listing, name) == view == cache.view("alice", name)
+    assert cache.view("bob", name) is None
     changed = [Listed("a.txt", one._replace(etag="e2"))]
     assert cache.view_name(changed) != cache.view_name(listing)  # a new ETag: a new view
     versioned = [Listed("a.txt", one._replace(version="v2"))]
@@ -133,3 +144,27 @@ def test_nothing_under_the_object_cache_is_taken_as_an_interpreter(tmp_path: Pat
     fake.chmod(0o755)
     with pytest.raises(EnvError, match="lies among what users sent to the agent"):
         check_python(str(fake), tmp_path)
+
+
+def test_a_single_user_agents_client_is_kept_until_the_users_aws_configuration_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Making a client costs a fraction of a second, which an unchanged prefix's re-fetch
+    (one listing) would pay each time; the user's own configuration still counts as it is
+    at each fetch."""
+    config = tmp_path / "config"
+    config.write_text("[default]\nregion = eu-west-1\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    creds = Credentials("me", {"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b"}, True)
+    first = buckets.client(creds, 4)
+    assert buckets.client(creds, 4) is first
+    assert first.meta.region_name == "eu-west-1"
+    config.write_text("[default]\nregion = eu-north-1\n")
+    second = buckets.client(creds, 4)
+    assert second is not first and second.meta.region_name == "eu-north-1"
+    # Another secret's value: another client, whatever the configuration says.
+    assert (
+        buckets.client(creds._replace(values={**creds.values, "AWS_SECRET_ACCESS_KEY": "c"}), 4)
+        is not second
+    )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -56,6 +56,7 @@ class Fetch:
         self.phase = "listing"
         self.objects = self.objects_done = 0
         self.bytes = self.bytes_done = 0
+        self.fetched = 0  # objects this fetch downloads (the others were cached)
         self.started = time.monotonic()
 
     def add(self, n: int) -> None:
@@ -79,6 +80,14 @@ class Fetch:
                 left = int((total - done) / speed)
                 text += f", ETA {left // 60}:{left % 60:02d}"
         return text
+
+    def summary(self) -> str:
+        """What the fetch did, once its data is whole: as the agent's log records it."""
+        with self.lock:
+            return (
+                f"{self.objects} objects, {self.fetched} of them fetched"
+                f" ({_size(self.bytes_done)} in {time.monotonic() - self.started:.1f}s)"
+            )
 
 
 def _size(n: float) -> str:
@@ -190,7 +199,7 @@ class Fetches:
         deps["data"] = [*deps.get("data", []), *views]
         deps["data_dir"] = jobdeps.DATA_DIR
         jobdeps.write(jp, deps)
-        log.info("job %s: its data is here (%s)", job.id, fetch.note().removeprefix("fetching "))
+        log.info("job %s: its data is here: %s", job.id, fetch.summary())
         self._forget(job.id)
         self.on_done(job.id, JobState.queued)
 
@@ -208,12 +217,20 @@ class Fetches:
             except BucketError as e:
                 raise BucketError(f"{source.url}: {e}") from None
             self._check(job.id)
-        with self._lock:  # pinned before anything is looked at: eviction leaves it from now
-            self._pins[job.id] = Keep(
-                {ObjectCache.view_name(listed) for _, listed in listings},
-                {e.id.digest() for _, listed in listings for e in listed},
-            )
-        wanted = {e.id: e for _, listed in listings for e in listed if not cache.has(user, e.id)}
+        # Pinned before anything is looked at: eviction leaves it from now. A listing whose
+        # view is here has all its objects here (an unchanged prefix costs no look at each
+        # object); the others' objects are pinned, then asked for in one query.
+        names = [ObjectCache.view_name(listed) for _, listed in listings]
+        self._pin(job.id, views=names)
+        changed = [
+            listed
+            for (_, listed), name in zip(listings, names, strict=True)
+            if cache.view(user, name) is None
+        ]
+        ids = {e.id.digest(): e.id for listed in changed for e in listed}
+        self._pin(job.id, objects=ids)
+        lacking = cache.lacking(user, ids)
+        wanted = [oid for digest, oid in ids.items() if digest in lacking]
         parts = {oid: cache.partial(user, oid) for oid in wanted}
         have = {oid: cache.partial_bytes(part, oid) for oid, part in parts.items()}
         need = sum(oid.size - have[oid] for oid in wanted)
@@ -223,6 +240,7 @@ class Fetches:
             fetch.objects = sum(len(listed) for _, listed in listings)
             fetch.objects_done = fetch.objects - len(wanted)
             fetch.bytes = need
+            fetch.fetched = len(wanted)
         if wanted:
             limit = self.room.limit()
             if limit is not None:
@@ -230,9 +248,9 @@ class Fetches:
             self.room.check_storage(need)
             self._download(job.id, s3, user, parts, fetch)
         views = []
-        for source, listed in listings:
-            view = cache.make_view(user, listed)
-            cache.used(user, source.url, creds.endpoint, listed)
+        for (source, listed), name in zip(listings, names, strict=True):
+            view = cache.make_view(user, listed, name)
+            cache.used(user, source.url, creds.endpoint, listed, name)
             views.append(
                 {
                     "name": source.name,
@@ -292,6 +310,13 @@ class Fetches:
                     future.cancel()
                 raise
         self._check(job_id)  # a download that stopped for the agent's end is no whole one
+
+    def _pin(self, job_id: str, views: Iterable[str] = (), objects: Iterable[str] = ()) -> None:
+        """Keep these views and objects from eviction while the job's fetch runs."""
+        with self._lock:
+            pin = self._pins.setdefault(job_id, Keep(set(), set()))
+            pin.views.update(views)
+            pin.objects.update(objects)
 
     def _check(self, job_id: str) -> None:
         """Raise _Stopped where the job is no longer queued (cancelled) or the agent stops."""

@@ -87,18 +87,25 @@ class Credentials(NamedTuple):
 # Clients kept for the credentials they sign with: making one costs 0.2-0.5 s of the agent's
 # CPU (boto3 loads and checks the service's model), which an unchanged prefix's re-fetch,
 # one listing, would otherwise pay each time. A client is thread-safe; new secrets (a
-# rotated key, a new session token) make a new one. The user's own configuration (a
-# single-user agent) is read afresh each fetch, as its files may have changed.
+# rotated key, a new session token) make a new one, and so does a change of the user's own
+# configuration where a single-user agent reads it (`_own_config`): its files are looked at
+# (a stat each) at every fetch. Credentials that expire (an instance role's, SSO's) are
+# renewed by the client itself.
 KEPT_CLIENTS = 16
 _clients: dict[tuple[object, ...], Any] = {}
 _clients_lock = threading.Lock()
+# Where boto3 reads the user's own configuration from: the variable naming each file, and
+# its default.
+_CONFIG_FILES = (
+    ("AWS_CONFIG_FILE", "~/.aws/config"),
+    ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials"),
+)
 
 
 def client(creds: Credentials, connections: int) -> Any:
     """An S3 client signing with `creds`, for `connections` threads at once."""
-    if creds.own_config:
-        return _new_client(creds, connections)
-    key = (tuple(sorted(creds.values.items())), connections)
+    own = _own_config() if creds.own_config else None
+    key = (tuple(sorted(creds.values.items())), connections, own)
     with _clients_lock:
         kept = _clients.pop(key, None)
         if kept is not None:
@@ -110,6 +117,22 @@ def client(creds: Credentials, connections: int) -> Any:
         while len(_clients) > KEPT_CLIENTS:
             del _clients[next(iter(_clients))]
     return made
+
+
+def _own_config() -> tuple[object, ...]:
+    """The user's usual AWS configuration as it stands: the agent's AWS_* variables, and
+    each configuration file's identity (inode, size, time written) or its absence."""
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+    files: list[object] = []
+    for variable, default in _CONFIG_FILES:
+        path = os.path.expanduser(os.environ.get(variable) or default)
+        try:
+            st = os.stat(path)
+        except OSError:
+            files.append(path)
+            continue
+        files.append((path, st.st_ino, st.st_size, st.st_mtime_ns))
+    return (env, tuple(files))
 
 
 def _new_client(creds: Credentials, connections: int) -> Any:
@@ -201,14 +224,22 @@ def _pages(s3: Any, source: DataSource) -> Iterator[dict[str, Any]]:
     versioning, the latest version of each key from ListObjectVersions (a key whose latest
     version is a delete marker is gone). A bucket that will not say whether it has
     versioning (the user may not ask) is listed as unversioned: the ETag still tells the
-    bytes apart."""
+    bytes apart. Whether it has is asked while the first page of ListObjectsV2 comes: an
+    unchanged prefix's re-fetch costs the time of its listing, not of one request more."""
+    from concurrent.futures import ThreadPoolExecutor
+
     with translated():
-        try:
-            status = s3.get_bucket_versioning(Bucket=source.bucket).get("Status")
-        except Exception as e:
-            if _code(e) not in ("AccessDenied", "NotImplemented", "MethodNotAllowed"):
-                raise
-            status = None
+        pages: Iterator[dict[str, Any]] = iter(
+            s3.get_paginator("list_objects_v2").paginate(Bucket=source.bucket, Prefix=source.prefix)
+        )
+        first: dict[str, Any] | BaseException
+        with ThreadPoolExecutor(1, thread_name_prefix="fetch-list") as pool:
+            asked = pool.submit(_versioning, s3, source.bucket)
+            try:
+                first = next(pages, {})
+            except Exception as e:  # the versioning's answer first, as when asked in turn
+                first = e
+            status = asked.result()
         if status in ("Enabled", "Suspended"):
             versions = s3.get_paginator("list_object_versions").paginate(
                 Bucket=source.bucket, Prefix=source.prefix
@@ -218,11 +249,23 @@ def _pages(s3: Any, source: DataSource) -> Iterator[dict[str, Any]]:
                     if item.get("IsLatest"):
                         yield {**item, "VersionId": item.get("VersionId") or "null"}
             return
-        pages = s3.get_paginator("list_objects_v2").paginate(
-            Bucket=source.bucket, Prefix=source.prefix
-        )
+        if isinstance(first, BaseException):
+            raise first
+        yield from first.get("Contents", [])
         for page in pages:
             yield from page.get("Contents", [])
+
+
+def _versioning(s3: Any, bucket: str) -> str | None:
+    """The bucket's versioning status ("Enabled", "Suspended"; None: never had it, or it
+    will not say)."""
+    try:
+        status = s3.get_bucket_versioning(Bucket=bucket).get("Status")
+    except Exception as e:
+        if _code(e) not in ("AccessDenied", "NotImplemented", "MethodNotAllowed"):
+            raise
+        return None
+    return str(status) if status else None
 
 
 def _code(e: BaseException) -> str | None:

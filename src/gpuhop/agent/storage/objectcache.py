@@ -161,6 +161,19 @@ class ObjectCache:
         except OSError:
             return False
 
+    def lacking(self, user: str, ids: Iterable[str]) -> set[str]:
+        """Those of the object ids (`ObjectId.digest`s) that `user`'s cache lacks: one
+        query of the index, which names an object only while its file is there (`commit`
+        links the file before the row, eviction drops the row before the file)."""
+        wanted = list(dict.fromkeys(ids))
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT value FROM json_each(?) WHERE value NOT IN"
+                " (SELECT id FROM objects WHERE user = ?)",
+                (json.dumps(wanted), user),
+            ).fetchall()
+        return {row[0] for row in rows}
+
     def partial(self, user: str, oid: ObjectId) -> Path:
         """Where `oid`'s download goes (and stays while incomplete). Partials of the same
         key with another identity (the object changed since) are dropped here."""
@@ -222,35 +235,46 @@ class ObjectCache:
         """The name of the view that shows `listing`: the digest of its paths and identities."""
         return _digest(sorted((e.path, list(e.id)) for e in listing))
 
-    def make_view(self, user: str, listing: Sequence[Listed]) -> Path:
-        """The view of `listing`, made of `user`'s cached objects (each must be here) if it
-        is not already; returns its path."""
-        name = self.view_name(listing)
+    def view(self, user: str, name: str) -> Path | None:
+        """`user`'s view named `name` (`view_name`), if it is here: then every object of
+        its listing is too (its files are links to them, its rows in the index name them,
+        written before the view was renamed into place)."""
+        path = self.user_dir(user) / "views" / name
+        return path if path.is_dir() else None
+
+    def make_view(self, user: str, listing: Sequence[Listed], name: str) -> Path:
+        """The view of `listing` (`name`: its `view_name`), made of `user`'s cached objects
+        (each must be here) if it is not already; returns its path."""
         udir = self.user_dir(user)
         path = udir / "views" / name
         with self._lock:
-            if not path.is_dir():
-                building = udir / "tmp" / f"view-{secrets.token_hex(8)}"
-                try:
-                    building.mkdir(mode=0o755)
-                    for entry in listing:
-                        target = building / entry.path
-                        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-                        os.link(self.path(user, entry.id), target)
-                    os.rename(building, path)
-                finally:
-                    if building.exists():
-                        _remove(building)
+            if path.is_dir():
+                return path
+            # Its rows first: a view on disk is always one the index names (see `view`).
             self._db.execute("BEGIN")
             self._db.executemany(
                 "INSERT OR IGNORE INTO view_objects VALUES (?, ?, ?)",
                 [(user, name, e.id.digest()) for e in listing],
             )
             self._db.execute("COMMIT")
+            building = udir / "tmp" / f"view-{secrets.token_hex(8)}"
+            try:
+                building.mkdir(mode=0o755)
+                for entry in listing:
+                    target = building / entry.path
+                    target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+                    os.link(self.path(user, entry.id), target)
+                os.rename(building, path)
+            finally:
+                if building.exists():
+                    _remove(building)
         return path
 
-    def used(self, user: str, url: str, endpoint: str, listing: Sequence[Listed]) -> None:
-        """`user`'s prefix `url` was just listed as `listing` (its view made) for a job."""
+    def used(
+        self, user: str, url: str, endpoint: str, listing: Sequence[Listed], view: str
+    ) -> None:
+        """`user`'s prefix `url` was just listed as `listing` (its view, named `view`,
+        made) for a job."""
         with self._lock:
             self._db.execute(
                 "INSERT OR REPLACE INTO prefixes VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -258,7 +282,7 @@ class ObjectCache:
                     user,
                     endpoint,
                     url,
-                    self.view_name(listing),
+                    view,
                     len(listing),
                     sum(e.id.size for e in listing),
                     time.time(),
@@ -392,7 +416,12 @@ class ObjectCache:
         for user, view in views:
             if view in keep.views:
                 continue
-            _remove(self.user_dir(user) / "views" / view)
+            udir = self.user_dir(user)
+            # Renamed away whole first: a view on disk is always a whole one (see `view`).
+            away = udir / "tmp" / f"gone-{secrets.token_hex(8)}"
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(udir / "views" / view, away)
+                _remove(away)
             db.execute("DELETE FROM view_objects WHERE user = ? AND view = ?", (user, view))
         loose = db.execute(
             "SELECT user, id, sha256 FROM objects o WHERE NOT EXISTS (SELECT 1 FROM"
@@ -402,8 +431,9 @@ class ObjectCache:
         for user, oid, sha in loose:
             if oid in keep.objects:
                 continue
-            (self.user_dir(user) / "by-id" / oid).unlink(missing_ok=True)
+            # The row first: the index never names an object whose file is gone (`lacking`).
             db.execute("DELETE FROM objects WHERE user = ? AND id = ?", (user, oid))
+            (self.user_dir(user) / "by-id" / oid).unlink(missing_ok=True)
             gone.add(sha)
         if not gone:
             return
