@@ -6,6 +6,7 @@ job one listing and a changed object only itself, and a bad secret or bucket end
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -160,8 +161,6 @@ def signed_in(shared_agent: Agent, s3: S3) -> Iterator[Agent]:
 
 
 def _expected_lines(prefix: str = "train/") -> list[str]:
-    import hashlib
-
     lines = []
     for key, data in OBJECTS.items():
         if key.startswith(prefix) and not key.endswith("/"):
@@ -336,3 +335,58 @@ def test_doctor_says_which_credentials_a_fetch_would_use(signed_in: Agent, s3: S
 def _bucket_check(client):
     checks = {c.name: c for c in client.doctor(probe=False)}
     return checks["bucket credentials"]
+
+
+# Reads one file of its data whole: its size and sha256.
+DIGEST = """\
+import hashlib, os, sys
+path = os.path.join(os.environ["GPUHOP_DATA"], sys.argv[1])
+with open(path, "rb") as f:
+    print("digest", os.fstat(f.fileno()).st_size, hashlib.file_digest(f, "sha256").hexdigest())
+"""
+MiB = 1 << 20
+
+
+def _varied(size: int) -> bytes:
+    """`size` random bytes in which no MiB repeats another: one random MiB, rotated and
+    numbered anew for each (os.urandom of it all would cost the test seconds)."""
+    base = os.urandom(MiB)
+    blocks = []
+    for i in range(-(-size // MiB)):
+        turn = i * 7919 % MiB
+        blocks.append(i.to_bytes(8, "big") + (base[turn:] + base[:turn])[8:])
+    return b"".join(blocks)[:size]
+
+
+def test_a_multipart_object_over_100_mb_comes_in_ranged_parts_byte_for_byte(
+    signed_in: Agent, s3: S3, project
+):
+    """101 MiB uploaded in 7 parts (a multipart ETag), read by the fetch in ranged parts of
+    PART bytes through a link that shows each request: the job's sha256 is the test's."""
+    from gpuhop.agent.storage.objectcache import PART
+
+    data = _varied(101 * MiB + 12345)
+    client = s3.client()
+    config = TransferConfig(multipart_threshold=16 * MiB, multipart_chunksize=16 * MiB)
+    client.upload_fileobj(io.BytesIO(data), BUCKET, "huge/huge.bin", Config=config)
+    assert client.head_object(Bucket=BUCKET, Key="huge/huge.bin")["ETag"].endswith('-7"')
+    client.close()
+    root = project({"digest.py": DIGEST})
+    host, port = s3.url.removeprefix("http://").split(":")
+    with Link((host, int(port)), rate=1 << 40) as link, signed_in.client() as user:
+        user.set_secret("AWS_ENDPOINT_URL", link.url)  # another endpoint: nothing cached
+        try:
+            job = user.submit(
+                ["digest.py", "huge/huge.bin"], workdir=root, data=[f"s3://{BUCKET}/huge:huge"]
+            )
+            info = job.wait(120)
+        finally:
+            user.set_secret("AWS_ENDPOINT_URL", s3.url)
+        assert info.end_class == "succeeded", info.reason
+        out = b"".join(job.logs()).decode()
+        assert f"digest {len(data)} {hashlib.sha256(data).hexdigest()}" in out, out
+        ranges = re.findall(r"(?i)\nrange: bytes=(\d+)-(\d+)\r\n", link.sent())
+        parts = -(-len(data) // PART)
+        assert sorted((int(a), int(b)) for a, b in ranges) == [
+            (i * PART, min(len(data), (i + 1) * PART) - 1) for i in range(parts)
+        ]
