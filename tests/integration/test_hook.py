@@ -424,3 +424,44 @@ def test_the_exit_report_reads_jax_before_jax_drops_its_backends(tmp_path):
     assert run.returncode == 0, run.stderr
     [record] = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert (record["memory_mb"], record["memory_peak_mb"]) == (1024.0, 3072.0)
+
+
+# `gpuhop profile`'s FIFO: TensorFlow 2.21 imports JAX (where it is installed) while it is
+# imported itself, so both after-import actions run in one process.
+FAKE_TF_WITH_JAX = "import jax\n__version__ = '2.21.0'\n"
+PROFILE_REQUESTS = """\
+import json, os, sys
+import tensorflow
+from gpuhop.runtime import profiling
+
+control = os.environ["GPUHOP_CONTROL_DIR"]
+print("fifos", json.dumps(sorted(os.listdir(control))), flush=True)
+child = os.fork()
+if child == 0:  # exits as a script does, running its atexit handlers
+    print("child listening", profiling.listening(), flush=True)
+    sys.exit(0)
+os.waitpid(child, 0)
+print("after the child", sorted(os.listdir(control)), flush=True)
+"""
+
+
+def test_a_tensorflow_process_that_imports_jax_makes_one_fifo_and_a_fork_leaves_it(tmp_path):
+    fakes = tmp_path / "fakes"
+    for name, code in (("tensorflow", FAKE_TF_WITH_JAX), ("jax", "__version__ = '0.10.2'\n")):
+        (fakes / name).mkdir(parents=True)
+        (fakes / name / "__init__.py").write_text(code)
+    control = tmp_path / "control"
+    control.mkdir()
+    env = {"GPUHOP_JOB_ID": "ab12cd34", "GPUHOP_CONTROL_DIR": str(control)}
+    run = run_python(PROFILE_REQUESTS, fakes, cwd=tmp_path, GPUHOP_HOOK_VERBOSE="1", **env)
+    assert run.returncode == 0, run.stderr
+    fifo = next(line for line in run.stdout.splitlines() if line.startswith("fifos"))
+    [name] = json.loads(fifo.removeprefix("fifos "))
+    assert name.startswith("profile-") and name.endswith(".fifo")
+    said = [line for line in run.stderr.splitlines() if "_profile_requests" in line]
+    assert len(said) == 2 and "already waiting for profile requests" in said[1], run.stderr
+    # A forked child does not wait for requests (the thread is its parent's), and its exit
+    # leaves its parent's FIFO; the parent's own exit removes it.
+    assert "child listening False" in run.stdout
+    assert f"after the child ['{name}']" in run.stdout
+    assert list(control.iterdir()) == []

@@ -31,6 +31,7 @@ Standard library only; the framework is the one already imported.
 
 from __future__ import annotations
 
+import _thread
 import json
 import os
 import sys
@@ -48,7 +49,10 @@ MAX_REQUEST = 4096
 # The longest capture a request may ask for (the agent refuses more before asking).
 MAX_SECONDS = 300.0
 
-_listening: list[str] = []
+# (pid, framework) of the process that made its FIFO and thread; a forked child inherits this
+# but neither the thread nor the FIFO, which are its parent's.
+_listening: list[tuple[int, str]] = []
+_listen_lock = _thread.allocate_lock()
 # The framework whose capture runs in this process now, while one runs (for `step_marker`).
 _capturing: list[str] = []
 
@@ -64,30 +68,35 @@ def result_name(pid: int, request: str) -> str:
 
 
 def listen(framework: str) -> str:
-    """Make this process's FIFO and start the thread that waits on it (once per process)."""
+    """Make this process's FIFO and start the thread that waits on it, once per process:
+    the start-up hook asks after `import tensorflow` and after `import jax`, and a
+    TensorFlow process imports both (TensorFlow 2.21 imports JAX where it is installed).
+    `framework` names the import that asked; a capture uses the framework that runs the job
+    by then."""
     control = os.environ.get(CONTROL_ENV, "")
     if not control or not os.path.isdir(control):
         return "no control dir: gpuhop profile cannot reach this process"
-    if _listening:
-        return f"already waiting for profile requests ({_listening[0]})"
-    import _thread
-    import atexit
+    with _listen_lock:
+        if listening():
+            return f"already waiting for profile requests (since import {_listening[0][1]})"
+        import atexit
 
-    fifo = os.path.join(control, fifo_name(os.getpid()))
-    try:  # noqa: SIM105 - contextlib costs milliseconds to import
-        os.unlink(fifo)  # a process of an earlier attempt with this pid left it
-    except FileNotFoundError:
-        pass
-    os.mkfifo(fifo, 0o600)
-    _listening.append(framework)
-    atexit.register(_forget, fifo)
-    _thread.start_new_thread(_serve, (control, fifo))
-    return f"waits for gpuhop profile requests ({framework}), idle until one comes"
+        pid = os.getpid()
+        fifo = os.path.join(control, fifo_name(pid))
+        try:  # noqa: SIM105 - contextlib costs milliseconds to import
+            os.unlink(fifo)  # a process of an earlier attempt with this pid left it
+        except FileNotFoundError:
+            pass
+        os.mkfifo(fifo, 0o600)
+        _listening[:] = [(pid, framework)]
+        atexit.register(_forget, fifo, pid)
+        _thread.start_new_thread(_serve, (control, fifo))
+    return f"waits for gpuhop profile requests (after import {framework}), idle until one comes"
 
 
 def listening() -> bool:
     """Whether this process waits for profile requests (so a capture may start in it)."""
-    return bool(_listening)
+    return bool(_listening) and _listening[0][0] == os.getpid()
 
 
 def step_marker(step: int) -> Any:
@@ -106,7 +115,9 @@ def step_marker(step: int) -> Any:
     return marker
 
 
-def _forget(fifo: str) -> None:
+def _forget(fifo: str, pid: int) -> None:
+    if os.getpid() != pid:
+        return  # a forked child exiting: the FIFO is its parent's, still in use
     try:  # noqa: SIM105 - contextlib costs milliseconds to import
         os.unlink(fifo)
     except OSError:
