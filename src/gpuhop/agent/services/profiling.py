@@ -175,11 +175,8 @@ def _framework_profile(
             )
         )
     if not made:
-        why = "; ".join(f"process {p.pid}: {p.error}" for p in profiled if p.error)
-        raise ApiError(
-            409,
-            ErrorCode.conflict,
-            f"job {job.id} wrote no profile: {why or 'its processes answered nothing'}",
+        raise _no_profile(
+            f"job {job.id} wrote no profile", profiled, "its processes answered nothing"
         )
     return JobProfile(
         job=job.id,
@@ -188,6 +185,12 @@ def _framework_profile(
         files=made,
         processes=profiled,
     )
+
+
+def _no_profile(what: str, profiled: list[ProcessProfile], otherwise: str) -> ApiError:
+    """The refusal for a capture that made no file: each process's reason, or `otherwise`."""
+    why = "; ".join(f"process {p.pid}: {p.error}" for p in profiled if p.error)
+    return ApiError(409, ErrorCode.conflict, f"{what}: {why or otherwise}")
 
 
 def _answers(
@@ -323,11 +326,8 @@ def _sampled_profile(
             except FileNotFoundError:
                 pass
     if not files:
-        why = "; ".join(f"process {p.pid}: {p.error}" for p in profiled if p.error)
-        raise ApiError(
-            409,
-            ErrorCode.conflict,
-            f"job {job.id} gave no profile: {why or 'none of its processes runs Python'}",
+        raise _no_profile(
+            f"job {job.id} gave no profile", profiled, "none of its processes runs Python"
         )
     return JobProfile(
         job=job.id, profiler="py-spy", seconds=float(whole), files=files, processes=profiled
