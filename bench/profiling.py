@@ -1,8 +1,10 @@
 """Profiling: what `gpuhop profile` costs a small Keras `fit` (real TensorFlow on the CPU).
 
-- While a 5 s capture runs: the fit's step time then, next to the same job's steps in the
-  5 s before; and while the trace is written after it (TensorFlow's `stop()`). A gpuhop job,
-  profiled through the SDK (`Job.profile(5)`), so the window is known to the millisecond.
+- While a 5 s capture runs: the fit's step time then (the steps wholly between the
+  profiler's `start()` and `stop()`, as the job's process answers them), next to the same
+  job's steps in the 5 s before the request; and while the trace is written after it
+  (TensorFlow's `stop()`, to the answer). A gpuhop job, profiled through the SDK
+  (`Job.profile(5)`).
 - When never asked: the same script run directly with gpuhop's start-up hook and a job's
   environment, once with `$GPUHOP_CONTROL_DIR` (a gpuhop job's: the process makes its FIFO
   and its waiting thread after `import keras`, and `fit` gets the idle step-marker callback)
@@ -76,10 +78,13 @@ with open(os.path.join(base, "steps.json"), "w") as f:
 """.replace("{warmup}", str(WARMUP))
 
 
-def _ms(steps: list[list[float]], start: float, end: float) -> float:
-    """Median time (ms) of the steps that ran during [start, end), wholly or in part (a
-    window short next to a step still has the one that spans it)."""
-    inside = [seconds for at, seconds in steps if at > start and at - seconds < end]
+def _ms(steps: list[list[float]], start: float, end: float, wholly: bool = False) -> float:
+    """Median time (ms) of the steps that ran during [start, end): wholly, or (by default)
+    wholly or in part (a window short next to a step still has the one that spans it)."""
+    if wholly:
+        inside = [seconds for at, seconds in steps if at - seconds >= start and at <= end]
+    else:
+        inside = [seconds for at, seconds in steps if at > start and at - seconds < end]
     if not inside:
         raise BenchError(f"no step ran between {start:.2f} and {end:.2f}")
     return 1000 * statistics.median(inside)
@@ -115,7 +120,9 @@ def _while_capturing(
 
 
 def _captures(home: Path, job: Any, repeats: int) -> dict[str, list[float]]:
-    found: dict[str, list[float]] = {"before": [], "during": [], "writing": [], "answer": []}
+    found: dict[str, list[float]] = {
+        k: [] for k in ("before", "during", "writing", "answer", "late")
+    }
     deadline = time.monotonic() + 300
     while b"training" not in b"".join(job.logs()):
         if job.refresh().state.finished or time.monotonic() > deadline:
@@ -134,12 +141,20 @@ def _captures(home: Path, job: Any, repeats: int) -> dict[str, list[float]]:
     if job.wait(timeout=120).state != JobState.succeeded:
         raise BenchError(f"job {job.id} {job.info.state.value}: {job.info.reason}")
     steps = json.loads((artifacts / "steps.json").read_text())
-    for started, answered in windows:
+    for (started, answered), (on, off) in zip(windows, _traced(home, job.id), strict=True):
         found["before"].append(_ms(steps, started - CAPTURE, started))
-        found["during"].append(_ms(steps, started, started + CAPTURE))
-        found["writing"].append(_ms(steps, started + CAPTURE, answered))
+        found["during"].append(_ms(steps, on, off, wholly=True))
+        found["writing"].append(_ms(steps, off, answered))
         found["answer"].append(answered - started)
+        found["late"].append(on - started)
     return found
+
+
+def _traced(home: Path, job_id: str) -> list[tuple[float, float]]:
+    """When each capture of the job traced (epoch seconds, from and to), in order: what
+    its process answered the agent (gpuhop.runtime.profiling)."""
+    answers = (AgentPaths(home).jobs / job_id / "control").glob("profile-*-*.json")
+    return sorted(tuple(json.loads(path.read_text())["traced"]) for path in answers)
 
 
 def _idle_marker_us() -> float:
@@ -201,6 +216,7 @@ def run(settings: Settings) -> list[Row]:
     rows = []
     for size, found in capturing.items():
         answer = statistics.median(found["answer"])
+        late = statistics.median(found["late"])
         rows += [
             Row(
                 NAME,
@@ -209,7 +225,9 @@ def run(settings: Settings) -> list[Row]:
                 found["during"],
                 f"the {CAPTURE:.0f} s before it",
                 found["before"],
-                "TensorFlow's profiler tracing every op, and gpuhop's step markers",
+                "the steps wholly between the profiler's start() and stop() (which began"
+                f" {late:.2f} s after the request): TensorFlow's profiler tracing every op,"
+                " and gpuhop's step markers",
             ),
             Row(
                 NAME,

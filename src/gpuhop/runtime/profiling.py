@@ -18,8 +18,14 @@ the job's whole life (on every interface, with no authentication).
 The capture itself runs in that thread: `tf.profiler.experimental.start(logdir)`, the
 duration, `stop()` (or `jax.profiler.start_trace`/`stop_trace`), which profile the whole
 process whichever thread calls them, as a TensorBoard `profile_batch` would. What it did is
-written to `profile-PID-REQUEST.json` beside the FIFO; the agent reads no more from it than
-whether it worked and why not, and finds the files itself.
+written to `profile-PID-REQUEST.json` beside the FIFO (with `traced`: when the profiler
+started and stopped tracing, which bench/profiling.py compares the job's steps in); the
+agent reads no more from it than whether it worked and why not, and finds the files itself.
+
+The profiler runs with TensorFlow's default options (host tracer level 2, Python tracer off):
+op statistics are built from the TF op events that level 2 records. TensorFlow 2.21's
+binding drops a `ProfilerOptions` given from Python anyway ("host_tracer_level expects an
+i value": its options map takes every Python int for a bool).
 
 Step markers: the profile plugin splits a trace into training steps (the overview's step
 times, the input pipeline's analysis) only where the program marks them. tf-keras's `fit`
@@ -163,8 +169,8 @@ def _answer(control: str, request: dict[str, Any]) -> None:
         if not logdir:
             raise RuntimeError("$GPUHOP_TENSORBOARD_DIR is not set in this process")
         os.makedirs(logdir, exist_ok=True)
-        _capture(framework, logdir, request["seconds"])
-        result: dict[str, Any] = {"ok": True, "framework": framework}
+        traced = _capture(framework, logdir, request["seconds"])
+        result: dict[str, Any] = {"ok": True, "framework": framework, "traced": traced}
     except Exception as e:  # the job goes on; the agent says why there is no profile
         result = {"ok": False, "framework": framework, "error": f"{type(e).__name__}: {e}"}
     result["seconds"] = round(time.time() - started, 3)
@@ -186,7 +192,10 @@ def _framework() -> str:
     return "tensorflow"
 
 
-def _capture(framework: str, logdir: str, seconds: float) -> None:
+def _capture(framework: str, logdir: str, seconds: float) -> list[float]:
+    """Run the profiler for `seconds` and write its trace. Returns when (epoch seconds) it
+    started and when it stopped tracing, before the trace was written: the window a
+    benchmark compares the job's steps in."""
     if framework == "jax":
         profiler: Any = sys.modules["jax"].profiler
         start, stop = profiler.start_trace, profiler.stop_trace
@@ -194,6 +203,7 @@ def _capture(framework: str, logdir: str, seconds: float) -> None:
         experimental = sys.modules["tensorflow"].profiler.experimental
         start, stop = experimental.start, experimental.stop
     start(logdir)
+    started = time.time()
     # Steps are marked only between start and stop: a marker made outside costs a step
     # something and shows nowhere.
     _capturing.append(framework)
@@ -201,4 +211,6 @@ def _capture(framework: str, logdir: str, seconds: float) -> None:
         time.sleep(seconds)
     finally:
         _capturing.clear()
+        stopped = time.time()
         stop()
+    return [round(started, 3), round(stopped, 3)]
