@@ -92,6 +92,12 @@ class AgentPaths(NamedTuple):
         return self.home / "tokens.db"
 
     @property
+    def images_db(self) -> Path:
+        """Which container images gpuhop pulled or ran jobs in, for whom, and when last
+        (see gpuhop.agent.storage.imageuses)."""
+        return self.home / "images.db"
+
+    @property
     def secrets_db(self) -> Path:
         """Users' secrets, by user and name (0600, in a 0700 dir that no job's view shows;
         see gpuhop.agent.storage.secrets)."""

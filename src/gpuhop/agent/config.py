@@ -11,6 +11,10 @@ From `agent.toml` in the state dir, then from `python -m gpuhop.agent` options, 
     object_cache_size = "100GiB"  # bucket objects fetched for jobs (--data s3://...), all
                               # users together; the least recently used go first ("none": no bound)
     object_keep_days = 30     # gc removes a cached bucket prefix no job used for this long
+    image_keep_days = 30      # gc removes a container image gpuhop pulled or ran that no
+                              # queued or running job needs and none used for this long ...
+    image_quota = "200GiB"    # ... and, past this, the least recently used such images
+    insecure_registries = ["registry.lab:5000"]  # pulled from over plain HTTP (or unchecked TLS)
     storage_quota = "50GiB"   # blobs, trees, datasets and cached bucket objects together
     jobs_quota = "200GiB"     # job dirs: work dirs, logs, metrics, artifacts, checkpoints
     log_cap = "1GiB"          # one job's log; a job that passes it is stopped and fails
@@ -53,9 +57,9 @@ from gpuhop.api.queue import check_webhook_url
 CONFIG_NAME = "agent.toml"
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*\Z", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-SIZE_FIELDS = ("storage_quota", "jobs_quota", "log_cap", "object_cache_size")
+SIZE_FIELDS = ("storage_quota", "jobs_quota", "log_cap", "object_cache_size", "image_quota")
 LIMIT_FIELDS = ("user_max_gpus", "user_max_queued")
-LIST_FIELDS = ("notify", "notify_allowed_hosts", "job_env_pass")
+LIST_FIELDS = ("notify", "notify_allowed_hosts", "job_env_pass", "insecure_registries")
 IDLE_ACTIONS = ("warn", "cancel")
 TABLES = ("slurm",)  # [slurm] ports = ... is the setting slurm_ports
 _PORTS_RE = re.compile(r"\s*(\d{1,5})\s*-\s*(\d{1,5})\s*\Z")
@@ -74,6 +78,9 @@ class Policy:
     env_keep_days: float = 30.0
     object_cache_size: int | None = 100 << 30
     object_keep_days: float = 30.0
+    image_keep_days: float = 30.0
+    image_quota: int | None = None
+    insecure_registries: tuple[str, ...] = ()
     storage_quota: int | None = None
     jobs_quota: int | None = None
     log_cap: int | None = None

@@ -13,6 +13,7 @@ from gpuhop.agent.host.gpuhistory import GpuHistory, sample_every
 from gpuhop.agent.host.identities import Identities, IdentityError
 from gpuhop.agent.host.quarantine import QuarantineStore
 from gpuhop.agent.jobs.fetches import Fetches, Room
+from gpuhop.agent.jobs.imagepulls import ImagePulls
 from gpuhop.agent.jobs.masking import mask_json, mask_text, ordered
 from gpuhop.agent.jobs.metricstail import latest_metrics
 from gpuhop.agent.jobs.notifier import HostRule, Notifier, payload
@@ -26,6 +27,7 @@ from gpuhop.agent.storage.checkouts import CheckoutStore
 from gpuhop.agent.storage.claims import ClaimStore
 from gpuhop.agent.storage.datasets import DatasetStore
 from gpuhop.agent.storage.envs import EnvStore
+from gpuhop.agent.storage.imageuses import ImageUses
 from gpuhop.agent.storage.objectcache import ObjectCache
 from gpuhop.agent.storage.references import blob_users
 from gpuhop.agent.storage.secrets import SecretStore
@@ -86,6 +88,9 @@ class AgentContext:
         self.tokens = TokenStore(paths.tokens_db)
         self.secrets = SecretStore(paths.secrets_db)
         self.claims = ClaimStore(paths.claims_db)
+        # The container images gpuhop pulled or ran jobs in (see gpuhop.agent.services.images).
+        self.image_uses = ImageUses(paths.images_db)
+        self.image_pulls = ImagePulls(self.image_uses)
         self.meter = DiskMeter(paths, self.blobs, self.policy)
         # One garbage collection at a time (`gpuhop gc` and the timer).
         self.gc_lock = threading.Lock()
@@ -217,5 +222,6 @@ class AgentContext:
         self.tokens.close()
         self.secrets.close()
         self.claims.close()
+        self.image_uses.close()
         self.objects.close()
         self.gpu_host.close()

@@ -28,6 +28,8 @@ class ErrorCode(StrEnum):
     forbidden = "forbidden"  # a valid token that may not do this (admin-only routes)
     # A per-user limit of a team agent (queued jobs): 429, try again when some have run.
     too_many = "too_many"
+    # A container registry refused or failed a pull (502): its own words are the message.
+    registry = "registry"
     internal = "internal"
 
 

@@ -16,6 +16,7 @@ WHAT = {
     "temp": "leftovers of interrupted uploads",
     "envs": "environments unused for long",
     "objects": "cached bucket prefixes unused for long",
+    "images": "container images unused for long or over quota",
 }
 
 
@@ -28,7 +29,8 @@ def gc(
 ) -> None:
     """Remove what nothing needs any more: blobs and trees no job or dataset uses, finished
     jobs' files past the retention policy (their records stay), leftovers of interrupted
-    uploads, and environments and cached bucket prefixes unused for long. Never anything a
+    uploads, and environments, cached bucket prefixes and container images unused for long
+    (or, for images, past agent.toml's image_quota). Never anything a
     queued or running job needs, nor anything uploaded in the last hour. Admins only; the
     agent also does this on its own (at start and every few hours: see agent.toml)."""
     try:

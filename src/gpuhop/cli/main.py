@@ -55,6 +55,7 @@ COMMANDS: dict[str, str] = {
     "serve": "serve",
     "predict": "serve",
     "gc": "gc",
+    "images": "images",
     "ui": "ui",
     "notebook": "notebook",
 }

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
         UiLoginCode,
     )
     from gpuhop.api.agent import ClusterInfo
+    from gpuhop.api.images import ImageInfo
     from gpuhop.api.spec import JobSpec
     from gpuhop.api.upkeep import DiskUsage, GcReport
     from gpuhop.client.dashboard import Dashboard
@@ -151,6 +152,22 @@ class Client:
         """Garbage collection and retention on the agent now (admins only); with `dry_run`,
         only what it would remove. Anything a queued or running job needs stays."""
         return host.gc(self.session, dry_run)
+
+    # -- container images (see gpuhop.client.images) -------------------------------------------
+
+    def images(self) -> list[ImageInfo]:
+        """The GPU host's container images you may see (an admin: every one; a user: those
+        their own pulls and jobs used), with size and last use."""
+        import gpuhop.client.images as images
+
+        return images.list_images(self.session)
+
+    def pull_image(self, reference: str, secret: str | None = None) -> ImageInfo:
+        """Pull `reference` onto the GPU host; `secret` names your secret holding the
+        registry's `user:password` where the image is private."""
+        import gpuhop.client.images as images
+
+        return images.pull(self.session, reference, secret)
 
     # -- the web dashboard (see gpuhop.client.dashboard) ---------------------------------------
 

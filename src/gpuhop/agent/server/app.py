@@ -31,6 +31,7 @@ from gpuhop.agent.server.routers import (
     blobs,
     datasets,
     fastjobs,
+    images,
     jobs,
     metrics,
     ports,
@@ -104,7 +105,7 @@ def create_app(ctx: AgentContext) -> FastAPI:
     app.state.log_watch = LogWatch(ctx.store)
     routers = (jobs.router, ports.router, blobs.router, trees.router, agent.router)
     extra = (tokens.router, datasets.router, serving.router, tensorboard.router, ui.router)
-    for router in (*routers, *extra, secrets.router):
+    for router in (*routers, *extra, secrets.router, images.router):
         app.include_router(router)
     app.include_router(metrics.router)
     app.include_router(ui_pages.router)

@@ -21,6 +21,9 @@ What goes, in this order:
 5. **Cached bucket prefixes** (`--data s3://...`, see `objectcache`) that no queued or
    running job needs and none used for `object_keep_days`, and the objects only they held.
    The blobs the object cache holds are kept by step 3.
+6. **Container images** gpuhop pulled or ran jobs in that no queued or running job needs and
+   none used for `image_keep_days`, then the least recently used while gpuhop's images pass
+   `image_quota` (see `gpuhop.agent.services.images`); never an image put there by hand.
 
 Why an upload in progress loses nothing: blobs and trees that were asked about (`missing`,
 a job's tree check), uploaded again or stored within the grace period (default an hour)
@@ -46,6 +49,7 @@ from pathlib import Path
 from gpuhop.agent.config import Policy
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.jobs.store import JobNotFound
+from gpuhop.agent.services import images
 from gpuhop.agent.services.deps import in_use
 from gpuhop.agent.storage.references import dataset_chunks, job_references
 from gpuhop.agent.storage.usage import tree_bytes
@@ -75,7 +79,8 @@ def collect(
     now = time.time() if now is None else now
     cutoff = now - policy.grace_seconds
     with rt.gc_lock:
-        freed = {kind: Freed() for kind in ("jobs", "trees", "blobs", "temp", "envs", "objects")}
+        kinds = ("jobs", "trees", "blobs", "temp", "envs", "objects", "images")
+        freed = {kind: Freed() for kind in kinds}
         gone = _prune_jobs(rt, policy, now, cutoff, dry_run, freed["jobs"])
         job_trees, live_blobs = job_references(rt.paths.jobs, gone)
         removed_trees = []
@@ -122,6 +127,7 @@ def collect(
         )
         freed["objects"].count += prefixes
         freed["objects"].bytes += size
+        images.collect(rt, policy, now, dry_run, freed["images"])
         if not dry_run:
             # Claims of what is no longer kept: removed blobs, and the chunks of removed
             # dataset versions (kept in their files, not as blobs: see chunkstore).

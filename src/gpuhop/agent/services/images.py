@@ -1,0 +1,180 @@
+"""Runs in the agent: the host's container images as `gpuhop images` shows them, a user's
+pull of one, and their share of garbage collection.
+
+Who sees what: on a team agent an image's reference can be private (a team's registry, the
+name of an unreleased model), so a user who is not an admin sees only the images their own
+pulls and jobs used, with their own last use; an admin sees every image in the host's store.
+A single-user agent shows its user everything.
+
+What gc removes: only images gpuhop pulled or ran jobs in (`ImageUses`), never one the
+host's admin put there by hand, and never one a queued or running job needs. Of the rest, an
+image no one used for `image_keep_days` goes; then, while gpuhop's images together pass
+`image_quota`, the least recently used. One used within gc's grace period stays (a pull
+for a job being submitted).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+from gpuhop.agent.callers import Caller, owner_login
+from gpuhop.agent.config import Policy
+from gpuhop.agent.context import AgentContext
+from gpuhop.agent.errors import ApiError
+from gpuhop.agent.host import images
+from gpuhop.agent.host.images import HostImage, ImageError, PodmanMissing
+from gpuhop.agent.jobs.store import ACTIVE_STATES
+from gpuhop.api import ErrorCode, JobState
+from gpuhop.api.images import ImageInfo, ImagePull
+from gpuhop.api.upkeep import Freed
+
+log = logging.getLogger("gpuhop.agent.services.images")
+
+
+def _host_images() -> list[HostImage]:
+    try:
+        return images.list_images()
+    except PodmanMissing as e:
+        raise ApiError(409, ErrorCode.unsupported, str(e)) from None
+    except ImageError as e:
+        raise ApiError(500, ErrorCode.internal, str(e)) from None
+
+
+def list_images(rt: AgentContext, caller: Caller) -> list[ImageInfo]:
+    """The images `caller` may see (see the module's docstring), newest first."""
+    host = _host_images()
+    everything = caller.admin or not rt.team()
+    last = rt.image_uses.last_used() if everything else rt.image_uses.of(caller.user)
+    needs = needed(rt, host)
+    out = []
+    for image in host:
+        if not everything and image.id not in last:
+            continue
+        users = needs.get(image.id, [])
+        jobs = [job_id for job_id, owner in users if everything or owner == caller.user]
+        out.append(
+            ImageInfo(
+                id=image.id,
+                references=image.references,
+                size=image.size,
+                created=_dt(image.created),
+                last_used=_dt(last.get(image.id)),
+                jobs=jobs,
+            )
+        )
+    return out
+
+
+def pull(rt: AgentContext, body: ImagePull, caller: Caller) -> ImageInfo:
+    """Pull `body.reference` for `caller`, with their secret `body.secret` (user:password)
+    where given; the image as `list_images` shows it. 502 in the registry's words where it
+    refuses."""
+    try:
+        reference = images.check_reference(body.reference)
+    except ValueError as e:
+        raise ApiError(400, ErrorCode.bad_request, str(e)) from None
+    credentials = None
+    if body.secret is not None:
+        values = rt.secrets.values(caller.user, [body.secret])
+        if body.secret not in values:
+            raise ApiError(
+                400,
+                ErrorCode.bad_request,
+                f"you have no secret named {body.secret}; set it first with `gpuhop secret set"
+                f" {body.secret}`, its value the registry's user:password",
+            )
+        credentials = values[body.secret]
+    try:
+        image_id = rt.image_pulls.pull(
+            caller.user,
+            reference,
+            lambda: credentials,
+            tls_verify=tls_verify(rt.policy, reference),
+        )
+    except PodmanMissing as e:
+        raise ApiError(409, ErrorCode.unsupported, str(e)) from None
+    except ImageError as e:
+        raise ApiError(502, ErrorCode.registry, str(e)) from None
+    for info in list_images(rt, caller):
+        if info.id == image_id:
+            return info
+    raise ApiError(500, ErrorCode.internal, f"{reference} was pulled but is not in the store")
+
+
+def tls_verify(policy: Policy, reference: str) -> bool:
+    """Whether a pull of `reference` checks TLS: not for a registry agent.toml's
+    `insecure_registries` lists (a lab's registry on plain HTTP)."""
+    return images.registry_of(reference) not in policy.insecure_registries
+
+
+def _names(reference: str) -> set[str]:
+    """The names Podman may list `reference` by: as given, and fully qualified."""
+    names = {reference}
+    if images.registry_of(reference) == "docker.io" and not reference.startswith("docker.io/"):
+        names.add(f"docker.io/{reference}")
+        if "/" not in reference.split(":")[0]:
+            names.add(f"docker.io/library/{reference}")
+    if ":" not in reference.rsplit("/", 1)[-1] and "@" not in reference:
+        names |= {f"{n}:latest" for n in names}
+    return names
+
+
+def needed(rt: AgentContext, host: list[HostImage]) -> dict[str, list[tuple[str, str]]]:
+    """The images that queued or running jobs name: image id -> [(job id, owner)]."""
+    by_name = {name: image.id for image in host for name in image.references}
+    out: dict[str, list[tuple[str, str]]] = {}
+    for job in rt.store.list([JobState.queued, *ACTIVE_STATES], limit=100_000):
+        reference = getattr(job.spec, "image", None)
+        if not isinstance(reference, str) or not reference:
+            continue
+        owner = job.owner or owner_login()
+        ids = {by_name[n] for n in _names(reference) if n in by_name}
+        used = rt.image_uses.used_by(owner, reference)
+        if used is not None:
+            ids.add(used)
+        for image_id in ids:
+            out.setdefault(image_id, []).append((job.id, owner))
+    return out
+
+
+def collect(rt: AgentContext, policy: Policy, now: float, dry_run: bool, tally: Freed) -> None:
+    """gc's part for images (see the module's docstring). A host without Podman has none."""
+    try:
+        host = images.list_images()
+    except ImageError as e:
+        if not isinstance(e, PodmanMissing):
+            log.warning("images not collected: %s", e)
+        return
+    known = rt.image_uses.last_used()
+    on_host = {image.id for image in host}
+    if not dry_run:
+        for image_id in known.keys() - on_host:  # removed by hand since: forgotten
+            rt.image_uses.forget(image_id)
+    ours = [image for image in host if image.id in known]
+    keep = needed(rt, host)
+    candidates = sorted(
+        (image for image in ours if image.id not in keep), key=lambda i: known[i.id]
+    )
+    total = sum(image.size for image in ours)
+    for image in candidates:
+        if now - known[image.id] < policy.grace_seconds:
+            continue  # pulled or used just now: for a job being submitted, say
+        old = now - known[image.id] > policy.image_keep_days * 86400
+        over = policy.image_quota is not None and total > policy.image_quota
+        if not (old or over):
+            continue
+        if not dry_run:
+            try:
+                images.remove(image.id)
+            except ImageError as e:
+                log.warning("image %s not removed: %s", image.id[:12], e)
+                continue
+            rt.image_uses.forget(image.id)
+        total -= image.size
+        tally.count += 1
+        tally.bytes += image.size
+
+
+def _dt(ts: float | None) -> datetime | None:
+    return datetime.fromtimestamp(ts, tz=UTC) if ts is not None else None

@@ -1,0 +1,84 @@
+"""Runs in the agent: which container images gpuhop pulled or started jobs in, for whom, and
+when last (`images.db` in the state dir).
+
+One row per image, user and reference. It answers three questions: an image's last use
+(`gpuhop images`, and gc's "unused for longer than image_keep_days"), which images a user
+may see on a team agent (those their own pulls and jobs used: a reference can be private),
+and which images gpuhop may remove at all: only those it knows here, never an image the
+host's admin put in the store by hand.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS image_uses (
+    image_id   TEXT NOT NULL,
+    owner      TEXT NOT NULL,
+    reference  TEXT NOT NULL,
+    last_used  REAL NOT NULL,
+    PRIMARY KEY (image_id, owner, reference)
+);
+"""
+
+
+class ImageUses:
+    """Thread-safe; one per agent process."""
+
+    def __init__(self, path: Path):
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def note(self, image_id: str, owner: str, reference: str, now: float | None = None) -> None:
+        """`owner` used `image_id` by the name `reference` now: pulled it, or a job of theirs
+        started in it. The run path calls this as it starts a job with an image."""
+        now = time.time() if now is None else now
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO image_uses (image_id, owner, reference, last_used)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT (image_id, owner, reference)"
+                " DO UPDATE SET last_used = max(last_used, excluded.last_used)",
+                (image_id, owner, reference, now),
+            )
+
+    def last_used(self) -> dict[str, float]:
+        """Every known image's id and its last use by anyone."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT image_id, max(last_used) FROM image_uses GROUP BY image_id"
+            ).fetchall()
+        return {image_id: last for image_id, last in rows}
+
+    def of(self, owner: str) -> dict[str, float]:
+        """The images `owner` used, and their last use by `owner`."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT image_id, max(last_used) FROM image_uses WHERE owner = ? GROUP BY image_id",
+                (owner,),
+            ).fetchall()
+        return {image_id: last for image_id, last in rows}
+
+    def used_by(self, owner: str, reference: str) -> str | None:
+        """The image `owner` last had by the name `reference`, or None."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT image_id FROM image_uses WHERE owner = ? AND reference = ?"
+                " ORDER BY last_used DESC LIMIT 1",
+                (owner, reference),
+            ).fetchone()
+        return row[0] if row else None
+
+    def forget(self, image_id: str) -> None:
+        """The image is gone from the host."""
+        with self._lock:
+            self._db.execute("DELETE FROM image_uses WHERE image_id = ?", (image_id,))
