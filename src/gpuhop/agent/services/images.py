@@ -31,6 +31,9 @@ from gpuhop.api.upkeep import Freed
 
 log = logging.getLogger("gpuhop.agent.services.images")
 
+# Podman's words for a reference that names no image anywhere it may look.
+_NOT_A_NAME = ("invalid reference format", "did not resolve to an alias", "short-name")
+
 
 def _host_images() -> list[HostImage]:
     try:
@@ -95,11 +98,26 @@ def pull(rt: AgentContext, body: ImagePull, caller: Caller) -> ImageInfo:
     except PodmanMissing as e:
         raise ApiError(409, ErrorCode.unsupported, str(e)) from None
     except ImageError as e:
-        raise ApiError(502, ErrorCode.registry, str(e)) from None
+        # A name Podman cannot read or resolve is the caller's to fix (400); what a registry
+        # answers, or not reaching it, is the registry's (502), in its words either way.
+        local = any(why in str(e) for why in _NOT_A_NAME)
+        raise ApiError(400 if local else 502, ErrorCode.registry, str(e)) from None
     for info in list_images(rt, caller):
         if info.id == image_id:
             return info
     raise ApiError(500, ErrorCode.internal, f"{reference} was pulled but is not in the store")
+
+
+def job_started(rt: AgentContext, owner: str, reference: str) -> None:
+    """A job of `owner`'s starts in the image `reference`: its last use is now (for
+    `gpuhop images`, for gc, and for what `owner` may see). For the run path; an image not
+    (or no longer) on the host, or a host without Podman, is left unnoted."""
+    try:
+        image_id = images.image_id(reference)
+    except ImageError:
+        return
+    if image_id is not None:
+        rt.image_uses.note(image_id, owner, reference)
 
 
 def tls_verify(policy: Policy, reference: str) -> bool:
