@@ -224,9 +224,10 @@ def pull(
                 if _read_line(state, line) and progress is not None:
                     progress(state)
             out = proc.stdout.read()
+        except BaseException:
+            proc.kill()  # a progress callback that raised, an interrupt: no pull left behind
+            raise
         finally:
-            if proc.poll() is None and cancel is not None and cancel.is_set():
-                proc.kill()
             proc.wait()
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
@@ -269,7 +270,7 @@ def _authfile(registry: str, credentials: str | None):
                     "the registry secret must hold user:password (a token goes where the"
                     " password does)"
                 )
-            token = base64.b64encode(f"{user}:{password.strip()}".encode()).decode()
+            token = base64.b64encode(f"{user}:{password}".encode()).decode()
             auths[registry] = {"auth": token}
         path = folder / "auth.json"
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
