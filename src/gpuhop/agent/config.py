@@ -29,6 +29,12 @@ From `agent.toml` in the state dir, then from `python -m gpuhop.agent` options, 
     job_env_pass = ["HTTPS_PROXY"]  # ... with these of the agent's variables besides the usual
     [job_accounts]            # ... or as the Unix account an admin maps a user to
     alice = "alice"
+    image = "nvcr.io/nvidia/tensorflow:24.01-tf2-py3"  # jobs that name no image, no
+                              # --python and no requirements run in this one (Podman)
+    podman = "/usr/bin/podman"  # the Podman that runs image jobs (default: podman on PATH)
+    container_runtime = "runc"  # its OCI runtime (default: Podman's own, but runc on a
+                              # cgroup v1 host with controllers on the v2 hierarchy, which
+                              # crun refuses)
     [slurm]                   # the Slurm backend (--backend slurm)
     ports = "20000-32000"     # a multi-worker job's TensorFlow ports on the compute nodes,
                               # which the nodes' firewalls must let them reach each other on
@@ -53,6 +59,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.api.queue import check_webhook_url
+from gpuhop.api.spec import check_image
 
 CONFIG_NAME = "agent.toml"
 _SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*\Z", re.IGNORECASE)
@@ -94,6 +101,9 @@ class Policy:
     job_uid_base: int = 2_000_000_000
     job_env_pass: tuple[str, ...] = ()
     job_accounts: tuple[tuple[str, str], ...] = ()
+    image: str | None = None  # the default image of jobs that ask for no environment
+    podman: str = "podman"
+    container_runtime: str | None = None  # None: see gpuhop.backends.local.podman
     slurm_ports: tuple[int, int] | None = None  # None: the Slurm backend's own default
     slurm_scratch: str | None = None  # None: $SLURM_TMPDIR, else the node's temp dir
 
@@ -188,6 +198,14 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if name == "slurm_scratch":
             if not isinstance(value, str) or not value.startswith("/"):
                 raise ValueError("give an absolute path on the nodes' local disk")
+            return value
+        if name == "image":
+            if not isinstance(value, str):
+                raise ValueError("give an image reference, e.g. docker.io/library/python:3.11")
+            return check_image(value)
+        if name in ("podman", "container_runtime"):
+            if not isinstance(value, str) or not value or "\x00" in value:
+                raise ValueError("give a program's name or absolute path")
             return value
         if name == "job_uid_base":
             if isinstance(value, bool) or not 1000 <= int(value) <= 2**31 - 200_000:

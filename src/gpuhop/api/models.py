@@ -10,7 +10,7 @@ from pydantic import Field, field_validator, model_validator
 from gpuhop.api.base import StrictModel, WireModel, check_text
 from gpuhop.api.energy import JobEnergy
 from gpuhop.api.queue import check_webhook_url
-from gpuhop.api.spec import ENV_NAME_RE, DataSource, JobSpec, Mount, SecretUse
+from gpuhop.api.spec import ENV_NAME_RE, DataSource, JobSpec, Mount, SecretUse, check_image
 from gpuhop.api.states import EndClass, JobState, RetryOn
 from gpuhop.api.trees import MAX_DELTA_ENTRIES, MAX_INLINE_BYTES
 
@@ -267,6 +267,10 @@ class SubmitRequest(StrictModel):
     requirements: str | None = Field(default=None, max_length=1_000_000)
     # An interpreter on the host to run the job's script with (default: the agent's).
     python: str | None = Field(default=None, min_length=1, max_length=4096)
+    # A container image to run the job in, through Podman on the agent's host (see
+    # `check_image`); the agent's default (agent.toml `image`) where none is given. An agent
+    # that predates images refuses it.
+    image: str | None = None
     # Run the job in a private network namespace: none of its ports is reachable from
     # another host or from the host itself; `gpuhop forward` reaches them through the
     # agent. Multi-worker jobs always run in one. An agent that predates this refuses it.
@@ -299,6 +303,11 @@ class SubmitRequest(StrictModel):
         for url in v or []:
             check_webhook_url(url)
         return v
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        return None if v is None else check_image(v)
 
     @field_validator("sweep")
     @classmethod

@@ -133,6 +133,30 @@ class SecretUse(NamedTuple):
         return {"name": self.name, "env": self.env}
 
 
+# A container image's reference, as Podman takes it: [REGISTRY[:PORT]/]NAME[:TAG][@DIGEST],
+# NAME's parts lower-case. The wire checks it (`check_image`) before anything runs it.
+IMAGE_RE = re.compile(
+    r"(?:[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?(?::[0-9]{1,5})?/)?"  # registry
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*"  # name
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"  # tag
+    r"(?:@sha256:[0-9a-f]{64})?\Z"  # digest
+)
+MAX_IMAGE_LENGTH = 255
+
+
+def check_image(ref: str) -> str:
+    """A container image's reference (`IMAGE_RE`), or ValueError saying what is wrong."""
+    if len(ref) > MAX_IMAGE_LENGTH:
+        raise ValueError(f"the image reference is longer than {MAX_IMAGE_LENGTH} characters")
+    if not IMAGE_RE.match(ref):
+        raise ValueError(
+            f"{ref[:80]!r} is not an image reference:"
+            " [REGISTRY[:PORT]/]NAME[:TAG][@sha256:DIGEST], NAME in lower-case letters, digits"
+            " and . _ - /, e.g. nvcr.io/nvidia/tensorflow:24.01-tf2-py3"
+        )
+    return ref
+
+
 # What a secret's name (and the variable it is given as) may be: an environment variable's.
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 
@@ -157,6 +181,7 @@ class JobSpec(NamedTuple):
     name: str | None = None
     env: Mapping[str, str] = NO_ENV
     python: str | None = None  # an interpreter on the host
+    image: str | None = None  # a container image the job runs in (Podman, the local backend)
     requirements: str | None = None  # a requirements file's text: the job's own venv
     data: tuple[Mount, ...] = ()
     # Buckets' prefixes, fetched onto the host while the job waits, at $GPUHOP_DATA/NAME.
@@ -213,6 +238,17 @@ class JobSpec(NamedTuple):
         called = [d.name for d in self.data_sources]
         for name in dict.fromkeys(c for c in called if called.count(c) > 1):
             found.append(f"{n('data_sources')} names two buckets' data {name}; give one :NAME")
+        if self.image is not None:
+            if self.python is not None:
+                found.append(
+                    f"{n('image')} runs the job with the image's own python3;"
+                    f" {n('python')} names an interpreter on the host: give one of them"
+                )
+            if self.requirements is not None:
+                found.append(
+                    f"{n('requirements')} on top of {n('image')} is not supported yet: install"
+                    " the packages in the image"
+                )
         if self.retry_on not in RETRY_ON:
             found.append(f"{n('retry_on')} takes {' or '.join(RETRY_ON)}, got {self.retry_on!r}")
         return found

@@ -123,6 +123,14 @@ NO_REQUIREMENTS = params.Option(
 PYTHON = params.Option(
     None, "--python", metavar="PATH", help="Run with this interpreter on the host."
 )
+IMAGE = params.Option(
+    None,
+    "--image",
+    metavar="REF",
+    help="Run the job inside this container image on the GPU host (Podman; the image must be"
+    " on the host), with the image's own python3. requirements.txt is then not sent;"
+    " --requirements on top of an image comes later.",
+)
 MIXED_GPUS = params.Option(
     False,
     "--mixed-gpus",
@@ -205,6 +213,7 @@ OPTIONS: dict[str, Any] = {
     "requirements": REQUIREMENTS,
     "no_requirements": NO_REQUIREMENTS,
     "python": PYTHON,
+    "image": IMAGE,
     "mixed_gpus": MIXED_GPUS,
     "retries": RETRIES,
     "retry_on": RETRY_ON,
@@ -269,7 +278,20 @@ def spec_of(values: Mapping[str, Any], *, sweep: bool = False) -> JobSpec:
         fields["after"] = tuple(r.strip() for rs in refs for r in rs.split(",") if r.strip())
     if "notify" in values:
         fields["notify"] = tuple(url for url in values["notify"] if url != DESKTOP)
-    if "requirements" in values or "no_requirements" in values:
+    if values.get("image") is not None:
+        from gpuhop.api.spec import check_image
+
+        try:
+            check_image(values["image"])
+        except ValueError as e:
+            fail(f"--image: {e}")
+        if values.get("requirements") is not None:
+            fail(
+                "--requirements on top of --image is not supported yet: install the packages"
+                " in the image (a requirements.txt here is not sent with --image)"
+            )
+    elif "requirements" in values or "no_requirements" in values:
+        # An image job has the image's packages: the work dir's requirements.txt is not sent.
         fields["requirements"] = _requirements(values)
     spec = JobSpec(**fields)
     problems = (spec.replace(sweep="") if sweep else spec).problems(OPTION_NAMES)

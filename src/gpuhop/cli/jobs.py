@@ -152,6 +152,7 @@ def run(  # noqa: PLR0913 (a command: each parameter is one of its options)
     requirements: Path | None = jobopts.REQUIREMENTS,
     no_requirements: bool = jobopts.NO_REQUIREMENTS,
     python: str | None = jobopts.PYTHON,
+    image: str | None = jobopts.IMAGE,
     notify: list[str] = jobopts.NOTIFY,
     mixed_gpus: bool = jobopts.MIXED_GPUS,
     no_progress: bool = NoProgressOption,

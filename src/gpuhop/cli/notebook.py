@@ -89,6 +89,11 @@ def notebook(  # noqa: PLR0913 (a command: each parameter is one of its options)
     python: str | None = jobopts.worded(
         jobopts.PYTHON, "Run Jupyter and its kernels with this Python."
     ),
+    image: str | None = jobopts.worded(
+        jobopts.IMAGE,
+        "Run Jupyter in this container image on the GPU host (Podman; JupyterLab must be"
+        " installed in the image, and the image on the host).",
+    ),
     mixed_gpus: bool = jobopts.MIXED_GPUS,
     priority: int = jobopts.PRIORITY,
     time_limit: str | None = jobopts.worded(

@@ -86,6 +86,7 @@ def sweep(  # noqa: PLR0913 (a command: each parameter is one of its options)
     requirements: Path | None = jobopts.REQUIREMENTS,
     no_requirements: bool = jobopts.NO_REQUIREMENTS,
     python: str | None = jobopts.PYTHON,
+    image: str | None = jobopts.IMAGE,
     priority: int = jobopts.PRIORITY,
     after: list[str] | None = jobopts.worded(
         jobopts.AFTER,

@@ -264,7 +264,11 @@ class Client:
         `requirements` is a requirements file for the job's own venv (built once per set on
         the host, and seeing the host's packages); by default `requirements.txt` in
         `workdir` if there is one (without a `spec`), and False for none. `python` runs the
-        job with another interpreter on the host. `private_network` runs it in a network
+        job with another interpreter on the host. `image` ("REGISTRY/NAME:TAG") runs it
+        inside that container image on the agent's host instead, through Podman, with the
+        image's own `python3` (the image must be on the host; the local backend only; the
+        work dir's requirements.txt is then not sent, and `requirements` on top of an
+        image is refused for now). `private_network` runs it in a network
         namespace of its own, whose ports only `forward` reaches (an older agent refuses
         it). `pack` puts the workers on as few nodes as possible on an agent with the Ray
         backend (default: spread across nodes; an older agent refuses it).

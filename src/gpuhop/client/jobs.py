@@ -57,7 +57,9 @@ def spec_of(
             fields[field] = _MAKE[field](value, root) if field in _MAKE else value
         except ValueError as e:
             raise GpuhopError(f"{key}: {e}", code="bad_request") from None
-    if spec is None and "requirements" not in options:
+    image = fields.get("image", spec.image if spec is not None else None)
+    if spec is None and "requirements" not in options and image is None:
+        # An image job has the image's packages: the work dir's requirements.txt is not sent.
         fields["requirements"] = _requirements(None, root)
     return (spec or defaults).replace(**fields)
 

@@ -142,7 +142,12 @@ class Supervisor:
             secrets = self.agent.secrets_of(job)
             if secrets:
                 deps["secrets"] = secrets
-            no_view = self.backend.work_view(owned=identity is not None)
+            # A container job's work dir is a copy: Podman binds it, and has no overlay.
+            no_view = (
+                "a container job's work dir is a copy"
+                if job.spec.image
+                else self.backend.work_view(owned=identity is not None)
+            )
             checkout = materialise(jp, self.blobs, self.checkouts, no_view, job.tree)
             if checkout is not None:
                 deps["checkout"] = str(checkout)

@@ -341,4 +341,8 @@ def open_backend(
     from gpuhop.backends.local.backend import LocalBackend
 
     assert gpu_host is not None
-    return LocalBackend(paths, gpu_host, python)
+    from gpuhop.backends.local.podman import PodmanSettings
+
+    return LocalBackend(
+        paths, gpu_host, python, PodmanSettings(policy.podman, policy.container_runtime)
+    )

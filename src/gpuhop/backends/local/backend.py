@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gpuhop.api import ErrorCode
 from gpuhop.api.spec import JobSpec
 from gpuhop.backends import kerasmode
 from gpuhop.backends.base import (
@@ -35,13 +36,14 @@ from gpuhop.backends.base import (
     Attempt,
     Ending,
     GpuHost,
+    Refused,
     Started,
     StartError,
     allowed_for_jobs,
 )
 from gpuhop.backends.jobdeps import python as job_python
 from gpuhop.backends.leader import LeaderBackend, read_json
-from gpuhop.backends.local import cgroups
+from gpuhop.backends.local import cgroups, podman
 from gpuhop.backends.local.commands import resolve_command
 from gpuhop.backends.local.forkserver import ForkServer, ServerGone, check_os_text
 from gpuhop.backends.local.sandbox import HOW_TO_ALLOW
@@ -166,11 +168,19 @@ class LocalBackend(LeaderBackend):
     name = "local"
     identities = True
 
-    def __init__(self, paths: AgentPaths, gpu_host: GpuHost, python: str):
+    def __init__(
+        self,
+        paths: AgentPaths,
+        gpu_host: GpuHost,
+        python: str,
+        containers: podman.PodmanSettings | None = None,
+    ):
         """`paths`: the agent's state dir, whose stored copies a sandboxed job must not
-        write; `python` runs the leader, and a job's `.py` script unless it has its own."""
+        write; `python` runs the leader, and a job's `.py` script unless it has its own;
+        `containers`: the Podman that runs jobs in container images (`--image`)."""
         super().__init__(gpu_host, python)
         self.paths = paths
+        self.containers = containers or podman.PodmanSettings()
         # Jobs' leaders are forked by a warm server (a fresh interpreter each where it fails).
         self._forks = ForkServer(python)
         # Cgroups an earlier run left (an end that came while the kernel still refused).
@@ -211,8 +221,19 @@ class LocalBackend(LeaderBackend):
         return self._owned_view if owned else self._work_view
 
     def check_submit(self, spec: JobSpec) -> None:
-        """Every kind of job runs here; a multi-worker one in a mode that works for its Keras."""
-        kerasmode.check_submit(spec, self.python)
+        """Every kind of job runs here; a multi-worker one in a mode that works for its Keras;
+        one in a container image where Podman is installed, and with one worker (for now)."""
+        if spec.image is None:
+            kerasmode.check_submit(spec, self.python)
+            return
+        if podman.find(self.containers) is None:
+            raise Refused(ErrorCode.bad_request, podman.missing(self.containers))
+        if spec.workers > 1:
+            raise Refused(
+                ErrorCode.bad_request,
+                "multi-worker jobs (--workers) in a container image are not supported yet:"
+                " run the workers without --image, or one worker in the image",
+            )
 
     def end_the_rest(self, jp: JobPaths) -> str | None:
         """A sandboxed job's processes (`setsid` ones too) all live in its PID namespace,
@@ -220,6 +241,9 @@ class LocalBackend(LeaderBackend):
         that process is gone only once they all are. So kill it and wait until it is gone.
         (A SIGKILL to the group can end the leader before its child has finished.)"""
         leader = read_json(jp.leader_pid) or {}
+        names = leader.get("containers")
+        if isinstance(names, list) and names and not jp.status.exists():
+            self._remove_containers([str(n) for n in names])  # the leader was killed first
         init, init_start = leader.get("init"), leader.get("init_start")
         if not isinstance(init, int) or init_start is None:
             return None  # not sandboxed, or unknown: never signal a pid we cannot vouch for
@@ -228,6 +252,23 @@ class LocalBackend(LeaderBackend):
                 os.kill(init, signal.SIGKILL)
             time.sleep(0.02)
         return None
+
+    def _remove_containers(self, names: list[str]) -> None:
+        """Remove a container job's containers, which a killed `podman run` leaves running."""
+        program = podman.find(self.containers)
+        if program is None:
+            return
+        runtime = podman.runtime(self.containers)
+        argv = [program, *(["--runtime", runtime] if runtime else [])]
+        try:
+            subprocess.run(
+                [*argv, "rm", "--force", "--ignore", "--time", "0", *names],
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError) as e:
+            log.warning("could not remove the containers %s: %s", " ".join(names), e)
 
     def leader(
         self, attempt: Attempt, jp: JobPaths, deps: dict[str, Any]
@@ -249,6 +290,9 @@ class LocalBackend(LeaderBackend):
         to a file."""
         identity = deps.get("identity")
         passed = tuple(identity["pass"]) if identity else None
+        image = attempt.spec.image
+        if image is not None and passed is None:
+            passed = ()  # the agent's own variables stay out of the image, but the allow-list's
         env = job_environment(attempt, jp, gpu_total_mb=self._gpu_total_mb(attempt), passed=passed)
         # The job's secrets (read by the agent as it starts): in its environment only, and
         # masked in its output by the leader (`--mask` names the variables, never a value).
@@ -277,11 +321,19 @@ class LocalBackend(LeaderBackend):
         files = (
             jp.work if (jp.work / attempt.command[0]).exists() else deps.get("checkout", jp.work)
         )
-        argv = resolve_command(attempt.command, Path(files), env.get("PATH", os.defpath), python)
-        if argv[0].startswith(f"{files}/"):  # a program in the checkout: run it from the view
-            argv[0] = f"{jp.work}{argv[0][len(str(files)) :]}"
-        gang = self._write_gang(attempt, jp, env, python, deps) if attempt.spec.workers > 1 else []
-        gang += self._isolation_args(deps, jp, attempt.spec.workers, specs)
+        if image is not None:
+            argv = podman.command(attempt.command, jp.work)
+            gang = self._container_args(attempt, jp, deps, env, specs)
+        else:
+            argv = resolve_command(
+                attempt.command, Path(files), env.get("PATH", os.defpath), python
+            )
+            if argv[0].startswith(f"{files}/"):  # a program in the checkout: from the view
+                argv[0] = f"{jp.work}{argv[0][len(str(files)) :]}"
+            gang = (
+                self._write_gang(attempt, jp, env, python, deps) if attempt.spec.workers > 1 else []
+            )
+            gang += self._isolation_args(deps, jp, attempt.spec.workers, specs)
         if attempt.spec.private_network or attempt.spec.workers > 1:
             gang += ["--relay", str(jp.relay)]
         if secrets:
@@ -438,6 +490,60 @@ class LocalBackend(LeaderBackend):
             return args
         (jp.root / "sandbox.json").write_text(json.dumps(spec))
         return [*args, "--sandbox", str(jp.root / "sandbox.json")]
+
+    def _container_args(
+        self,
+        attempt: Attempt,
+        jp: JobPaths,
+        deps: dict[str, Any],
+        env: dict[str, str],
+        specs: dict[str, Any] | None,
+    ) -> list[str]:
+        """The leader's `--container` argument for a job in a container image (podman.py
+        says what the container gives it); turns `env` into the container's variables."""
+        identity = deps.get("identity")
+        for d in (jp.work, jp.artifacts, jp.checkpoints):
+            d.mkdir(parents=True, exist_ok=True)
+        files = [jp.log, jp.metrics, jp.provenance]
+        for f in files:
+            f.touch()
+        var_tmp = jp.root / VAR_TMP
+        var_tmp.mkdir(mode=0o700, exist_ok=True)
+        own = [jp.work, jp.artifacts, jp.checkpoints, jp.control, *files]
+        if identity:
+            own.append(Path(identity["home"]))
+            _give(identity, [*own, jp.tmp, var_tmp])
+        mounts = podman.Mounts()
+        for path in own:
+            mounts.add(path, path)
+        mounts.add(jp.tmp, "/tmp")
+        mounts.add(var_tmp, "/var/tmp")
+        for data in deps.get("data", []):
+            target = jp.work / data["mount"]
+            target.mkdir(parents=True, exist_ok=True)
+            mounts.add(data["source"], target, readonly=True)
+        package = Path(hook.__file__).resolve().parents[1]
+        mounts.add(package, f"{podman.GPUHOP_LIB}/gpuhop", readonly=True)
+        who = identity or {"uid": os.getuid(), "gid": os.getgid()}
+        spec = podman.describe(
+            self.containers,
+            str(attempt.spec.image),
+            f"gpuhop-{attempt.job_id}-{attempt.number}",
+            f"{who['uid']}:{who['gid']}",
+            jp.work,
+            mounts,
+        )
+        inside = podman.environment(env, dict(attempt.spec.env), package)
+        env.clear()
+        env.update(inside)
+        for name in ("PATH", "HOME", "XDG_RUNTIME_DIR"):  # Podman's own, not the job's
+            if name in os.environ:
+                env[f"GPUHOP_PODMAN_{name}"] = os.environ[name]
+        if specs is not None:
+            specs["container"] = spec
+            return []
+        (jp.root / "container.json").write_text(json.dumps(spec))
+        return ["--container", str(jp.root / "container.json")]
 
     def _view(
         self, deps: dict[str, Any], jp: JobPaths, workers: int, hide: list[str]

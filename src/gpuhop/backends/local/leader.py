@@ -20,6 +20,9 @@ With `--relay SOCKET` the job runs in a private network namespace (a multi-worke
 already does), and the leader relays connections from the Unix socket SOCKET to ports
 inside it, so the agent can forward them (relay.py).
 
+With `--container SPEC` the job (each worker) runs in a container image through Podman
+(container.py): Podman, not the sandbox, gives it its own view of the host.
+
 With `--env SPEC` it first builds (or finds) the job's Python environment (envbuild.py);
 with `--sandbox SPEC` (every job, where the host allows namespaces) it runs the job in its
 own view of the host, where the state dir holds only the job's files and its datasets are
@@ -68,7 +71,11 @@ def how(outcome: dict) -> str:
     return f"exited with code {outcome['exit_code']}"
 
 
-def _spawn(command: list, env: dict | None = None, log_fd: int | None = None) -> int:
+def _spawn(command: list, env: dict | None = None, log_fd: int | None = None, worker=None) -> int:
+    if _CONTAINER:  # the job (this worker) runs in its container, through `podman run`
+        base = dict(os.environ)
+        env = base if env is None else env
+        command, env = _sibling("container").argv(_CONTAINER, env, _NETWORK[0], command, worker)
     pid = os.fork()
     if pid == 0:
         if log_fd is not None:
@@ -115,7 +122,8 @@ _NETWORK_MADE = False
 
 
 def private_network() -> None:
-    """Move this process into a new network namespace whose only interface is loopback.
+    """Move this process into a new network namespace whose only interface is loopback
+    (a container job's containers join it: `_NETWORK`).
 
     As root a plain network namespace; otherwise inside a user namespace that maps us to
     ourselves (no privilege is gained outside it). Raises OSError if neither is allowed.
@@ -138,6 +146,7 @@ def private_network() -> None:
         request = struct.pack("16sH14x", b"lo", 0)
         flags = struct.unpack("16sH14x", fcntl.ioctl(s, SIOCGIFFLAGS, request))[1]
         fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
+    _NETWORK[0] = f"ns:/proc/{os.getpid()}/ns/net"
 
 
 def free_ports(n: int) -> list:
@@ -229,7 +238,7 @@ def run_gang(spec: dict, command: list, relay=None) -> dict:
             os.close(log_fd)
             pumps.append(pump)
             log_fd = pipe
-        running[_spawn(command, env, log_fd)] = index
+        running[_spawn(command, env, log_fd, index)] = index
         os.close(log_fd)
         tails.append(LogTail(worker["log"], f"[worker {index}] "))
     if relay is not None:
@@ -303,11 +312,15 @@ def _signal(pid: int, sig: int) -> None:
 
 USAGE = (
     "usage: leader.py STATUS PID_FILE [--gang SPEC] [--env SPEC] [--sandbox SPEC] [--relay SOCKET]"
-    " [--mask VAR,...] -- COMMAND..."
+    " [--mask VAR,...] [--container SPEC] -- COMMAND..."
 )
 # The values of the job's secrets (`--mask`: the variables that hold them), masked in its
 # output by a pump between the job and its log (mask.py).
 _MASKED: list = []
+# With `--container SPEC`: the container the job runs in (container.py), and the network
+# its containers join: the host's, or the job's private one, which the leader made.
+_CONTAINER: dict = {}
+_NETWORK = ["host"]
 
 
 def _mask_output(names: str) -> int | None:
@@ -339,7 +352,7 @@ def main(argv: list, given: dict | None = None) -> int:
     specs = dict(given or {})  # from the leader server's request: as --sandbox would give
     relay = None
     masked = ""
-    flags = (["--gang"], ["--env"], ["--sandbox"], ["--relay"], ["--mask"])
+    flags = (["--gang"], ["--env"], ["--sandbox"], ["--relay"], ["--mask"], ["--container"])
     while rest[:1] in flags and len(rest) > 1:
         if rest[0] == "--relay":
             relay = rest[1]
@@ -353,7 +366,12 @@ def main(argv: list, given: dict | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     command = rest[1:]
-    _write_atomic(pid_path, {"pid": os.getpid()}, durable=False)
+    pid_record: dict = {"pid": os.getpid()}
+    if "container" in specs:
+        _CONTAINER.update(specs["container"])
+        workers = range(len(specs["gang"]["workers"])) if "gang" in specs else [None]
+        pid_record["containers"] = [_sibling("container").name(_CONTAINER, w) for w in workers]
+    _write_atomic(pid_path, pid_record, durable=False)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         # A handler, not SIG_IGN: exec resets handled signals to their default in the child.
         signal.signal(sig, lambda *_: None)
@@ -362,7 +380,9 @@ def main(argv: list, given: dict | None = None) -> int:
     # Bound now, while the job's dir is in view: the sandbox hides it from the job.
     listener = _listen_relay(relay) if relay is not None else None
     report = None
-    if specs.get("sandbox", {}).get("identity"):
+    if _CONTAINER:  # Podman gives it its own view of the host, not the sandbox
+        result = _container_missing()
+    elif specs.get("sandbox", {}).get("identity"):
         private = relay is not None or "gang" in specs
         result, report = _enter_as_identity(specs, pid_path, private)
     else:
@@ -376,6 +396,10 @@ def main(argv: list, given: dict | None = None) -> int:
             result = run_gang(specs["gang"], command, listener)
         else:
             result = run_single(command, relay is not None, listener)
+        if _CONTAINER:
+            result = _sibling("container").outcome(result)
+    if _CONTAINER:  # none is left, however the job ended
+        _sibling("container").remove(_CONTAINER, pid_record["containers"])
     result["ended_at"] = time.time()
     if report is not None:
         os.write(report, json.dumps(result).encode())
@@ -394,6 +418,15 @@ def _sibling(name: str):
     if here not in sys.path:
         sys.path.insert(0, here)
     return __import__(name)
+
+
+def _container_missing() -> dict | None:
+    """None if the job's image is on the host; else the job's result, said in its log."""
+    why = _sibling("container").image_missing(_CONTAINER)
+    if why is None:
+        return None
+    print(f"gpuhop: {why}", flush=True)
+    return {"exit_code": 1, "signal": None, "detail": why}
 
 
 def _prepare(specs: dict) -> dict | None:

@@ -162,7 +162,13 @@ class SlurmBackend(LeaderBackend):
     def check_submit(self, spec: JobSpec) -> None:
         """Refuse, with what to do instead, the jobs that need the agent's own host."""
         why = None
-        if spec.data or spec.data_sources:
+        if spec.image is not None:
+            why = (
+                "container images (--image) run on the local backend only; this agent runs"
+                " jobs on Slurm, whose nodes' own Python runs them. Run without --image,"
+                " or on an agent with the local backend"
+            )
+        elif spec.data or spec.data_sources:
             why = (
                 "datasets (and buckets' data) are mounted from the agent's host and cannot"
                 " reach Slurm's compute"

@@ -52,7 +52,8 @@ def submit(req: SubmitRequest, request: Request) -> JobInfo:
     c, caller = ctx(request), caller_of(request)
     if req.tree_delta is not None:  # a re-sync: the job's tree as its changes from the last
         trees.store_delta(c, req.tree_delta, caller)
-    return service.submit(c, req.command, req.spec(), req.tree, caller)
+    spec = service.with_default_image(c, req.spec())
+    return service.submit(c, req.command, spec, req.tree, caller)
 
 
 @router.get("", response_model=list[JobInfo])

@@ -1,0 +1,133 @@
+"""Runs on the GPU host, in a job's leader: runs the job (or each worker of a gang) in a
+container image through Podman, as the agent described the container (podman.py). Standard
+library only (the leader runs with `python -I -S`).
+
+`podman run` is the leader's child, in the leader's process group: a cancel's SIGTERM reaches
+it and Podman passes it on to the container's init (catatonit, `--init`), which passes it on
+to the job. The job's output goes straight to the job's log (`--log-driver passthrough`:
+the container's stdout and stderr are the leader's). The job's variables are passed by name
+(`--env NAME`: Podman takes each value from its own environment), so no value, a secret's
+least of all, is on a command line. Each container is named `gpuhop-JOB-ATTEMPT[-WORKER]`
+(the pid file lists the names), and removed when the leader is done with it; where the leader
+itself was killed, the agent removes them (LocalBackend.end_the_rest).
+
+How it ended: Podman's exit status is the container's, its init's: the job's exit code, or
+128+N where the job was killed by signal N (catatonit, like a shell, reports a signal so; as
+does Podman for a container it killed). The job's own `exit(137)` reads the same: there is
+no telling them apart from outside, so a status of 128+N, N a signal that ends a process
+(1-31), is read as killed by signal N, as a shell's `$?` is; a job that must say otherwise
+exits with a code below 129. 125, 126 and 127 are Podman's own: it could not run the
+container, the program, or find it (its message is in the log).
+
+GPUs are given through the Container Device Interface (`--device nvidia.com/gpu=N`, the
+NVIDIA container toolkit's names, which are NVML's indices): the job's
+CUDA_VISIBLE_DEVICES on the host names them, and the container, which sees only those,
+is told `0..n-1`.
+"""
+
+import contextlib
+import subprocess
+
+# Podman's own exit statuses: not the job's.
+PODMAN_STATUS = {
+    125: "Podman could not run the container (its message is above)",
+    126: "the job's program in the image could not be run",
+    127: "the job's program was not found in the image",
+}
+
+
+def name(spec: dict, worker=None) -> str:
+    return spec["name"] if worker is None else f"{spec['name']}-{worker}"
+
+
+def image_missing(spec: dict) -> str | None:
+    """None if the image is in the host's Podman store; else what to say."""
+    try:
+        done = subprocess.run(
+            [*_podman(spec), "image", "exists", spec["image"]],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"Podman ({spec['podman']}) did not say whether image {spec['image']} is here: {e}"
+    if done.returncode == 0:
+        return None
+    if done.returncode == 1:
+        return (
+            f"image {spec['image']} is not on this host; pull it there first"
+            f" (podman pull {spec['image']})"
+        )
+    said = done.stderr.decode(errors="replace").strip()
+    return f"Podman ({spec['podman']}) cannot look up image {spec['image']}: {said}"
+
+
+def argv(spec: dict, env: dict, network: str, command: list, worker=None) -> tuple:
+    """The `podman run` argv for `command` in the container, and the environment to run it
+    with (`env`: the job's variables, all passed on by name)."""
+    env = dict(env)
+    gpus = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
+    args = [*_podman(spec), "run", "--rm", "--name", name(spec, worker)]
+    args += ["--pull", "never", "--init", "--log-driver", "passthrough"]
+    args += ["--read-only", "--read-only-tmpfs=false", "--cap-drop", "all"]
+    args += ["--security-opt", "no-new-privileges", "--network", network]
+    args += ["--user", spec["user"], "--workdir", spec["workdir"]]
+    if spec.get("keep_id"):
+        args += ["--userns", "keep-id"]
+    for limit in spec["ulimits"]:
+        args += ["--ulimit", limit]
+    for gpu in gpus:
+        args += ["--device", f"nvidia.com/gpu={gpu}"]
+    for m in spec["mounts"]:
+        ro = ",readonly=true" if m["readonly"] else ""
+        args += ["--mount", f"type=bind,source={m['source']},destination={m['target']}{ro}"]
+    for key in sorted(env):
+        if key not in _PODMAN_OWN:
+            args += ["--env", key]
+    return [*args, spec["image"], *command], _for_podman(env)
+
+
+# What the podman program itself needs of the agent's environment, where the job has not
+# set it; never passed into the container (the image has its own).
+_PODMAN_OWN = ("GPUHOP_PODMAN_PATH", "GPUHOP_PODMAN_HOME", "GPUHOP_PODMAN_XDG_RUNTIME_DIR")
+
+
+def _for_podman(env: dict) -> dict:
+    out = dict(env)
+    for key in _PODMAN_OWN:
+        value = out.pop(key, None)
+        real = key[len("GPUHOP_PODMAN_") :]
+        if value is not None and real not in out:  # the job's own PATH is podman's too
+            out[real] = value
+    return out
+
+
+def outcome(result: dict) -> dict:
+    """The job's end from Podman's (see the module's docstring)."""
+    code = result.get("exit_code")
+    if result.get("signal") is not None or code is None:
+        return result
+    if 128 < code < 160:
+        return {**result, "exit_code": None, "signal": code - 128}
+    if code in PODMAN_STATUS and "detail" not in result:
+        return {**result, "detail": f"exited with code {code}: {PODMAN_STATUS[code]}"}
+    return result
+
+
+def remove(spec: dict, names: list) -> None:
+    """Remove the containers `names` at once, where they are left (a killed `podman run`
+    leaves its container running)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(
+            [*_podman(spec), "rm", "--force", "--ignore", "--time", "0", *names],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=120,
+        )
+
+
+def _podman(spec: dict) -> list:
+    runtime = spec.get("runtime")
+    return [spec["podman"], *(["--runtime", runtime] if runtime else [])]

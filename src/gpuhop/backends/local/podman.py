@@ -1,0 +1,184 @@
+"""Runs in the agent: Podman on this host, for the jobs that run in a container image
+(`--image`): where it is, which OCI runtime runs their containers, and what each such job's
+container is (`describe`), for its leader, which runs it (container.py beside this file).
+
+What a container job gets is what the sandbox (sandbox.py) gives a venv job, made by Podman
+instead: a read-only root (the image's), its own mount, PID and IPC namespaces, its own
+`/tmp` (the job's tmp dir, bound there), only its own dirs writable at the paths they have
+on the host (work dir, artifacts, checkpoints, control dir, log, metrics and provenance
+files), its datasets read-only, and nothing else of the agent's state dir; no capabilities,
+no new privileges, the uid and gid of the job's identity (the agent's own where it has none);
+and an init (catatonit) as its first process, which passes signals on and reaps orphans.
+gpuhop's own package is bound read-only at `GPUHOP_LIB` and put on PYTHONPATH, so the image's
+Python runs the start-up hook (metrics, resume) as a venv job's does.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from gpuhop.backends.base import StartError
+
+# Where gpuhop's package is bound read-only in every container (its parent goes on
+# PYTHONPATH; its start-up dir goes first).
+GPUHOP_LIB = "/opt/gpuhop/python"
+# Where cgroup v1 hosts keep the v2 hierarchy beside it ("hybrid"): crun, Podman's default
+# runtime, refuses to run there while a controller is enabled on it; runc does not.
+HYBRID_CONTROLLERS = Path("/sys/fs/cgroup/unified/cgroup.controllers")
+# Podman's conmon, the parent of every container's runtime, runs with at most this many
+# processes (Podman 4.3 sets it): a container's nproc limit above it is refused (EPERM).
+CONMON_NPROC = 32768
+# The NVIDIA container toolkit's CDI spec, which names the GPUs `--device nvidia.com/gpu=N`.
+CDI_SPECS = (Path("/etc/cdi/nvidia.yaml"), Path("/var/run/cdi/nvidia.yaml"))
+INSTALL = "apt-get install podman runc catatonit"
+
+
+class PodmanSettings(NamedTuple):
+    """agent.toml's `podman` (the program) and `container_runtime` (None: `runtime()`)."""
+
+    program: str = "podman"
+    runtime: str | None = None
+
+
+def find(settings: PodmanSettings) -> str | None:
+    """The Podman program's path, or None where it is not installed."""
+    return shutil.which(settings.program)
+
+
+def missing(settings: PodmanSettings) -> str:
+    """Why an image job cannot run here, and what to install."""
+    return (
+        f"container images (--image) run through Podman on the agent's host, and"
+        f" {settings.program!r} is not installed there: install it ({INSTALL}), or set"
+        " agent.toml's podman to its path"
+    )
+
+
+def runtime(settings: PodmanSettings) -> str | None:
+    """The OCI runtime to run containers with: the setting; else runc where the host is a
+    cgroup v1 hybrid with controllers on its v2 hierarchy (which crun refuses) and runc is
+    installed; else None, Podman's own default."""
+    if settings.runtime:
+        return settings.runtime
+    try:
+        controllers = HYBRID_CONTROLLERS.read_text().split()
+    except OSError:
+        return None
+    return "runc" if controllers and shutil.which("runc") else None
+
+
+def version(program: str) -> str | None:
+    """`podman --version`'s version, or None where it does not answer."""
+    try:
+        done = subprocess.run(
+            [program, "--version"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    words = done.stdout.split()
+    return words[-1] if done.returncode == 0 and words else None
+
+
+def cdi_spec() -> Path | None:
+    """The NVIDIA container toolkit's CDI spec, where it was generated."""
+    return next((p for p in CDI_SPECS if p.is_file()), None)
+
+
+def ulimits() -> list[str]:
+    """This process's own limits on open files and processes, for the container: Podman's
+    defaults are higher, and raising a hard limit needs a capability the agent may lack."""
+    out = []
+    for name, which, ceiling in (
+        ("nofile", resource.RLIMIT_NOFILE, None),
+        ("nproc", resource.RLIMIT_NPROC, CONMON_NPROC),
+    ):
+        soft, hard = resource.getrlimit(which)
+        if ceiling is not None:
+            hard = ceiling if hard == resource.RLIM_INFINITY else min(hard, ceiling)
+            soft = hard if soft == resource.RLIM_INFINITY else min(soft, hard)
+        if hard == resource.RLIM_INFINITY:
+            continue  # unlimited here: Podman's default is no more than that
+        soft = hard if soft == resource.RLIM_INFINITY else soft
+        out.append(f"{name}={soft}:{hard}")
+    return out
+
+
+def command(command: list[str], work: Path) -> list[str]:
+    """The argv for `command` in the image, from the work dir: a `.py` script (and `-m
+    MODULE`) runs with the image's `python3`; a relative path must be an executable file of
+    the work dir; a bare name or an absolute path is the image's to find."""
+    head, rest = command[0], command[1:]
+    if head == "-m":
+        if not rest or not rest[0]:
+            raise StartError("-m needs a module name to run")
+        return ["python3", "-m", *rest]
+    if head.endswith(".py"):
+        if not (work / head).is_file():
+            raise StartError(f"script {head} is not in the job's work dir")
+        return ["python3", head, *rest]
+    if "/" in head and not head.startswith("/"):
+        target = work / head
+        if not target.is_file() or not os.access(target, os.X_OK):
+            raise StartError(f"{head} is not an executable file in the job's work dir")
+        return [str(target), *rest]
+    return command
+
+
+def environment(env: dict[str, str], given: dict[str, str], package: Path) -> dict[str, str]:
+    """The container's environment from a venv job's (`env`, whose host variables are the
+    allow-list's only): less the host's PATH and LD_LIBRARY_PATH (the image has its own)
+    unless the job gave them (`given`), with the start-up hook and gpuhop's package at their
+    paths in the container."""
+    out = {k: v for k, v in env.items() if k not in ("PATH", "LD_LIBRARY_PATH") or k in given}
+    startup = str(package / "runtime" / "startup")
+    parts = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if startup in parts:  # the hook is wanted: first, as for a venv job
+        parts.remove(startup)
+        parts = [f"{GPUHOP_LIB}/gpuhop/runtime/startup", GPUHOP_LIB, *parts]
+    else:
+        parts.append(GPUHOP_LIB)  # `import gpuhop.tf` works in the image
+    out["PYTHONPATH"] = os.pathsep.join(parts)
+    out["TMPDIR"] = given.get("TMPDIR", "/tmp")
+    return out
+
+
+class Mounts:
+    """The binds of a container: each (source on the host, target in it, read-only)."""
+
+    def __init__(self) -> None:
+        self.items: list[dict[str, Any]] = []
+
+    def add(self, source: Path | str, target: Path | str, readonly: bool = False) -> None:
+        for path in (str(source), str(target)):
+            # --mount's syntax: a comma ends the value. Podman cannot bind such a path.
+            if "," in path:
+                raise StartError(f"{path}: a path with a comma cannot be mounted in a container")
+        self.items.append({"source": str(source), "target": str(target), "readonly": readonly})
+
+
+def describe(
+    settings: PodmanSettings, image: str, name: str, user: str, work: Path, mounts: Mounts
+) -> dict[str, Any]:
+    """The container spec a leader runs (container.py), but for the job's variables and
+    network, which the leader adds (they differ between the workers of a gang)."""
+    program = find(settings)
+    if program is None:
+        raise StartError(missing(settings))
+    return {
+        "podman": program,
+        "runtime": runtime(settings),
+        "image": image,
+        "name": name,
+        "user": user,
+        # A rootless Podman maps the agent's uid to itself in the container: the job's
+        # files stay the agent's user's.
+        "keep_id": os.geteuid() != 0,
+        "workdir": str(work),
+        "mounts": mounts.items,
+        "ulimits": ulimits(),
+    }

@@ -1,0 +1,214 @@
+# ruff: noqa: F811 (the fixture imported from tests.images is a parameter here)
+"""Jobs in a container image (`--image`): a real agent runs them through real Podman, in a
+minimal image the session builds (tests/images.py).
+
+A job in the image sees the image (its os-release), gets the environment contract and the
+start-up hook, writes artifacts that `pull` brings back, streams its log, and sees nothing
+of the agent's state dir but its own files, under a read-only root. Its end classes, a
+cancel and a time limit behave as for a venv job, and no container is left after any of
+them. What cannot run is refused at submit, saying why.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from gpuhop.api import EndClass, JobState
+from gpuhop.client import GpuhopError
+from tests.conftest import wait_until
+from tests.images import MARKER, containers_named, minimal_image  # noqa: F401 (a fixture)
+
+INSIDE = r"""
+import json, os, sys
+state = sys.argv[1]
+def can_write(path):
+    try:
+        with open(path, "w") as f:
+            f.write("x")
+    except OSError as e:
+        return e.strerror
+    return True
+with open(os.path.join(os.environ["GPUHOP_ARTIFACTS_DIR"], "model.txt"), "w") as f:
+    f.write("trained in the image")
+print(json.dumps({
+    "os_release": open("/etc/os-release").read(),
+    "uid": os.getuid(),
+    "gid": os.getgid(),
+    "env": {k: v for k, v in os.environ.items() if k.startswith(("GPUHOP_", "TF_", "CUDA_"))},
+    "path_env": os.environ.get("PATH"),
+    "tmpdir": os.environ.get("TMPDIR"),
+    "hook": "_gpuhop_hook" in sys.modules,
+    "state_dir": sorted(os.listdir(state)) if os.path.isdir(state) else None,
+    "socket": os.path.exists(os.path.join(state, "agent.sock")),
+    "root": can_write("/etc/written-by-job"),
+    "tmp": can_write("/tmp/mine"),
+    "work": can_write("written.txt"),
+    "pid1": open("/proc/1/cmdline").read().split("\0")[0],
+}), flush=True)
+"""
+
+ENDS = r"""
+import os, signal, sys, time
+how = sys.argv[1]
+print("ready", flush=True)
+if how == "exit":
+    sys.exit(3)
+if how == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+signal.signal(signal.SIGTERM, lambda *_: (print("got TERM", flush=True), sys.exit(143)))
+time.sleep(600)
+"""
+
+
+@pytest.fixture(scope="module")
+def agent(make_module_agent):
+    return make_module_agent()
+
+
+@pytest.fixture(scope="module")
+def make_module_agent(tmp_path_factory):
+    from tests.conftest import Agent
+
+    started = []
+
+    def make(toml: str | None = None):
+        root = Path(tmp_path_factory.mktemp("image-agent"))
+        home = root / "home"
+        if toml is not None:
+            home.mkdir(parents=True)
+            (home / "agent.toml").write_text(toml)
+        started.append(Agent(home, root / "cache", None).start())
+        return started[-1]
+
+    yield make
+    for agent in started:
+        agent.shutdown()
+
+
+def test_a_job_runs_in_its_image_with_its_contract_and_nothing_else(
+    agent, minimal_image, project, tmp_path
+):
+    root = project({"inside.py": INSIDE, "requirements.txt": "no-such-package==1\n"})
+    # The CLI as a user runs it: requirements.txt is not sent with --image.
+    done = agent.cli("run", "--image", minimal_image, "inside.py", str(agent.home), cwd=root)
+    assert done.returncode == 0, done.stderr + done.stdout
+    seen = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("{")))
+    assert MARKER in seen["os_release"]
+    with agent.client() as client:
+        # Had requirements.txt been sent, building its venv would have failed the job.
+        job = client.jobs()[0]
+        jp_root = agent.paths.job_dir(job.id)
+        env = seen["env"]
+        assert env["GPUHOP_JOB_ID"] == job.id and env["GPUHOP_ATTEMPT"] == "1"
+        assert env["GPUHOP_ARTIFACTS_DIR"] == str(jp_root / "artifacts")
+        assert env["TF_FORCE_GPU_ALLOW_GROWTH"] == "true"
+        assert env["CUDA_VISIBLE_DEVICES"] == ""
+        assert seen["hook"] is True  # the image's Python ran gpuhop's start-up hook
+        assert seen["tmpdir"] == "/tmp" and seen["tmp"] is True
+        assert seen["work"] is True
+        assert seen["root"] == "Read-only file system"
+        assert seen["uid"] == os.getuid() and seen["gid"] == os.getgid()
+        assert seen["pid1"].endswith("init")  # catatonit passes signals on and reaps
+        # The state dir holds only the job's own: no socket, store, tokens or other jobs.
+        assert seen["socket"] is False
+        assert seen["state_dir"] == ["jobs"]
+        # The host's PATH stayed out: the image has its own.
+        assert seen["path_env"] != os.environ.get("PATH")
+        pulled = client.job(job.id).pull(tmp_path / "out")
+        assert [p.name for p in pulled] == ["model.txt"]
+        assert (tmp_path / "out" / "model.txt").read_text() == "trained in the image"
+        assert (jp_root / "tmp" / "mine").exists()  # its /tmp was its own, and is kept
+    assert containers_named(f"gpuhop-{job.id}") == []
+
+
+def test_exit_codes_and_signals_end_an_image_job_as_a_venv_job(agent, minimal_image, project):
+    root = project({"ends.py": ENDS})
+    with agent.client() as client:
+        failed = client.submit(["ends.py", "exit"], workdir=root, image=minimal_image)
+        killed = client.submit(["ends.py", "kill"], workdir=root, image=minimal_image)
+        info = failed.wait(60)
+        assert info.state == JobState.failed and info.exit_code == 3
+        assert info.end_class == EndClass.app_error
+        assert b"ready" in b"".join(failed.logs())
+        info = killed.wait(60)
+        assert info.state == JobState.failed
+        assert (info.exit_code, info.signal) == (None, signal.SIGKILL)
+    for job in (failed, killed):
+        assert containers_named(f"gpuhop-{job.id}") == []
+
+
+def test_cancel_and_time_limit_end_the_container(agent, minimal_image, project):
+    root = project({"ends.py": ENDS})
+    with agent.client() as client:
+        job = client.submit(["ends.py", "wait"], workdir=root, image=minimal_image)
+        limited = client.submit(["ends.py", "wait"], workdir=root, image=minimal_image, timeout=2)
+        wait_until(lambda: b"ready" in b"".join(job.logs()), 60)
+        assert containers_named(f"gpuhop-{job.id}-1") == [f"gpuhop-{job.id}-1"]
+        job.cancel(grace=10)
+        info = job.wait(60)
+        assert info.state == JobState.cancelled
+        assert b"got TERM" in b"".join(job.logs())  # the SIGTERM reached the job
+        info = limited.wait(60)
+        assert info.end_class == EndClass.timeout
+    for ended in (job, limited):
+        assert containers_named(f"gpuhop-{ended.id}") == []
+
+
+def test_a_killed_leader_leaves_no_container(agent, minimal_image, project):
+    root = project({"ends.py": ENDS})
+    with agent.client() as client:
+        job = client.submit(["ends.py", "wait"], workdir=root, image=minimal_image)
+        wait_until(lambda: b"ready" in b"".join(job.logs()), 60)
+        leader = json.loads((agent.paths.job_dir(job.id) / "shim.pid").read_text())
+        os.killpg(leader["pid"], signal.SIGKILL)  # the leader and `podman run` at once
+        info = job.wait(60)
+        assert info.state == JobState.lost  # as a venv job whose leader left no status
+    assert containers_named(f"gpuhop-{job.id}") == []
+
+
+def test_what_cannot_run_in_an_image_is_refused_at_submit(
+    agent, make_module_agent, minimal_image, project
+):
+    root = project({"ends.py": ENDS})
+    with agent.client() as client:
+        for bad in ("Not A Ref", "x" * 300, "--privileged"):
+            with pytest.raises(GpuhopError) as e:
+                client.submit(["ends.py", "exit"], workdir=root, image=bad)
+            assert 400 <= e.value.status < 500 and "image" in e.value.message
+        with pytest.raises(GpuhopError, match="python3"):
+            client.submit(
+                ["ends.py", "exit"], workdir=root, image=minimal_image, python="/usr/bin/python3"
+            )
+        reqs = root / "reqs.txt"
+        reqs.write_text("numpy\n")
+        with pytest.raises(GpuhopError, match="requirements on top of image"):
+            client.submit(["ends.py", "exit"], workdir=root, image=minimal_image, requirements=reqs)
+        with pytest.raises(GpuhopError, match="not supported yet"):
+            client.submit(
+                ["ends.py", "exit"],
+                workdir=root,
+                image=minimal_image,
+                workers=2,
+                gpus_per_worker=0,
+            )
+        missing_image = client.submit(
+            ["ends.py", "exit"], workdir=root, image="localhost/gpuhop-test/absent:1"
+        )
+        info = missing_image.wait(60)
+        assert info.state == JobState.failed
+        assert "image localhost/gpuhop-test/absent:1 is not on this host" in (info.reason or "")
+    done = agent.cli("run", "--image", minimal_image, "--python", "/usr/bin/python3", "x.py")
+    assert done.returncode != 0 and "--python" in done.stderr
+    done = agent.cli("run", "--image", minimal_image, "-r", "reqs.txt", "ends.py", cwd=root)
+    assert done.returncode != 0 and "--requirements on top of --image" in done.stderr
+    # An agent whose host has no Podman says what to install; its default image (agent.toml)
+    # is what a job that names none asks for.
+    bare = make_module_agent(f'podman = "/nonexistent/podman"\nimage = "{minimal_image}"\n')
+    with bare.client() as client, pytest.raises(GpuhopError) as e:
+        client.submit(["ends.py", "exit"], workdir=root, requirements=False)
+    assert e.value.status == 400 and "apt-get install podman runc" in e.value.message
