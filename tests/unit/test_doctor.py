@@ -35,6 +35,10 @@ GPU_HOST = Facts(
     state_dir="/srv/gpuhop",
     disk_free=500 * GIB,
     probe=GPU_TF,
+    podman="/usr/bin/podman",
+    podman_version="4.3.1",
+    cdi_spec="/etc/cdi/nvidia.yaml",
+    nvidia_ctk=True,
 )
 CPU_HOST = replace(
     GPU_HOST,
@@ -67,6 +71,7 @@ def test_a_healthy_gpu_host_passes_everything():
         "disk space",
         "job sandbox",
         "job identity",
+        "container images",
         "job work dirs",
     ]
     assert {c.status for c in checks} == {CheckStatus.passed}
@@ -233,6 +238,21 @@ def test_a_host_without_namespaces_warns_a_single_user_and_fails_a_team():
     team = verdicts(replace(GPU_HOST, isolation=why, team=True))["job sandbox"]
     assert team[0] == CheckStatus.failed and "no job starts" in team[1]
     assert verdicts(replace(GPU_HOST, team=True))["job sandbox"][0] == CheckStatus.passed
+
+
+def test_doctor_says_whether_jobs_can_run_in_images_and_with_gpus_there():
+    ready = verdicts(replace(GPU_HOST, container_runtime="runc"))["container images"]
+    assert ready[0] == CheckStatus.passed
+    assert "Podman 4.3.1" in ready[1] and "OCI runtime: runc" in ready[1]
+    assert "CDI (/etc/cdi/nvidia.yaml)" in ready[1]
+    none = verdicts(replace(GPU_HOST, podman=None))["container images"]
+    assert none[0] == CheckStatus.skipped and "not installed" in none[1]
+    assert none[2] == "apt-get install podman runc catatonit"
+    no_cdi = verdicts(replace(GPU_HOST, cdi_spec=None, nvidia_ctk=False))["container images"]
+    assert no_cdi[0] == CheckStatus.warning and "gets no GPU" in no_cdi[1]
+    assert no_cdi[2].startswith("install the NVIDIA container toolkit, then nvidia-ctk cdi")
+    cpu = verdicts(replace(CPU_HOST, cdi_spec=None))["container images"]
+    assert cpu[0] == CheckStatus.passed
 
 
 def test_doctor_says_which_identity_jobs_run_as():

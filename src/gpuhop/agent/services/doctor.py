@@ -33,6 +33,7 @@ from gpuhop.agent.services.hostchecks import Facts
 from gpuhop.agent.services.hostchecks import check as _check
 from gpuhop.api import CheckStatus, DoctorCheck, format_mb
 from gpuhop.backends.base import SCRUBBED_ENV
+from gpuhop.backends.local import podman
 
 PROBE_TIMEOUT = 180.0  # importing TensorFlow and initialising CUDA can take a while
 INSTALL_GPU_TF = "pip install 'tensorflow[and-cuda]'"
@@ -115,7 +116,24 @@ def gather(ctx: AgentContext, report: dict[str, Any]) -> Facts:
         identities=ctx.backend.identities,
         identity_users=len(ctx.identities.listed()),
         uid_base=ctx.identities.base,
+        **_containers(ctx),
     )
+
+
+def _containers(ctx: AgentContext) -> dict[str, Any]:
+    """What `hostchecks.containers` reads of Podman here (for the local backend only)."""
+    settings = getattr(ctx.backend, "containers", None)
+    if not isinstance(settings, podman.PodmanSettings):
+        return {}
+    program = podman.find(settings)
+    cdi = podman.cdi_spec()
+    return {
+        "podman": program,
+        "podman_version": podman.version(program) if program else None,
+        "container_runtime": podman.runtime(settings) if program else None,
+        "cdi_spec": str(cdi) if cdi else None,
+        "nvidia_ctk": shutil.which("nvidia-ctk") is not None,
+    }
 
 
 def run_probe(
@@ -175,6 +193,7 @@ def evaluate(f: Facts, probed: bool = True) -> list[DoctorCheck]:
         hostchecks.disk(f),
         hostchecks.sandbox(f),
         hostchecks.identity(f),
+        hostchecks.containers(f),
         hostchecks.work_dirs(f),
         *hostchecks.shared_files(f),
     ]

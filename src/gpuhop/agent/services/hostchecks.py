@@ -44,6 +44,15 @@ class Facts:
     # for a backend whose jobs do not use their files there (see Backend.files_seen).
     files_seen: tuple[bool | None, str] | None = None
 
+    # Podman for jobs in container images (`--image`; the local backend only): its path
+    # (None: not installed), version, the OCI runtime chosen, and the NVIDIA container
+    # toolkit's CDI spec (None: not generated) and whether nvidia-ctk is installed.
+    podman: str | None = None
+    podman_version: str | None = None
+    container_runtime: str | None = None
+    cdi_spec: str | None = None
+    nvidia_ctk: bool = False
+
     @property
     def real_gpus(self) -> bool:
         return bool(self.gpus) and self.gpu_source != "fake"
@@ -89,6 +98,34 @@ def sandbox(f: Facts) -> DoctorCheck:
         " outlive it. Fine for your own jobs; a team agent starts none"
     )
     return check(name, CheckStatus.warning, detail, fix)
+
+
+def containers(f: Facts) -> DoctorCheck:
+    """Whether jobs can run in container images here (Podman), and with GPUs (CDI)."""
+    name = "container images"
+    if f.ray or f.cluster is not None:
+        return check(name, CheckStatus.skipped, "container images run on the local backend only")
+    if f.podman is None:
+        detail = (
+            "Podman is not installed: jobs cannot run in container images (--image); venv"
+            " jobs are not affected"
+        )
+        return check(name, CheckStatus.skipped, detail, "apt-get install podman runc catatonit")
+    runtime = f.container_runtime or "Podman's default"
+    version = f.podman_version or "(version unknown)"
+    detail = f"Podman {version} runs --image jobs (OCI runtime: {runtime})"
+    if f.cdi_spec is not None:
+        return check(name, CheckStatus.passed, f"{detail}; GPUs through CDI ({f.cdi_spec})")
+    generate = "nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml"
+    fix = generate if f.nvidia_ctk else f"install the NVIDIA container toolkit, then {generate}"
+    if f.real_gpus:
+        detail += (
+            "; but the NVIDIA container toolkit's CDI spec is missing, so a job in an image"
+            " gets no GPU"
+        )
+        return check(name, CheckStatus.warning, detail, fix)
+    detail += "; no CDI spec for GPUs (none here to give)"
+    return check(name, CheckStatus.passed, detail)
 
 
 def identity(f: Facts) -> DoctorCheck:

@@ -1,0 +1,88 @@
+"""Jobs in container images (`--image`), as far as no Podman is needed: which references
+the wire takes, which combinations a spec refuses, what the command line sends, and the
+refusal of the backends that cannot run an image (Ray, Slurm)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from gpuhop.agent.config import PolicyError, load
+from gpuhop.api import SubmitRequest
+from gpuhop.api.spec import JobSpec, check_image
+from gpuhop.backends.base import Refused
+from gpuhop.backends.ray.backend import RayBackend
+from gpuhop.backends.slurm.backend import SlurmBackend
+from gpuhop.cli import jobopts
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        "python:3.11",
+        "localhost/gpuhop-test/minimal:1",
+        "nvcr.io/nvidia/tensorflow:24.01-tf2-py3",
+        "registry.example.com:5000/team/train_image__x:v1.2",
+        "tensorflow/tensorflow@sha256:" + "a" * 64,
+    ],
+)
+def test_image_references_as_podman_takes_them(ref):
+    assert check_image(ref) == ref
+    assert SubmitRequest(command=["x"], image=ref).spec().image == ref
+
+
+@pytest.mark.parametrize(
+    "ref", ["team/Upper", "a b", "--privileged", "name:", "a;rm", "x@sha256:12", "a" * 256, ""]
+)
+def test_what_is_no_image_reference_is_refused_naming_it(ref):
+    with pytest.raises(ValidationError, match="image"):
+        SubmitRequest(command=["x"], image=ref)
+
+
+def test_an_image_takes_neither_a_host_interpreter_nor_requirements_yet():
+    spec = JobSpec(image="python:3.11", python="/usr/bin/python3", requirements="numpy\n")
+    found = spec.problems(jobopts.OPTION_NAMES)
+    assert found == [
+        "--image runs the job with the image's own python3; --python names an interpreter"
+        " on the host: give one of them",
+        "--requirements on top of --image is not supported yet: install the packages in the image",
+    ]
+    with pytest.raises(ValidationError, match="not supported yet"):
+        SubmitRequest(command=["x"], image="python:3.11", requirements="numpy\n")
+    assert JobSpec.from_json(JobSpec(image="python:3.11").to_json()).image == "python:3.11"
+    assert JobSpec(image="python:3.11").to_wire() == {"image": "python:3.11"}
+
+
+def test_the_command_line_sends_no_requirements_txt_with_an_image(tmp_path, monkeypatch):
+    (tmp_path / "requirements.txt").write_text("numpy\n")
+    monkeypatch.chdir(tmp_path)
+    venv = jobopts.spec_of({"requirements": None, "no_requirements": False, "image": None})
+    assert venv.requirements == "numpy\n" and venv.image is None
+    image = jobopts.spec_of({"requirements": None, "no_requirements": False, "image": "py:3"})
+    assert image.requirements is None and image.image == "py:3"
+    with pytest.raises(SystemExit):
+        jobopts.spec_of({"requirements": Path("requirements.txt"), "image": "py:3"})
+    with pytest.raises(SystemExit):
+        jobopts.spec_of({"image": "Not An Image"})
+
+
+@pytest.mark.parametrize("backend", [RayBackend, SlurmBackend])
+def test_ray_and_slurm_refuse_an_image_saying_why(backend):
+    # The refusal reads nothing of a connected cluster: a backend object without one.
+    with pytest.raises(Refused, match="container images \\(--image\\) run on the local backend"):
+        backend.check_submit(object.__new__(backend), JobSpec(image="python:3.11"))
+
+
+def test_agent_toml_names_a_default_image_and_the_podman_to_run_it(tmp_path):
+    (tmp_path / "agent.toml").write_text(
+        'image = "nvcr.io/nvidia/tensorflow:24.01-tf2-py3"\npodman = "/opt/podman/bin/podman"\n'
+        'container_runtime = "runc"\n'
+    )
+    policy = load(tmp_path)
+    assert policy.image == "nvcr.io/nvidia/tensorflow:24.01-tf2-py3"
+    assert (policy.podman, policy.container_runtime) == ("/opt/podman/bin/podman", "runc")
+    (tmp_path / "agent.toml").write_text('image = "Not An Image"\n')
+    with pytest.raises(PolicyError, match="image = 'Not An Image': 'Not An Image' is not an"):
+        load(tmp_path)
