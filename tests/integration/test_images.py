@@ -20,7 +20,9 @@ import pytest
 
 from gpuhop.api import EndClass, JobState
 from gpuhop.client import GpuhopError
-from tests.conftest import wait_until
+from gpuhop.client.embedded import start_background
+from gpuhop.home import read_pid
+from tests.conftest import AGENT_PYTHON_FLAGS, wait_until
 from tests.images import MARKER, containers_named, minimal_image  # noqa: F401 (a fixture)
 
 INSIDE = r"""
@@ -212,3 +214,53 @@ def test_what_cannot_run_in_an_image_is_refused_at_submit(
     with bare.client() as client, pytest.raises(GpuhopError) as e:
         client.submit(["ends.py", "exit"], workdir=root, requirements=False)
     assert e.value.status == 400 and "apt-get install podman runc" in e.value.message
+
+
+NETWORK = r"""
+import json, os
+print(json.dumps(sorted(os.listdir("/sys/class/net"))), flush=True)
+"""
+
+
+def test_an_image_job_has_the_host_network_as_a_venv_job_or_a_private_one(
+    agent, minimal_image, project
+):
+    root = project({"net.py": NETWORK})
+    with agent.client() as client:
+        host = client.submit(["net.py"], workdir=root, image=minimal_image)
+        private = client.submit(["net.py"], workdir=root, image=minimal_image, private_network=True)
+        for job in (host, private):
+            info = job.wait(60)
+            assert info.state == JobState.succeeded, (info.reason, b"".join(job.logs()))
+        seen = {
+            j.id: json.loads(b"".join(j.logs()).decode().splitlines()[-1]) for j in (host, private)
+        }
+    assert seen[host.id] == sorted(os.listdir("/sys/class/net"))
+    assert seen[private.id] == ["lo"]
+
+
+GATED = r"""
+import os, time
+print("ready", flush=True)
+while not os.path.exists("go"):
+    time.sleep(0.05)
+print("went on", flush=True)
+"""
+
+
+def test_an_image_job_outlives_an_agent_restart_and_is_reattached(agent, minimal_image, project):
+    root = project({"gated.py": GATED})
+    with agent.client() as client:
+        job = client.submit(["gated.py"], workdir=root, image=minimal_image)
+        wait_until(lambda: b"ready" in b"".join(job.logs()), 60)
+    os.kill(agent.pid, signal.SIGKILL)
+    wait_until(lambda: read_pid(agent.paths) is None, 10)
+    agent.pid = start_background(
+        agent.paths, agent_args=agent.args, python_flags=AGENT_PYTHON_FLAGS
+    )
+    (agent.paths.job_dir(job.id) / "work" / "go").touch()
+    with agent.client() as client:
+        info = client.job(job.id).wait(60)
+        assert info.state == JobState.succeeded
+        assert b"went on" in b"".join(client.job(job.id).logs())
+    assert containers_named(f"gpuhop-{job.id}") == []

@@ -62,16 +62,17 @@ def image_missing(spec: dict) -> str | None:
     return f"Podman ({spec['podman']}) cannot look up image {spec['image']}: {said}"
 
 
-def argv(spec: dict, env: dict, network: str, command: list, worker=None) -> tuple:
+def argv(spec: dict, env: dict, command: list, worker=None) -> tuple:
     """The `podman run` argv for `command` in the container, and the environment to run it
-    with (`env`: the job's variables, all passed on by name)."""
+    with (`env`: the job's variables, all passed on by name). Its network is the leader's
+    (`--network host`: the host's, or the private one the leader is in)."""
     env = dict(env)
     gpus = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
     args = [*_podman(spec), "run", "--rm", "--name", name(spec, worker)]
     args += ["--pull", "never", "--init", "--log-driver", "passthrough"]
     args += ["--read-only", "--read-only-tmpfs=false", "--cap-drop", "all"]
-    args += ["--security-opt", "no-new-privileges", "--network", network]
+    args += ["--security-opt", "no-new-privileges", "--network", "host"]
     args += ["--user", spec["user"], "--workdir", spec["workdir"]]
     if spec.get("keep_id"):
         args += ["--userns", "keep-id"]

@@ -75,7 +75,7 @@ def _spawn(command: list, env: dict | None = None, log_fd: int | None = None, wo
     if _CONTAINER:  # the job (this worker) runs in its container, through `podman run`
         base = dict(os.environ)
         env = base if env is None else env
-        command, env = _sibling("container").argv(_CONTAINER, env, _NETWORK[0], command, worker)
+        command, env = _sibling("container").argv(_CONTAINER, env, command, worker)
     pid = os.fork()
     if pid == 0:
         if log_fd is not None:
@@ -123,7 +123,7 @@ _NETWORK_MADE = False
 
 def private_network() -> None:
     """Move this process into a new network namespace whose only interface is loopback
-    (a container job's containers join it: `_NETWORK`).
+    (a container job's containers are in it too: see `_CONTAINER`).
 
     As root a plain network namespace; otherwise inside a user namespace that maps us to
     ourselves (no privilege is gained outside it). Raises OSError if neither is allowed.
@@ -146,7 +146,6 @@ def private_network() -> None:
         request = struct.pack("16sH14x", b"lo", 0)
         flags = struct.unpack("16sH14x", fcntl.ioctl(s, SIOCGIFFLAGS, request))[1]
         fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
-    _NETWORK[0] = f"ns:/proc/{os.getpid()}/ns/net"
 
 
 def free_ports(n: int) -> list:
@@ -317,10 +316,11 @@ USAGE = (
 # The values of the job's secrets (`--mask`: the variables that hold them), masked in its
 # output by a pump between the job and its log (mask.py).
 _MASKED: list = []
-# With `--container SPEC`: the container the job runs in (container.py), and the network
-# its containers join: the host's, or the job's private one, which the leader made.
+# With `--container SPEC`: the container the job runs in (container.py). Its network is
+# `podman run`'s own (`--network host`), which is the leader's: the host's, or the job's
+# private one, which the leader made first. (`--network ns:PATH` would have Podman set its
+# default sysctls there, which runc refuses outside a namespace of the container's own.)
 _CONTAINER: dict = {}
-_NETWORK = ["host"]
 
 
 def _mask_output(names: str) -> int | None:
