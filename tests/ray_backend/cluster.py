@@ -298,8 +298,9 @@ def main() -> int:
     # touch, a /tmp/ray that may not exist or may belong to another cluster.
     # No idle workers started ahead of need: each is a Python process that imports Ray (seconds of
     # CPU on a 2-core machine), and the tests' actors start their own.
-    os.environ["RAY_enable_worker_prestart"] = "0"
-    os.environ["RAY_prestart_worker_first_driver"] = "0"
+    os.environ.update(  # Ray's config names are case-sensitive
+        {"RAY_enable_worker_prestart": "0", "RAY_prestart_worker_first_driver": "0"}
+    )
     root = tempfile.mkdtemp(prefix="gh-ray-", dir="/tmp")
     os.environ["RAY_TMPDIR"] = root
     temp_dir = os.path.join(root, "ray")
