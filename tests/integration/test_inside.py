@@ -37,6 +37,7 @@ def _started(agent: Agent, root: Path, *args: str) -> str:
 def _cancel(agent: Agent, job: str) -> None:
     with agent.client() as client:
         client.job(job).cancel(grace=0)
+        client.job(job).wait(timeout=60)  # recorded as ended, not only dead
 
 
 def test_stacks_shows_where_a_running_job_waits(shared_agent, project):

@@ -26,13 +26,14 @@ import sys
 DUMP_TIMEOUT = 20.0
 
 
-def _in_namespaces_of(pid: int, pyspy: str) -> list[str]:
+def _in_namespaces_of(pid: int, pyspy: str, fd: int) -> list[str]:
     """The command that dumps `pid` with its native frames. py-spy unwinds each thread by the
     thread id Python recorded, which is the id in the job's PID namespace: from outside it
     names another thread or none ("UNW_EBADREG"). So for a job in a PID namespace of its
-    own, py-spy runs inside it and its mount namespace (where the agent's venv is seen as
-    the job sees it, read-only), entered with nsenter: as root, or, for an agent that is
-    not, through the user namespace it made for the job, keeping its uid."""
+    own, py-spy runs inside it and its mount namespace, entered with nsenter: as root, or,
+    for an agent that is not, through the user namespace it made for the job, keeping its
+    uid. py-spy (a static program) is run from `fd`, open on it here and inherited: a
+    container's mount namespace, unlike the sandbox's, has no agent's venv in it."""
     try:
         namespaced = os.stat(f"/proc/{pid}/ns/pid").st_ino != os.stat("/proc/self/ns/pid").st_ino
     except OSError:
@@ -41,7 +42,8 @@ def _in_namespaces_of(pid: int, pyspy: str) -> list[str]:
     if inner is None:
         return [pyspy, "dump", "--pid", str(pid)]
     user = [] if os.geteuid() == 0 else ["-U", "--preserve-credentials"]
-    return ["nsenter", "-t", str(pid), *user, "-m", "-p", pyspy, "dump", "--pid", str(inner)]
+    run = f"/proc/self/fd/{fd}"
+    return ["nsenter", "-t", str(pid), *user, "-m", "-p", run, "dump", "--pid", str(inner)]
 
 
 def pid_inside(pid: int) -> int | None:
@@ -120,20 +122,27 @@ def record(pyspy: str, targets: list[tuple[int, str]], seconds: int) -> list[str
 def dump(pyspy: str, pid: int, native: bool = False) -> tuple[str | None, str | None]:
     """(py-spy's dump of the process's threads, None), or (None, why there is none)."""
     command = [pyspy, "dump", "--pid", str(pid)]
+    try:
+        fd = os.open(pyspy, os.O_RDONLY)
+    except OSError as e:
+        return None, f"py-spy could not run: {e.strerror}"
     if native:
-        command = [*_in_namespaces_of(pid, pyspy), "--native"]
+        command = [*_in_namespaces_of(pid, pyspy, fd), "--native"]
     try:
         done = subprocess.run(
             command,
             capture_output=True,
             timeout=DUMP_TIMEOUT,
             env={"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"},
+            pass_fds=(fd,),
             check=False,
         )
     except subprocess.TimeoutExpired:
         return None, f"py-spy did not answer within {DUMP_TIMEOUT:.0f}s"
     except OSError as e:
         return None, f"py-spy could not run: {e.strerror}"
+    finally:
+        os.close(fd)
     out = done.stdout.decode(errors="replace")
     if done.returncode == 0 and out.strip():
         return out, None

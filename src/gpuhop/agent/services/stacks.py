@@ -5,7 +5,9 @@ A job's processes are its leader's descendants (a sandboxed job's all are: an or
 PID namespace goes to the namespace's first process, itself the leader's child), less the
 leader's own forks (the leader, the namespace's first process: gpuhop's, not the job's),
 told by their command line, which a fork keeps and an exec replaces. A worker's processes
-carry its index in GPUHOP_WORKER_INDEX.
+carry its index in GPUHOP_WORKER_INDEX. A job in a container image has Podman's between
+(`podman run`, its conmon, which the leader adopts, and the container's init): its own
+processes are those in the container's PID namespace but its first.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
 from gpuhop.agent.host import pyspy
+from gpuhop.agent.host.gpuprocs import pid_namespace
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services import jobs
 from gpuhop.api import ErrorCode
@@ -79,11 +82,14 @@ def processes_of(job: JobRecord, worker: int | None) -> list[tuple[int, int | No
     if job.pid is None or not procs.alive(job.pid, job.pid_start):
         return []
     leader = procs.command_line(job.pid)
+    hosts = pid_namespace(job.pid) if job.spec.image else None
     found = []
     for pid in sorted(descendants(job.pid)):
         command = procs.command_line(pid)
         if command is None or command == leader:
             continue
+        if hosts is not None and (pid_namespace(pid) == hosts or pyspy.pid_inside(pid) == 1):
+            continue  # Podman's, or the container's init
         index_text = procs.environ_value(pid, "GPUHOP_WORKER_INDEX")
         index = int(index_text) if index_text and index_text.isdigit() else None
         if job.spec.workers == 1:

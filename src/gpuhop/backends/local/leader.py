@@ -44,6 +44,7 @@ import sys
 import time
 
 POLL_SECONDS = 0.05
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def _write_atomic(path: str, data: dict, durable: bool = True) -> None:
@@ -369,6 +370,7 @@ def main(argv: list, given: dict | None = None) -> int:
     pid_record: dict = {"pid": os.getpid()}
     if "container" in specs:
         _CONTAINER.update(specs["container"])
+        _adopt_orphans()
         workers = range(len(specs["gang"]["workers"])) if "gang" in specs else [None]
         pid_record["containers"] = [_sibling("container").name(_CONTAINER, w) for w in workers]
     _write_atomic(pid_path, pid_record, durable=False)
@@ -418,6 +420,16 @@ def _sibling(name: str):
     if here not in sys.path:
         sys.path.insert(0, here)
     return __import__(name)
+
+
+def _adopt_orphans() -> None:
+    """Make the leader the parent of its descendants' orphans (a child subreaper). Podman's
+    conmon, which parents a container's processes, leaves `podman run` (double fork): without
+    this it would be re-parented to the host's init, and the job's processes would not be the
+    leader's descendants, which is how the agent finds them (stacks, profiles, the listener a
+    forward reaches, the GPU memory a job holds). The leader waits for its own children by
+    pid; the adopted conmon it reaps as it ends, or the host's init does after it."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def _container_missing() -> dict | None:
