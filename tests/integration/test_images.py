@@ -190,13 +190,14 @@ def test_what_cannot_run_in_an_image_is_refused_at_submit(
         reqs.write_text("numpy\n")
         with pytest.raises(GpuhopError, match="requirements on top of image"):
             client.submit(["ends.py", "exit"], workdir=root, image=minimal_image, requirements=reqs)
-        with pytest.raises(GpuhopError, match="not supported yet"):
+        # A Keras that cannot run across processes, whatever the image holds.
+        with pytest.raises(GpuhopError, match="torch backend across processes"):
             client.submit(
                 ["ends.py", "exit"],
                 workdir=root,
                 image=minimal_image,
                 workers=2,
-                gpus_per_worker=0,
+                env={"KERAS_BACKEND": "torch"},
             )
         missing_image = client.submit(
             ["ends.py", "exit"], workdir=root, image="localhost/gpuhop-test/absent:1"
@@ -237,6 +238,50 @@ def test_an_image_job_has_the_host_network_as_a_venv_job_or_a_private_one(
         }
     assert seen[host.id] == sorted(os.listdir("/sys/class/net"))
     assert seen[private.id] == ["lo"]
+
+
+PEERS = r"""
+import json, os, socket, time
+config = json.loads(os.environ["TF_CONFIG"])
+me = config["task"]["index"]
+host, port = config["cluster"]["worker"][me].rsplit(":", 1)
+server = socket.create_server(("0.0.0.0", int(port)))  # every interface, as TensorFlow's
+peer = config["cluster"]["worker"][1 - me].rsplit(":", 1)
+while True:
+    try:
+        socket.create_connection((peer[0], int(peer[1])), timeout=1).close()
+        break
+    except OSError:
+        time.sleep(0.05)
+nets = sorted(os.listdir("/sys/class/net"))
+print(f"worker {me} of {len(config['cluster']['worker'])} reached its peer; {nets}", flush=True)
+server.accept()[0].close()  # the peer's connection: it has reached this one too
+"""
+
+
+def test_workers_in_an_image_reach_each_other_on_their_own_network(agent, minimal_image, project):
+    root = project({"peers.py": PEERS})
+    with agent.client() as client:
+        # A custom training loop's choice (no Keras fit): TF_CONFIG, nothing to import.
+        gang = client.submit(
+            ["peers.py"],
+            workdir=root,
+            image=minimal_image,
+            workers=2,
+            env={"TF_USE_LEGACY_KERAS": "0"},
+        )
+        info = gang.wait(90)
+        log = b"".join(gang.logs()).decode()
+        assert info.state == JobState.succeeded, (info.reason, log)
+        for i in (0, 1):
+            assert f"[worker {i}] worker {i} of 2 reached its peer; ['lo']" in log
+        # Keras fit across workers needs tf-keras, which the image lacks: asked of the
+        # image's own Python as the job starts, and said.
+        fit = client.submit(["peers.py"], workdir=root, image=minimal_image, workers=2)
+        info = fit.wait(90)
+        assert info.state == JobState.failed
+        assert "tf-keras is not installed for the job's Python" in (info.reason or "")
+    assert containers_named(f"gpuhop-{gang.id}") == []
 
 
 GATED = r"""

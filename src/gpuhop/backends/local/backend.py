@@ -222,18 +222,18 @@ class LocalBackend(LeaderBackend):
 
     def check_submit(self, spec: JobSpec) -> None:
         """Every kind of job runs here; a multi-worker one in a mode that works for its Keras;
-        one in a container image where Podman is installed, and with one worker (for now)."""
+        one in a container image where Podman is installed. An image's packages are asked
+        as its job starts (a Keras the image lacks fails it then, saying so)."""
         if spec.image is None:
             kerasmode.check_submit(spec, self.python)
             return
         if podman.find(self.containers) is None:
             raise Refused(ErrorCode.bad_request, podman.missing(self.containers))
         if spec.workers > 1:
-            raise Refused(
-                ErrorCode.bad_request,
-                "multi-worker jobs (--workers) in a container image are not supported yet:"
-                " run the workers without --image, or one worker in the image",
-            )
+            try:
+                kerasmode.decide(spec.env, lambda m: True)
+            except kerasmode.KerasRefusal as e:
+                raise Refused(ErrorCode.bad_request, str(e)) from None
 
     def end_the_rest(self, jp: JobPaths) -> str | None:
         """A sandboxed job's processes (`setsid` ones too) all live in its PID namespace,
@@ -323,7 +323,12 @@ class LocalBackend(LeaderBackend):
         )
         if image is not None:
             argv = podman.command(attempt.command, jp.work)
-            gang = self._container_args(attempt, jp, deps, env, specs)
+            gang = []
+            if attempt.spec.workers > 1:
+                # Its Keras is the image's: asked of the image's python3, in a container.
+                probe = podman.probe_prefix(self.containers, image)
+                gang = self._write_gang(attempt, jp, env, "python3", deps, probe)
+            gang += self._container_args(attempt, jp, deps, env, specs)
         else:
             argv = resolve_command(
                 attempt.command, Path(files), env.get("PATH", os.defpath), python
@@ -411,7 +416,13 @@ class LocalBackend(LeaderBackend):
         return self.isolation() is None or bool(deps.get("data"))
 
     def _write_gang(
-        self, attempt: Attempt, jp: JobPaths, env: dict[str, str], python: str, deps: dict
+        self,
+        attempt: Attempt,
+        jp: JobPaths,
+        env: dict[str, str],
+        python: str,
+        deps: dict,
+        probe: tuple[str, ...] | None = None,
     ) -> list[str]:
         """Describe a multi-worker job's workers for the leader; return the leader's arguments.
 
@@ -420,7 +431,7 @@ class LocalBackend(LeaderBackend):
         by the job's mode: see kerasmode) once it has the ports of the job's private network.
         """
         try:
-            prefix = self._probe_prefix(deps, jp)
+            prefix = self._probe_prefix(deps, jp) if probe is None else probe
             mode = kerasmode.decide(
                 attempt.spec.env, lambda m: kerasmode.packages(python, prefix).get(m, False)
             )

@@ -161,6 +161,21 @@ class Mounts:
         self.items.append({"source": str(source), "target": str(target), "readonly": readonly})
 
 
+def probe_prefix(settings: PodmanSettings, image: str) -> tuple[str, ...]:
+    """What runs a probe of the image's own `python3` (`kerasmode.packages`): in a container
+    of its own that sees nothing of the host's files, nor its network."""
+    program = find(settings)
+    if program is None:
+        raise StartError(missing(settings))
+    chosen = runtime(settings)
+    args = [program, *(["--runtime", chosen] if chosen else []), "run", "--rm", "--pull", "never"]
+    args += ["--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges"]
+    args += ["--network", "none", "--user", "65534:65534"]
+    for limit in ulimits():
+        args += ["--ulimit", limit]
+    return (*args, image)
+
+
 def describe(
     settings: PodmanSettings, image: str, name: str, user: str, work: Path, mounts: Mounts
 ) -> dict[str, Any]:
