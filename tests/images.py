@@ -45,7 +45,7 @@ def _libraries(program: Path) -> list[Path]:
     return found
 
 
-def _tree(root: Path) -> None:
+def _tree(root: Path, pip: bool = False) -> None:
     def put(source: Path, target: Path | None = None) -> None:
         dest = root / (target or source).relative_to("/")
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -66,12 +66,22 @@ def _tree(root: Path) -> None:
     )
     (root / "etc").mkdir(exist_ok=True)
     (root / "etc/os-release").write_text(f'NAME="{MARKER}"\nID={MARKER}\n')
+    if pip:  # this Python's pip (pure Python), where Debian's python3 finds its packages
+        import pip as this_pip
+
+        source = Path(this_pip.__file__).parent
+        shutil.copytree(
+            source,
+            root / "usr/lib/python3/dist-packages/pip",
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
 
 
-def build(ref: str, work: Path) -> None:
-    """Build the minimal image as `ref` (in Podman's store) from a tree under `work`."""
+def build(ref: str, work: Path, pip: bool = False) -> None:
+    """Build the minimal image as `ref` (in Podman's store) from a tree under `work`; with
+    `pip`, with pip in it."""
     tree = work / "tree"
-    _tree(tree)
+    _tree(tree, pip)
     tar = subprocess.Popen(["tar", "-C", str(tree), "-cf", "-", "."], stdout=subprocess.PIPE)
     try:
         subprocess.run(

@@ -186,10 +186,6 @@ def test_what_cannot_run_in_an_image_is_refused_at_submit(
             client.submit(
                 ["ends.py", "exit"], workdir=root, image=minimal_image, python="/usr/bin/python3"
             )
-        reqs = root / "reqs.txt"
-        reqs.write_text("numpy\n")
-        with pytest.raises(GpuhopError, match="requirements on top of image"):
-            client.submit(["ends.py", "exit"], workdir=root, image=minimal_image, requirements=reqs)
         # A Keras that cannot run across processes, whatever the image holds.
         with pytest.raises(GpuhopError, match="torch backend across processes"):
             client.submit(
@@ -207,8 +203,6 @@ def test_what_cannot_run_in_an_image_is_refused_at_submit(
         assert "image localhost/gpuhop-test/absent:1 is not on this host" in (info.reason or "")
     done = agent.cli("run", "--image", minimal_image, "--python", "/usr/bin/python3", "x.py")
     assert done.returncode != 0 and "--python" in done.stderr
-    done = agent.cli("run", "--image", minimal_image, "-r", "reqs.txt", "ends.py", cwd=root)
-    assert done.returncode != 0 and "--requirements on top of --image" in done.stderr
     # An agent whose host has no Podman says what to install; its default image (agent.toml)
     # is what a job that names none asks for.
     bare = make_module_agent(f'podman = "/nonexistent/podman"\nimage = "{minimal_image}"\n')

@@ -41,16 +41,17 @@ def test_what_is_no_image_reference_is_refused_naming_it(ref):
         SubmitRequest(command=["x"], image=ref)
 
 
-def test_an_image_takes_neither_a_host_interpreter_nor_requirements_yet():
+def test_an_image_takes_no_host_interpreter_but_requirements_on_top():
     spec = JobSpec(image="python:3.11", python="/usr/bin/python3", requirements="numpy\n")
     found = spec.problems(jobopts.OPTION_NAMES)
     assert found == [
         "--image runs the job with the image's own python3; --python names an interpreter"
         " on the host: give one of them",
-        "--requirements on top of --image is not supported yet: install the packages in the image",
     ]
-    with pytest.raises(ValidationError, match="not supported yet"):
-        SubmitRequest(command=["x"], image="python:3.11", requirements="numpy\n")
+    with pytest.raises(ValidationError, match="python3"):
+        SubmitRequest(command=["x"], image="python:3.11", python="/usr/bin/python3")
+    on_top = SubmitRequest(command=["x"], image="python:3.11", requirements="numpy\n").spec()
+    assert on_top.requirements == "numpy\n"
     assert JobSpec.from_json(JobSpec(image="python:3.11").to_json()).image == "python:3.11"
     assert JobSpec(image="python:3.11").to_wire() == {"image": "python:3.11"}
 
@@ -62,8 +63,9 @@ def test_the_command_line_sends_no_requirements_txt_with_an_image(tmp_path, monk
     assert venv.requirements == "numpy\n" and venv.image is None
     image = jobopts.spec_of({"requirements": None, "no_requirements": False, "image": "py:3"})
     assert image.requirements is None and image.image == "py:3"
-    with pytest.raises(SystemExit):
-        jobopts.spec_of({"requirements": Path("requirements.txt"), "image": "py:3"})
+    # Asked for by name, it goes on top of the image.
+    named = jobopts.spec_of({"requirements": Path("requirements.txt"), "image": "py:3"})
+    assert named.requirements == "numpy\n" and named.image == "py:3"
     with pytest.raises(SystemExit):
         jobopts.spec_of({"image": "Not An Image"})
 

@@ -238,17 +238,11 @@ class JobSpec(NamedTuple):
         called = [d.name for d in self.data_sources]
         for name in dict.fromkeys(c for c in called if called.count(c) > 1):
             found.append(f"{n('data_sources')} names two buckets' data {name}; give one :NAME")
-        if self.image is not None:
-            if self.python is not None:
-                found.append(
-                    f"{n('image')} runs the job with the image's own python3;"
-                    f" {n('python')} names an interpreter on the host: give one of them"
-                )
-            if self.requirements is not None:
-                found.append(
-                    f"{n('requirements')} on top of {n('image')} is not supported yet: install"
-                    " the packages in the image"
-                )
+        if self.image is not None and self.python is not None:
+            found.append(
+                f"{n('image')} runs the job with the image's own python3;"
+                f" {n('python')} names an interpreter on the host: give one of them"
+            )
         if self.retry_on not in RETRY_ON:
             found.append(f"{n('retry_on')} takes {' or '.join(RETRY_ON)}, got {self.retry_on!r}")
         return found

@@ -129,7 +129,8 @@ IMAGE = params.Option(
     metavar="REF",
     help="Run the job inside this container image on the GPU host (Podman; the image must be"
     " on the host), with the image's own python3. requirements.txt is then not sent;"
-    " --requirements on top of an image comes later.",
+    " --requirements FILE installs FILE on top of the image with its pip (built once per"
+    " image and file, then reused).",
 )
 MIXED_GPUS = params.Option(
     False,
@@ -285,11 +286,8 @@ def spec_of(values: Mapping[str, Any], *, sweep: bool = False) -> JobSpec:
             check_image(values["image"])
         except ValueError as e:
             fail(f"--image: {e}")
-        if values.get("requirements") is not None:
-            fail(
-                "--requirements on top of --image is not supported yet: install the packages"
-                " in the image (a requirements.txt here is not sent with --image)"
-            )
+        if values.get("requirements") is not None:  # only when asked: not requirements.txt
+            fields["requirements"] = _requirements(values)
     elif "requirements" in values or "no_requirements" in values:
         # An image job has the image's packages: the work dir's requirements.txt is not sent.
         fields["requirements"] = _requirements(values)

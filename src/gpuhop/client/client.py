@@ -267,8 +267,9 @@ class Client:
         job with another interpreter on the host. `image` ("REGISTRY/NAME:TAG") runs it
         inside that container image on the agent's host instead, through Podman, with the
         image's own `python3` (the image must be on the host; the local backend only; the
-        work dir's requirements.txt is then not sent, and `requirements` on top of an
-        image is refused for now). `private_network` runs it in a network
+        work dir's requirements.txt is then not sent; `requirements` given with it are
+        installed on top of the image by its own pip, once per image and set).
+        `private_network` runs it in a network
         namespace of its own, whose ports only `forward` reaches (an older agent refuses
         it). `pack` puts the workers on as few nodes as possible on an agent with the Ray
         backend (default: spread across nodes; an older agent refuses it).

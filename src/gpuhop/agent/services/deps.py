@@ -47,8 +47,11 @@ def check(rt: AgentContext, spec: JobSpec, tree_paths: set[str], caller: Caller)
         try:
             if owner is not None:
                 check_plain(spec.requirements)
-            python = python or rt.supervisor.python
-            deps["env"] = rt.envs.spec(python, spec.requirements, spec.env, owner)
+            if spec.image is not None:  # in a dir of the image's (the leader builds it)
+                deps["env"] = rt.envs.spec_on_image(spec.image, spec.requirements, spec.env, owner)
+            else:
+                python = python or rt.supervisor.python
+                deps["env"] = rt.envs.spec(python, spec.requirements, spec.env, owner)
         except EnvError as e:
             raise ApiError(400, ErrorCode.bad_request, str(e)) from None
     return deps

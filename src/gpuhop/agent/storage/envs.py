@@ -183,7 +183,28 @@ class EnvStore:
     ) -> dict[str, str]:
         """What the leader needs to build or reuse the environment for this set, asked for by
         a job with the variables `env`; `owner` (a team agent's caller) gets one of their own."""
-        key = f"{python}\n{python_version(python)}\n{requirements}"
+        return self._spec(f"{python}\n{python_version(python)}", python, requirements, env, owner)
+
+    def spec_on_image(
+        self,
+        image: str,
+        requirements: str,
+        env: Mapping[str, str] | None = None,
+        owner: str | None = None,
+    ) -> dict[str, str]:
+        """As `spec`, for a job in the container image `image`: built by the image's own pip
+        into a dir of the image the reference names when the job starts (envbuild.py)."""
+        return self._spec(f"image\n{image}", image, requirements, env, owner)
+
+    def _spec(
+        self,
+        base: str,
+        python: str,
+        requirements: str,
+        env: Mapping[str, str] | None,
+        owner: str | None,
+    ) -> dict[str, str]:
+        key = f"{base}\n{requirements}"
         more: dict[str, object] = {}
         if variables := build_env(env or {}):
             more["env"] = variables
@@ -204,10 +225,19 @@ class EnvStore:
             spec["owner"] = owner  # recorded with the build: only they list it
         return spec
 
+    def _built(self, env_id: str) -> Path:
+        """The dir an environment was built in: its own, or, for one on a container image,
+        the one of the image it was last built for (envbuild.image_dir)."""
+        folder = self.root / env_id
+        if (folder / envbuild.MARKER).exists():
+            return folder
+        images = [d for d in folder.glob("*/") if (d / envbuild.MARKER).exists()]
+        return max(images, key=lambda d: (d / envbuild.MARKER).stat().st_mtime, default=folder)
+
     def owner(self, env_id: str) -> str | None:
         """The user whose environment this is (a team agent's build), else None."""
         try:
-            meta = json.loads((self.root / env_id / envbuild.MARKER).read_text())
+            meta = json.loads((self._built(env_id) / envbuild.MARKER).read_text())
         except (OSError, ValueError):
             return None
         owner = meta.get("owner") if isinstance(meta, dict) else None
@@ -225,7 +255,7 @@ class EnvStore:
         )
 
     def info(self, env_id: str, jobs: list[str]) -> EnvInfo:
-        folder = self.root / env_id
+        folder = self._built(env_id)
         try:
             meta = json.loads((folder / envbuild.MARKER).read_text())
         except (OSError, ValueError):
@@ -247,7 +277,7 @@ class EnvStore:
         )
 
     def last_used(self, env_id: str) -> float:
-        folder = self.root / env_id
+        folder = self._built(env_id)
         for name in (envbuild.LAST_USED, envbuild.MARKER):
             try:
                 return (folder / name).stat().st_mtime

@@ -329,6 +329,10 @@ class LocalBackend(LeaderBackend):
                 probe = podman.probe_prefix(self.containers, image)
                 gang = self._write_gang(attempt, jp, env, "python3", deps, probe)
             gang += self._container_args(attempt, jp, deps, env, specs)
+            if deps.get("env"):  # --requirements on top of the image (the leader builds it)
+                env_spec = dict(deps["env"], requirements=str(jp.root / "requirements.txt"))
+                (jp.root / "env.json").write_text(json.dumps(env_spec))
+                gang += ["--env", str(jp.root / "env.json")]
         else:
             argv = resolve_command(
                 attempt.command, Path(files), env.get("PATH", os.defpath), python
@@ -544,7 +548,7 @@ class LocalBackend(LeaderBackend):
             jp.work,
             mounts,
         )
-        inside = podman.environment(env, dict(attempt.spec.env), package)
+        inside = podman.environment(env, dict(attempt.spec.env), package, bool(deps.get("env")))
         env.clear()
         env.update(inside)
         for name in ("PATH", "HOME", "XDG_RUNTIME_DIR"):  # Podman's own, not the job's

@@ -26,6 +26,7 @@ is told `0..n-1`.
 """
 
 import contextlib
+import os
 import subprocess
 
 # Podman's own exit statuses: not the job's.
@@ -60,6 +61,61 @@ def image_missing(spec: dict) -> str | None:
         )
     said = done.stderr.decode(errors="replace").strip()
     return f"Podman ({spec['podman']}) cannot look up image {spec['image']}: {said}"
+
+
+def image_id(spec: dict) -> str | None:
+    """The id of the image the job's reference names now, or None if Podman cannot say."""
+    try:
+        done = subprocess.run(
+            [*_podman(spec), "image", "inspect", "--format", "{{.Id}}", spec["image"]],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = done.stdout.strip()
+    return found if done.returncode == 0 and found.isalnum() else None
+
+
+# Where a job's environment (`--requirements` on top of an image) is in its container, and
+# its requirements file while it is built.
+ENV_TARGET = "/opt/gpuhop/env"
+REQUIREMENTS_TARGET = "/opt/gpuhop/requirements.txt"
+# What of the job's environment changes how pip builds (as gpuhop.agent.storage.envs says).
+_BUILD_PREFIXES = ("PIP_", "UV_")
+_BUILD_NAMES = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "REQUESTS_CA_BUNDLE")
+
+
+def build_argv(spec: dict, env_spec: dict) -> tuple:
+    """The `podman run` argv (up to the command) that builds the environment of `env_spec` in
+    the job's image, and the environment to run it with: as the job's user, with the
+    network (pip downloads), the environment's dir writable at ENV_TARGET, the requirements
+    and the work dir (for requirements that name a path there) read-only, nothing else."""
+    env_dir = env_spec["dir"]
+    os.makedirs(env_dir, exist_ok=True)
+    if os.geteuid() == 0:  # the job's user writes it
+        uid, gid = (int(n) for n in spec["user"].split(":"))
+        os.chown(env_dir, uid, gid)
+    args = [*_podman(spec), "run", "--rm", "--pull", "never", "--log-driver", "passthrough"]
+    args += ["--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges"]
+    args += ["--network", "host", "--user", spec["user"], "--workdir", spec["workdir"]]
+    args += ["--tmpfs", "/tmp", "--env", "HOME=/tmp"]
+    if spec.get("keep_id"):
+        args += ["--userns", "keep-id"]
+    for limit in spec["ulimits"]:
+        args += ["--ulimit", limit]
+    binds = [(env_dir, ENV_TARGET, False), (env_spec["requirements"], REQUIREMENTS_TARGET, True)]
+    binds.append((spec["workdir"], spec["workdir"], True))
+    for source, target, readonly in binds:
+        ro = ",readonly=true" if readonly else ""
+        args += ["--mount", f"type=bind,source={source},destination={target}{ro}"]
+    env = dict(os.environ)
+    for key in sorted(env):
+        if key.upper().startswith(_BUILD_PREFIXES) or key.upper() in _BUILD_NAMES:
+            args += ["--env", key]
+    return [*args, spec["image"]], _for_podman(env)
 
 
 def argv(spec: dict, env: dict, command: list, worker=None) -> tuple:

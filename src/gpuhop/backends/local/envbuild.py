@@ -127,13 +127,46 @@ def _build(spec: dict, short: str) -> str | None:
         subprocess.run([env_python, "-m", "ensurepip", "--default-pip"], check=False)
     pip = [env_python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
     code = subprocess.run([*pip, "-r", spec["requirements"]]).returncode
+    return _finish(spec, code, started, short)
+
+
+def build_in_image(spec: dict, run: tuple, target: str, requirements: str) -> str | None:
+    """Build the environment of a job in a container image (its lock held): the image's own
+    pip installs the requirements (at `requirements` in the container) into the
+    environment's dir, mounted at `target` in a container that `run` starts (a `podman run`
+    argv up to the command, and the environment to run it with). The dir is one of the
+    image's (`image_dir`). Returns None, or why it failed."""
+    env_dir, short = spec["dir"], spec["id"][:12]
+    started = time.time()
+    _say(f"building environment {short} on image {spec['python']} (once; later jobs reuse it)")
+    _empty(env_dir)  # a half-built one from a crash
+    pip = ["python3", "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+    pip += ["--no-warn-script-location", "--target", target, "-r", requirements]
+    argv, env = run
+    try:
+        code = subprocess.run([*argv, *pip], env=env, stdin=subprocess.DEVNULL).returncode
+    except OSError as e:
+        _discard(env_dir)
+        return f"could not run Podman to build the job's environment: {e.strerror}"
+    return _finish(spec, code, started, short)
+
+
+def image_dir(spec: dict, image_id: str) -> dict:
+    """`spec` with its dir made the one for the image `image_id`: what pip installs is for
+    that image's Python, and a tag moved to another image gets an environment of its own."""
+    return dict(spec, dir=os.path.join(spec["dir"], image_id[:12]))
+
+
+def _finish(spec: dict, code: int, started: float, short: str) -> str | None:
+    """Record a built environment (pip exited with `code`), or discard a failed one."""
+    env_dir = spec["dir"]
     if code != 0:
         _discard(env_dir)
         return f"could not build the job's Python environment: pip install exited with {code}"
     seconds = time.time() - started
     info = {
         "id": spec["id"],
-        "python": python,
+        "python": spec["python"],
         "requirements": spec["requirements_text"],
         "created_at": time.time(),
         "build_seconds": seconds,

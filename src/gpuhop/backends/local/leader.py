@@ -384,6 +384,8 @@ def main(argv: list, given: dict | None = None) -> int:
     report = None
     if _CONTAINER:  # Podman gives it its own view of the host, not the sandbox
         result = _container_missing()
+        if result is None and "env" in specs:
+            result = _container_env(specs["env"])
     elif specs.get("sandbox", {}).get("identity"):
         private = relay is not None or "gang" in specs
         result, report = _enter_as_identity(specs, pid_path, private)
@@ -439,6 +441,31 @@ def _container_missing() -> dict | None:
         return None
     print(f"gpuhop: {why}", flush=True)
     return {"exit_code": 1, "signal": None, "detail": why}
+
+
+def _container_env(spec: dict) -> dict | None:
+    """Build (or find) the environment of a job in an image (`--requirements` on top of
+    it), for the image its reference names now, and mount it in the job's containers; a
+    failure ends the job here."""
+    container, envbuild = _sibling("container"), _sibling("envbuild")
+    found = container.image_id(_CONTAINER)
+    if found is None:
+        error = f"Podman cannot say which image {_CONTAINER['image']} is"
+    else:
+        spec = envbuild.image_dir(spec, found)
+        lock, built = envbuild.claim(spec)
+        with lock:
+            error = None
+            if not built:
+                run = container.build_argv(_CONTAINER, spec)
+                target, inside = container.ENV_TARGET, container.REQUIREMENTS_TARGET
+                error = envbuild.build_in_image(spec, run, target, inside)
+    if error is None:
+        mount = {"source": spec["dir"], "target": container.ENV_TARGET, "readonly": True}
+        _CONTAINER["mounts"].append(mount)
+        return None
+    print(f"gpuhop: {error}", flush=True)
+    return {"exit_code": 1, "signal": None, "detail": error}
 
 
 def _prepare(specs: dict) -> dict | None:

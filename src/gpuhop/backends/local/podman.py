@@ -27,6 +27,7 @@ from gpuhop.backends.base import StartError
 # Where gpuhop's package is bound read-only in every container (its parent goes on
 # PYTHONPATH; its start-up dir goes first).
 GPUHOP_LIB = "/opt/gpuhop/python"
+ENV_TARGET = "/opt/gpuhop/env"  # the job's environment in it (as container.py says)
 # Where cgroup v1 hosts keep the v2 hierarchy beside it ("hybrid"): crun, Podman's default
 # runtime, refuses to run there while a controller is enabled on it; runc does not.
 HYBRID_CONTROLLERS = Path("/sys/fs/cgroup/unified/cgroup.controllers")
@@ -129,19 +130,23 @@ def command(command: list[str], work: Path) -> list[str]:
     return command
 
 
-def environment(env: dict[str, str], given: dict[str, str], package: Path) -> dict[str, str]:
+def environment(
+    env: dict[str, str], given: dict[str, str], package: Path, own_env: bool = False
+) -> dict[str, str]:
     """The container's environment from a venv job's (`env`, whose host variables are the
     allow-list's only): less the host's PATH and LD_LIBRARY_PATH (the image has its own)
     unless the job gave them (`given`), with the start-up hook and gpuhop's package at their
-    paths in the container."""
+    paths in the container, and with `own_env` the job's environment (its requirements,
+    found before the image's own packages, as a venv's are before the host's)."""
     out = {k: v for k, v in env.items() if k not in ("PATH", "LD_LIBRARY_PATH") or k in given}
     startup = str(package / "runtime" / "startup")
     parts = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
+    mine = [ENV_TARGET] if own_env else []
     if startup in parts:  # the hook is wanted: first, as for a venv job
         parts.remove(startup)
-        parts = [f"{GPUHOP_LIB}/gpuhop/runtime/startup", GPUHOP_LIB, *parts]
+        parts = [f"{GPUHOP_LIB}/gpuhop/runtime/startup", *mine, GPUHOP_LIB, *parts]
     else:
-        parts.append(GPUHOP_LIB)  # `import gpuhop.tf` works in the image
+        parts = [*mine, *parts, GPUHOP_LIB]  # `import gpuhop.tf` works in the image
     out["PYTHONPATH"] = os.pathsep.join(parts)
     out["TMPDIR"] = given.get("TMPDIR", "/tmp")
     return out
