@@ -88,6 +88,13 @@ def test_requirements_on_top_of_an_image_are_built_once_per_image(
         seen = json.loads(log.strip().splitlines()[-1])
         assert seen["version"] == "1.0"
         assert seen["file"].startswith("/opt/gpuhop/env/")  # not the image's, nor the host's
+        shown = shared_agent.cli("show", first.id)
+        assert shown.returncode == 0, shown.stderr
+        rows = dict(
+            line.strip().split(None, 1) for line in shown.stdout.splitlines() if line.strip()
+        )
+        assert rows["image"] == pip_image
+        assert rows["python"].startswith("env ") and rows["python"].endswith(f"from {pip_image}")
         # The command line as a user types it: the same set on the same image is reused.
         again = shared_agent.cli(
             "run", "--no-progress", "--image", pip_image, "-r", "requirements.txt", "show.py",

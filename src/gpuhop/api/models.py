@@ -444,6 +444,7 @@ class JobInfo(WireModel):
     # The id of the job's Python environment (requirements), and the interpreter it runs.
     python_env: str | None = None
     python: str | None = None
+    image: str | None = None  # the container image it runs in (`--image`)
     # The job runs in a private network namespace (multi-worker jobs always do).
     private_network: bool = False
     # Why it ended (None until it has; and for jobs an older agent finished).

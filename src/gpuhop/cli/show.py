@@ -82,6 +82,8 @@ def show(
     if get("python_env") or get("python"):
         env_text = f"env {info['python_env'][:12]} from " if get("python_env") else ""
         rows.insert(4, ("python", f"{env_text}{get('python')}"))
+    if get("image"):
+        rows.insert(4, ("image", info["image"]))
     if get("env"):
         rows.insert(4, ("env", " ".join(f"{k}={_shown(k, v)}" for k, v in info["env"].items())))
     latest_source = (get("latest_metrics") or {}).get("source")

@@ -131,6 +131,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         sweep=job.spec.sweep,
         max_parallel=job.spec.max_parallel,
         mixed_gpus=job.spec.mixed_gpus,
+        image=job.spec.image,
         notify=list(job.spec.notify),
         secrets=[s.name if s.env == s.name else f"{s.name}={s.env}" for s in job.spec.secrets],
         energy=job_energy(
