@@ -9,9 +9,9 @@ from gpuhop.agent.host.images import (
     PullProgress,
     _error_of,
     _read_line,
-    check_reference,
     registry_of,
 )
+from gpuhop.api.spec import check_image
 
 # What `podman pull` 4.3 writes to a pipe (its stderr), seen with a local registry.
 PULL_LINES = [
@@ -62,11 +62,11 @@ def test_an_error_is_the_registrys_words() -> None:
     ],
 )
 def test_the_registry_of_a_reference(reference: str, registry: str) -> None:
-    assert check_reference(reference) == reference
+    assert check_image(reference) == reference
     assert registry_of(reference) == registry
 
 
 @pytest.mark.parametrize("reference", ["--help", "a b", "x\n", "Upper/x", "a//b", ""])
 def test_what_is_no_reference_is_refused(reference: str) -> None:
     with pytest.raises(ValueError, match="is not an image reference"):
-        check_reference(reference)
+        check_image(reference)

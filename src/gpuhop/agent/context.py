@@ -9,15 +9,18 @@ from typing import TYPE_CHECKING, Any
 
 from gpuhop.agent.callers import owner_login
 from gpuhop.agent.config import Policy
+from gpuhop.agent.host import images
 from gpuhop.agent.host.gpuhistory import GpuHistory, sample_every
 from gpuhop.agent.host.identities import Identities, IdentityError
 from gpuhop.agent.host.quarantine import QuarantineStore
 from gpuhop.agent.jobs.fetches import Fetches, Room
 from gpuhop.agent.jobs.imagepulls import ImagePulls
+from gpuhop.agent.jobs.imagewaits import ImageWaits
 from gpuhop.agent.jobs.masking import mask_json, mask_text, ordered
 from gpuhop.agent.jobs.metricstail import latest_metrics
 from gpuhop.agent.jobs.notifier import HostRule, Notifier, payload
 from gpuhop.agent.jobs.placement import Limits
+from gpuhop.agent.jobs.preparations import Unmet
 from gpuhop.agent.jobs.scheduler import Scheduler
 from gpuhop.agent.jobs.store import JobRecord, JobStore
 from gpuhop.agent.jobs.supervisor import Supervisor
@@ -36,6 +39,7 @@ from gpuhop.agent.storage.usage import DiskMeter
 from gpuhop.agent.tokens import TokenStore
 from gpuhop.api import JobState, ListenerInfo
 from gpuhop.backends.base import StartError
+from gpuhop.backends.podman import PodmanSettings
 from gpuhop.home import AgentPaths
 
 if TYPE_CHECKING:
@@ -90,7 +94,9 @@ class AgentContext:
         self.claims = ClaimStore(paths.claims_db)
         # The container images gpuhop pulled or ran jobs in (see gpuhop.agent.services.images).
         self.image_uses = ImageUses(paths.images_db)
-        self.image_pulls = ImagePulls(self.image_uses)
+        # The Podman agent.toml names: the run path's and the image store's.
+        self.podman = PodmanSettings(self.policy.podman, self.policy.container_runtime)
+        self.image_pulls = ImagePulls(self.image_uses, self.podman, self.team)
         self.meter = DiskMeter(paths, self.blobs, self.policy)
         # One garbage collection at a time (`gpuhop gc` and the timer).
         self.gc_lock = threading.Lock()
@@ -109,7 +115,16 @@ class AgentContext:
             ),
             credentials=lambda job: self.bucket_credentials(job.owner),
             masked=self.masked,
-            on_done=self._fetched,
+            on_done=self._prepared,
+        )
+        # Queued jobs' images, pulled while they wait (see gpuhop.agent.jobs.imagewaits).
+        self.image_waits = ImageWaits(
+            self.store,
+            self.image_pulls,
+            credentials=self.image_login,
+            owner=lambda job: job.owner or owner_login(),
+            tls_verify=lambda ref: images.tls_verify(self.policy.insecure_registries, ref),
+            on_done=self._prepared,
         )
         # The loop that starts queued jobs (see gpuhop.agent.jobs.scheduler).
         self.scheduler = Scheduler(
@@ -120,7 +135,7 @@ class AgentContext:
             limits=self.limits,
             out_of_service=self.quarantine.all,
             notify=self.notify,
-            held=self.fetches.note,
+            held=self.held,
         )
 
     def identity_of(self, job: JobRecord) -> dict[str, Any] | None:
@@ -186,7 +201,33 @@ class AgentContext:
         """`text` with every value of `job`'s user's secrets shown as ***."""
         return mask_text(text, self.secret_values(job))
 
-    def _fetched(self, job_id: str, state: JobState) -> None:
+    def image_login(self, job: JobRecord) -> str | None:
+        """The registry login (user:password) `job`'s image is pulled with: its user's
+        secret `image_secret`, read as the pull starts; None where it names none. Unmet
+        where the secret was removed since the job was queued."""
+        if job.spec.image_secret is None:
+            return None
+        name = job.spec.image_secret
+        values = self.secrets.values(job.owner or owner_login(), [name])
+        if name not in values:
+            raise Unmet(
+                f"the secret {name} was removed after the job was queued; set it again"
+                f" (gpuhop secret set {name}) and run the job again"
+            )
+        return values[name]
+
+    def image_started(self, job: JobRecord) -> str | None:
+        """The id of the image `job` starts in now, its use noted (see ImagePulls)."""
+        assert job.spec.image is not None
+        return self.image_pulls.job_started(job.owner or owner_login(), job.spec.image)
+
+    def held(self, job: JobRecord) -> str | None:
+        """Why a queued job may not start yet though GPUs were free: its data or its image
+        is still on its way (each started here where it is not yet); None when neither."""
+        notes = [n for n in (self.fetches.note(job), self.image_waits.note(job)) if n]
+        return "; ".join(notes) or None
+
+    def _prepared(self, job_id: str, state: JobState) -> None:
         if state is JobState.failed:
             self.notify(job_id, state.value)  # it never started: this is its end
         self.scheduler.wake()
@@ -214,6 +255,7 @@ class AgentContext:
 
     def close(self) -> None:
         self.fetches.close()
+        self.image_waits.close()
         self.scheduler.close()
         self.supervisor.close()
         self.backend.close()

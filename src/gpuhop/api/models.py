@@ -271,6 +271,9 @@ class SubmitRequest(StrictModel):
     # `check_image`); the agent's default (agent.toml `image`) where none is given. An agent
     # that predates images refuses it.
     image: str | None = None
+    # The name of the user's secret holding `user:password` for the registry `image` is
+    # pulled from (where the host lacks it). An agent that predates it refuses it.
+    image_secret: str | None = None
     # Run the job in a private network namespace: none of its ports is reachable from
     # another host or from the host itself; `gpuhop forward` reaches them through the
     # agent. Multi-worker jobs always run in one. An agent that predates this refuses it.
@@ -308,6 +311,13 @@ class SubmitRequest(StrictModel):
     @classmethod
     def _image(cls, v: str | None) -> str | None:
         return None if v is None else check_image(v)
+
+    @field_validator("image_secret")
+    @classmethod
+    def _image_secret(cls, v: str | None) -> str | None:
+        if v is not None and not ENV_NAME_RE.match(v):
+            raise ValueError(f"image_secret: {v[:80]!r} is not a secret's name")
+        return v
 
     @field_validator("sweep")
     @classmethod

@@ -148,7 +148,11 @@ def check_image(ref: str) -> str:
     """A container image's reference (`IMAGE_RE`), or ValueError saying what is wrong."""
     if len(ref) > MAX_IMAGE_LENGTH:
         raise ValueError(f"the image reference is longer than {MAX_IMAGE_LENGTH} characters")
-    if not IMAGE_RE.match(ref):
+    first, slash, _ = ref.partition("/")
+    # A first part is a registry only with a dot, a port or as localhost (as Podman reads
+    # it); otherwise it is the name's, which is lower-case.
+    named = slash and not ("." in first or ":" in first or first == "localhost")
+    if not IMAGE_RE.match(ref) or (named and first != first.lower()):
         raise ValueError(
             f"{ref[:80]!r} is not an image reference:"
             " [REGISTRY[:PORT]/]NAME[:TAG][@sha256:DIGEST], NAME in lower-case letters, digits"
@@ -182,6 +186,8 @@ class JobSpec(NamedTuple):
     env: Mapping[str, str] = NO_ENV
     python: str | None = None  # an interpreter on the host
     image: str | None = None  # a container image the job runs in (Podman, the local backend)
+    # The user's secret (user:password) the host pulls `image` from its registry with.
+    image_secret: str | None = None
     requirements: str | None = None  # a requirements file's text: the job's own venv
     data: tuple[Mount, ...] = ()
     # Buckets' prefixes, fetched onto the host while the job waits, at $GPUHOP_DATA/NAME.
@@ -238,6 +244,8 @@ class JobSpec(NamedTuple):
         called = [d.name for d in self.data_sources]
         for name in dict.fromkeys(c for c in called if called.count(c) > 1):
             found.append(f"{n('data_sources')} names two buckets' data {name}; give one :NAME")
+        if self.image_secret is not None and self.image is None:
+            found.append(f"{n('image_secret')} is the registry's login for {n('image')}; give both")
         if self.image is not None and self.python is not None:
             found.append(
                 f"{n('image')} runs the job with the image's own python3;"

@@ -55,6 +55,7 @@ class EndClass(StrEnum):
     idle = "idle"  # cancelled by the idle guard: its whole GPUs sat at 0 % too long
     gpu_fault = "gpu-fault"  # a GPU it held had a hardware fault and was quarantined
     data_error = "data-error"  # its data (--data s3://...) could not be fetched; it never ran
+    image_error = "image-error"  # its image (--image) could not be pulled; it never ran
 
 
 # The failures that say nothing about the job's code: worth another attempt by default.
@@ -65,18 +66,20 @@ class RetryOn(StrEnum):
     """Which failed attempts `retries` runs again."""
 
     infra = "infra"  # lost, oom-host, killed, gpu-fault: the machine's fault, not the code's
-    # every failure: also app-error, oom-gpu (never timeout, cancelled, idle, data-error)
+    # every failure: also app-error, oom-gpu (never timeout, cancelled, idle, data-error,
+    # image-error)
     any = "any"
 
     def retries(self, end: EndClass) -> bool:
         if self is RetryOn.infra:
             return end in INFRA_CLASSES
-        # A data-error job never ran: its data could not be had, which another try of the
-        # same job would not change.
+        # A data-error or image-error job never ran: its data or image could not be had,
+        # which another try of the same job would not change.
         return end not in (
             EndClass.succeeded,
             EndClass.cancelled,
             EndClass.timeout,
             EndClass.idle,
             EndClass.data_error,
+            EndClass.image_error,
         )

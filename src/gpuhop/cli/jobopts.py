@@ -127,10 +127,17 @@ IMAGE = params.Option(
     None,
     "--image",
     metavar="REF",
-    help="Run the job inside this container image on the GPU host (Podman; the image must be"
-    " on the host), with the image's own python3. requirements.txt is then not sent;"
-    " --requirements FILE installs FILE on top of the image with its pip (built once per"
-    " image and file, then reused).",
+    help="Run the job inside this container image on the GPU host (Podman; pulled there"
+    " from its registry while the job waits, where the host lacks it), with the image's own"
+    " python3. requirements.txt is then not sent; --requirements FILE installs FILE on top"
+    " of the image with its pip (built once per image and file, then reused).",
+)
+IMAGE_SECRET = params.Option(
+    None,
+    "--image-secret",
+    metavar="NAME",
+    help="Pull --image with your secret NAME (gpuhop secret set NAME), holding the"
+    " registry's user:password (a token goes where the password does).",
 )
 MIXED_GPUS = params.Option(
     False,
@@ -215,6 +222,7 @@ OPTIONS: dict[str, Any] = {
     "no_requirements": NO_REQUIREMENTS,
     "python": PYTHON,
     "image": IMAGE,
+    "image_secret": IMAGE_SECRET,
     "mixed_gpus": MIXED_GPUS,
     "retries": RETRIES,
     "retry_on": RETRY_ON,

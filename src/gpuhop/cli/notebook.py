@@ -92,8 +92,9 @@ def notebook(  # noqa: PLR0913 (a command: each parameter is one of its options)
     image: str | None = jobopts.worded(
         jobopts.IMAGE,
         "Run Jupyter in this container image on the GPU host (Podman; JupyterLab must be"
-        " installed in the image, and the image on the host).",
+        " installed in the image; pulled to the host where it lacks it).",
     ),
+    image_secret: str | None = jobopts.IMAGE_SECRET,
     mixed_gpus: bool = jobopts.MIXED_GPUS,
     priority: int = jobopts.PRIORITY,
     time_limit: str | None = jobopts.worded(

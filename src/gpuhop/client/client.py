@@ -266,13 +266,14 @@ class Client:
         `workdir` if there is one (without a `spec`), and False for none. `python` runs the
         job with another interpreter on the host. `image` ("REGISTRY/NAME:TAG") runs it
         inside that container image on the agent's host instead, through Podman, with the
-        image's own `python3` (the image must be on the host; the local backend only; the
-        work dir's requirements.txt is then not sent; `requirements` given with it are
-        installed on top of the image by its own pip, once per image and set).
-        `private_network` runs it in a network
-        namespace of its own, whose ports only `forward` reaches (an older agent refuses
-        it). `pack` puts the workers on as few nodes as possible on an agent with the Ray
-        backend (default: spread across nodes; an older agent refuses it).
+        image's own `python3` (pulled onto the host while the job waits where the host
+        lacks it, with your secret `image_secret` holding the registry's user:password
+        where given; the local backend only; the work dir's requirements.txt is then not
+        sent; `requirements` given with it are installed on top of the image by its own
+        pip, once per image and set). `private_network` runs it in a network namespace of
+        its own, whose ports only `forward` reaches (an older agent refuses it). `pack`
+        puts the workers on as few nodes as possible on an agent with the Ray backend
+        (default: spread across nodes; an older agent refuses it).
 
         `priority` (-100..100, default 0): higher starts first, ties by age; above 0 is an
         admin's call on a team agent. `after` (jobs, or their ids or names): the job waits

@@ -1,8 +1,11 @@
 """Runs in the agent: the host's container images, through Podman (the host's own daemonless
 container runtime): list them, remove one, pull one from its registry with progress.
 
-Podman runs as the agent's user, on that user's image store (root's /var/lib/containers on a
-team agent). Nothing here needs `--runtime` or ulimits: those are for `podman run` only.
+Podman is the one agent.toml's `podman` names (`PodmanSettings`, as the run path's: both must
+see one store), run as the agent's user, on that user's image store (root's
+/var/lib/containers on a team agent). Nothing here needs `--runtime` or ulimits: those are for
+`podman run` only. References are checked as the wire checks them (`check_image`) before
+they reach an argv.
 
 Registry credentials are a secret of the job's (or caller's) user holding `user:password`,
 as `podman login` and `--creds` take them (a registry token goes where the password does,
@@ -31,10 +34,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# A reference as Podman takes one: [registry[:port]/]path[:tag][@digest]; checked before it
-# reaches an argv (no option, no space, no control character), and Podman says the rest.
-_REFERENCE = re.compile(r"\A[a-z0-9][A-Za-z0-9._:/@+-]{0,510}\Z")
-INSTALL_HINT = "install Podman on the GPU host (Debian/Ubuntu: apt-get install podman runc)"
+from gpuhop.api.spec import check_image
+from gpuhop.backends.podman import INSTALL, PodmanSettings, find
+
 # How long one `podman images`/`rmi` may take; a pull has no bound of its own (an NGC image is
 # 10 GB) but ends when its caller cancels it.
 QUICK_SECONDS = 120
@@ -48,24 +50,17 @@ class PodmanMissing(ImageError):
     """This host has no Podman."""
 
 
-def podman() -> str:
-    """Podman's path; PodmanMissing saying what to install where there is none."""
-    exe = shutil.which("podman")
+def podman(settings: PodmanSettings) -> str:
+    """The path of the Podman agent.toml names; PodmanMissing saying what to install where
+    there is none."""
+    exe = find(settings)
     if exe is None:
         raise PodmanMissing(
-            f"this host has no Podman, so it holds no container images: {INSTALL_HINT}"
+            f"this host has no Podman ({settings.program!r} is not installed), so it holds no"
+            f" container images: install it on the GPU host (Debian/Ubuntu: {INSTALL}), or"
+            " set agent.toml's podman to its path"
         )
     return exe
-
-
-def check_reference(reference: str) -> str:
-    """`reference` if it has the shape of an image reference; else ValueError naming it."""
-    if not _REFERENCE.match(reference) or "//" in reference:
-        raise ValueError(
-            f"{reference!r} is not an image reference (e.g. nvcr.io/nvidia/tensorflow:24.03-tf2-py3"
-            " or registry.example.com:5000/team/train:1)"
-        )
-    return reference
 
 
 def registry_of(reference: str) -> str:
@@ -75,6 +70,12 @@ def registry_of(reference: str) -> str:
     if slash and ("." in first or ":" in first or first == "localhost"):
         return first
     return "docker.io"
+
+
+def tls_verify(insecure_registries: tuple[str, ...], reference: str) -> bool:
+    """Whether a pull of `reference` checks TLS: not for a registry agent.toml's
+    `insecure_registries` lists (a lab's registry on plain HTTP)."""
+    return registry_of(reference) not in insecure_registries
 
 
 @dataclass(frozen=True)
@@ -132,9 +133,9 @@ def _read_line(progress: PullProgress, line: str) -> bool:
     return True
 
 
-def list_images() -> list[HostImage]:
+def list_images(settings: PodmanSettings) -> list[HostImage]:
     """Every image in the store, newest first."""
-    out = _run([podman(), "images", "--format", "json"])
+    out = _run([podman(settings), "images", "--format", "json"])
     try:
         rows = json.loads(out or "[]")
     except ValueError as e:
@@ -157,34 +158,27 @@ def list_images() -> list[HostImage]:
     return images
 
 
-def find(reference_or_id: str) -> HostImage | None:
-    """The image of the store that `reference_or_id` names (a reference as listed, or an id),
-    or None."""
-    for image in list_images():
-        if reference_or_id == image.id or reference_or_id in image.references:
-            return image
-    return None
-
-
-def image_id(reference: str) -> str | None:
-    """The id of the image `reference` names in the store (Podman's own resolution), or None."""
-    done = subprocess.run(
-        [podman(), "image", "inspect", "--format", "{{.Id}}", "--", reference],
-        capture_output=True,
-        text=True,
-        timeout=QUICK_SECONDS,
-        stdin=subprocess.DEVNULL,
-    )
+def image_id(settings: PodmanSettings, reference: str) -> str | None:
+    """The id of the image `reference` (or an id) names in the store (Podman's own
+    resolution), or None."""
+    argv = [podman(settings), "image", "inspect", "--format", "{{.Id}}", "--", reference]
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=QUICK_SECONDS, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.SubprocessError) as e:
+        raise ImageError(f"podman image inspect {reference}: {e}") from None
     return (done.stdout.strip() or None) if done.returncode == 0 else None
 
 
-def remove(image: str) -> None:
+def remove(settings: PodmanSettings, image: str) -> None:
     """Remove the image `image` (an id) with all its names; ImageError in Podman's words
     (e.g. a container still uses it)."""
-    _run([podman(), "rmi", "--force", "--", image])
+    _run([podman(settings), "rmi", "--force", "--", image])
 
 
 def pull(
+    settings: PodmanSettings,
     reference: str,
     *,
     credentials: str | None = None,
@@ -197,8 +191,8 @@ def pull(
     plain HTTP or unchecked TLS to it, for this pull only (a registry the admin lists in
     agent.toml's `insecure_registries`). `progress` is called in this thread as Podman
     reports. ImageError says why not, in the registry's words; `cancel` set stops it."""
-    exe = podman()
-    check_reference(reference)
+    exe = podman(settings)
+    check_image(reference)
     state = PullProgress()
     with _authfile(registry_of(reference), credentials) as authfile:
         argv = [exe, "pull", f"--tls-verify={'true' if tls_verify else 'false'}"]

@@ -8,7 +8,8 @@ cache lacks, and makes the view the job will see (see `gpuhop.agent.storage.obje
 Then it adds the views to the job's deps as its datasets' trees are (`deps["data"]`, bound
 read-only under $GPUHOP_DATA), and the scheduler may start it. Meanwhile `note` says how
 far it is, as the job's `waiting`. A failure ends the job, never started, as `failed` with
-class `data-error` and the bucket's own words.
+class `data-error` and the bucket's own words (the waiting and the failing are
+`gpuhop.agent.jobs.preparations`', as for a job's image).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gpuhop.agent.jobs.preparations import Preparations, Unmet
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import ACTIVE_STATES, JobRecord, JobStore
 from gpuhop.agent.storage import buckets
@@ -104,8 +106,12 @@ class Room(NamedTuple):
     blob_users: Callable[[], set[str]]
 
 
-class Fetches:
+class Fetches(Preparations[Fetch]):
     """The agent's fetches, one per queued job with buckets' data. Thread-safe."""
+
+    end_class = EndClass.data_error
+    failure = "could not fetch its data"
+    idle_note = "fetching data"
 
     def __init__(
         self,
@@ -120,41 +126,26 @@ class Fetches:
         """`credentials`: the job's user's, read as its fetch starts; `masked`: a text
         with the job's user's secrets' values hidden; `on_done`: a fetch finished (the job
         may start) or failed it (its final state, for its notifications)."""
+        super().__init__(store, on_done, "fetch")
         self.paths = paths
-        self.store = store
         self.cache = cache
         self.room = room
         self.credentials = credentials
         self.masked = masked
-        self.on_done = on_done
-        self._lock = threading.Lock()
-        self._fetches: dict[str, Fetch] = {}
         # What each fetch under way has listed: eviction leaves it (see `keep`).
         self._pins: dict[str, Keep] = {}
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="fetch")
-        self._closed = False
-        self._stopping = threading.Event()
 
-    def note(self, job: JobRecord) -> str | None:
-        """None when `job` may start as far as its data goes (it has none, or all of it is
-        here); else how far its fetch is. Starts the fetch where none runs and none
-        finished (an agent restarted meanwhile)."""
-        if not job.spec.data_sources:
-            return None
-        with self._lock:
-            fetch = self._fetches.get(job.id)
-            if fetch is None:
-                if "data_dir" in jobdeps.read(JobPaths(self.paths.job_dir(job.id))):
-                    return None
-                if self._closed:
-                    return "fetching data"
-                fetch = self._fetches[job.id] = Fetch(job.id)
-                self._pool.submit(self._run, job, fetch)
-        return fetch.note()
+    def wants(self, job: JobRecord) -> bool:
+        return bool(job.spec.data_sources)
 
-    def start(self, job: JobRecord) -> None:
-        """Start `job`'s fetch now (at submit)."""
-        self.note(job)
+    def ready(self, job: JobRecord) -> bool:
+        return "data_dir" in jobdeps.read(JobPaths(self.paths.job_dir(job.id)))
+
+    def begin(self, job: JobRecord) -> Fetch:
+        return Fetch(job.id)
+
+    def forget(self, job_id: str) -> None:
+        self._pins.pop(job_id, None)  # under the lock
 
     def keep(self) -> Keep:
         """The views and objects that queued or running jobs and fetches under way need."""
@@ -169,39 +160,21 @@ class Fetches:
                     keep.views.add(Path(mount["source"]).name)
         return keep
 
-    def close(self) -> None:
-        """Stop taking fetches; those under way stop at their next check."""
-        with self._lock:
-            self._closed = True
-        self._stopping.set()
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
     # -- one job's fetch -------------------------------------------------------------------
 
-    def _run(self, job: JobRecord, fetch: Fetch) -> None:
+    def prepare(self, job: JobRecord, fetch: Fetch) -> None:
         try:
             views = self._fetch(job, fetch)
-        except _Stopped:
-            self._forget(job.id)
-            return
         except BucketError as e:
-            self._fail(job, fetch, as_text(self.masked(job, str(e))))
-            return
+            raise Unmet(as_text(self.masked(job, str(e)))) from None
         except (CacheFull, QuotaExceeded) as e:
-            self._fail(job, fetch, str(e))
-            return
-        except Exception as e:  # a bug here must not take the agent down, nor leave the job
-            log.exception("fetching job %s's data failed", job.id)
-            self._fail(job, fetch, f"{type(e).__name__}: {e}")
-            return
+            raise Unmet(str(e)) from None
         jp = JobPaths(self.paths.job_dir(job.id))
         deps = jobdeps.read(jp)
         deps["data"] = [*deps.get("data", []), *views]
         deps["data_dir"] = jobdeps.DATA_DIR
         jobdeps.write(jp, deps)
         log.info("job %s: its data is here: %s", job.id, fetch.summary())
-        self._forget(job.id)
-        self.on_done(job.id, JobState.queued)
 
     def _fetch(self, job: JobRecord, fetch: Fetch) -> list[dict[str, Any]]:
         creds = self.credentials(job)
@@ -216,7 +189,7 @@ class Fetches:
                 listings.append((source, buckets.listing(s3, source, creds.endpoint)))
             except BucketError as e:
                 raise BucketError(f"{source.url}: {e}") from None
-            self._check(job.id)
+            self.check(job.id)
         # Pinned before anything is looked at: eviction leaves it from now. A listing whose
         # view is here has all its objects here (an unchanged prefix costs no look at each
         # object); the others' objects are pinned, then asked for in one query.
@@ -303,13 +276,13 @@ class Fetches:
                             future.result(timeout=CHECK_SECONDS)
                             break
                         except TimeoutError:
-                            self._check(job_id)
+                            self.check(job_id)
             except BaseException:
                 stop.set()
                 for future in futures:
                     future.cancel()
                 raise
-        self._check(job_id)  # a download that stopped for the agent's end is no whole one
+        self.check(job_id)  # a download that stopped for the agent's end is no whole one
 
     def _pin(self, job_id: str, views: Iterable[str] = (), objects: Iterable[str] = ()) -> None:
         """Keep these views and objects from eviction while the job's fetch runs."""
@@ -317,24 +290,3 @@ class Fetches:
             pin = self._pins.setdefault(job_id, Keep(set(), set()))
             pin.views.update(views)
             pin.objects.update(objects)
-
-    def _check(self, job_id: str) -> None:
-        """Raise _Stopped where the job is no longer queued (cancelled) or the agent stops."""
-        if self._closed or self.store.get(job_id).state is not JobState.queued:
-            raise _Stopped
-
-    def _fail(self, job: JobRecord, fetch: Fetch, why: str) -> None:
-        self._forget(job.id)
-        reason = f"could not fetch its data: {why}"
-        if self.store.fail_queued(job.id, reason, EndClass.data_error):
-            log.warning("job %s %s", job.id, reason)
-            self.on_done(job.id, JobState.failed)
-
-    def _forget(self, job_id: str) -> None:
-        with self._lock:
-            self._fetches.pop(job_id, None)
-            self._pins.pop(job_id, None)
-
-
-class _Stopped(Exception):
-    """The job left the queue (or the agent stops): its fetch ends, leaving the cache whole."""

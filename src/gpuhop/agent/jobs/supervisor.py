@@ -83,6 +83,11 @@ class Agent(Protocol):
         """Every value of the job's user's secrets: masked in what the agent keeps of it."""
         ...
 
+    def image_started(self, job: JobRecord) -> str | None:
+        """A job in a container image starts: the id of the image it runs in (its use
+        noted), or None where the host lacks it (the run path says so)."""
+        ...
+
 
 class Supervisor:
     def __init__(
@@ -142,6 +147,12 @@ class Supervisor:
             secrets = self.agent.secrets_of(job)
             if secrets:
                 deps["secrets"] = secrets
+            if job.spec.image is not None:
+                # The image it runs is the one its use is noted for, whatever its tag names
+                # by the time Podman starts it.
+                image_id = self.agent.image_started(job)
+                if image_id is not None:
+                    deps["image_id"] = image_id
             # A container job's work dir is a copy: Podman binds it, and has no overlay.
             no_view = (
                 "a container job's work dir is a copy"

@@ -341,8 +341,9 @@ def open_backend(
     from gpuhop.backends.local.backend import LocalBackend
 
     assert gpu_host is not None
-    from gpuhop.backends.local.podman import PodmanSettings
+    from gpuhop.backends.podman import PodmanSettings
 
+    # The Podman the agent's image store uses too (AgentContext.podman): one store.
     return LocalBackend(
         paths, gpu_host, python, PodmanSettings(policy.podman, policy.container_runtime)
     )

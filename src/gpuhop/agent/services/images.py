@@ -7,7 +7,9 @@ pulls and jobs used, with their own last use; an admin sees every image in the h
 A single-user agent shows its user everything.
 
 What gc removes: only images gpuhop pulled or ran jobs in (`ImageUses`), never one the
-host's admin put there by hand, and never one a queued or running job needs. Of the rest, an
+host's admin put there by hand, and never one a queued or running job names (a queued job's
+pulled image waits for it). A job's own pull, and the note of its image's use as it starts,
+are `gpuhop.agent.jobs.imagewaits`' and `ImagePulls.job_started`'s. Of the rest, an
 image no one used for `image_keep_days` goes; then, while gpuhop's images together pass
 `image_quota`, the least recently used. One used within gc's grace period stays (a pull
 for a job being submitted).
@@ -27,6 +29,7 @@ from gpuhop.agent.host.images import HostImage, ImageError, PodmanMissing
 from gpuhop.agent.jobs.store import ACTIVE_STATES
 from gpuhop.api import ErrorCode, JobState
 from gpuhop.api.images import ImageInfo, ImagePull
+from gpuhop.api.spec import check_image
 from gpuhop.api.upkeep import Freed
 
 log = logging.getLogger("gpuhop.agent.services.images")
@@ -35,9 +38,9 @@ log = logging.getLogger("gpuhop.agent.services.images")
 _NOT_A_NAME = ("invalid reference format", "did not resolve to an alias", "short-name")
 
 
-def _host_images() -> list[HostImage]:
+def _host_images(rt: AgentContext) -> list[HostImage]:
     try:
-        return images.list_images()
+        return images.list_images(rt.podman)
     except PodmanMissing as e:
         raise ApiError(409, ErrorCode.unsupported, str(e)) from None
     except ImageError as e:
@@ -46,7 +49,7 @@ def _host_images() -> list[HostImage]:
 
 def list_images(rt: AgentContext, caller: Caller) -> list[ImageInfo]:
     """The images `caller` may see (see the module's docstring), newest first."""
-    host = _host_images()
+    host = _host_images(rt)
     everything = caller.admin or not rt.team()
     last = rt.image_uses.last_used() if everything else rt.image_uses.of(caller.user)
     needs = needed(rt, host)
@@ -74,7 +77,7 @@ def pull(rt: AgentContext, body: ImagePull, caller: Caller) -> ImageInfo:
     where given; the image as `list_images` shows it. 502 in the registry's words where it
     refuses."""
     try:
-        reference = images.check_reference(body.reference)
+        reference = check_image(body.reference)
     except ValueError as e:
         raise ApiError(400, ErrorCode.bad_request, str(e)) from None
     credentials = None
@@ -93,7 +96,7 @@ def pull(rt: AgentContext, body: ImagePull, caller: Caller) -> ImageInfo:
             caller.user,
             reference,
             lambda: credentials,
-            tls_verify=tls_verify(rt.policy, reference),
+            tls_verify=images.tls_verify(rt.policy.insecure_registries, reference),
         )
     except PodmanMissing as e:
         raise ApiError(409, ErrorCode.unsupported, str(e)) from None
@@ -106,24 +109,6 @@ def pull(rt: AgentContext, body: ImagePull, caller: Caller) -> ImageInfo:
         if info.id == image_id:
             return info
     raise ApiError(500, ErrorCode.internal, f"{reference} was pulled but is not in the store")
-
-
-def job_started(rt: AgentContext, owner: str, reference: str) -> None:
-    """A job of `owner`'s starts in the image `reference`: its last use is now (for
-    `gpuhop images`, for gc, and for what `owner` may see). For the run path; an image not
-    (or no longer) on the host, or a host without Podman, is left unnoted."""
-    try:
-        image_id = images.image_id(reference)
-    except ImageError:
-        return
-    if image_id is not None:
-        rt.image_uses.note(image_id, owner, reference)
-
-
-def tls_verify(policy: Policy, reference: str) -> bool:
-    """Whether a pull of `reference` checks TLS: not for a registry agent.toml's
-    `insecure_registries` lists (a lab's registry on plain HTTP)."""
-    return images.registry_of(reference) not in policy.insecure_registries
 
 
 def _names(reference: str) -> set[str]:
@@ -143,8 +128,8 @@ def needed(rt: AgentContext, host: list[HostImage]) -> dict[str, list[tuple[str,
     by_name = {name: image.id for image in host for name in image.references}
     out: dict[str, list[tuple[str, str]]] = {}
     for job in rt.store.list([JobState.queued, *ACTIVE_STATES], limit=100_000):
-        reference = getattr(job.spec, "image", None)
-        if not isinstance(reference, str) or not reference:
+        reference = job.spec.image
+        if reference is None:
             continue
         owner = job.owner or owner_login()
         ids = {by_name[n] for n in _names(reference) if n in by_name}
@@ -159,7 +144,7 @@ def needed(rt: AgentContext, host: list[HostImage]) -> dict[str, list[tuple[str,
 def collect(rt: AgentContext, policy: Policy, now: float, dry_run: bool, tally: Freed) -> None:
     """gc's part for images (see the module's docstring). A host without Podman has none."""
     try:
-        host = images.list_images()
+        host = images.list_images(rt.podman)
     except ImageError as e:
         if not isinstance(e, PodmanMissing):
             log.warning("images not collected: %s", e)
@@ -184,7 +169,7 @@ def collect(rt: AgentContext, policy: Policy, now: float, dry_run: bool, tally: 
             continue
         if not dry_run:
             try:
-                images.remove(image.id)
+                images.remove(rt.podman, image.id)
             except ImageError as e:
                 log.warning("image %s not removed: %s", image.id[:12], e)
                 continue

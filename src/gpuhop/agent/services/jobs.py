@@ -355,8 +355,10 @@ def submit(
         # A full disk (files or the job store), a bad source: no half job.
         shutil.rmtree(jp.root, ignore_errors=True)
         raise
-    # Its data starts coming while it waits for its GPUs (and the pass below holds it).
+    # Its data and its image start coming while it waits for its GPUs (and the pass below
+    # holds it until they are here).
     rt.fetches.start(job)
+    rt.image_waits.start(job)
     # The pass runs here rather than on the event loop: one hop less before the start.
     rt.scheduler.start_now()
     return to_info(rt, job)

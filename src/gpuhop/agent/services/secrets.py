@@ -43,11 +43,14 @@ def to_info(entry: SecretEntry) -> SecretInfo:
 
 
 def check_submit(rt: AgentContext, spec: JobSpec, command: list[str], caller: Caller) -> None:
-    """Refuse (400) a job that names a secret its user has not set, or whose settings spell
-    out one of its user's secrets (its command, name or variables: they are stored and
-    shown, and a secret's place is `--secret`). The answer names the secret, never says
-    where its value was seen beyond which setting."""
+    """Refuse (400) a job that names a secret its user has not set (`--secret`, and its
+    image's registry login `--image-secret`), or whose settings spell out one of its user's
+    secrets (its command, name or variables: they are stored and shown, and a secret's place
+    is `--secret`). The answer names the secret, never says where its value was seen beyond
+    which setting."""
     names = [s.name for s in spec.secrets]
+    if spec.image_secret is not None:
+        names.append(spec.image_secret)
     have = rt.secrets.values(caller.user, names)
     missing = [n for n in dict.fromkeys(names) if n not in have]
     if missing:

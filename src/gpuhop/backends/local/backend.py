@@ -542,7 +542,8 @@ class LocalBackend(LeaderBackend):
         who = identity or {"uid": os.getuid(), "gid": os.getgid()}
         spec = podman.describe(
             self.containers,
-            str(attempt.spec.image),
+            # The image the agent noted as this start's (its id), else as the job names it.
+            str(deps.get("image_id") or attempt.spec.image),
             f"gpuhop-{attempt.job_id}-{attempt.number}",
             f"{who['uid']}:{who['gid']}",
             jp.work,

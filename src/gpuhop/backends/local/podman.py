@@ -20,9 +20,10 @@ import resource
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from gpuhop.backends.base import StartError
+from gpuhop.backends.podman import INSTALL, PodmanSettings, find
 
 # Where gpuhop's package is bound read-only in every container (its parent goes on
 # PYTHONPATH; its start-up dir goes first).
@@ -36,19 +37,6 @@ HYBRID_CONTROLLERS = Path("/sys/fs/cgroup/unified/cgroup.controllers")
 CONMON_NPROC = 32768
 # The NVIDIA container toolkit's CDI spec, which names the GPUs `--device nvidia.com/gpu=N`.
 CDI_SPECS = (Path("/etc/cdi/nvidia.yaml"), Path("/var/run/cdi/nvidia.yaml"))
-INSTALL = "apt-get install podman runc catatonit"
-
-
-class PodmanSettings(NamedTuple):
-    """agent.toml's `podman` (the program) and `container_runtime` (None: `runtime()`)."""
-
-    program: str = "podman"
-    runtime: str | None = None
-
-
-def find(settings: PodmanSettings) -> str | None:
-    """The Podman program's path, or None where it is not installed."""
-    return shutil.which(settings.program)
 
 
 def missing(settings: PodmanSettings) -> str:
