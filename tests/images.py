@@ -45,6 +45,18 @@ def _libraries(program: Path) -> list[Path]:
     return found
 
 
+def _loaded_later() -> list[Path]:
+    """The libraries glibc opens at run time rather than `ldd` naming them: libgcc_s, for
+    a thread that ends as the interpreter exits (else "libgcc_s.so.1 must be installed for
+    pthread_exit to work", and SIGABRT)."""
+    listed = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=True)
+    for line in listed.stdout.splitlines():
+        name, _, path = line.strip().partition(" => ")
+        if name.startswith("libgcc_s.so.1 ") and Path(path).is_file():
+            return [Path(path)]  # ldconfig lists this machine's own architecture's first
+    return []
+
+
 def _tree(root: Path, pip: bool = False) -> None:
     def put(source: Path, target: Path | None = None) -> None:
         dest = root / (target or source).relative_to("/")
@@ -52,7 +64,7 @@ def _tree(root: Path, pip: bool = False) -> None:
         shutil.copy2(source, dest)
 
     put(PYTHON)
-    for library in _libraries(PYTHON):
+    for library in [*_libraries(PYTHON), *_loaded_later()]:
         put(library.resolve(), library)
     for name in ("python3", "python"):
         (root / "usr/bin" / name).symlink_to("python3.11")

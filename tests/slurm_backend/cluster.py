@@ -20,7 +20,7 @@ and exit codes from its batch script.
 
 `start(root, nodes=2)` makes a cluster of two nodes, NODES, as a site's are: each slurmd in a
 network namespace of its own with its own address on a private test subnet
-(tests/slurm_backend/netns.py: a bridge on this host, a veth pair per node); a host name of
+(tests/netns.py: a bridge on this host, a veth pair per node); a host name of
 its own (a UTS namespace), which is its NodeAddr: Slurm reaches it by that name, which its
 Slurm name is not (nor does that resolve at all); and a node-local `/tmp` (an empty tmpfs
 in its mount namespace), while the cluster's dir (under /var/tmp, where the agents' state
@@ -54,8 +54,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.netns import Network
 from tests.ports import free_ports
-from tests.slurm_backend.netns import Network
 
 BINARIES = (
     "munged",

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from tests import netns
 from tests.conftest import Agent, missing, wait_until
 from tests.slurm_backend import cluster as helper
-from tests.slurm_backend import netns
 from tests.slurm_backend.cluster import SlurmCluster
 
 

@@ -17,6 +17,7 @@ for everyone). A single-user agent's user may use whatever its store holds.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
@@ -24,6 +25,8 @@ from gpuhop.agent.host import images
 from gpuhop.agent.host.images import ImageError, PullProgress
 from gpuhop.agent.storage.imageuses import ImageUses
 from gpuhop.backends.podman import PodmanSettings
+
+log = logging.getLogger("gpuhop.agent")
 
 # References of images built on the host: no registry has them.
 LOCAL = "localhost/"
@@ -152,6 +155,7 @@ class ImagePulls:
         if not mine:
             pull.done.wait()
         else:
+            log.info("pulling image %s for %s", reference, owner)
             try:
 
                 def seen(state: PullProgress) -> None:

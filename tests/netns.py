@@ -1,4 +1,4 @@
-"""A private test network for a Slurm cluster of several nodes on this one machine: each node
+"""A private test network on this one machine (a Slurm cluster's nodes, a registry): each node
 a network namespace of its own, with its own address on a private /24 of 10.0.0.0/8, joined
 to a bridge on this host (the login node, where slurmctld and the agent run) by a veth pair.
 

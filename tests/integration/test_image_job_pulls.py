@@ -1,0 +1,137 @@
+# ruff: noqa: F811 (the fixture imported from tests.images is a parameter here)
+"""A job whose image the host lacks: a real agent pulls it at submit from a real private
+registry (tests/registry.py) with the job's `--image-secret`, while the job waits in the
+queue, and runs it in that image.
+
+The pull's wait is made observable without timing luck by a registry stopped (SIGSTOP) while
+the jobs are submitted: the pull waits at its first request, `ps` and `show` say so, and
+two jobs naming the image wait on one pull; then the registry goes on. A wrong secret ends
+the job as image-error in the registry's words, and nothing of it runs. gc keeps the image
+a queued job names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from gpuhop.api import JobState
+from gpuhop.client import GpuhopError
+from tests.conftest import Agent, wait_until
+from tests.images import MARKER, containers_named, minimal_image  # noqa: F401 (a fixture)
+from tests.registry import (
+    PASSWORD,
+    USER,
+    Registry,
+    on_host,
+    registry_problem,
+    require_tools,
+)
+
+if (why := registry_problem()) is not None:
+    pytest.skip(why, allow_module_level=True)
+require_tools()
+
+INSIDE = 'print("in", open("/etc/os-release").read().split()[0], flush=True)\n'
+SLEEP = "import time\ntime.sleep(600)\n"
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Iterator[Agent]:
+    """An agent that pulls from the test registry over plain HTTP, and whose gc removes
+    every image it knows that nothing needs (no grace, no keep days)."""
+    root = tmp_path_factory.mktemp("image-pulls-agent")
+    (root / "home").mkdir()
+    (root / "home" / "agent.toml").write_text(
+        f'insecure_registries = ["{registry.address}"]\n'
+        "gc_every_hours = 0\ngc_grace_minutes = 0\nimage_keep_days = 0\n"
+    )
+    agent = Agent(root / "home", root / "cache", None).start()
+    try:
+        with agent.client() as client:
+            client.set_secret("REGISTRY", f"{USER}:{PASSWORD}")
+            client.set_secret("WRONG", f"{USER}:not-the-password")
+        yield agent
+    finally:
+        agent.shutdown()
+
+
+def pulls_of(agent: Agent, reference: str) -> int:
+    """How many pulls of `reference` the agent started (its log's word for each)."""
+    return agent.paths.logfile.read_text().count(f"pulling image {reference} for ")
+
+
+def test_jobs_wait_on_one_pull_shown_in_ps_and_show_then_run_in_the_image(
+    agent: Agent, registry: Registry, minimal_image: str, project
+) -> None:
+    ref = registry.push_local(minimal_image, "runs")
+    root = project({"inside.py": INSIDE})
+    with agent.client() as client:
+        with registry.frozen():
+            first = client.submit(["inside.py"], workdir=root, image=ref, image_secret="REGISTRY")
+            second = client.submit(["inside.py"], workdir=root, image=ref, image_secret="REGISTRY")
+            for job in (first, second):
+                wait_until(lambda job=job: (job.refresh().waiting or "").startswith("pulling"))
+                assert job.info.state == JobState.queued
+            listed = json.loads(agent.cli("ps", "--json").stdout)
+            for job in (first, second):
+                seen = next(j for j in listed if j["id"] == job.id)
+                assert seen["state"] == "queued" and seen["waiting"].startswith("pulling image")
+            shown = agent.cli("show", first.id)
+            assert "pulling image" in shown.stdout, shown.stdout
+        for job in (first, second):
+            info = job.wait(60)
+            assert info.state == JobState.succeeded, (info.reason, b"".join(job.logs()))
+            assert f"in NAME={MARKER}" in b"".join(job.logs()).decode().replace('"', "")
+    assert on_host(ref)
+    assert pulls_of(agent, ref) == 1
+    assert PASSWORD not in agent.paths.logfile.read_text()
+    # Another job of this user's in the image now runs without a pull.
+    with agent.client() as client:
+        again = client.submit(["inside.py"], workdir=root, image=ref)
+        assert again.wait(60).state == JobState.succeeded
+    assert pulls_of(agent, ref) == 1
+
+
+def test_a_wrong_secret_ends_the_job_in_the_registrys_words_and_nothing_runs(
+    agent: Agent, registry: Registry, project
+) -> None:
+    ref = registry.push("denied")
+    root = project({"inside.py": INSIDE})
+    with agent.client() as client:
+        job = client.submit(["inside.py"], workdir=root, image=ref, image_secret="WRONG")
+        info = job.wait(60)
+        assert (info.state, info.end_class) == (JobState.failed, "image-error")
+        assert "unauthorized" in (info.reason or ""), info.reason
+        assert info.started_at is None and b"".join(job.logs()) == b""
+        with pytest.raises(GpuhopError) as refused:
+            client.submit(["inside.py"], workdir=root, image=ref, image_secret="NOSUCH")
+        assert refused.value.status == 400
+        assert "you have no secret named NOSUCH" in refused.value.message
+    assert not on_host(ref)
+    assert containers_named(f"gpuhop-{job.id}") == []
+    done = agent.cli("run", "--image", ref, "--image-secret", "WRONG", "inside.py", cwd=root)
+    assert done.returncode != 0 and "unauthorized" in done.stderr + done.stdout
+
+
+def test_gc_keeps_the_image_a_queued_job_needs(agent: Agent, registry: Registry, project) -> None:
+    ref = registry.push("kept")
+    root = project({"inside.py": INSIDE, "sleep.py": SLEEP})
+    with agent.client() as client:
+        ahead = client.submit(["sleep.py"], workdir=root, requirements=False)
+        try:
+            queued = client.submit(
+                ["inside.py"], workdir=root, image=ref, image_secret="REGISTRY", after=[ahead.id]
+            )
+            wait_until(lambda: on_host(ref) and pulls_of(agent, ref) == 1, timeout=60)
+            assert queued.refresh().state == JobState.queued
+            client.gc()
+            assert on_host(ref)
+            assert any(queued.id in i.jobs for i in client.images() if ref in i.references)
+        finally:
+            ahead.cancel()
+        assert queued.wait(60).state == JobState.cancelled
+        client.gc()
+    assert not on_host(ref)
