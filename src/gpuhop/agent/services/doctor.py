@@ -32,8 +32,8 @@ from gpuhop.agent.services import bucketcreds, hostchecks
 from gpuhop.agent.services.hostchecks import Facts
 from gpuhop.agent.services.hostchecks import check as _check
 from gpuhop.api import CheckStatus, DoctorCheck, format_mb
+from gpuhop.backends import podman
 from gpuhop.backends.base import SCRUBBED_ENV
-from gpuhop.backends.local import podman
 
 PROBE_TIMEOUT = 180.0  # importing TensorFlow and initialising CUDA can take a while
 INSTALL_GPU_TF = "pip install 'tensorflow[and-cuda]'"

@@ -17,65 +17,19 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from gpuhop.backends.base import StartError
-from gpuhop.backends.podman import INSTALL, PodmanSettings, find
+from gpuhop.backends.podman import PodmanSettings, find, missing, runtime
 
 # Where gpuhop's package is bound read-only in every container (its parent goes on
 # PYTHONPATH; its start-up dir goes first).
 GPUHOP_LIB = "/opt/gpuhop/python"
 ENV_TARGET = "/opt/gpuhop/env"  # the job's environment in it (as container.py says)
-# Where cgroup v1 hosts keep the v2 hierarchy beside it ("hybrid"): crun, Podman's default
-# runtime, refuses to run there while a controller is enabled on it; runc does not.
-HYBRID_CONTROLLERS = Path("/sys/fs/cgroup/unified/cgroup.controllers")
 # Podman's conmon, the parent of every container's runtime, runs with at most this many
 # processes (Podman 4.3 sets it): a container's nproc limit above it is refused (EPERM).
 CONMON_NPROC = 32768
-# The NVIDIA container toolkit's CDI spec, which names the GPUs `--device nvidia.com/gpu=N`.
-CDI_SPECS = (Path("/etc/cdi/nvidia.yaml"), Path("/var/run/cdi/nvidia.yaml"))
-
-
-def missing(settings: PodmanSettings) -> str:
-    """Why an image job cannot run here, and what to install."""
-    return (
-        f"container images (--image) run through Podman on the agent's host, and"
-        f" {settings.program!r} is not installed there: install it ({INSTALL}), or set"
-        " agent.toml's podman to its path"
-    )
-
-
-def runtime(settings: PodmanSettings) -> str | None:
-    """The OCI runtime to run containers with: the setting; else runc where the host is a
-    cgroup v1 hybrid with controllers on its v2 hierarchy (which crun refuses) and runc is
-    installed; else None, Podman's own default."""
-    if settings.runtime:
-        return settings.runtime
-    try:
-        controllers = HYBRID_CONTROLLERS.read_text().split()
-    except OSError:
-        return None
-    return "runc" if controllers and shutil.which("runc") else None
-
-
-def version(program: str) -> str | None:
-    """`podman --version`'s version, or None where it does not answer."""
-    try:
-        done = subprocess.run(
-            [program, "--version"], capture_output=True, text=True, timeout=30, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    words = done.stdout.split()
-    return words[-1] if done.returncode == 0 and words else None
-
-
-def cdi_spec() -> Path | None:
-    """The NVIDIA container toolkit's CDI spec, where it was generated."""
-    return next((p for p in CDI_SPECS if p.is_file()), None)
 
 
 def ulimits() -> list[str]:
