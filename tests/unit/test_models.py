@@ -283,7 +283,7 @@ def test_job_info_shows_the_spec_fields_by_their_wire_names():
     assert wire & set(JobInfo.model_fields) == {
         "name", "gpus", "env", "priority", "retries", "workers", "gpu_memory_mb", "data",
         "python", "private_network", "after", "after_any", "timeout", "retry_on", "sweep",
-        "max_parallel", "mixed_gpus", "notify", "secrets",
+        "max_parallel", "mixed_gpus", "notify", "secrets", "image",
     }  # fmt: skip
     assert not set(WIRE_NAMES) & set(JobInfo.model_fields)
 
