@@ -40,7 +40,8 @@ BUCKET = "needs a bucket"
 LIVE = "opens a browser, a port, a live screen or the network"
 TENSORFLOW = "needs TensorFlow on the host (test_doctor_cli runs it)"
 ELSEWHERE = "names a job, file or data set the README does not make here"
-REASONS = (NOT_ONE, REMOTE, GPU, CLUSTER, BUCKET, LIVE, TENSORFLOW, ELSEWHERE)
+REGISTRY = "pulls a container image from a registry (test_image_job_pulls runs its own)"
+REASONS = (NOT_ONE, REMOTE, GPU, CLUSTER, BUCKET, LIVE, TENSORFLOW, ELSEWHERE, REGISTRY)
 
 # Words that name what a reader has and this test does not: a job id or name the README
 # made in a skipped line, the user's files and data, a served model.
@@ -87,6 +88,8 @@ def skip_reason(command: str, made: set[str]) -> str | None:
         return CLUSTER
     if "s3://" in command or "AWS_" in command:
         return BUCKET
+    if "--image" in words or words[1:3] == ["images", "pull"]:
+        return REGISTRY
     if words[1] in LIVE_COMMANDS or "-f" in words or "--notify" in words:
         return LIVE
     if words[1] == "doctor":
