@@ -3,10 +3,10 @@ fixtures that give a test one: a minimal image with this machine's Python 3.11, 
 with TensorFlow.
 
 The minimal image holds the interpreter, the libraries `ldd` names for it and its extension
-modules, its standard library (no tests, no site packages), `/bin/sh`, and an
-`/etc/os-release` whose marker (`MARKER`) tells a job that it runs in the image, not on the
-host. It is imported with `podman import` in a few seconds, named under
-localhost/gpuhop-test/, and removed when the session ends.
+modules (and libgcc_s, which glibc opens itself), its standard library (no tests, no site
+packages), `/bin/sh`, and an `/etc/os-release` whose marker (`MARKER`) tells a job that it
+runs in the image, not on the host. It is imported with `podman import` in a few seconds,
+named under localhost/gpuhop-test/, and removed when the session ends.
 
 The TensorFlow image adds tensorflow-cpu and its dependencies (`TF_DISTRIBUTION`'s closure)
 at the image's /usr/lib/python3/dist-packages, taken from the project's own installation of
@@ -88,6 +88,9 @@ def _tree(root: Path, pip: bool = False) -> None:
     dynload = sorted((stdlib / "lib-dynload").glob("*.so"))
     for library in [*_libraries(PYTHON, *dynload), *_loaded_later()]:
         put(library.resolve(), library)
+    # glibc opens it itself (no `ldd` names it) to unwind a thread that ends or is cancelled:
+    # without it such a process aborts ("libgcc_s.so.1 must be installed for pthread_exit").
+    put((SYSTEM_LIBRARY_DIR / "libgcc_s.so.1").resolve(), SYSTEM_LIBRARY_DIR / "libgcc_s.so.1")
     for name in ("python3", "python"):
         (root / "usr/bin" / name).symlink_to("python3.11")
     put(Path("/bin/dash"), Path("/bin/sh"))
