@@ -136,10 +136,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 # backend contract suite's Ray part: two at once overload a 2-core machine, where Ray's raylet
 # then misses its fixed 30 s to register), or a real Slurm cluster (the Slurm backend's tests
 # and the contract suite's Slurm part). The contract suite's local part is a unit of its own:
-# the Ray group is the longest of all, and nothing else should wait behind it.
+# the Ray group is the longest of all, and nothing else should wait behind it. So is its
+# local-image part (Podman, no cluster: it may run beside any other unit).
 _SERIAL_GROUPS = {"ray_backend": "ray", "slurm_backend": "slurm"}
 _CONTRACT = "tests/backends/"
-_BACKEND_PARAM = re.compile(r"\[(local|ray|slurm)[\]-]")
+_BACKEND_PARAM = re.compile(r"\[(local-image|local|ray|slurm)[\]-]")
 
 
 def _work_unit(nodeid: str) -> str:
@@ -147,7 +148,9 @@ def _work_unit(nodeid: str) -> str:
     path = nodeid.split("::", 1)[0]
     parts = path.split("/")
     if path.startswith(_CONTRACT) and (param := _BACKEND_PARAM.search(nodeid)):
-        return path if param[1] == "local" else param[1]
+        if param[1] == "local":
+            return path
+        return f"{path}[local-image]" if param[1] == "local-image" else param[1]
     if len(parts) > 2 and parts[0] == "tests":
         return _SERIAL_GROUPS.get(parts[1], path)
     return path
