@@ -19,6 +19,7 @@ from pathlib import Path
 
 import agent_start
 import buckets
+import containers
 import datasets
 import forward
 import gpu_training
@@ -42,6 +43,7 @@ import slurm_backend
 BENCHMARKS: dict[str, Callable[[Settings], list[Row]]] = {
     "start_latency": start_latency.run,
     "agent_start": agent_start.run,
+    "containers": containers.run,
     "imports": imports.run,
     "resync": resync.run,
     "overhead": overhead.run,
