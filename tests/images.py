@@ -64,18 +64,6 @@ def _libraries(*programs: Path) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
-def _loaded_later() -> list[Path]:
-    """The libraries glibc opens at run time rather than `ldd` naming them: libgcc_s, for
-    a thread that ends as the interpreter exits (else "libgcc_s.so.1 must be installed for
-    pthread_exit to work", and SIGABRT)."""
-    listed = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, check=True)
-    for line in listed.stdout.splitlines():
-        name, _, path = line.strip().partition(" => ")
-        if name.startswith("libgcc_s.so.1 ") and Path(path).is_file():
-            return [Path(path)]  # ldconfig lists this machine's own architecture's first
-    return []
-
-
 def _tree(root: Path, pip: bool = False) -> None:
     def put(source: Path, target: Path | None = None) -> None:
         dest = root / (target or source).relative_to("/")
@@ -86,7 +74,7 @@ def _tree(root: Path, pip: bool = False) -> None:
     stdlib = Path("/usr/lib/python3.11")
     # The interpreter's and its extension modules' (ctypes needs libffi, ssl libssl...).
     dynload = sorted((stdlib / "lib-dynload").glob("*.so"))
-    for library in [*_libraries(PYTHON, *dynload), *_loaded_later()]:
+    for library in _libraries(PYTHON, *dynload):
         put(library.resolve(), library)
     # glibc opens it itself (no `ldd` names it) to unwind a thread that ends or is cancelled:
     # without it such a process aborts ("libgcc_s.so.1 must be installed for pthread_exit").
