@@ -153,8 +153,9 @@ def test_a_time_limit_ends_the_job(backend, project, tmp_path):
         job = client.submit(["waiter.py", arg], workdir=root, timeout=2)
         info = job.wait(timeout=120)
         log = b"".join(job.logs()).decode()
-    assert (info.state, info.end_class) == (JobState.failed, EndClass.timeout)
-    assert job_lines(log) == ["waiting"]  # it ran, and the limit ended it
+    assert (info.state, info.end_class) == (JobState.failed, EndClass.timeout), log
+    # Whether it printed first is not asked: the limit counts from the attempt's start, and
+    # a cluster's workers may take longer than it to start. No process of it is left.
     assert not running(arg)
     backend.settled()
 

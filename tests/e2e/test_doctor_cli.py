@@ -38,6 +38,7 @@ def test_doctor_reports_this_host_honestly(shared_agent):
         "disk space",
         "job sandbox",
         "job identity",
+        "container images",
         "job work dirs",
         "bucket credentials",
     ]
