@@ -29,6 +29,11 @@ from gpuhop.client import Client
 from gpuhop.client.embedded import start_background, stop
 from gpuhop.home import AgentPaths, read_pid
 
+# The container images the tests build (tests/images.py), one fixture of each for the whole
+# session in each process: defined here once, not in each module that asks (which built
+# the image again, and left the first build behind untagged).
+pytest_plugins = ["tests.images"]
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
 

@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Agent, wait_until
-from tests.images import minimal_image  # noqa: F401 (a fixture, asked for by name)
 from tests.ray_backend.cluster import RayCluster
 from tests.slurm_backend.cluster import SlurmCluster
 

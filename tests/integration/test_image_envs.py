@@ -1,4 +1,3 @@
-# ruff: noqa: F811 (the fixture imported from tests.images is a parameter here)
 """`--requirements` on top of a container image, on a real agent with real Podman: the
 image's own pip installs them, once per image and set, into an environment the job's
 containers see read-only, found before the image's own packages; a tag moved to another
@@ -22,7 +21,6 @@ import pytest
 
 from gpuhop.api import JobState
 from tests import images
-from tests.images import minimal_image  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -64,8 +62,8 @@ def pip_image(tmp_path_factory: pytest.TempPathFactory, minimal_image) -> Iterat
         yield ref
     finally:
         with contextlib.suppress(OSError):
-            subprocess.run(["podman", "untag", built, ref], capture_output=True, check=False)
-            images.remove(built)  # by id: its tag may have been moved to another image
+            images.remove(ref)  # the name (which the test may have moved to another image)
+            images.remove(built)  # and the image built
 
 
 def _ran(job) -> tuple[JobState, str]:

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 (the fixture imported from tests.images is a parameter here)
 """The processes of a job in a container image are the job's, as a venv job's are: Podman's
 conmon, which parents the container, is adopted by the job's leader (leader.py), so the
 agent finds them where it finds a venv job's. `gpuhop stacks` shows where the job in the
@@ -17,7 +16,6 @@ from gpuhop.agent.host.gpuprocs import init_of, pid_namespace
 from gpuhop.backends.procs import command_line
 from gpuhop.home import JobPaths
 from tests.conftest import wait_until
-from tests.images import minimal_image  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 (the fixture imported from tests.images is a parameter here)
 """A job whose image the host lacks: a real agent pulls it at submit from a real private
 registry (tests/registry.py) with the job's `--image-secret`, while the job waits in the
 queue, and runs it in that image.
@@ -20,7 +19,7 @@ import pytest
 from gpuhop.api import JobState
 from gpuhop.client import GpuhopError
 from tests.conftest import Agent, wait_until
-from tests.images import MARKER, containers_named, minimal_image  # noqa: F401 (a fixture)
+from tests.images import MARKER, containers_named
 from tests.registry import (
     PASSWORD,
     USER,

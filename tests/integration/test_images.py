@@ -1,4 +1,3 @@
-# ruff: noqa: F811 (the fixture imported from tests.images is a parameter here)
 """Jobs in a container image (`--image`): a real agent runs them through real Podman, in a
 minimal image the session builds (tests/images.py).
 
@@ -23,7 +22,7 @@ from gpuhop.client import GpuhopError
 from gpuhop.client.embedded import start_background
 from gpuhop.home import read_pid
 from tests.conftest import AGENT_PYTHON_FLAGS, wait_until
-from tests.images import MARKER, containers_named, minimal_image  # noqa: F401 (a fixture)
+from tests.images import MARKER, containers_named
 
 INSIDE = r"""
 import json, os, sys

@@ -1,4 +1,3 @@
-# ruff: noqa: F811 (the fixture imported from tests.images is a parameter here)
 """Keras in a container image (`--image`): a real agent runs an unmodified Keras script
 through real Podman, in an image with TensorFlow the session builds from the project's own
 installation of it (tests/images.py: `tf_image`). The start-up hook, bound read-only into
@@ -12,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.images import containers_named, tf_image  # noqa: F401 (a fixture)
+from tests.images import containers_named
 
 pytestmark = [pytest.mark.tf, pytest.mark.timeout(300)]
 
