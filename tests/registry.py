@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests import netns
-from tests.conftest import missing, wait_until
+from tests.conftest import Agent, missing, wait_until
 
 
 def registry_problem() -> str | None:
@@ -183,3 +183,23 @@ __all__ = [
     "registry_problem",
     "require_tools",
 ]
+
+
+@contextlib.contextmanager
+def pulling_agent(root: Path, registry: Registry) -> Iterator[Agent]:
+    """An agent that pulls from `registry` over plain HTTP, with the user's secrets REGISTRY
+    (its login) and WRONG (a wrong password), and whose gc removes every image it knows
+    that nothing needs (no grace, no keep days)."""
+    (root / "home").mkdir()
+    (root / "home" / "agent.toml").write_text(
+        f'insecure_registries = ["{registry.address}"]\n'
+        "gc_every_hours = 0\ngc_grace_minutes = 0\nimage_keep_days = 0\n"
+    )
+    agent = Agent(root / "home", root / "cache", None).start()
+    try:
+        with agent.client() as client:
+            client.set_secret("REGISTRY", f"{USER}:{PASSWORD}")
+            client.set_secret("WRONG", f"{USER}:not-the-password")
+        yield agent
+    finally:
+        agent.shutdown()

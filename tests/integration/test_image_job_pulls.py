@@ -22,9 +22,9 @@ from tests.conftest import Agent, wait_until
 from tests.images import MARKER, containers_named
 from tests.registry import (
     PASSWORD,
-    USER,
     Registry,
     on_host,
+    pulling_agent,
     registry_problem,
     require_tools,
 )
@@ -39,22 +39,8 @@ SLEEP = "import time\ntime.sleep(600)\n"
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Iterator[Agent]:
-    """An agent that pulls from the test registry over plain HTTP, and whose gc removes
-    every image it knows that nothing needs (no grace, no keep days)."""
-    root = tmp_path_factory.mktemp("image-pulls-agent")
-    (root / "home").mkdir()
-    (root / "home" / "agent.toml").write_text(
-        f'insecure_registries = ["{registry.address}"]\n'
-        "gc_every_hours = 0\ngc_grace_minutes = 0\nimage_keep_days = 0\n"
-    )
-    agent = Agent(root / "home", root / "cache", None).start()
-    try:
-        with agent.client() as client:
-            client.set_secret("REGISTRY", f"{USER}:{PASSWORD}")
-            client.set_secret("WRONG", f"{USER}:not-the-password")
+    with pulling_agent(tmp_path_factory.mktemp("image-pulls-agent"), registry) as agent:
         yield agent
-    finally:
-        agent.shutdown()
 
 
 def pulls_of(agent: Agent, reference: str) -> int:

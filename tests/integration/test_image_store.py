@@ -16,9 +16,9 @@ from tests.conftest import Agent
 from tests.registry import (
     PASSWORD,
     TAG,
-    USER,
     Registry,
     on_host,
+    pulling_agent,
     registry_problem,
     require_tools,
 )
@@ -30,22 +30,8 @@ require_tools()
 
 @pytest.fixture(scope="module")
 def agent(tmp_path_factory: pytest.TempPathFactory, registry: Registry) -> Iterator[Agent]:
-    """An agent that pulls from the test registry over plain HTTP, and whose gc removes
-    every image it knows that nothing needs (no grace, no keep days)."""
-    root = tmp_path_factory.mktemp("images-agent")
-    (root / "home").mkdir()
-    (root / "home" / "agent.toml").write_text(
-        f'insecure_registries = ["{registry.address}"]\n'
-        "gc_every_hours = 0\ngc_grace_minutes = 0\nimage_keep_days = 0\n"
-    )
-    agent = Agent(root / "home", root / "cache", None).start()
-    try:
-        with agent.client() as client:
-            client.set_secret("REGISTRY", f"{USER}:{PASSWORD}")
-            client.set_secret("WRONG", f"{USER}:not-the-password")
+    with pulling_agent(tmp_path_factory.mktemp("images-agent"), registry) as agent:
         yield agent
-    finally:
-        agent.shutdown()
 
 
 def listed(agent: Agent) -> list[dict]:
