@@ -101,7 +101,9 @@ def test_a_wrong_secret_ends_the_job_in_the_registrys_words_and_nothing_runs(
     assert done.returncode != 0 and "unauthorized" in done.stderr + done.stdout
 
 
-def test_gc_keeps_the_image_a_queued_job_needs(agent: Agent, registry: Registry, project) -> None:
+def test_gc_keeps_the_image_a_queued_job_needs(
+    agent: Agent, registry: Registry, minimal_image: str, project
+) -> None:
     ref = registry.push("kept")
     root = project({"inside.py": INSIDE, "sleep.py": SLEEP})
     with agent.client() as client:
@@ -120,3 +122,6 @@ def test_gc_keeps_the_image_a_queued_job_needs(agent: Agent, registry: Registry,
         assert queued.wait(60).state == JobState.cancelled
         client.gc()
     assert not on_host(ref)
+    # The first test pulled the minimal image under a registry's name: gc took that name
+    # off, and left the image with the name it was given here.
+    assert on_host(minimal_image)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuhop.api import JobState
 from tests.conftest import Agent
 from tests.registry import (
     PASSWORD,
@@ -99,6 +100,9 @@ def test_gc_removes_an_unused_image_and_never_one_put_there_by_hand(
         ["podman", "import", "-", by_hand], input=archive, capture_output=True, check=True
     )
     with agent.client() as client:
+        # A job ran in it (its use noted; it has no program, so it fails): still the admin's.
+        ran = client.submit(["true"], workdir=registry.root, image=by_hand, requirements=False)
+        assert ran.wait(60).state == JobState.failed
         dry = client.gc(dry_run=True)
         assert dry.freed["images"].count >= 1
         assert on_host(ref)

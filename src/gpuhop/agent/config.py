@@ -11,7 +11,7 @@ From `agent.toml` in the state dir, then from `python -m gpuhop.agent` options, 
     object_cache_size = "100GiB"  # bucket objects fetched for jobs (--data s3://...), all
                               # users together; the least recently used go first ("none": no bound)
     object_keep_days = 30     # gc removes a cached bucket prefix no job used for this long
-    image_keep_days = 30      # gc removes a container image gpuhop pulled or ran that no
+    image_keep_days = 30      # gc removes a container image gpuhop pulled that no
                               # queued or running job needs and none used for this long ...
     image_quota = "200GiB"    # ... and, past this, the least recently used such images
     insecure_registries = ["registry.lab:5000"]  # pulled from over plain HTTP (or unchecked TLS)

@@ -29,7 +29,7 @@ class GcReport(WireModel):
     # By kind: "blobs", "trees", "jobs" (finished jobs' files past retention, and job dirs
     # that no job owns), "envs" (cached environments unused for long), "temp" (leftovers
     # of uploads that a crash interrupted, partial bucket objects), "objects" (cached bucket
-    # prefixes unused for long), "images" (container images gpuhop pulled or ran, unused for
+    # prefixes unused for long), "images" (container images gpuhop pulled, unused for
     # long or past image_quota).
     freed: dict[str, Freed]
     pruned_jobs: list[str] = Field(default_factory=list)

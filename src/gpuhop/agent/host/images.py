@@ -177,6 +177,11 @@ def remove(settings: PodmanSettings, image: str) -> None:
     _run([podman(settings), "rmi", "--force", "--", image])
 
 
+def untag(settings: PodmanSettings, image: str, names: list[str]) -> None:
+    """Take the names `names` off the image `image` (an id), which keeps its others."""
+    _run([podman(settings), "untag", "--", image, *names])
+
+
 def pull(
     settings: PodmanSettings,
     reference: str,

@@ -172,7 +172,7 @@ class ImagePulls:
                     cancel=self._stopping,
                 )
                 # Before the pull leaves `_running`: `ensure` then finds it usable.
-                self._uses.note(pull.image_id, owner, reference)
+                self._uses.note(pull.image_id, owner, reference, pulled=True)
             except ImageError as e:
                 pull.error = e
             except BaseException as e:  # for those who wait; this caller sees it as it is

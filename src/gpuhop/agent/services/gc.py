@@ -21,7 +21,7 @@ What goes, in this order:
 5. **Cached bucket prefixes** (`--data s3://...`, see `objectcache`) that no queued or
    running job needs and none used for `object_keep_days`, and the objects only they held.
    The blobs the object cache holds are kept by step 3.
-6. **Container images** gpuhop pulled or ran jobs in that no queued or running job needs and
+6. **Container images** gpuhop pulled that no queued or running job needs and
    none used for `image_keep_days`, then the least recently used while gpuhop's images pass
    `image_quota` (see `gpuhop.agent.services.images`); never an image put there by hand.
 

@@ -6,13 +6,14 @@ name of an unreleased model), so a user who is not an admin sees only the images
 pulls and jobs used, with their own last use; an admin sees every image in the host's store.
 A single-user agent shows its user everything.
 
-What gc removes: only images gpuhop pulled or ran jobs in (`ImageUses`), never one the
-host's admin put there by hand, and never one a queued or running job names (a queued job's
-pulled image waits for it). A job's own pull, and the note of its image's use as it starts,
-are `gpuhop.agent.jobs.imagewaits`' and `ImagePulls.job_started`'s. Of the rest, an
-image no one used for `image_keep_days` goes; then, while gpuhop's images together pass
-`image_quota`, the least recently used. One used within gc's grace period stays (a pull
-for a job being submitted).
+What gc removes: only images gpuhop pulled (`ImageUses`), by the names it pulled them by,
+never one the host's admin put there by hand (one a job ran in included; where a pull
+brought an image that also has a name of the admin's, only gpuhop's names go), and never
+one a queued or running job names (a queued job's pulled image waits for it). A job's own
+pull, and the note of its image's use as it starts, are `gpuhop.agent.jobs.imagewaits`'
+and `ImagePulls.job_started`'s. Of the rest, an image no one used for `image_keep_days`
+goes; then, while gpuhop's images together pass `image_quota`, the least recently used.
+One used within gc's grace period stays (a pull for a job being submitted).
 """
 
 from __future__ import annotations
@@ -150,11 +151,12 @@ def collect(rt: AgentContext, policy: Policy, now: float, dry_run: bool, tally: 
             log.warning("images not collected: %s", e)
         return
     known = rt.image_uses.last_used()
+    pulled = rt.image_uses.pulled()
     on_host = {image.id for image in host}
     if not dry_run:
         for image_id in known.keys() - on_host:  # removed by hand since: forgotten
             rt.image_uses.forget(image_id)
-    ours = [image for image in host if image.id in known]
+    ours = [image for image in host if image.id in pulled]
     keep = needed(rt, host)
     candidates = sorted(
         (image for image in ours if image.id not in keep), key=lambda i: known[i.id]
@@ -167,16 +169,27 @@ def collect(rt: AgentContext, policy: Policy, now: float, dry_run: bool, tally: 
         over = policy.image_quota is not None and total > policy.image_quota
         if not (old or over):
             continue
+        # Only the names gpuhop pulled it by: one the admin gave it (the same image built or
+        # loaded by hand) keeps it, and its bytes, on the host.
+        mine = {n for r in pulled[image.id] for n in _names(r)}
+        others = [n for n in image.references if n not in mine]
         if not dry_run:
             try:
-                images.remove(rt.podman, image.id)
+                if others:
+                    images.untag(rt.podman, image.id, [n for n in image.references if n in mine])
+                else:
+                    images.remove(rt.podman, image.id)
             except ImageError as e:
                 log.warning("image %s not removed: %s", image.id[:12], e)
                 continue
-            rt.image_uses.forget(image.id)
-        total -= image.size
-        tally.count += 1
-        tally.bytes += image.size
+            if others:
+                rt.image_uses.forget_names(image.id, pulled[image.id])
+            else:
+                rt.image_uses.forget(image.id)
+        if not others:
+            total -= image.size
+            tally.count += 1
+            tally.bytes += image.size
 
 
 def _dt(ts: float | None) -> datetime | None:

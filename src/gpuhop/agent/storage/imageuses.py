@@ -4,8 +4,9 @@ when last (`images.db` in the state dir).
 One row per image, user and reference. It answers three questions: an image's last use
 (`gpuhop images`, and gc's "unused for longer than image_keep_days"), which images a user
 may see on a team agent (those their own pulls and jobs used: a reference can be private),
-and which images gpuhop may remove at all: only those it knows here, never an image the
-host's admin put in the store by hand.
+and which names gpuhop may remove at all: only those it pulled (`pulled`), never a name
+the host's admin put in the store by hand, even where a job ran in it or a pull brought the
+same image under another name.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ CREATE TABLE IF NOT EXISTS image_uses (
     owner      TEXT NOT NULL,
     reference  TEXT NOT NULL,
     last_used  REAL NOT NULL,
+    pulled     INTEGER NOT NULL DEFAULT 0,  -- gpuhop pulled it by this name
     PRIMARY KEY (image_id, owner, reference)
 );
 """
@@ -39,17 +41,37 @@ class ImageUses:
         with self._lock:
             self._db.close()
 
-    def note(self, image_id: str, owner: str, reference: str, now: float | None = None) -> None:
-        """`owner` used `image_id` by the name `reference` now: pulled it, or a job of theirs
-        started in it. The run path calls this as it starts a job with an image."""
+    def note(
+        self,
+        image_id: str,
+        owner: str,
+        reference: str,
+        now: float | None = None,
+        pulled: bool = False,
+    ) -> None:
+        """`owner` used `image_id` by the name `reference` now: pulled it (`pulled`), or a
+        job of theirs started in it. The run path calls this as it starts a job with an
+        image."""
         now = time.time() if now is None else now
         with self._lock:
             self._db.execute(
-                "INSERT INTO image_uses (image_id, owner, reference, last_used)"
-                " VALUES (?, ?, ?, ?) ON CONFLICT (image_id, owner, reference)"
-                " DO UPDATE SET last_used = max(last_used, excluded.last_used)",
-                (image_id, owner, reference, now),
+                "INSERT INTO image_uses (image_id, owner, reference, last_used, pulled)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (image_id, owner, reference)"
+                " DO UPDATE SET last_used = max(last_used, excluded.last_used),"
+                " pulled = max(pulled, excluded.pulled)",
+                (image_id, owner, reference, now, int(pulled)),
             )
+
+    def pulled(self) -> dict[str, set[str]]:
+        """Each image gpuhop pulled: its id and the names it pulled it by."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT image_id, reference FROM image_uses WHERE pulled = 1"
+            ).fetchall()
+        out: dict[str, set[str]] = {}
+        for image_id, reference in rows:
+            out.setdefault(image_id, set()).add(reference)
+        return out
 
     def last_used(self) -> dict[str, float]:
         """Every known image's id and its last use by anyone."""
@@ -77,6 +99,14 @@ class ImageUses:
                 (owner, reference),
             ).fetchone()
         return row[0] if row else None
+
+    def forget_names(self, image_id: str, references: set[str]) -> None:
+        """The image no longer has these names (it keeps others)."""
+        with self._lock:
+            self._db.executemany(
+                "DELETE FROM image_uses WHERE image_id = ? AND reference = ?",
+                [(image_id, r) for r in references],
+            )
 
     def forget(self, image_id: str) -> None:
         """The image is gone from the host."""
