@@ -46,6 +46,7 @@ from gpuhop.backends.leader import LeaderBackend, read_json
 from gpuhop.backends.local import cgroups, podman
 from gpuhop.backends.local.commands import resolve_command
 from gpuhop.backends.local.forkserver import ForkServer, ServerGone, check_os_text
+from gpuhop.backends.local.jobfiles import VAR_TMP, give, own_files
 from gpuhop.backends.local.sandbox import HOW_TO_ALLOW
 from gpuhop.backends.procs import alive
 from gpuhop.home import AgentPaths, JobPaths
@@ -59,8 +60,6 @@ WORKVIEW = str(Path(__file__).with_name("workview.py"))
 # An unprivileged uid no account has (the top of the identities' default range, see
 # gpuhop.agent.host.identities), as which the overlay of an idmapped checkout is tried.
 PROBE_UID = 2_000_099_999
-# In a job's dir: the job's /var/tmp, where it has an identity of its own.
-VAR_TMP = "vartmp"
 # In a job's dir: what its leader runs, for the leader server; the leader reads it and removes
 # it. The name is the one it had when the leader was called the shim, as every on-disk name.
 LEADER_REQUEST = "shim-request.json"
@@ -328,7 +327,7 @@ class LocalBackend(LeaderBackend):
                 # Its Keras is the image's: asked of the image's python3, in a container.
                 probe = podman.probe_prefix(self.containers, image)
                 gang = self._write_gang(attempt, jp, env, "python3", deps, probe)
-            gang += self._container_args(attempt, jp, deps, env, specs)
+            gang += podman.container_args(self.containers, attempt, jp, deps, env, specs)
             if deps.get("env"):  # --requirements on top of the image (the leader builds it)
                 env_spec = dict(deps["env"], requirements=str(jp.root / "requirements.txt"))
                 (jp.root / "env.json").write_text(json.dumps(env_spec))
@@ -506,61 +505,6 @@ class LocalBackend(LeaderBackend):
         (jp.root / "sandbox.json").write_text(json.dumps(spec))
         return [*args, "--sandbox", str(jp.root / "sandbox.json")]
 
-    def _container_args(
-        self,
-        attempt: Attempt,
-        jp: JobPaths,
-        deps: dict[str, Any],
-        env: dict[str, str],
-        specs: dict[str, Any] | None,
-    ) -> list[str]:
-        """The leader's `--container` argument for a job in a container image (podman.py
-        says what the container gives it); turns `env` into the container's variables."""
-        identity = deps.get("identity")
-        for d in (jp.work, jp.artifacts, jp.checkpoints):
-            d.mkdir(parents=True, exist_ok=True)
-        files = [jp.log, jp.metrics, jp.provenance]
-        for f in files:
-            f.touch()
-        var_tmp = jp.root / VAR_TMP
-        var_tmp.mkdir(mode=0o700, exist_ok=True)
-        own = [jp.work, jp.artifacts, jp.checkpoints, jp.control, *files]
-        if identity:
-            own.append(Path(identity["home"]))
-            _give(identity, [*own, jp.tmp, var_tmp])
-        mounts = podman.Mounts()
-        for path in own:
-            mounts.add(path, path)
-        mounts.add(jp.tmp, "/tmp")
-        mounts.add(var_tmp, "/var/tmp")
-        for data in deps.get("data", []):
-            target = jp.work / data["mount"]
-            target.mkdir(parents=True, exist_ok=True)
-            mounts.add(data["source"], target, readonly=True)
-        package = Path(hook.__file__).resolve().parents[1]
-        mounts.add(package, f"{podman.GPUHOP_LIB}/gpuhop", readonly=True)
-        who = identity or {"uid": os.getuid(), "gid": os.getgid()}
-        spec = podman.describe(
-            self.containers,
-            # The image the agent noted as this start's (its id), else as the job names it.
-            str(deps.get("image_id") or attempt.spec.image),
-            f"gpuhop-{attempt.job_id}-{attempt.number}",
-            f"{who['uid']}:{who['gid']}",
-            jp.work,
-            mounts,
-        )
-        inside = podman.environment(env, dict(attempt.spec.env), package, bool(deps.get("env")))
-        env.clear()
-        env.update(inside)
-        for name in ("PATH", "HOME", "XDG_RUNTIME_DIR"):  # Podman's own, not the job's
-            if name in os.environ:
-                env[f"GPUHOP_PODMAN_{name}"] = os.environ[name]
-        if specs is not None:
-            specs["container"] = spec
-            return []
-        (jp.root / "container.json").write_text(json.dumps(spec))
-        return ["--container", str(jp.root / "container.json")]
-
     def _view(
         self, deps: dict[str, Any], jp: JobPaths, workers: int, hide: list[str]
     ) -> list[dict[str, Any]]:
@@ -568,17 +512,8 @@ class LocalBackend(LeaderBackend):
         files (made here if missing, so that each can be bound), its environment and what
         else it may read. For a job with an identity of its own, its own files are made
         that identity's, and so is its home."""
-        for d in (jp.work, jp.artifacts, jp.checkpoints):
-            d.mkdir(parents=True, exist_ok=True)
-        logs = [jp.worker_log(i) for i in range(workers)] if workers > 1 else []
-        files = [jp.log, jp.metrics, jp.provenance, *logs]
-        for f in files:
-            f.touch()
-        own = [jp.work, jp.artifacts, jp.checkpoints, jp.control, *files]
         identity = deps.get("identity")
-        if identity:
-            own.append(Path(identity["home"]))
-            _give(identity, [*own, jp.tmp, jp.root / VAR_TMP])
+        own = own_files(jp, workers, identity)
         keep: list[dict[str, Any]] = [{"path": str(p)} for p in own]
         readable = [*deps.get("readonly", [])]
         if deps.get("env"):
@@ -588,7 +523,7 @@ class LocalBackend(LeaderBackend):
                 env_dir = Path(deps["env"]["dir"])
                 env_dir.mkdir(parents=True, exist_ok=True)
                 if not (env_dir / "gpuhop-env.json").exists():
-                    _give(identity, [env_dir])
+                    give(identity, [env_dir])
                 readable.append(str(jp.root / "requirements.txt"))
         readable += self._installs(hide)
         return keep + [{"path": p, "readonly": True} for p in readable]
@@ -666,20 +601,3 @@ def _covers(reached: list[Path]) -> list[str]:
                     covers.append(str(parent))
                     break
     return covers
-
-
-def _give(identity: dict[str, Any], paths: list[Path]) -> None:
-    """Make `paths` (and, for dirs, all they hold) the identity's. A file linked from
-    elsewhere too (a model server's SavedModel, linked from the job that wrote it) stays
-    whose it is: the job reads it, and changes to it would reach the other place."""
-    uid, gid = identity["uid"], identity["gid"]
-    for path in paths:
-        os.lchown(path, uid, gid)
-        if path.is_dir() and not path.is_symlink():
-            for dirpath, dirs, files in os.walk(path):
-                for name in dirs:
-                    os.lchown(os.path.join(dirpath, name), uid, gid)
-                for name in files:
-                    file = os.path.join(dirpath, name)
-                    if os.lstat(file).st_nlink == 1:
-                        os.lchown(file, uid, gid)

@@ -1,5 +1,6 @@
-"""Runs on the GPU host, in a job's leader: runs the job (or each worker of a gang) in a
-container image through Podman, as the agent described the container (podman.py). Standard
+"""Runs on the GPU host, in a job's leader: prepares the job's container (its image on the
+host, its environment built where it has requirements: `prepare`) and runs the job (or each
+worker of a gang) in it through Podman, as the agent described the container (podman.py). Standard
 library only (the leader runs with `python -I -S`).
 
 `podman run` is the leader's child, in the leader's process group: a cancel's SIGTERM reaches
@@ -63,6 +64,29 @@ def image_missing(spec: dict) -> str | None:
     return f"Podman ({spec['podman']}) cannot look up image {spec['image']}: {said}"
 
 
+def prepare(spec: dict, env_spec: dict | None) -> str | None:
+    """Before the job's containers start: its image must be on the host, and with
+    `env_spec` (`--requirements` on top of it) its environment built, or found, for the
+    image its reference names now, and mounted in `spec`'s containers. None, or why not."""
+    why = image_missing(spec)
+    if why is not None or env_spec is None:
+        return why
+    import envbuild  # beside this file, as the leader has it on its path
+
+    found = image_id(spec)
+    if found is None:
+        return f"Podman cannot say which image {spec['image']} is"
+    env_spec = envbuild.image_dir(env_spec, found)
+    lock, built = envbuild.claim(env_spec)
+    with lock:
+        if not built:
+            run = build_argv(spec, env_spec)
+            why = envbuild.build_in_image(env_spec, run, ENV_TARGET, REQUIREMENTS_TARGET)
+    if why is None:
+        spec["mounts"].append({"source": env_spec["dir"], "target": ENV_TARGET, "readonly": True})
+    return why
+
+
 def image_id(spec: dict) -> str | None:
     """The id of the image the job's reference names now, or None if Podman cannot say."""
     try:
@@ -98,19 +122,10 @@ def build_argv(spec: dict, env_spec: dict) -> tuple:
     if os.geteuid() == 0:  # the job's user writes it
         uid, gid = (int(n) for n in spec["user"].split(":"))
         os.chown(env_dir, uid, gid)
-    args = [*_podman(spec), "run", "--rm", "--pull", "never", "--log-driver", "passthrough"]
-    args += ["--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges"]
-    args += ["--network", "host", "--user", spec["user"], "--workdir", spec["workdir"]]
-    args += ["--tmpfs", "/tmp", "--env", "HOME=/tmp"]
-    if spec.get("keep_id"):
-        args += ["--userns", "keep-id"]
-    for limit in spec["ulimits"]:
-        args += ["--ulimit", limit]
-    binds = [(env_dir, ENV_TARGET, False), (env_spec["requirements"], REQUIREMENTS_TARGET, True)]
-    binds.append((spec["workdir"], spec["workdir"], True))
-    for source, target, readonly in binds:
-        ro = ",readonly=true" if readonly else ""
-        args += ["--mount", f"type=bind,source={source},destination={target}{ro}"]
+    args = [*_run(spec), "--tmpfs", "/tmp", "--env", "HOME=/tmp"]
+    args += _mount(env_dir, ENV_TARGET, False)
+    args += _mount(env_spec["requirements"], REQUIREMENTS_TARGET, True)
+    args += _mount(spec["workdir"], spec["workdir"], True)
     env = dict(os.environ)
     for key in sorted(env):
         if key.upper().startswith(_BUILD_PREFIXES) or key.upper() in _BUILD_NAMES:
@@ -125,20 +140,11 @@ def argv(spec: dict, env: dict, command: list, worker=None) -> tuple:
     env = dict(env)
     gpus = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
-    args = [*_podman(spec), "run", "--rm", "--name", name(spec, worker)]
-    args += ["--pull", "never", "--init", "--log-driver", "passthrough"]
-    args += ["--read-only", "--read-only-tmpfs=false", "--cap-drop", "all"]
-    args += ["--security-opt", "no-new-privileges", "--network", "host"]
-    args += ["--user", spec["user"], "--workdir", spec["workdir"]]
-    if spec.get("keep_id"):
-        args += ["--userns", "keep-id"]
-    for limit in spec["ulimits"]:
-        args += ["--ulimit", limit]
+    args = [*_run(spec), "--name", name(spec, worker), "--init", "--read-only-tmpfs=false"]
     for gpu in gpus:
         args += ["--device", f"nvidia.com/gpu={gpu}"]
     for m in spec["mounts"]:
-        ro = ",readonly=true" if m["readonly"] else ""
-        args += ["--mount", f"type=bind,source={m['source']},destination={m['target']}{ro}"]
+        args += _mount(m["source"], m["target"], m["readonly"])
     for key in sorted(env):
         if key not in _PODMAN_OWN:
             args += ["--env", key]
@@ -183,6 +189,26 @@ def remove(spec: dict, names: list) -> None:
             stderr=subprocess.DEVNULL,
             timeout=120,
         )
+
+
+def _run(spec: dict) -> list:
+    """`podman run` as every container of a job runs: removed after, from the host's store
+    only, output straight to the caller's, a read-only root, no capabilities nor new
+    privileges, the leader's network, as the job's user, from its work dir, with the
+    leader's limits."""
+    args = [*_podman(spec), "run", "--rm", "--pull", "never", "--log-driver", "passthrough"]
+    args += ["--read-only", "--cap-drop", "all", "--security-opt", "no-new-privileges"]
+    args += ["--network", "host", "--user", spec["user"], "--workdir", spec["workdir"]]
+    if spec.get("keep_id"):
+        args += ["--userns", "keep-id"]
+    for limit in spec["ulimits"]:
+        args += ["--ulimit", limit]
+    return args
+
+
+def _mount(source, target, readonly: bool) -> list:
+    ro = ",readonly=true" if readonly else ""
+    return ["--mount", f"type=bind,source={source},destination={target}{ro}"]
 
 
 def _podman(spec: dict) -> list:

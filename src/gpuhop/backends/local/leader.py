@@ -383,9 +383,7 @@ def main(argv: list, given: dict | None = None) -> int:
     listener = _listen_relay(relay) if relay is not None else None
     report = None
     if _CONTAINER:  # Podman gives it its own view of the host, not the sandbox
-        result = _container_missing()
-        if result is None and "env" in specs:
-            result = _container_env(specs["env"])
+        result = _failed(_sibling("container").prepare(_CONTAINER, specs.get("env")))
     elif specs.get("sandbox", {}).get("identity"):
         private = relay is not None or "gang" in specs
         result, report = _enter_as_identity(specs, pid_path, private)
@@ -434,49 +432,19 @@ def _adopt_orphans() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
-def _container_missing() -> dict | None:
-    """None if the job's image is on the host; else the job's result, said in its log."""
-    why = _sibling("container").image_missing(_CONTAINER)
+def _failed(why: str | None) -> dict | None:
+    """None if nothing failed; else the job's result, `why` said in its log."""
     if why is None:
         return None
     print(f"gpuhop: {why}", flush=True)
     return {"exit_code": 1, "signal": None, "detail": why}
 
 
-def _container_env(spec: dict) -> dict | None:
-    """Build (or find) the environment of a job in an image (`--requirements` on top of
-    it), for the image its reference names now, and mount it in the job's containers; a
-    failure ends the job here."""
-    container, envbuild = _sibling("container"), _sibling("envbuild")
-    found = container.image_id(_CONTAINER)
-    if found is None:
-        error = f"Podman cannot say which image {_CONTAINER['image']} is"
-    else:
-        spec = envbuild.image_dir(spec, found)
-        lock, built = envbuild.claim(spec)
-        with lock:
-            error = None
-            if not built:
-                run = container.build_argv(_CONTAINER, spec)
-                target, inside = container.ENV_TARGET, container.REQUIREMENTS_TARGET
-                error = envbuild.build_in_image(spec, run, target, inside)
-    if error is None:
-        mount = {"source": spec["dir"], "target": container.ENV_TARGET, "readonly": True}
-        _CONTAINER["mounts"].append(mount)
-        return None
-    print(f"gpuhop: {error}", flush=True)
-    return {"exit_code": 1, "signal": None, "detail": error}
-
-
 def _prepare(specs: dict) -> dict | None:
     """Build the job's environment, if it has one; a failure ends the job here."""
     if "env" not in specs:
         return None
-    error = _sibling("envbuild").prepare(specs["env"])
-    if error is None:
-        return None
-    print(f"gpuhop: {error}", flush=True)
-    return {"exit_code": 1, "signal": None, "detail": error}
+    return _failed(_sibling("envbuild").prepare(specs["env"]))
 
 
 def _enter_as_identity(specs: dict, pid_path: str, private: bool) -> tuple:

@@ -15,13 +15,17 @@ Python runs the start-up hook (metrics, resume) as a venv job's does.
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 from pathlib import Path
 from typing import Any
 
-from gpuhop.backends.base import StartError
+from gpuhop.backends.base import Attempt, StartError
+from gpuhop.backends.local.jobfiles import VAR_TMP, own_files
 from gpuhop.backends.podman import PodmanSettings, find, missing, runtime
+from gpuhop.home import JobPaths
+from gpuhop.runtime import hook
 
 # Where gpuhop's package is bound read-only in every container (its parent goes on
 # PYTHONPATH; its start-up dir goes first).
@@ -144,3 +148,51 @@ def describe(
         "mounts": mounts.items,
         "ulimits": ulimits(),
     }
+
+
+def container_args(
+    settings: PodmanSettings,
+    attempt: Attempt,
+    jp: JobPaths,
+    deps: dict[str, Any],
+    env: dict[str, str],
+    specs: dict[str, Any] | None,
+) -> list[str]:
+    """The leader's `--container` argument for a job in a container image (what this
+    module's docstring says it gives it); turns `env` into the container's variables. With
+    `specs`, the container's spec goes there, not to a file."""
+    identity = deps.get("identity")
+    var_tmp = jp.root / VAR_TMP
+    var_tmp.mkdir(mode=0o700, exist_ok=True)
+    mounts = Mounts()
+    for path in own_files(jp, 1, identity):  # a worker's log is the leader's to write
+        mounts.add(path, path)
+    mounts.add(jp.tmp, "/tmp")
+    mounts.add(var_tmp, "/var/tmp")
+    for data in deps.get("data", []):
+        target = jp.work / data["mount"]
+        target.mkdir(parents=True, exist_ok=True)
+        mounts.add(data["source"], target, readonly=True)
+    package = Path(hook.__file__).resolve().parents[1]
+    mounts.add(package, f"{GPUHOP_LIB}/gpuhop", readonly=True)
+    who = identity or {"uid": os.getuid(), "gid": os.getgid()}
+    spec = describe(
+        settings,
+        # The image the agent noted as this start's (its id), else as the job names it.
+        str(deps.get("image_id") or attempt.spec.image),
+        f"gpuhop-{attempt.job_id}-{attempt.number}",
+        f"{who['uid']}:{who['gid']}",
+        jp.work,
+        mounts,
+    )
+    inside = environment(env, dict(attempt.spec.env), package, bool(deps.get("env")))
+    env.clear()
+    env.update(inside)
+    for name in ("PATH", "HOME", "XDG_RUNTIME_DIR"):  # Podman's own, not the job's
+        if name in os.environ:
+            env[f"GPUHOP_PODMAN_{name}"] = os.environ[name]
+    if specs is not None:
+        specs["container"] = spec
+        return []
+    (jp.root / "container.json").write_text(json.dumps(spec))
+    return ["--container", str(jp.root / "container.json")]
