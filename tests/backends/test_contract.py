@@ -148,7 +148,9 @@ def test_cancel_sends_sigterm_then_sigkill_after_the_grace(backend, project, tmp
 
 def test_a_time_limit_ends_the_job(backend, project, tmp_path):
     root = project({"waiter.py": WAITER})
-    arg = backend.shared_arg(tmp_path / "never")  # a release that never comes
+    # A release that never comes, named so that no other process's argv holds the name as a
+    # word (Podman's own argv holds `--pull never`: it made `running` see the job alive).
+    arg = backend.shared_arg(tmp_path / "release-that-never-comes")
     with backend.agent.client() as client:
         job = client.submit(["waiter.py", arg], workdir=root, timeout=2)
         info = job.wait(timeout=120)
