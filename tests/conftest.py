@@ -313,6 +313,8 @@ class Agent:
             fake_gpus=self.fake_gpus,
             agent_args=self.args,
             python_flags=AGENT_PYTHON_FLAGS,
+            # A user's 30 s, but a whole run beside other work once took longer to start one.
+            timeout=120,
         )
         return self.watched()
 

@@ -136,7 +136,10 @@ class Jupyter:
             "buffers": [],
         }
         result = None
-        with connect(f"{ws_url}/api/kernels/{kernel}/channels?token={self.token}") as ws:
+        # The handshake waits for Jupyter to open the kernel's channels, seconds on a loaded
+        # host: websockets' own 10 s failed a whole run beside other work.
+        url = f"{ws_url}/api/kernels/{kernel}/channels?token={self.token}"
+        with connect(url, open_timeout=60) as ws:
             ws.send(json.dumps(request))
             while True:
                 msg = json.loads(ws.recv(timeout=60))

@@ -32,6 +32,12 @@ from gpuhop.client import Client, GpuhopError, Job, tfservers
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 H2_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty SETTINGS frame
 H2_SETTINGS_TYPE = 0x4
+NO_ANSWER = "no answer"  # a probe's words for a server that holds the connection, silent
+# How long a server whose connection fails (refused, reset, closed: its process is gone or
+# going) may take to be recorded as ended by the agent, which is then said instead of
+# "frozen". Seconds: on a loaded host the agent records a cancelled job's end a moment
+# after its process dies.
+SETTLE_S = 15.0
 
 
 def probe(address: tuple[str, int], timeout: float) -> str | None:
@@ -50,7 +56,7 @@ def probe(address: tuple[str, int], timeout: float) -> str | None:
                     return "the connection closed before the server answered"
                 header += chunk
     except TimeoutError:
-        return f"no answer within {timeout:g}s"
+        return f"{NO_ANSWER} within {timeout:g}s"
     except OSError as e:
         return f"the connection failed ({e.strerror or e})"
     if header[3] != H2_SETTINGS_TYPE:
@@ -68,6 +74,14 @@ def stalled_message(job: Job, problem: str) -> str:
             f" the agent ({e.message}): the connection to the GPU host is down. Remote ops"
             " fail from now on; connect again once it is back"
         )
+    if not info.state.finished and not problem.startswith(NO_ANSWER):
+        # Not silent but gone: its process died (a cancel, a crash) and the agent is about
+        # to record the job's end, which says more than "frozen" would.
+        deadline = time.monotonic() + SETTLE_S
+        while not info.state.finished and time.monotonic() < deadline:
+            time.sleep(0.2)
+            with contextlib.suppress(GpuhopError):
+                info = job.refresh()
     if info.state.finished:
         return tfservers.ended_message(job)
     return (
