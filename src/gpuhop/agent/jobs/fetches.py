@@ -204,9 +204,9 @@ class Fetches(Preparations[Fetch]):
         self._pin(job.id, objects=ids)
         lacking = cache.lacking(user, ids)
         wanted = [oid for digest, oid in ids.items() if digest in lacking]
-        parts = {oid: cache.partial(user, oid) for oid in wanted}
-        have = {oid: cache.partial_bytes(part, oid) for oid, part in parts.items()}
-        need = sum(oid.size - have[oid] for oid in wanted)
+        partials = cache.partials(user, wanted)
+        parts = {oid: part for oid, (part, _) in partials.items()}
+        need = sum(oid.size - have for oid, (_, have) in partials.items())
         with fetch.lock:
             fetch.phase = "downloading"
             fetch.started = time.monotonic()  # the rate is the download's, listing aside
@@ -240,11 +240,12 @@ class Fetches(Preparations[Fetch]):
         stop = threading.Event()
 
         def one(oid: ObjectId, part: Path) -> None:
+            sha = None
             for attempt in range(len(RETRY_SECONDS) + 1):
                 if stop.is_set():
                     return
                 try:
-                    buckets.download(s3, oid, part, fetch.add)
+                    sha = buckets.download(s3, oid, part, fetch.add)
                     break
                 except BucketError as e:
                     if not e.transient or attempt == len(RETRY_SECONDS):
@@ -261,7 +262,7 @@ class Fetches(Preparations[Fetch]):
                     if stop.wait(RETRY_SECONDS[attempt]) or self._stopping.is_set():
                         return
             try:
-                self.cache.commit(user, oid, part)
+                self.cache.commit(user, oid, part, sha)
             except ValueError as e:
                 raise BucketError(str(e)) from None
             with fetch.lock:
@@ -282,6 +283,8 @@ class Fetches(Preparations[Fetch]):
                 for future in futures:
                     future.cancel()
                 raise
+            finally:
+                self.cache.flush()  # what came is in the index, for the next fetch too
         self.check(job_id)  # a download that stopped for the agent's end is no whole one
 
     def _pin(self, job_id: str, views: Iterable[str] = (), objects: Iterable[str] = ()) -> None:

@@ -15,6 +15,7 @@ bucket does not exist"). boto3 is imported on first use: only a fetch loads it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -273,18 +274,22 @@ def _code(e: BaseException) -> str | None:
     return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
 
 
-def download(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> None:
+def download(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> str | None:
     """Fetch the object `oid` names into its partial file `part`, continuing where an
     earlier download stopped; call `progress` with each number of bytes that came. Every
     read names the listed version (If-Match on the ETag, and the VersionId where there is
     one), so a changed object fails (PreconditionFailed) rather than mixing two versions.
     Up to ONE_GET_BYTES in one stream (continued by a ranged GET from the partial's size);
-    larger ones in parts of PART bytes read in parallel, each noted once written."""
+    larger ones in parts of PART bytes read in parallel, each noted once written.
+
+    Returns the bytes' sha256 where they came in one stream from the first byte: hashed as
+    they came, the file flushed to the disk (`ObjectCache.commit` reads it again
+    otherwise)."""
     with translated():
         if oid.size <= ONE_GET_BYTES:
-            _stream(s3, oid, part, progress)
-        else:
-            _parts(s3, oid, part, progress)
+            return _stream(s3, oid, part, progress)
+        _parts(s3, oid, part, progress)
+        return None
 
 
 def _get(s3: Any, oid: ObjectId, first: int, last: int | None) -> Any:
@@ -296,21 +301,32 @@ def _get(s3: Any, oid: ObjectId, first: int, last: int | None) -> Any:
     return s3.get_object(**args)["Body"]
 
 
-def _stream(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> None:
-    have = part.stat().st_size if part.exists() else 0
+def _stream(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> str | None:
+    try:
+        have = part.stat().st_size
+    except FileNotFoundError:
+        have = 0
     if have > oid.size:
         part.unlink()
         have = 0
     if have == oid.size:
-        return
+        return None
     body = _get(s3, oid, have, None)
+    sha = hashlib.sha256() if have == 0 else None
     try:
         with open(part, "ab") as out:
             for chunk in body.iter_chunks(CHUNK):
                 out.write(chunk)
+                if sha is not None:
+                    sha.update(chunk)
                 progress(len(chunk))
+            if sha is None:
+                return None
+            out.flush()
+            os.fsync(out.fileno())  # a blob is named only once on the disk
     finally:
         body.close()
+    return sha.hexdigest()
 
 
 def _parts(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> None:

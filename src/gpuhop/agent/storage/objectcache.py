@@ -68,6 +68,12 @@ CREATE TABLE IF NOT EXISTS prefixes (
 """
 # A large object is read in parts of this size, in parallel; each is kept once written.
 PART = 8 << 20
+# Committed objects' rows are written to the index together, in one transaction (one flush
+# to the disk), once this many wait or the oldest has waited this long, and before anything
+# reads the index: a row each cost a write to the disk under the cache's lock, which held
+# a fetch of small objects to one object per disk flush (20-30 ms here).
+FLUSH_ROWS = 256
+FLUSH_SECONDS = 1.0
 
 
 class ObjectId(NamedTuple):
@@ -132,6 +138,10 @@ class ObjectCache:
         root.mkdir(mode=0o700, exist_ok=True)
         self._lock = threading.RLock()
         self._made: set[str] = set()  # users whose dirs exist
+        # Rows of objects committed since the last flush (see FLUSH_ROWS): each one's file
+        # is linked already, so the index still names an object only while its file is there.
+        self._rows: list[tuple[str, str, str, int]] = []
+        self._rows_since = 0.0
         self._db = sqlite3.connect(index, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA busy_timeout=5000")
@@ -140,7 +150,22 @@ class ObjectCache:
 
     def close(self) -> None:
         with self._lock:
+            self._flush()
             self._db.close()
+
+    def flush(self) -> None:
+        """Write the rows of the objects committed so far to the index (see FLUSH_ROWS)."""
+        with self._lock:
+            self._flush()
+
+    def _flush(self) -> None:
+        """`flush`, under the lock; every reader of the index calls it first."""
+        if not self._rows:
+            return
+        self._db.execute("BEGIN")
+        self._db.executemany("INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?)", self._rows)
+        self._db.execute("COMMIT")
+        self._rows.clear()
 
     # -- one user's files --------------------------------------------------------------------
 
@@ -167,6 +192,7 @@ class ObjectCache:
         links the file before the row, eviction drops the row before the file)."""
         wanted = list(dict.fromkeys(ids))
         with self._lock:
+            self._flush()
             rows = self._db.execute(
                 "SELECT value FROM json_each(?) WHERE value NOT IN"
                 " (SELECT id FROM objects WHERE user = ?)",
@@ -184,6 +210,26 @@ class ObjectCache:
                 other.unlink(missing_ok=True)
         return folder / mine
 
+    def partials(self, user: str, oids: Iterable[ObjectId]) -> dict[ObjectId, tuple[Path, int]]:
+        """`partial` and `partial_bytes` of each of `oids`, from one look at the folder (a
+        fetch of many small objects has no partial of most)."""
+        folder = self.user_dir(user) / "partial"
+        here: dict[str, list[str]] = {}
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                here.setdefault(entry.name[:32], []).append(entry.name)
+        found = {}
+        for oid in oids:
+            mine = f"{oid.key_digest()}-{oid.digest()}"
+            names = here.get(oid.key_digest(), [])
+            for name in names:
+                if not name.startswith(mine):
+                    (folder / name).unlink(missing_ok=True)
+            part = folder / mine
+            have = self.partial_bytes(part, oid) if mine in names else 0
+            found[oid] = (part, have)
+        return found
+
     @staticmethod
     def partial_bytes(part: Path, oid: ObjectId) -> int:
         """How many of `oid`'s bytes its partial holds already."""
@@ -195,10 +241,12 @@ class ObjectCache:
         except OSError:
             return 0
 
-    def commit(self, user: str, oid: ObjectId, part: Path) -> None:
+    def commit(self, user: str, oid: ObjectId, part: Path, sha: str | None = None) -> None:
         """Take the whole object downloaded to `part` as `oid`'s: its bytes become a blob
-        (or join the same bytes stored already), linked into `user`'s namespace. ValueError
-        (and the partial dropped) where its size is not the listing's."""
+        (or join the same bytes stored already), linked into `user`'s namespace. `sha`: the
+        bytes' sha256 where the download hashed them as they came and flushed the file
+        (else it is read again here). ValueError (and the partial dropped) where its size
+        is not the listing's."""
         try:
             size = part.stat().st_size
             if size != oid.size:
@@ -206,27 +254,38 @@ class ObjectCache:
                     f"{oid.key}: {size} bytes came, the listing said {oid.size} (did it change"
                     " during the fetch?)"
                 )
-            sha = _file_sha256(part)  # and flushed: a blob is named only once on the disk
+            if sha is None:
+                sha = _file_sha256(part)  # and flushed: a blob is named only once on the disk
             blob = self.blobs.path(sha)
+            by_id = self.path(user, oid)
+            os.chmod(part, 0o444)
+            # Few calls under the lock, which every download thread takes in turn: the blob
+            # linked where it is new (else the same bytes are here already), then the
+            # user's name for it (replaced where an earlier copy is there).
             with self._lock:
                 self.blobs.adopt(sha)  # touched first: the blob store's collection leaves it
-                if not blob.exists():
-                    os.chmod(part, 0o444)
-                    blob.parent.mkdir(exist_ok=True)
-                    with contextlib.suppress(FileExistsError):
-                        os.link(part, blob)
-                        self.blobs.count_added(size)
-                link = part.with_name(part.name + ".link")
-                link.unlink(missing_ok=True)
-                os.link(blob, link)
-                os.replace(link, self.path(user, oid))
-                self._db.execute(
-                    "INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?)",
-                    (user, oid.digest(), sha, size),
-                )
+                try:
+                    _link_new(part, blob)
+                    self.blobs.count_added(size)
+                except FileExistsError:
+                    pass
+                try:
+                    os.link(blob, by_id)
+                except FileExistsError:
+                    link = part.with_name(part.name + ".link")
+                    link.unlink(missing_ok=True)
+                    os.link(blob, link)
+                    os.replace(link, by_id)
+                now = time.monotonic()
+                if not self._rows:
+                    self._rows_since = now
+                self._rows.append((user, oid.digest(), sha, size))
+                if len(self._rows) >= FLUSH_ROWS or now - self._rows_since >= FLUSH_SECONDS:
+                    self._flush()
         finally:
             part.unlink(missing_ok=True)
-            part.with_name(part.name + ".parts").unlink(missing_ok=True)
+            if oid.size > PART:  # only an object read in parts has their note
+                part.with_name(part.name + ".parts").unlink(missing_ok=True)
 
     # -- views -------------------------------------------------------------------------------
 
@@ -250,6 +309,7 @@ class ObjectCache:
         with self._lock:
             if path.is_dir():
                 return path
+            self._flush()
             # Its rows first: a view on disk is always one the index names (see `view`).
             self._db.execute("BEGIN")
             self._db.executemany(
@@ -260,10 +320,14 @@ class ObjectCache:
             building = udir / "tmp" / f"view-{secrets.token_hex(8)}"
             try:
                 building.mkdir(mode=0o755)
+                by_id = udir / "by-id"
+                folders = {""}
                 for entry in listing:
-                    target = building / entry.path
-                    target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-                    os.link(self.path(user, entry.id), target)
+                    folder = entry.path.rpartition("/")[0]
+                    if folder not in folders:
+                        (building / folder).mkdir(mode=0o755, parents=True, exist_ok=True)
+                        folders.add(folder)
+                    os.link(by_id / entry.id.digest(), building / entry.path)
                 os.rename(building, path)
             finally:
                 if building.exists():
@@ -304,6 +368,7 @@ class ObjectCache:
     def size(self) -> int:
         """Bytes the cache holds: each distinct blob once, and the partial objects."""
         with self._lock:
+            self._flush()
             (whole,) = self._db.execute(
                 "SELECT COALESCE(SUM(size), 0) FROM"
                 " (SELECT MAX(size) AS size FROM objects GROUP BY sha256)"
@@ -343,6 +408,7 @@ class ObjectCache:
 
     def _held(self, keep: Keep) -> int:
         """Bytes of the distinct blobs that `keep` needs, and of the partial objects."""
+        self._flush()
         rows = self._db.execute(
             "SELECT o.id, o.sha256, o.size, v.view FROM objects o LEFT JOIN view_objects v"
             " ON v.user = o.user AND v.id = o.id"
@@ -363,6 +429,7 @@ class ObjectCache:
         and what no prefix needs any more; return (prefixes, bytes) removed (or that would
         be, with `dry_run`)."""
         with self._lock:
+            self._flush()
             stale = [
                 p
                 for p in self.prefixes()
@@ -380,6 +447,7 @@ class ObjectCache:
     def shas(self) -> set[str]:
         """The blobs the cache holds (kept by the blob store's collection)."""
         with self._lock:
+            self._flush()
             return {row[0] for row in self._db.execute("SELECT DISTINCT sha256 FROM objects")}
 
     def sweep_partials(self, untouched_since: float, dry_run: bool = False) -> list[int]:
@@ -408,6 +476,7 @@ class ObjectCache:
     ) -> None:
         """Drop the views no prefix names (and `keep` does not), then the objects no view
         holds (nor `keep`), then the blobs of those that no one else holds."""
+        self._flush()
         db = self._db
         views = db.execute(
             "SELECT DISTINCT user, view FROM view_objects v WHERE NOT EXISTS"
@@ -479,6 +548,16 @@ def parts_done(part: Path) -> set[int] | None:
 
 def _digest(value: object) -> str:
     return hashlib.sha256(json.dumps(value, ensure_ascii=True).encode()).hexdigest()
+
+
+def _link_new(source: Path, target: Path) -> None:
+    """Link `source` as `target`, its folder made where it is missing; FileExistsError
+    where `target` is there."""
+    try:
+        os.link(source, target)
+    except FileNotFoundError:
+        target.parent.mkdir(exist_ok=True)
+        os.link(source, target)
 
 
 def _file_sha256(path: Path) -> str:
