@@ -182,7 +182,9 @@ class Fetches(Preparations[Fetch]):
         if why is not None:
             raise BucketError(why)
         user, cache = creds.owner, self.cache
-        s3 = buckets.client(creds, PARALLEL)
+        # A connection for each read at once: PARALLEL objects, a large one in parts (with
+        # fewer, the reads beyond them each opened a connection and threw it away).
+        s3 = buckets.client(creds, PARALLEL * buckets.PART_THREADS)
         listings: list[tuple[DataSource, list[Listed]]] = []
         for source in job.spec.data_sources:
             try:
