@@ -134,6 +134,14 @@ def test_a_partial_object_of_a_changed_identity_is_dropped(tmp_path: Path):
     new = old._replace(etag="e2")
     assert cache.partial_bytes(cache.partial("alice", new), new) == 0
     assert not part.exists()
+    # Many at once, from one look at the folder: each one's place and bytes here.
+    kept, changed, fresh = old._replace(key="a"), old._replace(key="b"), old._replace(key="c")
+    cache.partial("alice", kept).write_bytes(b"123")
+    stale = cache.partial("alice", changed._replace(etag="e0"))
+    stale.write_bytes(b"1234")
+    found = cache.partials("alice", [kept, changed, fresh])
+    assert {oid: have for oid, (_, have) in found.items()} == {kept: 3, changed: 0, fresh: 0}
+    assert found[kept][0] == cache.partial("alice", kept) and not stale.exists()
     cache.close()
 
 

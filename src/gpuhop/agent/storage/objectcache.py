@@ -203,12 +203,7 @@ class ObjectCache:
     def partial(self, user: str, oid: ObjectId) -> Path:
         """Where `oid`'s download goes (and stays while incomplete). Partials of the same
         key with another identity (the object changed since) are dropped here."""
-        folder = self.user_dir(user) / "partial"
-        mine = f"{oid.key_digest()}-{oid.digest()}"
-        for other in folder.glob(f"{oid.key_digest()}-*"):
-            if not other.name.startswith(mine):
-                other.unlink(missing_ok=True)
-        return folder / mine
+        return self.partials(user, [oid])[oid][0]
 
     def partials(self, user: str, oids: Iterable[ObjectId]) -> dict[ObjectId, tuple[Path, int]]:
         """`partial` and `partial_bytes` of each of `oids`, from one look at the folder (a
