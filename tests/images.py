@@ -9,8 +9,9 @@ runs in the image, not on the host. It is loaded with `podman load` from an OCI 
 (`build`) in a few seconds, named under localhost/gpuhop-test/, and removed when the session
 ends.
 
-The TensorFlow image adds tensorflow-cpu and its dependencies (`TF_DISTRIBUTION`'s closure)
-at the image's /usr/lib/python3/dist-packages, taken from the project's own installation of
+The TensorFlow image adds tensorflow-cpu and what gpuhop's model server needs beside it
+(starlette and uvicorn), with their dependencies (`IMAGE_DISTRIBUTIONS`' closure), at the
+image's /usr/lib/python3/dist-packages, taken from the project's own installation of
 them, the venv the tests run in: each distribution's files as its RECORD lists them, with
 the bytecode pip compiled when it installed them, hard-linked into the tree (copied where the
 venv is on another file system), and the C++ runtime that manylinux wheels take from the
@@ -105,8 +106,11 @@ def _tree(root: Path, pip: bool = False) -> None:
         )
 
 
-# The distribution whose closure the TensorFlow image holds.
+# The distributions whose closure the TensorFlow image holds: TensorFlow, and what
+# gpuhop's model server imports beside it (`gpuhop.serving.needs`), so that one image
+# serves a model too (`gpuhop serve --image`; a few MB more than TensorFlow's 1.8 GB).
 TF_DISTRIBUTION = "tensorflow-cpu"
+IMAGE_DISTRIBUTIONS = (TF_DISTRIBUTION, "starlette", "uvicorn")
 # Each distribution's files go here in the image: on the image's `python3`'s path (Debian's
 # site-packages dir), not the host venv's.
 DIST_PACKAGES = Path("/usr/lib/python3/dist-packages")
@@ -126,13 +130,13 @@ SYSTEM_LIBRARY_DIR = Path("/lib/x86_64-linux-gnu")
 LEFT_OUT = ("tensorflow/include/",)
 
 
-def _closure(name: str) -> list[importlib.metadata.Distribution]:
-    """`name`'s installed distribution and those it requires, transitively (extras and
-    markers that do not hold here left out)."""
+def _closure(*names: str) -> list[importlib.metadata.Distribution]:
+    """The installed distributions `names` and those they require, transitively (extras
+    and markers that do not hold here left out)."""
     from packaging.requirements import Requirement
 
     found: dict[str, importlib.metadata.Distribution] = {}
-    todo = [name]
+    todo = list(names)
     while todo:
         key = re.sub(r"[-_.]+", "-", todo.pop()).lower()
         if key in found:
@@ -147,10 +151,11 @@ def _closure(name: str) -> list[importlib.metadata.Distribution]:
 
 def tf_problem() -> str | None:
     """Why the TensorFlow image cannot be built here, or None."""
-    try:
-        importlib.metadata.distribution(TF_DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return f"{TF_DISTRIBUTION} is not installed in the tests' venv (pip install -e '.[dev]')"
+    for name in IMAGE_DISTRIBUTIONS:
+        try:
+            importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            return f"{name} is not installed in the tests' venv (pip install -e '.[dev]')"
     absent = [n for n in SYSTEM_LIBRARIES[:2] if not (SYSTEM_LIBRARY_DIR / n).exists()]
     return f"{', '.join(absent)} not in {SYSTEM_LIBRARY_DIR}" if absent else None
 
@@ -169,7 +174,7 @@ def _add_tensorflow(root: Path) -> None:
         if library.exists() and not (root / library.relative_to("/")).exists():
             _link(library.resolve(), root / library.relative_to("/"))
     target = root / DIST_PACKAGES.relative_to("/")
-    for dist in _closure(TF_DISTRIBUTION):
+    for dist in _closure(*IMAGE_DISTRIBUTIONS):
         for file in dist.files or []:
             rel = file.as_posix()
             if rel.startswith("../") or rel.startswith(LEFT_OUT):  # scripts in the venv's bin

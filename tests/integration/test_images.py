@@ -208,6 +208,11 @@ def test_what_cannot_run_in_an_image_is_refused_at_submit(
     with bare.client() as client, pytest.raises(GpuhopError) as e:
         client.submit(["ends.py", "exit"], workdir=root, requirements=False)
     assert e.value.status == 400 and "apt-get install podman runc" in e.value.message
+    # A model server is such a job too: it would run in the default image.
+    (root / "saved_model.pb").write_bytes(b"not read: refused before")
+    with bare.client() as client, pytest.raises(GpuhopError) as e:
+        client.serve(root, name="served", wait=False)
+    assert e.value.status == 400 and "apt-get install podman runc" in e.value.message
 
 
 NETWORK = r"""

@@ -1,16 +1,25 @@
-"""Keras in a container image (`--image`): a real agent runs an unmodified Keras script
-through real Podman, in an image with TensorFlow the session builds from the project's own
-installation of it (tests/images.py: `tf_image`). The start-up hook, bound read-only into
-the container, adds gpuhop's callbacks to its `fit`: its metrics arrive as a venv job's do,
-and a SIGKILL mid-training is retried and resumes after the last finished epoch."""
+"""TensorFlow in a container image (`--image`): a real agent runs an unmodified Keras script,
+and a model server, through real Podman, in an image with TensorFlow (and the model
+server's starlette and uvicorn) the session builds from the project's own installation of
+them (tests/images.py: `tf_image`). The start-up hook, bound read-only into the container,
+adds gpuhop's callbacks to its `fit`: its metrics arrive as a venv job's do, and a SIGKILL
+mid-training is retried and resumes after the last finished epoch. `gpuhop serve --image`
+answers a :predict as the venv server does, with the image's python3; in an image that
+lacks what the server imports, it fails at once saying what to install."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
 import sys
 
+import httpx
+import numpy as np
 import pytest
 
+from gpuhop.client import GpuhopError
 from tests.images import containers_named
 
 pytestmark = [pytest.mark.tf, pytest.mark.timeout(300)]
@@ -84,3 +93,94 @@ def test_keras_fit_in_an_image_streams_metrics_and_resumes_after_sigkill(
         records, _ = client.job("image-keras").metrics()
     assert [r["epoch"] for r in records if "epoch" in r] == [1, 2, 3, 4]
     assert containers_named(f"gpuhop-{info['id']}") == []
+
+
+# A small SavedModel: softmax(x @ W + b), with W and b known here too.
+SAVE = """
+import sys
+import tensorflow as tf
+
+class Linear(tf.Module):
+    def __init__(self):
+        self.w = tf.Variable(tf.reshape(tf.range(12, dtype=tf.float32), (4, 3)) / 7.0)
+        self.b = tf.Variable([0.5, -1.0, 2.0])
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
+    def serve(self, x):
+        return {"scores": tf.nn.softmax(tf.matmul(x, self.w) + self.b)}
+
+m = Linear()
+tf.saved_model.save(m, sys.argv[1], signatures={"serving_default": m.serve})
+"""
+
+
+def _scores(x: list[list[float]]) -> np.ndarray:
+    logits = np.asarray(x, "float32") @ (np.arange(12, dtype="float32").reshape(4, 3) / 7)
+    logits += np.asarray([0.5, -1.0, 2.0], "float32")
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def test_a_model_server_in_an_image_answers_as_the_venv_one(
+    shared_agent, tf_image, minimal_image, tmp_path
+):
+    model_dir = tmp_path / "linear"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    subprocess.run([sys.executable, "-c", SAVE, str(model_dir)], env=env, check=True, timeout=120)
+    x = [[1.0, 2.0, 3.0, 4.0], [0.5, -1.5, 0.0, 2.0], [0.0, 0.0, 0.0, 0.0]]
+    with shared_agent.client() as client, contextlib.ExitStack() as stopping:
+
+        def stop_at_the_end(name: str) -> None:
+            def stop() -> None:
+                with contextlib.suppress(GpuhopError):
+                    job = client.job(name)
+                    job.cancel(grace=5)
+                    job.wait(timeout=30)
+
+            stopping.callback(stop)
+
+        stop_at_the_end("linear-venv")
+        venv = client.serve(model_dir, name="linear-venv", wait=False)
+        stop_at_the_end("linear-image")
+        started = shared_agent.cli(
+            "serve", str(model_dir), "--name", "linear-image", "--image", tf_image, timeout=240
+        )
+        assert started.returncode == 0, started.stderr
+        in_image = client.model(started.stdout.strip())
+        venv.wait_ready(timeout=120)
+
+        # It runs in a container of the image, with the image's python3, in its own network.
+        job = in_image.job
+        assert containers_named(f"gpuhop-{job.id}-") != []
+        log = b"".join(job.logs()).decode()
+        assert "loading the SavedModel in . with /usr/bin/python3" in log, log
+        info = json.loads(shared_agent.cli("show", "--json", job.id).stdout)
+        assert (info["image"], info["private_network"]) == (tf_image, True)
+
+        # The same numbers as the venv server's, through the agent and through a forwarded
+        # port (TF Serving's REST API as any of its clients speaks it).
+        answer = in_image.predict(instances=x)
+        assert answer == venv.predict(instances=x)
+        assert np.allclose(answer["predictions"], _scores(x), atol=1e-6)
+        with in_image.forward() as fwd:
+            rest = httpx.post(f"{fwd.url}/v1/models/linear-image:predict", json={"inputs": x})
+        assert rest.status_code == 200
+        assert rest.json() == venv.predict(inputs=x)
+
+        job.cancel(grace=5)
+        assert job.wait(timeout=30).state.value == "cancelled"
+        assert containers_named(f"gpuhop-{job.id}-") == []
+
+        # An image without the server's packages: the job fails at once, saying what to put
+        # in the image (the minimal image has no TensorFlow, numpy, starlette nor uvicorn).
+        stop_at_the_end("linear-bare")
+        bare = shared_agent.cli(
+            "serve", str(model_dir), "--name", "linear-bare", "--image", minimal_image
+        )
+        assert bare.returncode == 1
+        said = "the model server's Python lacks tensorflow, numpy, starlette, uvicorn"
+        assert said in bare.stderr
+        assert "in the image: pip install tensorflow numpy starlette uvicorn" in bare.stderr
+        assert "Traceback" not in bare.stderr
+        reason = client.job("linear-bare").info().reason or ""
+        assert reason.startswith("exited with code 2 after") and said in reason

@@ -99,6 +99,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "gpuhop.api",
         "gpuhop.home",
         "gpuhop.runtime",  # the hint lines a job's gpuhop code prints, found in its log
+        "gpuhop.serving",  # and the model server's (what its Python lacks: serving.needs)
         "gpuhop.version",  # in the record of what each job ran on
     },
     "gpuhop.agent.context": {

@@ -10,7 +10,15 @@ from pydantic import Field, field_validator, model_validator
 from gpuhop.api.base import StrictModel, WireModel, check_text
 from gpuhop.api.energy import JobEnergy
 from gpuhop.api.queue import check_webhook_url
-from gpuhop.api.spec import ENV_NAME_RE, DataSource, JobSpec, Mount, SecretUse, check_image
+from gpuhop.api.spec import (
+    ENV_NAME_RE,
+    DataSource,
+    JobSpec,
+    Mount,
+    SecretUse,
+    check_image,
+    check_image_secret,
+)
 from gpuhop.api.states import EndClass, JobState, RetryOn
 from gpuhop.api.trees import MAX_DELTA_ENTRIES, MAX_INLINE_BYTES
 
@@ -315,9 +323,7 @@ class SubmitRequest(StrictModel):
     @field_validator("image_secret")
     @classmethod
     def _image_secret(cls, v: str | None) -> str | None:
-        if v is not None and not ENV_NAME_RE.match(v):
-            raise ValueError(f"image_secret: {v[:80]!r} is not a secret's name")
-        return v
+        return None if v is None else check_image_secret(v)
 
     @field_validator("sweep")
     @classmethod

@@ -13,7 +13,7 @@ from gpuhop.api.models import (
     check_env,
     validate_relpath,
 )
-from gpuhop.api.spec import JobSpec
+from gpuhop.api.spec import JobSpec, check_image, check_image_secret
 
 MODEL_NAME_RULE = (
     "a model name is 1-64 characters of letters, digits, '.', '_' or '-', starting with a"
@@ -41,11 +41,27 @@ class ServeRequest(StrictModel):
     batch_timeout_ms: float = Field(default=2.0, ge=0, le=60_000)
     # The server job's environment variables, as a job's (an older agent refuses them).
     env: dict[str, str] = Field(default_factory=dict)
+    # A container image to run the server in (as a job's `image`), with the image's own
+    # python3, which must have TensorFlow, starlette and uvicorn; the agent's default image
+    # (agent.toml `image`) where none is given. And the user's secret the host pulls it with
+    # (as a job's `image_secret`). An agent that predates them refuses them.
+    image: str | None = None
+    image_secret: str | None = None
 
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         return check_env(v)
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str | None) -> str | None:
+        return None if v is None else check_image(v)
+
+    @field_validator("image_secret")
+    @classmethod
+    def _image_secret(cls, v: str | None) -> str | None:
+        return None if v is None else check_image_secret(v)
 
     @field_validator("name")
     @classmethod
@@ -88,6 +104,8 @@ class ServeRequest(StrictModel):
             gpu_memory_mb=self.gpu_memory_mb,
             priority=self.priority,
             env=self.env,
+            image=self.image,
+            image_secret=self.image_secret,
             private_network=True,
         )
         return asked if asked.problems() else asked.settled()

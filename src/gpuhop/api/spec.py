@@ -164,6 +164,14 @@ def check_image(ref: str) -> str:
 # What a secret's name (and the variable it is given as) may be: an environment variable's.
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
 
+
+def check_image_secret(name: str) -> str:
+    """The name of the secret an image is pulled with, or ValueError saying what is wrong."""
+    if not ENV_NAME_RE.match(name):
+        raise ValueError(f"image_secret: {name[:80]!r} is not a secret's name")
+    return name
+
+
 # No variables: a default no one can change in place (every spec without env shares it).
 NO_ENV: Mapping[str, str] = MappingProxyType({})
 

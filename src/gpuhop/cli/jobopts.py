@@ -1,5 +1,5 @@
 """Runs on the user's machine: the options of a job, declared once for every command that
-queues one (`run`, `sweep`, `notebook`, `tf-server start`), and `spec_of`, which makes the
+queues one (`run`, `sweep`, `notebook`, `serve`, `tf-server start`), and `spec_of`, which makes the
 job's `JobSpec` of a command's values or fails saying which option is wrong.
 
 A command takes the subset it needs, each as a parameter of the name it has in `OPTIONS`

@@ -29,6 +29,14 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
     gpu_memory: str | None = jobopts.GPU_MEMORY,
     env: list[str] = jobopts.ENV,
     priority: int = jobopts.PRIORITY,
+    image: str | None = jobopts.worded(
+        jobopts.IMAGE,
+        "Run the server inside this container image on the GPU host (Podman; pulled there"
+        " from its registry while the job waits, where the host lacks it) with the image's"
+        " own python3, which must have TensorFlow, starlette and uvicorn; gpuhop's serving"
+        " code is mounted in read-only.",
+    ),
+    image_secret: str | None = jobopts.IMAGE_SECRET,
     max_batch_size: int = typer.Option(
         32, "--max-batch-size", min=1, help="Rows per model call; 1 turns batching off."
     ),
@@ -58,10 +66,22 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
     Reach it with `gpuhop predict NAME input.json`, through the agent with your
     credentials, or forward its port with `gpuhop forward` for any TF Serving client.
 
+    With --image (or the agent's default image: agent.toml `image`) the server runs in that
+    container image with the image's own python3 and packages; the image must have
+    TensorFlow, starlette and uvicorn (a server whose image lacks one fails at once,
+    saying what to install there).
+
     Example: gpuhop serve digits-demo --name digits
     """
     spec = jobopts.spec_of(
-        {"gpus": gpus, "gpu_memory": gpu_memory, "priority": priority, "env": env}
+        {
+            "gpus": gpus,
+            "gpu_memory": gpu_memory,
+            "priority": priority,
+            "env": env,
+            "image": image,
+            "image_secret": image_secret,
+        }
     )
     with client_for(on) as client:
         try:
@@ -72,6 +92,8 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
                 gpu_memory_mb=spec.gpu_memory_mb,
                 priority=spec.priority,
                 env=dict(spec.env),
+                image=spec.image,
+                image_secret=spec.image_secret,
                 max_batch_size=max_batch_size,
                 batch_timeout_ms=batch_timeout_ms,
                 wait=False,

@@ -27,8 +27,11 @@ from gpuhop.client.session import Session
 from gpuhop.client.transport.base import Endpoint
 from gpuhop.home import AgentPaths, default_home, user_dir
 
-# The job options a model server takes (`serve`): its GPUs, and its place in the queue.
-SERVER_OPTIONS = frozenset({"gpus", "gpu_memory", "gpu_memory_mb", "priority", "env"})
+# The job options a model server takes (`serve`): its GPUs, its place in the queue, its
+# environment and the image it runs in.
+SERVER_OPTIONS = frozenset(
+    {"gpus", "gpu_memory", "gpu_memory_mb", "priority", "env", "image", "image_secret"}
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -375,7 +378,9 @@ class Client:
         `max_batch_size` rows (1: no batching), waiting at most `batch_timeout_ms`. With
         `wait`, returns once the server answers (GpuhopError if its job ends first).
         `options`, as `submit` takes them: `gpus` (whole GPUs), or `gpu_memory` (a share
-        of one GPU, "6GiB"), `priority`, and `env` (the server's environment variables).
+        of one GPU, "6GiB"), `priority`, `env` (the server's environment variables), and
+        `image` (a container image to serve from, with its own python3, which must have
+        TensorFlow, starlette and uvicorn) with `image_secret` (your secret to pull it with).
         """
         import gpuhop.client.serving as serving
         from gpuhop.api.spec import JobSpec

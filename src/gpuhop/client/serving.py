@@ -173,7 +173,7 @@ def serve(
     timeout: float = 600.0,
 ) -> Model:
     """Start a model server job; see `Client.serve`. Of `spec`, the server takes its GPUs
-    (whole, or a share of one), its priority and its environment."""
+    (whole, or a share of one), its priority, its environment and its image."""
     from gpuhop.api import JobInfo, ServeRequest
 
     fields: dict[str, Any] = {
@@ -185,6 +185,9 @@ def serve(
         fields.update(gpus=spec.gpus, gpu_memory_mb=spec.gpu_memory_mb, priority=spec.priority)
         if spec.env:
             fields["env"] = dict(spec.env)
+        for key in ("image", "image_secret"):
+            if getattr(spec, key) is not None:
+                fields[key] = getattr(spec, key)
     local = None if isinstance(source, Job) else Path(source)
     if isinstance(source, Job):
         fields["source_job"] = source.id

@@ -1,8 +1,11 @@
 """Runs in the serving job: `python -m gpuhop.serving --model DIR --name NAME`.
 
-Loads the SavedModel, binds loopback (the job's private network's, which only the agent
-reaches; port 0: any free port), and once uvicorn accepts connections writes the ready file
-(`{"port": ..., "pid": ...}`, which the agent's proxy reads) and prints the ready line.
+First checks that this Python has what the server imports (`needs`: a server in a container
+image runs with the image's `python3`), and where it lacks some of it exits at once with
+code 2, saying what. Then loads the SavedModel, binds loopback (the job's private
+network's, which only the agent reaches; port 0: any free port), and once uvicorn accepts
+connections writes the ready file (`{"port": ..., "pid": ...}`, which the agent's proxy
+reads) and prints the ready line.
 SIGTERM (`gpuhop cancel`) stops it cleanly.
 """
 
@@ -15,6 +18,8 @@ import os
 import socket
 import sys
 from pathlib import Path
+
+from gpuhop.serving import needs
 
 PREFIX = "gpuhop-serving:"
 
@@ -44,7 +49,7 @@ async def serve(args: argparse.Namespace) -> int:
     from gpuhop.serving.batching import Batcher
     from gpuhop.serving.model import ServedModel
 
-    print(f"{PREFIX} loading the SavedModel in {args.model}", flush=True)
+    print(f"{PREFIX} loading the SavedModel in {args.model} with {sys.executable}", flush=True)
     try:
         model = ServedModel(args.model)
     except (OSError, ValueError) as e:
@@ -81,7 +86,17 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return asyncio.run(serve(parse_args(argv)))
+    args = parse_args(argv)
+    lacking = needs.missing()
+    if lacking:
+        print(
+            f"{PREFIX} {sys.executable} cannot import {', '.join(lacking)}, which gpuhop's"
+            " model server needs",
+            file=sys.stderr,
+        )
+        print(needs.line(lacking), file=sys.stderr, flush=True)
+        return 2
+    return asyncio.run(serve(args))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gpuhop.api import EndClass, JobState
 from gpuhop.runtime import legacykeras
+from gpuhop.serving import needs
 
 # How much of the log's end is searched for a framework's GPU out-of-memory error.
 LOG_TAIL_BYTES = 64 * 1024
@@ -55,9 +56,16 @@ def gpu_oom_in(log: Path) -> bool:
 
 def hint_note(log: Path) -> str:
     """What a failed job's reason adds where the end of its log holds a hint line of the
-    job's own gpuhop code (the line whole, at a line's start): "; HINT", or ""."""
+    job's own gpuhop code (the line whole, at a line's start): "; HINT", or "". A model
+    server that lacks a package names it (`gpuhop.serving.needs`); the words are the
+    agent's, the job only picks which of the server's packages."""
     lines = _tail(log).splitlines()
-    return next((f"; {hint}" for line, hint in HINTS.items() if line in lines), "")
+    found = next((hint for line, hint in HINTS.items() if line in lines), None)
+    if found is None:
+        prefix = needs.PREFIX.encode()
+        said = [line for line in lines if line.startswith(prefix)]
+        found = needs.hint(said[-1].decode(errors="replace").rstrip()) if said else None
+    return "" if found is None else f"; {found}"
 
 
 def classify(

@@ -2,8 +2,14 @@
 knows of it, and which server a request for one goes to.
 
 A model server is an ordinary job whose command is `python -m gpuhop.serving` (the agent's
-Python), so the scheduler, GPUs, logs and cancel all apply. What marks it is a spec file
-in its job dir (`serving.json`: model name, source, batching). A SavedModel from a finished
+Python), so the scheduler, GPUs, logs and cancel all apply. In a container image (`serve
+--image`, or agent.toml's default `image`, as for every job) it is `-m gpuhop.serving`: the
+image's own `python3` runs it, with gpuhop's package mounted read-only in the container as
+for every image job (gpuhop.backends.local.podman) and the image's own TensorFlow, starlette
+and uvicorn; never the agent's venv. A server whose Python lacks one of those says which
+and exits at once (gpuhop.serving.needs), and its failure reason says what to install.
+What marks it is a spec file in its job dir (`serving.json`: model name, source,
+batching). A SavedModel from a finished
 job (its artifacts, or its work dir: see `savedmodels`) never leaves the host: its files
 are hard-linked into the new job's work dir (copied across file systems). That is safe
 because the serving job runs gpuhop's own server, which only reads them. An uploaded
@@ -69,8 +75,11 @@ def start(rt: AgentContext, req: ServeRequest, caller: Caller) -> JobInfo:
         "max_batch_size": req.max_batch_size,
         "batch_timeout_ms": req.batch_timeout_ms,
     }
+    job_spec = jobs.with_default_image(rt, req.spec())
+    # In an image: the image's python3 (`-m` runs a module with the job's own Python).
+    python = [] if job_spec.image is not None else [rt.supervisor.python]
     command = [
-        rt.supervisor.python,
+        *python,
         "-m",
         "gpuhop.serving",
         "--model",
@@ -101,7 +110,7 @@ def start(rt: AgentContext, req: ServeRequest, caller: Caller) -> JobInfo:
             )
         (jp.root / SPEC_FILE).write_text(json.dumps(spec))
 
-    return jobs.submit(rt, command, req.spec(), req.tree, caller, prepare=prepare)
+    return jobs.submit(rt, command, job_spec, req.tree, caller, prepare=prepare)
 
 
 def _link_tree(src: Path, dest: Path) -> None:
