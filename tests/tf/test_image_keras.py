@@ -182,5 +182,5 @@ def test_a_model_server_in_an_image_answers_as_the_venv_one(
         assert said in bare.stderr
         assert "in the image: pip install tensorflow numpy starlette uvicorn" in bare.stderr
         assert "Traceback" not in bare.stderr
-        reason = client.job("linear-bare").info().reason or ""
+        reason = client.job("linear-bare").info.reason or ""
         assert reason.startswith("exited with code 2 after") and said in reason
