@@ -23,8 +23,8 @@ from pathlib import Path
 from harness import PYTHON, REPO, Row, Settings, private_agent, time_first_line
 
 sys.path.insert(0, str(REPO))
+from tests import netns
 from tests.slurm_backend import cluster as slurm_cluster  # the test suite's Slurm clusters
-from tests.slurm_backend import netns
 
 NAME = "slurm_backend"
 HELLO = 'print("hello", flush=True)\n'
