@@ -1,6 +1,7 @@
 """Buckets: the first fetch of a prefix (`--data s3://...`) of large objects and of many small
 ones, next to `s5cmd cp` of the same prefix at the same parallelism into the same disk; and an
-unchanged prefix's re-fetch next to one ListObjectsV2 pass over it.
+unchanged prefix's re-fetch next to one ListObjectsV2 pass over it; and a queued job's start
+once the job ahead of it ends, its data fetched during the wait, next to a job without data.
 
 The bucket is moto's S3 server on loopback (`python -m moto.server`), not AWS: the numbers are
 the two clients' own costs (requests, threads, writing), with a server that answers from this
@@ -13,6 +14,13 @@ downloads into the object cache and its view. Each first fetch goes to a fresh a
 gets the fetch's parallelism: 16 objects at once (`--numworkers`), large ones in 8 MiB parts,
 8 at once (`--part-size 8 --concurrency 8`); gpuhop.agent.jobs.fetches and
 gpuhop.agent.storage.buckets say gpuhop's.
+
+The queued start (`queued_starts`): on an agent with one (fake) GPU, a job holds it until
+told to end; a job asking for the GPU and for a prefix of its own (100 objects of 8 KiB, each
+round another, so each fetch is a first one) is submitted behind it, and fetches while it
+waits; once its waiting says the fetch is done, the first job is told to end. Timed is the
+agent's own record: from the first job's end to the second's start. The same with a second
+job without data, alternating with it, is the baseline.
 """
 
 from __future__ import annotations
@@ -166,6 +174,78 @@ def s5cmd(moto: Moto, prefix: str, dest: Path) -> float:
         return timed_run([*argv, f"s3://{BUCKET}/{prefix}/*", f"{dest}/"], None, moto.env(), quiet)
 
 
+# Jobs on the fake GPU wait for a file named "go" in their artifacts dir.
+HOLD = """\
+import os, time
+go = os.path.join(os.environ["GPUHOP_ARTIFACTS_DIR"], "go")
+while not os.path.exists(go):
+    time.sleep(0.01)
+"""
+QUEUED_OBJECTS = 100
+
+
+def fill_queued(moto: Moto, rounds: int) -> None:
+    """Put the prefixes `queued/ROUND/` in the bucket: QUEUED_OBJECTS random 8 KiB objects
+    each."""
+    s3 = moto.client()
+    keys = [f"queued/{r}/{i:03d}.bin" for r in range(rounds) for i in range(QUEUED_OBJECTS)]
+
+    def put(key: str) -> None:
+        s3.put_object(Bucket=BUCKET, Key=key, Body=os.urandom(SMALL))
+
+    with ThreadPoolExecutor(OBJECTS_AT_ONCE) as pool:
+        list(pool.map(put, keys))
+    s3.close()
+
+
+def start_after_wait(client: Client, home: Path, work: Path, data: list[str]) -> float:
+    """Seconds from the end of the job holding the GPU to the start of the one queued behind
+    it (with `data`, its fetch done by then), as the agent recorded both."""
+    holder = client.submit(["hold.py"], workdir=work, gpus=1)
+    bench_wait(lambda: holder.refresh().state.value == "running", 60, 0.01)
+    queued = client.submit(["noop.py"], workdir=work, gpus=1, data=data)
+
+    def fetched() -> bool:
+        info = queued.refresh()
+        if info.state.value != "queued":
+            raise BenchError(f"the queued job is {info.state.value}: {info.reason}")
+        return " in line" in (info.waiting or "")  # not "fetching data: ..." any more
+
+    bench_wait(fetched, 300, 0.01)
+    (home / "jobs" / holder.id / "artifacts" / "go").touch()
+    ended, started = holder.wait(60), queued.wait(60)
+    if started.end_class != "succeeded" or started.started_at is None or ended.ended_at is None:
+        raise BenchError(f"the queued job with {data or 'no data'} ended: {started.reason}")
+    return (started.started_at - ended.ended_at).total_seconds()
+
+
+def queued_starts(root: Path, moto: Moto, work: Path, rounds: int) -> Row:
+    """The queued start with data fetched during the wait, next to one without data."""
+    fill_queued(moto, rounds)
+    (work / "hold.py").write_text(HOLD)
+    with_data: list[float] = []
+    no_data: list[float] = []
+    agent_root = root / "queued-agent"
+    with private_agent(agent_root, "--fake-gpus", "1") as agent, agent.client() as client:
+        for name, value in {**KEYS, "AWS_ENDPOINT_URL": moto.url}.items():
+            client.set_secret(name, value)
+        start_after_wait(client, agent.home, work, [])  # the first job's costs aside
+        for r in range(rounds):
+            data = [f"s3://{BUCKET}/queued/{r}:q"]
+            with_data.append(start_after_wait(client, agent.home, work, data))
+            no_data.append(start_after_wait(client, agent.home, work, []))
+    return Row(
+        NAME,
+        f"queued job's start, its {QUEUED_OBJECTS} objects fetched during the wait",
+        "s",
+        with_data,
+        "a queued job without data",
+        no_data,
+        "moto's S3 server on loopback (not AWS); a job holds the one (fake) GPU until told to"
+        " end; timed from its end to the next job's start, as the agent records them",
+    )
+
+
 def run(settings: Settings) -> list[Row]:
     large_mb = int(os.environ.get("BENCH_BUCKET_MB", 256 if settings.quick else 2048))
     smalls = int(os.environ.get("BENCH_BUCKET_SMALL", 2000 if settings.quick else 20_000))
@@ -176,6 +256,7 @@ def run(settings: Settings) -> list[Row]:
     refetch: dict[str, list[float]] = {"large": [], "small": []}
     listing: dict[str, list[float]] = {"large": [], "small": []}
     no_data: list[float] = []
+    rounds = settings.repeats(default=10, quick=3)
     with tempfile.TemporaryDirectory(prefix="gpuhop-bench-") as tmp:
         root = Path(tmp)
         moto = Moto(root)
@@ -199,6 +280,7 @@ def run(settings: Settings) -> list[Row]:
                     no_data += plain
                     listing[prefix] += [list_once(moto, prefix) for _ in range(repeats)]
                     shutil.rmtree(home)
+            queued = queued_starts(root, moto, work, rounds)
         finally:
             moto.stop()
     mb = {k: v / 1e6 for k, v in sizes.items()}
@@ -245,4 +327,5 @@ def run(settings: Settings) -> list[Row]:
             listing["small"],
             f"{where}; as above ({plain})",
         ),
+        queued,
     ]
