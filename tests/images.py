@@ -5,9 +5,8 @@ with TensorFlow.
 The minimal image holds the interpreter, the libraries `ldd` names for it and its extension
 modules (and libgcc_s, which glibc opens itself), its standard library (no tests, no site
 packages), `/bin/sh`, and an `/etc/os-release` whose marker (`MARKER`) tells a job that it
-runs in the image, not on the host. It is loaded with `podman load` from an OCI image layout
-(`build`) in a few seconds, named under localhost/gpuhop-test/, and removed when the session
-ends.
+runs in the image, not on the host. It is imported with `podman import` in a few seconds,
+named under localhost/gpuhop-test/, and removed when the session ends.
 
 The TensorFlow image adds tensorflow-cpu and what gpuhop's model server needs beside it
 (starlette and uvicorn), with their dependencies (`IMAGE_DISTRIBUTIONS`' closure), at the
@@ -18,19 +17,16 @@ venv is on another file system), and the C++ runtime that manylinux wheels take 
 system. That is what `pip install --target` of the same wheels makes, without unpacking
 1.4 GB and compiling its bytecode again (16 s and 7 s of a 2-core machine; without the
 bytecode each job's `import tensorflow` takes 3 s more). TensorFlow's C++ headers (300 MB,
-for building custom ops) are left out. The build takes about 30 s on a 2-core machine (2 s
-for the tree, 7 s to tar it, the rest `podman load` writing the 1.8 GB layer: 28 s of CPU
-in all); the job sees only the image, not the venv.
+for building custom ops) are left out. The build takes 45-70 s on a 2-core machine (about
+2 s for the tree, the rest `podman import` writing the 1.8 GB layer: about 45 s of CPU and
+a disk-bound wait); the job sees only the image, not the venv.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.metadata
-import json
 import os
-import platform
 import re
 import shutil
 import subprocess
@@ -186,75 +182,21 @@ def _add_tensorflow(root: Path) -> None:
 
 def build(ref: str, work: Path, tensorflow: bool = False, pip: bool = False) -> None:
     """Build the minimal image as `ref` (in Podman's store) from a tree under `work`; with
-    `tensorflow`, the TensorFlow image; with `pip`, with pip in it.
-
-    The tree goes in as one uncompressed layer of an OCI image layout that `podman load`
-    reads: `podman import` of the same tar compresses the layer to digest it and unpacks it
-    again (45 s of CPU for the TensorFlow image's 1.8 GB, against 28 s this way)."""
+    `tensorflow`, the TensorFlow image; with `pip`, with pip in it."""
     tree = work / "tree"
     _tree(tree, pip)
     if tensorflow:
         _add_tensorflow(tree)
-    layout = work / "oci"
-    _layout(tree, layout)
+    tar = subprocess.Popen(["tar", "-C", str(tree), "-cf", "-", "."], stdout=subprocess.PIPE)
+    try:
+        subprocess.run(
+            ["podman", "import", "-", ref], stdin=tar.stdout, capture_output=True, check=True
+        )
+    finally:
+        assert tar.stdout is not None
+        tar.stdout.close()
+        tar.wait()
     shutil.rmtree(tree)
-    loaded = subprocess.run(
-        ["podman", "load", "--quiet", "--input", str(layout)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    # Named after the layout's path ("Loaded image: localhost/...:latest"): renamed to `ref`.
-    name = loaded.stdout.strip().rsplit(" ", 1)[-1]
-    subprocess.run(["podman", "tag", name, ref], capture_output=True, check=True)
-    subprocess.run(["podman", "untag", ref, name], capture_output=True, check=True)
-    shutil.rmtree(layout)
-
-
-# OCI's names for `platform.machine()`'s.
-ARCHITECTURES = {"x86_64": "amd64", "aarch64": "arm64"}
-
-
-def _layout(tree: Path, layout: Path) -> None:
-    """An OCI image layout at `layout` of one image: `tree` as its one uncompressed layer."""
-    blobs = layout / "blobs" / "sha256"
-    blobs.mkdir(parents=True)
-    tar = layout / "layer.tar"
-    subprocess.run(["tar", "-C", str(tree), "-cf", str(tar), "."], check=True)
-    with tar.open("rb") as f:
-        layer = hashlib.file_digest(f, "sha256").hexdigest()
-    size = tar.stat().st_size
-    tar.rename(blobs / layer)
-
-    def blob(media_type: str, content: dict) -> dict:
-        data = json.dumps(content).encode()
-        digest = hashlib.sha256(data).hexdigest()
-        (blobs / digest).write_bytes(data)
-        return {"mediaType": media_type, "digest": f"sha256:{digest}", "size": len(data)}
-
-    rootfs = {"type": "layers", "diff_ids": [f"sha256:{layer}"]}
-    m = platform.machine()
-    config = blob(
-        "application/vnd.oci.image.config.v1+json",
-        {"architecture": ARCHITECTURES.get(m, m), "os": "linux", "config": {}, "rootfs": rootfs},
-    )
-    manifest = blob(
-        "application/vnd.oci.image.manifest.v1+json",
-        {
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": config,
-            "layers": [
-                {
-                    "mediaType": "application/vnd.oci.image.layer.v1.tar",
-                    "digest": f"sha256:{layer}",
-                    "size": size,
-                }
-            ],
-        },
-    )
-    (layout / "oci-layout").write_text(json.dumps({"imageLayoutVersion": "1.0.0"}))
-    (layout / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [manifest]}))
 
 
 def remove(ref: str) -> None:
