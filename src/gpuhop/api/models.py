@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
+from typing import Annotated
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from gpuhop.api.base import StrictModel, WireModel, check_text
 from gpuhop.api.energy import JobEnergy
@@ -21,6 +22,11 @@ from gpuhop.api.spec import (
 )
 from gpuhop.api.states import EndClass, JobState, RetryOn
 from gpuhop.api.trees import MAX_DELTA_ENTRIES, MAX_INLINE_BYTES
+
+# A container image's reference, and the name of the secret it is pulled with, each checked
+# as `check_image` and `check_image_secret` say (jobs' and model servers' alike).
+ImageRef = Annotated[str, AfterValidator(check_image)]
+ImageSecretName = Annotated[str, AfterValidator(check_image_secret)]
 
 SHA256_RE = re.compile(r"[0-9a-f]{64}\Z")
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
@@ -278,10 +284,10 @@ class SubmitRequest(StrictModel):
     # A container image to run the job in, through Podman on the agent's host (see
     # `check_image`); the agent's default (agent.toml `image`) where none is given. An agent
     # that predates images refuses it.
-    image: str | None = None
+    image: ImageRef | None = None
     # The name of the user's secret holding `user:password` for the registry `image` is
     # pulled from (where the host lacks it). An agent that predates it refuses it.
-    image_secret: str | None = None
+    image_secret: ImageSecretName | None = None
     # Run the job in a private network namespace: none of its ports is reachable from
     # another host or from the host itself; `gpuhop forward` reaches them through the
     # agent. Multi-worker jobs always run in one. An agent that predates this refuses it.
@@ -314,16 +320,6 @@ class SubmitRequest(StrictModel):
         for url in v or []:
             check_webhook_url(url)
         return v
-
-    @field_validator("image")
-    @classmethod
-    def _image(cls, v: str | None) -> str | None:
-        return None if v is None else check_image(v)
-
-    @field_validator("image_secret")
-    @classmethod
-    def _image_secret(cls, v: str | None) -> str | None:
-        return None if v is None else check_image_secret(v)
 
     @field_validator("sweep")
     @classmethod

@@ -9,11 +9,13 @@ from gpuhop.api.models import (
     MAX_GPU_MEMORY_MB,
     NAME_RE,
     SHA256_RE,
+    ImageRef,
+    ImageSecretName,
     JobState,
     check_env,
     validate_relpath,
 )
-from gpuhop.api.spec import JobSpec, check_image, check_image_secret
+from gpuhop.api.spec import JobSpec
 
 MODEL_NAME_RULE = (
     "a model name is 1-64 characters of letters, digits, '.', '_' or '-', starting with a"
@@ -45,23 +47,13 @@ class ServeRequest(StrictModel):
     # python3, which must have TensorFlow, starlette and uvicorn; the agent's default image
     # (agent.toml `image`) where none is given. And the user's secret the host pulls it with
     # (as a job's `image_secret`). An agent that predates them refuses them.
-    image: str | None = None
-    image_secret: str | None = None
+    image: ImageRef | None = None
+    image_secret: ImageSecretName | None = None
 
     @field_validator("env")
     @classmethod
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         return check_env(v)
-
-    @field_validator("image")
-    @classmethod
-    def _image(cls, v: str | None) -> str | None:
-        return None if v is None else check_image(v)
-
-    @field_validator("image_secret")
-    @classmethod
-    def _image_secret(cls, v: str | None) -> str | None:
-        return None if v is None else check_image_secret(v)
 
     @field_validator("name")
     @classmethod
