@@ -24,12 +24,13 @@ import time
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import httpx
-
 from gpuhop.agent.jobs.records import JobRecord
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger("gpuhop.agent")
 
@@ -166,12 +167,16 @@ class Notifier:
         self._cond = threading.Condition()
         self._closed = False
         self._senders = senders
-        self._http: httpx.Client | None = None
+        self._http: httpx.Client | None = None  # made by _start
         self._threads: list[threading.Thread] = []
 
     def _start(self) -> None:
         """The senders and their HTTP client, made at the first notification (most agents
-        notify nobody). Called with the lock held."""
+        notify nobody). Called with the lock held. httpx is imported here, not with the
+        agent: its package loads its command line (click, rich, pygments), a tenth of the
+        agent's start-up imports, for agents that mostly never notify."""
+        import httpx
+
         self._http = httpx.Client(timeout=self.timeout, follow_redirects=False, trust_env=False)
         self._threads = [
             threading.Thread(target=self._run, name=f"notify-{i}", daemon=True)
@@ -245,6 +250,8 @@ class Notifier:
         if refused is not None:
             item.tries = self.tries  # not worth retrying
             return refused
+        import httpx
+
         assert self._http is not None
         try:
             response = self._http.post(item.url, json=item.body)
