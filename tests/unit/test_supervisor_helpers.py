@@ -10,8 +10,8 @@ import pytest
 
 from gpuhop.api.spec import JobSpec
 from gpuhop.backends.base import Attempt
-from gpuhop.backends.local.backend import job_environment
 from gpuhop.backends.local.commands import StartError, resolve_command
+from gpuhop.backends.local.jobenv import job_environment
 from gpuhop.home import JobPaths
 from gpuhop.runtime import hook
 
