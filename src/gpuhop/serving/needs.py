@@ -9,14 +9,13 @@ read-only, never the packages of the agent's venv: the image must bring these it
 `missing` asks without importing any of them (TensorFlow alone takes seconds), so a server
 that cannot run says so at once, in one line (`line`) rather than a traceback. The agent
 finds that line at the end of the job's log and adds, in its own words, what to install to
-the job's failure reason (`hint`, through `gpuhop.agent.jobs.endings`): the job only picks
+the job's failure reason (`hints`, through `gpuhop.agent.jobs.endings`): the job only picks
 among `MODULES`, so no text of a job's reaches the reason.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import re
 
 # What `gpuhop.serving` imports, each the pip package that installs it (TensorFlow brings
 # numpy and protobuf; uvicorn brings click and h11; starlette brings anyio).
@@ -27,8 +26,6 @@ MODULES = {
     "uvicorn": "uvicorn",
 }
 PREFIX = "gpuhop: the model server's Python lacks "
-_NAME = "|".join(MODULES)
-LINE_RE = re.compile(rf"{re.escape(PREFIX)}((?:{_NAME})(?:, (?:{_NAME}))*)")
 
 
 def missing() -> list[str]:
@@ -41,15 +38,17 @@ def line(names: list[str]) -> str:
     return PREFIX + ", ".join(names)
 
 
-def hint(text: str) -> str | None:
-    """What a failed server's reason adds for its `line` (`text`, one line of its log);
-    None for any other line."""
-    found = LINE_RE.fullmatch(text)
-    if found is None:
-        return None
-    names = list(dict.fromkeys(found[1].split(", ")))
-    packages = " ".join(MODULES[n] for n in names)
-    return (
-        f"the model server's Python lacks {', '.join(names)}: install {packages} where it runs"
-        f" (for gpuhop serve --image, in the image: pip install {packages})"
-    )
+def hints() -> dict[bytes, str]:
+    """What a failed server's reason adds, for each `line` the server may print (those of
+    every set of `MODULES` it may lack, in their order): `gpuhop.agent.jobs.endings`'
+    `HINTS`, where a log's line is looked up whole."""
+    found = {}
+    names = list(MODULES)
+    for mask in range(1, 1 << len(names)):
+        lacking = [n for i, n in enumerate(names) if mask >> i & 1]
+        packages = " ".join(MODULES[n] for n in lacking)
+        found[line(lacking).encode()] = (
+            f"the model server's Python lacks {', '.join(lacking)}: install {packages} where"
+            f" it runs (for gpuhop serve --image, in the image: pip install {packages})"
+        )
+    return found

@@ -35,8 +35,10 @@ _CRASHES = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGF
 
 
 # Lines the job's own gpuhop code prints after a failure it knows the fix for (a Keras 3
-# error that tf-keras fixes: see gpuhop.runtime.legacykeras), and what the failure line adds.
-HINTS = {legacykeras.LINE.encode(): legacykeras.HINT}
+# error that tf-keras fixes: see gpuhop.runtime.legacykeras; a model server whose Python
+# lacks a package it needs: gpuhop.serving.needs), and what the failure line adds. The words
+# added are the agent's: a job's line only picks one of them.
+HINTS = {legacykeras.LINE.encode(): legacykeras.HINT, **needs.hints()}
 
 
 def _tail(log: Path) -> bytes:
@@ -56,16 +58,9 @@ def gpu_oom_in(log: Path) -> bool:
 
 def hint_note(log: Path) -> str:
     """What a failed job's reason adds where the end of its log holds a hint line of the
-    job's own gpuhop code (the line whole, at a line's start): "; HINT", or "". A model
-    server that lacks a package names it (`gpuhop.serving.needs`); the words are the
-    agent's, the job only picks which of the server's packages."""
+    job's own gpuhop code (the line whole, at a line's start): "; HINT", or ""."""
     lines = _tail(log).splitlines()
-    found = next((hint for line, hint in HINTS.items() if line in lines), None)
-    if found is None:
-        prefix = needs.PREFIX.encode()
-        said = [line for line in lines if line.startswith(prefix)]
-        found = needs.hint(said[-1].decode(errors="replace").rstrip()) if said else None
-    return "" if found is None else f"; {found}"
+    return next((f"; {hint}" for line, hint in HINTS.items() if line in lines), "")
 
 
 def classify(
