@@ -39,7 +39,8 @@ def _file(jp: JobPaths) -> Path:
 
 @functools.cache
 def agent_cgroup() -> tuple[Path, str] | None:
-    """The agent's own memory cgroup and the file that counts OOM kills in its children."""
+    """The agent's own memory cgroup and the file that counts OOM kills in its children;
+    None where it has none it may make children in."""
     try:
         membership = (PROC / "cgroup").read_text().splitlines()
         mounts = (PROC / "mountinfo").read_text().splitlines()
@@ -65,8 +66,12 @@ def agent_cgroup() -> tuple[Path, str] | None:
             delegated = _read(here / "cgroup.subtree_control").split()
             if counter == "memory.events" and "memory" not in delegated:
                 break  # children of this v2 cgroup get no memory controller
-            if here.is_dir():
+            # Only where the agent may make its children: an unprivileged agent's memory
+            # cgroup is usually root's (a leader server told of one it cannot write to
+            # fails every spare it forks).
+            if here.is_dir() and os.access(here, os.W_OK | os.X_OK):
                 return here, counter
+            break
     return None
 
 

@@ -45,12 +45,7 @@ def name(spec: dict, worker=None) -> str:
 def image_missing(spec: dict) -> str | None:
     """None if the image is in the host's Podman store; else what to say."""
     try:
-        done = subprocess.run(
-            [*_podman(spec), "image", "exists", spec["image"]],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=120,
-        )
+        done = _call(spec, "image", "exists", spec["image"], capture_output=True)
     except (OSError, subprocess.SubprocessError) as e:
         return f"Podman ({spec['podman']}) did not say whether image {spec['image']} is here: {e}"
     if done.returncode == 0:
@@ -90,13 +85,8 @@ def prepare(spec: dict, env_spec: dict | None) -> str | None:
 def image_id(spec: dict) -> str | None:
     """The id of the image the job's reference names now, or None if Podman cannot say."""
     try:
-        done = subprocess.run(
-            [*_podman(spec), "image", "inspect", "--format", "{{.Id}}", spec["image"]],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        args = ("image", "inspect", "--format", "{{.Id}}", spec["image"])
+        done = _call(spec, *args, capture_output=True, text=True)
     except (OSError, subprocess.SubprocessError):
         return None
     found = done.stdout.strip()
@@ -182,13 +172,8 @@ def remove(spec: dict, names: list) -> None:
     """Remove the containers `names` at once, where they are left (a killed `podman run`
     leaves its container running)."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
-        subprocess.run(
-            [*_podman(spec), "rm", "--force", "--ignore", "--time", "0", *names],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=120,
-        )
+        args = ("rm", "--force", "--ignore", "--time", "0", *names)
+        _call(spec, *args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _run(spec: dict) -> list:
@@ -209,6 +194,16 @@ def _run(spec: dict) -> list:
 def _mount(source, target, readonly: bool) -> list:
     ro = ",readonly=true" if readonly else ""
     return ["--mount", f"type=bind,source={source},destination={target}{ro}"]
+
+
+def _call(spec: dict, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    """`podman ARGS` run by the leader outside a container (to look up an image, to remove a
+    container), with Podman's own HOME, XDG_RUNTIME_DIR and PATH: a rootless Podman finds
+    its store by them, and the leader's environment is the job's."""
+    env = _for_podman(dict(os.environ))
+    return subprocess.run(
+        [*_podman(spec), *args], stdin=subprocess.DEVNULL, env=env, timeout=120, **kwargs
+    )
 
 
 def _podman(spec: dict) -> list:

@@ -15,6 +15,7 @@ Python runs the start-up hook (metrics, resume) as a venv job's does.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -135,19 +136,43 @@ def describe(
     program = find(settings)
     if program is None:
         raise StartError(missing(settings))
+    rootless = os.geteuid() != 0
+    # A rootless Podman maps the agent's uid to itself in the container (keep-id), so the
+    # job's files stay the agent's user's; that needs the user's subordinate ids. Without
+    # them Podman maps the agent's uid alone, to the container's root: the job runs as that
+    # root, which is the agent's user outside and holds no capability.
+    keep_id = rootless and _has_subordinate_ids()
     return {
         "podman": program,
         "runtime": runtime(settings),
         "image": image,
         "name": name,
-        "user": user,
-        # A rootless Podman maps the agent's uid to itself in the container: the job's
-        # files stay the agent's user's.
-        "keep_id": os.geteuid() != 0,
+        "user": "0:0" if rootless and not keep_id else user,
+        "keep_id": keep_id,
         "workdir": str(work),
         "mounts": mounts.items,
         "ulimits": ulimits(),
     }
+
+
+def _has_subordinate_ids() -> bool:
+    """Whether this (unprivileged) user has subordinate uids and gids (/etc/subuid and
+    /etc/subgid, by name or by number), which Podman needs to map more than its own uid."""
+    import pwd
+
+    uid = os.geteuid()
+    names = {str(uid)}
+    with contextlib.suppress(KeyError):  # a uid with no passwd entry: only by number
+        names.add(pwd.getpwuid(uid).pw_name)
+    for path in ("/etc/subuid", "/etc/subgid"):
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError:
+            return False
+        owners = {line.split(":", 1)[0] for line in lines if line.count(":") == 2}
+        if not names & owners:
+            return False
+    return True  # (/etc/subgid too is looked up by the user's name or uid, as Podman does)
 
 
 def container_args(
