@@ -111,6 +111,37 @@ def test_gc_removes_only_what_nothing_needs(make_agent, project, tmp_path):
     assert not claimed & orphan_blobs
 
 
+EXPORT = """
+import os
+model = os.path.join(os.environ["GPUHOP_ARTIFACTS_DIR"], "m")
+os.makedirs(model)
+open(os.path.join(model, "saved_model.pb"), "w").write("pb")
+"""
+
+
+def test_a_jobs_savedmodel_stays_while_a_model_server_is_to_serve_it(make_agent, project):
+    """A model server sees its model in the job that saved it (mounted, not copied): that
+    job's files stay while the server is queued or running, and go once it has ended."""
+    agent = make_agent(fake_gpus=1, args=EAGER)
+    with agent.client() as client:
+        source = client.submit(["export.py"], workdir=project({"export.py": EXPORT}))
+        assert source.wait(30).state == JobState.succeeded
+        holder = client.submit(["sleep", "600"], workdir=project({"x.txt": ""}), gpus=1)
+        wait_until(lambda: holder.refresh().state == JobState.running, timeout=30)
+        server = client.serve(source, name="m", gpus=1, wait=False)
+        try:
+            assert server.job.refresh().state == JobState.queued  # behind the holder
+            assert source.id not in client.gc().pruned_jobs
+            model = agent.paths.job_dir(source.id) / "artifacts" / "m" / "saved_model.pb"
+            assert model.read_text() == "pb"
+        finally:
+            for job in (server.job, holder):
+                job.cancel(grace=0)
+                job.wait(30)
+        assert source.id in client.gc().pruned_jobs
+        assert not model.exists()
+
+
 def test_recent_uploads_are_never_collected(make_agent, tmp_path):
     """An upload whose tree has not arrived yet keeps its blobs (the grace period)."""
     agent = make_agent(args=("--gc-every-hours", "0"))

@@ -120,8 +120,13 @@ def test_serve_names_savedmodels_in_the_jobs_tmp_as_the_job_saw_them(agent_in_tm
         {
             "two.py": "import os\n"
             "for d in ('/tmp/export/a', '/tmp/export/b'):\n"
-            "    os.makedirs(d)\n"
+            "    os.makedirs(d + '/gpuhop/serving')\n"
             "    open(d + '/saved_model.pb', 'wb').write(b'pb ' + d.encode())\n"
+            "    open(d + '/gpuhop/__init__.py', 'w').close()\n"
+            "    open(d + '/gpuhop/serving/__init__.py', 'w').close()\n"
+            # The server's program (first on its path: PYTHONPATH=model) says what it got.
+            "    open(d + '/gpuhop/serving/__main__.py', 'w').write(\n"
+            "        'print(open(\"model/saved_model.pb\").read())')\n"
         }
     )
     with agent_in_tmp.client() as client:
@@ -132,13 +137,15 @@ def test_serve_names_savedmodels_in_the_jobs_tmp_as_the_job_saw_them(agent_in_tm
         assert "2 SavedModels (/tmp/export/a (its /tmp), /tmp/export/b (its /tmp))" in (
             two.value.message
         )
-        model = client.serve(f"{job.id}:/tmp/export/b", name="m", wait=False)
+        model = client.serve(
+            f"{job.id}:/tmp/export/b", name="m", env={"PYTHONPATH": "model"}, wait=False
+        )
         try:
             said = "found a SavedModel the job saved in its /tmp"
             assert model.info.source == f"job {job.id}:/tmp/export/b ({said})"
-            jobs = agent_in_tmp.paths.jobs
-            linked = jobs / model.info.job / "work" / "model" / "saved_model.pb"
-            assert linked.read_bytes() == b"pb /tmp/export/b"
+            assert model.job.wait(timeout=60).state.value == "succeeded"
+            assert b"".join(model.job.logs()) == b"pb /tmp/export/b\n"
         finally:
-            model.job.cancel(grace=1)
-            model.job.wait(timeout=30)
+            if not model.job.refresh().state.finished:
+                model.job.cancel(grace=1)
+                model.job.wait(timeout=30)

@@ -9,6 +9,7 @@ never over a local edit.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -273,32 +274,77 @@ def test_run_warns_once_about_training_outputs_in_the_synced_tree(shared_agent, 
     assert re.search(rate, sent.stderr), sent.stderr
 
 
+# Saved beside a "SavedModel" by the job that made it, and put first on the model server's
+# path (PYTHONPATH=model), this `gpuhop.serving` runs in the server job in place of gpuhop's
+# own: a hostile server, which tries to change the model it is given.
+HOSTILE_SERVER = """
+import json, os
+
+def attempt(what):
+    try:
+        what()
+    except OSError as e:
+        return e.strerror
+    return "written"
+
+print(json.dumps({
+    "model": open("model/saved_model.pb", "rb").read().decode(),
+    "overwrite": attempt(lambda: open("model/saved_model.pb", "wb").write(b"changed")),
+    "create": attempt(lambda: open("model/planted.py", "w").write("x")),
+    "remove": attempt(lambda: os.remove("model/saved_model.pb")),
+    "read_only": bool(os.statvfs("model").f_flag & os.ST_RDONLY),
+}), flush=True)
+"""
+
+
 def test_serve_finds_a_savedmodel_the_job_wrote_in_its_work_dir(shared_agent, project):
     root = project(
         {
-            "job.py": "import os\n"
+            "job.py": "import os, sys\n"
             "for d in ('export/a', 'export/b'):\n"
-            "    os.makedirs(d)\n"
-            "    open(d + '/saved_model.pb', 'wb').write(b'pb ' + d.encode())\n",
+            "    os.makedirs(d + '/gpuhop/serving')\n"
+            "    open(d + '/saved_model.pb', 'wb').write(b'pb ' + d.encode())\n"
+            "    open(d + '/gpuhop/__init__.py', 'w').close()\n"
+            "    open(d + '/gpuhop/serving/__init__.py', 'w').close()\n"
+            "    open(d + '/gpuhop/serving/__main__.py', 'w').write(open(sys.argv[1]).read())\n",
+            "hostile.py": HOSTILE_SERVER,
             "synced/saved_model.pb": "sent with the job: not one the job made",
         }
     )
     with shared_agent.client() as client:
-        job = client.submit(["job.py"], workdir=root)
+        job = client.submit(["job.py", "hostile.py"], workdir=root)
         assert job.wait(60).state == JobState.succeeded
         with pytest.raises(GpuhopError) as two:
             client.serve(job, name="m", wait=False)
         assert "2 SavedModels (export/a (work dir), export/b (work dir))" in two.value.message
-        model = client.serve(f"{job.id}:export/a", name="m", wait=False)
+        exported = shared_agent.paths.jobs / job.id / "work" / "export" / "a"
+        before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in exported.rglob("*.p[yb]")}
+        model = client.serve(
+            f"{job.id}:export/a", name="m", env={"PYTHONPATH": "model"}, wait=False
+        )
         try:
             assert model.info.source == f"job {job.id}:export/a (work dir)"
-            jobs = shared_agent.paths.jobs
-            linked = jobs / model.info.job / "work" / "model" / "saved_model.pb"
-            original = jobs / job.id / "work" / "export" / "a" / "saved_model.pb"
-            assert os.stat(linked).st_ino == os.stat(original).st_ino
+            ended = model.job.wait(60)
+            log = b"".join(model.job.logs()).decode()
+            assert ended.state == JobState.succeeded, log
         finally:
-            model.job.cancel(grace=1)
-            model.job.wait(timeout=30)
+            if not model.job.refresh().state.finished:
+                model.job.cancel(grace=1)
+                model.job.wait(timeout=30)
+    # The server saw the job's model at `model` in its work dir, and could change none of it.
+    seen = json.loads(next(line for line in log.splitlines() if line.startswith("{")))
+    assert seen == {
+        "model": "pb export/a",
+        "overwrite": "Read-only file system",
+        "create": "Read-only file system",
+        "remove": "Read-only file system",
+        "read_only": True,
+    }
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in exported.rglob("*.p[yb]")} == before
+    assert not (exported / "planted.py").exists()
+    # Mounted, not copied nor linked: in the server's own work dir there is only the mount
+    # point, empty.
+    assert list((shared_agent.paths.jobs / model.info.job / "work" / "model").iterdir()) == []
 
 
 def test_a_running_jobs_work_dir_files_wait_until_it_has_ended(shared_agent, project, tmp_path):

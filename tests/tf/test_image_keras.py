@@ -4,7 +4,8 @@ server's starlette and uvicorn) the session builds from the project's own instal
 them (tests/images.py: `tf_image`). The start-up hook, bound read-only into the container,
 adds gpuhop's callbacks to its `fit`: its metrics arrive as a venv job's do, and a SIGKILL
 mid-training is retried and resumes after the last finished epoch. `gpuhop serve --image`
-answers a :predict as the venv server does, with the image's python3; in an image that
+answers a :predict as the venv server does, with the image's python3, serving the model a
+job kept read-only (a process in its container can change none of it); in an image that
 lacks what the server imports, it fails at once saying what to install."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -121,14 +123,42 @@ def _scores(x: list[list[float]]) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
+# A job that keeps the SavedModel it was sent in its artifacts, as a training job exports one.
+EXPORT = """
+import os, shutil
+shutil.copytree("linear", os.path.join(os.environ["GPUHOP_ARTIFACTS_DIR"], "linear"))
+"""
+
+# Run in the image server's container (`podman exec`): what a job there gets for trying to
+# change the model it serves.
+TAMPER = """
+import os, sys
+for what in (lambda: open(sys.argv[1] + "/saved_model.pb", "ab"),
+             lambda: open(sys.argv[1] + "/planted.py", "w")):
+    try:
+        what()
+        print("written")
+    except OSError as e:
+        print(e.strerror)
+"""
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
 def test_a_model_server_in_an_image_answers_as_the_venv_one(
     shared_agent, tf_image, minimal_image, tmp_path
 ):
-    model_dir = tmp_path / "linear"
+    exporter = tmp_path / "exporter"
+    model_dir = exporter / "linear"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     subprocess.run([sys.executable, "-c", SAVE, str(model_dir)], env=env, check=True, timeout=120)
+    (exporter / "export.py").write_text(EXPORT)
     x = [[1.0, 2.0, 3.0, 4.0], [0.5, -1.5, 0.0, 2.0], [0.0, 0.0, 0.0, 0.0]]
     with shared_agent.client() as client, contextlib.ExitStack() as stopping:
+        exported = client.submit(["export.py"], workdir=exporter, name="linear-export")
+        assert exported.wait(60).state.value == "succeeded", b"".join(exported.logs())
 
         def stop_at_the_end(name: str) -> None:
             def stop() -> None:
@@ -142,8 +172,9 @@ def test_a_model_server_in_an_image_answers_as_the_venv_one(
         stop_at_the_end("linear-venv")
         venv = client.serve(model_dir, name="linear-venv", wait=False)
         stop_at_the_end("linear-image")
+        # The uploaded model for the venv server, the job's for the one in the image.
         started = shared_agent.cli(
-            "serve", str(model_dir), "--name", "linear-image", "--image", tf_image, timeout=240
+            "serve", exported.id, "--name", "linear-image", "--image", tf_image, timeout=240
         )
         assert started.returncode == 0, started.stderr
         in_image = client.model(started.stdout.strip())
@@ -151,9 +182,15 @@ def test_a_model_server_in_an_image_answers_as_the_venv_one(
 
         # It runs in a container of the image, with the image's python3, in its own network.
         job = in_image.job
-        assert containers_named(f"gpuhop-{job.id}-") != []
+        [container] = containers_named(f"gpuhop-{job.id}-")
         log = b"".join(job.logs()).decode()
-        assert "loading the SavedModel in . with /usr/bin/python3" in log, log
+        assert "loading the SavedModel in model with /usr/bin/python3" in log, log
+        # It sees the job's model at `model` in its work dir, read-only: a process in its
+        # container can change none of it.
+        mounted = shared_agent.paths.jobs / job.id / "work" / "model"
+        tamper = ["podman", "exec", container, "python3", "-c", TAMPER, str(mounted)]
+        tried = subprocess.run(tamper, capture_output=True, text=True, timeout=60)
+        assert tried.stdout.splitlines() == ["Read-only file system"] * 2, tried
         info = json.loads(shared_agent.cli("show", "--json", job.id).stdout)
         assert (info["image"], info["private_network"]) == (tf_image, True)
 
@@ -170,6 +207,12 @@ def test_a_model_server_in_an_image_answers_as_the_venv_one(
         job.cancel(grace=5)
         assert job.wait(timeout=30).state.value == "cancelled"
         assert containers_named(f"gpuhop-{job.id}-") == []
+        # Mounted, neither copied nor linked: the job's model is as it was sent, and the
+        # server's work dir holds only the mount point.
+        assert _files(shared_agent.paths.jobs / exported.id / "artifacts" / "linear") == (
+            _files(model_dir)
+        )
+        assert list(mounted.iterdir()) == []
 
         # An image without the server's packages: the job fails at once, saying what to put
         # in the image (the minimal image has no TensorFlow, numpy, starlette nor uvicorn).

@@ -115,13 +115,25 @@ def batched(shared_agent: Agent, trained: tuple[Job, Path]) -> Iterator[Model]:
         model.job.wait(timeout=30)
 
 
-def test_the_model_in_a_jobs_artifacts_is_linked_not_sent(shared_agent, trained, served):
-    job, _ = trained
+def test_the_model_in_a_jobs_artifacts_is_mounted_read_only_not_sent(shared_agent, trained, served):
+    job, pulled = trained
     assert served.info.source == f"job {job.id}:digits_savedmodel"
     jobs = shared_agent.paths.jobs
-    original = jobs / job.id / "artifacts" / "digits_savedmodel" / "saved_model.pb"
-    linked = jobs / served.info.job / "work" / "model" / "saved_model.pb"
-    assert os.stat(original).st_ino == os.stat(linked).st_ino
+    server = jobs / served.info.job
+    # In the server's own view of the host (the mount namespace of its first process), the
+    # model is a read-only mount at `model` in its work dir...
+    init = json.loads((server / "shim.pid").read_text())["init"]
+    model = os.path.realpath(server / "work" / "model")
+    mounts = [line.split() for line in Path(f"/proc/{init}/mountinfo").read_text().splitlines()]
+    options = [fields[5].split(",") for fields in mounts if fields[4] == model]
+    assert options and all("ro" in o for o in options), options
+    # ...neither copied nor linked there: on the host, that is an empty mount point.
+    assert list((server / "work" / "model").iterdir()) == []
+    # And the trainer's SavedModel is as it was pulled before the server started.
+    source = jobs / job.id / "artifacts" / "digits_savedmodel"
+    files = sorted(p.relative_to(source) for p in source.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(pulled) for p in pulled.rglob("*") if p.is_file())
+    assert all((source / f).read_bytes() == (pulled / f).read_bytes() for f in files)
 
 
 def test_status_and_metadata_in_tf_servings_shape(served):

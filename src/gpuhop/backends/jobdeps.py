@@ -2,6 +2,11 @@
 environment. The agent writes it into the job's dir at submit (`deps.json`) and reads it when
 the job starts, and hands it to the backend, which turns it into what its leader needs (the
 local leader's `--sandbox` and `--env` arguments).
+
+Dirs of the host a job sees read-only in its work dir are its `data` (its datasets, and its
+buckets' data once fetched) and its `mounts` (a model server's SavedModel, from the job that
+wrote it: gpuhop.agent.services.serving), each `{"source": DIR, "mount": PATH IN THE WORK
+DIR}`; `mounts(deps)` gives both.
 """
 
 from __future__ import annotations
@@ -35,6 +40,11 @@ def read(jp: JobPaths) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return deps
+
+
+def mounts(deps: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every dir bound read-only in the job's work dir: its data, then its other mounts."""
+    return [*deps.get("data", []), *deps.get("mounts", [])]
 
 
 def python(deps: dict[str, Any], default: str) -> str:

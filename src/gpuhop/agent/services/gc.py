@@ -8,9 +8,10 @@ What goes, in this order:
    its dir, written first, so asking for its log or artifacts answers 410 with when and
    why; so does its GPU energy record (`energy.json`, a few hundred bytes). Finished
    states are terminal (a retried attempt goes from running to queued and never through a
-   finished state), so a job that is queued, starting or running is never pruned. Job dirs
-   that no row owns (a submission that crashed half way) go once older than the grace
-   period.
+   finished state), so a job that is queued, starting or running is never pruned; nor is
+   one whose SavedModel such a job serves (mounted in its work dir, see
+   `gpuhop.agent.services.serving`). Job dirs that no row owns (a submission that crashed
+   half way) go once older than the grace period.
 2. **Trees** in trees/ that no remaining job dir holds a copy of, and their checkouts.
 3. **Blobs** that no remaining job's tree, no kept tree and no dataset version names.
    Blobs are what a queued job (or the next attempt of a running one) is materialised
@@ -156,12 +157,14 @@ def _prune_jobs(
     finished = rt.store.list(FINISHED, limit=10**9)  # newest first
     known = {j.id for j in rt.store.list(limit=10**9)}
     oldest_kept = now - policy.keep_days * 86400
+    # What model servers that are queued or running see of other jobs' files.
+    mounted = [Path(m["source"]) for _job, deps in in_use(rt) for m in deps.get("mounts", [])]
     gone = []
     for rank, job in enumerate(finished):
         if rank < policy.keep_jobs or (job.ended_at or job.created_at) > oldest_kept:
             continue
         jp = rt.supervisor.job_paths(job.id)
-        if not jp.root.is_dir():
+        if not jp.root.is_dir() or any(m.is_relative_to(jp.root.resolve()) for m in mounted):
             continue
         if pruned(jp) is not None:
             # Pruned: the marker is written first (readers see it at once), then the rest

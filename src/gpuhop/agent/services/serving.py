@@ -9,11 +9,15 @@ for every image job (gpuhop.backends.local.podman) and the image's own TensorFlo
 and uvicorn; never the agent's venv. A server whose Python lacks one of those says which
 and exits at once (gpuhop.serving.needs), and its failure reason says what to install.
 What marks it is a spec file in its job dir (`serving.json`: model name, source,
-batching). A SavedModel from a finished
-job (its artifacts, or its work dir: see `savedmodels`) never leaves the host: its files
-are hard-linked into the new job's work dir (copied across file systems). That is safe
-because the serving job runs gpuhop's own server, which only reads them. An uploaded
-SavedModel is the job's synced work dir.
+batching). A SavedModel from a finished job (its artifacts, its work dir or its /tmp: see
+`savedmodels`) never leaves the host, nor is it copied or linked: the server sees its dir
+mounted read-only at `model` in its work dir (a read-only mount of the job's deps,
+`jobdeps.mounts`: the sandbox binds it for a venv server, Podman for one in an image). A
+job is hostile, a model server too: it must not write into another job's kept files. While
+a queued or running server mounts it, retention keeps the job's files (gc). On a host that
+gives no job a view of its own (`gpuhop doctor`; never a team agent's), a venv server reads
+the model in place: every job there may write every file of the agent's user anyway. An
+uploaded SavedModel is the job's synced work dir.
 
 The job runs in a private network namespace (`private_network`): its server has no
 authentication, so no other job on the host may reach it, and only the agent does, through
@@ -27,9 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
-from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
@@ -44,7 +45,7 @@ from gpuhop.agent.proxy.modelserver import ModelProxy, Target, error
 from gpuhop.agent.services import jobs
 from gpuhop.agent.services.savedmodels import SAVED_MODEL_PB, find_saved_model
 from gpuhop.api import ErrorCode, JobInfo, JobState, ServeRequest, ServingInfo
-from gpuhop.backends import listeners
+from gpuhop.backends import jobdeps, listeners
 from gpuhop.home import JobPaths
 
 SPEC_FILE = "serving.json"
@@ -64,18 +65,22 @@ def start(rt: AgentContext, req: ServeRequest, caller: Caller) -> JobInfo:
             f" {rt.backend.where} (--backend {rt.backend.name}); serve from an agent with the"
             " local backend",
         )
-    model_dir, source, files = ".", f"uploaded directory (tree {(req.tree or '')[:12]})", None
+    job_spec = jobs.with_default_image(rt, req.spec())
+    model_dir, source, mounts = ".", f"uploaded directory (tree {(req.tree or '')[:12]})", []
     if req.source_job is not None:
         job = jobs.find(rt, req.source_job, caller)
         files, rel = find_saved_model(rt, job, req.path)
-        model_dir, source = MODEL_DIR, f"job {job.id}:{rel}"
+        source = f"job {job.id}:{rel}"
+        if job_spec.image is None and rt.backend.isolation() is not None:
+            model_dir = str(files)  # no view of its own to mount it in (the docstring's)
+        else:
+            model_dir, mounts = MODEL_DIR, [{"source": str(files), "mount": MODEL_DIR}]
     spec = {
         "name": req.name,
         "source": source,
         "max_batch_size": req.max_batch_size,
         "batch_timeout_ms": req.batch_timeout_ms,
     }
-    job_spec = jobs.with_default_image(rt, req.spec())
     # In an image: the image's python3 (`-m` runs a module with the job's own Python).
     python = [] if job_spec.image is not None else [rt.supervisor.python]
     command = [
@@ -97,8 +102,8 @@ def start(rt: AgentContext, req: ServeRequest, caller: Caller) -> JobInfo:
     ]
 
     def prepare(jp: JobPaths) -> None:
-        if files is not None:
-            _link_tree(files, jp.work / MODEL_DIR)
+        if mounts:
+            jobdeps.write(jp, {**jobdeps.read(jp), "mounts": mounts})
         elif req.tree is not None and SAVED_MODEL_PB not in {
             e["path"] for e in rt.trees.entries(req.tree)
         }:
@@ -111,22 +116,6 @@ def start(rt: AgentContext, req: ServeRequest, caller: Caller) -> JobInfo:
         (jp.root / SPEC_FILE).write_text(json.dumps(spec))
 
     return jobs.submit(rt, command, job_spec, req.tree, caller, prepare=prepare)
-
-
-def _link_tree(src: Path, dest: Path) -> None:
-    """Hard-link every regular file of `src` into `dest` (a copy where linking fails).
-    Links are skipped: a job's links are not followed out of its artifacts."""
-    for dirpath, _dirs, names in os.walk(src):
-        target = dest / Path(dirpath).relative_to(src)
-        target.mkdir(parents=True, exist_ok=True)
-        for name in names:
-            file = Path(dirpath) / name
-            if file.is_symlink() or not file.is_file():
-                continue
-            try:
-                os.link(file, target / name)
-            except OSError:
-                shutil.copy2(file, target / name)
 
 
 # -- what the agent knows of one ----------------------------------------------------------

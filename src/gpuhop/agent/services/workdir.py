@@ -89,7 +89,7 @@ def list_outputs(rt: AgentContext, job: JobRecord) -> list[WorkdirEntry]:
         made_ns = jp.materialised.stat().st_mtime_ns
     except OSError:
         made_ns = 0  # made by an older agent: compare every same-size file's content
-    mounts = {m["mount"].strip("/") for m in jobdeps.read(jp).get("data", [])}
+    mounts = {m["mount"].strip("/") for m in jobdeps.mounts(jobdeps.read(jp))}
     out: list[WorkdirEntry] = []
     for dirpath, dirs, files in os.walk(root):
         rel_dir = Path(dirpath).relative_to(root)

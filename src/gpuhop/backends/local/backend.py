@@ -29,7 +29,7 @@ from typing import Any
 
 from gpuhop.api import ErrorCode
 from gpuhop.api.spec import JobSpec
-from gpuhop.backends import kerasmode
+from gpuhop.backends import jobdeps, kerasmode
 from gpuhop.backends.base import Attempt, Ending, GpuHost, Refused, Started, StartError
 from gpuhop.backends.jobdeps import python as job_python
 from gpuhop.backends.leader import LeaderBackend, read_json
@@ -336,7 +336,7 @@ class LocalBackend(LeaderBackend):
         )
 
     def _sandboxed(self, deps: dict[str, Any]) -> bool:
-        return self.isolation() is None or bool(deps.get("data"))
+        return self.isolation() is None or bool(jobdeps.mounts(deps))
 
     def _write_gang(
         self,
@@ -386,9 +386,10 @@ class LocalBackend(LeaderBackend):
     def _isolation_args(
         self, deps: dict[str, Any], jp: JobPaths, workers: int, specs: dict[str, Any] | None
     ) -> list[str]:
-        """The leader's `--env` and `--sandbox` arguments for these deps; makes the datasets'
-        mount points. Every job gets a sandbox where this host allows one; a job with
-        datasets gets one anyway (and fails, saying why, where the host allows none)."""
+        """The leader's `--env` and `--sandbox` arguments for these deps; makes the mount
+        points of its datasets and other read-only dirs (`jobdeps.mounts`). Every job gets a
+        sandbox where this host allows one; a job with such mounts gets one anyway (and
+        fails, saying why, where the host allows none)."""
         args: list[str] = []
         if deps.get("env"):
             spec = dict(deps["env"], requirements=str(jp.root / "requirements.txt"))
@@ -397,7 +398,7 @@ class LocalBackend(LeaderBackend):
         if not self._sandboxed(deps):
             return args  # a single-user agent's choice; see gpuhop doctor
         binds = []
-        for mount in deps.get("data", []):
+        for mount in jobdeps.mounts(deps):
             target = jp.work / mount["mount"]
             target.mkdir(parents=True, exist_ok=True)
             binds.append({"source": mount["source"], "target": str(target)})

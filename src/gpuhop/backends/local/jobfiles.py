@@ -33,8 +33,8 @@ def own_files(jp: JobPaths, workers: int, identity: dict[str, Any] | None) -> li
 
 def give(identity: dict[str, Any], paths: list[Path]) -> None:
     """Make `paths` (and, for dirs, all they hold) the identity's. A file linked from
-    elsewhere too (a model server's SavedModel, linked from the job that wrote it) stays
-    whose it is: the job reads it, and changes to it would reach the other place."""
+    elsewhere too stays whose it is: a change to it would reach the other place. (gpuhop
+    links none into a job's dirs: a model server's SavedModel is mounted, not linked.)"""
     uid, gid = identity["uid"], identity["gid"]
     for path in paths:
         os.lchown(path, uid, gid)

@@ -6,11 +6,12 @@ What a container job gets is what the sandbox (sandbox.py) gives a venv job, mad
 instead: a read-only root (the image's), its own mount, PID and IPC namespaces, its own
 `/tmp` (the job's tmp dir, bound there), only its own dirs writable at the paths they have
 on the host (work dir, artifacts, checkpoints, control dir, log, metrics and provenance
-files), its datasets read-only, and nothing else of the agent's state dir; no capabilities,
-no new privileges, the uid and gid of the job's identity (the agent's own where it has none);
-and an init (catatonit) as its first process, which passes signals on and reaps orphans.
-gpuhop's own package is bound read-only at `GPUHOP_LIB` and put on PYTHONPATH, so the image's
-Python runs the start-up hook (metrics, resume) as a venv job's does.
+files), its datasets (and a model server's SavedModel: `jobdeps.mounts`) read-only, and
+nothing else of the agent's state dir; no capabilities, no new privileges, the uid and gid
+of the job's identity (the agent's own where it has none); and an init (catatonit) as its
+first process, which passes signals on and reaps orphans. gpuhop's own package is bound
+read-only at `GPUHOP_LIB` and put on PYTHONPATH, so the image's Python runs the start-up
+hook (metrics, resume) as a venv job's does.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import resource
 from pathlib import Path
 from typing import Any
 
+from gpuhop.backends import jobdeps
 from gpuhop.backends.base import Attempt, StartError
 from gpuhop.backends.local.jobfiles import VAR_TMP, own_files
 from gpuhop.backends.podman import PodmanSettings, find, missing, runtime
@@ -194,10 +196,10 @@ def container_args(
         mounts.add(path, path)
     mounts.add(jp.tmp, "/tmp")
     mounts.add(var_tmp, "/var/tmp")
-    for data in deps.get("data", []):
-        target = jp.work / data["mount"]
+    for mount in jobdeps.mounts(deps):  # its datasets, a model server's model
+        target = jp.work / mount["mount"]
         target.mkdir(parents=True, exist_ok=True)
-        mounts.add(data["source"], target, readonly=True)
+        mounts.add(mount["source"], target, readonly=True)
     package = Path(hook.__file__).resolve().parents[1]
     mounts.add(package, f"{GPUHOP_LIB}/gpuhop", readonly=True)
     who = identity or {"uid": os.getuid(), "gid": os.getgid()}

@@ -10,13 +10,13 @@ be chmod'ed back to writable). Instead the job runs in private namespaces made b
   is bound back at its own path: its work dir, artifacts, checkpoints, metrics file and
   logs (writable), its Python environment and what else it may read (read-only). The
   agent's socket, job store, tokens, TLS key, blobs, trees, datasets and every other job's
-  dir are not there. Each dataset's assembled tree is bind-mounted at its mount point in
-  the work dir and remounted read-only. Where the job's tree has a checkout, the work dir
-  bound back is an overlay of it (workview.py). The tmpfs itself is read-only. The job's
-  own temporary dir (`tmp` in the spec, in its job dir, kept with the job's files) is bound
-  over `/tmp`, so what it writes there neither collides with other jobs nor the host's; where
-  the state dir (or anything else the job must see) lies under `/tmp`, it is bound back at
-  its own path inside that;
+  dir are not there. Each dataset's assembled tree (and a model server's SavedModel) is
+  bind-mounted at its mount point in the work dir and remounted read-only. Where the job's
+  tree has a checkout, the work dir bound back is an overlay of it (workview.py). The tmpfs
+  itself is read-only. The job's own temporary dir (`tmp` in the spec, in its job dir, kept
+  with the job's files) is bound over `/tmp`, so what it writes there neither collides with
+  other jobs nor the host's; where the state dir (or anything else the job must see) lies
+  under `/tmp`, it is bound back at its own path inside that;
 - a PID namespace with its own /proc, so the job sees and signals only its own processes
   and cannot reach the host's mounts through another process's /proc/PID/root; when its
   first process (the leader's child) ends, the kernel kills every process left in it, so
