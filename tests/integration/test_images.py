@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -202,6 +203,8 @@ def test_what_cannot_run_in_an_image_is_refused_at_submit(
         assert "image localhost/gpuhop-test/absent:1 is not on this host" in (info.reason or "")
     done = agent.cli("run", "--image", minimal_image, "--python", "/usr/bin/python3", "x.py")
     assert done.returncode != 0 and "--python" in done.stderr
+    both = agent.cli("run", "--image", minimal_image, "--no-image", "x.py")
+    assert both.returncode != 0 and "--image" in both.stderr and "--no-image" in both.stderr
     # An agent whose host has no Podman says what to install; its default image (agent.toml)
     # is what a job that names none asks for.
     bare = make_module_agent(f'podman = "/nonexistent/podman"\nimage = "{minimal_image}"\n')
@@ -213,6 +216,18 @@ def test_what_cannot_run_in_an_image_is_refused_at_submit(
     with bare.client() as client, pytest.raises(GpuhopError) as e:
         client.serve(root, name="served", wait=False)
     assert e.value.status == 400 and "apt-get install podman runc" in e.value.message
+    # Unless it says --no-image: then it runs with the host's Python (the agent's venv), as
+    # a model server does.
+    (root / "prefix.py").write_text("import sys; print(sys.prefix)\n")
+    host = bare.cli("run", "--no-image", "--no-requirements", "prefix.py", cwd=root)
+    assert (host.returncode, host.stdout) == (0, f"{sys.prefix}\n"), host.stderr
+    with bare.client() as client:
+        server = client.serve(root, name="served", no_image=True, wait=False)
+        try:
+            assert server.job.info.image is None
+        finally:
+            server.job.cancel(grace=0)
+            server.job.wait(30)
 
 
 NETWORK = r"""

@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from gpuhop.agent.config import PolicyError, load
-from gpuhop.api import SubmitRequest
+from gpuhop.api import ServeRequest, SubmitRequest
 from gpuhop.api.spec import JobSpec, check_image
 from gpuhop.backends.base import Refused
 from gpuhop.backends.ray.backend import RayBackend
@@ -54,6 +54,27 @@ def test_an_image_takes_no_host_interpreter_but_requirements_on_top():
     assert on_top.requirements == "numpy\n"
     assert JobSpec.from_json(JobSpec(image="python:3.11").to_json()).image == "python:3.11"
     assert JobSpec(image="python:3.11").to_wire() == {"image": "python:3.11"}
+
+
+def test_no_image_travels_in_the_spec_of_a_job_and_of_a_model_server():
+    """`--no-image` (the host's Python where the agent's default is an image) is a field of
+    the one spec: on the wire, in the store, in a model server's request; with --image it
+    is refused in the same words by the command line, the SDK and the agent."""
+    both = JobSpec(image="python:3.11", no_image=True)
+    assert both.problems(jobopts.OPTION_NAMES) == [
+        "--image runs the job in that image; --no-image runs it with the host's Python:"
+        " give one of them"
+    ]
+    with pytest.raises(ValidationError, match="no_image runs it with the host's Python"):
+        SubmitRequest(command=["x"], image="python:3.11", no_image=True)
+    with pytest.raises(ValidationError, match="no_image runs it with the host's Python"):
+        ServeRequest(name="m", tree="a" * 64, image="python:3.11", no_image=True)
+    spec = JobSpec(no_image=True)
+    assert spec.to_wire() == {"no_image": True}
+    assert JobSpec.from_json(spec.to_json()).no_image is True
+    assert SubmitRequest(command=["x"], **spec.to_wire()).spec().no_image is True
+    assert ServeRequest(name="m", tree="a" * 64, no_image=True).spec().no_image is True
+    assert jobopts.spec_of({"no_image": True, "image": None}).no_image is True
 
 
 def test_the_command_line_sends_no_requirements_txt_with_an_image(tmp_path, monkeypatch):

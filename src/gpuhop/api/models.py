@@ -288,6 +288,9 @@ class SubmitRequest(StrictModel):
     # The name of the user's secret holding `user:password` for the registry `image` is
     # pulled from (where the host lacks it). An agent that predates it refuses it.
     image_secret: ImageSecretName | None = None
+    # No image at all, not even the agent's default: the host's Python (`--no-image`). An
+    # agent that predates it refuses it.
+    no_image: bool | None = None
     # Run the job in a private network namespace: none of its ports is reachable from
     # another host or from the host itself; `gpuhop forward` reaches them through the
     # agent. Multi-worker jobs always run in one. An agent that predates this refuses it.

@@ -49,6 +49,9 @@ class ServeRequest(StrictModel):
     # (as a job's `image_secret`). An agent that predates them refuses them.
     image: ImageRef | None = None
     image_secret: ImageSecretName | None = None
+    # No image, not even the agent's default: the host's Python, as a job's `no_image`. An
+    # agent that predates it refuses it.
+    no_image: bool = False
 
     @field_validator("env")
     @classmethod
@@ -98,6 +101,7 @@ class ServeRequest(StrictModel):
             env=self.env,
             image=self.image,
             image_secret=self.image_secret,
+            no_image=self.no_image,
             private_network=True,
         )
         return asked if asked.problems() else asked.settled()

@@ -196,6 +196,8 @@ class JobSpec(NamedTuple):
     image: str | None = None  # a container image the job runs in (Podman, the local backend)
     # The user's secret (user:password) the host pulls `image` from its registry with.
     image_secret: str | None = None
+    # No image, not even the agent's default (agent.toml `image`): the host's Python.
+    no_image: bool = False
     requirements: str | None = None  # a requirements file's text: the job's own venv
     data: tuple[Mount, ...] = ()
     # Buckets' prefixes, fetched onto the host while the job waits, at $GPUHOP_DATA/NAME.
@@ -254,6 +256,11 @@ class JobSpec(NamedTuple):
             found.append(f"{n('data_sources')} names two buckets' data {name}; give one :NAME")
         if self.image_secret is not None and self.image is None:
             found.append(f"{n('image_secret')} is the registry's login for {n('image')}; give both")
+        if self.image is not None and self.no_image:
+            found.append(
+                f"{n('image')} runs the job in that image; {n('no_image')} runs it with the"
+                " host's Python: give one of them"
+            )
         if self.image is not None and self.python is not None:
             found.append(
                 f"{n('image')} runs the job with the image's own python3;"

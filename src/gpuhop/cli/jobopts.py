@@ -132,6 +132,12 @@ IMAGE = params.Option(
     " python3. requirements.txt is then not sent; --requirements FILE installs FILE on top"
     " of the image with its pip (built once per image and file, then reused).",
 )
+NO_IMAGE = params.Option(
+    False,
+    "--no-image",
+    help="Run with the host's Python, not in a container image: also where the agent runs"
+    " every job in a default image (agent.toml `image`).",
+)
 IMAGE_SECRET = params.Option(
     None,
     "--image-secret",
@@ -222,6 +228,7 @@ OPTIONS: dict[str, Any] = {
     "no_requirements": NO_REQUIREMENTS,
     "python": PYTHON,
     "image": IMAGE,
+    "no_image": NO_IMAGE,
     "image_secret": IMAGE_SECRET,
     "mixed_gpus": MIXED_GPUS,
     "retries": RETRIES,

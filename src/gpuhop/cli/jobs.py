@@ -153,6 +153,7 @@ def run(  # noqa: PLR0913 (a command: each parameter is one of its options)
     no_requirements: bool = jobopts.NO_REQUIREMENTS,
     python: str | None = jobopts.PYTHON,
     image: str | None = jobopts.IMAGE,
+    no_image: bool = jobopts.NO_IMAGE,
     image_secret: str | None = jobopts.IMAGE_SECRET,
     notify: list[str] = jobopts.NOTIFY,
     mixed_gpus: bool = jobopts.MIXED_GPUS,

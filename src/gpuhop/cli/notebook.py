@@ -94,6 +94,11 @@ def notebook(  # noqa: PLR0913 (a command: each parameter is one of its options)
         "Run Jupyter in this container image on the GPU host (Podman; JupyterLab must be"
         " installed in the image; pulled to the host where it lacks it).",
     ),
+    no_image: bool = jobopts.worded(
+        jobopts.NO_IMAGE,
+        "Run Jupyter with the host's Python, not in a container image: also where the agent"
+        " runs every job in a default image (agent.toml `image`).",
+    ),
     image_secret: str | None = jobopts.IMAGE_SECRET,
     mixed_gpus: bool = jobopts.MIXED_GPUS,
     priority: int = jobopts.PRIORITY,

@@ -36,6 +36,12 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
         " own python3, which must have TensorFlow, starlette and uvicorn; gpuhop's serving"
         " code is mounted in read-only.",
     ),
+    no_image: bool = jobopts.worded(
+        jobopts.NO_IMAGE,
+        "Run the server with the agent's own Python (the host's TensorFlow), not in a"
+        " container image: also where the agent runs every job in a default image"
+        " (agent.toml `image`).",
+    ),
     image_secret: str | None = jobopts.IMAGE_SECRET,
     max_batch_size: int = typer.Option(
         32, "--max-batch-size", min=1, help="Rows per model call; 1 turns batching off."
@@ -69,7 +75,10 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
     With --image (or the agent's default image: agent.toml `image`) the server runs in that
     container image with the image's own python3 and packages; the image must have
     TensorFlow, starlette and uvicorn (a server whose image lacks one fails at once,
-    saying what to install there).
+    saying what to install there). --no-image runs it with the agent's own Python instead.
+
+    A job's SavedModel is not copied: the server sees it read-only, and the job's files
+    stay while the server is queued or running.
 
     Example: gpuhop serve digits-demo --name digits
     """
@@ -80,6 +89,7 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
             "priority": priority,
             "env": env,
             "image": image,
+            "no_image": no_image,
             "image_secret": image_secret,
         }
     )
@@ -93,6 +103,7 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
                 priority=spec.priority,
                 env=dict(spec.env),
                 image=spec.image,
+                no_image=spec.no_image,
                 image_secret=spec.image_secret,
                 max_batch_size=max_batch_size,
                 batch_timeout_ms=batch_timeout_ms,

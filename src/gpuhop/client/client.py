@@ -28,9 +28,9 @@ from gpuhop.client.transport.base import Endpoint
 from gpuhop.home import AgentPaths, default_home, user_dir
 
 # The job options a model server takes (`serve`): its GPUs, its place in the queue, its
-# environment and the image it runs in.
+# environment and the image it runs in (or none).
 SERVER_OPTIONS = frozenset(
-    {"gpus", "gpu_memory", "gpu_memory_mb", "priority", "env", "image", "image_secret"}
+    {"gpus", "gpu_memory", "gpu_memory_mb", "priority", "env", "image", "no_image", "image_secret"}
 )
 
 if TYPE_CHECKING:
@@ -273,7 +273,9 @@ class Client:
         lacks it, with your secret `image_secret` holding the registry's user:password
         where given; the local backend only; the work dir's requirements.txt is then not
         sent; `requirements` given with it are installed on top of the image by its own
-        pip, once per image and set). `private_network` runs it in a network namespace of
+        pip, once per image and set). `no_image` runs it with the host's Python where the
+        agent would run it in its default image (agent.toml `image`; an older agent refuses
+        it). `private_network` runs it in a network namespace of
         its own, whose ports only `forward` reaches (an older agent refuses it). `pack`
         puts the workers on as few nodes as possible on an agent with the Ray backend
         (default: spread across nodes; an older agent refuses it).
@@ -380,7 +382,8 @@ class Client:
         `options`, as `submit` takes them: `gpus` (whole GPUs), or `gpu_memory` (a share
         of one GPU, "6GiB"), `priority`, `env` (the server's environment variables), and
         `image` (a container image to serve from, with its own python3, which must have
-        TensorFlow, starlette and uvicorn) with `image_secret` (your secret to pull it with).
+        TensorFlow, starlette and uvicorn) with `image_secret` (your secret to pull it with),
+        or `no_image` (the agent's own Python, also where the agent's default is an image).
         """
         import gpuhop.client.serving as serving
         from gpuhop.api.spec import JobSpec

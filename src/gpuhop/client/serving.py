@@ -188,6 +188,8 @@ def serve(
         for key in ("image", "image_secret"):
             if getattr(spec, key) is not None:
                 fields[key] = getattr(spec, key)
+        if spec.no_image:
+            fields["no_image"] = True
     local = None if isinstance(source, Job) else Path(source)
     if isinstance(source, Job):
         fields["source_job"] = source.id

@@ -283,8 +283,9 @@ def _keep_copy(source: os.PathLike[str], dest: os.PathLike[str]) -> None:
 def with_default_image(rt: AgentContext, spec: JobSpec) -> JobSpec:
     """`spec` in the agent's default image (agent.toml `image`) where it asks for no
     environment of its own: no image, no interpreter (`--python`) and no requirements. A
-    job that names those asked for the host's Python, and keeps it."""
-    if rt.policy.image is None or spec.image or spec.python or spec.requirements is not None:
+    job that names those, or says `no_image`, asked for the host's Python, and keeps it."""
+    own = spec.image or spec.no_image or spec.python or spec.requirements is not None
+    if rt.policy.image is None or own:
         return spec
     return spec.replace(image=rt.policy.image)
 
