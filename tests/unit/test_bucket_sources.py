@@ -103,6 +103,11 @@ def test_the_cache_takes_whole_objects_as_blobs_and_makes_one_view_per_listing(t
     whole = cache.partial("alice", one)
     whole.write_bytes(b"abcde")
     cache.commit("alice", one, whole)
+    # Named by the flush of its batch: till then its partial waits, and no fetch claims it.
+    assert not cache.has("alice", one) and whole.read_bytes() == b"abcde"
+    assert cache.lacking("alice", [one.digest()]) == {one.digest()}
+    assert cache.claim("alice", one) is None
+    cache.flush()
     assert cache.has("alice", one) and not whole.exists()
     assert not cache.has("bob", one)  # another user's cache is not theirs
     two = one._replace(key="train/b.txt")
@@ -142,6 +147,37 @@ def test_a_partial_object_of_a_changed_identity_is_dropped(tmp_path: Path):
     found = cache.partials("alice", [kept, changed, fresh])
     assert {oid: have for oid, (_, have) in found.items()} == {kept: 3, changed: 0, fresh: 0}
     assert found[kept][0] == cache.partial("alice", kept) and not stale.exists()
+    cache.close()
+
+
+def test_one_download_at_a_time_writes_an_objects_partial(tmp_path: Path):
+    """A second fetch of an object (the same user's) waits for the first's download; another
+    user's is theirs; a partial being written is not dropped as another identity's."""
+    cache = ObjectCache(tmp_path / "objects", tmp_path / "objects.db", _blobs(tmp_path))
+    one = ObjectId("aws", "bkt", "a.bin", "e1", 3)
+    first = cache.claim("alice", one)
+    assert first is not None and first.mine
+    second = cache.claim("alice", one)
+    assert second is not None and not second.mine and second.done is first.done
+    bobs = cache.claim("bob", one)
+    assert bobs is not None and bobs.mine
+    part = cache.partial("alice", one)
+    part.write_bytes(b"ab")
+    changed = one._replace(etag="e2")  # listed meanwhile by a third fetch: its partial apart
+    assert cache.partial_bytes(cache.partial("alice", changed), changed) == 0
+    assert part.read_bytes() == b"ab"  # still the first download's
+    assert cache.sweep_partials(untouched_since=1e12) == []  # nor swept while written
+    cache.release("alice", one)  # it stopped: the next claim goes on from its bytes
+    assert second.done.is_set()
+    again = cache.claim("alice", one)
+    assert again is not None and again.mine and not again.done.is_set()
+    part.write_bytes(b"abc")
+    cache.commit("alice", one, part)
+    cache.release("alice", one)
+    assert cache.claim("alice", one) is None  # committed: taken, not downloaded again
+    cache.flush()
+    assert cache.claim("alice", one) is None and cache.has("alice", one)
+    cache.release("bob", one)
     cache.close()
 
 

@@ -207,7 +207,6 @@ class Fetches(Preparations[Fetch]):
         lacking = cache.lacking(user, ids)
         wanted = [oid for digest, oid in ids.items() if digest in lacking]
         partials = cache.partials(user, wanted)
-        parts = {oid: part for oid, (part, _) in partials.items()}
         need = sum(oid.size - have for oid, (_, have) in partials.items())
         with fetch.lock:
             fetch.phase = "downloading"
@@ -221,7 +220,13 @@ class Fetches(Preparations[Fetch]):
             if limit is not None:
                 cache.make_room(need, limit, self.keep(), self.room.blob_users)
             self.room.check_storage(need)
-            self._download(job.id, s3, user, parts, fetch)
+            self._download(job.id, s3, user, partials, fetch)
+            lost = cache.lacking(user, (oid.digest() for oid in wanted))
+            if lost:  # its bytes could not be flushed or named: the agent's log says why
+                raise BucketError(
+                    f"{len(lost)} of its objects came but could not be stored on this host"
+                    " (see the agent's log)"
+                )
         views = []
         for (source, listed), name in zip(listings, names, strict=True):
             view = cache.make_view(user, listed, name)
@@ -237,15 +242,46 @@ class Fetches(Preparations[Fetch]):
         return views
 
     def _download(
-        self, job_id: str, s3: Any, user: str, parts: dict[ObjectId, Path], fetch: Fetch
+        self,
+        job_id: str,
+        s3: Any,
+        user: str,
+        partials: dict[ObjectId, tuple[Path, int]],
+        fetch: Fetch,
     ) -> None:
+        """Download each of `partials` (an object, its partial and the bytes it holds)
+        not downloaded already by another fetch, and commit it; returns once each is
+        named in the cache."""
         stop = threading.Event()
 
-        def one(oid: ObjectId, part: Path) -> None:
+        def one(oid: ObjectId, part: Path, have: int) -> None:
+            while True:
+                claim = self.cache.claim(user, oid)
+                if claim is None:  # another fetch (of this user's) brought it meanwhile
+                    fetch.add(oid.size - have)
+                    break
+                if claim.mine:
+                    try:
+                        if not fetched(oid, part):
+                            return
+                    finally:
+                        self.cache.release(user, oid)
+                    break
+                # Another fetch downloads it into the same partial: its end is waited for,
+                # then asked about again (its object committed: taken; else this one goes on
+                # from its bytes).
+                while not claim.done.wait(CHECK_SECONDS):
+                    if stop.is_set() or self._stopping.is_set():
+                        return
+            with fetch.lock:
+                fetch.objects_done += 1
+
+        def fetched(oid: ObjectId, part: Path) -> bool:
+            """Download `oid` and commit it; False where the fetch stopped first."""
             sha = None
             for attempt in range(len(RETRY_SECONDS) + 1):
                 if stop.is_set():
-                    return
+                    return False
                 try:
                     sha = buckets.download(s3, oid, part, fetch.add)
                     break
@@ -262,16 +298,15 @@ class Fetches(Preparations[Fetch]):
                         e,
                     )
                     if stop.wait(RETRY_SECONDS[attempt]) or self._stopping.is_set():
-                        return
+                        return False
             try:
                 self.cache.commit(user, oid, part, sha)
             except ValueError as e:
                 raise BucketError(str(e)) from None
-            with fetch.lock:
-                fetch.objects_done += 1
+            return True
 
         with ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="fetch-get") as pool:
-            futures = [pool.submit(one, oid, part) for oid, part in parts.items()]
+            futures = [pool.submit(one, oid, *where) for oid, where in partials.items()]
             try:
                 for future in futures:
                     while True:
@@ -286,7 +321,7 @@ class Fetches(Preparations[Fetch]):
                     future.cancel()
                 raise
             finally:
-                self.cache.flush()  # what came is in the index, for the next fetch too
+                self.cache.flush()  # what came is named, for the view and the next fetch
         self.check(job_id)  # a download that stopped for the agent's end is no whole one
 
     def _pin(self, job_id: str, views: Iterable[str] = (), objects: Iterable[str] = ()) -> None:

@@ -283,8 +283,8 @@ def download(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]
     larger ones in parts of PART bytes read in parallel, each noted once written.
 
     Returns the bytes' sha256 where they came in one stream from the first byte: hashed as
-    they came, the file flushed to the disk (`ObjectCache.commit` reads it again
-    otherwise)."""
+    they came (`ObjectCache.commit` reads them again otherwise). The file is not flushed
+    here: the cache flushes a batch of objects together before it names them."""
     with translated():
         if oid.size <= ONE_GET_BYTES:
             return _stream(s3, oid, part, progress)
@@ -320,13 +320,9 @@ def _stream(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None])
                 if sha is not None:
                     sha.update(chunk)
                 progress(len(chunk))
-            if sha is None:
-                return None
-            out.flush()
-            os.fsync(out.fileno())  # a blob is named only once on the disk
     finally:
         body.close()
-    return sha.hexdigest()
+    return None if sha is None else sha.hexdigest()
 
 
 def _parts(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> None:

@@ -16,7 +16,17 @@ endpoint, bucket and key), continued after an interruption (an agent killed, a s
 by ranged reads from where it stopped; large objects are read in parts, each noted in
 `...parts` once written. A partial object of the same key with another identity (the object
 changed meanwhile) is dropped, and the object fetched whole. Only a whole object, of the
-listed size, becomes a blob: no job ever sees part of one.
+listed size, becomes a blob: no job ever sees part of one. One download at a time writes an
+object's partial (`claim`): a second fetch of it for the same user (two jobs with the same or
+overlapping data) waits for the first's, and takes the object from it, or, where that one
+stopped or failed, goes on from its bytes.
+
+**Flushed before named.** A whole object waits in its partial until a batch of them is
+flushed to the disk together (`settle.flush_files`), then each is named (blob, `by-id`) and
+the batch's rows written to the index in one transaction: after a power loss a named object
+is whole, and one flush serves many small objects (a flush each cost a 10,000-object prefix
+10,000 waits on the disk). An agent killed meanwhile leaves whole partials, which the next
+fetch of them finds whole and commits without a read of the bucket.
 
 **Views.** What a job sees of a prefix is a tree of hard links to its objects, named by the
 digest of the listing it shows, in `objects/USER/views/`, bound read-only into the job as a
@@ -36,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import secrets
 import shutil
@@ -46,8 +57,11 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from gpuhop.agent.storage import settle
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.usage import format_bytes
+
+log = logging.getLogger("gpuhop.agent")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (
@@ -68,10 +82,10 @@ CREATE TABLE IF NOT EXISTS prefixes (
 """
 # A large object is read in parts of this size, in parallel; each is kept once written.
 PART = 8 << 20
-# Committed objects' rows are written to the index together, in one transaction (one flush
-# to the disk), once this many wait or the oldest has waited this long, and before anything
-# reads the index: a row each cost a write to the disk under the cache's lock, which held
-# a fetch of small objects to one object per disk flush (20-30 ms here).
+# Committed objects are flushed to the disk, named, and their rows written to the index
+# (one transaction) together, once this many wait or the oldest has waited this long, and
+# when a fetch ends (`flush`): a flush of each object's file and a transaction for each row
+# held a fetch of small objects to a few disk flushes per object.
 FLUSH_ROWS = 256
 FLUSH_SECONDS = 1.0
 
@@ -122,6 +136,24 @@ class Keep(NamedTuple):
     objects: set[str]
 
 
+class Claim(NamedTuple):
+    """Who downloads an object into its partial now: the caller (`mine`: it calls `release`
+    when its download ends, however it ended), or another fetch, whose end sets `done`."""
+
+    mine: bool
+    done: threading.Event
+
+
+class _Whole(NamedTuple):
+    """An object downloaded whole to its partial, waiting for the flush that names it."""
+
+    user: str
+    oid: ObjectId
+    part: Path
+    sha: str
+    size: int
+
+
 class CacheFull(Exception):
     """The data cannot fit in `object_cache_size` beside what jobs need; says the figures."""
 
@@ -137,11 +169,18 @@ class ObjectCache:
         self.blobs = blobs
         root.mkdir(mode=0o700, exist_ok=True)
         self._lock = threading.RLock()
+        self._named = threading.Condition(self._lock)  # a batch of objects was flushed
         self._made: set[str] = set()  # users whose dirs exist
-        # Rows of objects committed since the last flush (see FLUSH_ROWS): each one's file
-        # is linked already, so the index still names an object only while its file is there.
-        self._rows: list[tuple[str, str, str, int]] = []
-        self._rows_since = 0.0
+        # Objects committed and not yet flushed (see FLUSH_ROWS): their partials are whole,
+        # and neither named nor in the index until their batch is flushed.
+        self._waiting: list[_Whole] = []
+        self._waiting_since = 0.0
+        self._batches = 0  # batches taken to be flushed, so far
+        self._flushing: set[int] = set()  # those being flushed (the lock let go meanwhile)
+        # Partials that one download writes now (`claim`), and those committed whose batch
+        # is not named yet: a second fetch of one waits, and neither is swept nor dropped.
+        self._claims: dict[Path, threading.Event] = {}
+        self._committed: set[Path] = set()
         self._db = sqlite3.connect(index, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA busy_timeout=5000")
@@ -149,23 +188,79 @@ class ObjectCache:
         index.chmod(0o600)
 
     def close(self) -> None:
+        self.flush()
         with self._lock:
-            self._flush()
             self._db.close()
 
     def flush(self) -> None:
-        """Write the rows of the objects committed so far to the index (see FLUSH_ROWS)."""
+        """Flush and name the objects committed so far (see FLUSH_ROWS); returns once each
+        object committed before the call is named, or was dropped (its bytes could not be
+        flushed or named: the error is logged, and `lacking` still names it)."""
+        self._flush_batch()
         with self._lock:
-            self._flush()
+            last = self._batches
+            while any(n <= last for n in self._flushing):
+                self._named.wait()
 
-    def _flush(self) -> None:
-        """`flush`, under the lock; every reader of the index calls it first."""
-        if not self._rows:
-            return
+    def _flush_batch(self) -> None:
+        """Take the objects waiting, flush their bytes to the disk (the lock let go: commits
+        go on meanwhile), then name them and write their rows."""
+        with self._lock:
+            batch, self._waiting = self._waiting, []
+            if not batch:
+                return
+            self._batches += 1
+            number = self._batches
+            self._flushing.add(number)
+        try:
+            try:
+                settle.flush_files([whole.part for whole in batch])
+            except OSError as e:  # bytes that may not be on the disk are never named
+                log.error("object cache: could not flush %d downloaded objects: %s", len(batch), e)
+                for whole in batch:
+                    _drop_partial(whole.part, whole.oid)
+                return
+            with self._lock:
+                self._name(batch)
+        finally:
+            with self._lock:
+                self._committed.difference_update(whole.part for whole in batch)
+                self._flushing.discard(number)
+                self._named.notify_all()
+
+    def _name(self, batch: Sequence[_Whole]) -> None:
+        """Name each object of `batch`, flushed: its bytes become a blob (or join the same
+        bytes stored already), linked into its user's namespace; then the batch's rows in
+        one transaction, then its partials go. Under the lock."""
+        rows = []
+        for whole in batch:
+            try:
+                os.chmod(whole.part, 0o444)
+                self.blobs.adopt(whole.sha)  # touched first: the blob store's collection leaves it
+                blob = self.blobs.path(whole.sha)
+                try:
+                    _link_new(whole.part, blob)
+                    self.blobs.count_added(whole.size)
+                except FileExistsError:
+                    pass  # the same bytes are here already
+                by_id = self.path(whole.user, whole.oid)
+                try:
+                    os.link(blob, by_id)
+                except FileExistsError:  # an earlier copy's name: replaced
+                    link = whole.part.with_name(whole.part.name + ".link")
+                    link.unlink(missing_ok=True)
+                    os.link(blob, link)
+                    os.replace(link, by_id)
+            except OSError as e:
+                log.error("object cache: could not store %s: %s", whole.oid.key, e)
+                continue
+            rows.append((whole.user, whole.oid.digest(), whole.sha, whole.size))
+        # The rows after the files: the index names an object only while its file is there.
         self._db.execute("BEGIN")
-        self._db.executemany("INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?)", self._rows)
+        self._db.executemany("INSERT OR REPLACE INTO objects VALUES (?, ?, ?, ?)", rows)
         self._db.execute("COMMIT")
-        self._rows.clear()
+        for whole in batch:
+            _drop_partial(whole.part, whole.oid)
 
     # -- one user's files --------------------------------------------------------------------
 
@@ -187,12 +282,12 @@ class ObjectCache:
             return False
 
     def lacking(self, user: str, ids: Iterable[str]) -> set[str]:
-        """Those of the object ids (`ObjectId.digest`s) that `user`'s cache lacks: one
-        query of the index, which names an object only while its file is there (`commit`
-        links the file before the row, eviction drops the row before the file)."""
+        """Those of the object ids (`ObjectId.digest`s) that `user`'s cache lacks (an
+        object committed but not yet flushed too): one query of the index, which names an
+        object only while its file is there (a flush links the file before the row,
+        eviction drops the row before the file)."""
         wanted = list(dict.fromkeys(ids))
         with self._lock:
-            self._flush()
             rows = self._db.execute(
                 "SELECT value FROM json_each(?) WHERE value NOT IN"
                 " (SELECT id FROM objects WHERE user = ?)",
@@ -202,7 +297,8 @@ class ObjectCache:
 
     def partial(self, user: str, oid: ObjectId) -> Path:
         """Where `oid`'s download goes (and stays while incomplete). Partials of the same
-        key with another identity (the object changed since) are dropped here."""
+        key with another identity (the object changed since) are dropped here, but for one
+        that a download writes now (or that waits to be named)."""
         return self.partials(user, [oid])[oid][0]
 
     def partials(self, user: str, oids: Iterable[ObjectId]) -> dict[ObjectId, tuple[Path, int]]:
@@ -213,12 +309,13 @@ class ObjectCache:
         with os.scandir(folder) as entries:
             for entry in entries:
                 here.setdefault(entry.name[:32], []).append(entry.name)
+        busy = self._busy()
         found = {}
         for oid in oids:
             mine = f"{oid.key_digest()}-{oid.digest()}"
             names = here.get(oid.key_digest(), [])
             for name in names:
-                if not name.startswith(mine):
+                if not name.startswith(mine) and folder / name.split(".")[0] not in busy:
                     (folder / name).unlink(missing_ok=True)
             part = folder / mine
             have = self.partial_bytes(part, oid) if mine in names else 0
@@ -237,11 +334,11 @@ class ObjectCache:
             return 0
 
     def commit(self, user: str, oid: ObjectId, part: Path, sha: str | None = None) -> None:
-        """Take the whole object downloaded to `part` as `oid`'s: its bytes become a blob
-        (or join the same bytes stored already), linked into `user`'s namespace. `sha`: the
-        bytes' sha256 where the download hashed them as they came and flushed the file
-        (else it is read again here). ValueError (and the partial dropped) where its size
-        is not the listing's."""
+        """Take the whole object downloaded to `part` as `oid`'s: it is named (its bytes a
+        blob, linked into `user`'s namespace) by the flush of its batch (see FLUSH_ROWS), by
+        this call or a later one, or by `flush`. `sha`: the bytes' sha256 where the download
+        hashed them as they came (else they are read again here). ValueError (and the
+        partial dropped) where its size is not the listing's."""
         try:
             size = part.stat().st_size
             if size != oid.size:
@@ -250,37 +347,48 @@ class ObjectCache:
                     " during the fetch?)"
                 )
             if sha is None:
-                sha = _file_sha256(part)  # and flushed: a blob is named only once on the disk
-            blob = self.blobs.path(sha)
-            by_id = self.path(user, oid)
-            os.chmod(part, 0o444)
-            # Few calls under the lock, which every download thread takes in turn: the blob
-            # linked where it is new (else the same bytes are here already), then the
-            # user's name for it (replaced where an earlier copy is there).
-            with self._lock:
-                self.blobs.adopt(sha)  # touched first: the blob store's collection leaves it
-                try:
-                    _link_new(part, blob)
-                    self.blobs.count_added(size)
-                except FileExistsError:
-                    pass
-                try:
-                    os.link(blob, by_id)
-                except FileExistsError:
-                    link = part.with_name(part.name + ".link")
-                    link.unlink(missing_ok=True)
-                    os.link(blob, link)
-                    os.replace(link, by_id)
-                now = time.monotonic()
-                if not self._rows:
-                    self._rows_since = now
-                self._rows.append((user, oid.digest(), sha, size))
-                if len(self._rows) >= FLUSH_ROWS or now - self._rows_since >= FLUSH_SECONDS:
-                    self._flush()
-        finally:
-            part.unlink(missing_ok=True)
-            if oid.size > PART:  # only an object read in parts has their note
-                part.with_name(part.name + ".parts").unlink(missing_ok=True)
+                sha = _file_sha256(part)
+        except BaseException:
+            _drop_partial(part, oid)
+            raise
+        with self._lock:
+            if part in self._committed:
+                return  # committed already (the same partial: the same bytes)
+            self._committed.add(part)
+            now = time.monotonic()
+            if not self._waiting:
+                self._waiting_since = now
+            self._waiting.append(_Whole(user, oid, part, sha, size))
+            due = len(self._waiting) >= FLUSH_ROWS or now - self._waiting_since >= FLUSH_SECONDS
+        if due:
+            self._flush_batch()
+
+    def claim(self, user: str, oid: ObjectId) -> Claim | None:
+        """Who downloads `oid` for `user`: None where nobody need (it is here, or committed
+        and named at the next flush); else the caller, or another fetch under way."""
+        part = self._part(user, oid)
+        with self._lock:
+            if part in self._committed or self.has(user, oid):
+                return None
+            held = self._claims.get(part)
+            if held is not None:
+                return Claim(False, held)
+            done = self._claims[part] = threading.Event()
+            return Claim(True, done)
+
+    def release(self, user: str, oid: ObjectId) -> None:
+        """The caller's download of `oid` (its `claim`) ended: committed, stopped or failed."""
+        with self._lock:
+            done = self._claims.pop(self._part(user, oid))
+        done.set()
+
+    def _part(self, user: str, oid: ObjectId) -> Path:
+        return self.user_dir(user) / "partial" / f"{oid.key_digest()}-{oid.digest()}"
+
+    def _busy(self) -> set[Path]:
+        """The partials a download writes now, or that wait to be named."""
+        with self._lock:
+            return {*self._claims, *self._committed}
 
     # -- views -------------------------------------------------------------------------------
 
@@ -304,7 +412,6 @@ class ObjectCache:
         with self._lock:
             if path.is_dir():
                 return path
-            self._flush()
             # Its rows first: a view on disk is always one the index names (see `view`).
             self._db.execute("BEGIN")
             self._db.executemany(
@@ -363,7 +470,6 @@ class ObjectCache:
     def size(self) -> int:
         """Bytes the cache holds: each distinct blob once, and the partial objects."""
         with self._lock:
-            self._flush()
             (whole,) = self._db.execute(
                 "SELECT COALESCE(SUM(size), 0) FROM"
                 " (SELECT MAX(size) AS size FROM objects GROUP BY sha256)"
@@ -403,7 +509,6 @@ class ObjectCache:
 
     def _held(self, keep: Keep) -> int:
         """Bytes of the distinct blobs that `keep` needs, and of the partial objects."""
-        self._flush()
         rows = self._db.execute(
             "SELECT o.id, o.sha256, o.size, v.view FROM objects o LEFT JOIN view_objects v"
             " ON v.user = o.user AND v.id = o.id"
@@ -424,7 +529,6 @@ class ObjectCache:
         and what no prefix needs any more; return (prefixes, bytes) removed (or that would
         be, with `dry_run`)."""
         with self._lock:
-            self._flush()
             stale = [
                 p
                 for p in self.prefixes()
@@ -442,14 +546,16 @@ class ObjectCache:
     def shas(self) -> set[str]:
         """The blobs the cache holds (kept by the blob store's collection)."""
         with self._lock:
-            self._flush()
             return {row[0] for row in self._db.execute("SELECT DISTINCT sha256 FROM objects")}
 
     def sweep_partials(self, untouched_since: float, dry_run: bool = False) -> list[int]:
         """Remove partial objects no download wrote to since `untouched_since` (of fetches
         never resumed); return the bytes of each."""
         freed = []
+        busy = self._busy()
         for path in self.root.glob("*/partial/*"):
+            if path.with_name(path.name.split(".")[0]) in busy:
+                continue
             try:
                 st = path.stat()
             except OSError:
@@ -471,7 +577,6 @@ class ObjectCache:
     ) -> None:
         """Drop the views no prefix names (and `keep` does not), then the objects no view
         holds (nor `keep`), then the blobs of those that no one else holds."""
-        self._flush()
         db = self._db
         views = db.execute(
             "SELECT DISTINCT user, view FROM view_objects v WHERE NOT EXISTS"
@@ -557,8 +662,14 @@ def _link_new(source: Path, target: Path) -> None:
 
 def _file_sha256(path: Path) -> str:
     with open(path, "rb") as f:
-        os.fsync(f.fileno())
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _drop_partial(part: Path, oid: ObjectId) -> None:
+    """Remove a partial object, and the note of its parts where it has one."""
+    part.unlink(missing_ok=True)
+    if oid.size > PART:  # only an object read in parts has their note
+        part.with_name(part.name + ".parts").unlink(missing_ok=True)
 
 
 def _bytes(n: int) -> str:

@@ -1,6 +1,7 @@
 """Runs in the agent: blobs made durable and named in the background, several at once; the
-directories of a dataset version flushed to the disk before it is named; and the helpers
-that flush a file (`durable`) or hand its bytes to the disk early (`write_back`).
+directories of a dataset version flushed to the disk before it is named; a batch of files
+flushed together (`flush_files`: the object cache's downloads); and the helpers that flush a
+file (`durable`) or hand its bytes to the disk early (`write_back`).
 
 A blob is named only once its bytes are on disk (see `blobs`): after a power loss a stored
 blob is whole or absent. Waiting for each fsync before receiving the next blob made an
@@ -17,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import BinaryIO
@@ -83,6 +84,29 @@ def flush_dirs(root: Path) -> None:
     with ThreadPoolExecutor(FLUSHERS, "gpuhop-flush") as pool:
         for _ in pool.map(flush_dir, dirs):
             pass
+
+
+def flush_files(paths: Sequence[Path]) -> None:
+    """Flush the bytes of these files (written, not yet named) to the disk, on FLUSHERS
+    threads: flushes made at once share the journal's commits. Only these files' bytes are
+    waited for (fdatasync each), not the whole filesystem's (syncfs): on this machine 2,000
+    small files flush in 0.2-0.3 s this way (1 ms each one after another, 0.08 s for one
+    syncfs), and a syncfs would also wait for whatever else is written there, a job's
+    checkpoints on the same disk. OSError where one cannot be flushed."""
+    if len(paths) == 1:
+        _flush_file(paths[0])
+        return
+    with ThreadPoolExecutor(min(FLUSHERS, len(paths)), "gpuhop-flush") as pool:
+        for _ in pool.map(_flush_file, paths):
+            pass
+
+
+def _flush_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 def flush_dir(path: str | os.PathLike[str]) -> None:
