@@ -321,3 +321,61 @@ def test_a_large_objects_download_reads_only_the_parts_not_yet_written(s3: S3, t
             buckets.download(client, oid._replace(etag="0" * 32), part, came.append)
         assert not refused.value.transient
         client.close()
+
+
+def test_jobs_fetching_the_same_object_at_once_download_it_once(
+    shared_agent: Agent,
+    s3: S3,  # noqa: F811
+    project,
+):
+    """Two jobs with the same data, and a third whose prefix holds it too, submitted while
+    the first one's download of the object is under way (through a slow link, sped up once
+    all three fetches are downloading): the later fetches wait for that download rather than
+    write the same partial object beside it. The object is read from the bucket once, stored
+    once, and each job reads its whole bytes."""
+    root = project({"read.py": READ})
+    big, other = os.urandom(2 * MiB), b"other\n"
+    client = s3.client()
+    client.create_bucket(Bucket="gpuhop-race")
+    client.put_object(Bucket="gpuhop-race", Key="r/big.bin", Body=big)
+    client.put_object(Bucket="gpuhop-race", Key="other.txt", Body=other)
+    client.close()
+    host, port = re.match(r"http://(.+):(\d+)", s3.url).groups()  # type: ignore[union-attr]
+    partials = lambda: list(shared_agent.home.glob("objects/*/partial/*"))  # noqa: E731
+    same = ["s3://gpuhop-race/r:r"]
+    with Link((host, int(port)), rate=64 << 10) as link, shared_agent.client() as user:
+        _secrets(user, link.url, s3.key_id, s3.secret)
+        try:
+            mark = s3.mark()
+            first = user.submit(["read.py", "r"], workdir=root, data=same)
+            wait_until(lambda: any(p.stat().st_size for p in partials()), timeout=60)
+            second = user.submit(["read.py", "r"], workdir=root, data=same)
+            wider = user.submit(["read.py", "all"], workdir=root, data=["s3://gpuhop-race:all"])
+            wait_until(
+                lambda: all(" objects" in (j.refresh().waiting or "") for j in (second, wider)),
+                timeout=60,
+            )
+            link.rate = 1 << 30
+            for job in (first, second, wider):
+                assert job.wait(timeout=60).end_class == "succeeded", job.info.reason
+            whole = f"{2 * MiB} {_sha(big)}"
+            assert _lines(b"".join(first.logs())) == [f"file big.bin {whole}"]
+            assert _lines(b"".join(second.logs())) == [f"file big.bin {whole}"]
+            assert _lines(b"".join(wider.logs())) == [
+                f"file other.txt 6 {_sha(other)}",
+                f"file r/big.bin {whole}",
+            ]
+            gets = [r for r in s3.requests(mark) if r.startswith("GET /gpuhop-race/r/big.bin")]
+            assert gets == ["GET /gpuhop-race/r/big.bin"]
+            # One blob, linked as the user's object and in the two views (same data: one).
+            blob = shared_agent.paths.blobs / _sha(big)[:2] / _sha(big)
+            assert blob.stat().st_nlink == 4
+            assert partials() == []
+        finally:
+            for name in (
+                "AWS_ACCESS_KEY_ID",
+                "AWS_SECRET_ACCESS_KEY",
+                "AWS_ENDPOINT_URL",
+                "AWS_REGION",
+            ):
+                user.remove_secret(name)
