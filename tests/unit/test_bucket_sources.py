@@ -203,10 +203,10 @@ def test_a_single_user_agents_client_is_kept_until_the_users_aws_configuration_c
     creds = Credentials("me", {"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b"}, True)
     first = buckets.client(creds, 4)
     assert buckets.client(creds, 4) is first
-    assert first.meta.region_name == "eu-west-1"
+    assert first.s3.meta.region_name == "eu-west-1"
     config.write_text("[default]\nregion = eu-north-1\n")
     second = buckets.client(creds, 4)
-    assert second is not first and second.meta.region_name == "eu-north-1"
+    assert second is not first and second.s3.meta.region_name == "eu-north-1"
     # Another secret's value: another client, whatever the configuration says.
     assert (
         buckets.client(creds._replace(values={**creds.values, "AWS_SECRET_ACCESS_KEY": "c"}), 4)

@@ -1,5 +1,6 @@
-"""Runs in the agent: reads an S3-compatible bucket with a user's own credentials (boto3), for
-`--data s3://...`: lists a prefix, and downloads each object into the user's object cache.
+"""Runs in the agent: reads an S3-compatible bucket with a user's own credentials, for
+`--data s3://...`: lists a prefix (boto3), and downloads each object into the user's object
+cache (obstore: Rust's object_store, about a quarter of boto3's CPU a GET).
 
 The credentials are the user's secrets named as the AWS SDK names its variables
 (`CREDENTIAL_NAMES`). On a team agent they are all there is: the session built here reads no
@@ -8,8 +9,13 @@ one user's fetch never runs as the operator. A single-user agent (the embedded o
 reached over SSH) serves the user whose machine it is: what their secrets leave unsaid comes
 from their usual AWS configuration (environment, `~/.aws`, instance role).
 
+boto3 resolves the credentials, endpoint, region and addressing style, and obstore is given
+all of them explicitly (`Reader.store`): obstore reads every AWS_* variable of the process
+itself, with no way to turn that off, so each setting of those a GET would heed is given a
+value of ours, which wins (and the HTTP client's options whole, which replace the variables').
+
 Errors come back as `BucketError` in the bucket's own words ("NoSuchBucket: The specified
-bucket does not exist"). boto3 is imported on first use: only a fetch loads it.
+bucket does not exist"). boto3 and obstore are imported on first use: only a fetch loads them.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -85,15 +92,116 @@ class Credentials(NamedTuple):
         )
 
 
-# Clients kept for the credentials they sign with: making one costs 0.2-0.5 s of the agent's
-# CPU (boto3 loads and checks the service's model), which an unchanged prefix's re-fetch,
-# one listing, would otherwise pay each time. A client is thread-safe; new secrets (a
+class Reader:
+    """One user's way to their buckets, thread-safe: boto3's client (`s3`) lists, and
+    resolves what every request needs (credentials, endpoint, region, addressing style);
+    obstore's stores, one a bucket made from those, read the objects' bytes."""
+
+    def __init__(self, s3: Any, credentials: Any, connections: int):
+        self.s3 = s3
+        self.credentials = credentials  # botocore's (they may renew themselves), or None
+        self.connections = connections
+        self.regions: dict[str, str] = {}  # a bucket's region, where its listing said it
+        self._stores: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def store(self, bucket: str) -> Any:
+        """obstore's S3Store for `bucket`, made once (it keeps its connections)."""
+        with self._lock:
+            made = self._stores.get(bucket)
+        if made is None:
+            made = self._new_store(bucket)
+            with self._lock:
+                made = self._stores.setdefault(bucket, made)
+        return made
+
+    def _new_store(self, bucket: str) -> Any:
+        from datetime import UTC, datetime, timedelta
+        from urllib.parse import urlsplit
+
+        from obstore.store import S3Store
+
+        if self.credentials is None:
+            raise BucketError("NoCredentialsError: Unable to locate credentials")
+        renews = hasattr(self.credentials, "refresh_needed")  # an instance role's, SSO's
+
+        def credential() -> dict[str, Any]:
+            now = self.credentials.get_frozen_credentials()
+            return {
+                "access_key_id": now.access_key,
+                "secret_access_key": now.secret_key,
+                "token": now.token,
+                # Asked again after this: botocore renews them ahead of their expiry.
+                "expires_at": datetime.now(UTC) + timedelta(minutes=5) if renews else None,
+            }
+
+        # Where boto3 would send a GET of this bucket (its endpoint, and path or virtual-host
+        # addressing as the endpoint and the user's configuration say): signed here, not sent.
+        try:
+            url = urlsplit(
+                self.s3.generate_presigned_url(
+                    "get_object", Params={"Bucket": bucket, "Key": "k"}, ExpiresIn=60
+                )
+            )
+        except Exception as e:
+            raise BucketError(f"{type(e).__name__}: {e}") from None
+        region = self.s3.meta.region_name or "us-east-1"
+        virtual = not url.path.startswith(f"/{bucket}/")
+        base = url.path.removesuffix("/k") if virtual else url.path.removesuffix(f"/{bucket}/k")
+        endpoint = f"{url.scheme}://{url.netloc}{base}"
+        listed = self.regions.get(bucket)
+        if listed and listed != region and url.netloc.endswith(".amazonaws.com"):
+            # AWS itself, the bucket in another region than the client's (boto3's listing
+            # followed the redirect): its own region's endpoint.
+            region = listed
+            host = f"{bucket}.s3.{region}" if virtual else f"s3.{region}"
+            endpoint = f"https://{host}.amazonaws.com"
+        explicit = {
+            "bucket": bucket,
+            "region": region,
+            "endpoint": endpoint,
+            "aws_endpoint_url_s3": endpoint,  # else the process's AWS_ENDPOINT_URL_S3 wins
+            "virtual_hosted_style_request": virtual,
+            "s3_express": False,
+            "skip_signature": False,
+            "unsigned_payload": False,
+            "request_payer": False,
+            # Not SSE-C: a customer key (AWS_SSE_CUSTOMER_KEY_BASE64) goes with no GET.
+            "server_side_encryption": "AES256",
+        }
+        try:
+            return S3Store(
+                config=explicit,  # type: ignore[arg-type]
+                client_options={
+                    "allow_http": url.scheme == "http",
+                    "connect_timeout": timedelta(seconds=10),
+                    # As boto3's read_timeout: a read that waits this long fails; a large
+                    # object's whole stream may take as long as it takes.
+                    "read_timeout": timedelta(seconds=60),
+                    "timeout": timedelta(days=1),
+                    "pool_max_idle_per_host": str(max(10, self.connections)),
+                },
+                # botocore's 3 attempts (standard mode) for a request that fails before its
+                # body (a server error, a connection refused).
+                retry_config={"max_retries": 2, "retry_timeout": timedelta(seconds=60)},
+                credential_provider=credential,  # type: ignore[arg-type]
+            )
+        except Exception as e:  # a malformed endpoint, ...
+            raise BucketError(f"{type(e).__name__}: {e}") from None
+
+    def close(self) -> None:
+        self.s3.close()
+
+
+# Readers kept for the credentials they sign with: making boto3's client costs 0.2-0.5 s of
+# the agent's CPU (boto3 loads and checks the service's model), which an unchanged prefix's
+# re-fetch, one listing, would otherwise pay each time. A reader is thread-safe; new secrets (a
 # rotated key, a new session token) make a new one, and so does a change of the user's own
 # configuration where a single-user agent reads it (`_own_config`): its files are looked at
 # (a stat each) at every fetch. Credentials that expire (an instance role's, SSO's) are
 # renewed by the client itself.
 KEPT_CLIENTS = 16
-_clients: dict[tuple[object, ...], Any] = {}
+_clients: dict[tuple[object, ...], Reader] = {}
 _clients_lock = threading.Lock()
 # Where boto3 reads the user's own configuration from: the variable naming each file, and
 # its default.
@@ -103,8 +211,8 @@ _CONFIG_FILES = (
 )
 
 
-def client(creds: Credentials, connections: int) -> Any:
-    """An S3 client signing with `creds`, for `connections` threads at once."""
+def client(creds: Credentials, connections: int) -> Reader:
+    """A reader signing with `creds`, for `connections` threads at once."""
     own = _own_config() if creds.own_config else None
     key = (tuple(sorted(creds.values.items())), connections, own)
     with _clients_lock:
@@ -136,8 +244,9 @@ def _own_config() -> tuple[object, ...]:
     return (env, tuple(files))
 
 
-def _new_client(creds: Credentials, connections: int) -> Any:
+def _new_client(creds: Credentials, connections: int) -> Reader:
     import boto3
+    import botocore.credentials
     import botocore.session
     from botocore.config import Config
 
@@ -178,21 +287,28 @@ def _new_client(creds: Credentials, connections: int) -> Any:
         read_timeout=60,
     )
     try:
-        return session.client(
-            "s3", region_name=region, endpoint_url=endpoint, config=config, **keys
-        )
+        s3 = session.client("s3", region_name=region, endpoint_url=endpoint, config=config, **keys)
+        if keys:
+            credentials: Any = botocore.credentials.Credentials(
+                keys["aws_access_key_id"],
+                keys["aws_secret_access_key"],
+                keys["aws_session_token"],
+            )
+        else:  # a single-user agent's own configuration (a team agent's have keys)
+            credentials = session.get_credentials()
     except Exception as e:  # a malformed endpoint, an unknown profile, ...
         raise BucketError(f"{type(e).__name__}: {e}") from None
+    return Reader(s3, credentials, connections)
 
 
-def listing(s3: Any, source: DataSource, endpoint: str) -> list[Listed]:
+def listing(reader: Reader, source: DataSource, endpoint: str) -> list[Listed]:
     """Every object under the source's prefix, as its view will show it: its path below the
     prefix, and its identity (with its VersionId where the bucket has versioning). Folder
     markers (keys ending in '/') are left out; a key that cannot be a file's path there
     fails, naming it."""
     found: list[Listed] = []
     files: set[str] = set()
-    for item in _pages(s3, source):
+    for item in _pages(reader, source):
         key = item["Key"]
         path = key[len(source.prefix) :]
         if key.endswith("/"):
@@ -220,7 +336,7 @@ def listing(s3: Any, source: DataSource, endpoint: str) -> list[Listed]:
     return found
 
 
-def _pages(s3: Any, source: DataSource) -> Iterator[dict[str, Any]]:
+def _pages(reader: Reader, source: DataSource) -> Iterator[dict[str, Any]]:
     """The prefix's objects: from ListObjectsV2, or, where the bucket has (or had)
     versioning, the latest version of each key from ListObjectVersions (a key whose latest
     version is a delete marker is gone). A bucket that will not say whether it has
@@ -229,6 +345,7 @@ def _pages(s3: Any, source: DataSource) -> Iterator[dict[str, Any]]:
     unchanged prefix's re-fetch costs the time of its listing, not of one request more."""
     from concurrent.futures import ThreadPoolExecutor
 
+    s3 = reader.s3
     with translated():
         pages: Iterator[dict[str, Any]] = iter(
             s3.get_paginator("list_objects_v2").paginate(Bucket=source.bucket, Prefix=source.prefix)
@@ -241,6 +358,10 @@ def _pages(s3: Any, source: DataSource) -> Iterator[dict[str, Any]]:
             except Exception as e:  # the versioning's answer first, as when asked in turn
                 first = e
             status = asked.result()
+        if isinstance(first, dict):  # the bucket's region, where its objects are read
+            region = first.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+            if region.get("x-amz-bucket-region"):
+                reader.regions[source.bucket] = region["x-amz-bucket-region"]
         if status in ("Enabled", "Suspended"):
             versions = s3.get_paginator("list_object_versions").paginate(
                 Bucket=source.bucket, Prefix=source.prefix
@@ -274,7 +395,9 @@ def _code(e: BaseException) -> str | None:
     return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
 
 
-def download(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> str | None:
+def download(
+    reader: Reader, oid: ObjectId, part: Path, progress: Callable[[int], None]
+) -> str | None:
     """Fetch the object `oid` names into its partial file `part`, continuing where an
     earlier download stopped; call `progress` with each number of bytes that came. Every
     read names the listed version (If-Match on the ETag, and the VersionId where there is
@@ -286,22 +409,30 @@ def download(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]
     they came (`ObjectCache.commit` reads them again otherwise). The file is not flushed
     here: the cache flushes a batch of objects together before it names them."""
     with translated():
+        store = reader.store(oid.bucket)
         if oid.size <= ONE_GET_BYTES:
-            return _stream(s3, oid, part, progress)
-        _parts(s3, oid, part, progress)
+            return _stream(store, oid, part, progress)
+        _parts(store, oid, part, progress)
         return None
 
 
-def _get(s3: Any, oid: ObjectId, first: int, last: int | None) -> Any:
-    args: dict[str, Any] = {"Bucket": oid.bucket, "Key": oid.key, "IfMatch": f'"{oid.etag}"'}
+def _get(store: Any, oid: ObjectId, first: int, last: int | None) -> Iterator[bytes]:
+    """The object's bytes `first` to `last` (inclusive; None: to its end), in chunks of
+    CHUNK bytes or more (the last may be less)."""
+    import obstore
+
+    options: dict[str, Any] = {"if_match": f'"{oid.etag}"'}
     if oid.version:
-        args["VersionId"] = oid.version
-    if first or last is not None:
-        args["Range"] = f"bytes={first}-{'' if last is None else last}"
-    return s3.get_object(**args)["Body"]
+        options["version"] = oid.version
+    if last is not None:
+        options["range"] = (first, last + 1)
+    elif first:
+        options["range"] = {"offset": first}
+    got = obstore.get(store, oid.key, options=options)  # type: ignore[arg-type]
+    return iter(got.stream(min_chunk_size=CHUNK))
 
 
-def _stream(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> str | None:
+def _stream(store: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> str | None:
     try:
         have = part.stat().st_size
     except FileNotFoundError:
@@ -311,21 +442,21 @@ def _stream(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None])
         have = 0
     if have == oid.size:
         return None
-    body = _get(s3, oid, have, None)
+    body = _get(store, oid, have, None)
     sha = hashlib.sha256() if have == 0 else None
     try:
         with open(part, "ab") as out:
-            for chunk in body.iter_chunks(CHUNK):
+            for chunk in body:
                 out.write(chunk)
                 if sha is not None:
                     sha.update(chunk)
                 progress(len(chunk))
     finally:
-        body.close()
+        del body  # its connection goes back to the pool, or is dropped if cut short
     return None if sha is None else sha.hexdigest()
 
 
-def _parts(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> None:
+def _parts(store: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
     log = part.with_name(part.name + ".parts")
@@ -342,17 +473,17 @@ def _parts(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) 
     def one(index: int) -> None:
         first = index * PART
         last = min(oid.size, first + PART) - 1
-        body = _get(s3, oid, first, last)
+        body = _get(store, oid, first, last)
         offset = first
         try:
-            for chunk in body.iter_chunks(CHUNK):
+            for chunk in body:
                 if offset + len(chunk) > last + 1:
                     raise BucketError(f"{oid.key}: more bytes came than the range asked")
                 os.pwrite(fd, chunk, offset)
                 offset += len(chunk)
                 progress(len(chunk))
         finally:
-            body.close()
+            del body
         if offset != last + 1:
             raise BucketError(f"{oid.key}: part {index} ended early ({offset - first} bytes)")
         with lock, open(log, "a") as noted:
@@ -368,12 +499,18 @@ def _parts(s3: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) 
 
 @contextlib.contextmanager
 def translated() -> Iterator[None]:
-    """Turns boto3's exceptions into `BucketError`s in the service's own words."""
+    """Turns boto3's and obstore's exceptions into `BucketError`s in the service's own
+    words."""
     from botocore.exceptions import BotoCoreError, ClientError
+    from obstore.exceptions import BaseError
     from urllib3.exceptions import HTTPError
 
     try:
         yield
+    except (BaseError, FileNotFoundError) as e:  # obstore's (its NotFound is Python's)
+        if not isinstance(e, BaseError) and "Error performing" not in str(e):
+            raise BucketError(f"{type(e).__name__}: {e}", transient=True) from None
+        raise _in_words(e) from None
     except ClientError as e:
         error = e.response.get("Error", {})
         status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
@@ -382,3 +519,28 @@ def translated() -> Iterator[None]:
         raise BucketError(words, transient=isinstance(status, int) and status >= 500) from None
     except (BotoCoreError, OSError, HTTPError) as e:
         raise BucketError(f"{type(e).__name__}: {e}", transient=True) from None
+
+
+# In obstore's message of a failed request: the status, and the S3 error's code and message
+# (the XML of its body).
+_STATUS = re.compile(r"Server returned non-2xx status code: (\d{3})")
+_CODE = re.compile(r"<Code>([^<]*)</Code>")
+_MESSAGE = re.compile(r"<Message>([^<]*)</Message>")
+
+
+def _in_words(e: BaseException) -> BucketError:
+    """obstore's error as boto3's would have worded it: the S3 error's code and message
+    ("NoSuchBucket: The specified bucket does not exist"), else the HTTP status; transient
+    where the way failed (a server error, a connection refused or cut, a timeout)."""
+    from html import unescape
+
+    text = str(e)
+    status = _STATUS.search(text)
+    if status is None:  # no answer: the way to the bucket (its first line says which)
+        first = text.split("\n", 1)[0].strip()
+        return BucketError(f"{type(e).__name__}: {first}", transient=True)
+    code, message = _CODE.search(text), _MESSAGE.search(text)
+    words = f"{unescape(code.group(1)) if code else f'HTTP {status.group(1)}'}"
+    if message and message.group(1):
+        words += f": {unescape(message.group(1))}"
+    return BucketError(words, transient=int(status.group(1)) >= 500)
