@@ -379,3 +379,49 @@ def test_jobs_fetching_the_same_object_at_once_download_it_once(
                 "AWS_REGION",
             ):
                 user.remove_secret(name)
+
+
+def test_a_team_agents_reads_heed_none_of_the_agents_own_aws_variables(
+    s3: S3,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """obstore reads every AWS_* variable of the process as it makes a store: on a team agent
+    (the user's secrets only), the agent's own endpoint, session token, requester-pays and
+    SSE-C customer key must not reach a user's GET. A key gone since its listing fails in
+    the bucket's words, not as a way to try again."""
+    agents = {
+        "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:9",  # the discard port: nothing answers
+        "AWS_ENDPOINT": "http://127.0.0.1:9",
+        "AWS_SESSION_TOKEN": "the-agents-own-token",
+        "AWS_REQUEST_PAYER": "true",
+        "AWS_SERVER_SIDE_ENCRYPTION": "sse-c",
+        "AWS_SSE_CUSTOMER_KEY_BASE64": "VGhlIGFnZW50J3Mgb3duIGtleSwgMzIgYnl0ZXMhISE=",
+        "AWS_VIRTUAL_HOSTED_STYLE_REQUEST": "true",
+        "AWS_SKIP_SIGNATURE": "true",
+    }
+    for name, value in agents.items():
+        monkeypatch.setenv(name, value)
+    data = OBJECTS["train/a.txt"]
+    host, port = re.match(r"http://(.+):(\d+)", s3.url).groups()  # type: ignore[union-attr]
+    with Link((host, int(port)), rate=1 << 30) as link:
+        creds = Credentials("me", {"AWS_ENDPOINT_URL": link.url, **_keys(s3)}, own_config=False)
+        client = buckets.client(creds, 4)
+        direct = s3.client()
+        etag = direct.head_object(Bucket=BUCKET, Key="train/a.txt")["ETag"].strip('"')
+        direct.close()
+        oid = ObjectId(link.url, BUCKET, "train/a.txt", etag, len(data))
+        part = tmp_path / "partial"
+        sha = buckets.download(client, oid, part, lambda n: None)
+        assert part.read_bytes() == data and sha == hashlib.sha256(data).hexdigest()
+        sent = link.sent().lower()
+        assert f"get /{BUCKET}/train/a.txt " in sent and "authorization: aws4-hmac-sha256" in sent
+        for word in ("the-agents-own-token", "x-amz-request-payer", "customer", "x-amz-security"):
+            assert word not in sent, word
+
+        with pytest.raises(
+            BucketError, match=r"^NoSuchKey: The specified key does not exist"
+        ) as gone:
+            buckets.download(client, oid._replace(key="train/gone.txt"), tmp_path / "gone", len)
+        assert not gone.value.transient
+        client.close()
