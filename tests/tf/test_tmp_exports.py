@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -63,10 +64,13 @@ def test_a_model_exported_to_the_temp_dir_is_pulled_and_served(
     with shared_agent.client() as client:
         model = client.model(served.stdout.strip())
         try:
-            # Linked from the job's kept /tmp, not sent anywhere.
-            linked = shared_agent.paths.jobs / model.info.job / "work" / "model"
+            # The job's kept /tmp, mounted (read-only) in the server's view, not sent anywhere:
+            # through its first process's root, `model` is the very files kept.
+            server = shared_agent.paths.jobs / model.info.job
+            init = json.loads((server / "shim.pid").read_text())["init"]
+            seen = Path(f"/proc/{init}/root") / str(server / "work" / "model").lstrip("/")
             assert (
-                os.stat(linked / "saved_model.pb").st_ino == os.stat(kept / "saved_model.pb").st_ino
+                os.stat(seen / "saved_model.pb").st_ino == os.stat(kept / "saved_model.pb").st_ino
             )
             answer = model.predict(instances=np.eye(4).tolist())
             assert np.allclose(answer["predictions"], expected, atol=1e-5)
