@@ -13,6 +13,7 @@ import re
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -294,6 +295,17 @@ def test_an_interrupted_fetch_goes_on_from_where_it_stopped(make_agent, s3: S3, 
         assert len(ranges) == 1 and int(ranges[0]) == had, ranges
 
 
+def _reader_and_object(s3: S3, link: Link, key: str) -> tuple[Any, ObjectId]:  # noqa: F811
+    """The fetch's reader, with the user's keys, through `link`; and the object `key` as
+    a listing names it (its ETag and size, looked up directly)."""
+    creds = Credentials("me", {"AWS_ENDPOINT_URL": link.url, **_keys(s3)}, own_config=False)
+    direct = s3.client()
+    head = direct.head_object(Bucket=BUCKET, Key=key)
+    direct.close()
+    etag, size = head["ETag"].strip('"'), head["ContentLength"]
+    return buckets.client(creds, 4), ObjectId(link.url, BUCKET, key, etag, size)
+
+
 def test_a_large_objects_download_reads_only_the_parts_not_yet_written(s3: S3, tmp_path: Path):  # noqa: F811
     """The fetch's reader itself (what the agent runs), against the server through a link
     that shows the requests: part 0 of the 17 MiB object is here and noted, the rest is
@@ -301,12 +313,7 @@ def test_a_large_objects_download_reads_only_the_parts_not_yet_written(s3: S3, t
     data = OBJECTS["train/big.bin"]
     host, port = re.match(r"http://(.+):(\d+)", s3.url).groups()  # type: ignore[union-attr]
     with Link((host, int(port)), rate=1 << 30) as link:
-        creds = Credentials("me", {"AWS_ENDPOINT_URL": link.url, **_keys(s3)}, own_config=False)
-        client = buckets.client(creds, 4)
-        direct = s3.client()
-        etag = direct.head_object(Bucket=BUCKET, Key="train/big.bin")["ETag"].strip('"')
-        direct.close()
-        oid = ObjectId(link.url, BUCKET, "train/big.bin", etag, len(data))
+        client, oid = _reader_and_object(s3, link, "train/big.bin")
         part = tmp_path / "partial"
         part.write_bytes(data[:PART] + bytes(len(data) - PART))  # part 0 whole, the rest not
         (tmp_path / "partial.parts").write_text("0\n")
@@ -405,12 +412,7 @@ def test_a_team_agents_reads_heed_none_of_the_agents_own_aws_variables(
     data = OBJECTS["train/a.txt"]
     host, port = re.match(r"http://(.+):(\d+)", s3.url).groups()  # type: ignore[union-attr]
     with Link((host, int(port)), rate=1 << 30) as link:
-        creds = Credentials("me", {"AWS_ENDPOINT_URL": link.url, **_keys(s3)}, own_config=False)
-        client = buckets.client(creds, 4)
-        direct = s3.client()
-        etag = direct.head_object(Bucket=BUCKET, Key="train/a.txt")["ETag"].strip('"')
-        direct.close()
-        oid = ObjectId(link.url, BUCKET, "train/a.txt", etag, len(data))
+        client, oid = _reader_and_object(s3, link, "train/a.txt")
         part = tmp_path / "partial"
         sha = buckets.download(client, oid, part, lambda n: None)
         assert part.read_bytes() == data and sha == hashlib.sha256(data).hexdigest()
