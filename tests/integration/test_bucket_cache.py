@@ -19,7 +19,7 @@ import pytest
 
 from gpuhop.agent.storage import buckets
 from gpuhop.agent.storage.buckets import BucketError, Credentials
-from gpuhop.agent.storage.objectcache import PART, ObjectId
+from gpuhop.agent.storage.objectcache import PART, ObjectId, parts_done
 from gpuhop.api import JobState
 from gpuhop.client import Client
 from gpuhop.home import read_pid
@@ -328,6 +328,56 @@ def test_a_large_objects_download_reads_only_the_parts_not_yet_written(s3: S3, t
             buckets.download(client, oid._replace(etag="0" * 32), part, came.append)
         assert not refused.value.transient
         client.close()
+
+
+def test_a_parts_note_is_written_only_once_its_bytes_are_on_the_disk(
+    s3: S3,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Issue 38: a resumed download skips the parts its note names, so a note that reached
+    the disk before its part's bytes (a power loss) would leave zeros in the object. The
+    fetch's reader itself, its real files: each flush of the partial is recorded (which parts
+    the note named then, which parts the file held whole then), one part at a time (with
+    several, another part's flush could cover a note written too early), and every part
+    noted was held whole by a flush that came before its note."""
+    data = OBJECTS["train/big.bin"]  # 3 parts
+    count = -(-len(data) // PART)
+    creds = Credentials("me", {"AWS_ENDPOINT_URL": s3.url, **_keys(s3)}, own_config=False)
+    client = buckets.client(creds, 1)
+    direct = s3.client()
+    etag = direct.head_object(Bucket=BUCKET, Key="train/big.bin")["ETag"].strip('"')
+    direct.close()
+    oid = ObjectId(s3.url, BUCKET, "train/big.bin", etag, len(data))
+    part = tmp_path / "partial"
+    flushed: set[int] = set()  # parts whole in the file when a flush of it began
+    noted_early: list[int] = []  # parts noted before a flush of their bytes
+    real = os.fdatasync
+
+    def whole() -> set[int]:
+        held = part.read_bytes()
+        return {
+            i
+            for i in range(count)
+            if held[i * PART : (i + 1) * PART] == data[i * PART : (i + 1) * PART]
+        }
+
+    def recording(fd: int) -> None:
+        noted_early.extend(sorted((parts_done(part) or set()) - flushed))
+        held = whole()
+        real(fd)
+        flushed.update(held)
+
+    monkeypatch.setattr(os, "fdatasync", recording)
+    monkeypatch.setattr(buckets, "PART_THREADS", 1)
+    try:
+        buckets.download(client, oid, part, lambda n: None)
+    finally:
+        client.close()
+    monkeypatch.undo()
+    assert part.read_bytes() == data
+    assert parts_done(part) == set(range(count))
+    assert noted_early == [] and flushed == set(range(count))
 
 
 def test_jobs_fetching_the_same_object_at_once_download_it_once(

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gpuhop.agent.storage import settle
 from gpuhop.agent.storage.objectcache import PART, Listed, ObjectId, parts_done
 from gpuhop.api import validate_relpath
 from gpuhop.api.spec import DataSource
@@ -403,11 +404,12 @@ def download(
     read names the listed version (If-Match on the ETag, and the VersionId where there is
     one), so a changed object fails (PreconditionFailed) rather than mixing two versions.
     Up to ONE_GET_BYTES in one stream (continued by a ranged GET from the partial's size);
-    larger ones in parts of PART bytes read in parallel, each noted once written.
+    larger ones in parts of PART bytes read in parallel, each noted once on the disk (see
+    `_parts`).
 
     Returns the bytes' sha256 where they came in one stream from the first byte: hashed as
-    they came (`ObjectCache.commit` reads them again otherwise). The file is not flushed
-    here: the cache flushes a batch of objects together before it names them."""
+    they came (`ObjectCache.commit` reads them again otherwise). A whole object is not
+    flushed here: the cache flushes a batch of objects together before it names them."""
     with translated():
         store = reader.store(oid.bucket)
         if oid.size <= ONE_GET_BYTES:
@@ -457,6 +459,20 @@ def _stream(store: Any, oid: ObjectId, part: Path, progress: Callable[[int], Non
 
 
 def _parts(store: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> None:
+    """Download the parts of `oid` not yet noted in `<partial>.parts`, PART_THREADS at once, each
+    written at its place in the partial file (made of the object's size at once: the parts
+    not written are holes, zeros).
+
+    The order, for each part: its bytes written (each chunk handed to the disk as it comes,
+    `settle.write_back`), then the partial file flushed (`os.fdatasync`: the part's bytes,
+    and the blocks that hold them, are on the disk once it returns), and only then the
+    part's index appended to the note. A resumed download skips every part the note names
+    and `ObjectCache.commit` hashes what the file holds, so a note that reached the disk
+    before its part's bytes (a power loss, a host crash) would have a job read zeros in
+    place of that part, under the hash of those wrong bytes, with no error. The note itself
+    is not flushed: one lost in a crash costs that part's download again, nothing more.
+    A partial is never in a job's view whatever it holds: only `ObjectCache.commit` names
+    it, once it is whole, and the cache flushes it again before that."""
     from concurrent.futures import ThreadPoolExecutor
 
     log = part.with_name(part.name + ".parts")
@@ -480,12 +496,14 @@ def _parts(store: Any, oid: ObjectId, part: Path, progress: Callable[[int], None
                 if offset + len(chunk) > last + 1:
                     raise BucketError(f"{oid.key}: more bytes came than the range asked")
                 os.pwrite(fd, chunk, offset)
+                settle.write_back(fd, offset, len(chunk))  # on its way while the rest comes
                 offset += len(chunk)
                 progress(len(chunk))
         finally:
             del body
         if offset != last + 1:
             raise BucketError(f"{oid.key}: part {index} ended early ({offset - first} bytes)")
+        os.fdatasync(fd)  # the bytes on the disk before the note says they are (above)
         with lock, open(log, "a") as noted:
             noted.write(f"{index}\n")
 
