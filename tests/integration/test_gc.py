@@ -3,9 +3,13 @@ or running job, a dataset or an upload in progress needs stays."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -140,6 +144,95 @@ def test_a_jobs_savedmodel_stays_while_a_model_server_is_to_serve_it(make_agent,
                 job.wait(30)
         assert source.id in client.gc().pruned_jobs
         assert not model.exists()
+
+
+# An interpreter for `--python` that says it has started, then waits for a line on the
+# FIFO beside it before it runs (the agent runs it to learn its version while it resolves a
+# job's environment: a submission paused half way, holding what it holds there).
+PAUSED_PYTHON = """#!/bin/sh
+: > "{started}"
+read line < "{fifo}"
+exec "{python}" "$@"
+"""
+
+
+@pytest.mark.timeout(120)
+def test_gc_waits_for_a_submission_under_way_and_a_server_asked_for_meanwhile_is_refused(
+    make_agent, project, tmp_path
+):
+    """Issue 40: gc works out which jobs queued and running jobs use, then prunes; a job
+    submitted meanwhile must not lose what it resolved (a model server its source job's
+    SavedModel, a job its environment). Made deterministic with a submission paused in the
+    middle (its interpreter, run to learn its version, waits on a FIFO): gc asked for then
+    waits for it (its log says so), and a model server asked for then, whose source job gc
+    is to prune, waits behind gc (its log says so) after its first look at the SavedModel.
+    Once the submission goes on: gc prunes the source job (nothing queued uses it), and the
+    server, which looks again once gc is done, is refused with 410, not queued to mount an
+    emptied dir. Without the lock gc never waits; without the second look the server is
+    queued on a pruned job."""
+    agent = make_agent(fake_gpus=1, args=EAGER)
+    started, fifo = tmp_path / "started", tmp_path / "release"
+    os.mkfifo(fifo)
+    python = tmp_path / "python"
+    python.write_text(PAUSED_PYTHON.format(started=started, fifo=fifo, python=sys.executable))
+    python.chmod(0o755)
+    logged = agent.paths.logfile.stat().st_size
+
+    def said(words: str) -> bool:
+        with agent.paths.logfile.open("rb") as f:
+            f.seek(logged)
+            return words in f.read().decode(errors="replace")
+
+    def release() -> None:
+        with contextlib.suppress(OSError):  # no reader: nothing waits
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, b"go\n")
+            os.close(fd)
+
+    with agent.client() as client, ThreadPoolExecutor(3) as pool:
+        source = client.submit(["export.py"], workdir=project({"export.py": EXPORT}))
+        assert source.wait(30).state == JobState.succeeded
+        holder = client.submit(["sleep", "600"], workdir=project({"x.txt": ""}), gpus=1)
+        wait_until(lambda: holder.refresh().state == JobState.running, timeout=30)
+        model = agent.paths.job_dir(source.id) / "artifacts" / "m" / "saved_model.pb"
+
+        def in_thread(call):
+            def run():
+                with agent.client() as own:
+                    return call(own)
+
+            return pool.submit(run)
+
+        try:
+            paused = in_thread(
+                lambda c: c.submit(
+                    ["x.py"],
+                    workdir=project({"x.py": "", "requirements.txt": "tinypkg==1.0\n"}),
+                    gpus=1,
+                    python=str(python),
+                )
+            )
+            wait_until(lambda: started.exists() or paused.done(), timeout=30)
+            assert started.exists(), paused.result()
+            collecting = in_thread(lambda c: c.gc())
+            wait_until(lambda: collecting.done() or said("collection waits for 1 job"), 30)
+            assert not collecting.done(), "gc did not wait for the submission under way"
+            serving = in_thread(lambda c: c.serve(source, name="m", gpus=1, wait=False))
+            wait_until(lambda: serving.done() or said("submission waits for garbage"), 30)
+            assert not serving.done(), serving.result()
+            assert model.read_text() == "pb"  # gc has pruned nothing yet
+        finally:
+            release()
+        queued = paused.result(timeout=60)
+        assert source.id in collecting.result(timeout=60).pruned_jobs
+        with pytest.raises(GpuhopError) as refused:
+            serving.result(timeout=60)
+        assert refused.value.status == 410 and "retention" in refused.value.message
+        assert not model.exists()
+        assert not list(agent.paths.jobs.glob("*/serving.json"))  # no server job was made
+        for job in (client.job(queued.id), holder):  # `queued`'s own client is closed
+            job.cancel(grace=0)
+            job.wait(30)
 
 
 def test_recent_uploads_are_never_collected(make_agent, tmp_path):

@@ -36,6 +36,7 @@ from gpuhop.agent.storage.references import blob_users
 from gpuhop.agent.storage.secrets import SecretStore
 from gpuhop.agent.storage.trees import TreeStore
 from gpuhop.agent.storage.usage import DiskMeter
+from gpuhop.agent.storage.uses import UseLock
 from gpuhop.agent.tokens import TokenStore
 from gpuhop.api import JobState, ListenerInfo
 from gpuhop.backends.base import StartError
@@ -100,6 +101,9 @@ class AgentContext:
         self.meter = DiskMeter(paths, self.blobs, self.policy)
         # One garbage collection at a time (`gpuhop gc` and the timer).
         self.gc_lock = threading.Lock()
+        # Submissions hold it shared while they resolve what their job will use, until its
+        # row exists; what removes what no queued or running job uses holds it exclusive.
+        self.uses = UseLock()
         # The TCP listener, when the daemon opened one.
         self.listener: ListenerInfo | None = None
         # Queued jobs' buckets' data, fetched while they wait (see gpuhop.agent.jobs.fetches).

@@ -154,8 +154,9 @@ def remove(rt: AgentContext, name: str, version: int | None, caller: Caller) -> 
     _name(name)
     # The checks and the removal under the name's lock, as for a push: no one else's version
     # (of a name freed and taken again meanwhile) is removed on the strength of this
-    # caller's own.
-    with rt.datasets.locked(name):
+    # caller's own. And holding `rt.uses`: a job submitted meanwhile is either seen using
+    # it, or resolves its data once it is gone (see gpuhop.agent.storage.uses).
+    with rt.uses.exclusive("gpuhop data rm"), rt.datasets.locked(name):
         return _remove(rt, name, version, caller)
 
 

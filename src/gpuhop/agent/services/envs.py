@@ -33,7 +33,16 @@ def remove(
     rt: AgentContext, ref: str | None, unused: bool, older_than_seconds: float | None
 ) -> list[str]:
     """Remove one environment (by id or unique prefix), or with `unused` every one that no
-    queued or running job uses (and, with `older_than_seconds`, was last used before)."""
+    queued or running job uses (and, with `older_than_seconds`, was last used before).
+    Holding `rt.uses`: a job submitted meanwhile is either seen using it, or resolves its
+    environment once it is gone (see gpuhop.agent.storage.uses)."""
+    with rt.uses.exclusive("gpuhop env rm"):
+        return _remove(rt, ref, unused, older_than_seconds)
+
+
+def _remove(
+    rt: AgentContext, ref: str | None, unused: bool, older_than_seconds: float | None
+) -> list[str]:
     users = _users(rt)
     ids = rt.envs.ids()
     if ref is not None:

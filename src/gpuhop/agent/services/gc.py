@@ -33,6 +33,16 @@ are never removed, and the check and the removal take the same lock (see
 client whose blob or tree did vanish gets 409 missing_blobs/missing_tree and sends it
 again (`Client.submit` does this once).
 
+Why a job submitted meanwhile loses nothing: what steps 1, 4 (environments) and 6 decide
+from, the queued and running jobs and what they use, is asked and acted on holding
+`AgentContext.uses` exclusive; a submission holds it shared from its first look at what its
+job will use (a model server's source job, its environment) until its row exists (see
+`gpuhop.agent.storage.uses`). So either gc sees the new job, or the submission looks only
+once gc is done: a model server of a job pruned meanwhile is refused (410), an environment
+removed meanwhile is built again. The rest (trees, blobs, temp files, the object cache) is
+collected without it: blobs and trees have the grace period above, and the object cache
+keeps what `Fetches.keep` names.
+
 Claims (`claims.db`) of removed blobs, trees and dataset chunks are removed with them: a
 claim is kept only for what is stored, so `claims.db` does not grow without bound.
 """
@@ -82,7 +92,8 @@ def collect(
     with rt.gc_lock:
         kinds = ("jobs", "trees", "blobs", "temp", "envs", "objects", "images")
         freed = {kind: Freed() for kind in kinds}
-        gone = _prune_jobs(rt, policy, now, cutoff, dry_run, freed["jobs"])
+        with rt.uses.exclusive("garbage collection"):  # what queued jobs use: see the docstring
+            gone = _prune_jobs(rt, policy, now, cutoff, dry_run, freed["jobs"])
         job_trees, live_blobs = job_references(rt.paths.jobs, gone)
         removed_trees = []
         for digest in rt.trees.digests():
@@ -117,7 +128,8 @@ def collect(
             _add(freed["temp"], size)
         for size in rt.datasets.chunks.sweep(cutoff, dry_run):  # of pushes never finished
             _add(freed["temp"], size)
-        _remove_envs(rt, policy, now, dry_run, freed["envs"])
+        with rt.uses.exclusive("garbage collection"):
+            _remove_envs(rt, policy, now, dry_run, freed["envs"])
         for size in rt.objects.sweep_partials(cutoff, dry_run):
             _add(freed["temp"], size)
         prefixes, size = rt.objects.collect(
@@ -128,7 +140,8 @@ def collect(
         )
         freed["objects"].count += prefixes
         freed["objects"].bytes += size
-        images.collect(rt, policy, now, dry_run, freed["images"])
+        with rt.uses.exclusive("garbage collection"):
+            images.collect(rt, policy, now, dry_run, freed["images"])
         if not dry_run:
             # Claims of what is no longer kept: removed blobs, and the chunks of removed
             # dataset versions (kept in their files, not as blobs: see chunkstore).

@@ -300,7 +300,8 @@ def submit(
 ) -> JobInfo:
     """Queue a job that runs `command` in the files of `tree` as `spec` asks (settled: see
     `SubmitRequest.spec`). `prepare` puts more files in the new job's dir before it is
-    queued (a model server's SavedModel); if it raises, the job is not created."""
+    queued (a model server's SavedModel); if it raises, the job is not created. It runs
+    holding `rt.uses` shared: what it checks is still there when the job is queued."""
     admission.check_priority(spec, caller)
     job_secrets.check_submit(rt, spec, command, caller)
     deps.interpreter(rt, spec)  # before the backend's check may run it
@@ -336,26 +337,30 @@ def submit(
     spec = spec.replace(after=tuple(queue.resolve_after(rt, spec, caller)))
     mounts = spec.data or spec.data_sources
     tree_paths = {e["path"] for e in rt.trees.entries(tree)} if tree and mounts else set()
-    job_deps = deps.check(rt, spec, tree_paths, caller)
-    if tree is not None and rt.policy.jobs_quota is not None:
-        # A stat per file of the tree: only where a quota asks for it.
-        rt.meter.check_jobs(admission.tree_bytes(rt, tree))
-    # Everything the job needs is on disk before its row exists: the scheduler may pick up
-    # a queued job at any moment.
-    job_id, jp = _claim_job_dir(rt)
-    try:
-        deps.store(jp, job_deps, spec)
-        if tree is not None:
-            # The job keeps its own copy, so it never depends on the shared tree staying: a
-            # hard link, as a stored tree is never written after its rename into place.
-            _keep_copy(rt.trees.path(tree), jp.tree)
-        if prepare is not None:
-            prepare(jp)
-        job = rt.store.create(command, spec, tree=tree, owner=caller.user, job_id=job_id)
-    except BaseException:
-        # A full disk (files or the job store), a bad source: no half job.
-        shutil.rmtree(jp.root, ignore_errors=True)
-        raise
+    # From the first look at what the job uses (its datasets, its environment, a model
+    # server's source job in `prepare`) until its row and deps name them: gc, `data rm` and
+    # `env rm` decide from those (see gpuhop.agent.storage.uses).
+    with rt.uses.shared():
+        job_deps = deps.check(rt, spec, tree_paths, caller)
+        if tree is not None and rt.policy.jobs_quota is not None:
+            # A stat per file of the tree: only where a quota asks for it.
+            rt.meter.check_jobs(admission.tree_bytes(rt, tree))
+        # Everything the job needs is on disk before its row exists: the scheduler may pick
+        # up a queued job at any moment.
+        job_id, jp = _claim_job_dir(rt)
+        try:
+            deps.store(jp, job_deps, spec)
+            if tree is not None:
+                # The job keeps its own copy, so it never depends on the shared tree staying:
+                # a hard link, as a stored tree is never written after its rename into place.
+                _keep_copy(rt.trees.path(tree), jp.tree)
+            if prepare is not None:
+                prepare(jp)
+            job = rt.store.create(command, spec, tree=tree, owner=caller.user, job_id=job_id)
+        except BaseException:
+            # A full disk (files or the job store), a bad source: no half job.
+            shutil.rmtree(jp.root, ignore_errors=True)
+            raise
     # Its data and its image start coming while it waits for its GPUs (and the pass below
     # holds it until they are here).
     rt.fetches.start(job)

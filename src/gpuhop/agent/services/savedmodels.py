@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import JobRecord
-from gpuhop.agent.services import workdir
+from gpuhop.agent.services import outputs, workdir
 from gpuhop.api import ErrorCode
 
 SAVED_MODEL_PB = "saved_model.pb"
@@ -69,6 +69,7 @@ def find_saved_model(rt: AgentContext, job: JobRecord, path: str | None) -> tupl
             f"job {job.id} {job.state.said}; serve its SavedModel once it has ended",
             {"state": job.state.value},
         )
+    outputs.check_not_pruned(rt, job)  # 410, rather than "no SavedModel" in what is left
     jp = rt.supervisor.job_paths(job.id)
     artifacts, work, tmp = jp.artifacts.resolve(), jp.work.resolve(), jp.tmp.resolve()
     if path is not None:

@@ -14,7 +14,9 @@ batching). A SavedModel from a finished job (its artifacts, its work dir or its 
 mounted read-only at `model` in its work dir (a read-only mount of the job's deps,
 `jobdeps.mounts`: the sandbox binds it for a venv server, Podman for one in an image). A
 job is hostile, a model server too: it must not write into another job's kept files. While
-a queued or running server mounts it, retention keeps the job's files (gc). On a host that
+a queued or running server mounts it, retention keeps the job's files (gc); a server asked
+for while gc prunes its job is refused (its SavedModel is looked for again holding
+`AgentContext.uses`, which gc's pruning waits for: see gpuhop.agent.storage.uses). On a host that
 gives no job a view of its own (`gpuhop doctor`; never a team agent's), a venv server reads
 the model in place: every job there may write every file of the agent's user anyway. An
 uploaded SavedModel is the job's synced work dir.
@@ -102,6 +104,10 @@ def start(rt: AgentContext, req: ServeRequest, caller: Caller) -> JobInfo:
     ]
 
     def prepare(jp: JobPaths) -> None:
+        if req.source_job is not None:
+            # Again, holding `rt.uses` (jobs.submit): gc may have pruned the job since the
+            # look above, and from here until the server's row exists it waits.
+            find_saved_model(rt, rt.store.get(job.id), req.path)
         if mounts:
             jobdeps.write(jp, {**jobdeps.read(jp), "mounts": mounts})
         elif req.tree is not None and SAVED_MODEL_PB not in {
