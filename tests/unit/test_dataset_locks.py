@@ -11,6 +11,7 @@ from gpuhop.agent.callers import Caller
 from gpuhop.agent.services import datasets as service
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.datasets import DatasetStore
+from gpuhop.agent.storage.uses import UseLock
 
 
 class WatchedStore(DatasetStore):
@@ -40,6 +41,7 @@ def test_data_rm_checks_the_owner_under_the_names_lock(tmp_path):
     rt = SimpleNamespace(
         datasets=store,
         store=SimpleNamespace(list=lambda *args, **kwargs: []),  # no job uses it
+        uses=UseLock(),
     )
     alice = Caller("alice", admin=False)
     # Pushed as an admin would (no claims to check), under alice's name.

@@ -16,10 +16,10 @@ mounted read-only at `model` in its work dir (a read-only mount of the job's dep
 job is hostile, a model server too: it must not write into another job's kept files. While
 a queued or running server mounts it, retention keeps the job's files (gc); a server asked
 for while gc prunes its job is refused (its SavedModel is looked for again holding
-`AgentContext.uses`, which gc's pruning waits for: see gpuhop.agent.storage.uses). On a host that
-gives no job a view of its own (`gpuhop doctor`; never a team agent's), a venv server reads
-the model in place: every job there may write every file of the agent's user anyway. An
-uploaded SavedModel is the job's synced work dir.
+`AgentContext.uses`, which gc's pruning waits for: gpuhop.agent.storage.uses). On a host
+that gives no job a view of its own (`gpuhop doctor`; never a team agent's), a venv server
+reads the model in place: every job there may write every file of the agent's user anyway.
+An uploaded SavedModel is the job's synced work dir.
 
 The job runs in a private network namespace (`private_network`): its server has no
 authentication, so no other job on the host may reach it, and only the agent does, through

@@ -8,8 +8,8 @@ what (`deps.in_use`: gc's retention, its environments and images; `gpuhop data r
 env rm`) would not see them. So a submission holds this lock shared from its first look at
 them until its row and its deps file exist, and such a removal holds it exclusive from its
 question until it has removed: either the removal sees the new job, or the submission looks
-only after the removal is done (and finds what went gone: a clear error, or an environment
-built again).
+only after the removal is done, and finds it gone (a model server of a pruned job
+is refused; an environment or an image removed is built or pulled again for the job).
 
 Submissions take it at once unless a removal holds it or waits for it; a removal waits for
 the submissions under way (a few milliseconds each, or the time an interpreter takes to say
