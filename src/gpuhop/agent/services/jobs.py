@@ -273,11 +273,28 @@ def _check_share(rt: AgentContext, share_mb: int) -> None:
         )
 
 
-def _keep_copy(source: os.PathLike[str], dest: os.PathLike[str]) -> None:
+def _missing_tree(tree: str) -> ApiError:
+    """The answer that has the client send the tree (again)."""
+    return ApiError(
+        409,
+        ErrorCode.missing_tree,
+        f"tree {tree} is not on the agent; upload it first",
+        {"tree": tree},
+    )
+
+
+def _keep_copy(source: os.PathLike[str], dest: os.PathLike[str], tree: str) -> None:
     try:
-        os.link(source, dest)
-    except OSError:  # another filesystem, too many links: a copy
-        shutil.copyfile(source, dest)
+        try:
+            os.link(source, dest)
+        except FileNotFoundError:
+            raise
+        except OSError:  # another filesystem, too many links: a copy
+            shutil.copyfile(source, dest)
+    except FileNotFoundError:
+        # Collected (gc, past its grace) since it was looked up: as if it had never come,
+        # so the client sends it again.
+        raise _missing_tree(tree) from None
 
 
 def with_default_image(rt: AgentContext, spec: JobSpec) -> JobSpec:
@@ -326,12 +343,7 @@ def submit(
         # holding its files (see gpuhop.agent.storage.claims).
         or (not caller.admin and rt.claims.unclaimed(caller.user, "tree", [tree]))
     ):
-        raise ApiError(
-            409,
-            ErrorCode.missing_tree,
-            f"tree {tree} is not on the agent; upload it first",
-            {"tree": tree},
-        )
+        raise _missing_tree(tree)
     command = _checked_command(rt, command, tree, spec.env)
     # The store keeps the jobs it runs after by their full ids.
     spec = spec.replace(after=tuple(queue.resolve_after(rt, spec, caller)))
@@ -353,7 +365,7 @@ def submit(
             if tree is not None:
                 # The job keeps its own copy, so it never depends on the shared tree staying:
                 # a hard link, as a stored tree is never written after its rename into place.
-                _keep_copy(rt.trees.path(tree), jp.tree)
+                _keep_copy(rt.trees.path(tree), jp.tree, tree)
             if prepare is not None:
                 prepare(jp)
             job = rt.store.create(command, spec, tree=tree, owner=caller.user, job_id=job_id)
