@@ -149,9 +149,13 @@ def test_a_jobs_savedmodel_stays_while_a_model_server_is_to_serve_it(make_agent,
 # An interpreter for `--python` that says it has started, then waits for a line on the
 # FIFO beside it before it runs (the agent runs it to learn its version while it resolves a
 # job's environment: a submission paused half way, holding what it holds there).
+# Waits once released no more: the job's later runs of it (its environment's build) go
+# straight on, so nothing is left waiting on the FIFO when the test fails half way.
 PAUSED_PYTHON = """#!/bin/sh
-: > "{started}"
-read line < "{fifo}"
+if [ ! -e "{released}" ]; then
+    : > "{started}"
+    read line < "{fifo}"
+fi
 exec "{python}" "$@"
 """
 
@@ -171,10 +175,12 @@ def test_gc_waits_for_a_submission_under_way_and_a_server_asked_for_meanwhile_is
     emptied dir. Without the lock gc never waits; without the second look the server is
     queued on a pruned job."""
     agent = make_agent(fake_gpus=1, args=EAGER)
-    started, fifo = tmp_path / "started", tmp_path / "release"
+    started, fifo, released = tmp_path / "started", tmp_path / "release", tmp_path / "released"
     os.mkfifo(fifo)
     python = tmp_path / "python"
-    python.write_text(PAUSED_PYTHON.format(started=started, fifo=fifo, python=sys.executable))
+    python.write_text(
+        PAUSED_PYTHON.format(started=started, fifo=fifo, released=released, python=sys.executable)
+    )
     python.chmod(0o755)
     logged = agent.paths.logfile.stat().st_size
 
@@ -184,6 +190,7 @@ def test_gc_waits_for_a_submission_under_way_and_a_server_asked_for_meanwhile_is
             return words in f.read().decode(errors="replace")
 
     def release() -> None:
+        released.touch()
         with contextlib.suppress(OSError):  # no reader: nothing waits
             fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
             os.write(fd, b"go\n")
