@@ -61,8 +61,11 @@ def _started(agent: Agent, root: Path, script: str, line: bytes) -> str:
 
 
 def _cancel(agent: Agent, job: str) -> None:
+    """Cancel `job` and wait until the agent has recorded its end (a cancel answers first:
+    a `profile` asked in between finds no process, "has just ended", not how it ended)."""
     with agent.client() as client:
         client.job(job).cancel(grace=0)
+        client.job(job).wait(120)
 
 
 def _table(tables: list[dict], column: str) -> list[list]:
