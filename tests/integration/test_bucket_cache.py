@@ -19,7 +19,7 @@ import pytest
 
 from gpuhop.agent.storage import buckets
 from gpuhop.agent.storage.buckets import BucketError, Credentials
-from gpuhop.agent.storage.objectcache import PART, ObjectId, parts_done
+from gpuhop.agent.storage.objectdownloads import PART, ObjectId, parts_done
 from gpuhop.api import JobState
 from gpuhop.client import Client
 from gpuhop.home import read_pid

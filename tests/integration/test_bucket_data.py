@@ -363,7 +363,7 @@ def test_a_multipart_object_over_100_mb_comes_in_ranged_parts_byte_for_byte(
 ):
     """101 MiB uploaded in 7 parts (a multipart ETag), read by the fetch in ranged parts of
     PART bytes through a link that shows each request: the job's sha256 is the test's."""
-    from gpuhop.agent.storage.objectcache import PART
+    from gpuhop.agent.storage.objectdownloads import PART
 
     data = _varied(101 * MiB + 12345)
     client = s3.client()

@@ -14,7 +14,8 @@ from gpuhop.agent.storage import buckets
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.buckets import Credentials
 from gpuhop.agent.storage.envs import EnvError, check_python
-from gpuhop.agent.storage.objectcache import Listed, ObjectCache, ObjectId
+from gpuhop.agent.storage.objectcache import ObjectCache
+from gpuhop.agent.storage.objectdownloads import Listed, ObjectId
 from gpuhop.api.models import SubmitRequest
 from gpuhop.api.spec import DataSource, JobSpec
 
@@ -95,19 +96,19 @@ def test_the_cache_takes_whole_objects_as_blobs_and_makes_one_view_per_listing(t
     cache = ObjectCache(tmp_path / "objects", tmp_path / "objects.db", blobs)
     assert cache.user_dir("bob") != cache.user_dir("alice")
     one = ObjectId("aws", "bkt", "train/a.txt", "e1", 5)
-    short = cache.partial("alice", one)
+    short = cache.downloads.partial("alice", one)
     short.write_bytes(b"abc")
     with pytest.raises(ValueError, match="3 bytes came, the listing said 5"):
-        cache.commit("alice", one, short)
+        cache.downloads.commit("alice", one, short)
     assert not short.exists() and not cache.has("alice", one)
-    whole = cache.partial("alice", one)
+    whole = cache.downloads.partial("alice", one)
     whole.write_bytes(b"abcde")
-    cache.commit("alice", one, whole)
+    cache.downloads.commit("alice", one, whole)
     # Named by the flush of its batch: till then its partial waits, and no fetch claims it.
     assert not cache.has("alice", one) and whole.read_bytes() == b"abcde"
     assert cache.lacking("alice", [one.digest()]) == {one.digest()}
-    assert cache.claim("alice", one) is None
-    cache.flush()
+    assert cache.downloads.claim("alice", one) is None
+    cache.downloads.flush()
     assert cache.has("alice", one) and not whole.exists()
     assert not cache.has("bob", one)  # another user's cache is not theirs
     two = one._replace(key="train/b.txt")
@@ -133,20 +134,21 @@ def test_the_cache_takes_whole_objects_as_blobs_and_makes_one_view_per_listing(t
 def test_a_partial_object_of_a_changed_identity_is_dropped(tmp_path: Path):
     cache = ObjectCache(tmp_path / "objects", tmp_path / "objects.db", _blobs(tmp_path))
     old = ObjectId("aws", "bkt", "big.bin", "e1", 10)
-    part = cache.partial("alice", old)
+    part = cache.downloads.partial("alice", old)
     part.write_bytes(b"12345")
-    assert cache.partial_bytes(cache.partial("alice", old), old) == 5  # the same: kept
+    # the same: kept
+    assert cache.downloads.partial_bytes(cache.downloads.partial("alice", old), old) == 5
     new = old._replace(etag="e2")
-    assert cache.partial_bytes(cache.partial("alice", new), new) == 0
+    assert cache.downloads.partial_bytes(cache.downloads.partial("alice", new), new) == 0
     assert not part.exists()
     # Many at once, from one look at the folder: each one's place and bytes here.
     kept, changed, fresh = old._replace(key="a"), old._replace(key="b"), old._replace(key="c")
-    cache.partial("alice", kept).write_bytes(b"123")
-    stale = cache.partial("alice", changed._replace(etag="e0"))
+    cache.downloads.partial("alice", kept).write_bytes(b"123")
+    stale = cache.downloads.partial("alice", changed._replace(etag="e0"))
     stale.write_bytes(b"1234")
-    found = cache.partials("alice", [kept, changed, fresh])
+    found = cache.downloads.partials("alice", [kept, changed, fresh])
     assert {oid: have for oid, (_, have) in found.items()} == {kept: 3, changed: 0, fresh: 0}
-    assert found[kept][0] == cache.partial("alice", kept) and not stale.exists()
+    assert found[kept][0] == cache.downloads.partial("alice", kept) and not stale.exists()
     cache.close()
 
 
@@ -155,29 +157,29 @@ def test_one_download_at_a_time_writes_an_objects_partial(tmp_path: Path):
     user's is theirs; a partial being written is not dropped as another identity's."""
     cache = ObjectCache(tmp_path / "objects", tmp_path / "objects.db", _blobs(tmp_path))
     one = ObjectId("aws", "bkt", "a.bin", "e1", 3)
-    first = cache.claim("alice", one)
+    first = cache.downloads.claim("alice", one)
     assert first is not None and first.mine
-    second = cache.claim("alice", one)
+    second = cache.downloads.claim("alice", one)
     assert second is not None and not second.mine and second.done is first.done
-    bobs = cache.claim("bob", one)
+    bobs = cache.downloads.claim("bob", one)
     assert bobs is not None and bobs.mine
-    part = cache.partial("alice", one)
+    part = cache.downloads.partial("alice", one)
     part.write_bytes(b"ab")
     changed = one._replace(etag="e2")  # listed meanwhile by a third fetch: its partial apart
-    assert cache.partial_bytes(cache.partial("alice", changed), changed) == 0
+    assert cache.downloads.partial_bytes(cache.downloads.partial("alice", changed), changed) == 0
     assert part.read_bytes() == b"ab"  # still the first download's
-    assert cache.sweep_partials(untouched_since=1e12) == []  # nor swept while written
-    cache.release("alice", one)  # it stopped: the next claim goes on from its bytes
+    assert cache.downloads.sweep(untouched_since=1e12) == []  # nor swept while written
+    cache.downloads.release("alice", one)  # it stopped: the next claim goes on from its bytes
     assert second.done.is_set()
-    again = cache.claim("alice", one)
+    again = cache.downloads.claim("alice", one)
     assert again is not None and again.mine and not again.done.is_set()
     part.write_bytes(b"abc")
-    cache.commit("alice", one, part)
-    cache.release("alice", one)
-    assert cache.claim("alice", one) is None  # committed: taken, not downloaded again
-    cache.flush()
-    assert cache.claim("alice", one) is None and cache.has("alice", one)
-    cache.release("bob", one)
+    cache.downloads.commit("alice", one, part)
+    cache.downloads.release("alice", one)
+    assert cache.downloads.claim("alice", one) is None  # committed: taken, not downloaded again
+    cache.downloads.flush()
+    assert cache.downloads.claim("alice", one) is None and cache.has("alice", one)
+    cache.downloads.release("bob", one)
     cache.close()
 
 

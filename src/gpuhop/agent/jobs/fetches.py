@@ -28,7 +28,8 @@ from gpuhop.agent.jobs.store import ACTIVE_STATES, JobRecord, JobStore
 from gpuhop.agent.storage import buckets
 from gpuhop.agent.storage.blobs import QuotaExceeded
 from gpuhop.agent.storage.buckets import BucketError, Credentials
-from gpuhop.agent.storage.objectcache import CacheFull, Keep, Listed, ObjectCache, ObjectId
+from gpuhop.agent.storage.objectcache import CacheFull, Keep, ObjectCache
+from gpuhop.agent.storage.objectdownloads import Listed, ObjectId
 from gpuhop.api import EndClass, JobState, format_mb
 from gpuhop.api.spec import DataSource
 from gpuhop.backends import jobdeps
@@ -206,7 +207,7 @@ class Fetches(Preparations[Fetch]):
         self._pin(job.id, objects=ids)
         lacking = cache.lacking(user, ids)
         wanted = [oid for digest, oid in ids.items() if digest in lacking]
-        partials = cache.partials(user, wanted)
+        partials = cache.downloads.partials(user, wanted)
         need = sum(oid.size - have for oid, (_, have) in partials.items())
         with fetch.lock:
             fetch.phase = "downloading"
@@ -256,7 +257,7 @@ class Fetches(Preparations[Fetch]):
 
         def one(oid: ObjectId, part: Path, have: int) -> None:
             while True:
-                claim = self.cache.claim(user, oid)
+                claim = self.cache.downloads.claim(user, oid)
                 if claim is None:  # another fetch (of this user's) brought it meanwhile
                     fetch.add(oid.size - have)
                     break
@@ -265,7 +266,7 @@ class Fetches(Preparations[Fetch]):
                         if not fetched(oid, part):
                             return
                     finally:
-                        self.cache.release(user, oid)
+                        self.cache.downloads.release(user, oid)
                     break
                 # Another fetch downloads it into the same partial: its end is waited for,
                 # then asked about again (its object committed: taken; else this one goes on
@@ -300,7 +301,7 @@ class Fetches(Preparations[Fetch]):
                     if stop.wait(RETRY_SECONDS[attempt]) or self._stopping.is_set():
                         return False
             try:
-                self.cache.commit(user, oid, part, sha)
+                self.cache.downloads.commit(user, oid, part, sha)
             except ValueError as e:
                 raise BucketError(str(e)) from None
             return True
@@ -321,7 +322,7 @@ class Fetches(Preparations[Fetch]):
                     future.cancel()
                 raise
             finally:
-                self.cache.flush()  # what came is named, for the view and the next fetch
+                self.cache.downloads.flush()  # what came is named, for the view and the next fetch
         self.check(job_id)  # a download that stopped for the agent's end is no whole one
 
     def _pin(self, job_id: str, views: Iterable[str] = (), objects: Iterable[str] = ()) -> None:

@@ -130,7 +130,7 @@ def collect(
             _add(freed["temp"], size)
         with rt.uses.exclusive("garbage collection"):
             _remove_envs(rt, policy, now, dry_run, freed["envs"])
-        for size in rt.objects.sweep_partials(cutoff, dry_run):
+        for size in rt.objects.downloads.sweep(cutoff, dry_run):
             _add(freed["temp"], size)
         prefixes, size = rt.objects.collect(
             rt.fetches.keep(),

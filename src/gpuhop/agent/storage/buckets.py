@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from gpuhop.agent.storage import settle
-from gpuhop.agent.storage.objectcache import PART, Listed, ObjectId, parts_done
+from gpuhop.agent.storage.objectdownloads import PART, Listed, ObjectId, parts_done
 from gpuhop.api import validate_relpath
 from gpuhop.api.spec import DataSource
 
@@ -44,7 +44,7 @@ CREDENTIAL_NAMES = (
     "AWS_REGION",
     "AWS_DEFAULT_REGION",
 )
-# Objects up to this size are read in one GET; larger ones in ranged parts (objectcache.PART
+# Objects up to this size are read in one GET; larger ones in ranged parts (objectdownloads.PART
 # bytes each), this many at once.
 ONE_GET_BYTES = 16 << 20
 PART_THREADS = 8
