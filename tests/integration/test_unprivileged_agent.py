@@ -4,9 +4,11 @@ whose `--image` jobs run in a rootless Podman. The rest of the suite runs as roo
 does), which takes other paths: the sandbox's user namespace, a memory cgroup the agent may
 not write to, Podman's store in the user's home and its uid mapping.
 
-The user is a uid of this test's own with no passwd entry and no subordinate ids (as an
-LDAP user on a cluster often has none): everything runs through `setpriv`, with a home,
-runtime dir and state dir in a temp dir that the test makes, gives the uid, and removes.
+The first user is a uid of this test's own with no passwd entry and no subordinate ids (as
+an LDAP user on a cluster often has none); the second an account the test adds with a range of
+subordinate ids (as `adduser` gives a workstation's users), whose image jobs Podman runs as
+their own uid (keep-id), and removes at the end. Everything runs through `setpriv`, with a
+home, runtime dir and state dir in a temp dir that the test makes, gives the uid, and removes.
 The venv's interpreter lies in root's home, which another user may not enter, so the user
 runs Debian's `python3.11` (the same minor version, whose ABI the venv's packages were
 built for) with the venv's packages and this checkout on its path. At the end every
@@ -15,8 +17,10 @@ process of the uid (the agent, its leader server, Podman's pause process) is kil
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -36,6 +40,11 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another u
 
 # A uid no account has (team agents' identities start at 2,000,000,000 and count up).
 UID = 3_900_000_000 + os.getpid() % 100_000
+# The account's: below 2**31, above which Debian's Podman 4.3 takes a rootless user who has
+# subordinate ids for root once in its user namespace ("mkdir /var/lib/containers/storage:
+# permission denied"). Its subordinate ids: 65,536 from SUBIDS, below both.
+ACCOUNT_UID = 1_900_000_000 + os.getpid() % 100_000
+SUBIDS = 1_000_000_000 + os.getpid() % 10_000 * 65_536
 
 PROBE = r"""
 import json, os, socket, sys
@@ -75,13 +84,15 @@ sys.exit(int(os.environ.get("EXIT", "0")))
 class User:
     """The unprivileged user: where their files are, and how to run a command as them."""
 
+    uid: int
+    gid: int
     root: Path
     home: Path
     state: Path
     env: dict[str, str]
 
     def run(self, *argv: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-        who = [f"--reuid={UID}", f"--regid={UID}", "--clear-groups"]
+        who = [f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups"]
         return subprocess.run(
             ["setpriv", *who, "env", "-i", *(f"{k}={v}" for k, v in self.env.items()), *argv],
             cwd=cwd,
@@ -98,7 +109,7 @@ class User:
         root.mkdir()
         for rel, text in files.items():
             (root / rel).write_text(text)
-        _give(root)
+        _give(root, self.uid, self.gid)
         return root
 
     def log(self) -> str:
@@ -106,10 +117,10 @@ class User:
         return path.read_text(errors="replace") if path.exists() else ""
 
 
-def _give(path: Path) -> None:
+def _give(path: Path, uid: int, gid: int) -> None:
     for dirpath, _dirs, files in os.walk(path):
         for name in [".", *files]:
-            os.chown(os.path.join(dirpath, name), UID, UID)
+            os.chown(os.path.join(dirpath, name), uid, gid)
 
 
 def _processes_of(uid: int) -> list[int]:
@@ -133,8 +144,10 @@ def _kill_all(uid: int) -> None:
     wait_until(lambda: not _processes_of(uid), timeout=30)
 
 
-@pytest.fixture(scope="module")
-def user() -> Iterator[User]:
+@contextlib.contextmanager
+def _user(uid: int, gid: int) -> Iterator[User]:
+    """A user of `uid` and `gid` with a home of their own; at the end, their agent stopped,
+    every process of theirs killed and their files removed."""
     if shutil.which("setpriv") is None:
         missing("setpriv is not installed (util-linux)")
     if not PYTHON.is_file():
@@ -144,7 +157,7 @@ def user() -> Iterator[User]:
     home, runtime = root / "home", root / "run"
     home.mkdir()
     runtime.mkdir(mode=0o700)
-    _give(root)
+    _give(root, uid, gid)
     packages = sysconfig.get_paths()["purelib"]
     source = str(Path(gpuhop.__file__).resolve().parents[1])
     env = {
@@ -155,7 +168,7 @@ def user() -> Iterator[User]:
         "PYTHONPATH": os.pathsep.join([source, packages]),
         "LANG": "C.UTF-8",
     }
-    user = User(root, home, home / ".gpuhop", env)
+    user = User(uid, gid, root, home, home / ".gpuhop", env)
     try:
         found = user.run(str(PYTHON), "-c", "import gpuhop, fastapi, uvicorn", cwd=home)
         if found.returncode != 0:
@@ -172,8 +185,44 @@ def user() -> Iterator[User]:
             if with_agent:
                 user.gpuhop("agent", "stop", cwd=home)
         finally:
-            _kill_all(UID)
+            _kill_all(uid)
             shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def user() -> Iterator[User]:
+    with _user(UID, UID) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def account() -> Iterator[User]:
+    """A user with an account and subordinate ids, added for this module and removed after."""
+    for tool in ("useradd", "userdel", "newuidmap"):
+        if shutil.which(tool) is None:
+            missing(f"{tool} is not installed (passwd, uidmap)")
+    name = f"gpuhop-t{os.getpid()}"
+    ids = f"{SUBIDS}-{SUBIDS + 65_535}"
+    home = ["--no-create-home", "--home-dir", "/nonexistent", "--shell", "/usr/sbin/nologin"]
+    added = subprocess.run(
+        ["useradd", "--uid", str(ACCOUNT_UID), *home, name], capture_output=True, text=True
+    )
+    # (useradd warns that the uid is outside UID_MAX, and makes the account)
+    assert name in pwd.getpwuid(ACCOUNT_UID).pw_name, added.stderr
+    try:
+        added = subprocess.run(
+            ["usermod", "--add-subuids", ids, "--add-subgids", ids, name],
+            capture_output=True,
+            text=True,
+        )
+        assert added.returncode == 0, added.stderr
+        with _user(ACCOUNT_UID, pwd.getpwnam(name).pw_gid) as made:
+            yield made
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+        for path in ("/etc/subuid", "/etc/subgid"):  # userdel leaves them on some versions
+            lines = Path(path).read_text().splitlines(keepends=True)
+            Path(path).write_text("".join(x for x in lines if not x.startswith(name + ":")))
 
 
 def report_of(output: str) -> dict:
@@ -205,19 +254,24 @@ def test_an_ordinary_users_run_starts_their_agent_and_a_job_in_a_view_of_its_own
     assert " WARNING " not in user.log() and "Traceback" not in user.log(), user.log()
 
 
-@pytest.fixture(scope="module")
-def rootless_image(user, minimal_image, tmp_path_factory) -> str:
-    """The minimal image, in the user's own (rootless) Podman store."""
+def _load(user: User, image: str) -> str:
+    """`image` (in root's store), loaded into `user`'s own (rootless) Podman store."""
     problem = podman_problem()
     if problem is not None:
         missing(problem)
-    archive = user.root / "minimal.tar"
-    subprocess.run(["podman", "save", "-o", str(archive), minimal_image], check=True)
-    os.chown(archive, UID, UID)
+    archive = user.root / "image.tar"
+    subprocess.run(["podman", "save", "-o", str(archive), image], check=True)
+    os.chown(archive, user.uid, user.gid)
     loaded = user.run("podman", "load", "-i", str(archive), cwd=user.home, timeout=300)
     assert loaded.returncode == 0, loaded.stderr
     archive.unlink()
-    return minimal_image
+    return image
+
+
+@pytest.fixture(scope="module")
+def rootless_image(user, minimal_image) -> str:
+    """The minimal image, in the user's own (rootless) Podman store."""
+    return _load(user, minimal_image)
 
 
 def test_an_image_job_runs_in_a_rootless_podman_as_the_user(user, rootless_image):
@@ -251,3 +305,21 @@ def test_an_image_job_runs_in_a_rootless_podman_as_the_user(user, rootless_image
     left = user.run("podman", "ps", "--all", "--format", "{{.Names}}", cwd=work)
     assert left.returncode == 0 and f"gpuhop-{job}" not in left.stdout, left.stdout
     assert " WARNING " not in user.log() and "Traceback" not in user.log(), user.log()
+
+
+def test_an_image_job_of_a_user_with_subordinate_ids_runs_as_their_own_uid(account, minimal_image):
+    image = _load(account, minimal_image)
+    work = account.project("image", {"probe.py": PROBE})
+    run = account.gpuhop(
+        "run", "--image", image, "--env", f"AGENT_HOME={account.state}", "probe.py", cwd=work
+    )
+    assert run.returncode == 0, run.stderr + run.stdout
+    report = report_of(run.stdout)
+    # Podman maps the user's uid to itself (keep-id) and the container's others to the
+    # user's subordinate ids: the job is the user inside as outside.
+    assert report["uid"] == ACCOUNT_UID, report
+    assert report["state_dir"] in (None, ["jobs"]), report
+    assert report["socket"] != "done" and report["tokens"] != "done", report
+    written = list((account.state / "jobs").glob("*/artifacts/mine.txt"))
+    assert len(written) == 1 and written[0].stat().st_uid == ACCOUNT_UID, written
+    assert " WARNING " not in account.log() and "Traceback" not in account.log(), account.log()

@@ -16,7 +16,6 @@ hook (metrics, resume) as a venv job's does.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import resource
@@ -159,13 +158,16 @@ def describe(
 
 def _has_subordinate_ids() -> bool:
     """Whether this (unprivileged) user has subordinate uids and gids (/etc/subuid and
-    /etc/subgid, by name or by number), which Podman needs to map more than its own uid."""
+    /etc/subgid, by name or by number), which Podman needs to map more than its own uid.
+    A uid with no passwd entry has none that Podman can use: `newuidmap` refuses to map
+    for it ("Cannot determine your user name"), whatever /etc/subuid says."""
     import pwd
 
     uid = os.geteuid()
-    names = {str(uid)}
-    with contextlib.suppress(KeyError):  # a uid with no passwd entry: only by number
-        names.add(pwd.getpwuid(uid).pw_name)
+    try:
+        names = {str(uid), pwd.getpwuid(uid).pw_name}
+    except KeyError:
+        return False
     for path in ("/etc/subuid", "/etc/subgid"):
         try:
             lines = Path(path).read_text().splitlines()
