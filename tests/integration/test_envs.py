@@ -199,3 +199,34 @@ def test_a_single_user_agent_takes_any_requirements_line(shared_agent, project, 
         out = b"".join(job.logs()).decode()
     assert info.state == JobState.succeeded, out
     assert "tinypkg 42" in out
+
+
+# An interpreter for `--python` whose venv creation never ends (it says it has started): a
+# job cancelled while its environment is built.
+STUCK_PYTHON = """#!/bin/sh
+if [ "$1" = "-m" ] && [ "$2" = "venv" ]; then
+    : > "{started}"
+    exec sleep 600
+fi
+exec "{python}" "$@"
+"""
+
+
+def test_a_job_cancelled_while_its_environment_is_built_says_so(shared_agent, project, tmp_path):
+    """A cancel kills the build's program with the job: the job's reason and log say the job
+    was stopped, not the killed program's error ("could not create a venv ... SIGTERM")."""
+    started = tmp_path / "started"
+    python = tmp_path / "python"
+    python.write_text(STUCK_PYTHON.format(started=started, python=sys.executable))
+    python.chmod(0o755)
+    root = project({"job.py": "print('never')\n", "requirements.txt": "tinypkg==1.0\n"})
+    with shared_agent.client() as client:
+        job = client.submit(["job.py"], workdir=root, python=str(python))
+        wait_until(started.exists, timeout=60)
+        job.cancel(grace=5)
+        info = job.wait(timeout=60)
+        out = b"".join(job.logs()).decode()
+    assert info.state == JobState.cancelled, (info.state, info.reason)
+    assert "stopped by SIGTERM before the job started" in out, out
+    assert "could not create a venv" not in out + (info.reason or ""), (out, info.reason)
+    assert "never" not in out

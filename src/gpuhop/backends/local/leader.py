@@ -322,6 +322,13 @@ _MASKED: list = []
 # private one, which the leader made first. (`--network ns:PATH` would have Podman set its
 # default sysctls there, which runc refuses outside a namespace of the container's own.)
 _CONTAINER: dict = {}
+# The first signal that asked the job to stop (a cancel, a time limit), if any came.
+_STOPPED_BY: list[int] = []
+
+
+def _note_signal(sig: int, _frame: object) -> None:
+    if not _STOPPED_BY:
+        _STOPPED_BY.append(sig)
 
 
 def _mask_output(names: str) -> int | None:
@@ -376,7 +383,7 @@ def main(argv: list, given: dict | None = None) -> int:
     _write_atomic(pid_path, pid_record, durable=False)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         # A handler, not SIG_IGN: exec resets handled signals to their default in the child.
-        signal.signal(sig, lambda *_: None)
+        signal.signal(sig, _note_signal)
     # Before anything is written to the log; the pump, forked here, outlives the job's end.
     pump = _mask_output(masked) if masked else None
     # Bound now, while the job's dir is in view: the sandbox hides it from the job.
@@ -433,9 +440,13 @@ def _adopt_orphans() -> None:
 
 
 def _failed(why: str | None) -> dict | None:
-    """None if nothing failed; else the job's result, `why` said in its log."""
+    """None if nothing failed; else the job's result, `why` said in its log. A preparation
+    that failed because the job was stopped meanwhile (its pip or Podman killed by the same
+    signal) says that, not the killed program's words."""
     if why is None:
         return None
+    if _STOPPED_BY:
+        why = f"stopped by {signal.Signals(_STOPPED_BY[0]).name} before the job started"
     print(f"gpuhop: {why}", flush=True)
     return {"exit_code": 1, "signal": None, "detail": why}
 
