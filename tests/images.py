@@ -12,14 +12,23 @@ The TensorFlow image adds tensorflow-cpu and what gpuhop's model server needs be
 (starlette and uvicorn), with their dependencies (`IMAGE_DISTRIBUTIONS`' closure), at the
 image's /usr/lib/python3/dist-packages, taken from the project's own installation of
 them, the venv the tests run in: each distribution's files as its RECORD lists them, with
-the bytecode pip compiled when it installed them, hard-linked into the tree (copied where the
-venv is on another file system), and the C++ runtime that manylinux wheels take from the
-system. That is what `pip install --target` of the same wheels makes, without unpacking
-1.4 GB and compiling its bytecode again (16 s and 7 s of a 2-core machine; without the
-bytecode each job's `import tensorflow` takes 3 s more). TensorFlow's C++ headers (300 MB,
-for building custom ops) are left out. The build takes 45-70 s on a 2-core machine (about
-2 s for the tree, the rest `podman import` writing the 1.8 GB layer: about 45 s of CPU and
-a disk-bound wait); the job sees only the image, not the venv.
+the bytecode pip compiled when it installed them, and the C++ runtime that manylinux wheels
+take from the system. That is what `pip install --target` of the same wheels makes, without
+unpacking 1.4 GB and compiling its bytecode again (16 s and 7 s of a 2-core machine; without
+the bytecode each job's `import tensorflow` takes 3 s more). TensorFlow's C++ headers (300 MB,
+for building custom ops) are left out.
+
+Its 1.8 GB do not go through `podman import` either, which costs 45 s of CPU and a disk-bound
+minute for them (Podman digests the tar, writes it to a blob, digests that, unpacks it into
+the layer and digests it again). Podman imports a layer that holds only a marker unique to
+the build (`LAYER_MARKER`: no other image shares the layer), and the whole tree is made in
+that layer's directory in Podman's overlay store (`podman image inspect`'s UpperDir), the
+distributions' files hard-linked there from the venv (copied where it is on another file
+system): a container of the image mounts that directory read-only below its own, so a job
+sees the files as in any image (and can change none of the venv's). About 3 s of CPU in all;
+`podman rmi` removes the links. The image's manifest describes the marker's layer only: it
+runs, but is not for `podman save` or a push. Where Podman's storage driver is not overlay,
+the tree goes through `podman import` as the minimal image's does.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import os
 import re
 import shutil
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -180,13 +190,13 @@ def _add_tensorflow(root: Path) -> None:
                 _link(source, target / rel)
 
 
-def build(ref: str, work: Path, tensorflow: bool = False, pip: bool = False) -> None:
-    """Build the minimal image as `ref` (in Podman's store) from a tree under `work`; with
-    `tensorflow`, the TensorFlow image; with `pip`, with pip in it."""
-    tree = work / "tree"
-    _tree(tree, pip)
-    if tensorflow:
-        _add_tensorflow(tree)
+# The one file of the TensorFlow image's imported layer (its tree is made in that layer's
+# directory afterwards): what it holds is unique to each build, so that Podman, which keeps one
+# layer for each content, gives no other image the same layer.
+LAYER_MARKER = Path("/etc/gpuhop-test-layer")
+
+
+def _import(tree: Path, ref: str) -> None:
     tar = subprocess.Popen(["tar", "-C", str(tree), "-cf", "-", "."], stdout=subprocess.PIPE)
     try:
         subprocess.run(
@@ -196,6 +206,41 @@ def build(ref: str, work: Path, tensorflow: bool = False, pip: bool = False) -> 
         assert tar.stdout is not None
         tar.stdout.close()
         tar.wait()
+
+
+def _podman_format(*args: str) -> str:
+    done = subprocess.run(["podman", *args], capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def build(ref: str, work: Path, tensorflow: bool = False, pip: bool = False) -> None:
+    """Build the minimal image as `ref` (in Podman's store) from a tree under `work`; with
+    `tensorflow`, the TensorFlow image (its tree made in its layer's directory where Podman's
+    storage driver is overlay); with `pip`, with pip in it."""
+    tree = work / "tree"
+    if tensorflow and _podman_format("info", "--format", "{{.Store.GraphDriverName}}") == (
+        "overlay"
+    ):
+        marker = tree / LAYER_MARKER.relative_to("/")
+        marker.parent.mkdir(parents=True)
+        marker.write_text(f"{ref} {uuid.uuid4()}\n")
+        _import(tree, ref)
+        try:
+            layer = Path(
+                _podman_format(
+                    "image", "inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", ref
+                )
+            )
+            _tree(layer, pip)
+            _add_tensorflow(layer)
+        except BaseException:
+            remove(ref)
+            raise
+    else:
+        _tree(tree, pip)
+        if tensorflow:
+            _add_tensorflow(tree)
+        _import(tree, ref)
     shutil.rmtree(tree)
 
 
