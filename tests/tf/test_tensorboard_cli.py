@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from gpuhop.api import JobState
+from gpuhop.client import Client, GpuhopError, Job
 from tests.conftest import Agent, wait_until
 
 pytestmark = [pytest.mark.tf, pytest.mark.timeout(300)]
@@ -104,11 +105,34 @@ def scalars(http: httpx.Client, run: str, tag: str) -> list[list[float]]:
     return http.get("/data/plugin/scalars/scalars", params={"run": run, "tag": tag}).json()
 
 
-def test_tensorboard_shows_a_running_jobs_logs_live_and_ctrl_c_stops_it(make_agent, project):
-    agent = make_agent()
+# How often a test asks TensorBoard (through the command's forwarded port) whether it shows
+# what it waits for: each question costs the test, the command and the server some CPU.
+POLL = 0.25
+
+
+@contextlib.contextmanager
+def ended_at_the_end(client: Client, job: Job) -> Iterator[Job]:
+    """`job`, cancelled at the end with the TensorBoard servers started for it, however the
+    test ends (the agent is shared with other tests)."""
+    try:
+        yield job
+    finally:
+        for other in client.jobs():
+            if (other.id == job.id or other.name == f"tensorboard-{job.id}") and (
+                not other.state.finished
+            ):
+                with contextlib.suppress(GpuhopError):  # it may have ended meanwhile
+                    ending = client.job(other.id)
+                    ending.cancel(grace=1)
+                    ending.wait(timeout=30)
+
+
+def test_tensorboard_shows_a_running_jobs_logs_live_and_ctrl_c_stops_it(shared_agent, project):
+    agent = shared_agent
     said: list[str] = []
-    with agent.client() as client:
+    with agent.client() as client, contextlib.ExitStack() as stack:
         job = client.submit(["train.py"], workdir=project({"train.py": TRAIN}), name="tiny")
+        stack.enter_context(ended_at_the_end(client, job))
         wait_until(lambda: job.refresh().state == JobState.running)
         with tensorboard_cli(agent, "tiny", said) as (url, cli):
             with httpx.Client(base_url=url, timeout=30) as http:
@@ -123,6 +147,7 @@ def test_tensorboard_shows_a_running_jobs_logs_live_and_ctrl_c_stops_it(make_age
                         in http.get("/data/plugin/scalars/tags").json().get("train", {})
                     ),
                     timeout=120,
+                    interval=POLL,
                 )
                 points = scalars(http, "train", "epoch_loss")
             [(_wall_time, step, loss)] = points
@@ -143,12 +168,13 @@ def test_tensorboard_shows_a_running_jobs_logs_live_and_ctrl_c_stops_it(make_age
     assert (agent.paths.jobs / job.id / "artifacts" / "tensorboard" / "train").is_dir()
 
 
-def test_a_tutorials_logs_fit_runs_show_live_and_after_the_job_ends(make_agent, project):
-    agent = make_agent()
+def test_a_tutorials_logs_fit_runs_show_live_and_after_the_job_ends(shared_agent, project):
+    agent = shared_agent
     said: list[str] = []
     artifacts = lambda job: agent.paths.jobs / job.id / "artifacts"  # noqa: E731
-    with agent.client() as client:
+    with agent.client() as client, contextlib.ExitStack() as stack:
         job = client.submit(["tutorial.py"], workdir=project({"tutorial.py": TUTORIAL}))
+        stack.enter_context(ended_at_the_end(client, job))
         wait_until(lambda: job.refresh().state == JobState.running)
         with tensorboard_cli(agent, job.id, said) as (url, cli):
             with httpx.Client(base_url=url, timeout=30) as http:
@@ -159,11 +185,15 @@ def test_a_tutorials_logs_fit_runs_show_live_and_after_the_job_ends(make_agent, 
                     found = http.get("/data/plugin/scalars/tags").json()
                     return found if sum("epoch_loss" in t for t in found.values()) == 2 else {}
 
-                runs = sorted(wait_until(tags, timeout=120))
+                runs = sorted(wait_until(tags, timeout=120, interval=POLL))
                 [stamp] = {run.split("/")[2] for run in runs}
                 assert runs == [f"logs/fit/{stamp}/train", f"logs/fit/{stamp}/validation"]
                 # Live: the job has trained and waits for "end"; TensorBoard shows it all now.
-                wait_until(lambda: len(scalars(http, runs[0], "epoch_loss")) == 2, timeout=60)
+                wait_until(
+                    lambda: len(scalars(http, runs[0], "epoch_loss")) == 2,
+                    timeout=60,
+                    interval=POLL,
+                )
                 assert job.refresh().state == JobState.running
             cli.send_signal(signal.SIGINT)
             assert cli.wait(timeout=60) == 0
@@ -173,7 +203,11 @@ def test_a_tutorials_logs_fit_runs_show_live_and_after_the_job_ends(make_agent, 
         # Once it has ended, a new TensorBoard for it finds the same runs.
         with tensorboard_cli(agent, job.id, said) as (url, cli):
             with httpx.Client(base_url=url, timeout=30) as http:
-                wait_until(lambda: len(scalars(http, runs[1], "epoch_loss")) == 2, timeout=60)
+                wait_until(
+                    lambda: len(scalars(http, runs[1], "epoch_loss")) == 2,
+                    timeout=60,
+                    interval=POLL,
+                )
                 [(_, step, loss), _] = scalars(http, runs[0], "epoch_loss")
                 assert step == 0 and loss > 0
             cli.send_signal(signal.SIGINT)
