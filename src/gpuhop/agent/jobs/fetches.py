@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -279,12 +279,12 @@ class Fetches(Preparations[Fetch]):
 
         def fetched(oid: ObjectId, part: Path) -> bool:
             """Download `oid` and commit it; False where the fetch stopped first."""
-            sha = None
+            came = None
             for attempt in range(len(RETRY_SECONDS) + 1):
                 if stop.is_set():
                     return False
                 try:
-                    sha = buckets.download(s3, oid, part, fetch.add)
+                    came = buckets.download(s3, oid, part, fetch.add)
                     break
                 except BucketError as e:
                     if not e.transient or attempt == len(RETRY_SECONDS):
@@ -301,7 +301,10 @@ class Fetches(Preparations[Fetch]):
                     if stop.wait(RETRY_SECONDS[attempt]) or self._stopping.is_set():
                         return False
             try:
-                self.cache.downloads.commit(user, oid, part, sha)
+                if came is None:
+                    self.cache.downloads.commit(user, oid, part)
+                else:
+                    self.cache.downloads.commit(user, oid, part, came.sha, came.size)
             except ValueError as e:
                 raise BucketError(str(e)) from None
             return True
@@ -309,13 +312,15 @@ class Fetches(Preparations[Fetch]):
         with ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="fetch-get") as pool:
             futures = [pool.submit(one, oid, *where) for oid, where in partials.items()]
             try:
-                for future in futures:
-                    while True:
-                        try:
-                            future.result(timeout=CHECK_SECONDS)
-                            break
-                        except TimeoutError:
-                            self.check(job_id)
+                # Woken by the first error or the last object, not by each object's end.
+                left = futures
+                while left:
+                    done, pending = wait(left, CHECK_SECONDS, FIRST_EXCEPTION)
+                    for future in done:
+                        future.result()
+                    left = list(pending)
+                    if left:
+                        self.check(job_id)
             except BaseException:
                 stop.set()
                 for future in futures:

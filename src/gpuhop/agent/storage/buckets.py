@@ -250,10 +250,12 @@ def _new_client(creds: Credentials, connections: int) -> Reader:
     import botocore.credentials
     import botocore.session
     from botocore.config import Config
+    from botocore.parsers import ResponseParserFactory
 
     values = creds.values
     if creds.own_config:
-        session = boto3.session.Session()
+        core = botocore.session.Session()
+        session = boto3.session.Session(botocore_session=core)
     else:
         # Every setting's environment variable dropped, and no file or configured endpoint
         # read: nothing of the agent's own configuration reaches a user's fetch.
@@ -287,8 +289,13 @@ def _new_client(creds: Credentials, connections: int) -> Reader:
         connect_timeout=10,
         read_timeout=60,
     )
+    # The listing's dates left as the text that came: a fetch reads none of them, and
+    # botocore's parse of each object's LastModified was half of a listing's CPU. Only this
+    # client parses so: the session's other clients (an assume-role's STS, made when its
+    # credentials are first needed) parse theirs as usual.
+    parsing = ResponseParserFactory()
+    parsing.set_parser_defaults(timestamp_parser=str)
     try:
-        s3 = session.client("s3", region_name=region, endpoint_url=endpoint, config=config, **keys)
         if keys:
             credentials: Any = botocore.credentials.Credentials(
                 keys["aws_access_key_id"],
@@ -297,6 +304,14 @@ def _new_client(creds: Credentials, connections: int) -> Reader:
             )
         else:  # a single-user agent's own configuration (a team agent's have keys)
             credentials = session.get_credentials()
+        usual = core.get_component("response_parser_factory")
+        core.register_component("response_parser_factory", parsing)
+        try:
+            s3 = session.client(
+                "s3", region_name=region, endpoint_url=endpoint, config=config, **keys
+            )
+        finally:
+            core.register_component("response_parser_factory", usual)
     except Exception as e:  # a malformed endpoint, an unknown profile, ...
         raise BucketError(f"{type(e).__name__}: {e}") from None
     return Reader(s3, credentials, connections)
@@ -396,9 +411,17 @@ def _code(e: BaseException) -> str | None:
     return response.get("Error", {}).get("Code") if isinstance(response, dict) else None
 
 
+class Came(NamedTuple):
+    """An object's bytes that came in one stream from its first byte: their sha256 (hashed
+    as they came) and how many."""
+
+    sha: str
+    size: int
+
+
 def download(
     reader: Reader, oid: ObjectId, part: Path, progress: Callable[[int], None]
-) -> str | None:
+) -> Came | None:
     """Fetch the object `oid` names into its partial file `part`, continuing where an
     earlier download stopped; call `progress` with each number of bytes that came. Every
     read names the listed version (If-Match on the ETag, and the VersionId where there is
@@ -407,8 +430,9 @@ def download(
     larger ones in parts of PART bytes read in parallel, each noted once on the disk (see
     `_parts`).
 
-    Returns the bytes' sha256 where they came in one stream from the first byte: hashed as
-    they came (`ObjectCache.commit` reads them again otherwise). A whole object is not
+    Returns the bytes' sha256 and size where they came in one stream from the first byte:
+    hashed as they came (`ObjectCache.commit` reads the file again otherwise). An object
+    of one CHUNK at most with no partial yet is read in one piece (`_small`). A whole object is not
     flushed here: the cache flushes a batch of objects together before it names them."""
     with translated():
         store = reader.store(oid.bucket)
@@ -423,9 +447,7 @@ def _get(store: Any, oid: ObjectId, first: int, last: int | None) -> Iterator[by
     CHUNK bytes or more (the last may be less)."""
     import obstore
 
-    options: dict[str, Any] = {"if_match": f'"{oid.etag}"'}
-    if oid.version:
-        options["version"] = oid.version
+    options = _options(oid)
     if last is not None:
         options["range"] = (first, last + 1)
     elif first:
@@ -434,7 +456,28 @@ def _get(store: Any, oid: ObjectId, first: int, last: int | None) -> Iterator[by
     return iter(got.stream(min_chunk_size=CHUNK))
 
 
-def _stream(store: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> str | None:
+def _get_whole(store: Any, oid: ObjectId) -> Any:
+    """The whole object's bytes in one piece (a buffer)."""
+    import obstore
+
+    got = obstore.get(store, oid.key, options=_options(oid))  # type: ignore[arg-type]
+    return got.bytes()
+
+
+def _options(oid: ObjectId) -> dict[str, Any]:
+    """A read's options that name the listed version (see `download`)."""
+    options: dict[str, Any] = {"if_match": f'"{oid.etag}"'}
+    if oid.version:
+        options["version"] = oid.version
+    return options
+
+
+def _stream(store: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> Came | None:
+    if oid.size <= CHUNK:
+        try:
+            return _small(store, oid, part, progress)
+        except FileExistsError:  # an earlier download's bytes: gone on from below
+            pass
     try:
         have = part.stat().st_size
     except FileNotFoundError:
@@ -446,16 +489,39 @@ def _stream(store: Any, oid: ObjectId, part: Path, progress: Callable[[int], Non
         return None
     body = _get(store, oid, have, None)
     sha = hashlib.sha256() if have == 0 else None
+    size = 0
     try:
         with open(part, "ab") as out:
             for chunk in body:
                 out.write(chunk)
+                size += len(chunk)
                 if sha is not None:
                     sha.update(chunk)
                 progress(len(chunk))
     finally:
         del body  # its connection goes back to the pool, or is dropped if cut short
-    return None if sha is None else sha.hexdigest()
+    return None if sha is None else Came(sha.hexdigest(), size)
+
+
+def _small(store: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> Came:
+    """A small object (one CHUNK at most) with no partial yet: its partial made (it is not
+    there: FileExistsError otherwise), and the bytes read in one piece, written in one call
+    and hashed at once; no look at the file before or after. Most of a prefix of many small
+    objects comes this way, and the agent's CPU for each is what bounds its rate."""
+    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    written = 0
+    try:
+        data = memoryview(_get_whole(store, oid))
+        while written < len(data):
+            written += os.write(fd, data[written:])
+    except BaseException:
+        if not written:  # no partial left of a read that failed before its bytes
+            part.unlink(missing_ok=True)
+        raise
+    finally:
+        os.close(fd)
+    progress(len(data))
+    return Came(hashlib.sha256(data).hexdigest(), len(data))
 
 
 def _parts(store: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> None:

@@ -107,7 +107,7 @@ class ObjectCache:
         self.blobs = blobs
         root.mkdir(mode=0o700, exist_ok=True)
         self._lock = threading.RLock()
-        self._made: set[str] = set()  # users whose dirs exist
+        self._dirs: dict[str, Path] = {}  # users whose dirs exist, and where
         self.downloads = Downloads(
             root, self._lock, lambda user: self.user_dir(user) / "partial", self.has, self._name
         )
@@ -159,11 +159,12 @@ class ObjectCache:
     # -- one user's files --------------------------------------------------------------------
 
     def user_dir(self, user: str) -> Path:
-        path = self.root / hashlib.sha256(user.encode()).hexdigest()[:32]
-        if user not in self._made:
+        path = self._dirs.get(user)
+        if path is None:
+            path = self.root / hashlib.sha256(user.encode()).hexdigest()[:32]
             for d in (path, path / "by-id", path / "views", path / "partial", path / "tmp"):
                 d.mkdir(mode=0o700 if d == path else 0o755, exist_ok=True)
-            self._made.add(user)
+            self._dirs[user] = path
         return path
 
     def path(self, user: str, oid: ObjectId) -> Path:

@@ -50,10 +50,7 @@ FLUSH_ROWS = 256
 FLUSH_SECONDS = 1.0
 
 
-class ObjectId(NamedTuple):
-    """What makes two objects the same for the cache: where they are, their version as the
-    store gives it (ETag, and VersionId in a versioned bucket), and their size."""
-
+class _Identity(NamedTuple):
     endpoint: str
     bucket: str
     key: str
@@ -61,12 +58,25 @@ class ObjectId(NamedTuple):
     size: int
     version: str = ""  # the VersionId where the bucket has versioning
 
+
+class ObjectId(_Identity):
+    """What makes two objects the same for the cache: where they are, their version as the
+    store gives it (ETag, and VersionId in a versioned bucket), and their size. Its digests
+    are made once each (a fetch names each object's files by them several times)."""
+
     def digest(self) -> str:
-        return digest_of(list(self))
+        made: str | None = self.__dict__.get("_digest")
+        if made is None:
+            made = self.__dict__["_digest"] = digest_of(list(self))
+        return made
 
     def key_digest(self) -> str:
         """The digest of where the object is (not which version): its partial's prefix."""
-        return digest_of([self.endpoint, self.bucket, self.key])[:32]
+        made: str | None = self.__dict__.get("_key_digest")
+        if made is None:
+            where = [self.endpoint, self.bucket, self.key]
+            made = self.__dict__["_key_digest"] = digest_of(where)[:32]
+        return made
 
 
 class Listed(NamedTuple):
@@ -199,14 +209,23 @@ class Downloads:
         except OSError:
             return 0
 
-    def commit(self, user: str, oid: ObjectId, part: Path, sha: str | None = None) -> None:
+    def commit(
+        self,
+        user: str,
+        oid: ObjectId,
+        part: Path,
+        sha: str | None = None,
+        size: int | None = None,
+    ) -> None:
         """Take the whole object downloaded to `part` as `oid`'s: it is named (its bytes a
         blob, linked into `user`'s namespace) by the flush of its batch (see FLUSH_ROWS), by
-        this call or a later one, or by `flush`. `sha`: the bytes' sha256 where the download
-        hashed them as they came (else they are read again here). ValueError (and the
-        partial dropped) where its size is not the listing's."""
+        this call or a later one, or by `flush`. `sha` and `size`: the bytes' sha256 and
+        count where the download hashed and counted them as they came from the first byte
+        (else the file is read again here). ValueError (and the partial dropped) where its
+        size is not the listing's."""
         try:
-            size = part.stat().st_size
+            if size is None or sha is None:
+                size = part.stat().st_size
             if size != oid.size:
                 raise ValueError(
                     f"{oid.key}: {size} bytes came, the listing said {oid.size} (did it change"

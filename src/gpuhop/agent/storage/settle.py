@@ -31,6 +31,7 @@ SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h
 _sync_file_range: Callable[[int, int, int, int], int] | None = None
 
 _pool: ThreadPoolExecutor | None = None
+_flushers: ThreadPoolExecutor | None = None  # flush_files'
 
 
 def settle(work: Callable[[], int]) -> Future[int]:
@@ -93,12 +94,14 @@ def flush_files(paths: Sequence[Path]) -> None:
     small files flush in 0.2-0.3 s this way (1 ms each one after another, 0.08 s for one
     syncfs), and a syncfs would also wait for whatever else is written there, a job's
     checkpoints on the same disk. OSError where one cannot be flushed."""
+    global _flushers
     if len(paths) == 1:
         _flush_file(paths[0])
         return
-    with ThreadPoolExecutor(min(FLUSHERS, len(paths)), "gpuhop-flush") as pool:
-        for _ in pool.map(_flush_file, paths):
-            pass
+    if _flushers is None:  # kept: a fetch of many small objects flushes a batch a second
+        _flushers = ThreadPoolExecutor(FLUSHERS, "gpuhop-flush-files")
+    for _ in _flushers.map(_flush_file, paths):
+        pass
 
 
 def _flush_file(path: Path) -> None:
