@@ -309,22 +309,33 @@ class Fetches(Preparations[Fetch]):
                 raise BucketError(str(e)) from None
             return True
 
+        # PARALLEL workers, each taking the next object until none is left (or the fetch
+        # stops): a future for each object cost a many-object fetch more of the agent's CPU
+        # than its own writes (the futures made, then waited for in turn).
+        left = iter(list(partials.items()))
+        taking = threading.Lock()
+
+        def worker() -> None:
+            while not stop.is_set():
+                with taking:
+                    item = next(left, None)
+                if item is None:
+                    return
+                oid, (part, have) = item
+                one(oid, part, have)
+
         with ThreadPoolExecutor(max_workers=PARALLEL, thread_name_prefix="fetch-get") as pool:
-            futures = [pool.submit(one, oid, *where) for oid, where in partials.items()]
+            workers = [pool.submit(worker) for _ in range(min(PARALLEL, len(partials)))]
             try:
-                # Woken by the first error or the last object, not by each object's end.
-                left = futures
-                while left:
-                    done, pending = wait(left, CHECK_SECONDS, FIRST_EXCEPTION)
+                while workers:  # woken by the first error or the last worker's end
+                    done, pending = wait(workers, CHECK_SECONDS, FIRST_EXCEPTION)
                     for future in done:
                         future.result()
-                    left = list(pending)
-                    if left:
+                    workers = list(pending)
+                    if workers:
                         self.check(job_id)
             except BaseException:
                 stop.set()
-                for future in futures:
-                    future.cancel()
                 raise
             finally:
                 self.cache.downloads.flush()  # what came is named, for the view and the next fetch

@@ -222,14 +222,14 @@ class ObjectCache:
             building = udir / "tmp" / f"view-{secrets.token_hex(8)}"
             try:
                 building.mkdir(mode=0o755)
-                by_id = udir / "by-id"
+                by_id, into = f"{udir}/by-id/", f"{building}/"  # (a Path each: slower)
                 folders = {""}
                 for entry in listing:
                     folder = entry.path.rpartition("/")[0]
                     if folder not in folders:
                         (building / folder).mkdir(mode=0o755, parents=True, exist_ok=True)
                         folders.add(folder)
-                    os.link(by_id / entry.id.digest(), building / entry.path)
+                    os.link(by_id + entry.id.digest(), into + entry.path)
                 os.rename(building, path)
             finally:
                 if building.exists():

@@ -100,8 +100,16 @@ def flush_files(paths: Sequence[Path]) -> None:
         return
     if _flushers is None:  # kept: a fetch of many small objects flushes a batch a second
         _flushers = ThreadPoolExecutor(FLUSHERS, "gpuhop-flush-files")
-    for _ in _flushers.map(_flush_file, paths):
+    # A share of the files for each thread (not a task for each file: its future cost more
+    # of the agent's CPU than its flush).
+    shares = [paths[i::FLUSHERS] for i in range(min(FLUSHERS, len(paths)))]
+    for _ in _flushers.map(_flush_share, shares):
         pass
+
+
+def _flush_share(paths: Sequence[Path]) -> None:
+    for path in paths:
+        _flush_file(path)
 
 
 def _flush_file(path: Path) -> None:
