@@ -431,9 +431,10 @@ def download(
     `_parts`).
 
     Returns the bytes' sha256 and size where they came in one stream from the first byte:
-    hashed as they came (`ObjectCache.commit` reads the file again otherwise). An object
-    of one CHUNK at most with no partial yet is read in one piece (`_small`). A whole object is not
-    flushed here: the cache flushes a batch of objects together before it names them."""
+    hashed and counted as they came (`ObjectCache.commit` reads the file again otherwise).
+    An object of one CHUNK at most with no partial yet is read in one piece (`_small`). A
+    whole object is not flushed here: the cache flushes a batch of objects together before
+    it names them."""
     with translated():
         store = reader.store(oid.bucket)
         if oid.size <= ONE_GET_BYTES:
