@@ -9,7 +9,8 @@ nothing unless this gpuhop (or the chosen Python) differs from what the host has
 
 The venv sees the packages of the interpreter it was made from (system site packages, and
 the packages of a venv or conda env given with --python), so the host's TensorFlow is used
-as it is and never installed again.
+as it is and never installed again; so is its pip (the venv gets a pip of its own, from
+ensurepip, only where the interpreter has none).
 """
 
 from __future__ import annotations
@@ -52,10 +53,7 @@ trap 'rm -rf "$tmp"' EXIT
 cat > "$tmp/$2"
 if [ "$4" = fresh ]; then rm -rf "$venv"; fi
 if [ ! -x "$venv/bin/python" ]; then
-  if ! "$1" -m venv --system-site-packages "$venv" 2>"$tmp/venv.log"; then
-    rm -rf "$venv"
-    "$1" -m venv --without-pip --system-site-packages "$venv"
-  fi
+  "$1" -m venv --without-pip --system-site-packages "$venv"
   # A venv (or conda env) given as the interpreter: make its packages visible as well.
   "$1" - "$venv/bin/python" <<'PY'
 import subprocess, sys, sysconfig
@@ -67,6 +65,11 @@ if sys.prefix != sys.base_prefix:
     with open(target + "/gpuhop-base.pth", "w") as f:
         f.writelines(f"import site; site.addsitedir({{d!r}})\\n" for d in dirs)
 PY
+  # The pip the chosen Python has serves the venv too (as for a job's environment); a copy of
+  # its own (ensurepip's) only where it has none: that copy costs seconds of CPU.
+  if ! "$venv/bin/python" -c 'import pip' >/dev/null 2>&1; then
+    "$venv/bin/python" -m ensurepip --default-pip >"$tmp/venv.log" 2>&1 || true
+  fi
 fi
 if ! "$venv/bin/python" -m pip --version >/dev/null 2>&1; then
   echo "no pip for $1 on this host: install python3-venv (or python3-pip), or pass --python" >&2
