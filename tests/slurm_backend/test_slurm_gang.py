@@ -26,7 +26,7 @@ from tests.conftest import Agent, wait_until
 from tests.ports import port_block
 from tests.slurm_backend.cluster import NODE_SCRATCH, SlurmCluster
 from tests.slurm_backend.conftest import skip_without_slurm, start_agent
-from tests.slurm_backend.test_slurm_backend import _script, _show, _submit
+from tests.slurm_backend.test_slurm_backend import _script, _submit
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -120,7 +120,7 @@ def test_each_worker_gets_its_tf_config_naming_its_peers_by_node_address_and_its
     assert not any(h.replace(".", "").isdigit() for h in hosts), hosts  # names, not IPs
     where = ", ".join(sorted({n.name for n in nodes}))
     assert f"gpuhop: 2 workers on {where}, ports {ports[0]}, {ports[1]}" in log
-    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+    _no_slurm_jobs(slurm_cluster)
 
 
 # Each worker saves to the same relative path, as every process of a Keras 3 job saves its
@@ -196,7 +196,7 @@ def test_each_worker_has_its_own_files_and_node_local_scratch_and_worker_0s_come
     assert (back / "out.txt").read_text() == "0"
     assert not (job_dir / "worker-views").exists()
     assert "worker 0's files come back" in log
-    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+    _no_slurm_jobs(slurm_cluster)
 
 
 def test_a_jobs_own_tmpdir_wins_over_the_node_local_one(slurm_agent, slurm_cluster, tmp_path):
@@ -213,21 +213,33 @@ def test_a_jobs_own_tmpdir_wins_over_the_node_local_one(slurm_agent, slurm_clust
     assert seen["tmp"] == str(mine)
     assert seen["cwd"] == str(slurm_agent.paths.job_dir(job_id) / "work")
     assert Path(seen["scratch"]).parent.name.startswith(f"gpuhop-{job_id}-1-")  # no -wI
-    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+    _no_slurm_jobs(slurm_cluster)
 
 
-def _ended(agent, job_id: str, timeout: float = 60) -> dict:
+def _info(agent: Agent, job_id: str) -> dict:
+    """The job's record, as `gpuhop show --json` prints it, asked through the SDK: the tests
+    poll it, and a `gpuhop show` process a look (some 200 a run of this module) cost about
+    15 CPU-seconds."""
+    with agent.client() as client:
+        return client.job(job_id).data
+
+
+def _ended(agent: Agent, job_id: str, timeout: float = 60) -> dict:
     """The job's record once it has ended; failing, after `timeout`, with its log."""
+    with agent.client() as client:
+        try:
+            return client.job(job_id).wait_json(timeout)
+        except TimeoutError:
+            log = agent.cli("logs", job_id).stdout[-3000:]
+            pytest.fail(
+                f"job {job_id} did not end within {timeout}s: {_info(agent, job_id)}\n{log}"
+            )
 
-    def ended() -> dict | None:
-        info = _show(agent, job_id)
-        return None if info["state"] in ("queued", "starting", "running") else info
 
-    try:
-        return wait_until(ended, timeout=timeout)
-    except pytest.fail.Exception:
-        log = agent.cli("logs", job_id).stdout[-3000:]
-        pytest.fail(f"job {job_id} did not end within {timeout}s: {_show(agent, job_id)}\n{log}")
+def _no_slurm_jobs(cluster: SlurmCluster) -> None:
+    """Until Slurm holds no job any more (each look an `squeue` and a request to slurmctld:
+    five a second, not fifty)."""
+    wait_until(lambda: not cluster.jobs(), timeout=60, interval=0.2)
 
 
 def test_a_gang_starts_on_ports_free_on_every_node_when_its_first_choice_is_taken_on_one(
@@ -279,7 +291,7 @@ def test_a_gang_whose_node_cannot_resolve_its_peers_address_fails_at_once_saying
     assert said in info["reason"], info
     assert f"gpuhop: could not start: {said}" in slurm_agent.cli("logs", job_id).stdout
     assert list(ran.iterdir()) == []  # no worker started
-    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+    _no_slurm_jobs(slurm_cluster)
     # Nothing of the job's left on any node (the nodes share this host's process ids).
     job_dir = str(slurm_agent.paths.job_dir(job_id))
     wait_until(lambda: not _processes_mentioning(job_dir), timeout=30)
@@ -309,11 +321,10 @@ def test_a_worker_killed_by_the_test_fails_the_gang(slurm_agent, slurm_cluster, 
         _wait_for(slurm_agent, job_id, pids)
         worker0 = int(pids[0].read_text())
         os.kill(int(pids[1].read_text()), signal.SIGKILL)
-        info = wait_until(
-            lambda: (i := _show(slurm_agent, job_id))["state"] == "failed" and i, timeout=60
-        )
+        info = _ended(slurm_agent, job_id)
     finally:
         _end(slurm_agent, slurm_cluster, job_id)
+    assert info["state"] == "failed", info
     assert info["reason"].startswith("worker 1 was killed by signal 9 (SIGKILL) first")
     assert "1 other worker was stopped" in info["reason"]
     assert not _alive(worker0)
@@ -330,9 +341,7 @@ def test_a_cancelled_gang_ends_every_worker_and_leaves_no_slurm_job(
         _wait_for(slurm_agent, job_id, pids)
         workers = [int(p.read_text()) for p in pids]
         assert slurm_agent.cli("cancel", job_id).returncode == 0
-        info = wait_until(
-            lambda: (i := _show(slurm_agent, job_id))["state"] == "cancelled" and i, timeout=60
-        )
+        info = _ended(slurm_agent, job_id)
     finally:
         _end(slurm_agent, slurm_cluster, job_id)
     assert info["state"] == "cancelled"
@@ -354,7 +363,7 @@ def test_two_workers_on_two_nodes_train_to_the_same_weights(slurm_agent, slurm_c
     }
     assert set(finals) == {"[worker 0", "[worker 1"}
     assert finals["[worker 0"] == finals["[worker 1"]  # MWMS kept the two in step
-    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+    _no_slurm_jobs(slurm_cluster)
 
 
 @pytest.mark.tf
@@ -375,7 +384,7 @@ def test_keras3_on_jax_across_two_tasks_trains_to_the_same_weights(
     assert set(finals) == {"[worker 0", "[worker 1"}
     assert finals["[worker 0"] == finals["[worker 1"]  # keras.distribution kept them in step
     assert "process 1 of 2: 2 devices in the mesh" in run.stdout
-    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+    _no_slurm_jobs(slurm_cluster)
 
 
 @pytest.mark.tf
@@ -390,17 +399,11 @@ def test_a_worker_whose_peer_never_joins_says_so(slurm_agent, slurm_cluster, tmp
     )
     args = ("--workers", "2", "--worker-timeout", "5", "lone.py")
     job_id = _submit(slurm_agent, work, *args)
-    info = wait_until(
-        lambda: (
-            (i := _show(slurm_agent, job_id))["state"] not in ("queued", "starting", "running")
-            and i
-        ),
-        timeout=120,
-    )
+    info = _ended(slurm_agent, job_id, timeout=120)
     assert info["state"] == "failed", info
     assert info["reason"].startswith("worker 0 exited with code 1 first; 1 other worker was")
     assert "(its peers did not join within 5s; see gpuhop logs JOB --worker 0)" in info["reason"]
-    wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
+    _no_slurm_jobs(slurm_cluster)
 
 
 def _wait_for(agent, job_id: str, pids: list[Path]) -> None:
@@ -420,14 +423,14 @@ def _wait_for(agent, job_id: str, pids: list[Path]) -> None:
         wait_until(up, timeout=120)
     except (AssertionError, pytest.fail.Exception) as e:
         log = agent.cli("logs", job_id).stdout[-3000:]
-        pytest.fail(f"the workers did not start ({e}): {_show(agent, job_id)}\n{log}")
+        pytest.fail(f"the workers did not start ({e}): {_info(agent, job_id)}\n{log}")
 
 
 def _end(agent, cluster, job_id: str) -> None:
     """The job ended (cancelled, if a failing test left it running) and gone from Slurm."""
-    if _show(agent, job_id)["state"] in ("queued", "starting", "running"):
+    if _info(agent, job_id)["state"] in ("queued", "starting", "running"):
         agent.cli("cancel", "--grace", "1", job_id)
-    wait_until(lambda: not cluster.jobs(), timeout=60)
+    _no_slurm_jobs(cluster)
 
 
 def _alive(pid: int) -> bool:
