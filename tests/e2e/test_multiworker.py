@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from gpuhop.api import JobState
+from gpuhop.client import Job
 from tests.conftest import EXAMPLES, wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -46,14 +48,18 @@ def listening_ports() -> set[int]:
     return ports
 
 
+def _reached_its_peer(job: Job, worker: int) -> bool:
+    return b"reached its peer" in b"".join(job.logs(worker=worker))
+
+
 def test_workers_reach_each_other_on_a_network_no_other_host_can_reach(
     shared_agent, project, tmp_path
 ):
     root = project({"listener.py": LISTENER})
     with shared_agent.client() as client:
         job = client.submit(["listener.py", str(tmp_path)], workdir=root, workers=2)
-        wait_until(lambda: b"reached its peer" in b"".join(job.logs(worker=1)), timeout=60)
-        wait_until(lambda: b"reached its peer" in b"".join(job.logs(worker=0)), timeout=60)
+        for i in (1, 0):  # each look a request the agent answers: ten a second, not fifty
+            wait_until(partial(_reached_its_peer, job, i), timeout=60, interval=0.1)
         ports = {int((tmp_path / f"port-{i}").read_text()) for i in (0, 1)}
         # Both workers listen on every interface of their network, yet the host sees none.
         assert not ports & listening_ports()
@@ -80,11 +86,10 @@ def test_run_options_for_workers(shared_agent, project):
 
 
 @pytest.mark.tf
-def test_two_workers_train_the_example_to_the_same_weights(make_agent, tmp_path):
-    agent = make_agent()
+def test_two_workers_train_the_example_to_the_same_weights(shared_agent, tmp_path):
     work = tmp_path / "work"
     shutil.copytree(EXAMPLES / "multiworker", work / "multiworker")
-    run = agent.cli(
+    run = shared_agent.cli(
         "run",
         "--workers",
         "2",
@@ -105,7 +110,9 @@ def test_two_workers_train_the_example_to_the_same_weights(make_agent, tmp_path)
     assert set(finals) == {"[worker 0", "[worker 1"}
     assert finals["[worker 0"] == finals["[worker 1"]  # same loss and weights checksum
     assert (tmp_path / "out" / "digits_savedmodel" / "saved_model.pb").is_file()
-    info = json.loads(agent.cli("show", "--json", "--", run.stderr.split("job ")[1][:8]).stdout)
+    info = json.loads(
+        shared_agent.cli("show", "--json", "--", run.stderr.split("job ")[1][:8]).stdout
+    )
     assert info["latest_metrics"]["epoch"] == 2
 
 
@@ -192,11 +199,10 @@ def test_keras_that_cannot_run_across_workers_is_refused_before_it_starts(
 
 
 @pytest.mark.tf
-def test_keras3_jax_example_trains_on_two_processes_to_the_same_weights(make_agent, tmp_path):
-    agent = make_agent()
+def test_keras3_jax_example_trains_on_two_processes_to_the_same_weights(shared_agent, tmp_path):
     work = tmp_path / "work"
     shutil.copytree(EXAMPLES / "keras3-jax-multiworker", work / "example")
-    run = agent.cli(
+    run = shared_agent.cli(
         "run",
         "--no-progress",
         "--workers",
