@@ -265,16 +265,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-def wait_until(predicate: Callable[[], object], timeout: float = 30.0, interval: float = 0.02):
-    """Poll `predicate` until it returns something truthy; fail the test after `timeout`."""
+def wait_until(
+    predicate: Callable[[], object], timeout: float = 30.0, interval: float | None = None
+):
+    """Poll `predicate` until it returns something truthy; fail the test after `timeout`.
+    Every `interval` seconds where given; else 20 ms apart at first, then further apart, up
+    to 0.1 s (a look may start a process or ask an agent: 50 a second for the length of a
+    training cost the suite CPU it is short of, and most waits end within the first few)."""
     deadline = time.monotonic() + timeout
+    pause = 0.02 if interval is None else interval
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
             pytest.fail(f"condition not met within {timeout}s: {predicate}")
-        time.sleep(interval)
+        time.sleep(pause)
+        if interval is None:
+            pause = min(pause * 1.25, 0.1)
 
 
 @dataclass

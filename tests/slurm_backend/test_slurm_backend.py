@@ -60,6 +60,13 @@ def _show(agent, job_id: str) -> dict:
     return json.loads(out.stdout)
 
 
+def _info(agent, job_id: str) -> dict:
+    """The job's record, as `gpuhop show --json` prints it, asked through the SDK: the tests
+    poll it, and a `gpuhop show` process a look costs ~0.1 CPU-s."""
+    with agent.client() as client:
+        return client.job(job_id).data
+
+
 def _submit(agent, work: Path, *args: str) -> str:
     out = agent.cli("run", "--detach", "--no-requirements", *args, cwd=work)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -93,7 +100,7 @@ def test_slurms_pending_reason_shows_and_a_cancel_leaves_no_slurm_job(
         # gpuhop's scheduler sees its GPUs free and starts the job; Slurm keeps it pending.
         waiting = wait_until(
             lambda: (
-                (w := _show(slurm_agent, job_id).get("waiting") or "").endswith("Resources") and w
+                (w := _info(slurm_agent, job_id).get("waiting") or "").endswith("Resources") and w
             ),
             timeout=60,
         )
@@ -109,7 +116,7 @@ def test_slurms_pending_reason_shows_and_a_cancel_leaves_no_slurm_job(
         assert f"runs as Slurm job {slurm_id}" in shown and "state starting" in shown
         assert slurm_agent.cli("cancel", job_id).returncode == 0
         info = wait_until(
-            lambda: (i := _show(slurm_agent, job_id))["state"] == "cancelled" and i, timeout=60
+            lambda: (i := _info(slurm_agent, job_id))["state"] == "cancelled" and i, timeout=60
         )
         assert info["waiting"] is None and info["cluster_job"] == f"Slurm job {slurm_id}"
         assert slurm_id not in slurm_cluster.run("squeue", "-h", "-o", "%i").split()
@@ -144,7 +151,7 @@ def test_a_job_whose_node_fails_is_lost_and_not_run_again(slurm_agent, slurm_clu
         wait_until(lambda: (tmp_path / f"pid-{job_id}").exists(), timeout=60)
         slurm_cluster.run("scontrol", "update", f"nodename={node}", "state=down", "reason=test")
         info = wait_until(
-            lambda: (i := _show(slurm_agent, job_id))["state"] not in ("running", "starting") and i,
+            lambda: (i := _info(slurm_agent, job_id))["state"] not in ("running", "starting") and i,
             timeout=90,
         )
     finally:
@@ -171,7 +178,7 @@ def test_a_killed_leader_leaves_no_slurm_job_and_the_job_is_lost(
         leader = json.loads(slurm_agent.paths.job_dir(job_id).joinpath("shim.pid").read_text())
         os.kill(leader["pid"], signal.SIGKILL)
         info = wait_until(
-            lambda: (i := _show(slurm_agent, job_id))["state"] == "lost" and i, timeout=60
+            lambda: (i := _info(slurm_agent, job_id))["state"] == "lost" and i, timeout=60
         )
         # The agent cancelled the Slurm job by the id kept in the job's dir.
         wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
@@ -220,7 +227,7 @@ def test_gpus_lists_the_partitions_nodes_and_the_users_slurm_jobs(
         "nodes of Slurm's default partition (sinfo) and your Slurm jobs (squeue --me); 2 GPU(s)"
         in " ".join(out.stderr.split())
     )
-    wait_until(lambda: _show(slurm_agent, job_id)["state"] == "succeeded", timeout=60)
+    wait_until(lambda: _info(slurm_agent, job_id)["state"] == "succeeded", timeout=60)
     wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
     status = slurm_agent.cli("agent", "status", "--home", str(slurm_agent.home))
     assert "backend: slurm" in status.stdout
@@ -296,13 +303,13 @@ def test_what_needs_the_agents_own_host_is_refused_with_the_reason(
     assert f"job {job_id} runs on the Slurm cluster, not on the agent's host" in " ".join(
         out.stderr.split()
     )
-    wait_until(lambda: _show(slurm_agent, job_id)["state"] == "succeeded", timeout=60)
+    wait_until(lambda: _info(slurm_agent, job_id)["state"] == "succeeded", timeout=60)
     wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
 
 
 def _ended(agent, job_id: str, timeout: float = 60) -> dict:
     return wait_until(
-        lambda: (i := _show(agent, job_id))["state"] not in ("queued", "starting", "running") and i,
+        lambda: (i := _info(agent, job_id))["state"] not in ("queued", "starting", "running") and i,
         timeout=timeout,
     )
 
@@ -334,7 +341,7 @@ def test_time_limits_count_from_slurms_start_and_slurms_own_limit_is_a_timeout(
         (b_sync / "hold").touch()  # B holds on until it is stopped
         args = ("--gpus", "1", "--timeout", "2", "hold.py", str(b_sync))
         quick = _submit(slurm_agent, work, *args)
-        wait_until(lambda: (_show(slurm_agent, quick).get("waiting") or "").endswith("Resources"))
+        wait_until(lambda: (_info(slurm_agent, quick).get("waiting") or "").endswith("Resources"))
         pending_since = time.monotonic()
         info_a = _ended(slurm_agent, slow, timeout=90)  # Slurm's check: every 30 s
         wait_until(lambda: time.monotonic() > pending_since + 3)  # past B's 2 s, pending

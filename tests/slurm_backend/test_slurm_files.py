@@ -20,7 +20,7 @@ from gpuhop.backends.slurm import shared
 from gpuhop.home import AgentError
 from tests.conftest import wait_until
 from tests.slurm_backend.conftest import skip_without_slurm
-from tests.slurm_backend.test_slurm_backend import _script, _show, _submit
+from tests.slurm_backend.test_slurm_backend import _info, _script, _submit
 
 skip_without_slurm()
 
@@ -130,7 +130,7 @@ def test_pull_brings_back_the_files_a_slurm_job_wrote_in_its_work_dir(
     job_id = _submit(slurm_agent, work, "write.py")
     info = wait_until(
         lambda: (
-            (i := _show(slurm_agent, job_id))["state"] not in ("queued", "starting", "running")
+            (i := _info(slurm_agent, job_id))["state"] not in ("queued", "starting", "running")
             and i
         ),
         timeout=60,

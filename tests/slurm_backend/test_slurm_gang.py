@@ -26,7 +26,7 @@ from tests.conftest import Agent, wait_until
 from tests.ports import port_block
 from tests.slurm_backend.cluster import NODE_SCRATCH, SlurmCluster
 from tests.slurm_backend.conftest import skip_without_slurm, start_agent
-from tests.slurm_backend.test_slurm_backend import _script, _submit
+from tests.slurm_backend.test_slurm_backend import _info, _script, _submit
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -214,14 +214,6 @@ def test_a_jobs_own_tmpdir_wins_over_the_node_local_one(slurm_agent, slurm_clust
     assert seen["cwd"] == str(slurm_agent.paths.job_dir(job_id) / "work")
     assert Path(seen["scratch"]).parent.name.startswith(f"gpuhop-{job_id}-1-")  # no -wI
     _no_slurm_jobs(slurm_cluster)
-
-
-def _info(agent: Agent, job_id: str) -> dict:
-    """The job's record, as `gpuhop show --json` prints it, asked through the SDK: the tests
-    poll it, and a `gpuhop show` process a look (some 200 a run of this module) cost about
-    15 CPU-seconds."""
-    with agent.client() as client:
-        return client.job(job_id).data
 
 
 def _ended(agent: Agent, job_id: str, timeout: float = 60) -> dict:
