@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.backends.ray.probe import ProbeError, probe
+from gpuhop.backends.ray.startup import skip_iri_grammar
 
 
 class NotChecked(Exception):
@@ -87,6 +88,7 @@ def main(args: list[str]) -> int:
     if len(args) < 3 or args[1] != "--":
         print("usage: python -m gpuhop.backends.ray.doctor SPEC -- ARGV...", file=sys.stderr)
         return 2
+    skip_iri_grammar()
     try:
         got = check(json.loads(args[0]), args[2:])
     except (ProbeError, NotChecked) as e:

@@ -41,6 +41,7 @@ from gpuhop.backends.local import leader as local_leader
 from gpuhop.backends.ownlines import append_line
 from gpuhop.backends.ray import transfer
 from gpuhop.backends.ray.probe import ProbeError, probe
+from gpuhop.backends.ray.startup import skip_iri_grammar
 from gpuhop.version import __version__
 
 POLL_SECONDS = 0.1
@@ -367,6 +368,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 3:
         print("usage: python -m gpuhop.backends.ray.leader STATUS PID_FILE SPEC", file=sys.stderr)
         return 2
+    skip_iri_grammar()
     status_path, pid_path, spec_path = argv
     _write_atomic(pid_path, {"pid": os.getpid()})
     _handle_signals()

@@ -18,6 +18,8 @@ import json
 import sys
 from typing import Any
 
+from gpuhop.backends.ray.startup import skip_iri_grammar
+
 TOKEN_DOCS = "https://docs.ray.io/en/latest/ray-security/token-auth.html"
 
 
@@ -127,6 +129,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: python -m gpuhop.backends.ray.probe ADDRESS", file=sys.stderr)
         return 2
+    skip_iri_grammar()
     try:
         print(json.dumps(probe(argv[0])))
     except ProbeError as e:
