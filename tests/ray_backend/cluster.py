@@ -305,8 +305,12 @@ def main() -> int:
     os.environ["RAY_TMPDIR"] = root
     temp_dir = os.path.join(root, "ray")
     os.mkdir(temp_dir)
+    _without_rfc3987_syntax(root)
     head, *others = spec["nodes"]
     dashboard = bool(spec.get("dashboard"))
+    if not dashboard:
+        os.environ.update(LEAN_CONFIG)
+    lean = {} if dashboard else LEAN_NODE
     # Ray's processes (the GCS, raylets, workers: all this process's children) go before the
     # tests that run beside them on a busy machine, as a real cluster's nodes have their
     # cores to themselves: Ray gives a new raylet a fixed 30 s to register (`start`). Where
@@ -327,12 +331,13 @@ def main() -> int:
             # Not Ray's fixed default (52365): another cluster on this machine may hold it.
             dashboard_agent_listen_port=_free_port(),
             temp_dir=temp_dir,
+            **lean,
         )
         for node in others:
             # Every node's agent on a port of its own: Ray gives a node other than the head
             # its fixed default (52365), which another cluster's node may hold, and a node
             # whose agent cannot listen never registers.
-            cluster.add_node(**node, dashboard_agent_listen_port=_free_port())
+            cluster.add_node(**node, **lean, dashboard_agent_listen_port=_free_port())
         cluster.wait_for_nodes()
     except BaseException as e:
         traceback.print_exc()
@@ -362,6 +367,42 @@ def main() -> int:
         shutil.rmtree(root, ignore_errors=True)
     print("stopped", flush=True)
     return 0
+
+
+# A cluster without the dashboard (the tests' clusters) runs no Python process that nothing
+# uses: no autoscaler monitor (the nodes are fixed) and no log monitor (it streams workers'
+# output to drivers, and gpuhop's drivers ask for none: `log_to_driver=False`). Each is a
+# process that imports Ray and then polls. The bench's cluster, with the dashboard, keeps
+# everything `ray start --head` starts.
+LEAN_NODE = {"no_monitor": True, "include_log_monitor": False}
+# Nor does it do what no test looks at: no usage stats (the dashboard's process would try to
+# send them out), no metrics (every node's agent and every Ray process would collect and
+# export them every few seconds), no memory monitor (each raylet reads every worker's memory
+# four times a second, to kill one before the machine runs out).
+LEAN_CONFIG = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_enable_metrics_collection": "0",
+    "RAY_memory_monitor_refresh_ms": "0",
+}
+
+
+def _without_rfc3987_syntax(root: str) -> None:
+    """Every Python process of the cluster (this one, Ray's daemons, its workers) imports Ray
+    without `rfc3987_syntax`. Ray imports jsonschema, which imports that package where it is
+    installed (JupyterLab's jupyter-events brings it into the dev venv: a Ray node would not
+    have it) and which compiles an Earley grammar at import: 1.5 of the 2 CPU-s that
+    `import ray` takes here, paid by every Ray process and every actor's worker. Nothing in
+    Ray checks the IRI formats it is for. A module of that name that raises ImportError,
+    first on the cluster's PYTHONPATH, is what jsonschema takes for its absence."""
+    sys.modules["rfc3987_syntax"] = None  # type: ignore[assignment]
+    shadow = os.path.join(root, "pythonpath")
+    os.mkdir(shadow)
+    Path(shadow, "rfc3987_syntax.py").write_text(
+        'raise ImportError("not on the Ray test clusters (tests/ray_backend/cluster.py)")\n'
+    )
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (shadow, os.environ.get("PYTHONPATH")) if p
+    )
 
 
 def _become_subreaper() -> None:
