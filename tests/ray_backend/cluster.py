@@ -8,8 +8,10 @@ threads, warnings and C++ runtime never enter the caller's process, and returns 
 starts the cluster with `ray.cluster_utils.Cluster` (with token authentication when "auth":
 a fresh random token; with Ray's dashboard, and so its job API, on a loopback port when
 "dashboard") in a private temp dir that is also Ray's default one (`RAY_TMPDIR`), so that
-nothing is written to, or needed in, `/tmp/ray`. It prints one JSON line {"address", "token",
-"dashboard", "pids", "temp_dir"}, and then answers lines on stdin:
+nothing is written to, or needed in, `/tmp/ray`. Without the dashboard the cluster runs lean
+(`LEAN_NODE`, `LEAN_CONFIG`: only what gpuhop and the tests use), and none of its Python
+processes imports `rfc3987_syntax` (`_without_rfc3987_syntax`). It prints one JSON line
+{"address", "token", "dashboard", "pids", "temp_dir"}, and then answers lines on stdin:
 
 - `state`: one JSON line with the cluster's live actors and placement groups not removed;
 - `stop` (or end of input): shuts the cluster down (by the pids Ray recorded for each node)

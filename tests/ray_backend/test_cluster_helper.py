@@ -30,7 +30,7 @@ def _processes_naming(text: str) -> list[int]:
 
 
 def test_a_cluster_that_fails_to_start_leaves_no_process_behind(tmp_path: Path) -> None:
-    # The head comes up (GCS, raylet, log monitor, ...); the second node's options are wrong,
+    # The head comes up (GCS, raylet, the node's agents); the second node's options are wrong,
     # so the start fails with the head's processes running.
     nodes = [{"num_cpus": 1}, {"num_cpus": 1, "no_such_ray_option": 1}]
     with pytest.raises(helper.ClusterError) as failed:
