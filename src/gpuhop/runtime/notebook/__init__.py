@@ -9,8 +9,6 @@ they import them only when they run.
 
 from __future__ import annotations
 
-import sys
-
 MODULE = "gpuhop.runtime.notebook"
 # The job's metrics record that names the server's port on the host's loopback; the
 # client finds the server by it. Later records add how long the server has been idle.
@@ -24,16 +22,3 @@ MISSING = (
     " pip install 'gpuhop[notebook]' (or jupyterlab ipykernel nbclient), or give the job a"
     " requirements.txt that lists them"
 )
-
-# jsonschema (under nbformat, and Jupyter's server through jupyter_events) imports
-# rfc3987_syntax where it is installed, for its checks of the "iri" format; that builds a
-# grammar as it is imported: 1.4 CPU-s, most of a notebook run's start-up. nbformat checks
-# no formats, and no schema of Jupyter's server, JupyterLab or jupyter_events has one of
-# "iri": both programs go without.
-UNUSED_MODULES = ("rfc3987_syntax",)
-
-
-def without_unused_imports() -> None:
-    """Make an import of `UNUSED_MODULES` fail in this process (as if not installed)."""
-    for name in UNUSED_MODULES:
-        sys.modules.setdefault(name, None)  # type: ignore[arg-type]  # its import raises

@@ -26,9 +26,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from gpuhop.iri import skip_iri_grammar
 from gpuhop.runtime import artifacts_dir
 from gpuhop.runtime.legacykeras import hint_for
-from gpuhop.runtime.notebook import MISSING, without_unused_imports
+from gpuhop.runtime.notebook import MISSING
 from gpuhop.runtime.notebook.failure import is_terminal, plain, short
 
 PARAMETERS_TAG = "parameters"
@@ -92,7 +93,7 @@ def read(path: Path) -> Any:
 
 
 def run(path_text: str, parameter_pairs: list[str]) -> int:
-    without_unused_imports()
+    skip_iri_grammar()
     try:
         import nbformat
         from jupyter_client.manager import KernelManager

@@ -26,13 +26,13 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from gpuhop.iri import skip_iri_grammar
 from gpuhop.runtime import log_metrics
 from gpuhop.runtime.notebook import (
     IDLE_METRIC,
     MISSING,
     PORT_METRIC,
     TOKEN_ENV,
-    without_unused_imports,
 )
 
 NEWS_PLUGIN = "@jupyterlab/apputils-extension:announcements"
@@ -98,7 +98,7 @@ def serve(idle: int) -> int:
     if len(token) < MIN_TOKEN:
         _say(f"the notebook server needs a token of {MIN_TOKEN}+ characters in ${TOKEN_ENV}")
         return 2
-    without_unused_imports()
+    skip_iri_grammar()
     try:
         import ipykernel  # noqa: F401  (the kernel the server starts)
         import jupyterlab  # noqa: F401
