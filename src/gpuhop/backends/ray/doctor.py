@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuhop.backends.ray.probe import ProbeError, probe
-from gpuhop.iri import skip_iri_grammar
+from gpuhop.runtime.iri import skip_iri_grammar
 
 
 class NotChecked(Exception):

@@ -41,7 +41,7 @@ from gpuhop.backends.local import leader as local_leader
 from gpuhop.backends.ownlines import append_line
 from gpuhop.backends.ray import transfer
 from gpuhop.backends.ray.probe import ProbeError, probe
-from gpuhop.iri import skip_iri_grammar
+from gpuhop.runtime.iri import skip_iri_grammar
 from gpuhop.version import __version__
 
 POLL_SECONDS = 0.1

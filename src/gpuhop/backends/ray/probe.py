@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-from gpuhop.iri import skip_iri_grammar
+from gpuhop.runtime.iri import skip_iri_grammar
 
 TOKEN_DOCS = "https://docs.ray.io/en/latest/ray-security/token-auth.html"
 

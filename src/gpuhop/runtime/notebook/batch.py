@@ -26,8 +26,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from gpuhop.iri import skip_iri_grammar
 from gpuhop.runtime import artifacts_dir
+from gpuhop.runtime.iri import skip_iri_grammar
 from gpuhop.runtime.legacykeras import hint_for
 from gpuhop.runtime.notebook import MISSING
 from gpuhop.runtime.notebook.failure import is_terminal, plain, short

@@ -26,8 +26,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuhop.iri import skip_iri_grammar
 from gpuhop.runtime import log_metrics
+from gpuhop.runtime.iri import skip_iri_grammar
 from gpuhop.runtime.notebook import (
     IDLE_METRIC,
     MISSING,
