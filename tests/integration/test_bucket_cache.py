@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gpuhop.agent.storage import buckets
+from gpuhop.agent.storage import bucketreads, buckets
 from gpuhop.agent.storage.buckets import BucketError, Credentials
 from gpuhop.agent.storage.objectdownloads import PART, ObjectId, parts_done
 from gpuhop.api import JobState
@@ -318,14 +318,14 @@ def test_a_large_objects_download_reads_only_the_parts_not_yet_written(s3: S3, t
         part.write_bytes(data[:PART] + bytes(len(data) - PART))  # part 0 whole, the rest not
         (tmp_path / "partial.parts").write_text("0\n")
         came: list[int] = []
-        buckets.download(client, oid, part, came.append)
+        bucketreads.download(client, oid, part, came.append)
         assert part.read_bytes() == data and sum(came) == len(data) - PART
         ranges = set(re.findall(r"(?i)\nrange: bytes=(\d+-\d+)\r\n", link.sent()))
         assert ranges == {f"{PART}-{2 * PART - 1}", f"{2 * PART}-{len(data) - 1}"}
 
         (tmp_path / "partial.parts").write_text("0\n")
         with pytest.raises(BucketError, match="PreconditionFailed") as refused:
-            buckets.download(client, oid._replace(etag="0" * 32), part, came.append)
+            bucketreads.download(client, oid._replace(etag="0" * 32), part, came.append)
         assert not refused.value.transient
         client.close()
 
@@ -371,7 +371,7 @@ def test_a_parts_note_is_written_only_once_its_bytes_are_on_the_disk(
     monkeypatch.setattr(os, "fdatasync", recording)
     monkeypatch.setattr(buckets, "PART_THREADS", 1)
     try:
-        buckets.download(client, oid, part, lambda n: None)
+        bucketreads.download(client, oid, part, lambda n: None)
     finally:
         client.close()
     monkeypatch.undo()
@@ -464,7 +464,7 @@ def test_a_team_agents_reads_heed_none_of_the_agents_own_aws_variables(
     with Link((host, int(port)), rate=1 << 30) as link:
         client, oid = _reader_and_object(s3, link, "train/a.txt")
         part = tmp_path / "partial"
-        came = buckets.download(client, oid, part, lambda n: None)
+        came = bucketreads.download(client, oid, part, lambda n: None)
         assert part.read_bytes() == data
         assert came == (hashlib.sha256(data).hexdigest(), len(data))
         sent = link.sent().lower()
@@ -475,6 +475,6 @@ def test_a_team_agents_reads_heed_none_of_the_agents_own_aws_variables(
         with pytest.raises(
             BucketError, match=r"^NoSuchKey: The specified key does not exist"
         ) as gone:
-            buckets.download(client, oid._replace(key="train/gone.txt"), tmp_path / "gone", len)
+            bucketreads.download(client, oid._replace(key="train/gone.txt"), tmp_path / "gone", len)
         assert not gone.value.transient
         client.close()

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 from gpuhop.agent.jobs.preparations import Preparations, Unmet
 from gpuhop.agent.jobs.records import as_text
 from gpuhop.agent.jobs.store import ACTIVE_STATES, JobRecord, JobStore
-from gpuhop.agent.storage import buckets
+from gpuhop.agent.storage import bucketreads, buckets
 from gpuhop.agent.storage.blobs import QuotaExceeded
 from gpuhop.agent.storage.buckets import BucketError, Credentials
 from gpuhop.agent.storage.objectcache import CacheFull, Keep, ObjectCache
@@ -284,7 +284,7 @@ class Fetches(Preparations[Fetch]):
                 if stop.is_set():
                     return False
                 try:
-                    came = buckets.download(s3, oid, part, fetch.add)
+                    came = bucketreads.download(s3, oid, part, fetch.add)
                     break
                 except BucketError as e:
                     if not e.transient or attempt == len(RETRY_SECONDS):

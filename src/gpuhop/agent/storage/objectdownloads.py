@@ -8,7 +8,7 @@ endpoint, bucket and key), continued after an interruption (an agent killed, a s
 by ranged reads from where it stopped; large objects are read in parts, each noted in
 `...parts` once its bytes are on the disk (flushed first: a note that outlived its part's
 bytes in a power loss would have the part skipped, and zeros taken for it: see
-`buckets._parts`). A partial object of the same key with another identity (the object
+`bucketreads._parts`). A partial object of the same key with another identity (the object
 changed meanwhile) is dropped, and the object fetched whole. Only a whole object, of the
 listed size, becomes a blob: no job ever sees part of one. One download at a time writes an
 object's partial (`claim`): a second fetch of it for the same user (two jobs with the same or
