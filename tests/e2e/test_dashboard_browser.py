@@ -170,6 +170,9 @@ def test_watch_a_job_train_and_cancel_it_from_the_browser(
 
     # The login link leads to the jobs list, which shows both jobs.
     page.goto(link)
+    # The login's answer moves the page on to the list; beside a busy CPU that can land
+    # after goto returns (a fresh-clone run beside a hog still showed the login's URL).
+    page.wait_for_url(f"{origin}/ui/")
     assert page.url == f"{origin}/ui/"
     expect(page.locator(f'tr[data-job="{job.id}"]')).to_contain_text("sweep")
     expect(page.locator(f'tr[data-job="{done.id}"] [data-state]')).to_have_text("succeeded")
