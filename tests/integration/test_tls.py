@@ -84,11 +84,15 @@ def remote(
 
 
 def raw_http(agent: Agent, token: str | None) -> httpx.Client:
-    """Plain HTTP over the pinned TLS connection, for requests the SDK never makes."""
+    """Plain HTTP over the pinned TLS connection, for requests the SDK never makes. Reads wait
+    up to a minute: a followed log answers only when its job ends, and a job's
+    start on a loaded 2-core machine can take longer than httpx's 5 s default."""
     listener = agent.listener
     pem, _ = fetch_certificate(listener.url)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=listener.url, verify=pinned_context(pem), headers=headers)
+    return httpx.Client(
+        base_url=listener.url, verify=pinned_context(pem), headers=headers, timeout=60
+    )
 
 
 def raw_get(agent: Agent, path: str, token: str) -> tuple[int, dict]:
