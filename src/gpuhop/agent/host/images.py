@@ -134,16 +134,19 @@ def _read_line(progress: PullProgress, line: str) -> bool:
 
 
 def list_images(settings: PodmanSettings) -> list[HostImage]:
-    """Every image in the store, newest first."""
+    """Every image in the store, once, newest first (Podman 4 lists an image once for each
+    of its names, each row with all of them)."""
     out = _run([podman(settings), "images", "--format", "json"])
     try:
         rows = json.loads(out or "[]")
     except ValueError as e:
         raise ImageError(f"podman images answered what is not JSON: {e}") from None
     images = []
+    seen: set[str] = set()
     for row in rows if isinstance(rows, list) else []:
-        if not isinstance(row, dict) or not isinstance(row.get("Id"), str):
+        if not isinstance(row, dict) or not isinstance(row.get("Id"), str) or row["Id"] in seen:
             continue
+        seen.add(row["Id"])
         names = row.get("Names") or []
         created = row.get("Created")
         images.append(
