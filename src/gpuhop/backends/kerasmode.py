@@ -10,8 +10,9 @@ Two modes work (FACTS.md, keras-team/keras#20585):
   `backends/local/gangenv.py`).
 
 What decides, first to last: `GPUHOP_KERAS` (`--keras tf-keras|keras3`), `KERAS_BACKEND`,
-`TF_USE_LEGACY_KERAS` in the job's environment, then the job's interpreter's packages
-(tf-keras where it is there, else Keras 3 on JAX where there is no TensorFlow).
+`TF_USE_LEGACY_KERAS` in the job's environment, then the packages the job's interpreter
+finds, on the job's own PYTHONPATH too (tf-keras where it is there, else Keras 3 on JAX
+where there is no TensorFlow).
 Keras 3 `fit` on TensorFlow, and Keras 3 on PyTorch, are refused before the job starts, with
 the fix. `TF_USE_LEGACY_KERAS=0` keeps Keras 3 on TensorFlow under the strategy, for custom
 training loops, which work there.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -110,14 +112,25 @@ PROBE = (
 
 
 @functools.lru_cache(maxsize=16)
-def packages(python: str, prefix: tuple[str, ...] = ()) -> dict[str, bool]:
+def packages(
+    python: str, prefix: tuple[str, ...] = (), pythonpath: str | None = None
+) -> dict[str, bool]:
     """Which of tensorflow, tf_keras, keras and jax `python` can import (found, not
-    imported); run behind `prefix` (a sandbox that runs it as a job's identity)."""
+    imported) with the job's PYTHONPATH `pythonpath` (`-e PYTHONPATH=...`; the agent's own
+    is not the job's); run behind `prefix` (a sandbox that runs it as a job's identity)."""
     import json
 
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
     try:
         done = subprocess.run(
-            [*prefix, python, "-c", PROBE], capture_output=True, text=True, timeout=60, check=True
+            [*prefix, python, "-c", PROBE],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+            env=env,
         )
         found: dict[str, bool] = json.loads(done.stdout)
     except subprocess.CalledProcessError as e:
@@ -143,6 +156,7 @@ def check_submit(spec: JobSpec, python: str) -> None:
         if spec.requirements is not None:
             decide(spec.env, lambda m: True)
         else:
-            decide(spec.env, lambda m: packages(interpreter).get(m, False))
+            found = packages(interpreter, pythonpath=spec.env.get("PYTHONPATH"))
+            decide(spec.env, lambda m: found.get(m, False))
     except KerasRefusal as e:
         raise Refused(ErrorCode.bad_request, str(e)) from None

@@ -355,9 +355,8 @@ class LocalBackend(LeaderBackend):
         """
         try:
             prefix = self._probe_prefix(deps, jp) if probe is None else probe
-            mode = kerasmode.decide(
-                attempt.spec.env, lambda m: kerasmode.packages(python, prefix).get(m, False)
-            )
+            found = kerasmode.packages(python, prefix, attempt.spec.env.get("PYTHONPATH"))
+            mode = kerasmode.decide(attempt.spec.env, lambda m: found.get(m, False))
         except kerasmode.KerasRefusal as e:
             raise StartError(str(e)) from None
         env.update({k: v for k, v in mode.env.items() if k not in attempt.spec.env})
