@@ -106,6 +106,24 @@ def missing(what: str) -> NoReturn:
     pytest.skip(what, allow_module_level=True)
 
 
+# JAX is installed beside the test venv, not in it (scripts/setup-venv says why: TensorFlow
+# imports it wherever it can, at a cost in every TensorFlow process).
+JAX_DIR = Path(sys.prefix) / "jax"
+
+
+def jax_path() -> str:
+    """The directory holding JAX, for the PYTHONPATH of a job or process that needs it (as a
+    user's job brings its own: `-e PYTHONPATH=...`); `missing` where it is not there."""
+    if not (JAX_DIR / "jax" / "__init__.py").is_file():
+        missing(f"JAX is not installed in {JAX_DIR} (scripts/setup-venv puts it there)")
+    return str(JAX_DIR)
+
+
+def jax_env() -> tuple[str, str]:
+    """`run`'s option that puts JAX on a job's PYTHONPATH."""
+    return ("-e", f"PYTHONPATH={jax_path()}")
+
+
 @functools.cache
 def has_nvidia_gpu() -> bool:
     """Whether this machine has a real NVIDIA GPU that the driver answers for."""

@@ -12,7 +12,7 @@ import pytest
 
 from gpuhop.api import JobState
 from gpuhop.client import Job
-from tests.conftest import EXAMPLES, wait_until
+from tests.conftest import EXAMPLES, jax_env, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -153,8 +153,18 @@ print(json.dumps({k: os.environ.get(k) for k in keys}))
 
 def test_keras3_on_jax_workers_get_keras_distribution_not_tf_config(shared_agent, project):
     root = project({"dump.py": DISTRIBUTION_DUMP})
+    # JAX on the job's own PYTHONPATH (tests/conftest.py: jax_env): the check at submit
+    # finds it there, as the job will.
     run = shared_agent.cli(
-        "run", "--no-progress", "-w", "2", "-e", "KERAS_BACKEND=jax", "dump.py", cwd=root
+        "run",
+        "--no-progress",
+        "-w",
+        "2",
+        *jax_env(),
+        "-e",
+        "KERAS_BACKEND=jax",
+        "dump.py",
+        cwd=root,
     )
     assert run.returncode == 0, run.stderr
     seen = {
@@ -187,6 +197,8 @@ def test_keras3_on_jax_workers_get_keras_distribution_not_tf_config(shared_agent
         (["--keras", "keras3"], "Keras 3 fit on the TensorFlow backend does not work under"),
         (["-e", "KERAS_BACKEND=tensorflow"], "run with -e KERAS_BACKEND=jax"),
         (["-e", "KERAS_BACKEND=torch"], "the torch backend across processes is not supported"),
+        # JAX is not in the test venv, only on the PYTHONPATH of jobs that name it.
+        (["-e", "KERAS_BACKEND=jax"], "Keras 3 on JAX across processes needs jax for the job"),
     ],
 )
 def test_keras_that_cannot_run_across_workers_is_refused_before_it_starts(
@@ -207,6 +219,7 @@ def test_keras3_jax_example_trains_on_two_processes_to_the_same_weights(shared_a
         "--no-progress",
         "--workers",
         "2",
+        *jax_env(),
         "-e",
         "KERAS_BACKEND=jax",
         "--pull",

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from gpuhop.api import JobState
-from tests.conftest import Agent, missing, wait_until
+from tests.conftest import Agent, jax_env, missing, wait_until
 from tests.tf.test_tensorboard_cli import tensorboard_cli
 
 # Tutorial-shaped: a small Keras model fit on random data until cancelled (on JAX, 1,000
@@ -157,11 +157,11 @@ def test_a_running_keras_fit_is_profiled_and_shown_in_tensorboards_profile_tab(
 
 
 def test_a_keras_fit_on_jax_gets_jaxs_profiler_with_step_markers(shared_agent, project):
-    _requires("jax", "xprof")
+    _requires("xprof")
     from xprof.convert import raw_to_tool_data  # the plugin's converter; TensorFlow-free
 
     job = _submitted(
-        shared_agent, project({"train.py": FIT}), "-e", "KERAS_BACKEND=jax", "train.py"
+        shared_agent, project({"train.py": FIT}), *jax_env(), "-e", "KERAS_BACKEND=jax", "train.py"
     )
     try:
         _said(shared_agent, job, b"training")

@@ -22,7 +22,7 @@ import pytest
 
 from gpuhop.backends.slurm.gang import task_hosts
 from gpuhop.backends.slurm.rendezvous import base_port, candidates
-from tests.conftest import Agent, wait_until
+from tests.conftest import Agent, jax_env, wait_until
 from tests.ports import port_block
 from tests.slurm_backend.cluster import NODE_SCRATCH, SlurmCluster
 from tests.slurm_backend.conftest import skip_without_slurm, start_agent
@@ -365,7 +365,7 @@ def test_keras3_on_jax_across_two_tasks_trains_to_the_same_weights(
     skip_without_slurm()
     work = tmp_path / "work"
     shutil.copytree(EXAMPLES / "keras3-jax-multiworker", work / "example")
-    args = ("--workers", "2", "-e", "KERAS_BACKEND=jax", "example/train.py")
+    args = ("--workers", "2", *jax_env(), "-e", "KERAS_BACKEND=jax", "example/train.py")
     run = slurm_agent.cli("run", "--no-requirements", *args, "--epochs", "1", cwd=work, timeout=170)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     finals = {

@@ -4,12 +4,11 @@ killed. Real Keras 3 on TensorFlow (and on JAX where JAX is installed) on the CP
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
-from tests.conftest import missing
+from tests.conftest import jax_env
 
 pytestmark = [pytest.mark.tf, pytest.mark.timeout(300)]
 
@@ -80,11 +79,17 @@ def test_no_auto_leaves_fit_alone(shared_agent, project):
 
 
 def test_keras_on_jax_shows_its_epochs_too(shared_agent, project):
-    if importlib.util.find_spec("jax") is None:
-        missing("JAX is not installed (pip install -e '.[dev]')")
     root = project({"train.py": UNMODIFIED})
     run = shared_agent.cli(
-        "run", "--name", "on-jax", "-e", "KERAS_BACKEND=jax", "train.py", cwd=root, timeout=280
+        "run",
+        "--name",
+        "on-jax",
+        *jax_env(),
+        "-e",
+        "KERAS_BACKEND=jax",
+        "train.py",
+        cwd=root,
+        timeout=280,
     )
     assert run.returncode == 0, run.stderr
     assert "trained 4 epochs on jax" in run.stdout

@@ -3,7 +3,6 @@ read it: from frameworks the job has imported, GPUs only, the largest device rep
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import types
 import pytest
 
 from gpuhop.runtime import memory
-from tests.conftest import missing
+from tests.conftest import jax_path
 
 MB = 1024 * 1024
 
@@ -55,8 +54,6 @@ def test_a_framework_that_fails_to_answer_is_passed_over(no_frameworks):
 
 
 def test_real_jax_on_the_cpu_keeps_no_memory_stats():
-    if importlib.util.find_spec("jax") is None:
-        missing("JAX is not installed (pip install -e '.[dev]')")
     # In a process of its own: a JAX backend, once made, stays for the process's life and
     # warns at every os.fork() after it (which a later test of this worker may make).
     code = (
@@ -65,7 +62,7 @@ def test_real_jax_on_the_cpu_keeps_no_memory_stats():
         "jax.numpy.ones((64, 64)).block_until_ready()\n"
         "print(memory.device_memory())\n"
     )
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": jax_path()}
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
     )
