@@ -4,8 +4,12 @@ the job's environment)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -230,3 +234,57 @@ def test_a_job_cancelled_while_its_environment_is_built_says_so(shared_agent, pr
     assert "stopped by SIGTERM before the job started" in out, out
     assert "could not create a venv" not in out + (info.reason or ""), (out, info.reason)
     assert "never" not in out
+
+
+# `--python` may name any program on the host. One that prints without end when asked its
+# version, and one that never answers (it says it has started, with its pid).
+FLOODING_PYTHON = "#!/bin/sh\nexec yes gpuhop\n"
+SILENT_PYTHON = (
+    '#!/bin/sh\necho $$ > "{started}.tmp" && mv "{started}.tmp" "{started}"\nexec sleep 600\n'
+)
+
+
+def test_an_interpreter_that_floods_or_never_answers_holds_up_no_one(make_agent, project, tmp_path):
+    """Asked its version, a flood is cut off and refused (never read into the agent's
+    memory), and a program that never answers holds up only its own submission: a gc and
+    another job's submission go on meanwhile, and its submission ends, refused, when it is
+    killed (or after envs.VERSION_SECONDS)."""
+    agent = make_agent()
+    flooding, silent, started = tmp_path / "flooding", tmp_path / "silent", tmp_path / "pid"
+    flooding.write_text(FLOODING_PYTHON)
+    silent.write_text(SILENT_PYTHON.format(started=started))
+    for program in (flooding, silent):
+        program.chmod(0o755)
+    root = project({"job.py": "print('ran')\n", "requirements.txt": "tinypkg==1.0\n"})
+    with agent.client() as client, pytest.raises(GpuhopError) as flood:
+        client.submit(["job.py"], workdir=root, python=str(flooding))
+    assert flood.value.status == 400
+    assert "is not a working Python: asked its version, it printed more than 64 KiB" in str(
+        flood.value
+    )
+
+    refused: list[GpuhopError] = []
+
+    def submit_silent() -> None:
+        with agent.client() as client, pytest.raises(GpuhopError) as e:
+            client.submit(["job.py"], workdir=root, python=str(silent))
+        refused.append(e.value)
+
+    waiting = threading.Thread(target=submit_silent)
+    waiting.start()
+    try:
+        wait_until(started.exists, timeout=60)
+        with agent.client() as client:
+            # gc takes the lock that submissions share (gpuhop.agent.storage.uses): it is
+            # free, and a submission behind it goes through, while the silent one waits.
+            client.gc()
+            plain = client.submit(["job.py"], workdir=root, requirements=False)
+            assert waiting.is_alive()
+            assert plain.wait(60).state == JobState.succeeded
+    finally:
+        if started.exists():
+            with contextlib.suppress(ProcessLookupError):  # gone after VERSION_SECONDS
+                os.kill(int(started.read_text()), signal.SIGKILL)
+        waiting.join()
+    assert refused and refused[0].status == 400
+    assert "had not answered after 60 s, or was killed" in str(refused[0])
