@@ -90,6 +90,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "gpuhop.api",
         "gpuhop.home",
         "gpuhop.backends.local",  # environments are built by the local backend's builder
+        "gpuhop.backends",  # procs.ask: a job's interpreter asked its version, bounded
     },
     "gpuhop.agent.host": {"gpuhop.backends", "gpuhop.api"},
     "gpuhop.agent.jobs": {

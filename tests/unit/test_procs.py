@@ -1,4 +1,5 @@
-"""Process liveness that survives pid reuse, checked against real short-lived children."""
+"""Process liveness that survives pid reuse, checked against real short-lived children; and
+asking a program a question with its output and time bounded."""
 
 from __future__ import annotations
 
@@ -131,3 +132,19 @@ def test_describe_signal(sig: int, words: str):
 )
 def test_describe_duration(seconds: float, words: str):
     assert procs.describe_duration(seconds) == words
+
+
+def test_ask_reads_a_programs_answer_with_its_errors():
+    answer = procs.ask(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert answer == procs.Answer(3, "out\nerr\n", None)
+
+
+def test_ask_stops_a_program_that_prints_without_end():
+    answer = procs.ask(["sh", "-c", "exec yes"], cap=4096)
+    assert answer.stopped == "it printed more than 4 KiB"
+    assert answer.code == -signal.SIGKILL and answer.out == "y\n" * 2048
+
+
+def test_ask_stops_a_program_that_never_answers():
+    answer = procs.ask(["sh", "-c", "exec sleep 600"], seconds=0.5)
+    assert answer == procs.Answer(-signal.SIGKILL, "", "it had not answered after 0.5 s")

@@ -23,12 +23,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from gpuhop.api import ErrorCode
 from gpuhop.api.spec import JobSpec
+from gpuhop.backends import procs
 from gpuhop.backends.base import Refused
 
 log = logging.getLogger("gpuhop.agent")
@@ -105,9 +105,11 @@ def decide(env: Mapping[str, str], has: Callable[[str], bool]) -> WorkerMode:
 
 
 PROBED = ("tensorflow", "tf_keras", "keras", "jax")
+# The answer is the line after the marker, in whatever else the interpreter prints.
+PROBE_MARK = "gpuhop-packages:"
 PROBE = (
     "import importlib.util as u, json;"
-    f" print(json.dumps({{m: u.find_spec(m) is not None for m in {PROBED!r}}}))"
+    f" print({PROBE_MARK!r} + json.dumps({{m: u.find_spec(m) is not None for m in {PROBED!r}}}))"
 )
 
 
@@ -124,22 +126,24 @@ def packages(
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
     try:
-        done = subprocess.run(
-            [*prefix, python, "-c", PROBE],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-            env=env,
-        )
-        found: dict[str, bool] = json.loads(done.stdout)
-    except subprocess.CalledProcessError as e:
-        log.warning("asking %s for its packages failed: %s", python, (e.stderr or "").strip())
-        return {}
-    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        # Bounded: `python` may be any program a job named (`--python`).
+        answer = procs.ask([*prefix, python, "-c", PROBE], env=env)
+    except OSError as e:
         log.warning("asking %s for its packages failed: %s", python, e)
         return {}
-    return found
+    why = answer.stopped or (f"exit code {answer.code}" if answer.code else None)
+    lines = [x for x in answer.out.splitlines() if x.startswith(PROBE_MARK)]
+    if why is not None or not lines:
+        log.warning(
+            "asking %s for its packages failed: %s", python, why or answer.out.strip()[-300:]
+        )
+        return {}
+    try:
+        found = json.loads(lines[-1].removeprefix(PROBE_MARK))
+    except ValueError as e:
+        log.warning("asking %s for its packages failed: %s", python, e)
+        return {}
+    return {m: found.get(m) is True for m in PROBED} if isinstance(found, dict) else {}
 
 
 def check_submit(spec: JobSpec, python: str) -> None:

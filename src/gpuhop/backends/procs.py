@@ -1,10 +1,15 @@
 """Runs in the agent: small facts about host processes (liveness that survives pid reuse),
-and the words for how one ended, which the agent uses for every backend's attempts."""
+the words for how one ended, which the agent uses for every backend's attempts, and a
+bounded way to ask a program a question (`ask`)."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import threading
+from collections.abc import Mapping
+from typing import NamedTuple
 
 
 def _stat(pid: int) -> list[bytes]:
@@ -90,3 +95,59 @@ def environ_value(pid: int, name: str) -> str | None:
         if item.startswith(prefix):
             return item[len(prefix) :].decode(errors="replace")
     return None
+
+
+class Answer(NamedTuple):
+    """What `ask` got: the exit code (negative: the signal that ended it), what it printed
+    (stdout and stderr together), and why it was stopped (None: it ended by itself)."""
+
+    code: int
+    out: str
+    stopped: str | None
+
+
+def ask(
+    argv: list[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cap: int = 64 << 10,
+    seconds: float = 60,
+) -> Answer:
+    """Run `argv` (a program a job named, as `--python`, which may be any program on the
+    host) and read what it prints, no more than `cap` bytes and for no longer than `seconds`:
+    one that prints without end or never ends is killed, and its answer says so, rather than
+    filling the agent's memory or holding its caller. OSError where it cannot be run."""
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=None if env is None else dict(env),
+    )
+    assert proc.stdout is not None
+    expired = threading.Event()
+
+    def expire() -> None:
+        expired.set()
+        proc.kill()
+
+    timer = threading.Timer(seconds, expire)
+    timer.start()
+    stopped = None
+    try:
+        out = proc.stdout.read(cap + 1)
+        if len(out) > cap:
+            stopped = (
+                f"it printed more than {f'{cap >> 10} KiB' if cap >= 1024 else f'{cap} bytes'}"
+            )
+            proc.kill()
+        code = proc.wait()
+    finally:
+        timer.cancel()
+        proc.stdout.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if stopped is None and expired.is_set():
+        stopped = f"it had not answered after {seconds:g} s"
+    return Answer(code, out[:cap].decode(errors="replace"), stopped)

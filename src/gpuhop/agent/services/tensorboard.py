@@ -23,7 +23,6 @@ import itertools
 import json
 import os
 import shutil
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +34,7 @@ from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services import jobs, outputs, workdir
 from gpuhop.api import ErrorCode, JobState, TensorBoardInfo
 from gpuhop.api.spec import JobSpec
-from gpuhop.backends import jobdeps
+from gpuhop.backends import jobdeps, procs
 from gpuhop.home import JobPaths
 
 SPEC_FILE = "tensorboard.json"
@@ -199,10 +198,11 @@ def python_with_tensorboard(candidates: list[str]) -> str:
 
 def _probe(python: str) -> bool:
     try:
-        done = subprocess.run([python, "-c", PROBE], capture_output=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
+        # Bounded: the job's interpreter may be any program its user named (`--python`).
+        answer = procs.ask([python, "-c", PROBE])
+    except OSError:
         return False
-    return done.returncode == 0
+    return answer.code == 0 and answer.stopped is None
 
 
 def _info(rt: AgentContext, server: JobRecord, source: JobRecord, reused: bool) -> TensorBoardInfo:

@@ -18,10 +18,7 @@ import json
 import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -31,6 +28,7 @@ from typing import NoReturn
 from packaging.requirements import InvalidRequirement, Requirement
 
 from gpuhop.api.data import EnvInfo
+from gpuhop.backends import procs
 from gpuhop.backends.local import envbuild
 
 
@@ -39,61 +37,39 @@ class EnvError(ValueError):
 
 
 # How an interpreter is asked its version: one line after a marker, in whatever else it
-# prints (its stdout and stderr are read together, and no further than VERSION_CAP bytes).
+# prints (`procs.ask`: its output capped, and killed after VERSION_SECONDS).
 _VERSION_MARK = "gpuhop-python-version:"
 _VERSION_ASK = f"import json, sys; print({_VERSION_MARK!r} + json.dumps(sys.version))"
-VERSION_CAP = 64 << 10
 VERSION_SECONDS = 60
 
 
 @functools.lru_cache(maxsize=64)
 def _version(python: str, mtime_ns: int) -> str:
     """`python`'s sys.version. The path may name any program on the host (`--python`): one
-    that prints without end, or never ends, is stopped (VERSION_CAP bytes read, or
-    VERSION_SECONDS) and refused, never read into the agent's memory or waited for longer."""
+    that prints without end, or never ends, is stopped and refused, never read into the
+    agent's memory or waited for longer."""
     if python == sys.executable:
         return sys.version
     try:
-        proc = subprocess.Popen(
-            [python, "-c", _VERSION_ASK],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
+        answer = procs.ask([python, "-c", _VERSION_ASK], seconds=VERSION_SECONDS)
     except OSError as e:
         raise EnvError(f"{python} could not be run: {e}") from None
-    assert proc.stdout is not None
-    timer = threading.Timer(VERSION_SECONDS, proc.kill)
-    timer.start()
-    try:
-        out = proc.stdout.read(VERSION_CAP + 1)
-        if len(out) > VERSION_CAP:
-            raise EnvError(
-                f"{python} is not a working Python: asked its version, it printed more than"
-                f" {VERSION_CAP >> 10} KiB"
-            )
-        code = proc.wait()
-    finally:
-        timer.cancel()
-        proc.stdout.close()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    text = out.decode(errors="replace")
-    for line in text.splitlines():
-        if line.startswith(_VERSION_MARK):
+    if answer.stopped is not None:
+        raise EnvError(f"{python} is not a working Python: asked its version, {answer.stopped}")
+    for line in answer.out.splitlines():
+        if answer.code == 0 and line.startswith(_VERSION_MARK):
             try:
                 version = json.loads(line.removeprefix(_VERSION_MARK))
             except ValueError:
                 break
-            if code == 0 and isinstance(version, str):
+            if isinstance(version, str):
                 return version
-    if code == -signal.SIGKILL:
+    if answer.code < 0:
         raise EnvError(
-            f"{python} is not a working Python: asked its version, it had not answered after"
-            f" {VERSION_SECONDS} s, or was killed"
+            f"{python} is not a working Python: asked its version, it was"
+            f" {procs.describe_signal(-answer.code)}"
         )
-    raise EnvError(f"{python} is not a working Python: {text.strip()[-300:]}")
+    raise EnvError(f"{python} is not a working Python: {answer.out.strip()[-300:]}")
 
 
 # Dirs of the state dir that hold what users sent or their jobs wrote.
