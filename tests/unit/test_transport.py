@@ -78,3 +78,47 @@ def test_the_sdk_session_on_a_dead_socket_says_so_and_leaks_nothing(
     finally:
         session.close()
     gc.collect()
+
+
+def test_a_kept_connection_the_agent_closes_as_it_is_taken_is_replaced(tmp_path: Path) -> None:
+    """The agent (uvicorn) closes a connection idle for its keep-alive time; where that
+    happens between the client's look at the idle connection and its request, the send fails
+    (a CI run's teardown got "Broken pipe"), before the agent read a byte: the request goes
+    again on a new connection. Made deterministic with a server that stops reading the first
+    connection (shutdown SHUT_RD: the look finds it open, a write to it fails with EPIPE)."""
+    import threading
+
+    from gpuhop.client.transport.unixhttp import Timeout, UnixClient
+
+    path = str(tmp_path / "agent.sock")
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(path)
+        server.listen(2)
+        kept: list[socket.socket] = []
+        shut = threading.Event()
+
+        def serve() -> None:
+            first, _ = server.accept()
+            kept.append(first)
+            first.recv(65536)
+            first.sendall(answer)
+            first.shutdown(socket.SHUT_RD)  # open, but takes no more: as if closing
+            shut.set()
+            second, _ = server.accept()
+            with second:
+                second.recv(65536)
+                second.sendall(answer)
+
+        t = threading.Thread(target=serve)
+        t.start()
+        client = UnixClient(path, {"Host": "agent"}, Timeout(10, connect=10))
+        try:
+            assert client.request("GET", "/v1/info").content == b"ok"
+            assert shut.wait(10)
+            assert client.request("DELETE", "/v1/secrets/x").content == b"ok"
+        finally:
+            client.close()
+            t.join(10)
+            for conn in kept:
+                conn.close()

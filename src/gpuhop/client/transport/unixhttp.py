@@ -100,10 +100,11 @@ class UnixClient:
         for conn in idle:
             conn.close()
 
-    def _connection(self, timeout: Timeout) -> Connection:
-        """An idle connection the agent has not closed meanwhile, else a new one."""
+    def _connection(self, timeout: Timeout, reuse: bool = True) -> tuple[Connection, bool]:
+        """An idle connection the agent has not closed meanwhile (and True), else a new one
+        (and False)."""
         conn = None
-        while conn is None:
+        while conn is None and reuse:
             with self._lock:
                 if not self._idle:
                     break
@@ -111,10 +112,11 @@ class UnixClient:
             if not conn.idle_and_open():
                 conn.close()
                 conn = None
+        reused = conn is not None
         if conn is None:
             conn = Connection.open(self.path, timeout.connect)
         conn.sock.settimeout(timeout.read)
-        return conn
+        return conn, reused
 
     def _timeout(self, given: object) -> Timeout:
         """As httpx reads `timeout`: left out, the client's; a number (or None, no limit)
@@ -161,10 +163,21 @@ class UnixClient:
             sent.setdefault("Content-Length", "0")
         head = request_head(method, url + query(params), sent)
         settimeout = self._timeout(timeout)
+        # A body that can be sent again: where the agent closed an idle connection just as
+        # it was taken (its keep-alive time ran out between the look and the send), the
+        # send fails before the agent read a byte of it, and goes again on a new one.
+        again = body is None or isinstance(body, bytes | bytearray | memoryview)
         try:
-            conn = self._connection(settimeout)
+            conn, reused = self._connection(settimeout)
             try:
-                conn.send_request(head, body, chunked)
+                try:
+                    conn.send_request(head, body, chunked)
+                except (BrokenPipeError, ConnectionResetError):
+                    if not (reused and again):
+                        raise
+                    conn.close()
+                    conn, _ = self._connection(settimeout, reuse=False)
+                    conn.send_request(head, body, chunked)
                 return Response(conn, method, self._give_back)
             except BaseException:
                 conn.close()
