@@ -80,6 +80,43 @@ def test_stacks_of_one_worker_with_native_frames(shared_agent, project):
         _cancel(shared_agent, job)
 
 
+# A job whose dump is long: 40 threads, each 800 calls deep, waiting.
+DEEP = """\
+import threading, time
+
+def descends_further_into_a_very_deep_stack(n, up):
+    if n:
+        return descends_further_into_a_very_deep_stack(n - 1, up)
+    up.release()
+    time.sleep(300)
+
+up = threading.Semaphore(0)
+for _ in range(40):
+    threading.Thread(
+        target=descends_further_into_a_very_deep_stack, args=(800, up), daemon=True
+    ).start()
+for _ in range(40):
+    up.acquire()
+print("up", flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_dump_longer_than_a_mib_is_cut_and_says_so(shared_agent, project):
+    """A job decides how long its dump is (here about 1.8 MB): the agent reads its first
+    MiB, never the whole into its memory, and the user is told that the rest is cut."""
+    root = project({"stuck.py": DEEP})
+    job = _started(shared_agent, root)
+    try:
+        shown = shared_agent.cli("stacks", job)
+        assert shown.returncode == 0, shown.stderr
+        assert "descends_further_into_a_very_deep_stack (stuck.py:5)" in shown.stdout
+        assert shown.stdout.rstrip().endswith("(cut: the dump is longer than 1 MiB)")
+        assert 900_000 < len(shown.stdout.encode()) < 1_100_000
+    finally:
+        _cancel(shared_agent, job)
+
+
 def _vendored(version: str) -> dict[str, str]:
     """A distribution on the job's PYTHONPATH (`vendor/`), as pip would leave its metadata."""
     return {f"vendor/tinypkg-{version}.dist-info/METADATA": f"Name: tinypkg\nVersion: {version}\n"}

@@ -141,10 +141,20 @@ def test_ask_reads_a_programs_answer_with_its_errors():
 
 def test_ask_stops_a_program_that_prints_without_end():
     answer = procs.ask(["sh", "-c", "exec yes"], cap=4096)
-    assert answer.stopped == "it printed more than 4 KiB"
+    assert answer.stopped == "it printed more than 4 KiB" and answer.cut
     assert answer.code == -signal.SIGKILL and answer.out == "y\n" * 2048
 
 
 def test_ask_stops_a_program_that_never_answers():
     answer = procs.ask(["sh", "-c", "exec sleep 600"], seconds=0.5)
     assert answer == procs.Answer(-signal.SIGKILL, "", "it had not answered after 0.5 s")
+
+
+def test_an_answer_is_the_json_after_its_mark_on_the_last_line_that_has_it():
+    said = "echo 'm:1'; echo 'noise m:2'; echo 'm:{\"a\": [2]}'; echo after"
+    assert procs.ask(["sh", "-c", said]).marked("m:") == {"a": [2]}
+    assert procs.ask(["sh", "-c", "echo m:1; exit 1"]).marked("m:") is None  # failed
+    assert procs.ask(["sh", "-c", "echo m:not-json"]).marked("m:") is None
+    assert procs.ask(["sh", "-c", "echo nothing marked"]).marked("m:") is None
+    stopped = procs.ask(["sh", "-c", "echo m:1; exec sleep 600"], seconds=0.5)
+    assert stopped.marked("m:") is None and not stopped.cut

@@ -120,8 +120,6 @@ def packages(
     """Which of tensorflow, tf_keras, keras and jax `python` can import (found, not
     imported) with the job's PYTHONPATH `pythonpath` (`-e PYTHONPATH=...`; the agent's own
     is not the job's); run behind `prefix` (a sandbox that runs it as a job's identity)."""
-    import json
-
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
@@ -131,19 +129,14 @@ def packages(
     except OSError as e:
         log.warning("asking %s for its packages failed: %s", python, e)
         return {}
-    why = answer.stopped or (f"exit code {answer.code}" if answer.code else None)
-    lines = [x for x in answer.out.splitlines() if x.startswith(PROBE_MARK)]
-    if why is not None or not lines:
+    found = answer.marked(PROBE_MARK)
+    if not isinstance(found, dict):
+        why = answer.stopped or (f"exit code {answer.code}" if answer.code else None)
         log.warning(
             "asking %s for its packages failed: %s", python, why or answer.out.strip()[-300:]
         )
         return {}
-    try:
-        found = json.loads(lines[-1].removeprefix(PROBE_MARK))
-    except ValueError as e:
-        log.warning("asking %s for its packages failed: %s", python, e)
-        return {}
-    return {m: found.get(m) is True for m in PROBED} if isinstance(found, dict) else {}
+    return {m: found.get(m) is True for m in PROBED}
 
 
 def check_submit(spec: JobSpec, python: str) -> None:

@@ -4,12 +4,13 @@ bounded way to ask a program a question (`ask`)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import threading
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 
 def _stat(pid: int) -> list[bytes]:
@@ -99,11 +100,27 @@ def environ_value(pid: int, name: str) -> str | None:
 
 class Answer(NamedTuple):
     """What `ask` got: the exit code (negative: the signal that ended it), what it printed
-    (stdout and stderr together), and why it was stopped (None: it ended by itself)."""
+    (stdout and stderr together, the first `cap` bytes), why it was stopped (None: it ended
+    by itself), and whether that was for printing more than `cap`."""
 
     code: int
     out: str
     stopped: str | None
+    cut: bool = False
+
+    def marked(self, mark: str) -> Any:
+        """The JSON value after `mark` on the last line that starts with it, from a program
+        that ended by itself with exit code 0 (where a question's answer is printed after a
+        mark, in whatever else the program prints); None where there is none."""
+        if self.code != 0 or self.stopped is not None:
+            return None
+        for line in reversed(self.out.splitlines()):
+            if line.startswith(mark):
+                try:
+                    return json.loads(line.removeprefix(mark))
+                except ValueError:
+                    return None
+        return None
 
 
 def ask(
@@ -112,17 +129,20 @@ def ask(
     env: Mapping[str, str] | None = None,
     cap: int = 64 << 10,
     seconds: float = 60,
+    pass_fds: tuple[int, ...] = (),
 ) -> Answer:
     """Run `argv` (a program a job named, as `--python`, which may be any program on the
-    host) and read what it prints, no more than `cap` bytes and for no longer than `seconds`:
-    one that prints without end or never ends is killed, and its answer says so, rather than
-    filling the agent's memory or holding its caller. OSError where it cannot be run."""
+    host, or one whose output a job decides, as py-spy's dump of its stacks) and read what
+    it prints, no more than `cap` bytes and for no longer than `seconds`: one that prints
+    without end or never ends is killed, and its answer says so, rather than filling the
+    agent's memory or holding its caller. OSError where it cannot be run."""
     proc = subprocess.Popen(
         argv,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=None if env is None else dict(env),
+        pass_fds=pass_fds,
     )
     assert proc.stdout is not None
     expired = threading.Event()
@@ -148,6 +168,7 @@ def ask(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    cut = stopped is not None
     if stopped is None and expired.is_set():
         stopped = f"it had not answered after {seconds:g} s"
-    return Answer(code, out[:cap].decode(errors="replace"), stopped)
+    return Answer(code, out[:cap].decode(errors="replace"), stopped, cut)

@@ -22,8 +22,13 @@ import shutil
 import subprocess
 import sys
 
+from gpuhop.backends import procs
+
 # One dump is a few tens of milliseconds; a process it cannot read makes py-spy give up fast.
 DUMP_TIMEOUT = 20.0
+# A process's dump is a few KiB (a line a frame); its first MiB, of one that runs thousands
+# of threads or recurses deep, says where it is.
+DUMP_BYTES = 1 << 20
 
 
 def _in_namespaces_of(pid: int, pyspy: str, fd: int) -> list[str]:
@@ -74,12 +79,11 @@ def find() -> str:
     return found
 
 
-def _error_of(done: subprocess.CompletedProcess[bytes]) -> str:
+def _error_of(code: int, said: str) -> str:
     """Why py-spy gave nothing, in its own words where it said them."""
-    said = (done.stderr or done.stdout).decode(errors="replace").strip().splitlines()
-    why = next((line for line in said if line.startswith("Error: ")), None)
+    why = next((line for line in said.strip().splitlines() if line.startswith("Error: ")), None)
     if why is None:
-        return f"py-spy exited with code {done.returncode}"
+        return f"py-spy exited with code {code}"
     if "Failed to find python version" in why:
         return "not a Python process"
     return why.removeprefix("Error: ")
@@ -114,13 +118,15 @@ def record(pyspy: str, targets: list[tuple[int, str]], seconds: int) -> list[str
         except subprocess.TimeoutExpired:
             each.kill()
             out, err = each.communicate()
-        done = subprocess.CompletedProcess(each.args, each.returncode, out, err)
-        said.append(None if done.returncode == 0 else _error_of(done))
+        text = (err or out).decode(errors="replace")
+        said.append(None if each.returncode == 0 else _error_of(each.returncode, text))
     return said
 
 
 def dump(pyspy: str, pid: int, native: bool = False) -> tuple[str | None, str | None]:
-    """(py-spy's dump of the process's threads, None), or (None, why there is none)."""
+    """(py-spy's dump of the process's threads, None), or (None, why there is none). A job
+    decides how long its dump is (its threads, their depth): past DUMP_BYTES it is cut,
+    and says so, rather than read whole into the agent's memory."""
     command = [pyspy, "dump", "--pid", str(pid)]
     try:
         fd = os.open(pyspy, os.O_RDONLY)
@@ -129,21 +135,22 @@ def dump(pyspy: str, pid: int, native: bool = False) -> tuple[str | None, str | 
     if native:
         command = [*_in_namespaces_of(pid, pyspy, fd), "--native"]
     try:
-        done = subprocess.run(
+        answer = procs.ask(
             command,
-            capture_output=True,
-            timeout=DUMP_TIMEOUT,
             env={"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"},
+            cap=DUMP_BYTES,
+            seconds=DUMP_TIMEOUT,
             pass_fds=(fd,),
-            check=False,
         )
-    except subprocess.TimeoutExpired:
-        return None, f"py-spy did not answer within {DUMP_TIMEOUT:.0f}s"
     except OSError as e:
         return None, f"py-spy could not run: {e.strerror}"
     finally:
         os.close(fd)
-    out = done.stdout.decode(errors="replace")
-    if done.returncode == 0 and out.strip():
-        return out, None
-    return None, _error_of(done)
+    if answer.cut:
+        whole_lines = answer.out[: answer.out.rfind("\n") + 1]
+        return whole_lines + f"... (cut: the dump is longer than {DUMP_BYTES >> 20} MiB)\n", None
+    if answer.stopped is not None:
+        return None, f"py-spy did not answer within {DUMP_TIMEOUT:.0f}s"
+    if answer.code == 0 and answer.out.strip():
+        return answer.out, None
+    return None, _error_of(answer.code, answer.out)

@@ -56,14 +56,9 @@ def _version(python: str, mtime_ns: int) -> str:
         raise EnvError(f"{python} could not be run: {e}") from None
     if answer.stopped is not None:
         raise EnvError(f"{python} is not a working Python: asked its version, {answer.stopped}")
-    for line in answer.out.splitlines():
-        if answer.code == 0 and line.startswith(_VERSION_MARK):
-            try:
-                version = json.loads(line.removeprefix(_VERSION_MARK))
-            except ValueError:
-                break
-            if isinstance(version, str):
-                return version
+    version = answer.marked(_VERSION_MARK)
+    if isinstance(version, str):
+        return version
     if answer.code < 0:
         raise EnvError(
             f"{python} is not a working Python: asked its version, it was"
