@@ -10,6 +10,7 @@ import hashlib
 import http.client
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -19,12 +20,15 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
 
 from gpuhop.agent.server.listen import make_self_signed
+from gpuhop.agent.server.protocol import KEEP_ALIVE_TIMEOUT
 from gpuhop.api import JobState, fingerprint_of
 from gpuhop.client import Client, GpuhopError
 from gpuhop.client.submitted import tree_of
 from gpuhop.client.sync.workdir import scan
+from gpuhop.client.transport.httpxtransport import KEEP_ALIVE_SECONDS, HttpxClient, sync_transport
 from gpuhop.client.transport.remotes import Remote, RemotesFile, save
 from gpuhop.client.transport.tls import fetch_certificate, pinned_context
+from gpuhop.client.transport.unixhttp import Timeout
 from tests.conftest import Agent, wait_until
 from tests.integration.test_forward import PAGE, SERVERS, echo_through, start_servers
 from tests.team import team_agent, team_tokens
@@ -121,6 +125,34 @@ def test_a_user_runs_follows_and_pulls_a_job_over_tls(remote, tokens, project, t
         pulled = job.pull(tmp_path / "out")
     assert [p.relative_to(tmp_path / "out").as_posix() for p in pulled] == ["model/weights.txt"]
     assert (tmp_path / "out" / "model" / "weights.txt").read_text() == "trained by alice"
+
+
+def test_an_idle_connection_is_given_up_before_the_agent_closes_it(tls_agent, tokens):
+    """The client's idle connections expire before the agent's keep-alive closes them, so no
+    request goes out on one the agent is closing (a race that failed requests when both were
+    5 s): kept between requests close together, a new one after KEEP_ALIVE_SECONDS."""
+    assert KEEP_ALIVE_SECONDS < KEEP_ALIVE_TIMEOUT
+    listener = tls_agent.listener
+    pem, _ = fetch_certificate(listener.url)
+    client = HttpxClient(
+        sync_transport(None, pinned_context(pem)),
+        listener.url,
+        {"Authorization": f"Bearer {tokens['alice']}"},
+        Timeout(30, 30),
+    )
+    try:
+
+        def connection() -> object:
+            answer = client.request("GET", "/v1/agent")
+            assert answer.status_code == 200
+            return answer.extensions["network_stream"]
+
+        first = connection()
+        assert connection() is first
+        time.sleep(KEEP_ALIVE_SECONDS + 0.2)  # idle past the client's expiry only
+        assert connection() is not first
+    finally:
+        client.close()
 
 
 @pytest.mark.parametrize("token", [None, "gpuhop_wrong", "not-even-the-shape"])

@@ -25,6 +25,13 @@ else:
 # the CA bundle, about 75 ms.
 _NO_TLS = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
 
+# An idle connection is given up after this long: before the agent closes it
+# (gpuhop.agent.server.protocol.KEEP_ALIVE_TIMEOUT, 5 s), so that no request is sent on one
+# as the agent closes it. With both at 5 s (httpx's default), such a request failed
+# ("Server disconnected without sending a response"), a network's latency widening the race.
+KEEP_ALIVE_SECONDS = 2.0
+_LIMITS = httpx.Limits(keepalive_expiry=KEEP_ALIVE_SECONDS)
+
 
 class HttpxClient:
     """httpx's Client behind the session's seam (`transport.HttpClient`): a TLS remote, or
@@ -70,7 +77,7 @@ def sync_transport(uds: str | None, context: ssl.SSLContext | None) -> httpx.Bas
 
 
 def async_transport(uds: str | None, context: ssl.SSLContext | None) -> httpx.AsyncBaseTransport:
-    return httpx.AsyncHTTPTransport(uds=uds, verify=context or _NO_TLS)
+    return httpx.AsyncHTTPTransport(uds=uds, verify=context or _NO_TLS, limits=_LIMITS)
 
 
 class _UnixBackend(httpcore.SyncBackend):
@@ -107,7 +114,7 @@ class _Transport(httpx.HTTPTransport):
     """httpx's transport, its connection pool on `_UnixBackend`."""
 
     def __init__(self, uds: str | None, verify: ssl.SSLContext) -> None:
-        super().__init__(uds=uds, verify=verify)
+        super().__init__(uds=uds, verify=verify, limits=_LIMITS)
         # httpx takes no network backend of its own; its pool has made no connection yet,
         # and each new one takes the pool's backend.
         pool = self._pool
