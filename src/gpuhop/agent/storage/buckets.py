@@ -24,6 +24,7 @@ import contextlib
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -44,6 +45,13 @@ CREDENTIAL_NAMES = (
 # A fetch's connections: larger objects are read in this many ranged parts at once (see
 # bucketreads).
 PART_THREADS = 8
+# A bucket's versioning status, as a reader was told it, is asked again after this long
+# (an unchanged prefix's re-fetch is then its listing alone). A bucket whose versioning
+# changed meanwhile is still read right: every read names the ETag listed (If-Match), and a
+# key's VersionId comes only from its versions' listing.
+VERSIONING_SECONDS = 300.0
+# The statuses of a bucket that has, or had, versioning.
+VERSIONED = ("Enabled", "Suspended")
 
 
 class BucketError(Exception):
@@ -99,7 +107,21 @@ class Reader:
         self.connections = connections
         self.regions: dict[str, str] = {}  # a bucket's region, where its listing said it
         self._stores: dict[str, Any] = {}
+        self._versioning: dict[str, tuple[float, str | None]] = {}
         self._lock = threading.Lock()
+
+    def versioning(self, bucket: str) -> tuple[str | None] | None:
+        """The bucket's versioning status (in a tuple) as these credentials were told it in
+        the last VERSIONING_SECONDS; None: ask."""
+        with self._lock:
+            asked = self._versioning.get(bucket)
+        if asked is None or time.monotonic() - asked[0] > VERSIONING_SECONDS:
+            return None
+        return (asked[1],)
+
+    def note_versioning(self, bucket: str, status: str | None) -> None:
+        with self._lock:
+            self._versioning[bucket] = (time.monotonic(), status)
 
     def store(self, bucket: str) -> Any:
         """obstore's S3Store for `bucket`, made once (it keeps its connections)."""
@@ -352,28 +374,27 @@ def _pages(reader: Reader, source: DataSource) -> Iterator[dict[str, Any]]:
     versioning, the latest version of each key from ListObjectVersions (a key whose latest
     version is a delete marker is gone). A bucket that will not say whether it has
     versioning (the user may not ask) is listed as unversioned: the ETag still tells the
-    bytes apart. Whether it has is asked while the first page of ListObjectsV2 comes: an
-    unchanged prefix's re-fetch costs the time of its listing, not of one request more."""
-    from concurrent.futures import ThreadPoolExecutor
-
+    bytes apart. Whether it has is asked while the first page of ListObjectsV2 comes, and
+    the reader keeps the answer for VERSIONING_SECONDS: an unchanged prefix's re-fetch
+    costs its listing alone."""
     s3 = reader.s3
     with translated():
         pages: Iterator[dict[str, Any]] = iter(
             s3.get_paginator("list_objects_v2").paginate(Bucket=source.bucket, Prefix=source.prefix)
         )
         first: dict[str, Any] | BaseException
-        with ThreadPoolExecutor(1, thread_name_prefix="fetch-list") as pool:
-            asked = pool.submit(_versioning, s3, source.bucket)
-            try:
-                first = next(pages, {})
-            except Exception as e:  # the versioning's answer first, as when asked in turn
-                first = e
-            status = asked.result()
+        known = reader.versioning(source.bucket)
+        if known is None:
+            first, status = _first_page_and_versioning(pages, s3, source.bucket)
+            reader.note_versioning(source.bucket, status)
+        else:
+            status = known[0]
+            first = {} if status in VERSIONED else next(pages, {})
         if isinstance(first, dict):  # the bucket's region, where its objects are read
             region = first.get("ResponseMetadata", {}).get("HTTPHeaders", {})
             if region.get("x-amz-bucket-region"):
                 reader.regions[source.bucket] = region["x-amz-bucket-region"]
-        if status in ("Enabled", "Suspended"):
+        if status in VERSIONED:
             versions = s3.get_paginator("list_object_versions").paginate(
                 Bucket=source.bucket, Prefix=source.prefix
             )
@@ -387,6 +408,22 @@ def _pages(reader: Reader, source: DataSource) -> Iterator[dict[str, Any]]:
         yield from first.get("Contents", [])
         for page in pages:
             yield from page.get("Contents", [])
+
+
+def _first_page_and_versioning(
+    pages: Iterator[dict[str, Any]], s3: Any, bucket: str
+) -> tuple[dict[str, Any] | BaseException, str | None]:
+    """The listing's first page (or why it failed), and the bucket's versioning status,
+    asked at the same time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="fetch-list") as pool:
+        asked = pool.submit(_versioning, s3, bucket)
+        try:
+            first: dict[str, Any] | BaseException = next(pages, {})
+        except Exception as e:  # the versioning's answer first, as when asked in turn
+            first = e
+        return first, asked.result()
 
 
 def _versioning(s3: Any, bucket: str) -> str | None:
