@@ -245,11 +245,11 @@ SILENT_PYTHON = (
 
 
 @pytest.mark.agent_log(r"asking \S+/flooding for its packages failed: it printed more than 64 KiB")
-def test_an_interpreter_that_floods_or_never_answers_is_refused(make_agent, project, tmp_path):
+def test_an_interpreter_that_floods_or_never_answers_holds_up_no_one(make_agent, project, tmp_path):
     """Asked its version, a flood is cut off and refused (never read into the agent's
-    memory), and a program that never answers holds up its own submission, not another
-    job's (no removal waits meanwhile: see gpuhop.agent.storage.uses); it ends, refused, when
-    it is killed (or after envs.VERSION_SECONDS)."""
+    memory), and a program that never answers holds up only its own submission: a gc and
+    another job's submission go on meanwhile, and its submission ends, refused, when it is
+    killed (or after envs.VERSION_SECONDS)."""
     agent = make_agent()
     flooding, silent, started = tmp_path / "flooding", tmp_path / "silent", tmp_path / "pid"
     flooding.write_text(FLOODING_PYTHON)
@@ -280,6 +280,9 @@ def test_an_interpreter_that_floods_or_never_answers_is_refused(make_agent, proj
     try:
         wait_until(started.exists, timeout=60)
         with agent.client() as client:
+            # gc takes the lock that submissions share (gpuhop.agent.storage.uses): it is
+            # free, and a submission behind it goes through, while the silent one waits.
+            client.gc()
             plain = client.submit(["job.py"], workdir=root, requirements=False)
             assert waiting.is_alive()
             assert plain.wait(60).state == JobState.succeeded

@@ -146,13 +146,19 @@ def test_a_jobs_savedmodel_stays_while_a_model_server_is_to_serve_it(make_agent,
         assert not model.exists()
 
 
-# An interpreter for `--python` that says it has started, then waits for a line on the
-# FIFO beside it before it runs (the agent runs it to learn its version while it resolves a
-# job's environment: a submission paused half way, holding what it holds there).
-# Waits once released no more: the job's later runs of it (its environment's build) go
-# straight on, so nothing is left waiting on the FIFO when the test fails half way.
+# An interpreter for `--python` that is replaced while a job is submitted: asked its version
+# before the submission takes what it holds (gpuhop.agent.storage.uses), it answers at once
+# and changes its modification time, as a reinstalled interpreter would; asked again, once
+# the submission holds the lock (the agent asks a changed interpreter again), it says it has
+# started and waits for a line on the FIFO beside it: a submission paused half way, holding
+# what it holds there. Waits once released no more: the job's later runs of it (its
+# environment's build) go straight on, so nothing is left waiting on the FIFO when the test
+# fails half way.
 PAUSED_PYTHON = """#!/bin/sh
-if [ ! -e "{released}" ]; then
+if [ ! -e "{replaced}" ]; then
+    : > "{replaced}"
+    touch -d @1 "$0"
+elif [ ! -e "{released}" ]; then
     : > "{started}"
     read line < "{fifo}"
 fi
@@ -167,7 +173,8 @@ def test_gc_waits_for_a_submission_under_way_and_a_server_asked_for_meanwhile_is
     """Issue 40: gc works out which jobs queued and running jobs use, then prunes; a job
     submitted meanwhile must not lose what it resolved (a model server its source job's
     SavedModel, a job its environment). Made deterministic with a submission paused in the
-    middle (its interpreter, run to learn its version, waits on a FIFO): gc asked for then
+    middle (its interpreter, replaced after it said its version and so asked again under the
+    lock, waits on a FIFO there): gc asked for then
     waits for it (its log says so), and a model server asked for then, whose source job gc
     is to prune, waits behind gc (its log says so) after its first look at the SavedModel.
     Once the submission goes on: gc prunes the source job (nothing queued uses it), and the
@@ -179,7 +186,13 @@ def test_gc_waits_for_a_submission_under_way_and_a_server_asked_for_meanwhile_is
     os.mkfifo(fifo)
     python = tmp_path / "python"
     python.write_text(
-        PAUSED_PYTHON.format(started=started, fifo=fifo, released=released, python=sys.executable)
+        PAUSED_PYTHON.format(
+            replaced=tmp_path / "replaced",
+            started=started,
+            fifo=fifo,
+            released=released,
+            python=sys.executable,
+        )
     )
     python.chmod(0o755)
     logged = agent.paths.logfile.stat().st_size

@@ -10,7 +10,7 @@ from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.store import ACTIVE_STATES
 from gpuhop.agent.storage.datasets import DatasetNotFound
-from gpuhop.agent.storage.envs import EnvError, check_plain, check_python
+from gpuhop.agent.storage.envs import EnvError, check_plain, check_python, python_version
 from gpuhop.api import ErrorCode, JobState
 from gpuhop.api.spec import JobSpec
 from gpuhop.backends import jobdeps
@@ -55,6 +55,21 @@ def check(rt: AgentContext, spec: JobSpec, tree_paths: set[str], caller: Caller)
         except EnvError as e:
             raise ApiError(400, ErrorCode.bad_request, str(e)) from None
     return deps
+
+
+def ask_version(rt: AgentContext, spec: JobSpec) -> None:
+    """Have the interpreter that builds the job's environment say its version now (the
+    answer is kept while the file is unchanged), before the submission takes `rt.uses`: a
+    `--python` may take up to envs.VERSION_SECONDS to answer, and a removal waiting for the
+    lock meanwhile would hold every other user's submission behind it. Refused as `check`
+    would refuse it."""
+    if spec.requirements is None or spec.image is not None:
+        return
+    python = interpreter(rt, spec) or rt.supervisor.python
+    try:
+        python_version(python)
+    except EnvError as e:
+        raise ApiError(400, ErrorCode.bad_request, str(e)) from None
 
 
 def interpreter(rt: AgentContext, spec: JobSpec) -> str | None:

@@ -349,6 +349,7 @@ def submit(
     spec = spec.replace(after=tuple(queue.resolve_after(rt, spec, caller)))
     mounts = spec.data or spec.data_sources
     tree_paths = {e["path"] for e in rt.trees.entries(tree)} if tree and mounts else set()
+    deps.ask_version(rt, spec)  # may take a while: not under the lock below
     # From the first look at what the job uses (its datasets, its environment, a model
     # server's source job in `prepare`) until its row and deps name them: gc, `data rm` and
     # `env rm` decide from those (see gpuhop.agent.storage.uses).

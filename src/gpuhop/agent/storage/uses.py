@@ -12,8 +12,9 @@ only after the removal is done, and finds it gone (a model server of a pruned jo
 is refused; an environment or an image removed is built or pulled again for the job).
 
 Submissions take it at once unless a removal holds it or waits for it; a removal waits for
-the submissions under way (a few milliseconds each, or the time an interpreter takes to say
-its version), and new ones wait behind it, so a stream of submissions never starves a
+the submissions under way (a few milliseconds each: a job's own interpreter says its version
+before its submission takes the lock, and is asked again under it only where it was replaced
+meanwhile), and new ones wait behind it, so a stream of submissions never starves a
 collection.
 """
 
