@@ -43,7 +43,8 @@ def run(settings: Settings) -> list[Row]:
         root = Path(tmp)
         project = root / "project"
         project.mkdir()
-        shutil.copy(REPO / "examples" / "digits" / "train.py", project)
+        for name in ("train.py", "drawn_digits.py"):
+            shutil.copy(REPO / "examples" / "digits" / name, project)
         with private_agent(root / "agent") as agent:
             # Read TensorFlow's libraries into the page cache, so neither side pays the disk.
             run_checked([PYTHON, "-c", "import tensorflow"], env=agent.env)

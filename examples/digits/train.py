@@ -1,6 +1,7 @@
-"""Train a small Keras classifier on scikit-learn's bundled digits, then export it.
+"""Train a small Keras classifier on 8x8 digits, then export it.
 
-The data (1,797 8x8 images of handwritten digits) ships with scikit-learn: no download.
+The data (1,797 8x8 images of digits, as many as the UCI handwritten set) is drawn by
+`drawn_digits.py`, beside this script: no download, nothing to install but TensorFlow.
 Runs the same on a laptop (`python examples/digits/train.py`) and on a GPU host
 (`gpuhop run examples/digits/train.py`); under gpuhop the per-epoch metrics go to
 `gpuhop show`, TensorBoard's logs to `gpuhop tensorboard JOB` (live, while it trains), and
@@ -11,17 +12,18 @@ import argparse
 
 import numpy as np
 import tensorflow as tf
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
+from drawn_digits import draw
 
 import gpuhop.tf
 
+DIGITS = 1797  # as many as the UCI set; one in five kept for the test
+
 
 def load_data(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    digits = load_digits()
-    x = (digits.images.reshape(len(digits.images), -1) / 16.0).astype("float32")
-    y = digits.target.astype("int64")
-    return train_test_split(x, y, test_size=0.2, random_state=seed, stratify=y)
+    images, labels = draw(DIGITS, seed)
+    x = images.reshape(DIGITS, -1) / 16.0
+    test = DIGITS // 5
+    return x[test:], x[:test], labels[test:], labels[:test]
 
 
 def build_model() -> tf.keras.Model:

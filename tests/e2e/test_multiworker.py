@@ -109,7 +109,7 @@ def test_two_workers_train_the_example_to_the_same_weights(shared_agent, tmp_pat
     }
     assert set(finals) == {"[worker 0", "[worker 1"}
     assert finals["[worker 0"] == finals["[worker 1"]  # same loss and weights checksum
-    assert (tmp_path / "out" / "digits_savedmodel" / "saved_model.pb").is_file()
+    assert (tmp_path / "out" / "savedmodel" / "saved_model.pb").is_file()
     info = json.loads(
         shared_agent.cli("show", "--json", "--", run.stderr.split("job ")[1][:8]).stdout
     )
@@ -239,4 +239,4 @@ def test_keras3_jax_example_trains_on_two_processes_to_the_same_weights(shared_a
     assert set(finals) == {"[worker 0", "[worker 1"}
     assert finals["[worker 0"] == finals["[worker 1"]  # same loss and weights checksum
     assert "process 1 of 2: 2 devices in the mesh" in run.stdout
-    assert (tmp_path / "out" / "digits.keras").is_file()
+    assert (tmp_path / "out" / "classifier.keras").is_file()

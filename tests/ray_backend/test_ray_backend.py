@@ -77,7 +77,7 @@ def test_two_workers_train_on_two_nodes_through_the_cli(ray_agent, ray_cluster, 
     }
     assert set(finals) == {"[worker 0", "[worker 1"}
     assert finals["[worker 0"] == finals["[worker 1"]  # the same weights on both nodes
-    assert (tmp_path / "out" / "digits_savedmodel" / "saved_model.pb").is_file()
+    assert (tmp_path / "out" / "savedmodel" / "saved_model.pb").is_file()
     assert "no work-dir files: this agent runs jobs on a Ray cluster" in run.stderr
     job_id = run.stderr.split("job ")[1][:8]
     info = json.loads(ray_agent.cli("show", "--json", "--", job_id).stdout)

@@ -2,11 +2,12 @@
 real model server job, queried through the agent's proxy, the CLI and `gpuhop forward`.
 
 Answers are checked against the same SavedModel's signature called locally (in a plain
-Python process, as a user would on their laptop), on real digits.
+Python process, as a user would on their laptop), on the demo's digits.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -27,6 +28,8 @@ from tests.conftest import EXAMPLES, Agent
 
 pytestmark = [pytest.mark.tf, pytest.mark.timeout(300)]
 
+DRAWN_DIGITS = EXAMPLES / "digits" / "drawn_digits.py"
+
 LOCAL_PREDICT = """
 import json, sys
 import numpy as np
@@ -38,12 +41,14 @@ print(json.dumps(fn(pixels=tf.constant(x))["output_0"].numpy().tolist()))
 
 
 def digits(n: int, start: int = 0) -> np.ndarray:
-    """Real 8x8 digits from scikit-learn, scaled as the demo trains on them."""
-    from sklearn.datasets import load_digits
-
-    images = load_digits().images
+    """The demo's 8x8 digits (examples/digits/drawn_digits.py), scaled as it trains on them."""
+    spec = importlib.util.spec_from_file_location("drawn_digits", DRAWN_DIGITS)
+    assert spec and spec.loader
+    drawn = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(drawn)
+    images = drawn.draw(1797)[0]
     n = min(n, len(images) - start)
-    return (images[start : start + n].reshape(n, -1) / 16.0).astype("float32")
+    return images[start : start + n].reshape(n, -1) / 16.0
 
 
 class Reference:
