@@ -1,6 +1,7 @@
 """Runs on the GPU host: `python -m gpuhop.agent` serves the agent in the foreground."""
 
 import argparse
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -99,7 +100,9 @@ def main() -> int:
     except Exception:
         traceback.print_exc()
         code = 1
-    print(f"{EXIT_MARK.decode()} with code {code}", file=sys.stderr, flush=True)
+    # With its pid: a client starting an agent just after another stopped tells this one's
+    # exit from the other's, whose line may come after the lock is free (gpuhop.client.embedded).
+    print(f"{EXIT_MARK.decode()} with code {code} (pid {os.getpid()})", file=sys.stderr, flush=True)
     return code
 
 

@@ -87,21 +87,22 @@ def start_background(
 
     with open(paths.logfile, "ab") as logf:
         # Through a short-lived intermediate (a double fork), so the agent is not our child:
-        # it outlives this process and never lingers as its zombie.
-        subprocess.run(
-            [sys.executable, "-I", "-S", "-c", _DETACH, *cmd],
+        # it outlives this process and never lingers as its zombie. It says the agent's pid.
+        detached = subprocess.run(
+            [sys.executable, "-I", "-S", "-c", _DETACH, str(paths.logfile), *cmd],
             stdin=subprocess.DEVNULL,
-            stdout=logf,
-            stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE,
+            stderr=logf,
             check=True,
         )
+    started = int(detached.stdout)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if socket_answers(paths.socket, timeout=0.2):
             running = read_pid(paths)
             if running is not None:
                 return running
-        if _log_says_exited(paths.logfile, log_start) and read_pid(paths) is None:
+        if _log_says_exited(paths.logfile, log_start, started) and read_pid(paths) is None:
             raise AgentError(f"the agent failed to start:\n{_tail(paths.logfile, log_start)}")
         # (Exited while an agent holds the lock: another client started that one first, and
         # it answers once it has started.)
@@ -141,8 +142,10 @@ def stop(paths: AgentPaths, timeout: float = 10.0) -> int | None:
 
 _DETACH = (
     "import subprocess, sys; "
-    "p = subprocess.Popen(sys.argv[1:], start_new_session=True, close_fds=True); "
-    "sys.exit(0)"
+    "log = open(sys.argv[1], 'ab'); "
+    "p = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=log, stderr=log,"
+    " start_new_session=True, close_fds=True); "
+    "print(p.pid)"
 )
 
 
@@ -158,9 +161,13 @@ def _logged_since(logfile: Path, start: int) -> bytes | None:
         return None
 
 
-def _log_says_exited(logfile: Path, start: int) -> bool:
-    """Whether the agent wrote its exit line (see `gpuhop.agent.__main__`) since `start`."""
-    return EXIT_MARK in (_logged_since(logfile, start) or b"")
+def _log_says_exited(logfile: Path, start: int, pid: int) -> bool:
+    """Whether the agent `pid` wrote its exit line (see `gpuhop.agent.__main__`) since
+    `start`. Only its own: an agent stopped just before frees its lock, then writes its exit
+    line, which may come after `start`."""
+    mine = b"(pid %d)" % pid
+    logged = _logged_since(logfile, start) or b""
+    return any(EXIT_MARK in line and line.endswith(mine) for line in logged.splitlines())
 
 
 def _tail(path: Path, start: int, lines: int = 15) -> str:
