@@ -5,14 +5,17 @@ job that ended meanwhile recorded) are in tests/backends/test_contract.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 from pathlib import Path
 
+import pytest
+
 from gpuhop.api import JobState
 from gpuhop.client.embedded import start_background
-from gpuhop.home import read_pid
+from gpuhop.home import AgentError, AgentPaths, read_pid
 from tests.conftest import AGENT_PYTHON_FLAGS, wait_until
 
 WAITER = """
@@ -89,3 +92,32 @@ def test_log_follower_resumes_across_an_agent_restart(make_agent, project, tmp_p
         on_disk = Path(agent.home / "jobs" / job.id / "output.log").read_bytes()
     assert b"".join(received) == on_disk
     assert on_disk.endswith(b"done\n")
+
+
+def _agents_of(home: Path) -> list[int]:
+    """The pids of agent processes of the state dir `home` (from their command lines)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue  # not a process, or gone
+        if b"gpuhop.agent" in argv and str(home).encode() in argv:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_an_agent_a_start_gives_up_on_is_stopped_not_left_to_come_up(tmp_path: Path):
+    """A start that gives up waiting (here after 10 ms, sooner than any agent answers) says
+    so and stops the agent it started: none comes up after the command said it failed, to
+    hold the state dir's lock or run queued jobs unasked."""
+    paths = AgentPaths(tmp_path / "home")
+    try:
+        with pytest.raises(AgentError, match=r"did not answer within 0\.01s \(it was stopped\)"):
+            start_background(paths, timeout=0.01, python_flags=AGENT_PYTHON_FLAGS)
+        wait_until(lambda: not _agents_of(paths.home), timeout=30)
+        assert read_pid(paths) is None
+    finally:  # where it was left running (the test failed), it goes
+        for pid in _agents_of(paths.home):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -107,8 +107,13 @@ def start_background(
         # (Exited while an agent holds the lock: another client started that one first, and
         # it answers once it has started.)
         time.sleep(0.02)
+    # Given up on: the agent this call started is stopped, not left to come up unasked
+    # (or to hold the state dir's lock) after the command said it failed.
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(started, signal.SIGTERM)
     raise AgentError(
-        f"the agent did not answer within {timeout:.0f}s:\n{_tail(paths.logfile, log_start)}"
+        f"the agent did not answer within {timeout:g}s (it was stopped):\n"
+        f"{_tail(paths.logfile, log_start)}"
     )
 
 
