@@ -87,9 +87,10 @@ def start_background(
 
     with open(paths.logfile, "ab") as logf:
         # Through a short-lived intermediate (a double fork), so the agent is not our child:
-        # it outlives this process and never lingers as its zombie. It says the agent's pid.
+        # it outlives this process and never lingers as its zombie. It says the agent's pid,
+        # and gives the agent its own stderr, the log.
         detached = subprocess.run(
-            [sys.executable, "-I", "-S", "-c", _DETACH, str(paths.logfile), *cmd],
+            [sys.executable, "-I", "-S", "-c", _DETACH, *cmd],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=logf,
@@ -147,8 +148,7 @@ def stop(paths: AgentPaths, timeout: float = 10.0) -> int | None:
 
 _DETACH = (
     "import subprocess, sys; "
-    "log = open(sys.argv[1], 'ab'); "
-    "p = subprocess.Popen(sys.argv[2:], stdin=subprocess.DEVNULL, stdout=log, stderr=log,"
+    "p = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, stdout=2, stderr=2,"
     " start_new_session=True, close_fds=True); "
     "print(p.pid)"
 )
