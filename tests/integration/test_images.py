@@ -230,6 +230,40 @@ def test_what_cannot_run_in_an_image_is_refused_at_submit(
             server.job.wait(30)
 
 
+def test_an_image_removed_as_its_job_starts_is_named_so(minimal_image, tmp_path):
+    """The leader runs a job's container by the id the agent found its image by as the job
+    started, and does not look it up again (a Podman start less); where the image went in
+    between, Podman's own failure (125, "image not known") is said as that."""
+    import subprocess
+
+    from gpuhop.backends.local import container
+    from gpuhop.backends.local.podman import Mounts, PodmanSettings, describe
+
+    gone = "f" * 64  # the id of an image no longer in the store
+    user = f"{os.getuid()}:{os.getgid()}"
+    name = f"gpuhop-test-gone-{os.getpid()}"
+    spec = describe(PodmanSettings(), gone, name, user, tmp_path, Mounts(), minimal_image)
+    assert container.prepare(spec, None) is None  # not looked up: the agent just did
+    args, env = container.argv(spec, {"PATH": os.environ["PATH"]}, ["true"])
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 125 and "image not known" in done.stderr, done.stderr
+    ended = container.outcome(spec, {"exit_code": 125, "signal": None})
+    assert ended["detail"] == (
+        f"image {minimal_image} (id ffffffffffff) was removed from this host as the job"
+        f" started; pull it there again (podman pull {minimal_image})"
+    )
+    # A 125 while the image is there is Podman's own failure, said as before.
+    here = dict(spec, image=minimal_image)
+    assert container.outcome(here, {"exit_code": 125, "signal": None})["detail"] == (
+        "exited with code 125: Podman could not run the container (its message is above)"
+    )
+    # Where the agent could not say which image (none noted), the leader looks for itself.
+    unnoted = describe(
+        PodmanSettings(), "localhost/gpuhop-test/absent:2", name, user, tmp_path, Mounts()
+    )
+    assert "is not on this host" in (container.prepare(unnoted, None) or "")
+
+
 NETWORK = r"""
 import json, os
 print(json.dumps(sorted(os.listdir("/sys/class/net"))), flush=True)

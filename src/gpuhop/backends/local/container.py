@@ -63,12 +63,16 @@ def prepare(spec: dict, env_spec: dict | None) -> str | None:
     """Before the job's containers start: its image must be on the host, and with
     `env_spec` (`--requirements` on top of it) its environment built, or found, for the
     image its reference names now, and mounted in `spec`'s containers. None, or why not."""
-    why = image_missing(spec)
+    # Where the agent looked the image up as the job started (the spec names its id, and the
+    # job's `reference`), a second look would cost the job one more Podman start (some 20 ms);
+    # an image removed since then is said from Podman's own failure (`outcome`).
+    known = spec.get("reference") is not None
+    why = None if known else image_missing(spec)
     if why is not None or env_spec is None:
         return why
     import envbuild  # beside this file, as the leader has it on its path
 
-    found = image_id(spec)
+    found = spec["image"] if known else image_id(spec)
     if found is None:
         return f"Podman cannot say which image {spec['image']} is"
     env_spec = envbuild.image_dir(env_spec, found)
@@ -156,13 +160,22 @@ def _for_podman(env: dict) -> dict:
     return out
 
 
-def outcome(result: dict) -> dict:
-    """The job's end from Podman's (see the module's docstring)."""
+def outcome(spec: dict, result: dict) -> dict:
+    """The job's end from Podman's (see the module's docstring); where Podman could not run
+    the container because its image is gone (removed after the agent looked it up), that."""
     code = result.get("exit_code")
     if result.get("signal") is not None or code is None:
         return result
     if 128 < code < 160:
         return {**result, "exit_code": None, "signal": code - 128}
+    reference = spec.get("reference")
+    if code == 125 and reference is not None and image_missing(spec) is not None:
+        why = (
+            f"image {reference} (id {spec['image'][:12]}) was removed from this host as the job"
+            f" started; pull it there again (podman pull {reference})"
+        )
+        print(f"gpuhop: {why}", flush=True)
+        return {**result, "detail": why}
     if code in PODMAN_STATUS and "detail" not in result:
         return {**result, "detail": f"exited with code {code}: {PODMAN_STATUS[code]}"}
     return result

@@ -130,10 +130,18 @@ def probe_prefix(settings: PodmanSettings, image: str) -> tuple[str, ...]:
 
 
 def describe(
-    settings: PodmanSettings, image: str, name: str, user: str, work: Path, mounts: Mounts
+    settings: PodmanSettings,
+    image: str,
+    name: str,
+    user: str,
+    work: Path,
+    mounts: Mounts,
+    reference: str | None = None,
 ) -> dict[str, Any]:
     """The container spec a leader runs (container.py), but for the job's variables and
-    network, which the leader adds (they differ between the workers of a gang)."""
+    network, which the leader adds (they differ between the workers of a gang). With
+    `reference` (the job's), `image` is the id the agent found that reference's image by as
+    the job started: the leader does not look it up again."""
     program = find(settings)
     if program is None:
         raise StartError(missing(settings))
@@ -147,6 +155,7 @@ def describe(
         "podman": program,
         "runtime": runtime(settings),
         "image": image,
+        "reference": reference,
         "name": name,
         "user": "0:0" if rootless and not keep_id else user,
         "keep_id": keep_id,
@@ -205,14 +214,16 @@ def container_args(
     package = Path(hook.__file__).resolve().parents[1]
     mounts.add(package, f"{GPUHOP_LIB}/gpuhop", readonly=True)
     who = identity or {"uid": os.getuid(), "gid": os.getgid()}
+    noted = deps.get("image_id")
     spec = describe(
         settings,
         # The image the agent noted as this start's (its id), else as the job names it.
-        str(deps.get("image_id") or attempt.spec.image),
+        str(noted or attempt.spec.image),
         f"gpuhop-{attempt.job_id}-{attempt.number}",
         f"{who['uid']}:{who['gid']}",
         jp.work,
         mounts,
+        reference=attempt.spec.image if noted else None,
     )
     inside = environment(env, dict(attempt.spec.env), package, bool(deps.get("env")))
     env.clear()
