@@ -264,12 +264,15 @@ def test_an_interrupted_fetch_goes_on_from_where_it_stopped(make_agent, s3: S3, 
 
     with Link((host, int(port)), rate=2 * MiB) as link, agent.client() as user:
         _secrets(user, link.url, s3.key_id, s3.secret)
+        # The download stalls after its first chunk (1 MiB): under way when the agent dies.
+        link.limit(MiB + MiB // 2)
         job = user.submit(["read.py", "one"], workdir=root, data=["s3://gpuhop-slow/one"])
         wait_until(lambda: partly(MiB // 4), timeout=30)
         os.kill(agent.pid, signal.SIGKILL)
         wait_until(lambda: read_pid(agent.paths) is None, timeout=10)
         had = max(p.stat().st_size for p in partials())
         sent = len(link.sent())
+        link.limit(None)
         agent.start()
         assert job.wait(timeout=60).end_class == "succeeded", job.info.reason
         assert _lines(b"".join(job.logs())) == [
@@ -280,6 +283,7 @@ def test_an_interrupted_fetch_goes_on_from_where_it_stopped(make_agent, s3: S3, 
         assert partials() == []
 
         two = ["s3://gpuhop-slow/two"]
+        link.limit(MiB + MiB // 2)
         gone = user.submit(["read.py", "two"], workdir=root, data=two)
         wait_until(lambda: partly(MiB // 4), timeout=30)
         link.cut()
@@ -288,6 +292,7 @@ def test_an_interrupted_fetch_goes_on_from_where_it_stopped(make_agent, s3: S3, 
         assert "two/two.bin" in (ended.reason or "") and "tried 3 times" in (ended.reason or "")
         had = max(p.stat().st_size for p in partials())  # kept for the next try
         link.mend()
+        link.limit(None)
         sent = len(link.sent())
         again = user.submit(["read.py", "two"], workdir=root, data=two)
         assert again.wait(timeout=60).end_class == "succeeded", again.info.reason
@@ -394,10 +399,10 @@ def test_jobs_fetching_the_same_object_at_once_download_it_once(
     project,
 ):
     """Two jobs with the same data, and a third whose prefix holds it too, submitted while
-    the first one's download of the object is under way (through a slow link, sped up once
-    all three fetches are downloading): the later fetches wait for that download rather than
-    write the same partial object beside it. The object is read from the bucket once, stored
-    once, and each job reads its whole bytes."""
+    the first one's download of the object is under way (through a link that holds it after
+    its first MiB, let go once all three fetches are downloading): the later fetches wait
+    for that download rather than write the same partial object beside it. The object is
+    read from the bucket once, stored once, and each job reads its whole bytes."""
     root = project({"read.py": READ})
     big, other = os.urandom(2 * MiB), b"other\n"
     client = s3.client()
@@ -408,10 +413,11 @@ def test_jobs_fetching_the_same_object_at_once_download_it_once(
     host, port = re.match(r"http://(.+):(\d+)", s3.url).groups()  # type: ignore[union-attr]
     partials = lambda: list(shared_agent.home.glob("objects/*/partial/*"))  # noqa: E731
     same = ["s3://gpuhop-race/r:r"]
-    with Link((host, int(port)), rate=64 << 10) as link, shared_agent.client() as user:
+    with Link((host, int(port)), rate=2 * MiB) as link, shared_agent.client() as user:
         _secrets(user, link.url, s3.key_id, s3.secret)
         try:
             mark = s3.mark()
+            link.limit(MiB + MiB // 2)  # the download stalls after its first chunk (1 MiB)
             first = user.submit(["read.py", "r"], workdir=root, data=same)
             wait_until(lambda: any(p.stat().st_size for p in partials()), timeout=60)
             second = user.submit(["read.py", "r"], workdir=root, data=same)
@@ -420,7 +426,7 @@ def test_jobs_fetching_the_same_object_at_once_download_it_once(
                 lambda: all(" objects" in (j.refresh().waiting or "") for j in (second, wider)),
                 timeout=60,
             )
-            link.rate = 1 << 30
+            link.limit(None)
             for job in (first, second, wider):
                 assert job.wait(timeout=60).end_class == "succeeded", job.info.reason
             whole = f"{2 * MiB} {_sha(big)}"
