@@ -60,6 +60,11 @@ if not os.access(CHROMIUM, os.X_OK):
     missing(f"needs Debian's chromium at {CHROMIUM} (scripts/setup-system installs it)")
 from playwright import sync_api  # noqa: E402
 
+# Playwright's assertions give up after 5 s by default: a page that polls every 2-5 s, in a
+# Chromium sharing two busy cores, may take longer to show what is already true. A passing
+# check costs no more for it.
+sync_api.expect.set_options(timeout=30_000)
+
 
 @pytest.fixture(scope="module")
 def dashboard(

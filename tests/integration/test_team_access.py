@@ -161,7 +161,7 @@ def test_revoking_a_token_ends_its_open_log_stream_and_forwards(remote, tls_agen
             with tls_agent.client() as owner:
                 owner.revoke_token(made.id)
             with pytest.raises(ConnectionClosed) as closed:
-                tunnel.recv(timeout=5)  # a second and a bit, with room for a busy machine
+                tunnel.recv(timeout=30)  # a second and a bit where the machine is quiet
             assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008
         follower.join(timeout=10)
         assert not follower.is_alive(), "logs -f still flowing after its token was revoked"
