@@ -189,23 +189,50 @@ def _ps_and_top_fit(agent, work, size, holder: str, done: list[str]) -> None:
 
 
 KERAS_FIT = """\
-import time
+import os, time
 import numpy as np, keras
 
 x = np.random.rand(80, 4).astype("float32")
 y = (x.sum(1) > 2).astype("float32")
 model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
 model.compile("adam", "binary_crossentropy")
-slow = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: time.sleep(0.05))
-model.fit(x, y, epochs=2, batch_size=4, validation_split=0.25, callbacks=[slow])
+epoch = [0]
+
+
+def pace(batch, logs):
+    # Mid-epoch, each epoch waits until the test has seen it on the status line (the file
+    # go-EPOCH): a status line polled each second sees a short epoch only by luck.
+    time.sleep(0.05)
+    if batch == 7:
+        gate = os.path.join(os.environ["GPUHOP_ARTIFACTS_DIR"], f"go-{epoch[0]}")
+        while not os.path.exists(gate):
+            time.sleep(0.05)
+
+
+count = keras.callbacks.LambdaCallback(on_epoch_begin=lambda e, logs: epoch.__setitem__(0, e + 1))
+slow = keras.callbacks.LambdaCallback(on_train_batch_end=pace)
+model.fit(x, y, epochs=2, batch_size=4, validation_split=0.25, callbacks=[count, slow])
 """
 
 
 @pytest.mark.tf
 def test_an_unmodified_keras_fit_shows_the_running_epoch_its_step_and_eta(shared_agent, project):
     work = project({"fit.py": KERAS_FIT})
-    term = Terminal(["run", "fit.py"], shared_agent.env, cwd=work, size=(80, 24))
-    assert term.finish() == 0, term.text
+    name = f"fit-{os.getpid()}-{work.name}"
+    term = Terminal(["run", "--name", name, "fit.py"], shared_agent.env, cwd=work, size=(80, 24))
+    artifacts = None
+    try:
+        for epoch, shows in ((1, ("epoch 1/2 · ",)), (2, ("epoch 2/2 · ", "ETA"))):
+            term.wait_for_screen(*shows, timeout=120)
+            job_id = json.loads(shared_agent.cli("show", "--json", name).stdout)["id"]
+            artifacts = shared_agent.home / "jobs" / job_id / "artifacts"
+            (artifacts / f"go-{epoch}").touch()
+    finally:
+        if artifacts is not None:  # a failed wait leaves no job waiting for its gate
+            for epoch in (1, 2):
+                (artifacts / f"go-{epoch}").touch()
+        code = term.finish()
+    assert code == 0, term.text
     text = term.text
     assert "starting up" in text, text  # the seconds TensorFlow takes to import
     # The epoch running (2/2 while the second runs, not the first that ended), the step in
