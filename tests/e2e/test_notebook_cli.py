@@ -206,6 +206,16 @@ def test_kernel_state_outlives_the_cli_that_started_the_notebook(agent: Agent, t
                     job.wait(timeout=60)
 
 
+GATED_CELL = """\
+import os, pathlib, time
+out = pathlib.Path(os.environ['GPUHOP_ARTIFACTS_DIR'])
+(out / 'by-kernel.txt').write_text('kept')
+while not (out / 'go').exists():
+    time.sleep(0.05)
+(out / 'go').unlink()
+"""
+
+
 def test_an_idle_notebook_ends_and_frees_its_gpu(agent: Agent, tmp_path: Path):
     cli = Cli(agent, tmp_path, "notebook", "--gpus", "1", "--no-browser", "--idle", "5s", "--new")
     job_id = None
@@ -213,21 +223,27 @@ def test_an_idle_notebook_ends_and_frees_its_gpu(agent: Agent, tmp_path: Path):
         jupyter = Jupyter(cli.url())
         try:
             kernel = jupyter.start_kernel()  # while it lives, the server does not stop
-            with agent.client() as client:
-                nb = client.notebook()
-                assert nb is not None
-                job_id = nb.job.id
-                assert client.gpus()[0].job_ids == [job_id]  # held while the server runs
-                waiting = client.submit(
-                    ["python3", "-c", "print('got it')"], workdir=tmp_path, gpus=1
-                )
-                assert waiting.state.value == "queued"
-            jupyter.execute(
-                kernel,
-                "import os, pathlib\n"
-                "out = pathlib.Path(os.environ['GPUHOP_ARTIFACTS_DIR'])\n"
-                "(out / 'by-kernel.txt').write_text('kept')",
-            )
+            # At once, a cell that keeps the kernel busy (never culled) until the test has
+            # looked: a kernel left idle while the test's requests took 5 s on a busy machine
+            # would be culled before its cell ran.
+            cell = threading.Thread(target=jupyter.execute, args=(kernel, GATED_CELL))
+            cell.start()
+            try:
+                with agent.client() as client:
+                    nb = client.notebook()
+                    assert nb is not None
+                    job_id = nb.job.id
+                    artifacts = agent.home / "jobs" / job_id / "artifacts"
+                    wait_until(lambda: (artifacts / "by-kernel.txt").exists(), timeout=90)
+                    assert client.gpus()[0].job_ids == [job_id]  # held while the server runs
+                    waiting = client.submit(
+                        ["python3", "-c", "print('got it')"], workdir=tmp_path, gpus=1
+                    )
+                    assert waiting.state.value == "queued"
+            finally:
+                if job_id is not None:
+                    (agent.home / "jobs" / job_id / "artifacts" / "go").touch()
+                cell.join(timeout=90)
         finally:
             jupyter.close()
         with agent.client() as client:
