@@ -17,7 +17,7 @@ from tests.terminal import Terminal
 pytestmark = pytest.mark.timeout(180)
 
 TRAIN = """\
-import time
+import os, sys, time
 from gpuhop.runtime import log_metrics
 
 for epoch in range(1, 4):
@@ -26,6 +26,10 @@ for epoch in range(1, 4):
         time.sleep(0.25)
     log_metrics(step=epoch * 3, epoch=epoch, epochs=3, loss=1.0 / epoch, accuracy=0.5)
     time.sleep(0.8)
+if sys.argv[1:] == ["gated"]:  # until the test has seen the last epoch's status line
+    gate = os.path.join(os.environ["GPUHOP_ARTIFACTS_DIR"], "go")
+    while not os.path.exists(gate):
+        time.sleep(0.05)
 print("all done", flush=True)
 """
 LINES = [f"line {e}.{i}" for e in range(1, 4) for i in range(3)] + ["all done"]
@@ -42,7 +46,8 @@ def _each_once_in_order(text: str, lines: list[str]) -> None:
 def test_run_on_a_terminal_shows_a_status_line_under_the_log(make_agent, project):
     agent = make_agent()
     work = project({"train.py": TRAIN})
-    term = Terminal(["run", "train.py"], agent.env, cwd=work)
+    term = Terminal(["run", "--name", "gated", "train.py", "gated"], agent.env, cwd=work)
+    _let_go(agent, "gated", term, "epoch 3/3")
     assert term.finish() == 0
     text = term.text
     _each_once_in_order(text, LINES)
@@ -56,8 +61,9 @@ def test_run_on_a_terminal_shows_a_status_line_under_the_log(make_agent, project
 def test_logs_follow_shows_the_status_line_and_no_progress_turns_it_off(make_agent, project):
     agent = make_agent()
     work = project({"train.py": TRAIN})
-    job_id = agent.cli("run", "--detach", "train.py", cwd=work).stdout.strip()
+    job_id = agent.cli("run", "--detach", "train.py", "gated", cwd=work).stdout.strip()
     term = Terminal(["logs", "-f", job_id], agent.env, cwd=work)
+    _let_go(agent, job_id, term, "loss ")
     assert term.finish() == 0
     _each_once_in_order(term.text, LINES)
     assert "loss " in term.text
@@ -66,6 +72,16 @@ def test_logs_follow_shows_the_status_line_and_no_progress_turns_it_off(make_age
     assert quiet.finish() == 0
     _each_once_in_order(quiet.text, LINES)
     assert "loss " not in quiet.text and "epoch 3/3" not in quiet.text
+
+
+def _let_go(agent: Agent, job: str, term: Terminal, shown: str) -> None:
+    """Once the terminal shows `shown` (or not: whatever happens, the job is let go), tell
+    the gated job to finish."""
+    try:
+        term.wait_for_screen(shown, timeout=120)
+    finally:
+        job_id = json.loads(agent.cli("show", "--json", job).stdout)["id"]
+        (agent.home / "jobs" / job_id / "artifacts" / "go").touch()
 
 
 def test_output_to_a_pipe_is_the_jobs_own_bytes(make_agent, project):
