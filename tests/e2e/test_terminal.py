@@ -80,8 +80,13 @@ def _let_go(agent: Agent, job: str, term: Terminal, shown: str) -> None:
     try:
         term.wait_for_screen(shown, timeout=120)
     finally:
-        job_id = json.loads(agent.cli("show", "--json", job).stdout)["id"]
-        (agent.home / "jobs" / job_id / "artifacts" / "go").touch()
+        _open_gate(agent, job, "go")
+
+
+def _open_gate(agent: Agent, job: str, gate: str) -> None:
+    """Make the file `gate` in the artifacts dir of `job` (id or name), which it waits for."""
+    job_id = json.loads(agent.cli("show", "--json", job).stdout)["id"]
+    (agent.home / "jobs" / job_id / "artifacts" / gate).touch()
 
 
 def test_output_to_a_pipe_is_the_jobs_own_bytes(make_agent, project):
@@ -236,17 +241,16 @@ def test_an_unmodified_keras_fit_shows_the_running_epoch_its_step_and_eta(shared
     work = project({"fit.py": KERAS_FIT})
     name = f"fit-{os.getpid()}-{work.name}"
     term = Terminal(["run", "--name", name, "fit.py"], shared_agent.env, cwd=work, size=(80, 24))
-    artifacts = None
+    opened = False
     try:
         for epoch, shows in ((1, ("epoch 1/2 · ",)), (2, ("epoch 2/2 · ", "ETA"))):
             term.wait_for_screen(*shows, timeout=120)
-            job_id = json.loads(shared_agent.cli("show", "--json", name).stdout)["id"]
-            artifacts = shared_agent.home / "jobs" / job_id / "artifacts"
-            (artifacts / f"go-{epoch}").touch()
+            _open_gate(shared_agent, name, f"go-{epoch}")
+            opened = True
     finally:
-        if artifacts is not None:  # a failed wait leaves no job waiting for its gate
+        if opened:  # a failed wait leaves no job waiting for its gate
             for epoch in (1, 2):
-                (artifacts / f"go-{epoch}").touch()
+                _open_gate(shared_agent, name, f"go-{epoch}")
         code = term.finish()
     assert code == 0, term.text
     text = term.text
