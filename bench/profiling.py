@@ -1,4 +1,5 @@
-"""Profiling: what `gpuhop profile` costs a small Keras `fit` (real TensorFlow on the CPU).
+"""Profiling: what `gpuhop profile` costs a Keras `fit` (real TensorFlow on the CPU): two small
+fits of Dense layers, and keras-io's MNIST convnet.
 
 - While a 5 s capture runs: the fit's step time then (the steps wholly between the
   profiler's `start()` and `stop()`, as the job's process answers them), next to the same
@@ -37,10 +38,12 @@ CAPTURE = 5.0
 STEPS = 400
 WARMUP = 20
 
-# A Keras fit (64 inputs, a hidden layer of UNITS, batches of BATCH) that times its batches:
-# `steps.py UNTIL UNITS BATCH`, until it has UNTIL of them, or, with UNTIL "stop", until the
-# file `stop` appears in $GPUHOP_ARTIFACTS_DIR; then writes [[end, seconds], ...] to
-# steps.json there. Prints "ready" once Keras is imported, "training" once warm.
+# A Keras fit that times its batches: `steps.py UNTIL MODEL BATCH`, MODEL a number (64
+# inputs, a hidden Dense layer of that many units, 10 outputs) or "convnet" (keras-io's MNIST
+# convnet, on random 28x28 images), batches of BATCH; until it has UNTIL of them, or, with
+# UNTIL "stop", until the file `stop` appears in $GPUHOP_ARTIFACTS_DIR; then writes
+# [[end, seconds], ...] to steps.json there. Prints "ready" once Keras is imported,
+# "training" once warm.
 SCRIPT = """\
 import json, os, sys, time
 import keras
@@ -48,12 +51,22 @@ import numpy as np
 
 print("ready", flush=True)
 base = os.environ["GPUHOP_ARTIFACTS_DIR"]
-until, units, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-x = np.random.rand(64 * batch, 64).astype("float32")
-y = np.random.randint(0, 10, 64 * batch)
-model = keras.Sequential(
-    [keras.Input((64,)), keras.layers.Dense(units, activation="relu"), keras.layers.Dense(10)]
-)
+until, shape, batch = sys.argv[1], sys.argv[2], int(sys.argv[3])
+layers = keras.layers
+if shape == "convnet":  # keras-io's "Simple MNIST convnet"
+    x = np.random.rand(16 * batch, 28, 28, 1).astype("float32")
+    model = keras.Sequential([
+        keras.Input((28, 28, 1)),
+        layers.Conv2D(32, 3, activation="relu"), layers.MaxPooling2D(2),
+        layers.Conv2D(64, 3, activation="relu"), layers.MaxPooling2D(2),
+        layers.Flatten(), layers.Dropout(0.5), layers.Dense(10),
+    ])
+else:
+    x = np.random.rand(64 * batch, 64).astype("float32")
+    model = keras.Sequential(
+        [keras.Input((64,)), layers.Dense(int(shape), activation="relu"), layers.Dense(10)]
+    )
+y = np.random.randint(0, 10, len(x))
 model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 steps = []
 
@@ -90,30 +103,32 @@ def _ms(steps: list[list[float]], start: float, end: float, wholly: bool = False
     return 1000 * statistics.median(inside)
 
 
-# The fits the captures run on: (hidden units, batch size). A small one (steps of a few ms
-# on a CPU: a trace of every op is then a large share of a step) and a larger one.
-SIZES = [(256, 64), (2048, 512)]
+# The fits the captures run on: (model, batch size). A small one (steps of a few ms on a
+# CPU: a trace of every op is then a large share of a step), a larger one, and a tutorial's
+# (keras-io's MNIST convnet, at its batch size).
+SIZES = [("256", 64), ("2048", 512), ("convnet", 128)]
 # The fit the runs never profiled use.
 DIRECT_SIZE = SIZES[0]
 
 
-def _fit(size: tuple[int, int]) -> str:
-    return f"Keras fit (Dense 64→{size[0]}→10, batch {size[1]}, CPU)"
+def _fit(size: tuple[str, int]) -> str:
+    model = "keras-io's MNIST convnet" if size[0] == "convnet" else f"Dense 64→{size[0]}→10"
+    return f"Keras fit ({model}, batch {size[1]}, CPU)"
 
 
 def _while_capturing(
     root: Path, project: Path, repeats: int
-) -> dict[tuple[int, int], dict[str, list[float]]]:
+) -> dict[tuple[str, int], dict[str, list[float]]]:
     """For each of SIZES, median step times (ms) per capture: in the 5 s before it, during
     it, while its trace is written; and the seconds from the request to the answer."""
-    found: dict[tuple[int, int], dict[str, list[float]]] = {}
+    found: dict[tuple[str, int], dict[str, list[float]]] = {}
     with private_agent(root / "agent") as agent, agent.client() as client:
         # Read TensorFlow's libraries into the page cache first.
         run_checked([PYTHON, "-c", "import tensorflow"], env=agent.env)
         for size in SIZES:
             found[size] = _captures(
                 agent.home,
-                client.submit(["steps.py", "stop", *map(str, size)], workdir=project),
+                client.submit(["steps.py", "stop", size[0], str(size[1])], workdir=project),
                 repeats,
             )
     return found
@@ -186,7 +201,7 @@ def _direct(root: Path, project: Path, repeats: int) -> dict[str, list[tuple[flo
     (root / "control").mkdir()
     envs = {"listening": {**base, "GPUHOP_CONTROL_DIR": str(root / "control")}, "not": base}
     found: dict[str, list[tuple[float, float]]] = {name: [] for name in envs}
-    argv = [PYTHON, "steps.py", str(STEPS), *map(str, DIRECT_SIZE)]
+    argv = [PYTHON, "steps.py", str(STEPS), DIRECT_SIZE[0], str(DIRECT_SIZE[1])]
     time_first_line(argv, project, envs["not"])  # warm up: the page cache
     for _ in range(repeats):
         for name, env in envs.items():
