@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import time
 
+import httpx
+
 from gpuhop.api import JobState
 from tests.conftest import wait_until
 from tests.integration.test_gc import EAGER
@@ -86,3 +88,48 @@ def test_gc_removes_what_an_interrupted_dataset_push_left(make_agent, tmp_path):
         assert report.freed["temp"].bytes >= 1001
         wait_until(lambda: not half.exists() and not (folder / ".tmp-xyz").exists(), timeout=5)
         assert (folder / "v1").is_dir() and [d.version for d in client.data.versions("ds")] == [1]
+
+
+# Lines nested past the interpreter's recursion limit (json.loads raises RecursionError, not
+# ValueError), and one that parses but is nested hundreds deep, each holding the job's secret
+# (so the agent's masking walks them at the attempt's end): the last two lines of the file,
+# where `ps` and `show` read the latest metrics.
+NESTED = """
+import json, os
+secret = os.environ["ODD_TOKEN"]
+with open(os.environ["GPUHOP_METRICS_FILE"], "w") as f:
+    f.write(json.dumps({"step": 1, "loss": 0.25}) + "\\n")
+    f.write('{"step": 2, "deep": ' + "[" * 5000 + json.dumps(secret) + "]" * 5000 + "}\\n")
+    f.write('{"step": 3, "deep": ' + "[" * 400 + json.dumps(secret) + "]" * 400 + "}\\n")
+"""
+
+
+def test_metrics_nested_past_the_recursion_limit_are_skipped_and_ps_answers(shared_agent, project):
+    with shared_agent.client() as client:
+        client.set_secret("ODD_TOKEN", "odd-token-value")
+        try:
+            job = client.submit(["n.py"], workdir=project({"n.py": NESTED}), secrets=["ODD_TOKEN"])
+            assert job.wait(60).state == JobState.succeeded
+            ps = shared_agent.cli("ps")
+            assert ps.returncode == 0, ps.stderr
+            assert client.job(job.id).info.latest_metrics == {"step": 1, "loss": 0.25}
+            assert job.metrics(0)[0] == [{"step": 1, "loss": 0.25}]
+            # The masked file keeps no value of the secret, the deep lines included.
+            kept = (shared_agent.paths.jobs / job.id / "metrics.jsonl").read_bytes()
+            assert b"odd-token-value" not in kept and kept.count(b"\n") == 3
+        finally:
+            client.remove_secret("ODD_TOKEN")
+
+
+def test_a_log_or_metrics_offset_past_any_file_is_refused_naming_it(shared_agent, project):
+    with shared_agent.client() as client:
+        job = client.submit(["t.py"], workdir=project({"t.py": "print(1)"}))
+        assert job.wait(60).state == JobState.succeeded
+    transport = httpx.HTTPTransport(uds=str(shared_agent.paths.socket))
+    with httpx.Client(transport=transport, base_url="http://agent") as http:
+        for offset in (10**18 - 1, 2**63 - 1, 10**22):
+            for route in ("log", "metrics"):
+                got = http.get(f"/v1/jobs/{job.id}/{route}", params={"offset": offset})
+                assert got.status_code == 422, (route, offset, got.text)
+                assert "offset" in got.json()["message"]
+        assert http.get(f"/v1/jobs/{job.id}/log", params={"offset": 2**40}).content == b""

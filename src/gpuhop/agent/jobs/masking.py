@@ -84,12 +84,11 @@ def mask_line(line: bytes, values: list[str], needles: list[bytes]) -> bytes:
         return line
     end = b"\n" if line.endswith(b"\n") else b""
     try:
-        record = json.loads(line)
-    except ValueError:
+        return json.dumps(mask_json(json.loads(line), values)).encode() + end
+    except (ValueError, RecursionError):  # not JSON, or nested past the recursion limit
         for needle in needles:
             line = line.replace(needle, MASK.encode())
         return line
-    return json.dumps(mask_json(record, values)).encode() + end
 
 
 def mask_file(path: Path, values: Iterable[str]) -> bool:

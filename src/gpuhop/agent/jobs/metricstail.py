@@ -16,6 +16,10 @@ MEMORY_ONLY = {"time", "memory_mb", "memory_peak_mb"}
 PROGRESS = "progress"
 # The key that names a record's source (gpuhop.runtime.summaries.SOURCE_KEY).
 SOURCE = "source"
+# A record nested deeper than this is not a metrics record (those are flat: `{step, epoch,
+# name: value}`) and is skipped: one nested near the interpreter's recursion limit would fail
+# each later step that walks it (masking, storing, answering).
+MAX_RECORD_DEPTH = 32
 
 
 def tail_records(path: Path) -> list[dict[str, object]]:
@@ -33,16 +37,31 @@ def tail_records(path: Path) -> list[dict[str, object]]:
 
 def parse_records(lines: Iterable[bytes]) -> list[dict[str, object]]:
     """The JSON objects among metrics-file lines, in order; anything else is skipped (a job
-    may write what it likes to its metrics file)."""
+    may write what it likes to its metrics file, a line nested past the interpreter's
+    recursion limit too)."""
     records = []
     for line in lines:
         try:
             value = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
-        if isinstance(value, dict):
+        if isinstance(value, dict) and _shallow(value):
             records.append(value)
     return records
+
+
+def _shallow(record: dict[str, object]) -> bool:
+    """Whether `record` is nested at most MAX_RECORD_DEPTH deep (walked without recursion)."""
+    stack: list[tuple[object, int]] = [(record, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_RECORD_DEPTH:
+            return False
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+    return True
 
 
 def latest_metrics(path: Path) -> dict[str, object] | None:

@@ -26,6 +26,9 @@ from gpuhop.home import JobPaths
 LOG_CHUNK = 256 * 1024
 # The most of a metrics file one request reads; a longer line is skipped.
 METRICS_READ = 4 * 1024 * 1024
+# The largest byte offset a log or metrics read takes (1 TiB): far past any such file, and
+# short of the largest file a filesystem keeps (ext4's 16 TiB), past which a read fails.
+MAX_OFFSET = 2**40
 
 log = logging.getLogger("gpuhop.agent")
 

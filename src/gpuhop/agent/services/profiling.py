@@ -236,7 +236,7 @@ def _read_answer(jp: JobPaths, name: str) -> dict[str, object] | None:
         os.close(fd)
     try:
         answer = json.loads(data) if len(data) <= MAX_ANSWER else None
-    except ValueError:
+    except (ValueError, RecursionError):
         answer = None
     return answer if isinstance(answer, dict) else {"ok": False, "error": "an unreadable answer"}
 

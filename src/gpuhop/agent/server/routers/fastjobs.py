@@ -163,7 +163,7 @@ def log_query(query: bytes) -> tuple[int, bool, int | None]:
             raise Refer(key)
         got[key] = value
     offset, follow, worker = got.get("offset", "0"), got.get("follow", "false"), got.get("worker")
-    if not _NUMBER.fullmatch(offset) or follow not in _BOOLS:
+    if not _NUMBER.fullmatch(offset) or follow not in _BOOLS or int(offset) > outputs.MAX_OFFSET:
         raise Refer(offset, follow)
     if worker is not None and not _NUMBER.fullmatch(worker):
         raise Refer(worker)

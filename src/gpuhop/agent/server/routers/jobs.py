@@ -104,7 +104,7 @@ def requeue(ref: str, req: RequeueRequest, request: Request) -> JobInfo:
 def log(
     ref: str,
     request: Request,
-    offset: int = Query(default=0, ge=0),
+    offset: int = Query(default=0, ge=0, le=outputs.MAX_OFFSET),
     follow: bool = False,
     worker: int | None = Query(default=None, ge=0),
 ) -> StreamingResponse:
@@ -155,7 +155,9 @@ def job_diff(
 
 
 @router.get("/{ref}/metrics")
-def metrics(ref: str, request: Request, offset: int = Query(default=0, ge=0)) -> dict[str, object]:
+def metrics(
+    ref: str, request: Request, offset: int = Query(default=0, ge=0, le=outputs.MAX_OFFSET)
+) -> dict[str, object]:
     return outputs.metrics_of(ctx(request), ref, caller_of(request), offset)
 
 
