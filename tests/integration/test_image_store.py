@@ -6,14 +6,18 @@ and gc.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from gpuhop.agent.server.longcalls import PER_USER
 from gpuhop.api import JobState
-from tests.conftest import Agent
+from gpuhop.client import GpuhopError
+from tests.conftest import Agent, wait_until
 from tests.registry import (
     PASSWORD,
     TAG,
@@ -81,6 +85,50 @@ def test_a_secret_the_user_has_not_set_is_named(agent: Agent, registry: Registry
     done = agent.cli("images", "pull", f"{registry.address}/x:1", "--secret", "NOSUCH")
     assert done.returncode != 0
     assert "you have no secret named NOSUCH" in done.stderr
+
+
+def test_pulls_from_a_registry_that_never_answers_cannot_take_the_agents_threads(
+    agent: Agent,
+) -> None:
+    # A "registry" that takes connections (the kernel completes them) and never says a word.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    address = f"127.0.0.1:{silent.getsockname()[1]}"
+    refs = [f"{address}/stalled/n{i}:1" for i in range(PER_USER + 1)]
+    errors: list[BaseException] = []
+
+    def pull(ref: str) -> None:
+        try:
+            with agent.client() as client:
+                client.pull_image(ref)
+        except GpuhopError as e:
+            errors.append(e)
+
+    pulls = [threading.Thread(target=pull, args=(ref,)) for ref in refs[:PER_USER]]
+    try:
+        for thread in pulls:
+            thread.start()
+        # Each pull is counted before it starts Podman, which the agent logs.
+        wait_until(
+            lambda: all(f"pulling image {r} " in agent.paths.logfile.read_text() for r in refs[:-1])
+        )
+        with agent.client() as client:
+            with pytest.raises(GpuhopError) as refused:
+                client.pull_image(refs[-1])
+            assert refused.value.status == 429
+            assert f"has {PER_USER} long requests under way" in str(refused.value)
+            assert f"takes {PER_USER} per user at once" in str(refused.value)
+            assert client.secrets()  # quick calls are still answered meanwhile
+    finally:
+        silent.close()  # the pulls' connections are reset: each fails
+        for thread in pulls:
+            thread.join(120)
+    assert len(errors) == PER_USER and all(e.status == 502 for e in errors), errors
+    # Those ended, so the next pull is taken (and fails: nothing listens there now).
+    with agent.client() as client, pytest.raises(GpuhopError) as failed:
+        client.pull_image(refs[-1])
+    assert failed.value.status == 502, failed.value
 
 
 def test_gc_removes_an_unused_image_and_never_one_put_there_by_hand(

@@ -26,6 +26,7 @@ from gpuhop.agent.errors import ApiError, describe_errors, error_response
 from gpuhop.agent.proxy.modelserver import ModelProxy
 from gpuhop.agent.server import handoff
 from gpuhop.agent.server.limits import BodyLimit
+from gpuhop.agent.server.longcalls import LongCalls
 from gpuhop.agent.server.routers import (
     agent,
     blobs,
@@ -93,6 +94,8 @@ def create_app(ctx: AgentContext) -> FastAPI:
 
     app = FastAPI(title="gpuhop agent", version=__version__, lifespan=lifespan)
     app.state.ctx = ctx
+    # Requests that wait on the outside world: a bound on those at once (see `longcalls`).
+    app.state.long_calls = LongCalls()
     # The model-server proxy's connections and lookups, shared (see `proxy.modelserver`).
     app.state.model_proxy = ModelProxy()
     # `doctor`'s TensorFlow probe: one at a time, its report reused briefly.

@@ -19,6 +19,7 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
+from gpuhop.agent.server.longcalls import long_call
 from gpuhop.agent.services import archives, outputs, stacks
 from gpuhop.agent.services import gpus as gpus_service
 from gpuhop.agent.services import jobs as jobs_service
@@ -144,7 +145,8 @@ def tensorboard(ref: str, request: Request) -> dict[str, object]:
 @router.get("/jobs/{ref}/stacks")
 def job_stacks(ref: str, request: Request) -> JobStacks:
     """The job page's "Stacks" button: `gpuhop stacks`, all workers, Python frames."""
-    return stacks.stacks_of(ctx(request), ref, caller_of(request), None, False)
+    with long_call(request, "a stack dump"):
+        return stacks.stacks_of(ctx(request), ref, caller_of(request), None, False)
 
 
 @router.post("/jobs/{ref}/cancel")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from gpuhop.agent.callers import caller_of
+from gpuhop.agent.server.longcalls import long_call
 from gpuhop.agent.services import images
 from gpuhop.api.images import ImageInfo, ImagePull
 
@@ -22,4 +23,5 @@ def list_images(request: Request) -> list[ImageInfo]:
 def pull(body: ImagePull, request: Request) -> ImageInfo:
     """Pull an image from its registry (with the caller's secret holding user:password where
     it is private); answers once it is on the host."""
-    return images.pull(request.app.state.ctx, body, caller_of(request))
+    with long_call(request, "an image pull"):
+        return images.pull(request.app.state.ctx, body, caller_of(request))

@@ -8,6 +8,7 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
+from gpuhop.agent.server.longcalls import long_call
 from gpuhop.agent.services import jobs as service
 from gpuhop.agent.services import (
     outputs,
@@ -124,7 +125,8 @@ def job_stacks(
     native: bool = False,
 ) -> JobStacks:
     """Every Python thread's stack in the running job's processes now (py-spy dump)."""
-    return stacks.stacks_of(ctx(request), ref, caller_of(request), worker, native)
+    with long_call(request, "a stack dump"):
+        return stacks.stacks_of(ctx(request), ref, caller_of(request), worker, native)
 
 
 @router.post("/{ref}/profile")
@@ -136,7 +138,8 @@ def job_profile(
 ) -> JobProfile:
     """Profile the running job for `seconds` (TensorFlow's or JAX's profiler in its
     processes, else py-spy's samples); answers once the files are written."""
-    return profiling.capture(ctx(request), ref, caller_of(request), seconds, worker)
+    with long_call(request, "a profile"):
+        return profiling.capture(ctx(request), ref, caller_of(request), seconds, worker)
 
 
 @router.get("/{ref}/provenance")
