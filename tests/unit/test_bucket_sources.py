@@ -62,10 +62,18 @@ def test_sources_travel_whole_through_the_wire_and_the_store():
     assert JobSpec.from_json(spec.to_json()) == spec
     sent = SubmitRequest.model_validate({"command": ["job.py"], **spec.to_wire()})
     assert sent.spec().data_sources == spec.data_sources
-    with pytest.raises(ValueError, match="must be empty or end in '/'"):
-        SubmitRequest.model_validate(
-            {"command": ["x"], "data_sources": [{"bucket": "bkt", "prefix": "a", "name": "a"}]}
-        )
+    # Each field of a source on the wire is judged on its own, and named.
+    for source, words in [
+        ({"prefix": "a"}, "the prefix 'a' must be empty or a folder"),
+        ({"prefix": "/abs/"}, "the prefix '/abs/' must be empty or a folder"),
+        ({"name": "../x"}, "'../x' cannot name the data"),
+        ({"name": "x:y"}, "'x:y' cannot name the data"),
+        ({"prefix": "a/../"}, "the prefix has an empty, '.' or '..' part"),
+        ({"bucket": "UP"}, "'UP' is not a bucket name"),
+    ]:
+        wired = {"bucket": "bkt", "prefix": "a/", "name": "a", **source}
+        with pytest.raises(ValueError, match=re.escape(words)):
+            SubmitRequest.model_validate({"command": ["x"], "data_sources": [wired]})
     twice = JobSpec(data_sources=(DataSource.parse("s3://bkt/a/x"), DataSource.parse("s3://b2b/x")))
     assert twice.problems() == ["data_sources names two buckets' data x; give one :NAME"]
 

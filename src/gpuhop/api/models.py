@@ -12,6 +12,7 @@ from gpuhop.api.base import StrictModel, WireModel, check_text
 from gpuhop.api.energy import JobEnergy
 from gpuhop.api.queue import check_webhook_url
 from gpuhop.api.spec import (
+    DATA_NAME_RE,
     ENV_NAME_RE,
     DataSource,
     JobSpec,
@@ -193,6 +194,18 @@ class BucketSource(StrictModel):
         text = f"s3://{self.bucket}/{self.prefix}:{self.name}"
         if "\x00" in text:
             raise ValueError("the bucket source contains a NUL byte")
+        # Each field named on its own first: parsed back as one text, a bad name would read
+        # as part of the prefix.
+        if not DATA_NAME_RE.match(self.name):
+            raise ValueError(
+                f"{self.name!r} cannot name the data (1-64 letters, digits, '.', '_' or '-',"
+                " starting with a letter or digit)"
+            )
+        if self.prefix and (self.prefix.startswith("/") or not self.prefix.endswith("/")):
+            raise ValueError(
+                f"the prefix {self.prefix!r} must be empty or a folder: not starting with '/',"
+                " ending in '/'"
+            )
         if DataSource.parse(text) != DataSource(self.bucket, self.prefix, self.name):
             raise ValueError(f"{text}: the prefix must be empty or end in '/'")
         return self
