@@ -289,6 +289,40 @@ def test_wait_logs_tail_and_follow_give_the_jobs_code(shared_agent, project):
     )
 
 
+def test_logs_follow_tail_of_a_line_being_drawn_writes_it_once(shared_agent, project):
+    """`logs -f --tail N` joined while a progress bar draws its line (frames, no newline
+    yet): to a pipe that line comes out once, as its last frame, not as the tail saw it
+    with the rest glued on by the follow (`step 1/3step 3/3`)."""
+    root = project(
+        {
+            "bar.py": "import sys, time\nfrom gpuhop.runtime import artifacts_dir\n"
+            "sys.stdout.write('first\\n\\rstep 1/3'); sys.stdout.flush()\n"
+            "while not (artifacts_dir() / 'go').exists():\n    time.sleep(0.05)\n"
+            "sys.stdout.write('\\rstep 3/3\\nend\\n')\n"
+        }
+    )
+    job_id = shared_agent.cli("run", "-d", "bar.py", cwd=root).stdout.strip()
+    with shared_agent.client() as client:
+        wait_until(lambda: b"step 1/3" in b"".join(client.job(job_id).logs()), 60)
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "gpuhop", "logs", "-f", "--tail", "2", job_id],
+        env=shared_agent.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert follow.stdout is not None
+    out = b""
+    try:
+        while b"\n" not in out:  # the tail has been read and written: the bar is mid-line
+            piece = os.read(follow.stdout.fileno(), 4096)
+            assert piece, follow.stderr.read() if follow.stderr else ""
+            out += piece
+    finally:
+        (shared_agent.home / "jobs" / job_id / "artifacts" / "go").touch()
+    rest, err = follow.communicate(timeout=60)
+    assert (follow.returncode, out + rest) == (0, b"first\nstep 3/3\nend\n"), err
+
+
 def test_cancel_of_several_jobs_cancels_each_and_names_what_it_cannot(shared_agent, project):
     root = project({"slow.py": "import time\nprint('up', flush=True)\ntime.sleep(600)\n"})
     ids = [shared_agent.cli("run", "-d", "slow.py", cwd=root).stdout.strip() for _ in range(2)]

@@ -263,7 +263,7 @@ def logs(
     with client_for(on) as client:
         job = find_job(client, job_ref)
         try:
-            offset = 0 if tail is None else _tail(job, tail, worker, raw)
+            offset = 0 if tail is None else _tail(job, tail, worker, raw, follow)
             if follow:
                 live = wants_live(no_progress)
                 info = _follow(job, worker, live=live, raw=raw, offset=offset)
@@ -280,21 +280,28 @@ def logs(
 TAIL_WINDOW = 64 * 1024
 
 
-def _tail(job: Job, lines: int, worker: int | None, raw: bool) -> int:
+def _tail(job: Job, lines: int, worker: int | None, raw: bool, follow: bool = False) -> int:
     """Print the last `lines` lines of the job's log; return the offset after them. The
-    job's log is read from near its end (its size is known); a worker's own log whole."""
+    job's log is read from near its end (its size is known); a worker's own log whole.
+    With `follow`, a last line without its newline yet (a progress bar's frames) is one of
+    the `lines` but left to the follow, which gets it whole: printed here, the rest of it
+    would be drawn after it as a line of its own."""
     size = None if worker is not None else int(job.data.get("log_size") or 0)
     window = TAIL_WINDOW
     while True:
         start = 0 if size is None else max(0, size - window)
         data = b"".join(job.logs(offset=start, worker=worker))
         kept = _lines(data)
-        if start == 0 or len(kept) > lines:  # more than asked: the first may be cut
+        unended = b""
+        if follow and lines and kept and not kept[-1].endswith(b"\n"):
+            unended = kept.pop()
+        shown = lines - 1 if unended else lines
+        if start == 0 or len(kept) > shown:  # more than asked: the first may be cut
             break
         window *= 4
-    for chunk in _as_written([b"".join(kept[max(0, len(kept) - lines) :])], raw):
+    for chunk in _as_written([b"".join(kept[max(0, len(kept) - shown) :] if shown else [])], raw):
         job_output(chunk)
-    return start + len(data)
+    return start + len(data) - len(unended)
 
 
 def _lines(data: bytes) -> list[bytes]:
