@@ -211,9 +211,11 @@ def test_refusals_name_the_problem(shared_agent, project):
         bad = shared_agent.cli("profile", job, "--duration", "soon")
         assert bad.returncode == 2
         assert "--duration: 'soon' is not a duration" in bad.stderr
-        long = shared_agent.cli("profile", job, "--duration", "1h")
-        assert long.returncode == 2
-        assert "--duration must be more than 0 and at most 300s" in long.stderr
+        for out_of_range in ("1h", "0", "0s", "8d"):  # a capture's range, not --timeout's week
+            refused = shared_agent.cli("profile", job, "--duration", out_of_range)
+            assert refused.returncode == 2
+            said = "gpuhop: error: --duration must be more than 0 and at most 300s\n"
+            assert refused.stderr == said
         missing = shared_agent.cli("profile", "nosuchjob")
         assert missing.returncode != 0
         assert "no job matches 'nosuchjob'" in missing.stderr

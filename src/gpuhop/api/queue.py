@@ -27,7 +27,17 @@ MAX_TIMEOUT = 7 * 86400
 
 
 def parse_duration(text: str | float) -> float:
-    """Seconds in "6h", "90m", "30s", "2d" or a plain number of seconds. Raises ValueError."""
+    """Seconds in "6h", "90m", "30s", "2d" or a plain number of seconds, as a time limit
+    (more than 0, at most a week). Raises ValueError."""
+    seconds = duration_seconds(text)
+    if not 0 < seconds <= MAX_TIMEOUT:
+        raise ValueError(f"{text!r}: a time limit is more than 0 and at most 7 days")
+    return seconds
+
+
+def duration_seconds(text: str | float) -> float:
+    """Seconds in "6h", "90m", "30s", "2d" or a plain number of seconds, whatever their
+    number: a caller with limits of its own says them. Raises ValueError."""
     if isinstance(text, bool):
         raise ValueError(f"{text!r} is not a duration")
     if isinstance(text, int | float):
@@ -39,8 +49,6 @@ def parse_duration(text: str | float) -> float:
                 f"{text!r} is not a duration; give e.g. 6h, 90m, 30s, 2d or plain seconds"
             )
         seconds = float(m.group(1)) * _UNIT_SECONDS[m.group(2).lower()]
-    if not 0 < seconds <= MAX_TIMEOUT:
-        raise ValueError(f"{text!r}: a time limit is more than 0 and at most 7 days")
     return seconds
 
 

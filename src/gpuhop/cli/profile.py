@@ -36,11 +36,11 @@ def profile(
     """Profile a running job for a few seconds, without changing its script: TensorFlow's
     (or JAX's) profiler inside it, into its TensorBoard dir (see it in `gpuhop tensorboard
     JOB`'s Profile tab), or for plain Python py-spy's flame graph among its artifacts."""
-    from gpuhop.api import parse_duration
     from gpuhop.api.profile import MAX_PROFILE_SECONDS
+    from gpuhop.api.queue import duration_seconds
 
     try:
-        seconds = parse_duration(duration)
+        seconds = duration_seconds(duration)  # not a time limit's: this range is said below
     except ValueError as e:
         fail(f"--duration: {e}")
     if not 0 < seconds <= MAX_PROFILE_SECONDS:
