@@ -146,6 +146,10 @@ def test_arguments_env_and_programs_reach_the_job(shared_agent, project):
 def test_bad_input_gets_a_clear_message(shared_agent, project):
     root = project({"ok.py": "pass\n"})
     missing = shared_agent.cli("run", "nope.py", cwd=root)
+    # -C names a dir that is not there, or a file: that is said, not "no such script".
+    no_dir = shared_agent.cli("run", "-C", "nodir", "ok.py", cwd=root)
+    file_dir = shared_agent.cli("run", "-C", "ok.py", "ok.py", cwd=root)
+    elsewhere = shared_agent.cli("run", "-C", str(root), "ok2.py", cwd=root.parent)
     no_cmd = shared_agent.cli("run", "definitely-not-a-program", cwd=root)
     too_many = shared_agent.cli("run", "--gpus", "4", "ok.py", cwd=root)
     unknown = shared_agent.cli("logs", "ffffffffff", cwd=root)
@@ -158,7 +162,11 @@ def test_bad_input_gets_a_clear_message(shared_agent, project):
     for result in (missing, no_cmd, too_many, unknown, *empty, bad_env, bad_name, bad_option):
         assert result.returncode == 2, result.stderr
         assert "Traceback" not in result.stderr
-    assert "no such script: nope.py" in missing.stderr
+    assert f"no such script: nope.py in the work dir {root}\n" in missing.stderr
+    for result, path in ((no_dir, root / "nodir"), (file_dir, root / "ok.py")):
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == f"gpuhop: error: work dir {path} is not a directory\n"
+    assert f"no such script: ok2.py in the work dir {root}\n" in elsewhere.stderr
     assert "'definitely-not-a-program' was not found on the GPU host" in no_cmd.stderr
     assert "asks for 4 GPUs; this host has 0" in too_many.stderr
     assert "no job matches 'ffffffffff'" in unknown.stderr

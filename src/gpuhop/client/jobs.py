@@ -165,6 +165,8 @@ def submit(
         raise GpuhopError("no command given", code="bad_request")
     check(spec)
     root = Path(workdir).absolute()
+    if not root.is_dir():  # said before a script is looked for in it
+        raise GpuhopError(f"work dir {root} is not a directory", code="bad_request")
     argv[0] = script_in_workdir(argv[0], root)
     synced = synced or scan_workdir(session, root, on_hash)
     result, tree = synced.result, synced.tree

@@ -63,7 +63,7 @@ def script_in_workdir(head: str, root: Path) -> str:
     path = Path(head)
     full = path if path.is_absolute() else root / path
     if head.endswith(".py") and not full.is_file():
-        raise GpuhopError(f"no such script: {head}", code="bad_request")
+        raise GpuhopError(f"no such script: {head} in the work dir {root}", code="bad_request")
     if not full.exists():
         return head  # a path on the GPU host; the agent checks it
     try:
