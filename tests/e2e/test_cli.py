@@ -154,6 +154,7 @@ def test_bad_input_gets_a_clear_message(shared_agent, project):
     too_many = shared_agent.cli("run", "--gpus", "4", "ok.py", cwd=root)
     unknown = shared_agent.cli("logs", "ffffffffff", cwd=root)
     empty = [shared_agent.cli(command, "", cwd=root) for command in ("logs", "show", "cancel")]
+    slashed = [shared_agent.cli(command, "a/b", cwd=root) for command in ("logs", "show", "pull")]
     bad_env = shared_agent.cli("run", "-e", "NOEQUALS", "ok.py", cwd=root)
     bad_name = shared_agent.cli("run", "--name", "<b>", "ok.py", cwd=root)
     # An unknown option before the script is gpuhop's mistake to name, as every command does.
@@ -172,6 +173,8 @@ def test_bad_input_gets_a_clear_message(shared_agent, project):
     assert "no job matches 'ffffffffff'" in unknown.stderr
     for result in empty:  # not the job list's answer, read as a job
         assert "no job matches '' (an empty job reference)" in result.stderr
+    for result in slashed:  # not "no such route: GET /v1/jobs/a/b"
+        assert (result.returncode, result.stderr) == (2, "gpuhop: error: no job matches 'a/b'\n")
     assert "--env takes KEY=VALUE" in bad_env.stderr
     assert "not submitted: name: name must be 1-128 characters" in bad_name.stderr
     assert "No such option: --frobnicate" in bad_option.stderr

@@ -428,6 +428,8 @@ def job_url(ref: str, tail: str = "") -> str:
             code="not_found",
             status=404,
         )
+    if "/" in ref:  # in no id or name; the agent would read it as its path's separator
+        raise GpuhopError(f"no job matches {ref!r}", code="not_found", status=404)
     return f"/v1/jobs/{quote(ref)}{tail}"
 
 
