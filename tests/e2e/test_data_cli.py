@@ -15,6 +15,7 @@ def test_push_list_show_run_and_remove(make_agent, project, tmp_path):
     push = agent.cli("data", "push", str(data), "--name", "mnist")
     assert push.returncode == 0, push.stderr
     assert "mnist v1: 2 files" in push.stderr and "sent 2 chunks" in push.stderr
+    assert push.stderr.count("\n") == 1, push.stderr  # to a pipe: no progress bars' frames
     again = agent.cli("data", "push", str(data), "--name", "mnist")
     assert "mnist v1 (unchanged: no new version)" in again.stderr
     assert "sent 0 chunks" in again.stderr

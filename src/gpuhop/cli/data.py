@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
 
 from gpuhop.cli.connect import OnOption, client_for
-from gpuhop.cli.output import ago, fail, human_bytes, print_json, print_table, say
+from gpuhop.cli.output import ago, fail, human_bytes, print_json, print_table, say, wants_live
 from gpuhop.client import GpuhopError
 from gpuhop.client.data import EVERYONE, PushResult
 
@@ -31,6 +32,10 @@ def _ref(text: str) -> tuple[str, int | None]:
     return name, int(number) if colon else None
 
 
+# A push's phase (chunking, uploading) gets a bar from this size, as run's uploads do.
+BAR_BYTES = 1 << 20
+
+
 def _push_with_progress(
     path: Path, name: str, on: str | None, quiet: bool, shared: bool
 ) -> PushResult:
@@ -38,13 +43,18 @@ def _push_with_progress(
 
     from gpuhop.cli.progress import transfer_bar
 
-    with client_for(on) as client, transfer_bar("{task.description:>9}", disable=quiet) as bar:
-        tasks: dict[str, TaskID] = {}
+    # Drawn only on a terminal, as run's and pull's bars: a pipe or a file gets the one line
+    # that says what was pushed (rich would print each bar's last frame there).
+    live = not quiet and wants_live(False, sys.stderr)
+    with client_for(on) as client, transfer_bar("{task.description:>9}", disable=not live) as bar:
+        tasks: dict[str, TaskID | None] = {}
 
         def progress(phase: str, done: int, total: int) -> None:
-            if phase not in tasks:
-                tasks[phase] = bar.add_task(phase, total=total)
-            bar.update(tasks[phase], completed=done, total=total)
+            if phase not in tasks:  # a phase of less than a MiB: no bar (as run's uploads)
+                tasks[phase] = bar.add_task(phase, total=total) if total >= BAR_BYTES else None
+            task = tasks[phase]
+            if task is not None:
+                bar.update(task, completed=done, total=total)
 
         try:
             return client.data.push(path, name, on_progress=progress, shared=shared)
