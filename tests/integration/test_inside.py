@@ -156,3 +156,21 @@ def test_diff_names_the_file_the_package_and_the_option_that_changed(shared_agen
     summary = shared_agent.cli("show", b)
     assert f"{sys.version.split()[0]} on Linux" in summary.stdout, summary.stdout
     assert f"gpuhop {__version__} on" in summary.stdout
+
+
+def test_diff_shows_a_command_as_a_shell_takes_it_and_a_missing_option_as_none(
+    shared_agent, project
+):
+    """`python -c 'import sys' 'a b'` is not `python -c import sys a b`, and a job without a
+    name has "(none)" for it, as a missing env variable has, not JSON's null."""
+    root = project({"train.py": "pass\n"})
+    command = ("python", "-c", "import sys")
+    named = shared_agent.cli("run", "-d", "-n", "named", *command, "a b", cwd=root).stdout.strip()
+    plain = shared_agent.cli("run", "-d", *command, cwd=root).stdout.strip()
+    with shared_agent.client() as client:
+        for job in (named, plain):
+            assert client.job(job).wait(timeout=60).state == JobState.succeeded
+    shown = shared_agent.cli("diff", named, plain)
+    assert shown.returncode == 0, shown.stderr
+    assert "command: python -c 'import sys' 'a b' → python -c 'import sys'\n" in shown.stdout
+    assert "name: named → (none)\n" in shown.stdout

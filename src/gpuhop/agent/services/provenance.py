@@ -10,6 +10,7 @@ shared tree changes nothing), read an entry at a time.
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Mapping
 from typing import Any
 
@@ -73,11 +74,13 @@ def _tree(jp: JobPaths) -> dict[str, tuple[str, bool]] | None:
 
 
 def _options(job: JobRecord) -> dict[str, str]:
-    """The job's command and spec, one entry a field (an env variable, each of its own)."""
+    """The job's command and spec, one entry a field (an env variable, each of its own). The
+    command as a shell would take it (as `ps` shows it); a field without a value (no name)
+    has no entry, shown as "(none)"."""
     spec = job.spec.to_json()
     env = spec.pop("env")
-    flat = {"command": " ".join(job.command)}
-    flat.update((name, _text(value)) for name, value in spec.items())
+    flat = {"command": shlex.join(job.command)}
+    flat.update((name, _text(value)) for name, value in spec.items() if value is not None)
     flat.update((f"env {name}", value) for name, value in env.items())
     return flat
 
