@@ -363,10 +363,16 @@ def test_a_running_jobs_work_dir_files_wait_until_it_has_ended(shared_agent, pro
             wait_until(lambda: (shared_agent.paths.job_dir(job.id) / "work/out.txt").exists())
             plan = job.plan_pull(None, workdir=tmp_path / "here")
             early = http.get(f"/v1/jobs/{job.id}/workdir/out.txt")
+            pulled = shared_agent.cli("pull", job.id, "-o", str(tmp_path / "out"))
         finally:
             release.touch()
         assert job.wait(60).state == JobState.succeeded
         later = job.plan_pull(None, workdir=tmp_path / "here")
     assert plan.todo == [] and "come back once it has ended" in (plan.workdir_note or "")
     assert early.status_code == 409 and "running" in early.json()["message"]
+    # What was not looked at is not said to be empty: the work dir and /tmp, read at its end.
+    assert said_lines(pulled.stderr, "left nothing") == [
+        f"job {job.id} left nothing to pull: nothing in its $GPUHOP_ARTIFACTS_DIR"
+    ]
+    assert f"no work-dir files: job {job.id} is running" in pulled.stderr
     assert [e.path for _, e, _ in later.todo] == ["out.txt"]

@@ -198,25 +198,27 @@ def plan_pull(
         try:
             listing = session.request("GET", f"/v1/jobs/{job_id}/tmp").json()
         except GpuhopError as e:
-            # A running job (its work dir's note says so), or an agent that keeps no /tmp.
+            # A running job (its work dir's note says so), or an agent that keeps no /tmp:
+            # not a part of this pull, so that nothing says the job left nothing there.
             if e.code not in ("conflict", "not_found"):
                 raise
-            listing = []
-        _plan_copies(out, "tmp", Path(tmp), listing, "/tmp file")
+        else:
+            _plan_copies(out, "tmp", Path(tmp), listing, "/tmp file")
     if artifacts is not None:
         out.claim(Path(artifacts))
         listing = session.request("GET", f"/v1/jobs/{job_id}/artifacts").json()
         _plan_copies(out, "artifacts", Path(artifacts), listing, "artifact")
     if workdir is not None:
-        out.roots["workdir"] = Path(workdir)
         root = Path(workdir).absolute()
         try:
             listing = session.request("GET", f"/v1/jobs/{job_id}/workdir").json()
         except GpuhopError as e:
             if e.code not in ("unsupported", "conflict"):  # a Ray agent; a running job
                 raise
-            out.workdir_note = e.message
+            out.workdir_note = e.message  # said instead of the part's count
             listing = []
+        else:
+            out.roots["workdir"] = Path(workdir)
         for raw in listing:
             entry = api.WorkdirEntry.model_validate(raw)
             target = _target(root, entry, "work-dir file")
