@@ -158,6 +158,23 @@ def test_diff_names_the_file_the_package_and_the_option_that_changed(shared_agen
     assert f"gpuhop {__version__} on" in summary.stdout
 
 
+def test_diff_with_a_job_that_has_not_started_says_so(shared_agent, project):
+    """A queued job ran on nothing yet: the diff says that, not that it ran no Python, and
+    lists no "ran on" line of the other job's against "(none)"."""
+    root = project({"train.py": "print('trained')\n", "hold.py": "import time\ntime.sleep(300)\n"})
+    ran = shared_agent.cli("run", "-q", "-n", "ran-first", "train.py", cwd=root)
+    assert ran.returncode == 0, ran.stderr
+    held = shared_agent.cli("run", "-d", "hold.py", cwd=root).stdout.strip()
+    waiting = shared_agent.cli("run", "-d", "--after", held, "train.py", cwd=root).stdout.strip()
+    try:
+        shown = shared_agent.cli("diff", "ran-first", waiting)
+    finally:
+        shared_agent.cli("cancel", "--grace", "0", held, waiting)
+    assert shown.returncode == 0, shown.stderr
+    assert f"not compared: job {waiting} has not started (queued)" in shown.stdout, shown.stdout
+    assert "\nran on\n" not in shown.stdout and "ran no Python" not in shown.stdout
+
+
 def test_diff_shows_a_command_as_a_shell_takes_it_and_a_missing_option_as_none(
     shared_agent, project
 ):

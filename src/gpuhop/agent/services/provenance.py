@@ -35,8 +35,14 @@ def diff(rt: AgentContext, ref: str, other: str, caller: Caller) -> JobDiff:
     out = JobDiff(a=a.id, b=b.id)
     _files(out, jpa, jpb, a, b)
     ra, rb = provenance.read(jpa), provenance.read(jpb)
+    unrun = False
     for job, record in ((a, ra), (b, rb)):
-        if not record["recorded"]:
+        if job.started_at is None and not record["host_recorded"]:
+            unrun = True  # queued, or cancelled before it started: it ran on nothing yet
+            out.unknown.append(
+                f"job {job.id} has not started ({job.state.value}), so what it ran on is not known"
+            )
+        elif not record["recorded"]:
             out.unknown.append(
                 f"job {job.id} has no record of its Python and packages (it ran no Python,"
                 " turned gpuhop's start-up hook off, or ran before gpuhop kept one)"
@@ -44,7 +50,8 @@ def diff(rt: AgentContext, ref: str, other: str, caller: Caller) -> JobDiff:
     if ra["recorded"] and rb["recorded"]:
         out.packages = _changes(ra["packages"], rb["packages"])
     out.options = _changes(_options(a), _options(b))
-    out.ran_on = _changes(_ran_on(ra), _ran_on(rb))
+    if not unrun:  # else each line would be the other's value against "(none)"
+        out.ran_on = _changes(_ran_on(ra), _ran_on(rb))
     return out
 
 
