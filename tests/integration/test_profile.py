@@ -9,12 +9,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 from gpuhop.api import JobState
+from gpuhop.client import GpuhopError
 from tests.conftest import Agent, jax_env, missing, wait_until
 from tests.tf.test_tensorboard_cli import tensorboard_cli
 
@@ -67,6 +70,19 @@ def _cancel(agent: Agent, job: str) -> None:
     with agent.client() as client:
         client.job(job).cancel(grace=0)
         client.job(job).wait(120)
+
+
+def _recording(seconds: int) -> bool:
+    """Whether a `py-spy record` of `seconds` runs on this host (a sampled capture's)."""
+    wanted = f"--duration\0{seconds}\0".encode()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes()
+        except OSError:
+            continue
+        if b"py-spy" in argv and b"\0record\0" in argv and wanted in argv:
+            return True
+    return False
 
 
 def _table(tables: list[dict], column: str) -> list[list]:
@@ -199,6 +215,35 @@ def test_a_plain_python_job_gets_a_py_spy_flame_graph(shared_agent, project):
     ended = shared_agent.cli("profile", job)
     assert ended.returncode == 2
     assert f"job {job} has ended: cancelled, so it has nothing to profile" in ended.stderr
+
+
+def test_a_capture_runs_its_time_and_a_second_one_is_told_when_it_ends(shared_agent, project):
+    root = project({"busy.py": BUSY})
+    job = _started(shared_agent, root, "busy.py", b"up")
+    first = subprocess.Popen(
+        [sys.executable, "-m", "gpuhop", "profile", job, "--duration", "60"],
+        env=shared_agent.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: _recording(60), timeout=60)  # the agent's py-spy, for the first
+        with shared_agent.client() as client, pytest.raises(GpuhopError) as second:
+            client.job(job).profile(1)
+        assert second.value.status == 409
+        said = second.value.message
+        assert said.startswith(f"job {job} is being profiled already (a capture of 60s, about ")
+        assert said.endswith("s left); try again when that capture ends")
+        first.send_signal(signal.SIGINT)  # Ctrl-C: the client stops waiting
+        _out, err = first.communicate(timeout=60)
+        assert first.returncode == 130, err
+        assert f"the capture goes on in job {job} for the rest of its 60s" in err
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        _cancel(shared_agent, job)
 
 
 def test_refusals_name_the_problem(shared_agent, project):

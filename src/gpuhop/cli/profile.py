@@ -51,6 +51,14 @@ def profile(
             data = _captured(job, seconds, worker, live=not json_out and wants_live(False))
         except GpuhopError as e:
             fail(e.message)
+        except KeyboardInterrupt:
+            # The agent cannot take a capture back from the job's profiler: it runs its time.
+            say(
+                f"stopped waiting; the capture goes on in job {job.id} for the rest of its"
+                f" {seconds:g}s, and its files are kept among the job's artifacts then;"
+                " another capture can start once it has ended"
+            )
+            raise SystemExit(130) from None
     if json_out:
         print_json(data)
         return

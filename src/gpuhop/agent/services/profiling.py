@@ -60,7 +60,8 @@ def result_name(pid: int, request: str) -> str:
     return f"profile-{pid}-{request}.json"
 
 
-_busy: set[str] = set()
+# The jobs a capture runs in now: job id -> (its start, time.monotonic(); its seconds).
+_busy: dict[str, tuple[float, float]] = {}
 _busy_lock = threading.Lock()
 
 
@@ -81,7 +82,7 @@ def capture(
     found = [_Process(*p) for p in processes_of(job, worker)]
     if not found:
         raise ApiError(409, ErrorCode.conflict, f"job {job.id} has just ended: nothing to profile")
-    with _one_at_a_time(job.id):
+    with _one_at_a_time(job.id, seconds):
         jp = rt.supervisor.job_paths(job.id)
         asked, busy = _ask(jp, found, seconds)
         if asked:
@@ -97,20 +98,26 @@ def capture(
 
 
 @contextmanager
-def _one_at_a_time(job_id: str) -> Iterator[None]:
+def _one_at_a_time(job_id: str, seconds: float) -> Iterator[None]:
+    """One capture of a job at a time; a second is refused, saying when the first ends (it
+    runs its whole time, whether or not its asker still waits)."""
     with _busy_lock:
         if job_id in _busy:
+            started, length = _busy[job_id]
+            left = started + length - time.monotonic()
+            when = f"about {left:.0f}s left" if left >= 1 else "its trace is being written"
             raise ApiError(
                 409,
                 ErrorCode.conflict,
-                f"job {job_id} is being profiled already; try again when that capture ends",
+                f"job {job_id} is being profiled already (a capture of {length:g}s, {when});"
+                " try again when that capture ends",
             )
-        _busy.add(job_id)
+        _busy[job_id] = (time.monotonic(), seconds)
     try:
         yield
     finally:
         with _busy_lock:
-            _busy.discard(job_id)
+            _busy.pop(job_id, None)
 
 
 def _ask(
