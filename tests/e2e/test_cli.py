@@ -144,8 +144,9 @@ def test_arguments_env_and_programs_reach_the_job(shared_agent, project):
 
 
 def test_bad_input_gets_a_clear_message(shared_agent, project):
-    root = project({"ok.py": "pass\n"})
+    root = project({"ok.py": "pass\n", "sub/a.py": "pass\n"})
     missing = shared_agent.cli("run", "nope.py", cwd=root)
+    dirs = [shared_agent.cli("run", head, cwd=root) for head in (".", "sub/")]
     # -C names a dir that is not there, or a file: that is said, not "no such script".
     no_dir = shared_agent.cli("run", "-C", "nodir", "ok.py", cwd=root)
     file_dir = shared_agent.cli("run", "-C", "ok.py", "ok.py", cwd=root)
@@ -164,6 +165,9 @@ def test_bad_input_gets_a_clear_message(shared_agent, project):
         assert result.returncode == 2, result.stderr
         assert "Traceback" not in result.stderr
     assert f"no such script: nope.py in the work dir {root}\n" in missing.stderr
+    for result, head in zip(dirs, (".", "sub/"), strict=True):  # not "command '.' not found"
+        assert result.returncode == 2, result.stderr
+        assert f"gpuhop: error: {head} is a directory, not a script" in result.stderr
     for result, path in ((no_dir, root / "nodir"), (file_dir, root / "ok.py")):
         assert result.returncode == 2, result.stderr
         assert result.stderr == f"gpuhop: error: work dir {path} is not a directory\n"

@@ -58,6 +58,12 @@ def requirements_text(value: str | os.PathLike[str] | bool | None, root: Path) -
 
 def script_in_workdir(head: str, root: Path) -> str:
     """Make a script path relative to the work dir; leave program names alone."""
+    if head in (".", "..") or ("/" in head and (root / head).is_dir()):
+        raise GpuhopError(
+            f"{head} is a directory, not a script: name the script in it to run (e.g."
+            f" {head.rstrip('/')}/train.py)",
+            code="bad_request",
+        )
     if not head.endswith(".py") and "/" not in head:
         return head
     path = Path(head)
