@@ -147,6 +147,7 @@ def test_bad_input_gets_a_clear_message(shared_agent, project):
     root = project({"ok.py": "pass\n", "sub/a.py": "pass\n"})
     missing = shared_agent.cli("run", "nope.py", cwd=root)
     dirs = [shared_agent.cli("run", head, cwd=root) for head in (".", "sub/")]
+    into_files = [shared_agent.cli("pull", "j", flag, "ok.py", cwd=root) for flag in ("-o", "-C")]
     # -C names a dir that is not there, or a file: that is said, not "no such script".
     no_dir = shared_agent.cli("run", "-C", "nodir", "ok.py", cwd=root)
     file_dir = shared_agent.cli("run", "-C", "ok.py", "ok.py", cwd=root)
@@ -168,6 +169,12 @@ def test_bad_input_gets_a_clear_message(shared_agent, project):
     for result, head in zip(dirs, (".", "sub/"), strict=True):  # not "command '.' not found"
         assert result.returncode == 2, result.stderr
         assert f"gpuhop: error: {head} is a directory, not a script" in result.stderr
+    for result, flag in zip(into_files, ("-o", "-C"), strict=True):  # checked before the job
+        assert result.returncode == 2, result.stderr
+        assert (
+            result.stderr == f"gpuhop: error: {flag} ok.py is a file, not a folder: name a"
+            " folder (made if missing)\n"
+        )
     for result, path in ((no_dir, root / "nodir"), (file_dir, root / "ok.py")):
         assert result.returncode == 2, result.stderr
         assert result.stderr == f"gpuhop: error: work dir {path} is not a directory\n"

@@ -173,6 +173,9 @@ def pull(
     """
     from gpuhop.cli.progress import wants_live
 
+    for flag, folder in (("-o", output), ("-C", workdir)):
+        if folder is not None and folder.exists() and not folder.is_dir():
+            fail(f"{flag} {folder} is a file, not a folder: name a folder (made if missing)")
     with client_for(on) as client:
         try:
             job = client.job(job_ref)
