@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.agent.server.longcalls import PER_USER
+from gpuhop.agent.services.longcalls import PER_USER
 from gpuhop.api import JobState
 from gpuhop.client import GpuhopError
 from tests.conftest import Agent, wait_until

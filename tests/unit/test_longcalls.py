@@ -1,4 +1,4 @@
-"""The bound on requests that hold a server thread for long (gpuhop.agent.server.longcalls)."""
+"""The bound on requests that hold a server thread for long (gpuhop.agent.services.longcalls)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from contextlib import ExitStack
 import pytest
 
 from gpuhop.agent.errors import ApiError
-from gpuhop.agent.server.longcalls import LongCalls
+from gpuhop.agent.services.longcalls import LongCalls
 
 
 def test_a_user_past_their_share_and_everyone_past_the_total_are_refused_until_one_ends():

@@ -26,7 +26,6 @@ from gpuhop.agent.errors import ApiError, describe_errors, error_response
 from gpuhop.agent.proxy.modelserver import ModelProxy
 from gpuhop.agent.server import handoff
 from gpuhop.agent.server.limits import BodyLimit
-from gpuhop.agent.server.longcalls import LongCalls
 from gpuhop.agent.server.routers import (
     agent,
     blobs,
@@ -46,6 +45,7 @@ from gpuhop.agent.server.routers import (
 from gpuhop.agent.services.doctor import ProbeRuns
 from gpuhop.agent.services.listing import Listing
 from gpuhop.agent.services.logwatch import LogWatch
+from gpuhop.agent.services.longcalls import LongCalls
 from gpuhop.agent.storage.blobs import QuotaExceeded
 from gpuhop.agent.ui import api as ui_api
 from gpuhop.agent.ui import pages as ui_pages

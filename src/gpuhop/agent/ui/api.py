@@ -19,11 +19,11 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
-from gpuhop.agent.server.longcalls import long_call
 from gpuhop.agent.services import archives, outputs, stacks
 from gpuhop.agent.services import gpus as gpus_service
 from gpuhop.agent.services import jobs as jobs_service
 from gpuhop.agent.services import tensorboard as tb_service
+from gpuhop.agent.services.longcalls import long_call
 from gpuhop.api import ArtifactEntry, JobInfo, JobStacks, JobState
 from gpuhop.version import __version__
 

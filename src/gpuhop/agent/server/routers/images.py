@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 
 from gpuhop.agent.callers import caller_of
-from gpuhop.agent.server.longcalls import long_call
 from gpuhop.agent.services import images
+from gpuhop.agent.services.longcalls import long_call
 from gpuhop.api.images import ImageInfo, ImagePull
 
 router = APIRouter(prefix="/v1/images", tags=["images"])

@@ -8,7 +8,6 @@ from fastapi.responses import FileResponse, Response, StreamingResponse
 from gpuhop.agent.callers import caller_of
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
-from gpuhop.agent.server.longcalls import long_call
 from gpuhop.agent.services import jobs as service
 from gpuhop.agent.services import (
     outputs,
@@ -27,6 +26,7 @@ from gpuhop.agent.services.listing import (
     Listing,
     parse_fields,
 )
+from gpuhop.agent.services.longcalls import long_call
 from gpuhop.api import (
     ArtifactEntry,
     ErrorCode,
