@@ -305,6 +305,11 @@ def test_hostile_requests_get_4xx_with_reasons(tls_agent, tokens):
             http.post("/v1/trees", json={"entries": [_entry("/etc/passwd")]}),
             http.post("/v1/trees", json={"entries": [_entry("a/../../x")]}),
             http.post("/v1/trees", content=b"\xff\xfe garbage"),
+            http.post(
+                "/v1/jobs",
+                content=b'{"command": ["\xff"]}',
+                headers={"content-type": "application/json"},
+            ),
             http.post("/v1/blobs/missing", json={"digests": ["../../etc/passwd"]}),
             http.delete("/v1/jobs"),
             http.get("/v1/jobs", params={"limit": "-1"}),
@@ -318,6 +323,8 @@ def test_hostile_requests_get_4xx_with_reasons(tls_agent, tokens):
     assert "not valid JSON" in answers[2].json()["message"]
     assert "owner" in answers[3].json()["message"]
     assert "path" in answers[5].json()["message"]
+    unparsed = answers[9].json()["message"]  # not FastAPI's "There was an error parsing ..."
+    assert unparsed == "the request body is not valid JSON (not UTF-8 text, or nested too deep)"
 
 
 def test_blob_uploads_over_tls_store_only_whole_checked_blobs_of_a_token_holder(tls_agent, tokens):

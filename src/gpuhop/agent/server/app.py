@@ -64,6 +64,9 @@ _HTTP_CODES = {
     404: ErrorCode.not_found,
     413: ErrorCode.too_large,
 }
+# FastAPI's answer to a JSON body its parser failed on other than by the syntax (bytes that
+# are not UTF-8, nesting past the recursion limit).
+_UNPARSED = "There was an error parsing the body"
 
 
 def create_app(ctx: AgentContext) -> FastAPI:
@@ -175,6 +178,9 @@ def create_app(ctx: AgentContext) -> FastAPI:
             message = f"no such route: {request.method} {request.url.path}"
         elif exc.status_code == 405:
             message = f"{request.url.path} does not take {request.method}"
+        elif exc.status_code == 400 and exc.detail == _UNPARSED:
+            # FastAPI's words where JSON's parser failed other than on the syntax.
+            message = "the request body is not valid JSON (not UTF-8 text, or nested too deep)"
         else:
             message = str(exc.detail)
         return error_response(
