@@ -167,6 +167,15 @@ def test_secret_commands_never_take_or_show_a_value(shared_agent: Agent, tmp_pat
     assert bad.returncode == 2 and "secret name '1BAD' is not valid" in bad.stderr
     empty = shared_agent.cli("secret", "set", "EMPTY", input="")
     assert empty.returncode == 2 and "no value for EMPTY" in empty.stderr
+    (tmp_path / "binary").write_bytes(b"ab\xff\xfe")
+    binary = [
+        shared_agent.cli("secret", "set", "BINARY", input=b"ab\xff\xfe", text=False),
+        shared_agent.cli("secret", "set", "BINARY", "--from-file", str(tmp_path / "binary")),
+    ]
+    for refused in binary:
+        said = refused.stderr if isinstance(refused.stderr, str) else refused.stderr.decode()
+        assert refused.returncode == 2
+        assert "the value of BINARY is not UTF-8 text (byte 2)" in said
     removed = shared_agent.cli("secret", "rm", "FROM_FILE")
     assert removed.returncode == 0, removed.stderr
     again = shared_agent.cli("secret", "rm", "FROM_FILE")

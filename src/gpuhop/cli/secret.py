@@ -28,15 +28,22 @@ def _read_value(name: str, from_file: Path | None) -> str:
     one final newline, which `echo` and editors add, is not part of it."""
     if from_file is not None:
         try:
-            text = from_file.read_text(encoding="utf-8", errors="surrogateescape")
+            raw = from_file.read_bytes()
         except OSError as e:
             fail(f"--from-file {from_file}: {e.strerror or e}")
     elif sys.stdin.isatty():
         import getpass
 
-        text = getpass.getpass(f"value of {name} (not shown): ")
+        raw = getpass.getpass(f"value of {name} (not shown): ").encode(errors="surrogateescape")
     else:
-        text = sys.stdin.read()
+        raw = sys.stdin.buffer.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        fail(
+            f"the value of {name} is not UTF-8 text (byte {e.start}); a secret is an environment"
+            " variable's value: give binary data encoded, e.g. base64"
+        )
     text = text.removesuffix("\n").removesuffix("\r")
     if not text:
         fail(f"no value for {name}: give it on stdin or with --from-file PATH")
