@@ -45,7 +45,8 @@ def diff(rt: AgentContext, ref: str, other: str, caller: Caller) -> JobDiff:
         elif not record["recorded"]:
             out.unknown.append(
                 f"job {job.id} has no record of its Python and packages (it ran no Python,"
-                " turned gpuhop's start-up hook off, or ran before gpuhop kept one)"
+                " turned gpuhop's start-up hook off, ended within a moment of its start,"
+                " before the record was written, or ran before gpuhop kept one)"
             )
     if ra["recorded"] and rb["recorded"]:
         out.packages = _changes(ra["packages"], rb["packages"])
