@@ -240,6 +240,18 @@ def test_serve_refuses_what_is_not_a_savedmodel(shared_agent, trained, tmp_path)
     (tmp_path / "notes.txt").write_text("not a model")
     plain = shared_agent.cli("serve", str(tmp_path), "--name", "x")
     assert plain.returncode == 2 and "is not a SavedModel directory" in plain.stderr
+    # A name or path the request refuses is said in one line naming the field, not as
+    # pydantic's multi-line report with its URL.
+    bad_name = shared_agent.cli("serve", job.id, "--name", "my model")
+    assert bad_name.returncode == 2
+    assert bad_name.stderr.startswith(
+        "gpuhop: error: the model server was not started: name: a model name is 1-64"
+    )
+    bad_path = shared_agent.cli("serve", f"{job.id}:../x", "--name", "x")
+    assert bad_path.returncode == 2
+    assert "the model server was not started: path: path '../x': '..'" in bad_path.stderr
+    for said in (bad_name.stderr, bad_path.stderr):
+        assert "pydantic" not in said and "validation error" not in said, said
 
 
 def test_concurrent_requests_are_batched(shared_agent, batched, reference):

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from gpuhop.client.errors import GpuhopError
+from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.job import Job, get
 from gpuhop.client.session import Connected, Session, session_of
 from gpuhop.client.submitted import tree_of
@@ -174,6 +174,8 @@ def serve(
 ) -> Model:
     """Start a model server job; see `Client.serve`. Of `spec`, the server takes its GPUs
     (whole, or a share of one), its priority, its environment and its image."""
+    from pydantic import ValidationError
+
     from gpuhop.api import JobInfo, ServeRequest
 
     fields: dict[str, Any] = {
@@ -211,8 +213,8 @@ def serve(
     try:
         # Fields at their defaults are left out: an older agent takes what asks nothing new.
         body = ServeRequest(**fields).model_dump(mode="json", exclude_defaults=True)
-    except ValueError as e:
-        raise GpuhopError(str(e), code="bad_request") from None
+    except ValidationError as e:
+        raise invalid("the model server was not started", e) from None
     try:
         response = session.request("POST", "/v1/serve", json=body)
     except GpuhopError as e:
