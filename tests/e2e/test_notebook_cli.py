@@ -184,6 +184,7 @@ def test_kernel_state_outlives_the_cli_that_started_the_notebook(agent: Agent, t
         try:
             again = second.url()
             assert "re-attaching to notebook job" in "".join(second.err)
+            assert "apply to a new notebook" not in "".join(second.err)
             jupyter = Jupyter(again)
             try:
                 assert jupyter.token in url
@@ -192,6 +193,15 @@ def test_kernel_state_outlives_the_cli_that_started_the_notebook(agent: Agent, t
                 jupyter.close()
         finally:
             assert second.stop() == 0, "".join(second.err)
+        # Options only a new notebook takes are named as not applied, --idle and -C too.
+        for option in (["--idle", "30m"], ["-C", str(tmp_path.parent)]):
+            third = Cli(agent, tmp_path, "notebook", "--url", *option)
+            try:
+                third.url()
+            finally:
+                assert third.stop() == 0, "".join(third.err)
+            said = "".join(third.err)
+            assert "--idle, -C and queue options apply to a new notebook" in said, option
         with agent.client() as client:
             log = b"".join(client.job(job_id).logs()).decode()
         assert jupyter.token not in log  # never in the job's log

@@ -143,10 +143,12 @@ def notebook(  # noqa: PLR0913 (a command: each parameter is one of its options)
             nb = None
         if nb is not None:
             say(f"re-attaching to notebook job {nb.job.id} ({state_text(nb.job.state)})")
-            if requirements or spec.non_default().keys() - {"name", "requirements"}:
+            # --idle and -C are no spec fields, but ask for a new notebook as much.
+            new_only = spec.non_default().keys() - {"name", "requirements"}
+            if requirements or new_only or idle_s != parse_idle("2h") or workdir != Path("."):
                 say(
-                    "[yellow]the GPU, Python, env, data and queue options apply to a new"
-                    " notebook; --new starts one[/yellow]"
+                    "[yellow]the GPU, Python, env, data, --idle, -C and queue options apply"
+                    " to a new notebook; --new starts one[/yellow]"
                 )
         else:
             start = functools.partial(
