@@ -26,6 +26,10 @@ DEFAULT_LOCAL_PORT = 8888  # Jupyter's own
 UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+# Kernels idle this long stop, and then the server (--idle).
+DEFAULT_IDLE = "2h"
+
+
 def parse_idle(text: str) -> int:
     """`2h`, `90m`, `30s`, `3600` (seconds), or `0`/`off` (never) as seconds."""
     if text.strip().lower() in ("0", "off", "never"):
@@ -52,7 +56,7 @@ def notebook(  # noqa: PLR0913 (a command: each parameter is one of its options)
         jobopts.NAME, "Name the new notebook job (or re-attach to the one of that name)."
     ),
     idle: str = typer.Option(
-        "2h",
+        DEFAULT_IDLE,
         "--idle",
         metavar="DURATION",
         help="Stop kernels idle this long, and then the server, freeing its GPUs (2h, 30m,"
@@ -145,7 +149,8 @@ def notebook(  # noqa: PLR0913 (a command: each parameter is one of its options)
             say(f"re-attaching to notebook job {nb.job.id} ({state_text(nb.job.state)})")
             # --idle and -C are no spec fields, but ask for a new notebook as much.
             new_only = spec.non_default().keys() - {"name", "requirements"}
-            if requirements or new_only or idle_s != parse_idle("2h") or workdir != Path("."):
+            elsewhere = idle_s != parse_idle(DEFAULT_IDLE) or workdir != Path(".")
+            if requirements or new_only or elsewhere:
                 say(
                     "[yellow]the GPU, Python, env, data, --idle, -C and queue options apply"
                     " to a new notebook; --new starts one[/yellow]"
