@@ -122,6 +122,24 @@ def test_resolve_by_name_picks_the_newest_job_of_that_name(store: JobStore):
     assert store.resolve("train").id == newest.id
 
 
+def test_a_jobs_exact_name_wins_over_another_jobs_id_prefix(store: JobStore):
+    # `gpuhop logs A` or `cancel bad` must reach the job named so, not whichever job's id
+    # happens to start with `a` (ids are matched case-insensitively) or `bad`.
+    jobs = [new_job(store, now=float(i)) for i in range(16)]
+    first = jobs[0].id
+    upper = new_job(store, now=100.0, name=first[0].upper())
+    lower = new_job(store, now=101.0, name=first[:3])
+
+    assert store.resolve(first[0].upper()).id == upper.id
+    assert store.resolve(first[:3]).id == lower.id
+    # A full id still names its own job, whatever another job is called.
+    named_like_an_id = new_job(store, now=102.0, name=jobs[1].id)
+    assert store.resolve(jobs[1].id).id == jobs[1].id
+    assert named_like_an_id.id != jobs[1].id
+    # A prefix that is nobody's name is still a prefix.
+    assert store.resolve(jobs[2].id[:7]).id == jobs[2].id
+
+
 def test_resolve_unknown_reference_raises(store: JobStore):
     new_job(store, name="train")
     with pytest.raises(JobNotFound):

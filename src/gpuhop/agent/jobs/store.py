@@ -176,7 +176,9 @@ class JobStore:
         return JobRecord.from_row(rows[0])
 
     def resolve(self, ref: str, owner: str | None = None) -> JobRecord:
-        """Find a job by full id, unique id prefix, or name (the newest job of that name).
+        """Find a job by full id, name (the newest job of that name), or unique id prefix,
+        in that order: a job's exact name is never taken for another job's id prefix (a job
+        named `A` or `bad` is that job, whatever ids start with `a` or `bad`).
 
         With `owner`, only that user's jobs are considered, so another user's jobs neither
         match nor make a prefix ambiguous: for that user they do not exist.
@@ -184,6 +186,15 @@ class JobStore:
         if not ref:
             raise JobNotFound(ref)
         mine, mine_params = _owned(owner)
+        rows = self._query(f"SELECT * FROM jobs WHERE id = ?{mine}", (ref, *mine_params))
+        if rows:
+            return JobRecord.from_row(rows[0])
+        rows = self._query(
+            f"SELECT * FROM jobs WHERE name = ?{mine} ORDER BY created_at DESC LIMIT 1",
+            (ref, *mine_params),
+        )
+        if rows:
+            return JobRecord.from_row(rows[0])
         rows = self._query(
             f"SELECT * FROM jobs WHERE substr(id, 1, ?) = ?{mine} ORDER BY created_at",
             (len(ref), ref.lower(), *mine_params),
@@ -191,16 +202,7 @@ class JobStore:
         if len(rows) == 1:
             return JobRecord.from_row(rows[0])
         if len(rows) > 1:
-            exact = [r for r in rows if r["id"] == ref]
-            if exact:
-                return JobRecord.from_row(exact[0])
             raise AmbiguousJob(ref, [r["id"] for r in rows])
-        rows = self._query(
-            f"SELECT * FROM jobs WHERE name = ?{mine} ORDER BY created_at DESC LIMIT 1",
-            (ref, *mine_params),
-        )
-        if rows:
-            return JobRecord.from_row(rows[0])
         raise JobNotFound(ref)
 
     def list(
