@@ -7,6 +7,9 @@ import hashlib
 import json
 import os
 import random
+import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -302,6 +305,31 @@ def test_bad_input_is_refused_and_harms_nothing(shared_agent, project, tmp_path)
         assert [v.version for v in client.data.versions("kept")] == [1]
         assert chunk == client.data.files("kept")[0]
     assert tree_digest(stored) == before
+
+
+def test_an_unreadable_file_is_named_not_a_traceback(shared_agent, tmp_path):
+    tree = make_tree(tmp_path / "ds", seed=7)
+    unreadable = tree / "part0" / "secret.bin"
+    unreadable.write_bytes(b"not for you")
+    unreadable.chmod(0)
+    argv = [sys.executable, "-m", "gpuhop", "data", "push", str(tree), "--name", "unreadable"]
+    if os.geteuid() == 0:  # root reads a file of mode 000: push without that power
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("as root, a file of mode 000 is readable without setpriv to drop that")
+        argv = [setpriv, "--inh-caps=-all", "--bounding-set=-all", *argv]
+    try:
+        pushed = subprocess.run(
+            argv, env=shared_agent.env, capture_output=True, text=True, timeout=120
+        )
+    finally:
+        unreadable.chmod(0o600)
+
+    assert pushed.returncode == 2, pushed.stderr
+    assert f"cannot read {unreadable}: Permission denied" in pushed.stderr
+    assert "Traceback" not in pushed.stderr
+    with shared_agent.client() as client:
+        assert "unreadable" not in {d.name for d in client.data.list()}
 
 
 def _tree_digest(agent, job_id: str) -> str:

@@ -300,7 +300,10 @@ def parse_mount(text: str) -> DataMount:
 
 
 def _chunks_of(f: _File) -> list[tuple[int, str]]:
-    return [(c.size, c.digest) for c in _chunking().chunk_file(f.abspath)]
+    try:
+        return [(c.size, c.digest) for c in _chunking().chunk_file(f.abspath)]
+    except OSError as e:  # unreadable (mode 000, another user's), or gone since the walk
+        raise GpuhopError(f"cannot read {f.abspath}: {e.strerror}", code="bad_request") from None
 
 
 def _chunking() -> types.ModuleType:
