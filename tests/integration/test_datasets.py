@@ -332,6 +332,19 @@ def test_an_unreadable_file_is_named_not_a_traceback(shared_agent, tmp_path):
         assert "unreadable" not in {d.name for d in client.data.list()}
 
 
+def test_a_broken_link_is_named_as_one(shared_agent, tmp_path):
+    tree = make_tree(tmp_path / "ds", seed=8)
+    (tree / "part1" / "latest.bin").symlink_to("gone.bin")
+    with shared_agent.client() as client:
+        with pytest.raises(GpuhopError) as e:
+            client.data.push(tree, "broken-link")
+        assert e.value.message == (
+            f"{tree / 'part1' / 'latest.bin'} is a link to gone.bin, which does not exist;"
+            " remove the link, or push a folder without it"
+        )
+        assert "broken-link" not in {d.name for d in client.data.list()}
+
+
 def _tree_digest(agent, job_id: str) -> str:
     raw = (agent.home / "jobs" / job_id / "tree.json").read_bytes()
     return hashlib.sha256(raw).hexdigest()

@@ -83,6 +83,14 @@ def _walk(root: Path) -> list[_File]:
             raise GpuhopError(str(e), code="bad_path") from None
         try:
             st = full.stat()  # follows a link to a file: its content is pushed
+        except FileNotFoundError:
+            if not full.is_symlink():
+                raise GpuhopError(f"{full} vanished while it was read", "bad_request") from None
+            raise GpuhopError(
+                f"{full} is a link to {os.readlink(full)}, which does not exist; remove the"
+                " link, or push a folder without it",
+                code="bad_request",
+            ) from None
         except OSError as e:
             raise GpuhopError(f"{full}: {e.strerror}", code="bad_request") from None
         if not stat.S_ISREG(st.st_mode):
