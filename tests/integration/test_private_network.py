@@ -99,3 +99,32 @@ def test_a_multi_worker_job_port_is_forwarded(shared_agent, project, tmp_path):
             job.cancel(grace=0)
             info = job.wait(timeout=30)
     assert info.state == JobState.cancelled
+
+
+# Worker 1's first attempt fails; every attempt of every worker says which it is.
+RETRIED_GANG = """
+import os, sys
+attempt, index = os.environ["GPUHOP_ATTEMPT"], os.environ["GPUHOP_WORKER_INDEX"]
+print(f"attempt {attempt} worker {index}", flush=True)
+sys.exit(3 if (attempt, index) == ("1", "1") else 0)
+"""
+
+
+def test_a_retried_gangs_log_holds_each_attempts_lines_once(shared_agent, project):
+    root = project({"gang.py": RETRIED_GANG})
+    with shared_agent.client() as client:
+        job = client.submit(["gang.py"], workdir=root, workers=2, retries=1, retry_on="any")
+        info = job.wait(timeout=120)
+        log = b"".join(job.logs()).decode()
+        worker1 = b"".join(job.logs(worker=1)).decode()
+    assert (info.state, info.attempt) == (JobState.succeeded, 2), info.reason
+    lines = sorted(line for line in log.splitlines() if line.startswith("[worker "))
+    # Each worker's own log keeps every attempt; the job's log adds each line once, not
+    # attempt 1's again when attempt 2 starts.
+    assert lines == [
+        "[worker 0] attempt 1 worker 0",
+        "[worker 0] attempt 2 worker 0",
+        "[worker 1] attempt 1 worker 1",
+        "[worker 1] attempt 2 worker 1",
+    ]
+    assert worker1 == "attempt 1 worker 1\nattempt 2 worker 1\n"

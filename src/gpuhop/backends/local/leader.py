@@ -165,10 +165,10 @@ def free_ports(n: int) -> list:
 class LogTail:
     """Copies a worker's log into the job's log, whole lines only, each with a prefix."""
 
-    def __init__(self, path: str, prefix: str):
+    def __init__(self, path: str, prefix: str, offset: int = 0):
         self.path = path
         self.prefix = prefix.encode()
-        self.offset = 0
+        self.offset = offset  # where this attempt's lines start: a retry appends to the log
         self.partial = b""
 
     def pump(self, final: bool = False) -> None:
@@ -233,6 +233,9 @@ def run_gang(spec: dict, command: list, relay=None) -> dict:
         env = dict(os.environ, **worker["env"])
         env.update(_sibling("gangenv").worker_env(mode, ports, index))
         log_fd = os.open(worker["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        # The worker's log holds the earlier attempts' output too (logs --worker I shows
+        # all): only what this attempt adds goes into the job's log, not theirs again.
+        tails.append(LogTail(worker["log"], f"[worker {index}] ", os.fstat(log_fd).st_size))
         if _MASKED:  # the worker's own log is shown too (logs --worker I): masked as well
             pump, pipe = _sibling("mask").start(_MASKED, log_fd)
             os.close(log_fd)
@@ -240,7 +243,6 @@ def run_gang(spec: dict, command: list, relay=None) -> dict:
             log_fd = pipe
         running[_spawn(command, env, log_fd, index)] = index
         os.close(log_fd)
-        tails.append(LogTail(worker["log"], f"[worker {index}] "))
     if relay is not None:
         _start_relay(relay)
     first = None
