@@ -237,6 +237,8 @@ def test_a_dataset_in_use_cannot_be_removed(shared_agent, project, tmp_path):
         client.data.push(tree, "busy")
         job = client.submit(["job.py"], workdir=root, data=["busy=d"])
         wait_until(lambda: job.refresh().state == JobState.running)
+        with pytest.raises(GpuhopError, match=f"dataset busy v1 is in use by job.s. {job.id} "):
+            client.data.remove("busy", 1)  # the version the job uses is named
         with pytest.raises(GpuhopError, match="in use by job") as e:
             client.data.remove("busy")
         assert e.value.status == 409

@@ -178,11 +178,12 @@ def _remove(rt: AgentContext, name: str, version: int | None, caller: Caller) ->
     ]
     if users:
         jobs = ", ".join(sorted({job_id for job_id, _ in users}))
+        used = ", ".join(f"v{v}" for v in sorted({v for _, v in users}))
         raise ApiError(
             409,
             ErrorCode.conflict,
-            f"dataset {name} is in use by job(s) {jobs} (queued or running); cancel them or"
-            " wait until they end",
+            f"dataset {name} {used} is in use by job(s) {jobs} (queued or running); cancel"
+            " them or wait until they end",
         )
     try:
         return rt.datasets.remove(name, version)
