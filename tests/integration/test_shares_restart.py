@@ -42,3 +42,32 @@ def test_shares_survive_a_restart_and_a_share_too_big_for_the_new_gpus_fails(
         "could not start: it asks for 6 GiB of one GPU's memory; this host now has 1 GPU(s)"
         " with up to 4 GiB each"
     )
+
+
+def test_gpu_jobs_queued_before_a_restart_that_finds_no_gpu_wait_for_them(
+    make_agent, project, tmp_path
+):
+    agent = make_agent(fake_gpus=1)
+    root = project({"hold.py": HOLD, "cpu.py": "print('on the CPU')\n"})
+    release = tmp_path / "release"
+    with agent.client() as client:
+        running = client.submit(["hold.py", str(release)], workdir=root, gpus=1)
+        queued = client.submit(["hold.py", str(release)], workdir=root, gpus=1)
+        wait_until(lambda: running.refresh().state == JobState.running, timeout=30)
+    stop(agent.paths)
+    # Back without a GPU (a driver not up yet at boot): the GPU job waits, saying why, and
+    # does not fail; a CPU job runs past it.
+    agent.pid = start_background(agent.paths, fake_gpus=0, python_flags=AGENT_PYTHON_FLAGS)
+    with agent.client() as client:
+        cpu = client.submit(["cpu.py"], workdir=root).wait(timeout=60)
+        assert cpu.state == JobState.succeeded
+        shown = agent.cli("show", queued.id)
+        assert "shows no GPU since the agent started" in shown.stdout, shown.stdout
+        assert client.job(queued.id).state == JobState.queued
+        release.touch()
+        assert client.job(running.id).wait(timeout=30).state == JobState.succeeded
+    stop(agent.paths)
+    # Its GPU back: the job that waited runs.
+    agent.pid = start_background(agent.paths, fake_gpus=1, python_flags=AGENT_PYTHON_FLAGS)
+    with agent.client() as client:
+        assert client.job(queued.id).wait(timeout=60).state == JobState.succeeded

@@ -116,10 +116,19 @@ class Scheduler:
         """Start every queued job that fits now. Returns how many were started."""
         held: dict[str, str] = {}
         queued = []
+        gpuless = not self.gpus
         for job in self.store.queued():
             if not self._dependencies_allow(job):
                 continue
             note = self.held(job)
+            if gpuless and (job.spec.gpus or job.spec.gpu_memory_mb is not None):
+                # Queued before a restart that found no GPU at all: most likely a driver not
+                # up yet (a boot) or NVML failing for a moment, not GPUs gone for good. It
+                # waits, rather than the whole GPU queue failing (`_fail_misfits`).
+                note = (
+                    f"{self.where} shows no GPU since the agent started (gpuhop doctor says"
+                    " why); the job runs once the agent is restarted with its GPUs, or cancel it"
+                )
             if note is None:
                 queued.append(job)
             else:  # not pending either: it holds up no job behind it
