@@ -98,3 +98,41 @@ def test_an_array_sets_its_index_and_a_bad_sweep_is_refused(make_agent, project)
     assert unused.returncode != 0 and "parameter lr is not used in the command" in unused.stderr
     unknown = agent.cli("sweep", "show", "no-such-sweep", cwd=root)
     assert unknown.returncode != 0 and "no sweep matches 'no-such-sweep'" in unknown.stderr
+
+
+def test_sweep_cancel_stops_every_run_that_has_not_ended_and_keeps_the_others(
+    make_agent, project, tmp_path
+):
+    agent = make_agent()
+    gate = tmp_path / "never"
+    root = project(
+        {
+            "hold.py": "import os, sys, time\n"
+            "if sys.argv[1] != '0':\n"
+            f"    while not os.path.exists({str(gate)!r}):\n"
+            "        time.sleep(0.05)\n"
+        }
+    )
+    done = agent.cli(
+        "sweep", "--array", "3", "--max-parallel", "1", "-n", "held", "-d", "hold.py", "{index}",
+        cwd=root,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with agent.client() as client:
+
+        def settled():
+            runs = client.sweep_runs("held")
+            states = sorted(r.state.value for r in runs)
+            return runs if states == ["queued", "running", "succeeded"] else None
+
+        wait_until(settled)  # index 0 ended; one run holds on, the third waits its turn
+    cancelled = agent.cli("sweep", "cancel", "held", "--grace", "1", cwd=root)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert "cancelled 2 run(s) of sweep held; now " in cancelled.stderr
+    with agent.client() as client:
+        runs = client.sweep_runs("held")
+    assert sorted(r.state.value for r in runs) == ["cancelled", "cancelled", "succeeded"]
+    again = agent.cli("sweep", "cancel", "held", cwd=root)
+    assert again.returncode == 0 and "every run of sweep held had ended already" in again.stderr
+    unknown = agent.cli("sweep", "cancel", "no-such-sweep", cwd=root)
+    assert unknown.returncode == 2 and "no sweep matches 'no-such-sweep'" in unknown.stderr

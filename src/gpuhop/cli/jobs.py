@@ -329,28 +329,35 @@ def cancel(
 
     Each job is told at once; one that cannot be cancelled (unknown, or ended already) is
     named, the others are still cancelled, and the exit code is then 2."""
-    problems = []
     with client_for(on) as client:
-        cancelled = []
-        for ref in job_refs:
-            try:
-                job = client.job(ref)
-                cancelled.append((job, job.cancel_json(grace=grace)))
-            except GpuhopError as e:
-                problems.append(e.message)
-        for job, info in cancelled:
-            try:
-                if wait and not JobState(info["state"]).finished:
-                    info = job.wait_json(timeout=grace + 30)
-            except GpuhopError as e:
-                problems.append(e.message)
-                continue
-            except TimeoutError as e:
-                problems.append(str(e))
-                continue
-            say(_summary(info))
+        problems = cancel_jobs(client, job_refs, grace, wait)
     if problems:
         fail("; ".join(problems))
+
+
+def cancel_jobs(client: Client, job_refs: list[str], grace: float, wait: bool) -> list[str]:
+    """Tell each job to stop at once, then (with `wait`) say how each ended; the problems
+    met (a job unknown, or ended already), one each, the others cancelled all the same."""
+    problems = []
+    cancelled = []
+    for ref in job_refs:
+        try:
+            job = client.job(ref)
+            cancelled.append((job, job.cancel_json(grace=grace)))
+        except GpuhopError as e:
+            problems.append(e.message)
+    for job, info in cancelled:
+        try:
+            if wait and not JobState(info["state"]).finished:
+                info = job.wait_json(timeout=grace + 30)
+        except GpuhopError as e:
+            problems.append(e.message)
+            continue
+        except TimeoutError as e:
+            problems.append(str(e))
+            continue
+        say(_summary(info))
+    return problems
 
 
 def wait(

@@ -13,6 +13,7 @@ import contextlib
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -46,9 +47,10 @@ NOT_METRICS = ("time", "epochs", "step", "epoch", "source")
 def sweep(  # noqa: PLR0913 (a command: each parameter is one of its options)
     command: list[str] = typer.Argument(
         ...,
-        metavar="SCRIPT.py|COMMAND [ARGS]... | show SWEEP",
+        metavar="SCRIPT.py|COMMAND [ARGS]... | show SWEEP | cancel SWEEP",
         help="The command of every run, with {NAME} where each -p value goes; or `show"
-        " SWEEP [--metric NAME] [--desc] [--json]` for a sweep's table of results.",
+        " SWEEP [--metric NAME] [--desc] [--json]` for a sweep's table of results; or"
+        " `cancel SWEEP [--grace S]` to stop every run of it that has not ended.",
         show_default=False,
     ),
     param: list[str] = typer.Option(
@@ -129,10 +131,11 @@ def sweep(  # noqa: PLR0913 (a command: each parameter is one of its options)
     Example: gpuhop sweep -p lr=0.1,0.01,0.001 -p batch=32,64 --max-parallel 2
     train.py --lr {lr} --batch {batch}
 
-    Then: gpuhop sweep show NAME --metric val_loss
+    Then: gpuhop sweep show NAME --metric val_loss; gpuhop sweep cancel NAME stops the runs
+    that have not ended.
     """
-    if command[0] == "show":
-        _dispatch_show([*command[1:], *(["--on", on] if on else [])])
+    if command[0] in _SUBCOMMANDS:
+        _dispatch(command[0], [*command[1:], *(["--on", on] if on else [])])
         return
     spec = jobopts.spec_of(locals(), sweep=True)  # before any name is bound: its options
     if jobopts.DESKTOP in notify:
@@ -335,10 +338,40 @@ def _value(value: object) -> str:
     return "-" if value is None else str(value)
 
 
-def _dispatch_show(args: list[str]) -> None:
+def cancel(
+    sweep_ref: str = typer.Argument(..., metavar="SWEEP", help="A sweep's id, or its name."),
+    grace: float = params.Option(
+        10.0, "--grace", min=0, help="Seconds between SIGTERM and SIGKILL."
+    ),
+    wait: bool = params.Option(True, "--wait/--no-wait", help="Wait until the runs have stopped."),
+    on: str | None = OnOption,
+) -> None:
+    """Cancel every run of a sweep that has not ended (queued or running), as `gpuhop cancel`
+    each; the runs that ended keep their results."""
+    with client_for(on) as client:
+        try:
+            before = {r.id: r.state for r in client.sweep_runs(sweep_ref)}
+            runs = client.cancel_sweep(sweep_ref, grace)
+            stopping = [r for r in runs if not before[r.id].finished]
+            if wait:
+                runs = [r if r.state.finished else client.job(r.id).wait(grace + 30) for r in runs]
+        except GpuhopError as e:
+            fail(e.message)
+        except TimeoutError as e:
+            fail(str(e))
+    if not stopping:
+        say(f"every run of sweep {sweep_ref} had ended already ({_counts(runs)})")
+        return
+    say(f"cancelled {len(stopping)} run(s) of sweep {sweep_ref}; now {_counts(runs)}")
+
+
+_SUBCOMMANDS: dict[str, Callable[..., None]] = {"show": show, "cancel": cancel}
+
+
+def _dispatch(name: str, args: list[str]) -> None:
     app = typer.Typer(add_completion=False, rich_markup_mode=None)
-    app.command()(params.for_typer(show))  # its --on is declared for gpuhop.cli.params
-    app(args=args, prog_name="gpuhop sweep show")
+    app.command()(params.for_typer(_SUBCOMMANDS[name]))  # --on is declared for cli.params
+    app(args=args, prog_name=f"gpuhop sweep {name}")
 
 
 def register(app: typer.Typer) -> None:

@@ -337,6 +337,11 @@ class Client:
         """The runs of a sweep, by its id (or name: the newest sweep of that name)."""
         return jobs.list_jobs(self.session, limit=10_000, sweep=sweep)
 
+    def cancel_sweep(self, sweep: str, grace: float = 10.0) -> list[JobInfo]:
+        """Cancel every run of a sweep that has not ended (SIGTERM, then SIGKILL after
+        `grace` seconds); every run, as it is then."""
+        return jobs.cancel_sweep(self.session, sweep, grace)
+
     def upload(
         self, files: list[FileEntry], on_upload: Callable[[int, int], None] | None = None
     ) -> tuple[int, int]:

@@ -9,6 +9,7 @@ import shlex
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import quote
 
 from gpuhop.api.queue import parse_duration
 from gpuhop.api.states import JobState
@@ -245,6 +246,15 @@ def list_jobs(
     from gpuhop.api.models import JobInfo
 
     return [JobInfo.model_validate(j) for j in list_json(session, states, limit, sweep)]
+
+
+def cancel_sweep(session: Session, sweep: str, grace: float) -> list[JobInfo]:
+    """`Client.cancel_sweep`."""
+    from gpuhop.api.models import JobInfo
+
+    path = f"/v1/sweeps/{quote(sweep, safe='')}/cancel"
+    runs = session.request("POST", path, params={"grace": grace}).json()
+    return [JobInfo.model_validate(j) for j in runs]
 
 
 def list_json(

@@ -37,6 +37,7 @@ from gpuhop.agent.server.routers import (
     ports,
     secrets,
     serving,
+    sweeps,
     tensorboard,
     tokens,
     trees,
@@ -111,7 +112,7 @@ def create_app(ctx: AgentContext) -> FastAPI:
     app.state.log_watch = LogWatch(ctx.store)
     routers = (jobs.router, ports.router, blobs.router, trees.router, agent.router)
     extra = (tokens.router, datasets.router, serving.router, tensorboard.router, ui.router)
-    for router in (*routers, *extra, secrets.router, images.router):
+    for router in (*routers, *extra, secrets.router, images.router, sweeps.router):
         app.include_router(router)
     app.include_router(metrics.router)
     app.include_router(ui_pages.router)
