@@ -94,6 +94,13 @@ def test_an_array_sets_its_index_and_a_bad_sweep_is_refused(make_agent, project)
         "sweep", "--array", "2", "--gpus", "2", "--gpu-memory", "1G", "x.py", cwd=root
     )
     assert clash.returncode == 2 and "it cannot be combined with --gpus 2" in clash.stderr
+    typo = agent.cli("sweep", "-d", "-p", "lr=1,2", "echo.py", "{lr}{batch}{index}", cwd=root)
+    assert typo.returncode == 0, typo.stderr
+    assert "{batch} in the command is no -p parameter's: every run gets it as written" in (
+        typo.stderr
+    )
+    assert "{index} in the command" in typo.stderr  # {index} is --array's only
+    assert "{lr} in the command" not in typo.stderr
     unused = agent.cli("sweep", "-p", "lr=1,2", "echo.py", "x", cwd=root)
     assert unused.returncode != 0 and "parameter lr is not used in the command" in unused.stderr
     unknown = agent.cli("sweep", "show", "no-such-sweep", cwd=root)

@@ -37,7 +37,7 @@ from gpuhop.cli.output import (
 )
 from gpuhop.cli.tablefit import Column, draw
 from gpuhop.client import Client, GpuhopError
-from gpuhop.client.sweeps import parse_param, run_values
+from gpuhop.client.sweeps import ARRAY_KEY, parse_param, run_values, unfilled
 
 POLL_SECONDS = 1.0
 # Keys of a metrics line that say where the run is, not how well it does.
@@ -144,6 +144,12 @@ def sweep(  # noqa: PLR0913 (a command: each parameter is one of its options)
         values = dict(parse_param(p) for p in param)
         if len(values) != len(param):
             fail("a parameter is given twice with -p")
+        keys = [*values, *([ARRAY_KEY] if array is not None else [])]
+        for key in unfilled(command, keys):
+            say(
+                f"[yellow]{{{key}}} in the command is no -p parameter's: every run gets it as"
+                " written[/yellow]"
+            )
         with client_for(on) as client:
             made = client.sweep(command, values, spec, array=array, workdir=workdir)
             if detach:

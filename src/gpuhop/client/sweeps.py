@@ -9,7 +9,7 @@ import os
 import re
 import secrets
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -109,6 +109,17 @@ def run_name(name: str, values: Mapping[str, str]) -> str:
             code="bad_request",
         )
     return text
+
+
+_PLACE_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def unfilled(argv: Sequence[str], keys: Iterable[str]) -> list[str]:
+    """The `{NAME}`s in `argv` that no parameter of `keys` fills: passed to every run as
+    written, most often a name mistyped (`ckpt-{epoch}.keras` may be meant)."""
+    known = set(keys)
+    seen = dict.fromkeys(m for arg in argv for m in _PLACE_RE.findall(arg) if m not in known)
+    return list(seen)
 
 
 def run_values(name: str | None) -> dict[str, str]:
