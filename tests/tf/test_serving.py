@@ -254,6 +254,23 @@ def test_serve_refuses_what_is_not_a_savedmodel(shared_agent, trained, tmp_path)
         assert "pydantic" not in said and "validation error" not in said, said
 
 
+def test_serving_under_a_name_a_live_job_has_is_warned_of(shared_agent, trained, project):
+    job, _ = trained
+    root = project({"hold.py": "import time\ntime.sleep(600)\n"})
+    with shared_agent.client() as client:
+        namesake = client.submit(["hold.py"], workdir=root, name="namesake")
+        try:
+            # The warning comes first; this server is then refused (no SavedModel at nope).
+            said = shared_agent.cli("serve", f"{job.id}:nope", "--name", "namesake").stderr
+        finally:
+            namesake.cancel(grace=0)
+            namesake.wait(timeout=60)
+    assert f"job {namesake.id} is named namesake too and has not ended" in said
+    assert said.index("named namesake too") < said.index("has no SavedModel at nope")
+    alone = shared_agent.cli("serve", f"{job.id}:nope", "--name", "namesake").stderr
+    assert "named namesake too" not in alone
+
+
 def test_concurrent_requests_are_batched(shared_agent, batched, reference):
     x = digits(4, start=40)
     expected = reference.predict(4, start=40)

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import typer
 
+from gpuhop.api import JobState
 from gpuhop.cli import jobopts
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.forward import TF_SERVING_REST_PORT, hold
 from gpuhop.cli.output import fail, print_json, say
-from gpuhop.client import GpuhopError
+from gpuhop.client import Client, GpuhopError
 
 
 def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
@@ -95,6 +96,8 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
     )
     with client_for(on) as client:
         try:
+            if name is not None:
+                _warn_of_namesakes(client, name)
             model = client.serve(
                 Path(source) if Path(source).is_dir() else source,
                 name=name,
@@ -134,6 +137,20 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
         sys.stdout.flush()
         with client_for(on) as client:
             hold(client, client.job(info.job), info.port, port_here, "127.0.0.1")
+
+
+def _warn_of_namesakes(client: Client, name: str) -> None:
+    """Say so where a job of that name runs or waits already (a model server of that name,
+    most likely): `predict NAME` and `cancel NAME` will reach the new one."""
+    alive = [JobState.queued, JobState.starting, JobState.running]
+    same = [
+        j["id"] for j in client.jobs_json(alive, fields=["id", "name"]) if j.get("name") == name
+    ]
+    if same:
+        say(
+            f"[yellow]job {', '.join(same)} is named {name} too and has not ended; `predict"
+            f" {name}` and `cancel {name}` reach the newest: cancel the other by its id[/yellow]"
+        )
 
 
 def predict(
