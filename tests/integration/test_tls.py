@@ -274,6 +274,16 @@ def test_a_revoked_token_stops_working_at_once(remote, tls_agent):
     assert refused.value.status == 401
 
 
+def test_a_token_for_a_malformed_user_name_is_refused_in_words(tls_agent):
+    for user in ("bad user", "a/b"):
+        made = tls_agent.cli("agent", "token", "create", user)
+        assert made.returncode == 2, made.stderr
+        assert "Traceback" not in made.stderr and made.stdout == ""
+        assert f"token for {user!r}: user: user must be 1-64 characters" in made.stderr
+    listed = json.loads(tls_agent.cli("agent", "token", "ls", "--json").stdout)
+    assert not {"bad user", "a/b"} & {t["user"] for t in listed}
+
+
 def test_only_admins_manage_tokens(remote, tokens):
     with pytest.raises(GpuhopError) as refused:
         remote(tokens["alice"]).create_token("mallory", admin=True)

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 # The models load on first use (gpuhop.api is lazy): not on the paths of `ps` or `run`.
 import gpuhop.api as api
-from gpuhop.client.errors import GpuhopError
+from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.session import Session, quote
 
 
 def create(session: Session, user: str, admin: bool = False) -> api.TokenCreated:
     """A new bearer token for `user`. The token is in the answer and nowhere else."""
-    body = api.TokenRequest(user=user, admin=admin).model_dump(mode="json")
+    from pydantic import ValidationError
+
+    try:
+        body = api.TokenRequest(user=user, admin=admin).model_dump(mode="json")
+    except ValidationError as e:  # a user name the agent would refuse: said, no traceback
+        raise invalid(f"token for {user!r}", e) from None
     return api.TokenCreated.model_validate(session.request("POST", "/v1/tokens", json=body).json())
 
 
