@@ -71,6 +71,9 @@ def test_a_user_over_the_gpu_limit_waits_and_over_the_queue_limit_is_refused(
             assert refused.json()["code"] == "too_many"
             assert "alice already has 2 job(s) queued" in refused.json()["message"]
             assert "user_max_queued" in refused.json()["message"]
+            # A job that could never start says so with a full queue too, not "try later".
+            never = submit(alice, gpus=2)
+            assert never.status_code == 400 and "at most 1 at once" in never.json()["message"]
             assert submit(bob).status_code == 201  # bob's queue is his own
             # A job that alone asks for more than the limit could never start: refused.
             greedy = submit(bob, gpus=2)

@@ -19,17 +19,6 @@ from gpuhop.api.spec import JobSpec
 
 def check(rt: AgentContext, spec: JobSpec, caller: Caller) -> None:
     """Raise ApiError naming the problem if a job of `spec` may not be queued for `caller`."""
-    cap = rt.policy.user_max_queued
-    if cap is not None and not caller.admin:
-        queued = rt.store.queued_of(caller.user)
-        if queued >= cap:
-            raise ApiError(
-                429,
-                ErrorCode.too_many,
-                f"{caller.user} already has {queued} job(s) queued; this agent allows"
-                f" {cap} per user (user_max_queued): submit more once some have started",
-                {"queued": queued, "limit": cap},
-            )
     gpu_cap = rt.policy.user_max_gpus
     if gpu_cap is not None and not caller.admin and spec.gpus > gpu_cap:
         raise ApiError(
@@ -51,6 +40,19 @@ def check(rt: AgentContext, spec: JobSpec, caller: Caller) -> None:
                 ErrorCode.unsatisfiable,
                 f"the job asks for {spec.gpus} GPUs of one model and group; this host has at"
                 f" most {most} alike ({_models(rt)}): ask for fewer, or allow --mixed-gpus",
+            )
+    # Last: a job refused for good (above) is told so, not 429's "try again later", which
+    # would never help it.
+    cap = rt.policy.user_max_queued
+    if cap is not None and not caller.admin:
+        queued = rt.store.queued_of(caller.user)
+        if queued >= cap:
+            raise ApiError(
+                429,
+                ErrorCode.too_many,
+                f"{caller.user} already has {queued} job(s) queued; this agent allows"
+                f" {cap} per user (user_max_queued): submit more once some have started",
+                {"queued": queued, "limit": cap},
             )
 
 
