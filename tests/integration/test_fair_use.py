@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpuhop.api import JobState
+from gpuhop.client import GpuhopError
 from tests.conftest import Agent, wait_until
 from tests.integration import test_tls
 from tests.integration.test_tls import raw_http
@@ -129,3 +130,29 @@ def test_a_waiting_job_names_only_its_owners_own_holders(tls_agent, tokens):
         with raw_http(tls_agent, tokens["carol"]) as carol:
             for job_id in submitted:
                 carol.post(f"/v1/jobs/{job_id}/cancel", params={"grace": 0})
+
+
+def test_a_sweep_cut_short_by_the_queue_limit_names_the_runs_it_queued(
+    tls_agent, tokens, remote, project
+):
+    root = project({"nap.py": "import sys, time; time.sleep(float(sys.argv[1]))"})
+    bob = remote(tokens["bob"])
+    try:
+        # One at a time: the others wait in the queue, and bob may queue two.
+        with pytest.raises(GpuhopError) as refused:
+            bob.sweep("nap.py 120", array=4, workdir=root, gpus=1, max_parallel=1, name="cut")
+        error = refused.value
+        assert error.status == 429 and "user_max_queued" in error.message
+        queued = error.detail["queued_runs"]
+        assert len(queued) in (2, 3)
+        sweep = error.detail["sweep"]
+        assert f"{len(queued)} of the sweep's 4 runs were queued before it (sweep {sweep})" in (
+            error.message
+        )
+        assert f"`gpuhop sweep cancel {sweep}` cancels them" in error.message
+        assert sorted(r.id for r in bob.sweep_runs(sweep)) == sorted(queued)
+    finally:
+        with raw_http(tls_agent, tokens["carol"]) as carol:
+            for job in carol.get("/v1/jobs").json():
+                if job["owner"] == "bob" and job["state"] not in ("succeeded", "failed"):
+                    carol.post(f"/v1/jobs/{job['id']}/cancel", params={"grace": 0})

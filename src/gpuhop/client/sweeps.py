@@ -172,13 +172,13 @@ def submit(
     jobs.check(spec)  # before the work dir is scanned
     root = Path(workdir).absolute()
     synced = jobs.scan_workdir(session, root, on_hash)
-    queued = []
+    queued: list[Job] = []
     for values, run in zip(runs, names, strict=True):
         env = dict(spec.env)
         if array is not None:
             env[ARRAY_ENV] = values[ARRAY_KEY]
-        queued.append(
-            jobs.submit(
+        try:
+            job = jobs.submit(
                 session,
                 fill(argv, values),
                 spec.replace(name=run, env=env),
@@ -186,5 +186,18 @@ def submit(
                 on_upload=on_upload,
                 synced=synced,
             )
-        )
+        except GpuhopError as e:
+            if not queued:
+                raise
+            # The runs queued before it go on: say so, with how to reach them (a user's
+            # user_max_queued, say, refuses a sweep's later runs only).
+            raise GpuhopError(
+                f"{e.message}; {len(queued)} of the sweep's {len(runs)} runs were queued"
+                f" before it (sweep {sweep_id}): `gpuhop sweep show {sweep_id}` lists them,"
+                f" `gpuhop sweep cancel {sweep_id}` cancels them",
+                code=e.code,
+                status=e.status,
+                detail={**e.detail, "sweep": sweep_id, "queued_runs": [j.id for j in queued]},
+            ) from None
+        queued.append(job)
     return Sweep(sweep_id, label, queued)
