@@ -161,3 +161,40 @@ def test_a_silent_listener_and_a_server_that_is_no_agent_are_named(shared_agent,
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_a_replaced_certificate_is_pinned_again_as_the_error_says_keeping_the_token(
+    team: Agent, tmp_path: Path
+) -> None:
+    from gpuhop.agent.server.listen import make_self_signed
+    from gpuhop.api import fingerprint_of
+
+    token = team.cli("agent", "token", "create", "alice").stdout.strip()
+    (tmp_path / "alice-token").write_text(token + "\n")
+    url = team.listener.url
+    _, fingerprint = fetch_certificate(url)
+    alice = as_user(team, tmp_path, "alice")
+    added = alice("remote", "add", "team", url, "--fingerprint", fingerprint,
+                  "--token-file", str(tmp_path / "alice-token"))  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    (tmp_path / "alice-token").unlink()  # shown once, and stored with the remote now
+    # The pin names another certificate than the agent's (as after the agent's was replaced).
+    remotes_json = tmp_path / "alice" / "config" / "remotes.json"
+    stored = json.loads(remotes_json.read_text())
+    other = make_self_signed(["127.0.0.1"])[0].decode()
+    stored["remotes"]["team"].update(certificate=other, fingerprint=fingerprint_of(other))
+    remotes_json.write_text(json.dumps(stored))
+
+    refused = alice("ps")
+    assert refused.returncode != 0 and "does not match the pinned fingerprint" in refused.stderr
+    hint = shlex.split(refused.stderr.split("run `", 1)[1].split("`", 1)[0])
+    assert hint[:3] == ["gpuhop", "remote", "add"] and hint[-1] == "NEW"
+    repinned = alice(*hint[1:-1], fingerprint)  # as it says, with no token at hand
+    assert repinned.returncode == 0, repinned.stderr
+    assert "kept the token stored with remote 'team'" in repinned.stderr
+    listed = alice("ps", "--json")
+    assert listed.returncode == 0, listed.stderr
+    # The token goes to no other URL without being given again.
+    other_url = url.replace("127.0.0.1", "localhost")
+    elsewhere = alice("remote", "add", "team", other_url, "--replace", "--fingerprint", fingerprint)
+    assert elsewhere.returncode != 0 and "needs a token" in elsewhere.stderr

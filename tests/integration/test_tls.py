@@ -208,7 +208,7 @@ def test_a_certificate_that_is_not_the_pinned_one_is_refused_clearly(remote, tok
         f"the certificate of remote 'team' ({tls_agent.listener.fingerprint}) does not match"
         f" the pinned fingerprint {pinned}"
     ) in message
-    assert f"gpuhop remote add team {tls_agent.listener.url} --fingerprint NEW" in message
+    assert f"gpuhop remote add team {tls_agent.listener.url} --replace --fingerprint NEW" in message
 
 
 def test_users_see_and_touch_only_their_own_jobs_admins_all(

@@ -62,7 +62,8 @@ def add(
     jump hosts); set the host up with `gpuhop remote bootstrap NAME`.
     https://: a team agent started with `gpuhop agent start --listen`; its certificate is
     pinned now, and your token ($GPUHOP_TOKEN, --token-file, or asked for) is stored with
-    it (the file is readable by you only).
+    it (the file is readable by you only). --replace with the same URL keeps the stored
+    token unless another is given (a new pin for a replaced certificate, say).
     """
     try:
         remotes.check_name(name)
@@ -72,12 +73,25 @@ def add(
         fail(e.message)
     if name in config.remotes and not replace:
         fail(f"a remote named {name!r} exists ({config.remotes[name].url}); pass --replace")
+    old = config.remotes.get(name)
     remote = remotes.Remote(name=name, url=url, python=python)
     if remote.scheme == "https":
         if python:
             fail("--python is for ssh:// remotes")
         _pin(remote, fingerprint, yes)
-        remote.token = _token(token_file)
+        if (
+            old is not None
+            and old.url == url
+            and old.token
+            and token_file is None
+            and not os.environ.get("GPUHOP_TOKEN")
+        ):
+            # A new pin for the same agent (its certificate replaced): the token stored with
+            # it goes on, as it was shown once. Never to another URL: it is not theirs.
+            remote.token = old.token
+            say(f"kept the token stored with remote '{name}' (--token-file gives another)")
+        else:
+            remote.token = _token(token_file)
     elif fingerprint or token_file:
         fail("--fingerprint and --token-file are for https:// remotes; SSH checks host keys")
     config.remotes[name] = remote

@@ -104,7 +104,7 @@ def https_endpoint(remote: Remote) -> Endpoint:
     $GPUHOP_TOKEN, when set, is sent instead of the token stored with the remote.
     """
     host, port = _host_port(remote.url)
-    readd = f"`gpuhop remote add {remote.name} {remote.url} --fingerprint SHA256:...`"
+    readd = f"`gpuhop remote add {remote.name} {remote.url} --replace --fingerprint SHA256:...`"
     if not remote.certificate or not remote.fingerprint:
         raise GpuhopError(
             f"remote {remote.name!r} has no pinned certificate; add it again with {readd}",
@@ -140,7 +140,8 @@ def https_endpoint(remote: Remote) -> Endpoint:
         return (
             f"the certificate of remote {remote.name!r} ({presented}) does not match the"
             f" pinned fingerprint {pinned}; if it was replaced on purpose, run"
-            f" `gpuhop remote add {remote.name} {remote.url} --fingerprint NEW`"
+            f" `gpuhop remote add {remote.name} {remote.url} --replace --fingerprint NEW`"
+            " (your token is kept)"
         )
 
     return Endpoint(
