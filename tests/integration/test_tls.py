@@ -192,9 +192,20 @@ def test_the_sdk_says_a_token_was_refused(remote, tls_agent):
     assert refused.value.status == 401
     assert refused.value.message.startswith("the agent refused the token for remote 'team'")
     assert "(missing, wrong or revoked)" in refused.value.message
+    assert refused.value.message.endswith("; ask the agent's admin for a new token")
     with pytest.raises(GpuhopError) as missing:
         remote(None).info()
     assert missing.value.status == 401
+
+
+def test_a_refused_token_from_the_environment_is_named(remote, tokens, monkeypatch):
+    monkeypatch.setenv("GPUHOP_TOKEN", "gpuhop_stale")  # a stale token wins over ...
+    with pytest.raises(GpuhopError) as refused:
+        remote(tokens["alice"]).jobs()  # ... the valid one stored with the remote
+    assert refused.value.status == 401
+    assert "the token sent was $GPUHOP_TOKEN's, which overrides the one stored with the" in (
+        refused.value.message
+    )
 
 
 def test_a_certificate_that_is_not_the_pinned_one_is_refused_clearly(remote, tokens, tls_agent):

@@ -112,9 +112,18 @@ class Session:
                 ) from None
             if e.status != 401:
                 raise
+            import os
+
+            if os.environ.get("GPUHOP_TOKEN"):  # sent instead of the remote's (see tls)
+                which = (
+                    "; the token sent was $GPUHOP_TOKEN's, which overrides the one stored"
+                    " with the remote: unset it, or set it to a valid token"
+                )
+            else:
+                which = "; ask the agent's admin for a new token"
             raise GpuhopError(
                 f"the agent refused the token for {self.endpoint.description} (missing,"
-                f" wrong or revoked): {e.message}",
+                f" wrong or revoked): {e.message}{which}",
                 code="unauthorized",
                 status=401,
             ) from None
