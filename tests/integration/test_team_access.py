@@ -97,6 +97,25 @@ def test_requeue_follows_the_same_rule_and_touches_only_ones_own_jobs(tls_agent,
             carol.post(f"/v1/jobs/{job}/cancel", params={"grace": 0})
 
 
+def test_an_admin_is_asked_for_the_id_where_users_jobs_share_a_name(tls_agent, tokens):
+    with raw_http(tls_agent, tokens["alice"]) as alice, raw_http(tls_agent, tokens["bob"]) as bob:
+        theirs = {
+            who: submit(http, SLEEP, name="shared-name").json()["id"]
+            for who, http in (("alice", alice), ("bob", bob))
+        }
+        mine = bob.get("/v1/jobs/shared-name")  # names are each user's own
+        assert (mine.status_code, mine.json()["id"]) == (200, theirs["bob"])
+    with raw_http(tls_agent, tokens["carol"]) as carol:
+        both = carol.post("/v1/jobs/shared-name/cancel", params={"grace": 0})
+        assert both.status_code == 409, both.text
+        said = both.json()["message"]
+        assert said.startswith("'shared-name' names jobs of 2 users (")
+        assert f"alice's {theirs['alice']}" in said and f"bob's {theirs['bob']}" in said
+        for job_id in theirs.values():  # nothing was cancelled; by id, each is
+            assert carol.get(f"/v1/jobs/{job_id}").json()["state"] != "cancelled"
+            carol.post(f"/v1/jobs/{job_id}/cancel", params={"grace": 0})
+
+
 # -- quotas -----------------------------------------------------------------------------------
 
 

@@ -205,6 +205,17 @@ class JobStore:
             raise AmbiguousJob(ref, [r["id"] for r in rows])
         raise JobNotFound(ref)
 
+    def named(self, name: str) -> list[tuple[str, str | None]]:
+        """(id, owner) of the newest job of each owner named `name` (every user's), newest
+        first."""
+        rows = self._query(
+            "SELECT id, owner FROM jobs WHERE name = ? ORDER BY created_at DESC", (name,)
+        )
+        newest: dict[str | None, str] = {}
+        for row in rows:
+            newest.setdefault(row["owner"], row["id"])
+        return [(job_id, owner) for owner, job_id in newest.items()]
+
     def list(
         self,
         states: Iterable[JobState] | None = None,

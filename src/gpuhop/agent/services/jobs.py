@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
-from gpuhop.agent.callers import Caller
+from gpuhop.agent.callers import Caller, owner_login
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.energy import job_energy
@@ -168,7 +168,10 @@ def find(rt: AgentContext, ref: str, caller: Caller) -> JobRecord:
     never makes a prefix ambiguous. Every route that takes a job ref resolves it here.
     """
     try:
-        return rt.store.resolve(ref, owner=caller.owner_filter)
+        job = rt.store.resolve(ref, owner=caller.owner_filter)
+        if caller.admin and job.spec.name == ref and job.id != ref:
+            _one_owner_named(rt, ref)
+        return job
     except JobNotFound:
         raise not_found(f"no job matches {ref!r}") from None
     except AmbiguousJob as e:
@@ -179,6 +182,21 @@ def find(rt: AgentContext, ref: str, caller: Caller) -> JobRecord:
             " give more of the id",
             {"matches": e.matches},
         ) from None
+
+
+def _one_owner_named(rt: AgentContext, name: str) -> None:
+    """An admin sees every user's jobs, and job names are each user's own: a name that
+    several users' jobs have is refused, naming each one's newest, rather than the newest
+    of all taken (a cancel by name could stop another user's job)."""
+    namesakes = [(job_id, owner or owner_login()) for job_id, owner in rt.store.named(name)]
+    if len({owner for _, owner in namesakes}) > 1:
+        which = ", ".join(f"{owner}'s {job_id}" for job_id, owner in namesakes[:5])
+        raise ApiError(
+            409,
+            ErrorCode.ambiguous,
+            f"{name!r} names jobs of {len(namesakes)} users ({which}); give the job's id",
+            {"matches": [job_id for job_id, _ in namesakes]},
+        )
 
 
 def list_jobs(
