@@ -6,6 +6,7 @@ tokens made through the owner's Unix socket. Clients pin the agent's real certif
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import http.client
 import json
@@ -293,6 +294,17 @@ def test_a_token_for_a_malformed_user_name_is_refused_in_words(tls_agent):
         assert f"token for {user!r}: user: user must be 1-64 characters" in made.stderr
     listed = json.loads(tls_agent.cli("agent", "token", "ls", "--json").stdout)
     assert not {"bad user", "a/b"} & {t["user"] for t in listed}
+    # The agent's own user: only as an admin (the holder would be the owner to every check).
+    owner = getpass.getuser()
+    plain = tls_agent.cli("agent", "token", "create", owner)
+    assert plain.returncode == 2 and plain.stdout == "", plain.stderr
+    assert f"{owner} is the agent's own user (who its socket serves)" in plain.stderr
+    admin = tls_agent.cli("agent", "token", "create", owner, "--admin")
+    assert admin.returncode == 0, admin.stderr
+    for token in json.loads(tls_agent.cli("agent", "token", "ls", "--json").stdout):
+        if token["user"] == owner:
+            assert token["admin"]
+            assert tls_agent.cli("agent", "token", "revoke", token["id"]).returncode == 0
 
 
 def test_only_admins_manage_tokens(remote, tokens):

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from fastapi import APIRouter, Request
 
-from gpuhop.agent.callers import caller_of
+from gpuhop.agent.callers import caller_of, owner_login
 from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.tokens import TokenRecord, TokenStore
 from gpuhop.api import ErrorCode, TokenCreated, TokenInfo, TokenRequest
@@ -23,7 +23,18 @@ def admin_tokens(request: Request) -> TokenStore:
 
 @router.post("", status_code=201)
 def create(req: TokenRequest, request: Request) -> TokenCreated:
-    record, token = admin_tokens(request).create(req.user, req.admin)
+    tokens = admin_tokens(request)
+    if req.user == owner_login() and not req.admin:
+        # Its holder would be the agent's owner to every check (the owner's jobs, secrets
+        # and datasets) yet not an admin: most likely another person of that name was meant.
+        raise ApiError(
+            400,
+            ErrorCode.bad_request,
+            f"{req.user} is the agent's own user (who its socket serves): a token for it"
+            " acts as the agent's owner, with the owner's jobs and secrets; give it --admin if"
+            " that is meant, or name another user",
+        )
+    record, token = tokens.create(req.user, req.admin)
     return TokenCreated(**to_info(record).model_dump(), token=token)
 
 
