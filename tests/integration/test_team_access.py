@@ -299,6 +299,10 @@ def test_a_dataset_is_private_to_its_pusher_unless_shared(remote, tokens, projec
     with pytest.raises(GpuhopError) as e:
         bob.data.share(name, "mallory")
     assert e.value.status == 403
+    with pytest.raises(GpuhopError) as e:
+        bob.data.remove(name, 1)
+    assert e.value.status == 403
+    assert e.value.message.endswith("was pushed by alice: only they or an admin may remove it")
     assert alice.data.unshare(name, "bob").shared_with == []
     assert name not in {d.name for d in bob.data.list()}
 

@@ -127,9 +127,12 @@ def share(rt: AgentContext, name: str, user: str, caller: Caller, shared: bool) 
         return _shown(rt, rt.datasets.info(name))
 
 
-def _check_owner(rt: AgentContext, name: str, version: int | None, caller: Caller) -> None:
-    """Refuse a change to a dataset (all its versions, or one) that another user pushed.
-    A dataset the caller may not even see is named as taken, its owner not said."""
+def _check_owner(
+    rt: AgentContext, name: str, version: int | None, caller: Caller, removing: bool = False
+) -> None:
+    """Refuse a change to a dataset (all its versions, or one) that another user pushed
+    (`removing`: its removal). A dataset the caller may not even see is named as taken, its
+    owner not said."""
     if caller.admin:
         return
     versions = rt.datasets.versions(name)
@@ -146,7 +149,11 @@ def _check_owner(rt: AgentContext, name: str, version: int | None, caller: Calle
                 403,
                 ErrorCode.forbidden,
                 f"dataset {name} v{v} was pushed by {owner or 'the agent owner'}: only they or"
-                " an admin may change it (push under another name)",
+                + (
+                    " an admin may remove it"
+                    if removing
+                    else " an admin may change it (push under another name)"
+                ),
             )
 
 
@@ -167,7 +174,7 @@ def _remove(rt: AgentContext, name: str, version: int | None, caller: Caller) ->
         raise not_found(str(e)) from None
     if not _readable(rt, name, caller):
         raise _missing(name)
-    _check_owner(rt, name, version, caller)
+    _check_owner(rt, name, version, caller, removing=True)
     users = [
         (job_id, m["version"])
         for job_id, deps in in_use(rt)
