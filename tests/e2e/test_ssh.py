@@ -6,8 +6,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +63,17 @@ class Side:
             text=True,
             timeout=timeout,
         )
+
+    def drop_connections(self) -> None:
+        """Kill every master connection as a network drop would (no clean `-O exit`)."""
+        for control in self.server.runtime.glob("cm-*"):
+            check = subprocess.run(
+                ["ssh", "-F", str(self.server.ssh_config), "-o", f"ControlPath={control}",
+                 "-O", "check", sshd.ALIAS],
+                capture_output=True, text=True, timeout=10,
+            )  # fmt: skip
+            if found := re.search(r"pid=(\d+)", check.stderr):
+                os.kill(int(found.group(1)), signal.SIGKILL)
 
     def logins(self) -> int:
         """How many SSH logins the server has accepted so far."""
@@ -276,3 +290,56 @@ def test_a_port_forwards_through_the_ssh_tunnel(
         finally:
             job.cancel(grace=0)
     assert (lab.remote_home / "jobs" / job.id).is_dir()
+
+
+def test_logs_follow_and_a_forward_survive_a_dropped_ssh_connection(
+    lab: Side, project, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # `logs -f` said it would resume a dropped connection, yet waited 30 s on the local
+    # socket of a master that was gone, and failed as if the agent had been lost.
+    root = project(
+        {"slow.py": "import time\nprint('before', flush=True)\ntime.sleep(5)\nprint('after')\n"}
+    )
+    started = lab.cli("run", "--on", "lab", "-d", "slow.py", cwd=root)
+    assert started.returncode == 0, started.stderr
+    job_id = started.stdout.strip()
+    log = lab.remote_home / "jobs" / job_id / "output.log"
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "gpuhop", "logs", "-f", "--on", "lab", job_id],
+        env=lab.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not (log.exists() and "before" in log.read_text()):
+            assert time.monotonic() < deadline, "the job printed nothing"
+            time.sleep(0.05)
+        time.sleep(0.5)  # `logs -f` has it, and waits for more
+
+        lab.drop_connections()
+
+        out, err = follow.communicate(timeout=60)
+    finally:
+        follow.kill()
+    assert follow.returncode == 0, err
+    assert out.split() == ["before", "after"]  # nothing lost, nothing twice
+
+    # A forward's next connection opens the tunnel again too.
+    for key, value in lab.env.items():
+        if key.startswith("GPUHOP_"):
+            monkeypatch.setenv(key, value)
+    servers = tmp_path / "servers"
+    (servers / "www").mkdir(parents=True)
+    (servers / "servers.py").write_text(SERVERS)
+    (servers / "www" / "index.html").write_text(PAGE)
+    with Client(remote="lab") as client:
+        job, _, echo_port = start_servers(client, servers)
+        try:
+            with job.forward(echo_port) as fwd:
+                assert echo_through(("127.0.0.1", fwd.local_port), b"one") == b"one"
+                lab.drop_connections()
+                assert echo_through(("127.0.0.1", fwd.local_port), b"two") == b"two"
+        finally:
+            job.cancel(grace=0)

@@ -231,14 +231,13 @@ class Forward:
         # No compression: it costs latency, and forwarded data is often compressed already.
         try:
             if endpoint.uds is not None:
-                return await unix_connect(
-                    endpoint.uds,
-                    uri,
-                    additional_headers=endpoint.headers,
-                    compression=None,
-                    max_size=MAX_MESSAGE,
-                    open_timeout=OPEN_TIMEOUT,
-                )
+                try:
+                    return await self._unix_websocket(endpoint.uds, uri)
+                except OSError:
+                    # The SSH transport's tunnel may have dropped: reachable() opens it again.
+                    if not await asyncio.to_thread(endpoint.reachable):
+                        raise
+                    return await self._unix_websocket(endpoint.uds, uri)
             return await connect(
                 uri,
                 ssl=endpoint.ssl_context if uri.startswith("wss:") else None,
@@ -254,6 +253,16 @@ class Forward:
             raise GpuhopError(
                 f"cannot reach {endpoint.description}: {e}", code="unreachable"
             ) from None
+
+    async def _unix_websocket(self, path: str, uri: str) -> ClientConnection:
+        return await unix_connect(
+            path,
+            uri,
+            additional_headers=self.job.session.endpoint.headers,
+            compression=None,
+            max_size=MAX_MESSAGE,
+            open_timeout=OPEN_TIMEOUT,
+        )
 
 
 async def _pump(

@@ -18,6 +18,7 @@ import hashlib
 import os
 import shlex
 import stat
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 from urllib.parse import unquote, urlsplit
@@ -33,6 +34,8 @@ if TYPE_CHECKING:
 
 CONTROL_PERSIST = "10m"
 CONNECT_TIMEOUT = 15
+# How often a client whose tunnel dropped tries to open it again (see ssh_endpoint).
+RECONNECT_INTERVAL = 2.0
 # The remote agent's state dir when $GPUHOP_HOME is unset there: platformdirs' user data dir.
 REMOTE_HOME = "${GPUHOP_HOME:-${XDG_DATA_HOME:-$HOME/.local/share}/gpuhop}"
 
@@ -305,6 +308,24 @@ def ssh_endpoint(remote: Remote) -> Endpoint:
         conn.forward(sock, f"{home}/agent.sock")
     target = SshTarget.from_url(remote.url)
     bound = sock
+    last_try = [0.0]
+
+    def reachable() -> bool:
+        # The forward lives in the master connection: when that dropped (a network blip,
+        # a laptop's sleep), open it again, as the next command would, so that `logs -f`
+        # and `forward` go on instead of waiting for a socket nothing serves any more.
+        if socket_answers(bound):
+            return True
+        now = time.monotonic()
+        if now - last_try[0] < RECONNECT_INTERVAL:
+            return False
+        last_try[0] = now
+        conn = SshConnection(remote)
+        try:
+            conn.forward(bound, f"{remote_home(conn)}/agent.sock")
+        except GpuhopError:
+            return False
+        return socket_answers(bound)
 
     def explain(exc: BaseException) -> str | None:
         return _explain(remote, bound, exc)
@@ -312,7 +333,7 @@ def ssh_endpoint(remote: Remote) -> Endpoint:
     return Endpoint(
         description=f"the gpuhop agent on remote '{remote.name}' ({target}, over ssh)",
         uds=str(sock),
-        reachable=lambda: socket_answers(bound),
+        reachable=reachable,
         explain=explain,
         connected=connected,
     )
