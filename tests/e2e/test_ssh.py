@@ -343,3 +343,32 @@ def test_logs_follow_and_a_forward_survive_a_dropped_ssh_connection(
                 assert echo_through(("127.0.0.1", fwd.local_port), b"two") == b"two"
         finally:
             job.cancel(grace=0)
+
+
+def test_ctrl_c_names_the_remote_in_its_hints(lab: Side, project) -> None:
+    # Detached from a job on a remote chosen with --on, the hints said `gpuhop logs -f ID`:
+    # with another default (this machine, say), that answered "no job matches".
+    root = project({"sleepy.py": "import time\nprint('up', flush=True)\ntime.sleep(60)\n"})
+    started = lab.cli("run", "--on", "lab", "-d", "sleepy.py", cwd=root)
+    assert started.returncode == 0, started.stderr
+    job_id = started.stdout.strip()
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "gpuhop", "logs", "-f", "--on", "lab", job_id],
+        env=lab.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follow.stdout is not None
+        assert follow.stdout.readline() == "up\n"
+        follow.send_signal(signal.SIGINT)
+        _, err = follow.communicate(timeout=30)
+    finally:
+        follow.kill()
+    assert follow.returncode == 130, err
+    assert f"re-attach: gpuhop logs -f --on lab {job_id}" in err
+    assert f"stop it:   gpuhop cancel --on lab {job_id}" in err
+    # The hint, as printed, reaches the job from where the default is this machine.
+    cancel = lab.cli("cancel", "--on", "lab", job_id, GPUHOP_REMOTE="local")
+    assert cancel.returncode == 0, cancel.stderr

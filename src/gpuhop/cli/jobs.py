@@ -72,11 +72,16 @@ def _as_written(chunks: Iterable[bytes], raw: bool) -> Iterator[bytes]:
 
 
 def _follow(
-    job: Job, worker: int | None = None, live: bool = False, raw: bool = True, offset: int = 0
+    job: Job,
+    worker: int | None = None,
+    live: bool = False,
+    raw: bool = True,
+    offset: int = 0,
+    on: str | None = None,
 ) -> Mapping[str, Any]:
     """Stream a job's log (from byte `offset`) until it ends, with a live status line under
     it when `live` (else as `_as_written` with `raw`). Returns the ended job's JSON. Ctrl-C
-    detaches; the job goes on."""
+    detaches; the job goes on, and the commands it names reach it on remote `on`."""
     try:
         if live:
             from gpuhop.cli.progress import follow_live
@@ -86,9 +91,11 @@ def _follow(
         return job.wait_json()
     except KeyboardInterrupt:
         echo("", stderr=True)
+        where = f" --on {on}" if on else ""  # not the default remote, perhaps
         say(
             f"detached from job {job.id}; it keeps running.\n"
-            f"  re-attach: gpuhop logs -f {job.id}\n  stop it:   gpuhop cancel {job.id}"
+            f"  re-attach: gpuhop logs -f{where} {job.id}\n"
+            f"  stop it:   gpuhop cancel{where} {job.id}"
         )
         raise SystemExit(130) from None
 
@@ -205,7 +212,7 @@ def run(  # noqa: PLR0913 (a command: each parameter is one of its options)
             f"synced {counted(stats.files, 'file')} ({sent}) in {seconds:.2f}s;"
             f" job {job.id} {job.state.value}"
         )
-    info = _follow(job, live=wants_live(no_progress))
+    info = _follow(job, live=wants_live(no_progress), on=on)
     if not quiet:
         say(_summary(info))
     if desktop:
@@ -266,7 +273,7 @@ def logs(
             offset = 0 if tail is None else _tail(job, tail, worker, raw, follow)
             if follow:
                 live = wants_live(no_progress)
-                info = _follow(job, worker, live=live, raw=raw, offset=offset)
+                info = _follow(job, worker, live=live, raw=raw, offset=offset, on=on)
                 say(_summary(info))
                 raise SystemExit(exit_code_for(info))
             if tail is None:
