@@ -43,6 +43,10 @@ def test_good_urls(url: str) -> None:
         ("https://me@team.lab:8443", "takes a token"),
         ("ssh://gpu-box/some/path", "nothing more"),
         ("ssh://", "expected ssh://[user@]host[:port]"),
+        # ssh would take these for options (ProxyCommand runs a command on this machine).
+        ("ssh://-oProxyCommand=evil", "cannot start with '-'"),
+        ("ssh://-oProxyCommand=evil@gpu-box", "cannot start with '-'"),
+        ("ssh://me@-oProxyCommand=evil", "cannot start with '-'"),
     ],
 )
 def test_bad_urls_say_why(url: str, words: str) -> None:

@@ -226,6 +226,12 @@ def check_url(url: str) -> str:
         )
     if parts.scheme == "https" and port is None:
         raise GpuhopError(f"bad remote URL {url!r}: give the agent's port", "bad_request")
+    if parts.scheme == "ssh" and (url.split("//", 1)[1].startswith("-") or "@-" in url):
+        # ssh would read such a destination as an option (`-oProxyCommand=...` runs a
+        # command here): refused as git refuses it, rather than ssh failing with its usage.
+        raise GpuhopError(
+            f"bad remote URL {url!r}: a host or user name cannot start with '-'", "bad_request"
+        )
     return url.rstrip("/")
 
 
