@@ -230,6 +230,44 @@ def test_what_cannot_run_in_an_image_is_refused_at_submit(
             server.job.wait(30)
 
 
+def test_a_program_of_the_image_runs_though_the_host_lacks_it(
+    agent, minimal_image, project, tmp_path
+):
+    """A bare name or an absolute path is the image's to find: submit does not look for it
+    on the host (where a program the image holds, such as a model server's own, may be
+    absent). A relative path is still a file of the synced tree."""
+    import subprocess
+    import uuid
+
+    program = f"gpuhop-test-only-in-image-{uuid.uuid4().hex[:8]}"
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / program).write_text('#!/bin/sh\necho "in the image: $*"\n')
+    (build / program).chmod(0o755)
+    (build / "Containerfile").write_text(
+        f"FROM {minimal_image}\nCOPY {program} /usr/local/bin/{program}\n"
+    )
+    ref = f"localhost/gpuhop-test/with-program:{os.getpid()}"
+    subprocess.run(
+        ["podman", "build", "-q", "-t", ref, str(build)], capture_output=True, check=True
+    )
+    try:
+        root = project({"ends.py": ENDS})
+        with agent.client() as client:
+            for command in ([program, "a"], [f"/usr/local/bin/{program}", "b"]):
+                job = client.submit(command, workdir=root, image=ref)
+                info = job.wait(60)
+                assert info.state == JobState.succeeded, info.reason
+                assert f"in the image: {command[1]}" in b"".join(job.logs()).decode()
+            # Off the image, the host is asked, as before.
+            with pytest.raises(GpuhopError, match="was not found on the GPU host"):
+                client.submit([program], workdir=root)
+            with pytest.raises(GpuhopError, match="not among the synced files"):
+                client.submit([f"bin/{program}"], workdir=root, image=ref)
+    finally:
+        subprocess.run(["podman", "rmi", "--force", "--ignore", ref], capture_output=True)
+
+
 def test_an_image_removed_as_its_job_starts_is_named_so(minimal_image, tmp_path):
     """The leader runs a job's container by the id the agent found its image by as the job
     started, and does not look it up again (a Podman start less); where the image went in

@@ -224,9 +224,15 @@ def resolve_sweep(rt: AgentContext, sweep: str | None, owner: str | None) -> str
 
 
 def _checked_command(
-    rt: AgentContext, command: list[str], tree: str | None, env: Mapping[str, str]
+    rt: AgentContext,
+    command: list[str],
+    tree: str | None,
+    env: Mapping[str, str],
+    in_image: bool = False,
 ) -> list[str]:
-    """The command, its script named as its tree lists it; or a 400 saying why it cannot run."""
+    """The command, its script named as its tree lists it; or a 400 saying why it cannot run.
+    In an image (`in_image`) a bare name or an absolute path is the image's to find, not the
+    host's: it is not looked for here."""
     head = command[0]
     if head == "-m":  # a module run by the job's Python (gpuhop's notebook runner)
         if len(command) < 2 or not command[1]:
@@ -245,6 +251,8 @@ def _checked_command(
                 " .gpuhopignore?)",
             )
         return [rel, *command[1:]]
+    if in_image:
+        return command
     if head.startswith("/"):
         if not os.access(head, os.X_OK):
             raise ApiError(400, ErrorCode.bad_request, f"{head} is not an executable on the host")
@@ -362,7 +370,7 @@ def submit(
         or (not caller.admin and rt.claims.unclaimed(caller.user, "tree", [tree]))
     ):
         raise _missing_tree(tree)
-    command = _checked_command(rt, command, tree, spec.env)
+    command = _checked_command(rt, command, tree, spec.env, in_image=spec.image is not None)
     # The store keeps the jobs it runs after by their full ids.
     spec = spec.replace(after=tuple(queue.resolve_after(rt, spec, caller)))
     mounts = spec.data or spec.data_sources
