@@ -268,6 +268,26 @@ def test_a_program_of_the_image_runs_though_the_host_lacks_it(
         subprocess.run(["podman", "rmi", "--force", "--ignore", ref], capture_output=True)
 
 
+def test_images_pull_of_an_image_built_on_the_host_says_no_registry_holds_it(agent, minimal_image):
+    """`localhost/...` names an image built on the host: `images pull` asks no registry (Podman
+    would try one at localhost:443 and answer "connection refused"), and says whether the
+    image is here."""
+    with agent.client() as client:
+        with pytest.raises(GpuhopError) as e:
+            client.pull_image(minimal_image)
+        assert e.value.status == 400
+        assert "built on this host" in e.value.message and "nothing to pull" in e.value.message
+        with pytest.raises(GpuhopError) as e:
+            client.pull_image("localhost/gpuhop-test/absent:1")
+        assert e.value.status == 400
+        assert "localhost/gpuhop-test/absent:1 is not on this host" in e.value.message
+        assert "localhost:443" not in e.value.message and "connection refused" not in (
+            e.value.message
+        )
+    done = agent.cli("images", "pull", "localhost/gpuhop-test/absent:1")
+    assert done.returncode != 0 and "which no registry holds" in done.stderr
+
+
 def test_an_image_removed_as_its_job_starts_is_named_so(minimal_image, tmp_path):
     """The leader runs a job's container by the id the agent found its image by as the job
     started, and does not look it up again (a Podman start less); where the image went in

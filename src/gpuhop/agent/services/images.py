@@ -27,6 +27,7 @@ from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
 from gpuhop.agent.host import images
 from gpuhop.agent.host.images import HostImage, ImageError, PodmanMissing
+from gpuhop.agent.jobs.imagepulls import LOCAL
 from gpuhop.agent.jobs.store import ACTIVE_STATES
 from gpuhop.api import ErrorCode, JobState
 from gpuhop.api.images import ImageInfo, ImagePull
@@ -42,6 +43,15 @@ _NOT_A_NAME = ("invalid reference format", "did not resolve to an alias", "short
 def _host_images(rt: AgentContext) -> list[HostImage]:
     try:
         return images.list_images(rt.podman)
+    except PodmanMissing as e:
+        raise ApiError(409, ErrorCode.unsupported, str(e)) from None
+    except ImageError as e:
+        raise ApiError(500, ErrorCode.internal, str(e)) from None
+
+
+def _host_image_id(rt: AgentContext, reference: str) -> str | None:
+    try:
+        return images.image_id(rt.podman, reference)
     except PodmanMissing as e:
         raise ApiError(409, ErrorCode.unsupported, str(e)) from None
     except ImageError as e:
@@ -81,6 +91,19 @@ def pull(rt: AgentContext, body: ImagePull, caller: Caller) -> ImageInfo:
         reference = check_image(body.reference)
     except ValueError as e:
         raise ApiError(400, ErrorCode.bad_request, str(e)) from None
+    if reference.startswith(LOCAL):  # Podman would ask a registry at localhost:443
+        if _host_image_id(rt, reference) is not None:
+            why = (
+                f"{reference} is an image built on this host, which no registry holds: there"
+                " is nothing to pull, and jobs may name it as it is"
+            )
+        else:
+            why = (
+                f"image {reference} is not on this host: {LOCAL} names an image built there,"
+                " which no registry holds (build it on the host, or name an image in a"
+                " registry)"
+            )
+        raise ApiError(400, ErrorCode.bad_request, why)
     credentials = None
     if body.secret is not None:
         values = rt.secrets.values(caller.user, [body.secret])
