@@ -288,6 +288,20 @@ def test_images_pull_of_an_image_built_on_the_host_says_no_registry_holds_it(age
     assert done.returncode != 0 and "which no registry holds" in done.stderr
 
 
+def test_a_multi_worker_job_whose_image_lacks_its_keras_is_told_to_install_it_there(
+    agent, minimal_image, project
+):
+    """The image's own python3 is asked which Keras it has; where it has none that runs across
+    processes, the job's reason says to install it in the image, not on the host."""
+    root = project({"ends.py": ENDS})
+    with agent.client() as client:
+        job = client.submit(["ends.py", "exit"], workdir=root, image=minimal_image, workers=2)
+        info = job.wait(60)
+    assert info.state == JobState.failed
+    assert "`pip install tf-keras` in the job's image" in (info.reason or ""), info.reason
+    assert "on the host" not in (info.reason or "")
+
+
 def test_an_image_removed_as_its_job_starts_is_named_so(minimal_image, tmp_path):
     """The leader runs a job's container by the id the agent found its image by as the job
     started, and does not look it up again (a Podman start less); where the image went in

@@ -57,9 +57,12 @@ def _truthy(value: str | None) -> bool | None:
     return value.strip().lower() in ("1", "true", "yes", "on")
 
 
-def decide(env: Mapping[str, str], has: Callable[[str], bool]) -> WorkerMode:
+def decide(
+    env: Mapping[str, str], has: Callable[[str], bool], where: str = "on the host"
+) -> WorkerMode:
     """The mode for a multi-worker job with environment `env`; `has(module)` says whether the
-    job's interpreter can import it. Raises KerasRefusal."""
+    job's interpreter can import it, and `where` where a package it lacks is installed (a job
+    in an image: in the image). Raises KerasRefusal."""
     keras = env.get("GPUHOP_KERAS")
     if keras is not None and keras not in KERAS_CHOICES:
         raise KerasRefusal(f"--keras takes tf-keras or keras3, not {keras!r}")
@@ -78,7 +81,7 @@ def decide(env: Mapping[str, str], has: Callable[[str], bool]) -> WorkerMode:
         raise KerasRefusal(
             "tf-keras is not installed for the job's Python, so Keras 3 would run this"
             " multi-worker job, and its fit does not work under MultiWorkerMirroredStrategy"
-            " (keras-team/keras#20585): `pip install tf-keras` on the host, or "
+            f" (keras-team/keras#20585): `pip install tf-keras` {where}, or "
             + FIX_TF_FIT.removesuffix(", or --keras tf-keras (MultiWorkerMirroredStrategy)")
             + "; a custom training loop without fit: -e TF_USE_LEGACY_KERAS=0"
         )
@@ -88,7 +91,7 @@ def decide(env: Mapping[str, str], has: Callable[[str], bool]) -> WorkerMode:
         if missing:
             raise KerasRefusal(
                 f"Keras 3 on JAX across processes needs {' and '.join(missing)} for the job's"
-                f" Python: `pip install {' '.join(missing)}` on the host (jax[cuda12] for GPUs)"
+                f" Python: `pip install {' '.join(missing)}` {where} (jax[cuda12] for GPUs)"
             )
         return WorkerMode(KERAS_JAX, {"KERAS_BACKEND": "jax"})
     if backend == "tensorflow":

@@ -356,7 +356,8 @@ class LocalBackend(LeaderBackend):
         try:
             prefix = self._probe_prefix(deps, jp) if probe is None else probe
             found = kerasmode.packages(python, prefix, attempt.spec.env.get("PYTHONPATH"))
-            mode = kerasmode.decide(attempt.spec.env, lambda m: found.get(m, False))
+            where = "on the host" if probe is None else "in the job's image"
+            mode = kerasmode.decide(attempt.spec.env, lambda m: found.get(m, False), where)
         except kerasmode.KerasRefusal as e:
             raise StartError(str(e)) from None
         env.update({k: v for k, v in mode.env.items() if k not in attempt.spec.env})
