@@ -210,6 +210,30 @@ def test_a_job_reads_a_prefix_fetched_on_the_host_and_the_next_costs_one_listing
     assert [p for p in signed_in.home.glob("objects/*/tmp/*")] == []
 
 
+def test_an_endpoint_with_a_trailing_slash_is_the_same_endpoint_for_the_cache(
+    signed_in: Agent, s3: S3, project
+):
+    """AWS_ENDPOINT_URL set as `http://host:port/` names the server `http://host:port` does:
+    its cached objects are found, not fetched again, and `data ls` lists the prefix once."""
+    root = project({"job.py": JOB})
+    first = signed_in.cli("run", "--data", f"s3://{BUCKET}/train", "job.py", cwd=root)
+    assert first.returncode == 0, first.stdout + first.stderr
+    with signed_in.client() as client:
+        client.set_secret("AWS_ENDPOINT_URL", s3.url + "/")
+    try:
+        mark = s3.mark()
+        again = signed_in.cli("run", "--data", f"s3://{BUCKET}/train", "job.py", cwd=root)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert _object_requests(s3.requests(mark)) == []  # no byte fetched again
+        listed = signed_in.cli("data", "ls", "--cached", "--json")
+        assert listed.returncode == 0, listed.stderr
+        train = [p for p in json.loads(listed.stdout) if p["url"] == f"s3://{BUCKET}/train/"]
+        assert [p["endpoint"] for p in train] == [s3.url], listed.stdout
+    finally:
+        with signed_in.client() as client:
+            client.set_secret("AWS_ENDPOINT_URL", s3.url)
+
+
 def test_a_wrong_secret_or_bucket_ends_the_job_as_data_error_in_the_buckets_words(
     signed_in: Agent, s3: S3, project
 ):

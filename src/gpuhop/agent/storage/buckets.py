@@ -75,10 +75,11 @@ class Credentials(NamedTuple):
     @property
     def endpoint(self) -> str:
         """The endpoint the fetch reaches, as the cache tells objects apart: the secrets',
-        else the default (AWS, or what the user's own configuration says)."""
-        return (
-            self.values.get("AWS_ENDPOINT_URL_S3") or self.values.get("AWS_ENDPOINT_URL") or "aws"
-        )
+        else the default (AWS, or what the user's own configuration says). A trailing '/' is
+        not part of it: `http://minio:9000/` is the same server as `http://minio:9000`, and
+        its objects are the same objects."""
+        given = self.values.get("AWS_ENDPOINT_URL_S3") or self.values.get("AWS_ENDPOINT_URL")
+        return (given or "").rstrip("/") or "aws"
 
     def missing(self) -> str | None:
         """Why these cannot sign a request on a team agent, or None."""
