@@ -260,6 +260,13 @@ def test_a_wrong_secret_or_bucket_ends_the_job_as_data_error_in_the_buckets_word
     gone = client.submit("job.py", workdir=root, data_sources=["s3://no-such-bucket/x"]).wait()
     assert gone.end_class == "data-error"
     assert "NoSuchBucket: The specified bucket does not exist" in (gone.reason or "")
+    # A prefix with no object (a typo, most often) is no data: the job does not run on none.
+    typo = client.submit("job.py", workdir=root, data_sources=[f"s3://{BUCKET}/Train"]).wait()
+    assert typo.end_class == "data-error"
+    assert typo.reason == (
+        f"could not fetch its data: s3://{BUCKET}/Train/: no object there (keys are"
+        " case-sensitive; is the prefix right?)"
+    )
     client.close()
 
 

@@ -189,9 +189,14 @@ class Fetches(Preparations[Fetch]):
         listings: list[tuple[DataSource, list[Listed]]] = []
         for source in job.spec.data_sources:
             try:
-                listings.append((source, buckets.listing(s3, source, creds.endpoint)))
+                listed = buckets.listing(s3, source, creds.endpoint)
             except BucketError as e:
                 raise BucketError(f"{source.url}: {e}") from None
+            if not listed:  # a mistyped prefix, most often: not a job's data
+                raise BucketError(
+                    f"{source.url}: no object there (keys are case-sensitive; is the prefix right?)"
+                )
+            listings.append((source, listed))
             self.check(job.id)
         # Pinned before anything is looked at: eviction leaves it from now. A listing whose
         # view is here has all its objects here (an unchanged prefix costs no look at each
