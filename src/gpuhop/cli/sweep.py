@@ -358,7 +358,7 @@ def cancel(
         try:
             before = {r.id: r.state for r in client.sweep_runs(sweep_ref)}
             runs = client.cancel_sweep(sweep_ref, grace)
-            stopping = [r for r in runs if not before[r.id].finished]
+            stopping = [r for r in runs if not before.get(r.id, r.state).finished]
             if wait:
                 runs = [r if r.state.finished else client.job(r.id).wait(grace + 30) for r in runs]
         except GpuhopError as e:
