@@ -259,6 +259,12 @@ def test_a_program_of_the_image_runs_though_the_host_lacks_it(
                 info = job.wait(60)
                 assert info.state == JobState.succeeded, info.reason
                 assert f"in the image: {command[1]}" in b"".join(job.logs()).decode()
+            # One the image lacks: its init cannot start it, and the reason says so.
+            missing = client.submit([f"{program}-not-there"], workdir=root, image=ref).wait(60)
+            assert missing.state == JobState.failed
+            assert "its program could not be started in its image (No such file or" in (
+                missing.reason or ""
+            ), missing.reason
             # Off the image, the host is asked, as before.
             with pytest.raises(GpuhopError, match="was not found on the GPU host"):
                 client.submit([program], workdir=root)

@@ -56,11 +56,25 @@ def gpu_oom_in(log: Path) -> bool:
     return GPU_OOM.search(_tail(log)) is not None
 
 
+# What an image job's init (catatonit, `podman run --init`) prints, then exiting 1, where it
+# could not start the job's program: not in the image, or not runnable there.
+NO_PROGRAM = re.compile(rb"^ERROR \(catatonit:\d+\): failed to exec pid1: (.{1,200})$", re.M)
+
+
 def hint_note(log: Path) -> str:
     """What a failed job's reason adds where the end of its log holds a hint line of the
-    job's own gpuhop code (the line whole, at a line's start): "; HINT", or ""."""
-    lines = _tail(log).splitlines()
-    return next((f"; {hint}" for line, hint in HINTS.items() if line in lines), "")
+    job's own gpuhop code (the line whole, at a line's start), or says that an image job's
+    program could not be started in its image: "; HINT", or ""."""
+    tail = _tail(log)
+    lines = tail.splitlines()
+    hint = next((f"; {hint}" for line, hint in HINTS.items() if line in lines), "")
+    if not hint and (found := NO_PROGRAM.search(tail)):
+        why = found.group(1).decode(errors="replace").strip()
+        hint = (
+            f"; its program could not be started in its image ({why}): is it installed there,"
+            " on the image's PATH (a script: is the image's python3 there)?"
+        )
+    return hint
 
 
 def classify(
