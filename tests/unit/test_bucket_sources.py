@@ -87,6 +87,12 @@ def test_a_fetch_says_how_far_it_is():
         r"fetching data: 3/9 objects, 40 MiB of 3 GiB, [\d.]+ [KMG]i?B/s, ETA \d+:\d\d",
         fetch.note(),
     ), fetch.note()
+    fetch.started -= 60  # downloading for a minute, nothing for the last 30 s: said so,
+    fetch.last_byte -= 30  # not as an average rate that hides it
+    assert fetch.note() == (
+        "fetching data: 3/9 objects, 40 MiB of 3 GiB, no byte for 30s: the bucket's server is"
+        " slow or not answering (a read is given up after 60s, and tried again twice)"
+    )
     fetch.add((3 << 30) - (40 << 20))  # all of it: no time left to say
     assert fetch.note().endswith("/s")
     fetch.fetched = 6

@@ -50,6 +50,10 @@ CHECK_SECONDS = 0.5
 RETRY_SECONDS = (1.0, 2.0)
 
 
+# A download without a byte for this long is said to be stalled (`Fetch.note`).
+STALLED = 10.0
+
+
 class Fetch:
     """One job's fetch as it goes: what `note` reports. Counters move under `lock`."""
 
@@ -61,10 +65,12 @@ class Fetch:
         self.bytes = self.bytes_done = 0
         self.fetched = 0  # objects this fetch downloads (the others were cached)
         self.started = time.monotonic()
+        self.last_byte = self.started  # when the download last moved
 
     def add(self, n: int) -> None:
         with self.lock:
             self.bytes_done += n
+            self.last_byte = time.monotonic()
 
     def note(self) -> str:
         with self.lock:
@@ -75,7 +81,13 @@ class Fetch:
                 f"fetching data: {self.objects_done}/{self.objects} objects,"
                 f" {_size(done)} of {_size(total)}"
             )
-            elapsed = time.monotonic() - self.started
+            now = time.monotonic()
+            elapsed, still = now - self.started, now - max(self.last_byte, self.started)
+        if total > done and still >= STALLED:  # an average rate would hide it
+            return (
+                f"{text}, no byte for {still:.0f}s: the bucket's server is slow or not"
+                " answering (a read is given up after 60s, and tried again twice)"
+            )
         if done and elapsed > 0:
             speed = done / elapsed
             text += f", {_size(speed)}/s"
