@@ -278,3 +278,36 @@ def test_the_queue_of_notifications_is_bounded():
     finally:
         notifier.close()
         silent.close()
+
+
+def test_the_text_names_the_models_metrics_not_when_the_record_was_written(
+    notify_agent, webhook, project
+):
+    """A Keras-style record: its time, planned epochs and a flag are no metrics of the model;
+    the text keeps room for the validation metrics instead (six values at most)."""
+    record = {
+        "time": 1796260947.186,
+        "epoch": 20,
+        "epochs": 20,
+        "step": 900,
+        "loss": 0.0345,
+        "accuracy": 0.9916,
+        "val_loss": 0.0953,
+        "val_accuracy": 0.9722,
+        "flag": True,
+    }
+    script = (
+        "import json, os\n"
+        "with open(os.environ['GPUHOP_METRICS_FILE'], 'a') as f:\n"
+        f"    f.write(json.dumps({record!r}) + '\\n')\n"
+    )
+    root = project({"fit.py": script})
+    with notify_agent.client() as client:
+        fit = client.submit(["fit.py"], workdir=root, notify=[f"{webhook.url}/fit"])
+        assert fit.wait(timeout=60).state == JobState.succeeded
+    wait_until(lambda: len(webhook.events("/fit")) == 2)
+    ended = webhook.events("/fit")[1]
+    assert ended["text"].endswith(
+        "; epoch=20, step=900, loss=0.0345, accuracy=0.9916, val_loss=0.0953, val_accuracy=0.9722"
+    )
+    assert ended["job"]["metrics"]["time"] == record["time"]  # the payload keeps the record

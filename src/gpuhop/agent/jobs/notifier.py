@@ -35,6 +35,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuhop.agent")
 
 SLACK_HOST = "hooks.slack.com"
+# Keys of a metrics record that describe it rather than measure the model (when it was
+# written, the planned epochs, progress and memory), left out of a notification's text as
+# `gpuhop run` leaves them out of its "last metrics" line.
+NOT_IN_TEXT = frozenset(
+    {"time", "epochs", "memory_mb", "memory_peak_mb", "source", "progress", "epoch_step"}
+    | {"epoch_steps", "eta"}
+)
 
 
 class HostRule:
@@ -105,8 +112,13 @@ def payload(
     if event != "started" and job.reason:
         text += f": {job.reason}"
     if metrics:
-        shown = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
-        text += "; " + ", ".join(f"{k}={v:.4g}" for k, v in list(shown.items())[:6])
+        shown = {
+            k: v
+            for k, v in metrics.items()
+            if k not in NOT_IN_TEXT and isinstance(v, int | float) and not isinstance(v, bool)
+        }
+        if shown:
+            text += "; " + ", ".join(f"{k}={v:.4g}" for k, v in list(shown.items())[:6])
     if urlsplit(url).hostname == SLACK_HOST:
         return {"text": text}
     return {
