@@ -111,15 +111,20 @@ def test_bad_gpu_memory_requests_get_clear_messages(make_agent, shared_agent, pr
     agent = make_agent(fake_gpus=2)
 
     too_big = agent.cli("run", "--gpu-memory", "12GiB", "ok.py", cwd=root)
+    just_too_big = agent.cli("run", "--gpu-memory", "8193", "ok.py", cwd=root)
     no_gpu = shared_agent.cli("run", "--gpu-memory", "1G", "ok.py", cwd=root)
     unreadable = agent.cli("run", "--gpu-memory", "6XB", "ok.py", cwd=root)
     zero = agent.cli("run", "--gpu-memory", "0", "ok.py", cwd=root)
     with_gpus = agent.cli("run", "--gpus", "2", "--gpu-memory", "1G", "ok.py", cwd=root)
 
-    for result in (too_big, no_gpu, unreadable, zero, with_gpus):
+    for result in (too_big, just_too_big, no_gpu, unreadable, zero, with_gpus):
         assert result.returncode == 2, result.stderr
         assert "Traceback" not in result.stderr
     assert "asks for 12 GiB of GPU memory; the largest GPU here has 8 GiB" in too_big.stderr
+    # One MiB over: both sizes round to "8 GiB", so they are said exactly.
+    assert "asks for 8193 MiB of GPU memory; the largest GPU here has 8192 MiB" in (
+        just_too_big.stderr
+    )
     assert "asks for 1 GiB of GPU memory; this host has no GPU" in no_gpu.stderr
     assert "--gpu-memory: cannot read '6XB' as a size; give a size like 6GiB, 6G" in (
         unreadable.stderr

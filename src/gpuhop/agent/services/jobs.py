@@ -289,13 +289,14 @@ def _claim_job_dir(rt: AgentContext) -> tuple[str, JobPaths]:
 def _check_share(rt: AgentContext, share_mb: int) -> None:
     largest = max((g.memory_mb for g in rt.gpus), default=0)
     if share_mb > largest:
-        has = (
-            f"the largest GPU here has {format_mb(largest)}" if rt.gpus else "this host has no GPU"
-        )
+        asked, size = format_mb(share_mb), format_mb(largest)
+        if asked == size:  # 8193 MB and 8192 MB both read "8 GiB": say them exactly
+            asked, size = f"{share_mb} MiB", f"{largest} MiB"
+        has = f"the largest GPU here has {size}" if rt.gpus else "this host has no GPU"
         raise ApiError(
             400,
             ErrorCode.unsatisfiable,
-            f"the job asks for {format_mb(share_mb)} of GPU memory; {has}",
+            f"the job asks for {asked} of GPU memory; {has}",
         )
 
 
