@@ -102,3 +102,33 @@ def test_a_faulty_gpu_is_quarantined_its_job_retried_elsewhere_until_an_admin_re
         assert client.gpus()[0].quarantined is None and client.gpus()[1].quarantined
     finally:
         client.close()
+
+
+def test_a_job_that_needs_a_quarantined_gpu_holds_up_no_job_behind_it(agent, project):
+    """It waits on an admin's release, not on GPUs coming free: jobs behind it that fit on
+    the GPUs in service run meanwhile, rather than the whole GPU queue stalling."""
+    root = project({"sleep.py": SLEEP})
+    client = agent.client()
+    try:
+
+        def state(job) -> JobState:
+            return job.refresh().state
+
+        holder = client.submit(["sleep.py"], workdir=root, gpu_memory_mb=6144)
+        wait_until(lambda: state(holder) == JobState.running)
+        assert holder.refresh().gpu_ids == [0]
+        inject(agent, {1: {"xid": 79}})
+        wait_until(lambda: client.gpus()[1].quarantined is not None)
+        both = client.submit(["sleep.py"], workdir=root, gpus=2)
+        share = client.submit(["sleep.py"], workdir=root, gpu_memory_mb=1024)
+        whole = client.submit(["sleep.py"], workdir=root, gpus=1)
+        # The share fits beside the holder on GPU 0; the whole-GPU job has none in service.
+        wait_until(lambda: state(share) == JobState.running)
+        assert share.refresh().gpu_ids == [0]
+        assert "GPU(s) 1 quarantined for a hardware fault" in (both.refresh().waiting or "")
+        assert state(both) == JobState.queued and state(whole) == JobState.queued
+        assert "held by" in (whole.refresh().waiting or "")
+        for job in (holder, both, share, whole):
+            job.cancel()
+    finally:
+        client.close()

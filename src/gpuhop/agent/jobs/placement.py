@@ -172,12 +172,16 @@ def plan(
                 _wait(waiting, job, f"no {job.spec.gpus} free GPUs of one model (see --mixed-gpus)")
         if not taken:
             if out and not could_ever_fit(job, in_service, kinds):
+                # It waits on an admin, not on GPUs coming free: as a job held by a limit,
+                # it holds up nobody behind it (or the whole GPU queue would stall until
+                # the release, with GPUs free).
                 _wait(
                     waiting,
                     job,
                     f"GPU(s) {','.join(map(str, out))} quarantined for a hardware fault; it"
                     " needs them back (gpuhop gpus --release N)",
                 )
+                continue
             gpu_queue_blocked = True
             continue
         for gpu in taken:
