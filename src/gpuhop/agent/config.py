@@ -52,6 +52,7 @@ No quota is set by default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import tomllib
 from dataclasses import dataclass
@@ -220,6 +221,11 @@ def _coerce(name: str, value: Any, source: str) -> Any:
                 return None
             if float(value) <= 0:
                 raise ValueError("give a number of minutes above 0 (fractions allowed)")
+            return float(value)
+        if name == "notify_timeout_seconds":
+            # 0 would time every webhook out at once: each notification failed and dropped.
+            if isinstance(value, bool) or not 0 < float(value) < math.inf:
+                raise ValueError("give a number of seconds above 0")
             return float(value)
         if name == "keep_jobs":
             number: float = int(value)
