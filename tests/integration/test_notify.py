@@ -224,7 +224,7 @@ def test_notifications_to_hosts_an_admin_did_not_allow_are_refused(
 def test_notify_desktop_tells_this_machine_when_a_waited_for_job_ends(
     shared_agent, project, tmp_path
 ):
-    root = project({"main.py": "print('done')\n"})
+    root = project({"main.py": METRICS.replace("'loss'", "'[red]loss'")})
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     shown = tmp_path / "shown.txt"
@@ -239,6 +239,10 @@ def test_notify_desktop_tells_this_machine_when_a_waited_for_job_ends(
     args = shown.read_text().split("|")
     assert args[0] == "--app-name=gpuhop"
     assert args[1].startswith("gpuhop: job ") and args[1].endswith(" succeeded")
+    # The body is the text the terminal shows, not its markup; the job's own brackets stay.
+    job_id = args[1].split()[2]
+    assert args[2].startswith(f"job {job_id} succeeded: exited with code 0 after ")
+    assert args[2].endswith("\n  last metrics: epoch=1 [red]loss=0.25")
     # Without notify-send: a terminal bell and a line.
     (tmp_path / "empty").mkdir()
     bare = {**shared_agent.env, "PATH": str(tmp_path / "empty")}

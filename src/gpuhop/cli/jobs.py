@@ -28,6 +28,7 @@ from gpuhop.cli.output import (
     state_text,
     wants_live,
 )
+from gpuhop.cli.plain import plain
 from gpuhop.client import Client, GpuhopError, Job
 from gpuhop.client.notebook import batch_command
 
@@ -218,7 +219,8 @@ def run(  # noqa: PLR0913 (a command: each parameter is one of its options)
     if desktop:
         from gpuhop.cli.notify import desktop_notify
 
-        desktop_notify(f"gpuhop: job {info['id']} {info['state']}", _summary(info))
+        # The summary is markup for the terminal; a notification shows its text.
+        desktop_notify(f"gpuhop: job {info['id']} {info['state']}", plain(_summary(info)))
     if pull is not None:
         from gpuhop.cli.pull import destinations, pull_job
 
