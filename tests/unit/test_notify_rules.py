@@ -92,6 +92,15 @@ def test_an_allow_list_takes_only_its_hosts_ports_and_domains():
     assert "not among" in (rule.refusal("https://example.com.evil.com/", resolve=True) or "")
 
 
+def test_an_allow_list_takes_ipv6_hosts_written_as_in_a_url():
+    rule = HostRule(["[::1]:9000", "[fd00::2]"])
+
+    assert rule.refusal("http://[::1]:9000/x", resolve=True) is None
+    assert rule.refusal("http://[fd00::2]:8443/x", resolve=True) is None
+    refused = rule.refusal("http://[::1]:9001/x", resolve=True) or ""
+    assert refused.startswith("[::1]:9001 is not among the hosts this agent notifies")
+
+
 @pytest.mark.parametrize(
     ("url", "why"),
     [

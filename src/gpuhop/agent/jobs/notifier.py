@@ -61,7 +61,8 @@ class HostRule:
         for entry in self.allowed:
             if entry.startswith("*.") and host.endswith(entry[1:]):
                 return True
-            if entry in (host, f"{host}:{port}"):
+            # An IPv6 address is listed as in a URL, "[::1]:8080" or "[::1]" (or bare).
+            if entry in (host, bracketed(host), f"{bracketed(host)}:{port}"):
                 return True
         return False
 
@@ -75,7 +76,7 @@ class HostRule:
             if self.listed(host, port):
                 return None
             return (
-                f"{host}:{port} is not among the hosts this agent notifies"
+                f"{bracketed(host)}:{port} is not among the hosts this agent notifies"
                 f" (notify_allowed_hosts in its agent.toml: {', '.join(self.allowed)})"
             )
         if host == "localhost" or host.endswith(".localhost"):
@@ -97,6 +98,11 @@ class HostRule:
                     " an admin can allow it (notify_allowed_hosts in agent.toml)"
                 )
         return None
+
+
+def bracketed(host: str) -> str:
+    """`host` as a URL writes it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
 
 
 def payload(
