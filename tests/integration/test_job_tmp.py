@@ -149,3 +149,26 @@ def test_serve_names_savedmodels_in_the_jobs_tmp_as_the_job_saw_them(agent_in_tm
             if not model.job.refresh().state.finished:
                 model.job.cancel(grace=1)
                 model.job.wait(timeout=30)
+
+
+def test_a_jobs_pwd_is_its_work_dir_not_the_dir_the_agent_was_started_in(
+    monkeypatch, tmp_path, project
+):
+    # The agent inherits the environment of the first command that started it, in a
+    # project dir of the user's: a job's Python reading $PWD must not get that dir.
+    elsewhere = tmp_path / "other-project"
+    elsewhere.mkdir()
+    monkeypatch.setenv("PWD", str(elsewhere))
+    monkeypatch.setenv("OLDPWD", str(tmp_path))
+    agent = Agent(tmp_path / "home", tmp_path / "cache", None).start()
+    try:
+        root = project({"where.py": "import os\nprint(os.getcwd(), os.environ.get('PWD'))\n"
+                        "print('OLDPWD' in os.environ)\n"})  # fmt: skip
+        with agent.client() as client:
+            job = client.submit(["where.py"], workdir=root)
+            assert job.wait(timeout=60).state.value == "succeeded"
+            cwd, pwd, oldpwd = b"".join(job.logs()).decode().split()
+    finally:
+        agent.shutdown()
+    assert pwd == cwd == str(agent.paths.jobs / job.id / "work")
+    assert oldpwd == "False"

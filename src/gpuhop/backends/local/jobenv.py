@@ -40,6 +40,10 @@ def job_environment(
         and not k.startswith("GPUHOP_")
         and (passed is None or allowed_for_jobs(k, passed))
     }
+    # The job starts in its work dir: a shell's PWD (and OLDPWD) from wherever the agent was
+    # started (the first `gpuhop` command's project dir) would name another dir as its own.
+    env.pop("OLDPWD", None)
+    env["PWD"] = str(jp.work)
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", QUIET_TF)
