@@ -165,3 +165,50 @@ def test_a_retry_continues_where_the_killed_attempt_left_off(shared_agent, proje
     assert re.search(
         r"attempt 1 +failed: killed by signal 9.*\n +last metrics: step=16 epoch=2", shown
     )
+
+
+# keras-io's shape: a Sequential without an Input, which Keras 3 on TensorFlow builds only
+# in the first step. Keras 3's BackupAndRestore refuses a model unbuilt at `fit`'s start, so
+# the one the hook adds under --retries failed every such script at once, with nothing to
+# restore. Killed as the 4th epoch begins, it must resume there with the weights it had.
+UNBUILT = """
+import os, signal
+import numpy as np
+import keras
+
+
+class Die(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+        if os.environ["GPUHOP_ATTEMPT"] == "1" and epoch == 3:
+            np.save("at-kill.npy", np.concatenate([w.ravel() for w in self.model.get_weights()]))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if os.environ["GPUHOP_ATTEMPT"] == "2" and batch == 1:
+            now = np.concatenate([w.ravel() for w in self.model.get_weights()])
+            print("epoch", self.epoch + 1, "restored:", np.allclose(now, np.load("at-kill.npy")))
+
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(256, 8)).astype("float32")
+y = x.sum(axis=1)
+model = keras.Sequential([keras.layers.Dense(4, activation="relu"), keras.layers.Dense(1)])
+model.compile(optimizer="adam", loss="mse")
+model.fit(x, y, epochs=6, batch_size=32, verbose=2, callbacks=[Die()])
+print("finished on attempt", os.environ["GPUHOP_ATTEMPT"])
+"""
+
+
+def test_an_unbuilt_keras3_model_resumes_under_retries(shared_agent, project):
+    root = project({"unbuilt.py": UNBUILT})
+    run = shared_agent.cli(
+        "run", "--name", "unbuilt", "--retries", "1", "unbuilt.py", cwd=root, timeout=280
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "gpuhop: attempt 1 failed: killed by signal 9 (SIGKILL" in run.stdout
+    assert "epoch 4 restored: True" in run.stdout
+    assert run.stdout.strip().endswith("finished on attempt 2")
+    with shared_agent.client() as client:
+        records, _ = client.job("unbuilt").metrics()
+    assert [(r["epoch"], r["step"]) for r in records] == [(e, 8 * e) for e in range(1, 7)]

@@ -204,8 +204,39 @@ def _marks_no_steps(keras: Any) -> bool:
 
 def backup_callback(keras: Any) -> Any:
     """Keras's BackupAndRestore in the job's checkpoint dir (kept across retries): a killed
-    attempt's retry resumes at its last finished epoch."""
-    return keras.callbacks.BackupAndRestore(str(checkpoint_dir() / "backup"))
+    attempt's retry resumes at its last finished epoch.
+
+    Keras 3's refuses a model not built when `fit` begins (`Sequential([Dense(...)])`
+    with no `Input`, which Keras 3 on TensorFlow builds only in the first step), even with
+    nothing to restore: every such unmodified script would fail under `--retries`. So for
+    such a model this one restores the epoch at once and the weights (and the optimizer's
+    state) as soon as the first step has built them, that step's update giving way to
+    them; with no backup there is nothing to restore, and saving works as Keras's does.
+    """
+    base = keras.callbacks.BackupAndRestore
+    if not hasattr(base, "_load_model"):
+        return base(str(checkpoint_dir() / "backup"))  # tf-keras's: unbuilt models are fine
+
+    class BackupAndRestore(base):  # type: ignore[misc, valid-type]
+        _restore_when_built = False
+
+        def on_train_begin(self, logs: dict | None = None) -> None:
+            if self.model.built:
+                super().on_train_begin(logs)
+                return
+            metadata = self._training_metadata_path
+            if os.path.exists(metadata):
+                with open(metadata) as f:
+                    self.model._initial_epoch = json.load(f)["epoch"]
+            self._restore_when_built = os.path.exists(self._weights_path)
+
+        def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+            if self._restore_when_built and self.model.built:
+                self._restore_when_built = False
+                self.model.load_weights(self._weights_path)
+            super().on_train_batch_end(batch, logs)
+
+    return BackupAndRestore(str(checkpoint_dir() / "backup"))
 
 
 def tensorboard_callback(keras: Any, **options: Any) -> Any:
