@@ -271,9 +271,8 @@ def test_remote_config_commands(lab: Side) -> None:
     assert json.loads(config.read_text())["remotes"]["lab"]["url"] == lab.server.url()
 
 
-def test_a_port_forwards_through_the_ssh_tunnel(
-    lab: Side, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def _servers_project(lab: Side, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """test_forward's servers as a project, and this process's SDK pointed at `lab`."""
     for key, value in lab.env.items():
         if key.startswith("GPUHOP_"):
             monkeypatch.setenv(key, value)
@@ -281,6 +280,13 @@ def test_a_port_forwards_through_the_ssh_tunnel(
     (root / "www").mkdir(parents=True)
     (root / "servers.py").write_text(SERVERS)
     (root / "www" / "index.html").write_text(PAGE)
+    return root
+
+
+def test_a_port_forwards_through_the_ssh_tunnel(
+    lab: Side, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    root = _servers_project(lab, monkeypatch, tmp_path)
     with Client(remote="lab") as client:
         job, _, echo_port = start_servers(client, root)
         try:
@@ -327,13 +333,7 @@ def test_logs_follow_and_a_forward_survive_a_dropped_ssh_connection(
     assert out.split() == ["before", "after"]  # nothing lost, nothing twice
 
     # A forward's next connection opens the tunnel again too.
-    for key, value in lab.env.items():
-        if key.startswith("GPUHOP_"):
-            monkeypatch.setenv(key, value)
-    servers = tmp_path / "servers"
-    (servers / "www").mkdir(parents=True)
-    (servers / "servers.py").write_text(SERVERS)
-    (servers / "www" / "index.html").write_text(PAGE)
+    servers = _servers_project(lab, monkeypatch, tmp_path)
     with Client(remote="lab") as client:
         job, _, echo_port = start_servers(client, servers)
         try:
