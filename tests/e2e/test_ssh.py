@@ -298,9 +298,7 @@ def test_a_port_forwards_through_the_ssh_tunnel(
     assert (lab.remote_home / "jobs" / job.id).is_dir()
 
 
-def test_logs_follow_and_a_forward_survive_a_dropped_ssh_connection(
-    lab: Side, project, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_logs_follow_survives_a_dropped_ssh_connection(lab: Side, project) -> None:
     # `logs -f` said it would resume a dropped connection, yet waited 30 s on the local
     # socket of a master that was gone, and failed as if the agent had been lost.
     root = project(
@@ -331,18 +329,6 @@ def test_logs_follow_and_a_forward_survive_a_dropped_ssh_connection(
         follow.kill()
     assert follow.returncode == 0, err
     assert out.split() == ["before", "after"]  # nothing lost, nothing twice
-
-    # A forward's next connection opens the tunnel again too.
-    servers = _servers_project(lab, monkeypatch, tmp_path)
-    with Client(remote="lab") as client:
-        job, _, echo_port = start_servers(client, servers)
-        try:
-            with job.forward(echo_port) as fwd:
-                assert echo_through(("127.0.0.1", fwd.local_port), b"one") == b"one"
-                lab.drop_connections()
-                assert echo_through(("127.0.0.1", fwd.local_port), b"two") == b"two"
-        finally:
-            job.cancel(grace=0)
 
 
 def test_ctrl_c_names_the_remote_in_its_hints(lab: Side, project) -> None:
