@@ -10,6 +10,7 @@ transports; none of them imports the `Client` facade back.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -112,8 +113,6 @@ class Session:
                 ) from None
             if e.status != 401:
                 raise
-            import os
-
             if os.environ.get("GPUHOP_TOKEN"):  # sent instead of the remote's (see tls)
                 which = (
                     "; the token sent was $GPUHOP_TOKEN's, which overrides the one stored"

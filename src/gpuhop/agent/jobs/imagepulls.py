@@ -32,6 +32,14 @@ log = logging.getLogger("gpuhop.agent")
 LOCAL = "localhost/"
 
 
+def not_built_here(reference: str) -> str:
+    """Why a `localhost/` image that is not on the host cannot be had."""
+    return (
+        f"image {reference} is not on this host: {LOCAL} names an image built there, which no"
+        " registry holds (build it on the host, or name an image in a registry)"
+    )
+
+
 class _Pull:
     def __init__(self) -> None:
         self.done = threading.Event()
@@ -91,11 +99,7 @@ class ImagePulls:
                 if found is not None:
                     return found
                 if reference.startswith(LOCAL):
-                    raise ImageError(
-                        f"image {reference} is not on this host: {LOCAL} names an image built"
-                        " there, which no registry holds (build it on the host, or name an"
-                        " image in a registry)"
-                    )
+                    raise ImageError(not_built_here(reference))
             pull, mine = self._begin(owner, reference)
         return self._finish(owner, reference, pull, mine, credentials, tls_verify)
 

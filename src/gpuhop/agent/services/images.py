@@ -27,7 +27,7 @@ from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
 from gpuhop.agent.host import images
 from gpuhop.agent.host.images import HostImage, ImageError, PodmanMissing
-from gpuhop.agent.jobs.imagepulls import LOCAL
+from gpuhop.agent.jobs.imagepulls import LOCAL, not_built_here
 from gpuhop.agent.jobs.store import ACTIVE_STATES
 from gpuhop.api import ErrorCode, JobState
 from gpuhop.api.images import ImageInfo, ImagePull
@@ -98,11 +98,7 @@ def pull(rt: AgentContext, body: ImagePull, caller: Caller) -> ImageInfo:
                 " is nothing to pull, and jobs may name it as it is"
             )
         else:
-            why = (
-                f"image {reference} is not on this host: {LOCAL} names an image built there,"
-                " which no registry holds (build it on the host, or name an image in a"
-                " registry)"
-            )
+            why = not_built_here(reference)
         raise ApiError(400, ErrorCode.bad_request, why)
     credentials = None
     if body.secret is not None:
