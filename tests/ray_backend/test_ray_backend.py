@@ -161,6 +161,13 @@ def test_jobs_the_cluster_cannot_run_are_refused_with_the_reason(ray_agent, proj
     for options, message in cases:
         run = ray_agent.cli("run", *options, "t.py", cwd=root)
         assert run.returncode == 2 and message in run.stderr, (options, run.stderr)
+    # JupyterLab would run on a node no forward reaches, holding it until --idle.
+    out = ray_agent.cli("notebook", "--no-browser", "--no-requirements", "--name", "nb", cwd=root)
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "JupyterLab (gpuhop notebook) is reached through" in said
+    assert "(agent started with --backend ray)" in said
+    with ray_agent.client() as client:
+        assert "nb" not in [j.name for j in client.jobs()]
 
 
 def test_an_agent_with_a_wrong_token_is_refused(ray_cluster, tmp_path):

@@ -307,6 +307,23 @@ def test_what_needs_the_agents_own_host_is_refused_with_the_reason(
     wait_until(lambda: not slurm_cluster.jobs(), timeout=60)
 
 
+def test_a_notebook_server_is_refused_and_leaves_no_job_behind(
+    slurm_agent, slurm_cluster, tmp_path
+):
+    # JupyterLab is reached through a forward, which cannot reach a compute node: a server
+    # queued anyway would hold its Slurm job for hours, unreachable.
+    work = _script(tmp_path, "gpus.py", SHOW_GPUS)
+    args = ("notebook", "--no-browser", "--no-requirements", "--name", "slurm-nb")
+    out = slurm_agent.cli(*args, cwd=work)
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "JupyterLab (gpuhop notebook) is reached through gpuhop forward" in said
+    assert "gpuhop run NOTEBOOK.ipynb" in said and "(agent started with --backend slurm)" in said
+    with slurm_agent.client() as client:
+        assert [j.name for j in client.jobs()].count("slurm-nb") == 0
+    assert not slurm_cluster.jobs()
+
+
 def _ended(agent, job_id: str, timeout: float = 60) -> dict:
     return wait_until(
         lambda: (i := _info(agent, job_id))["state"] not in ("queued", "starting", "running") and i,

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from gpuhop.agent.duties.idlegpus import NOTEBOOK_SERVER, _watched
+from gpuhop.agent.duties.idlegpus import _watched
 from gpuhop.agent.host.gpuhistory import GpuHistory, sample_every
 from gpuhop.agent.host.health import describe
 from gpuhop.agent.host.quarantine import QuarantineStore
 from gpuhop.agent.jobs.placement import plan
+from gpuhop.agent.jobs.records import NOTEBOOK_SERVER
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.api import GpuInfo, JobState
 from gpuhop.api.spec import JobSpec

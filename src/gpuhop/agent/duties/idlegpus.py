@@ -14,13 +14,12 @@ import logging
 import time
 
 from gpuhop.agent.context import AgentContext
+from gpuhop.agent.jobs.records import is_notebook_server
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.api import EndClass, JobState, format_seconds
 
 log = logging.getLogger("gpuhop.agent")
 
-# How a notebook server is started (gpuhop.runtime.notebook; the agent does not import it).
-NOTEBOOK_SERVER = ["-m", "gpuhop.runtime.notebook", "serve"]
 # How long an idle job has to stop after SIGTERM.
 IDLE_GRACE = 10.0
 
@@ -80,4 +79,4 @@ def _watched(job: JobRecord) -> bool:
     """Whether the idle guard watches this job: whole GPUs, and not a notebook server."""
     if not job.gpu_ids or job.spec.gpu_memory_mb is not None or job.pid is None:
         return False
-    return job.command[: len(NOTEBOOK_SERVER)] != NOTEBOOK_SERVER
+    return not is_notebook_server(job.command)

@@ -15,6 +15,13 @@ from gpuhop.api.spec import JobSpec
 
 ACTIVE_STATES = (JobState.starting, JobState.running)
 FINISHED_STATES = tuple(s for s in JobState if s.finished)
+# How a notebook server is started (gpuhop.runtime.notebook; the agent does not import it).
+NOTEBOOK_SERVER = ["-m", "gpuhop.runtime.notebook", "serve"]
+
+
+def is_notebook_server(command: list[str]) -> bool:
+    """Whether a job's command starts JupyterLab (`gpuhop notebook`)."""
+    return command[: len(NOTEBOOK_SERVER)] == NOTEBOOK_SERVER
 
 
 def as_text(s: str) -> str:

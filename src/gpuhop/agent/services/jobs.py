@@ -18,7 +18,7 @@ from gpuhop.agent.errors import ApiError, not_found
 from gpuhop.agent.jobs.energy import job_energy
 from gpuhop.agent.jobs.masking import mask_json, mask_records
 from gpuhop.agent.jobs.metricstail import by_source, latest_of, memory_peak_of, tail_records
-from gpuhop.agent.jobs.records import as_text
+from gpuhop.agent.jobs.records import as_text, is_notebook_server
 from gpuhop.agent.jobs.store import AmbiguousJob, JobNotFound, JobRecord
 from gpuhop.agent.services import admission, deps, fairuse, gc, queue
 from gpuhop.agent.services import secrets as job_secrets
@@ -353,6 +353,16 @@ def submit(
         rt.backend.check_submit(spec)
     except Refused as e:
         raise ApiError(400, e.code, e.message) from None
+    if rt.backend.remote and is_notebook_server(command):
+        # Queued anyway, it would hold its node (and GPUs) until --idle, unreachable.
+        raise ApiError(
+            400,
+            ErrorCode.bad_request,
+            "JupyterLab (gpuhop notebook) is reached through gpuhop forward, which reaches"
+            f" ports on the agent's own host only, and this agent runs jobs on"
+            f" {rt.backend.where}: run a notebook top to bottom as a job instead (gpuhop run"
+            f" NOTEBOOK.ipynb) (agent started with --backend {rt.backend.name})",
+        )
     total = len(rt.gpus)
     if spec.gpu_memory_mb is not None:
         _check_share(rt, spec.gpu_memory_mb)
