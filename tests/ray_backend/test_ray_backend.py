@@ -168,6 +168,13 @@ def test_jobs_the_cluster_cannot_run_are_refused_with_the_reason(ray_agent, proj
     assert "(agent started with --backend ray)" in said
     with ray_agent.client() as client:
         assert "nb" not in [j.name for j in client.jobs()]
+    # TensorBoard too: it said the job needed "a private network (TensorFlow servers)".
+    ran = ray_agent.cli("run", "-d", "--no-requirements", "t.py", cwd=root)
+    assert ran.returncode == 0, ran.stderr
+    out = ray_agent.cli("tensorboard", "--no-browser", ran.stdout.strip(), cwd=root)
+    said = " ".join(out.stderr.split())
+    assert out.returncode == 2 and "TensorBoard runs on the agent's own host" in said, said
+    assert "gpuhop pull JOB" in said
 
 
 def test_an_agent_with_a_wrong_token_is_refused(ray_cluster, tmp_path):

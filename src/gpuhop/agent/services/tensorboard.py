@@ -60,6 +60,14 @@ _has_tensorboard: set[str] = set()
 
 
 def start(rt: AgentContext, ref: str, caller: Caller) -> TensorBoardInfo:
+    if rt.backend.remote:
+        raise ApiError(
+            400,
+            ErrorCode.bad_request,
+            "TensorBoard runs on the agent's own host and is reached through gpuhop forward,"
+            f" and this agent runs jobs on {rt.backend.where} (--backend {rt.backend.name}):"
+            " pull the job's logs (gpuhop pull JOB) and run tensorboard --logdir on them",
+        )
     source = jobs.find(rt, ref, caller)
     if _spec(rt, source.id) is not None:
         raise ApiError(
