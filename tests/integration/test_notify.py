@@ -152,6 +152,26 @@ def test_a_webhook_hears_of_a_jobs_start_and_success_or_failure(notify_agent, we
     assert webhook.events("/bad")[1]["job"]["exit_code"] == 3
 
 
+def test_a_webhooks_url_is_a_secret_kept_out_of_the_agents_log_and_views(
+    notify_agent, webhook, project
+):
+    """Slack's, Discord's and ntfy's webhook URLs carry their token in the path: whoever can
+    read the agent's log, `show`, `ps` or the dashboard could post to the user's channel."""
+    token = "T0001/B0002/s3cretW3bhookT0ken"
+    root = project({"main.py": "pass\n"})
+    with notify_agent.client() as client:
+        job = client.submit(["main.py"], workdir=root, notify=[f"{webhook.url}/{token}"])
+        assert job.wait(timeout=60).state == JobState.succeeded
+    wait_until(lambda: len(webhook.events(f"/{token}")) == 2)
+    shown = notify_agent.cli("show", "--json", job.id)
+    listed = notify_agent.cli("ps", "--json")
+    assert shown.returncode == 0 and listed.returncode == 0, shown.stderr + listed.stderr
+    assert json.loads(shown.stdout)["notify"] == [f"{webhook.url}/…"]
+    assert job.id in listed.stdout
+    for seen in (notify_agent.paths.logfile.read_text(), shown.stdout, listed.stdout):
+        assert "s3cret" not in seen
+
+
 def test_a_job_cancelled_before_it_starts_is_told_once(notify_agent, webhook, project):
     root = project(
         {

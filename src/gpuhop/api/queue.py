@@ -80,3 +80,19 @@ def check_webhook_url(url: str) -> str:
     if parts.username or parts.password:
         raise ValueError(f"notify URL {url[:80]!r}: credentials in the URL are not allowed")
     return url
+
+
+def shown_webhook(url: str) -> str:
+    """`url` as gpuhop shows and logs it: its scheme, host and port, and "…" for the rest.
+    A webhook's path is its secret (Slack's, Discord's and ntfy's URLs carry their token
+    there): whoever reads the agent's log, `show` or the dashboard must not be able to post
+    to it."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url)
+        host = parts.netloc.rpartition("@")[2]
+    except ValueError:
+        return "(a webhook URL that cannot be read)"
+    rest = "…" if parts.path.strip("/") or parts.query or parts.fragment else ""
+    return f"{parts.scheme}://{host}/{rest}"

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from gpuhop.agent.jobs.records import JobRecord
+from gpuhop.api.queue import shown_webhook
 
 if TYPE_CHECKING:
     import httpx
@@ -214,7 +215,11 @@ class Notifier:
                 self._start()
             if self._pending >= self.max_pending:
                 self.dropped += 1
-                log.warning("notification to %s dropped: %d already waiting", url, self._pending)
+                log.warning(
+                    "notification to %s dropped: %d already waiting",
+                    shown_webhook(url),
+                    self._pending,
+                )
                 return False
             self._pending += 1
             item = _Delivery(time.monotonic(), next(self._seq), url, body, (url, key))
@@ -249,7 +254,12 @@ class Notifier:
                 self._pending -= 1
                 self._next_of(item.key)
             if error is not None:
-                log.warning("notification to %s failed %d times: %s", item.url, item.tries, error)
+                log.warning(
+                    "notification to %s failed %d times: %s",
+                    shown_webhook(item.url),
+                    item.tries,
+                    error,
+                )
 
     def _next_of(self, key: tuple[str, str]) -> None:
         """A delivery of `key` is done (taken or given up): the next of that key may go."""

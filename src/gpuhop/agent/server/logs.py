@@ -29,6 +29,9 @@ FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Loggers that write what an unauthenticated client makes happen (a malformed request, a
 # TLS handshake that fails): at most one line per message per window.
 NOISY_LOGGERS = ("uvicorn.error", "asyncio")
+# Loggers that write each request's URL at INFO (httpx: "HTTP Request: POST URL"): the
+# agent's requests go to webhooks whose URL is a user's secret. Their warnings still come.
+URL_LOGGERS = ("httpx", "httpcore")
 
 
 def configure(logfile: Path, max_bytes: int = MAX_BYTES, backups: int = BACKUPS) -> None:
@@ -44,6 +47,8 @@ def configure(logfile: Path, max_bytes: int = MAX_BYTES, backups: int = BACKUPS)
     root.setLevel(logging.INFO)
     for name in NOISY_LOGGERS:
         logging.getLogger(name).addFilter(ThrottleFilter())
+    for name in URL_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 class FollowingRotatingHandler(logging.handlers.RotatingFileHandler):

@@ -14,6 +14,7 @@ from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError
 from gpuhop.agent.jobs.placement import largest_kind
 from gpuhop.api import ErrorCode
+from gpuhop.api.queue import shown_webhook
 from gpuhop.api.spec import JobSpec
 
 
@@ -30,7 +31,7 @@ def check(rt: AgentContext, spec: JobSpec, caller: Caller) -> None:
     for url in spec.notify:
         refused = rt.notify_rule.refusal(url, resolve=False)
         if refused is not None:
-            raise ApiError(400, ErrorCode.bad_request, f"notify {url}: {refused}")
+            raise ApiError(400, ErrorCode.bad_request, f"notify {shown_webhook(url)}: {refused}")
     if spec.gpus > 1 and spec.gpu_memory_mb is None and not spec.mixed_gpus:
         kinds = {g.index: g.kind for g in rt.gpus}
         most = largest_kind(kinds, kinds)

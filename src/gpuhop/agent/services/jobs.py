@@ -32,6 +32,7 @@ from gpuhop.api import (
     format_mb,
     validate_relpath,
 )
+from gpuhop.api.queue import shown_webhook
 from gpuhop.api.spec import JobSpec
 from gpuhop.backends import jobdeps
 from gpuhop.backends.base import Refused
@@ -132,7 +133,7 @@ def to_info(rt: AgentContext, job: JobRecord) -> JobInfo:
         max_parallel=job.spec.max_parallel,
         mixed_gpus=job.spec.mixed_gpus,
         image=job.spec.image,
-        notify=list(job.spec.notify),
+        notify=[shown_webhook(url) for url in job.spec.notify],
         secrets=[s.name if s.env == s.name else f"{s.name}={s.env}" for s in job.spec.secrets],
         energy=job_energy(
             jp,
