@@ -16,6 +16,7 @@ import pytest
 
 from gpuhop.agent.jobs.notifier import HostRule, Notifier
 from gpuhop.api import JobState
+from gpuhop.api.models import MAX_NOTIFY_URLS
 from gpuhop.client import GpuhopError
 from tests.conftest import Agent, wait_until
 
@@ -217,6 +218,27 @@ def test_unreachable_webhooks_hold_up_neither_submits_nor_other_jobs(
         silent.close()
 
 
+def test_a_webhook_that_never_answers_holds_up_only_its_own_notifications(
+    notify_agent, webhook, project
+):
+    """More of one hanging webhook's notifications than the agent has senders: each waits
+    for the webhook's timeout (HANG_SECONDS), yet another webhook hears of its job at once."""
+    silent = Silent()
+    try:
+        root = project({"main.py": "pass\n"})
+        hanging = [f"{silent.url}/{i}" for i in range(MAX_NOTIFY_URLS)]
+        with notify_agent.client() as client:
+            first = client.submit(["main.py"], workdir=root, notify=hanging)
+            assert first.wait(timeout=60).state == JobState.succeeded
+            wait_until(lambda: silent.open_connections() >= 1)
+            second = client.submit(["main.py"], workdir=root, notify=[f"{webhook.url}/2"])
+            assert second.wait(timeout=60).state == JobState.succeeded
+            wait_until(lambda: len(webhook.events("/2")) == 2)
+        assert silent.open_connections() >= 1  # still hanging: heard of before its timeout
+    finally:
+        silent.close()
+
+
 def test_notifications_to_hosts_an_admin_did_not_allow_are_refused(
     notify_agent, shared_agent, project
 ):
@@ -280,7 +302,7 @@ def test_a_failing_webhook_is_tried_again_and_a_jobs_end_never_overtakes_its_sta
         assert notifier.send(f"{hook.url}/x", {"event": "started"}, key="job1")
         assert notifier.send(f"{hook.url}/x", {"event": "succeeded"}, key="job1")
         wait_until(lambda: len(hook.received) == 4)
-        # Four senders, yet the end waits for its start, refused twice, to be taken.
+        # Several senders, yet the end waits for its start, refused twice, to be taken.
         assert [body["event"] for _, body in hook.received] == [
             "started",
             "started",
@@ -290,6 +312,24 @@ def test_a_failing_webhook_is_tried_again_and_a_jobs_end_never_overtakes_its_sta
     finally:
         notifier.close()
         hook.close()
+
+
+def test_one_users_hanging_webhooks_leave_senders_for_the_others(webhook):
+    """Mallory's webhooks, each on a host of its own, never answer: as many of them as there
+    are senders take at most `per_owner` of those, and Alice's notification goes out."""
+    silents = [Silent() for _ in range(4)]
+    notifier = Notifier(HostRule(["127.0.0.1"]), senders=4, per_owner=2, timeout=HANG_SECONDS)
+    try:
+        for i, silent in enumerate(silents):
+            assert notifier.send(silent.url, {"n": i}, key=f"job{i}", owner="mallory")
+        wait_until(lambda: sum(s.open_connections() for s in silents) == 2)
+        assert notifier.send(f"{webhook.url}/alice", {"n": 9}, key="job9", owner="alice")
+        wait_until(lambda: webhook.events("/alice") == [{"n": 9}])
+        assert sum(s.open_connections() for s in silents) == 2  # still waiting for an answer
+    finally:
+        notifier.close()
+        for silent in silents:
+            silent.close()
 
 
 def test_the_queue_of_notifications_is_bounded():

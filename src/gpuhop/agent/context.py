@@ -251,7 +251,7 @@ class AgentContext:
         values = self.secret_values(job)
         for url in urls:
             body = mask_json(payload(job, event, url, metrics), values)
-            self.notifier.send(url, body, key=job.id)  # type: ignore[arg-type]
+            self.notifier.send(url, body, key=job.id, owner=job.owner or "")  # type: ignore[arg-type]
 
     def limits(self) -> Limits:
         admins = frozenset({owner_login(), *(t.user for t in self.tokens.list() if t.admin)})

@@ -1,11 +1,16 @@
 """Runs in the agent: tells webhooks that a job started or ended, in the background.
 
 A job's start or end is put on a bounded queue and the caller goes on at once: neither the
-supervisor nor the scheduler ever waits for a webhook. A few sender threads POST each
-notification; one that fails (no answer within `timeout`, a refused connection, a 5xx) is
-tried again after 1, 2, 4 ... seconds, up to `tries` times, then dropped with a warning.
-When `max_pending` notifications are waiting (a webhook down for long), new ones are dropped
-and logged rather than held without bound.
+supervisor nor the scheduler ever waits for a webhook. Sender threads (as many as there is
+work for, up to `senders`) POST each notification; one that fails (no answer within
+`timeout`, a refused connection, a 5xx) is tried again after 1, 2, 4 ... seconds, up to
+`tries` times, then dropped with a warning. When `max_pending` notifications are waiting (a
+webhook down for long), new ones are dropped and logged rather than held without bound.
+
+A webhook that accepts the connection and never answers holds a sender for `timeout` on
+each try: so at most `per_host` notifications go to one host (and port) at once, and at most
+`per_owner` of one user's jobs. The others wait in their lanes while the senders serve
+everyone else's.
 
 Which hosts a notification may reach is `HostRule`'s call: on a team agent a user must not
 be able to make the agent POST to its own listener or to loopback services of other users
@@ -101,6 +106,13 @@ class HostRule:
         return None
 
 
+def host_port(url: str) -> str:
+    """The host and port `url` goes to, "hooks.slack.com:443"."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{bracketed((parts.hostname or '').lower())}:{port}"
+
+
 def bracketed(host: str) -> str:
     """`host` as a URL writes it: an IPv6 address in brackets."""
     return f"[{host}]" if ":" in host else host
@@ -156,6 +168,9 @@ class _Delivery:
     body: dict[str, Any] = field(compare=False)
     # Deliveries of one key (a job, to one URL) go one after another, in order.
     key: tuple[str, str] = field(compare=False, default=("", ""))
+    # Its lanes ("host", HOST:PORT) and ("owner", USER): each lets only so many deliveries be
+    # sent at once.
+    lanes: tuple[tuple[str, str], ...] = field(compare=False, default=())
     tries: int = field(default=0, compare=False)
 
 
@@ -166,7 +181,9 @@ class Notifier:
         self,
         rule: HostRule,
         *,
-        senders: int = 4,
+        senders: int = 16,
+        per_host: int = 2,
+        per_owner: int = 4,
         max_pending: int = 1000,
         timeout: float = 5.0,
         tries: int = 5,
@@ -182,6 +199,11 @@ class Notifier:
         self._pending = 0  # waiting in the heap or behind another, or being sent
         # A key with a delivery in the heap or being sent -> those queued behind it.
         self._behind: dict[tuple[str, str], deque[_Delivery]] = {}
+        self._caps = {"host": per_host, "owner": per_owner}
+        self._busy: dict[tuple[str, str], int] = {}  # a lane -> its deliveries being sent
+        # A full lane -> the deliveries that were due and wait for it (a heap, by due).
+        self._parked: dict[tuple[str, str], list[_Delivery]] = {}
+        self._idle = 0  # senders waiting for work
         self._seq = itertools.count()
         self._cond = threading.Condition()
         self._closed = False
@@ -190,28 +212,22 @@ class Notifier:
         self._threads: list[threading.Thread] = []
 
     def _start(self) -> None:
-        """The senders and their HTTP client, made at the first notification (most agents
-        notify nobody). Called with the lock held. httpx is imported here, not with the
-        agent: its package loads its command line (click, rich, pygments), a tenth of the
-        agent's start-up imports, for agents that mostly never notify."""
+        """The senders' HTTP client, made at the first notification (most agents notify
+        nobody). Called with the lock held. httpx is imported here, not with the agent: its
+        package loads its command line (click, rich, pygments), a tenth of the agent's
+        start-up imports, for agents that mostly never notify."""
         import httpx
 
         self._http = httpx.Client(timeout=self.timeout, follow_redirects=False, trust_env=False)
-        self._threads = [
-            threading.Thread(target=self._run, name=f"notify-{i}", daemon=True)
-            for i in range(self._senders)
-        ]
-        for t in self._threads:
-            t.start()
 
-    def send(self, url: str, body: dict[str, Any], key: str = "") -> bool:
-        """Queue one notification; False (and logged) if too many are waiting. Those of
-        one `key` (a job's) to one URL arrive in the order sent: a job's end never
-        overtakes its start, even while the start is being retried."""
+    def send(self, url: str, body: dict[str, Any], key: str = "", owner: str = "") -> bool:
+        """Queue one notification of `owner`'s job; False (and logged) if too many are
+        waiting. Those of one `key` (a job's) to one URL arrive in the order sent: a job's
+        end never overtakes its start, even while the start is being retried."""
         with self._cond:
             if self._closed:
                 return False
-            if not self._threads:
+            if self._http is None:
                 self._start()
             if self._pending >= self.max_pending:
                 self.dropped += 1
@@ -222,34 +238,77 @@ class Notifier:
                 )
                 return False
             self._pending += 1
-            item = _Delivery(time.monotonic(), next(self._seq), url, body, (url, key))
+            lanes = (("host", host_port(url)), ("owner", owner))
+            item = _Delivery(time.monotonic(), next(self._seq), url, body, (url, key), lanes)
             if item.key in self._behind:
                 self._behind[item.key].append(item)
             else:
                 self._behind[item.key] = deque()
-                heapq.heappush(self._heap, item)
-                self._cond.notify()
+                self._ready(item)
         return True
+
+    def _ready(self, item: _Delivery) -> None:
+        """`item` may be sent once it is due. Called with the lock held."""
+        heapq.heappush(self._heap, item)
+        self._wake()
+
+    def _wake(self) -> None:
+        """A sender for work that is waiting: an idle one, else a new one while there are
+        fewer than `senders`. Called with the lock held."""
+        if self._idle == 0 and len(self._threads) < self._senders:
+            t = threading.Thread(target=self._run, name=f"notify-{len(self._threads)}", daemon=True)
+            self._threads.append(t)
+            t.start()
+        else:
+            self._cond.notify()
+
+    def _take(self) -> _Delivery | None:
+        """The first due delivery whose lanes have room; those due whose lane is full wait
+        in it (`_parked`). Called with the lock held."""
+        now = time.monotonic()
+        while self._heap and self._heap[0].due <= now:
+            item = heapq.heappop(self._heap)
+            full = [lane for lane in item.lanes if self._busy.get(lane, 0) >= self._caps[lane[0]]]
+            if not full:
+                for lane in item.lanes:
+                    self._busy[lane] = self._busy.get(lane, 0) + 1
+                return item
+            heapq.heappush(self._parked.setdefault(full[0], []), item)
+        return None
+
+    def _free(self, item: _Delivery) -> None:
+        """`item` is no longer being sent: what waited for its lanes may go (each is taken
+        again in turn, and waits again where another of its lanes is full)."""
+        for lane in item.lanes:
+            self._busy[lane] -= 1
+            if not self._busy[lane]:
+                del self._busy[lane]
+            for parked in self._parked.pop(lane, []):
+                heapq.heappush(self._heap, parked)
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (not self._heap or self._heap[0].due > time.monotonic()):
+                item = None
+                while not self._closed and (item := self._take()) is None:
                     wait = self._heap[0].due - time.monotonic() if self._heap else None
+                    self._idle += 1
                     self._cond.wait(wait)
-                if self._closed:
+                    self._idle -= 1
+                if item is None:  # closed
                     return
-                item = heapq.heappop(self._heap)
+                if self._heap and self._heap[0].due <= time.monotonic():
+                    self._wake()  # more is due: another sender takes it
             try:
                 error = self._deliver(item)
             except Exception as e:  # a bug here must not end the sender
                 error = f"{type(e).__name__}: {e}"
             with self._cond:
+                self._free(item)
                 item.tries += 1
                 if error is not None and item.tries < self.tries and not self._closed:
                     item.due = time.monotonic() + self.first_delay * 2 ** (item.tries - 1)
-                    heapq.heappush(self._heap, item)
-                    self._cond.notify()
+                    self._ready(item)
                     continue
                 self._pending -= 1
                 self._next_of(item.key)
@@ -269,8 +328,7 @@ class Notifier:
             return
         nxt = behind.popleft()
         nxt.due = time.monotonic()
-        heapq.heappush(self._heap, nxt)
-        self._cond.notify()
+        self._ready(nxt)
 
     def _deliver(self, item: _Delivery) -> str | None:
         """POST one notification; None when the webhook took it, else why not."""
@@ -295,7 +353,8 @@ class Notifier:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        deadline = time.monotonic() + 1.0
         for t in self._threads:
-            t.join(timeout=1.0)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
         if self._http is not None and not any(t.is_alive() for t in self._threads):
             self._http.close()
