@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 
-from gpuhop.agent.config import Policy, PolicyError
+from gpuhop.agent.config import Policy, PolicyError, load
 from gpuhop.agent.jobs.notifier import HostRule, payload
 from gpuhop.agent.jobs.records import JobRecord
 from gpuhop.api import JobState
@@ -134,3 +137,34 @@ def test_agent_toml_takes_notify_lists_and_user_limits():
         Policy().with_settings({"notify": ["file:///x"]}, "agent.toml")
     with pytest.raises(PolicyError, match="negative"):
         Policy().with_settings({"user_max_gpus": -1}, "agent.toml")
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        ("*", '"*" is not taken: it would let users\' webhooks reach every host'),
+        ("https://hooks.slack.com", "a host, not a URL: hooks.slack.com"),
+        ("*.example.com:8443", "is not a host"),
+        ("hooks slack", "is not a host"),
+    ],
+)
+def test_agent_toml_refuses_allowed_hosts_no_webhook_could_match(tmp_path, entry, words):
+    """Such an entry would refuse every webhook (or, for "*", be read as allowing loopback
+    and the private network): the agent does not start, saying what to write instead."""
+    (tmp_path / "agent.toml").write_text(f"notify_allowed_hosts = [{json.dumps(entry)}]\n")
+    with pytest.raises(PolicyError, match=re.escape(words)):
+        load(tmp_path)
+
+
+def test_agent_toml_takes_every_form_of_allowed_host_the_rule_matches(tmp_path):
+    entries = ["hooks.slack.com", "ci.example.com:8443", "*.example.org", "[::1]:9000", "[fd00::2]"]
+    (tmp_path / "agent.toml").write_text(f"notify_allowed_hosts = {json.dumps(entries)}\n")
+    rule = HostRule(load(tmp_path).notify_allowed_hosts)
+    for url in (
+        "https://hooks.slack.com/services/x",
+        "https://ci.example.com:8443/x",
+        "https://a.example.org/x",
+        "http://[::1]:9000/x",
+        "http://[fd00::2]/x",
+    ):
+        assert rule.refusal(url, resolve=False) is None, url

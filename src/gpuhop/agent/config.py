@@ -52,6 +52,7 @@ No quota is set by default.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import math
 import re
 import tomllib
@@ -71,6 +72,10 @@ LIST_FIELDS = ("notify", "notify_allowed_hosts", "job_env_pass", "insecure_regis
 IDLE_ACTIONS = ("warn", "cancel")
 TABLES = ("slurm",)  # [slurm] ports = ... is the setting slurm_ports
 _PORTS_RE = re.compile(r"\s*(\d{1,5})\s*-\s*(\d{1,5})\s*\Z")
+# An entry of notify_allowed_hosts (see gpuhop.agent.jobs.notifier.HostRule): HOST, HOST:PORT,
+# *.DOMAIN, or an IPv6 address as a URL writes it, [::1] or [::1]:PORT.
+_ALLOWED_HOST_RE = re.compile(r"\*\.[A-Za-z0-9_.-]+\Z|[A-Za-z0-9_-][A-Za-z0-9_.-]*(?::\d{1,5})?\Z")
+_ALLOWED_V6_RE = re.compile(r"\[([0-9A-Fa-f:.]+)\](?::\d{1,5})?\Z")
 
 
 class PolicyError(ValueError):
@@ -144,6 +149,36 @@ def _shown(name: str) -> str:
     return f"[{table}] {key}" if table in TABLES and key else name
 
 
+def check_allowed_host(entry: str) -> str:
+    """`entry` if notify_allowed_hosts can take it, else ValueError saying what to write.
+    An entry that no URL's host can match would refuse every webhook, with no word of why
+    at the agent's start: a URL ("https://hooks.slack.com"), and "*", which is not taken to
+    allow every host, loopback and the host's private network included (SSRF)."""
+    if entry == "*" or entry.startswith("*:"):
+        raise ValueError(
+            "\"*\" is not taken: it would let users' webhooks reach every host, this one's"
+            " loopback and its private network included. Leave notify_allowed_hosts out to"
+            ' allow every public host, or list hosts ("HOST", "HOST:PORT", "*.DOMAIN")'
+        )
+    v6 = _ALLOWED_V6_RE.match(entry)
+    with_brackets = v6 is not None and _is_ip(v6.group(1))
+    if not (with_brackets or _is_ip(entry) or _ALLOWED_HOST_RE.match(entry)):
+        url = " (a host, not a URL: hooks.slack.com, not https://hooks.slack.com/)"
+        raise ValueError(
+            f"{entry[:80]!r} is not a host: give"
+            ' "HOST", "HOST:PORT", "*.DOMAIN" or "[IPv6]:PORT"' + (url if "/" in entry else "")
+        )
+    return entry
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 def parse_ports(text: object) -> tuple[int, int]:
     """(low, high) from "LOW-HIGH", both included. Raises ValueError."""
     match = _PORTS_RE.match(text) if isinstance(text, str) else None
@@ -181,6 +216,9 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             if name == "notify":
                 for url in value:
                     check_webhook_url(url)
+            if name == "notify_allowed_hosts":
+                for entry in value:
+                    check_allowed_host(entry)
             return tuple(value)
         if name in LIMIT_FIELDS:
             if value in (None, "", "none") or isinstance(value, bool):
