@@ -263,6 +263,15 @@ def test_notifications_to_hosts_an_admin_did_not_allow_are_refused(
         assert "only http:// and https:// URLs are allowed" in scheme.value.message
 
 
+def test_too_many_webhooks_are_refused_naming_the_limit(notify_agent, webhook, project):
+    root = project({"main.py": "pass\n"})
+    urls = [f"{webhook.url}/{i}" for i in range(MAX_NOTIFY_URLS + 1)]
+    ran = notify_agent.cli("run", "-d", *(f"--notify={url}" for url in urls), "main.py", cwd=root)
+    assert ran.returncode == 2
+    assert f"notify: {len(urls)} webhooks; a job may have at most {MAX_NOTIFY_URLS}" in ran.stderr
+    assert "List should have" not in ran.stderr
+
+
 def test_notify_desktop_tells_this_machine_when_a_waited_for_job_ends(
     shared_agent, project, tmp_path
 ):

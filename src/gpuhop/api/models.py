@@ -330,6 +330,15 @@ class SubmitRequest(StrictModel):
     # A re-sync in the job's request: its tree (`tree`) as a delta, kept as by /v1/trees/delta.
     tree_delta: TreeDelta | None = None
 
+    @field_validator("notify", mode="before")
+    @classmethod
+    def _notify_count(cls, v: object) -> object:
+        # Before the field's own max_length, whose words are pydantic's ("List should have
+        # at most 8 items after validation, not 9").
+        if isinstance(v, list) and len(v) > MAX_NOTIFY_URLS:
+            raise ValueError(f"{len(v)} webhooks; a job may have at most {MAX_NOTIFY_URLS}")
+        return v
+
     @field_validator("notify")
     @classmethod
     def _notify(cls, v: list[str] | None) -> list[str] | None:
