@@ -384,3 +384,28 @@ def test_the_text_names_the_models_metrics_not_when_the_record_was_written(
         "; epoch=20, step=900, loss=0.0345, accuracy=0.9916, val_loss=0.0953, val_accuracy=0.9722"
     )
     assert ended["job"]["metrics"]["time"] == record["time"]  # the payload keeps the record
+
+
+def test_a_jobs_metric_names_never_put_mentions_or_links_in_the_text(
+    notify_agent, webhook, project
+):
+    """The text goes to chat channels (the agent's `notify`: the admin's, told of every job):
+    a hostile job's metric named "<!channel> ..." or "@all" must not ping everyone there."""
+    record = {
+        "<!channel> log in again at <https://evil.example|slack.com>": 1,
+        "@all": 2,
+        "train/loss": 0.5,
+    }
+    script = (
+        "import json, os\n"
+        "with open(os.environ['GPUHOP_METRICS_FILE'], 'a') as f:\n"
+        f"    f.write(json.dumps({record!r}) + '\\n')\n"
+    )
+    root = project({"evil.py": script})
+    with notify_agent.client() as client:
+        job = client.submit(["evil.py"], workdir=root, notify=[f"{webhook.url}/evil"])
+        assert job.wait(timeout=60).state == JobState.succeeded
+    wait_until(lambda: len(webhook.events("/evil")) == 2)
+    ended = webhook.events("/evil")[1]
+    assert ended["text"].endswith("; train/loss=0.5")
+    assert ended["job"]["metrics"] == record  # as data, it stays

@@ -34,13 +34,21 @@ def record(**more: object) -> JobRecord:
     return JobRecord(**fields)
 
 
+SLACK_HOOK = "https://hooks.slack.com/services/T0/B0/x"
+
+
 def test_a_slack_incoming_webhook_gets_only_a_text():
-    body = payload(record(), "failed", "https://hooks.slack.com/services/T0/B0/x", {"loss": 0.5})
+    body = payload(record(), "failed", SLACK_HOOK, {"loss": 0.5})
 
     assert body == {
         "text": "gpuhop: job abcd1234 (grid[lr=0.1]) of alice failed: exited with code 3"
         " after 1 min; loss=0.5"
     }
+
+
+def test_slack_reads_no_markup_in_the_text():
+    body = payload(record(reason="a <!channel> & <https://x|y>"), "failed", SLACK_HOOK, None)
+    assert body["text"].endswith("failed: a &lt;!channel&gt; &amp; &lt;https://x|y&gt;")
 
 
 def test_another_webhook_gets_the_jobs_facts_as_json():

@@ -23,6 +23,7 @@ import heapq
 import ipaddress
 import itertools
 import logging
+import re
 import socket
 import threading
 import time
@@ -48,6 +49,12 @@ NOT_IN_TEXT = frozenset(
     {"time", "epochs", "memory_mb", "memory_peak_mb", "source", "progress", "epoch_step"}
     | {"epoch_steps", "eta"}
 )
+# The names of metrics the text shows (Keras's "val_loss", a tf.summary tag "train/loss"). A
+# job writes its metrics file as it likes, and the text goes to chat channels (an agent's
+# `notify` to the admin's, told of every user's jobs), where a name such as "<!channel>",
+# "@all" or a link would ping everyone there or pass for the agent's words. Other names stay
+# in the payload's `metrics`, as data.
+SHOWN_METRIC_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_./-]{0,63}\Z")
 
 
 class HostRule:
@@ -134,12 +141,16 @@ def payload(
         shown = {
             k: v
             for k, v in metrics.items()
-            if k not in NOT_IN_TEXT and isinstance(v, int | float) and not isinstance(v, bool)
+            if k not in NOT_IN_TEXT
+            and SHOWN_METRIC_RE.match(k)
+            and isinstance(v, int | float)
+            and not isinstance(v, bool)
         }
         if shown:
             text += "; " + ", ".join(f"{k}={v:.4g}" for k, v in list(shown.items())[:6])
     if urlsplit(url).hostname == SLACK_HOST:
-        return {"text": text}
+        # Slack reads &, < and > as markup (links, mentions): escaped as its docs ask.
+        return {"text": text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")}
     return {
         "event": event,
         "text": text,
