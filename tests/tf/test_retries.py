@@ -212,3 +212,67 @@ def test_an_unbuilt_keras3_model_resumes_under_retries(shared_agent, project):
     with shared_agent.client() as client:
         records, _ = client.job("unbuilt").metrics()
     assert [(r["epoch"], r["step"]) for r in records] == [(e, 8 * e) for e in range(1, 7)]
+
+
+# keras-io's transfer learning shape: fit the head with the base frozen, then unfreeze and
+# fit again. Killed as the second fit's 3rd epoch begins, the retry must not train the head
+# again (it used to take the second fit's backup for its own, train on from there, then
+# delete it), and the second fit must resume at its 3rd epoch with the weights it had.
+FINE_TUNING = """
+import os, signal
+import numpy as np
+import keras
+
+ATTEMPT = os.environ["GPUHOP_ATTEMPT"]
+
+
+def weights(model):
+    return np.concatenate([w.ravel() for w in model.get_weights()])
+
+
+class Die(keras.callbacks.Callback):
+    def __init__(self, stage):
+        super().__init__()
+        self.stage = stage
+
+    def on_epoch_begin(self, epoch, logs=None):
+        print(f"attempt {ATTEMPT}: fit {self.stage} epoch {epoch + 1}", flush=True)
+        if self.stage == 2 and epoch == 2:
+            if ATTEMPT == "1":
+                np.save("at-kill.npy", weights(self.model))
+                os.kill(os.getpid(), signal.SIGKILL)
+            print("restored:", np.allclose(weights(self.model), np.load("at-kill.npy")))
+
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(256, 8)).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+base = keras.Sequential([keras.Input((8,)), keras.layers.Dense(8, activation="relu")])
+inputs = keras.Input((8,))
+model = keras.Model(inputs, keras.layers.Dense(1)(base(inputs, training=False)))
+base.trainable = False
+model.compile(optimizer="adam", loss="mse")
+model.fit(x, y, epochs=3, batch_size=32, verbose=0, callbacks=[Die(1)])
+base.trainable = True
+model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse")
+model.fit(x, y, epochs=5, batch_size=32, verbose=0, callbacks=[Die(2)])
+print("finished on attempt", ATTEMPT)
+"""
+
+
+def test_a_fine_tuning_killed_in_its_second_fit_resumes_there(shared_agent, project):
+    root = project({"finetune.py": FINE_TUNING})
+    run = shared_agent.cli(
+        "run", "--name", "finetune", "--retries", "1", "finetune.py", cwd=root, timeout=280
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "retrying (attempt 2 of 2)" in run.stdout
+    began = [line for line in run.stdout.splitlines() if line.startswith("attempt ")]
+    assert began == [
+        *(f"attempt 1: fit 1 epoch {e}" for e in (1, 2, 3)),
+        *(f"attempt 1: fit 2 epoch {e}" for e in (1, 2, 3)),
+        *(f"attempt 2: fit 2 epoch {e}" for e in (3, 4, 5)),
+    ]
+    assert "restored: True" in run.stdout
+    assert "Skipping variable loading" not in run.stdout + run.stderr
+    assert run.stdout.strip().endswith("finished on attempt 2")

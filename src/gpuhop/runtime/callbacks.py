@@ -8,15 +8,20 @@ gpuhop.keras (Keras 3 on any backend) and gpuhop.tf (TensorFlow's Keras).
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import functools
 import json
 import os
+import re
 import time
+from pathlib import Path
 from typing import Any
 
 from gpuhop.runtime import (
     attempt,
     checkpoint_dir,
+    in_job,
     log_metrics,
     metrics_file,
     profiling,
@@ -206,6 +211,15 @@ def backup_callback(keras: Any) -> Any:
     """Keras's BackupAndRestore in the job's checkpoint dir (kept across retries): a killed
     attempt's retry resumes at its last finished epoch.
 
+    Each `fit` backs up in a dir of its own (`fit_backup_dir`): a program that fits more
+    than once (a head with the base frozen, then the whole model) resumes the fit it was
+    killed in, and a retry's earlier fit neither takes that backup for its own nor deletes
+    it when it ends. In a job, a fit that ended keeps its end state there, so the retry,
+    replaying the program, gets the fit's end weights back and runs none of its epochs
+    again. Only the last ended fit of each model keeps its weights (a later one's supersede
+    them); an earlier one's retry restores its epoch only. Outside a job a fit's backup is
+    deleted when it ends, as Keras's is, so the next run starts afresh.
+
     Keras 3's refuses a model not built when `fit` begins (`Sequential([Dense(...)])`
     with no `Input`, which Keras 3 on TensorFlow builds only in the first step), even with
     nothing to restore: every such unmodified script would fail under `--retries`. So for
@@ -215,12 +229,23 @@ def backup_callback(keras: Any) -> Any:
     """
     base = keras.callbacks.BackupAndRestore
     if not hasattr(base, "_load_model"):
-        return base(str(checkpoint_dir() / "backup"))  # tf-keras's: unbuilt models are fine
+
+        class LegacyBackupAndRestore(base):  # type: ignore[misc, valid-type]
+            """tf-keras's, in a dir per fit (it reads `backup_dir` as training begins)."""
+
+            def on_train_begin(self, logs: dict | None = None) -> None:
+                self.backup_dir = str(fit_backup_dir(self.model, self.params))
+                super().on_train_begin(logs)
+
+        return LegacyBackupAndRestore(str(checkpoint_dir() / "backup"))
 
     class BackupAndRestore(base):  # type: ignore[misc, valid-type]
         _restore_when_built = False
+        _epochs_run = 0
 
         def on_train_begin(self, logs: dict | None = None) -> None:
+            self._back_up_in(fit_backup_dir(self.model, self.params))
+            self._epochs_run = 0
             if self.model.built:
                 super().on_train_begin(logs)
                 return
@@ -230,13 +255,58 @@ def backup_callback(keras: Any) -> Any:
                     self.model._initial_epoch = json.load(f)["epoch"]
             self._restore_when_built = os.path.exists(self._weights_path)
 
+        def _back_up_in(self, backup_dir: Path) -> None:
+            # The paths Keras's __init__ derives from its backup dir.
+            self.backup_dir = str(backup_dir)
+            self._weights_path = str(backup_dir / "latest.weights.h5")
+            self._training_metadata_path = str(backup_dir / "training_metadata.json")
+            self._prev_weights_path = f"{self._weights_path}.bkp"
+            self._prev_training_metadata_path = f"{self._training_metadata_path}.bkp"
+
         def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
             if self._restore_when_built and self.model.built:
                 self._restore_when_built = False
                 self.model.load_weights(self._weights_path)
             super().on_train_batch_end(batch, logs)
 
+        def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
+            self._epochs_run += 1
+            super().on_epoch_end(epoch, logs)
+
+        def on_train_end(self, logs: dict | None = None) -> None:
+            # Keras leaves the restored epoch on the model: its next fit would begin there.
+            self.model._initial_epoch = None
+            if not in_job():
+                super().on_train_end(logs)
+                return
+            if self._epochs_run:  # else a retry's replay of an ended fit: all is there
+                self._save_model()  # after the callbacks before it (best weights restored)
+                with open(self._training_metadata_path, "w") as f:
+                    json.dump({"epoch": self.params["epochs"], "batch": 0}, f)
+            superseded = getattr(self.model, "_gpuhop_ended_fit_weights", None)
+            if superseded not in (None, self._weights_path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(superseded)
+            self.model._gpuhop_ended_fit_weights = self._weights_path
+
     return BackupAndRestore(str(checkpoint_dir() / "backup"))
+
+
+# How many fits of each kind (`fit_backup_dir`) this process has begun.
+_fits_begun: collections.Counter[str] = collections.Counter()
+
+
+def fit_backup_dir(model: Any, params: dict | None) -> Path:
+    """The backup dir of the `fit` of `model` now beginning: one per fit, the same for the
+    same fit of a retry, which runs the same program. A fit is known by its model's name,
+    its epochs, how many weights it trains (a fine-tuning's second fit unfreezes more) and
+    how many such fits this process began before it: a retry that skips a fit of its own
+    accord (a program that loads what its last attempt saved) still finds the others'."""
+    epochs = (params or {}).get("epochs")
+    name = re.sub(r"[^\w.-]", "_", str(getattr(model, "name", "model")))
+    kind = f"{name}-{epochs}e-{len(model.trainable_weights)}w"
+    _fits_begun[kind] += 1
+    return checkpoint_dir() / "backup" / f"{kind}-{_fits_begun[kind]}"
 
 
 def tensorboard_callback(keras: Any, **options: Any) -> Any:
