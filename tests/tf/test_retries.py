@@ -252,10 +252,12 @@ inputs = keras.Input((8,))
 model = keras.Model(inputs, keras.layers.Dense(1)(base(inputs, training=False)))
 base.trainable = False
 model.compile(optimizer="adam", loss="mse")
-model.fit(x, y, epochs=3, batch_size=32, verbose=0, callbacks=[Die(1)])
+head = model.fit(x, y, epochs=3, batch_size=32, verbose=0, callbacks=[Die(1)])
 base.trainable = True
 model.compile(optimizer=keras.optimizers.Adam(1e-4), loss="mse")
-model.fit(x, y, epochs=5, batch_size=32, verbose=0, callbacks=[Die(2)])
+whole = model.fit(x, y, epochs=5, batch_size=32, verbose=0, callbacks=[Die(2)])
+print("head epochs:", head.epoch, "losses:", len(head.history["loss"]))
+print("whole epochs:", whole.epoch, "losses:", len(whole.history["loss"]))
 print("finished on attempt", ATTEMPT)
 """
 
@@ -275,4 +277,8 @@ def test_a_fine_tuning_killed_in_its_second_fit_resumes_there(shared_agent, proj
     ]
     assert "restored: True" in run.stdout
     assert "Skipping variable loading" not in run.stdout + run.stderr
+    # Each fit's History holds all its epochs, as one uninterrupted run's would: the one the
+    # retry skipped, and the one it resumed.
+    assert "head epochs: [0, 1, 2] losses: 3" in run.stdout
+    assert "whole epochs: [0, 1, 2, 3, 4] losses: 5" in run.stdout
     assert run.stdout.strip().endswith("finished on attempt 2")

@@ -246,6 +246,7 @@ def backup_callback(keras: Any) -> Any:
         def on_train_begin(self, logs: dict | None = None) -> None:
             self._back_up_in(fit_backup_dir(self.model, self.params))
             self._epochs_run = 0
+            self._past = _read_history(self._history_path)
             if self.model.built:
                 super().on_train_begin(logs)
                 return
@@ -262,6 +263,7 @@ def backup_callback(keras: Any) -> Any:
             self._training_metadata_path = str(backup_dir / "training_metadata.json")
             self._prev_weights_path = f"{self._weights_path}.bkp"
             self._prev_training_metadata_path = f"{self._training_metadata_path}.bkp"
+            self._history_path = backup_dir / "history.json"
 
         def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
             if self._restore_when_built and self.model.built:
@@ -271,6 +273,9 @@ def backup_callback(keras: Any) -> Any:
 
         def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
             self._epochs_run += 1
+            if in_job():  # before the backup that skips this epoch on a retry
+                self._past[epoch] = _numbers(logs)
+                _write_history(self._history_path, self._past)
             super().on_epoch_end(epoch, logs)
 
         def on_train_end(self, logs: dict | None = None) -> None:
@@ -279,6 +284,15 @@ def backup_callback(keras: Any) -> Any:
             if not in_job():
                 super().on_train_end(logs)
                 return
+            history = getattr(self.model, "history", None)
+            if self._past and history is not None:
+                # The History `fit` returns: every epoch's, as one uninterrupted fit's (a
+                # retry's has those it ran only, and none where it skipped an ended fit).
+                history.epoch = sorted(self._past)
+                history.history = {}
+                for epoch in history.epoch:
+                    for key, value in self._past[epoch].items():
+                        history.history.setdefault(key, []).append(value)
             if self._epochs_run:  # else a retry's replay of an ended fit: all is there
                 self._save_model()  # after the callbacks before it (best weights restored)
                 with open(self._training_metadata_path, "w") as f:
@@ -290,6 +304,33 @@ def backup_callback(keras: Any) -> Any:
             self.model._gpuhop_ended_fit_weights = self._weights_path
 
     return BackupAndRestore(str(checkpoint_dir() / "backup"))
+
+
+def _numbers(logs: dict | None) -> dict[str, float]:
+    """An epoch's logs as History keeps them, the numbers only (JSON)."""
+    numbers = {}
+    for key, value in (logs or {}).items():
+        with contextlib.suppress(TypeError, ValueError):
+            numbers[str(key)] = float(value)
+    return numbers
+
+
+def _read_history(path: Path) -> dict[int, dict[str, float]]:
+    """The epochs' logs an earlier attempt of this fit wrote (`_write_history`), if any."""
+    try:
+        with open(path) as f:
+            return {int(epoch): logs for epoch, logs in json.load(f).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _write_history(path: Path, past: dict[int, dict[str, float]]) -> None:
+    """Every epoch's logs so far, in one replaced file (a kill leaves the last whole one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f"{path.name}.{os.getpid()}")
+    with open(partial, "w") as f:
+        json.dump({str(epoch): logs for epoch, logs in past.items()}, f)
+    os.replace(partial, path)
 
 
 # How many fits of each kind (`fit_backup_dir`) this process has begun.
