@@ -464,6 +464,32 @@ def test_a_sweeps_page_compares_its_runs_and_cancels_the_sweep(
 
 
 # Last but one: the GPU stays quarantined for the rest of the module.
+def test_a_diverged_loss_is_drawn_up_to_where_it_went_nan(dashboard, browser, project):
+    # A loss gone to NaN came as null, and NaN or infinity as strings left the page's chart
+    # and the job list without the metric: the list says "nan", the chart has a gap there.
+    agent, _, _ = dashboard
+    job_py = (
+        "from gpuhop.runtime import log_metrics\n"
+        "for epoch, loss in enumerate([1.0, 0.5, float('nan')], 1):\n"
+        "    log_metrics(epoch=epoch, loss=loss, grad=float('inf'))\n"
+    )
+    with agent.client() as client:
+        job = client.submit(["job.py"], workdir=project({"job.py": job_py}), name="diverged")
+        assert job.wait(timeout=60).state.value == "succeeded"
+    context, page, errors = signed_in(browser, dashboard)
+    try:
+        expect = sync_api.expect
+        row = page.locator(f'tr[data-job="{job.id}"]')
+        expect(row.locator('[data-label="Latest metrics"]')).to_contain_text("loss nan")
+        expect(row.locator('[data-label="Latest metrics"]')).to_contain_text("grad inf")
+        page.click(f'tr[data-job="{job.id}"] a.jobid')
+        expect(page.locator('[data-metric="loss"]')).to_have_attribute("data-points", "3")
+        expect(page.locator('[data-metric="loss"] svg path.line')).to_have_count(1)
+        assert errors == []
+    finally:
+        context.close()
+
+
 def test_the_gpu_page_says_why_a_gpu_is_quarantined(dashboard, browser):
     agent, _, _ = dashboard
     agent.paths.fake_gpus_seam.write_text('{"0": {"xid": 79}}')

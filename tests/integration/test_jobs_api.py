@@ -127,6 +127,23 @@ def test_metrics_are_read_by_line(shared_agent, project):
     assert info.latest_metrics["loss"] == pytest.approx(1 / 3)
 
 
+def test_a_diverged_loss_shows_as_nan(shared_agent, project):
+    # NaN and infinity were written as null: `show` said "loss=None", as if no loss came.
+    root = project(
+        {
+            "job.py": "from gpuhop.runtime import log_metrics\n"
+            "log_metrics(epoch=1, loss=float('nan'), grad=float('inf'), low=float('-inf'))\n"
+        }
+    )
+    with shared_agent.client() as client:
+        info = client.submit(["job.py"], workdir=root).wait(60)
+    assert info.state == JobState.succeeded
+    metrics = info.latest_metrics
+    assert (metrics["loss"], metrics["grad"], metrics["low"]) == ("nan", "inf", "-inf")
+    show = shared_agent.cli("show", info.id)
+    assert "loss=nan grad=inf low=-inf" in show.stdout, show.stdout
+
+
 def test_artifacts_are_listed_and_pulled(shared_agent, project, tmp_path):
     root = project(
         {

@@ -96,14 +96,16 @@ def metrics_file() -> Path | None:
 
 
 def _plain(value: object) -> object:
-    """A JSON-friendly number: numpy and tensor scalars become floats, NaN/inf become None."""
+    """A JSON-friendly number: numpy and tensor scalars become floats; NaN and infinity
+    (a diverged loss) become the strings "nan", "inf" and "-inf", which `show` and `ps`
+    print as such (JSON has no NaN; None read as a missing metric, hiding the divergence)."""
     if isinstance(value, (bool, int, str)) or value is None:
         return value
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return str(value)
-    return number if math.isfinite(number) else None
+    return number if math.isfinite(number) else str(number)
 
 
 def log_metrics(*, step: int | None = None, epoch: int | None = None, **values: object) -> None:
