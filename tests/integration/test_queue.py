@@ -161,6 +161,11 @@ def test_higher_priority_goes_first_and_requeue_moves_a_queued_job(make_agent, p
         assert late.refresh().priority == 9
         ps = agent.cli("ps")
         assert "PRI" in ps.stdout.splitlines()[0]
+        # GPUS: the index a running job holds, the count a queued one asks for (a bare "1"
+        # read as GPU 1).
+        rows = {line.split()[0]: line for line in ps.stdout.splitlines()[1:]}
+        assert rows[blocker.id].split()[2:4] == ["running", "0"], rows[blocker.id]
+        assert "1 asked" in rows[low.id], rows[low.id]
         with pytest.raises(GpuhopError) as running:
             blocker.requeue(3)
         assert running.value.status == 409 and "only a queued job" in running.value.message

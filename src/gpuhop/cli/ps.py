@@ -92,6 +92,8 @@ FIELDS = (
 
 
 def gpus_column(info: Info) -> str:
+    """The GPUs a job holds, by index ("0,1"), or how many it asks for while it holds none
+    ("2 asked": a bare "1" read as GPU 1)."""
     ids = ",".join(map(str, info["gpu_ids"]))
     # The framework's own peak of device memory, where the job reported one.
     peak_mb, share_mb = info.get("memory_peak_mb"), info.get("gpu_memory_mb")
@@ -103,7 +105,7 @@ def gpus_column(info: Info) -> str:
         return f"{ids} ({share}, {peak})" if peak else f"{ids} ({share})"
     if ids and peak:
         return f"{ids} ({peak})"
-    return ids or (str(info["gpus"]) if info["gpus"] else "-")
+    return ids or (f"{info['gpus']} asked" if info["gpus"] else "-")
 
 
 def gpu_use(info: Info, gpus: Mapping[int, Info]) -> str:
