@@ -163,10 +163,15 @@ def test_secret_commands_never_take_or_show_a_value(shared_agent: Agent, tmp_pat
             "unexpected extra argument" in refused.stderr.lower()
             or "no such option" in refused.stderr.lower()
         )
-    bad = shared_agent.cli("secret", "set", "1BAD", input="x")
+    bad = shared_agent.cli("secret", "set", "1BAD", input="long enough")
     assert bad.returncode == 2 and "secret name '1BAD' is not valid" in bad.stderr
     empty = shared_agent.cli("secret", "set", "EMPTY", input="")
     assert empty.returncode == 2 and "no value for EMPTY" in empty.stderr
+    # A value of a character or three would turn those characters into *** in every log.
+    short = shared_agent.cli("secret", "set", "SHORT", input="abc")
+    assert short.returncode == 2
+    assert "a secret's value must be at least 4 characters" in " ".join(short.stderr.split())
+    assert "SHORT" not in shared_agent.cli("secret", "ls").stdout
     (tmp_path / "binary").write_bytes(b"ab\xff\xfe")
     binary = [
         shared_agent.cli("secret", "set", "BINARY", input=b"ab\xff\xfe", text=False),
