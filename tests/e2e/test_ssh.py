@@ -21,7 +21,7 @@ from gpuhop.client import Client
 from gpuhop.client.embedded import stop
 from gpuhop.home import AgentPaths, read_pid
 from tests import sshd
-from tests.conftest import AGENT_FLAGS_ENV, EXAMPLES, Agent, missing
+from tests.conftest import AGENT_FLAGS_ENV, EXAMPLES, Agent, missing, wait_until
 from tests.integration.test_forward import PAGE, SERVERS, echo_through, start_servers
 
 if (no_sshd := sshd.available()) is not None:
@@ -73,11 +73,24 @@ class Side:
                 capture_output=True, text=True, timeout=10,
             )  # fmt: skip
             if found := re.search(r"pid=(\d+)", check.stderr):
-                os.kill(int(found.group(1)), signal.SIGKILL)
+                pid = int(found.group(1))
+                os.kill(pid, signal.SIGKILL)
+                # Gone, not only signalled: a master still dying (a busy machine) would
+                # take the next request and then reset it, as no dropped network does.
+                wait_until(lambda pid=pid: _dead(pid))
 
     def logins(self) -> int:
         """How many SSH logins the server has accepted so far."""
         return (self.server.root / "sshd.log").read_text().count("Accepted publickey")
+
+
+def _dead(pid: int) -> bool:
+    """Whether process `pid` has exited (a zombie has: its sockets are closed)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rpartition(")")[2].split()[0] in ("Z", "X")
 
 
 @pytest.fixture(scope="module")
@@ -271,11 +284,16 @@ def test_remote_config_commands(lab: Side) -> None:
     assert json.loads(config.read_text())["remotes"]["lab"]["url"] == lab.server.url()
 
 
-def _servers_project(lab: Side, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """test_forward's servers as a project, and this process's SDK pointed at `lab`."""
+def _use_lab(lab: Side, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process's SDK pointed at `lab`."""
     for key, value in lab.env.items():
         if key.startswith("GPUHOP_"):
             monkeypatch.setenv(key, value)
+
+
+def _servers_project(lab: Side, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """test_forward's servers as a project, and this process's SDK pointed at `lab`."""
+    _use_lab(lab, monkeypatch)
     root = tmp_path / "servers"
     (root / "www").mkdir(parents=True)
     (root / "servers.py").write_text(SERVERS)
@@ -329,6 +347,24 @@ def test_logs_follow_survives_a_dropped_ssh_connection(lab: Side, project) -> No
         follow.kill()
     assert follow.returncode == 0, err
     assert out.split() == ["before", "after"]  # nothing lost, nothing twice
+
+
+def test_a_long_lived_client_reopens_a_dropped_ssh_connection(
+    lab: Side, project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An SDK Client kept open across a network drop failed its next plain request with
+    # "lost the ssh connection ... Connection refused": only `logs -f` and forwards reopened.
+    _use_lab(lab, monkeypatch)
+    root = project({"sleepy.py": "import time\ntime.sleep(60)\n"})
+    with Client(remote="lab") as client:
+        job = client.submit(["sleepy.py"], workdir=root)
+        lab.drop_connections()
+
+        assert client.job(job.id).id == job.id  # a GET
+        # Dropped again at once: a reopen that worked holds the next one back no while.
+        lab.drop_connections()
+        job.cancel(grace=0)  # a POST
+        assert job.wait(timeout=60).state == "cancelled"
 
 
 def test_ctrl_c_names_the_remote_in_its_hints(lab: Side, project) -> None:

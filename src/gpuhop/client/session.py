@@ -47,7 +47,9 @@ class Session:
         self.http: HttpClient
         connected = endpoint.take_connected()
         if transport is None and endpoint.uds is not None and endpoint.ssl_context is None:
-            self.http = UnixClient(endpoint.uds, endpoint.headers, DEFAULT_TIMEOUT, connected)
+            self.http = UnixClient(
+                endpoint.uds, endpoint.headers, DEFAULT_TIMEOUT, connected, endpoint.reachable
+            )
         else:
             if connected is not None:
                 connected.close()

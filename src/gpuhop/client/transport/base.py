@@ -81,8 +81,9 @@ class Endpoint:
     `handoff`: the agent's handoff socket, where the agent runs on this host (a forward is
     handed the job's connected socket there; see `gpuhop.client.transport.handoff`). `headers` are
     sent with every request and WebSocket handshake (the bearer token). `reachable()`:
-    whether reconnecting is worth a try now (called before each reconnect; the SSH
-    transport opens its dropped tunnel again here).
+    whether reconnecting is worth a try now (called before each reconnect, and by the Unix
+    socket client when no connection can be opened; the SSH transport opens its dropped
+    tunnel again here).
     `explain(exc)`: why a request failed to get through, in words that say more than the
     transport error, when the transport can find out (the SSH transport asks the host
     whether its agent runs; the TLS one names a certificate that is not the pinned one).

@@ -21,6 +21,11 @@ class TransportError(Exception):
     """A request that did not get through, or an answer cut off."""
 
 
+class ConnectError(TransportError):
+    """No connection could be opened (refused, no socket there): nothing was sent, so the
+    request may go again once the way is open (an SSH tunnel reopened)."""
+
+
 READ_SIZE = 64 * 1024
 # Limits on an answer's head, as http.client keeps them: a line, and the number of headers.
 MAX_LINE = 65536

@@ -18,6 +18,7 @@ import hashlib
 import os
 import shlex
 import stat
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
@@ -308,24 +309,32 @@ def ssh_endpoint(remote: Remote) -> Endpoint:
         conn.forward(sock, f"{home}/agent.sock")
     target = SshTarget.from_url(remote.url)
     bound = sock
-    last_try = [0.0]
+    reopening = threading.Lock()
+    failed: list[GpuhopError] = []  # the last reopen's error, while it stands
+    last_failure = [0.0]
 
     def reachable() -> bool:
         # The forward lives in the master connection: when that dropped (a network blip,
-        # a laptop's sleep), open it again, as the next command would, so that `logs -f`
-        # and `forward` go on instead of waiting for a socket nothing serves any more.
+        # a laptop's sleep), open it again, as the next command would, so that a request
+        # (the session's), `logs -f` and `forward` go on instead of failing on a socket
+        # nothing serves any more. One thread reopens; the others wait for it and find
+        # the socket answering. After a failure, not again for RECONNECT_INTERVAL.
         if socket_answers(bound):
             return True
-        now = time.monotonic()
-        if now - last_try[0] < RECONNECT_INTERVAL:
-            return False
-        last_try[0] = now
-        conn = SshConnection(remote)
-        try:
-            conn.forward(bound, f"{remote_home(conn)}/agent.sock")
-        except GpuhopError:
-            return False
-        return socket_answers(bound)
+        with reopening:
+            if socket_answers(bound):
+                return True
+            if failed and time.monotonic() - last_failure[0] < RECONNECT_INTERVAL:
+                return False
+            conn = SshConnection(remote)
+            try:
+                conn.forward(bound, f"{remote_home(conn)}/agent.sock")
+            except GpuhopError as e:
+                failed[:] = [e]
+                last_failure[0] = time.monotonic()
+                return False
+            failed.clear()
+            return socket_answers(bound)
 
     def explain(exc: BaseException) -> str | None:
         return _explain(remote, bound, exc)

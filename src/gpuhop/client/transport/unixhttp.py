@@ -17,13 +17,19 @@ import contextlib
 import json as jsonlib
 import socket
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlencode
 
-from gpuhop.client.transport.http1 import Connection, Response, TransportError, request_head
+from gpuhop.client.transport.http1 import (
+    ConnectError,
+    Connection,
+    Response,
+    TransportError,
+    request_head,
+)
 
-__all__ = ["Response", "Timeout", "TransportError", "UnixClient", "query"]
+__all__ = ["ConnectError", "Response", "Timeout", "TransportError", "UnixClient", "query"]
 
 
 class Timeout:
@@ -85,12 +91,16 @@ class UnixClient:
         headers: Mapping[str, str],
         timeout: Timeout,
         connected: socket.socket | None = None,
+        reconnect: Callable[[], bool] | None = None,
     ) -> None:
         """`connected`: a connection to `path` made already (the endpoint's probe), which
-        the first request goes on."""
+        the first request goes on. `reconnect`: asked, when no connection to `path` can be
+        opened, to open the way again (the SSH transport's tunnel, whose master connection
+        dropped); where it says it did, the connection is tried once more."""
         self.path = path
         self.headers = dict(headers)
         self.timeout = timeout
+        self._reconnect = reconnect
         self._idle: list[Connection] = [] if connected is None else [Connection(connected)]
         self._lock = threading.Lock()
 
@@ -114,9 +124,22 @@ class UnixClient:
                 conn = None
         reused = conn is not None
         if conn is None:
-            conn = Connection.open(self.path, timeout.connect)
+            conn = self._open(timeout.connect)
         conn.sock.settimeout(timeout.read)
         return conn, reused
+
+    def _open(self, connect_timeout: float | None) -> Connection:
+        """A new connection, or ConnectError. Nothing has been sent when one cannot be
+        opened, so trying again after `reconnect` can never run a request twice."""
+        try:
+            return Connection.open(self.path, connect_timeout)
+        except OSError as e:
+            if self._reconnect is None or not self._reconnect():
+                raise ConnectError(str(e) or type(e).__name__) from e
+        try:
+            return Connection.open(self.path, connect_timeout)
+        except OSError as e:
+            raise ConnectError(str(e) or type(e).__name__) from e
 
     def _timeout(self, given: object) -> Timeout:
         """As httpx reads `timeout`: left out, the client's; a number (or None, no limit)
