@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuhop.client import Client
+from gpuhop.client import Client, GpuhopError
 from gpuhop.client.embedded import stop
 from gpuhop.home import AgentPaths, read_pid
 from tests import sshd
@@ -365,6 +365,27 @@ def test_a_long_lived_client_reopens_a_dropped_ssh_connection(
         lab.drop_connections()
         job.cancel(grace=0)  # a POST
         assert job.wait(timeout=60).state == "cancelled"
+
+
+def test_a_dropped_ssh_connection_that_cannot_be_reopened_says_why(
+    lab: Side, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It said only "lost the ssh connection ... Connection refused", not why ssh could
+    # not connect again.
+    _use_lab(lab, monkeypatch)
+    with Client(remote="lab") as client:
+        client.jobs()
+        lab.drop_connections()
+        # And the host cannot be reached now: ssh gets no answer.
+        ssh = os.environ["GPUHOP_SSH_COMMAND"]
+        monkeypatch.setenv("GPUHOP_SSH_COMMAND", f"{ssh} -o ProxyCommand=false")
+        with pytest.raises(GpuhopError) as failed:
+            client.jobs()
+    message = failed.value.message
+    assert message.startswith("lost the ssh connection to remote 'lab'"), message
+    # Then ssh's failure, in the words of any ssh error (its own text varies with timing).
+    reopen = message.partition("; opening it again failed: ")[2]
+    assert "ssh" in reopen and "remote 'lab'" in reopen, message
 
 
 def test_ctrl_c_names_the_remote_in_its_hints(lab: Side, project) -> None:

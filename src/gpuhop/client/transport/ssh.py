@@ -337,7 +337,7 @@ def ssh_endpoint(remote: Remote) -> Endpoint:
             return socket_answers(bound)
 
     def explain(exc: BaseException) -> str | None:
-        return _explain(remote, bound, exc)
+        return _explain(remote, bound, exc, failed[0] if failed else None)
 
     return Endpoint(
         description=f"the gpuhop agent on remote '{remote.name}' ({target}, over ssh)",
@@ -348,12 +348,18 @@ def ssh_endpoint(remote: Remote) -> Endpoint:
     )
 
 
-def _explain(remote: Remote, sock: Path, exc: BaseException) -> str | None:
-    """Why a request through the tunnel failed: the connection, or the agent on the host."""
+def _explain(
+    remote: Remote, sock: Path, exc: BaseException, reopen: GpuhopError | None = None
+) -> str | None:
+    """Why a request through the tunnel failed: the connection (and why it could not be
+    opened again: `reopen`), or the agent on the host."""
     conn = SshConnection(remote)
     try:
         if not socket_answers(sock) and not conn.master_alive():
-            return f"lost the ssh connection to remote '{remote.name}' ({conn.target}): {exc}"
+            lost = f"lost the ssh connection to remote '{remote.name}' ({conn.target}): {exc}"
+            if reopen is not None:
+                return f"{lost}; opening it again failed: {reopen.message}"
+            return lost
         home = remote_home(conn)
         probe = conn.run('test -S "$1"', f"{home}/agent.sock", check=False)
     except GpuhopError as e:
