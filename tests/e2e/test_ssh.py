@@ -349,6 +349,23 @@ def test_logs_follow_survives_a_dropped_ssh_connection(lab: Side, project) -> No
     assert out.split() == ["before", "after"]  # nothing lost, nothing twice
 
 
+def test_a_forward_survives_a_dropped_ssh_connection(
+    lab: Side, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # A forward refused every connection after the master connection dropped.
+    servers = _servers_project(lab, monkeypatch, tmp_path)
+    with Client(remote="lab") as client:
+        job, _, echo_port = start_servers(client, servers)
+        try:
+            with job.forward(echo_port) as fwd:
+                assert echo_through(("127.0.0.1", fwd.local_port), b"one") == b"one"
+                lab.drop_connections()
+                # The forward's next connection opens the tunnel again.
+                assert echo_through(("127.0.0.1", fwd.local_port), b"two") == b"two"
+        finally:
+            job.cancel(grace=0)
+
+
 def test_a_long_lived_client_reopens_a_dropped_ssh_connection(
     lab: Side, project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
