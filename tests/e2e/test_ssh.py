@@ -23,6 +23,7 @@ from gpuhop.home import AgentPaths, read_pid
 from tests import sshd
 from tests.conftest import AGENT_FLAGS_ENV, EXAMPLES, Agent, missing, wait_until
 from tests.integration.test_forward import PAGE, SERVERS, echo_through, start_servers
+from tests.integration.test_ui import raw
 
 if (no_sshd := sshd.available()) is not None:
     missing(no_sshd)
@@ -382,6 +383,19 @@ def test_a_long_lived_client_reopens_a_dropped_ssh_connection(
         lab.drop_connections()
         job.cancel(grace=0)  # a POST
         assert job.wait(timeout=60).state == "cancelled"
+
+
+def test_the_dashboard_proxy_reopens_a_dropped_ssh_connection(
+    lab: Side, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `gpuhop ui --on lab` answered every page with 502 "lost the ssh connection" after a
+    # network drop, until restarted.
+    _use_lab(lab, monkeypatch)
+    with Client(remote="lab") as client, client.dashboard() as dashboard:
+        # 401: the agent's own answer (no login), so the request went through.
+        assert raw(dashboard.port, "GET", "/ui/api/jobs")[0] == 401
+        lab.drop_connections()
+        assert raw(dashboard.port, "GET", "/ui/api/jobs")[0] == 401
 
 
 def test_a_dropped_ssh_connection_that_cannot_be_reopened_says_why(

@@ -20,6 +20,7 @@ What it adds to that:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.cookiejar
 import socket
@@ -164,9 +165,8 @@ class Dashboard:
         assert self._http is not None
         url = self._http.base_url.copy_with(raw_path=raw_path + (b"?" + query if query else b""))
         try:
-            upstream = await self._http.send(
-                self._http.build_request(request.method, url, headers=headers, content=body),
-                stream=True,
+            upstream = await self._send(
+                self._http.build_request(request.method, url, headers=headers, content=body)
             )
         except httpx.TransportError as e:
             why = self.endpoint.explain(e) or f"cannot reach {self.endpoint.description}: {e}"
@@ -178,6 +178,17 @@ class Dashboard:
         )
         response.raw_headers = self._response_headers(upstream.headers.raw)
         return response
+
+    async def _send(self, out: httpx.Request) -> httpx.Response:
+        assert self._http is not None
+        try:
+            return await self._http.send(out, stream=True)
+        except httpx.ConnectError:
+            # Nothing was sent. The SSH transport's tunnel may have dropped (a network
+            # blip): reachable() opens it again, as for the SDK's requests (unixhttp).
+            if not await asyncio.to_thread(self.endpoint.reachable):
+                raise
+            return await self._http.send(out, stream=True)
 
     def _refusal(self, request: Request) -> tuple[int, str] | None:
         """Why this request is not forwarded (status, message); None to forward it."""
