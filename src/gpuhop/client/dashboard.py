@@ -169,7 +169,9 @@ class Dashboard:
                 self._http.build_request(request.method, url, headers=headers, content=body)
             )
         except httpx.TransportError as e:
-            why = self.endpoint.explain(e) or f"cannot reach {self.endpoint.description}: {e}"
+            # explain() may run ssh (is the host up, its agent?): not on the event loop.
+            explained = await asyncio.to_thread(self.endpoint.explain, e)
+            why = explained or f"cannot reach {self.endpoint.description}: {e}"
             return PlainTextResponse(f"gpuhop ui: {why}", 502)
         response = StreamingResponse(
             upstream.aiter_raw(),
