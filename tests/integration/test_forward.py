@@ -215,3 +215,51 @@ def test_a_forward_reaches_only_what_the_job_itself_listens_on(shared_agent, ser
                 assert echo_through(("127.0.0.1", fwd.local_port), b"mine") == b"mine"
         finally:
             sleeper.cancel(grace=0)
+
+
+# A server that talks without pause once a client has said something (a gRPC server
+# answering a probe goes on with more frames).
+TALKER = """
+import socket, sys, threading, time
+
+def talk(conn):
+    with conn:
+        try:
+            conn.recv(100)
+            while True:
+                conn.sendall(b"x" * 4096)
+                time.sleep(0.0005)
+        except OSError:
+            pass
+
+server = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+print("listening", flush=True)
+while True:
+    conn, _ = server.accept()
+    threading.Thread(target=talk, args=(conn,), daemon=True).start()
+"""
+
+
+def test_local_clients_that_reset_leave_no_error_behind(shared_agent, project, caplog):
+    """A local client that closes with bytes unread (a reset, as `gpuhop.tf`'s probe does
+    every 2 s) while the job still sends ends its connection quietly: no traceback on the
+    user's terminal, and the forward serves the next connection."""
+    root = project({"talker.py": TALKER})
+    port = free_port()
+    with shared_agent.client() as client:
+        job = client.submit(["talker.py", str(port)], workdir=root)
+        try:
+            wait_until(lambda: b"listening" in job_log(job), timeout=60)
+            with job.forward(port) as fwd:
+                for _ in range(30):
+                    with socket.create_connection(fwd.address) as conn:
+                        conn.sendall(b"hello")
+                        assert conn.recv(10)
+                    # Closed with bytes unread: the kernel sends a reset, not a FIN.
+                with socket.create_connection(fwd.address) as conn:
+                    conn.sendall(b"hello")
+                    assert conn.recv(10).startswith(b"x")
+        finally:
+            job.cancel(grace=0)
+            job.wait(timeout=30)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "ERROR"] == []

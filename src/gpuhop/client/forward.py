@@ -39,6 +39,7 @@ from gpuhop.client.errors import GpuhopError
 from gpuhop.client.session import Session
 from gpuhop.client.transport.handoff import connect as handed_over
 from gpuhop.client.transport.handoff import pump as pump_handed_over
+from gpuhop.client.transport.handoff import write as write_local
 
 EOF = "eof"
 # One read from a local socket becomes one message of at most this size; the agent
@@ -283,7 +284,7 @@ async def _pump(
                 if message == EOF and writer.can_write_eof():
                     writer.write_eof()
                 continue
-            writer.write(message)
+            write_local(writer, message)
             await writer.drain()  # the local reader is behind: stop reading the agent
     except OSError:
         await ws.close(1001, "the local connection failed")
@@ -311,7 +312,9 @@ def _close_local(writer: asyncio.StreamWriter, reset: bool) -> None:
     sock = writer.get_extra_info("socket")
     if reset and sock is not None:
         # The job's side failed or went away: the local peer sees a reset, not an EOF.
-        with contextlib.suppress(OSError):
+        # ValueError: uvloop's socket of a transport that the local peer's own reset has
+        # closed already has no file descriptor left.
+        with contextlib.suppress(OSError, ValueError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.transport.abort()
     else:

@@ -89,7 +89,7 @@ async def pump(
 
     async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         while data := await src.read(CHUNK):
-            dst.write(data)
+            write(dst, data)
             await dst.drain()  # the receiver is behind: stop reading the sender
         if dst.can_write_eof():
             dst.write_eof()
@@ -108,3 +108,12 @@ async def pump(
             with contextlib.suppress(asyncio.CancelledError, OSError):
                 await task
         job_writer.close()
+
+
+def write(dst: asyncio.StreamWriter, data: bytes) -> None:
+    """`dst.write(data)`; ConnectionResetError where the peer has ended the connection
+    already. uvloop closes a transport as soon as a read fails (a local client that reset)
+    and tells its stream a loop turn later: a write in between raises RuntimeError there."""
+    if dst.is_closing():
+        raise ConnectionResetError("the connection was closed by its other end")
+    dst.write(data)
