@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpuhop.client import Job, tfservers
+from gpuhop.tf.remote import _tunnel_command
 from tests.conftest import Agent, wait_until
 from tests.e2e.test_multiworker import listening_ports
 
@@ -197,3 +198,25 @@ def test_a_frozen_server_fails_the_op_in_flight(shared_agent, kept_server, tmp_p
     assert result["cause"] == "UnavailableError"
     # The server itself is fine once it runs again: a new connection works.
     wait_until(lambda: tfservers.wait_ready(server, 30) is None, timeout=60)
+
+
+def test_the_tunnel_ends_cleanly_when_its_server_does(shared_agent, server):
+    """The helper process says why and exits on its own while the user's process still
+    holds its stdin (stuck in TensorFlow, say): without an interpreter abort on the way."""
+    tunnel = subprocess.Popen(
+        _tunnel_command(None, None, server.id, tfservers.port_of(server.info), 60, 0.5),
+        env=shared_agent.env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert tunnel.stdin is not None and tunnel.stdout is not None and tunnel.stderr is not None
+    with tunnel, tunnel.stdin:
+        assert tunnel.stdout.readline().startswith(b"ready ")
+        server.cancel(grace=0)
+        said = tunnel.stdout.readline().decode()
+        assert said.startswith(f"failed the TensorFlow server (job {server.id}) has ended")
+        assert tunnel.wait(timeout=60) == 0
+        err = tunnel.stderr.read().decode()
+    assert err.startswith(f"gpuhop: the TensorFlow server (job {server.id}) has ended")
+    assert "Fatal Python error" not in err

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import socket
 import sys
 import threading
@@ -133,8 +134,12 @@ def serve(args: argparse.Namespace) -> int:
         stop = threading.Event()
 
         def until_stdin_closes() -> None:
-            # The parent closing our stdin (or dying) is the end of the connection.
-            sys.stdin.buffer.read()
+            # The parent closing our stdin (or dying) is the end of the connection. Read
+            # the bare file descriptor: this thread, blocked in a read of sys.stdin, would
+            # hold its buffer's lock, and the interpreter's exit after a failure (while
+            # the parent still holds our stdin) would abort on it (Fatal Python error).
+            while os.read(sys.stdin.fileno(), 4096):
+                pass
             stop.set()
 
         threading.Thread(target=until_stdin_closes, daemon=True).start()
