@@ -63,6 +63,10 @@ if mode == "compare":
         with tf.device(device):
             mm = tf.matmul(x, x)
         remote_train = train(device)
+        try:
+            gpuhop.tf.remote_device("GPU")
+        except gpuhop.tf.RemoteError as e:
+            say(no_gpu=str(e))
         say(device=device, devices=remote.devices, mm_device=mm.device,
             mm_equal=bool(np.allclose(mm.numpy(), local_mm, rtol=1e-5, atol=1e-4)),
             local=local_train[:2], remote=remote_train[:2], var_device=remote_train[2])
@@ -142,7 +146,11 @@ def test_remote_results_equal_local_and_no_port_is_exposed(shared_agent, kept_se
     client = run_client(shared_agent, tmp_path, "compare", server.info.name)
     out, err = client.communicate(timeout=240)
     assert client.returncode == 0, err
-    result, after = events(out)
+    no_gpu, result, after = events(out)
+    assert no_gpu["no_gpu"] == (
+        f"the TensorFlow server (job {server.id}) has no GPU:0; it has CPU:0. For GPUs, start"
+        " it with some: gpuhop tf-server start --gpus N"
+    )
     assert result["device"] == "/job:worker/replica:0/task:0/device:CPU:0"
     assert result["devices"] == ["/job:worker/replica:0/task:0/device:CPU:0"]
     assert result["mm_device"] == result["device"] and result["mm_equal"]

@@ -90,10 +90,19 @@ class Remote:
 
     def device(self, kind: str | None = None, index: int = 0) -> str:
         """The server's device `kind:index`, as `tf.device` takes it; `kind` None means GPU
-        if the server has one, else CPU."""
+        if the server has one, else CPU. `RemoteError` if the server has no such device."""
         if kind is None:
             kind = "GPU" if any("/device:GPU:" in d for d in self.devices) else "CPU"
-        return f"{TASK}/device:{kind.upper()}:{index}"
+        name = f"{TASK}/device:{kind.upper()}:{index}"
+        if self.devices and name not in self.devices:
+            # Else TensorFlow says only "unknown device", at the first op placed there.
+            has = ", ".join(d.removeprefix(f"{TASK}/device:") for d in self.devices)
+            raise RemoteError(
+                f"the TensorFlow server (job {self.job}) has no {kind.upper()}:{index}; it"
+                f" has {has}. For GPUs, start it with some: gpuhop tf-server start --gpus N",
+                code="bad_request",
+            )
+        return name
 
     def check(self) -> None:
         """Raise `RemoteError` if the connection has failed."""
