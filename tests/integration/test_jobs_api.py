@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import socket
@@ -142,6 +143,34 @@ def test_a_diverged_loss_shows_as_nan(shared_agent, project):
     assert (metrics["loss"], metrics["grad"], metrics["low"]) == ("nan", "inf", "-inf")
     show = shared_agent.cli("show", info.id)
     assert "loss=nan grad=inf low=-inf" in show.stdout, show.stdout
+
+
+def test_a_pytorch_loss_is_logged_without_a_warning(shared_agent, project):
+    # log_metrics(loss=loss) with the loss that backward() used: float() of a tensor that
+    # requires grad warned in the job's log, and failed a job that runs with -W error.
+    if importlib.util.find_spec("torch") is None:  # the job imports it, not pytest
+        pytest.skip("PyTorch is not installed")
+    root = project(
+        {
+            "job.py": "import warnings\n"
+            "warnings.simplefilter('error')\n"
+            "import torch\n"
+            "from gpuhop.runtime import log_metrics\n"
+            "w = torch.ones(3, requires_grad=True)\n"
+            "loss = (w * 0.5).sum()\n"
+            "loss.backward()\n"
+            "log_metrics(step=torch.tensor(7), epoch=1, loss=loss, grads=w.grad)\n"
+        }
+    )
+    with shared_agent.client() as client:
+        job = client.submit(["job.py"], workdir=root)
+        info = job.wait(120)
+        out = b"".join(job.logs()).decode()
+    assert info.state == JobState.succeeded, out
+    assert out == ""
+    metrics = info.latest_metrics
+    assert (metrics["step"], metrics["loss"]) == (7, 1.5)
+    assert metrics["grads"] == "tensor([0.5000, 0.5000, 0.5000])"  # not a scalar: as printed
 
 
 def test_artifacts_are_listed_and_pulled(shared_agent, project, tmp_path):

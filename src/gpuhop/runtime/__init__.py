@@ -8,6 +8,7 @@ under `gpuhop run`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -98,9 +99,17 @@ def metrics_file() -> Path | None:
 def _plain(value: object) -> object:
     """A JSON-friendly number: numpy and tensor scalars become floats; NaN and infinity
     (a diverged loss) become the strings "nan", "inf" and "-inf", which `show` and `ps`
-    print as such (JSON has no NaN; None read as a missing metric, hiding the divergence)."""
+    print as such (JSON has no NaN; None read as a missing metric, hiding the divergence).
+
+    A scalar that has `item()` (numpy, PyTorch, JAX) is read through it: `float()` of a
+    PyTorch loss that requires grad warns (a UserWarning, an error under `-W error`)."""
     if isinstance(value, (bool, int, str)) or value is None:
         return value
+    item = getattr(value, "item", None)
+    if callable(item):
+        # Not a one-element array: float() below says what it is.
+        with contextlib.suppress(TypeError, ValueError, RuntimeError):
+            value = item()
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
