@@ -6,6 +6,13 @@ better: TensorFlow's `get_memory_info` (current and peak), JAX's `memory_stats()
 PyTorch's `memory_allocated` / `max_memory_allocated`. Only a framework the job has already
 imported is asked (this imports none); devices are the job's GPUs, and the largest reading
 across them is reported, since a share is a share of one GPU.
+
+A job may have imported a framework it does not train with: TensorBoard imports TensorFlow
+where it is installed (PyTorch's `SummaryWriter` does), and Keras on JAX may load it for
+`tf.data`. That one sees the GPUs and holds nothing on them: the framework with the highest
+peak is the one reported. TensorFlow is asked last, and only where no other framework
+answered or its eager context is up already: asking starts it, a CUDA context on every GPU
+(a `tf.compat.v1.Session` job never starts the eager context, and is asked all the same).
 """
 
 from __future__ import annotations
@@ -56,30 +63,44 @@ def _torch(torch: object) -> list[Reading]:
     ]
 
 
+# In the order they are asked: TensorFlow last (see the module's doc).
 READERS: dict[str, Callable[[object], list[Reading]]] = {
-    "tensorflow": _tensorflow,
-    "jax": _jax,
     "torch": _torch,
+    "jax": _jax,
+    "tensorflow": _tensorflow,
 }
 
 
+def _tensorflow_started() -> bool:
+    """Whether TensorFlow's eager context is up (the job ran an op, or listed devices)."""
+    context = sys.modules.get("tensorflow.python.eager.context")
+    ctx = None if context is None else context.context_safe()
+    return bool(getattr(ctx, "_initialized", False))
+
+
 def device_memory() -> dict[str, float]:
-    """`{"memory_mb": ..., "memory_peak_mb": ...}` from the first framework the job has
-    imported that reports device memory, or {} (no GPU, or no such framework)."""
+    """`{"memory_mb": ..., "memory_peak_mb": ...}` from the framework the job has imported
+    with the highest peak, or {} (no GPU, or no framework that reports device memory)."""
+    answers: list[list[Reading]] = []
     for name, read in READERS.items():
         module = sys.modules.get(name)
         if module is None:
             continue
+        if name == "tensorflow" and answers and not _tensorflow_started():
+            continue  # only loaded beside the framework that answered: asking starts it
         try:
             readings = read(module)
         except Exception:  # a reading is never worth failing a job's epoch over
             continue
         if readings:
-            return {
-                "memory_mb": round(max(r[0] for r in readings) / MB, 1),
-                "memory_peak_mb": round(max(r[1] for r in readings) / MB, 1),
-            }
-    return {}
+            answers.append(readings)
+    if not answers:
+        return {}
+    readings = max(answers, key=lambda found: max(r[1] for r in found))
+    return {
+        "memory_mb": round(max(r[0] for r in readings) / MB, 1),
+        "memory_peak_mb": round(max(r[1] for r in readings) / MB, 1),
+    }
 
 
 def report() -> None:
