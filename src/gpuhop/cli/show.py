@@ -27,8 +27,10 @@ from gpuhop.cli.queue import queue_rows
 from gpuhop.client import GpuhopError
 
 Info = Mapping[str, Any]
-# The distributions that are TensorFlow, for the summary's framework line.
+# The distributions that are TensorFlow, for the summary's framework line; and the other
+# frameworks it names, after TensorFlow.
 TENSORFLOW = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tf-nightly")
+FRAMEWORKS = ("torch", "jax")
 
 # Env names whose values `show` hides (the dashboard's job page hides the same).
 SECRET_KEY = re.compile(r"secret|token|passw|api_?key|credential|private", re.IGNORECASE)
@@ -122,6 +124,7 @@ def ran_on_rows(record: Info) -> list[tuple[str, str]]:
             f" (digest {record['packages_digest'][:12]})"
         )
         rows.append(("ran on", escape(text)))
+        frameworks = [f"{n} {packages[n]}" for n in FRAMEWORKS if n in packages]
         tf = next((f"{n} {packages[n]}" for n in TENSORFLOW if n in packages), None)
         if tf is not None:
             build = get("tensorflow_build") or {}
@@ -130,7 +133,9 @@ def ran_on_rows(record: Info) -> list[tuple[str, str]]:
                 if build.get("is_cuda_build") and build.get("cuda_version")
                 else ""
             )
-            rows.append(("framework", escape(tf + built)))
+            frameworks.insert(0, tf + built)
+        if frameworks:
+            rows.append(("framework", escape("; ".join(frameworks))))
     else:
         rows.append(("ran on", "not recorded (no Python process of the job wrote it)"))
     if get("host_recorded"):
