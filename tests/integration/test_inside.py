@@ -158,6 +158,41 @@ def test_diff_names_the_file_the_package_and_the_option_that_changed(shared_agen
     assert f"gpuhop {__version__} on" in summary.stdout
 
 
+def test_diff_with_a_job_that_has_not_started_says_so(shared_agent, project):
+    """A queued job ran on nothing yet: the diff says that, not that it ran no Python, and
+    lists no "ran on" line of the other job's against "(none)"."""
+    root = project({"train.py": "print('trained')\n", "hold.py": "import time\ntime.sleep(300)\n"})
+    ran = shared_agent.cli("run", "-q", "-n", "ran-first", "train.py", cwd=root)
+    assert ran.returncode == 0, ran.stderr
+    held = shared_agent.cli("run", "-d", "hold.py", cwd=root).stdout.strip()
+    waiting = shared_agent.cli("run", "-d", "--after", held, "train.py", cwd=root).stdout.strip()
+    try:
+        shown = shared_agent.cli("diff", "ran-first", waiting)
+    finally:
+        shared_agent.cli("cancel", "--grace", "0", held, waiting)
+    assert shown.returncode == 0, shown.stderr
+    assert f"not compared: job {waiting} has not started (queued)" in shown.stdout, shown.stdout
+    assert "\nran on\n" not in shown.stdout and "ran no Python" not in shown.stdout
+
+
+def test_diff_shows_a_command_as_a_shell_takes_it_and_a_missing_option_as_none(
+    shared_agent, project
+):
+    """`python -c 'import sys' 'a b'` is not `python -c import sys a b`, and a job without a
+    name has "(none)" for it, as a missing env variable has, not JSON's null."""
+    root = project({"train.py": "pass\n"})
+    command = ("python", "-c", "import sys")
+    named = shared_agent.cli("run", "-d", "-n", "named", *command, "a b", cwd=root).stdout.strip()
+    plain = shared_agent.cli("run", "-d", *command, cwd=root).stdout.strip()
+    with shared_agent.client() as client:
+        for job in (named, plain):
+            assert client.job(job).wait(timeout=60).state == JobState.succeeded
+    shown = shared_agent.cli("diff", named, plain)
+    assert shown.returncode == 0, shown.stderr
+    assert "command: python -c 'import sys' 'a b' → python -c 'import sys'\n" in shown.stdout
+    assert "name: named → (none)\n" in shown.stdout
+
+
 def test_show_names_pytorch_and_jax_beside_tensorflow(shared_agent, project):
     # A PyTorch job's summary said `framework  tensorflow 2.21.0` (the agent's Python has it)
     # and nothing of the PyTorch on its PYTHONPATH.

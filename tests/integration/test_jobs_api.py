@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import socket
@@ -145,21 +144,28 @@ def test_a_diverged_loss_shows_as_nan(shared_agent, project):
     assert "loss=nan grad=inf low=-inf" in show.stdout, show.stdout
 
 
-def test_a_pytorch_loss_is_logged_without_a_warning(shared_agent, project):
-    # log_metrics(loss=loss) with the loss that backward() used: float() of a tensor that
-    # requires grad warned in the job's log, and failed a job that runs with -W error.
-    if importlib.util.find_spec("torch") is None:  # the job imports it, not pytest
-        pytest.skip("PyTorch is not installed")
+def test_a_tensor_scalar_is_read_through_item_without_a_warning(shared_agent, project):
+    # log_metrics(loss=loss) with the loss that backward() used: float() of a PyTorch tensor
+    # that requires grad warns, in the job's log (and fails a job run with -W error). The
+    # stand-in warns in __float__ as such a tensor does; item() is what PyTorch, numpy and
+    # JAX scalars all have, and it does not warn.
     root = project(
         {
             "job.py": "import warnings\n"
             "warnings.simplefilter('error')\n"
-            "import torch\n"
             "from gpuhop.runtime import log_metrics\n"
-            "w = torch.ones(3, requires_grad=True)\n"
-            "loss = (w * 0.5).sum()\n"
-            "loss.backward()\n"
-            "log_metrics(step=torch.tensor(7), epoch=1, loss=loss, grads=w.grad)\n"
+            "class Loss:\n"
+            "    def item(self):\n"
+            "        return 1.5\n"
+            "    def __float__(self):\n"
+            "        warnings.warn('Converting a tensor with requires_grad=True to a scalar')\n"
+            "        return 1.5\n"
+            "class Many:\n"
+            "    def item(self):\n"
+            "        raise RuntimeError('a Tensor with 3 elements cannot be converted to Scalar')\n"
+            "    def __repr__(self):\n"
+            "        return 'tensor([0.5000, 0.5000, 0.5000])'\n"
+            "log_metrics(step=7, epoch=1, loss=Loss(), grads=Many())\n"
         }
     )
     with shared_agent.client() as client:
