@@ -101,6 +101,42 @@ def test_a_multi_worker_job_port_is_forwarded(shared_agent, project, tmp_path):
     assert info.state == JobState.cancelled
 
 
+# What PyTorch's init_process_group() does with them (env://): worker 0 serves a store on
+# MASTER_ADDR:MASTER_PORT, and every RANK of WORLD_SIZE joins it there.
+RENDEZVOUS = """
+import os, socket, time
+addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+assert (rank, os.environ["LOCAL_RANK"]) == (int(os.environ["GPUHOP_WORKER_INDEX"]), "0")
+if rank == 0:
+    with socket.create_server((addr, port)) as server:
+        joined = sorted(server.accept()[0].recv(16).decode() for _ in range(size - 1))
+    print(f"store: ranks {joined} of {size} joined", flush=True)
+else:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with socket.create_connection((addr, port)) as conn:
+                conn.sendall(str(rank).encode())
+                break
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, "rank 0's store never listened"
+            time.sleep(0.05)
+"""
+
+
+def test_a_pytorch_gang_finds_its_rendezvous_in_the_environment(shared_agent, project):
+    # torch.distributed's env:// wanted MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE, which
+    # a gang was not given ("environment variable RANK expected, but not set").
+    root = project({"ddp.py": RENDEZVOUS})
+    with shared_agent.client() as client:
+        job = client.submit(["ddp.py"], workdir=root, workers=3)
+        info = job.wait(timeout=120)
+        log = b"".join(job.logs()).decode()
+    assert info.state == JobState.succeeded, log
+    assert "[worker 0] store: ranks ['1', '2'] of 3 joined" in log
+
+
 # Worker 1's first attempt fails; every attempt of every worker says which it is.
 RETRIED_GANG = """
 import os, sys

@@ -66,4 +66,10 @@ def test_each_worker_is_told_of_its_peers_in_its_mode():
         "KERAS_DISTRIBUTION_JOB_ADDRESSES": "127.0.0.1:1000",
         "KERAS_DISTRIBUTION_NUM_PROCESSES": "3",
         "KERAS_DISTRIBUTION_PROCESS_ID": "2",
+        # What torch.distributed's env:// reads, in every mode.
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "1000",
+        "RANK": "2",
+        "WORLD_SIZE": "3",
+        "LOCAL_RANK": "0",
     }
