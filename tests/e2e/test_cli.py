@@ -143,6 +143,22 @@ def test_arguments_env_and_programs_reach_the_job(shared_agent, project):
     assert (program.returncode, program.stdout, program.stderr) == (0, "args.py\n", "")
 
 
+def test_a_program_of_the_work_dir_runs_by_its_path_as_in_a_shell(shared_agent, project):
+    # `run ./train.sh` lost its ./ on the way and ran as the bare name train.sh, looked for
+    # on the host's PATH: "command 'train.sh' was not found on the GPU host".
+    root = project({"train.sh": '#!/bin/sh\necho trained "$@"\n'})
+    (root / "train.sh").chmod(0o755)
+    dotted = shared_agent.cli("run", "-q", "./train.sh", "--lr", "1", cwd=root)
+    assert (dotted.returncode, dotted.stdout) == (0, "trained --lr 1\n"), dotted.stderr
+    # A bare name is the host's to find, as a shell's is; the work dir's own is named.
+    bare = shared_agent.cli("run", "train.sh", cwd=root)
+    assert (bare.returncode, bare.stderr) == (
+        2,
+        "gpuhop: error: command 'train.sh' was not found on the GPU host; to run the work"
+        " dir's train.sh, name it ./train.sh\n",
+    )
+
+
 def test_bad_input_gets_a_clear_message(shared_agent, project):
     root = project({"ok.py": "pass\n", "sub/a.py": "pass\n"})
     missing = shared_agent.cli("run", "nope.py", cwd=root)

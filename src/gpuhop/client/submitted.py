@@ -73,12 +73,15 @@ def script_in_workdir(head: str, root: Path) -> str:
     if not full.exists():
         return head  # a path on the GPU host; the agent checks it
     try:
-        return full.resolve().relative_to(root.resolve()).as_posix()
+        rel = full.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         raise GpuhopError(
             f"{head} is outside the work dir {root}; run gpuhop from a directory that contains it",
             code="bad_request",
         ) from None
+    # A program at the work dir's top (./run.sh) stays a path: a bare name is the host's
+    # to find on its PATH.
+    return rel if rel.endswith(".py") or "/" in rel else f"./{rel}"
 
 
 def tree_of(files: list[FileEntry]) -> tuple[bytes, str]:

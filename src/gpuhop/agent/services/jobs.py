@@ -251,7 +251,9 @@ def _checked_command(
                 f"{head} is not among the synced files (is it ignored by .gitignore or"
                 " .gpuhopignore?)",
             )
-        return [rel, *command[1:]]
+        # A program at the tree's top stays a path (./run.sh): a bare name is looked up
+        # on PATH where the job starts.
+        return [rel if rel.endswith(".py") or "/" in rel else f"./{rel}", *command[1:]]
     if in_image:
         return command
     if head.startswith("/"):
@@ -260,8 +262,11 @@ def _checked_command(
         return command
     path = env.get("PATH", os.environ.get("PATH", os.defpath))
     if shutil.which(head, path=path) is None:
+        # `run.sh` for the work dir's own program: a shell, too, runs only ./run.sh.
+        ours = tree is not None and head not in (".", "..") and _in_tree(rt, tree, head)
+        hint = f"; to run the work dir's {head}, name it ./{head}" if ours else ""
         raise ApiError(
-            400, ErrorCode.bad_request, f"command {head!r} was not found on the GPU host"
+            400, ErrorCode.bad_request, f"command {head!r} was not found on the GPU host{hint}"
         )
     return command
 
