@@ -159,6 +159,22 @@ def test_a_program_of_the_work_dir_runs_by_its_path_as_in_a_shell(shared_agent, 
     )
 
 
+def test_a_script_whose_interpreter_is_missing_says_so(shared_agent, project):
+    # Its #! line names an interpreter that is not there (Windows line endings make it
+    # "/bin/sh\r"): exec fails with ENOENT, which said "No such file or directory" of the
+    # script, that is there.
+    root = project({"crlf.sh": "#!/bin/sh\r\necho hi\r\n", "gone.sh": "#!/no/such/sh\necho\n"})
+    for name in ("crlf.sh", "gone.sh"):
+        (root / name).chmod(0o755)
+    crlf = shared_agent.cli("run", "-q", "./crlf.sh", cwd=root)
+    assert crlf.returncode == 127
+    assert "crlf.sh': its #! line ends in a carriage return (Windows line endings)" in crlf.stdout
+    assert "'/bin/sh\\r', which does not exist: convert the file to Unix" in crlf.stdout
+    gone = shared_agent.cli("run", "-q", "./gone.sh", cwd=root)
+    assert gone.returncode == 127
+    assert "gone.sh': the interpreter its #! line names, '/no/such/sh', is not" in gone.stdout
+
+
 def test_bad_input_gets_a_clear_message(shared_agent, project):
     root = project({"ok.py": "pass\n", "sub/a.py": "pass\n"})
     missing = shared_agent.cli("run", "nope.py", cwd=root)

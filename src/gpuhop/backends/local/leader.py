@@ -34,6 +34,7 @@ file and use the standard library only.
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import json
 import os
@@ -87,9 +88,33 @@ def _spawn(command: list, env: dict | None = None, log_fd: int | None = None, wo
                 os.execvp(command[0], command)
             os.execvpe(command[0], command, env)
         except OSError as e:
-            os.write(2, f"gpuhop: cannot start {command[0]!r}: {e.strerror}\n".encode())
+            os.write(
+                2, f"gpuhop: cannot start {command[0]!r}: {_why_not(command[0], e)}\n".encode()
+            )
         os._exit(127)
     return pid
+
+
+def _why_not(program: str, error: OSError) -> str:
+    """Why exec failed, in words: a script that is there but whose #! interpreter is not
+    fails with ENOENT, which would read as the script missing."""
+    if error.errno != errno.ENOENT or not os.path.isfile(program):
+        return error.strerror or str(error)
+    try:
+        with open(program, "rb") as f:
+            line = f.readline(256)
+    except OSError:
+        return error.strerror or str(error)
+    if not line.startswith(b"#!"):
+        return error.strerror or str(error)
+    interpreter = line[2:].rstrip(b"\n").strip(b" \t").decode(errors="backslashreplace")
+    if interpreter.endswith("\r"):
+        return (
+            f"its #! line ends in a carriage return (Windows line endings), so its interpreter"
+            f" is {interpreter!r}, which does not exist: convert the file to Unix line endings"
+            f" (dos2unix, or sed -i 's/\\r$//' FILE) and run it again"
+        )
+    return f"the interpreter its #! line names, {interpreter!r}, is not on this host"
 
 
 def run_single(command: list, private: bool = False, relay=None) -> dict:
