@@ -225,6 +225,23 @@ def test_bad_input_gets_a_clear_message(shared_agent, project):
     assert (dashed.returncode, dashed.stderr) == (2, "gpuhop: error: No such option: -x\n")
 
 
+def test_an_unknown_option_before_the_script_says_what_was_meant(shared_agent, project):
+    # `sweep --gpu 1 -p a=1,2 train.py` took --gpu for the program to run: "a sweep needs -p
+    # NAME=V1,V2,... or --array N"; `run --gpu 1` named no --gpus, and `run --epochs 3
+    # train.py` did not say that a script's options go after it.
+    root = project({"train.py": "pass\n"})
+    for command in ("run", "sweep"):
+        typo = shared_agent.cli(command, "--gpu", "1", "-p", "a=1,2", "train.py", "{a}", cwd=root)
+        assert typo.returncode == 2, typo.stderr
+        assert "Error: No such option: --gpu (Possible options: --gpus)\n" in typo.stderr
+        theirs = shared_agent.cli(command, "--epochs", "3", "train.py", cwd=root)
+        assert theirs.returncode == 2, theirs.stderr
+        assert "Error: No such option: --epochs (the script's own options go after it: " in (
+            theirs.stderr
+        )
+        assert f"{command} [OPTIONS] SCRIPT.py ARGS...)" in theirs.stderr
+
+
 def test_link_out_of_the_work_dir_is_refused(shared_agent, project, tmp_path):
     root = project({"ok.py": "pass\n"})
     (tmp_path / "secret.txt").write_text("do not send")

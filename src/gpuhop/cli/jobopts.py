@@ -249,6 +249,37 @@ OPTION_NAMES = {
 OPTION_NAMES["data_sources"] = OPTION_NAMES["data"]  # --data s3://...
 
 
+def script_command() -> type:
+    """typer's command class for a command that runs a script (`run`, `sweep`), whose context
+    settings leave unknown options to the script, which starts at the first argument: an
+    unknown option before the script is then named as every command names one ("No such
+    option: --gpu (Possible options: --gpus, ...)", exit 2), not taken for the program to
+    run or a sweep with no -p."""
+    import difflib
+
+    from typer import _click  # typer's own click, whose errors its commands print
+    from typer.core import TyperCommand
+
+    class ScriptCommand(TyperCommand):
+        def parse_args(self, ctx: _click.Context, args: list[str]) -> list[str]:
+            rest = super().parse_args(ctx, args)
+            first = (ctx.params.get("command") or [""])[0]
+            if first.startswith("-") and first != "-":
+                names = [n for p in self.params for n in (*p.opts, *p.secondary_opts)]
+                # Closer than click's 0.6: a script's --epochs is no gpuhop --detach.
+                close = difflib.get_close_matches(first.partition("=")[0], names, cutoff=0.75)
+                error = _click.exceptions.NoSuchOption(first, possibilities=close, ctx=ctx)
+                if not close:
+                    error.message += (
+                        f" (the script's own options go after it: {ctx.command_path}"
+                        " [OPTIONS] SCRIPT.py ARGS...)"
+                    )
+                raise error
+            return rest
+
+    return ScriptCommand
+
+
 def worded(option: Any, help: str, **kw: Any) -> Any:
     """`option` with another help text (and metavar, ...) for a command whose job reads it
     otherwise ("Whole GPUs for each run."): the same option, told in its words."""

@@ -436,25 +436,7 @@ def notebook_options_first(args: list[str]) -> list[str]:
     return [*args[:i], *options, args[i], *rest]
 
 
-def _run_command() -> type:
-    """typer's command class for `run`, which names an unknown option before the script as
-    every command does ("No such option: --frobnicate", exit 2); its context settings
-    leave unknown options to the script (`CONTEXT`), which starts at the first argument."""
-    from typer import _click  # typer's own click, whose errors its commands print
-    from typer.core import TyperCommand
-
-    class RunCommand(TyperCommand):
-        def parse_args(self, ctx: _click.Context, args: list[str]) -> list[str]:
-            rest = super().parse_args(ctx, args)
-            first = (ctx.params.get("command") or [""])[0]
-            if first.startswith("-") and first != "-":
-                raise _click.exceptions.NoSuchOption(first, ctx=ctx)
-            return rest
-
-    return RunCommand
-
-
 def register(app: typer.Typer) -> None:
-    app.command(context_settings=CONTEXT["run"], cls=_run_command())(run)
+    app.command(context_settings=CONTEXT["run"], cls=jobopts.script_command())(run)
     for fn in (logs, cancel, wait):
         app.command()(fn)

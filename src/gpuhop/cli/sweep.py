@@ -382,5 +382,6 @@ def _dispatch(name: str, args: list[str]) -> None:
 
 def register(app: typer.Typer) -> None:
     app.command(
-        context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True}
+        context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True},
+        cls=jobopts.script_command(),
     )(sweep)
