@@ -120,6 +120,12 @@ def test_a_bad_requirements_file_fails_the_job_with_pips_error(shared_agent, pro
     assert info.reason is not None
     assert "could not build the job's Python environment: pip install exited with 1" in info.reason
     assert "No matching distribution found for nosuchpkg==9.9" in out
+    # What to do, for a requirements.txt that was sent unasked.
+    assert (
+        "gpuhop: pip could not install the job's requirements (its error is above): fix them"
+        " (the work dir's requirements.txt, or the file -r names), or run without them"
+        " (--no-requirements, or no -r)\n"
+    ) in out
     assert "tinypkg" not in out.split("could not build")[-1]  # the script never ran
     with shared_agent.client() as client:
         assert info.python_env not in {e.id for e in client.envs.list()}

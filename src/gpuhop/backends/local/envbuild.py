@@ -162,6 +162,12 @@ def _finish(spec: dict, code: int, started: float, short: str) -> str | None:
     env_dir = spec["dir"]
     if code != 0:
         _discard(env_dir)
+        # The requirements may be a requirements.txt that `run` sent unasked: say whose.
+        _say(
+            "pip could not install the job's requirements (its error is above): fix them (the"
+            " work dir's requirements.txt, or the file -r names), or run without them"
+            " (--no-requirements, or no -r)"
+        )
         return f"could not build the job's Python environment: pip install exited with {code}"
     seconds = time.time() - started
     info = {
