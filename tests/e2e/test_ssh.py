@@ -245,6 +245,24 @@ def test_unreachable_host_says_so(lab: Side) -> None:
     assert "Connection refused" in result.stderr
 
 
+def test_a_host_name_that_does_not_resolve_says_what_to_do(lab: Side) -> None:
+    # It said only "cannot resolve the host name of remote 'typo' (...)".
+    lab.cli("remote", "add", "typo", "ssh://me@no-such-host.invalid")
+    result = lab.cli("ps", "--on", "typo")
+    assert result.returncode == 2
+    # The login to try is the user's ssh as configured (here the test's -F CONFIG).
+    said, login = result.stderr.split("`")[:2]
+    assert said == (
+        "gpuhop: error: cannot resolve the host name of remote 'typo' (no-such-host.invalid):"
+        " check the name ("
+    )
+    assert login.startswith("ssh ") and login.endswith(" me@no-such-host.invalid")
+    assert result.stderr.endswith(
+        " must connect; a host alias goes in ~/.ssh/config), or give the remote another"
+        " with `gpuhop remote add typo ssh://USER@HOST --replace`\n"
+    )
+
+
 def test_no_python_on_the_host(lab: Side) -> None:
     result = lab.cli("remote", "bootstrap", "lab", "--python", "/nonexistent/python3")
     assert result.returncode != 0

@@ -261,7 +261,11 @@ def describe_ssh_error(stderr: str, name: str, target: SshTarget) -> str:
             " (load your key with ssh-add)."
         )
     if "could not resolve hostname" in text:
-        return f"cannot resolve the host name of remote '{name}' ({target.host})"
+        return (
+            f"cannot resolve the host name of remote '{name}' ({target.host}): check the name"
+            f" (`{login}` must connect; a host alias goes in ~/.ssh/config), or give the"
+            f" remote another with `gpuhop remote add {name} ssh://USER@HOST --replace`"
+        )
     unreachable = (
         "connection refused",
         "connection timed out",
