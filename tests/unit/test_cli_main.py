@@ -74,3 +74,20 @@ def test_a_short_option_means_one_thing_in_every_command() -> None:
     assert meanings["-n"].keys() == {"--name"}
     shared = {flag: list(by_long) for flag, by_long in meanings.items() if len(by_long) > 1}
     assert shared == {}
+
+
+def test_every_usage_line_brackets_an_optional_argument_once() -> None:
+    # forward's read "gpuhop forward [OPTIONS] {JOB} [[REMOTE_PORT]]": its metavar had
+    # brackets of its own, and click adds them to an optional argument.
+    from typer import _click
+
+    def usages(command: _click.Command, parent: _click.Context | None, name: str) -> list[str]:
+        ctx = _click.Context(command, info_name=name, parent=parent)
+        found = [command.get_usage(ctx)]
+        for sub_name, sub in getattr(command, "commands", {}).items():  # a group's
+            found += usages(sub, ctx, sub_name)
+        return found
+
+    lines = usages(typer.main.get_group(build()), None, "gpuhop")
+    assert any(line.startswith("Usage: gpuhop forward [OPTIONS]") for line in lines)
+    assert [line for line in lines if "[[" in line or "]]" in line] == []

@@ -265,7 +265,7 @@ def env_ls(
 
 @env_app.command("rm")
 def env_rm(
-    env_id: str | None = typer.Argument(None, metavar="[ID]", help="An id or unique prefix."),
+    env_id: str | None = typer.Argument(None, metavar="ID", help="An id or unique prefix."),
     unused: bool = typer.Option(
         False, "--unused", help="Remove every environment no queued or running job uses."
     ),

@@ -17,7 +17,7 @@ def forward(
     job_ref: str = typer.Argument(..., metavar="JOB", help="Job id, unique id prefix, or name."),
     remote_port: int | None = typer.Argument(
         None,
-        metavar="[REMOTE_PORT]",
+        metavar="REMOTE_PORT",
         min=1,
         max=65535,
         help="The port the job listens on, on the GPU host's loopback (default for a"
