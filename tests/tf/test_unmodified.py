@@ -68,6 +68,18 @@ def test_an_unmodified_script_killed_after_epoch_2_resumes_at_epoch_3(shared_age
     assert _epochs(shared_agent, "plain-resume") == [1, 2, 3, 4]
 
 
+def test_a_gpuhop_py_of_the_work_dir_is_named_as_what_hides_the_hook(shared_agent, project):
+    # The job's own gpuhop.py shadowed gpuhop's package: the log said only "could not add
+    # gpuhop's callbacks ...: 'gpuhop' is not a package", and no epoch was recorded.
+    root = project({"train.py": UNMODIFIED, "gpuhop.py": "VERSION = 'mine'\n"})
+    # From outside the project: `python -m gpuhop` there would import that gpuhop.py too.
+    run = shared_agent.cli("run", "-C", str(root), "train.py", cwd=root.parent, timeout=280)
+    assert run.returncode == 0, run.stderr
+    assert "trained 4 epochs" in run.stdout
+    said = " ".join(run.stdout.split())
+    assert "a file named gpuhop.py (or a gpuhop folder) in the work dir hides gpuhop's own" in said
+
+
 def test_no_auto_leaves_fit_alone(shared_agent, project):
     root = project({"train.py": UNMODIFIED})
     run = shared_agent.cli(

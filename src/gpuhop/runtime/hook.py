@@ -305,6 +305,11 @@ def _run(module: ModuleType, actions: list[AfterImport], environ: Mapping[str, s
         except Exception as e:  # never crash the user's script over a setting
             what = action.what.format(value=value)
             _say(f"could not {what}: {type(e).__name__}: {e}; the job goes on without it")
+            if "'gpuhop' is not a package" in str(e):  # the job's own gpuhop.py came first
+                _say(
+                    "a file named gpuhop.py (or a gpuhop folder) in the work dir hides gpuhop's"
+                    " own: rename it to get metrics and --retries resume back"
+                )
             continue
         applied[action.name] = did
         if verbose:
