@@ -210,7 +210,14 @@ def test_bad_input_gets_a_clear_message(shared_agent, project):
     for result, path in ((no_dir, root / "nodir"), (file_dir, root / "ok.py")):
         assert result.returncode == 2, result.stderr
         assert result.stderr == f"gpuhop: error: work dir {path} is not a directory\n"
-    assert f"no such script: ok2.py in the work dir {root}\n" in elsewhere.stderr
+    # A name close to a script's there is taken for a typo of it.
+    assert f"no such script: ok2.py in the work dir {root}; did you mean ok.py?\n" in (
+        elsewhere.stderr
+    )
+    typo = shared_agent.cli("run", "sub/b.py", cwd=root)
+    assert f"no such script: sub/b.py in the work dir {root}; did you mean sub/a.py?" in (
+        typo.stderr
+    )
     assert "'definitely-not-a-program' was not found on the GPU host" in no_cmd.stderr
     assert "asks for 4 GPUs; this host has 0" in too_many.stderr
     assert "no job matches 'ffffffffff'" in unknown.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from gpuhop.api.trees import tree_bytes
 from gpuhop.client.errors import GpuhopError
@@ -69,7 +69,10 @@ def script_in_workdir(head: str, root: Path) -> str:
     path = Path(head)
     full = path if path.is_absolute() else root / path
     if head.endswith(".py") and not full.is_file():
-        raise GpuhopError(f"no such script: {head} in the work dir {root}", code="bad_request")
+        raise GpuhopError(
+            f"no such script: {head} in the work dir {root}{_did_you_mean(head, full)}",
+            code="bad_request",
+        )
     if not full.exists():
         return head  # a path on the GPU host; the agent checks it
     try:
@@ -82,6 +85,19 @@ def script_in_workdir(head: str, root: Path) -> str:
     # A program at the work dir's top (./run.sh) stays a path: a bare name is the host's
     # to find on its PATH.
     return rel if rel.endswith(".py") or "/" in rel else f"./{rel}"
+
+
+def _did_you_mean(head: str, missing: Path) -> str:
+    """ "; did you mean train.py?" where a script beside where `head` would be (`missing`)
+    has a name close to its (a typo); else nothing."""
+    import difflib
+
+    try:
+        near = [p.name for p in missing.parent.iterdir() if p.suffix == ".py" and p.is_file()]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(missing.name, near, n=1, cutoff=0.75)
+    return f"; did you mean {PurePosixPath(head).with_name(close[0])}?" if close else ""
 
 
 def tree_of(files: list[FileEntry]) -> tuple[bytes, str]:
