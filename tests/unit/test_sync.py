@@ -556,3 +556,20 @@ def test_scans_of_one_work_dir_from_threads_of_one_process_all_save_the_cache(tm
     assert errors == []
     assert len(digests) == 20
     assert not [p.name for p in cache_path_for(cache, work).parent.iterdir() if ".tmp" in p.name]
+
+
+def test_a_sync_of_a_gigabyte_names_its_largest_files_and_what_to_do(tmp_path: Path):
+    # A 2 GB data file not ignored went with the job with no word but "synced 8 files".
+    from gpuhop.cli.jobs import BIG_SYNC, big_sync_hint
+    from gpuhop.client.submitted import SyncStats
+
+    (tmp_path / "train.py").write_text("pass\n")
+    (tmp_path / "data").mkdir()
+    for name, size in (("data/big.bin", 300 << 20), ("data/mid.bin", 120 << 20)):
+        with open(tmp_path / name, "wb") as f:
+            f.truncate(size)  # sparse: hashed as zeros, nothing written
+    stats = SyncStats(scan(tmp_path), files_sent=3, bytes_sent=BIG_SYNC)
+    assert stats.largest() == [("data/big.bin", 300 << 20), ("data/mid.bin", 120 << 20)]
+    hint = big_sync_hint(stats)
+    assert hint.startswith("1.0 GiB of this work dir went with the job (largest: data/big.bin")
+    assert "gpuhop data push DIR --name NAME" in hint and ".gpuhopignore" in hint

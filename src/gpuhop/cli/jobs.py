@@ -35,6 +35,8 @@ from gpuhop.client.notebook import batch_command
 if TYPE_CHECKING:
     import typer
 
+    from gpuhop.client.submitted import SyncStats
+
 
 def find_job(client: Client, ref: str) -> Job:
     """The job `ref` names, or fail saying why none is (`show` and `forward` too)."""
@@ -116,6 +118,8 @@ def _summary(info: Mapping[str, Any]) -> str:
 
 # Below this many bytes sent, a sync says no rate: it would measure the round trips.
 RATE_FROM = 1 << 20
+# A sync that sends this much is likely data that goes with the code: `run` says so.
+BIG_SYNC = 1 << 30
 
 
 def run(  # noqa: PLR0913 (a command: each parameter is one of its options)
@@ -199,6 +203,8 @@ def run(  # noqa: PLR0913 (a command: each parameter is one of its options)
     if not quiet and stats is not None:
         for warning in stats.warnings:  # with --detach too: they are the sync's
             say(f"[yellow]{escape(warning)}[/yellow]")  # paths are not markup
+        if stats.bytes_sent >= BIG_SYNC:
+            say(f"[yellow]{escape(big_sync_hint(stats))}[/yellow]")
     if detach:
         print(job.id)
         return
@@ -434,6 +440,18 @@ def notebook_options_first(args: list[str]) -> list[str]:
         else:
             rest.append(arg)
     return [*args[:i], *options, args[i], *rest]
+
+
+def big_sync_hint(stats: SyncStats) -> str:
+    """What to do about a work dir that sent BIG_SYNC bytes or more: data goes once, as a
+    dataset, or stays out of the work dir."""
+    files = ", ".join(f"{path} ({human_bytes(size)})" for path, size in stats.largest())
+    return (
+        f"{human_bytes(stats.bytes_sent)} of this work dir went with the job"
+        + (f" (largest: {files})" if files else "")
+        + ": data that big is better pushed once (gpuhop data push DIR --name NAME, then"
+        " run --data NAME) and left out of the work dir (.gpuhopignore)"
+    )
 
 
 def register(app: typer.Typer) -> None:

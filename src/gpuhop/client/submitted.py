@@ -36,6 +36,12 @@ class SyncStats:
         """The work dir's bytes (added up when asked: a sum over every file)."""
         return self._scan.total_bytes
 
+    def largest(self, count: int = 3, least: int = 100 << 20) -> list[tuple[str, int]]:
+        """The work dir's largest files of `least` bytes or more, (path, size), largest
+        first."""
+        big = [(f.path, f.size) for f in self._scan.files if f.size >= least]
+        return sorted(big, key=lambda item: -item[1])[:count]
+
 
 def requirements_text(value: str | os.PathLike[str] | bool | None, root: Path) -> str | None:
     """The requirements text to send: a given file's, else the work dir's requirements.txt."""
