@@ -8,11 +8,12 @@ import os
 import re
 import shutil
 import signal
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
-from gpuhop.api import JobState
+from gpuhop.api import EndClass, JobState
 from gpuhop.home import AgentPaths, read_pid
 from tests.conftest import EXAMPLES, wait_until
 from tests.ray_backend.conftest import agent_cli, skip_without_ray
@@ -110,6 +111,58 @@ def test_cancel_leaves_nothing_behind(ray_agent, ray_cluster, project, tmp_path)
     wait_until(lambda: not any(alive(p) for p in pids), timeout=60)
     wait_until(ray_cluster.empty, timeout=60)
     assert not node_dirs(job.id)
+
+
+def test_a_job_ray_has_not_placed_is_starting_and_its_time_counts_from_placement(
+    ray_agent, ray_cluster, project, tmp_path
+):
+    """While Ray cannot place a job's workers (the cluster's CPUs are another job's), the
+    job is `starting`, says why, and its --timeout has not begun; cancelled then, it never
+    started; placed, it runs from then."""
+    root = project({"sleeper.py": SLEEPER})
+    fill, held, dropped = (tmp_path / name for name in ("fill", "held", "dropped"))
+    for d in (fill, held, dropped):
+        d.mkdir()
+    with ray_agent.client() as client:
+        # 4 workers of 1 CPU: every CPU of the two nodes.
+        filler = client.submit(["sleeper.py", str(fill)], workdir=root, workers=4)
+        wait_until(lambda: len(list(fill.glob("pid-[0-9]"))) == 4, timeout=120)
+        job = client.submit(["sleeper.py", str(held)], workdir=root, timeout=5)
+        other = client.submit(["sleeper.py", str(dropped)], workdir=root)
+        waits = "the Ray cluster has not placed its 1 worker(s) of 1 CPU each (spread)"
+        for j in (job, other):
+            wait_until(lambda j=j: (j.refresh().waiting or "").startswith(waits), timeout=120)
+        submitted = job.info.created_at
+        listed = ray_agent.cli("ps", "--json")
+        rows = {i["id"]: i for i in json.loads(listed.stdout)}
+        for j in (job, other):
+            assert rows[j.id]["state"] == "starting" and rows[j.id]["started_at"] is None
+            assert rows[j.id]["waiting"].startswith(waits), rows[j.id]
+        shown = " ".join(ray_agent.cli("show", job.id).stdout.split())
+        assert "state starting" in shown and f"waiting {waits}" in shown, shown
+        # Past its 5 s since it was submitted: held, it has not run, so it has not timed out.
+        wait_until(lambda: datetime.now(UTC) > submitted + timedelta(seconds=6))
+        info = job.refresh()
+        assert (info.state, info.started_at) == (JobState.starting, None), info
+        assert info.waiting is not None and info.waiting.startswith(waits)
+        # Cancelled before Ray placed it: it never started.
+        assert ray_agent.cli("cancel", other.id).returncode == 0
+        ended = other.wait(timeout=60)
+        assert (ended.state, ended.reason) == (JobState.cancelled, "cancelled before it started")
+        assert ended.started_at is None and ended.waiting is None
+        assert "running on" not in ray_agent.cli("logs", other.id).stdout
+        # The CPUs free again, Ray places it: it runs, its 5 s counting from then.
+        released = datetime.now(UTC)
+        assert ray_agent.cli("cancel", filler.id).returncode == 0
+        assert filler.wait(timeout=60).state == JobState.cancelled
+        info = job.wait(timeout=120)
+    assert (info.state, info.end_class) == (JobState.failed, EndClass.timeout), info
+    assert info.reason.startswith("timed out (its time limit is 5s)"), info.reason
+    assert info.started_at is not None and info.started_at >= released, info
+    assert info.waiting is None
+    wait_until(ray_cluster.empty, timeout=60)
+    assert not node_dirs(job.id)
+    assert not list(dropped.iterdir())  # its script never ran
 
 
 def test_a_killed_leader_leaves_no_worker_running(ray_agent, ray_cluster, project, tmp_path):

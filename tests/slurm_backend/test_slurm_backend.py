@@ -119,6 +119,7 @@ def test_slurms_pending_reason_shows_and_a_cancel_leaves_no_slurm_job(
             lambda: (i := _info(slurm_agent, job_id))["state"] == "cancelled" and i, timeout=60
         )
         assert info["waiting"] is None and info["cluster_job"] == f"Slurm job {slurm_id}"
+        assert (info["reason"], info["started_at"]) == ("cancelled before it started", None)
         assert slurm_id not in slurm_cluster.run("squeue", "-h", "-o", "%i").split()
         assert "visible:" not in slurm_agent.cli("logs", job_id).stdout  # it never ran
     finally:

@@ -291,13 +291,15 @@ class Backend(Protocol):
 
     def running_since(self, jp: JobPaths, started: float) -> float | None:
         """When the attempt began to run where it runs: `started` (when the agent started
-        it) on a backend that runs it at once; on a cluster that may keep it pending (Slurm),
-        when the cluster started it, or None while it has not. A --timeout runs from then."""
+        it) on a backend that runs it at once; on a cluster that may hold it (Slurm keeps it
+        pending, Ray has not placed it), when the cluster started it, or None while it has
+        not. A --timeout runs from then."""
         ...
 
     def waiting(self, jp: JobPaths) -> str | None:
         """Why a started attempt does not run yet, in the cluster's words (Slurm's pending
-        reason); None when it runs, or on a backend that starts jobs at once."""
+        reason, Ray's unplaced workers); None when it runs, or on a backend that starts jobs
+        at once."""
         ...
 
     def doctor_command(self, argv: list[str]) -> list[str] | None:

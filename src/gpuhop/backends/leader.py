@@ -105,8 +105,10 @@ class LeaderBackend:
             # Sweep what the job left in its process group (daemons, stuck workers).
             signal_group(started.pid, signal.SIGKILL)
             done = self.end_the_rest(jp)
-        # The leader removes its relay's socket, unless it was killed first.
+        # The leader removes its relay's socket (and a cluster's leader its wait), unless it
+        # was killed first.
         jp.relay.unlink(missing_ok=True)
+        clusterjob.released(jp.root)
         end = Ending.from_status(read_json(jp.status), returncode)
         if done and not end.recorded and end.detail is None:
             end = dataclasses.replace(end, detail=done)
@@ -138,10 +140,12 @@ class LeaderBackend:
         return None
 
     def running_since(self, jp: JobPaths, started: float) -> float | None:
-        return started
+        """`started` for an attempt on this host; for one on a cluster, when its leader saw
+        the cluster run it (None while the cluster holds it: see `clusterjob`)."""
+        return clusterjob.running_since(jp.root) if self.elsewhere(jp) else started
 
     def waiting(self, jp: JobPaths) -> str | None:
-        return None
+        return clusterjob.waiting(jp.root)  # a cluster's leader wrote it (none on this host)
 
     def doctor_command(self, argv: list[str]) -> list[str] | None:
         return argv

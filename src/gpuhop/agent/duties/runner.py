@@ -67,9 +67,9 @@ class LogCap:
 
 
 class ClusterStarts:
-    """Moves to `running` the started jobs a cluster kept pending (Slurm's queue) once it
-    runs them, so that a pending job is never shown as running, and its duration counts
-    from the cluster's start (Supervisor.promote)."""
+    """Moves to `running` the started jobs a cluster held (Slurm's queue, Ray's placement)
+    once it runs them, so that a pending job is never shown as running, and its duration
+    counts from the cluster's start (Supervisor.promote)."""
 
     interval = 1.0
 

@@ -169,8 +169,9 @@ class Supervisor:
             return
         # Its GPUs' first readings, before anyone sees it run.
         self._metered(job_id, lambda: self.energy.start(job.id, job.attempt, job.gpu_ids))
-        # A cluster may keep the attempt pending (Slurm's queue): it stays `starting`, its
-        # process known, until the cluster runs it (`promote`), and its time counts from then.
+        # A cluster may hold the attempt (Slurm's queue, Ray's placement): it stays
+        # `starting`, its process known, until the cluster runs it (`promote`), and its time
+        # counts from then.
         since = self.backend.running_since(jp, time.time())
         self._until_recorded(
             f"job {job_id} started",
@@ -305,7 +306,9 @@ class Supervisor:
         if job.cancel_requested:
             state = JobState.cancelled
             how = " (killed after the grace period)" if job_id in self._killed_after_grace else ""
-            reason = f"cancelled after {elapsed}{how}"
+            # One the cluster still held (Slurm's pending job, Ray's unplaced one) never ran.
+            ran = f"after {elapsed}" if job.started_at is not None else "before it started"
+            reason = f"cancelled {ran}{how}"
         elif stopped is not None:
             state = JobState(stopped.get("state", JobState.failed.value))
             reason = f"{stopped.get('reason', 'stopped by the agent')} after {elapsed}"

@@ -9,7 +9,9 @@ STATUS_FILE last, so an agent that restarts meanwhile re-attaches to it as to a 
 
 In order: it checks that the cluster answers (a dead address would make `ray.init` hang),
 connects as a Ray driver, makes a placement group with one bundle per worker (SPREAD
-across nodes, or PACK onto few) and waits for Ray to place it, makes one actor per bundle
+across nodes, or PACK onto few) and waits for Ray to place it (meanwhile the job is
+`starting`, and says why: gpuhop.backends.clusterjob; it runs, and its time counts, from
+placement on), makes one actor per bundle
 (gpuhop.backends.ray.worker), sends the work dir and the checkpoints through the object
 store, gives each worker its TF_CONFIG built from the actors' node addresses and ports, and
 starts them. Then it polls them: worker output goes into the job's log (with `[worker I]`
@@ -118,6 +120,7 @@ class Launch:
         try:
             return self._run()
         finally:
+            clusterjob.released(self.root)
             self._clean_up()
             ray.shutdown()
 
@@ -138,6 +141,8 @@ class Launch:
         )
         if not self._wait_for_placement(bundle):
             return {"exit_code": None, "signal": signal.SIGTERM}
+        # From now on the job runs: its duration and --timeout count (Backend.running_since).
+        clusterjob.runs(self.root)
         remote = ray.remote(JobWorker)
         self.actors = [
             remote.options(
@@ -210,18 +215,18 @@ class Launch:
         began = time.monotonic()
         next_note = began + PLACEMENT_NOTE_AFTER
         ready = self.pg.ready()
+        workers = f"{self.workers} worker(s) of {_bundle_text(bundle)}"
+        workers += f" ({self.spec['strategy'].lower()})"
+        busy = "its nodes are busy or too small"
         while not _stop.is_set():
             done, _ = ray.wait([ready], timeout=0.5)
             if done:
                 return True
+            clusterjob.hold(self.root, f"the Ray cluster has not placed its {workers}: {busy}")
             if time.monotonic() > next_note:
                 next_note += PLACEMENT_NOTE_EVERY
                 waited = time.monotonic() - began
-                say(
-                    f"waiting {waited:.0f}s so far for the Ray cluster to place"
-                    f" {self.workers} worker(s) of {_bundle_text(bundle)}"
-                    f" ({self.spec['strategy'].lower()}); its nodes are busy or too small"
-                )
+                say(f"waiting {waited:.0f}s so far for the Ray cluster to place {workers}; {busy}")
         return False
 
     def _supervise(self) -> dict[str, Any]:

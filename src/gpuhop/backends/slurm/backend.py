@@ -45,9 +45,7 @@ from gpuhop.home import AgentError, JobPaths
 log = logging.getLogger("gpuhop.agent")
 
 SPEC_NAME = "slurm-spec.json"
-WAITING_NAME = "slurm-waiting"
 EXIT_NAME = "slurm-exit.json"
-RUNNING_NAME = "slurm-running.json"  # when Slurm started running the attempt (the leader's)
 COMMAND_TIMEOUT = 60.0
 DOCTOR_WAIT = 30  # seconds doctor's probe waits for Slurm to start it on a node
 # Seconds a cancelled job's leader gets after the grace for Slurm to end the job.
@@ -246,7 +244,6 @@ class SlurmBackend(LeaderBackend):
         exit_file.unlink(missing_ok=True)
         (jp.root / "grace").unlink(missing_ok=True)
         clusterjob.forget(jp.root)
-        (jp.root / RUNNING_NAME).unlink(missing_ok=True)
         spec = {
             "job_id": attempt.job_id,
             "attempt": attempt.number,
@@ -311,19 +308,6 @@ class SlurmBackend(LeaderBackend):
             srun.append("--gres=gpu:1")
         return [*srun, *argv]
 
-    def waiting(self, jp: JobPaths) -> str | None:
-        try:
-            return (jp.root / WAITING_NAME).read_text() or None
-        except OSError:
-            return None
-
-    def running_since(self, jp: JobPaths, started: float) -> float | None:
-        """When Slurm started the attempt, as its leader saw it; None while it is pending."""
-        try:
-            return float(json.loads((jp.root / RUNNING_NAME).read_text())["since"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
     def stop(self, jp: JobPaths, started: Started, grace: float) -> float:
         """Tell the job's leader its grace, then SIGTERM; how long to wait before SIGKILL."""
         (jp.root / "grace").write_text(f"{grace}")
@@ -349,7 +333,6 @@ class SlurmBackend(LeaderBackend):
                 )
         except (OSError, subprocess.SubprocessError) as e:
             log.warning("could not cancel Slurm job %s: %s", slurm_id, e)
-        (jp.root / WAITING_NAME).unlink(missing_ok=True)
         return done
 
 

@@ -38,7 +38,6 @@ EXIT_FILE_WAIT = 10.0  # seconds for the batch step's exit file to show on this 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
          "BOOT_FAIL", "DEADLINE", "PREEMPTED", "SPECIAL_EXIT", "REVOKED"}  # fmt: skip
 LOST = {"NODE_FAIL", "BOOT_FAIL"}
-RUNNING_NAME = "slurm-running.json"
 
 _stop = threading.Event()
 
@@ -122,7 +121,6 @@ class Follow:
     def __init__(self, spec: dict[str, Any], root: Path):
         self.spec = spec
         self.root = root
-        self.waiting_file = root / "slurm-waiting"
         self.id = ""
 
     def submit(self) -> dict[str, Any] | None:
@@ -175,26 +173,18 @@ class Follow:
             if last == "PENDING":
                 # "None": Slurm's scheduler has not looked at the job yet.
                 why = f": {reason}" if reason and reason != "None" else ""
-                self._waiting(f"Slurm job {self.id} is pending{why}")
+                clusterjob.hold(self.root, f"Slurm job {self.id} is pending{why}")
             else:
-                self.waiting_file.unlink(missing_ok=True)
+                clusterjob.released(self.root)
                 if not ran and last not in ("PENDING", "CANCELLED"):
                     ran = True
                     # From now on the job's --timeout runs (the agent's TimeLimits reads it).
-                    _write_atomic(self.root / RUNNING_NAME, {"since": time.time()})
+                    clusterjob.runs(self.root)
             if last in ENDED:
                 break
             _stop.wait(POLL_SECONDS)
-        self.waiting_file.unlink(missing_ok=True)
+        clusterjob.released(self.root)
         return last, ran
-
-    def _waiting(self, text: str) -> None:
-        try:
-            if self.waiting_file.read_text() == text:
-                return
-        except OSError:
-            pass
-        self.waiting_file.write_text(text)
 
     def _grace(self) -> float:
         try:
