@@ -25,6 +25,10 @@ from typing import Any
 NAME = "cluster-job.json"
 WAITING = "cluster-waiting"
 RUNNING = "cluster-running.json"
+# The names a Slurm leader started before these were shared wrote (an agent upgraded while
+# its Slurm jobs wait or run reads them too: those leaders outlive the agent).
+SLURM_WAITING = "slurm-waiting"
+SLURM_RUNNING = "slurm-running.json"
 
 
 def write(root: Path, job_id: str, said: str) -> None:
@@ -44,7 +48,7 @@ def read(root: Path) -> dict[str, Any] | None:
 
 def forget(root: Path) -> None:
     """Before a new attempt: the records are of the latest attempt only."""
-    for name in (NAME, WAITING, RUNNING):
+    for name in (NAME, WAITING, RUNNING, SLURM_WAITING, SLURM_RUNNING):
         (root / name).unlink(missing_ok=True)
 
 
@@ -61,10 +65,12 @@ def hold(root: Path, why: str) -> None:
 
 def waiting(root: Path) -> str | None:
     """Why the cluster does not run the attempt yet; None when nothing holds it."""
-    try:
-        return (root / WAITING).read_text() or None
-    except OSError:
-        return None
+    for name in (WAITING, SLURM_WAITING):
+        try:
+            return (root / name).read_text() or None
+        except OSError:
+            continue
+    return None
 
 
 def released(root: Path) -> None:
@@ -81,10 +87,12 @@ def runs(root: Path) -> None:
 
 def running_since(root: Path) -> float | None:
     """When the cluster began to run the attempt; None while it has not."""
-    try:
-        return float(json.loads((root / RUNNING).read_text())["since"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    for name in (RUNNING, SLURM_RUNNING):
+        try:
+            return float(json.loads((root / name).read_text())["since"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
