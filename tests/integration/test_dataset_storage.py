@@ -16,6 +16,7 @@ import pytest
 from gpuhop.api.data import CHUNK_HEADER, CONT, PART
 from gpuhop.client.sync import chunkupload
 from tests.conftest import wait_until
+from tests.integration.test_agent_restart import kill_agent_hard
 from tests.integration.test_datasets import (
     Interrupted,
     age,
@@ -143,6 +144,38 @@ def test_chunks_of_a_push_that_never_came_are_collected(make_agent, tmp_path, mo
         assert result.chunks_sent == result.chunks
     assert tree_digest(agent.home / "datasets" / "abandoned" / "v1") == tree_digest(tree)
     assert os.listdir(agent.home / "blobs" / ".staged") != []  # this boot's (empty) dir
+
+
+def test_a_version_a_crash_left_without_its_record_is_made_again_or_collected(make_agent, tmp_path):
+    """A push killed between renaming a version's tree into place and writing its record
+    (or a removal killed between the two) leaves `vN/` without `vN.json`: no version, which
+    the next push of the name makes again (it was refused for good, the number's directory
+    being taken), and which garbage collection removes where no push comes."""
+    agent = make_agent(args=EAGER)
+    tree = make_tree(tmp_path / "ds", seed=8)
+    first = tree_digest(tree)
+    folder = agent.home / "datasets" / "cut"
+    with agent.client() as client:
+        client.data.push(tree, "cut")
+        (tree / "labels.csv").write_text("id,label\n0,3\n")
+        age(tree / "labels.csv")
+        assert client.data.push(tree, "cut").info.version == 2
+    kill_agent_hard(agent)
+    (folder / "v2.json").unlink()  # the state such a crash leaves
+    agent.start()
+    with agent.client() as client:
+        assert [v.version for v in client.data.versions("cut")] == [1]
+        again = client.data.push(tree, "cut")
+        assert (again.info.version, again.info.new) == (2, True)
+    assert tree_digest(folder / "v2") == tree_digest(tree)
+    kill_agent_hard(agent)
+    (folder / "v2.json").unlink()
+    agent.start()
+    with agent.client() as client:
+        assert client.gc().freed["temp"].bytes > 0
+        assert [v.version for v in client.data.versions("cut")] == [1]
+    assert not (folder / "v2").exists()
+    assert tree_digest(folder / "v1") == first
 
 
 def test_a_run_with_a_bad_chunk_is_refused_and_leaves_nothing(make_agent):

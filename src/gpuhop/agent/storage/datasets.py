@@ -145,9 +145,9 @@ class DatasetStore:
     # -- writing ----------------------------------------------------------------------------
 
     def sweep_leftovers(self, cutoff: float, dry_run: bool = False) -> list[int]:
-        """Remove what interrupted pushes left (a `.vN-*` tree half assembled, a `.tmp-*`
-        record) older than `cutoff`; return the bytes of each. A name whose push is in
-        progress (its lock held) is left alone."""
+        """Remove what interrupted pushes and removals left (a `.vN-*` tree half assembled,
+        a `.tmp-*` record, a `vN` tree without its record) older than `cutoff`; return the
+        bytes of each. A name whose push is in progress (its lock held) is left alone."""
         freed = []
         for folder in self.root.iterdir() if self.root.is_dir() else ():
             lock = self.locked(folder.name)
@@ -155,7 +155,7 @@ class DatasetStore:
                 continue
             try:
                 for path in folder.iterdir():
-                    if not path.name.startswith((".v", ".tmp-")):
+                    if not (path.name.startswith((".v", ".tmp-")) or _unrecorded(path)):
                         continue
                     try:
                         if path.lstat().st_mtime >= cutoff:
@@ -190,6 +190,9 @@ class DatasetStore:
             version = (versions[-1] if versions else 0) + 1
             folder = self.root / name
             folder.mkdir(exist_ok=True)
+            # A tree of this number without a record was left by a push or a removal that a
+            # crash interrupted: no job can mount it, and the new version takes its place.
+            _remove_tree(self.tree_path(name, version))
             tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".v{version}-"))
             previous = (
                 (self.tree_path(name, versions[-1]), self.manifest(name, versions[-1]))
@@ -370,6 +373,17 @@ def _write_atomic(path: Path, data: bytes) -> None:
         settle.durable(f)
     os.replace(name, path)
     settle.flush_dir(path.parent)  # the new name too
+
+
+def _unrecorded(path: Path) -> bool:
+    """Whether `path` is a version's tree (`vN`) whose record (`vN.json`) is missing."""
+    number = path.name[1:]
+    return (
+        path.name.startswith("v")
+        and number.isdigit()
+        and path.is_dir()
+        and not path.with_name(f"{path.name}.json").exists()
+    )
 
 
 def _bytes(path: Path) -> int:
