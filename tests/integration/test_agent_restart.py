@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gpuhop.api import JobState
+from gpuhop.client import GpuhopError
 from gpuhop.client.embedded import start_background
 from gpuhop.home import AgentError, AgentPaths, read_pid
 from tests.conftest import AGENT_PYTHON_FLAGS, wait_until
@@ -92,6 +93,39 @@ def test_log_follower_resumes_across_an_agent_restart(make_agent, project, tmp_p
         on_disk = Path(agent.home / "jobs" / job.id / "output.log").read_bytes()
     assert b"".join(received) == on_disk
     assert on_disk.endswith(b"done\n")
+
+
+def test_a_pull_cut_short_by_the_agent_dying_says_so_and_the_next_one_is_whole(
+    make_agent, project, tmp_path
+):
+    """An agent killed while a pull downloads a 32 MiB artifact: the pull fails with
+    gpuhop's own error (it was a TransportError, which the CLI showed as a traceback) and
+    leaves no part file; once the agent is back, the next pull brings the file whole."""
+    agent = make_agent()
+    model = bytes(range(256)) * (128 * 1024)
+    root = project(
+        {
+            "export.py": "import os\n"
+            "with open(os.path.join(os.environ['GPUHOP_ARTIFACTS_DIR'], 'model.bin'), 'wb') as f:\n"
+            "    f.write(bytes(range(256)) * (128 * 1024))\n"
+        }
+    )
+    dest = tmp_path / "out"
+
+    def die(done: int, total: int) -> None:
+        if read_pid(agent.paths) is not None:  # the first bytes came: the rest never will
+            kill_agent_hard(agent)
+
+    with agent.client() as client:
+        job = client.submit(["export.py"], workdir=root)
+        assert job.wait(60).state == JobState.succeeded
+        with pytest.raises(GpuhopError, match="closed the connection"):
+            job.pull(dest, on_bytes=die)
+    assert [p.name for p in dest.rglob("*.gpuhop-part")] == []
+    agent.pid = start_background(agent.paths, python_flags=AGENT_PYTHON_FLAGS)
+    with agent.client() as client:
+        client.job(job.id).pull(dest)
+    assert (dest / "model.bin").read_bytes() == model
 
 
 def _agents_of(home: Path) -> list[int]:

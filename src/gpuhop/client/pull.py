@@ -283,12 +283,18 @@ def fetch_planned(
             raise GpuhopError(f"cannot make a folder for {target}: {e}", "bad_path") from None
         part = target.with_name(target.name + ".gpuhop-part")
         url = f"/v1/jobs/{pulled.job_id}/{route}/{quote_from_bytes(entry.name_bytes(), safe='/')}"
-        with session.stream("GET", url) as response, open(part, "wb") as f:
-            for chunk in response.iter_bytes(1 << 20):
-                f.write(chunk)
-                done += len(chunk)
-                if on_bytes is not None:
-                    on_bytes(done, max(total, done))
+        try:
+            with session.stream("GET", url) as response, open(part, "wb") as f:
+                for chunk in response.iter_bytes(1 << 20):
+                    f.write(chunk)
+                    done += len(chunk)
+                    if on_bytes is not None:
+                        on_bytes(done, max(total, done))
+        except BaseException as e:
+            part.unlink(missing_ok=True)  # a file cut short is no file: the next pull sends it
+            if isinstance(e, session.transport_errors):  # the agent went away mid-answer
+                raise session.unreachable(e) from None
+            raise
         os.utime(part, (entry.mtime, entry.mtime))
         os.replace(part, target)
         written.append(target)
