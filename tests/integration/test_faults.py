@@ -9,13 +9,15 @@ import os
 import signal
 import sqlite3
 import threading
+import time
 
 import httpx
 
-from gpuhop.api import JobState
+from gpuhop.api import EndClass, JobState
 from gpuhop.client.embedded import start_background
 from tests.conftest import AGENT_PYTHON_FLAGS, wait_until
 from tests.integration.test_agent_restart import WAITER, kill_agent_hard
+from tests.integration.test_queue import SLEEPER
 
 COUNTER = """
 import os, sys, time
@@ -60,6 +62,34 @@ def test_a_crash_between_allocation_and_start_starts_the_job_once(make_agent, pr
         assert client.job(holder.id).wait(30).exit_code == 5
     assert (info.state, info.attempt) == (JobState.succeeded, 1)
     assert (tmp_path / "runs").read_text() == "ran\n"
+
+
+def test_a_crash_between_a_start_and_its_record_keeps_the_start_time_and_the_limit(
+    make_agent, project
+):
+    """The agent killed after the job's leader started, before the store recorded it: the
+    next agent adopts the job from the leader's pid file, and its start time with it. (It
+    had none: a --timeout never stopped such a job, and its duration read 0.0s.)"""
+    agent = make_agent()
+    with agent.client() as client:
+        slow = client.submit(["sleeper.py"], workdir=project({"sleeper.py": SLEEPER}), timeout="3s")
+        wait_until(lambda: b"up" in b"".join(slow.logs()), timeout=30)
+    killed_at = time.time()
+    kill_agent_hard(agent)
+    # The state such a crash leaves: `starting`, the leader running, no pid recorded.
+    db = sqlite3.connect(agent.paths.db)
+    with db:
+        db.execute(
+            "UPDATE jobs SET state = 'starting', pid = NULL, pid_start = NULL,"
+            " started_at = NULL WHERE id = ?",
+            (slow.id,),
+        )
+    db.close()
+    agent.pid = start_background(agent.paths, python_flags=AGENT_PYTHON_FLAGS)
+    with agent.client() as client:
+        timed = client.job(slow.id).wait(60)
+    assert (timed.state, timed.end_class) == (JobState.failed, EndClass.timeout)
+    assert timed.started_at is not None and timed.started_at.timestamp() < killed_at
 
 
 def test_a_stopped_job_is_still_running_and_cancel_reaches_it(make_agent, project, tmp_path):

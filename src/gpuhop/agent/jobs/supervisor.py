@@ -427,12 +427,20 @@ class Supervisor:
                 self.store.transition(job.id, [JobState.starting], JobState.queued, gpu_ids=[])
                 return
             started = adopted
+            # It began when its leader did (the leader writes its pid file first), not now:
+            # its duration and its --timeout count from then, as launch() would have had it.
+            try:
+                began = jp.leader_pid.stat().st_mtime
+            except OSError:
+                began = time.time()
+            since = self.backend.running_since(jp, began)
             self.store.transition(
                 job.id,
                 [JobState.starting],
-                JobState.running,
+                JobState.starting if since is None else JobState.running,
                 pid=started.pid,
                 pid_start=started.pid_start,
+                started_at=since,
             )
         if self.backend.alive(started):
             log.info("re-attached to job %s (pid %d)", job.id, started.pid)
