@@ -161,7 +161,8 @@ def test_a_version_a_crash_left_without_its_record_is_made_again_or_collected(ma
         age(tree / "labels.csv")
         assert client.data.push(tree, "cut").info.version == 2
     kill_agent_hard(agent)
-    (folder / "v2.json").unlink()  # the state such a crash leaves
+    (folder / "v2.json").unlink()  # the state such a crash leaves (its record not written,
+    (folder / "last-version").write_text("1")  # nor the number it took, after it)
     agent.start()
     with agent.client() as client:
         assert [v.version for v in client.data.versions("cut")] == [1]

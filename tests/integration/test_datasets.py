@@ -88,6 +88,25 @@ def test_a_second_push_sends_only_the_changed_file(shared_agent, tmp_path):
         assert files["part1/file3.bin"]["size"] != 11_000
 
 
+def test_a_removed_versions_number_is_never_given_to_other_data(shared_agent, tmp_path):
+    # After `data rm NAME:2` the next push was v2 again: a job pinned to NAME:2 then read
+    # other data under the same name, with no word.
+    tree = make_tree(tmp_path / "ds")
+    with shared_agent.client() as client:
+        assert client.data.push(tree, "renumbered").info.version == 1
+        (tree / "labels.csv").write_text("changed once\n")
+        age(tree / "labels.csv")
+        assert client.data.push(tree, "renumbered").info.version == 2
+        assert client.data.remove("renumbered", 2) == [2]
+        (tree / "labels.csv").write_text("changed twice\n")
+        age(tree / "labels.csv")
+        assert client.data.push(tree, "renumbered").info.version == 3
+        assert [v.version for v in client.data.versions("renumbered")] == [1, 3]
+        # Every version removed: the name is new again.
+        assert client.data.remove("renumbered") == [1, 3]
+        assert client.data.push(tree, "renumbered").info.version == 1
+
+
 def test_a_version_of_several_many_chunk_files_is_assembled_whole(shared_agent, tmp_path):
     """Files of several chunks are copied into place together (storage.datasets'
     ASSEMBLERS): each whole, with its mode, beside files linked to their one chunk."""

@@ -56,6 +56,12 @@ EVERYONE = "*"
 ASSEMBLERS = 2
 
 
+# In a dataset's folder: the highest version number it has had, so that a version removed
+# (`data rm NAME:N`) leaves its number unused. Removing every version removes the folder, and
+# the name starts again at 1.
+LAST_VERSION = "last-version"
+
+
 class DatasetStore:
     def __init__(self, root: Path, blobs: BlobStore):
         self.root = root
@@ -187,7 +193,9 @@ class DatasetStore:
                 latest = self.info(name, versions[-1])
                 if latest.digest == digest:
                     return latest.model_copy(update={"new": False})
-            version = (versions[-1] if versions else 0) + 1
+            # Never a number a removed version had: a job pinned to NAME:N would read
+            # other data under the same name, silently.
+            version = max(versions[-1] if versions else 0, self._last_version(name)) + 1
             folder = self.root / name
             folder.mkdir(exist_ok=True)
             # A tree of this number without a record was left by a push or a removal that a
@@ -221,8 +229,16 @@ class DatasetStore:
                 "owner": owner,
             }
             _write_atomic(self.record_path(name, version), json.dumps(record).encode())
+            _write_atomic(folder / LAST_VERSION, str(version).encode())
             self.chunks.add_version(self.tree_path(name, version), files, staged)
             return _info(record)
+
+    def _last_version(self, name: str) -> int:
+        """The highest version number `name` has had (0: none, or unknown)."""
+        try:
+            return int((self.root / name / LAST_VERSION).read_text())
+        except (OSError, ValueError):
+            return 0
 
     def _assemble(
         self, files: list[DatasetFile], into: Path, previous: tuple[Path, list[dict]] | None
