@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import sqlite3
+import subprocess
 import threading
 import time
 
@@ -90,6 +91,41 @@ def test_a_crash_between_a_start_and_its_record_keeps_the_start_time_and_the_lim
         timed = client.job(slow.id).wait(60)
     assert (timed.state, timed.end_class) == (JobState.failed, EndClass.timeout)
     assert timed.started_at is not None and timed.started_at.timestamp() < killed_at
+
+
+def test_a_process_that_took_a_dead_leaders_pid_is_not_adopted(make_agent, project):
+    """The same crash, and the leader then gone while no agent ran, its pid taken by another
+    process: the next agent must not take that process for the job's (it waited on it, and
+    a cancel signalled its group). The leader's pid file has its start time for this."""
+    agent = make_agent()
+    with agent.client() as client:
+        slow = client.submit(["sleeper.py"], workdir=project({"sleeper.py": SLEEPER}))
+        wait_until(lambda: b"up" in b"".join(slow.logs()), timeout=30)
+    kill_agent_hard(agent)
+    pid_file = agent.home / "jobs" / slow.id / "shim.pid"
+    leader = json.loads(pid_file.read_text())
+    os.killpg(int(leader["pid"]), signal.SIGKILL)
+    wait_until(lambda: not os.path.exists(f"/proc/{leader['pid']}"), timeout=30)
+    # Another process under the leader's pid: pids are not chosen, so the record says so.
+    stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        pid_file.write_text(json.dumps({**leader, "pid": stranger.pid}))
+        db = sqlite3.connect(agent.paths.db)
+        with db:
+            db.execute(
+                "UPDATE jobs SET state = 'starting', pid = NULL, pid_start = NULL,"
+                " started_at = NULL WHERE id = ?",
+                (slow.id,),
+            )
+        db.close()
+        agent.pid = start_background(agent.paths, python_flags=AGENT_PYTHON_FLAGS)
+        with agent.client() as client:
+            ended = client.job(slow.id).wait(60)
+        assert ended.state == JobState.lost, ended.reason
+        assert stranger.poll() is None  # neither waited on nor signalled
+    finally:
+        stranger.kill()
+        stranger.wait()
 
 
 def test_a_stopped_job_is_still_running_and_cancel_reaches_it(make_agent, project, tmp_path):

@@ -81,7 +81,10 @@ class LeaderBackend:
         if leader is None:
             return None
         pid = int(leader["pid"])
-        return Started(pid, start_time(pid))
+        # The start time the leader wrote beside its pid: a process that took the pid after
+        # the leader ended (while no agent ran) is not it. (A file without one: read now.)
+        recorded = leader.get("pid_start")
+        return Started(pid, str(recorded) if recorded is not None else start_time(pid))
 
     def alive(self, started: Started) -> bool:
         return alive(started.pid, started.pid_start)
@@ -102,8 +105,12 @@ class LeaderBackend:
     def _ending(self, jp: JobPaths, started: Started | None, returncode: int | None) -> Ending:
         done = None
         if started is not None:
-            # Sweep what the job left in its process group (daemons, stuck workers).
-            signal_group(started.pid, signal.SIGKILL)
+            # Sweep what the job left in its process group (daemons, stuck workers), unless
+            # another process has the leader's pid now: the kernel gives no pid that is still
+            # a group's id, so the job's group is gone, and that pid's group is another's.
+            now = start_time(started.pid)
+            if now is None or now == started.pid_start:
+                signal_group(started.pid, signal.SIGKILL)
             done = self.end_the_rest(jp)
         # The leader removes its relay's socket (and a cluster's leader its wait), unless it
         # was killed first.

@@ -401,7 +401,9 @@ def main(argv: list, given: dict | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     command = rest[1:]
-    pid_record: dict = {"pid": os.getpid()}
+    # With its start time: an agent that adopts the job from this file after a crash must
+    # not take a process that got the pid once this one was gone for the job's leader.
+    pid_record: dict = {"pid": os.getpid(), "pid_start": _start(os.getpid())}
     if "container" in specs:
         _CONTAINER.update(specs["container"])
         _adopt_orphans()
@@ -584,7 +586,8 @@ def _enter_sandbox(spec: dict, pid_path: str) -> tuple:
     os.close(write_end)
     # The agent releases the job's GPUs once this process is gone: the PID namespace's
     # first process ends only after every other process in it has.
-    _write_atomic(pid_path, {"pid": os.getpid(), "init": child, "init_start": _start(child)}, False)
+    record = {"pid": os.getpid(), "pid_start": _start(os.getpid())}
+    _write_atomic(pid_path, {**record, "init": child, "init_start": _start(child)}, False)
     with os.fdopen(read_end, "rb") as r:
         report = r.read()
     while True:
