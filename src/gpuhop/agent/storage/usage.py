@@ -5,8 +5,9 @@ fetches add) and *jobs* (job dirs:
 work dirs, logs, metrics, artifacts, checkpoints: what jobs add). Each is measured by a
 walk (a file with several links counted once) at most every few seconds; between walks,
 the bytes the blob store reports stored are added, so a burst of uploads cannot slip past
-the quota between two walks. An upload, push or submission that would pass a quota is
-refused with 507 and the figures; nothing already stored is touched.
+the quota between two walks; and a refusal walks first where bytes were added since the
+last walk (they may be gone again: a refused upload's). An upload, push or submission that
+would pass a quota is refused with 507 and the figures; nothing already stored is touched.
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class DiskMeter:
         self.ttl = ttl
         self._lock = threading.Lock()
         self._storage: tuple[float, int] | None = None
+        self._walked = -1  # the storage bytes the last walk found
         self._jobs: tuple[float, int] | None = None
         blobs.check_quota = self.check_storage
 
@@ -75,6 +77,7 @@ class DiskMeter:
                 home = self.paths.home
                 roots = (self.paths.blobs, self.paths.trees, home / "datasets", home / "objects")
                 self._storage = (now, tree_bytes(*roots))
+                self._walked = self._storage[1]
             else:
                 self._storage = (self._storage[0], self._storage[1] + added)
             return self._storage[1]
@@ -96,9 +99,17 @@ class DiskMeter:
         )
 
     def check_storage(self, size: int) -> None:
-        """Raise QuotaExceeded if storing `size` more bytes would pass the storage quota."""
+        """Raise QuotaExceeded if storing `size` more bytes would pass the storage quota:
+        measured by a walk before it refuses, where the figure has added bytes since the
+        last (what was added since may have gone again: a refused upload's, a push's
+        staging, a gc's)."""
         quota = self.policy.storage_quota
-        if quota is not None and self.storage() + size > quota:
+        if quota is None or self.storage() + size <= quota:
+            return
+        with self._lock:
+            if self._storage is not None and self._storage[1] != self._walked:
+                self._storage = None  # the next look walks
+        if self.storage() + size > quota:
             raise QuotaExceeded(
                 _message(
                     f"storing {format_bytes(size)} more",
