@@ -51,6 +51,17 @@ def test_slack_reads_no_markup_in_the_text():
     assert body["text"].endswith("failed: a &lt;!channel&gt; &amp; &lt;https://x|y&gt;")
 
 
+def test_a_discord_webhook_gets_its_content_and_pings_nobody():
+    # Discord answered the generic JSON with 400 (it wants `content`): five tries, dropped.
+    hook = "https://discord.com/api/webhooks/123/abc"
+    body = payload(record(reason="@everyone " + "x" * 3000), "failed", hook, None)
+    assert set(body) == {"content", "allowed_mentions"}
+    assert body["content"].startswith("gpuhop: job abcd1234 (grid[lr=0.1]) of alice failed: @")
+    assert len(body["content"]) == 2000 and body["allowed_mentions"] == {"parse": []}
+    # Another path on that host is no webhook of Discord's: the facts as JSON.
+    assert "job" in payload(record(), "failed", "https://discord.com/hooks/x", None)
+
+
 def test_another_webhook_gets_the_jobs_facts_as_json():
     body = payload(record(), "failed", "https://ci.example.com/hook", {"loss": 0.5, "epoch": 2})
 

@@ -42,6 +42,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpuhop.agent")
 
 SLACK_HOST = "hooks.slack.com"
+# Discord's webhooks (https://discord.com/api/webhooks/ID/TOKEN) want `content`, at most
+# 2,000 characters; `allowed_mentions` empty: a reason or a name such as "@everyone" pings
+# nobody.
+DISCORD_HOSTS = frozenset(
+    {"discord.com", "discordapp.com", "ptb.discord.com", "canary.discord.com"}
+)
+DISCORD_MAX = 2000
 # Keys of a metrics record that describe it rather than measure the model (when it was
 # written, the planned epochs, progress and memory), left out of a notification's text as
 # `gpuhop run` leaves them out of its "last metrics" line.
@@ -129,7 +136,8 @@ def payload(
     job: JobRecord, event: str, url: str, metrics: Mapping[str, object] | None
 ) -> dict[str, Any]:
     """What a webhook is sent of `event` ("started", or the state a job ended in): the
-    job's facts as they are now, and a one-line `text`; Slack gets only the text."""
+    job's facts as they are now, and a one-line `text`; Slack gets only the text, Discord
+    it as its `content`."""
     duration = None
     if job.started_at is not None:
         duration = round((job.ended_at or time.time()) - job.started_at, 3)
@@ -148,9 +156,12 @@ def payload(
         }
         if shown:
             text += "; " + ", ".join(f"{k}={v:.4g}" for k, v in list(shown.items())[:6])
-    if urlsplit(url).hostname == SLACK_HOST:
+    parts = urlsplit(url)
+    if parts.hostname == SLACK_HOST:
         # Slack reads &, < and > as markup (links, mentions): escaped as its docs ask.
         return {"text": text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")}
+    if parts.hostname in DISCORD_HOSTS and parts.path.startswith("/api/webhooks/"):
+        return {"content": text[:DISCORD_MAX], "allowed_mentions": {"parse": []}}
     return {
         "event": event,
         "text": text,
