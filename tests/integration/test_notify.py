@@ -16,7 +16,7 @@ import pytest
 
 from gpuhop.agent.jobs.notifier import HostRule, Notifier
 from gpuhop.api import JobState
-from gpuhop.api.models import MAX_NOTIFY_URLS
+from gpuhop.api.spec import MAX_NOTIFY_URLS
 from gpuhop.client import GpuhopError
 from tests.conftest import Agent, wait_until
 
@@ -270,6 +270,13 @@ def test_too_many_webhooks_are_refused_naming_the_limit(notify_agent, webhook, p
     assert ran.returncode == 2
     assert f"notify: {len(urls)} webhooks; a job may have at most {MAX_NOTIFY_URLS}" in ran.stderr
     assert "List should have" not in ran.stderr
+    # Said before the work dir is synced, not after its upload.
+    hashed: list[object] = []
+    with notify_agent.client() as client:
+        with pytest.raises(GpuhopError) as many:
+            client.submit(["main.py"], workdir=root, notify=urls, on_hash=hashed.append)
+        assert f"{len(urls)} webhooks; a job may have at most" in many.value.message
+    assert hashed == []  # the work dir was not even scanned
 
 
 def test_notify_desktop_tells_this_machine_when_a_waited_for_job_ends(

@@ -14,6 +14,7 @@ from gpuhop.api.queue import check_webhook_url
 from gpuhop.api.spec import (
     DATA_NAME_RE,
     ENV_NAME_RE,
+    MAX_NOTIFY_URLS,
     DataSource,
     JobSpec,
     Mount,
@@ -50,7 +51,6 @@ USER_SETTABLE_ENV = frozenset(
     {"GPUHOP_HOOK_VERBOSE", "GPUHOP_ARRAY_INDEX", "GPUHOP_AUTO", "GPUHOP_KERAS"}
 )
 # Where a job's notifications go: webhook URLs, at most this many per job.
-MAX_NOTIFY_URLS = 8
 # A memory share larger than any GPU made: a typo, not a request.
 MAX_GPU_MEMORY_MB = 16 * 1024 * 1024
 

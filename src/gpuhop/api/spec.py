@@ -18,6 +18,9 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+# Webhooks one job may name (`notify`).
+MAX_NOTIFY_URLS = 8
+
 # The names a spec's fields have on the wire where they differ from the spec's own: the
 # ones agents have always known (an agent refuses a field it does not know).
 WIRE_NAMES = {"time_limit": "timeout"}
@@ -254,6 +257,11 @@ class JobSpec(NamedTuple):
         called = [d.name for d in self.data_sources]
         for name in dict.fromkeys(c for c in called if called.count(c) > 1):
             found.append(f"{n('data_sources')} names two buckets' data {name}; give one :NAME")
+        if len(self.notify) > MAX_NOTIFY_URLS:  # said before a sync, not after it
+            found.append(
+                f"{n('notify')}: {len(self.notify)} webhooks; a job may have at most"
+                f" {MAX_NOTIFY_URLS}"
+            )
         if self.image_secret is not None and self.image is None:
             found.append(f"{n('image_secret')} is the registry's login for {n('image')}; give both")
         if self.image is not None and self.no_image:
