@@ -175,6 +175,23 @@ def test_a_script_whose_interpreter_is_missing_says_so(shared_agent, project):
     assert "gone.sh': the interpreter its #! line names, '/no/such/sh', is not" in gone.stdout
 
 
+def test_a_module_the_jobs_python_lacks_is_named_with_what_to_do(shared_agent, project):
+    # A script run from a subfolder of its project (its `mylib` left behind), or one needing
+    # a package not installed, ended "exited with code 1" and a traceback, nothing more.
+    root = project({"sub/train.py": "import mylib.layers\n", "mylib/layers.py": "pass\n"})
+    ran = shared_agent.cli("run", "--no-requirements", "train.py", cwd=root / "sub")
+    assert ran.returncode == 1
+    said = " ".join(ran.stderr.split())
+    assert "its Python has no module 'mylib': a package goes in the work dir's requirements" in said
+    assert "a module of the project's own must be in the work dir (run from the project's top" in (
+        said
+    )
+    # A script's own failure gets no such words.
+    (root / "bad.py").write_text("raise ValueError('a bad value')\n")
+    bad = shared_agent.cli("run", "--no-requirements", "bad.py", cwd=root)
+    assert bad.returncode == 1 and "has no module" not in bad.stderr
+
+
 def test_bad_input_gets_a_clear_message(shared_agent, project):
     root = project({"ok.py": "pass\n", "sub/a.py": "pass\n"})
     missing = shared_agent.cli("run", "nope.py", cwd=root)

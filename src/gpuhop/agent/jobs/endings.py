@@ -41,6 +41,10 @@ _CRASHES = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGF
 HINTS = {legacykeras.LINE.encode(): legacykeras.HINT, **needs.hints()}
 
 
+# The last line of a Python job that ended on an import of a module its Python lacks.
+NO_MODULE = re.compile(rb"^ModuleNotFoundError: No module named '([A-Za-z_][\w.]{0,99})'\s*$")
+
+
 def _tail(log: Path) -> bytes:
     try:
         with open(log, "rb") as f:
@@ -73,6 +77,15 @@ def hint_note(log: Path) -> str:
         hint = (
             f"; its program could not be started in its image ({why}): is it installed there,"
             " on the image's PATH (a script: is the image's python3 there)?"
+        )
+    last = next((line for line in reversed(lines) if line.strip()), b"")
+    if not hint and (missing := NO_MODULE.match(last)):
+        top = missing.group(1).decode().split(".")[0]
+        hint = (
+            f"; its Python has no module {top!r}: a package goes in the work dir's"
+            " requirements.txt (or -r FILE), or the job runs with a Python or an image that has"
+            " it (--python, --image); a module of the project's own must be in the work dir"
+            " (run from the project's top, or -C DIR)"
         )
     return hint
 
