@@ -394,3 +394,54 @@ def test_a_team_job_changes_its_own_tree_in_place_and_the_checkout_stays(
     checkouts = [p for p in (tls_agent.paths.home / "checkouts").rglob("a.txt")]
     assert checkouts and all(p.read_text() == "stored" for p in checkouts)
     assert all(p.stat().st_uid == os.geteuid() for p in checkouts)
+
+
+# Swaps a dir of its home (holding a file named as the target's) with a link to the target
+# dir, as fast as it can, while the agent starts another job of the same user and makes that
+# job's dirs and the user's home (shared by all their running jobs) the user's.
+SWAPPER = r"""
+import ctypes, os, sys
+os.chdir(os.environ["HOME"])
+os.makedirs("d", exist_ok=True)
+open("d/owned.txt", "w").write("mine")
+os.symlink(os.environ["TARGET"], "s")
+renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+print("swapping", flush=True)
+while True:
+    renameat2(-100, b"d", -100, b"s", 2)  # AT_FDCWD, RENAME_EXCHANGE
+"""
+
+
+def test_a_job_swapping_links_into_its_home_gets_no_host_file_made_its_own(
+    tls_agent, remote, tokens, project, tmp_path
+):
+    """A job could make any host file its user's (/etc/shadow): the agent, as root, chowned
+    the user's home at each of their jobs' starts by path, and a running job of theirs
+    that swapped a dir there for a link between the walk's look and its chown had root's
+    file chowned through the link. The walk now holds each dir open and follows no link."""
+    target = tmp_path / "host"
+    target.mkdir()
+    (target / "owned.txt").write_text("root's")
+    (target / "owned.txt").chmod(0o600)
+    root = project({"swap.py": SWAPPER, "hi.py": "print('hi')\n"})
+    with remote(tokens["alice"]) as alice:
+        swapper = alice.submit(["swap.py"], workdir=root, env={"TARGET": str(target)})
+        try:
+            wait_until(lambda: b"swapping" in b"".join(swapper.logs()), 60)
+            # Each start walks the home while the swaps go on: before, the first one or two
+            # did it.
+            for _ in range(8):
+                info = alice.submit(["hi.py"], workdir=root).wait(60)
+                assert info.state == JobState.succeeded, info.reason
+                assert (target / "owned.txt").stat().st_uid == os.geteuid()
+        finally:
+            swapper.cancel(grace=0)
+            swapper.wait(60)
+    assert (target / "owned.txt").read_text() == "root's"
+    # What the job made in its home is still its own, whichever of the two names it has.
+    uid = json.loads((tls_agent.paths.home / "identities.json").read_text())["alice"]
+    home = tls_agent.paths.home / "users" / str(uid) / "home"
+    made = [p for p in (home / "d", home / "s") if not p.is_symlink()]
+    assert len(made) == 1 and (made[0] / "owned.txt").stat().st_uid == uid
+    shutil.rmtree(made[0])
+    next(p for p in (home / "d", home / "s") if p.is_symlink()).unlink()
