@@ -10,20 +10,25 @@ of its own dirs, a few levels up) and reports each attempt as a JSON line in its
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gpuhop.api import JobState
+from gpuhop.client.transport.tls import fetch_certificate, pinned_context
 from gpuhop.home import JobPaths
 from tests.conftest import AGENT_PYTHON_FLAGS, Agent, missing, wait_until
 from tests.integration.test_bucket_data import BUCKET, s3  # noqa: F401 (a fixture)
 from tests.integration.test_tls import remote, tls_agent, tokens  # noqa: F401 (fixtures)
+from tests.integration.test_ui import code_for
 
 ATTACK = r"""
 import json, os, signal, socket, sys
@@ -303,3 +308,74 @@ def test_without_namespaces_a_single_user_agent_runs_jobs_and_a_team_agent_none(
     assert "serves a team" in refused.reason
     assert "allow unprivileged user namespaces" in refused.reason
     assert "No space left on device" in refused.reason  # the host's own answer
+
+
+# Swaps, as fast as it can, a file of its artifacts with a link to `TARGET` (a file of the
+# host) and a dir of them with a link to the dir that holds it, while its owner downloads.
+SWAPPER = r"""
+import ctypes, os
+os.chdir(os.environ["GPUHOP_ARTIFACTS_DIR"])
+target = os.environ["TARGET"]
+open("kept.txt", "w").write("kept")
+open("f", "w").write("harmless")
+os.symlink(target, "l")
+os.makedirs("d")
+open(os.path.join("d", os.path.basename(target)), "w").write("harmless")
+os.symlink(os.path.dirname(target), "e")
+renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+print("swapping", flush=True)
+while True:
+    renameat2(-100, b"f", -100, b"l", 2)  # AT_FDCWD, RENAME_EXCHANGE
+    renameat2(-100, b"d", -100, b"e", 2)
+"""
+
+
+def test_a_running_job_swapping_links_into_its_artifacts_gets_no_host_file_sent(
+    tls_agent, remote, tokens, project
+):
+    """A job could read any host file as the agent (root) read it: the agent checked an
+    artifact's path for links, then opened it by path, and a running job that swapped the
+    file or a dir on its path for a link in between had its owner sent the agent's
+    tokens.db. Downloads, the dashboard's zip and the listing now read only what was opened
+    as a regular file under the artifacts dir, never through a link."""
+    target = tls_agent.paths.home / "tokens.db"
+    secret = target.read_bytes()
+    root = project({"swap.py": SWAPPER})
+    pem, _ = fetch_certificate(tls_agent.listener.url)
+    with (
+        remote(tokens["alice"]) as alice,
+        httpx.Client(
+            base_url=tls_agent.listener.url,
+            verify=pinned_context(pem),
+            headers={"Authorization": f"Bearer {tokens['alice']}"},
+            timeout=30,
+        ) as http,
+    ):
+        job = alice.submit(["swap.py"], workdir=root, env={"TARGET": str(target)})
+        try:
+            wait_until(lambda: b"swapping" in b"".join(job.logs()), 60)
+            # A dashboard session: its cookie rides in the client's jar from here on.
+            assert http.get("/ui/login", params={"code": code_for(http)}).status_code == 303
+            sent, said = [], set()
+            for _ in range(100):
+                for name in ("f", "l", f"d/{target.name}", f"e/{target.name}"):
+                    for route in ("/v1/jobs", "/ui/api/jobs"):
+                        r = http.get(f"{route}/{job.id}/artifacts/{name}")
+                        said.add(r.status_code)
+                        sent.append(r.content)
+                listed = {a["path"] for a in http.get(f"/v1/jobs/{job.id}/artifacts").json()}
+                assert listed <= {"kept.txt", "f", "l", f"d/{target.name}", f"e/{target.name}"}
+                # What never moves comes back whole, each time.
+                assert http.get(f"/v1/jobs/{job.id}/artifacts/kept.txt").content == b"kept"
+            for _ in range(20):
+                r = http.get(f"/ui/api/jobs/{job.id}/archive")
+                assert r.status_code == 200, r.text
+                with zipfile.ZipFile(io.BytesIO(r.content)) as zf:
+                    sent += [zf.read(n) for n in zf.namelist()]
+                    assert zf.read("kept.txt") == b"kept"
+        finally:
+            job.cancel(grace=0)
+            job.wait(60)
+    assert 200 in said and said <= {200, 400, 404}, said
+    assert not [s for s in sent if secret[:16] in s or s == secret]
+    assert set(sent) <= {b"harmless", b"kept"} | {s for s in sent if s.startswith(b"{")}

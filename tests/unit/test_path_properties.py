@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpuhop.agent.errors import ApiError
-from gpuhop.agent.services.outputs import artifact_path
+from gpuhop.agent.services.outputs import artifact_file
 from gpuhop.agent.storage.trees import TreeError, check_paths
 from gpuhop.api import ManifestEntry, validate_relpath
 from gpuhop.client.sync.ignores import IgnoreLayer
@@ -110,13 +110,18 @@ def artifacts_job(tmp_path_factory) -> tuple[SimpleNamespace, Path, Path]:
 def test_an_artifact_path_never_leads_out_of_the_artifacts_dir(artifacts_job, path: bytes):
     rt, root, secret = artifacts_job
     try:
-        full = artifact_path(rt, "j1", path)  # type: ignore[arg-type]
+        opened = artifact_file(rt, "j1", path)  # type: ignore[arg-type]
     except ApiError as e:
         assert 400 <= e.status < 500
         return
-    real = Path(os.path.realpath(full))
-    assert real.is_relative_to(root.resolve()) and real != secret.resolve()
-    assert not full.is_symlink() and full.is_file()
+    try:
+        # What is sent is the file opened: a regular file inside, never the one outside.
+        st = os.fstat(opened.fd)
+        inside = {(f.stat().st_dev, f.stat().st_ino) for f in (root / "c.py", root / "a" / "b")}
+        assert (st.st_dev, st.st_ino) in inside
+        assert os.pread(opened.fd, 64, 0) != secret.read_bytes()
+    finally:
+        os.close(opened.fd)
 
 
 PATTERNS = st.sampled_from(

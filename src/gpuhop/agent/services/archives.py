@@ -19,6 +19,7 @@ from pathlib import Path
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
+from gpuhop.agent.services.jobfileread import LinkOnTheWay, open_file, regular_files
 from gpuhop.agent.services.jobs import find
 from gpuhop.agent.services.outputs import check_not_pruned
 from gpuhop.api import ErrorCode, validate_relpath
@@ -27,30 +28,36 @@ CHUNK = 1024 * 1024
 
 
 class Archive:
-    """One directory to send as `name` (the download's file name)."""
+    """One directory to send as `name` (the download's file name): `under` (its path's
+    parts) in the artifacts dir `base`."""
 
-    def __init__(self, root: Path, name: str) -> None:
-        self.root = root
+    def __init__(self, base: Path, under: list[bytes], name: str) -> None:
+        self.base = base
+        self.under = under
         self.name = name
 
     def chunks(self) -> Iterator[bytes]:
         """The zip file's bytes, a piece at a time (one file's worth at most CHUNK, so a
-        large model never sits whole in memory)."""
+        large model never sits whole in memory). A running job may change its artifacts
+        meanwhile: each file is listed and opened by its dirs, never through a link
+        (jobfileread), and what goes in is the regular file that was opened."""
         out = _Pieces()
         with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zf:
-            for path in _files(self.root):
+            for rel, _ in regular_files(self.base, self.under):
                 try:
+                    opened = open_file(self.base, b"/".join([*self.under, rel]))
+                except (LinkOnTheWay, FileNotFoundError, PermissionError):
+                    continue  # the job removed it, swapped it for a link, or locked it
+                with os.fdopen(opened.fd, "rb") as src:
                     # A file dated before 1980 goes in as 1980.
                     info = zipfile.ZipInfo.from_file(
-                        path, _name(path, self.root), strict_timestamps=False
+                        f"/proc/self/fd/{opened.fd}", _name(rel), strict_timestamps=False
                     )
-                    with path.open("rb") as src, zf.open(info, "w", force_zip64=True) as dst:
+                    with zf.open(info, "w", force_zip64=True) as dst:
                         while block := src.read(CHUNK):
                             dst.write(block)
                             if out.held:
                                 yield out.take()
-                except (FileNotFoundError, PermissionError):
-                    continue  # the job removed it (or locked it) while it was being sent
         yield out.take()  # the rest, and the directory at the end
 
 
@@ -79,21 +86,10 @@ class _Pieces(io.RawIOBase):
         return data
 
 
-def _name(path: Path, root: Path) -> str:
-    """The file's name in the archive: its path under `root`; one that is not UTF-8 written
-    as the artifact listing shows it (its odd bytes as \\xNN)."""
-    rel = os.fsencode(path.relative_to(root).as_posix())
+def _name(rel: bytes) -> str:
+    """The file's name in the archive: its path under the directory sent; one that is not
+    UTF-8 written as the artifact listing shows it (its odd bytes as \\xNN)."""
     return rel.decode("utf-8", "backslashreplace")
-
-
-def _files(root: Path) -> Iterator[Path]:
-    """The regular files under `root`, sorted, links neither followed nor sent."""
-    for dirpath, dirs, files in os.walk(root):
-        dirs.sort()
-        for name in sorted(files):
-            path = Path(dirpath) / name
-            if not path.is_symlink() and path.is_file():
-                yield path
 
 
 def artifact_dir_of(rt: AgentContext, ref: str, caller: Caller, name: str) -> Archive:
@@ -115,4 +111,5 @@ def artifact_dir_of(rt: AgentContext, ref: str, caller: Caller, name: str) -> Ar
         what = f"no artifact directory {name}" if name else "no artifacts yet"
         raise not_found(f"job {job.id} has {what}")
     stem = f"{job.id}-{full.name}" if name else f"{job.id}-artifacts"
-    return Archive(full, f"{stem}.zip")
+    under = [os.fsencode(part) for part in name.split("/")] if name else []
+    return Archive(root, under, f"{stem}.zip")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,6 +17,7 @@ from gpuhop.agent.jobs.masking import mask_records
 from gpuhop.agent.jobs.metricstail import parse_records
 from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services import gc
+from gpuhop.agent.services.jobfileread import LinkOnTheWay, OpenedFile, open_file, regular_files
 from gpuhop.agent.services.jobs import find
 from gpuhop.agent.services.logwatch import LogWatch
 from gpuhop.api import ArtifactEntry, ErrorCode, validate_relpath
@@ -121,26 +121,18 @@ def list_artifacts(rt: AgentContext, job_id: str) -> list[ArtifactEntry]:
 def list_files(root: Path) -> list[ArtifactEntry]:
     """The regular files under `root` (its artifacts, its /tmp), links not followed."""
     out: list[ArtifactEntry] = []
-    if not root.is_dir():
-        return out
-    for dirpath, _dirs, files in os.walk(root):
-        for name in files:
-            full = Path(dirpath) / name
-            if full.is_symlink():
-                continue  # a job's links are not followed out of its artifacts dir
-            rel = os.fsencode(full.relative_to(root).as_posix())
-            st = full.stat()
-            try:
-                entry = ArtifactEntry(path=rel.decode(), size=st.st_size, mtime=st.st_mtime)
-            except UnicodeDecodeError:
-                # A name that is not UTF-8 travels as its bytes (see ArtifactEntry).
-                entry = ArtifactEntry(
-                    path=rel.decode("utf-8", "backslashreplace"),
-                    raw=quote_from_bytes(rel, safe="/"),
-                    size=st.st_size,
-                    mtime=st.st_mtime,
-                )
-            out.append(entry)
+    for rel, st in regular_files(root):
+        try:
+            entry = ArtifactEntry(path=rel.decode(), size=st.st_size, mtime=st.st_mtime)
+        except UnicodeDecodeError:
+            # A name that is not UTF-8 travels as its bytes (see ArtifactEntry).
+            entry = ArtifactEntry(
+                path=rel.decode("utf-8", "backslashreplace"),
+                raw=quote_from_bytes(rel, safe="/"),
+                size=st.st_size,
+                mtime=st.st_mtime,
+            )
+        out.append(entry)
     out.sort(key=lambda a: a.path)
     return out
 
@@ -152,27 +144,27 @@ def requested_artifact(raw_path: bytes) -> bytes:
     return unquote_to_bytes(quoted)
 
 
-def artifact_path(rt: AgentContext, job_id: str, name: bytes) -> Path:
+def artifact_file(rt: AgentContext, job_id: str, name: bytes) -> OpenedFile:
     root = JobPaths(rt.paths.job_dir(job_id)).artifacts
     return file_under(root, name, f"job {job_id} has no artifact", "the artifacts dir")
 
 
-def file_under(root: Path, name: bytes, missing: str, where: str) -> Path:
-    """The regular file `name` (its bytes) under `root`, checked to stay inside it; 404
-    (`missing`, then the name) where there is none."""
+def file_under(root: Path, name: bytes, missing: str, where: str) -> OpenedFile:
+    """The regular file `name` (its bytes) under `root`, opened without following a link
+    (jobfileread), to be sent (OpenedFileResponse); 400 for a link on the way, 404
+    (`missing`, then the name) where there is no such file."""
     shown = name.decode("utf-8", "backslashreplace")
     try:
         # Checked with any bytes that are not UTF-8 replaced: the same slashes and dots.
         validate_relpath(name.decode("utf-8", "replace"))
     except ValueError as e:
         raise ApiError(400, ErrorCode.bad_path, str(e)) from None
-    root = root.resolve()
-    full = root / os.fsdecode(name)
-    if full.is_symlink() or not full.resolve().is_relative_to(root):
-        raise ApiError(400, ErrorCode.bad_path, f"{shown} leads out of {where}")
-    if not full.is_file():
-        raise not_found(f"{missing} {shown}")
-    return full
+    try:
+        return open_file(root, name)
+    except LinkOnTheWay:
+        raise ApiError(400, ErrorCode.bad_path, f"{shown} leads out of {where}") from None
+    except FileNotFoundError:
+        raise not_found(f"{missing} {shown}") from None
 
 
 # What a job's routes read, one function each for /v1/jobs and the dashboard's /ui/api.
@@ -203,12 +195,12 @@ def artifacts_of(rt: AgentContext, ref: str, caller: Caller) -> list[ArtifactEnt
     return list_artifacts(rt, job.id)
 
 
-def artifact_of(rt: AgentContext, ref: str, caller: Caller, raw_path: bytes) -> Path:
-    """The file of one of the caller's job's artifacts, named by the request's raw path
-    (`requested_artifact`)."""
+def artifact_of(rt: AgentContext, ref: str, caller: Caller, raw_path: bytes) -> OpenedFile:
+    """One of the caller's job's artifacts, named by the request's raw path
+    (`requested_artifact`), opened to be sent."""
     job = find(rt, ref, caller)
     check_not_pruned(rt, job)
-    return artifact_path(rt, job.id, requested_artifact(raw_path))
+    return artifact_file(rt, job.id, requested_artifact(raw_path))
 
 
 def tmp_files_of(rt: AgentContext, ref: str, caller: Caller) -> list[ArtifactEntry]:
@@ -218,9 +210,9 @@ def tmp_files_of(rt: AgentContext, ref: str, caller: Caller) -> list[ArtifactEnt
     return list_files(rt.supervisor.job_paths(job.id).tmp)
 
 
-def tmp_file_of(rt: AgentContext, ref: str, caller: Caller, raw_path: bytes) -> Path:
+def tmp_file_of(rt: AgentContext, ref: str, caller: Caller, raw_path: bytes) -> OpenedFile:
     """One file the caller's ended job left in its /tmp, named by the request's raw path
-    (`/v1/jobs/REF/tmp/NAME`: NAME's bytes, as `requested_artifact`)."""
+    (`/v1/jobs/REF/tmp/NAME`: NAME's bytes, as `requested_artifact`), opened to be sent."""
     job = _ended(rt, ref, caller)
     root = rt.supervisor.job_paths(job.id).tmp
     name = unquote_to_bytes(raw_path.split(b"/", 5)[-1])

@@ -23,6 +23,7 @@ from gpuhop.agent.services import archives, outputs, stacks
 from gpuhop.agent.services import gpus as gpus_service
 from gpuhop.agent.services import jobs as jobs_service
 from gpuhop.agent.services import tensorboard as tb_service
+from gpuhop.agent.services.jobfileread import OpenedFileResponse
 from gpuhop.agent.services.longcalls import long_call
 from gpuhop.api import ArtifactEntry, JobInfo, JobStacks, JobState
 from gpuhop.version import __version__
@@ -108,11 +109,11 @@ def artifacts(ref: str, request: Request) -> list[ArtifactEntry]:
 def artifact(ref: str, path: str, request: Request) -> FileResponse:
     """A download, never a page: a job's HTML file shown inline under the dashboard's
     origin could script the dashboard. Sandboxed by CSP as well, should a browser render it."""
-    full = outputs.artifact_of(ctx(request), ref, caller_of(request), request.scope["raw_path"])
-    return FileResponse(
-        full,
+    opened = outputs.artifact_of(ctx(request), ref, caller_of(request), request.scope["raw_path"])
+    return OpenedFileResponse(
+        opened,
         media_type="application/octet-stream",
-        filename=os.fsencode(full.name).decode("utf-8", "replace"),
+        filename=opened.name.rsplit(b"/", 1)[-1].decode("utf-8", "replace"),
         content_disposition_type="attachment",
         headers={"Content-Security-Policy": "sandbox; default-src 'none'"},
     )

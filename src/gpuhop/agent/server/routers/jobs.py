@@ -18,6 +18,7 @@ from gpuhop.agent.services import (
     trees,
     workdir,
 )
+from gpuhop.agent.services.jobfileread import OpenedFileResponse
 from gpuhop.agent.services.listing import (
     DEFAULT_LIMIT,
     MAX_FIELDS,
@@ -173,7 +174,7 @@ def artifacts(ref: str, request: Request) -> list[ArtifactEntry]:
 def artifact(ref: str, path: str, request: Request) -> FileResponse:
     # `path` routes the request; the name's bytes come from the URL itself.
     raw_path = request.scope["raw_path"]
-    return FileResponse(outputs.artifact_of(ctx(request), ref, caller_of(request), raw_path))
+    return OpenedFileResponse(outputs.artifact_of(ctx(request), ref, caller_of(request), raw_path))
 
 
 @router.get("/{ref}/workdir")
@@ -202,4 +203,4 @@ def tmp_files(ref: str, request: Request) -> list[ArtifactEntry]:
 @router.get("/{ref}/tmp/{path:path}")
 def tmp_file(ref: str, path: str, request: Request) -> FileResponse:
     raw_path = request.scope["raw_path"]
-    return FileResponse(outputs.tmp_file_of(ctx(request), ref, caller_of(request), raw_path))
+    return OpenedFileResponse(outputs.tmp_file_of(ctx(request), ref, caller_of(request), raw_path))
