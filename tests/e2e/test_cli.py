@@ -345,6 +345,35 @@ def test_detach_ps_show_logs_and_cancel(shared_agent, project):
     assert again.returncode == 2 and "has already ended: cancelled" in again.stderr
 
 
+# Metrics whose name and value carry terminal escapes: clear the screen, set the title.
+ESCAPING_METRICS = r"""
+import json, os
+with open(os.environ["GPUHOP_METRICS_FILE"], "a") as f:
+    f.write(json.dumps({"step": 1, "lo\x1b[2Jss": 0.5, "note": "\x1b]0;owned\x07hi\r"}) + "\n")
+"""
+
+
+def test_metrics_a_job_wrote_reach_ps_and_show_without_their_control_characters(
+    shared_agent, project
+):
+    """`ps` and `show` wrote a job's metric names and values as they came, escapes and all:
+    on a team agent a user's job could clear an admin's terminal, retitle it or write its
+    clipboard (OSC 52) each time the admin ran `ps`. They are now shown as \\xNN."""
+    root = project({"esc.py": ESCAPING_METRICS})
+    ran = shared_agent.cli("run", "--name", "escapes", "esc.py", cwd=root)
+    assert ran.returncode == 0, ran.stderr
+    job_id = json.loads(shared_agent.cli("show", "--json", "escapes").stdout)["id"]
+    styled = {**shared_agent.env, "FORCE_COLOR": "1", "COLUMNS": "400"}
+    for env in (shared_agent.env, styled):  # to a pipe, and as on a terminal
+        for args in (("ps",), ("show", job_id)):
+            out = shared_agent.cli(*args, env=env).stdout
+            assert job_id in out
+            assert "\x1b[2J" not in out and "\x1b]0;" not in out and "\x07" not in out
+            assert "lo\\x1b[2Jss=0.5" in out, out
+            assert "note=\\x1b]0;owned\\x07hi\\x0d" in out, out
+    assert "lo\\x1b[2Jss=0.5" in ran.stderr  # `run`'s own "last metrics" line
+
+
 def test_wait_logs_tail_and_follow_give_the_jobs_code(shared_agent, project):
     root = project(
         {

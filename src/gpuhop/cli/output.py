@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -194,9 +195,21 @@ NOT_SHOWN = frozenset(
 )
 
 
+# The control characters (C0, DEL, C1) of text a job wrote, which a terminal would act on.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """Text a job wrote (a metric's name or value), with its control characters shown as
+    `\\xNN`: on a team agent an admin's `ps` shows every user's metrics, and a job must not
+    clear that terminal, retitle it or write its clipboard (OSC 52) with an escape."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
 def format_metrics(metrics: dict[str, object] | None) -> str:
     """A metrics record as markup: "epoch=3 loss=0.2 (from fit:MODEL)" where it names its
-    source. The job wrote it: its brackets are text, not markup."""
+    source. The job wrote it: its brackets are text, not markup, and its control characters
+    are shown, not sent (`visible`)."""
     if not metrics:
         return "-"
     parts = []
@@ -210,7 +223,7 @@ def format_metrics(metrics: dict[str, object] | None) -> str:
     source = metrics.get("source")
     if isinstance(source, str):
         parts.append(f"(from {source})")
-    return escape(" ".join(parts))
+    return escape(visible(" ".join(parts)))
 
 
 def exit_code_for(info: Mapping[str, Any]) -> int:

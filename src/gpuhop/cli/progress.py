@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuhop.api import JobInfo, JobState
-from gpuhop.cli.output import STATE_STYLE, console, rate, wants_live
+from gpuhop.cli.output import STATE_STYLE, console, rate, visible, wants_live
 from gpuhop.client import GpuhopError, Job
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ def elapsed_text(seconds: float) -> str:
 def metric_text(value: object) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
-    return str(value)
+    return visible(str(value))
 
 
 class JobStatus:
@@ -127,9 +127,10 @@ class JobStatus:
         elif self.step is not None:  # a custom loop's: no step within an epoch
             text.append(" · step ", style="dim").append(f"{self.step:,}", style="bold")
         for key in sorted(self.metrics, key=_usefulness):
-            text.append(f" · {key} ", style="dim").append(metric_text(self.metrics[key]))
+            text.append(f" · {visible(key)} ", style="dim")
+            text.append(metric_text(self.metrics[key]))
         if self.source is not None:
-            text.append(f"  ({self.source})", style="dim")
+            text.append(f"  ({visible(self.source)})", style="dim")
         return text
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
