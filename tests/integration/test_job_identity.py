@@ -56,6 +56,7 @@ report = {
     "writes": {p: attempt(p) for p in json.loads(os.environ["TARGETS"])},
     "env": dict(os.environ),
     "root_listing": sorted(os.listdir("/root")) if os.path.isdir("/root") else None,
+    "nproc": __import__("resource").getrlimit(__import__("resource").RLIMIT_NPROC),
 }
 mine = "mine-%s.txt" % os.environ["GPUHOP_JOB_ID"]
 for d in ("/tmp", "/var/tmp", "/dev/shm", os.environ["HOME"], os.environ["GPUHOP_ARTIFACTS_DIR"]):
@@ -96,6 +97,11 @@ def test_each_users_jobs_run_as_an_unprivileged_identity_of_their_own(
         assert report["uid"] not in (0, agent_uid)
         assert report["groups"] == []
     assert first["uid"] == again["uid"] != other["uid"]
+    # Its processes (threads too) are capped, below the host's pids: one user's fork bomb
+    # left the agent and the other users' jobs none (the limit was the host's, 96,363,
+    # beside a pid_max of 32,768).
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    assert first["nproc"] == [max(4096, pid_max // 4)] * 2, first["nproc"]
     # Its home is its own (its caches live there), kept across its jobs.
     home = tls_agent.paths.home / "users" / str(first["uid"]) / "home"
     assert first["home"] == again["home"] == str(home)

@@ -43,6 +43,7 @@ import ctypes
 import errno
 import os
 import re
+import resource
 import stat
 import sys
 
@@ -284,12 +285,40 @@ def _unescape(field: str) -> str:
 
 def become(identity: dict) -> None:
     """Run from here on as the job's own identity: its uid and gid, no other groups. As
-    every uid is then non-zero, the kernel clears every capability."""
+    every uid is then non-zero, the kernel clears every capability. Its processes (threads
+    count) are capped at `max_processes()` for that uid: one user's fork bomb must not
+    leave the host, the agent and the other users' jobs without pids."""
+    cap = max_processes()
+
+    def capped(limit: int) -> int:
+        return cap if limit == resource.RLIM_INFINITY or limit > cap else limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    resource.setrlimit(resource.RLIMIT_NPROC, (capped(soft), capped(hard)))
     os.setgroups([])
     os.setgid(identity["gid"])
     os.setuid(identity["uid"])
     if os.getuid() != identity["uid"] or os.geteuid() != identity["uid"]:
         raise SandboxError(0, f"could not become uid {identity['uid']}")
+
+
+def _host_pid_max() -> int:
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return 32768
+
+
+# Read as this module is loaded, in the host's PID namespace: a job's own reads another.
+HOST_PID_MAX = _host_pid_max()
+
+
+def max_processes() -> int:
+    """How many processes and threads one user's jobs may have at once: a quarter of the
+    host's pids (pid_max), and no fewer than 4,096 (TensorFlow starts a few hundred threads
+    a process on a large host)."""
+    return max(4096, HOST_PID_MAX // 4)
 
 
 def _sibling(name: str):
