@@ -131,3 +131,47 @@ def test_the_tf_entry_points_run_as_modules(module_name: str) -> None:
     done = _run("-m", module_name, "--help")
     assert done.returncode == 0, done.stderr
     assert "usage:" in done.stdout
+
+
+# A script as the README's "From Python" has it, each value's type spelled out: under
+# `mypy --strict` it checks only where gpuhop ships its types (py.typed, PEP 561); without
+# them every import is an error ("missing library stubs or py.typed marker").
+USER_SCRIPT = """
+from pathlib import Path
+
+from gpuhop import Client, GpuhopError, Job
+from gpuhop.api import JobInfo, JobState
+from gpuhop.client import JobSpec
+
+
+def main() -> None:
+    with Client() as client:
+        job: Job = client.submit(["train.py", "--epochs", "5"], workdir=".", gpus=1)
+        for chunk in job.logs(follow=True):
+            print(chunk.decode(), end="")
+        info: JobInfo = job.wait()
+        state: JobState = info.state
+        code: int | None = info.exit_code
+        pulled: list[Path] = job.pull("out/", workdir=".")
+        spec = JobSpec(gpus=1, priority=5, time_limit=3600, retries=2)
+        runs: list[Job] = [client.submit(["train.py", "--seed", str(s)], spec) for s in range(3)]
+        with job.forward(6006) as fwd:
+            url: str = fwd.url
+        listed: list[JobInfo] = client.jobs()
+        try:
+            client.job("nosuch")
+        except GpuhopError as e:
+            print(e.code, e.status, state, code, pulled, runs, url, listed)
+"""
+
+
+def test_a_users_script_type_checks_against_gpuhop(tmp_path: Path) -> None:
+    script = tmp_path / "user.py"
+    script.write_text(USER_SCRIPT)
+    # In tmp_path: this repository's own mypy settings (mypy_path = "src") stay out of it, so
+    # gpuhop is found as a user's mypy finds it, installed.
+    done = _run(
+        "-m", "mypy", "--strict", "--no-error-summary", "--cache-dir", "cache", "user.py",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
