@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gpuhop.api import JobState
+from gpuhop.client import GpuhopError
 from tests.conftest import wait_until
 
 TRAIN = """
@@ -143,3 +146,24 @@ def test_sweep_cancel_stops_every_run_that_has_not_ended_and_keeps_the_others(
     assert again.returncode == 0 and "every run of sweep held had ended already" in again.stderr
     unknown = agent.cli("sweep", "cancel", "no-such-sweep", cwd=root)
     assert unknown.returncode == 2 and "no sweep matches 'no-such-sweep'" in unknown.stderr
+
+
+def test_the_sdk_takes_numbers_and_a_lone_value_as_a_parameters_values(shared_agent, project):
+    root = project({"echo.py": "import sys; print(sys.argv[1:])"})
+    with shared_agent.client() as client:
+        # As a notebook writes a grid: numbers, and one value given alone (not its characters:
+        # "adam" was four runs, with opt a, d, a and m).
+        sweep = client.sweep(
+            "echo.py --lr {lr} --opt {opt}", {"lr": [0.1, 1e-05], "opt": "adam"}, workdir=root
+        )
+        outs = sorted(b"".join(run.logs(follow=True)).decode().strip() for run in sweep.runs)
+        assert outs == [
+            "['--lr', '0.1', '--opt', 'adam']",
+            "['--lr', '1e-05', '--opt', 'adam']",
+        ]
+        assert {r.name for r in client.sweep_runs(sweep.id)} == {
+            "sweep[lr=0.1,opt=adam]",
+            "sweep[lr=1e-05,opt=adam]",
+        }
+        with pytest.raises(GpuhopError, match=r"lr=None: a parameter's values are text or num"):
+            client.sweep("echo.py {lr}", {"lr": [None]}, workdir=root)

@@ -304,7 +304,7 @@ class Client:
     def sweep(
         self,
         command: str | Sequence[str],
-        params: Mapping[str, Sequence[str]] | None = None,
+        params: Mapping[str, sweeps.Values] | None = None,
         spec: JobSpec | None = None,
         *,
         array: int | None = None,
@@ -313,6 +313,8 @@ class Client:
     ) -> sweeps.Sweep:
         """Queue one job per combination of `params` (and per index of an `array` of N,
         with GPUHOP_ARRAY_INDEX set), `{key}` in `command` replaced by each run's value.
+        A parameter's values are strings or numbers (`{"lr": [0.1, 0.01], "opt": "adam"}`:
+        one value alone is a one-run list).
 
         All runs share one synced tree. The agent runs at most `max_parallel` of them at
         once. Each run is named `NAME[key=value,...]`. `spec` and `options` are `submit`'s

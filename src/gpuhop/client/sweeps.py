@@ -54,12 +54,28 @@ def parse_param(text: str) -> tuple[str, list[str]]:
     return key, values.split(",")
 
 
-def combinations(
-    params: Mapping[str, Sequence[str]], array: int | None = None
-) -> list[dict[str, str]]:
+# What a parameter takes from Python: its values (text, or numbers written as Python writes
+# them: 0.001, 1e-05, 32), or a single one.
+Values = Sequence[str | float] | str | float
+
+
+def _texts(key: str, values: Values) -> list[str]:
+    """A parameter's values as text. One str is one value: the characters of "0.1" would
+    be three runs, with `lr` 0, . and 1."""
+    items = [values] if isinstance(values, str | int | float) else list(values)
+    for value in items:
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise GpuhopError(
+                f"{key}={value!r}: a parameter's values are text or numbers",
+                code="bad_request",
+            )
+    return [str(value) for value in items]
+
+
+def combinations(params: Mapping[str, Values], array: int | None = None) -> list[dict[str, str]]:
     """Every combination of the values (the first parameter varies slowest); an array of N
     adds `index` = 0..N-1. Raises GpuhopError for a bad value or too many runs."""
-    grid = {k: list(v) for k, v in params.items()}
+    grid = {k: _texts(k, v) for k, v in params.items()}
     if array is not None:
         if array < 1:
             raise GpuhopError("--array N needs N of 1 or more", code="bad_request")
@@ -137,7 +153,7 @@ def run_values(name: str | None) -> dict[str, str]:
 def submit(
     session: Session,
     command: str | Sequence[str],
-    params: Mapping[str, Sequence[str]],
+    params: Mapping[str, Values],
     spec: JobSpec,
     *,
     array: int | None,
