@@ -4,6 +4,7 @@ first, its `JobSpec` made from the SDK's keywords by `spec_of`) and listing jobs
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 from collections.abc import Callable, Mapping, Sequence
@@ -120,6 +121,19 @@ def _job_ids(value: Any, root: Path) -> tuple[str, ...]:
     return tuple(d.id if isinstance(d, Job) else d for d in items)
 
 
+def _whole(value: Any, root: Path) -> int:
+    """A count or a priority: an int, or what reads as one ("2", 2.0), as the agent would
+    take it; checked here, before the spec's own rules compare it with numbers."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return int(value)
+    raise ValueError(f"takes a whole number, got {value!r}")
+
+
 def _size(value: Any, root: Path) -> int:
     from gpuhop.api.sizes import parse_mb
 
@@ -139,6 +153,18 @@ _MAKE: dict[str, Callable[[Any, Path], Any]] = {
     "notify": lambda value, root: tuple(value),
     "env": lambda value, root: dict(value),
     "retry_on": lambda value, root: str(value),
+    **dict.fromkeys(
+        (
+            "gpus",
+            "workers",
+            "gpus_per_worker",
+            "worker_timeout",
+            "priority",
+            "retries",
+            "max_parallel",
+        ),
+        _whole,
+    ),
 }
 _SDK_FIELDS = {name: field for field, name in SDK_NAMES.items()}
 

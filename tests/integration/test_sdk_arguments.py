@@ -1,0 +1,30 @@
+"""`Client.submit`'s keywords as a Python user passes them, against a real agent: what the
+SDK takes in more than one form takes each, and what it cannot take is a GpuhopError that
+names the keyword, before anything is synced."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuhop.api import JobState
+from gpuhop.client import GpuhopError
+
+HELLO = {"hello.py": "print('hello')\n"}
+
+
+def test_counts_given_as_text_are_read_as_the_agent_reads_them(shared_agent, project):
+    root = project(HELLO)
+    with shared_agent.client() as client:
+        job = client.submit(["hello.py"], workdir=root, priority="-5", retries="1")
+        info = job.wait(60)
+        assert (info.state, info.priority, info.retries) == (JobState.succeeded, -5, 1)
+        # Compared with numbers before the request: this was a bare TypeError
+        # ("'>' not supported between instances of 'str' and 'int'").
+        with pytest.raises(GpuhopError, match="it cannot be combined with gpus 2"):
+            client.submit(["hello.py"], workdir=root, gpus="2", gpu_memory="1G")
+        with pytest.raises(GpuhopError, match="2 GPUs"):
+            client.submit(["hello.py"], workdir=root, workers="2", gpus_per_worker="1")
+        with pytest.raises(GpuhopError, match=r"^workers: takes a whole number, got 'two'$"):
+            client.submit(["hello.py"], workdir=root, workers="two")
+        with pytest.raises(GpuhopError, match=r"^gpus: takes a whole number, got 1.5$"):
+            client.submit(["hello.py"], workdir=root, gpus=1.5)
