@@ -153,6 +153,17 @@ def test_a_webhook_hears_of_a_jobs_start_and_success_or_failure(notify_agent, we
     assert webhook.events("/bad")[1]["job"]["exit_code"] == 3
 
 
+def test_one_webhook_given_alone_as_a_str_is_told(notify_agent, webhook, project):
+    # As `data`, `secrets` and `after` take one alone: a str was read as its characters,
+    # and the submit refused "notify URL 'h'".
+    root = project({"main.py": "pass\n"})
+    with notify_agent.client() as client:
+        job = client.submit(["main.py"], workdir=root, notify=f"{webhook.url}/one")
+        assert job.wait(timeout=60).state == JobState.succeeded
+    wait_until(lambda: len(webhook.events("/one")) == 2)
+    assert [e["job"]["id"] for e in webhook.events("/one")] == [job.id, job.id]
+
+
 def test_a_webhooks_url_is_a_secret_kept_out_of_the_agents_log_and_views(
     notify_agent, webhook, project
 ):

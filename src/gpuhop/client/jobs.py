@@ -79,18 +79,21 @@ def _requirements(value: Any, root: Path) -> str | None:
     return requirements_text(value, root)
 
 
+def _items(value: Any) -> Any:
+    """A list option's items: one str is one item, not a sequence of its characters."""
+    return [value] if isinstance(value, str) else value
+
+
 def _mounts(value: Any, root: Path) -> tuple[Mount, ...]:
     from gpuhop.api.spec import Mount
 
-    items = [value] if isinstance(value, str) else value
-    return tuple(m if isinstance(m, Mount) else Mount.parse(m) for m in items)
+    return tuple(m if isinstance(m, Mount) else Mount.parse(m) for m in _items(value))
 
 
 def _sources(value: Any, root: Path) -> tuple[DataSource, ...]:
     from gpuhop.api.spec import DataSource
 
-    items = [value] if isinstance(value, str) else value
-    return tuple(d if isinstance(d, DataSource) else DataSource.parse(d) for d in items)
+    return tuple(d if isinstance(d, DataSource) else DataSource.parse(d) for d in _items(value))
 
 
 def _buckets_apart(options: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -112,8 +115,7 @@ def _buckets_apart(options: Mapping[str, Any]) -> Mapping[str, Any]:
 def _secrets(value: Any, root: Path) -> tuple[SecretUse, ...]:
     from gpuhop.api.spec import SecretUse
 
-    items = [value] if isinstance(value, str) else value
-    return tuple(s if isinstance(s, SecretUse) else SecretUse.parse(s) for s in items)
+    return tuple(s if isinstance(s, SecretUse) else SecretUse.parse(s) for s in _items(value))
 
 
 def _job_ids(value: Any, root: Path) -> tuple[str, ...]:
@@ -150,7 +152,7 @@ _MAKE: dict[str, Callable[[Any, Path], Any]] = {
     "data_sources": _sources,
     "secrets": _secrets,
     "after": _job_ids,
-    "notify": lambda value, root: tuple(value),
+    "notify": lambda value, root: tuple(_items(value)),
     "env": lambda value, root: dict(value),
     "retry_on": lambda value, root: str(value),
     **dict.fromkeys(
