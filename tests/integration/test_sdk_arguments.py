@@ -4,6 +4,9 @@ names the keyword, before anything is synced."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from gpuhop.api import JobState
@@ -28,3 +31,20 @@ def test_counts_given_as_text_are_read_as_the_agent_reads_them(shared_agent, pro
             client.submit(["hello.py"], workdir=root, workers="two")
         with pytest.raises(GpuhopError, match=r"^gpus: takes a whole number, got 1.5$"):
             client.submit(["hello.py"], workdir=root, gpus=1.5)
+
+
+def test_paths_stand_for_strings_in_the_command_and_the_python(shared_agent, project):
+    root = project({"args.py": "import sys; print(sys.argv[1:], sys.executable)\n"})
+    with shared_agent.client() as client:
+        # As subprocess.run takes them: a script's Path, or Paths among the arguments.
+        whole = client.submit(root / "args.py", workdir=root)
+        parts = client.submit(
+            [root / "args.py", Path("data/x.csv"), "--n", "1"],
+            workdir=root,
+            python=Path(sys.executable),
+        )
+        assert whole.wait(60).state == parts.wait(60).state == JobState.succeeded
+        assert b"".join(whole.logs()).decode().startswith("[] ")
+        assert b"".join(parts.logs()).decode() == f"['data/x.csv', '--n', '1'] {sys.executable}\n"
+        with pytest.raises(GpuhopError, match=r"^python: takes a path, got 3$"):
+            client.submit(["args.py"], workdir=root, python=3)

@@ -233,7 +233,7 @@ class Client:
 
     def submit(
         self,
-        command: str | Sequence[str],
+        command: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         spec: JobSpec | None = None,
         *,
         workdir: str | os.PathLike[str] = ".",
@@ -244,7 +244,8 @@ class Client:
         """Sync `workdir` and queue `command` there. Returns at once with a `Job` handle.
 
         `command` is a script (`train.py`, run with the host's Python) or a program on the
-        host, with its arguments; a string is split like a shell would. What the job asks
+        host, with its arguments; a string is split like a shell would, and paths (a
+        `Path`) may stand for strings. What the job asks
         for is `spec` (a `JobSpec`, taken as it is), with `options` set on it by keyword:
         JobSpec's fields, or these names for them (None leaves one at its default; an
         unknown keyword raises a TypeError, which is a GpuhopError too):
@@ -303,7 +304,7 @@ class Client:
 
     def sweep(
         self,
-        command: str | Sequence[str],
+        command: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         params: Mapping[str, sweeps.Values] | None = None,
         spec: JobSpec | None = None,
         *,

@@ -136,6 +136,13 @@ def _whole(value: Any, root: Path) -> int:
     raise ValueError(f"takes a whole number, got {value!r}")
 
 
+def _path_text(value: Any, root: Path) -> str:
+    """A path on the host, as a str or a path object."""
+    if not isinstance(value, str | os.PathLike):
+        raise ValueError(f"takes a path, got {value!r}")
+    return os.fspath(value)
+
+
 def _size(value: Any, root: Path) -> int:
     from gpuhop.api.sizes import parse_mb
 
@@ -154,6 +161,7 @@ _MAKE: dict[str, Callable[[Any, Path], Any]] = {
     "after": _job_ids,
     "notify": lambda value, root: tuple(_items(value)),
     "env": lambda value, root: dict(value),
+    "python": _path_text,
     "retry_on": lambda value, root: str(value),
     **dict.fromkeys(
         (
@@ -170,10 +178,27 @@ _MAKE: dict[str, Callable[[Any, Path], Any]] = {
 }
 _SDK_FIELDS = {name: field for field, name in SDK_NAMES.items()}
 
+# What a job runs: a command line (split as a shell would split it), a script's path, or
+# the program and its arguments, paths among them as `subprocess.run` takes them.
+Command = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+
+
+def argv_of(command: Command) -> list[str]:
+    """`command` as the agent takes it; GpuhopError where it names nothing to run."""
+    if isinstance(command, str):
+        argv = shlex.split(command)
+    elif isinstance(command, os.PathLike):
+        argv = [os.fspath(command)]
+    else:
+        argv = [os.fspath(a) if isinstance(a, os.PathLike) else a for a in command]
+    if not argv:
+        raise GpuhopError("no command given", code="bad_request")
+    return argv
+
 
 def submit(
     session: Session,
-    command: str | Sequence[str],
+    command: Command,
     spec: JobSpec,
     *,
     workdir: str | os.PathLike[str] = ".",
@@ -189,9 +214,7 @@ def submit(
     from gpuhop.client.sync.leftovers import outputs_warning
     from gpuhop.client.sync.trees import LastTree, post_with_tree
 
-    argv = shlex.split(command) if isinstance(command, str) else list(command)
-    if not argv:
-        raise GpuhopError("no command given", code="bad_request")
+    argv = argv_of(command)
     check(spec)
     root = Path(workdir).absolute()
     if not root.is_dir():  # said before a script is looked for in it

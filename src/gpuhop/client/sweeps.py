@@ -8,7 +8,6 @@ import itertools
 import os
 import re
 import secrets
-import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -152,7 +151,7 @@ def run_values(name: str | None) -> dict[str, str]:
 
 def submit(
     session: Session,
-    command: str | Sequence[str],
+    command: jobs.Command,
     params: Mapping[str, Values],
     spec: JobSpec,
     *,
@@ -163,9 +162,7 @@ def submit(
 ) -> Sweep:
     """Queue a run of `spec` per combination (see `Client.sweep`); `spec.name` names the
     sweep, and each run is named after it."""
-    argv = shlex.split(command) if isinstance(command, str) else list(command)
-    if not argv:
-        raise GpuhopError("no command given", code="bad_request")
+    argv = jobs.argv_of(command)
     runs = combinations(params, array)
     for key in params:
         if not any("{" + key + "}" in arg for arg in argv):
