@@ -48,3 +48,15 @@ def test_paths_stand_for_strings_in_the_command_and_the_python(shared_agent, pro
         assert b"".join(parts.logs()).decode() == f"['data/x.csv', '--n', '1'] {sys.executable}\n"
         with pytest.raises(GpuhopError, match=r"^python: takes a path, got 3$"):
             client.submit(["args.py"], workdir=root, python=3)
+
+
+def test_an_environment_that_is_no_dict_is_refused_in_words(shared_agent, project):
+    root = project(HELLO)
+    with shared_agent.client() as client:
+        # As `gpuhop run -e` takes it: this was "dictionary update sequence element #0 has
+        # length 3; 2 is required".
+        with pytest.raises(GpuhopError, match=r"^env: takes a dict of variable names to val"):
+            client.submit(["hello.py"], workdir=root, env=["A=1"])
+        # Values are the agent's to check, and it names the variable.
+        with pytest.raises(GpuhopError, match=r"env\.A: Input should be a valid string"):
+            client.submit(["hello.py"], workdir=root, env={"A": 1})

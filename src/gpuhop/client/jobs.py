@@ -136,6 +136,15 @@ def _whole(value: Any, root: Path) -> int:
     raise ValueError(f"takes a whole number, got {value!r}")
 
 
+def _env(value: Any, root: Path) -> dict[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(
+            f"takes a dict of variable names to values, e.g. {{'WANDB_MODE': 'offline'}},"
+            f" not {value!r}"
+        )
+    return dict(value)
+
+
 def _path_text(value: Any, root: Path) -> str:
     """A path on the host, as a str or a path object."""
     if not isinstance(value, str | os.PathLike):
@@ -160,7 +169,7 @@ _MAKE: dict[str, Callable[[Any, Path], Any]] = {
     "secrets": _secrets,
     "after": _job_ids,
     "notify": lambda value, root: tuple(_items(value)),
-    "env": lambda value, root: dict(value),
+    "env": _env,
     "python": _path_text,
     "retry_on": lambda value, root: str(value),
     **dict.fromkeys(
