@@ -60,3 +60,19 @@ def test_an_environment_that_is_no_dict_is_refused_in_words(shared_agent, projec
         # Values are the agent's to check, and it names the variable.
         with pytest.raises(GpuhopError, match=r"env\.A: Input should be a valid string"):
             client.submit(["hello.py"], workdir=root, env={"A": 1})
+
+
+def test_one_state_or_field_given_alone_is_one(shared_agent, project):
+    root = project({"hello.py": "print('hello')\n", "bad.py": "raise SystemExit(1)\n"})
+    with shared_agent.client() as client:
+        ok = client.submit(["hello.py"], workdir=root)
+        bad = client.submit(["bad.py"], workdir=root)
+        assert (ok.wait(60).state, bad.wait(60).state) == (JobState.succeeded, JobState.failed)
+        # A str was read as its letters: "failed" as the states f, a, i, ... (a ValueError).
+        failed = client.jobs("failed", limit=10_000)
+        assert bad.id in {j.id for j in failed} and ok.id not in {j.id for j in failed}
+        assert {j.state for j in failed} == {JobState.failed}
+        assert bad.id in {j.id for j in client.jobs(JobState.failed, limit=10_000)}
+        assert all(set(j) == {"id"} for j in client.jobs_json(fields="id"))
+        with pytest.raises(GpuhopError, match=r"^no job state 'done'; the states are queued, "):
+            client.jobs(["succeeded", "done"])

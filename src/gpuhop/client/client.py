@@ -445,15 +445,17 @@ class Client:
         return get(self.session, ref)
 
     def jobs(
-        self, states: Sequence[JobState | str] | None = None, limit: int = 200
+        self, states: Sequence[JobState | str] | JobState | str | None = None, limit: int = 200
     ) -> list[JobInfo]:
+        """The newest jobs (at most `limit`) you may see; only those in `states` (one state,
+        or several) where given."""
         return jobs.list_jobs(self.session, states, limit)
 
     def jobs_json(
         self,
-        states: Sequence[JobState | str] | None = None,
+        states: Sequence[JobState | str] | JobState | str | None = None,
         limit: int = 200,
-        fields: Sequence[str] | None = None,
+        fields: Sequence[str] | str | None = None,
     ) -> list[dict[str, Any]]:
         """`jobs`, as the agent's JSON (no model built: what `gpuhop ps` reads); only
         those of `fields` (JobInfo's names) that are not null, where they are given."""

@@ -295,9 +295,18 @@ def scan_workdir(session: Session, root: Path, on_hash: Progress | None = None) 
     return Synced(result, result.tree, result.digest)
 
 
+def _state(value: JobState | str) -> str:
+    try:
+        return JobState(value).value
+    except ValueError:
+        raise GpuhopError(
+            f"no job state {value!r}; the states are {', '.join(JobState)}", code="bad_request"
+        ) from None
+
+
 def list_jobs(
     session: Session,
-    states: Sequence[JobState | str] | None = None,
+    states: Sequence[JobState | str] | JobState | str | None = None,
     limit: int = 200,
     sweep: str | None = None,
 ) -> list[JobInfo]:
@@ -319,10 +328,10 @@ def cancel_sweep(session: Session, sweep: str, grace: float) -> list[JobInfo]:
 
 def list_json(
     session: Session,
-    states: Sequence[JobState | str] | None = None,
+    states: Sequence[JobState | str] | JobState | str | None = None,
     limit: int = 200,
     sweep: str | None = None,
-    fields: Sequence[str] | None = None,
+    fields: Sequence[str] | str | None = None,
 ) -> list[dict[str, Any]]:
     """`list_jobs`, as the agent's JSON; each job with only those of `fields` (JobInfo's
     names) that are not null, where they are given (an agent older than them sends all:
@@ -331,7 +340,7 @@ def list_json(
     if sweep is not None:
         params.append(("sweep", sweep))
     if fields is not None:
-        params.append(("fields", ",".join(fields)))
-    params += [("state", JobState(s).value) for s in states or ()]
+        params.append(("fields", ",".join(_items(fields))))
+    params += [("state", _state(s)) for s in _items(states or ())]
     jobs: list[dict[str, Any]] = session.request("GET", "/v1/jobs", params=params).json()
     return jobs
