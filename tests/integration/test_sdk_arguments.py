@@ -76,3 +76,15 @@ def test_one_state_or_field_given_alone_is_one(shared_agent, project):
         assert all(set(j) == {"id"} for j in client.jobs_json(fields="id"))
         with pytest.raises(GpuhopError, match=r"^no job state 'done'; the states are queued, "):
             client.jobs(["succeeded", "done"])
+
+
+def test_an_empty_name_is_a_gpuhop_error_not_a_silent_nothing(shared_agent):
+    with shared_agent.client() as client:
+        # The agent redirects a path ending in '/' (DELETE /v1/secrets/): the SDK took the
+        # empty answer for a removal done, or failed reading it (a JSONDecodeError).
+        with pytest.raises(GpuhopError, match=r"^no such route: DELETE /v1/secrets/ \(is a"):
+            client.remove_secret("")
+        with pytest.raises(GpuhopError, match=r"^no such route: PUT /v1/secrets/ "):
+            client.set_secret("", "a value")
+        with pytest.raises(GpuhopError, match=r"^no such route: GET /v1/datasets/ "):
+            client.data.versions("")

@@ -82,6 +82,15 @@ class Session:
         get through."""
         response = self.send(method, url, **kwargs)
         self.check(response)
+        if 300 <= response.status_code < 400:
+            # The API never redirects a request but one whose path ends in '/' (the router
+            # sends it to the path without): a name left empty, `remove_secret("")`. Its
+            # answer is no answer (empty), and nothing was done.
+            raise GpuhopError(
+                f"no such route: {method} {url.partition('?')[0]} (is a name in it empty?)",
+                code="not_found",
+                status=response.status_code,
+            )
         return response
 
     @contextlib.contextmanager
