@@ -57,9 +57,34 @@ def test_an_environment_that_is_no_dict_is_refused_in_words(shared_agent, projec
         # length 3; 2 is required".
         with pytest.raises(GpuhopError, match=r"^env: takes a dict of variable names to val"):
             client.submit(["hello.py"], workdir=root, env=["A=1"])
-        # Values are the agent's to check, and it names the variable.
-        with pytest.raises(GpuhopError, match=r"env\.A: Input should be a valid string"):
-            client.submit(["hello.py"], workdir=root, env={"A": 1})
+        # A value that is no str is named before the work dir is scanned and sent (it came
+        # back from the agent after the upload).
+        hashed: list[object] = []
+        with pytest.raises(GpuhopError, match=r"^env: 'A': 1: an environment's names and val"):
+            client.submit(["hello.py"], workdir=root, env={"A": 1}, on_hash=hashed.append)
+        assert hashed == []
+
+
+def test_a_command_that_is_none_or_holds_a_number_is_named(shared_agent, project):
+    root = project(HELLO)
+    with shared_agent.client() as client:
+        with pytest.raises(GpuhopError, match=r"^the command is a str, a path or a list"):
+            client.submit(None, workdir=root)  # type: ignore[arg-type]
+        with pytest.raises(GpuhopError, match=r"arguments are str \(or paths\): 3 is not"):
+            client.submit(["hello.py", "--n", 3], workdir=root)  # type: ignore[list-item]
+
+
+def test_a_dataset_name_with_a_slash_is_named_before_the_push(shared_agent, tmp_path):
+    # It was "no such route: POST /v1/datasets/a/b", once every file had been read.
+    (tmp_path / "x.bin").write_bytes(b"x")
+    with shared_agent.client() as client:
+        for call in (
+            lambda: client.data.push(tmp_path, "a/b"),
+            lambda: client.data.versions("a/b"),
+            lambda: client.data.remove(""),
+        ):
+            with pytest.raises(GpuhopError, match="a dataset name is 1-64 characters"):
+                call()
 
 
 def test_one_state_or_field_given_alone_is_one(shared_agent, project):
@@ -86,5 +111,5 @@ def test_an_empty_name_is_a_gpuhop_error_not_a_silent_nothing(shared_agent):
             client.remove_secret("")
         with pytest.raises(GpuhopError, match=r"^no such route: PUT /v1/secrets/ "):
             client.set_secret("", "a value")
-        with pytest.raises(GpuhopError, match=r"^no such route: GET /v1/datasets/ "):
+        with pytest.raises(GpuhopError, match=r"^'': a dataset name is 1-64 characters"):
             client.data.versions("")

@@ -1,10 +1,11 @@
 """Runs on the user's machine: the Python SDK's `Client`. The CLI is a thin layer over it.
 
 from gpuhop import Client
-job = Client().submit(["train.py", "--epochs", "3"], gpus=1)
-for chunk in job.logs(follow=True):
-    print(chunk.decode(), end="")
-job.pull("out/")
+with Client() as client:  # or client.close() when done: it holds a connection
+    job = client.submit(["train.py", "--epochs", "3"], gpus=1)
+    for chunk in job.logs(follow=True):
+        print(chunk.decode(), end="")
+    job.pull("out/")
 
 `Client` is a facade: it builds a `Session` (the connection, see `session`) and hands it
 to the module of each feature; none of them imports this one.

@@ -24,7 +24,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from gpuhop.api.data import CachedData, DatasetInfo, EnvInfo
-from gpuhop.api.models import DataMount
+from gpuhop.api.models import DATASET_NAME_RULE, DataMount, check_dataset_name
 from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.session import Session, quote
 from gpuhop.client.sync.chunkupload import UPLOAD_BATCH_BYTES, ChunkUpload, PushProgress
@@ -148,6 +148,7 @@ class Datasets:
 
         On a team agent a dataset is its pusher's alone unless `shared` (with every user of
         the agent) or shared with some users later (`share`); admins see every dataset."""
+        _named(name)  # before the files are read and hashed
         started = time.perf_counter()
         root = Path(path).absolute()
         files = _walk(root)
@@ -233,13 +234,13 @@ class Datasets:
         return [CachedData.model_validate(d) for d in response.json()]
 
     def versions(self, name: str) -> builtins.list[DatasetInfo]:
-        response = self.session.request("GET", f"/v1/datasets/{quote(name)}")
+        response = self.session.request("GET", f"/v1/datasets/{_named(name)}")
         return [DatasetInfo.model_validate(d) for d in response.json()]
 
     def files(self, name: str, version: int | None = None) -> builtins.list[dict[str, object]]:
         """The files of a version (the latest without `version`): path, size, chunks."""
         params = {"version": version} if version else {}
-        response = self.session.request("GET", f"/v1/datasets/{quote(name)}/files", params=params)
+        response = self.session.request("GET", f"/v1/datasets/{_named(name)}/files", params=params)
         files: builtins.list[dict[str, object]] = response.json()
         return files
 
@@ -247,14 +248,14 @@ class Datasets:
         """Let `user` (by default every user of the agent) see and mount dataset `name`, all
         its versions; its owner or an admin only. Returns its latest version."""
         response = self.session.request(
-            "PUT", f"/v1/datasets/{quote(name)}/readers/{quote(user, safe='')}"
+            "PUT", f"/v1/datasets/{_named(name)}/readers/{quote(user, safe='')}"
         )
         return DatasetInfo.model_validate(response.json())
 
     def unshare(self, name: str, user: str = EVERYONE) -> DatasetInfo:
         """Undo a `share` (jobs already running keep their mount)."""
         response = self.session.request(
-            "DELETE", f"/v1/datasets/{quote(name)}/readers/{quote(user, safe='')}"
+            "DELETE", f"/v1/datasets/{_named(name)}/readers/{quote(user, safe='')}"
         )
         return DatasetInfo.model_validate(response.json())
 
@@ -262,9 +263,18 @@ class Datasets:
         """Remove one version, or every version; returns the versions removed. The chunks
         stay in the agent's blob store (garbage collection is not done yet)."""
         params = {"version": version} if version else {}
-        response = self.session.request("DELETE", f"/v1/datasets/{quote(name)}", params=params)
+        response = self.session.request("DELETE", f"/v1/datasets/{_named(name)}", params=params)
         removed: builtins.list[int] = response.json()["removed"]
         return removed
+
+
+def _named(name: str) -> str:
+    """A dataset's name as its routes take it; GpuhopError where it is no dataset's name
+    (a '/' in it made "no such route", an empty one a redirect)."""
+    try:
+        return quote(check_dataset_name(name))
+    except (ValueError, TypeError):
+        raise GpuhopError(f"{name!r}: {DATASET_NAME_RULE}", code="bad_request") from None
 
 
 class Envs:

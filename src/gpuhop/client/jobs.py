@@ -142,6 +142,9 @@ def _env(value: Any, root: Path) -> dict[str, Any]:
             f"takes a dict of variable names to values, e.g. {{'WANDB_MODE': 'offline'}},"
             f" not {value!r}"
         )
+    for key, text in value.items():  # said here, not after the work dir's upload
+        if not isinstance(key, str) or not isinstance(text, str):
+            raise ValueError(f"{key!r}: {text!r}: an environment's names and values are str")
     return dict(value)
 
 
@@ -198,10 +201,22 @@ def argv_of(command: Command) -> list[str]:
         argv = shlex.split(command)
     elif isinstance(command, os.PathLike):
         argv = [os.fspath(command)]
-    else:
+    elif isinstance(command, Sequence):
         argv = [os.fspath(a) if isinstance(a, os.PathLike) else a for a in command]
+    else:
+        raise GpuhopError(
+            f"the command is a str, a path or a list of them (['train.py', '--epochs', '3']),"
+            f" not {command!r}",
+            code="bad_request",
+        )
     if not argv:
         raise GpuhopError("no command given", code="bad_request")
+    if not all(isinstance(a, str) for a in argv):
+        wrong = next(a for a in argv if not isinstance(a, str))
+        raise GpuhopError(
+            f"the command's arguments are str (or paths): {wrong!r} is not (str({wrong!r})?)",
+            code="bad_request",
+        )
     return argv
 
 
