@@ -65,6 +65,20 @@ def test_a_crash_between_allocation_and_start_starts_the_job_once(make_agent, pr
     assert (tmp_path / "runs").read_text() == "ran\n"
 
 
+def restart_as_if_crashed_mid_start(agent, job_id: str) -> None:
+    """Start the (killed) agent again on the state a crash between a job's start and its
+    record leaves: `starting`, the leader running (or not), no pid recorded."""
+    db = sqlite3.connect(agent.paths.db)
+    with db:
+        db.execute(
+            "UPDATE jobs SET state = 'starting', pid = NULL, pid_start = NULL,"
+            " started_at = NULL WHERE id = ?",
+            (job_id,),
+        )
+    db.close()
+    agent.pid = start_background(agent.paths, python_flags=AGENT_PYTHON_FLAGS)
+
+
 def test_a_crash_between_a_start_and_its_record_keeps_the_start_time_and_the_limit(
     make_agent, project
 ):
@@ -77,16 +91,7 @@ def test_a_crash_between_a_start_and_its_record_keeps_the_start_time_and_the_lim
         wait_until(lambda: b"up" in b"".join(slow.logs()), timeout=30)
     killed_at = time.time()
     kill_agent_hard(agent)
-    # The state such a crash leaves: `starting`, the leader running, no pid recorded.
-    db = sqlite3.connect(agent.paths.db)
-    with db:
-        db.execute(
-            "UPDATE jobs SET state = 'starting', pid = NULL, pid_start = NULL,"
-            " started_at = NULL WHERE id = ?",
-            (slow.id,),
-        )
-    db.close()
-    agent.pid = start_background(agent.paths, python_flags=AGENT_PYTHON_FLAGS)
+    restart_as_if_crashed_mid_start(agent, slow.id)
     with agent.client() as client:
         timed = client.job(slow.id).wait(60)
     assert (timed.state, timed.end_class) == (JobState.failed, EndClass.timeout)
@@ -110,15 +115,7 @@ def test_a_process_that_took_a_dead_leaders_pid_is_not_adopted(make_agent, proje
     stranger = subprocess.Popen(["sleep", "300"], start_new_session=True)
     try:
         pid_file.write_text(json.dumps({**leader, "pid": stranger.pid}))
-        db = sqlite3.connect(agent.paths.db)
-        with db:
-            db.execute(
-                "UPDATE jobs SET state = 'starting', pid = NULL, pid_start = NULL,"
-                " started_at = NULL WHERE id = ?",
-                (slow.id,),
-            )
-        db.close()
-        agent.pid = start_background(agent.paths, python_flags=AGENT_PYTHON_FLAGS)
+        restart_as_if_crashed_mid_start(agent, slow.id)
         with agent.client() as client:
             ended = client.job(slow.id).wait(60)
         assert ended.state == JobState.lost, ended.reason

@@ -33,7 +33,7 @@ SLURM_RUNNING = "slurm-running.json"
 
 def write(root: Path, job_id: str, said: str) -> None:
     """Record the cluster's id for the attempt led from job dir `root`, and how to say it."""
-    _write_atomic(root / NAME, {"job_id": job_id, "said": said})
+    write_atomic(root / NAME, {"job_id": job_id, "said": said})
 
 
 def read(root: Path) -> dict[str, Any] | None:
@@ -82,7 +82,7 @@ def runs(root: Path) -> None:
     """The cluster runs the attempt from now on (recorded once: the first time counts)."""
     released(root)
     if running_since(root) is None:
-        _write_atomic(root / RUNNING, {"since": time.time()})
+        write_atomic(root / RUNNING, {"since": time.time()})
 
 
 def running_since(root: Path) -> float | None:
@@ -95,7 +95,8 @@ def running_since(root: Path) -> float | None:
     return None
 
 
-def _write_atomic(path: Path, data: dict[str, Any]) -> None:
+def write_atomic(path: Path, data: dict[str, Any]) -> None:
+    """`data` as JSON at `path`, whole or not at all (flushed, then renamed into place)."""
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
         json.dump(data, f)

@@ -49,15 +49,6 @@ def say(text: str) -> None:
     append_line(sys.stdout.fileno(), f"gpuhop: {text}")
 
 
-def _write_atomic(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def slurm(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, timeout=COMMAND_TIMEOUT)
 
@@ -131,7 +122,7 @@ class Follow:
             f"exec {shlex.quote(self.spec['python'])} -m gpuhop.backends.slurm.{step}"
             f" {shlex.quote(str(self.root / 'slurm-task.json'))}\n"
         )
-        _write_atomic(self.root / "slurm-task.json", self.spec)
+        clusterjob.write_atomic(self.root / "slurm-task.json", self.spec)
         try:
             out = slurm(*sbatch_args(self.spec, script))
         except (OSError, subprocess.SubprocessError) as e:
@@ -222,7 +213,7 @@ def main(argv: list[str]) -> int:
         print("usage: python -m gpuhop.backends.slurm.leader STATUS PID_FILE SPEC", file=sys.stderr)
         return 2
     status_path, pid_path, spec_path = (Path(a) for a in argv)
-    _write_atomic(pid_path, {"pid": os.getpid()})
+    clusterjob.write_atomic(pid_path, {"pid": os.getpid()})
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: _stop.set())
     spec = json.loads(spec_path.read_text())
@@ -234,7 +225,7 @@ def main(argv: list[str]) -> int:
     except Exception as e:
         result = {"exit_code": 1, "signal": None, "detail": f"the Slurm backend failed: {e}"}
     result["ended_at"] = time.time()
-    _write_atomic(status_path, result)
+    clusterjob.write_atomic(status_path, result)
     return 0
 
 

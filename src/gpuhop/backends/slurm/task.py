@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpuhop.backends import clusterjob
 from gpuhop.backends.base import QUIET_TF, StartError
 from gpuhop.backends.local.commands import resolve_command
 from gpuhop.backends.local.gangenv import worker_env
@@ -41,12 +42,7 @@ def worker_exit_file(spec: dict[str, Any], index: int) -> Path:
 
 
 def write_exit(path: Path, result: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(result, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    clusterjob.write_atomic(path, result)
 
 
 def environment(
