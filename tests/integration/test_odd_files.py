@@ -34,6 +34,7 @@ import os
 d = os.fsencode(os.environ["GPUHOP_ARTIFACTS_DIR"])
 open(os.path.join(d, b"caf\\xe9.txt"), "w").write("x")
 open(os.path.join(d, b"good.txt"), "w").write("y")
+open(os.path.join(d, b"two\\nlines.txt"), "w").write("z")
 """
 
 METRICS = """
@@ -47,17 +48,21 @@ with open(os.environ["GPUHOP_METRICS_FILE"], "w") as f:
 def test_artifacts_and_metrics_that_once_broke_their_answers(shared_agent, project, tmp_path):
     with shared_agent.client() as client:
         job = client.submit(["a.py"], workdir=project({"a.py": ARTIFACTS + METRICS}))
-        assert job.wait(60).state == JobState.succeeded
+        assert job.wait(60).state == JobState.succeeded, b"".join(job.logs())
         # A name that is not UTF-8 is listed (shown escaped) and pulled byte for byte.
         listed = job.artifacts()
         assert [(a.path, a.name_bytes()) for a in listed] == [
             ("caf\\xe9.txt", BAD),
             ("good.txt", b"good.txt"),
+            ("two\nlines.txt", b"two\nlines.txt"),
         ]
+        # A newline in a name too (its route matched no line break: "no such route").
         pull = shared_agent.cli("pull", job.id, "-o", str(tmp_path / "out"))
         assert pull.returncode == 0, pull.stderr
         out = os.fsencode(tmp_path / "out")
-        assert sorted(os.listdir(out)) == [b".gpuhopignore", BAD, b"good.txt"]  # not synced
+        assert sorted(os.listdir(out)) == [b".gpuhopignore", BAD, b"good.txt", b"two\nlines.txt"]
+        with open(os.path.join(out, b"two\nlines.txt"), "rb") as f:
+            assert f.read() == b"z"
         with open(os.path.join(out, BAD), "rb") as f:
             assert f.read() == b"x"
         records: list[dict] = []

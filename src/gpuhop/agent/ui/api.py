@@ -105,7 +105,7 @@ def artifacts(ref: str, request: Request) -> list[ArtifactEntry]:
     return outputs.artifacts_of(ctx(request), ref, caller_of(request))
 
 
-@router.get("/jobs/{ref}/artifacts/{path:path}")
+@router.get("/jobs/{ref}/artifacts/{path:anypath}")
 def artifact(ref: str, path: str, request: Request) -> FileResponse:
     """A download, never a page: a job's HTML file shown inline under the dashboard's
     origin could script the dashboard. Sandboxed by CSP as well, should a browser render it."""
@@ -120,7 +120,7 @@ def artifact(ref: str, path: str, request: Request) -> FileResponse:
 
 
 @router.get("/jobs/{ref}/archive")
-@router.get("/jobs/{ref}/archive/{path:path}")
+@router.get("/jobs/{ref}/archive/{path:anypath}")
 def archive(ref: str, request: Request, path: str = "") -> StreamingResponse:
     """A directory of the job's artifacts (a SavedModel; all of them without `path`) as one
     zip file, streamed while it is made: a download, as every artifact is."""

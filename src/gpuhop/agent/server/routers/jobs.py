@@ -170,7 +170,7 @@ def artifacts(ref: str, request: Request) -> list[ArtifactEntry]:
     return outputs.artifacts_of(ctx(request), ref, caller_of(request))
 
 
-@router.get("/{ref}/artifacts/{path:path}")
+@router.get("/{ref}/artifacts/{path:anypath}")
 def artifact(ref: str, path: str, request: Request) -> FileResponse:
     # `path` routes the request; the name's bytes come from the URL itself.
     raw_path = request.scope["raw_path"]
@@ -186,7 +186,7 @@ def workdir_outputs(ref: str, request: Request) -> list[WorkdirEntry]:
     return workdir.list_outputs(c, job)
 
 
-@router.get("/{ref}/workdir/{path:path}")
+@router.get("/{ref}/workdir/{path:anypath}")
 def workdir_file(ref: str, path: str, request: Request) -> FileResponse:
     c = ctx(request)
     job = service.find(c, ref, caller_of(request))
@@ -200,7 +200,7 @@ def tmp_files(ref: str, request: Request) -> list[ArtifactEntry]:
     return outputs.tmp_files_of(ctx(request), ref, caller_of(request))
 
 
-@router.get("/{ref}/tmp/{path:path}")
+@router.get("/{ref}/tmp/{path:anypath}")
 def tmp_file(ref: str, path: str, request: Request) -> FileResponse:
     raw_path = request.scope["raw_path"]
     return OpenedFileResponse(outputs.tmp_file_of(ctx(request), ref, caller_of(request), raw_path))
