@@ -47,7 +47,10 @@ def test_multi_gpu_jobs_get_one_model_or_wait_unless_mixed(make_agent, project):
         wait_until(lambda: client.job(mixed.id).state.finished)
         alike = run(2)
         why = wait_until(lambda: alike.refresh().waiting)
-        assert "no 2 free GPUs of one model" in why
+        assert why.startswith("1st in line; no 2 free GPUs of one model (see --mixed-gpus)")
+        # It holds up the GPU jobs behind it, so a share that would fit waits behind it.
+        share = run(0, gpu_memory_mb=1024)
+        assert wait_until(lambda: share.refresh().waiting).startswith("2nd in line; ")
         shown = agent.cli("show", alike.id)
         assert "no 2 free GPUs of one model" in shown.stdout
         a100 = next(s for s in singles if s.gpu_ids == [0])

@@ -31,9 +31,13 @@ def test_a_multi_gpu_job_gets_gpus_of_one_model_not_the_lowest_indices():
 def test_it_waits_rather_than_mixing_models_and_says_why():
     held = [Holding("x", (0,)), Holding("y", (1,))]
     waiting: dict[str, str] = {}
+    in_line: dict[str, str] = {}
+    pending = [job("a", 2), job("share", 1, created_at=1.0, gpu_memory_mb=GIB)]
 
-    assert plan([job("a", 2)], FOUR, held, kinds=MIXED, waiting=waiting) == []
-    assert "of one model" in waiting["a"]
+    assert plan(pending, FOUR, held, kinds=MIXED, waiting=waiting, in_line=in_line) == []
+    # Not a limit: it keeps its place in line, and the share behind it waits for it.
+    assert waiting == {}
+    assert "of one model" in in_line["a"]
 
 
 def test_mixed_gpus_takes_any_free_gpus():

@@ -19,8 +19,8 @@ Policy:
   start.
 - Several whole GPUs for one job are of one model and topology group (`GpuKind`): a slower
   card holds back every synchronous step. The job takes the lowest-indexed group with
-  enough free GPUs, and waits (blocking, as above) while none has, unless it allows mixed
-  GPUs (`mixed_gpus`).
+  enough free GPUs, and waits (blocking, as above: it keeps its place in line) while none
+  has, unless it allows mixed GPUs (`mixed_gpus`). Why it waits goes to `in_line`.
 - Limits that are not about GPUs being busy make a job wait without blocking others: a
   user's GPUs held at once (`Limits.user_gpus`), and a sweep's runs at once (its
   `max_parallel`). Why each such job waits goes to `waiting`.
@@ -120,6 +120,7 @@ def plan(
     kinds: Mapping[int, str] | None = None,
     limits: Limits = Limits(),
     waiting: dict[str, str] | None = None,
+    in_line: dict[str, str] | None = None,
     out_of_service: Iterable[int] = (),
 ) -> list[Placement]:
     """Return the jobs to start now and the GPUs each gets.
@@ -127,6 +128,8 @@ def plan(
     `gpus` maps each GPU's index to its memory in MB; `holdings` are the started jobs'.
     `kinds` maps each GPU to its model and topology group (one kind: all alike).
     `waiting`, when given, is filled with why a job waits on a limit rather than on GPUs.
+    `in_line`, when given, is filled with why a job that keeps its place in line (it holds
+    up the GPU jobs behind it) waits where enough GPUs are free: they are of two models.
     `out_of_service`: GPUs that no job may get (quarantined).
     """
     holdings = list(holdings)
@@ -169,7 +172,7 @@ def plan(
         else:
             taken = _whole(state.empty(), job, kinds)
             if not taken and job.spec.gpus <= len(state.empty()):
-                _wait(waiting, job, f"no {job.spec.gpus} free GPUs of one model (see --mixed-gpus)")
+                _wait(in_line, job, f"no {job.spec.gpus} free GPUs of one model (see --mixed-gpus)")
         if not taken:
             if out and not could_ever_fit(job, in_service, kinds):
                 # It waits on an admin, not on GPUs coming free: as a job held by a limit,

@@ -143,6 +143,7 @@ class Scheduler:
         self._fail_misfits(pending, memory, kinds)
         started = 0
         waiting: dict[str, str] = {}
+        in_line: dict[str, str] = {}
         holdings = self.store.holdings()
         placements = plan(
             pending,
@@ -151,9 +152,11 @@ class Scheduler:
             kinds=kinds,
             limits=self.limits(),
             waiting=waiting,
+            in_line=in_line,
             out_of_service=self.out_of_service(),
         )
-        self.waiting = {**said(pending, placements, holdings, memory, waiting), **waiting, **held}
+        words = said(pending, placements, holdings, memory, waiting, in_line)
+        self.waiting = {**words, **waiting, **held}
         for placement in placements:
             # Allocation and the move to `starting` are one guarded UPDATE.
             if self.store.transition(

@@ -32,10 +32,14 @@ def said(
     holdings: Iterable[Holding],
     gpus: Mapping[int, int],
     limited: Mapping[str, str],
+    in_line: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Why each queued GPU job that this pass did not place waits, by job id. `gpus` maps
     each GPU to its memory in MB; `limited`: the jobs that wait on a limit, with `plan`'s
-    reason (theirs stands, and they take no place in line: they hold up nobody)."""
+    reason (theirs stands, and they take no place in line: they hold up nobody); `in_line`:
+    `plan`'s reason for a job that waits in line on more than busy GPUs (GPUs of one model),
+    said in place of what it needs."""
+    in_line = in_line or {}
     queue = sorted(pending, key=queue_order)
     by_id = {job.job_id: job for job in queue}
     started = {p.job_id for p in placed}
@@ -60,7 +64,7 @@ def said(
         if not could_ever_fit(job, gpus):
             continue  # the scheduler fails it
         place += 1
-        text = f"{ordinal(place)} in line; waits for {needs(job)}"
+        text = f"{ordinal(place)} in line; {in_line.get(job.job_id) or 'waits for ' + needs(job)}"
         usable = {g for g, mb in gpus.items() if mb >= (job.spec.gpu_memory_mb or 0)}
         holders = [h for h in held if usable.intersection(h.gpu_ids)]
         if holders:
