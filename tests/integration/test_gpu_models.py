@@ -8,7 +8,8 @@ import pytest
 
 from gpuhop.api import JobState
 from gpuhop.client import GpuhopError
-from tests.conftest import wait_until
+from gpuhop.client.embedded import start_background, stop
+from tests.conftest import AGENT_PYTHON_FLAGS, wait_until
 
 MODELS = "A100,V100,A100,V100"
 SLEEP = "import time; time.sleep(120)"
@@ -56,3 +57,30 @@ def test_multi_gpu_jobs_get_one_model_or_wait_unless_mixed(make_agent, project):
         a100 = next(s for s in singles if s.gpu_ids == [0])
         client.job(a100.id).cancel(grace=0)
         assert started(alike).gpu_ids == [0, 2]
+
+
+def test_a_queued_job_whose_gpus_of_one_model_are_gone_after_a_restart_fails_saying_so(
+    make_agent, project
+):
+    agent = make_agent(fake_gpus=2)
+    root = project({"sleep.py": SLEEP})
+    with agent.client() as client:
+        holder = client.submit(["sleep.py"], workdir=root, gpus=2)
+        pair = client.submit(["sleep.py"], workdir=root, gpus=2)
+        wait_until(lambda: holder.refresh().state == JobState.running)
+        assert pair.refresh().state == JobState.queued
+    stop(agent.paths)  # the holder keeps running
+    # Back with two GPUs of two models: two alike GPUs are no longer there.
+    agent.pid = start_background(
+        agent.paths,
+        fake_gpus=2,
+        agent_args=("--fake-gpu-models", "A100,V100"),
+        python_flags=AGENT_PYTHON_FLAGS,
+    )
+    with agent.client() as client:
+        failed = client.job(pair.id).wait(timeout=30)
+    assert failed.state == JobState.failed
+    assert failed.reason == (
+        "could not start: it asks for 2 GPUs of one model; this host now has 2 GPU(s), at"
+        " most 1 alike: submit it again with --mixed-gpus, or for fewer GPUs"
+    )

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from gpuhop.agent.jobs.after import judge
-from gpuhop.agent.jobs.placement import Limits, Pending, could_ever_fit, plan
+from gpuhop.agent.jobs.placement import Limits, Pending, could_ever_fit, largest_kind, plan
 from gpuhop.agent.jobs.store import JobRecord, JobStore
 from gpuhop.agent.jobs.supervisor import Supervisor
 from gpuhop.agent.jobs.waits import said
@@ -196,15 +196,23 @@ class Scheduler:
         for job in pending:
             if could_ever_fit(job, memory, kinds):
                 continue
-            asks = (
-                f"{format_mb(job.spec.gpu_memory_mb)} of one GPU's memory"
-                if job.spec.gpu_memory_mb is not None
-                else f"{job.spec.gpus} GPU(s)"
-            )
-            reason = (
-                f"could not start: it asks for {asks}; {self.where} now has {len(memory)}"
-                f" GPU(s) with up to {format_mb(max(memory.values(), default=0))} each"
-            )
+            if job.spec.gpu_memory_mb is None and could_ever_fit(job, memory):
+                # Enough GPUs, but not enough of one model (or topology group).
+                reason = (
+                    f"could not start: it asks for {job.spec.gpus} GPUs of one model; {self.where}"
+                    f" now has {len(memory)} GPU(s), at most {largest_kind(memory, kinds)} alike:"
+                    " submit it again with --mixed-gpus, or for fewer GPUs"
+                )
+            else:
+                asks = (
+                    f"{format_mb(job.spec.gpu_memory_mb)} of one GPU's memory"
+                    if job.spec.gpu_memory_mb is not None
+                    else f"{job.spec.gpus} GPU(s)"
+                )
+                reason = (
+                    f"could not start: it asks for {asks}; {self.where} now has {len(memory)}"
+                    f" GPU(s) with up to {format_mb(max(memory.values(), default=0))} each"
+                )
             if self.store.fail_queued(job.job_id, reason, EndClass.app_error):
                 log.warning("job %s %s", job.job_id, reason)
 
