@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpuhop.client.transport.tls import fetch_certificate
-from tests.conftest import Agent
+from tests.conftest import Agent, wait_until
+from tests.team import team_tokens
 
 
 @pytest.fixture
@@ -198,3 +199,34 @@ def test_a_replaced_certificate_is_pinned_again_as_the_error_says_keeping_the_to
     other_url = url.replace("127.0.0.1", "localhost")
     elsewhere = alice("remote", "add", "team", other_url, "--replace", "--fingerprint", fingerprint)
     assert elsewhere.returncode != 0 and "needs a token" in elsewhere.stderr
+
+
+def test_a_gpu_another_users_job_holds_is_shown_taken_not_free(make_agent, tmp_path, project):
+    """Bob is not told which job of Alice's holds a GPU, but he is told that it is held:
+    `gpus` once showed him the GPU as free (RESERVED and JOBS both `-`)."""
+    team = make_agent(fake_gpus=2, args=("--listen", "127.0.0.1:0"))
+    tokens = team_tokens(team)
+    alice, bob = as_user(team, tmp_path, "alice"), as_user(team, tmp_path, "bob")
+    for user, cli in (("alice", alice), ("bob", bob)):
+        added = cli("remote", "add", "team", team.listener.url, "--yes", GPUHOP_TOKEN=tokens[user])
+        assert added.returncode == 0, added.stderr
+    root = project({"hold.py": "import time\ntime.sleep(120)\n"})
+    ran = alice("run", "-d", "--gpus", "1", "hold.py", cwd=root)
+    assert ran.returncode == 0, ran.stderr
+    job_id = ran.stdout.strip()
+    try:
+        with team.client() as owner:
+            wait_until(lambda: any(g.job_ids for g in owner.gpus()), timeout=60)
+            held = next(g.index for g in owner.gpus() if g.job_ids)
+        rows = {
+            line.split()[0]: line
+            for line in bob("gpus").stdout.splitlines()
+            if line.split() and line.split()[0].isdigit()
+        }
+        assert rows[str(held)].split()[-3:] == ["other", "users'", "jobs"], rows
+        assert " all " in rows[str(held)] and job_id not in rows[str(held)], rows
+        assert rows[str(1 - held)].split()[-2:] == ["-", "-"], rows  # the free one
+        mine = alice("gpus").stdout
+        assert job_id in mine and "other users'" not in mine, mine
+    finally:
+        alice("cancel", job_id, "--grace", "0")

@@ -68,7 +68,7 @@ def gpus(
                 f"{_mb(g.memory_used_mb)} / {format_mb(g.memory_mb)}",
                 "-" if g.utilization is None else f"{g.utilization}%",
                 _reserved(g),
-                ", ".join(g.job_ids) or "-",
+                holders(g.job_ids, g.memory_reserved_mb),
             )
             + ((("QUARANTINED" if g.quarantined else "ok"),) if health else ())
             for g in infos
@@ -129,10 +129,21 @@ def _mb(mb: int | None) -> str:
     return "?" if mb is None else format_mb(mb)
 
 
+def holders(job_ids: list[str], reserved_mb: int) -> str:
+    """The JOBS of a GPU: the ids of those the caller may see, and, where jobs they may not
+    see hold some of it too (other users' jobs, to a user who is not an admin), a word that
+    says so: such a GPU is taken, not free."""
+    if reserved_mb and not job_ids:
+        return "other users' jobs"
+    return ", ".join(job_ids) or "-"
+
+
 def _reserved(g: GpuInfo) -> str:
-    if not g.job_ids:
+    # From the memory reserved, not the ids listed: another user's job is not listed to a
+    # user who is not an admin, but what it holds is.
+    if not g.memory_reserved_mb:
         return "-"
-    if g.memory_reserved_mb >= g.memory_mb and len(g.job_ids) == 1:
+    if g.memory_reserved_mb >= g.memory_mb and len(g.job_ids) <= 1:
         # A whole-GPU job, or one share that takes it all: either way, nothing else fits.
         return "all"
     return f"{format_mb(g.memory_reserved_mb)} of {format_mb(g.memory_mb)} (shared)"

@@ -197,6 +197,8 @@ def gpu_panel(gpus: list[Info]) -> Table:
     from rich.table import Table
     from rich.text import Text
 
+    from gpuhop.cli.gpus import holders
+
     cluster = any(g.get("node") for g in gpus)  # an agent on a Ray cluster: say which node
     table = Table(box=None, header_style="bold", pad_edge=False)
     for col in ("GPU", *(("NODE",) if cluster else ()), "NAME", "UTIL", "MEMORY", "JOBS"):
@@ -211,7 +213,7 @@ def gpu_panel(gpus: list[Info]) -> Table:
             f"{used} / {format_mb(g['memory_mb'])}",
             Text(f"QUARANTINED: {g['quarantined']}", style="bold red")
             if g.get("quarantined")
-            else ", ".join(g.get("job_ids", ())) or "-",
+            else holders(g.get("job_ids", []), g.get("memory_reserved_mb") or 0),
         )
     return table
 
