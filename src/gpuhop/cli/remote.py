@@ -105,7 +105,11 @@ def add(
 
 
 def _pin(remote: remotes.Remote, given: str | None, yes: bool) -> None:
-    from gpuhop.client.transport.tls import fetch_certificate, normalize_fingerprint
+    from gpuhop.client.transport.tls import (
+        fetch_certificate,
+        normalize_fingerprint,
+        validity_problem,
+    )
 
     try:
         wanted = normalize_fingerprint(given) if given else None
@@ -120,6 +124,12 @@ def _pin(remote: remotes.Remote, given: str | None, yes: bool) -> None:
             f"the agent at {remote.url} presents a certificate with fingerprint\n  {presented}\n"
             f"not the one you gave\n  {wanted}\nnot adding it: someone may be intercepting"
             " the connection, or the fingerprint is of another agent"
+        )
+    if problem := validity_problem(pem):
+        fail(
+            f"the agent at {remote.url} presents a certificate ({presented}) that no"
+            f" connection would accept: {problem} (or this machine's clock is wrong); not"
+            " adding it: ask the agent's admin to renew it"
         )
     if wanted is None and not yes:
         if not sys.stdin.isatty():

@@ -9,6 +9,7 @@ remote's bearer token.
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import ssl
@@ -25,6 +26,7 @@ __all__ = [
     "https_endpoint",
     "normalize_fingerprint",
     "pinned_context",
+    "validity_problem",
 ]
 
 TOKEN_ENV = "GPUHOP_TOKEN"
@@ -67,6 +69,24 @@ def fetch_certificate(url: str, timeout: float = 5) -> tuple[str, str]:
         raise GpuhopError(f"{url} presented no certificate", code="unreachable")
     pem = ssl.DER_cert_to_PEM_cert(der)
     return pem, fingerprint_of(pem)
+
+
+def validity_problem(pem: str, now: datetime.datetime | None = None) -> str | None:
+    """Why the certificate `pem` is not valid `now` (it expired, or is not valid yet), in
+    words; None while it is. A pin does not stand in for the dates: TLS still checks them,
+    so a pinned certificate past its end is refused like any other."""
+    from cryptography import x509
+
+    now = now or datetime.datetime.now(datetime.UTC)
+    try:
+        cert = x509.load_pem_x509_certificate(pem.encode())
+    except ValueError:
+        return None
+    if now > cert.not_valid_after_utc:
+        return f"it expired on {cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC"
+    if now < cert.not_valid_before_utc:
+        return f"it is not valid before {cert.not_valid_before_utc:%Y-%m-%d %H:%M} UTC"
+    return None
 
 
 def no_answer(url: str, seconds: float) -> str:
@@ -137,6 +157,17 @@ def https_endpoint(remote: Remote) -> Endpoint:
             _, presented = fetch_certificate(remote.url, timeout=5)
         except GpuhopError:
             presented = "unknown"
+        if presented == pinned:
+            # The pinned certificate itself, refused for its dates: a new pin of the same
+            # one would be refused alike.
+            why = validity_problem(remote.certificate or "") or "it failed verification"
+            return (
+                f"the agent of remote {remote.name!r} presents its pinned certificate"
+                f" ({pinned}), but {why} (or this machine's clock is wrong): ask the agent's"
+                " admin to renew it, then pin the new one with"
+                f" `gpuhop remote add {remote.name} {remote.url} --replace --fingerprint NEW`"
+                " (your token is kept)"
+            )
         return (
             f"the certificate of remote {remote.name!r} ({presented}) does not match the"
             f" pinned fingerprint {pinned}; if it was replaced on purpose, run"
