@@ -413,6 +413,37 @@ def test_workers_in_an_image_reach_each_other_on_their_own_network(agent, minima
     assert containers_named(f"gpuhop-{gang.id}") == []
 
 
+GANG_ENDS = r"""
+import json, os, signal, time
+me = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+print(f"worker {me} ready", flush=True)
+if me == 1:
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(600)  # worker 0: until the leader stops it
+"""
+
+
+def test_a_worker_killed_in_its_container_reads_as_killed(agent, minimal_image, project):
+    """Podman reports a container whose job was killed by signal N as 128+N: a gang's reason
+    names the worker's signal, as a single container's and a venv worker's do."""
+    root = project({"gang_ends.py": GANG_ENDS})
+    with agent.client() as client:
+        gang = client.submit(
+            ["gang_ends.py"],
+            workdir=root,
+            image=minimal_image,
+            workers=2,
+            env={"TF_USE_LEGACY_KERAS": "0"},  # TF_CONFIG only: no Keras asked of the image
+        )
+        info = gang.wait(90)
+    assert info.state == JobState.failed and info.end_class == EndClass.killed
+    assert (info.exit_code, info.signal) == (None, signal.SIGKILL)
+    assert (info.reason or "").startswith("worker 1 was killed by signal 9 (SIGKILL) first;"), (
+        info.reason
+    )
+    assert containers_named(f"gpuhop-{gang.id}") == []
+
+
 GATED = r"""
 import os, time
 print("ready", flush=True)

@@ -167,7 +167,7 @@ def outcome(spec: dict, result: dict) -> dict:
     if result.get("signal") is not None or code is None:
         return result
     if 128 < code < 160:
-        return {**result, "exit_code": None, "signal": code - 128}
+        return signalled(result)
     reference = spec.get("reference")
     if code == 125 and reference is not None and image_missing(spec) is not None:
         why = (
@@ -178,6 +178,15 @@ def outcome(spec: dict, result: dict) -> dict:
         return {**result, "detail": why}
     if code in PODMAN_STATUS and "detail" not in result:
         return {**result, "detail": f"exited with code {code}: {PODMAN_STATUS[code]}"}
+    return result
+
+
+def signalled(result: dict) -> dict:
+    """A container's end as the job's: Podman's 128+N (N a signal that ends a process) is the
+    job killed by signal N (see the module's docstring); any other end as it is."""
+    code = result.get("exit_code")
+    if result.get("signal") is None and code is not None and 128 < code < 160:
+        return {**result, "exit_code": None, "signal": code - 128}
     return result
 
 

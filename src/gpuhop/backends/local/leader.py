@@ -285,6 +285,8 @@ def run_gang(spec: dict, command: list, relay=None) -> dict:
             if index is None:
                 continue
             outcome = _outcome(status)
+            if _CONTAINER:  # a worker's container: Podman says its job killed by N as 128+N
+                outcome = _sibling("container").signalled(outcome)
             if first is None and (outcome["signal"] is not None or outcome["exit_code"] != 0):
                 first = (index, outcome, len(running))
                 for other in running:
