@@ -444,6 +444,28 @@ def test_a_worker_killed_in_its_container_reads_as_killed(agent, minimal_image, 
     assert containers_named(f"gpuhop-{gang.id}") == []
 
 
+def test_a_gang_whose_program_the_image_lacks_says_so(agent, minimal_image, project):
+    """Each worker's init prints why it could not start the program (behind the worker's
+    prefix in the job's log): the gang's reason says so, as a single container's does."""
+    root = project({"gang_ends.py": GANG_ENDS})
+    with agent.client() as client:
+        gang = client.submit(
+            ["not-in-the-image"],
+            workdir=root,
+            image=minimal_image,
+            workers=2,
+            env={"TF_USE_LEGACY_KERAS": "0"},
+        )
+        info = gang.wait(90)
+    assert info.state == JobState.failed and info.end_class == EndClass.app_error
+    reason = info.reason or ""
+    assert reason.startswith("worker "), reason
+    assert "; its program could not be started in its image (No such file or directory)" in (
+        reason
+    ), reason
+    assert containers_named(f"gpuhop-{gang.id}") == []
+
+
 GATED = r"""
 import os, time
 print("ready", flush=True)

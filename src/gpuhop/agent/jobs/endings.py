@@ -62,17 +62,20 @@ def gpu_oom_in(log: Path) -> bool:
 
 # What an image job's init (catatonit, `podman run --init`) prints, then exiting 1, where it
 # could not start the job's program: not in the image, or not runnable there.
-NO_PROGRAM = re.compile(rb"^ERROR \(catatonit:\d+\): failed to exec pid1: (.{1,200})$", re.M)
+NO_PROGRAM = re.compile(rb"^ERROR \(catatonit:\d+\): failed to exec pid1: (.{1,200})$")
+# What a gang's leader puts before each line of worker I's output in the job's log.
+WORKER_PREFIX = re.compile(rb"^\[worker \d{1,6}\] ")
 
 
 def hint_note(log: Path) -> str:
     """What a failed job's reason adds where the end of its log holds a hint line of the
-    job's own gpuhop code (the line whole, at a line's start), or says that an image job's
-    program could not be started in its image: "; HINT", or ""."""
-    tail = _tail(log)
-    lines = tail.splitlines()
+    job's own gpuhop code (the line whole, at a line's start, or after a gang worker's
+    prefix), or says that an image job's program could not be started in its image:
+    "; HINT", or ""."""
+    lines = [WORKER_PREFIX.sub(b"", line) for line in _tail(log).splitlines()]
     hint = next((f"; {hint}" for line, hint in HINTS.items() if line in lines), "")
-    if not hint and (found := NO_PROGRAM.search(tail)):
+    found = next((m for line in lines if (m := NO_PROGRAM.match(line))), None)
+    if not hint and found:
         why = found.group(1).decode(errors="replace").strip()
         hint = (
             f"; its program could not be started in its image ({why}): is it installed there,"

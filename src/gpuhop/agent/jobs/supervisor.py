@@ -303,6 +303,7 @@ class Supervisor:
         elapsed = describe_duration(now - (job.started_at or now))
         exit_code, sig = end.exit_code, end.signal
         stopped = _read_json(jp.root / STOPPED)
+        hint = ""  # what a failed job's log says to do (endings.hint_note)
         if job.cancel_requested:
             state = JobState.cancelled
             how = " (killed after the grace period)" if job_id in self._killed_after_grace else ""
@@ -332,9 +333,10 @@ class Supervisor:
             reason = f"exited with code 0 after {elapsed}"
         else:
             state = JobState.failed
-            reason = f"exited with code {exit_code} after {elapsed}{hint_note(jp.log)}"
-        if end.detail:
-            reason = f"{end.detail} after {elapsed}"
+            hint = hint_note(jp.log)
+            reason = f"exited with code {exit_code} after {elapsed}{hint}"
+        if end.detail:  # a gang's first failed worker, say: its hint as a single job's
+            reason = f"{end.detail} after {elapsed}{hint}"
         if state in (JobState.failed, JobState.lost) and stopped is None:
             reason += disk_note(jp.root, jp.log)
         self._killed_after_grace.discard(job_id)
