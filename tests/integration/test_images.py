@@ -274,6 +274,56 @@ def test_a_program_of_the_image_runs_though_the_host_lacks_it(
         subprocess.run(["podman", "rmi", "--force", "--ignore", ref], capture_output=True)
 
 
+def test_an_image_whose_entrypoint_ate_the_command_is_said_so(
+    agent, minimal_image, project, tmp_path
+):
+    """`podman run IMAGE COMMAND` puts the job's command after the image's ENTRYPOINT: one
+    that runs its arguments (a script ending in `exec "$@"`, NVIDIA's images' shape) runs
+    the job; one that does not (`["python3"]`) fails it, and the reason says the
+    ENTRYPOINT ran with the job's command as its arguments, not only an exit code."""
+    import subprocess
+
+    refs = {
+        "python": f"localhost/gpuhop-test/entrypoint-python:{os.getpid()}",
+        "exec": f"localhost/gpuhop-test/entrypoint-exec:{os.getpid()}",
+    }
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "entry.sh").write_text('#!/bin/sh\necho "entrypoint ran"\nexec "$@"\n')
+    (build / "entry.sh").chmod(0o755)
+    files = {
+        "python": f'FROM {minimal_image}\nENTRYPOINT ["python3"]\n',
+        "exec": f'FROM {minimal_image}\nCOPY entry.sh /entry.sh\nENTRYPOINT ["/entry.sh"]\n',
+    }
+    try:
+        for kind, text in files.items():
+            (build / "Containerfile").write_text(text)
+            subprocess.run(
+                ["podman", "build", "-q", "-t", refs[kind], str(build)],
+                capture_output=True,
+                check=True,
+            )
+        root = project({"ends.py": ENDS})
+        with agent.client() as client:
+            ran = client.submit(["ends.py", "exit"], workdir=root, image=refs["exec"])
+            info = ran.wait(60)
+            assert info.exit_code == 3, info.reason  # the job's own code, run by the script
+            assert b"entrypoint ran\nready" in b"".join(ran.logs())
+            eaten = client.submit(["ends.py", "exit"], workdir=root, image=refs["python"])
+            info = eaten.wait(60)
+            # In an image without one, a failure is the job's exit code alone.
+            plain = client.submit(["ends.py", "exit"], workdir=root, image=minimal_image)
+            assert "ENTRYPOINT" not in (plain.wait(60).reason or "ENTRYPOINT")
+        assert info.state == JobState.failed and info.end_class == EndClass.app_error
+        assert (info.reason or "").startswith(
+            "exited with code 2; the image's ENTRYPOINT [\"python3\"] ran with the job's"
+            " command as its arguments (python3 ends.py exit)"
+        ), info.reason
+    finally:
+        for ref in refs.values():
+            subprocess.run(["podman", "rmi", "--force", "--ignore", ref], capture_output=True)
+
+
 def test_images_pull_of_an_image_built_on_the_host_says_no_registry_holds_it(agent, minimal_image):
     """`localhost/...` names an image built on the host: `images pull` asks no registry (Podman
     would try one at localhost:443 and answer "connection refused"), and says whether the

@@ -18,7 +18,10 @@ does Podman for a container it killed). The job's own `exit(137)` reads the same
 no telling them apart from outside, so a status of 128+N, N a signal that ends a process
 (1-31), is read as killed by signal N, as a shell's `$?` is; a job that must say otherwise
 exits with a code below 129. 125, 126 and 127 are Podman's own: it could not run the
-container, the program, or find it (its message is in the log).
+container, the program, or find it (its message is in the log). The job's command goes after
+the image's ENTRYPOINT, if it has one (as `docker run` puts it): one that runs its arguments
+(NVIDIA's images' `exec "$@"`) runs the job; where a job in such an image fails, its reason
+says the ENTRYPOINT ran it, since one that does not (`["python3"]`) fails every job.
 
 GPUs are given through the Container Device Interface (`--device nvidia.com/gpu=N`, the
 NVIDIA container toolkit's names, which are NVML's indices): the job's
@@ -27,6 +30,7 @@ is told `0..n-1`.
 """
 
 import contextlib
+import json
 import os
 import subprocess
 
@@ -160,9 +164,12 @@ def _for_podman(env: dict) -> dict:
     return out
 
 
-def outcome(spec: dict, result: dict) -> dict:
+def outcome(spec: dict, result: dict, command: list | None = None) -> dict:
     """The job's end from Podman's (see the module's docstring); where Podman could not run
-    the container because its image is gone (removed after the agent looked it up), that."""
+    the container because its image is gone (removed after the agent looked it up), that;
+    where the job (`command`) failed in an image with an ENTRYPOINT, that it ran as the
+    ENTRYPOINT's arguments (an ENTRYPOINT that does not run them, `["python3"]` say, is
+    what failed)."""
     code = result.get("exit_code")
     if result.get("signal") is not None or code is None:
         return result
@@ -177,8 +184,32 @@ def outcome(spec: dict, result: dict) -> dict:
         print(f"gpuhop: {why}", flush=True)
         return {**result, "detail": why}
     if code in PODMAN_STATUS and "detail" not in result:
-        return {**result, "detail": f"exited with code {code}: {PODMAN_STATUS[code]}"}
+        result = {**result, "detail": f"exited with code {code}: {PODMAN_STATUS[code]}"}
+    if code not in (0, 125) and command is not None:
+        first = entrypoint(spec)
+        if first:
+            ran = " ".join(command)
+            note = (
+                f"the image's ENTRYPOINT {json.dumps(first)} ran with the job's command as its"
+                f" arguments ({ran}): unless it runs them as a command (a script that ends in"
+                ' exec "$@" does), the job\'s program never ran'
+            )
+            print(f"gpuhop: {note}", flush=True)
+            said = result.get("detail") or f"exited with code {code}"
+            result = {**result, "detail": f"{said}; {note}"}
     return result
+
+
+def entrypoint(spec: dict) -> list | None:
+    """The ENTRYPOINT of the job's image (its `podman run`s put the job's command after
+    it), or None where it has none or Podman cannot say."""
+    try:
+        args = ("image", "inspect", "--format", "{{json .Config.Entrypoint}}", spec["image"])
+        done = _call(spec, *args, capture_output=True, text=True)
+        found = json.loads(done.stdout) if done.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return found if isinstance(found, list) and found else None
 
 
 def signalled(result: dict) -> dict:

@@ -437,7 +437,7 @@ def main(argv: list, given: dict | None = None) -> int:
         else:
             result = run_single(command, relay is not None, listener)
         if _CONTAINER:
-            result = _sibling("container").outcome(_CONTAINER, result)
+            result = _sibling("container").outcome(_CONTAINER, result, command)
     if _CONTAINER:  # none is left, however the job ended
         _sibling("container").remove(_CONTAINER, pid_record["containers"])
     result["ended_at"] = time.time()
