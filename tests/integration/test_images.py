@@ -311,6 +311,13 @@ def test_an_image_whose_entrypoint_ate_the_command_is_said_so(
             assert b"entrypoint ran\nready" in b"".join(ran.logs())
             eaten = client.submit(["ends.py", "exit"], workdir=root, image=refs["python"])
             info = eaten.wait(60)
+            # A gang's Keras is asked of the image's python3 the same way: no answer is not
+            # "tf-keras is not installed", and the ENTRYPOINT is named.
+            gang = client.submit(["ends.py"], workdir=root, image=refs["python"], workers=2)
+            why = gang.wait(60).reason or ""
+            assert "python3 did not say which Keras it has" in why, why
+            assert "tf-keras is not installed" not in why
+            assert 'the image\'s ENTRYPOINT ["python3"] ran with `python3 -c ...`' in why
             # In an image without one, a failure is the job's exit code alone.
             plain = client.submit(["ends.py", "exit"], workdir=root, image=minimal_image)
             assert "ENTRYPOINT" not in (plain.wait(60).reason or "ENTRYPOINT")

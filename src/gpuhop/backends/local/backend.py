@@ -353,12 +353,15 @@ class LocalBackend(LeaderBackend):
         each worker is told of its peers (TF_CONFIG, or Keras 3's distribution variables,
         by the job's mode: see kerasmode) once it has the ports of the job's private network.
         """
+        found: dict[str, bool] = {}
         try:
             prefix = self._probe_prefix(deps, jp) if probe is None else probe
             found = kerasmode.packages(python, prefix, attempt.spec.env.get("PYTHONPATH"))
             where = "on the host" if probe is None else "in the job's image"
             mode = kerasmode.decide(attempt.spec.env, lambda m: found.get(m, False), where)
         except kerasmode.KerasRefusal as e:
+            if probe is not None and not found:  # no answer: not known to lack tf-keras
+                raise StartError(podman.unanswered(self.containers, probe[-1])) from None
             raise StartError(str(e)) from None
         env.update({k: v for k, v in mode.env.items() if k not in attempt.spec.env})
         per = len(attempt.gpu_ids) // attempt.spec.workers

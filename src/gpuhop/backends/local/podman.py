@@ -24,6 +24,7 @@ from typing import Any
 
 from gpuhop.backends import jobdeps
 from gpuhop.backends.base import Attempt, StartError
+from gpuhop.backends.local import container
 from gpuhop.backends.local.jobfiles import VAR_TMP, own_files
 from gpuhop.backends.podman import PodmanSettings, find, missing, runtime
 from gpuhop.home import JobPaths
@@ -127,6 +128,27 @@ def probe_prefix(settings: PodmanSettings, image: str) -> tuple[str, ...]:
     for limit in ulimits():
         args += ["--ulimit", limit]
     return (*args, image)
+
+
+def unanswered(settings: PodmanSettings, image: str) -> str:
+    """Why a multi-worker job whose image's `python3` gave the Keras probe no answer
+    (`kerasmode.packages`) cannot start: not that the image lacks a Keras, which is not
+    known; where the image has an ENTRYPOINT, that the probe ran as its arguments, as the
+    job would."""
+    why = (
+        f"image {image}'s python3 did not say which Keras it has (the agent's log says what it"
+        " printed), so which Keras would run this multi-worker job is not known"
+    )
+    program = find(settings)
+    spec = {"podman": program, "runtime": runtime(settings), "image": image}
+    first = container.entrypoint(spec) if program is not None else None
+    if first:
+        why += (
+            f"; the image's ENTRYPOINT {json.dumps(first)} ran with `python3 -c ...` as its"
+            " arguments, as it would the job's command: unless it runs them as a command (a"
+            ' script that ends in exec "$@" does), no job of gpuhop\'s runs in this image'
+        )
+    return why
 
 
 def describe(
