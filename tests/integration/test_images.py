@@ -308,6 +308,7 @@ def test_an_image_whose_entrypoint_ate_the_command_is_said_so(
             ran = client.submit(["ends.py", "exit"], workdir=root, image=refs["exec"])
             info = ran.wait(60)
             assert info.exit_code == 3, info.reason  # the job's own code, run by the script
+            assert "ENTRYPOINT" not in (info.reason or "")  # the job's own failure, said so
             assert b"entrypoint ran\nready" in b"".join(ran.logs())
             eaten = client.submit(["ends.py", "exit"], workdir=root, image=refs["python"])
             info = eaten.wait(60)

@@ -20,8 +20,9 @@ no telling them apart from outside, so a status of 128+N, N a signal that ends a
 exits with a code below 129. 125, 126 and 127 are Podman's own: it could not run the
 container, the program, or find it (its message is in the log). The job's command goes after
 the image's ENTRYPOINT, if it has one (as `docker run` puts it): one that runs its arguments
-(NVIDIA's images' `exec "$@"`) runs the job; where a job in such an image fails, its reason
-says the ENTRYPOINT ran it, since one that does not (`["python3"]`) fails every job.
+(NVIDIA's images' `exec "$@"`) runs the job; where a job fails in an image whose ENTRYPOINT is
+an interpreter (`["python3"]`, which takes the command for its script and fails every job),
+its reason says so.
 
 GPUs are given through the Container Device Interface (`--device nvidia.com/gpu=N`, the
 NVIDIA container toolkit's names, which are NVML's indices): the job's
@@ -187,7 +188,7 @@ def outcome(spec: dict, result: dict, command: list | None = None) -> dict:
         result = {**result, "detail": f"exited with code {code}: {PODMAN_STATUS[code]}"}
     if code not in (0, 125) and command is not None:
         first = entrypoint(spec)
-        if first:
+        if first and eats_arguments(first):
             ran = " ".join(command)
             note = (
                 f"the image's ENTRYPOINT {json.dumps(first)} ran with the job's command as its"
@@ -210,6 +211,20 @@ def entrypoint(spec: dict) -> list | None:
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
     return found if isinstance(found, list) and found else None
+
+
+# Programs that take what follows them as their script or command, not as a command to run:
+# an ENTRYPOINT of one of these never runs the job's program as such.
+INTERPRETERS = ("python", "sh", "bash", "dash", "zsh", "ash")
+
+
+def eats_arguments(first: list) -> bool:
+    """Whether the ENTRYPOINT `first` is an interpreter that would read the job's command as
+    its script (["python3"], ["/bin/sh", "-c"]) rather than a script of the image's that runs
+    it (NVIDIA's /opt/nvidia/nvidia_entrypoint.sh, which ends in exec "$@"): a failure in an
+    image with one of those is the job's own, and says nothing of its ENTRYPOINT."""
+    name = os.path.basename(str(first[0]))
+    return name.startswith("python") or name in INTERPRETERS
 
 
 def signalled(result: dict) -> dict:
