@@ -193,6 +193,29 @@ def test_bytes_outputs_are_base64_in_both_formats(odd):
             400,
             f"Failed to convert version: {2**64 - 1} to numeric.",
         ),
+        # Numbers rapidjson finds too big for a double (before: 500s, with tracebacks)
+        (
+            "POST",
+            PATH,
+            b'{"inputs": [1' + b"0" * 400 + b"]}",
+            400,
+            "JSON Parse error: Number too big to be stored in double.",
+        ),
+        (
+            "POST",
+            PATH,
+            b'{"inputs": [1, -1' + b"0" * 5000 + b"]}",
+            400,
+            "JSON Parse error: Number too big to be stored in double. at offset: 15",
+        ),
+        # More dimensions than numpy takes (before: a 500, with a traceback)
+        (
+            "POST",
+            PATH,
+            b'{"inputs": ' + b"[" * 70 + b"1.0" + b"]" * 70 + b"}",
+            400,
+            "a value of 70 dimensions (lists in lists); gpuhop's model server takes at most 32",
+        ),
         # GetStatus of a model or version that is not there (get_model_status_impl.cc)
         ("GET", "/v1/models/half", b"", 404, "Could not find any versions of model half"),
         ("GET", "/v1/models/odd/versions/7", b"", 404, "Could not find version 7 of model odd"),

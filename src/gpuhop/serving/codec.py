@@ -18,6 +18,7 @@ here: the signature is plain numpy dtypes.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -137,6 +138,12 @@ def load_json(body: bytes) -> dict[str, Any]:
     except RecursionError:
         # rapidjson has no depth limit; Python's parser has one.
         raise invalid("JSON Parse error: the document is nested too deeply") from None
+    except ValueError:
+        # Python's limit on an integer's digits (4300): rapidjson finds such a number too
+        # big for a double, at the offset where it starts.
+        long = re.search(r"-?[0-9]{4301,}", text)
+        offset = len(text[: long.start()].encode()) if long else 0
+        raise invalid(f"{tensors.TOO_BIG} at offset: {offset}") from None
     if not isinstance(doc, dict):
         raise invalid(f"JSON Value: {debug(doc)} Is not object")
     return doc

@@ -32,6 +32,10 @@ STRING = np.dtype(object)
 BYTES_SUFFIX = "_bytes"
 # What TF Serving's JsonValueToDebugString keeps of a value in an error message.
 DEBUG_LIMIT = 256
+# The most dimensions a value may have: numpy 1.x's limit (2.x takes 64). TF Serving's
+# tensors take up to 254; a client error all the same, not the server's fault (a 500).
+MAX_RANK = 32
+TOO_BIG = "JSON Parse error: Number too big to be stored in double."
 _INDENT = "    "
 
 
@@ -67,7 +71,16 @@ def dense_shape(value: Any) -> tuple[int, ...]:
         if not value:
             break
         value = value[0]
+    _check_rank(tuple(shape))
     return tuple(shape)
+
+
+def _check_rank(shape: tuple[int, ...]) -> None:
+    if len(shape) > MAX_RANK:
+        raise invalid(
+            f"a value of {len(shape)} dimensions (lists in lists); gpuhop's model server"
+            f" takes at most {MAX_RANK}"
+        )
 
 
 def to_tensor(value: Any, dtype: np.dtype) -> np.ndarray:
@@ -117,6 +130,7 @@ def _leaves(value: Any, shape: tuple[int, ...], dtype: np.dtype) -> list[Any]:
 
 
 def array_of(values: list[Any], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    _check_rank(shape)
     if dtype == STRING:
         array = np.empty(len(values), dtype=object)
         array[:] = values
@@ -125,7 +139,12 @@ def array_of(values: list[Any], shape: tuple[int, ...], dtype: np.dtype) -> np.n
         # TF Serving holds these as int32 and narrows them, as TensorFlow does.
         return np.array(values, dtype=np.int64).astype(dtype).reshape(shape)
     with np.errstate(over="ignore", under="ignore"):  # out of a float's range: inf, 0
-        return np.array(values, dtype=dtype).reshape(shape)
+        try:
+            return np.array(values, dtype=dtype).reshape(shape)
+        except OverflowError:
+            # A whole number past a double's range, which rapidjson refuses as it parses
+            # it (TF Serving's words; where it was is not known here).
+            raise invalid(TOO_BIG) from None
 
 
 def _converter(dtype: np.dtype) -> Any:
