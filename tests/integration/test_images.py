@@ -319,6 +319,15 @@ def test_an_image_whose_entrypoint_ate_the_command_is_said_so(
             assert "python3 did not say which Keras it has" in why, why
             assert "tf-keras is not installed" not in why
             assert 'the image\'s ENTRYPOINT ["python3"] ran with `python3 -c ...`' in why
+            # Its requirements are installed by the image's pip, started the same way.
+            (root / "requirements.txt").write_text("six\n")
+            built = client.submit(
+                ["ends.py"], workdir=root, image=refs["python"], requirements=True
+            ).wait(60)
+            assert 'ENTRYPOINT ["python3"] ran with `python3 -m pip install' in (
+                built.reason or ""
+            ), built.reason
+            (root / "requirements.txt").unlink()
             # In an image without one, a failure is the job's exit code alone.
             plain = client.submit(["ends.py", "exit"], workdir=root, image=minimal_image)
             assert "ENTRYPOINT" not in (plain.wait(60).reason or "ENTRYPOINT")

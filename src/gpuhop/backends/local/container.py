@@ -86,6 +86,13 @@ def prepare(spec: dict, env_spec: dict | None) -> str | None:
         if not built:
             run = build_argv(spec, env_spec)
             why = envbuild.build_in_image(env_spec, run, ENV_TARGET, REQUIREMENTS_TARGET)
+            first = entrypoint(spec) if why is not None else None
+            if first and eats_arguments(first):  # pip never ran: not the requirements' fault
+                why += (
+                    f"; the image's ENTRYPOINT {json.dumps(first)} ran with `python3 -m pip"
+                    " install ...` as its arguments, as it would the job's command"
+                )
+                print(f"gpuhop: {why}", flush=True)
     if why is None:
         spec["mounts"].append({"source": env_spec["dir"], "target": ENV_TARGET, "readonly": True})
     return why
