@@ -8,9 +8,10 @@ smoothed, on a log scale, zoomed) gains points, with its GPU's load on its page;
 on the GPU page as the holder of the GPU by its name, and cancelled from its page. Without
 the login, nothing is shown. The job list shows commands, dates and ids, folds a sweep's runs
 under the sweep, and fits a phone. A sweep's page compares its runs by epoch, marks the best,
-sorts, and cancels the sweep. A SavedModel directory downloads as one zip. A GPU quarantined
-for a fault says why on the GPU page. Screenshots of the job, list and sweep pages at desktop
-(1280 px) and phone (390 px) widths are kept in test-output/.
+sorts, and cancels the sweep. A SavedModel directory downloads as one zip, a file with a
+line break in its name as any other. A GPU quarantined for a fault says why on the GPU page.
+Screenshots of the job, list and sweep pages at desktop (1280 px) and phone (390 px) widths
+are kept in test-output/.
 """
 
 from __future__ import annotations
@@ -325,6 +326,7 @@ model = artifacts_dir() / "export" / "model"  # as model.export(path) lays one o
 (model / "variables" / "variables.index").write_bytes(b"index")
 (model / "variables" / "variables.data-00000-of-00001").write_bytes(os.urandom(100_000))
 (artifacts_dir() / "notes.txt").write_text("top level")
+(artifacts_dir() / "two\\nlines.txt").write_text("a name with a line break")
 """
 
 
@@ -396,6 +398,11 @@ def test_the_job_list_folds_a_sweep_and_fits_a_phone(
         ]
         assert zf.read("saved_model.pb") == b"graph" * 1000
         assert zf.testzip() is None
+    # A file whose name has a line break downloads as any other (the proxy's route took
+    # none: "Not Found").
+    with page.expect_download() as download:
+        page.locator("#artifacts a", has_text="lines.txt").click()
+    assert Path(download.value.path()).read_text() == "a name with a line break"
     with page.expect_download() as download:
         page.click("#artifacts-zip")
     with zipfile.ZipFile(download.value.path()) as zf:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.requests import Request, cookie_parser
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -57,6 +58,17 @@ DROPPED_RESPONSE_HEADERS = frozenset(
 )
 
 
+class AnyPath(PathConvertor):
+    """Any path, line breaks too: Starlette's `path` matches none (its pattern is ".*"), and
+    the link to a job's artifact named "a\nb.txt" answered "Not Found" here, before the
+    agent (whose own routes take its `anypath`: gpuhop.agent.services.outputs) saw it."""
+
+    regex = r"[\s\S]*"
+
+
+register_url_convertor("anypath", AnyPath())
+
+
 class Dashboard:
     """The dashboard of `session`'s agent at http://127.0.0.1:`port`/ui/ (0: any free
     port), until `close()`. Open `login_url()` in a browser to log in."""
@@ -81,7 +93,7 @@ class Dashboard:
         self._cookie = f"{AGENT_COOKIE}_{self.port}"
         self._http: httpx.AsyncClient | None = None
         app = Starlette(
-            routes=[Route("/{path:path}", self._forward, methods=["GET", "HEAD", "POST"])],
+            routes=[Route("/{path:anypath}", self._forward, methods=["GET", "HEAD", "POST"])],
             lifespan=self._lifespan,
         )
         import uvicorn
