@@ -9,7 +9,8 @@ on the GPU page as the holder of the GPU by its name, and cancelled from its pag
 the login, nothing is shown. The job list shows commands, dates and ids, folds a sweep's runs
 under the sweep, and fits a phone. A sweep's page compares its runs by epoch, marks the best,
 sorts, and cancels the sweep. A SavedModel directory downloads as one zip, a file with a
-line break in its name as any other. A GPU quarantined for a fault says why on the GPU page.
+line break in its name as any other. A long metric name wraps on a phone. A GPU quarantined
+for a fault says why on the GPU page.
 Screenshots of the job, list and sweep pages at desktop (1280 px) and phone (390 px) widths
 are kept in test-output/.
 """
@@ -468,6 +469,32 @@ def test_a_sweeps_page_compares_its_runs_and_cancels_the_sweep(
     expect(page.locator("#cancel-sweep")).to_be_hidden()
     assert not errors, errors
     context.close()
+
+
+def test_a_long_metric_name_wraps_on_a_phone(dashboard, browser, project):
+    # A multi-output model's metric names run long, with no space to break at: its chart's
+    # title pushed the job page out sideways (3,000 px wide for a phone's 390).
+    agent, _, _ = dashboard
+    name = "output_digits_sparse_categorical_crossentropy_with_label_smoothing"
+    job_py = (
+        "from gpuhop.runtime import log_metrics\n"
+        "for epoch in (1, 2):\n"
+        f"    log_metrics(epoch=epoch, {name}=1 / epoch, val_{name}=2 / epoch)\n"
+    )
+    with agent.client() as client:
+        job = client.submit(["job.py"], workdir=project({"job.py": job_py}), name="long")
+        assert job.wait(timeout=60).state.value == "succeeded"
+    context, page, errors = signed_in(browser, dashboard, PHONE)
+    try:
+        page.click(f'tr[data-job="{job.id}"] a.jobid')
+        chart = page.locator(f'[data-metric="{name}"]')
+        sync_api.expect(chart).to_have_attribute("data-points", "4")
+        sync_api.expect(chart.locator(".legend")).to_contain_text(f"val_{name}")
+        assert fits(page, "#charts, .chart figcaption, .chart .legend")
+        assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+        assert errors == []
+    finally:
+        context.close()
 
 
 # Last but one: the GPU stays quarantined for the rest of the module.
