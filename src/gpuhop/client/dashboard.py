@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 from starlette.background import BackgroundTask
-from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.requests import Request, cookie_parser
 from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+import gpuhop.api.routing  # noqa: F401 (registers {path:anypath}, which the proxy's route takes)
 from gpuhop.client.errors import GpuhopError
 from gpuhop.client.session import Session
 from gpuhop.client.tokens import login_code
@@ -56,17 +56,6 @@ REQUEST_HEADERS = frozenset(
 DROPPED_RESPONSE_HEADERS = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "date", "server"}
 )
-
-
-class AnyPath(PathConvertor):
-    """Any path, line breaks too: Starlette's `path` matches none (its pattern is ".*"), and
-    the link to a job's artifact named "a\nb.txt" answered "Not Found" here, before the
-    agent (whose own routes take its `anypath`: gpuhop.agent.services.outputs) saw it."""
-
-    regex = r"[\s\S]*"
-
-
-register_url_convertor("anypath", AnyPath())
 
 
 class Dashboard:

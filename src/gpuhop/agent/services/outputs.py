@@ -10,8 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import quote_from_bytes, unquote_to_bytes
 
-from starlette.convertors import PathConvertor, register_url_convertor
-
+import gpuhop.api.routing  # noqa: F401 (registers {path:anypath}, which the job file routes take)
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.errors import ApiError, not_found
@@ -33,17 +32,6 @@ METRICS_READ = 4 * 1024 * 1024
 MAX_OFFSET = 2**40
 
 log = logging.getLogger("gpuhop.agent")
-
-
-class AnyPath(PathConvertor):
-    """A route's file path with any bytes a file name may hold: Starlette's `path` matches
-    no line break (its pattern is ".*"), and a job's artifact named "a\nb.txt" answered
-    "no such route". Routes that name a job's file take `{path:anypath}`."""
-
-    regex = r"[\s\S]*"
-
-
-register_url_convertor("anypath", AnyPath())
 
 
 def check_not_pruned(rt: AgentContext, job: JobRecord) -> None:
