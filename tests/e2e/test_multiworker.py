@@ -24,7 +24,10 @@ host, port = config["cluster"]["worker"][me].split(":")
 server = socket.socket()
 server.bind(("0.0.0.0", int(port)))  # as TensorFlow's gRPC server does
 server.listen()
-open(f"{sys.argv[1]}/port-{me}", "w").write(port)
+inode = os.fstat(server.fileno()).st_ino
+rows = [row for t in ("tcp", "tcp6") for row in open(f"/proc/net/{t}").readlines()[1:]]
+seen = any(row.split()[9] == str(inode) for row in rows)
+open(f"{sys.argv[1]}/socket-{me}", "w").write(f"{inode} {seen}")
 peer = config["cluster"]["worker"][1 - me].split(":")
 while True:
     try:
@@ -38,14 +41,16 @@ while not os.path.exists(f"{sys.argv[1]}/release"):
 """
 
 
-def listening_ports() -> set[int]:
-    ports = set()
+def listening_sockets() -> set[str]:
+    """The inodes of the sockets listening in this (the host's) network namespace: by
+    inode, not port, since another program on the host may listen on the same number."""
+    inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
             if fields[3] == "0A":  # LISTEN
-                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return ports
+                inodes.add(fields[9])
+    return inodes
 
 
 def _reached_its_peer(job: Job, worker: int) -> bool:
@@ -60,9 +65,11 @@ def test_workers_reach_each_other_on_a_network_no_other_host_can_reach(
         job = client.submit(["listener.py", str(tmp_path)], workdir=root, workers=2)
         for i in (1, 0):  # each look a request the agent answers: ten a second, not fifty
             wait_until(partial(_reached_its_peer, job, i), timeout=60, interval=0.1)
-        ports = {int((tmp_path / f"port-{i}").read_text()) for i in (0, 1)}
-        # Both workers listen on every interface of their network, yet the host sees none.
-        assert not ports & listening_ports()
+        sockets = [(tmp_path / f"socket-{i}").read_text().split() for i in (0, 1)]
+        # Both workers listen on every interface of their network and see their socket
+        # in its table, yet the host's table has neither.
+        assert [seen for _, seen in sockets] == ["True", "True"]
+        assert not {inode for inode, _ in sockets} & listening_sockets()
         (tmp_path / "release").touch()
         info = job.wait(timeout=60)
         log = b"".join(job.logs()).decode()
