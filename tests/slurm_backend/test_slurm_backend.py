@@ -142,6 +142,25 @@ def test_jobs_that_do_not_fit_the_partition_are_refused_with_the_reason(slurm_ag
     assert "the largest node of the Slurm partition has 2" in out.stderr
 
 
+def test_a_job_slurm_refuses_fails_saying_so_with_no_duration(slurm_agent, slurm_cluster, tmp_path):
+    # A drained partition takes no new job: sbatch refuses it, and the job never ran. Its
+    # reason said "... after 0.0s", a duration it never had.
+    work = _script(tmp_path, "gpus.py", SHOW_GPUS)
+    slurm_cluster.run("scontrol", "update", "partitionname=debug", "state=drain")
+    try:
+        job_id = _submit(slurm_agent, work, "gpus.py")
+        info = wait_until(
+            lambda: (i := _info(slurm_agent, job_id))["state"] not in ("queued", "starting") and i,
+            timeout=60,
+        )
+    finally:
+        slurm_cluster.run("scontrol", "update", "partitionname=debug", "state=up")
+    assert (info["state"], info["started_at"]) == ("failed", None), info
+    reason = info["reason"]
+    assert reason.startswith("could not start: Slurm refused the job: "), reason
+    assert "after" not in reason and reason.endswith("(inactive or drain)"), reason
+
+
 def test_a_job_whose_node_fails_is_lost_and_not_run_again(slurm_agent, slurm_cluster, tmp_path):
     hold = tmp_path / "hold"
     hold.touch()

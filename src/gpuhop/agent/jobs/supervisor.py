@@ -300,23 +300,26 @@ class Supervisor:
         if job.started_at is None and job.pid is not None:
             # Ended before promote() saw the cluster run it (or never ran: then no time).
             job = dataclasses.replace(job, started_at=self.backend.running_since(jp, now))
-        elapsed = describe_duration(now - (job.started_at or now))
+        # How long it ran, " after 2.5s"; none for an attempt the cluster never ran (Slurm's
+        # pending job, Ray's unplaced one, one its leader could not submit), not "after 0.0s".
+        after = (
+            "" if job.started_at is None else f" after {describe_duration(now - job.started_at)}"
+        )
+        ran = after or " before it started"  # where the words alone do not say it never ran
         exit_code, sig = end.exit_code, end.signal
         stopped = _read_json(jp.root / STOPPED)
         hint = ""  # what a failed job's log says to do (endings.hint_note)
         if job.cancel_requested:
             state = JobState.cancelled
             how = " (killed after the grace period)" if job_id in self._killed_after_grace else ""
-            # One the cluster still held (Slurm's pending job, Ray's unplaced one) never ran.
-            ran = f"after {elapsed}" if job.started_at is not None else "before it started"
-            reason = f"cancelled {ran}{how}"
+            reason = f"cancelled{ran}{how}"
         elif stopped is not None:
             state = JobState(stopped.get("state", JobState.failed.value))
-            reason = f"{stopped.get('reason', 'stopped by the agent')} after {elapsed}"
+            reason = f"{stopped.get('reason', 'stopped by the agent')}{ran}"
         elif not end.recorded and end.leader_returncode is not None and disk_note(jp.root, jp.log):
             # The leader ended (it is our child) but could not write the status on a full disk.
             state = JobState.failed
-            reason = f"ended after {elapsed}; its exit status could not be written"
+            reason = f"ended{after}; its exit status could not be written"
         elif not end.recorded:
             state = JobState.lost
             code = end.leader_returncode
@@ -327,16 +330,17 @@ class Supervisor:
             how = describe_signal(sig)
             if end.oom_killed:
                 how = f"killed by the kernel's OOM killer (out of host memory, signal {sig})"
-            reason = f"{how} after {elapsed}"
+            reason = f"{how}{after}"
         elif exit_code == 0:
             state = JobState.succeeded
-            reason = f"exited with code 0 after {elapsed}"
+            reason = f"exited with code 0{after}"
         else:
             state = JobState.failed
             hint = hint_note(jp.log)
-            reason = f"exited with code {exit_code} after {elapsed}{hint}"
+            reason = f"exited with code {exit_code}{after}{hint}"
         if end.detail:  # a gang's first failed worker, say: its hint as a single job's
-            reason = f"{end.detail} after {elapsed}{hint}"
+            # A leader's words for an attempt that never ran say so ("could not start: ...").
+            reason = f"{end.detail}{after}{hint}"
         if state in (JobState.failed, JobState.lost) and stopped is None:
             reason += disk_note(jp.root, jp.log)
         self._killed_after_grace.discard(job_id)
