@@ -10,9 +10,10 @@ from gpuhop.agent.duties.idlegpus import _watched
 from gpuhop.agent.host.gpuhistory import GpuHistory, sample_every
 from gpuhop.agent.host.health import describe
 from gpuhop.agent.host.quarantine import QuarantineStore
-from gpuhop.agent.jobs.placement import plan
+from gpuhop.agent.jobs.placement import Pending, plan
 from gpuhop.agent.jobs.records import NOTEBOOK_SERVER
 from gpuhop.agent.jobs.store import JobRecord
+from gpuhop.agent.jobs.waits import said
 from gpuhop.api import GpuInfo, JobState
 from gpuhop.api.spec import JobSpec
 from gpuhop.backends.base import Fault, Usage
@@ -71,6 +72,21 @@ def test_the_scheduler_gives_a_gpu_out_of_service_to_no_job():
         "two": "GPU(s) 1 quarantined for a hardware fault; it needs them back"
         " (gpuhop gpus --release N)"
     }
+
+
+def test_a_share_of_the_only_gpu_waits_naming_its_quarantine_as_a_whole_gpu_job_does():
+    # As the agent queues them: a share's spec is settled to one GPU.
+    for spec in (JobSpec(gpus=1), JobSpec(gpu_memory_mb=1024).settled()):
+        job = Pending("j", 1.0, spec)
+        waiting: dict[str, str] = {}
+        placed = plan([job], {0: 8192}, waiting=waiting, out_of_service=[0])
+        assert placed == [], spec
+        assert waiting == {
+            "j": "GPU(s) 0 quarantined for a hardware fault; it needs them back"
+            " (gpuhop gpus --release N)"
+        }, spec
+        # A job that waits on the quarantine has no place in line said over it.
+        assert said([job], placed, [], {0: 8192}, waiting) == {}, spec
 
 
 def test_idle_since_is_the_start_of_the_last_run_of_zero_readings():
