@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpuhop.client.transport.tls import fetch_certificate
+from tests.certs import expired_certificate, tls_server
 from tests.conftest import Agent, wait_until
 from tests.team import team_tokens
 
@@ -232,75 +233,34 @@ def test_a_gpu_another_users_job_holds_is_shown_taken_not_free(make_agent, tmp_p
         alice("cancel", job_id, "--grace", "0")
 
 
-def expired_certificate(root: Path) -> tuple[Path, Path]:
-    """A self-signed certificate for 127.0.0.1 that expired yesterday, and its key."""
-    import datetime
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "an agent's expired cert")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=90))
-        .not_valid_after(now - datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    (root / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (root / "key.pem").write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return root / "cert.pem", root / "key.pem"
-
-
-def test_an_expired_certificate_is_named_as_expired_not_as_another_one(make_agent, tmp_path):
-    """An agent serving a certificate past its end (a --tls-cert not renewed): `remote add`
-    refuses to pin it, and a remote pinned to it before it expired says so. Both once said
-    nothing of it: the pin was stored, then every command said the certificate did not
-    match the pinned fingerprint, the same one shown twice, and to pin it again."""
+def test_an_expired_certificate_is_named_as_expired_not_as_another_one(tmp_path):
+    """A server presenting a certificate past its end (an agent's that expired while it
+    ran; an agent refuses to start with one): `remote add` refuses to pin it, and a remote
+    pinned to it before it expired says so. Both once said nothing of it: the pin was
+    stored, then every command said the certificate did not match the pinned fingerprint,
+    the same one shown twice, and to pin it again."""
     from gpuhop.api import fingerprint_of
 
     cert, key = expired_certificate(tmp_path)
-    team = make_agent(
-        args=("--listen", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key))
-    )
-    token = team.cli("agent", "token", "create", "alice").stdout.strip()
-    url = team.listener.url
-    pem, fingerprint = fetch_certificate(url)
-    assert fingerprint == fingerprint_of(cert.read_text())
-    alice = as_user(team, tmp_path, "alice")
-    refused = alice("remote", "add", "team", url, "--fingerprint", fingerprint,
-                    GPUHOP_TOKEN=token)  # fmt: skip
-    assert refused.returncode != 0
-    assert "no connection would accept" in refused.stderr and "expired on" in refused.stderr
-    assert not (tmp_path / "alice" / "config" / "remotes.json").exists()
-
-    # Pinned while it was valid (written as `remote add` writes it), refused once expired.
+    user = Agent(tmp_path / "home", tmp_path / "cache", None)  # only its CLI: no agent runs
     config = tmp_path / "alice" / "config"
-    config.mkdir(parents=True)
-    team_remote = {"name": "team", "url": url, "fingerprint": fingerprint, "certificate": pem,
-                   "token": token}  # fmt: skip
-    (config / "remotes.json").write_text(
-        json.dumps({"default": "team", "remotes": {"team": team_remote}})
-    )
-    failed = alice("ps")
-    assert failed.returncode != 0
-    assert "presents its pinned certificate" in failed.stderr, failed.stderr
-    assert "expired on" in failed.stderr and "does not match" not in failed.stderr
+    env = {**user.env, "GPUHOP_CONFIG_DIR": str(config), "GPUHOP_TOKEN": "gpuhop_alice"}
+    with tls_server(cert, key) as url:
+        pem, fingerprint = fetch_certificate(url)
+        assert fingerprint == fingerprint_of(cert.read_text())
+        refused = user.cli("remote", "add", "team", url, "--fingerprint", fingerprint, env=env)
+        assert refused.returncode != 0
+        assert "no connection would accept" in refused.stderr and "expired on" in refused.stderr
+        assert not (config / "remotes.json").exists()
+
+        # Pinned while it was valid (written as `remote add` writes it), refused once expired.
+        config.mkdir(parents=True)
+        team_remote = {"name": "team", "url": url, "fingerprint": fingerprint, "certificate": pem,
+                       "token": "gpuhop_alice"}  # fmt: skip
+        (config / "remotes.json").write_text(
+            json.dumps({"default": "team", "remotes": {"team": team_remote}})
+        )
+        failed = user.cli("ps", env=env)
+        assert failed.returncode != 0
+        assert "presents its pinned certificate" in failed.stderr, failed.stderr
+        assert "expired on" in failed.stderr and "does not match" not in failed.stderr

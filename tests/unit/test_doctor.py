@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import replace
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from gpuhop.agent.services.bucketcreds import BucketFacts, usual_config
 from gpuhop.agent.services.bucketcreds import check as bucket_check
 from gpuhop.agent.services.doctor import Facts, evaluate
+from gpuhop.agent.services.hostchecks import TlsFacts, tls_certificate
 from gpuhop.api import CheckStatus, DoctorCheck, GpuInfo
 from gpuhop.backends.ray.backend import SAME_USER_NODE
 from gpuhop.cli.doctor import exit_code
@@ -404,3 +406,40 @@ def test_bucket_credentials_are_the_users_secrets_or_their_usual_aws_configurati
     assert half.detail.startswith(
         "none: you have no secret named AWS_SECRET_ACCESS_KEY (only AWS_ACCESS_KEY_ID), and"
     )
+
+
+def test_the_listeners_certificate_is_judged_by_its_end_with_how_to_renew_it():
+    """Checked only with a TLS listener; a warning two weeks before its end, a failure after
+    (an agent that ran past it: clients refuse it), each fix for whose certificate it is."""
+    assert "TLS certificate" not in {c.name for c in evaluate(GPU_HOST)}
+    now = datetime.datetime(2026, 12, 3, 12, 0, tzinfo=datetime.UTC)
+    given = TlsFacts("SHA256:AB", now + datetime.timedelta(days=90), None, now)
+    own = replace(given, own="/srv/gpuhop/tls/cert.pem")
+    checks = evaluate(replace(GPU_HOST, tls=given))
+    [passed] = [c for c in checks if c.name == "TLS certificate"]
+    assert (passed.status, passed.detail) == (
+        CheckStatus.passed,
+        "the listener's certificate (SHA256:AB) expires on 2027-03-03 12:00 UTC, in 90 days",
+    )
+    soon = tls_certificate(replace(given, expires=now + datetime.timedelta(days=14)))
+    assert soon.status == CheckStatus.warning
+    assert soon.detail.endswith("expires on 2026-12-17 12:00 UTC, in 14 day(s): clients refuse"
+                                " it from then on")  # fmt: skip
+    assert soon.fix and soon.fix.startswith("renew it and restart the agent with the new --tls")
+    hours = tls_certificate(replace(own, expires=now + datetime.timedelta(hours=3)))
+    assert hours.status == CheckStatus.warning and "in 3 hour(s)" in hours.detail
+    # Its own: not renewed by the agent while valid (every pin would break); the fix says how.
+    assert hours.fix and hours.fix.startswith(
+        "stop the agent, remove /srv/gpuhop/tls/cert.pem and the key beside it, and start it"
+    )
+    assert "--replace --fingerprint NEW" in hours.fix
+    gone = tls_certificate(replace(own, expires=now - datetime.timedelta(minutes=1)))
+    assert gone.status == CheckStatus.failed
+    assert gone.detail == (
+        "the listener's certificate (SHA256:AB) expired on 2026-12-03 11:59 UTC: every client"
+        " refuses it"
+    )
+    assert gone.fix and gone.fix.startswith("restart the agent: it makes a new certificate")
+    given_gone = tls_certificate(replace(given, expires=now))
+    assert given_gone.status == CheckStatus.failed
+    assert given_gone.fix and given_gone.fix.startswith("renew it and restart the agent")

@@ -80,11 +80,17 @@ def main() -> int:
         parser.error("--ray-address, --ray-token-file, --ray-allow-no-auth go with --backend ray")
     elif args.partition or args.account or args.qos:
         parser.error("--partition, --account and --qos go with --backend slurm")
-    code = 0
     try:
         listen = None
         if args.listen is not None:
             listen = parse_listen(args.listen, not args.no_tls, args.tls_cert, args.tls_key)
+    except AgentError as e:
+        # A listen request that cannot be served (a bad address, an expired certificate) is
+        # an error in the arguments, as argparse's are: exit 2, before anything starts.
+        print(f"gpuhop agent: {e}", file=sys.stderr)
+        return _exited(2)
+    code = 0
+    try:
         serve(
             AgentPaths(args.home or default_home()),
             fake_gpus=args.fake_gpus,
@@ -100,6 +106,10 @@ def main() -> int:
     except Exception:
         traceback.print_exc()
         code = 1
+    return _exited(code)
+
+
+def _exited(code: int) -> int:
     # With its pid: a client starting an agent just after another stopped tells this one's
     # exit from the other's, whose line may come after the lock is free (gpuhop.client.embedded).
     print(f"{EXIT_MARK.decode()} with code {code} (pid {os.getpid()})", file=sys.stderr, flush=True)

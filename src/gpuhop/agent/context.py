@@ -44,6 +44,8 @@ from gpuhop.backends.podman import PodmanSettings
 from gpuhop.home import AgentPaths
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from gpuhop.backends.base import Backend
 
 
@@ -106,6 +108,9 @@ class AgentContext:
         self.uses = UseLock()
         # The TCP listener, when the daemon opened one.
         self.listener: ListenerInfo | None = None
+        # The agent's own self-signed certificate's file, when the listener serves it (not
+        # --tls-cert's): what renewing it means differs (see hostchecks.tls_certificate).
+        self.own_certificate: Path | None = None
         # Queued jobs' buckets' data, fetched while they wait (see gpuhop.agent.jobs.fetches).
         self.objects = ObjectCache(paths.home / "objects", paths.home / "objects.db", self.blobs)
         self.fetches = Fetches(

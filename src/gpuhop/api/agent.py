@@ -88,6 +88,8 @@ class ListenerInfo(WireModel):
     tls: bool
     fingerprint: str | None = None
     """SHA-256 of the certificate it presents, as `SHA256:AB:CD:...`; None without TLS."""
+    expires: datetime | None = None
+    """When that certificate expires (UTC); None without TLS."""
 
 
 class AgentInfo(WireModel):

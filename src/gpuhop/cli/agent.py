@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import typer
@@ -212,7 +213,23 @@ def _say_listener(paths: AgentPaths) -> None:
         fail(f"the agent did not report its TCP listener; see {paths.logfile}")
     typer.echo(f"listening on {info.url}")
     if info.fingerprint:
-        typer.echo(f"certificate fingerprint {info.fingerprint}")
+        typer.echo(f"certificate fingerprint {info.fingerprint}{_expiry(info.expires)}")
+
+
+def _expiry(expires: datetime | None) -> str:
+    """What follows a certificate's fingerprint: ", expires DATE UTC", and how soon where
+    that is within the two weeks `gpuhop doctor` warns of (it and the agent's log then say
+    how to renew it)."""
+    if expires is None:
+        return ""
+    left = expires - datetime.now(UTC)
+    soon = ""
+    if left <= timedelta(0):
+        soon = " (expired: clients refuse it; see `gpuhop doctor`)"
+    elif left <= timedelta(days=14):
+        days = f"{left.days} day(s)" if left.days else "under a day"
+        soon = f" (in {days}: renew it; see `gpuhop doctor`)"
+    return f", expires {expires.astimezone(UTC):%Y-%m-%d %H:%M} UTC{soon}"
 
 
 @app.command("stop")
@@ -257,7 +274,11 @@ def status(
     typer.echo(f"agent {info.version}, pid {info.pid}, state dir {info.home}")
     typer.echo(f"socket {paths.socket} (mode {oct(os.stat(paths.socket).st_mode & 0o777)})")
     if info.listener is not None:
-        tls = f"TLS, certificate {info.listener.fingerprint}" if info.listener.tls else "no TLS"
+        tls = (
+            f"TLS, certificate {info.listener.fingerprint}{_expiry(info.listener.expires)}"
+            if info.listener.tls
+            else "no TLS"
+        )
         typer.echo(f"listening on {info.listener.url} ({tls})")
     if info.backend == "slurm":
         typer.echo("backend: slurm, jobs run as Slurm jobs of the agent's user")

@@ -1,5 +1,5 @@
 """Runs in the agent: its periodic duties (garbage collection, the log cap, time limits, GPU
-sampling, GPU health, the idle guard), and the loop that runs them.
+sampling, GPU health, the idle guard, the TLS certificate's end), and the loop that runs them.
 
 Each duty is a small object with an interval and one `run()` (SkyPilot's `SkyletEvent`);
 `run()` runs in a worker thread, so a slow walk of the disk never holds up a request, and
@@ -17,9 +17,9 @@ from typing import Protocol
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.duties import gpuhealth
 from gpuhop.agent.duties.idlegpus import IdleGpus
-from gpuhop.agent.services import gc
+from gpuhop.agent.services import doctor, gc, hostchecks
 from gpuhop.agent.storage.usage import format_bytes
-from gpuhop.api import EndClass, JobState, format_seconds
+from gpuhop.api import CheckStatus, EndClass, JobState, format_seconds
 
 log = logging.getLogger("gpuhop.agent.duties")
 
@@ -135,6 +135,25 @@ class WatchGpuHealth:
         gpuhealth.watch(self.rt)
 
 
+class CertificateExpiry:
+    """Warns in the agent's log, at start and daily, while the TLS listener's certificate
+    expires within two weeks or has expired (an agent runs for months; the certificate it
+    loaded at start does not renew itself), saying how to renew it."""
+
+    interval = 24 * 3600.0
+
+    def __init__(self, rt: AgentContext):
+        self.rt = rt
+
+    def run(self) -> None:
+        facts = doctor.tls_facts(self.rt)
+        if facts is None:
+            return
+        check = hostchecks.tls_certificate(facts)
+        if check.status != CheckStatus.passed:
+            log.warning("%s; %s", check.detail, check.fix)
+
+
 def duties(rt: AgentContext) -> list[Duty]:
     out: list[Duty] = [SampleGpus(rt), WatchGpuHealth(rt)] if rt.gpus else []
     if rt.gpus and rt.policy.idle_gpu_minutes is not None:
@@ -146,6 +165,8 @@ def duties(rt: AgentContext) -> list[Duty]:
         out.append(Collect(rt))
     if rt.policy.log_cap is not None:
         out.append(LogCap(rt, rt.policy.log_cap))
+    if rt.listener is not None and rt.listener.tls:
+        out.append(CertificateExpiry(rt))
     return out
 
 

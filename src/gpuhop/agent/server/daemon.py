@@ -110,25 +110,27 @@ def _serve_locked(
         )
     except ValueError as e:
         raise AgentError(str(e)) from None
+    # Before the backend opens: a certificate that cannot be served stops the agent with
+    # nothing started (nor the backend remembered).
+    served = listen_mod.certificate(paths, listen) if listen is not None and listen.tls else None
     # Before any listener exists: a cluster that cannot be used stops the agent here.
     job_backend = open_backend(where, paths, sys.executable, gpu_host, policy)
     remember(paths.home, where)
     tcp: socket.socket | None = None
     listener = None
     cert_files: dict[str, Any] = {}
+    if served is not None:
+        cert_files = {"ssl_certfile": str(served.cert), "ssl_keyfile": str(served.key)}
     if listen is not None:
-        fingerprint = None
-        if listen.tls:
-            cert, key, fingerprint = listen_mod.certificate(paths, listen)
-            cert_files = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
         tcp = listen_mod.bind(listen)
-        listener = listen_mod.listener_info(tcp, listen, fingerprint)
+        listener = listen_mod.listener_info(tcp, listen, served)
         # Written before the Unix socket exists: whoever waits for the socket to answer
         # (`gpuhop agent start`) finds the actual address and fingerprint here.
         listen_mod.write_listen_file(paths, listener)
     ctx = AgentContext(paths, job_backend, policy)
     try:
         ctx.listener = listener
+        ctx.own_certificate = served.cert if served is not None and served.own else None
         _serve_context(ctx, paths, tcp, listener, cert_files, fd_limit)
     finally:
         ctx.close()

@@ -4,6 +4,14 @@ Off by default. `--listen HOST:PORT` opens it, TLS-only unless the host is a loo
 address and `--no-tls` was given. Without `--tls-cert/--tls-key` the agent makes its own
 self-signed certificate on first start (EC P-256, in `tls/` of the state dir, key 0600) and
 reuses it later, so the fingerprint clients pinned stays valid across restarts.
+
+A certificate is checked before anything starts (`check_pair`): one that expired, is not
+valid yet, or whose key is not its own stops the agent, saying which. One that expires
+within two weeks is served, with a warning in the agent's log at start and daily after
+(`duties.runner.CertificateExpiry`; `gpuhop doctor` says it too). The agent's own
+certificate is not renewed while it is valid, since that would break every client's pin;
+its warning says how to renew it. Once it has expired, no pin of it works any more, so the
+next start makes a new one, logs both fingerprints, and prints the new one to pin.
 """
 
 from __future__ import annotations
@@ -11,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import ipaddress
+import logging
 import os
 import socket
 import ssl
@@ -69,6 +78,9 @@ def parse_listen(
     for path in (cert, key):
         if path is not None and not path.is_file():
             raise AgentError(f"no such file: {path}")
+    if cert is not None and key is not None:
+        # Here, not only when serving: `gpuhop agent start` refuses before starting anything.
+        check_pair(cert, key)
     return ListenSpec(
         host,
         int(port_text),
@@ -123,12 +135,27 @@ def bind(spec: ListenSpec) -> socket.socket:
     return sock
 
 
-def certificate(paths: AgentPaths, spec: ListenSpec) -> tuple[Path, Path, str]:
-    """The certificate and key the listener serves with (checked), and the fingerprint."""
+@dataclass(frozen=True)
+class ServedCertificate:
+    """The certificate the listener serves: its files, fingerprint and dates."""
+
+    cert: Path
+    key: Path
+    fingerprint: str
+    expires: datetime.datetime
+    own: bool  # the agent's self-signed one (in its state dir), not --tls-cert's
+
+
+def certificate(paths: AgentPaths, spec: ListenSpec) -> ServedCertificate:
+    """The certificate and key the listener serves with, checked (see `check_pair`)."""
     if spec.cert is not None and spec.key is not None:
         cert, key = spec.cert, spec.key
+        expires = check_pair(cert, key)
+        own = False
     else:
         cert, key = ensure_certificate(paths, spec.host)
+        expires = check_pair(cert, key, own=True)
+        own = True
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     try:
         context.load_cert_chain(cert, key)
@@ -138,20 +165,110 @@ def certificate(paths: AgentPaths, spec: ListenSpec) -> tuple[Path, Path, str]:
         fingerprint = fingerprint_of(cert.read_text())
     except (OSError, ValueError) as e:
         raise AgentError(f"cannot read the certificate {cert}: {e}") from None
-    return cert, key, fingerprint
+    return ServedCertificate(cert, key, fingerprint, expires, own)
+
+
+def check_pair(
+    cert: Path, key: Path, now: datetime.datetime | None = None, own: bool = False
+) -> datetime.datetime:
+    """Check that `cert` holds a certificate valid `now` and `key` its private key; returns
+    when the certificate expires. Raises AgentError saying which is wrong and what to do.
+    `own`: the agent's own certificate, whose advice differs (it is made, not given)."""
+    from cryptography import x509
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        loaded = x509.load_pem_x509_certificate(cert.read_bytes())
+    except OSError as e:
+        raise AgentError(f"cannot read the certificate {cert}: {e.strerror}") from None
+    except ValueError:
+        raise AgentError(
+            f"{cert} is not a PEM certificate (-----BEGIN CERTIFICATE-----): give --tls-cert"
+            " the server's certificate, and its chain after it if it has one"
+        ) from None
+    try:
+        private = serialization.load_pem_private_key(key.read_bytes(), password=None)
+    except OSError as e:
+        raise AgentError(f"cannot read the key {key}: {e.strerror}") from None
+    except TypeError:
+        raise AgentError(
+            f"the key {key} is encrypted, and the agent cannot ask for its passphrase: give"
+            " --tls-key an unencrypted copy (e.g. `openssl pkey -in KEY -out KEY.plain`),"
+            " readable by the agent's user only"
+        ) from None
+    except (ValueError, UnsupportedAlgorithm):
+        raise AgentError(
+            f"{key} is not a PEM private key (-----BEGIN PRIVATE KEY-----): give --tls-key"
+            " the key the certificate was issued for"
+        ) from None
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    if private.public_key().public_bytes(*spki) != loaded.public_key().public_bytes(*spki):
+        raise AgentError(
+            f"the key {key} does not match the certificate {cert}: it is another key than"
+            " the one the certificate was issued for; give the pair's own key"
+        )
+    now = now or datetime.datetime.now(datetime.UTC)
+    if now >= loaded.not_valid_after_utc:
+        raise AgentError(
+            f"the certificate {cert} expired on {_date(loaded.not_valid_after_utc)}: clients"
+            " refuse it; renew it and start the agent with the new one (if it has not"
+            " expired, this host's clock is wrong)"
+        )
+    if now < loaded.not_valid_before_utc:
+        fix = (
+            f"or remove {cert} and {key} to make a new certificate (clients then pin it again)"
+            if own
+            else "or wait until then"
+        )
+        raise AgentError(
+            f"the certificate {cert} is not valid before {_date(loaded.not_valid_before_utc)},"
+            f" and it is {_date(now)} here: correct this host's clock if it is wrong, {fix}"
+        )
+    return loaded.not_valid_after_utc
+
+
+def _date(when: datetime.datetime) -> str:
+    return f"{when.astimezone(datetime.UTC):%Y-%m-%d %H:%M} UTC"
 
 
 def ensure_certificate(paths: AgentPaths, listen_host: str) -> tuple[Path, Path]:
-    """The agent's own certificate and key: made on first use, reused after."""
+    """The agent's own certificate and key: made on first use, reused after, and made anew
+    once expired (no pin of an expired one works; the new fingerprint is logged)."""
     cert, key = paths.tls / CERT_NAME, paths.tls / KEY_NAME
     if cert.is_file() and key.is_file():
-        return cert, key
+        old = _expired(cert)
+        if old is None:
+            return cert, key
+        logging.getLogger("gpuhop.agent").warning(
+            "the agent's own TLS certificate %s (%s) expired on %s; making a new one: every"
+            " client pins it again with `gpuhop remote add NAME URL --replace --fingerprint"
+            " NEW` (tokens are kept)",
+            cert,
+            old[0],
+            _date(old[1]),
+        )
     paths.tls.mkdir(mode=0o700, exist_ok=True)
     os.chmod(paths.tls, 0o700)
     cert_pem, key_pem = make_self_signed(_names(listen_host))
     _write_private(key, key_pem)
     _write_private(cert, cert_pem, mode=0o644)
     return cert, key
+
+
+def _expired(cert: Path) -> tuple[str, datetime.datetime] | None:
+    """(fingerprint, end) of the certificate in `cert` if it has expired; None if not, or
+    if it cannot be read (`check_pair` says why then)."""
+    from cryptography import x509
+
+    try:
+        pem = cert.read_bytes()
+        loaded = x509.load_pem_x509_certificate(pem)
+        fingerprint = fingerprint_of(pem.decode())
+    except (OSError, ValueError):
+        return None
+    end = loaded.not_valid_after_utc
+    return (fingerprint, end) if datetime.datetime.now(datetime.UTC) >= end else None
 
 
 def _names(listen_host: str) -> list[str]:
@@ -214,14 +331,17 @@ def _write_private(path: Path, data: bytes, mode: int = 0o600) -> None:
     os.replace(tmp, path)
 
 
-def listener_info(sock: socket.socket, spec: ListenSpec, fingerprint: str | None) -> ListenerInfo:
+def listener_info(
+    sock: socket.socket, spec: ListenSpec, served: ServedCertificate | None
+) -> ListenerInfo:
     host, port = sock.getsockname()[:2]
     address = join_host_port(host, port)
     return ListenerInfo(
         address=address,
         url=f"{'https' if spec.tls else 'http'}://{address}",
         tls=spec.tls,
-        fingerprint=fingerprint,
+        fingerprint=served.fingerprint if served else None,
+        expires=served.expires if served else None,
     )
 
 

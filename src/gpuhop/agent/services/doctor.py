@@ -16,6 +16,7 @@ for a fresh one (`fresh`), and a fresh run that started after they asked serves 
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import os
 import shutil
@@ -29,7 +30,7 @@ from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
 from gpuhop.agent.host import probe
 from gpuhop.agent.services import bucketcreds, hostchecks
-from gpuhop.agent.services.hostchecks import Facts
+from gpuhop.agent.services.hostchecks import Facts, TlsFacts
 from gpuhop.agent.services.hostchecks import check as _check
 from gpuhop.api import CheckStatus, DoctorCheck, format_mb
 from gpuhop.backends import podman
@@ -116,7 +117,21 @@ def gather(ctx: AgentContext, report: dict[str, Any]) -> Facts:
         identities=ctx.backend.identities,
         identity_users=len(ctx.identities.listed()),
         uid_base=ctx.identities.base,
+        tls=tls_facts(ctx),
         **_containers(ctx),
+    )
+
+
+def tls_facts(ctx: AgentContext, now: datetime.datetime | None = None) -> TlsFacts | None:
+    """The TLS listener's certificate, as `hostchecks.tls_certificate` judges it."""
+    listener = ctx.listener
+    if listener is None or listener.expires is None or listener.fingerprint is None:
+        return None
+    return TlsFacts(
+        fingerprint=listener.fingerprint,
+        expires=listener.expires,
+        own=str(ctx.own_certificate) if ctx.own_certificate else None,
+        now=now or datetime.datetime.now(datetime.UTC),
     )
 
 
@@ -196,6 +211,7 @@ def evaluate(f: Facts, probed: bool = True) -> list[DoctorCheck]:
         hostchecks.containers(f),
         hostchecks.work_dirs(f),
         *hostchecks.shared_files(f),
+        *([hostchecks.tls_certificate(f.tls)] if f.tls else []),
     ]
 
 

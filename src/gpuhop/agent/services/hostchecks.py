@@ -5,11 +5,13 @@ like the rest of `doctor.evaluate`."""
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuhop.api import CheckStatus, DoctorCheck, GpuInfo, format_mb
 
+EXPIRY_WARNING_DAYS = 14
 LOW_DISK = 10 * 2**30
 FULL_DISK = 1 * 2**30
 
@@ -52,10 +54,23 @@ class Facts:
     container_runtime: str | None = None
     cdi_spec: str | None = None
     nvidia_ctk: bool = False
+    # The TLS listener's certificate (None: no TLS listener), and `now` to judge its dates by.
+    tls: TlsFacts | None = None
 
     @property
     def real_gpus(self) -> bool:
         return bool(self.gpus) and self.gpu_source != "fake"
+
+
+@dataclass(frozen=True)
+class TlsFacts:
+    """The certificate the agent's TLS listener serves."""
+
+    fingerprint: str
+    expires: datetime.datetime
+    # The agent's own self-signed certificate's file (None: --tls-cert's, which it was given).
+    own: str | None
+    now: datetime.datetime
 
 
 def check(name: str, status: CheckStatus, detail: str, fix: str | None = None) -> DoctorCheck:
@@ -214,6 +229,58 @@ def shared_files(f: Facts) -> list[DoctorCheck]:
             "restart the agent when the partition has a free node, to check again",
         )
     ]
+
+
+def tls_certificate(t: TlsFacts) -> DoctorCheck:
+    """When the listener's certificate expires: a warning `EXPIRY_WARNING_DAYS` before, a
+    failure after (clients refuse it), each saying how to renew it. Also the agent's log's
+    words, daily (`duties.runner.CertificateExpiry`)."""
+    name = "TLS certificate"
+    end = f"{t.expires.astimezone(datetime.UTC):%Y-%m-%d %H:%M} UTC"
+    left = t.expires - t.now
+    repin = (
+        "every client pins the new one with `gpuhop remote add NAME URL --replace --fingerprint"
+        " NEW` (tokens are kept)"
+    )
+    if t.own is None:
+        renew = (
+            "renew it and restart the agent with the new --tls-cert/--tls-key; if the renewed"
+            f" certificate has a new key or is self-signed, {repin}"
+        )
+    else:
+        renew = (
+            f"stop the agent, remove {t.own} and the key beside it, and start it again: it"
+            f" makes a new certificate and prints its fingerprint; {repin}"
+        )
+    if left <= datetime.timedelta(0):
+        if t.own is not None:
+            renew = f"restart the agent: it makes a new certificate; {repin}"
+        return check(
+            name,
+            CheckStatus.failed,
+            f"the listener's certificate ({t.fingerprint}) expired on {end}: every client"
+            " refuses it",
+            renew,
+        )
+    if left <= datetime.timedelta(days=EXPIRY_WARNING_DAYS):
+        return check(
+            name,
+            CheckStatus.warning,
+            f"the listener's certificate ({t.fingerprint}) expires on {end}, in {_within(left)}:"
+            " clients refuse it from then on",
+            renew,
+        )
+    return check(
+        name,
+        CheckStatus.passed,
+        f"the listener's certificate ({t.fingerprint}) expires on {end}, in {left.days} days",
+    )
+
+
+def _within(left: datetime.timedelta) -> str:
+    if left < datetime.timedelta(days=1):
+        return f"{max(1, round(left.total_seconds() / 3600))} hour(s)"
+    return f"{left.days} day(s)"
 
 
 def gpu_health(gpus: list[GpuInfo], quarantined: dict[int, str]) -> DoctorCheck:
