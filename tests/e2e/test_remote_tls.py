@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,7 @@ def test_team_agent_end_to_end(team: Agent, tmp_path: Path, project) -> None:
     assert made.returncode == 0, made.stderr
     token = made.stdout.strip()
     (tmp_path / "alice-token").write_text(token + "\n")
+    (tmp_path / "alice-token").chmod(0o600)  # else refused, as ssh refuses such a key
     url = team.listener.url
     _, fingerprint = fetch_certificate(url)
     alice = as_user(team, tmp_path, "alice")
@@ -122,6 +124,41 @@ def test_team_agent_end_to_end(team: Agent, tmp_path: Path, project) -> None:
     assert "refused the token" in after.stderr
 
 
+def test_a_token_file_others_can_read_is_refused_as_ssh_refuses_such_a_key(
+    team: Agent, tmp_path: Path
+) -> None:
+    token = team.cli("agent", "token", "create", "alice").stdout.strip()
+    token_file = tmp_path / "alice-token"
+    token_file.write_text(token + "\n")
+    url = team.listener.url
+    _, fingerprint = fetch_certificate(url)
+    alice = as_user(team, tmp_path, "alice")
+    add = ("remote", "add", "team", url, "--fingerprint", fingerprint, "--token-file")
+    for mode in (0o644, 0o640, 0o604, 0o620):
+        token_file.chmod(mode)
+        refused = alice(*add, str(token_file))
+        assert refused.returncode == 2, refused.stderr
+        assert (
+            f"the token file {token_file} is open to other users (mode {mode:04o}): a token is"
+            f" a password. Run `chmod 600 {token_file}`"
+        ) in refused.stderr
+        assert not (tmp_path / "alice" / "config" / "remotes.json").exists()
+    token_file.chmod(0o600)
+    added = alice(*add, str(token_file))
+    assert added.returncode == 0, added.stderr
+    # From a pipe or stdin there is no file mode to check.
+    piped = subprocess.run(
+        [sys.executable, "-m", "gpuhop", *add, "-", "--replace"],
+        input=token,
+        env={**team.env, "GPUHOP_CONFIG_DIR": str(tmp_path / "alice" / "config")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert piped.returncode == 0, piped.stderr
+    assert alice("ps").returncode == 0
+
+
 def test_a_silent_listener_and_a_server_that_is_no_agent_are_named(shared_agent, tmp_path):
     import http.server
     import socket
@@ -173,6 +210,7 @@ def test_a_replaced_certificate_is_pinned_again_as_the_error_says_keeping_the_to
 
     token = team.cli("agent", "token", "create", "alice").stdout.strip()
     (tmp_path / "alice-token").write_text(token + "\n")
+    (tmp_path / "alice-token").chmod(0o600)  # else refused, as ssh refuses such a key
     url = team.listener.url
     _, fingerprint = fetch_certificate(url)
     alice = as_user(team, tmp_path, "alice")

@@ -4,6 +4,7 @@ disconnect`, the GPU hosts this user works with."""
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import time
 
@@ -46,7 +47,9 @@ def add(
         " printed it. Without it you are asked to confirm the one the server presents.",
     ),
     token_file: typer.FileText | None = typer.Option(
-        None, "--token-file", help="https: a file holding your token ('-' for stdin)."
+        None,
+        "--token-file",
+        help="https: a file holding your token, readable by you only ('-' for stdin).",
     ),
     python: str | None = typer.Option(
         None, "--python", help="ssh: the Python on the host that bootstrap installs with."
@@ -147,6 +150,7 @@ def _pin(remote: remotes.Remote, given: str | None, yes: bool) -> None:
 
 def _token(token_file: typer.FileText | None) -> str:
     if token_file is not None:
+        _check_private(token_file)
         token = token_file.read().strip()
     elif os.environ.get("GPUHOP_TOKEN"):
         token = os.environ["GPUHOP_TOKEN"].strip()
@@ -157,6 +161,24 @@ def _token(token_file: typer.FileText | None) -> str:
     if not token or any(c.isspace() for c in token):
         fail("that token is empty or has spaces in it")
     return token
+
+
+def _check_private(token_file: typer.FileText) -> None:
+    """Refuse a token file that others may read or change, as ssh refuses such a private
+    key: a token is a password, and one on a shared host may already be someone else's."""
+    try:
+        fd = token_file.fileno()
+        mode = os.fstat(fd).st_mode
+    except (OSError, ValueError):
+        return  # not a file (a stream a test hands in): nothing to check
+    if fd == 0 or not stat.S_ISREG(mode) or not mode & 0o077:
+        return  # stdin, a pipe (`--token-file <(pass show gpuhop)`), or private
+    name = token_file.name
+    fail(
+        f"the token file {name} is open to other users (mode {stat.S_IMODE(mode):04o}): a"
+        f" token is a password. Run `chmod 600 {name}` and add the remote again; if someone"
+        " else may have read it, ask the agent's admin to revoke it and make you a new one"
+    )
 
 
 @app.command("ls")
