@@ -282,3 +282,73 @@ def test_a_fine_tuning_killed_in_its_second_fit_resumes_there(shared_agent, proj
     assert "head epochs: [0, 1, 2] losses: 3" in run.stdout
     assert "whole epochs: [0, 1, 2, 3, 4] losses: 5" in run.stdout
     assert run.stdout.strip().endswith("finished on attempt 2")
+
+
+# The CSVLogger of keras-io's examples (append=False, Keras's default) and one that appends,
+# killed at the end of fit 2's 3rd epoch after both wrote its row, before its backup: the
+# retry resumes that fit at its 3rd epoch. It used to empty log.csv (rows 0-1 lost) and to
+# write appended.csv's row 2 again; and the replay of fit 1, which had ended and runs
+# no epoch again, emptied first.csv.
+CSV_LOGGED = """
+import os, signal
+import numpy as np
+KERAS
+
+ATTEMPT = os.environ["GPUHOP_ATTEMPT"]
+
+
+class Die(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        print(f"attempt {ATTEMPT}: epoch {epoch + 1}", flush=True)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if ATTEMPT == "1" and epoch == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+rng = np.random.default_rng(0)
+x = rng.normal(size=(256, 8)).astype("float32")
+y = x.sum(axis=1, keepdims=True)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+model.compile(optimizer="sgd", loss="mse")
+model.fit(x, y, epochs=2, verbose=0, callbacks=[keras.callbacks.CSVLogger("first.csv")])
+model.fit(
+    x, y, epochs=6, batch_size=32, verbose=0,
+    callbacks=[
+        keras.callbacks.CSVLogger("log.csv"),
+        keras.callbacks.CSVLogger("appended.csv", append=True),
+        Die(),
+    ],
+)
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "keras"),
+    [
+        ("csvlog-tf-keras", "import tensorflow as tf\nkeras = tf.keras"),  # the job's default
+        ("csvlog-keras3", "import keras"),
+    ],
+    ids=["tf-keras", "keras3"],
+)
+def test_csv_logs_hold_each_epoch_once_after_a_retry(shared_agent, project, tmp_path, name, keras):
+    root = project({"csvlogged.py": CSV_LOGGED.replace("KERAS", keras)})
+    run = shared_agent.cli(
+        "run", "--name", name, "--retries", "1", "csvlogged.py", cwd=root, timeout=280
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    began = [line for line in run.stdout.splitlines() if line.startswith("attempt ")]
+    assert began == [
+        *(f"attempt 1: epoch {e}" for e in (1, 2, 3)),
+        *(f"attempt 2: epoch {e}" for e in (3, 4, 5, 6)),
+    ]
+    pulled = shared_agent.cli("pull", name, "--only", "workdir", "-o", "out", cwd=tmp_path)
+    assert pulled.returncode == 0, pulled.stderr
+    # The first column: one header, then each epoch's row once, in order.
+    pulled_dir = tmp_path / "out" / "workdir"
+    columns = {
+        csv: [row.split(",")[0] for row in (pulled_dir / csv).read_text().splitlines()]
+        for csv in ("log.csv", "appended.csv", "first.csv")
+    }
+    whole = ["epoch", *(str(e) for e in range(6))]
+    assert columns == {"log.csv": whole, "appended.csv": whole, "first.csv": whole[:3]}

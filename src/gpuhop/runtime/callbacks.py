@@ -33,6 +33,8 @@ from gpuhop.runtime.summaries import SOURCE_KEY, fit_source, keras_fit
 __all__ = [
     "backup_callback",
     "callbacks",
+    "continue_csv_logs",
+    "cut_csv_rows",
     "metrics_callback",
     "patch_fit",
     "step_markers_callback",
@@ -403,14 +405,97 @@ def _with_ours(keras: Any, given: Any, backup: bool) -> Any:
     return out
 
 
+def continue_csv_logs(keras: Any) -> None:
+    """On a retry, make `keras.callbacks.CSVLogger` go on with the file the earlier attempts
+    wrote, as one uninterrupted fit would have it: each epoch's row once, in order, under
+    one header.
+
+    Keras opens the file as training begins, emptying it unless `append=True`, so a retry's
+    fit that resumes at epoch R lost rows 0..R-1, or (with `append=True`) wrote again a row
+    the killed attempt wrote after its last backup. The epoch a fit resumes at is known
+    only once BackupAndRestore's `on_train_begin` has run, after the script's callbacks'. So
+    here the logger opens its file as the first epoch begins (or ends, for a subclass that
+    overrides `on_epoch_begin`): resuming at R > 0, it cuts the rows of epochs R and later
+    from the file's end (`cut_csv_rows`) and appends; at epoch 0 it opens the file as Keras
+    does. A fit that runs no epoch (a retry's replay of an ended fit) leaves the file alone.
+    """
+    logger = keras.callbacks.CSVLogger
+    if getattr(logger.on_train_begin, "gpuhop_patched", False):
+        return
+    train_begin, epoch_begin = logger.on_train_begin, logger.on_epoch_begin
+    epoch_end, train_end = logger.on_epoch_end, logger.on_train_end
+
+    def open_at(self: Any, epoch: int) -> None:
+        if getattr(self, "_gpuhop_opened", True):
+            return
+        self._gpuhop_opened = True
+        append = self.append
+        if epoch > 0:
+            cut_csv_rows(self.filename, self.sep, epoch)
+            self.append = True
+        try:
+            train_begin(self)
+        finally:
+            self.append = append
+
+    def on_train_begin(self: Any, logs: dict | None = None) -> None:
+        self._gpuhop_opened = False
+
+    def on_epoch_begin(self: Any, epoch: int, logs: dict | None = None) -> None:
+        open_at(self, epoch)
+        epoch_begin(self, epoch, logs)
+
+    def on_epoch_end(self: Any, epoch: int, logs: dict | None = None) -> None:
+        open_at(self, epoch)
+        epoch_end(self, epoch, logs)
+
+    def on_train_end(self: Any, logs: dict | None = None) -> None:
+        if getattr(self, "_gpuhop_opened", True):
+            train_end(self, logs)
+
+    on_train_begin.gpuhop_patched = True  # type: ignore[attr-defined]
+    logger.on_train_begin = on_train_begin
+    logger.on_epoch_begin = on_epoch_begin
+    logger.on_epoch_end = on_epoch_end
+    logger.on_train_end = on_train_end
+
+
+def cut_csv_rows(path: str, separator: str, epoch: int) -> None:
+    """Cut from the end of the CSVLogger file at `path` a line a kill left half written,
+    then the rows of epochs `epoch` and later: those of the fit now resuming at `epoch`
+    that its killed attempt wrote after its last backup. It stops at the header, or at a
+    row of an earlier epoch (rows before it, of another fit, are not this fit's)."""
+    try:
+        with open(path, "rb") as f:
+            lines = f.readlines()
+    except FileNotFoundError:
+        return
+    keep = len(lines)
+    if keep and not lines[-1].endswith(b"\n"):
+        keep -= 1
+    sep = separator.encode()
+    while keep:
+        first = lines[keep - 1].split(sep, 1)[0].strip()
+        if not (first.isdigit() and int(first) >= epoch):
+            break
+        keep -= 1
+    if keep < len(lines):
+        os.truncate(path, sum(len(line) for line in lines[:keep]))
+
+
 def patch_fit(keras: Any) -> str:
     """Make every `keras.Model.fit` add gpuhop's callbacks (see `_with_ours`); with retries
-    (`GPUHOP_RETRIES` above 0), BackupAndRestore too. Returns what it did, in words."""
+    (`GPUHOP_RETRIES` above 0), BackupAndRestore too, and on a retry, CSVLogger goes on
+    with the file the earlier attempts wrote (`continue_csv_logs`). Returns what it did, in
+    words."""
     model = keras.Model
     original = model.fit
     if getattr(original, "gpuhop_patched", False):
         return "Model.fit already adds gpuhop's callbacks"
     backup = int(os.environ.get(RETRIES_ENV) or 0) > 0
+    retry = backup and attempt() > 1
+    if retry:
+        continue_csv_logs(keras)
 
     @functools.wraps(original)
     def fit(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -425,4 +510,6 @@ def patch_fit(keras: Any) -> str:
     fit.gpuhop_patched = True  # type: ignore[attr-defined]
     model.fit = fit
     extra = " and BackupAndRestore" if backup else ""
+    if retry:
+        extra += "; CSVLogger continues the earlier attempts' file"
     return f"Model.fit adds gpuhop's metrics callback{extra}"
