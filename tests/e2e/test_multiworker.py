@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import shutil
 from functools import partial
-from pathlib import Path
 
 import pytest
 
 from gpuhop.api import JobState
 from gpuhop.client import Job
 from tests.conftest import EXAMPLES, jax_env, wait_until
+from tests.listening import listening
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -41,18 +41,6 @@ while not os.path.exists(f"{sys.argv[1]}/release"):
 """
 
 
-def listening_sockets() -> set[str]:
-    """The inodes of the sockets listening in this (the host's) network namespace: by
-    inode, not port, since another program on the host may listen on the same number."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            fields = line.split()
-            if fields[3] == "0A":  # LISTEN
-                inodes.add(fields[9])
-    return inodes
-
-
 def _reached_its_peer(job: Job, worker: int) -> bool:
     return b"reached its peer" in b"".join(job.logs(worker=worker))
 
@@ -69,7 +57,7 @@ def test_workers_reach_each_other_on_a_network_no_other_host_can_reach(
         # Both workers listen on every interface of their network and see their socket
         # in its table, yet the host's table has neither.
         assert [seen for _, seen in sockets] == ["True", "True"]
-        assert not {inode for inode, _ in sockets} & listening_sockets()
+        assert not {inode for inode, _ in sockets} & listening().keys()
         (tmp_path / "release").touch()
         info = job.wait(timeout=60)
         log = b"".join(job.logs()).decode()

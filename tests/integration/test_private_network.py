@@ -6,14 +6,15 @@ from __future__ import annotations
 import os
 import socket
 import stat
+from pathlib import Path
 
 import pytest
 
 from gpuhop.api import JobState
 from gpuhop.client import GpuhopError
 from tests.conftest import wait_until
-from tests.e2e.test_multiworker import listening_ports
 from tests.integration.test_forward import echo_through, job_log
+from tests.listening import assert_listens_apart_from_the_host, taken_on_the_host
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,8 +51,10 @@ def host_addresses() -> list[str]:
     return sorted(found)
 
 
-def assert_unreachable_from_the_host(port: int) -> None:
-    assert port not in listening_ports()
+def assert_unreachable_from_the_host(job_dir: Path, port: int) -> None:
+    assert_listens_apart_from_the_host(job_dir, port)
+    if taken_on_the_host(port):
+        return  # another program's, on the host: a connection there would reach it
     for address in host_addresses():
         with pytest.raises(OSError):
             socket.create_connection((address, port), timeout=2).close()
@@ -67,7 +70,7 @@ def test_a_private_job_is_reachable_only_through_the_agent(shared_agent, project
             assert job.refresh().private_network
             port = int(port_file.read_text())
             assert "interfaces: ['lo']" in job_log(job).decode()
-            assert_unreachable_from_the_host(port)
+            assert_unreachable_from_the_host(shared_agent.paths.job_dir(job.id), port)
             relay = shared_agent.paths.job_dir(job.id) / "ports.sock"
             assert stat.S_IMODE(relay.stat().st_mode) == 0o600
             with job.forward(port) as fwd:
@@ -92,7 +95,7 @@ def test_a_multi_worker_job_port_is_forwarded(shared_agent, project, tmp_path):
             wait_until(lambda: job_log(job).count(b"listening on") == 2, timeout=60)
             assert job.refresh().private_network
             port = int((tmp_path / "port0").read_text())
-            assert_unreachable_from_the_host(port)
+            assert_unreachable_from_the_host(shared_agent.paths.job_dir(job.id), port)
             with job.forward(port) as fwd:
                 assert echo_through(fwd.address, b"worker 0?") == b"worker 0?"
         finally:
