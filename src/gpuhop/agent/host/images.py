@@ -133,10 +133,23 @@ def _read_line(progress: PullProgress, line: str) -> bool:
     return True
 
 
+# How many times a listing is tried when an image went away while Podman listed it.
+LIST_TRIES = 5
+
+
 def list_images(settings: PodmanSettings) -> list[HostImage]:
     """Every image in the store, once, newest first (Podman 4 lists an image once for each
     of its names, each row with all of them)."""
-    out = _run([podman(settings), "images", "--format", "json"])
+    for tries_left in reversed(range(LIST_TRIES)):
+        try:
+            out = _run([podman(settings), "images", "--format", "json"])
+            break
+        except ImageError as e:
+            # Podman lists, then reads each image: one removed in between (a `gc`, another
+            # user's `images rm`, a build's intermediate) fails the whole listing with
+            # "image not known". Listed again, it is simply not there.
+            if not tries_left or "image not known" not in str(e):
+                raise
     try:
         rows = json.loads(out or "[]")
     except ValueError as e:
