@@ -128,27 +128,31 @@ def refused_to_start(tmp_path: Path, cert: Path, key: Path) -> str:
     (`python -m gpuhop.agent`, as a service runs it): both refuse, exit 2, nothing started.
     Returns the one line `gpuhop agent start` said, without its "gpuhop: error: "."""
     agent = Agent(tmp_path / "home", tmp_path / "cache", None)
-    listen = ("--listen", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key))
-    refused = agent.cli("agent", "start", *listen)
-    assert refused.returncode == 2, refused.stderr
-    assert refused.stdout == ""
-    lines = refused.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("gpuhop: error: "), refused.stderr
-    assert read_pid(agent.paths) is None
-    assert not agent.paths.logfile.exists()  # refused before an agent process was started
+    try:
+        listen = ("--listen", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key))
+        refused = agent.cli("agent", "start", *listen)
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stdout == ""
+        lines = refused.stderr.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("gpuhop: error: "), refused.stderr
+        assert read_pid(agent.paths) is None
+        assert not agent.paths.logfile.exists()  # refused before an agent process was started
 
-    itself = subprocess.run(
-        [sys.executable, "-m", "gpuhop.agent", "--home", str(agent.home), *listen],
-        env=agent.env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert itself.returncode == 2, itself.stderr
-    said = lines[0].removeprefix("gpuhop: error: ")
-    assert f"gpuhop agent: {said}" in itself.stderr.splitlines(), itself.stderr
-    assert read_pid(agent.paths) is None
-    assert not agent.paths.socket.exists() and not agent.paths.listen_file.exists()
+        itself = subprocess.run(
+            [sys.executable, "-m", "gpuhop.agent", "--home", str(agent.home), *listen],
+            env=agent.env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert itself.returncode == 2, itself.stderr
+        said = lines[0].removeprefix("gpuhop: error: ")
+        assert f"gpuhop agent: {said}" in itself.stderr.splitlines(), itself.stderr
+        assert read_pid(agent.paths) is None
+        assert not agent.paths.socket.exists() and not agent.paths.listen_file.exists()
+    finally:
+        if read_pid(agent.paths) is not None:  # not refused: stop what started
+            agent.shutdown()
     return said
 
 
@@ -278,6 +282,8 @@ def test_the_agents_own_certificate_not_valid_yet_is_refused(tmp_path):
     (agent.paths.tls / "cert.pem").write_bytes(cert.read_bytes())
     (agent.paths.tls / "key.pem").write_bytes(key.read_bytes())
     refused = agent.cli("agent", "start", "--listen", "127.0.0.1:0")
+    if read_pid(agent.paths) is not None:  # not refused: stop what started
+        agent.shutdown()
     assert refused.returncode == 2
     assert "is not valid before" in refused.stderr and "this host's clock" in refused.stderr
     assert f"or remove {agent.paths.tls / 'cert.pem'}" in refused.stderr
