@@ -18,6 +18,7 @@ here: the signature is plain numpy dtypes.
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -211,8 +212,8 @@ def _rows(signature: Signature, instances: list[Any]) -> Predict:
             shapes[name], values[name] = shape, got
             return
         want = shapes[name]
-        if int(np.prod(want)) != len(got):
-            raise invalid(f"Expecting tensor size: {int(np.prod(want))} but got: {len(got)}")
+        if math.prod(want) != len(got):
+            raise invalid(f"Expecting tensor size: {math.prod(want)} but got: {len(got)}")
         if want != shape:
             raise invalid(f"Expecting shape {_dims(want)} but got: {_dims(shape)}")
         values[name].extend(got)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import functools
 import json
 from typing import Any
 
@@ -147,6 +148,7 @@ def array_of(values: list[Any], shape: tuple[int, ...], dtype: np.dtype) -> np.n
             raise invalid(TOO_BIG) from None
 
 
+@functools.cache  # one per dtype: building it (tf_name) costs more than a row's values
 def _converter(dtype: np.dtype) -> Any:
     name = tf_name(dtype)
 
