@@ -302,7 +302,15 @@ def join(tokens: np.ndarray | str) -> str:
         return tokens
     if tokens.ndim == 0:
         return str(tokens.item())
-    return _nest(tokens.tolist())
+    if tokens.size == 0:
+        return _nest(tokens.tolist())
+    # Innermost lists first, a Python loop over them: an object array's tolist() makes
+    # every nested list in one C call that holds the GIL (a second for 500,000 rows),
+    # stopping the event loop even when the answer is written in a thread.
+    parts = tokens.reshape(-1).tolist()
+    for size in reversed(tokens.shape):
+        parts = ["[" + ", ".join(parts[i : i + size]) + "]" for i in range(0, len(parts), size)]
+    return str(parts[0])
 
 
 def _nest(value: Any) -> str:
