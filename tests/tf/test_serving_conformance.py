@@ -208,6 +208,14 @@ def test_bytes_outputs_are_base64_in_both_formats(odd):
             400,
             "JSON Parse error: Number too big to be stored in double. at offset: 15",
         ),
+        # Past the largest double, where Python's parser reads infinity (before: a 200)
+        (
+            "POST",
+            PATH,
+            b'{"inputs": [1.0, 1e999]}',
+            400,
+            "JSON Parse error: Number too big to be stored in double. at offset: 17",
+        ),
         # More dimensions than numpy takes (before: a 500, with a traceback)
         (
             "POST",

@@ -290,6 +290,38 @@ def test_refusals_in_tf_servings_words(body, signatures, message):
     assert (error.status, error.message) == (400, message)
 
 
+TOO_BIG = "JSON Parse error: Number too big to be stored in double. at offset: "
+DOUBLE = sig(default=TensorSpec(np.dtype("float64"), None))
+
+
+@pytest.mark.parametrize(
+    ("body", "offset"),
+    [
+        # rapidjson (reader.h ParseNumber) refuses a number past the largest double where it
+        # starts; Python's parser read it as infinity (before: a 200 with Infinity).
+        (b'{"inputs": [1e999]}', 12),
+        (b'{"inputs": [1.0, -1E+999]}', 17),
+        (b'{"inputs": [1.8e308]}', 12),
+        (b'{"inputs": [17976931348623159e292]}', 12),
+        # It looks at the exponent before the value: past 308 plus the fraction's digits.
+        (b'{"inputs": [0e999]}', 12),
+        (b'{"inputs": [0.5e310]}', 12),
+        # Anywhere in the document, before a later error, and in a thread's big body alike.
+        (b'{"x": {"y": [1e400]}, "inputs": [1.0]}', 13),
+        (b'{"inputs": [1e999 2]}', 12),
+        (b'{"inputs": [' + b"1.5, " * 5000 + b"1e999]}", 12 + 5 * 5000),
+    ],
+)
+def test_a_number_too_big_for_a_double_is_refused_where_it_starts(body, offset):
+    error = refused(body, DOUBLE)
+    assert (error.status, error.message) == (400, f"{TOO_BIG}{offset}")
+
+
+def test_big_numbers_a_double_holds_and_their_look_alikes_are_taken():
+    body = b'{"note": "1e999 \\" 1E400", "inputs": [1.5e308, 0.05e309, 1e-999, Infinity]}'
+    assert parse(body, DOUBLE).inputs["default"].tolist() == [1.5e308, 5e307, 0.0, np.inf]
+
+
 def test_a_value_is_quoted_as_tf_serving_quotes_it_cut_at_256_characters():
     error = refused({"signature_name": 5, "instances": [list(range(200))]})
     quoted = error.message.removeprefix("JSON Value: ")
