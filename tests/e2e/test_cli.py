@@ -266,6 +266,18 @@ def test_an_unknown_option_before_the_script_says_what_was_meant(shared_agent, p
         assert f"{command} [OPTIONS] SCRIPT.py ARGS...)" in theirs.stderr
 
 
+def test_sweep_show_and_cancel_take_h_for_help_as_every_command_does(shared_agent, project):
+    # `gpuhop sweep show -h` said "No such option: -h": the two are parsed apart from the
+    # sweep itself, and took --help only.
+    root = project({})
+    for sub in ("show", "cancel"):
+        short = shared_agent.cli("sweep", sub, "-h", cwd=root)
+        assert short.returncode == 0, short.stderr
+        assert short.stdout.startswith(f"Usage: gpuhop sweep {sub} [OPTIONS] {{SWEEP}}")
+        assert "-h, --help" in short.stdout
+        assert short.stdout == shared_agent.cli("sweep", sub, "--help", cwd=root).stdout
+
+
 def test_link_out_of_the_work_dir_is_refused(shared_agent, project, tmp_path):
     root = project({"ok.py": "pass\n"})
     (tmp_path / "secret.txt").write_text("do not send")

@@ -375,7 +375,11 @@ _SUBCOMMANDS: dict[str, Callable[..., None]] = {"show": show, "cancel": cancel}
 
 
 def _dispatch(name: str, args: list[str]) -> None:
-    app = typer.Typer(add_completion=False, rich_markup_mode=None)
+    app = typer.Typer(
+        add_completion=False,
+        rich_markup_mode=None,
+        context_settings={"help_option_names": ["-h", "--help"]},  # as every command's
+    )
     app.command()(params.for_typer(_SUBCOMMANDS[name]))  # --on is declared for cli.params
     app(args=args, prog_name=f"gpuhop sweep {name}")
 
