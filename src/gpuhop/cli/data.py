@@ -217,8 +217,8 @@ def rm(
 ) -> None:
     """Remove a dataset version, or all versions of a dataset.
 
-    Its assembled copy goes; its chunks stay in the host's blob store (garbage collection of
-    unreferenced chunks is not done yet), so pushing it again sends nothing.
+    Its files on the host go with it; `gpuhop gc` then removes the chunks that no version
+    holds any more, so a later push of the same files sends what went.
     """
     name, version = _ref(dataset)
     with client_for(on) as client:

@@ -260,8 +260,9 @@ class Datasets:
         return DatasetInfo.model_validate(response.json())
 
     def remove(self, name: str, version: int | None = None) -> builtins.list[int]:
-        """Remove one version, or every version; returns the versions removed. The chunks
-        stay in the agent's blob store (garbage collection is not done yet)."""
+        """Remove one version, or every version; returns the versions removed. Its files on
+        the host go with it; the agent's garbage collection removes the chunks that no
+        version holds any more."""
         params = {"version": version} if version else {}
         response = self.session.request("DELETE", f"/v1/datasets/{_named(name)}", params=params)
         removed: builtins.list[int] = response.json()["removed"]
