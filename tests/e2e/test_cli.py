@@ -278,6 +278,23 @@ def test_sweep_show_and_cancel_take_h_for_help_as_every_command_does(shared_agen
         assert short.stdout == shared_agent.cli("sweep", sub, "--help", cwd=root).stdout
 
 
+def test_top_and_ps_watch_into_a_pipe_say_they_need_a_terminal(shared_agent, project):
+    # Into a pipe or a file they printed nothing, and ran until killed: rich's live view
+    # draws there only as it stops.
+    root = project({})
+    top = shared_agent.cli("top", cwd=root, timeout=30)
+    assert (top.returncode, top.stdout) == (2, "")
+    assert top.stderr == (
+        "gpuhop: error: gpuhop top redraws a terminal's screen, and the output here is a pipe"
+        " or a file: run it in a terminal, or use gpuhop ps and gpuhop gpus (--json for"
+        " scripts)\n"
+    )
+    watch = shared_agent.cli("ps", "--watch", cwd=root, timeout=30)
+    assert (watch.returncode, watch.stdout) == (2, "")
+    assert "gpuhop ps --watch redraws a terminal's screen" in watch.stderr
+    assert "or use gpuhop ps (--json for scripts)" in watch.stderr
+
+
 def test_link_out_of_the_work_dir_is_refused(shared_agent, project, tmp_path):
     root = project({"ok.py": "pass\n"})
     (tmp_path / "secret.txt").write_text("do not send")

@@ -298,6 +298,12 @@ def _height(part: object) -> int:
 
 def watch(on: str | None, states: list[JobState], limit: int, panel: bool, every: float) -> None:
     """Redraw the job table in place until Ctrl-C."""
+    if not plain.styled(sys.stdout):  # rich's Live draws nothing there, until it stops
+        what, instead = ("top", "ps and gpuhop gpus") if panel else ("ps --watch", "ps")
+        fail(
+            f"gpuhop {what} redraws a terminal's screen, and the output here is a pipe or a"
+            f" file: run it in a terminal, or use gpuhop {instead} (--json for scripts)"
+        )
     from rich.console import Console
     from rich.live import Live
     from rich.text import Text
