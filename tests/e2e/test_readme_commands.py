@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ REASONS = (NOT_ONE, REMOTE, GPU, CLUSTER, BUCKET, LIVE, TENSORFLOW, ELSEWHERE, R
 PLACEHOLDERS = {
     "3fa9", "3fa9c1d2", "7c21", "JOB", "ID", "big", "digits", "digits-demo", "mnist",
     "./mnist", "token.txt", "key.txt", "key-id.txt", "input.json", "analysis.ipynb",
-    "requirements-gpu.txt", "shard.py", "train", "lab", "HF_TOKEN",
+    "requirements-gpu.txt", "shard.py", "lab", "HF_TOKEN",
     "/opt/conda/envs/tf/bin/python",
 }  # fmt: skip
 LIVE_COMMANDS = {"ui", "top", "notebook", "serve", "predict", "forward", "tensorboard",
@@ -98,9 +99,9 @@ def skip_reason(command: str, made: set[str]) -> str | None:
         return ELSEWHERE
     if "<" in words:  # a secret read from the user's own file
         return ELSEWHERE
-    after = [w for i, w in enumerate(words) if words[i - 1] in ("--after", "--after-any")]
+    after = [w for i, w in enumerate(words) if words[i - 1] == "--after"]  # --after-any: a flag
     if any(name not in made for names in after for name in names.split(",")):
-        return ELSEWHERE  # a job the README names before it makes it, or never
+        return ELSEWHERE  # a job the README makes only in a later line
     return None
 
 
@@ -141,6 +142,13 @@ def test_every_readme_command_runs_or_is_skipped_for_a_reason(make_agent, tmp_pa
     skips = reasons(listed)
     assert {reason for _, reason in skips} <= {*REASONS, None}
     ran = [command for command, reason in skips if reason is None]
+    # A job that --after waits for is one a line names (--name), before it or after it:
+    # `--after prep,train` once named a job "train" that no line made.
+    named = {w[w.index("--name") + 1] for w in map(shlex.split, listed) if "--name" in w}
+    for command in listed:
+        for flag, value in pairwise(shlex.split(command)):
+            if flag == "--after":
+                assert set(value.split(",")) <= named, f"README: {command!r}: no line makes it"
     assert len(ran) >= 10, ran
 
     # A skipped gpuhop line is still one gpuhop takes as written.
