@@ -49,6 +49,7 @@ def add(
     token_file: typer.FileText | None = typer.Option(
         None,
         "--token-file",
+        metavar="FILE",
         help="https: a file holding your token, readable by you only ('-' for stdin).",
     ),
     python: str | None = typer.Option(
