@@ -23,7 +23,10 @@ app = typer.Typer(
 app.add_typer(tokens.app, name="token")
 
 HomeOption = typer.Option(
-    None, "--home", envvar="GPUHOP_HOME", help="The agent's state dir (default: user data dir)."
+    None,
+    "--home",
+    envvar="GPUHOP_HOME",
+    help="The agent's state dir (default: ~/.local/share/gpuhop on Linux, the user data dir).",
 )
 
 

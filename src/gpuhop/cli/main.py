@@ -97,8 +97,8 @@ def build(args: Sequence[str] | None = None) -> typer.Typer:
         help=(
             "Use a remote GPU machine for TensorFlow as if it were local.\n\n"
             "With no remote configured, commands talk to an agent on this machine (started on"
-            " demand, state in $GPUHOP_HOME), which runs jobs on its GPUs, or on the CPU if it"
-            " has none.\n\n"
+            " demand; its state in $GPUHOP_HOME, else ~/.local/share/gpuhop on Linux), which runs"
+            " jobs on its GPUs, or on the CPU if it has none.\n\n"
             "A short option means one thing in every command: -n --name, -p --param (a"
             " sweep's or a notebook's), -w --workers, -e --env, -g --gpus, -d --detach,"
             " -f --follow, -q --quiet; and --timeout is a job's time limit. Other options"
