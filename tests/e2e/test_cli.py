@@ -624,6 +624,14 @@ def test_agent_start_stop_status(make_agent, tmp_path):
     assert stop.returncode == 0 and f"agent {agent.pid} stopped" in stop.stderr
     assert agent.cli("agent", "status").returncode == 1
     assert not agent.paths.socket.exists()
+    # The token commands start no agent: they say how to (they said only "[Errno 2] No such
+    # file or directory").
+    for command in (("ls",), ("create", "alice"), ("revoke", "abc")):
+        token = agent.cli("agent", "token", *command)
+        assert token.returncode == 2, token.stderr
+        assert token.stderr.endswith(
+            f"; start the agent first with `gpuhop agent start --home {agent.home}`\n"
+        )
 
 
 @pytest.mark.agent_log(r"NotADirectoryError: .*checkouts/boot")

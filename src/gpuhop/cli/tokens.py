@@ -6,7 +6,9 @@ commands talk to the agent over its Unix socket, where the caller is its owner, 
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -35,7 +37,15 @@ def _client(home: Path | None) -> Client:
     try:
         return Client(paths.home, autostart=False)
     except GpuhopError as e:
-        fail(f"{e.message}; start the agent first with `gpuhop agent start`")
+        _fail(e, home)
+
+
+def _fail(e: GpuhopError, home: Path | None) -> NoReturn:
+    """Say `e`; where no agent answered (these commands start none), how to start it."""
+    if e.code != "unreachable":
+        fail(e.message)
+    start = ["gpuhop", "agent", "start"] + (["--home", str(home)] if home else [])
+    fail(f"{e.message}; start the agent first with `{shlex.join(start)}`")
 
 
 @app.command()
@@ -50,7 +60,7 @@ def create(
         try:
             created = client.create_token(user, admin=admin)
         except GpuhopError as e:
-            fail(e.message)
+            _fail(e, home)
     if json_out:
         print_json(created.model_dump(mode="json"))
         return
@@ -64,7 +74,6 @@ def create(
 def _how_to_add(paths: AgentPaths) -> str:
     """How the token's holder adds this agent as a remote: the command, as they can paste
     it (this host's name, the listener's address and its certificate's fingerprint)."""
-    import shlex
     import socket
 
     from gpuhop.agent.server.listen import read_listen_file
@@ -100,7 +109,7 @@ def list_tokens(
         try:
             tokens = client.tokens()
         except GpuhopError as e:
-            fail(e.message)
+            _fail(e, home)
     if json_out:
         print_json([t.model_dump(mode="json") for t in tokens])
         return
@@ -132,5 +141,5 @@ def revoke(
         try:
             record = client.revoke_token(token_id)
         except GpuhopError as e:
-            fail(e.message)
+            _fail(e, home)
     say(f"token {record.id} of {record.user} revoked")
