@@ -295,6 +295,20 @@ def test_top_and_ps_watch_into_a_pipe_say_they_need_a_terminal(shared_agent, pro
     assert "or use gpuhop ps (--json for scripts)" in watch.stderr
 
 
+def test_tf_server_start_refuses_a_wait_of_no_time_before_queueing_it(shared_agent, project):
+    # --start-timeout 0 (or -1) queued the server, then failed at once "after -1s" and left
+    # it running, holding its GPUs.
+    root = project({})
+    for seconds in ("0", "-1"):
+        start = shared_agent.cli(
+            "tf-server", "start", "--name", "no-wait", "--start-timeout", seconds, cwd=root
+        )
+        assert start.returncode == 2, start.stderr
+        assert "Invalid value for '--start-timeout'" in start.stderr
+    listed = json.loads(shared_agent.cli("ps", "--json", cwd=root).stdout)
+    assert [j for j in listed if j["name"] == "no-wait"] == []
+
+
 def test_link_out_of_the_work_dir_is_refused(shared_agent, project, tmp_path):
     root = project({"ok.py": "pass\n"})
     (tmp_path / "secret.txt").write_text("do not send")

@@ -34,6 +34,7 @@ def start(
     timeout: float = typer.Option(
         300,
         "--start-timeout",
+        min=1,
         help="Seconds to wait for it to answer (--timeout is a job's time limit).",
     ),
     on: str | None = OnOption,
