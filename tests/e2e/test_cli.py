@@ -309,6 +309,21 @@ def test_tf_server_start_refuses_a_wait_of_no_time_before_queueing_it(shared_age
     assert [j for j in listed if j["name"] == "no-wait"] == []
 
 
+def test_env_rm_older_than_is_checked_here(shared_agent, project):
+    # A negative --older-than came back as the agent's "query.older_than: Input should be
+    # greater than or equal to 0"; with an ID and no --unused it was dropped unsaid.
+    root = project({})
+    negative = shared_agent.cli("env", "rm", "--unused", "--older-than", "-5", cwd=root)
+    assert negative.returncode == 2, negative.stderr
+    assert "Invalid value for '--older-than'" in negative.stderr
+    assert "query." not in negative.stderr
+    with_id = shared_agent.cli("env", "rm", "abc", "--older-than", "3", cwd=root)
+    assert (with_id.returncode, with_id.stderr) == (
+        2,
+        "gpuhop: error: --older-than goes with --unused: gpuhop env rm --unused --older-than 3\n",
+    )
+
+
 def test_link_out_of_the_work_dir_is_refused(shared_agent, project, tmp_path):
     root = project({"ok.py": "pass\n"})
     (tmp_path / "secret.txt").write_text("do not send")

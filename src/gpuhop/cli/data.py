@@ -270,13 +270,19 @@ def env_rm(
         False, "--unused", help="Remove every environment no queued or running job uses."
     ),
     older_than: float | None = typer.Option(
-        None, "--older-than", metavar="DAYS", help="With --unused: only those idle this long."
+        None,
+        "--older-than",
+        metavar="DAYS",
+        min=0,
+        help="With --unused: only those idle this long.",
     ),
     on: str | None = OnOption,
 ) -> None:
     """Remove an environment, or the unused ones; a job that needs one again rebuilds it."""
     if (env_id is None) == (not unused):
         fail("give an environment ID, or --unused")
+    if older_than is not None and not unused:
+        fail(f"--older-than goes with --unused: gpuhop env rm --unused --older-than {older_than:g}")
     with client_for(on) as client:
         try:
             removed = client.envs.remove(
