@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from gpuhop import GpuhopError
+
 
 def test_push_list_show_run_and_remove(make_agent, project, tmp_path):
     agent = make_agent()
@@ -47,6 +51,18 @@ def test_push_list_show_run_and_remove(make_agent, project, tmp_path):
     gone = agent.cli("data", "show", "mnist:1")
     assert gone.returncode == 2 and "has no version 1 (it has v2)" in gone.stderr
     assert "chunks" in agent.cli("data", "rm", "--help").stdout
+    # Version 0 is no version: `rm mnist:0` removed every version, as `rm mnist` does.
+    for command in (("show", "mnist:0"), ("rm", "mnist:0"), ("rm", "mnist:v0")):
+        zero = agent.cli("data", *command)
+        assert zero.returncode == 2, zero.stderr
+        assert "a dataset's versions count from 1; give NAME for all of them" in zero.stderr
+    mounted = agent.cli("run", "--data", "mnist:0=in", "job.py", cwd=root)
+    assert mounted.returncode == 2, mounted.stderr
+    assert "the version must be a number like 3 or v3, from 1" in mounted.stderr
+    with agent.client() as client:
+        with pytest.raises(GpuhopError, match="no version 0; versions count from 1"):
+            client.data.remove("mnist", 0)
+        assert [d.version for d in client.data.versions("mnist")] == [2]
 
     envs = agent.cli("env", "ls")
     assert envs.returncode == 0 and "no environments yet" in envs.stderr

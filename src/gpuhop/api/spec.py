@@ -44,8 +44,8 @@ class Mount(NamedTuple):
         if not sep or not name or not mount:
             raise ValueError(f"takes NAME[:VERSION]=MOUNT, got {text!r}")
         number = version[1:] if version[:1] in ("v", "V") else version
-        if colon and not number.isdigit():
-            raise ValueError(f"{text}: the version must be a number like 3 or v3")
+        if colon and (not number.isdigit() or int(number) < 1):
+            raise ValueError(f"{text}: the version must be a number like 3 or v3, from 1")
         return cls(name, int(number) if colon else None, mount)
 
     def wire(self) -> dict[str, Any]:

@@ -29,6 +29,8 @@ def _ref(text: str) -> tuple[str, int | None]:
     number = version[1:] if version[:1] in ("v", "V") else version
     if colon and not number.isdigit():
         fail(f"{text}: give a dataset as NAME or NAME:VERSION (3 or v3)")
+    if colon and int(number) < 1:  # not "no version given": `rm NAME:0` removed them all
+        fail(f"{text}: a dataset's versions count from 1; give NAME for all of them")
     return name, int(number) if colon else None
 
 

@@ -239,7 +239,7 @@ class Datasets:
 
     def files(self, name: str, version: int | None = None) -> builtins.list[dict[str, object]]:
         """The files of a version (the latest without `version`): path, size, chunks."""
-        params = {"version": version} if version else {}
+        params = _version_param(name, version)
         response = self.session.request("GET", f"/v1/datasets/{_named(name)}/files", params=params)
         files: builtins.list[dict[str, object]] = response.json()
         return files
@@ -263,7 +263,7 @@ class Datasets:
         """Remove one version, or every version; returns the versions removed. Its files on
         the host go with it; the agent's garbage collection removes the chunks that no
         version holds any more."""
-        params = {"version": version} if version else {}
+        params = _version_param(name, version)
         response = self.session.request("DELETE", f"/v1/datasets/{_named(name)}", params=params)
         removed: builtins.list[int] = response.json()["removed"]
         return removed
@@ -303,6 +303,18 @@ class Envs:
         return removed
 
 
+def _version_param(name: str, version: int | None) -> dict[str, int]:
+    """The query naming `version` of dataset `name` (None: no version, so all or the latest).
+    Version 0 is refused, not taken for None: `remove(name, 0)` removed every version."""
+    if version is None:
+        return {}
+    if version < 1:
+        raise GpuhopError(
+            f"dataset {name}: no version {version}; versions count from 1", code="bad_request"
+        )
+    return {"version": version}
+
+
 def parse_mount(text: str) -> DataMount:
     """`NAME[:VERSION]=MOUNT` (VERSION as 3 or v3) -> a DataMount; GpuhopError if malformed."""
     spec, sep, mount = text.partition("=")
@@ -310,8 +322,8 @@ def parse_mount(text: str) -> DataMount:
     if not sep or not name or not mount:
         raise GpuhopError(f"--data takes NAME[:VERSION]=MOUNT, got {text!r}", code="bad_request")
     number = version[1:] if version[:1] in ("v", "V") else version
-    if colon and not number.isdigit():
-        raise GpuhopError(f"--data {text}: the version must be a number like 3 or v3")
+    if colon and (not number.isdigit() or int(number) < 1):
+        raise GpuhopError(f"--data {text}: the version must be a number like 3 or v3, from 1")
     try:
         return DataMount(name=name, version=int(number) if colon else None, mount=mount)
     except ValidationError as e:
