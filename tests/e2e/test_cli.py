@@ -247,6 +247,10 @@ def test_bad_input_gets_a_clear_message(shared_agent, project):
     assert "No such option: --frobnicate" in bad_option.stderr
     assert "was not found" not in bad_option.stderr
     assert (dashed.returncode, dashed.stderr) == (2, "gpuhop: error: No such option: -x\n")
+    # Past the agent's bound: said of --limit, not as the agent's "query.limit: ...".
+    too_long = shared_agent.cli("ps", "--limit", "100000", cwd=root)
+    assert too_long.returncode == 2, too_long.stderr
+    assert "Invalid value for '--limit'" in too_long.stderr and "query." not in too_long.stderr
 
 
 def test_an_unknown_option_before_the_script_says_what_was_meant(shared_agent, project):

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-__all__ = ["INFRA_CLASSES", "TERMINAL_STATES", "EndClass", "JobState", "RetryOn"]
+__all__ = ["INFRA_CLASSES", "MAX_JOBS_LISTED", "TERMINAL_STATES", "EndClass", "JobState", "RetryOn"]
+
+# The most jobs one listing gives (GET /v1/jobs?limit=): the agent's bound, and ps's --limit.
+MAX_JOBS_LISTED = 10_000
 
 
 class JobState(StrEnum):

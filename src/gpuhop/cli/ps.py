@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from gpuhop.api.sizes import format_mb
-from gpuhop.api.states import JobState
+from gpuhop.api.states import MAX_JOBS_LISTED, JobState
 from gpuhop.cli import params, plain
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import (
@@ -335,7 +335,9 @@ EveryOption = params.Option(
 
 def ps(
     state: list[JobState] = StateOption,
-    limit: int = params.Option(50, "--limit", min=1, help="At most this many jobs, newest first."),
+    limit: int = params.Option(
+        50, "--limit", min=1, max=MAX_JOBS_LISTED, help="At most this many jobs, newest first."
+    ),
     watch_: bool = params.Option(
         False, "--watch", help="Redraw the table in place until Ctrl-C (like `top`)."
     ),
@@ -404,7 +406,9 @@ def _say_remote(on: str | None) -> None:
 
 def top(
     state: list[JobState] = StateOption,
-    limit: int = params.Option(30, "--limit", min=1, help="At most this many jobs, newest first."),
+    limit: int = params.Option(
+        30, "--limit", min=1, max=MAX_JOBS_LISTED, help="At most this many jobs, newest first."
+    ),
     every: float = EveryOption,
     on: str | None = OnOption,
 ) -> None:

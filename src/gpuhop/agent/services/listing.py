@@ -30,13 +30,14 @@ from gpuhop.agent.jobs.store import JobRecord
 from gpuhop.agent.services import gc, queue
 from gpuhop.agent.services.jobs import resolve_sweep, to_info
 from gpuhop.api import JobInfo, JobState
+from gpuhop.api.states import MAX_JOBS_LISTED
 from gpuhop.backends import jobdeps
 from gpuhop.home import JobPaths
 
 # Jobs whose answers are kept, the most recently listed: ten default `ps` (200 jobs each).
 # A longer listing is answered all the same, making again what it evicted.
 # GET /v1/jobs's bounds, for its route and its fast path alike (server.routers.jobs, fastjobs).
-MAX_LIMIT = 10_000
+MAX_LIMIT = MAX_JOBS_LISTED
 DEFAULT_LIMIT = 200
 MAX_SWEEP = 80
 MAX_FIELDS = 2_000
