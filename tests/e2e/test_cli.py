@@ -251,6 +251,10 @@ def test_bad_input_gets_a_clear_message(shared_agent, project):
     too_long = shared_agent.cli("ps", "--limit", "100000", cwd=root)
     assert too_long.returncode == 2, too_long.stderr
     assert "Invalid value for '--limit'" in too_long.stderr and "query." not in too_long.stderr
+    for command in (("cancel", "j"), ("sweep", "cancel", "s"), ("tf-server", "stop")):
+        graceless = shared_agent.cli(*command, "--grace", "5000", cwd=root)
+        assert graceless.returncode == 2, graceless.stderr
+        assert "Invalid value for '--grace'" in graceless.stderr, graceless.stderr
 
 
 def test_an_unknown_option_before_the_script_says_what_was_meant(shared_agent, project):

@@ -13,6 +13,7 @@ from gpuhop.api.states import INFRA_CLASSES, EndClass, RetryOn
 
 __all__ = [
     "INFRA_CLASSES",
+    "MAX_GRACE",
     "EndClass",
     "RetryOn",
     "format_seconds",
@@ -24,6 +25,8 @@ _DURATION_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*\Z", re.IGNORECASE)
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 # A week: longer is a typo, not a limit.
 MAX_TIMEOUT = 7 * 86400
+# A cancel's grace, between SIGTERM and SIGKILL: an hour at most (cancel, sweep cancel).
+MAX_GRACE = 3600
 
 
 def parse_duration(text: str | float) -> float:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpuhop.api.queue import MAX_GRACE
 from gpuhop.api.states import EndClass, JobState
 from gpuhop.cli import jobopts, params
 from gpuhop.cli.connect import OnOption, client_for
@@ -335,7 +336,7 @@ JobsArgument = params.Argument(
 def cancel(
     job_refs: list[str] = JobsArgument,
     grace: float = params.Option(
-        10.0, "--grace", min=0, help="Seconds between SIGTERM and SIGKILL."
+        10.0, "--grace", min=0, max=MAX_GRACE, help="Seconds between SIGTERM and SIGKILL."
     ),
     wait: bool = params.Option(True, "--wait/--no-wait", help="Wait until the jobs have stopped."),
     on: str | None = OnOption,

@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuhop.api import JobInfo, JobState
+from gpuhop.api.queue import MAX_GRACE
 from gpuhop.cli import jobopts, params, plain
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import (
@@ -347,7 +348,7 @@ def _value(value: object) -> str:
 def cancel(
     sweep_ref: str = typer.Argument(..., metavar="SWEEP", help="A sweep's id, or its name."),
     grace: float = params.Option(
-        10.0, "--grace", min=0, help="Seconds between SIGTERM and SIGKILL."
+        10.0, "--grace", min=0, max=MAX_GRACE, help="Seconds between SIGTERM and SIGKILL."
     ),
     wait: bool = params.Option(True, "--wait/--no-wait", help="Wait until the runs have stopped."),
     on: str | None = OnOption,

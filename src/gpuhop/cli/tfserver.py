@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import typer
 
+from gpuhop.api.queue import MAX_GRACE
 from gpuhop.cli import jobopts
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import ago, fail, print_table, say, state_text
@@ -63,7 +64,9 @@ def start(
 @app.command()
 def stop(
     name: str = typer.Argument("tf-server", help="The server's job name or id."),
-    grace: float = typer.Option(5.0, "--grace", min=0, help="Seconds before SIGKILL."),
+    grace: float = typer.Option(
+        5.0, "--grace", min=0, max=MAX_GRACE, help="Seconds before SIGKILL."
+    ),
     on: str | None = OnOption,
 ) -> None:
     """Stop a TensorFlow server (cancel its job, which frees its GPUs)."""

@@ -41,6 +41,7 @@ from gpuhop.api import (
     WorkdirEntry,
 )
 from gpuhop.api.profile import MAX_PROFILE_SECONDS
+from gpuhop.api.queue import MAX_GRACE
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -90,7 +91,7 @@ def show(ref: str, request: Request) -> JobInfo:
 
 @router.post("/{ref}/cancel")
 def cancel(
-    ref: str, request: Request, grace: float = Query(default=10.0, ge=0, le=3600)
+    ref: str, request: Request, grace: float = Query(default=10.0, ge=0, le=MAX_GRACE)
 ) -> JobInfo:
     return service.cancel(ctx(request), ref, grace, caller_of(request))
 
