@@ -10,9 +10,11 @@ the login, nothing is shown. The job list shows commands, dates and ids, folds a
 under the sweep, and fits a phone. A sweep's page compares its runs by epoch, marks the best,
 sorts, and cancels the sweep. A SavedModel directory downloads as one zip, a file with a
 line break in its name as any other. A long metric name wraps on a phone. A GPU quarantined
-for a fault says why on the GPU page.
-Screenshots of the job, list and sweep pages at desktop (1280 px) and phone (390 px) widths
-are kept in test-output/.
+for a fault says why on the GPU page. A page that loses the agent (stopped; `gpuhop ui` gone
+quiet) says so in a banner and greys what it shows, and carries on where it was once the
+agent answers again.
+Screenshots of the job, list and sweep pages at desktop (1280 px) and phone (390 px) widths,
+and of the list that lost its agent, are kept in test-output/.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -495,6 +498,125 @@ def test_a_long_metric_name_wraps_on_a_phone(dashboard, browser, project):
         assert errors == []
     finally:
         context.close()
+
+
+@contextmanager
+def own_dashboard(agent: Agent, logs: Path) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """`gpuhop ui` for `agent` alone (a test that stops it or the agent leaves the module's
+    as they were): (the process, its login link). What it logs goes to a file in `logs`."""
+    with (logs / "ui.log").open("w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuhop", "ui", "--no-browser", "--port", "0"],
+            env=agent.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+        )
+    try:
+        assert proc.stdout is not None
+        yield proc, proc.stdout.readline().strip()
+    finally:
+        proc.send_signal(signal.SIGCONT)  # should a test have left it stopped
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def page_errors(errors: list[str]) -> list[str]:
+    """The page's errors but the browser's own line for each request that failed (which a
+    lost agent makes on purpose)."""
+    return [e for e in errors if not e.startswith("Failed to load resource")]
+
+
+LOST = re.compile(r"Lost contact with the agent since \d\d:\d\d:\d\d; retrying\.")
+STALE = re.compile(r"(^|\s)stale(\s|$)")
+TICK = """
+import time
+for i in range(1, 3000):
+    print(f"tick {i}", flush=True)
+    time.sleep(0.1)
+"""
+
+
+def test_a_page_that_gets_no_answer_says_so_and_carries_on_when_one_comes(
+    make_agent, browser, project, tmp_path
+):
+    # The page went on showing a running job, and its last log lines, as if nothing were
+    # wrong while its requests went unanswered (a dropped network, an SSH tunnel gone quiet).
+    agent = make_agent()
+    with agent.client() as client:
+        job = client.submit(["tick.py"], workdir=project({"tick.py": TICK}), name="ticking")
+    with own_dashboard(agent, tmp_path) as (proc, link):
+        context, page, errors = signed_in(browser, (agent, proc, link))
+        try:
+            expect = sync_api.expect
+            page.goto(f"{link.split('/ui/')[0]}/ui/jobs/{job.id}")
+            expect(page.locator(".job-head [data-state]")).to_have_text("running")
+            log = page.locator("#log")
+            expect(log).to_contain_text("tick 3\n")
+            banner = page.locator("#contact-lost")
+            expect(banner).to_have_count(0)
+            # `gpuhop ui` stops answering (SIGSTOP): the browser's requests wait, unanswered.
+            proc.send_signal(signal.SIGSTOP)
+            try:
+                expect(banner).to_contain_text(LOST, timeout=120_000)
+                expect(banner).to_contain_text("No answer within 20 s.")
+                expect(page.locator("body")).to_have_class(STALE)
+                expect(page.locator(".job-head [data-state]")).to_have_text("running")
+                seen = [int(n) for n in re.findall(r"tick (\d+)", log.text_content() or "")]
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            # Its first answer takes the banner away, and the page carries on where it was:
+            # the log from where it had read to, no line lost or twice.
+            expect(banner).to_have_count(0, timeout=120_000)
+            expect(page.locator("body")).not_to_have_class(STALE)
+            page.wait_for_function(
+                """n => +/tick (\\d+)$/.exec(document.querySelector('#log').textContent.trim())[1]
+                    > n + 5""",
+                arg=seen[-1],
+            )
+            ticks = [int(n) for n in re.findall(r"tick (\d+)", log.text_content() or "")]
+            assert ticks[: len(seen)] == seen and ticks == list(range(ticks[0], ticks[-1] + 1))
+            assert not page_errors(errors), errors
+        finally:
+            context.close()
+
+
+def test_a_page_whose_agent_stops_says_so_and_asks_for_a_login_once_it_is_back(
+    make_agent, browser, tmp_path, record_property
+):
+    agent = make_agent()
+    with agent.client() as client:
+        done = client.submit(["python3", "-c", "print('hi')"], name="quick")
+        done.wait(timeout=60)
+    with own_dashboard(agent, tmp_path) as (proc, link):
+        context, page, errors = signed_in(browser, (agent, proc, link))
+        try:
+            expect = sync_api.expect
+            row = page.locator(f'tr[data-job="{done.id}"]')
+            expect(row).to_contain_text("quick")
+            agent.shutdown()
+            # `gpuhop ui` answers for the agent it cannot reach: the banner gives its words.
+            banner = page.locator("#contact-lost")
+            expect(banner).to_contain_text(LOST)
+            expect(banner.locator("#contact-why")).to_contain_text("gpuhop ui:")
+            expect(page.locator("body")).to_have_class(STALE)
+            expect(row).to_contain_text("quick")  # still shown, greyed, as of then
+            screenshot(page, "dashboard-contact-lost", record_property)
+            # A restarted agent has logged every browser out (its sessions live in memory):
+            # its first answer takes the banner away, and the page says how to log in again.
+            agent.start()
+            expect(page.locator("body")).to_contain_text("Run gpuhop ui")
+            expect(banner).to_have_count(0)
+            assert not page_errors(errors), errors
+        finally:
+            context.close()
 
 
 # Last but one: the GPU stays quarantined for the rest of the module.

@@ -51,13 +51,79 @@ export class ApiError extends Error {
   }
 }
 
+// -- contact with the agent ------------------------------------------------------------------
+// A request that gets no answer from the agent (it stopped; `gpuhop ui`, its SSH tunnel or
+// the network is down) marks the page: a banner says since when, and what the page shows is
+// greyed as of then. The polls go on, and the first answer after takes both away: the page
+// carries on from where it was (logs and metrics by offset).
+
+// A poll's request that is still unanswered after this long has lost the agent: a dropped
+// network may leave it waiting for minutes, and the page must not wait as long to say so.
+const REQUEST_TIMEOUT_MS = 20_000;
+// The statuses a proxy on the way (`gpuhop ui`'s own, or any other) answers in its own
+// words when it cannot reach the agent; the agent's own answers are JSON.
+const GATEWAY = new Set([502, 503, 504]);
+
+export class ContactLost extends Error {}
+
+let lostSince = null;
+let banner = null;
+
+function clockTime(date) {
+  return [date.getHours(), date.getMinutes(), date.getSeconds()].map((n) => String(n).padStart(2, "0")).join(":");
+}
+
+function lost(why) {
+  if (lostSince === null) lostSince = new Date();
+  if (banner === null) {
+    banner = h("div", { class: "contact-lost", id: "contact-lost", role: "alert" });
+    document.body.insertBefore(banner, document.getElementById("main"));
+  }
+  replace(banner,
+    h("b", {}, `Lost contact with the agent since ${clockTime(lostSince)}; retrying.`),
+    " What the page shows is as of then.",
+    why ? h("span", { class: "why", id: "contact-why" }, why) : null);
+  document.body.classList.add("stale");
+}
+
+function regained() {
+  if (lostSince === null) return;
+  lostSince = null;
+  banner.remove();
+  banner = null;
+  document.body.classList.remove("stale");
+}
+
+// fetch() with the dashboard's header; `timeout` (ms, 0 for none) bounds the wait for an
+// answer. No answer throws ContactLost (and marks the page); 401 reloads the page (which then
+// says how to log in); any other failure throws ApiError with the agent's message.
 export async function request(path, options = {}) {
-  const response = await fetch(path, {
-    credentials: "same-origin",
-    cache: "no-store",
-    ...options,
-    headers: { ...HEADERS, ...(options.headers || {}) },
-  });
+  const { timeout = REQUEST_TIMEOUT_MS, ...rest } = options;
+  const abort = new AbortController();
+  const timer = timeout ? setTimeout(() => abort.abort(), timeout) : null;
+  let response;
+  try {
+    response = await fetch(path, {
+      credentials: "same-origin",
+      cache: "no-store",
+      ...rest,
+      headers: { ...HEADERS, ...(rest.headers || {}) },
+      signal: abort.signal,
+    });
+  } catch (e) {
+    const why = abort.signal.aborted ? `No answer within ${timeout / 1000} s.` : "";
+    lost(why);
+    throw new ContactLost(`lost contact with the agent${why ? `: ${why}` : ""}`);
+  } finally {
+    clearTimeout(timer);
+  }
+  if (GATEWAY.has(response.status) && !(response.headers.get("content-type") || "").startsWith("application/json")) {
+    // The proxy's words: `gpuhop ui` says why it cannot reach the agent.
+    const why = (await response.text().catch(() => "")).trim().slice(0, 500);
+    lost(why);
+    throw new ContactLost(`lost contact with the agent${why ? `: ${why}` : ""}`);
+  }
+  regained();
   if (response.status === 401) {
     // The session ended (expired, logged out, agent restarted): the page says how to log in.
     window.location.reload();
@@ -81,6 +147,7 @@ export async function api(path, options) {
 }
 
 // Run `fn` now and then every `ms` while it returns true; slower while the tab is hidden.
+// Through a lost contact it goes on (the banner says so), to carry on once the agent answers.
 export function poll(fn, ms) {
   let stopped = false;
   const tick = async () => {
@@ -89,7 +156,7 @@ export function poll(fn, ms) {
       again = (await fn()) !== false;
     } catch (e) {
       if (e instanceof ApiError && e.status === 401) return;
-      console.error(e);
+      if (!(e instanceof ContactLost)) console.error(e);
     }
     if (again && !stopped) setTimeout(tick, document.hidden ? ms * 5 : ms);
   };

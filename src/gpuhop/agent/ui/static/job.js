@@ -234,7 +234,8 @@ async function onStacks() {
   stacksButton.disabled = true;
   const out = stacksPanel.querySelector("pre");
   try {
-    const { processes } = await api(`${base}/stacks`);
+    // py-spy reads each process for up to 20 s (host/pyspy.py): more than a poll's wait.
+    const { processes } = await api(`${base}/stacks`, { timeout: 120_000 });
     out.textContent = processes.map((p) => (p.worker === null ? "" : `worker ${p.worker}\n`)
       + (p.stacks ?? `process ${p.pid}: ${p.command}: ${p.error}\n`)).join("\n")
       || "No processes left to show (the job may be ending).";
