@@ -12,7 +12,7 @@ sorts, and cancels the sweep. A SavedModel directory downloads as one zip, a fil
 line break in its name as any other. A long metric name wraps on a phone. A GPU quarantined
 for a fault says why on the GPU page. A page that loses the agent (stopped; `gpuhop ui` gone
 quiet) says so in a banner and greys what it shows, and carries on where it was once the
-agent answers again.
+agent answers again; the job list says when it shows only the newest jobs.
 Screenshots of the job, list and sweep pages at desktop (1280 px) and phone (390 px) widths,
 and of the list that lost its agent, are kept in test-output/.
 """
@@ -34,7 +34,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gpuhop.agent.callers import owner_login
+from gpuhop.agent.jobs.store import JobStore
 from gpuhop.api import JobState
+from gpuhop.api.spec import JobSpec
 from tests.conftest import REPO, Agent, missing, wait_until
 
 CHROMIUM = os.environ.get("GPUHOP_TEST_CHROMIUM", "/usr/bin/chromium")
@@ -617,6 +620,56 @@ def test_a_page_whose_agent_stops_says_so_and_asks_for_a_login_once_it_is_back(
             assert not page_errors(errors), errors
         finally:
             context.close()
+
+
+def test_the_job_list_says_when_it_shows_only_the_newest_jobs(browser, tmp_path_factory):
+    # It stopped at 200 jobs without a word: the 201st and older were simply not there.
+    root = Path(tmp_path_factory.mktemp("long-history"))
+    agent = Agent(root / "home", root / "cache", None)
+    # A long history, written where the agent keeps it before it starts (running 205 jobs
+    # would take minutes): each a job that ran and succeeded, a second apart.
+    agent.home.mkdir(parents=True)
+    store = JobStore(agent.paths.db)
+    try:
+        for i in range(205):
+            made = store.create(
+                ["true"], JobSpec(name=f"old-{i}"), owner=owner_login(), now=1e9 + i
+            )
+            assert store.transition(
+                made.id, [JobState.queued], JobState.running, started_at=1e9 + i
+            )
+            assert store.transition(
+                made.id, [JobState.running], JobState.succeeded, ended_at=1e9 + i + 1, exit_code=0
+            )
+    finally:
+        store.close()
+    agent.start()
+    try:
+        with own_dashboard(agent, root) as (proc, link):
+            context, page, errors = signed_in(browser, (agent, proc, link))
+            try:
+                expect = sync_api.expect
+                rows = page.locator("tr.job-row")
+                expect(rows).to_have_count(200)
+                expect(rows.first).to_contain_text("old-204")
+                expect(page.locator(".toolbar")).to_contain_text("the newest 200 jobs")
+                older = page.locator("#older")
+                expect(older).to_contain_text("Showing the newest 200 jobs; there are older ones.")
+                expect(older).to_contain_text("gpuhop ps --limit 2000")
+                page.click("#show-more")
+                expect(rows).to_have_count(205)
+                expect(rows.last).to_contain_text("old-0")
+                expect(older).to_be_hidden()
+                expect(page.locator(".toolbar")).to_contain_text("205 jobs")
+                # A state's list is its own newest 200 again.
+                page.click('[data-filter="succeeded"]')
+                expect(older).to_contain_text("Showing the newest 200 jobs")
+                expect(rows).to_have_count(200)
+                assert not errors, errors
+            finally:
+                context.close()
+    finally:
+        agent.shutdown()
 
 
 # Last but one: the GPU stays quarantined for the rest of the module.

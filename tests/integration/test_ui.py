@@ -247,6 +247,11 @@ def test_a_user_sees_only_their_own_jobs_in_the_dashboard(owner_http, user_http)
     listed = alice.get("/ui/api/jobs", headers=cookie).json()["jobs"]
     assert mine in {j["id"] for j in listed}
     assert {j["owner"] for j in listed} == {"alice"}
+    # Whether the list goes on past its limit counts her jobs alone: bob's are not older
+    # ones of hers (the page says "the newest N" only where there are more).
+    for limit, more in ((len(listed), False), (1, len(listed) > 1)):
+        page = alice.get(f"/ui/api/jobs?limit={limit}", headers=cookie).json()
+        assert (len(page["jobs"]), page["more"]) == (limit, more), limit
     paths = ("", "/log", "/metrics", "/artifacts", "/artifacts/a.txt", "/archive", "/archive/d")
     for path in (*paths, "/tensorboard", "/stacks"):
         r = alice.get(f"/ui/api/jobs/{theirs}{path}", headers=cookie)

@@ -60,10 +60,12 @@ def jobs(
     limit: int = Query(default=200, ge=1, le=2000),
     sweep: str | None = Query(default=None, max_length=80),
 ) -> dict[str, object]:
+    """The newest `limit` jobs; `more` says whether there are older ones beyond them (one
+    more is asked for, so the page can say that it shows only the newest)."""
     # The agent's clock comes along: a running job's duration must not depend on the
     # browser's machine keeping the same time as the GPU host.
-    found = jobs_service.list_jobs(ctx(request), caller_of(request), state, limit, sweep)
-    return {"now": time.time(), "jobs": found}
+    found = jobs_service.list_jobs(ctx(request), caller_of(request), state, limit + 1, sweep)
+    return {"now": time.time(), "jobs": found[:limit], "more": len(found) > limit}
 
 
 @router.get("/jobs/{ref}")

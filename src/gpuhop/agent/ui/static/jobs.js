@@ -1,6 +1,7 @@
 // gpuhop dashboard: the jobs page. A table of the jobs this user may see, newest first,
 // filtered by state, refreshed every two seconds; a sweep's runs folded under one line for
-// the sweep. On a phone each job is a card of its cells (style.css).
+// the sweep. It lists the newest 200 and says so where there are more, with a button for
+// more (up to the agent's 2000). On a phone each job is a card of its cells (style.css).
 
 import {
   api, badge, dateCell, gpuText, h, jobDuration, jobHref, metricsInline, poll, replace, shellJoin,
@@ -17,6 +18,12 @@ const FILTERS = [
   ["cancelled", "Cancelled", ["cancelled"]],
 ];
 
+// How many of the newest jobs are listed at first, each "Show more" adds, and at most (the
+// agent's limit for /ui/api/jobs).
+const PAGE = 200;
+const MOST = 2000;
+let limit = PAGE;
+
 let filter = new URLSearchParams(window.location.search).get("state") || "all";
 if (!FILTERS.some(([key]) => key === filter)) filter = "all";
 
@@ -24,7 +31,8 @@ const main = document.getElementById("main");
 const buttons = h("div", { class: "segmented", role: "group", "aria-label": "Filter by state" });
 const counts = h("span", { class: "muted" });
 const body = h("div", { class: "panel table-wrap", id: "jobs" });
-replace(main, h("div", { class: "toolbar" }, h("h1", {}, "Jobs"), buttons, h("span", { class: "spacer" }), counts), body);
+const older = h("p", { class: "note older", id: "older", hidden: true });
+replace(main, h("div", { class: "toolbar" }, h("h1", {}, "Jobs"), buttons, h("span", { class: "spacer" }), counts), body, older);
 
 function drawFilters() {
   replace(buttons, FILTERS.map(([key, label]) => h("button", {
@@ -34,6 +42,7 @@ function drawFilters() {
     on: {
       click: () => {
         filter = key;
+        limit = PAGE;
         const url = new URL(window.location.href);
         if (key === "all") url.searchParams.delete("state"); else url.searchParams.set("state", key);
         window.history.replaceState(null, "", url);
@@ -51,10 +60,12 @@ async function refresh() {
   const states = FILTERS.find(([key]) => key === filter)[2];
   const query = new URLSearchParams();
   for (const s of states || []) query.append("state", s);
-  const shown = filter;
-  const [{ now, jobs }, me] = await Promise.all([api(`/ui/api/jobs?${query}`), mePromise]);
-  if (shown !== filter) return; // the filter changed while this was on its way
-  counts.textContent = `${jobs.length} job${jobs.length === 1 ? "" : "s"}`;
+  query.set("limit", String(limit));
+  const shown = [filter, limit].join();
+  const [{ now, jobs, more }, me] = await Promise.all([api(`/ui/api/jobs?${query}`), mePromise]);
+  if (shown !== [filter, limit].join()) return; // the filter changed while this was on its way
+  counts.textContent = more ? `the newest ${jobs.length} jobs` : `${jobs.length} job${jobs.length === 1 ? "" : "s"}`;
+  drawOlder(more, jobs.length);
   if (!jobs.length) {
     replace(body, h("div", { class: "empty" },
       filter === "all" ? ["No jobs yet. Start one with ", h("code", {}, "gpuhop run train.py"), "."]
@@ -99,6 +110,21 @@ async function refresh() {
   replace(body, h("table", { class: "jobs" },
     h("thead", {}, h("tr", {}, columns.map((c) => h("th", {}, c)))),
     h("tbody", {}, out)));
+}
+
+// Under a list cut short, that it is, and how to see older jobs.
+function drawOlder(more, shown) {
+  older.hidden = !more;
+  if (!more) return;
+  const step = Math.min(PAGE, MOST - limit);
+  replace(older,
+    `Showing the newest ${shown} jobs; there are older ones. `,
+    step > 0 ? [h("button", {
+      type: "button", class: "link", id: "show-more",
+      on: { click: () => { limit += step; refresh(); } },
+    }, `Show ${step} more`), ". "] : "",
+    "To find an older one, pick a state above, or list them in a terminal: ",
+    h("code", {}, `gpuhop ps --limit ${step > 0 ? MOST : MOST * 5}`), ".");
 }
 
 // A cell that names its column, for the narrow layout where each row is a card.
