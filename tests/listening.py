@@ -5,9 +5,9 @@ job does in its own network namespace (a CI run failed when one held a worker's 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from gpuhop.backends.listeners import descendants, socket_inodes
 from gpuhop.home import JobPaths
 
 
@@ -27,38 +27,12 @@ def listening(net: str = "/proc/net") -> dict[str, int]:
     return found
 
 
-def descendants(pid: int) -> set[int]:
-    """`pid` and every process below it, however deep (a job's sandbox and its command)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    found, todo = set(), [pid]
-    while todo:
-        p = todo.pop()
-        if p not in found:
-            found.add(p)
-            todo.extend(children.get(p, []))
-    return found
-
-
 def held_listening(pid: int) -> dict[str, int]:
     """Socket inode -> port of the listening TCP sockets that `pid` or a process below it
     holds, in whichever network namespace each process is."""
     held = {}
     for p in descendants(pid):
-        try:
-            fds = os.listdir(f"/proc/{p}/fd")
-            targets = {os.readlink(f"/proc/{p}/fd/{fd}") for fd in fds}
-        except OSError:  # gone meanwhile
-            continue
-        inodes = {t[len("socket:[") : -1] for t in targets if t.startswith("socket:[")}
+        inodes = socket_inodes({p})
         held |= {i: port for i, port in listening(f"/proc/{p}/net").items() if i in inodes}
     return held
 
