@@ -27,6 +27,10 @@ def test_defaults_then_the_file_then_options(tmp_path):
         ("notify_timeout_seconds = 0\n", "notify_timeout_seconds = 0: give a number of seconds"),
         ("notify_timeout_seconds = -3\n", "notify_timeout_seconds = -3: give a number of seconds"),
         ("notify_timeout_seconds = inf\n", "notify_timeout_seconds = inf: give a number of second"),
+        ("auth_fail_limit = 0\n", "auth_fail_limit = 0: give a whole number of wrong tokens"),
+        ("auth_fail_limit = 2.5\n", "auth_fail_limit = 2.5: give a whole number of wrong tok"),
+        ('auth_fail_limit = "many"\n', "auth_fail_limit = 'many': give a whole number of wrong"),
+        ("auth_fail_window_seconds = 0\n", "auth_fail_window_seconds = 0: give a number of sec"),
         ('[slurm]\nports = "32000-20000"\n', "[slurm] ports = '32000-20000': give ports from"),
         ('[slurm]\nports = "80-90"\n', "from 1024 to 65535"),
         ("[slurm]\nports = 20000\n", '[slurm] ports = 20000: give a range of ports "LOW-HIGH"'),
@@ -52,6 +56,14 @@ def test_the_idle_guard_takes_fractional_minutes_and_is_off_by_default(tmp_path)
     assert (Policy().idle_gpu_minutes, Policy().idle_action) == (None, "warn")
     (tmp_path / "agent.toml").write_text('idle_gpu_minutes = 0.05\nidle_action = "cancel"\n')
     assert (load(tmp_path).idle_gpu_minutes, load(tmp_path).idle_action) == (0.05, "cancel")
+
+
+def test_wrong_tokens_are_limited_by_default_and_the_limit_can_be_lifted(tmp_path):
+    assert (Policy().auth_fail_limit, Policy().auth_fail_window_seconds) == (20, 60.0)
+    (tmp_path / "agent.toml").write_text("auth_fail_limit = 5\nauth_fail_window_seconds = 0.5\n")
+    assert (load(tmp_path).auth_fail_limit, load(tmp_path).auth_fail_window_seconds) == (5, 0.5)
+    (tmp_path / "agent.toml").write_text('auth_fail_limit = "none"\n')
+    assert load(tmp_path).auth_fail_limit is None
 
 
 def test_the_slurm_section_sets_the_gangs_port_range(tmp_path):

@@ -23,6 +23,9 @@ From `agent.toml` in the state dir, then from `python -m gpuhop.agent` options, 
     notify = ["https://hooks.slack.com/services/..."]   # every job's start and end go here
     notify_allowed_hosts = ["hooks.slack.com", "ci.example.com:8443"]  # see jobs/notifier
     notify_timeout_seconds = 10   # a webhook that has not answered by then is tried again
+    auth_fail_limit = 20      # a client address that sends this many wrong tokens to the TLS
+    auth_fail_window_seconds = 60  # listener within this long is refused (429) as long
+                              # after, valid tokens too ("none" for the limit: never)
     idle_gpu_minutes = 30     # a job holding whole GPUs at 0 % this long is warned in its log
     idle_action = "warn"      # ... and left alone ("warn"), or cancelled, class idle ("cancel")
     job_uid_base = 2000000000 # a team agent's jobs run as one uid per user from here on ...
@@ -102,6 +105,8 @@ class Policy:
     notify: tuple[str, ...] = ()
     notify_allowed_hosts: tuple[str, ...] = ()
     notify_timeout_seconds: float = 10.0
+    auth_fail_limit: int | None = 20
+    auth_fail_window_seconds: float = 60.0
     idle_gpu_minutes: float | None = None
     idle_action: str = "warn"
     job_uid_base: int = 2_000_000_000
@@ -260,8 +265,17 @@ def _coerce(name: str, value: Any, source: str) -> Any:
             if float(value) <= 0:
                 raise ValueError("give a number of minutes above 0 (fractions allowed)")
             return float(value)
-        if name == "notify_timeout_seconds":
-            # 0 would time every webhook out at once: each notification failed and dropped.
+        if name == "auth_fail_limit":
+            if value in (None, "", "none"):
+                return None
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    'give a whole number of wrong tokens, 1 or more ("none": no limit)'
+                )
+            return value
+        if name in ("notify_timeout_seconds", "auth_fail_window_seconds"):
+            # 0 would time every webhook out at once: each notification failed and dropped;
+            # or hold no address back at all.
             if isinstance(value, bool) or not 0 < float(value) < math.inf:
                 raise ValueError("give a number of seconds above 0")
             return float(value)

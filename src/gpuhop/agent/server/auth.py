@@ -8,6 +8,8 @@ scope of every HTTP request and WebSocket handshake before any route runs:
 - the TCP listener takes `Authorization: Bearer <token>` and nothing else (`TokenAuth`);
   without a valid token the answer is 401 and no route, not even /docs, is reached (a
   browser that comes straight to the dashboard's `/ui` gets a page saying how to log in).
+  An address that sent too many wrong tokens lately is answered 429 instead, whatever it
+  sends, until its hold is over (`guesses.TokenGuesses`).
 
 The dashboard (`/ui`) needs a session cookie on top of this, checked by `gpuhop.agent.ui.gate`.
 
@@ -21,10 +23,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuhop.agent.callers import SCOPE_KEY, Caller, owner_login
+from gpuhop.agent.server.guesses import TokenGuesses
 from gpuhop.agent.server.logs import Throttle
 from gpuhop.agent.server.revocation import run_while_valid
 from gpuhop.agent.tokens import TokenStore
@@ -49,24 +53,41 @@ class OwnerAuth:
 
 
 class TokenAuth:
-    """The TCP listener's middleware: a valid bearer token, or 401 and nothing else."""
+    """The TCP listener's middleware: a valid bearer token, or 401 and nothing else; 429 for
+    an address held back for sending too many wrong tokens (`guesses`; None: never)."""
 
-    def __init__(self, app: ASGIApp, tokens: TokenStore):
+    def __init__(self, app: ASGIApp, tokens: TokenStore, guesses: TokenGuesses | None = None):
         self.app = app
         self.tokens = tokens
+        self.guesses = guesses
         self.refusals = Throttle(window=REFUSAL_LOG_WINDOW)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)  # lifespan
             return
+        client = scope.get("client")
+        address = str(client[0]) if client else "?"
+        guesses = self.guesses
+        # Before any lookup: a held address costs the agent no more than this answer.
+        left = guesses.held(address) if guesses is not None else None
+        if left is not None:
+            await _hold(scope, receive, send, left)
+            return
         record = None
         token = _bearer(scope)
         if token is not None:
             record = self.tokens.check(token)
         if record is None:
-            client = scope.get("client")
-            address = str(client[0]) if client else "?"
+            if token is not None and guesses is not None and guesses.wrong(address):
+                log.warning(
+                    "%d wrong tokens from %s within %gs: its requests are refused (429) for"
+                    " %gs (auth_fail_limit, auth_fail_window_seconds in agent.toml)",
+                    guesses.limit,
+                    address,
+                    guesses.window,
+                    guesses.window,
+                )
             # One line per address per few seconds: a client sending thousands of requests a
             # second must not fill the disk jobs need (the count of the others follows).
             held = self.refusals.allow(address)
@@ -100,24 +121,51 @@ _REFUSAL = ErrorBody(
 
 
 async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
-    body = json.dumps(_REFUSAL.model_dump(mode="json")).encode()
+    headers = [(b"www-authenticate", b"Bearer")]
+    await _answer(scope, receive, send, 401, _REFUSAL, NOT_LOGGED_IN, headers)
+
+
+async def _hold(scope: Scope, receive: Receive, send: Send, left: float) -> None:
+    seconds = math.ceil(left)
+    body = ErrorBody(
+        code=ErrorCode.too_many,
+        message=(
+            "too many requests with a wrong token came from this address: the agent refuses"
+            f" its requests for {seconds}s more; then try again with a valid token"
+        ),
+    )
+    headers = [(b"retry-after", str(seconds).encode())]
+    await _answer(scope, receive, send, 429, body, body.message, headers)
+
+
+async def _answer(
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    status: int,
+    error: ErrorBody,
+    page: str,
+    more: list[tuple[bytes, bytes]],
+) -> None:
+    """`error` (as JSON; a browser on /ui gets `page`), for a request or a WebSocket."""
+    body = json.dumps(error.model_dump(mode="json")).encode()
     kind = b"application/json"
     if scope["type"] == "http" and (scope["path"] + "/").startswith("/ui/"):
-        body, kind = denied_page(NOT_LOGGED_IN), b"text/html; charset=utf-8"
+        body, kind = denied_page(page, status), b"text/html; charset=utf-8"
     headers: list[tuple[bytes, bytes]] = [
         (b"content-type", kind),
         (b"content-length", str(len(body)).encode()),
-        (b"www-authenticate", b"Bearer"),
+        *more,
     ]
     if scope["type"] == "http":
-        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
         return
     message = await receive()  # websocket.connect
     if message["type"] != "websocket.connect":
         return
     if "websocket.http.response" in scope.get("extensions", {}):
-        await send({"type": "websocket.http.response.start", "status": 401, "headers": headers})
+        await send({"type": "websocket.http.response.start", "status": status, "headers": headers})
         await send({"type": "websocket.http.response.body", "body": body})
     else:
         await send({"type": "websocket.close", "code": 1008})  # the server answers 403

@@ -148,6 +148,7 @@ def _serve_context(
 
     from gpuhop.agent.server.app import create_app
     from gpuhop.agent.server.auth import OwnerAuth, TokenAuth
+    from gpuhop.agent.server.guesses import TokenGuesses
     from gpuhop.agent.server.protocol import BodyHttpProtocol, DenialWebSockets
 
     log = logging.getLogger("gpuhop.agent")
@@ -167,8 +168,12 @@ def _serve_context(
     # One lifespan (the scheduler) for the agent: the Unix socket's server runs it.
     servers = [(_Server(uvicorn.Config(OwnerAuth(app), http=BodyHttpProtocol, **common)), sock)]
     if tcp is not None:
+        policy = ctx.policy
+        guesses = None
+        if policy.auth_fail_limit is not None:
+            guesses = TokenGuesses(policy.auth_fail_limit, policy.auth_fail_window_seconds)
         config = uvicorn.Config(
-            TokenAuth(app, ctx.tokens),
+            TokenAuth(app, ctx.tokens, guesses),
             lifespan="off",
             proxy_headers=False,
             timeout_keep_alive=KEEP_ALIVE_TIMEOUT,
