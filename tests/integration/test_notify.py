@@ -363,9 +363,46 @@ def test_the_queue_of_notifications_is_bounded():
     silent = Silent()
     notifier = Notifier(HostRule(["127.0.0.1"]), senders=1, max_pending=2, timeout=0.2)
     try:
-        assert notifier.send(silent.url, {"n": 1}) and notifier.send(silent.url, {"n": 2})
-        assert not notifier.send(silent.url, {"n": 3})  # dropped, not held without bound
+        # Each of another user's jobs, so that none passes a user's share of the queue.
+        assert notifier.send(silent.url, {"n": 1}, owner="a")
+        assert notifier.send(silent.url, {"n": 2}, owner="b")
+        assert not notifier.send(silent.url, {"n": 3}, owner="c")  # dropped, not held without bound
         assert notifier.dropped == 1
+    finally:
+        notifier.close()
+        silent.close()
+
+
+def test_one_users_notifications_fill_only_their_share_of_the_queue(webhook, caplog):
+    """Mallory's webhook never answers and her jobs send more than the whole queue holds: a
+    quarter of it waits, the rest of hers are dropped (said once in the log), and Alice's
+    still go out. Once hers are given up, her new ones are queued again."""
+    silent = Silent()
+    notifier = Notifier(HostRule(["127.0.0.1"]), max_pending=12, timeout=HANG_SECONDS, tries=1)
+    try:
+        sent = [
+            notifier.send(silent.url, {"n": n}, key=f"job{n}", owner="mallory") for n in range(20)
+        ]
+        assert sent == [True] * 3 + [False] * 17
+        assert notifier.dropped == 17
+        for n in range(3):
+            assert notifier.send(f"{webhook.url}/alice", {"n": n}, key=f"a{n}", owner="alice")
+        wait_until(lambda: len(webhook.events("/alice")) == 3)
+
+        def said(words: str) -> list[str]:
+            return [r.getMessage() for r in caplog.records if words in r.getMessage()]
+
+        assert said("notifications of mallory's jobs are dropped from now on: 3 of theirs") == [
+            "notifications of mallory's jobs are dropped from now on: 3 of theirs are waiting"
+            " already, a user's share of the queue (webhooks that do not answer?)"
+        ]
+        silent.close()  # her webhook hangs up: her notifications fail, and are given up
+        wait_until(lambda: said("notifications of mallory's jobs are queued again"))
+        assert said("mallory's jobs are queued again") == [
+            "notifications of mallory's jobs are queued again; 17 were dropped"
+        ]
+        assert notifier.send(f"{webhook.url}/mallory", {"n": 20}, key="job20", owner="mallory")
+        wait_until(lambda: webhook.events("/mallory") == [{"n": 20}])
     finally:
         notifier.close()
         silent.close()

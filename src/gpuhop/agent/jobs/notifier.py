@@ -5,7 +5,11 @@ supervisor nor the scheduler ever waits for a webhook. Sender threads (as many a
 work for, up to `senders`) POST each notification; one that fails (no answer within
 `timeout`, a refused connection, a 5xx) is tried again after 1, 2, 4 ... seconds, up to
 `tries` times, then dropped with a warning. When `max_pending` notifications are waiting (a
-webhook down for long), new ones are dropped and logged rather than held without bound.
+webhook down for long), new ones are dropped and logged rather than held without bound; and
+one user's jobs may have at most `owner_pending` of them waiting (a quarter of the queue), so
+that a user with many jobs and webhooks that never answer cannot fill the queue and have
+everyone else's notifications dropped: their new ones are, with one line in the log when
+that starts and one when it ends.
 
 A webhook that accepts the connection and never answers holds a sender for `timeout` on
 each try: so at most `per_host` notifications go to one host (and port) at once, and at most
@@ -193,6 +197,7 @@ class _Delivery:
     # Its lanes ("host", HOST:PORT) and ("owner", USER): each lets only so many deliveries be
     # sent at once.
     lanes: tuple[tuple[str, str], ...] = field(compare=False, default=())
+    owner: str = field(compare=False, default="")
     tries: int = field(default=0, compare=False)
 
 
@@ -213,12 +218,18 @@ class Notifier:
     ):
         self.rule = rule
         self.max_pending = max_pending
+        # One user's share of the queue, a quarter: four users flooding it leave none for a
+        # fifth, but one or two leave most of it.
+        self.owner_pending = max(1, max_pending // 4)
         self.timeout = timeout
         self.tries = tries
         self.first_delay = first_delay
         self.dropped = 0
         self._heap: list[_Delivery] = []
         self._pending = 0  # waiting in the heap or behind another, or being sent
+        self._owned: dict[str, int] = {}  # an owner -> their part of `_pending`
+        # An owner whose notifications are being dropped (past `owner_pending`) -> how many.
+        self._over: dict[str, int] = {}
         # A key with a delivery in the heap or being sent -> those queued behind it.
         self._behind: dict[tuple[str, str], deque[_Delivery]] = {}
         self._caps = {"host": per_host, "owner": per_owner}
@@ -244,30 +255,48 @@ class Notifier:
 
     def send(self, url: str, body: dict[str, Any], key: str = "", owner: str = "") -> bool:
         """Queue one notification of `owner`'s job; False (and logged) if too many are
-        waiting. Those of one `key` (a job's) to one URL arrive in the order sent: a job's
-        end never overtakes its start, even while the start is being retried."""
+        waiting, or too many of `owner`'s. Those of one `key` (a job's) to one URL arrive in
+        the order sent: a job's end never overtakes its start, even while the start is being
+        retried."""
         with self._cond:
             if self._closed:
                 return False
             if self._http is None:
                 self._start()
-            if self._pending >= self.max_pending:
-                self.dropped += 1
-                log.warning(
-                    "notification to %s dropped: %d already waiting",
-                    shown_webhook(url),
-                    self._pending,
-                )
-                return False
-            self._pending += 1
-            lanes = (("host", host_port(url)), ("owner", owner))
-            item = _Delivery(time.monotonic(), next(self._seq), url, body, (url, key), lanes)
-            if item.key in self._behind:
-                self._behind[item.key].append(item)
-            else:
-                self._behind[item.key] = deque()
-                self._ready(item)
-        return True
+            owned, pending = self._owned.get(owner, 0), self._pending
+            if owned < self.owner_pending and pending < self.max_pending:
+                self._queue(url, body, key, owner)
+                return True
+            self.dropped += 1
+            theirs = owned >= self.owner_pending
+            first = theirs and owner not in self._over
+            if theirs:
+                self._over[owner] = self._over.get(owner, 0) + 1
+        if not theirs:
+            log.warning(
+                "notification to %s dropped: %d already waiting", shown_webhook(url), pending
+            )
+        elif first:  # the others are counted, and the count logged when theirs go again
+            log.warning(
+                "notifications of %s's jobs are dropped from now on: %d of theirs are waiting"
+                " already, a user's share of the queue (webhooks that do not answer?)",
+                owner or "the owner",
+                owned,
+            )
+        return False
+
+    def _queue(self, url: str, body: dict[str, Any], key: str, owner: str) -> None:
+        """One more notification waits: due now, or behind the last of its key. Called with
+        the lock held."""
+        self._pending += 1
+        self._owned[owner] = self._owned.get(owner, 0) + 1
+        lanes = (("host", host_port(url)), ("owner", owner))
+        item = _Delivery(time.monotonic(), next(self._seq), url, body, (url, key), lanes, owner)
+        if item.key in self._behind:
+            self._behind[item.key].append(item)
+        else:
+            self._behind[item.key] = deque()
+            self._ready(item)
 
     def _ready(self, item: _Delivery) -> None:
         """`item` may be sent once it is due. Called with the lock held."""
@@ -333,7 +362,14 @@ class Notifier:
                     self._ready(item)
                     continue
                 self._pending -= 1
+                resumed = self._left(item.owner)
                 self._next_of(item.key)
+            if resumed:
+                log.warning(
+                    "notifications of %s's jobs are queued again; %d were dropped",
+                    item.owner or "the owner",
+                    resumed,
+                )
             if error is not None:
                 log.warning(
                     "notification to %s failed %d times: %s",
@@ -341,6 +377,18 @@ class Notifier:
                     item.tries,
                     error,
                 )
+
+    def _left(self, owner: str) -> int:
+        """One of `owner`'s notifications has left the queue: how many of theirs were
+        dropped, if that ends their dropping (0 if none were, or it goes on)."""
+        owned = self._owned[owner] - 1
+        if owned:
+            self._owned[owner] = owned
+        else:
+            del self._owned[owner]
+        if owned < self.owner_pending:
+            return self._over.pop(owner, 0)
+        return 0
 
     def _next_of(self, key: tuple[str, str]) -> None:
         """A delivery of `key` is done (taken or given up): the next of that key may go."""
