@@ -8,8 +8,8 @@ scope of every HTTP request and WebSocket handshake before any route runs:
 - the TCP listener takes `Authorization: Bearer <token>` and nothing else (`TokenAuth`);
   without a valid token the answer is 401 and no route, not even /docs, is reached (a
   browser that comes straight to the dashboard's `/ui` gets a page saying how to log in).
-  An address that sent too many wrong tokens lately is answered 429 instead, whatever it
-  sends, until its hold is over (`guesses.TokenGuesses`).
+  An address that sent too many wrong tokens lately is answered 429 instead, unless it
+  sends a valid one, until its hold is over (`guesses.TokenGuesses`).
 
 The dashboard (`/ui`) needs a session cookie on top of this, checked by `gpuhop.agent.ui.gate`.
 
@@ -69,20 +69,23 @@ class TokenAuth:
         client = scope.get("client")
         address = str(client[0]) if client else "?"
         guesses = self.guesses
-        # Before any lookup: a held address costs the agent no more than this answer.
-        left = guesses.held(address) if guesses is not None else None
-        if left is not None:
-            await _hold(scope, receive, send, left)
-            return
         record = None
         token = _bearer(scope)
         if token is not None:
             record = self.tokens.check(token)
         if record is None:
+            # A held address's requests without a valid token are answered 429, unlogged; a
+            # valid token still gets in: the address may be a NAT's or a proxy's, shared by
+            # users whom one client's stale token must not lock out.
+            left = guesses.held(address) if guesses is not None else None
+            if left is not None:
+                await _hold(scope, receive, send, left)
+                return
             if token is not None and guesses is not None and guesses.wrong(address):
                 log.warning(
-                    "%d wrong tokens from %s within %gs: its requests are refused (429) for"
-                    " %gs (auth_fail_limit, auth_fail_window_seconds in agent.toml)",
+                    "%d wrong tokens from %s within %gs: its requests without a valid token are"
+                    " refused (429) for %gs (auth_fail_limit, auth_fail_window_seconds in"
+                    " agent.toml)",
                     guesses.limit,
                     address,
                     guesses.window,
@@ -131,7 +134,7 @@ async def _hold(scope: Scope, receive: Receive, send: Send, left: float) -> None
         code=ErrorCode.too_many,
         message=(
             "too many requests with a wrong token came from this address: the agent refuses"
-            f" its requests for {seconds}s more; then try again with a valid token"
+            f" its requests without a valid token for {seconds}s more"
         ),
     )
     headers = [(b"retry-after", str(seconds).encode())]

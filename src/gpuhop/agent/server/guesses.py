@@ -4,9 +4,11 @@ lately, and are held back (429) for a while.
 A token is 256 random bits, so guessing one is hopeless; what a client that sends wrong
 tokens as fast as the agent answers costs is a lookup and a log line each, and what the
 operator should hear of is one line, not thousands. So an address that sent `limit` wrong
-tokens within `window` seconds is refused (429, Retry-After) for `window` seconds from then,
-every request of it, valid tokens too, before any token is looked up; then it starts afresh.
-Other addresses are not affected, nor is the Unix socket (the owner), which has no tokens.
+tokens within `window` seconds is answered 429 (Retry-After) for `window` seconds from then,
+unlogged, for every request of it without a valid token; then it starts afresh. A valid token
+still gets in: one address may be a NAT's or a reverse proxy's, shared by users whom one
+client's stale token must not lock out (and guessing is hopeless anyway). Other addresses are
+not affected, nor is the Unix socket (the owner), which has no tokens.
 
 The addresses are kept in an LRU of `addresses` entries, so that many addresses cannot grow
 it without bound (one that falls out starts afresh).
