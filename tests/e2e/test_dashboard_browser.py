@@ -9,10 +9,11 @@ on the GPU page as the holder of the GPU by its name, and cancelled from its pag
 the login, nothing is shown. The job list shows commands, dates and ids, folds a sweep's runs
 under the sweep, and fits a phone. A sweep's page compares its runs by epoch, marks the best,
 sorts, and cancels the sweep. A SavedModel directory downloads as one zip, a file with a
-line break in its name as any other. A long metric name wraps on a phone. A GPU quarantined
-for a fault says why on the GPU page. A page that loses the agent (stopped; `gpuhop ui` gone
-quiet) says so in a banner and greys what it shows, and carries on where it was once the
-agent answers again; the job list says when it shows only the newest jobs.
+line break in its name as any other. A long metric name wraps on a phone, and one named as
+every JavaScript object's own (`constructor`, `__proto__`) is drawn as logged. A GPU
+quarantined for a fault says why on the GPU page. A page that loses the agent (stopped;
+`gpuhop ui` gone quiet) says so in a banner and greys what it shows, and carries on where it
+was once the agent answers again; the job list says when it shows only the newest jobs.
 Screenshots of the job, list and sweep pages at desktop (1280 px) and phone (390 px) widths,
 and of the list that lost its agent, are kept in test-output/.
 """
@@ -498,6 +499,54 @@ def test_a_long_metric_name_wraps_on_a_phone(dashboard, browser, project):
         sync_api.expect(chart.locator(".legend")).to_contain_text(f"val_{name}")
         assert fits(page, "#charts, .chart figcaption, .chart .legend")
         assert page.evaluate("document.documentElement.scrollWidth") <= PHONE["width"]
+        assert errors == []
+    finally:
+        context.close()
+
+
+# A sweep's run that logs its mean absolute percentage error each epoch, then, once, metrics
+# named as what every JavaScript object has.
+HOSTILE_NAMES = """
+import sys
+from gpuhop.runtime import log_metrics
+
+k = float(sys.argv[1])
+for epoch in (1, 2, 3):
+    log_metrics(epoch=epoch, mape=10 * k / epoch)
+log_metrics(epoch=3, constructor=k, toString=k, hasOwnProperty=k, **{"__proto__": k})
+"""
+
+
+def test_metrics_named_as_an_objects_own_are_drawn_as_logged(dashboard, browser, project):
+    # A metric named "constructor" (or "toString", "__proto__") was found in every record, as
+    # every object has one: its chart gained a point for each record, of no number.
+    agent, _, _ = dashboard
+    origin = dashboard[2].split("/ui/")[0]
+    with agent.client() as client:
+        sweep = client.sweep(
+            "names.py {k}",
+            {"k": ["1", "2"]},
+            name="names",
+            workdir=project({"names.py": HOSTILE_NAMES}),
+        )
+        for run in sweep.runs:
+            assert run.wait(timeout=60).state == JobState.succeeded
+    context, page, errors = signed_in(browser, dashboard)
+    try:
+        expect = sync_api.expect
+        page.goto(f"{origin}/ui/jobs/{sweep.runs[0].id}")
+        expect(page.locator('[data-metric="mape"]')).to_have_attribute("data-points", "3")
+        for name in ("constructor", "toString", "hasOwnProperty", "__proto__"):
+            expect(page.locator(f'[data-metric="{name}"]')).to_have_attribute("data-points", "1")
+        page.goto(f"{origin}/ui/sweeps/{sweep.id}")
+        expect(page.locator("#runs tbody tr")).to_have_count(2)
+        expect(page.locator('[data-metric="mape"]')).to_have_attribute("data-points", "6")
+        for name in ("constructor", "toString", "hasOwnProperty", "__proto__"):
+            expect(page.locator(f'[data-metric="{name}"]')).to_have_attribute("data-points", "2")
+        page.select_option("#rank-by", "constructor")
+        best = page.locator(f'#runs tr[data-job="{sweep.runs[0].id}"]')
+        expect(best.locator(".best-mark")).to_be_visible()
+        expect(best.locator('[data-label="best constructor"]')).to_have_text("1")
         assert errors == []
     finally:
         context.close()

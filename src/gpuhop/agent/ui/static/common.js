@@ -226,11 +226,12 @@ export function shellJoin(args) {
   return args.map((arg) => (arg !== "" && /^[\w@%+=:,./-]+$/.test(arg) ? arg : `'${arg.replace(/'/g, "'\"'\"'")}'`)).join(" ");
 }
 
-// A sweep's run is named NAME[k=v,k2=v2] (gpuhop/client/sweeps.py): its values, in order.
+// A sweep's run is named NAME[k=v,k2=v2] (gpuhop/client/sweeps.py): its values, in order,
+// in a Map (a parameter's name is the user's: "constructor" is one a plain object has).
 export function sweepParams(name) {
   const found = /\[([^\]]*)\]$/.exec(name || "");
-  if (!found) return {};
-  return Object.fromEntries(found[1].split(",").map((kv) => kv.split("=", 2)).filter((kv) => kv.length === 2));
+  if (!found) return new Map();
+  return new Map(found[1].split(",").map((kv) => kv.split("=", 2)).filter((kv) => kv.length === 2));
 }
 
 // The sweep's name: its runs' names before the brackets, else its id.
@@ -283,6 +284,12 @@ export function metricsInline(latest, max = 5) {
   const source = typeof latest.source === "string" ? `  (from ${latest.source})` : "";
   return h("span", { class: "metrics-inline" },
     parts.map(([k, v], i) => [i ? "  " : "", `${k} `, h("b", {}, number(v))]), source);
+}
+
+// A record's value of `key`, a name the job chose: its own, never one every object inherits
+// (a metric named "constructor" or "toString" that this record lacks is not in it).
+export function own(record, key) {
+  return record && Object.hasOwn(record, key) ? record[key] : undefined;
 }
 
 export function isMetric(key, value) {

@@ -373,7 +373,7 @@ function drawCharts() {
     const series = keys.map((key) => {
       const points = [];
       for (const r of records) {
-        if (!(key in r) || r.source !== source) continue;
+        if (!Object.hasOwn(r, key) || r.source !== source) continue;
         const x = xKey === "time" ? r.time - t0 : r[xKey];
         if (typeof x === "number") points.push([x, r[key]]);
       }

@@ -5,7 +5,7 @@
 
 import { LineChart } from "/ui/static/chart.js";
 import {
-  ApiError, FINISHED, api, badge, h, isMetric, jobDuration, jobHref, number, poll, replace,
+  ApiError, FINISHED, api, badge, h, isMetric, jobDuration, jobHref, number, own, poll, replace,
   seconds, sweepName, sweepParams, topbar,
 } from "/ui/static/common.js";
 
@@ -89,14 +89,14 @@ function metricNames() {
 // The parameters that differ between runs: what tells one run from another.
 function varying() {
   const params = runs.map((r) => sweepParams(r.name));
-  const keys = [...new Set(params.flatMap((p) => Object.keys(p)))];
-  const differ = keys.filter((k) => new Set(params.map((p) => p[k])).size > 1);
+  const keys = [...new Set(params.flatMap((p) => [...p.keys()]))];
+  const differ = keys.filter((k) => new Set(params.map((p) => p.get(k))).size > 1);
   return differ.length ? differ : keys;
 }
 
 function label(run, keys) {
   const p = sweepParams(run.name);
-  const text = keys.filter((k) => k in p).map((k) => `${k}=${p[k]}`).join(" ");
+  const text = keys.filter((k) => p.has(k)).map((k) => `${k}=${p.get(k)}`).join(" ");
   return text || run.name || run.id;
 }
 
@@ -120,7 +120,7 @@ function best(name) {
   for (const run of runs) {
     let value = null;
     for (const r of recordsOf(run)) {
-      const v = r[name];
+      const v = own(r, name);
       if (typeof v === "number" && Number.isFinite(v) && (value === null || (higher ? v > value : v < value))) value = v;
     }
     values.set(run.id, value);
@@ -137,14 +137,14 @@ function drawRuns() {
   const ranked = rankMetric(names);
   const { values, top } = ranked ? best(ranked) : { values: new Map(), top: null };
   const keys = varying();
-  const params = Object.fromEntries(runs.map((r) => [r.id, sweepParams(r.name)]));
-  const latest = (run, name) => (run.latest_metrics || {})[name];
+  const params = new Map(runs.map((r) => [r.id, sweepParams(r.name)]));
+  const latest = (run, name) => own(run.latest_metrics, name);
   // Each column: its heading, and a run's value in it (what it sorts by) and cell.
   const columns = [
     ["Run", (r) => runs.indexOf(r), (r, i) => h("span", { class: `run-key key${i % COLOURS}` },
       h("a", { href: jobHref(r.id) }, r.name || r.id), r.id === top ? h("span", { class: "best-mark", title: `best ${ranked}` }, " ★ best") : null)],
     ["Job", (r) => r.id, (r) => h("a", { class: "mono", href: jobHref(r.id) }, r.id)],
-    ...keys.map((k) => [k, (r) => sortable(params[r.id][k]), (r) => params[r.id][k] ?? ""]),
+    ...keys.map((k) => [k, (r) => sortable(params.get(r.id).get(k)), (r) => params.get(r.id).get(k) ?? ""]),
     ["State", (r) => r.state, (r) => badge(r.state)],
     ["Duration", (r) => (r.started_at ? (seconds(r.ended_at) ?? now) - seconds(r.started_at) : null), (r) => jobDuration(r, now)],
     ranked ? [`best ${ranked}`, (r) => values.get(r.id), (r) => (values.get(r.id) === null ? "" : number(values.get(r.id)))] : null,
@@ -216,7 +216,7 @@ function drawCharts() {
 function curve(records, name, key) {
   const points = [];
   records.forEach((r, i) => {
-    if (!(name in r)) return;
+    if (!Object.hasOwn(r, name)) return;
     const x = key === "record" ? i : r[key];
     if (typeof x === "number") points.push([x, r[name]]);
   });
