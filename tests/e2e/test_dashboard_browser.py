@@ -10,10 +10,11 @@ the login, nothing is shown. The job list shows commands, dates and ids, folds a
 under the sweep, and fits a phone. A sweep's page compares its runs by epoch, marks the best,
 sorts, and cancels the sweep. A SavedModel directory downloads as one zip, a file with a
 line break in its name as any other. A long metric name wraps on a phone, and one named as
-every JavaScript object's own (`constructor`, `__proto__`) is drawn as logged. A GPU
-quarantined for a fault says why on the GPU page. A page that loses the agent (stopped;
-`gpuhop ui` gone quiet) says so in a banner and greys what it shows, and carries on where it
-was once the agent answers again; the job list says when it shows only the newest jobs.
+every JavaScript object's own (`constructor`, `__proto__`) is drawn as logged; a sweep ranked
+by an error (`mape`) marks its lowest run best, by the agent's rule. A GPU quarantined for a
+fault says why on the GPU page. A page that loses the agent (stopped; `gpuhop ui` gone quiet)
+says so in a banner and greys what it shows, and carries on where it was once the agent
+answers again; the job list says when it shows only the newest jobs.
 Screenshots of the job, list and sweep pages at desktop (1280 px) and phone (390 px) widths,
 and of the list that lost its agent, are kept in test-output/.
 """
@@ -38,8 +39,10 @@ import pytest
 from gpuhop.agent.callers import owner_login
 from gpuhop.agent.jobs.store import JobStore
 from gpuhop.api import JobState
+from gpuhop.api.metrics import higher_is_better
 from gpuhop.api.spec import JobSpec
 from tests.conftest import REPO, Agent, missing, wait_until
+from tests.unit.test_metric_direction import HIGHER, LOWER
 
 CHROMIUM = os.environ.get("GPUHOP_TEST_CHROMIUM", "/usr/bin/chromium")
 SCREENSHOTS = REPO / "test-output"
@@ -517,20 +520,24 @@ log_metrics(epoch=3, constructor=k, toString=k, hasOwnProperty=k, **{"__proto__"
 """
 
 
-def test_metrics_named_as_an_objects_own_are_drawn_as_logged(dashboard, browser, project):
-    # A metric named "constructor" (or "toString", "__proto__") was found in every record, as
-    # every object has one: its chart gained a point for each record, of no number.
+@pytest.fixture(scope="module")
+def names_sweep(dashboard, tmp_path_factory):
+    """A finished sweep of two runs (k=1, k=2) that log mape, then the object's names."""
     agent, _, _ = dashboard
-    origin = dashboard[2].split("/ui/")[0]
+    work = Path(tmp_path_factory.mktemp("names-project"))
+    (work / "names.py").write_text(HOSTILE_NAMES)
     with agent.client() as client:
-        sweep = client.sweep(
-            "names.py {k}",
-            {"k": ["1", "2"]},
-            name="names",
-            workdir=project({"names.py": HOSTILE_NAMES}),
-        )
+        sweep = client.sweep("names.py {k}", {"k": ["1", "2"]}, name="names", workdir=work)
         for run in sweep.runs:
             assert run.wait(timeout=60).state == JobState.succeeded
+    return sweep
+
+
+def test_metrics_named_as_an_objects_own_are_drawn_as_logged(dashboard, browser, names_sweep):
+    # A metric named "constructor" (or "toString", "__proto__") was found in every record, as
+    # every object has one: its chart gained a point for each record, of no number.
+    sweep = names_sweep
+    origin = dashboard[2].split("/ui/")[0]
     context, page, errors = signed_in(browser, dashboard)
     try:
         expect = sync_api.expect
@@ -547,6 +554,38 @@ def test_metrics_named_as_an_objects_own_are_drawn_as_logged(dashboard, browser,
         best = page.locator(f'#runs tr[data-job="{sweep.runs[0].id}"]')
         expect(best.locator(".best-mark")).to_be_visible()
         expect(best.locator('[data-label="best constructor"]')).to_have_text("1")
+        assert errors == []
+    finally:
+        context.close()
+
+
+def test_a_sweep_ranked_by_an_error_marks_its_lowest(dashboard, browser, names_sweep):
+    # "mape" (Keras's mean absolute percentage error) was taken for mAP, a score: the page
+    # marked the run with the largest error as the best.
+    sweep = names_sweep
+    origin = dashboard[2].split("/ui/")[0]
+    context, page, errors = signed_in(browser, dashboard)
+    try:
+        expect = sync_api.expect
+        page.goto(f"{origin}/ui/sweeps/{sweep.id}")
+        page.select_option("#rank-by", "mape")
+        expect(page.locator('#rank-by option[value="mape"]')).to_have_text("mape (lowest)")
+        best = page.locator(f'#runs tr[data-job="{sweep.runs[0].id}"]')
+        expect(best.locator(".best-mark")).to_be_visible()
+        expect(best.locator('[data-label="best mape"]')).to_have_text("3.333")
+        expect(page.locator("#legend span")).to_have_text(["k=1 ★", "k=2"])
+        # The browser reads the agent's rule as Python does, name for name.
+        names = [*LOWER, *HIGHER]
+        higher = page.evaluate(
+            """async (names) => {
+                const { api } = await import("/ui/static/common.js");
+                const rule = await api("/ui/api/metric-rule");
+                const [lower, higher] = [new RegExp(rule.lower, "i"), new RegExp(rule.higher, "i")];
+                return names.map((n) => !lower.test(n) && higher.test(n));
+            }""",
+            names,
+        )
+        assert dict(zip(names, higher, strict=True)) == {n: higher_is_better(n) for n in names}
         assert errors == []
     finally:
         context.close()

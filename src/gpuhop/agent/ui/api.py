@@ -26,6 +26,7 @@ from gpuhop.agent.services import tensorboard as tb_service
 from gpuhop.agent.services.jobfileread import OpenedFileResponse
 from gpuhop.agent.services.longcalls import long_call
 from gpuhop.api import ArtifactEntry, JobInfo, JobStacks, JobState
+from gpuhop.api.metrics import HIGHER_IS_BETTER, LOWER_IS_BETTER
 from gpuhop.version import __version__
 
 router = APIRouter(prefix="/ui/api", include_in_schema=False)
@@ -51,6 +52,14 @@ def me(request: Request) -> dict[str, object]:
         "gpus": len(c.gpus),
         "fake_gpus": c.fake_gpus,
     }
+
+
+@router.get("/metric-rule")
+def metric_rule() -> dict[str, str]:
+    """Which way a metric gets better (gpuhop.api.metrics), as the patterns the sweep page
+    ranks runs with: a name `lower` finds is a loss or an error; else one `higher` finds is
+    a score; else a loss. Each is a regular expression, case-insensitive."""
+    return {"lower": LOWER_IS_BETTER, "higher": HIGHER_IS_BETTER}
 
 
 @router.get("/jobs")

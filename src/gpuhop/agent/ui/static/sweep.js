@@ -10,8 +10,6 @@ import {
 } from "/ui/static/common.js";
 
 const COLOURS = 8; // as chart.js: a run's colour on every chart and in the legend
-// Metrics where more is better; any other is taken to be a loss or an error.
-const HIGHER_IS_BETTER = /acc|auc|precision|recall|f1|score|iou|map|bleu|rouge|reward|r2/i;
 
 const ref = decodeURIComponent(window.location.pathname.split("/").pop());
 const main = document.getElementById("main");
@@ -36,12 +34,18 @@ replace(main,
 
 let runs = [];
 let now = 0;
+// Which way a metric gets better: the agent's rule (gpuhop/api/metrics.py), asked once.
+let rule = null;
 let sort = { column: null, descending: false };
 // Per run: its metrics records so far and the offset to read on from.
 const metrics = new Map();
 const chartsByName = new Map();
 
 async function refresh() {
+  if (rule === null) {
+    const { lower, higher } = await api("/ui/api/metric-rule");
+    rule = { lower: new RegExp(lower, "i"), higher: new RegExp(higher, "i") };
+  }
   try {
     const found = await api(`/ui/api/jobs?sweep=${encodeURIComponent(ref)}&limit=2000`);
     now = found.now;
@@ -100,12 +104,18 @@ function label(run, keys) {
   return text || run.name || run.id;
 }
 
+// Whether more of a metric is better: not for a loss or an error, nor for a name the rule
+// does not know.
+function higherIsBetter(name) {
+  return !rule.lower.test(name) && rule.higher.test(name);
+}
+
 // The metric runs are ranked by: the one picked, else val_loss, loss, or the first one.
 function rankMetric(names) {
   const options = names.map((n) => `${n}`);
   if (options.join("\n") !== [...rankBy.options].map((o) => o.value).join("\n")) {
     const was = rankBy.value;
-    replace(rankBy, options.map((n) => h("option", { value: n }, `${n} (${HIGHER_IS_BETTER.test(n) ? "highest" : "lowest"})`)));
+    replace(rankBy, options.map((n) => h("option", { value: n }, `${n} (${higherIsBetter(n) ? "highest" : "lowest"})`)));
     rankBy.value = names.includes(was) ? was : ["val_loss", "loss"].find((n) => names.includes(n)) || names[0] || "";
   }
   return rankBy.value || null;
@@ -114,7 +124,7 @@ function rankMetric(names) {
 // Each run's best value of `name` over its records (its lowest, or highest where more is
 // better), and the run with the best of them.
 function best(name) {
-  const higher = HIGHER_IS_BETTER.test(name);
+  const higher = higherIsBetter(name);
   const values = new Map();
   let top = null;
   for (const run of runs) {
