@@ -67,3 +67,10 @@ def test_push_list_show_run_and_remove(make_agent, project, tmp_path):
     envs = agent.cli("env", "ls")
     assert envs.returncode == 0 and "no environments yet" in envs.stderr
     assert agent.cli("env", "rm").returncode == 2
+
+    # One of each is said as one: "1 files ... in 1 chunks; sent 1 chunks" before.
+    (tmp_path / "labels.txt").write_text("0 1 2\n")
+    one = agent.cli("data", "push", str(tmp_path / "labels.txt"), "--name", "labels")
+    assert one.returncode == 0, one.stderr
+    assert "labels v1: 1 file, " in one.stderr and " in 1 chunk; sent 1 chunk, " in one.stderr
+    assert "labels v1: 1 file, " in agent.cli("data", "show", "labels").stderr

@@ -108,6 +108,10 @@ def test_an_array_sets_its_index_and_a_bad_sweep_is_refused(make_agent, project)
     assert unused.returncode != 0 and "parameter lr is not used in the command" in unused.stderr
     unknown = agent.cli("sweep", "show", "no-such-sweep", cwd=root)
     assert unknown.returncode != 0 and "no sweep matches 'no-such-sweep'" in unknown.stderr
+    # A sweep of one run says so ("1 runs queued" before).
+    one = agent.cli("sweep", "--array", "1", "echo.py", "i{index}", cwd=root)
+    assert one.returncode == 0, one.stderr
+    assert ": 1 run queued (one synced tree)" in one.stderr
 
 
 def test_sweep_cancel_stops_every_run_that_has_not_ended_and_keeps_the_others(

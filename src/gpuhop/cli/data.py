@@ -9,7 +9,16 @@ from pathlib import Path
 import typer
 
 from gpuhop.cli.connect import OnOption, client_for
-from gpuhop.cli.output import ago, fail, human_bytes, print_json, print_table, say, wants_live
+from gpuhop.cli.output import (
+    ago,
+    counted,
+    fail,
+    human_bytes,
+    print_json,
+    print_table,
+    say,
+    wants_live,
+)
 from gpuhop.client import GpuhopError
 from gpuhop.client.data import EVERYONE, PushResult
 
@@ -84,8 +93,9 @@ def push(
     r = _push_with_progress(path, name, on, quiet, shared)
     what = f"{name} v{r.info.version}" + ("" if r.info.new else " (unchanged: no new version)")
     say(
-        f"{what}: {r.files} files, {human_bytes(r.bytes)} in {r.chunks} chunks; sent"
-        f" {r.chunks_sent} chunks, {human_bytes(r.bytes_sent)} ({human_bytes(r.wire_bytes)} on"
+        f"{what}: {counted(r.files, 'file')}, {human_bytes(r.bytes)} in"
+        f" {counted(r.chunks, 'chunk')}; sent {counted(r.chunks_sent, 'chunk')},"
+        f" {human_bytes(r.bytes_sent)} ({human_bytes(r.wire_bytes)} on"
         f" the wire) in {r.seconds:.1f}s"
     )
 
@@ -171,7 +181,8 @@ def show(
         print_json({"versions": [v.model_dump(mode="json") for v in versions], "files": files})
         return
     for v in versions:
-        say(f"{name} v{v.version}: {v.files} files, {human_bytes(v.bytes)}, {ago(v.created_at)}")
+        held = f"{counted(v.files, 'file')}, {human_bytes(v.bytes)}"
+        say(f"{name} v{v.version}: {held}, {ago(v.created_at)}")
     print_table(
         ("SIZE", "CHUNKS", "PATH"),
         [(human_bytes(int(str(f["size"]))), str(f["chunks"]), str(f["path"])) for f in files],

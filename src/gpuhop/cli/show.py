@@ -15,6 +15,7 @@ from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.jobs import find_job
 from gpuhop.cli.output import (
     ago,
+    counted,
     duration,
     echo,
     escape,
@@ -120,7 +121,7 @@ def ran_on_rows(record: Info) -> list[tuple[str, str]]:
         packages = record["packages"]
         text = (
             f"{python['implementation']} {python['version']} on {platform['system']}"
-            f" {platform['release']} {platform['machine']}; {len(packages)} packages"
+            f" {platform['release']} {platform['machine']}; {counted(len(packages), 'package')}"
             f" (digest {record['packages_digest'][:12]})"
         )
         rows.append(("ran on", escape(text)))

@@ -29,6 +29,7 @@ from gpuhop.cli import jobopts, params, plain
 from gpuhop.cli.connect import OnOption, client_for
 from gpuhop.cli.output import (
     STATE_STYLE,
+    counted,
     duration,
     fail,
     format_metrics,
@@ -156,7 +157,7 @@ def sweep(  # noqa: PLR0913 (a command: each parameter is one of its options)
             if detach:
                 print(made.id)
                 return
-            say(f"sweep {made.id}: {len(made.runs)} runs queued (one synced tree)")
+            say(f"sweep {made.id}: {counted(len(made.runs), 'run')} queued (one synced tree)")
             runs = _follow(client, made.id, metric)
     except GpuhopError as e:
         fail(e.message)
