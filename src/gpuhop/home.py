@@ -142,6 +142,13 @@ class AgentPaths(NamedTuple):
     def job_dir(self, job_id: str) -> Path:
         return self.jobs / job_id
 
+    def user_home(self, uid: int) -> Path:
+        """HOME of the jobs that run as `uid` in a home of the agent's making (pip's, Keras's
+        and Hugging Face's caches, kept across its jobs): a team agent's identity's (where
+        gpuhop.agent.host.identities makes it), and a single-user agent's own for its jobs in
+        a container image (which must not see the host's home, the state dir in it)."""
+        return self.home / "users" / str(uid) / "home"
+
     def ensure(self) -> None:
         """Create the state dir (0700) and its subdirectories."""
         self.home.mkdir(parents=True, exist_ok=True)

@@ -46,6 +46,7 @@ print(json.dumps({
     "tmpdir": os.environ.get("TMPDIR"),
     "hook": "_gpuhop_hook" in sys.modules,
     "state_dir": sorted(os.listdir(state)) if os.path.isdir(state) else None,
+    "users": sorted(os.listdir(os.path.join(state, "users"))),
     "socket": os.path.exists(os.path.join(state, "agent.sock")),
     "root": can_write("/etc/written-by-job"),
     "tmp": can_write("/tmp/mine"),
@@ -116,9 +117,11 @@ def test_a_job_runs_in_its_image_with_its_contract_and_nothing_else(
         assert seen["root"] == "Read-only file system"
         assert seen["uid"] == os.getuid() and seen["gid"] == os.getgid()
         assert seen["pid1"].endswith("init")  # catatonit passes signals on and reaps
-        # The state dir holds only the job's own: no socket, store, tokens or other jobs.
+        # The state dir holds only the job's own: no socket, store, tokens or other jobs;
+        # and its user's home (HOME, their caches: tests/integration/test_image_home.py).
         assert seen["socket"] is False
-        assert seen["state_dir"] == ["jobs"]
+        assert seen["state_dir"] == ["jobs", "users"]
+        assert seen["users"] == [str(os.getuid())]
         # The host's PATH stayed out: the image has its own.
         assert seen["path_env"] != os.environ.get("PATH")
         pulled = client.job(job.id).pull(tmp_path / "out")

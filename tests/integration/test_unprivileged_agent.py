@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 import gpuhop
+from gpuhop.home import AgentPaths
 from tests.conftest import missing, wait_until
 from tests.images import PYTHON, podman_problem
 
@@ -72,6 +73,8 @@ report = {
     "socket": attempt(lambda: connect(os.path.join(home, "agent.sock"))),
     "tokens": attempt(lambda: read(os.path.join(home, "tokens.db"))),
     "jobs_db": attempt(lambda: read(os.path.join(home, "jobs.db"))),
+    "home": os.environ["HOME"],
+    "home_written": attempt(lambda: open(os.path.join(os.environ["HOME"], "mine"), "w").close()),
 }
 with open(os.path.join(os.environ["GPUHOP_ARTIFACTS_DIR"], "mine.txt"), "w") as f:
     f.write("mine")
@@ -225,6 +228,11 @@ def account() -> Iterator[User]:
             Path(path).write_text("".join(x for x in lines if not x.startswith(name + ":")))
 
 
+def user_home(state: Path, uid: int) -> Path:
+    """The home a single-user agent (its state dir `state`) gives its image jobs."""
+    return AgentPaths(state).user_home(uid)
+
+
 def report_of(output: str) -> dict:
     line = next(x for x in output.splitlines() if x.startswith("REPORT "))
     return json.loads(line[len("REPORT ") :])
@@ -284,7 +292,10 @@ def test_an_image_job_runs_in_a_rootless_podman_as_the_user(user, rootless_image
     # The user has no subordinate ids, so Podman maps their uid alone, to the container's
     # root: a root with no capability, which is the user outside.
     assert report["uid"] == 0
-    assert report["state_dir"] in (None, ["jobs"]), report
+    assert report["state_dir"] in (None, ["jobs", "users"]), report
+    # Its HOME is the agent's home for the user's image jobs (their caches), which it writes.
+    assert report["home"] == str(user_home(user.state, UID)), report
+    assert report["home_written"] == "done", report
     assert report["socket"] != "done" and report["tokens"] != "done", report
     written = list((user.state / "jobs").glob("*/artifacts/mine.txt"))
     assert any(p.stat().st_uid == UID for p in written), written
@@ -318,7 +329,9 @@ def test_an_image_job_of_a_user_with_subordinate_ids_runs_as_their_own_uid(accou
     # Podman maps the user's uid to itself (keep-id) and the container's others to the
     # user's subordinate ids: the job is the user inside as outside.
     assert report["uid"] == ACCOUNT_UID, report
-    assert report["state_dir"] in (None, ["jobs"]), report
+    assert report["state_dir"] in (None, ["jobs", "users"]), report
+    assert report["home"] == str(user_home(account.state, ACCOUNT_UID)), report
+    assert report["home_written"] == "done", report
     assert report["socket"] != "done" and report["tokens"] != "done", report
     written = list((account.state / "jobs").glob("*/artifacts/mine.txt"))
     assert len(written) == 1 and written[0].stat().st_uid == ACCOUNT_UID, written

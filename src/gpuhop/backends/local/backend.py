@@ -247,7 +247,8 @@ class LocalBackend(LeaderBackend):
                 # Its Keras is the image's: asked of the image's python3, in a container.
                 probe = podman.probe_prefix(self.containers, image)
                 gang = self._write_gang(attempt, jp, env, "python3", deps, probe)
-            gang += podman.container_args(self.containers, attempt, jp, deps, env, specs)
+            home = Path(identity["home"]) if identity else self._image_home()
+            gang += podman.container_args(self.containers, attempt, jp, deps, env, specs, home)
             if deps.get("env"):  # --requirements on top of the image (the leader builds it)
                 env_spec = dict(deps["env"], requirements=str(jp.root / "requirements.txt"))
                 (jp.root / "env.json").write_text(json.dumps(env_spec))
@@ -268,6 +269,15 @@ class LocalBackend(LeaderBackend):
             gang += ["--mask", ",".join(secrets)]
         args = [str(jp.status), str(jp.leader_pid), *gang, "--", *argv]
         return args, env, cgroup(jp, f"{attempt.job_id}-{attempt.number}")
+
+    def _image_home(self) -> Path:
+        """HOME of this (single-user) agent's jobs in a container image: not its user's own
+        home, which holds the state dir (and Python packages of the host's, which the
+        image's Python would import from there), but one the agent makes in the state dir,
+        as a team agent's identities have, kept across the jobs (their caches)."""
+        home = self.paths.user_home(os.getuid())
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return home
 
     def start(self, attempt: Attempt, jp: JobPaths, deps: dict[str, Any]) -> Started:
         try:

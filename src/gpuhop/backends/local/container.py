@@ -5,12 +5,14 @@ library only (the leader runs with `python -I -S`).
 
 `podman run` is the leader's child, in the leader's process group: a cancel's SIGTERM reaches
 it and Podman passes it on to the container's init (catatonit, `--init`), which passes it on
-to the job. The job's output goes straight to the job's log (`--log-driver passthrough`:
-the container's stdout and stderr are the leader's). The job's variables are passed by name
+to the job. The job's output goes straight to the job's log (`--log-driver passthrough`: the
+container's stdout and stderr are the leader's). The job's variables are passed by name
 (`--env NAME`: Podman takes each value from its own environment), so no value, a secret's
-least of all, is on a command line. Each container is named `gpuhop-JOB-ATTEMPT[-WORKER]`
-(the pid file lists the names), and removed when the leader is done with it; where the leader
-itself was killed, the agent removes them (LocalBackend.end_the_rest).
+least of all, is on a command line; but for HOME, by value (a path: the job's user's home,
+mounted there), as HOME in Podman's environment is Podman's own. Each container is named
+`gpuhop-JOB-ATTEMPT[-WORKER]` (the pid file lists the names), and removed when the leader is
+done with it; where the leader itself was killed, the agent removes them
+(LocalBackend.end_the_rest).
 
 How it ended: Podman's exit status is the container's, its init's: the job's exit code, or
 128+N where the job was killed by signal N (catatonit, like a shell, reports a signal so; as
@@ -151,8 +153,13 @@ def argv(spec: dict, env: dict, command: list, worker=None) -> tuple:
         args += ["--device", f"nvidia.com/gpu={gpu}"]
     for m in spec["mounts"]:
         args += _mount(m["source"], m["target"], m["readonly"])
+    # The job's user's home (its mount is the spec's): by value, as Podman's own HOME is
+    # its own (`_for_podman`).
+    home = spec.get("home") or env.get("HOME")
+    if home:
+        args += ["--env", f"HOME={home}"]
     for key in sorted(env):
-        if key not in _PODMAN_OWN:
+        if key not in _PODMAN_OWN and key != "HOME":
             args += ["--env", key]
     return [*args, spec["image"], *command], _for_podman(env)
 
@@ -163,7 +170,11 @@ _PODMAN_OWN = ("GPUHOP_PODMAN_PATH", "GPUHOP_PODMAN_HOME", "GPUHOP_PODMAN_XDG_RU
 
 
 def _for_podman(env: dict) -> dict:
+    """Podman's environment from the job's `env`: where the job set PATH or XDG_RUNTIME_DIR,
+    those are Podman's too; its HOME is never the job's (a job's HOME is its user's home,
+    which the job writes: a rootless Podman would look for its store and settings there)."""
     out = dict(env)
+    out.pop("HOME", None)
     for key in _PODMAN_OWN:
         value = out.pop(key, None)
         real = key[len("GPUHOP_PODMAN_") :]

@@ -4,14 +4,16 @@ container is (`describe`), for its leader, which runs it (container.py beside th
 
 What a container job gets is what the sandbox (sandbox.py) gives a venv job, made by Podman
 instead: a read-only root (the image's), its own mount, PID and IPC namespaces, its own
-`/tmp` (the job's tmp dir, bound there), only its own dirs writable at the paths they have
-on the host (work dir, artifacts, checkpoints, control dir, log, metrics and provenance
-files), its datasets (and a model server's SavedModel: `jobdeps.mounts`) read-only, and
-nothing else of the agent's state dir; no capabilities, no new privileges, the uid and gid
-of the job's identity (the agent's own where it has none); and an init (catatonit) as its
-first process, which passes signals on and reaps orphans. gpuhop's own package is bound
-read-only at `GPUHOP_LIB` and put on PYTHONPATH, so the image's Python runs the start-up
-hook (metrics, resume) as a venv job's does.
+`/tmp` (the job's tmp dir, bound there), only its own dirs writable at the paths they have on
+the host (work dir, artifacts, checkpoints, control dir, log, metrics and provenance files;
+and HOME, its user's home, where caches persist across the user's jobs and reach no other
+user's: its identity's, or on a single-user agent one the agent makes beside those, not the
+host's home, which holds the state dir), its datasets (and a model server's SavedModel:
+`jobdeps.mounts`) read-only, and nothing else of the agent's state dir; no capabilities, no
+new privileges, the uid and gid of the job's identity (the agent's own where it has none);
+and an init (catatonit) as its first process, which passes signals on and reaps orphans.
+gpuhop's own package is bound read-only at `GPUHOP_LIB` and put on PYTHONPATH, so the image's
+Python runs the start-up hook (metrics, resume) as a venv job's does.
 """
 
 from __future__ import annotations
@@ -217,16 +219,20 @@ def container_args(
     deps: dict[str, Any],
     env: dict[str, str],
     specs: dict[str, Any] | None,
+    home: Path,
 ) -> list[str]:
     """The leader's `--container` argument for a job in a container image (what this
     module's docstring says it gives it); turns `env` into the container's variables. With
-    `specs`, the container's spec goes there, not to a file."""
+    `specs`, the container's spec goes there, not to a file. `home`: the job's user's home
+    (their identity's, or the agent's for its own image jobs), its HOME."""
     identity = deps.get("identity")
     var_tmp = jp.root / VAR_TMP
     var_tmp.mkdir(mode=0o700, exist_ok=True)
     mounts = Mounts()
     for path in own_files(jp, 1, identity):  # a worker's log is the leader's to write
         mounts.add(path, path)
+    if not identity:  # (an identity's home is among its own files)
+        mounts.add(home, home)
     mounts.add(jp.tmp, "/tmp")
     mounts.add(var_tmp, "/var/tmp")
     for mount in jobdeps.mounts(deps):  # its datasets, a model server's model
@@ -247,7 +253,9 @@ def container_args(
         mounts,
         reference=attempt.spec.image if noted else None,
     )
+    spec["home"] = str(home)
     inside = environment(env, dict(attempt.spec.env), package, bool(deps.get("env")))
+    inside["HOME"] = str(home)
     env.clear()
     env.update(inside)
     for name in ("PATH", "HOME", "XDG_RUNTIME_DIR"):  # Podman's own, not the job's
