@@ -392,8 +392,10 @@ def test_an_image_removed_as_its_job_starts_is_named_so(minimal_image, tmp_path)
     name = f"gpuhop-test-gone-{os.getpid()}"
     spec = describe(PodmanSettings(), gone, name, user, tmp_path, Mounts(), minimal_image)
     assert container.prepare(spec, None) is None  # not looked up: the agent just did
-    args, env = container.argv(spec, {"PATH": os.environ["PATH"]}, ["true"])
-    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120)
+    args, env, fds = container.argv(spec, {"PATH": os.environ["PATH"]}, ["true"])
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=120, pass_fds=fds)
+    for fd in fds:
+        os.close(fd)
     assert done.returncode == 125 and "image not known" in done.stderr, done.stderr
     ended = container.outcome(spec, {"exit_code": 125, "signal": None})
     assert ended["detail"] == (

@@ -6,10 +6,13 @@ library only (the leader runs with `python -I -S`).
 `podman run` is the leader's child, in the leader's process group: a cancel's SIGTERM reaches
 it and Podman passes it on to the container's init (catatonit, `--init`), which passes it on
 to the job. The job's output goes straight to the job's log (`--log-driver passthrough`: the
-container's stdout and stderr are the leader's). The job's variables are passed by name
-(`--env NAME`: Podman takes each value from its own environment), so no value, a secret's
-least of all, is on a command line; but for HOME, by value (a path: the job's user's home,
-mounted there), as HOME in Podman's environment is Podman's own. Each container is named
+container's stdout and stderr are the leader's). The job's variables reach the container
+through an env file in memory (`--env-file /dev/fd/N`, a memfd the leader writes: `env_file`),
+never through Podman's own environment, nor its command line (which every user on the host
+may read: no value, a secret's least of all, is there). Podman runs as root on a team agent:
+a variable a user gives their job (LD_PRELOAD, CONTAINERS_CONF, PATH) in Podman's own
+environment would run the user's code as root. Podman's environment is the agent's PATH,
+HOME and XDG_RUNTIME_DIR alone (`_for_podman`). Each container is named
 `gpuhop-JOB-ATTEMPT[-WORKER]` (the pid file lists the names), and removed when the leader is
 done with it; where the leader itself was killed, the agent removes them
 (LocalBackend.end_the_rest).
@@ -122,29 +125,32 @@ _BUILD_NAMES = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "ALL_PROXY", "REQUESTS_
 
 def build_argv(spec: dict, env_spec: dict) -> tuple:
     """The `podman run` argv (up to the command) that builds the environment of `env_spec` in
-    the job's image, and the environment to run it with: as the job's user, with the
-    network (pip downloads), the environment's dir writable at ENV_TARGET, the requirements
-    and the work dir (for requirements that name a path there) read-only, nothing else."""
+    the job's image, the environment to run it with, and the file descriptors it must
+    inherit (its env file's): as the job's user, with the network (pip downloads), the
+    environment's dir writable at ENV_TARGET, the requirements and the work dir (for
+    requirements that name a path there) read-only, nothing else."""
     env_dir = env_spec["dir"]
     os.makedirs(env_dir, exist_ok=True)
     if os.geteuid() == 0:  # the job's user writes it
         uid, gid = (int(n) for n in spec["user"].split(":"))
         os.chown(env_dir, uid, gid)
-    args = [*_run(spec), "--tmpfs", "/tmp", "--env", "HOME=/tmp"]
+    args = [*_run(spec), "--tmpfs", "/tmp"]
     args += _mount(env_dir, ENV_TARGET, False)
     args += _mount(env_spec["requirements"], REQUIREMENTS_TARGET, True)
     args += _mount(spec["workdir"], spec["workdir"], True)
-    env = dict(os.environ)
-    for key in sorted(env):
+    inside = {"HOME": "/tmp"}
+    for key, value in os.environ.items():  # the job's: what changes how pip builds
         if key.upper().startswith(_BUILD_PREFIXES) or key.upper() in _BUILD_NAMES:
-            args += ["--env", key]
-    return [*args, spec["image"]], _for_podman(env)
+            inside[key] = value
+    path, fd = env_file(inside)
+    return [*args, "--env-file", path, spec["image"]], _for_podman(dict(os.environ)), (fd,)
 
 
 def argv(spec: dict, env: dict, command: list, worker=None) -> tuple:
-    """The `podman run` argv for `command` in the container, and the environment to run it
-    with (`env`: the job's variables, all passed on by name). Its network is the leader's
-    (`--network host`: the host's, or the private one the leader is in)."""
+    """The `podman run` argv for `command` in the container, the environment to run Podman
+    with, and the file descriptors it must inherit (its env file's, which holds the job's
+    variables, `env`: see the module's docstring). Its network is the leader's (`--network
+    host`: the host's, or the private one the leader is in)."""
     env = dict(env)
     gpus = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
     env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
@@ -153,34 +159,75 @@ def argv(spec: dict, env: dict, command: list, worker=None) -> tuple:
         args += ["--device", f"nvidia.com/gpu={gpu}"]
     for m in spec["mounts"]:
         args += _mount(m["source"], m["target"], m["readonly"])
-    # The job's user's home (its mount is the spec's): by value, as Podman's own HOME is
-    # its own (`_for_podman`).
-    home = spec.get("home") or env.get("HOME")
+    inside = {key: value for key, value in env.items() if key not in _PODMAN_OWN}
+    home = spec.get("home") or env.get("HOME")  # the job's user's home (the spec mounts it)
     if home:
-        args += ["--env", f"HOME={home}"]
-    for key in sorted(env):
-        if key not in _PODMAN_OWN and key != "HOME":
-            args += ["--env", key]
-    return [*args, spec["image"], *command], _for_podman(env)
+        inside["HOME"] = home
+    path, fd = env_file(inside)
+    args += ["--env-file", path]
+    return [*args, spec["image"], *command], _for_podman(env), (fd,)
 
 
-# What the podman program itself needs of the agent's environment, where the job has not
-# set it; never passed into the container (the image has its own).
+# What the podman program itself needs of the agent's environment (the agent puts them in
+# the leader's); never passed into the container (the image has its own).
 _PODMAN_OWN = ("GPUHOP_PODMAN_PATH", "GPUHOP_PODMAN_HOME", "GPUHOP_PODMAN_XDG_RUNTIME_DIR")
+# Podman's PATH where the agent had none (its conmon, OCI runtime and helpers are found on it).
+_PODMAN_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def _for_podman(env: dict) -> dict:
-    """Podman's environment from the job's `env`: where the job set PATH or XDG_RUNTIME_DIR,
-    those are Podman's too; its HOME is never the job's (a job's HOME is its user's home,
-    which the job writes: a rootless Podman would look for its store and settings there)."""
-    out = dict(env)
-    out.pop("HOME", None)
+    """Podman's environment: the agent's PATH, HOME and XDG_RUNTIME_DIR as it put them in
+    the leader's (`env`), and nothing of the job's. Whatever else the job's environment
+    holds stays out: a user's variable (LD_PRELOAD, CONTAINERS_CONF, CONTAINERS_STORAGE_CONF,
+    a PATH of their own) would act on Podman, root on a team agent."""
+    out = {"PATH": _PODMAN_DEFAULT_PATH}
     for key in _PODMAN_OWN:
-        value = out.pop(key, None)
-        real = key[len("GPUHOP_PODMAN_") :]
-        if value is not None and real not in out:  # the job's own PATH is podman's too
-            out[real] = value
+        value = env.get(key)
+        if value is not None:
+            out[key[len("GPUHOP_PODMAN_") :]] = value
     return out
+
+
+# How long a line of Podman's env file may be (its reader's, Go's bufio.Scanner: 64 KiB).
+ENV_LINE_MAX = 65536
+
+
+def env_problem(key: str, value: str) -> str | None:
+    """Why the variable cannot go through an env file (the agent asks before a job in an
+    image starts, podman.container_args), or None."""
+    if "\n" in value or "\r" in value:
+        return (
+            f"the value of {key} has a line break, which a job in a container image cannot be"
+            " given (Podman reads its variables a line each): encode it (base64, say), or"
+            " put it in a file in the work dir"
+        )
+    if len(key) + 1 + len(value.encode("utf-8", "surrogateescape")) >= ENV_LINE_MAX:
+        return (
+            f"the value of {key} is longer than a job in a container image can be given"
+            f" ({ENV_LINE_MAX // 1024} KiB with its name): put it in a file in the work dir"
+        )
+    return None
+
+
+def env_file(variables: dict) -> tuple:
+    """Podman's env file of `variables` (a `KEY=VALUE` line each), in memory: its path as
+    the leader's children open it (/dev/fd/N) and its descriptor N, which they inherit. A
+    variable that cannot be said so (`env_problem`: the agent refused such a job) is left
+    out, saying so, rather than read by Podman as another variable."""
+    lines = []
+    for key in sorted(variables):
+        why = env_problem(key, variables[key])
+        if why is not None:
+            print(f"gpuhop: {why}; left out", flush=True)
+            continue
+        lines.append(f"{key}={variables[key]}\n")
+    data = "".join(lines).encode("utf-8", "surrogateescape")
+    fd = os.memfd_create("gpuhop-job-env", 0)
+    os.set_inheritable(fd, True)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    return f"/dev/fd/{fd}", fd
 
 
 def outcome(spec: dict, result: dict, command: list | None = None) -> dict:
@@ -286,7 +333,7 @@ def _call(spec: dict, *args: str, **kwargs) -> subprocess.CompletedProcess:
     """`podman ARGS` run by the leader outside a container (to look up an image, to remove a
     container), with Podman's own HOME, XDG_RUNTIME_DIR and PATH: a rootless Podman finds
     its store by them, and the leader's environment is the job's."""
-    env = _for_podman(dict(os.environ))
+    env = _for_podman(dict(os.environ))  # the leader's: the agent's PATH, HOME, XDG_RUNTIME_DIR
     return subprocess.run(
         [*_podman(spec), *args], stdin=subprocess.DEVNULL, env=env, timeout=120, **kwargs
     )

@@ -134,7 +134,8 @@ def build_in_image(spec: dict, run: tuple, target: str, requirements: str) -> st
     """Build the environment of a job in a container image (its lock held): the image's own
     pip installs the requirements (at `requirements` in the container) into the
     environment's dir, mounted at `target` in a container that `run` starts (a `podman run`
-    argv up to the command, and the environment to run it with). The dir is one of the
+    argv up to the command, the environment to run it with, and the file descriptors it
+    inherits). The dir is one of the
     image's (`image_dir`). Returns None, or why it failed."""
     env_dir, short = spec["dir"], spec["id"][:12]
     started = time.time()
@@ -142,9 +143,11 @@ def build_in_image(spec: dict, run: tuple, target: str, requirements: str) -> st
     _empty(env_dir)  # a half-built one from a crash
     pip = ["python3", "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
     pip += ["--no-warn-script-location", "--target", target, "-r", requirements]
-    argv, env = run
+    argv, env, fds = run
     try:
-        code = subprocess.run([*argv, *pip], env=env, stdin=subprocess.DEVNULL).returncode
+        code = subprocess.run(
+            [*argv, *pip], env=env, stdin=subprocess.DEVNULL, pass_fds=fds
+        ).returncode
     except OSError as e:
         _discard(env_dir)
         return f"could not run Podman to build the job's environment: {e.strerror}"

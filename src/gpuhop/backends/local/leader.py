@@ -74,10 +74,11 @@ def how(outcome: dict) -> str:
 
 
 def _spawn(command: list, env: dict | None = None, log_fd: int | None = None, worker=None) -> int:
+    inherited: tuple = ()
     if _CONTAINER:  # the job (this worker) runs in its container, through `podman run`
         base = dict(os.environ)
         env = base if env is None else env
-        command, env = _sibling("container").argv(_CONTAINER, env, command, worker)
+        command, env, inherited = _sibling("container").argv(_CONTAINER, env, command, worker)
     pid = os.fork()
     if pid == 0:
         if log_fd is not None:
@@ -92,6 +93,8 @@ def _spawn(command: list, env: dict | None = None, log_fd: int | None = None, wo
                 2, f"gpuhop: cannot start {command[0]!r}: {_why_not(command[0], e)}\n".encode()
             )
         os._exit(127)
+    for fd in inherited:  # the child's now (its env file: podman reads it)
+        os.close(fd)
     return pid
 
 

@@ -256,6 +256,10 @@ def container_args(
     spec["home"] = str(home)
     inside = environment(env, dict(attempt.spec.env), package, bool(deps.get("env")))
     inside["HOME"] = str(home)
+    for key, value in sorted(inside.items()):  # they go through an env file (container.py)
+        why = container.env_problem(key, value)
+        if why is not None:
+            raise StartError(why)
     env.clear()
     env.update(inside)
     for name in ("PATH", "HOME", "XDG_RUNTIME_DIR"):  # Podman's own, not the job's
