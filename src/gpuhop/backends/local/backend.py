@@ -35,6 +35,7 @@ from gpuhop.backends.jobdeps import python as job_python
 from gpuhop.backends.leader import LeaderBackend, read_json
 from gpuhop.backends.local import cgroups, podman
 from gpuhop.backends.local.commands import resolve_command
+from gpuhop.backends.local.forkserver import SERVER as LEADER_SERVER
 from gpuhop.backends.local.forkserver import ForkServer, ServerGone, check_os_text
 from gpuhop.backends.local.jobenv import job_environment
 from gpuhop.backends.local.jobfiles import VAR_TMP, give, own_files
@@ -45,7 +46,6 @@ from gpuhop.runtime import hook
 
 log = logging.getLogger("gpuhop.agent")
 
-LEADER = str(Path(__file__).with_name("leader.py"))
 SANDBOX = str(Path(__file__).with_name("sandbox.py"))
 WORKVIEW = str(Path(__file__).with_name("workview.py"))
 # An unprivileged uid no account has (the top of the identities' default range, see
@@ -192,9 +192,20 @@ class LocalBackend(LeaderBackend):
     def leader(
         self, attempt: Attempt, jp: JobPaths, deps: dict[str, Any]
     ) -> tuple[list[str], dict[str, str]]:
+        """A fresh interpreter for the leader, where the warm server could not start it: it
+        reads its request from a file as the server's leaders do (`leaderserver --become`),
+        the job's environment among it. That environment is never the interpreter's own, nor
+        its cgroup shell's: they run as root on a team agent, and a user's variable there
+        (LD_PRELOAD, say) would run their code as root. Theirs is the agent's PATH alone."""
         args, env, cgroup = self._invocation(attempt, jp, deps)
-        leader = [self.python, "-I", "-S", LEADER, *args]
-        return (leader if cgroup is None else cgroups.wrap(cgroup, leader)), env
+        check_os_text(args, env)
+        request = jp.root / LEADER_REQUEST
+        fd = os.open(request, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with open(fd, "w") as f:
+            json.dump({"argv": args, "env": env, "cwd": str(jp.work), "specs": {}}, f)
+        leader = [self.python, "-I", "-S", LEADER_SERVER, "--become", str(request)]
+        own = {"PATH": os.environ.get("PATH", os.defpath)}
+        return (leader if cgroup is None else cgroups.wrap(cgroup, leader)), own
 
     def _invocation(
         self,

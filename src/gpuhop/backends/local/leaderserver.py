@@ -32,6 +32,11 @@ failed, or it died), the server forks one at once, with no cgroup of its own (th
 joins the attempt's itself). Either way the server answers with the leader's pid only once
 the leader leads its own session, so a cancel right after the answer reaches its whole group.
 
+`python -I -S leaderserver.py --become PATH` is one leader of a fresh interpreter, which the
+agent starts where this server could not fork one (LocalBackend.leader): it reads the same
+request from PATH, its output already the job's log, so that there too the job's environment
+is never an interpreter's own (root's, on a team agent: a user's LD_PRELOAD would act on it).
+
 The server is single-threaded and forks only from its main loop, so each child starts with
 a clean copy of a small, idle interpreter. It ends when the agent's end of the socket
 closes (the agent stopped or died); its spare then leaves its cgroup, removes it and ends,
@@ -320,5 +325,9 @@ def _exit(code: int) -> None:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--become"]:
+        # One leader, of a fresh interpreter the agent started where this server could not
+        # (LocalBackend.leader): its output is the job's log already, its request the file.
+        _exit(_become_leader(sys.argv[2], 1, None))
     _cgroups = (sys.argv[2], sys.argv[3]) if len(sys.argv) > 3 else None
     sys.exit(Server(socket.socket(fileno=int(sys.argv[1])), _cgroups).serve())
