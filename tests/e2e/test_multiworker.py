@@ -148,8 +148,8 @@ print(json.dumps({k: os.environ.get(k) for k in keys}))
 
 def test_keras3_on_jax_workers_get_keras_distribution_not_tf_config(shared_agent, project):
     root = project({"dump.py": DISTRIBUTION_DUMP})
-    # JAX on the job's own PYTHONPATH (tests/conftest.py: jax_env): the check at submit
-    # finds it there, as the job will.
+    # JAX on the job's own PYTHONPATH (tests/conftest.py: jax_env): the check as the job
+    # starts finds it there, as the job will (at submit, a PYTHONPATH is never run).
     run = shared_agent.cli(
         "run",
         "--no-progress",

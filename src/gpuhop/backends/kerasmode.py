@@ -145,7 +145,7 @@ def packages(
 def check_submit(spec: JobSpec, python: str) -> None:
     """Refuse a job whose Keras cannot run across its workers as asked, before it is queued.
     Its packages are checked where they are known: a job with requirements gets its own
-    venv, checked when it starts."""
+    venv, and one with a PYTHONPATH of its own its user's files, checked when it starts."""
     if spec.workers <= 1:
         keras = spec.env.get("GPUHOP_KERAS")
         if keras is not None and keras not in KERAS_CHOICES:
@@ -153,10 +153,13 @@ def check_submit(spec: JobSpec, python: str) -> None:
         return
     interpreter = spec.python or python
     try:
-        if spec.requirements is not None:
+        if spec.requirements is not None or spec.env.get("PYTHONPATH"):
+            # A job's own PYTHONPATH is its user's files (a sitecustomize.py there runs as
+            # the interpreter starts): never run here, as the agent (root on a team agent),
+            # but asked as the job starts, in its sandbox as its identity.
             decide(spec.env, lambda m: True)
         else:
-            found = packages(interpreter, pythonpath=spec.env.get("PYTHONPATH"))
+            found = packages(interpreter)
             decide(spec.env, lambda m: found.get(m, False))
     except KerasRefusal as e:
         raise Refused(ErrorCode.bad_request, str(e)) from None
