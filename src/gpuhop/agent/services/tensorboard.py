@@ -26,6 +26,7 @@ import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from gpuhop.agent.callers import Caller
 from gpuhop.agent.context import AgentContext
@@ -181,11 +182,19 @@ def _server_for(rt: AgentContext, source: JobRecord, owner: str) -> JobRecord | 
 
 
 def _python(rt: AgentContext, source: JobRecord) -> str:
-    """An interpreter with TensorBoard: the agent's own, else the one the job ran with."""
+    """An interpreter with TensorBoard (see `candidates`)."""
     deps = jobdeps.read(rt.supervisor.job_paths(source.id))
-    return python_with_tensorboard(
-        [rt.supervisor.python, jobdeps.python(deps, rt.supervisor.python)]
-    )
+    return python_with_tensorboard(candidates(rt.supervisor.python, deps))
+
+
+def candidates(agent_python: str, deps: dict[str, Any]) -> list[str]:
+    """The interpreters asked whether they have TensorBoard: the agent's own, else the one
+    the job ran with, but not where the job had an identity of its own (a team user's): its
+    interpreter may be a venv its user built, whose .pth files would run as the agent (root)
+    as it is asked; a team agent's own Python must have TensorBoard then."""
+    if deps.get("identity"):
+        return [agent_python]
+    return [agent_python, jobdeps.python(deps, agent_python)]
 
 
 def python_with_tensorboard(candidates: list[str]) -> str:
