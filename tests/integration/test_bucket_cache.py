@@ -492,3 +492,22 @@ def test_a_team_agents_reads_heed_none_of_the_agents_own_aws_variables(
             bucketreads.download(client, oid._replace(key="train/gone.txt"), tmp_path / "gone", len)
         assert not gone.value.transient
         client.close()
+
+
+def test_a_link_local_endpoint_is_refused_as_the_clouds_metadata_service(
+    tls_agent: Agent, remote: Callable[..., Client], project
+):
+    """On the GPU host's network 169.254.169.254 is the cloud's metadata service, which
+    answers with the host's own credentials; a failed listing's error words would hand its
+    answers to the user. The fetch never reaches it (nor does anything here: it is refused
+    before any request)."""
+    with tls_agent.client() as owner:
+        dave = remote(owner.create_token("dave").token)
+    _secrets(dave, "http://169.254.169.254", "AKIAIOSFODNN7EXAMPLE", "x" * 40)
+    root = project({"read.py": READ})
+    job = dave.submit(["read.py", "creds"], workdir=root, data=["s3://latest/meta-data:creds"])
+    info = job.wait(timeout=60)
+    assert info.end_class == "data-error", info.reason
+    said = "the endpoint your secret AWS_ENDPOINT_URL names is a link-local address (169.254"
+    assert said in (info.reason or ""), info.reason
+    assert "instance metadata service" in (info.reason or "")

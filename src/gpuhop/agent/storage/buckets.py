@@ -21,10 +21,13 @@ bucket does not exist"). boto3 and obstore are imported on first use: only a fet
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import re
+import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -231,7 +234,12 @@ _CONFIG_FILES = (
 
 
 def client(creds: Credentials, connections: int) -> Reader:
-    """A reader signing with `creds`, for `connections` threads at once."""
+    """A reader signing with `creds`, for `connections` threads at once. Raises BucketError
+    for an endpoint a team agent's user may not have it reach (`refused_endpoint`)."""
+    if not creds.own_config:
+        why = refused_endpoint(creds.values)
+        if why is not None:
+            raise BucketError(why)
     own = _own_config() if creds.own_config else None
     key = (tuple(sorted(creds.values.items())), connections, own)
     with _clients_lock:
@@ -245,6 +253,47 @@ def client(creds: Credentials, connections: int) -> Reader:
         while len(_clients) > KEPT_CLIENTS:
             del _clients[next(iter(_clients))]
     return made
+
+
+# The cloud's instance metadata service (AWS, GCP, Azure, ...: 169.254.169.254; AWS's IPv6
+# one), which serves the GPU host's own credentials, and the rest of the link-local ranges.
+_METADATA_NETWORKS = (
+    ipaddress.ip_network("169.254.0.0/16"),
+    ipaddress.ip_network("fe80::/10"),
+    ipaddress.ip_network("fd00:ec2::254/128"),
+)
+
+
+def refused_endpoint(values: Mapping[str, str]) -> str | None:
+    """Why a team agent's user's fetch may not reach the endpoint their secrets name, or
+    None: the agent fetches from the GPU host's network, and a link-local address there is
+    the cloud's metadata service, whose answers (the host's own credentials among them) a
+    failed listing's error words would hand the user. An endpoint on the host's LAN or
+    loopback (a MinIO beside it) is theirs to name. Its name is resolved here and again by
+    the client, so a name that resolves elsewhere the second time is not caught."""
+    name = "AWS_ENDPOINT_URL_S3" if values.get("AWS_ENDPOINT_URL_S3") else "AWS_ENDPOINT_URL"
+    given = values.get(name)
+    if not given:
+        return None
+    host = urllib.parse.urlsplit(given).hostname
+    if not host:
+        return None  # malformed: the client says so
+    try:
+        found = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
+    except (OSError, UnicodeError):
+        return None  # not resolvable: the client says so
+    for address in found:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        if any(ip in net for net in _METADATA_NETWORKS if net.version == ip.version):
+            return (
+                f"the endpoint your secret {name} names is a link-local address ({address}),"
+                " where the cloud's instance metadata service answers with the GPU host's own"
+                " credentials: a fetch on this agent may not reach it; name the bucket's own"
+                " endpoint"
+            )
+    return None
 
 
 def _own_config() -> tuple[object, ...]:
