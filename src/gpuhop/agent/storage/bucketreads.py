@@ -68,7 +68,7 @@ def _get(store: Any, oid: ObjectId, first: int, last: int | None) -> Iterator[by
     elif first:
         options["range"] = {"offset": first}
     got = obstore.get(store, oid.key, options=options)  # type: ignore[arg-type]
-    return iter(got.stream(min_chunk_size=CHUNK))
+    return iter(_listed(got, oid).stream(min_chunk_size=CHUNK))
 
 
 def _get_whole(store: Any, oid: ObjectId) -> Any:
@@ -76,7 +76,22 @@ def _get_whole(store: Any, oid: ObjectId) -> Any:
     import obstore
 
     got = obstore.get(store, oid.key, options=_options(oid))  # type: ignore[arg-type]
-    return got.bytes()
+    return _listed(got, oid).bytes()
+
+
+def _listed(got: Any, oid: ObjectId) -> Any:
+    """`got`, once its answer names the ETag listed. The read asks for that ETag (If-Match),
+    which the bucket's server heeds; but obstore follows a redirect to any host, where the
+    answer may be another server's: the cloud's metadata service (the GPU host's own
+    credentials), or anything the host's network reaches, which a user's own server could
+    send the agent to. An answer without the listed ETag is no part of the object."""
+    tag = str(got.meta.get("e_tag") or "").removeprefix("W/").strip('"')
+    if tag != oid.etag.strip('"'):
+        raise BucketError(
+            f"the server's answer for {oid.key} is not the object it listed (not its ETag):"
+            " refused, as an answer from another server (a redirect) would be"
+        )
+    return got
 
 
 def _options(oid: ObjectId) -> dict[str, Any]:
