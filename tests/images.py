@@ -39,6 +39,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -248,6 +249,26 @@ def remove(ref: str) -> None:
     subprocess.run(["podman", "rmi", "--force", "--ignore", ref], capture_output=True, check=False)
 
 
+def remove_whole(ref: str) -> None:
+    """Remove the image `ref` names, not only the name: `podman rmi --force` of a name whose
+    image is still in use at that moment (a container an agent is removing as the session
+    ends) takes the name and leaves the image, untagged, on the machine (a CI run left one).
+    Its id is removed again until it is gone (for ten seconds at most)."""
+    found = subprocess.run(
+        ["podman", "image", "inspect", "--format", "{{.Id}}", ref],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    remove(ref)
+    image = found.stdout.strip()
+    for _ in range(20):
+        if not image or subprocess.run(["podman", "image", "exists", image]).returncode != 0:
+            return
+        remove(image)
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="session")
 def minimal_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The minimal image's reference (built once per session; removed at its end)."""
@@ -262,7 +283,7 @@ def minimal_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield ref
     finally:
         with contextlib.suppress(OSError):
-            remove(ref)
+            remove_whole(ref)
 
 
 @pytest.fixture(scope="session")
@@ -279,7 +300,7 @@ def tf_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield ref
     finally:
         with contextlib.suppress(OSError):
-            remove(ref)
+            remove_whole(ref)
 
 
 def containers_named(prefix: str) -> list[str]:
