@@ -250,22 +250,36 @@ def remove(ref: str) -> None:
 
 
 def remove_whole(ref: str) -> None:
-    """Remove the image `ref` names, not only the name: `podman rmi --force` of a name whose
-    image is still in use at that moment (a container an agent is removing as the session
-    ends) takes the name and leaves the image, untagged, on the machine (a CI run left one).
-    Its id is removed again until it is gone (for ten seconds at most)."""
+    """Remove the image `ref` names, and every container of it, as the session ends: `podman
+    rmi --force` of a name whose image a job's container still used (one starting as the
+    session ended: seen in CI) took the name and left the image, untagged, on the machine.
+    Its containers are removed, then its id, until it is gone (for thirty seconds at most)."""
     found = subprocess.run(
         ["podman", "image", "inspect", "--format", "{{.Id}}", ref],
         capture_output=True,
         text=True,
         check=False,
     )
-    remove(ref)
     image = found.stdout.strip()
-    for _ in range(20):
-        if not image or subprocess.run(["podman", "image", "exists", image]).returncode != 0:
-            return
+    if not image:
+        remove(ref)
+        return
+    for _ in range(60):
+        listed = subprocess.run(
+            ["podman", "ps", "--all", "--quiet", "--filter", f"ancestor={image}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if listed.stdout.split():
+            subprocess.run(
+                ["podman", "rm", "--force", "--time", "0", *listed.stdout.split()],
+                capture_output=True,
+                check=False,
+            )
         remove(image)
+        if subprocess.run(["podman", "image", "exists", image]).returncode != 0:
+            return
         time.sleep(0.5)
 
 
