@@ -35,12 +35,9 @@ file and use the standard library only.
 import contextlib
 import ctypes
 import errno
-import fcntl
 import json
 import os
 import signal
-import socket
-import struct
 import sys
 import time
 
@@ -124,7 +121,7 @@ def run_single(command: list, private: bool = False, relay=None) -> dict:
     """Run the job's command, in a private network if `private`; `relay`, a listening
     socket, then serves its ports."""
     if private:
-        refused = _private_network_or_refusal("This job asked for one")
+        refused = _sibling("jobnet").entered_or_refusal("This job asked for one")
         if refused is not None:
             return refused
     pid = _spawn(command)
@@ -139,55 +136,6 @@ def run_single(command: list, private: bool = False, relay=None) -> dict:
 
 
 # -- multi-worker ---------------------------------------------------------------------------
-
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWNET = 0x40000000
-SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
-
-
-# Set where the leader made the job's private network before it gave up root (a job with an
-# identity of its own): the job is in it already.
-_NETWORK_MADE = False
-
-
-def private_network() -> None:
-    """Move this process into a new network namespace whose only interface is loopback
-    (a container job's containers are in it too: see `_CONTAINER`).
-
-    As root a plain network namespace; otherwise inside a user namespace that maps us to
-    ourselves (no privilege is gained outside it). Raises OSError if neither is allowed.
-    """
-    if _NETWORK_MADE:
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNET) != 0:
-        uid, gid = os.getuid(), os.getgid()
-        if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-        with open("/proc/self/setgroups", "w") as f:
-            f.write("deny")
-        with open("/proc/self/uid_map", "w") as f:
-            f.write(f"{uid} {uid} 1")
-        with open("/proc/self/gid_map", "w") as f:
-            f.write(f"{gid} {gid} 1")
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        request = struct.pack("16sH14x", b"lo", 0)
-        flags = struct.unpack("16sH14x", fcntl.ioctl(s, SIOCGIFFLAGS, request))[1]
-        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | IFF_UP))
-
-
-def free_ports(n: int) -> list:
-    # Inside the job's own network namespace nothing else binds, so there is no race
-    # between picking a port here and a worker binding it.
-    sockets = [socket.socket() for _ in range(n)]
-    try:
-        for s in sockets:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 class LogTail:
@@ -216,23 +164,6 @@ class LogTail:
             os.write(1, b"".join(self.prefix + line + b"\n" for line in lines))
 
 
-def _private_network_or_refusal(who: str) -> dict | None:
-    """Enter a private network namespace; on failure, say so in the log and return the
-    job's result (it must not run with its ports exposed)."""
-    try:
-        private_network()
-    except OSError as e:
-        print(
-            f"gpuhop: cannot create a private network namespace ({e.strerror}). {who},"
-            " so that TensorFlow's unauthenticated gRPC ports are not exposed"
-            " to other hosts. Allow unprivileged user namespaces"
-            " (sysctl kernel.unprivileged_userns_clone=1) or run the agent as root.",
-            flush=True,
-        )
-        return {"exit_code": 1, "signal": None, "detail": "no private network for the job"}
-    return None
-
-
 def _listen_relay(path: str):
     try:
         return _sibling("relay").listen(path)
@@ -249,11 +180,11 @@ def _start_relay(listener) -> None:
 
 def run_gang(spec: dict, command: list, relay=None) -> dict:
     workers = spec["workers"]
-    refused = _private_network_or_refusal("Multi-worker jobs need one")
+    refused = _sibling("jobnet").entered_or_refusal("Multi-worker jobs need one")
     if refused is not None:
         refused["detail"] = "no private network for the workers"
         return refused
-    ports, mode = free_ports(len(workers)), spec.get("mode", "tf")
+    ports, mode = _sibling("jobnet").free_ports(len(workers)), spec.get("mode", "tf")
     running: dict = {}
     tails = []
     pumps = []
@@ -521,11 +452,9 @@ def _enter_as_identity(specs: dict, pid_path: str, private: bool) -> tuple:
             print(f"gpuhop: {error}", flush=True)
             return {"exit_code": 1, "signal": None, "detail": error}, report
     if private:
-        refused = _private_network_or_refusal("This job asked for one")
+        refused = _sibling("jobnet").entered_or_refusal("This job asked for one")
         if refused is not None:
             return refused, report
-        global _NETWORK_MADE
-        _NETWORK_MADE = True
     try:
         sandbox.become(spec["identity"])
     except OSError as e:

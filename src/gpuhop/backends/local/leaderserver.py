@@ -58,7 +58,7 @@ if HERE not in sys.path:  # -I leaves this file's directory off sys.path
 import leader  # noqa: E402
 
 # What a job's leader may load: loaded once here, not in every job.
-for _helper in ("sandbox", "workview", "gangenv", "relay", "envbuild", "container"):
+for _helper in ("sandbox", "workview", "gangenv", "jobnet", "relay", "envbuild", "container"):
     __import__(_helper)
 
 MAX_MESSAGE = 1 << 22
