@@ -147,6 +147,10 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         for key, value in getattr(report, "user_properties", ())
         if key == "screenshot" and getattr(report, "when", "call") == "call"
     ]
+    if _left_behind:
+        terminalreporter.section("images the sessions left")
+        for line in _left_behind:
+            terminalreporter.write_line(line)
     if shots:
         terminalreporter.section("screenshots")
         for nodeid, path in shots:
@@ -248,8 +252,16 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _unit_seconds[unit] = _unit_seconds.get(unit, 0.0) + report.duration
 
 
+_left_behind: list[str] = []
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    if session.config.getoption("--write-durations") and not hasattr(session.config, "workerinput"):
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller sums up
+    from tests import images
+
+    _left_behind.extend(images.sweep_left_behind())
+    if session.config.getoption("--write-durations"):
         ordered = dict(sorted((u, round(s, 1)) for u, s in _unit_seconds.items()))
         DURATIONS.write_text(json.dumps(ordered, indent=1) + "\n")
 

@@ -241,6 +241,11 @@ def build(ref: str, work: Path, tensorflow: bool = False, pip: bool = False) -> 
         _tree(tree, pip)
         if tensorflow:
             _add_tensorflow(tree)
+        # Unique to the build: `podman import` of the same bytes gives the same image, and
+        # two sessions building in the same second (a tar's times are whole seconds) would
+        # share one, each session's end removing the other's (and its jobs' containers).
+        marker = tree / LAYER_MARKER.relative_to("/")
+        marker.write_text(f"{ref} {uuid.uuid4()}\n")
         _import(tree, ref)
     shutil.rmtree(tree)
 
@@ -281,6 +286,48 @@ def remove_whole(ref: str) -> None:
         if subprocess.run(["podman", "image", "exists", image]).returncode != 0:
             return
         time.sleep(0.5)
+
+
+def sweep_left_behind() -> list[str]:
+    """Remove the tests' images that sessions left on the machine, untagged (a name of theirs
+    under localhost/gpuhop-test/ ended with the pid of a session no longer running), with
+    their containers; one line for each, saying what held it. Called once the whole run is
+    over (tests/conftest.py), where every session's own end (`remove_whole`) has run: a CI
+    run showed one such image each time, its cause not found from the tests' side yet."""
+    if shutil.which("podman") is None:
+        return []
+    listed = subprocess.run(
+        ["podman", "images", "--all", "--quiet", "--no-trunc", "--filter", "dangling=true"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    said = []
+    for image in listed.stdout.split():
+        names = _podman_lines(
+            "image", "inspect", "--format", "{{range .NamesHistory}}{{.}} {{end}}", image
+        )
+        ours = [n for n in " ".join(names).split() if n.startswith("localhost/gpuhop-test/")]
+        pids = [n.rsplit(":", 1)[-1] for n in ours]
+        if not ours or any(p != str(os.getpid()) and Path(f"/proc/{p}").exists() for p in pids):
+            continue  # not the tests', or a session still running
+        users = _podman_lines(
+            "ps", "--all", "--filter", f"ancestor={image}", "--format", "{{.Names}} ({{.Status}})"
+        )
+        subprocess.run(
+            ["podman", "rm", "--force", "--time", "0", *[u.split()[0] for u in users]],
+            capture_output=True,
+            check=False,
+        )
+        remove(image)
+        held = f"containers: {', '.join(users)}" if users else "no container"
+        said.append(f"{image[:12]} (was {', '.join(ours)}; {held}): removed")
+    return said
+
+
+def _podman_lines(*args: str) -> list[str]:
+    done = subprocess.run(["podman", *args], capture_output=True, text=True, check=False)
+    return [line for line in done.stdout.splitlines() if line.strip()]
 
 
 @pytest.fixture(scope="session")
