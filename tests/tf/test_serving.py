@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,11 +21,11 @@ import httpx
 import numpy as np
 import pytest
 
-from gpuhop.api import fingerprint_of
+from gpuhop.api import JobState, fingerprint_of
 from gpuhop.client import Client, GpuhopError, Job, Model
 from gpuhop.client.transport.remotes import Remote, RemotesFile, save
 from gpuhop.client.transport.tls import fetch_certificate, pinned_context
-from tests.conftest import EXAMPLES, Agent
+from tests.conftest import EXAMPLES, Agent, wait_until
 
 pytestmark = [pytest.mark.tf, pytest.mark.timeout(300)]
 
@@ -269,6 +270,49 @@ def test_serving_under_a_name_a_live_job_has_is_warned_of(shared_agent, trained,
     assert said.index("named namesake too") < said.index("has no SavedModel at nope")
     alone = shared_agent.cli("serve", f"{job.id}:nope", "--name", "namesake").stderr
     assert "named namesake too" not in alone
+
+
+def test_a_model_served_again_is_answered_by_the_one_before_until_the_new_one_answers(
+    shared_agent, served, trained, reference, tmp_path
+):
+    """`serve ... --name digits` again while `digits` answers: requests by the name (the
+    SDK's and CLI's `model("digits")`, a TF Serving client's URL) go to the server before,
+    as long as the new one has not loaded its model (here: held before it starts) or once it
+    failed to; by the new job's id they get its 503. (TF Serving, too, answers with the
+    version it has until the next one is ready.)"""
+    _, local = trained
+    x = digits(2, start=50)
+    expected = reference.predict(2, start=50)
+    for hold, ends in (("import time\ntime.sleep(600)\n", False), ("raise SystemExit(3)\n", True)):
+        model_dir = tmp_path / f"again-{int(ends)}"
+        shutil.copytree(local, model_dir)
+        (model_dir / "sitecustomize.py").write_text(hold)  # runs before the server does
+        with shared_agent.client() as client:
+            new = client.serve(model_dir, name="digits", env={"PYTHONPATH": "."}, wait=False)
+            try:
+                if ends:
+                    assert new.job.wait(timeout=120).state == JobState.failed
+                else:
+                    wait_until(lambda m=new: m.refresh().state == JobState.running, timeout=120)
+                assert not new.refresh().ready
+                by_name = client.model("digits")
+                assert (by_name.info.job, by_name.info.ready) == (served.info.job, True)
+                answer = by_name.predict(instances=x)
+                assert np.allclose(answer["predictions"], expected, atol=1e-6)
+                raw = by_name.session.send(
+                    "POST",
+                    "/v1/serve/digits/v1/models/digits:predict",
+                    json={"instances": x.tolist()},
+                )
+                assert raw.status_code == 200, raw.text
+                assert np.allclose(raw.json()["predictions"], expected, atol=1e-6)
+                with pytest.raises(GpuhopError) as not_yet:
+                    new.predict(instances=x)
+                assert not_yet.value.status == 503
+            finally:
+                if not new.job.refresh().state.finished:
+                    new.job.cancel(grace=0)
+                new.job.wait(timeout=60)
 
 
 def test_concurrent_requests_are_batched(shared_agent, batched, reference):

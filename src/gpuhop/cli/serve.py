@@ -141,7 +141,8 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
 
 def _warn_of_namesakes(client: Client, name: str) -> None:
     """Say so where a job of that name runs or waits already (a model server of that name,
-    most likely): `predict NAME` and `cancel NAME` will reach the new one."""
+    most likely): `predict NAME` reaches the one before until the new one is ready (as TF
+    Serving keeps a version until the next has loaded), `cancel NAME` the new one."""
     alive = [JobState.queued, JobState.starting, JobState.running]
     same = [
         j["id"] for j in client.jobs_json(alive, fields=["id", "name"]) if j.get("name") == name
@@ -149,7 +150,9 @@ def _warn_of_namesakes(client: Client, name: str) -> None:
     if same:
         say(
             f"[yellow]job {', '.join(same)} is named {name} too and has not ended; `predict"
-            f" {name}` and `cancel {name}` reach the newest: cancel the other by its id[/yellow]"
+            f" {name}` reaches the newest that answers (a model server before this one until"
+            f" this one is ready) and `cancel {name}` the newest: cancel the other by its id"
+            " once this one answers[/yellow]"
         )
 
 

@@ -222,13 +222,18 @@ class JobStore:
         limit: int = 1000,
         owner: str | None = None,
         sweep: str | None = None,
+        name: str | None = None,
     ) -> list[JobRecord]:
-        """The newest jobs first; with `owner`, only that user's; with `sweep`, only its runs."""
+        """The newest jobs first; with `owner`, only that user's; with `sweep`, only its runs;
+        with `name`, only those so named."""
         where: list[str] = []
         params: list[Any] = []
         if sweep is not None:
             where.append("sweep = ?")
             params.append(sweep)
+        if name is not None:
+            where.append("name = ?")
+            params.append(name)
         if states is not None:
             values = [s.value for s in states]
             where.append(f"state IN ({','.join('?' * len(values))})")

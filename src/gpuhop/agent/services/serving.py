@@ -148,10 +148,24 @@ def _port(rt: AgentContext, job: JobRecord) -> int | None:
     return port if isinstance(port, int) and 0 < port < 65536 else None
 
 
-def info(rt: AgentContext, ref: str, caller: Caller) -> ServingInfo:
+def _resolve(
+    rt: AgentContext, ref: str, caller: Caller
+) -> tuple[JobRecord, dict[str, Any], int | None]:
+    """The model server `ref` names, its spec, and its port (None: it does not answer). By
+    id, that job; by name, the newest job of that name, or where it does not answer (yet,
+    or any more) the newest one before it that does (`_ready_namesake`)."""
     job = jobs.find(rt, ref, caller)
     spec = _spec(rt, job)
     port = _port(rt, job)
+    if port is None and job.spec.name == ref and job.id != ref:
+        found = _ready_namesake(rt, job)
+        if found is not None:
+            return found
+    return job, spec, port
+
+
+def info(rt: AgentContext, ref: str, caller: Caller) -> ServingInfo:
+    job, spec, port = _resolve(rt, ref, caller)
     return ServingInfo(
         job=job.id,
         name=str(spec.get("name", job.spec.name or job.id)),
@@ -163,6 +177,28 @@ def info(rt: AgentContext, ref: str, caller: Caller) -> ServingInfo:
         batch_timeout_ms=float(spec.get("batch_timeout_ms", 0)),
         reason=job.reason,
     )
+
+
+def _ready_namesake(
+    rt: AgentContext, newest: JobRecord
+) -> tuple[JobRecord, dict[str, Any], int] | None:
+    """The newest model server of `newest`'s name and owner that answers, where `newest`
+    (the name's newest job) does not yet (or no longer): a model served again under its
+    name is answered by the server before until the new one has loaded it, as TF Serving
+    answers with the version it has until the next is ready."""
+    for job in rt.store.list(
+        [JobState.running], limit=100, owner=newest.owner, name=newest.spec.name
+    ):
+        if job.id == newest.id or job.owner != newest.owner:
+            continue
+        port = _port(rt, job)
+        if port is None:
+            continue
+        try:
+            return job, _spec(rt, job), port
+        except ApiError:  # a job of that name that is no model server
+            continue
+    return None
 
 
 # -- the proxy's requests ------------------------------------------------------------------
@@ -194,11 +230,9 @@ async def _find(
     processes are what listens there (as for `gpuhop forward`): never another user's model
     server or the agent's."""
     try:
-        job = jobs.find(rt, ref, caller)
-        spec = _spec(rt, job)
+        job, spec, port = _resolve(rt, ref, caller)
     except ApiError as e:
         return error(e.status, e.code, e.message)
-    port = _port(rt, job)
     if port is None:
         if job.state.finished:
             why = job.state.said + (f" ({job.reason})" if job.reason else "")
