@@ -44,9 +44,9 @@ def download(
     larger ones in parts of PART bytes read in parallel, each noted once on the disk (see
     `_parts`).
 
-    Returns the bytes' sha256 and size where they came from the first byte in this call:
-    hashed as they came, or for parts as each lands in order (`ObjectCache.commit` reads the
-    file again otherwise: a download continued from an earlier one's bytes).
+    Returns the bytes' sha256 and size where they came in one stream from the first byte in
+    this call, hashed as they came; else None (`Downloads.commit` hashes a continued
+    download's file, and leaves a large object's for after its job starts).
     An object of one CHUNK at most with no partial yet is read in one piece (`_small`). A
     whole object is not flushed here: the cache flushes a batch of objects together before
     it names them."""
@@ -154,59 +154,6 @@ def _small(store: Any, oid: ObjectId, part: Path, progress: Callable[[int], None
     return Came(hashlib.sha256(data).hexdigest(), len(data))
 
 
-class _InOrder:
-    """The sha256 of an object read in parts, hashed from the first part on as the parts
-    land, out of order, beside the reads (one thread, the page cache's copy of each part in
-    CHUNKs) rather than in one pass over the whole file after the last: a large object's
-    commit then waits for the hash of its last parts only."""
-
-    def __init__(self, fd: int, size: int) -> None:
-        self.fd, self.size = fd, size
-        self.sha = hashlib.sha256()
-        self.hashed = 0  # bytes hashed: parts 0 .. hashed // PART - 1, all of them
-        self.landed: set[int] = set()
-        self.changed = threading.Condition()
-        self.stopped = False
-        self.thread = threading.Thread(target=self._run, name="fetch-hash", daemon=True)
-        self.thread.start()
-
-    def land(self, index: int) -> None:
-        with self.changed:
-            self.landed.add(index)
-            self.changed.notify()
-
-    def stop(self) -> None:
-        with self.changed:
-            self.stopped = True
-            self.changed.notify()
-        self.thread.join()
-
-    def came(self) -> Came | None:
-        """The whole object's hash, once the parts not hashed yet are (all have landed);
-        None where the file could not be read to its end (the commit reads it again, and
-        says what is wrong)."""
-        self.thread.join()
-        return Came(self.sha.hexdigest(), self.size) if self.hashed == self.size else None
-
-    def _run(self) -> None:
-        try:
-            while self.hashed < self.size:
-                with self.changed:
-                    while not self.stopped and self.hashed // PART not in self.landed:
-                        self.changed.wait()
-                    if self.stopped:
-                        return
-                end = min(self.size, self.hashed + PART)
-                while self.hashed < end:
-                    chunk = os.pread(self.fd, min(CHUNK, end - self.hashed), self.hashed)
-                    if not chunk:
-                        return  # cut short under us
-                    self.sha.update(chunk)
-                    self.hashed += len(chunk)
-        except OSError:
-            return  # not readable: `came` gives None
-
-
 def _parts(store: Any, oid: ObjectId, part: Path, progress: Callable[[int], None]) -> Came | None:
     """Download the parts of `oid` not yet noted in `<partial>.parts`, PART_THREADS at once, each
     written at its place in the partial file (made of the object's size at once: the parts
@@ -223,8 +170,8 @@ def _parts(store: Any, oid: ObjectId, part: Path, progress: Callable[[int], None
     A partial is never in a job's view whatever it holds: only `ObjectCache.commit` names
     it, once it is whole, and the cache flushes it again before that.
 
-    A download from the first part (no note) hashes the parts as they land (`_InOrder`) and
-    returns their sha256; one continued from an earlier download's parts returns None."""
+    Returns None: the bytes are not hashed here (the cache hashes a large object after the
+    job that waits for it has started: `ObjectCache`'s "Hashed later")."""
 
     log = part.with_name(part.name + ".parts")
     done = parts_done(part)
@@ -236,7 +183,6 @@ def _parts(store: Any, oid: ObjectId, part: Path, progress: Callable[[int], None
     count = (oid.size + PART - 1) // PART
     lock = threading.Lock()
     fd = os.open(part, os.O_RDWR)
-    hasher = None if done else _InOrder(fd, oid.size)
 
     def one(index: int) -> None:
         first = index * PART
@@ -258,15 +204,11 @@ def _parts(store: Any, oid: ObjectId, part: Path, progress: Callable[[int], None
         os.fdatasync(fd)  # the bytes on the disk before the note says they are (above)
         with lock, open(log, "a") as noted:
             noted.write(f"{index}\n")
-        if hasher is not None:
-            hasher.land(index)
 
     try:
         with ThreadPoolExecutor(max_workers=PART_THREADS, thread_name_prefix="fetch-part") as pool:
             for future in [pool.submit(one, i) for i in range(count) if i not in done]:
                 future.result()
-        return None if hasher is None else hasher.came()
+        return None
     finally:
-        if hasher is not None:
-            hasher.stop()
         os.close(fd)

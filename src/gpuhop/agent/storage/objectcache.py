@@ -15,6 +15,17 @@ uploads what they have not shown they hold, even where the store has it).
 digest of the listing it shows, in `objects/USER/views/`, bound read-only into the job as a
 dataset's tree is. An unchanged listing finds its view and costs no download and no link.
 
+**Hashed later.** A large object read in parts (`objectdownloads.LATER_BYTES`) is named, in
+its user's namespace, before its bytes are hashed: its job starts once the bytes are on the
+disk, not after a second pass over them (sha256 and the copy out of the page cache took a
+quarter of the agent's CPU in a fetch of large objects, as much again as the writes). A
+thread of low priority hashes it afterwards, while no fetch downloads, and makes it a blob;
+where another user's (or another key's) object holds the same bytes already, its links
+(`by-id`, and each view's, view files first) are replaced with links to that blob, one
+rename each, and the second copy goes once no job holds it open. Its row says LATER until
+then (an agent stopped meanwhile hashes it when it starts again), and the cache counts it
+on its own.
+
 **Index and bounds.** `objects.db` (beside `objects/`) records, per user, each object's
 blob, each view's objects, and each prefix (its source URL, its latest view, size, last use)
 for `gpuhop data ls`. The whole cache is bounded (`object_cache_size`): before a fetch
@@ -36,12 +47,14 @@ import shutil
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
 from gpuhop.agent.storage.blobs import BlobStore
 from gpuhop.agent.storage.objectdownloads import (
+    LATER,
     Downloads,
     Listed,
     ObjectId,
@@ -52,6 +65,11 @@ from gpuhop.agent.storage.objectdownloads import (
 from gpuhop.agent.storage.usage import format_bytes
 
 log = logging.getLogger("gpuhop.agent")
+
+# An object named unhashed counts on its own until it is hashed (see "Hashed later").
+_BYTES_KEY = f"CASE sha256 WHEN '{LATER}' THEN user || ' ' || id ELSE sha256 END"
+HASH_CHUNK = 8 << 20
+IDLE_CHECK_SECONDS = 0.5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (
@@ -116,11 +134,117 @@ class ObjectCache:
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
         index.chmod(0o600)
+        # Objects named unhashed (see "Hashed later"), hashed by `_hasher` in turn.
+        self._unhashed: deque[tuple[str, str]] = deque()
+        self._hashing = threading.Condition(self._lock)
+        self._hasher: threading.Thread | None = None
+        self._closing = False
+        self._hash_later(
+            self._db.execute("SELECT user, id FROM objects WHERE sha256 = ?", (LATER,)).fetchall()
+        )
 
     def close(self) -> None:
         self.downloads.flush()
         with self._lock:
+            self._closing = True
+            self._hashing.notify_all()
+            hasher = self._hasher
+        if hasher is not None:
+            hasher.join()
+        with self._lock:
             self._db.close()
+
+    # -- hashed later ------------------------------------------------------------------------
+
+    def hashed_all(self, timeout: float) -> bool:
+        """Wait until every object named unhashed is hashed (or the cache closes); whether
+        it came to that within `timeout` seconds."""
+        with self._lock:
+            return self._hashing.wait_for(lambda: not self._unhashed or self._closing, timeout)
+
+    def _hash_later(self, objects: Sequence[tuple[str, str]]) -> None:
+        """Queue `objects` ((user, id) each), named unhashed, for the hashing thread."""
+        if not objects:
+            return
+        with self._lock:
+            if self._closing:
+                return
+            self._unhashed.extend(objects)
+            if self._hasher is None:
+                self._hasher = threading.Thread(
+                    target=self._hash_queued, name="object-hash", daemon=True
+                )
+                self._hasher.start()
+            self._hashing.notify_all()
+
+    def _hash_queued(self) -> None:
+        with contextlib.suppress(OSError):  # this thread only: the job's and fetches' first
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+        while True:
+            with self._lock:
+                # Not while a fetch downloads (checked twice a second): its job waits for it.
+                while not self._closing and (not self._unhashed or self.downloads.active()):
+                    self._hashing.wait(IDLE_CHECK_SECONDS if self._unhashed else None)
+                if self._closing:
+                    return
+                user, oid = self._unhashed[0]
+            try:
+                self._hash_one(user, oid)
+            except (OSError, sqlite3.Error) as e:  # hashed again when the agent starts next
+                log.error("object cache: could not hash a fetched object: %s", e)
+            with self._lock:
+                self._unhashed.popleft()
+                self._hashing.notify_all()
+
+    def _hash_one(self, user: str, oid: str) -> None:
+        """Hash `user`'s object `oid` (named unhashed) and make it a blob, or join the blob
+        of the same bytes (see "Hashed later")."""
+        by_id = self.user_dir(user) / "by-id" / oid
+        sha = hashlib.sha256()
+        try:
+            with open(by_id, "rb") as f:
+                inode = os.fstat(f.fileno()).st_ino
+                while chunk := f.read(HASH_CHUNK):
+                    if self._closing:
+                        return
+                    sha.update(chunk)
+        except FileNotFoundError:
+            return  # evicted meanwhile
+        digest = sha.hexdigest()
+        with self._lock:
+            row = self._db.execute(
+                "SELECT sha256 FROM objects WHERE user = ? AND id = ?", (user, oid)
+            ).fetchone()
+            if row is None or row[0] != LATER:
+                return  # evicted, or fetched again (and queued again) meanwhile
+            try:
+                if by_id.stat().st_ino != inode:
+                    return
+            except FileNotFoundError:
+                return
+            self.blobs.adopt(digest)  # touched first: the blob store's collection leaves it
+            blob = self.blobs.path(digest)
+            try:
+                _link_new(by_id, blob)  # its bytes were counted as it was named
+            except FileExistsError:  # the same bytes are here already: one copy kept
+                if blob.stat().st_ino != inode:
+                    self._relink(user, oid, inode, blob)
+            self._db.execute(
+                "UPDATE objects SET sha256 = ? WHERE user = ? AND id = ?", (digest, user, oid)
+            )
+
+    def _relink(self, user: str, oid: str, inode: int, blob: Path) -> None:
+        """Point every name of `user`'s object `oid` (the file `inode`) at `blob`, the same
+        bytes: each view's files first, its `by-id` last (so that an agent stopped half-way
+        finds the object unhashed still, and goes on). Under the lock."""
+        udir = self.user_dir(user)
+        views = self._db.execute(
+            "SELECT view FROM view_objects WHERE user = ? AND id = ?", (user, oid)
+        ).fetchall()
+        for (view,) in views:
+            for path in _files_of(udir / "views" / view, inode):
+                _replace_with_link(blob, path, udir / "tmp")
+        _replace_with_link(blob, udir / "by-id" / oid, udir / "tmp")
 
     def _name(self, batch: Sequence[Whole]) -> None:
         """Name each object of `batch`, flushed: its bytes become a blob (or join the same
@@ -128,6 +252,17 @@ class ObjectCache:
         one transaction, then its partials go. Under the lock."""
         rows = []
         for whole in batch:
+            if whole.sha == LATER:
+                try:
+                    os.chmod(whole.part, 0o444)
+                    udir = self.user_dir(whole.user)
+                    _replace_with_link(whole.part, self.path(whole.user, whole.oid), udir / "tmp")
+                    self.blobs.count_added(whole.size)
+                except OSError as e:
+                    log.error("object cache: could not store %s: %s", whole.oid.key, e)
+                    continue
+                rows.append((whole.user, whole.oid.digest(), LATER, whole.size))
+                continue
             try:
                 os.chmod(whole.part, 0o444)
                 self.blobs.adopt(whole.sha)  # touched first: the blob store's collection leaves it
@@ -155,6 +290,7 @@ class ObjectCache:
         self._db.execute("COMMIT")
         for whole in batch:
             drop_partial(whole.part, whole.oid)
+        self._hash_later([(user, oid) for user, oid, sha, _ in rows if sha == LATER])
 
     # -- one user's files --------------------------------------------------------------------
 
@@ -272,7 +408,7 @@ class ObjectCache:
         with self._lock:
             (whole,) = self._db.execute(
                 "SELECT COALESCE(SUM(size), 0) FROM"
-                " (SELECT MAX(size) AS size FROM objects GROUP BY sha256)"
+                f" (SELECT MAX(size) AS size FROM objects GROUP BY {_BYTES_KEY})"
             ).fetchone()
         return int(whole) + self.downloads.bytes()
 
@@ -303,11 +439,13 @@ class ObjectCache:
     def _held(self, keep: Keep) -> int:
         """Bytes of the distinct blobs that `keep` needs, and of the partial objects."""
         rows = self._db.execute(
-            "SELECT o.id, o.sha256, o.size, v.view FROM objects o LEFT JOIN view_objects v"
-            " ON v.user = o.user AND v.id = o.id"
+            "SELECT o.user, o.id, o.sha256, o.size, v.view FROM objects o LEFT JOIN"
+            " view_objects v ON v.user = o.user AND v.id = o.id"
         ).fetchall()
         needed = {
-            sha: size for oid, sha, size, view in rows if oid in keep.objects or view in keep.views
+            sha or (user, oid): size
+            for user, oid, sha, size, view in rows
+            if oid in keep.objects or view in keep.views
         }
         return sum(needed.values()) + self.downloads.bytes()
 
@@ -339,7 +477,12 @@ class ObjectCache:
     def shas(self) -> set[str]:
         """The blobs the cache holds (kept by the blob store's collection)."""
         with self._lock:
-            return {row[0] for row in self._db.execute("SELECT DISTINCT sha256 FROM objects")}
+            return {
+                row[0]
+                for row in self._db.execute(
+                    "SELECT DISTINCT sha256 FROM objects WHERE sha256 != ?", (LATER,)
+                )
+            }
 
     def _drop_prefix(self, prefix: Prefix) -> None:
         self._db.execute(
@@ -378,7 +521,8 @@ class ObjectCache:
             # The row first: the index never names an object whose file is gone (`lacking`).
             db.execute("DELETE FROM objects WHERE user = ? AND id = ?", (user, oid))
             (self.user_dir(user) / "by-id" / oid).unlink(missing_ok=True)
-            gone.add(sha)
+            if sha != LATER:  # one not hashed yet is no blob
+                gone.add(sha)
         if not gone:
             return
         held = self.shas()
@@ -388,27 +532,35 @@ class ObjectCache:
             for sha in gone - others:
                 self.blobs.remove(sha, untouched_since)
 
-    def _shas_only_in(self, prefixes: Iterable[Prefix], keep: Keep) -> set[str]:
-        """The blobs that would go with `prefixes` (for a dry run)."""
+    def _shas_only_in(self, prefixes: Iterable[Prefix], keep: Keep) -> set[str | tuple[str, str]]:
+        """The blobs that would go with `prefixes` (for a dry run), and the objects not
+        hashed yet ((user, id) each)."""
         dropped = {(p.user, p.view) for p in prefixes}
         rows = self._db.execute(
             "SELECT v.user, v.view, o.id, o.sha256 FROM view_objects v JOIN objects o"
             " ON o.user = v.user AND o.id = v.id"
         ).fetchall()
-        going: set[str] = set()
-        staying: set[str] = set()
+        going: set[str | tuple[str, str]] = set()
+        staying: set[str | tuple[str, str]] = set()
         for user, view, oid, sha in rows:
+            key = sha if sha != LATER else (user, oid)
             if (user, view) in dropped and oid not in keep.objects:
-                going.add(sha)
+                going.add(key)
             else:
-                staying.add(sha)
+                staying.add(key)
         return going - staying
 
-    def _blob_bytes(self, shas: set[str], blob_users: Callable[[], set[str]]) -> int:
+    def _blob_bytes(
+        self, shas: set[str | tuple[str, str]], blob_users: Callable[[], set[str]]
+    ) -> int:
         total = 0
-        for sha in shas - (blob_users() if shas else set()):
+        for key in shas - (blob_users() if shas else set()):
+            if isinstance(key, tuple):
+                path = self.user_dir(key[0]) / "by-id" / key[1]
+            else:
+                path = self.blobs.path(key)
             with contextlib.suppress(OSError):
-                total += self.blobs.path(sha).stat().st_size
+                total += path.stat().st_size
         return total
 
 
@@ -420,6 +572,31 @@ def _link_new(source: Path, target: Path) -> None:
     except FileNotFoundError:
         target.parent.mkdir(exist_ok=True)
         os.link(source, target)
+
+
+def _replace_with_link(source: Path, target: Path, spare: Path) -> None:
+    """Make `target` a link to `source` in one rename: a new link is made in the folder
+    `spare` (on the same file system, and no folder a job sees), then renamed over it."""
+    link = spare / f"link-{secrets.token_hex(8)}"
+    os.link(source, link)
+    try:
+        os.replace(link, target)
+    except BaseException:
+        link.unlink(missing_ok=True)
+        raise
+
+
+def _files_of(tree: Path, inode: int) -> Iterator[Path]:
+    """The files under `tree` that are the file `inode`."""
+    try:
+        entries = list(os.scandir(tree))
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        if entry.is_dir(follow_symlinks=False):
+            yield from _files_of(Path(entry.path), inode)
+        elif entry.stat(follow_symlinks=False).st_ino == inode:
+            yield Path(entry.path)
 
 
 def _bytes(n: int) -> str:

@@ -48,6 +48,10 @@ PART = 8 << 20
 # held a fetch of small objects to a few disk flushes per object.
 FLUSH_ROWS = 256
 FLUSH_SECONDS = 1.0
+# An object larger than this that comes without its hash (read in parts) is named unhashed
+# (`Whole.sha` is LATER) and hashed after its job has started (`ObjectCache`: "Hashed later").
+LATER_BYTES = 16 << 20
+LATER = ""
 
 
 class _Identity(NamedTuple):
@@ -100,7 +104,7 @@ class Whole(NamedTuple):
     user: str
     oid: ObjectId
     part: Path
-    sha: str
+    sha: str  # LATER: not hashed yet
     size: int
 
 
@@ -220,9 +224,9 @@ class Downloads:
         """Take the whole object downloaded to `part` as `oid`'s: it is named (its bytes a
         blob, linked into `user`'s namespace) by the flush of its batch (see FLUSH_ROWS), by
         this call or a later one, or by `flush`. `sha` and `size`: the bytes' sha256 and
-        count where the download hashed and counted them as they came from the first byte
-        (else the file is read again here). ValueError (and the partial dropped) where its
-        size is not the listing's."""
+        count where the download hashed and counted them as they came from the first byte;
+        else the file is read again here, or, past LATER_BYTES, after it is named.
+        ValueError (and the partial dropped) where its size is not the listing's."""
         try:
             if size is None or sha is None:
                 size = part.stat().st_size
@@ -232,7 +236,7 @@ class Downloads:
                     " during the fetch?)"
                 )
             if sha is None:
-                sha = _file_sha256(part)
+                sha = LATER if size > LATER_BYTES else file_sha256(part)
         except BaseException:
             drop_partial(part, oid)
             raise
@@ -266,6 +270,11 @@ class Downloads:
         with self._lock:
             done = self._claims.pop(self._part(user, oid))
         done.set()
+
+    def active(self) -> bool:
+        """Whether a download writes now."""
+        with self._lock:
+            return bool(self._claims)
 
     def _part(self, user: str, oid: ObjectId) -> Path:
         return self._folder(user) / f"{oid.key_digest()}-{oid.digest()}"
@@ -311,7 +320,7 @@ def parts_done(part: Path) -> set[int] | None:
     return {int(n) for n in text.split() if n.isdigit()}
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
