@@ -17,7 +17,8 @@ args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
 lr, batch = float(args["--lr"]), int(args["--batch"])
 time.sleep(0.3)
 with open(os.environ["GPUHOP_METRICS_FILE"], "a") as f:
-    f.write(json.dumps({"epoch": 1, "val_loss": lr * batch}) + "\\n")
+    f.write(json.dumps({"epoch": 1, "val_loss": lr * batch, "val_acc": 1 / (1 + lr * batch)})
+            + "\\n")
 """
 
 
@@ -64,6 +65,10 @@ def test_a_sweep_of_six_runs_at_most_two_at_once_and_shows_one_table(make_agent,
     # Sorted by val_loss, lowest first: lr=0.001 with batch 32 is the best run.
     assert rows[0].startswith("lr=0.001 batch=32 ") and "0.032" in rows[0]
     assert rows[-1].startswith("lr=0.1 batch=64 ") and "6.4" in rows[-1]
+    # A score is best highest, so first by default: the same best run; --asc turns it round.
+    for order, best in (((), "lr=0.001 batch=32 "), (("--asc",), "lr=0.1 batch=64 ")):
+        shown = agent.cli("sweep", "show", "grid", "-m", "val_acc", *order, cwd=root).stdout
+        assert next(r for r in shown.splitlines() if r.startswith("lr=")).startswith(best), shown
     as_json = json.loads(agent.cli("sweep", "show", "grid", "--json", cwd=root).stdout)
     assert len(as_json) == 6
 

@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuhop.api import JobInfo, JobState
+from gpuhop.api.metrics import higher_is_better
 from gpuhop.api.queue import MAX_GRACE
 from gpuhop.cli import jobopts, params, plain
 from gpuhop.cli.connect import OnOption, client_for
@@ -286,13 +287,19 @@ def _counts(runs: list[JobInfo]) -> str:
 def show(
     sweep_ref: str = typer.Argument(..., metavar="SWEEP", help="A sweep's id, or its name."),
     metric: str | None = typer.Option(
-        None, "--metric", "-m", help="Sort by this final metric (lowest first)."
+        None,
+        "--metric",
+        "-m",
+        help="Sort by this final metric, best first: highest for a score (accuracy, AUC, F1,"
+        " ...), lowest for a loss, an error or a name it does not know (the dashboard's rule).",
     ),
-    desc: bool = typer.Option(False, "--desc", help="Highest first (accuracy, say)."),
+    desc: bool | None = typer.Option(
+        None, "--desc/--asc", help="Highest first, or lowest first, whatever the metric."
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
     on: str | None = OnOption,
 ) -> None:
-    """Every run of a sweep with its state and final metrics, sorted by --metric."""
+    """Every run of a sweep with its state and final metrics, best first by --metric."""
     try:
         with client_for(on) as client:
             runs = client.sweep_runs(sweep_ref)
@@ -300,7 +307,8 @@ def show(
         fail(e.message)
     runs = sorted(runs, key=lambda r: r.created_at)
     if metric is not None:
-        runs = sorted(runs, key=lambda r: _sort_key(r, metric, desc))
+        highest = higher_is_better(metric) if desc is None else desc
+        runs = sorted(runs, key=lambda r: _sort_key(r, metric, highest))
     if json_out:
         print_json([r.model_dump(mode="json") for r in runs])
         return
