@@ -255,7 +255,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 _left_behind: list[str] = []
 
 
+@pytest.hookimpl(trylast=True)  # after the runner's, which tears down what an interrupted run left
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    built = sys.modules.get("tests.images")
+    if built is not None:  # this process's images, now that its agents have stopped
+        built.remove_built()
     if hasattr(session.config, "workerinput"):
         return  # an xdist worker: the controller sums up
     from tests import images

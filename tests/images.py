@@ -41,7 +41,6 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -288,12 +287,28 @@ def remove_whole(ref: str) -> None:
         time.sleep(0.5)
 
 
+# The images this session built, removed once it is over (`remove_built`).
+_built: list[str] = []
+
+
+def remove_built() -> None:
+    """Remove the images this session built, with every container of them, once its
+    fixtures are all torn down (tests/conftest.py's `pytest_sessionfinish`). Not in the
+    image fixtures' own teardown: a session fixture set up after an agent's is torn down
+    before it, and a job the agent still ran (one a last test started) made its container
+    of the image then, which took the name and left the image untagged on the machine
+    (seen in CI, twice)."""
+    while _built:
+        with contextlib.suppress(OSError):
+            remove_whole(_built.pop())
+
+
 def sweep_left_behind() -> list[str]:
     """Remove the tests' images that sessions left on the machine, untagged (a name of theirs
     under localhost/gpuhop-test/ ended with the pid of a session no longer running), with
     their containers; one line for each, saying what held it. Called once the whole run is
-    over (tests/conftest.py), where every session's own end (`remove_whole`) has run: a CI
-    run showed one such image each time, its cause not found from the tests' side yet."""
+    over (tests/conftest.py), where every session's own end (`remove_built`) has run: a
+    net for what a session that was killed could not remove."""
     if shutil.which("podman") is None:
         return []
     listed = subprocess.run(
@@ -331,8 +346,9 @@ def _podman_lines(*args: str) -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def minimal_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The minimal image's reference (built once per session; removed at its end)."""
+def minimal_image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The minimal image's reference (built once per session; removed at its end, after
+    its agents: `remove_built`)."""
     problem = podman_problem()
     if problem is not None:
         if "root" in problem:
@@ -340,16 +356,14 @@ def minimal_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         missing(problem)
     ref = f"localhost/gpuhop-test/minimal:{os.getpid()}"
     build(ref, tmp_path_factory.mktemp("image"))
-    try:
-        yield ref
-    finally:
-        with contextlib.suppress(OSError):
-            remove_whole(ref)
+    _built.append(ref)
+    return ref
 
 
 @pytest.fixture(scope="session")
-def tf_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The TensorFlow image's reference (built once per session; removed at its end)."""
+def tf_image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The TensorFlow image's reference (built once per session; removed at its end, after
+    its agents: `remove_built`)."""
     problem = podman_problem() or tf_problem()
     if problem is not None:
         if "root" in problem:
@@ -357,11 +371,8 @@ def tf_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         missing(problem)
     ref = f"localhost/gpuhop-test/tensorflow:{os.getpid()}"
     build(ref, tmp_path_factory.mktemp("tf-image"), tensorflow=True)
-    try:
-        yield ref
-    finally:
-        with contextlib.suppress(OSError):
-            remove_whole(ref)
+    _built.append(ref)
+    return ref
 
 
 def containers_named(prefix: str) -> list[str]:
