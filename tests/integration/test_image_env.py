@@ -16,7 +16,6 @@ from gpuhop.api import JobState
 from gpuhop.backends.listeners import descendants
 from gpuhop.home import JobPaths
 from tests.conftest import wait_until
-from tests.images import minimal_image  # noqa: F401 (a fixture)
 from tests.integration.test_tls import remote, tls_agent, tokens  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.timeout(300)
