@@ -15,16 +15,9 @@ uploads what they have not shown they hold, even where the store has it).
 digest of the listing it shows, in `objects/USER/views/`, bound read-only into the job as a
 dataset's tree is. An unchanged listing finds its view and costs no download and no link.
 
-**Hashed later.** A large object read in parts (`objectdownloads.LATER_BYTES`) is named, in
-its user's namespace, before its bytes are hashed: its job starts once the bytes are on the
-disk, not after a second pass over them (sha256 and the copy out of the page cache took a
-quarter of the agent's CPU in a fetch of large objects, as much again as the writes). A
-thread of low priority hashes it afterwards, while no fetch downloads, and makes it a blob;
-where another user's (or another key's) object holds the same bytes already, its links
-(`by-id`, and each view's, view files first) are replaced with links to that blob, one
-rename each, and the second copy goes once no job holds it open. Its row says LATER until
-then (an agent stopped meanwhile hashes it when it starts again), and the cache counts it
-on its own.
+**Hashed later.** A large object is named before its bytes are hashed, and joins the blob
+of the same bytes afterwards (`objecthashes`); its row says LATER until then, and the cache
+counts it on its own.
 
 **Index and bounds.** `objects.db` (beside `objects/`) records, per user, each object's
 blob, each view's objects, and each prefix (its source URL, its latest view, size, last use)
@@ -47,8 +40,7 @@ import shutil
 import sqlite3
 import threading
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -62,14 +54,13 @@ from gpuhop.agent.storage.objectdownloads import (
     digest_of,
     drop_partial,
 )
+from gpuhop.agent.storage.objecthashes import LaterHashes, link_new, replace_with_link
 from gpuhop.agent.storage.usage import format_bytes
 
 log = logging.getLogger("gpuhop.agent")
 
 # An object named unhashed counts on its own until it is hashed (see "Hashed later").
 _BYTES_KEY = f"CASE sha256 WHEN '{LATER}' THEN user || ' ' || id ELSE sha256 END"
-HASH_CHUNK = 8 << 20
-IDLE_CHECK_SECONDS = 0.5
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (
@@ -134,117 +125,21 @@ class ObjectCache:
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
         index.chmod(0o600)
-        # Objects named unhashed (see "Hashed later"), hashed by `_hasher` in turn.
-        self._unhashed: deque[tuple[str, str]] = deque()
-        self._hashing = threading.Condition(self._lock)
-        self._hasher: threading.Thread | None = None
-        self._closing = False
-        self._hash_later(
+        self.hashes = LaterHashes(self._lock, self._db, blobs, self.user_dir, self.downloads.active)
+        self.hashes.queue(
             self._db.execute("SELECT user, id FROM objects WHERE sha256 = ?", (LATER,)).fetchall()
         )
 
     def close(self) -> None:
         self.downloads.flush()
-        with self._lock:
-            self._closing = True
-            self._hashing.notify_all()
-            hasher = self._hasher
-        if hasher is not None:
-            hasher.join()
+        self.hashes.close()
         with self._lock:
             self._db.close()
-
-    # -- hashed later ------------------------------------------------------------------------
 
     def hashed_all(self, timeout: float) -> bool:
         """Wait until every object named unhashed is hashed (or the cache closes); whether
         it came to that within `timeout` seconds."""
-        with self._lock:
-            return self._hashing.wait_for(lambda: not self._unhashed or self._closing, timeout)
-
-    def _hash_later(self, objects: Sequence[tuple[str, str]]) -> None:
-        """Queue `objects` ((user, id) each), named unhashed, for the hashing thread."""
-        if not objects:
-            return
-        with self._lock:
-            if self._closing:
-                return
-            self._unhashed.extend(objects)
-            if self._hasher is None:
-                self._hasher = threading.Thread(
-                    target=self._hash_queued, name="object-hash", daemon=True
-                )
-                self._hasher.start()
-            self._hashing.notify_all()
-
-    def _hash_queued(self) -> None:
-        with contextlib.suppress(OSError):  # this thread only: the job's and fetches' first
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
-        while True:
-            with self._lock:
-                # Not while a fetch downloads (checked twice a second): its job waits for it.
-                while not self._closing and (not self._unhashed or self.downloads.active()):
-                    self._hashing.wait(IDLE_CHECK_SECONDS if self._unhashed else None)
-                if self._closing:
-                    return
-                user, oid = self._unhashed[0]
-            try:
-                self._hash_one(user, oid)
-            except (OSError, sqlite3.Error) as e:  # hashed again when the agent starts next
-                log.error("object cache: could not hash a fetched object: %s", e)
-            with self._lock:
-                self._unhashed.popleft()
-                self._hashing.notify_all()
-
-    def _hash_one(self, user: str, oid: str) -> None:
-        """Hash `user`'s object `oid` (named unhashed) and make it a blob, or join the blob
-        of the same bytes (see "Hashed later")."""
-        by_id = self.user_dir(user) / "by-id" / oid
-        sha = hashlib.sha256()
-        try:
-            with open(by_id, "rb") as f:
-                inode = os.fstat(f.fileno()).st_ino
-                while chunk := f.read(HASH_CHUNK):
-                    if self._closing:
-                        return
-                    sha.update(chunk)
-        except FileNotFoundError:
-            return  # evicted meanwhile
-        digest = sha.hexdigest()
-        with self._lock:
-            row = self._db.execute(
-                "SELECT sha256 FROM objects WHERE user = ? AND id = ?", (user, oid)
-            ).fetchone()
-            if row is None or row[0] != LATER:
-                return  # evicted, or fetched again (and queued again) meanwhile
-            try:
-                if by_id.stat().st_ino != inode:
-                    return
-            except FileNotFoundError:
-                return
-            self.blobs.adopt(digest)  # touched first: the blob store's collection leaves it
-            blob = self.blobs.path(digest)
-            try:
-                _link_new(by_id, blob)  # its bytes were counted as it was named
-            except FileExistsError:  # the same bytes are here already: one copy kept
-                if blob.stat().st_ino != inode:
-                    self._relink(user, oid, inode, blob)
-            self._db.execute(
-                "UPDATE objects SET sha256 = ? WHERE user = ? AND id = ?", (digest, user, oid)
-            )
-
-    def _relink(self, user: str, oid: str, inode: int, blob: Path) -> None:
-        """Point every name of `user`'s object `oid` (the file `inode`) at `blob`, the same
-        bytes: each view's files first, its `by-id` last (so that an agent stopped half-way
-        finds the object unhashed still, and goes on). Under the lock."""
-        udir = self.user_dir(user)
-        views = self._db.execute(
-            "SELECT view FROM view_objects WHERE user = ? AND id = ?", (user, oid)
-        ).fetchall()
-        for (view,) in views:
-            for path in _files_of(udir / "views" / view, inode):
-                _replace_with_link(blob, path, udir / "tmp")
-        _replace_with_link(blob, udir / "by-id" / oid, udir / "tmp")
+        return self.hashes.done(timeout)
 
     def _name(self, batch: Sequence[Whole]) -> None:
         """Name each object of `batch`, flushed: its bytes become a blob (or join the same
@@ -252,34 +147,25 @@ class ObjectCache:
         one transaction, then its partials go. Under the lock."""
         rows = []
         for whole in batch:
-            if whole.sha == LATER:
-                try:
-                    os.chmod(whole.part, 0o444)
-                    udir = self.user_dir(whole.user)
-                    _replace_with_link(whole.part, self.path(whole.user, whole.oid), udir / "tmp")
-                    self.blobs.count_added(whole.size)
-                except OSError as e:
-                    log.error("object cache: could not store %s: %s", whole.oid.key, e)
-                    continue
-                rows.append((whole.user, whole.oid.digest(), LATER, whole.size))
-                continue
+            by_id = self.path(whole.user, whole.oid)
+            spare = self.user_dir(whole.user) / "tmp"
             try:
                 os.chmod(whole.part, 0o444)
-                self.blobs.adopt(whole.sha)  # touched first: the blob store's collection leaves it
-                blob = self.blobs.path(whole.sha)
-                try:
-                    _link_new(whole.part, blob)
+                if whole.sha == LATER:  # its name now, its blob later (`objecthashes`)
+                    replace_with_link(whole.part, by_id, spare)
                     self.blobs.count_added(whole.size)
-                except FileExistsError:
-                    pass  # the same bytes are here already
-                by_id = self.path(whole.user, whole.oid)
-                try:
-                    os.link(blob, by_id)
-                except FileExistsError:  # an earlier copy's name: replaced
-                    link = whole.part.with_name(whole.part.name + ".link")
-                    link.unlink(missing_ok=True)
-                    os.link(blob, link)
-                    os.replace(link, by_id)
+                else:
+                    self.blobs.adopt(whole.sha)  # touched first: the blob store's gc leaves it
+                    blob = self.blobs.path(whole.sha)
+                    try:
+                        link_new(whole.part, blob)
+                        self.blobs.count_added(whole.size)
+                    except FileExistsError:
+                        pass  # the same bytes are here already
+                    try:
+                        os.link(blob, by_id)
+                    except FileExistsError:  # an earlier copy's name: replaced
+                        replace_with_link(blob, by_id, spare)
             except OSError as e:
                 log.error("object cache: could not store %s: %s", whole.oid.key, e)
                 continue
@@ -290,7 +176,7 @@ class ObjectCache:
         self._db.execute("COMMIT")
         for whole in batch:
             drop_partial(whole.part, whole.oid)
-        self._hash_later([(user, oid) for user, oid, sha, _ in rows if sha == LATER])
+        self.hashes.queue([(user, oid) for user, oid, sha, _ in rows if sha == LATER])
 
     # -- one user's files --------------------------------------------------------------------
 
@@ -562,41 +448,6 @@ class ObjectCache:
             with contextlib.suppress(OSError):
                 total += path.stat().st_size
         return total
-
-
-def _link_new(source: Path, target: Path) -> None:
-    """Link `source` as `target`, its folder made where it is missing; FileExistsError
-    where `target` is there."""
-    try:
-        os.link(source, target)
-    except FileNotFoundError:
-        target.parent.mkdir(exist_ok=True)
-        os.link(source, target)
-
-
-def _replace_with_link(source: Path, target: Path, spare: Path) -> None:
-    """Make `target` a link to `source` in one rename: a new link is made in the folder
-    `spare` (on the same file system, and no folder a job sees), then renamed over it."""
-    link = spare / f"link-{secrets.token_hex(8)}"
-    os.link(source, link)
-    try:
-        os.replace(link, target)
-    except BaseException:
-        link.unlink(missing_ok=True)
-        raise
-
-
-def _files_of(tree: Path, inode: int) -> Iterator[Path]:
-    """The files under `tree` that are the file `inode`."""
-    try:
-        entries = list(os.scandir(tree))
-    except FileNotFoundError:
-        return
-    for entry in entries:
-        if entry.is_dir(follow_symlinks=False):
-            yield from _files_of(Path(entry.path), inode)
-        elif entry.stat(follow_symlinks=False).st_ino == inode:
-            yield Path(entry.path)
 
 
 def _bytes(n: int) -> str:
