@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple
 
@@ -170,6 +171,9 @@ def _expected_lines(prefix: str = "train/") -> list[str]:
     return sorted(lines)
 
 
+_TIMES = ("created_at", "started_at")
+
+
 def _object_requests(lines: list[str]) -> list[str]:
     """The requests for objects' bytes (GET or HEAD of a key, not a listing)."""
     return [r for r in lines if re.match(rf"(GET|HEAD) /{BUCKET}/", r) and "list-type" not in r]
@@ -208,6 +212,38 @@ def test_a_job_reads_a_prefix_fetched_on_the_host_and_the_next_costs_one_listing
     assert _object_requests(s3.requests(mark)) == [f"GET /{BUCKET}/train/a.txt"]
     # Whole objects only in the cache: nothing partial left behind.
     assert [p for p in signed_in.home.glob("objects/*/tmp/*")] == []
+
+    # What each job was given, as `show` and `diff` tell it: the same listing twice, all of
+    # it cached the second time; then one object changed, fetched alone, another listing.
+    ids = [j["id"] for j in json.loads(signed_in.cli("ps", "--json", "--limit", "3").stdout)][::-1]
+    records = []
+    for job in ids:
+        shown = signed_in.cli("show", job, "--json")
+        assert shown.returncode == 0, shown.stderr
+        [record] = json.loads(shown.stdout)["provenance"]["data"]
+        records.append(record)
+        assert record["objects"] == len(seen) and record["url"] == f"s3://{BUCKET}/train/"
+        info = json.loads(shown.stdout)
+        created, started = (datetime.fromisoformat(info[k]).timestamp() for k in _TIMES)
+        assert created <= record["ready_at"] <= started
+    total = sum(len(v) for k, v in OBJECTS.items() if k.startswith("train/") and k[-1] != "/")
+    grew = len(OBJECTS["train/a.txt"]) - len(b"alpha\n")
+    assert [r["bytes"] for r in records] == [total - grew, total - grew, total]
+    assert records[0]["listing"] == records[1]["listing"] != records[2]["listing"]
+    assert (records[1]["fetched"], records[2]["fetched"]) == (0, 1)
+    assert records[2]["fetched_bytes"] == len(OBJECTS["train/a.txt"])
+    text = signed_in.cli("show", ids[1]).stdout
+    assert "all cached" in text and f"listing {records[1]['listing'][:12]}" in text, text
+    text = signed_in.cli("show", ids[2]).stdout
+    assert "1 fetched (15 B), the rest cached" in " ".join(text.split()), text
+    changed = json.loads(signed_in.cli("diff", ids[1], ids[2], "--json").stdout)["ran_on"]
+    assert changed == [
+        {
+            "what": "data train",
+            "a": f"s3://{BUCKET}/train/ listing {records[1]['listing'][:12]}",
+            "b": f"s3://{BUCKET}/train/ listing {records[2]['listing'][:12]}",
+        }
+    ]
 
 
 def test_an_endpoint_with_a_trailing_slash_is_the_same_endpoint_for_the_cache(

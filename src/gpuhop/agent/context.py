@@ -239,7 +239,9 @@ class AgentContext:
     def _prepared(self, job_id: str, state: JobState) -> None:
         if state is JobState.failed:
             self.notify(job_id, state.value)  # it never started: this is its end
-        self.scheduler.wake()
+            self.scheduler.wake()
+        else:  # the job may start: the pass runs in this thread, as a submit's does
+            self.scheduler.start_now()
 
     def team(self) -> bool:
         """Whether this agent serves more than its owner now: a TCP listener is open, or

@@ -24,7 +24,8 @@ def diff(
 ) -> None:
     """Say what changed from JOB1 to JOB2: their code files (added, removed, changed),
     packages whose versions differ, options, and what they ran on (Python, platform, GPUs,
-    driver, gpuhop). Exits 0 whether or not anything changed."""
+    driver, gpuhop, and each bucket's listing: its objects changed, or were added or
+    removed, between them). Exits 0 whether or not anything changed."""
     with client_for(on) as client:
         job = find_job(client, first)
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from gpuhop.api.sizes import format_mb
@@ -23,6 +24,7 @@ from gpuhop.cli.output import (
     human_bytes,
     print_json,
     state_text,
+    when,
 )
 from gpuhop.cli.queue import queue_rows
 from gpuhop.client import GpuhopError
@@ -101,6 +103,8 @@ def show(
         rows += [(key, escape(text)) for key, text in energy_rows(info["energy"])]
     if ran_on is not None and JobState(info["state"]) != JobState.queued:
         rows += ran_on_rows(ran_on)
+    if ran_on is not None:
+        rows += fetched_rows(ran_on, when(info["created_at"]))
     for key, value in rows:
         echo(f"[bold]{key:>9}[/bold]  {value}")
     for past in get("attempts", ()):
@@ -145,6 +149,36 @@ def ran_on_rows(record: Info) -> list[tuple[str, str]]:
         tree = f"; tree {record['tree'][:12]}" if get("tree") else ""
         host = f"gpuhop {get('gpuhop')} on {get('host')}; GPUs {gpus}{driver}{tree}"
         rows.append(("host", escape(host)))
+    return rows
+
+
+def fetched_rows(record: Info, created_at: datetime | None) -> list[tuple[str, str]]:
+    """A row for each bucket's prefix the job was given, once its data was whole: how much,
+    how much of it came from the bucket rather than the host's cache, when it was whole, and
+    its listing's digest (the same digest, the same objects, paths and versions)."""
+    rows = []
+    for source in record.get("data") or []:
+        if "objects" not in source:
+            continue  # fetched by an agent from before the record
+        objects, fetched = source["objects"], source["fetched"]
+        if not fetched:
+            brought = "all cached"
+        elif fetched == objects:
+            brought = "all fetched"
+        else:
+            brought = f"{fetched} fetched ({human_bytes(source['fetched_bytes'])}), the rest cached"
+        waited = (
+            ""
+            if created_at is None
+            else f"; whole {max(0.0, source['ready_at'] - created_at.timestamp()):.2f} s after"
+            " submit"
+        )
+        text = (
+            f"{source['name']}: {source['url']}, {counted(objects, 'object')},"
+            f" {human_bytes(source['bytes'])}, {brought}{waited}; listing"
+            f" {source['listing'][:12]}"
+        )
+        rows.append(("fetched", escape(text)))
     return rows
 
 

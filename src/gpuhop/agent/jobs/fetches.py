@@ -246,15 +246,24 @@ class Fetches(Preparations[Fetch]):
                     " (see the agent's log)"
                 )
         views = []
+        brought = {oid.digest(): oid.size for oid in wanted}
         for (source, listed), name in zip(listings, names, strict=True):
             view = cache.make_view(user, listed, name)
             cache.used(user, source.url, creds.endpoint, listed, name)
+            fetched = [brought[e.id.digest()] for e in listed if e.id.digest() in brought]
             views.append(
                 {
                     "name": source.name,
                     "url": source.url,
                     "mount": f"{jobdeps.DATA_DIR}/{source.name}",
                     "source": str(view),
+                    # What the job saw and what it took (`gpuhop show`, `diff`): the
+                    # view's name is the digest of the listing's paths and identities.
+                    "objects": len(listed),
+                    "bytes": sum(e.id.size for e in listed),
+                    "fetched": len(fetched),
+                    "fetched_bytes": sum(fetched),
+                    "ready_at": time.time(),
                 }
             )
         return views

@@ -4,9 +4,10 @@ Two halves, each written once per job. The agent's (`write_host`, at the job's f
 after its process is on its way): gpuhop's version, the job's tree, the backend and host,
 the GPUs it was given and their driver. The job's (gpuhop.runtime.provenance, by its first
 Python process): the interpreter, the platform, the installed distributions and
-TensorFlow's build info. `read` joins them into the record `show` and `diff` use; the
-distributions' digest is made here, over their sorted `name==version` lines (a lock-style
-list), so that two jobs with the same environment have the same digest.
+TensorFlow's build info. The buckets' data the job was given is the agent's too, from the
+job's deps as its fetch left them (`_data`). `read` joins them into the record `show` and
+`diff` use; the distributions' digest is made here, over their sorted `name==version` lines
+(a lock-style list), so that two jobs with the same environment have the same digest.
 
 The job's half is the job's own words: read with a size cap, parsed line by line, and
 anything odd in it dropped. It says what the job saw, and vouches for nothing else.
@@ -22,6 +23,7 @@ import os
 import socket
 from typing import Any
 
+from gpuhop.backends import jobdeps
 from gpuhop.backends.base import GpuHost
 from gpuhop.home import JobPaths
 from gpuhop.version import __version__
@@ -66,7 +68,28 @@ def read(jp: JobPaths) -> dict[str, Any]:
         if isinstance(host, dict):
             record.update(host, host_recorded=True)
     record.update(_job_half(jp))
+    data = _data(jp)
+    if data:
+        record["data"] = data
     return record
+
+
+# What a bucket's fetch recorded of each source (gpuhop.agent.jobs.fetches), as shown.
+DATA_KEYS = ("name", "url", "objects", "bytes", "fetched", "fetched_bytes", "ready_at")
+
+
+def _data(jp: JobPaths) -> list[dict[str, Any]]:
+    """The buckets' data the job was given: each source's listing (its digest: the same
+    digest, the same objects, paths and versions), what of it was fetched rather than
+    cached, and when it was whole. The agent's own words (the job's deps), not the job's."""
+    out = []
+    for mount in jobdeps.read(jp).get("data", []):
+        if "url" not in mount:
+            continue  # a pushed dataset
+        entry = {key: mount[key] for key in DATA_KEYS if key in mount}
+        entry["listing"] = os.path.basename(mount["source"])
+        out.append(entry)
+    return out
 
 
 def _job_half(jp: JobPaths) -> dict[str, Any]:

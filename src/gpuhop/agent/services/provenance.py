@@ -110,6 +110,8 @@ def _ran_on(record: Mapping[str, Any]) -> dict[str, str]:
     for key in ("driver", "cuda", "gpuhop", "host", "backend"):
         if record.get(key) is not None:
             out[key] = str(record[key])
+    for source in record.get("data") or []:  # a bucket's objects changed: another listing
+        out[f"data {source.get('name')}"] = f"{source.get('url')} listing {source['listing'][:12]}"
     return out
 
 

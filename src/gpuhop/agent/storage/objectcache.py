@@ -262,20 +262,27 @@ class ObjectCache:
         self, user: str, url: str, endpoint: str, listing: Sequence[Listed], view: str
     ) -> None:
         """`user`'s prefix `url` was just listed as `listing` (its view, named `view`,
-        made) for a job."""
+        made) for a job. Written without waiting for the disk (the next write that does
+        takes it along): a row lost to a power cut says the prefix was used a little
+        earlier, and costs nothing else, where the wait was a tenth of an unchanged
+        prefix's re-fetch."""
         with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO prefixes VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    user,
-                    endpoint,
-                    url,
-                    view,
-                    len(listing),
-                    sum(e.id.size for e in listing),
-                    time.time(),
-                ),
-            )
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            try:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO prefixes VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        user,
+                        endpoint,
+                        url,
+                        view,
+                        len(listing),
+                        sum(e.id.size for e in listing),
+                        time.time(),
+                    ),
+                )
+            finally:
+                self._db.execute("PRAGMA synchronous=FULL")
 
     def prefixes(self, user: str | None = None) -> list[Prefix]:
         """The cached prefixes, most recently used first: `user`'s, or everyone's."""
