@@ -315,6 +315,44 @@ def test_a_model_served_again_is_answered_by_the_one_before_until_the_new_one_an
                 new.job.wait(timeout=60)
 
 
+def test_serve_replace_cancels_the_version_before_once_the_new_one_answers(
+    shared_agent, trained, reference, project
+):
+    """`gpuhop serve JOB --name NAME --replace`: once the new server answers, the model
+    server before it under that name is cancelled (the name then reaches the new one), and
+    a job of that name that is no model server is left alone; the SDK refuses `replace`
+    without waiting for the new server."""
+    job, local = trained
+    root = project({"hold.py": "import time\ntime.sleep(600)\n"})
+    with shared_agent.client() as client:
+        old = client.serve(local, name="rollout")
+        other = client.submit(["hold.py"], workdir=root, name="rollout")
+        started = [old.info.job, other.id]
+        try:
+            with pytest.raises(GpuhopError, match="replace cancels the servers before"):
+                client.serve(local, name="rollout", replace=True, wait=False)
+            said = shared_agent.cli("serve", job.id, "--name", "rollout", "--replace", timeout=240)
+            assert said.returncode == 0, said.stderr
+            new = said.stdout.strip()
+            started.append(new)
+            assert f"cancelled job {old.info.job}, the model server before this one" in said.stderr
+            assert "then --replace cancels it" in said.stderr
+            assert old.job.wait(timeout=60).state == JobState.cancelled
+            assert other.refresh().state == JobState.running
+            by_name = client.model("rollout")
+            assert by_name.info.job == new
+            answer = by_name.predict(instances=digits(2, start=70))
+            assert np.allclose(answer["predictions"], reference.predict(2, start=70), atol=1e-6)
+            refused = shared_agent.cli("serve", job.id, "--name", "x", "--replace", "-d")
+            assert refused.returncode != 0 and "leave out --detach" in refused.stderr
+        finally:
+            for ref in started:
+                leftover = client.job(ref)
+                if not leftover.refresh().state.finished:
+                    leftover.cancel(grace=0)
+                leftover.wait(timeout=60)
+
+
 def test_concurrent_requests_are_batched(shared_agent, batched, reference):
     x = digits(4, start=40)
     expected = reference.predict(4, start=40)

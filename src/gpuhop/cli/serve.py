@@ -56,6 +56,13 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
     detach: bool = typer.Option(
         False, "--detach", "-d", help="Print the job id and return without waiting."
     ),
+    replace: bool = typer.Option(
+        False,
+        "--replace",
+        help="Once this server answers, cancel your model servers of the same name from"
+        " before it (a new version in place of the old: requests by the name go to the old"
+        " one until then, and the old one finishes what it is answering).",
+    ),
     port_here: int | None = typer.Option(
         None,
         "--port-here",
@@ -81,8 +88,17 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
     A job's SavedModel is not copied: the server sees it read-only, and the job's files
     stay while the server is queued or running.
 
+    A server under a name that one of yours already serves is a new version: requests by
+    the name reach the one before until the new one answers, then the new one. --replace
+    then cancels the one before; without it, both keep running (and their GPUs).
+
     Example: gpuhop serve digits-demo --name digits
     """
+    if replace and detach:
+        fail(
+            "--replace waits for the new server to answer before it cancels the one before:"
+            " leave out --detach"
+        )
     spec = jobopts.spec_of(
         {
             "gpus": gpus,
@@ -97,7 +113,7 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
     with client_for(on) as client:
         try:
             if name is not None:
-                _warn_of_namesakes(client, name)
+                _warn_of_namesakes(client, name, replace)
             model = client.serve(
                 Path(source) if Path(source).is_dir() else source,
                 name=name,
@@ -118,6 +134,9 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
                 return
             say(f"model server job {model.info.job} started; loading {model.info.source}")
             info = model.wait_ready()
+            if replace:
+                for job_id in model.replace_namesakes():
+                    say(f"cancelled job {job_id}, the model server before this one under {name}")
         except GpuhopError as e:
             fail(e.message, code=1 if e.code == "conflict" else 2)
         except KeyboardInterrupt:
@@ -139,7 +158,7 @@ def serve(  # noqa: PLR0913 (a command: each parameter is one of its options)
             hold(client, client.job(info.job), info.port, port_here, "127.0.0.1")
 
 
-def _warn_of_namesakes(client: Client, name: str) -> None:
+def _warn_of_namesakes(client: Client, name: str, replace: bool) -> None:
     """Say so where a job of that name runs or waits already (a model server of that name,
     most likely): `predict NAME` reaches the one before until the new one is ready (as TF
     Serving keeps a version until the next has loaded), `cancel NAME` the new one."""
@@ -147,7 +166,12 @@ def _warn_of_namesakes(client: Client, name: str) -> None:
     same = [
         j["id"] for j in client.jobs_json(alive, fields=["id", "name"]) if j.get("name") == name
     ]
-    if same:
+    if same and replace:
+        say(
+            f"job {', '.join(same)} is named {name} too: `predict {name}` reaches the model"
+            " server before this one until this one answers; then --replace cancels it"
+        )
+    elif same:
         say(
             f"[yellow]job {', '.join(same)} is named {name} too and has not ended; `predict"
             f" {name}` reaches the newest that answers (a model server before this one until"

@@ -379,6 +379,7 @@ class Client:
         batch_timeout_ms: float = 2.0,
         wait: bool = True,
         timeout: float = 600.0,
+        replace: bool = False,
         **options: Any,
     ) -> serving.Model:
         """Serve a SavedModel on the GPU host under `name`, TF Serving's REST API style.
@@ -387,7 +388,9 @@ class Client:
         ("JOB" or "JOB:PATH", or a `Job`) whose artifacts hold it: without PATH, the only
         SavedModel there; its files stay on the host. Requests are batched up to
         `max_batch_size` rows (1: no batching), waiting at most `batch_timeout_ms`. With
-        `wait`, returns once the server answers (GpuhopError if its job ends first).
+        `wait`, returns once the server answers (GpuhopError if its job ends first). With
+        `replace`, it then cancels your model servers of that name from before it (a new
+        version served in their place: requests by the name went to them until it answered).
         `options`, as `submit` takes them: `gpus` (whole GPUs), or `gpu_memory` (a share
         of one GPU, "6GiB"), `priority`, `env` (the server's environment variables), and
         `image` (a container image to serve from, with its own python3, which must have
@@ -396,12 +399,18 @@ class Client:
         """
         import gpuhop.client.serving as serving
         from gpuhop.api.spec import JobSpec
-        from gpuhop.client.errors import UnknownOption
+        from gpuhop.client.errors import GpuhopError, UnknownOption
 
         unknown = options.keys() - SERVER_OPTIONS
         if unknown:
             raise UnknownOption(sorted(unknown)[0])
-        return serving.serve(
+        if replace and not wait:
+            raise GpuhopError(
+                "replace cancels the servers before this one once it answers, so it waits for"
+                " that: leave wait on (or call Model.replace_namesakes() once it is ready)",
+                code="bad_request",
+            )
+        served = serving.serve(
             self.session,
             source,
             name=name,
@@ -411,6 +420,9 @@ class Client:
             wait=wait,
             timeout=timeout,
         )
+        if replace:
+            served.replace_namesakes()
+        return served
 
     def model(self, ref: str) -> serving.Model:
         """A handle on a model server job, by its name (as given to `serve`) or job id."""

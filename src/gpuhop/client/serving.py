@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from gpuhop.api.states import JobState
 from gpuhop.client.errors import GpuhopError, invalid
 from gpuhop.client.job import Job, get
 from gpuhop.client.session import Connected, Session, session_of
@@ -77,6 +78,37 @@ class Model:
             time.sleep(delay)
             delay = min(delay * 1.5, 0.5)
         return self.info
+
+    def replace_namesakes(self, grace: float = 10.0) -> list[str]:
+        """Once this server answers (`wait_ready`), cancel the model servers of its name
+        and owner queued or running since before it (the versions it replaces: requests by
+        the name went to the newest of them that answered until now), each with `grace`
+        seconds to finish what it is answering; their job ids. Jobs of that name that are
+        no model servers, and those started after this one, are left alone."""
+        from datetime import datetime
+
+        from gpuhop.client.jobs import list_json
+
+        self.wait_ready()
+        mine = self.job.info
+        alive = [JobState.queued, JobState.starting, JobState.running]
+        fields = ["id", "name", "owner", "created_at"]
+        cancelled = []
+        for row in list_json(self.session, alive, 10_000, fields=fields):
+            if (
+                row["id"] == mine.id
+                or row.get("name") != mine.name
+                or row.get("owner") != mine.owner
+                or datetime.fromisoformat(row["created_at"]) > mine.created_at
+            ):
+                continue
+            try:
+                _info(self.session, row["id"])  # a model server: else "not a model server"
+            except GpuhopError:
+                continue
+            get(self.session, row["id"]).cancel_json(grace)
+            cancelled.append(row["id"])
+        return cancelled
 
     def request(self, method: str, path: str, **kwargs: Any) -> Response:
         """Any request to the server, e.g. ("GET", "/v1/models/digits"): the raw answer,
