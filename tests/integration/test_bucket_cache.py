@@ -503,6 +503,14 @@ def test_jobs_fetching_the_same_object_at_once_download_it_once(
             ]
             gets = [r for r in s3.requests(mark) if r.startswith("GET /gpuhop-race/r/big.bin")]
             assert gets == ["GET /gpuhop-race/r/big.bin"]
+            # Each job's record says which of its objects its own fetch read: the first the
+            # big one, the others none of it (the wider one, its other object alone).
+            fetched = [
+                (d["objects"], d["fetched"], d["fetched_bytes"])
+                for job in (first, second, wider)
+                for d in job.provenance_json()["data"]
+            ]
+            assert fetched == [(1, 1, 2 * MiB), (1, 0, 0), (2, 1, len(other))]
             # One blob, linked as the user's object and in the two views (same data: one).
             blob = shared_agent.paths.blobs / _sha(big)[:2] / _sha(big)
             assert blob.stat().st_nlink == 4

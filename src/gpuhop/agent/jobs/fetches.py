@@ -63,7 +63,10 @@ class Fetch:
         self.phase = "listing"
         self.objects = self.objects_done = 0
         self.bytes = self.bytes_done = 0
-        self.fetched = 0  # objects this fetch downloads (the others were cached)
+        # The objects this fetch downloaded itself, by digest, with their sizes: not those
+        # that were cached, nor those another fetch brought meanwhile (a sweep's runs list
+        # the same new objects at once, and each is read once).
+        self.downloaded: dict[str, int] = {}
         self.started = time.monotonic()
         self.last_byte = self.started  # when the download last moved
 
@@ -100,7 +103,7 @@ class Fetch:
         """What the fetch did, once its data is whole: as the agent's log records it."""
         with self.lock:
             return (
-                f"{self.objects} objects, {self.fetched} of them fetched"
+                f"{self.objects} objects, {len(self.downloaded)} of them fetched"
                 f" ({_size(self.bytes_done)} in {time.monotonic() - self.started:.1f}s)"
             )
 
@@ -232,7 +235,6 @@ class Fetches(Preparations[Fetch]):
             fetch.objects = sum(len(listed) for _, listed in listings)
             fetch.objects_done = fetch.objects - len(wanted)
             fetch.bytes = need
-            fetch.fetched = len(wanted)
         if wanted:
             limit = self.room.limit()
             if limit is not None:
@@ -246,7 +248,8 @@ class Fetches(Preparations[Fetch]):
                     " (see the agent's log)"
                 )
         views = []
-        brought = {oid.digest(): oid.size for oid in wanted}
+        with fetch.lock:
+            brought = dict(fetch.downloaded)
         for (source, listed), name in zip(listings, names, strict=True):
             view = cache.make_view(user, listed, name)
             cache.used(user, source.url, creds.endpoint, listed, name)
@@ -293,6 +296,8 @@ class Fetches(Preparations[Fetch]):
                             return
                     finally:
                         self.cache.downloads.release(user, oid)
+                    with fetch.lock:
+                        fetch.downloaded[oid.digest()] = oid.size
                     break
                 # Another fetch downloads it into the same partial: its end is waited for,
                 # then asked about again (its object committed: taken; else this one goes on
