@@ -327,6 +327,42 @@ WAITS = re.compile(
 )
 
 
+def test_a_sweeps_runs_each_read_the_prefix_and_its_objects_come_once(
+    signed_in: Agent, s3: S3, project
+):
+    """`gpuhop sweep --array 3 --data s3://...`: the runs fetch at once, each sees the whole
+    prefix, each object is read from the bucket once, and the runs' records say which run's
+    fetch read it."""
+    root = project({"job.py": JOB})
+    prefix = f"swept-{secrets.token_hex(4)}"  # new to the cache, whatever ran before
+    bodies = {f"{prefix}/{i}.txt": f"{i}\n".encode() for i in range(3)}
+    client = s3.client()
+    for key, body in bodies.items():
+        client.put_object(Bucket=BUCKET, Key=key, Body=body)
+    mark = s3.mark()
+    swept = signed_in.cli(
+        "sweep", "-n", "bucket-sweep", "--array", "3", "--data", f"s3://{BUCKET}/{prefix}:train",
+        "job.py", cwd=root, timeout=110,
+    )  # fmt: skip
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    gets = sorted(r for r in s3.requests(mark) if r.startswith(f"GET /{BUCKET}/{prefix}/"))
+    assert gets == [f"GET /{BUCKET}/{key}" for key in sorted(bodies)]
+    runs = json.loads(signed_in.cli("sweep", "show", "bucket-sweep", "--json").stdout)
+    fetched = []
+    for job in [run["id"] for run in runs]:
+        logs = signed_in.cli("logs", job).stdout
+        assert sorted(ln for ln in logs.splitlines() if ln.startswith("file ")) == [
+            f"file {key.rpartition('/')[2]} 2 {hashlib.sha256(body).hexdigest()}"
+            for key, body in sorted(bodies.items())
+        ]
+        shown = json.loads(signed_in.cli("show", job, "--json").stdout)
+        fetched += [d["fetched"] for d in shown["provenance"]["data"]]
+    assert len(fetched) == 3 and sum(fetched) == 3, fetched
+    for key in bodies:
+        client.delete_object(Bucket=BUCKET, Key=key)
+    client.close()
+
+
 def test_a_fetchs_progress_shows_in_ps_show_the_dashboard_and_runs_status_line(
     signed_in: Agent, s3: S3, project
 ):
