@@ -140,12 +140,28 @@ def test_a_pytorch_gang_finds_its_rendezvous_in_the_environment(shared_agent, pr
     assert "[worker 0] store: ranks ['1', '2'] of 3 joined" in log
 
 
-# Worker 1's first attempt fails; every attempt of every worker says which it is.
+# Worker 1's first attempt fails; every attempt of every worker says which it is. Worker 1
+# fails only once worker 0 has said its line (worker 0 tells it so through MASTER_ADDR:
+# MASTER_PORT): a gang's failure ends its other workers, and on a loaded machine worker 0
+# could be ended before its line.
 RETRIED_GANG = """
-import os, sys
+import os, socket, sys, time
 attempt, index = os.environ["GPUHOP_ATTEMPT"], os.environ["GPUHOP_WORKER_INDEX"]
 print(f"attempt {attempt} worker {index}", flush=True)
-sys.exit(3 if (attempt, index) == ("1", "1") else 0)
+addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+if attempt == "1" and index == "0":
+    with socket.create_server((addr, port)) as server:
+        server.accept()[0].close()
+elif attempt == "1":
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection((addr, port)).close()
+            break
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, "worker 0 never listened"
+            time.sleep(0.05)
+    sys.exit(3)
 """
 
 

@@ -95,7 +95,7 @@ def test_a_fetch_says_how_far_it_is():
     )
     fetch.add((3 << 30) - (40 << 20))  # all of it: no time left to say
     assert fetch.note().endswith("/s")
-    fetch.fetched = 6
+    fetch.downloaded = {f"object{i}": 1 << 20 for i in range(6)}
     assert re.fullmatch(r"9 objects, 6 of them fetched \(3 GiB in [\d.]+s\)", fetch.summary())
 
 
