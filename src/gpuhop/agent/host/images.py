@@ -147,8 +147,10 @@ def list_images(settings: PodmanSettings) -> list[HostImage]:
         except ImageError as e:
             # Podman lists, then reads each image: one removed in between (a `gc`, another
             # user's `images rm`, a build's intermediate) fails the whole listing with
-            # "image not known". Listed again, it is simply not there.
-            if not tries_left or "image not known" not in str(e):
+            # "image not known", or "layer not known" where its layers went first. Listed
+            # again, it is simply not there.
+            gone = "image not known" in str(e) or "layer not known" in str(e)
+            if not tries_left or not gone:
                 raise
     try:
         rows = json.loads(out or "[]")
