@@ -139,6 +139,12 @@ class AgentPaths(NamedTuple):
     def jobs(self) -> Path:
         return self.home / "jobs"
 
+    @property
+    def ready(self) -> Path:
+        """The dirs of containers started ahead of their image jobs (each a mount point the
+        job's own dirs are bound in: gpuhop.backends.local.ready)."""
+        return self.home / "ready"
+
     def job_dir(self, job_id: str) -> Path:
         return self.jobs / job_id
 

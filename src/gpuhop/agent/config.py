@@ -38,6 +38,8 @@ From `agent.toml` in the state dir, then from `python -m gpuhop.agent` options, 
     container_runtime = "runc"  # its OCI runtime (default: Podman's own, but runc on a
                               # cgroup v1 host with controllers on the v2 hierarchy, which
                               # crun refuses)
+    ready_containers = true   # start a container ahead of the next image job like the
+                              # last (root agents; one per kind, gone after 10 idle minutes)
     [slurm]                   # the Slurm backend (--backend slurm)
     ports = "20000-32000"     # a multi-worker job's TensorFlow ports on the compute nodes,
                               # which the nodes' firewalls must let them reach each other on
@@ -115,6 +117,7 @@ class Policy:
     image: str | None = None  # the default image of jobs that ask for no environment
     podman: str = "podman"
     container_runtime: str | None = None  # None: see gpuhop.backends.local.podman
+    ready_containers: bool = True  # see gpuhop.backends.local.ready
     slurm_ports: tuple[int, int] | None = None  # None: the Slurm backend's own default
     slurm_scratch: str | None = None  # None: $SLURM_TMPDIR, else the node's temp dir
 
@@ -250,6 +253,10 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if name in ("podman", "container_runtime"):
             if not isinstance(value, str) or not value or "\x00" in value:
                 raise ValueError("give a program's name or absolute path")
+            return value
+        if name == "ready_containers":
+            if not isinstance(value, bool):
+                raise ValueError("give true or false")
             return value
         if name == "job_uid_base":
             if isinstance(value, bool) or not 1000 <= int(value) <= 2**31 - 200_000:

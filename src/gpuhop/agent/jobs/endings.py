@@ -60,9 +60,13 @@ def gpu_oom_in(log: Path) -> bool:
     return GPU_OOM.search(_tail(log)) is not None
 
 
-# What an image job's init (catatonit, `podman run --init`) prints, then exiting 1, where it
-# could not start the job's program: not in the image, or not runnable there.
-NO_PROGRAM = re.compile(rb"^ERROR \(catatonit:\d+\): failed to exec pid1: (.{1,200})$")
+# What an image job's init (catatonit, `podman run --init`), or the waiter of a container
+# started ahead of it (gpuhop.backends.local.ready), prints, then exiting 1, where it could
+# not start the job's program: not in the image, or not runnable there.
+NO_PROGRAM = re.compile(
+    rb"^(?:ERROR \(catatonit:\d+\): failed to exec pid1"
+    rb"|gpuhop: failed to exec the job's program): (.{1,200})$"
+)
 # What a gang's leader puts before each line of worker I's output in the job's log.
 WORKER_PREFIX = re.compile(rb"^\[worker \d{1,6}\] ")
 

@@ -351,6 +351,8 @@ def open_backend(
     from gpuhop.backends.podman import PodmanSettings
 
     # The Podman the agent's image store uses too (AgentContext.podman): one store.
-    return LocalBackend(
+    backend = LocalBackend(
         paths, gpu_host, python, PodmanSettings(policy.podman, policy.container_runtime)
     )
+    backend.ready_containers = policy.ready_containers
+    return backend

@@ -102,6 +102,9 @@ class LocalBackend(LeaderBackend):
         self.containers = containers or podman.PodmanSettings()
         # Jobs' leaders are forked by a warm server (a fresh interpreter each where it fails).
         self._forks = ForkServer(python)
+        # Whether image jobs' next ones find a container started ahead (agent.toml's
+        # ready_containers: gpuhop.backends.local.ready).
+        self.ready_containers = True
         # Cgroups an earlier run left (an end that came while the kernel still refused).
         cgroups.sweep(paths.jobs)
 
@@ -260,6 +263,14 @@ class LocalBackend(LeaderBackend):
                 gang = self._write_gang(attempt, jp, env, "python3", deps, probe)
             home = Path(identity["home"]) if identity else self._image_home()
             gang += podman.container_args(self.containers, attempt, jp, deps, env, specs, home)
+            alone = attempt.spec.workers == 1 and not attempt.spec.private_network
+            if specs is not None and alone and not deps.get("env") and self.ready_containers:
+                # The next job like it finds a container started ahead (ready.py).
+                ready = podman.ready_spec(
+                    specs["container"], env, self.paths.jobs, self.paths.ready
+                )
+                if ready is not None:
+                    specs["ready"] = ready
             if deps.get("env"):  # --requirements on top of the image (the leader builds it)
                 env_spec = dict(deps["env"], requirements=str(jp.root / "requirements.txt"))
                 (jp.root / "env.json").write_text(json.dumps(env_spec))

@@ -151,21 +151,27 @@ def argv(spec: dict, env: dict, command: list, worker=None) -> tuple:
     with, and the file descriptors it must inherit (its env file's, which holds the job's
     variables, `env`: see the module's docstring). Its network is the leader's (`--network
     host`: the host's, or the private one the leader is in)."""
-    env = dict(env)
     gpus = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
     args = [*_run(spec), "--name", name(spec, worker), "--init", "--read-only-tmpfs=false"]
     for gpu in gpus:
         args += ["--device", f"nvidia.com/gpu={gpu}"]
     for m in spec["mounts"]:
         args += _mount(m["source"], m["target"], m["readonly"])
-    inside = {key: value for key, value in env.items() if key not in _PODMAN_OWN}
-    home = spec.get("home") or env.get("HOME")  # the job's user's home (the spec mounts it)
-    if home:
-        inside["HOME"] = home
-    path, fd = env_file(inside)
+    path, fd = env_file(job_variables(spec, env))
     args += ["--env-file", path]
     return [*args, spec["image"], *command], _for_podman(env), (fd,)
+
+
+def job_variables(spec: dict, env: dict) -> dict:
+    """The job's variables in its container: `env` less Podman's own, with its GPUs
+    renumbered from 0 (the container sees only those) and its user's HOME."""
+    out = {key: value for key, value in env.items() if key not in _PODMAN_OWN}
+    gpus = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+    out["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(len(gpus)))
+    home = spec.get("home") or env.get("HOME")  # the job's user's home (the spec mounts it)
+    if home:
+        out["HOME"] = home
+    return out
 
 
 # What the podman program itself needs of the agent's environment (the agent puts them in
@@ -306,6 +312,14 @@ def remove(spec: dict, names: list) -> None:
     leaves its container running)."""
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         args = ("rm", "--force", "--ignore", "--time", "0", *names)
+        _call(spec, *args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def rename(spec: dict, old: str, new: str) -> None:
+    """Give the container `old` the name `new` (a container started ahead of its job takes
+    its job's name once the job runs in it); a container gone meanwhile keeps none."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        args = ("rename", old, new)
         _call(spec, *args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

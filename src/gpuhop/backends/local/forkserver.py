@@ -83,11 +83,16 @@ class ForkServer:
         run the job twice."""
         # The request goes in a file that only the leader, once forked, reads: the server's
         # memory, which every later leader inherits, never holds a job's environment.
-        spec = {"argv": argv, "env": env, "cwd": str(cwd), "specs": specs or {}}
+        specs = dict(specs or {})
+        ready = specs.pop("ready", None)  # for the server: which ready container may run it
+        spec = {"argv": argv, "env": env, "cwd": str(cwd), "specs": specs}
         fd = os.open(request, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         with open(fd, "w") as f:
             json.dump(spec, f)
-        message = json.dumps({"request": str(request), "cgroup": cgroup and str(cgroup)}).encode()
+        said = {"request": str(request), "cgroup": cgroup and str(cgroup)}
+        if ready is not None:
+            said["ready"] = ready
+        message = json.dumps(said).encode()
         with self._lock:
             sock = self._running()
             with open(log_path, "ab") as logfile:

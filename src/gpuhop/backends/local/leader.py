@@ -42,6 +42,9 @@ import sys
 import time
 
 POLL_SECONDS = 0.05
+# The container this leader started ahead of its job, where the leader server forked it as
+# a ready container's (ready.Ready: leaderserver.py sets it); None for any other leader.
+READY = None
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -72,6 +75,16 @@ def how(outcome: dict) -> str:
 
 def _spawn(command: list, env: dict | None = None, log_fd: int | None = None, worker=None) -> int:
     inherited: tuple = ()
+    if _CONTAINER and READY is not None and READY.claimed and worker is None:
+        # The job runs in the container started ahead of it (ready.py): no `podman run`.
+        inside = _sibling("container").job_variables(
+            _CONTAINER, dict(os.environ if env is None else env)
+        )
+        out = 1 if log_fd is None else log_fd
+        pid = READY.hand_over(command, inside, _CONTAINER["workdir"], out)
+        # As the job runs: the job's container is named as a cold start's would be.
+        _sibling("container").rename(_CONTAINER, READY.name, _sibling("container").name(_CONTAINER))
+        return pid
     if _CONTAINER:  # the job (this worker) runs in its container, through `podman run`
         base = dict(os.environ)
         env = base if env is None else env
@@ -343,8 +356,14 @@ def main(argv: list, given: dict | None = None) -> int:
     if "container" in specs:
         _CONTAINER.update(specs["container"])
         _adopt_orphans()
+        if READY is not None:  # a container started ahead (ready.py), for a job it can run
+            alone = "gang" not in specs and relay is None and "env" not in specs
+            if not (alone and READY.claim(_CONTAINER)):
+                READY.release()
         workers = range(len(specs["gang"]["workers"])) if "gang" in specs else [None]
         pid_record["containers"] = [_sibling("container").name(_CONTAINER, w) for w in workers]
+        if READY is not None and READY.claimed:  # named so until the job runs in it
+            pid_record["containers"].append(READY.name)
     _write_atomic(pid_path, pid_record, durable=False)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         # A handler, not SIG_IGN: exec resets handled signals to their default in the child.
@@ -374,6 +393,8 @@ def main(argv: list, given: dict | None = None) -> int:
             result = _sibling("container").outcome(_CONTAINER, result, command)
     if _CONTAINER:  # none is left, however the job ended
         _sibling("container").remove(_CONTAINER, pid_record["containers"])
+    if READY is not None:  # its mounts and dir
+        READY.close()
     result["ended_at"] = time.time()
     if report is not None:
         os.write(report, json.dumps(result).encode())

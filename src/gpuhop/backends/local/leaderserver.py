@@ -47,9 +47,11 @@ them by their pid files.
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # -I leaves this file's directory off sys.path
@@ -60,22 +62,32 @@ import leader  # noqa: E402
 # What a job's leader may load: loaded once here, not in every job.
 for _helper in ("sandbox", "workview", "gangenv", "jobnet", "relay", "envbuild", "container"):
     __import__(_helper)
+import ready  # noqa: E402
 
 MAX_MESSAGE = 1 << 22
 _CHLD = {signal.SIGCHLD}
 SPARE_PREFIX = "gpuhop-spare"
 # Seconds after a request before the next spare is forked (a request sooner gets a fork).
 SPARE_AFTER = 0.005
+# Ready containers (ready.py): how many the server keeps at once (one per kind of job: image,
+# user, GPUs), how long one waits for its job before it ends, how many of a kind may end
+# before their job (an image whose ENTRYPOINT cannot run the waiter, say) before that kind
+# gets none more, and how long the server waits for theirs to end as it ends.
+READY_MAX = 4
+READY_IDLE = 600.0
+READY_TRIES = 2
+READY_END_SECONDS = 30.0
 
 
 class Spare:
     """A leader forked ahead of its job: its pid, the server's end of its socket, and the
     cgroup it joined (None where it has none)."""
 
-    def __init__(self, pid: int, sock: socket.socket, cgroup):
+    def __init__(self, pid: int, sock: socket.socket, cgroup, key=None):
         self.pid = pid
         self.sock = sock
         self.cgroup = cgroup
+        self.key = key  # a ready container's kind (ready.key), for the jobs it can run
 
 
 class Server:
@@ -86,6 +98,12 @@ class Server:
         self.spare = None
         self.renames = True  # cgroup v2 refuses to rename a cgroup: then joins it is
         self.made = 0
+        self.ready: dict = {}  # kind -> the Spare holding a ready container of it
+        self.wanted: dict | None = None  # the ready spec of the next ready container to start
+        self.failed: dict = {}  # kind -> how many of its ended before their job
+        self.retired: set = set()  # ready containers' leaders told to end, not yet reaped
+        self.handed: dict = {}  # pid of a leader that had a ready container -> its base dir
+        self.swept: set = set()
 
     def serve(self) -> int:
         signal.signal(signal.SIGCHLD, lambda *_: self._reap())
@@ -96,33 +114,43 @@ class Server:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
         while True:
             # The next spare is forked just after the last one's job was handed over (see
-            # the docstring for why not later).
-            self.sock.settimeout(SPARE_AFTER if self.spare is None else None)
+            # the docstring for why not later); so is the next ready container.
+            later = self.spare is None or self.wanted is not None
+            self.sock.settimeout(SPARE_AFTER if later else None)
             try:
                 msg, fds, _flags, _addr = socket.recv_fds(self.sock, MAX_MESSAGE, 4)
             except TimeoutError:
                 signal.pthread_sigmask(signal.SIG_BLOCK, _CHLD)
                 try:
-                    self.spare = self._fork_spare()
+                    if self.spare is None:
+                        self.spare = self._fork_spare()
+                    if self.wanted is not None:
+                        wanted, self.wanted = self.wanted, None
+                        self._fork_ready(wanted)
                 finally:
                     signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
                 continue
             except OSError:
-                return 0
+                return self._end_ready()
             self.sock.settimeout(None)
             if not msg:
-                return 0  # the agent is gone
+                return self._end_ready()  # the agent is gone
             # A child's end is told only after its pid: SIGCHLD waits until the answer is sent.
             signal.pthread_sigmask(signal.SIG_BLOCK, _CHLD)
             try:
                 try:
                     message = json.loads(msg)
                     request, cgroup = message["request"], message.get("cgroup")
+                    wants = message.get("ready")
                     if not isinstance(request, str) or len(fds) != 1:
                         raise ValueError("expected a request file and the log's descriptor")
                     if cgroup is not None and not isinstance(cgroup, str):
                         raise ValueError("expected the cgroup's path")
-                    pid = self._start(request, fds[0], cgroup)
+                    if wants is not None and not isinstance(wants, dict):
+                        raise ValueError("expected a ready container's spec")
+                    pid = self._start_ready(request, fds[0], cgroup, wants) if wants else None
+                    if pid is None:
+                        pid = self._start(request, fds[0], cgroup)
                     reply = {"pid": pid, "start": leader._start(pid)}
                 except (OSError, ValueError, KeyError, TypeError) as e:
                     reply = {"error": f"{type(e).__name__}: {e}"}
@@ -171,6 +199,75 @@ class Server:
                 spare.sock.close()
         raise OSError("could not fork the job's leader")
 
+    def _start_ready(self, request: str, log: int, cgroup, spec: dict):
+        """Hand the request to the leader of a ready container of its kind (`spec`), if
+        the server holds one and it still waits; None if not (a leader is forked as for
+        any job). Either way, the next job of the kind will find one."""
+        kind = ready.key(spec)
+        spare = self.ready.pop(kind, None)
+        if self.failed.get(kind, 0) < READY_TRIES:
+            self.wanted = spec
+        if spare is None:
+            return None
+        try:
+            if not _ready(spare):
+                raise OSError("it ended")
+            if cgroup is not None:
+                _make(cgroup)
+            message = json.dumps({"request": request, "cgroup": cgroup}).encode()
+            socket.send_fds(spare.sock, [message], [log])
+        except OSError:  # it ended waiting: reaped as one that had no job
+            self.retired.add(spare.pid)
+            return None
+        finally:
+            spare.sock.close()
+        self.handed[spare.pid] = spec["base"]
+        return spare.pid
+
+    def _fork_ready(self, spec: dict) -> None:
+        """A leader that starts a ready container of `spec`'s kind and waits for its job
+        (`_ready_spare`); the oldest kind's is told to end where the server holds
+        READY_MAX."""
+        kind = ready.key(spec)
+        if kind in self.ready:
+            return
+        if spec["base"] not in self.swept:  # what a killed server's leaders left
+            self.swept.add(spec["base"])
+            ready.sweep(spec["base"])
+        while len(self.ready) >= READY_MAX:
+            oldest = self.ready.pop(next(iter(self.ready)))
+            oldest.sock.close()
+            self.retired.add(oldest.pid)
+        try:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            pid = os.fork()
+        except OSError:
+            return
+        if pid == 0:
+            ours.close()
+            _ready_spare(self, theirs, spec)  # never returns
+        theirs.close()
+        self.ready[kind] = Spare(pid, ours, None, kind)
+
+    def _end_ready(self) -> int:
+        """As the server ends: tell each ready container's leader to end, and wait (a
+        while) until they have, so that no container outlives the agent."""
+        signal.pthread_sigmask(signal.SIG_BLOCK, _CHLD)
+        pids = [spare.pid for spare in self.ready.values()] + list(self.retired)
+        for spare in self.ready.values():
+            spare.sock.close()
+        self.ready = {}
+        deadline = time.monotonic() + READY_END_SECONDS
+        for pid in pids:
+            while time.monotonic() < deadline:
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0] != 0:
+                        break
+                except ChildProcessError:
+                    break
+                time.sleep(0.02)
+        return 0
+
     def _fork_spare(self, own_cgroup: bool = True):
         """A new spare, in a new cgroup of its own if `own_cgroup` (where the agent has
         one); None if the fork fails."""
@@ -209,6 +306,18 @@ class Server:
                 return
             if pid == 0:
                 return
+            kind = next((k for k, s in self.ready.items() if s.pid == pid), None)
+            if kind is not None:  # a ready container's leader, which had no job
+                self.ready.pop(kind).sock.close()
+                if os.waitstatus_to_exitcode(status) == ready.GONE:
+                    self.failed[kind] = self.failed.get(kind, 0) + 1
+                continue
+            if pid in self.retired:
+                self.retired.discard(pid)
+                continue
+            base = self.handed.pop(pid, None)
+            if base is not None:  # what a killed one left mounted
+                ready.sweep(base)
             spare = self.spare
             if spare is not None and pid == spare.pid:
                 # A spare died waiting (killed): no job's end; a new one comes with the next
@@ -224,6 +333,8 @@ class Server:
         self.sock.close()
         if self.spare is not None:
             self.spare.sock.close()
+        for spare in self.ready.values():
+            spare.sock.close()
 
 
 def _ready(spare: Spare) -> bool:
@@ -288,6 +399,58 @@ def _spare(server: Server, sock: socket.socket, cgroup) -> None:
         join = message.get("cgroup")
         if join is not None and _join(join):
             _remove(cgroup)  # not renamed (the kernel refused, or the job has no cgroup)
+        code = _become_leader(message["request"], fds[0], None)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.write(2, f"gpuhop: the job's leader failed: {type(e).__name__}: {e}\n".encode())
+    finally:
+        _exit(code)
+
+
+def _ready_spare(server: Server, sock: socket.socket, spec: dict) -> None:
+    """A ready container's leader (ready.py): a session of its own, its container started,
+    then wait for a job and become its leader with the container; end it (and so its
+    container) if the server ends first, the container ends first (exit code ready.GONE),
+    or no job came for READY_IDLE seconds."""
+    code = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
+        server.close_in_child()
+        os.setsid()
+        leader._adopt_orphans()  # conmon, which parents the container's processes
+        held = ready.Ready(spec)
+        try:
+            held.start()
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.write(2, f"gpuhop: a ready container did not start: {e}\n".encode())
+            held.close()
+            _exit(ready.GONE)
+        code = 0
+        try:
+            sock.send(b"alone")
+            deadline = time.monotonic() + READY_IDLE
+            msg, fds = b"", []  # type: tuple[bytes, list[int]]
+            while time.monotonic() < deadline:
+                left = deadline - time.monotonic()
+                readable = select.select([sock, held.sock], [], [], left)[0]
+                if sock in readable:
+                    msg, fds, _flags, _addr = socket.recv_fds(sock, MAX_MESSAGE, 1)
+                    break
+                if held.sock in readable and not held.poll():
+                    code = ready.GONE
+                    break
+        except OSError:
+            msg, fds = b"", []
+        sock.close()
+        if not msg or len(fds) != 1:
+            held.close()
+            _exit(code)
+        message = json.loads(msg)
+        if message.get("cgroup") is not None:
+            _join(message["cgroup"])
+        leader.READY = held
         code = _become_leader(message["request"], fds[0], None)
     except BaseException as e:
         with contextlib.suppress(OSError):

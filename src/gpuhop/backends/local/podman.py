@@ -270,3 +270,21 @@ def container_args(
         return []
     (jp.root / "container.json").write_text(json.dumps(spec))
     return ["--container", str(jp.root / "container.json")]
+
+
+def ready_spec(
+    spec: dict[str, Any], env: dict[str, str], jobs: Path, base: Path
+) -> dict[str, Any] | None:
+    """What a container started ahead of this job (ready.py) must be for the job to run in
+    it: the job's container spec (`describe`) less what differs between jobs (its own
+    paths, its name and work dir; its variables are the leader's), with its GPUs (`env`'s
+    CUDA_VISIBLE_DEVICES, the host's indices), the jobs' root `jobs` and `base`, where such
+    containers' dirs go. None where the agent is not root, which binds the job's paths into
+    the container from the host."""
+    if os.geteuid() != 0:
+        return None
+    fixed = [m for m in spec["mounts"] if m["target"] in (f"{GPUHOP_LIB}/gpuhop", spec["home"])]
+    gpus = [g for g in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+    keep = ("podman", "runtime", "image", "user", "keep_id", "ulimits", "home")
+    out = {name: spec[name] for name in keep}
+    return {**out, "mounts": fixed, "gpus": gpus, "jobs": str(jobs), "base": str(base)}
