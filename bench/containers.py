@@ -25,6 +25,7 @@ from harness import REPO, BenchError, Row, Settings, private_agent
 from gpuhop.api import SubmitRequest
 from gpuhop.backends.local.podman import PodmanSettings, runtime, ulimits
 from gpuhop.client.jobs import scan_workdir
+from gpuhop.home import default_home
 
 sys.path.insert(0, str(REPO))
 from tests import images  # the test suite's minimal image
@@ -66,7 +67,15 @@ def run(settings: Settings) -> list[Row]:
                 by_hand += ["--ulimit", limit]
             by_hand += [ref, "python3", "hello.py"]
             samples: dict[str, list[float]] = {"image": [], "venv": [], "podman": []}
-            with private_agent(root / "agent") as agent, agent.client() as client:
+            # Where an agent's state is (beside the user's own, ~/.local/share), not in /tmp:
+            # a state dir under /tmp costs an image job's start more (backends/local/ready.py).
+            state = default_home().parent
+            state.mkdir(parents=True, exist_ok=True)
+            with (
+                tempfile.TemporaryDirectory(prefix="gpuhop-bench-", dir=state) as home,
+                private_agent(Path(home) / "agent") as agent,
+                agent.client() as client,
+            ):
                 for _ in client.submit(["hello.py"], workdir=work).logs(follow=True):
                     pass  # the first submit uploads the tree
                 tree = scan_workdir(client.session, work).tree

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import json
 import os
 import re
 import shutil
@@ -386,4 +387,18 @@ def containers_named(prefix: str) -> list[str]:
     return listed.stdout.split()
 
 
-__all__ = ["MARKER", "containers_named", "minimal_image", "tf_image"]
+def job_containers(paths, job_id: str) -> list[str]:
+    """The containers of a job (running or not): those named after it (`podman run`'s
+    gpuhop-JOB-ATTEMPT) and those its leader recorded, such as a container started ahead of
+    the job that it ran in (gpuhop.backends.local.ready)."""
+    found = set(containers_named(f"gpuhop-{job_id}-"))
+    try:
+        record = json.loads((paths.job_dir(job_id) / "shim.pid").read_text())
+    except (OSError, ValueError):
+        record = {}
+    for name in record.get("containers") or []:
+        found.update(n for n in containers_named(name) if n == name)
+    return sorted(found)
+
+
+__all__ = ["MARKER", "containers_named", "job_containers", "minimal_image", "tf_image"]

@@ -19,7 +19,7 @@ import pytest
 from gpuhop.api import JobState
 from gpuhop.client import GpuhopError
 from tests.conftest import Agent, wait_until
-from tests.images import MARKER, containers_named
+from tests.images import MARKER, job_containers
 from tests.registry import (
     PASSWORD,
     TAG,
@@ -101,7 +101,7 @@ def test_a_wrong_secret_ends_the_job_in_the_registrys_words_and_nothing_runs(
         assert refused.value.status == 400
         assert "you have no secret named NOSUCH" in refused.value.message
     assert not on_host(ref)
-    assert containers_named(f"gpuhop-{job.id}") == []
+    assert job_containers(agent.paths, job.id) == []
     done = agent.cli("run", "--image", ref, "--image-secret", "WRONG", "inside.py", cwd=root)
     assert done.returncode != 0 and "unauthorized" in done.stderr + done.stdout
 

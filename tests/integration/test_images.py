@@ -23,7 +23,7 @@ from gpuhop.client import GpuhopError
 from gpuhop.client.embedded import start_background
 from gpuhop.home import read_pid
 from tests.conftest import AGENT_PYTHON_FLAGS, wait_until
-from tests.images import MARKER, containers_named
+from tests.images import MARKER, job_containers
 
 INSIDE = r"""
 import json, os, sys
@@ -128,7 +128,7 @@ def test_a_job_runs_in_its_image_with_its_contract_and_nothing_else(
         assert [p.name for p in pulled] == ["model.txt"]
         assert (tmp_path / "out" / "model.txt").read_text() == "trained in the image"
         assert (jp_root / "tmp" / "mine").exists()  # its /tmp was its own, and is kept
-    assert containers_named(f"gpuhop-{job.id}") == []
+    assert job_containers(agent.paths, job.id) == []
 
 
 def test_exit_codes_and_signals_end_an_image_job_as_a_venv_job(agent, minimal_image, project):
@@ -144,7 +144,7 @@ def test_exit_codes_and_signals_end_an_image_job_as_a_venv_job(agent, minimal_im
         assert info.state == JobState.failed
         assert (info.exit_code, info.signal) == (None, signal.SIGKILL)
     for job in (failed, killed):
-        assert containers_named(f"gpuhop-{job.id}") == []
+        assert job_containers(agent.paths, job.id) == []
 
 
 def test_cancel_and_time_limit_end_the_container(agent, minimal_image, project):
@@ -153,7 +153,7 @@ def test_cancel_and_time_limit_end_the_container(agent, minimal_image, project):
         job = client.submit(["ends.py", "wait"], workdir=root, image=minimal_image)
         limited = client.submit(["ends.py", "wait"], workdir=root, image=minimal_image, timeout=2)
         wait_until(lambda: b"ready" in b"".join(job.logs()), 60)
-        assert containers_named(f"gpuhop-{job.id}-1") == [f"gpuhop-{job.id}-1"]
+        assert len(job_containers(agent.paths, job.id)) == 1
         job.cancel(grace=10)
         info = job.wait(60)
         assert info.state == JobState.cancelled
@@ -161,7 +161,7 @@ def test_cancel_and_time_limit_end_the_container(agent, minimal_image, project):
         info = limited.wait(60)
         assert info.end_class == EndClass.timeout
     for ended in (job, limited):
-        assert containers_named(f"gpuhop-{ended.id}") == []
+        assert job_containers(agent.paths, ended.id) == []
 
 
 def test_a_killed_leader_leaves_no_container(agent, minimal_image, project):
@@ -173,7 +173,7 @@ def test_a_killed_leader_leaves_no_container(agent, minimal_image, project):
         os.killpg(leader["pid"], signal.SIGKILL)  # the leader and `podman run` at once
         info = job.wait(60)
         assert info.state == JobState.lost  # as a venv job whose leader left no status
-    assert containers_named(f"gpuhop-{job.id}") == []
+    assert job_containers(agent.paths, job.id) == []
 
 
 def test_what_cannot_run_in_an_image_is_refused_at_submit(
@@ -482,7 +482,7 @@ def test_workers_in_an_image_reach_each_other_on_their_own_network(agent, minima
         info = fit.wait(90)
         assert info.state == JobState.failed
         assert "tf-keras is not installed for the job's Python" in (info.reason or "")
-    assert containers_named(f"gpuhop-{gang.id}") == []
+    assert job_containers(agent.paths, gang.id) == []
 
 
 GANG_ENDS = r"""
@@ -513,7 +513,7 @@ def test_a_worker_killed_in_its_container_reads_as_killed(agent, minimal_image, 
     assert (info.reason or "").startswith("worker 1 was killed by signal 9 (SIGKILL) first;"), (
         info.reason
     )
-    assert containers_named(f"gpuhop-{gang.id}") == []
+    assert job_containers(agent.paths, gang.id) == []
 
 
 def test_a_gang_whose_program_the_image_lacks_says_so(agent, minimal_image, project):
@@ -535,7 +535,7 @@ def test_a_gang_whose_program_the_image_lacks_says_so(agent, minimal_image, proj
     assert "; its program could not be started in its image (No such file or directory)" in (
         reason
     ), reason
-    assert containers_named(f"gpuhop-{gang.id}") == []
+    assert job_containers(agent.paths, gang.id) == []
 
 
 GATED = r"""
@@ -562,4 +562,4 @@ def test_an_image_job_outlives_an_agent_restart_and_is_reattached(agent, minimal
         info = client.job(job.id).wait(60)
         assert info.state == JobState.succeeded
         assert b"went on" in b"".join(client.job(job.id).logs())
-    assert containers_named(f"gpuhop-{job.id}") == []
+    assert job_containers(agent.paths, job.id) == []

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from gpuhop.client import GpuhopError
-from tests.images import containers_named
+from tests.images import containers_named, job_containers
 
 pytestmark = [pytest.mark.tf, pytest.mark.timeout(300)]
 
@@ -94,7 +94,7 @@ def test_keras_fit_in_an_image_streams_metrics_and_resumes_after_sigkill(
     with shared_agent.client() as client:
         records, _ = client.job("image-keras").metrics()
     assert [r["epoch"] for r in records if "epoch" in r] == [1, 2, 3, 4]
-    assert containers_named(f"gpuhop-{info['id']}") == []
+    assert job_containers(shared_agent.paths, info["id"]) == []
 
 
 # A small SavedModel: softmax(x @ W + b), with W and b known here too.

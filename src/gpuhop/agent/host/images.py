@@ -178,15 +178,68 @@ def list_images(settings: PodmanSettings) -> list[HostImage]:
 
 def image_id(settings: PodmanSettings, reference: str) -> str | None:
     """The id of the image `reference` (or an id) names in the store (Podman's own
-    resolution), or None."""
-    argv = [podman(settings), "image", "inspect", "--format", "{{.Id}}", "--", reference]
+    resolution), or None. Asked of Podman once per change of the store's image list (a
+    Podman start, 40-100 ms, that each image job's queueing and start would pay twice):
+    Podman rewrites that list (`<graph root>/<driver>-images/images.json`, a new file each
+    time) whenever an image comes, goes or is tagged, and an answer is kept only while the
+    list is the one it was before Podman was asked."""
+    program = podman(settings)
+    listing = _image_list(program)
+    before = _signature(listing)
+    kept = _IDS.get((program, reference))
+    if before is not None and kept is not None and kept[0] == before:
+        return kept[1]
+    argv = [program, "image", "inspect", "--format", "{{.Id}}", "--", reference]
     try:
         done = subprocess.run(
             argv, capture_output=True, text=True, timeout=QUICK_SECONDS, stdin=subprocess.DEVNULL
         )
     except (OSError, subprocess.SubprocessError) as e:
         raise ImageError(f"podman image inspect {reference}: {e}") from None
-    return (done.stdout.strip() or None) if done.returncode == 0 else None
+    found = (done.stdout.strip() or None) if done.returncode == 0 else None
+    if before is not None and found is not None:  # (an absent image's answer is asked again)
+        with _IDS_LOCK:
+            if len(_IDS) >= _IDS_MAX:
+                _IDS.clear()
+            _IDS[(program, reference)] = (before, found)
+    return found
+
+
+# (program, reference) -> (the image list's signature when asked, the id or None).
+_IDS: dict[tuple[str, str], tuple[tuple[int, int, int], str | None]] = {}
+_IDS_LOCK = threading.Lock()
+_IDS_MAX = 4096
+# program -> the path of its store's image list (None: not known, nothing is kept).
+_LISTS: dict[str, Path | None] = {}
+
+
+def _image_list(program: str) -> Path | None:
+    """Where the Podman `program` keeps its store's image list (asked once)."""
+    if program in _LISTS:
+        return _LISTS[program]
+    argv = [program, "info", "--format", "{{.Store.GraphRoot}}\t{{.Store.GraphDriverName}}"]
+    found = None
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=QUICK_SECONDS, stdin=subprocess.DEVNULL
+        )
+        root, _, driver = done.stdout.strip().partition("\t")
+        if done.returncode == 0 and root.startswith("/") and driver.isidentifier():
+            found = Path(root) / f"{driver}-images" / "images.json"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    _LISTS[program] = found
+    return found
+
+
+def _signature(path: Path | None) -> tuple[int, int, int] | None:
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def remove(settings: PodmanSettings, image: str) -> None:

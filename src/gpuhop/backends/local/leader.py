@@ -82,8 +82,6 @@ def _spawn(command: list, env: dict | None = None, log_fd: int | None = None, wo
         )
         out = 1 if log_fd is None else log_fd
         pid = READY.hand_over(command, inside, _CONTAINER["workdir"], out)
-        # As the job runs: the job's container is named as a cold start's would be.
-        _sibling("container").rename(_CONTAINER, READY.name, _sibling("container").name(_CONTAINER))
         return pid
     if _CONTAINER:  # the job (this worker) runs in its container, through `podman run`
         base = dict(os.environ)

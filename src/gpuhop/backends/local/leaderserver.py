@@ -172,10 +172,17 @@ class Server:
                 spare = self._fork_spare(own_cgroup=False)  # it joins the attempt's itself
             if spare is None:
                 continue
+            if self._hand(spare, request, log, cgroup):
+                return spare.pid
+        raise OSError("could not fork the job's leader")
+
+    def _hand(self, spare: Spare, request: str, log: int, cgroup) -> bool:
+        """Hand the request to `spare`, its cgroup renamed to the attempt's `cgroup` where
+        it has one; False where it died first. Its socket is closed either way."""
+        try:
             if not _ready(spare):
-                spare.sock.close()  # it died before it was ready: its end is reaped
-                _remove(spare.cgroup)
-                continue
+                _remove(spare.cgroup)  # it died before it was ready: its end is reaped
+                return False
             join = cgroup
             if cgroup is None and spare.cgroup is not None:
                 join = os.path.dirname(spare.cgroup)  # none for this attempt: the server's own
@@ -191,13 +198,13 @@ class Server:
                     _make(join)
                 message = json.dumps({"request": request, "cgroup": join}).encode()
                 socket.send_fds(spare.sock, [message], [log])
-                return spare.pid
+                return True
             except OSError:  # it died waiting: its end is reaped
                 if join is not None:
                     _remove(spare.cgroup)
-            finally:
-                spare.sock.close()
-        raise OSError("could not fork the job's leader")
+                return False
+        finally:
+            spare.sock.close()
 
     def _start_ready(self, request: str, log: int, cgroup, spec: dict):
         """Hand the request to the leader of a ready container of its kind (`spec`), if
@@ -209,18 +216,9 @@ class Server:
             self.wanted = spec
         if spare is None:
             return None
-        try:
-            if not _ready(spare):
-                raise OSError("it ended")
-            if cgroup is not None:
-                _make(cgroup)
-            message = json.dumps({"request": request, "cgroup": cgroup}).encode()
-            socket.send_fds(spare.sock, [message], [log])
-        except OSError:  # it ended waiting: reaped as one that had no job
-            self.retired.add(spare.pid)
+        if not self._hand(spare, request, log, cgroup):
+            self.retired.add(spare.pid)  # it ended waiting: reaped as one that had no job
             return None
-        finally:
-            spare.sock.close()
         self.handed[spare.pid] = spec["base"]
         return spare.pid
 
@@ -238,16 +236,18 @@ class Server:
             oldest = self.ready.pop(next(iter(self.ready)))
             oldest.sock.close()
             self.retired.add(oldest.pid)
+        cgroup = self._new_cgroup()
         try:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             pid = os.fork()
         except OSError:
+            _remove(cgroup)
             return
         if pid == 0:
             ours.close()
-            _ready_spare(self, theirs, spec)  # never returns
+            _ready_spare(self, theirs, spec, cgroup)  # never returns
         theirs.close()
-        self.ready[kind] = Spare(pid, ours, None, kind)
+        self.ready[kind] = Spare(pid, ours, cgroup, kind)
 
     def _end_ready(self) -> int:
         """As the server ends: tell each ready container's leader to end, and wait (a
@@ -271,17 +271,7 @@ class Server:
     def _fork_spare(self, own_cgroup: bool = True):
         """A new spare, in a new cgroup of its own if `own_cgroup` (where the agent has
         one); None if the fork fails."""
-        cgroup = None
-        if own_cgroup and self.cgroups is not None and self.renames:  # else it would join one twice
-            self.made += 1
-            cgroup = os.path.join(self.cgroups[0], f"{SPARE_PREFIX}-{os.getpid()}-{self.made}")
-            try:
-                os.mkdir(cgroup)
-                if not os.path.exists(os.path.join(cgroup, self.cgroups[1])):
-                    os.rmdir(cgroup)
-                    cgroup = None
-            except OSError:
-                cgroup = None
+        cgroup = self._new_cgroup() if own_cgroup else None
         try:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             pid = os.fork()
@@ -293,6 +283,22 @@ class Server:
             _spare(self, theirs, cgroup)  # never returns
         theirs.close()
         return Spare(pid, ours, cgroup)
+
+    def _new_cgroup(self):
+        """A new cgroup for a spare to join (None where the agent has none, or the kernel
+        renames none: the spare would join the attempt's after its own)."""
+        if self.cgroups is None or not self.renames:
+            return None
+        self.made += 1
+        cgroup = os.path.join(self.cgroups[0], f"{SPARE_PREFIX}-{os.getpid()}-{self.made}")
+        try:
+            os.mkdir(cgroup)
+            if not os.path.exists(os.path.join(cgroup, self.cgroups[1])):
+                os.rmdir(cgroup)
+                cgroup = None
+        except OSError:
+            cgroup = None
+        return cgroup
 
     def _send(self, message: dict) -> None:
         with contextlib.suppress(OSError):  # the agent is gone: the loop ends at its next read
@@ -308,7 +314,9 @@ class Server:
                 return
             kind = next((k for k, s in self.ready.items() if s.pid == pid), None)
             if kind is not None:  # a ready container's leader, which had no job
-                self.ready.pop(kind).sock.close()
+                gone = self.ready.pop(kind)
+                gone.sock.close()
+                _remove(gone.cgroup)
                 if os.waitstatus_to_exitcode(status) == ready.GONE:
                     self.failed[kind] = self.failed.get(kind, 0) + 1
                 continue
@@ -407,29 +415,33 @@ def _spare(server: Server, sock: socket.socket, cgroup) -> None:
         _exit(code)
 
 
-def _ready_spare(server: Server, sock: socket.socket, spec: dict) -> None:
-    """A ready container's leader (ready.py): a session of its own, its container started,
-    then wait for a job and become its leader with the container; end it (and so its
-    container) if the server ends first, the container ends first (exit code ready.GONE),
-    or no job came for READY_IDLE seconds."""
+def _ready_spare(server: Server, sock: socket.socket, spec: dict, cgroup) -> None:
+    """A ready container's leader (ready.py): a session and a cgroup of its own (as a
+    spare's: the request renames it), its container started, then wait for a job and become
+    its leader with the container; end it (and so its container) if the server ends first,
+    the container ends first (exit code ready.GONE), or no job came for READY_IDLE seconds."""
     code = 1
+    held = None
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
         server.close_in_child()
         os.setsid()
+        if cgroup is not None and not _join(cgroup):
+            _remove(cgroup)
+            cgroup = None
         leader._adopt_orphans()  # conmon, which parents the container's processes
         held = ready.Ready(spec)
         try:
-            held.start()
+            held.start()  # `podman run`, in this cgroup: a job's container is in its own
         except OSError as e:
             with contextlib.suppress(OSError):
                 os.write(2, f"gpuhop: a ready container did not start: {e}\n".encode())
-            held.close()
-            _exit(ready.GONE)
+            code = ready.GONE
+            raise _NoJob() from None
         code = 0
         try:
-            sock.send(b"alone")
+            sock.send(b"alone" if cgroup is None else b"ready")
             deadline = time.monotonic() + READY_IDLE
             msg, fds = b"", []  # type: tuple[bytes, list[int]]
             while time.monotonic() < deadline:
@@ -445,18 +457,28 @@ def _ready_spare(server: Server, sock: socket.socket, spec: dict) -> None:
             msg, fds = b"", []
         sock.close()
         if not msg or len(fds) != 1:
-            held.close()
-            _exit(code)
+            raise _NoJob()
         message = json.loads(msg)
-        if message.get("cgroup") is not None:
-            _join(message["cgroup"])
+        join = message.get("cgroup")
+        if join is not None and _join(join):
+            _remove(cgroup)  # not renamed (the kernel refused, or the job has no cgroup)
         leader.READY = held
         code = _become_leader(message["request"], fds[0], None)
+    except _NoJob:
+        if held is not None:
+            held.close()  # the container ends, and `podman run` with it
+        if cgroup is not None:
+            _join(os.path.dirname(cgroup))
+            _remove(cgroup)
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.write(2, f"gpuhop: the job's leader failed: {type(e).__name__}: {e}\n".encode())
     finally:
         _exit(code)
+
+
+class _NoJob(Exception):
+    """A ready container's leader ends without a job."""
 
 
 def _become_leader(path: str, log: int, cgroup) -> int:
