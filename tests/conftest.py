@@ -481,8 +481,14 @@ def make_agent(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..
     """Start fresh agents for one test; all are stopped at its end."""
     started: list[Agent] = []
 
-    def make(fake_gpus: int | None = None, args: tuple[str, ...] = ()) -> Agent:
+    def make(
+        fake_gpus: int | None = None, args: tuple[str, ...] = (), config: str | None = None
+    ) -> Agent:
+        """`config`: its agent.toml."""
         root = Path(tmp_path_factory.mktemp("agent"))
+        if config is not None:
+            (root / "home").mkdir()
+            (root / "home" / "agent.toml").write_text(config)
         agent = Agent(root / "home", root / "cache", fake_gpus, args=args)
         started.append(agent)
         return agent.start()

@@ -222,6 +222,10 @@ class Ready:
                 if readonly:
                     _mount(None, point, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
             self._under_tmp()
+            # Its mount points made, the jobs' root is read-only, as a container's own root
+            # is where `podman run` made them (the tmpfs itself: its copy in the container too).
+            jobs = os.path.join(self.dir, JOBS)
+            _mount(None, jobs, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
         except OSError as e:
             print(f"gpuhop: the job's ready container could not be used ({e})", flush=True)
             self._unmount()
