@@ -36,6 +36,7 @@ def test_defaults_then_the_file_then_options(tmp_path):
         ("[slurm]\nports = 20000\n", '[slurm] ports = 20000: give a range of ports "LOW-HIGH"'),
         ('[slurm]\nport = "20000-21000"\n', "unknown setting [slurm] port "),
         ('slurm = "20000-21000"\n', "slurm is a table: write [slurm] and its settings"),
+        ('ready_containers = "no"\n', "ready_containers = 'no': give true or false"),
     ],
 )
 def test_a_bad_setting_is_named(tmp_path, text, words):
@@ -91,3 +92,9 @@ def test_the_object_cache_is_bounded_by_default_in_the_units_other_sizes_take(tm
     (tmp_path / "agent.toml").write_text('object_cache_size = "plenty"\n')
     with pytest.raises(PolicyError, match="object_cache_size = 'plenty': cannot read"):
         load(tmp_path)
+
+
+def test_containers_are_started_ahead_of_image_jobs_unless_turned_off(tmp_path):
+    assert Policy().ready_containers is True
+    (tmp_path / "agent.toml").write_text("ready_containers = false\n")
+    assert load(tmp_path).ready_containers is False

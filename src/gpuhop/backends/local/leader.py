@@ -21,7 +21,9 @@ already does), and the leader relays connections from the Unix socket SOCKET to 
 inside it, so the agent can forward them (relay.py).
 
 With `--container SPEC` the job (each worker) runs in a container image through Podman
-(container.py): Podman, not the sandbox, gives it its own view of the host.
+(container.py): Podman, not the sandbox, gives it its own view of the host. A leader the
+server forked with a container started ahead (`READY`: ready.py) runs a one-worker job in
+that container instead of a `podman run` of its own, where the job's mounts allow.
 
 With `--env SPEC` it first builds (or finds) the job's Python environment (envbuild.py);
 with `--sandbox SPEC` (every job, where the host allows namespaces) it runs the job in its

@@ -32,6 +32,15 @@ failed, or it died), the server forks one at once, with no cgroup of its own (th
 joins the attempt's itself). Either way the server answers with the leader's pid only once
 the leader leads its own session, so a cancel right after the answer reaches its whole group.
 
+A request may name a ready container's spec ({"ready": SPEC}, for an image job that can run
+in one: ready.py). The server hands such a request to the leader of a ready container of
+that kind where it holds one (its cgroup renamed as a spare's), and 5 ms after the request
+forks the next: a leader that joins a cgroup of its own, starts a container of that kind
+(`podman run` of a waiter) and waits for the next job like it (`_ready_spare`). It holds
+one per kind, READY_MAX in all (the oldest is told to end), each for READY_IDLE seconds; a
+kind whose containers end before their job READY_TRIES times gets none more. When the server
+ends, it tells each to end and waits until their containers have.
+
 `python -I -S leaderserver.py --become PATH` is one leader of a fresh interpreter, which the
 agent starts where this server could not fork one (LocalBackend.leader): it reads the same
 request from PATH, its output already the job's log, so that there too the job's environment
@@ -103,7 +112,6 @@ class Server:
         self.failed: dict = {}  # kind -> how many of its ended before their job
         self.retired: set = set()  # ready containers' leaders told to end, not yet reaped
         self.handed: dict = {}  # pid of a leader that had a ready container -> its base dir
-        self.swept: set = set()
 
     def serve(self) -> int:
         signal.signal(signal.SIGCHLD, lambda *_: self._reap())
@@ -229,9 +237,7 @@ class Server:
         kind = ready.key(spec)
         if kind in self.ready:
             return
-        if spec["base"] not in self.swept:  # what a killed server's leaders left
-            self.swept.add(spec["base"])
-            ready.sweep(spec["base"])
+        ready.sweep(spec["base"])  # what killed leaders (of this server or an earlier) left
         while len(self.ready) >= READY_MAX:
             oldest = self.ready.pop(next(iter(self.ready)))
             oldest.sock.close()
