@@ -387,6 +387,19 @@ def containers_named(prefix: str) -> list[str]:
     return listed.stdout.split()
 
 
+# A job's helper (the tests' job programs put it in their text): True where it could write
+# `path`, else the OS's words for why not.
+CAN_WRITE = r"""
+def can_write(path):
+    try:
+        with open(path, "w") as f:
+            f.write("x")
+    except OSError as e:
+        return e.strerror
+    return True
+"""
+
+
 def job_containers(paths, job_id: str) -> list[str]:
     """The containers of a job (running or not): those named after it (`podman run`'s
     gpuhop-JOB-ATTEMPT) and those its leader recorded, such as a container started ahead of
@@ -401,4 +414,4 @@ def job_containers(paths, job_id: str) -> list[str]:
     return sorted(found)
 
 
-__all__ = ["MARKER", "containers_named", "job_containers", "minimal_image", "tf_image"]
+__all__ = ["CAN_WRITE", "MARKER", "containers_named", "job_containers", "minimal_image", "tf_image"]

@@ -23,18 +23,15 @@ from gpuhop.client import GpuhopError
 from gpuhop.client.embedded import start_background
 from gpuhop.home import read_pid
 from tests.conftest import AGENT_PYTHON_FLAGS, wait_until
-from tests.images import MARKER, job_containers
+from tests.images import CAN_WRITE, MARKER, job_containers
 
-INSIDE = r"""
+INSIDE = (
+    r"""
 import json, os, sys
 state = sys.argv[1]
-def can_write(path):
-    try:
-        with open(path, "w") as f:
-            f.write("x")
-    except OSError as e:
-        return e.strerror
-    return True
+"""
+    + CAN_WRITE
+    + r"""
 with open(os.path.join(os.environ["GPUHOP_ARTIFACTS_DIR"], "model.txt"), "w") as f:
     f.write("trained in the image")
 print(json.dumps({
@@ -54,6 +51,7 @@ print(json.dumps({
     "pid1": open("/proc/1/cmdline").read().split("\0")[0],
 }), flush=True)
 """
+)
 
 ENDS = r"""
 import os, signal, sys, time

@@ -22,21 +22,18 @@ import pytest
 from gpuhop.api import JobState
 from gpuhop.backends.local.ready import NAME_PREFIX, mounts_under
 from tests.conftest import wait_until
-from tests.images import containers_named, job_containers
+from tests.images import CAN_WRITE, containers_named, job_containers
 
 pytestmark = pytest.mark.timeout(300)
 
 # Reports what the job sees; `argv[1]`: the jobs' root on the host.
-REPORT = r"""
+REPORT = (
+    r"""
 import json, os, sys
 jobs = sys.argv[1]
-def can_write(path):
-    try:
-        with open(path, "w") as f:
-            f.write("x")
-    except OSError as e:
-        return e.strerror
-    return True
+"""
+    + CAN_WRITE
+    + r"""
 with open(os.path.join(os.environ["GPUHOP_ARTIFACTS_DIR"], "model.txt"), "w") as f:
     f.write("made in " + os.environ["GPUHOP_JOB_ID"])
 env = {k: v for k, v in os.environ.items() if k.startswith(("GPUHOP_", "TF_", "CUDA_"))}
@@ -57,6 +54,7 @@ print("REPORT " + json.dumps({
     "pid1": open("/proc/1/cmdline").read().split("\0")[0],
 }), flush=True)
 """
+)
 
 ENDS = r"""
 import os, signal, sys, time

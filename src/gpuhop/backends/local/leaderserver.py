@@ -385,18 +385,26 @@ def _join(cgroup: str) -> bool:
     return True
 
 
+def _own_session(server: Server, cgroup):
+    """In a forked spare: let go of the server's signals and sockets, lead a session of its
+    own, and join `cgroup`; the cgroup it is in (None where it could not join, and removed
+    it)."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
+    server.close_in_child()
+    os.setsid()
+    if cgroup is not None and not _join(cgroup):
+        _remove(cgroup)
+        return None
+    return cgroup
+
+
 def _spare(server: Server, sock: socket.socket, cgroup) -> None:
     """A spare's life: a session and a cgroup of its own, then wait for a request and
     become its leader; end (leaving its cgroup, and removing it) if the server ends first."""
     code = 1
     try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
-        server.close_in_child()
-        os.setsid()
-        if cgroup is not None and not _join(cgroup):
-            _remove(cgroup)
-            cgroup = None
+        cgroup = _own_session(server, cgroup)
         try:
             # Only now may the server rename the cgroup: the spare is in it.
             sock.send(b"alone" if cgroup is None else b"ready")
@@ -429,13 +437,7 @@ def _ready_spare(server: Server, sock: socket.socket, spec: dict, cgroup) -> Non
     code = 1
     held = None
     try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _CHLD)
-        server.close_in_child()
-        os.setsid()
-        if cgroup is not None and not _join(cgroup):
-            _remove(cgroup)
-            cgroup = None
+        cgroup = _own_session(server, cgroup)
         leader._adopt_orphans()  # conmon, which parents the container's processes
         held = ready.Ready(spec)
         try:
