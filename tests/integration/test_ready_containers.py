@@ -69,8 +69,14 @@ time.sleep(600)
 GIVEN = 'a=b "quoted" ünï\tcode'
 
 
-def ready_containers() -> list[str]:
-    return containers_named(f"{NAME_PREFIX}-")
+def ready_containers(agent) -> list[str]:
+    """The agent's ready containers (each has a dir of its name in the agent's state: other
+    tests' agents have theirs)."""
+    try:
+        mine = set(os.listdir(agent.paths.ready))
+    except FileNotFoundError:
+        mine = set()
+    return [name for name in containers_named(f"{NAME_PREFIX}-") if name in mine]
 
 
 def ran_ahead(agent, job_id: str) -> str | None:
@@ -111,8 +117,8 @@ def test_the_next_image_job_runs_in_a_container_started_ahead_as_in_its_own(
         cold = submit()
         seen_cold = report(cold)
         assert ran_ahead(agent, cold.id) is None  # the first of its kind: its own `podman run`
-        wait_until(lambda: len(ready_containers()) == 1, 60)
-        [waiting] = ready_containers()
+        wait_until(lambda: len(ready_containers(agent)) == 1, 60)
+        [waiting] = ready_containers(agent)
         warm = submit()
         seen_warm = report(warm)
         assert ran_ahead(agent, warm.id) == waiting
@@ -137,14 +143,14 @@ def test_the_next_image_job_runs_in_a_container_started_ahead_as_in_its_own(
         assert (tmp_path / "out" / "model.txt").read_text() == f"made in {warm.id}"
         assert job_containers(agent.paths, warm.id) == []
         # Its dir and mounts went with it; the next one's are all that is there.
-        wait_until(lambda: len(ready_containers()) == 1, 60)
-        [following] = ready_containers()
+        wait_until(lambda: len(ready_containers(agent)) == 1, 60)
+        [following] = ready_containers(agent)
         assert following != waiting
         assert sorted(os.listdir(agent.paths.ready)) == [following]
         assert {Path(p).relative_to(agent.paths.ready).parts[0] for p in mounts_under(
             str(agent.paths.ready))} == {following}  # fmt: skip
     agent.shutdown()
-    assert ready_containers() == []
+    assert containers_named(following) == []
     assert mounts_under(str(agent.paths.ready)) == []
     assert not agent.paths.ready.exists() or os.listdir(agent.paths.ready) == []
 
@@ -155,7 +161,7 @@ def test_a_job_in_a_ready_container_ends_as_in_its_own(make_agent, minimal_image
     with agent.client() as client:
 
         def next_in_ready(*args: str):
-            wait_until(lambda: len(ready_containers()) == 1, 60)
+            wait_until(lambda: len(ready_containers(agent)) == 1, 60)
             job = client.submit(list(args), workdir=root, image=minimal_image)
             wait_until(lambda: (agent.paths.job_dir(job.id) / "shim.pid").exists(), 60)
             wait_until(lambda: b"ready" in b"".join(job.logs()) or job.refresh().state.finished)
@@ -199,4 +205,4 @@ def test_ready_containers_false_starts_each_image_job_in_its_own(
             job = client.submit(["ends.py", "exit"], workdir=root, image=minimal_image)
             assert job.wait(120).exit_code == 3
             assert ran_ahead(agent, job.id) is None
-    assert ready_containers() == []
+    assert not agent.paths.ready.exists()  # no container was started ahead there

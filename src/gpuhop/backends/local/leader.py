@@ -83,8 +83,12 @@ def _spawn(command: list, env: dict | None = None, log_fd: int | None = None, wo
             _CONTAINER, dict(os.environ if env is None else env)
         )
         out = 1 if log_fd is None else log_fd
-        pid = READY.hand_over(command, inside, _CONTAINER["workdir"], out)
-        return pid
+        try:
+            return READY.hand_over(command, inside, _CONTAINER["workdir"], out)
+        except OSError as e:  # its container ended since the claim (its image removed, say)
+            print(f"gpuhop: the container started ahead of the job ended ({e})", flush=True)
+            READY.claimed = False
+            READY.release()
     if _CONTAINER:  # the job (this worker) runs in its container, through `podman run`
         base = dict(os.environ)
         env = base if env is None else env

@@ -211,6 +211,8 @@ class Ready:
                 return False
             if not self.poll():
                 return False
+        if self.sock is None or not self.said_ready:
+            return False
         try:
             for source, point, readonly in plan:
                 if os.path.isdir(source):
