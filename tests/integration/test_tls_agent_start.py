@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import re
 import stat
 import subprocess
 import sys
@@ -147,7 +148,10 @@ def refused_to_start(tmp_path: Path, cert: Path, key: Path) -> str:
         )
         assert itself.returncode == 2, itself.stderr
         said = lines[0].removeprefix("gpuhop: error: ")
-        assert f"gpuhop agent: {said}" in itself.stderr.splitlines(), itself.stderr
+        # The same words, but for the time each said it was (a minute may turn between).
+        now = re.compile(r"it is \d{4}-\d\d-\d\d \d\d:\d\d UTC here")
+        heard = [now.sub("it is NOW here", line) for line in itself.stderr.splitlines()]
+        assert f"gpuhop agent: {now.sub('it is NOW here', said)}" in heard, itself.stderr
         assert read_pid(agent.paths) is None
         assert not agent.paths.socket.exists() and not agent.paths.listen_file.exists()
     finally:
