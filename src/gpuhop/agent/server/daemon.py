@@ -351,8 +351,10 @@ def open_backend(
     from gpuhop.backends.podman import PodmanSettings
 
     # The Podman the agent's image store uses too (AgentContext.podman): one store.
-    backend = LocalBackend(
-        paths, gpu_host, python, PodmanSettings(policy.podman, policy.container_runtime)
+    return LocalBackend(
+        paths,
+        gpu_host,
+        python,
+        PodmanSettings(policy.podman, policy.container_runtime),
+        policy.ready_containers,
     )
-    backend.ready_containers = policy.ready_containers
-    return backend

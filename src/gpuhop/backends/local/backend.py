@@ -93,18 +93,19 @@ class LocalBackend(LeaderBackend):
         gpu_host: GpuHost,
         python: str,
         containers: podman.PodmanSettings | None = None,
+        ready_containers: bool = True,
     ):
         """`paths`: the agent's state dir, whose stored copies a sandboxed job must not
         write; `python` runs the leader, and a job's `.py` script unless it has its own;
-        `containers`: the Podman that runs jobs in container images (`--image`)."""
+        `containers`: the Podman that runs jobs in container images (`--image`);
+        `ready_containers`: whether an image job's next ones find a container started ahead
+        (agent.toml's ready_containers: gpuhop.backends.local.ready)."""
         super().__init__(gpu_host, python)
         self.paths = paths
         self.containers = containers or podman.PodmanSettings()
         # Jobs' leaders are forked by a warm server (a fresh interpreter each where it fails).
         self._forks = ForkServer(python)
-        # Whether image jobs' next ones find a container started ahead (agent.toml's
-        # ready_containers: gpuhop.backends.local.ready).
-        self.ready_containers = True
+        self.ready_containers = ready_containers
         # Cgroups an earlier run left (an end that came while the kernel still refused).
         cgroups.sweep(paths.jobs)
 

@@ -315,14 +315,6 @@ def remove(spec: dict, names: list) -> None:
         _call(spec, *args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def rename(spec: dict, old: str, new: str) -> None:
-    """Give the container `old` the name `new` (a container started ahead of its job takes
-    its job's name once the job runs in it); a container gone meanwhile keeps none."""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        args = ("rename", old, new)
-        _call(spec, *args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
 def _run(spec: dict) -> list:
     """`podman run` as every container of a job runs: removed after, from the host's store
     only, output straight to the caller's, a read-only root, no capabilities nor new

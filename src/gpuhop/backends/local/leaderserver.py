@@ -92,11 +92,10 @@ class Spare:
     """A leader forked ahead of its job: its pid, the server's end of its socket, and the
     cgroup it joined (None where it has none)."""
 
-    def __init__(self, pid: int, sock: socket.socket, cgroup, key=None):
+    def __init__(self, pid: int, sock: socket.socket, cgroup):
         self.pid = pid
         self.sock = sock
         self.cgroup = cgroup
-        self.key = key  # a ready container's kind (ready.key), for the jobs it can run
 
 
 class Server:
@@ -253,7 +252,7 @@ class Server:
             ours.close()
             _ready_spare(self, theirs, spec, cgroup)  # never returns
         theirs.close()
-        self.ready[kind] = Spare(pid, ours, cgroup, kind)
+        self.ready[kind] = Spare(pid, ours, cgroup)
 
     def _end_ready(self) -> int:
         """As the server ends: tell each ready container's leader to end, and wait (a

@@ -33,6 +33,7 @@ the host's network and no requirements on top of the image; any other job, and a
 whose ready container is not there or not ready, starts with its own `podman run`.
 """
 
+import array
 import contextlib
 import ctypes
 import fcntl
@@ -292,8 +293,8 @@ class Ready:
         )
         sock, pid = self.sock, self.pid
         assert sock is not None and pid is not None, "hand_over of a container never started"
-        sent = sock.sendmsg([data[: 1 << 16]], [(socket.SOL_SOCKET, socket.SCM_RIGHTS,
-                                                  _fds(log_fd))])  # fmt: skip
+        log = (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [log_fd]))
+        sent = sock.sendmsg([data[: 1 << 16]], [log])
         if sent < len(data):
             sock.sendall(data[sent:])
         sock.shutdown(socket.SHUT_WR)
@@ -350,12 +351,6 @@ def _open_dirs(top: str, relative: str) -> int:
         os.close(fd)
         raise
     return fd
-
-
-def _fds(fd: int):
-    import array
-
-    return array.array("i", [fd])
 
 
 def _umount(point: str) -> None:
